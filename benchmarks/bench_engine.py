@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Engine core benchmark: a 100-block chain of tiny kernels, ours beside peers in the same run.
+
+Peers: a hand-built raw CUDA graph of the same kernels (cuda-python), the same kernels launched one
+by one with cuLaunchKernel, and (if installed) a PyTorch CUDA graph of 100 equivalent tiny ops.
+
+Prints a table (ours, peer, ratio) and writes ``engine.json`` to ``$RESULTS_DIR`` when set.
+Usage: ``python benchmarks/bench_engine.py [--blocks 100] [--elements 1024]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cuda.bindings import driver as d  # noqa: E402
+
+from cudapatch import Engine, Scale, bundled_kernel  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
+
+
+def host_median(fn, calls: int, sync, every: int = 50) -> float:
+    """Median host time of ``fn`` in µs; syncs every ``every`` calls so a full launch queue never blocks."""
+    times = []
+    for i in range(calls):
+        if i % every == 0:
+            sync()
+        t = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t)
+    sync()
+    return statistics.median(times) / 1e3
+
+
+def gpu_ms_per_frame(run_frame, stream, frames: int = 200, repeats: int = 5) -> float:
+    """GPU time per frame (ms) from events around ``frames`` frames; median of ``repeats``."""
+    start = check(d.cuEventCreate(0))
+    end = check(d.cuEventCreate(0))
+    out = []
+    for _ in range(repeats):
+        check(d.cuStreamSynchronize(stream))
+        check(d.cuEventRecord(start, stream))
+        for _ in range(frames):
+            run_frame()
+        check(d.cuEventRecord(end, stream))
+        check(d.cuEventSynchronize(end))
+        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
+    check(d.cuEventDestroy(start))
+    check(d.cuEventDestroy(end))
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=100)
+    ap.add_argument("--elements", type=int, default=1024)
+    args = ap.parse_args()
+    nb, n = args.blocks, args.elements
+    rng = np.random.default_rng(1)
+    rows: list[tuple[str, float, str, float | None, str]] = []
+
+    eng = Engine()
+    stream = eng.device.stream
+    sync = eng.device.synchronize
+    blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001, Offset=0.0)) for i in range(nb)]
+    for a, b in zip(blocks, blocks[1:]):
+        eng.connect(a, "Out", b, "In")
+    x = rng.standard_normal(n).astype(np.float32)
+    eng.bind(blocks[0], "In", x)
+    eng.update()
+    sync()
+
+    # ---- peers: raw graph and raw launches of the same kernel ----------------------------------
+    src = bundled_kernel("scale").load()
+    module = check(d.cuModuleLoadData(src.image))
+    fn = check(d.cuModuleGetFunction(module, b"scale"))
+    bufs = [check(d.cuMemAlloc(4 * n)) for _ in range(nb + 1)]
+    check(d.cuMemcpyHtoD(bufs[0], x.ctypes.data, 4 * n))
+    grid = (n + 255) // 256
+    arg_arrays = []
+    for i in range(nb):
+        vals = (int(bufs[i]), int(bufs[i + 1]), 1.0001, 0.0, n)
+        import ctypes
+
+        cvals = [ctypes.c_uint64(vals[0]), ctypes.c_uint64(vals[1]), ctypes.c_float(vals[2]), ctypes.c_float(vals[3]),
+                 ctypes.c_uint32(vals[4])]
+        ptrs = np.array([ctypes.addressof(c) for c in cvals], dtype=np.uint64)
+        arg_arrays.append((cvals, ptrs))
+    graph = check(d.cuGraphCreate(0))
+    prev = []
+    raw_nodes = []
+    for i in range(nb):
+        p = d.CUDA_KERNEL_NODE_PARAMS()
+        p.func = fn
+        p.gridDimX, p.gridDimY, p.gridDimZ = grid, 1, 1
+        p.blockDimX, p.blockDimY, p.blockDimZ = 256, 1, 1
+        p.sharedMemBytes = 0
+        p.kernelParams = int(arg_arrays[i][1].ctypes.data)
+        p.extra = 0
+        node = check(d.cuGraphAddKernelNode(graph, prev, len(prev), p))
+        raw_nodes.append((node, p))
+        prev = [node]
+    gexec = check(d.cuGraphInstantiate(graph, 0))
+
+    def raw_graph_frame() -> None:
+        d.cuGraphLaunch(gexec, stream)
+
+    def raw_launch_frame() -> None:
+        for i in range(nb):
+            d.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, int(arg_arrays[i][1].ctypes.data), 0)
+
+    torch_frame = None
+    try:
+        import torch
+
+        tx = torch.from_numpy(x).cuda()
+        ts = torch.cuda.Stream()
+        with torch.cuda.stream(ts):
+            for _ in range(3):
+                y = tx
+                for _ in range(nb):
+                    y = y * 1.0001 + 0.0
+        torch.cuda.synchronize()
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg):
+            y = tx
+            for _ in range(nb):
+                y = torch.addcmul(torch.zeros_like(y), y, torch.tensor(1.0001, device="cuda")) if False else y * 1.0001
+        torch_stream = torch.cuda.current_stream().cuda_stream
+
+        def torch_frame() -> None:  # noqa: F811
+            tg.replay()
+    except Exception as exc:  # PyTorch missing or no GPU build: leave the column out
+        print(f"(PyTorch peer unavailable: {exc})")
+        torch_stream = None
+
+    # ---- GPU time per frame -----------------------------------------------------------------------
+    ours_gpu = gpu_ms_per_frame(eng.update, stream)
+    raw_gpu = gpu_ms_per_frame(raw_graph_frame, stream)
+    launch_gpu = gpu_ms_per_frame(raw_launch_frame, stream)
+    rows.append(("GPU ms/frame, 100-kernel chain vs raw graph", ours_gpu * 1e3, "raw graph µs", raw_gpu * 1e3, "≤ 1.05"))
+    rows.append(("GPU ms/frame vs per-kernel launches", ours_gpu * 1e3, "cuLaunchKernel µs", launch_gpu * 1e3, "≤ 1/3.5"))
+    if torch_frame is not None:
+        torch_gpu = gpu_ms_per_frame(torch_frame, torch_stream)
+        rows.append(("GPU ms/frame vs PyTorch CUDA graph", ours_gpu * 1e3, "torch graph µs", torch_gpu * 1e3, "info"))
+
+    # ---- host time of update() with nothing dirty -----------------------------------------------------
+    ours_host = host_median(eng.update, 3000, sync)
+    raw_host = host_median(raw_graph_frame, 3000, sync)
+    rows.append(("update() host µs, nothing dirty", ours_host, "cuGraphLaunch µs", raw_host, "≤ 15 µs"))
+
+    # ---- Hot update -------------------------------------------------------------------------------
+    s_mid = blocks[nb // 2]
+    vals = iter(np.tile(np.array([1.0, 1.0001], dtype=np.float64), 5000))
+
+    def hot() -> None:
+        s_mid.set("Factor", float(next(vals)))
+        eng.update()
+
+    hot_total = host_median(hot, 3000, sync)
+    node, p = raw_nodes[nb // 2]
+    raw_set = host_median(lambda: d.cuGraphExecKernelNodeSetParams(gexec, node, p), 3000, sync)
+    rows.append(("Hot: set scalar + update, minus update", hot_total - ours_host, "raw SetParams µs", raw_set, "≤ 3 µs"))
+
+    # ---- Warm rebind ------------------------------------------------------------------------------
+    try:
+        import cupy as cp
+
+        xa, xb = cp.asarray(x), cp.asarray(x * 2)
+        flip = [xa, xb]
+        counter = [0]
+
+        def warm() -> None:
+            counter[0] ^= 1
+            eng.bind(blocks[0], "In", flip[counter[0]])
+            eng.update()
+
+        warm_total = host_median(warm, 3000, sync)
+        rows.append(("Warm: rebind 1 node + update, minus update", warm_total - ours_host, "raw SetParams µs", raw_set, "≤ 3 µs"))
+        assert eng.counters.warm_updates > 0
+    except ImportError:
+        print("(CuPy missing: no Warm rebind row)")
+
+    # ---- Cold rebuild -------------------------------------------------------------------------------
+    cold = []
+    for _ in range(50):
+        sync()
+        eng.context.mark_structure_dirty()
+        t = time.perf_counter_ns()
+        eng.update()
+        cold.append((time.perf_counter_ns() - t) / 1e6)
+    sync()
+    rows.append(("Cold rebuild of 100 blocks (modules cached), ms", statistics.median(cold), "-", None, "≤ 5 ms"))
+
+    # ---- memory -------------------------------------------------------------------------------------
+    before = (eng.pool.driver_allocations, eng.pool.total_allocated_bytes)
+    for _ in range(10_000):
+        eng.update()
+    sync()
+    after = (eng.pool.driver_allocations, eng.pool.total_allocated_bytes)
+    base_free = eng.device.mem_info()[0]
+    for _ in range(1000):
+        eng.context.mark_structure_dirty()
+        eng.update()
+    sync()
+    eng.update()
+    drift = eng.device.mem_info()[0] - base_free
+
+    # ---- check the chain is right --------------------------------------------------------------------
+    eng.bind(blocks[0], "In", x)
+    for b in blocks:
+        b.set("Factor", 1.0001)
+    eng.update()
+    ref = x.astype(np.float64) * 1.0001**nb
+    err = float(np.max(np.abs(eng.read(blocks[-1], "Out") - ref)) / np.max(np.abs(ref)))
+
+    print()
+    print(f"device: {eng.device.name} ({eng.device.arch}), driver {eng.device.driver_version}, "
+          f"{nb} blocks x {n} elements; chain rel. error {err:.2e}")
+    print(f"{'measure':52} {'ours':>10} {'peer':>20} {'peer val':>10} {'ratio':>8}  target")
+    out = []
+    for name, ours, peer, peer_val, target in rows:
+        ratio = f"{ours / peer_val:.2f}" if peer_val else "-"
+        pv = f"{peer_val:.2f}" if peer_val is not None else "-"
+        print(f"{name:52} {ours:10.2f} {peer:>20} {pv:>10} {ratio:>8}  {target}")
+        out.append({"measure": name, "ours": ours, "peer": peer, "peer_value": peer_val, "target": target})
+    print(f"pool over 10,000 frames: driver allocations {before[0]} -> {after[0]}, bytes {before[1]} -> {after[1]}")
+    print(f"device free memory drift after 1000 rebuilds: {drift / 2**20:+.2f} MiB")
+    results = os.environ.get("RESULTS_DIR")
+    if results:
+        Path(results, "engine.json").write_text(json.dumps({"rows": out, "pool": [before, after], "drift": drift}, indent=1))
+    check(d.cuGraphExecDestroy(gexec))
+    check(d.cuGraphDestroy(graph))
+    for b in bufs:
+        check(d.cuMemFree(b))
+    check(d.cuModuleUnload(module))
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()

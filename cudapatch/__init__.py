@@ -1,0 +1,79 @@
+"""cudapatch: CUDA blocks for node-based creative hosts, compiled into one CUDA graph.
+
+``import cudapatch`` never touches the GPU (nor imports glfw, imgui or OpenGL): the first driver
+call happens when an ``Engine`` is created.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .blocks import (
+    AppendFilter,
+    Block,
+    BlockBuilder,
+    BlockDescription,
+    BlockState,
+    Fill,
+    Scale,
+    VectorAdd,
+    fixed,
+    from_param,
+    like,
+)
+from .engine import AppendBuffer, CompiledGraph, Diagnostic, Engine, GpuBuffer, GraphPlan, compile_plan
+from .errors import (
+    BindingError,
+    CudaError,
+    CudapatchError,
+    CudaUnavailableError,
+    GraphCompileError,
+    KernelLoadError,
+    LinkError,
+    ParameterError,
+    PtxSignatureError,
+    SidecarError,
+)
+from .kernels import DType, KernelDescriptor, KernelParamDescriptor, PtxFileSource, bundled_kernel
+
+try:
+    __version__ = version("cudapatch")
+except PackageNotFoundError:  # running from a source checkout that is not installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "AppendBuffer",
+    "AppendFilter",
+    "BindingError",
+    "Block",
+    "BlockBuilder",
+    "BlockDescription",
+    "BlockState",
+    "CompiledGraph",
+    "CudaError",
+    "CudaUnavailableError",
+    "CudapatchError",
+    "DType",
+    "Diagnostic",
+    "Engine",
+    "Fill",
+    "GpuBuffer",
+    "GraphCompileError",
+    "GraphPlan",
+    "KernelDescriptor",
+    "KernelLoadError",
+    "KernelParamDescriptor",
+    "LinkError",
+    "ParameterError",
+    "PtxFileSource",
+    "PtxSignatureError",
+    "Scale",
+    "SidecarError",
+    "VectorAdd",
+    "__version__",
+    "bundled_kernel",
+    "compile_plan",
+    "fixed",
+    "from_param",
+    "like",
+]

@@ -1,0 +1,181 @@
+"""Block: the passive base class every block type derives from.
+
+A block only *describes* GPU work: ``describe(builder)`` adds kernels, ports and scalars. It never
+launches anything; the engine it is registered with compiles all blocks into one graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import CudapatchError, ParameterError
+from .builder import BlockBuilder
+from .description import BlockDescription, PortSpec
+from .parameter import BlockParameter
+
+if TYPE_CHECKING:
+    from ..engine.context import Context
+
+__all__ = ["Block", "BlockState", "BlockDebugInfo"]
+
+_ids = itertools.count(1)
+
+
+class BlockState(Enum):
+    """What the engine last made of a block."""
+
+    NOT_COMPILED = "NotCompiled"
+    OK = "OK"
+    WARNING = "Warning"
+    ERROR = "Error"
+
+
+@dataclass
+class BlockDebugInfo:
+    """Debug data the engine writes onto a block; ``str(block)`` reads only this."""
+
+    state: BlockState = BlockState.NOT_COMPILED
+    message: str = ""
+    append: dict[str, Any] = field(default_factory=dict)  # port -> live AppendBuffer (count, capacity, age)
+    gpu_ms: float | None = None
+
+
+class Block:
+    """Base class of block types. Subclasses set ``type_name`` and implement ``describe``.
+
+    Args:
+        name: Instance name (defaults to ``TypeName<id>``).
+        **params: Initial parameter values (checked like ``set``).
+
+    Raises:
+        KernelLoadError: a kernel file is missing or invalid.
+        ParameterError: an initial value is invalid.
+    """
+
+    type_name: ClassVar[str] = "Block"
+    kernel_dir: ClassVar[Path | None] = None  # base for relative kernel paths
+
+    def __init__(self, *, name: str | None = None, **params: Any) -> None:
+        self.id: int = next(_ids)
+        self.name: str = name or f"{self.type_name}{self.id}"
+        self.debug = BlockDebugInfo()
+        self._context: Context | None = None
+        self.params: dict[str, BlockParameter] = {}
+        self.description: BlockDescription = self._describe()
+        self._make_params({})
+        for key, value in params.items():
+            self.set(key, value)
+
+    def describe(self, b: BlockBuilder) -> None:
+        """Describe the block's GPU work with ``b``. Called at construction and on ``refresh()``."""
+        raise NotImplementedError(f"{type(self).__name__}.describe")
+
+    def _describe(self) -> BlockDescription:
+        b = BlockBuilder(self.type_name, self.name, base_dir=self.kernel_dir)
+        self.describe(b)
+        return b.commit()
+
+    def _make_params(self, old: dict[str, BlockParameter]) -> None:
+        params = {}
+        for spec in self.description.params:
+            p = BlockParameter(spec, self.name)
+            prev = old.get(spec.name)
+            if prev is not None:
+                try:
+                    p._value = p.validate(prev.value)  # keep the user's value across re-descriptions
+                except ParameterError:
+                    pass
+            if self._context is not None:
+                p.subscribe(self._context._param_listener(self))
+            params[spec.name] = p
+        self.params = params
+
+    # -- parameters ---------------------------------------------------------------------------
+    def set(self, name: str, value: Any) -> None:
+        """Set parameter ``name``; the engine applies it on its next update (Hot, or Cold if structural).
+
+        Raises:
+            ParameterError: unknown parameter, wrong type or out of range (the old value stays).
+        """
+        p = self.params.get(name)
+        if p is None:
+            known = ", ".join(self.params) or "none"
+            raise ParameterError(f"unknown parameter (this block has: {known})", block=self.name, param=name)
+        p.set(value)
+
+    def get(self, name: str) -> Any:
+        """Current value of parameter ``name``.
+
+        Raises:
+            ParameterError: unknown parameter.
+        """
+        p = self.params.get(name)
+        if p is None:
+            raise ParameterError("unknown parameter", block=self.name, param=name)
+        return p.value
+
+    # -- structure ----------------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[PortSpec, ...]:
+        return self.description.inputs
+
+    @property
+    def outputs(self) -> tuple[PortSpec, ...]:
+        return self.description.outputs
+
+    @property
+    def context(self) -> Context | None:
+        """The engine context this block is registered with, if any."""
+        return self._context
+
+    def refresh(self) -> bool:
+        """Re-run ``describe``; if the description changed structurally, the engine rebuilds.
+
+        Returns:
+            Whether the structure changed.
+
+        Raises:
+            KernelLoadError: the new description cannot be loaded (the old one stays).
+        """
+        new = self._describe()
+        if new == self.description:
+            return False
+        old_params = self.params
+        self.description = new
+        self._make_params(old_params)
+        if self._context is not None:
+            self._context.on_structure_changed(self)
+        return True
+
+    def close(self) -> None:
+        """Unregister from the engine (if registered); idempotent."""
+        if self._context is not None:
+            self._context.unregister_block(self)
+
+    # -- display ------------------------------------------------------------------------------
+    def tooltip(self) -> str:
+        """The tooltip text (DESIGN.md §6): ``Name: OK``, with GPU time and append fill when known."""
+        d = self.debug
+        head = f"{self.name}: {d.state.value}"
+        if d.message:
+            head += f": {d.message}"
+        if d.gpu_ms is not None:
+            head += f", {d.gpu_ms:.2f}ms"
+        return head
+
+    def __str__(self) -> str:
+        return self.tooltip()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} '{self.name}' id={self.id} state={self.debug.state.value}>"
+
+
+def check_block(obj: object) -> Block:
+    """Raise a clear error if ``obj`` is not a Block."""
+    if not isinstance(obj, Block):
+        raise CudapatchError(f"expected a Block, got {type(obj).__name__}")
+    return obj

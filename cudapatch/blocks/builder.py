@@ -1,0 +1,342 @@
+"""BlockBuilder: the DSL a block uses to describe its GPU work.
+
+Example (the built-in vector add)::
+
+    def describe(self, b: BlockBuilder) -> None:
+        k = b.add_kernel(bundled_kernel("vector_add"))
+        b.input("A", k.in_(0))
+        b.input("B", k.in_(1))
+        b.output("Sum", k.out(2), size=like("A"))
+        k.auto_grid(like("A"), count_param=3)
+
+``commit()`` checks that every kernel parameter is bound exactly once and returns the
+``BlockDescription``. Mistakes raise ``CudapatchError`` naming the block, kernel and parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CudapatchError
+from ..kernels.source import KernelSource, PtxFileSource
+from ..kernels.types import DType
+from .description import (
+    BlockDescription,
+    InternalLink,
+    KernelSpec,
+    ParamSpec,
+    PinRef,
+    PortSpec,
+    SizeRule,
+    fixed,
+)
+
+__all__ = ["BlockBuilder", "KernelHandle", "KernelPin"]
+
+
+@dataclass(frozen=True)
+class KernelPin:
+    """A parameter of a kernel handle, as an input (``in_``) or output (``out``) pin."""
+
+    handle: KernelHandle
+    index: int
+    direction: str
+
+    @property
+    def ref(self) -> PinRef:
+        return PinRef(self.handle.index, self.index)
+
+    @property
+    def param(self) -> Any:
+        return self.handle.image.descriptor.parameters[self.index]
+
+
+class KernelHandle:
+    """A kernel added to a builder. Its pins bind ports, scalars and internal links to parameters."""
+
+    def __init__(self, builder: BlockBuilder, index: int, source: KernelSource) -> None:
+        self._builder = builder
+        self.index = index
+        self.source = source
+        self.image = source.load()
+        self._grid: SizeRule | None = None
+        self._counts: list[tuple[int, SizeRule]] = []
+
+    @property
+    def entry_point(self) -> str:
+        return self.image.descriptor.entry_point
+
+    def _pin(self, i: int, direction: str) -> KernelPin:
+        params = self.image.descriptor.parameters
+        if not 0 <= i < len(params):
+            raise self._builder._error(f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}")
+        p = params[i]
+        if direction == "out" and (not p.is_pointer or p.direction == "in"):
+            raise self._builder._error(
+                f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an input ({p.type_name}, {p.direction}); "
+                "use in_()"
+            )
+        if direction == "in" and p.is_pointer and p.direction == "out":
+            raise self._builder._error(
+                f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an output; use out()"
+            )
+        return KernelPin(self, i, direction)
+
+    def in_(self, i: int) -> KernelPin:
+        """Input pin for parameter ``i`` (a read pointer or a by-value scalar)."""
+        return self._pin(i, "in")
+
+    def out(self, i: int) -> KernelPin:
+        """Output pin for parameter ``i`` (a written pointer)."""
+        return self._pin(i, "out")
+
+    def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
+        """Launch one thread per element: grid = ceil(count / blockSize of the sidecar).
+
+        Args:
+            elements: The element count rule.
+            count_param: Index of a ``uint``/``int`` parameter that receives the count.
+        """
+        rule = fixed(elements) if isinstance(elements, int) else elements
+        self._grid = rule
+        if count_param is not None:
+            self.set_count(count_param, rule)
+        return self
+
+    def set_count(self, param: int, rule: SizeRule | int) -> KernelHandle:
+        """Fill integer parameter ``param`` with a resolved element count (a size, a capacity)."""
+        pin = self.in_(param)
+        if pin.param.is_pointer or pin.param.dtype not in (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64):
+            raise self._builder._error(
+                f"parameter {param} ('{pin.param.name}') of kernel '{self.entry_point}' must be an integer to hold a count"
+            )
+        self._builder._bind(pin, "count")
+        self._counts.append((param, fixed(rule) if isinstance(rule, int) else rule))
+        return self
+
+    def spec(self) -> KernelSpec:
+        return KernelSpec(source=self.source, image=self.image, grid=self._grid, counts=tuple(self._counts))
+
+
+class BlockBuilder:
+    """Collects a block's kernels, ports, scalars and internal links; ``commit()`` makes the description.
+
+    Args:
+        type_name: The block type (for the description and messages).
+        block_name: The block instance name (for messages).
+        base_dir: Directory relative kernel paths are resolved against.
+    """
+
+    def __init__(self, type_name: str, block_name: str, *, base_dir: Path | None = None) -> None:
+        self.type_name = type_name
+        self.block_name = block_name
+        self.base_dir = base_dir
+        self._kernels: list[KernelHandle] = []
+        self._inputs: list[PortSpec] = []
+        self._outputs: list[PortSpec] = []
+        self._params: list[ParamSpec] = []
+        self._links: list[InternalLink] = []
+        self._bound: dict[PinRef, str] = {}
+        self._committed: BlockDescription | None = None
+
+    def _error(self, message: str) -> CudapatchError:
+        return CudapatchError(message, block=self.block_name)
+
+    def _bind(self, pin: KernelPin, what: str) -> None:
+        if pin.handle._builder is not self:
+            raise self._error("pin belongs to a kernel of another builder")
+        ref = pin.ref
+        if ref in self._bound:
+            raise self._error(
+                f"parameter {pin.index} ('{pin.param.name}') of kernel '{pin.handle.entry_point}' is already bound "
+                f"to {self._bound[ref]}"
+            )
+        self._bound[ref] = what
+
+    def _check_name(self, name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise self._error("port and parameter names must be non-empty strings")
+        taken = {p.name for p in self._inputs + self._outputs} | {p.name for p in self._params}
+        if name in taken:
+            raise self._error(f"the name '{name}' is used twice in this block")
+
+    def add_kernel(self, source: KernelSource | str | Path) -> KernelHandle:
+        """Add a kernel; a path means a PTX file with its JSON sidecar beside it.
+
+        Raises:
+            KernelLoadError: the kernel cannot be read (missing file, bad sidecar, signature mismatch).
+        """
+        if not isinstance(source, KernelSource):
+            path = Path(source)
+            if not path.is_absolute() and self.base_dir is not None:
+                path = self.base_dir / path
+            source = PtxFileSource(path)
+        try:
+            handle = KernelHandle(self, len(self._kernels), source)
+        except CudapatchError as exc:
+            if exc.block is None:
+                exc.block = self.block_name
+            raise
+        self._kernels.append(handle)
+        return handle
+
+    def input(self, name: str, *pins: KernelPin, required: bool = True, description: str = "") -> str:
+        """A buffer input port feeding one or more kernel pointer parameters (same element type)."""
+        self._check_name(name)
+        if not pins:
+            raise self._error(f"input '{name}' needs at least one kernel pin")
+        dtype = self._pins_dtype(name, pins, pointer=True)
+        for pin in pins:
+            self._bind(pin, f"input '{name}'")
+        self._inputs.append(
+            PortSpec(name, "in", "buffer", dtype, tuple(p.ref for p in pins), required=required, description=description)
+        )
+        return name
+
+    def output(self, name: str, pin: KernelPin, *, size: SizeRule | int, description: str = "") -> str:
+        """A buffer output port written by ``pin`` (an ``out()`` pin); ``size`` is its element count."""
+        self._check_name(name)
+        if pin.direction != "out":
+            raise self._error(f"output '{name}' must be bound to an out() pin")
+        dtype = self._pins_dtype(name, (pin,), pointer=True)
+        self._bind(pin, f"output '{name}'")
+        rule = fixed(size) if isinstance(size, int) else size
+        self._outputs.append(PortSpec(name, "out", "buffer", dtype, (pin.ref,), size=rule, description=description))
+        return name
+
+    def append_output(
+        self,
+        name: str,
+        data: KernelPin,
+        counter: KernelPin,
+        *,
+        capacity: SizeRule | int,
+        description: str = "",
+    ) -> str:
+        """An append buffer output: ``data`` gets the storage, ``counter`` the ``uint*`` counter.
+
+        The engine zeroes the counter with a memset node at the start of every launch.
+        """
+        self._check_name(name)
+        if data.direction != "out":
+            raise self._error(f"append output '{name}': data must be an out() pin")
+        dtype = self._pins_dtype(name, (data,), pointer=True)
+        cp = counter.param
+        if not cp.is_pointer or cp.dtype != DType.UINT32 or cp.direction != "inout":
+            raise self._error(
+                f"append output '{name}': the counter must be a 'uint*' parameter with direction inout, "
+                f"got '{cp.name}' ({cp.type_name}, {cp.direction})"
+            )
+        self._bind(data, f"append output '{name}'")
+        self._bind(counter, f"counter of append output '{name}'")
+        rule = fixed(capacity) if isinstance(capacity, int) else capacity
+        self._outputs.append(
+            PortSpec(name, "out", "append", dtype, (data.ref,), counter=(counter.ref,), size=rule, description=description)
+        )
+        return name
+
+    def scalar(
+        self,
+        name: str,
+        *pins: KernelPin,
+        default: Any = 0,
+        range: tuple[float | None, float | None] | None = None,  # noqa: A002 - the DSL word users expect
+        dtype: DType | None = None,
+        description: str = "",
+    ) -> str:
+        """A scalar parameter; its value goes into every pin (by-value kernel parameters of one type).
+
+        With no pins it is a block-level value used only in size rules (e.g. a capacity).
+        """
+        self._check_name(name)
+        if pins:
+            dt = self._pins_dtype(name, pins, pointer=False)
+            if dtype is not None and dtype != dt:
+                raise self._error(f"scalar '{name}' declared {dtype.c_name} but its pins are {dt.c_name}")
+        elif dtype is None:
+            raise self._error(f"scalar '{name}' without pins needs dtype=")
+        else:
+            dt = dtype
+        for pin in pins:
+            self._bind(pin, f"scalar '{name}'")
+        lo, hi = range if range is not None else (None, None)
+        spec = ParamSpec(name, dt, default, lo, hi, tuple(p.ref for p in pins), description=description)
+        from .parameter import BlockParameter  # validates the default now, with the block named
+
+        BlockParameter(spec, self.block_name)
+        self._params.append(spec)
+        return name
+
+    def connect(self, src: KernelPin, *dst: KernelPin, size: SizeRule | int) -> None:
+        """Link a kernel's output pin to other kernels' input pins inside the block (an internal buffer)."""
+        if src.direction != "out" or not dst or any(d.direction != "in" for d in dst):
+            raise self._error("connect(src, *dst) needs an out() pin and at least one in_() pin")
+        dtype = self._pins_dtype("internal link", (src, *dst), pointer=True)
+        self._bind(src, "an internal link")
+        for d in dst:
+            self._bind(d, "an internal link")
+        rule = fixed(size) if isinstance(size, int) else size
+        self._links.append(InternalLink(src.ref, tuple(d.ref for d in dst), rule, dtype))
+
+    def _pins_dtype(self, name: str, pins: tuple[KernelPin, ...], *, pointer: bool) -> DType:
+        dtypes = set()
+        for pin in pins:
+            p = pin.param
+            if p.is_pointer != pointer:
+                kind = "a pointer" if p.is_pointer else "a by-value scalar"
+                raise self._error(
+                    f"'{name}': parameter {pin.index} ('{p.name}') of kernel '{pin.handle.entry_point}' is {kind}"
+                )
+            dtypes.add(p.dtype)
+        if len(dtypes) != 1:
+            raise self._error(f"'{name}': pins disagree on element type ({', '.join(sorted(d.c_name for d in dtypes))})")
+        return dtypes.pop()
+
+    def commit(self) -> BlockDescription:
+        """Check completeness and return the description.
+
+        Raises:
+            CudapatchError: an unbound kernel parameter, a size rule naming an unknown port/parameter.
+        """
+        if self._committed is not None:
+            return self._committed
+        for k in self._kernels:
+            for i, p in enumerate(k.image.descriptor.parameters):
+                if PinRef(k.index, i) not in self._bound:
+                    raise self._error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
+        rules: list[tuple[str, SizeRule]] = []
+        for port in self._outputs:
+            rules.append((f"output '{port.name}'", port.size))  # type: ignore[arg-type]
+        for link in self._links:
+            rules.append(("internal link", link.size))
+        for k in self._kernels:
+            if k._grid is not None:
+                rules.append((f"grid of '{k.entry_point}'", k._grid))
+            rules.extend((f"count of '{k.entry_point}'", r) for _, r in k._counts)
+        inputs = {p.name for p in self._inputs}
+        params = {p.name: p for p in self._params}
+        structural: set[str] = set()
+        for what, rule in rules:
+            if rule.like is not None and rule.like not in inputs:
+                raise self._error(f"{what}: size rule refers to unknown input '{rule.like}'")
+            if rule.param is not None:
+                ps = params.get(rule.param)
+                if ps is None:
+                    raise self._error(f"{what}: size rule refers to unknown parameter '{rule.param}'")
+                if ps.dtype.base.kind not in "iu" or ps.dtype.lanes != 1:
+                    raise self._error(f"{what}: size parameter '{rule.param}' must be an integer")
+                structural.add(rule.param)
+        param_specs = tuple(
+            ParamSpec(**{**p.__dict__, "structural": True}) if p.name in structural else p for p in self._params
+        )
+        self._committed = BlockDescription(
+            type_name=self.type_name,
+            kernels=tuple(k.spec() for k in self._kernels),
+            inputs=tuple(self._inputs),
+            outputs=tuple(self._outputs),
+            params=param_specs,
+            internal_links=tuple(self._links),
+        )
+        return self._committed

@@ -1,0 +1,182 @@
+"""BlockDescription: the pure-data result of describing a block.
+
+Everything here is frozen and compares by structure (kernel list, ports, parameters, internal
+links), never by object identity, so the engine can tell whether a re-described block changed.
+Kernels and pins are referred to by their index in the block, not by handle objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from ..kernels.descriptor import KernelDescriptor
+from ..kernels.source import KernelImage, KernelSource
+from ..kernels.types import DType
+
+__all__ = [
+    "PinRef",
+    "SizeRule",
+    "like",
+    "from_param",
+    "fixed",
+    "KernelSpec",
+    "PortSpec",
+    "ParamSpec",
+    "InternalLink",
+    "BlockDescription",
+    "PortKind",
+    "ScalarValue",
+]
+
+PortKind = Literal["buffer", "append"]
+ScalarValue = Union[int, float, tuple]
+
+
+@dataclass(frozen=True)
+class PinRef:
+    """Parameter ``param`` of kernel number ``kernel`` of the block."""
+
+    kernel: int
+    param: int
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """How an element count is found: like an input port, from a scalar parameter, or fixed.
+
+    Exactly one field is set. ``scale`` multiplies the result (e.g. 3 floats per particle).
+    """
+
+    like: str | None = None
+    param: str | None = None
+    fixed: int | None = None
+    scale: int = 1
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.like, self.param, self.fixed)) != 1:
+            raise ValueError("a SizeRule needs exactly one of like=, param=, fixed=")
+
+    def __str__(self) -> str:
+        base = f"like '{self.like}'" if self.like else (f"parameter '{self.param}'" if self.param else str(self.fixed))
+        return base if self.scale == 1 else f"{base} x{self.scale}"
+
+
+def like(port: str, scale: int = 1) -> SizeRule:
+    """Element count equal to input port ``port``'s (times ``scale``)."""
+    return SizeRule(like=port, scale=scale)
+
+
+def from_param(name: str, scale: int = 1) -> SizeRule:
+    """Element count taken from scalar parameter ``name`` (which becomes structural)."""
+    return SizeRule(param=name, scale=scale)
+
+
+def fixed(count: int) -> SizeRule:
+    """A fixed element count."""
+    return SizeRule(fixed=int(count))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel of a block: its source, loaded image, grid rule and auto-filled count parameters.
+
+    Attributes:
+        source: Where the kernel comes from.
+        image: The loaded kernel (descriptor, bytes, content key).
+        grid: One thread per element of this count; ``None`` launches a single block.
+        counts: ``(param index, rule)`` pairs: that ``uint`` parameter receives the resolved count.
+    """
+
+    source: KernelSource
+    image: KernelImage
+    grid: SizeRule | None
+    counts: tuple[tuple[int, SizeRule], ...]
+
+    @property
+    def descriptor(self) -> KernelDescriptor:
+        return self.image.descriptor
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """A buffer port of a block.
+
+    Attributes:
+        name: Port name, unique within the block.
+        direction: ``in`` or ``out``.
+        kind: ``buffer`` or (outputs only) ``append``.
+        dtype: Element type.
+        pins: Kernel parameters that receive the buffer pointer.
+        counter: For append outputs, the kernel parameters that receive the counter pointer.
+        size: For outputs, the element count (capacity for append outputs).
+        required: For inputs, whether the block can run without it.
+        description: Text for tooltips.
+    """
+
+    name: str
+    direction: Literal["in", "out"]
+    kind: PortKind
+    dtype: DType
+    pins: tuple[PinRef, ...]
+    counter: tuple[PinRef, ...] = ()
+    size: SizeRule | None = None
+    required: bool = True
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A scalar parameter of a block.
+
+    Attributes:
+        name: Parameter name, unique within the block.
+        dtype: Value type.
+        default: Initial value.
+        minimum / maximum: Inclusive range, if any.
+        pins: Kernel parameters that receive the value.
+        structural: True when a size or grid depends on it: changing it rebuilds the graph.
+    """
+
+    name: str
+    dtype: DType
+    default: ScalarValue
+    minimum: float | None = None
+    maximum: float | None = None
+    pins: tuple[PinRef, ...] = ()
+    structural: bool = False
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class InternalLink:
+    """An output parameter of one kernel feeding input parameters of others, inside the block."""
+
+    src: PinRef
+    dst: tuple[PinRef, ...]
+    size: SizeRule
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class BlockDescription:
+    """What a block is, as data: compared structurally to decide whether the graph must be rebuilt."""
+
+    type_name: str
+    kernels: tuple[KernelSpec, ...]
+    inputs: tuple[PortSpec, ...]
+    outputs: tuple[PortSpec, ...]
+    params: tuple[ParamSpec, ...]
+    internal_links: tuple[InternalLink, ...] = ()
+
+    def input(self, name: str) -> PortSpec | None:
+        """The input port called ``name``, or None."""
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def output(self, name: str) -> PortSpec | None:
+        """The output port called ``name``, or None."""
+        return next((p for p in self.outputs if p.name == name), None)
+
+    def param(self, name: str) -> ParamSpec | None:
+        """The parameter called ``name``, or None."""
+        return next((p for p in self.params if p.name == name), None)

@@ -1,0 +1,136 @@
+"""BlockParameter: a typed, range-checked scalar with change events."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable
+
+from ..errors import ParameterError
+from ..kernels.types import DType
+from .description import ParamSpec, ScalarValue
+
+__all__ = ["BlockParameter", "coerce_scalar"]
+
+_INT_RANGES = {
+    DType.INT32: (-(2**31), 2**31 - 1),
+    DType.UINT32: (0, 2**32 - 1),
+    DType.INT64: (-(2**63), 2**63 - 1),
+    DType.UINT64: (0, 2**64 - 1),
+    DType.UINT8: (0, 255),
+    DType.INT2: (-(2**31), 2**31 - 1),
+    DType.INT4: (-(2**31), 2**31 - 1),
+    DType.UINT4: (0, 2**32 - 1),
+}
+
+
+def _coerce_lane(value: Any, dtype: DType, what: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ParameterError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    if dtype.base.kind == "f":
+        v = float(value)
+        if math.isnan(v):
+            raise ParameterError(f"{what} must not be NaN")
+        return v
+    if isinstance(value, numbers.Integral):
+        iv = int(value)
+    elif float(value).is_integer():
+        iv = int(value)
+    else:
+        raise ParameterError(f"{what} must be an integer ({dtype.c_name}), got {value!r}")
+    lo, hi = _INT_RANGES[dtype]
+    if not lo <= iv <= hi:
+        raise ParameterError(f"{what} {iv} does not fit a {dtype.c_name} ({lo}..{hi})")
+    return iv
+
+
+def coerce_scalar(value: Any, dtype: DType, *, what: str = "value") -> ScalarValue:
+    """Check and convert ``value`` to a Python value of ``dtype`` (a tuple for vector types).
+
+    Raises:
+        ParameterError: wrong type, wrong number of components, NaN, or not representable.
+    """
+    if dtype.lanes == 1:
+        return _coerce_lane(value, dtype, what)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise ParameterError(f"{what} must be a sequence of {dtype.lanes} numbers ({dtype.c_name}), got {value!r}")
+    if len(value) != dtype.lanes:
+        raise ParameterError(f"{what} must have {dtype.lanes} components ({dtype.c_name}), got {len(value)}")
+    return tuple(_coerce_lane(v, dtype, f"{what} component {i}") for i, v in enumerate(value))
+
+
+class BlockParameter:
+    """A scalar parameter of a block instance.
+
+    Setting ``value`` checks type and range; a bad value raises ``ParameterError`` naming block and
+    parameter and leaves the old value. Listeners are called with ``(parameter)`` after a change.
+    """
+
+    __slots__ = ("spec", "block_name", "_value", "_listeners")
+
+    def __init__(self, spec: ParamSpec, block_name: str) -> None:
+        self.spec = spec
+        self.block_name = block_name
+        self._value: ScalarValue = coerce_scalar(spec.default, spec.dtype, what=f"default of '{spec.name}'")
+        self._listeners: list[Callable[[BlockParameter], None]] = []
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def dtype(self) -> DType:
+        return self.spec.dtype
+
+    @property
+    def value(self) -> ScalarValue:
+        """The current value."""
+        return self._value
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        self.set(new)
+
+    def validate(self, new: Any) -> ScalarValue:
+        """The coerced value, or ParameterError (nothing changes).
+
+        Raises:
+            ParameterError: wrong type or out of range.
+        """
+        spec = self.spec
+        try:
+            v = coerce_scalar(new, spec.dtype)
+        except ParameterError as exc:
+            raise ParameterError(exc.message, block=self.block_name, param=spec.name) from None
+        lanes = v if isinstance(v, tuple) else (v,)
+        for lane in lanes:
+            if (spec.minimum is not None and lane < spec.minimum) or (spec.maximum is not None and lane > spec.maximum):
+                raise ParameterError(
+                    f"value {new!r} is out of range [{spec.minimum}, {spec.maximum}]", block=self.block_name, param=spec.name
+                )
+        return v
+
+    def set(self, new: Any) -> None:
+        """Validate and set; listeners run only if the value changed.
+
+        Raises:
+            ParameterError: wrong type or out of range (the old value stays).
+        """
+        v = self.validate(new)
+        if v == self._value:
+            return
+        self._value = v
+        for fn in self._listeners:
+            fn(self)
+
+    def subscribe(self, fn: Callable[[BlockParameter], None]) -> None:
+        """Call ``fn(parameter)`` after every change."""
+        self._listeners.append(fn)
+
+    def unsubscribe(self, fn: Callable[[BlockParameter], None]) -> None:
+        """Stop calling ``fn``; unknown functions are ignored."""
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def __repr__(self) -> str:
+        return f"<BlockParameter {self.block_name}.{self.name}: {self.dtype.c_name} = {self._value!r}>"

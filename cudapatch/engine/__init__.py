@@ -1,0 +1,42 @@
+"""The engine: device, context, registry, connections, dirty tracking, compiler, realize, buffers."""
+
+from .buffers import AppendBuffer, BufferPool, GpuBuffer, size_class
+from .compiler import compile_plan
+from .connections import ConnectionGraph, Link
+from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
+from .device import DeviceContext
+from .diagnostics import Diagnostic
+from .dirty import DirtyTracker
+from .engine import Engine, EngineCounters
+from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan
+from .readback import ReadbackRing
+from .realize import CompiledGraph, realize
+from .registry import BlockRegistry
+
+__all__ = [
+    "AppendBuffer",
+    "Arg",
+    "BlockRegistry",
+    "BlockSnapshot",
+    "BufferPlan",
+    "BufferPool",
+    "CompiledGraph",
+    "ConnectionGraph",
+    "Context",
+    "DeviceContext",
+    "Diagnostic",
+    "DirtyTracker",
+    "Engine",
+    "EngineCounters",
+    "ExternalBinding",
+    "GpuBuffer",
+    "GraphPlan",
+    "KernelNodePlan",
+    "Link",
+    "MemsetNodePlan",
+    "PatchSnapshot",
+    "ReadbackRing",
+    "compile_plan",
+    "realize",
+    "size_class",
+]

@@ -1,0 +1,286 @@
+"""The graph compiler: a PatchSnapshot in, a GraphPlan out. Pure: no driver calls.
+
+Steps: validate links (unknown port, type mismatch, blocks of another engine) → topological order
+of blocks (cycle → error) → per block: resolve inputs (link, external binding, or skip the block
+with a warning when a required input is missing), resolve sizes, plan output/internal/append
+buffers, build kernel nodes with argument sources → dependencies from buffer hazards (read after
+write, write after read, write after write) → one memset node zeroing all append counters first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+
+from ..blocks.description import PinRef, SizeRule
+from ..errors import GraphCompileError
+from .connections import Link
+from .context import PatchSnapshot
+from .diagnostics import Diagnostic
+from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot
+
+__all__ = ["compile_plan"]
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # "buffer" | "external" | "null"
+    ref: object
+    count: int
+
+
+def _topological_order(snap: PatchSnapshot, links: list[Link]) -> tuple[list[int], list[int]]:
+    """Kahn's algorithm, ties broken by registration order. Returns (order, blocks left in cycles)."""
+    rank = {b.id: i for i, b in enumerate(snap.blocks)}
+    indegree = {b.id: 0 for b in snap.blocks}
+    succ: dict[int, list[int]] = {b.id: [] for b in snap.blocks}
+    for lk in links:
+        succ[lk.src].append(lk.dst)
+        indegree[lk.dst] += 1
+    ready = [(rank[b], b) for b, deg in indegree.items() if deg == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, b = heapq.heappop(ready)
+        order.append(b)
+        for s in succ[b]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(ready, (rank[s], s))
+    remaining = [b.id for b in snap.blocks if indegree[b.id] > 0]
+    return order, remaining
+
+
+def compile_plan(snap: PatchSnapshot) -> GraphPlan:
+    """Compile a patch snapshot into a GraphPlan.
+
+    Raises:
+        GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
+    """
+    errors: list[Diagnostic] = []
+    warnings: list[Diagnostic] = []
+    blocks = {b.id: b for b in snap.blocks}
+
+    def err(block_id: int | None, code: str, msg: str) -> None:
+        errors.append(Diagnostic("error", block_id, code, msg))
+
+    for b in snap.blocks:
+        if b.context_id != snap.context_id:
+            err(b.id, "cross-engine", f"block '{b.name}' belongs to another engine")
+
+    valid_links: list[Link] = []
+    incoming: dict[tuple[int, str], Link] = {}
+    for lk in snap.links:
+        src, dst = blocks.get(lk.src), blocks.get(lk.dst)
+        if src is None or dst is None:
+            present = dst or src
+            err(present.id if present else None, "cross-engine",
+                f"link {lk.src_port} -> {lk.dst_port} of '{present.name if present else '?'}' reaches a block that is "
+                "not part of this engine")
+            continue
+        out = src.description.output(lk.src_port)
+        inp = dst.description.input(lk.dst_port)
+        if out is None:
+            err(src.id, "unknown-port", f"block '{src.name}' has no output port '{lk.src_port}'")
+            continue
+        if inp is None:
+            err(dst.id, "unknown-port", f"block '{dst.name}' has no input port '{lk.dst_port}'")
+            continue
+        if out.dtype != inp.dtype:
+            err(dst.id, "type-mismatch",
+                f"link {src.name}.{lk.src_port} ({out.dtype.c_name}) -> {dst.name}.{lk.dst_port} ({inp.dtype.c_name}): "
+                "element types differ")
+            continue
+        key = (lk.dst, lk.dst_port)
+        if key in incoming:
+            err(dst.id, "duplicate-link", f"input '{dst.name}.{lk.dst_port}' has more than one link")
+            continue
+        incoming[key] = lk
+        valid_links.append(lk)
+
+    order, cyclic = _topological_order(snap, valid_links)
+    if cyclic:
+        names = ", ".join(blocks[b].name for b in cyclic)
+        for b in cyclic:
+            err(b, "cycle", f"block '{blocks[b].name}' is part of a cycle ({names})")
+    if errors:
+        raise GraphCompileError(f"{len(errors)} error(s) in the patch: " + "; ".join(d.message for d in errors),
+                                diagnostics=tuple(errors + warnings))
+
+    buffers: list[BufferPlan] = []
+    counters: list[tuple[int, str]] = []
+    nodes: list[KernelNodePlan] = []
+    outputs: dict[tuple[int, str], int] = {}
+    appends: dict[tuple[int, str], tuple[int, int]] = {}
+    out_sources: dict[tuple[int, str], _Source] = {}
+    scalar_slots: dict[tuple[int, str], list[Slot]] = {}
+    binding_slots: dict[tuple[int, str], list[Slot]] = {}
+    binding_counts: dict[tuple[int, str], int] = {}
+    block_nodes: dict[int, list[int]] = {}
+    skipped: list[int] = []
+    compiled: list[int] = []
+    last_writer: dict[object, int] = {}
+    readers: dict[object, set[int]] = {}
+    counter_users: list[int] = []
+
+    for bid in order:
+        b = blocks[bid]
+        d = b.description
+        sources: dict[str, _Source] = {}
+        skip_reason = None
+        for port in d.inputs:
+            lk = incoming.get((bid, port.name))
+            binding = snap.bindings.get((bid, port.name))
+            if lk is not None:
+                if lk.src in skipped:
+                    skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
+                    break
+                sources[port.name] = out_sources[(lk.src, lk.src_port)]
+            elif binding is not None:
+                sources[port.name] = _Source("external", (bid, port.name), binding.count)
+                binding_counts[(bid, port.name)] = binding.count
+            elif port.required:
+                skip_reason = f"required input '{port.name}' is not linked"
+                break
+            else:
+                sources[port.name] = _Source("null", None, 0)
+        if skip_reason is not None:
+            warnings.append(Diagnostic("warning", bid, "input-unlinked", f"block '{b.name}' is not running: {skip_reason}"))
+            skipped.append(bid)
+            continue
+
+        def resolve(rule: SizeRule, _sources: dict[str, _Source] = sources, _b=b) -> int:
+            if rule.like is not None:
+                n = _sources[rule.like].count
+            elif rule.param is not None:
+                n = int(_b.values[rule.param])
+            else:
+                n = int(rule.fixed)  # type: ignore[arg-type]
+            return max(0, n * rule.scale)
+
+        # Which kernel parameter gets what, inside this block.
+        pin_arg: dict[PinRef, tuple[str, object]] = {}
+        for port in d.inputs:
+            for pin in port.pins:
+                pin_arg[pin] = ("input", port.name)
+        for port in d.outputs:
+            count = resolve(port.size)  # type: ignore[arg-type]
+            buf = BufferPlan(len(buffers), bid, port.name, port.dtype, count, append=port.kind == "append")
+            buffers.append(buf)
+            outputs[(bid, port.name)] = buf.index
+            out_sources[(bid, port.name)] = _Source("buffer", buf.index, count)
+            for pin in port.pins:
+                pin_arg[pin] = ("buffer", buf.index)
+            if port.kind == "append":
+                ci = len(counters)
+                counters.append((bid, port.name))
+                appends[(bid, port.name)] = (buf.index, ci)
+                for pin in port.counter:
+                    pin_arg[pin] = ("counter", ci)
+        for i, link in enumerate(d.internal_links):
+            buf = BufferPlan(len(buffers), bid, f"internal{i}", link.dtype, resolve(link.size))
+            buffers.append(buf)
+            for pin in (link.src, *link.dst):
+                pin_arg[pin] = ("buffer", buf.index)
+        for ps in d.params:
+            for pin in ps.pins:
+                pin_arg[pin] = ("scalar", ps.name)
+
+        compiled.append(bid)
+        for ki, ks in enumerate(d.kernels):
+            desc = ks.descriptor
+            counts = dict(ks.counts)
+            node_index = len(nodes)
+            args: list[Arg] = []
+            reads: list[object] = []
+            writes: list[object] = []
+            for pi, p in enumerate(desc.parameters):
+                pin = PinRef(ki, pi)
+                if pi in counts:
+                    args.append(Arg("const", p.dtype, False, value=resolve(counts[pi])))
+                    continue
+                what, ref = pin_arg[pin]
+                if what == "scalar":
+                    key = (bid, ref)
+                    args.append(Arg("scalar", p.dtype, False, ref=key, value=b.values[ref]))  # type: ignore[index]
+                    scalar_slots.setdefault(key, []).append((node_index, pi))  # type: ignore[arg-type]
+                    continue
+                if what == "input":
+                    src = sources[ref]  # type: ignore[index]
+                    if src.kind == "buffer":
+                        args.append(Arg("buffer", p.dtype, True, ref=src.ref))
+                        res: object = ("buf", src.ref)
+                    elif src.kind == "external":
+                        args.append(Arg("external", p.dtype, True, ref=src.ref))
+                        binding_slots.setdefault(src.ref, []).append((node_index, pi))  # type: ignore[arg-type]
+                        res = ("ext", src.ref)
+                    else:
+                        args.append(Arg("null", p.dtype, True))
+                        continue
+                elif what == "buffer":
+                    args.append(Arg("buffer", p.dtype, True, ref=ref))
+                    res = ("buf", ref)
+                else:  # counter
+                    args.append(Arg("counter", p.dtype, True, ref=ref))
+                    res = ("ctr", ref)
+                    counter_users.append(node_index)
+                if p.direction in ("in", "inout"):
+                    reads.append(res)
+                if p.direction in ("out", "inout"):
+                    writes.append(res)
+            deps: set[int] = set()
+            for r in reads:
+                if r in last_writer:
+                    deps.add(last_writer[r])
+            for w in writes:
+                if w in last_writer:
+                    deps.add(last_writer[w])
+                deps.update(readers.get(w, ()))
+            for r in reads:
+                readers.setdefault(r, set()).add(node_index)
+            for w in writes:
+                last_writer[w] = node_index
+                readers[w] = set()
+            deps.discard(node_index)
+            n_elems = resolve(ks.grid) if ks.grid is not None else 1
+            grid = max(1, -(-n_elems // desc.block_size))
+            nodes.append(
+                KernelNodePlan(node_index, bid, ki, ks.image, grid, desc.block_size, desc.shared_memory_bytes,
+                               tuple(args), tuple(sorted(deps)))
+            )
+            block_nodes.setdefault(bid, []).append(node_index)
+
+    all_nodes: list[NodePlan] = list(nodes)
+    if counters:
+        # The memset goes first; every index shifts by one and counter users depend on it.
+        users = set(counter_users)
+        all_nodes = [MemsetNodePlan(0, len(counters))]
+        for n in nodes:
+            deps = tuple(x + 1 for x in n.deps) + ((0,) if n.index in users else ())
+            all_nodes.append(replace(n, index=n.index + 1, deps=tuple(sorted(deps))))
+
+        def shift(slots: dict) -> dict:
+            return {k: tuple((ni + 1, ai) for ni, ai in v) for k, v in slots.items()}
+
+        scalar_final = shift(scalar_slots)
+        binding_final = shift(binding_slots)
+        block_nodes_final = {k: tuple(i + 1 for i in v) for k, v in block_nodes.items()}
+    else:
+        scalar_final = {k: tuple(v) for k, v in scalar_slots.items()}
+        binding_final = {k: tuple(v) for k, v in binding_slots.items()}
+        block_nodes_final = {k: tuple(v) for k, v in block_nodes.items()}
+
+    return GraphPlan(
+        nodes=tuple(all_nodes),
+        buffers=tuple(buffers),
+        counters=tuple(counters),
+        block_order=tuple(compiled),
+        skipped=tuple(skipped),
+        diagnostics=tuple(warnings),
+        outputs=outputs,
+        appends=appends,
+        scalar_slots=scalar_final,
+        binding_slots=binding_final,
+        binding_counts=binding_counts,
+        block_nodes=block_nodes_final,
+    )

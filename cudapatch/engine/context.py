@@ -1,0 +1,234 @@
+"""Context: the engine's model of the patch (blocks, links, external bindings) and its dirty state.
+
+All of this is pure Python: it is what the graph compiler reads. Edits validate immediately
+(unknown port, incompatible pins, cycle, another engine's block → ``LinkError``) and only mark dirty;
+the engine applies them on its next ``update()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..blocks.block import Block, BlockState, check_block
+from ..blocks.parameter import BlockParameter
+from ..errors import BindingError, CudapatchError, LinkError
+from ..kernels.types import DType
+from .connections import ConnectionGraph, Link
+from .dirty import DirtyTracker
+from .registry import BlockRegistry
+
+__all__ = ["Context", "ExternalBinding", "BlockSnapshot", "PatchSnapshot"]
+
+_context_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class ExternalBinding:
+    """A user's device memory bound to an input port.
+
+    Attributes:
+        ptr: Device address.
+        count: Element count.
+        dtype: Element type.
+        owner: The object that owns the memory; kept alive while bound.
+    """
+
+    ptr: int
+    count: int
+    dtype: DType
+    owner: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class BlockSnapshot:
+    """What the compiler needs of one block."""
+
+    id: int
+    name: str
+    description: Any  # BlockDescription
+    values: dict[str, Any] = field(compare=False)
+    context_id: int
+
+
+@dataclass(frozen=True)
+class PatchSnapshot:
+    """The whole patch, frozen for the compiler."""
+
+    context_id: int
+    blocks: tuple[BlockSnapshot, ...]
+    links: tuple[Link, ...]
+    bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+
+
+class Context:
+    """Registry, connections, external bindings and dirty tracking of one engine."""
+
+    def __init__(self) -> None:
+        self.id = next(_context_ids)
+        self.registry = BlockRegistry()
+        self.connections = ConnectionGraph()
+        self.dirty = DirtyTracker()
+        self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        self._listeners: dict[int, Callable[[BlockParameter], None]] = {}
+
+    # -- blocks -------------------------------------------------------------------------------
+    def register_block(self, block: Block) -> Block:
+        """Add a block to the patch (Cold on the next update).
+
+        Raises:
+            CudapatchError: registered with another engine, or its name is taken here.
+        """
+        check_block(block)
+        if block._context is not None and block._context is not self:
+            raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
+        if block._context is self:
+            return block
+        self.registry.add(block)
+        block._context = self
+        listener = self._param_listener(block)
+        for p in block.params.values():
+            p.subscribe(listener)
+        self.dirty.mark_structure()
+        return block
+
+    def unregister_block(self, block: Block) -> None:
+        """Remove a block, its links and bindings (Cold on the next update). Unknown blocks are ignored."""
+        if not self.registry.remove(block):
+            return
+        self.connections.remove_block(block.id)
+        for key in [k for k in self.bindings if k[0] == block.id]:
+            del self.bindings[key]
+        listener = self._listeners.pop(block.id, None)
+        if listener is not None:
+            for p in block.params.values():
+                p.unsubscribe(listener)
+        block._context = None
+        block.debug.state = BlockState.NOT_COMPILED
+        block.debug.message = ""
+        self.dirty.mark_structure()
+
+    def _param_listener(self, block: Block) -> Callable[[BlockParameter], None]:
+        listener = self._listeners.get(block.id)
+        if listener is None:
+
+            def listener(param: BlockParameter, _block: Block = block) -> None:
+                self.on_parameter_changed(_block, param.name)
+
+            self._listeners[block.id] = listener
+        return listener
+
+    def on_parameter_changed(self, block: Block, name: str) -> None:
+        """Mark a parameter dirty: Hot on the next update, or Cold if sizes depend on it."""
+        p = block.params.get(name)
+        if p is not None and p.spec.structural:
+            self.dirty.mark_structure()
+        else:
+            self.dirty.mark_param(block.id, name)
+
+    def on_structure_changed(self, block: Block) -> None:
+        """A block's description changed (``Block.refresh``): drop links to ports that no longer fit, rebuild."""
+        d = block.description
+        for lk in list(self.connections):
+            if lk.src == block.id and d.output(lk.src_port) is None:
+                self.connections.remove(lk)
+            elif lk.dst == block.id and d.input(lk.dst_port) is None:
+                self.connections.remove(lk)
+        self.dirty.mark_structure()
+
+    def _owned(self, block: Block, role: str) -> Block:
+        check_block(block)
+        if block._context is None:
+            raise LinkError(f"{role} block is not registered with an engine", block=block.name)
+        if block._context is not self:
+            raise LinkError(f"{role} block belongs to another engine and cannot be linked here", block=block.name)
+        return block
+
+    # -- links --------------------------------------------------------------------------------
+    def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> Link:
+        """Link ``src.src_port`` (an output) to ``dst.dst_port`` (an input). Replaces an existing link into that input.
+
+        Raises:
+            LinkError: unknown port, wrong direction, incompatible element types, a cycle, or another engine's block.
+        """
+        self._owned(src, "source")
+        self._owned(dst, "destination")
+        out = src.description.output(src_port)
+        if out is None:
+            if src.description.input(src_port) is not None:
+                raise LinkError("is an input; links start at an output", block=src.name, port=src_port)
+            known = ", ".join(p.name for p in src.outputs) or "none"
+            raise LinkError(f"unknown output port (outputs: {known})", block=src.name, port=src_port)
+        inp = dst.description.input(dst_port)
+        if inp is None:
+            if dst.description.output(dst_port) is not None:
+                raise LinkError("is an output; links end at an input", block=dst.name, port=dst_port)
+            known = ", ".join(p.name for p in dst.inputs) or "none"
+            raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
+        if out.dtype != inp.dtype:
+            raise LinkError(
+                f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to {dst.name}.{dst_port} ({inp.dtype.c_name}): "
+                "element types differ",
+                block=dst.name,
+                port=dst_port,
+            )
+        if self.connections.reaches(dst.id, src.id):
+            raise LinkError(f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle", block=dst.name, port=dst_port)
+        link = Link(src.id, src_port, dst.id, dst_port)
+        old = self.connections.add(link)
+        if old != link:
+            self.dirty.mark_structure()
+        return link
+
+    def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
+        """Remove a link; returns whether it existed."""
+        removed = self.connections.remove(Link(src.id, src_port, dst.id, dst_port))
+        if removed:
+            self.dirty.mark_structure()
+        return removed
+
+    # -- external bindings ----------------------------------------------------------------------
+    def bind_input(self, block: Block, port: str, binding: ExternalBinding) -> None:
+        """Bind external device memory to an input port. Same size and type as before: Warm; otherwise Cold.
+
+        Raises:
+            BindingError: unknown input port or element type mismatch.
+        """
+        self._owned(block, "bound")
+        inp = block.description.input(port)
+        if inp is None:
+            known = ", ".join(p.name for p in block.inputs) or "none"
+            raise BindingError(f"unknown input port (inputs: {known})", block=block.name, port=port)
+        if binding.dtype != inp.dtype:
+            raise BindingError(
+                f"bound memory holds {binding.dtype.c_name} but the port takes {inp.dtype.c_name}", block=block.name, port=port
+            )
+        key = (block.id, port)
+        old = self.bindings.get(key)
+        self.bindings[key] = binding
+        if old is not None and old.count == binding.count:
+            if old.ptr != binding.ptr:
+                self.dirty.mark_binding(block.id, port)
+        else:
+            self.dirty.mark_structure()
+
+    def unbind_input(self, block: Block, port: str) -> bool:
+        """Remove an external binding; returns whether there was one."""
+        if self.bindings.pop((block.id, port), None) is None:
+            return False
+        self.dirty.mark_structure()
+        return True
+
+    def mark_structure_dirty(self) -> None:
+        """Force a Cold rebuild on the next update."""
+        self.dirty.mark_structure()
+
+    # -- for the compiler -----------------------------------------------------------------------
+    def snapshot(self) -> PatchSnapshot:
+        """Freeze the patch for the compiler."""
+        blocks = tuple(
+            BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
+            for b in self.registry
+        )
+        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings))

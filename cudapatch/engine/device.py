@@ -1,0 +1,151 @@
+"""The CUDA device an engine runs on: its primary context and one non-blocking stream."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ..errors import CudaUnavailableError
+from ..kernels._driver import check, driver
+
+__all__ = ["DeviceContext"]
+
+
+def _release(d: Any, device: Any, stream: Any) -> None:
+    # Safety net for a DeviceContext that was never closed; errors are ignored at interpreter exit.
+    try:
+        d.cuStreamDestroy(stream)
+        d.cuDevicePrimaryCtxRelease(device)
+    except Exception:
+        pass
+
+
+class DeviceContext:
+    """One CUDA device: ``cuInit``, its **primary context** (shared with CuPy, Numba and PyTorch,
+    so their arrays interoperate with ours), and one non-blocking stream for all engine work.
+
+    Args:
+        ordinal: Device index.
+
+    Raises:
+        CudaUnavailableError: cuda-bindings missing, no driver, no device, or ``ordinal`` out of range.
+        CudaError: another driver call failed.
+    """
+
+    def __init__(self, ordinal: int = 0) -> None:
+        d = driver()
+        try:
+            (err,) = d.cuInit(0)
+        except RuntimeError as exc:  # cuda-bindings raises this when libcuda.so cannot be loaded
+            raise CudaUnavailableError(f"no CUDA driver: {exc} (install the NVIDIA driver)") from None
+        if err == d.CUresult.CUDA_ERROR_NO_DEVICE:
+            raise CudaUnavailableError("the CUDA driver is installed but reports no CUDA device")
+        if err:
+            check((err,), "cuInit")
+        count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise CudaUnavailableError(f"CUDA device {ordinal} requested but only {count} device(s) present")
+        self.ordinal = ordinal
+        self._device = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.name: str = check(d.cuDeviceGetName(256, self._device), "cuDeviceGetName").split(b"\0")[0].decode()
+        attr = d.CUdevice_attribute
+        major = check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device))
+        minor = check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device))
+        self.compute_capability: tuple[int, int] = (int(major), int(minor))
+        self.multiprocessor_count: int = int(
+            check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._device))
+        )
+        self.total_memory: int = int(check(d.cuDeviceTotalMem(self._device), "cuDeviceTotalMem"))
+        self.driver_version: int = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
+        self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+        check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+        self._current_thread = threading.get_ident()
+        self._stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream)
+
+    @property
+    def arch(self) -> str:
+        """The architecture name, ``sm_90`` on an H100."""
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+    @property
+    def key(self) -> str:
+        """Identifies this device for caches: ``"0:sm_90"``."""
+        return f"{self.ordinal}:{self.arch}"
+
+    @property
+    def context(self) -> Any:
+        """The primary ``CUcontext`` (read-only)."""
+        return self._context
+
+    @property
+    def stream(self) -> Any:
+        """The engine's non-blocking ``CUstream`` (read-only)."""
+        return self._stream
+
+    @property
+    def stream_handle(self) -> int:
+        """The stream as an integer handle, for ``__cuda_array_interface__`` and other libraries."""
+        return int(self._stream)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def make_current(self) -> None:
+        """Make the primary context current on the calling thread, if it is not already.
+
+        Cheap when nothing changes: only a thread-id comparison, so the frame path can call it.
+
+        Raises:
+            CudaError: cuCtxSetCurrent failed.
+        """
+        tid = threading.get_ident()
+        if tid != self._current_thread:
+            check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+            self._current_thread = tid
+
+    def synchronize(self) -> None:
+        """Wait for all work on the engine stream.
+
+        Raises:
+            CudaError: a launch on the stream failed (sticky errors surface here).
+        """
+        check(driver().cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+
+    def mem_info(self) -> tuple[int, int]:
+        """``(free, total)`` device memory in bytes.
+
+        Raises:
+            CudaError: cuMemGetInfo failed.
+        """
+        self.make_current()
+        free, total = check(driver().cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def close(self) -> None:
+        """Destroy the stream and release the primary context; idempotent.
+
+        Raises:
+            CudaError: cuStreamDestroy or cuDevicePrimaryCtxRelease failed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        d = driver()
+        self.make_current()
+        check(d.cuStreamDestroy(self._stream), "cuStreamDestroy")
+        check(d.cuDevicePrimaryCtxRelease(self._device), "cuDevicePrimaryCtxRelease")
+
+    def __enter__(self) -> DeviceContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mem = self.total_memory / 2**30
+        return f"<DeviceContext {self.ordinal}: {self.name} {self.arch} {mem:.0f} GiB closed={self._closed}>"

@@ -1,0 +1,416 @@
+"""Engine: the one active part. Owns the device, compiles all blocks into one CUDA graph, and
+applies every edit with the cheapest correct update before launching each frame.
+
+``update()`` with nothing dirty tests one flag, polls the readback ring (one ``cuEventQuery``, only
+when the graph has append buffers), and launches: no allocation, no synchronize, no per-block loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..blocks.block import Block, BlockState
+from ..errors import BindingError, CudaError, CudapatchError, GraphCompileError, KernelLoadError
+from ..kernels._driver import check
+from ..kernels.module_cache import ModuleCache
+from ..kernels.types import DType
+from .buffers import AppendBuffer, BufferPool, GpuBuffer
+from .compiler import compile_plan
+from .context import Context, ExternalBinding
+from .device import DeviceContext
+from .diagnostics import Diagnostic, DiagnosticLog
+from .realize import CompiledGraph, realize
+
+__all__ = ["Engine", "EngineCounters"]
+
+log = logging.getLogger("cudapatch.engine")
+
+
+@dataclass
+class EngineCounters:
+    """How often each update tier ran (for tests, the overlay and benchmarks)."""
+
+    frames: int = 0
+    rebuilds: int = 0
+    failed_rebuilds: int = 0
+    hot_updates: int = 0
+    warm_updates: int = 0
+    nodes_patched: int = 0
+
+
+class Engine:
+    """Compiles registered blocks into one CUDA graph and launches it once per ``update()``.
+
+    Args:
+        device: CUDA device ordinal.
+        name: Engine name, shown in ``str(engine)``.
+
+    Raises:
+        CudaUnavailableError: no cuda-bindings, no driver or no device (says which).
+        CudaError: another driver call failed.
+    """
+
+    def __init__(self, device: int = 0, *, name: str = "CudaEngine") -> None:
+        self.device = DeviceContext(device)
+        self.name = name
+        self.pool = BufferPool(self.device.make_current)
+        self.modules = ModuleCache(device_key=self.device.key)
+        self.context = Context()
+        self.counters = EngineCounters()
+        self.profiling = "None"
+        self._graph: CompiledGraph | None = None
+        self._retired: list[CompiledGraph] = []
+        self._owned: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
+        self._diagnostics: tuple[Diagnostic, ...] = ()
+        self._diaglog = DiagnosticLog(log)
+        self._dirty = self.context.dirty
+        self._stream = self.device.stream
+        self._closed = False
+        log.info("engine on %r", self.device)
+
+    # -- patch editing (cheap: only marks dirty) ---------------------------------------------------
+    def add(self, block: Block) -> Block:
+        """Register ``block`` with this engine (Cold on the next update). Returns it."""
+        return self.context.register_block(block)
+
+    def remove(self, block: Block) -> None:
+        """Unregister ``block``, dropping its links (Cold on the next update)."""
+        for key in [k for k in self._owned if k[0] == block.id]:
+            self._owned.pop(key).close()
+        self.context.unregister_block(block)
+
+    def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
+        """Link an output to an input (Cold on the next update).
+
+        Raises:
+            LinkError: unknown port, incompatible pins, a cycle, or a block of another engine.
+        """
+        self.context.connect(src, src_port, dst, dst_port)
+
+    def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
+        """Remove a link (Cold on the next update); returns whether it existed."""
+        return self.context.disconnect(src, src_port, dst, dst_port)
+
+    def bind(self, block: Block, port: str, array: Any, *, dtype: DType | None = None) -> None:
+        """Bind external data to an input port.
+
+        ``array`` may be a ``GpuBuffer``, any object with ``__cuda_array_interface__`` (CuPy, Numba,
+        PyTorch: bound without a copy; keep it alive and finish writing it before the next update),
+        or a host array (copied into an engine-owned buffer; binding a host array of the same size
+        again only re-uploads). A different device pointer of the same size is a Warm update; a
+        different size is Cold.
+
+        Raises:
+            BindingError: unknown port, wrong element type, non-contiguous memory.
+        """
+        inp = block.description.input(port)
+        if inp is None:
+            raise BindingError("unknown input port", block=block.name, port=port)
+        want = dtype or inp.dtype
+        if isinstance(array, GpuBuffer):
+            binding = ExternalBinding(array.ptr, array.count, array.dtype, owner=array)
+        elif hasattr(array, "__cuda_array_interface__"):
+            binding = _binding_from_cai(array, want, block.name, port)
+        else:
+            host = np.ascontiguousarray(array)
+            if host.dtype != want.base:
+                raise BindingError(
+                    f"host array of {host.dtype} bound to a {want.c_name} port", block=block.name, port=port
+                )
+            count = host.size // want.lanes
+            key = (block.id, port)
+            buf = self._owned.get(key)
+            if buf is None or buf.count != count:
+                if buf is not None:
+                    buf.close()
+                buf = GpuBuffer(self.pool, want, count, stream=self._stream)
+                self._owned[key] = buf
+            buf.upload(host)
+            binding = ExternalBinding(buf.ptr, count, want, owner=buf)
+        self.context.bind_input(block, port, binding)
+
+    def set_profiling(self, level: str) -> None:
+        """Set the profiling level. Only ``None`` exists so far; others raise.
+
+        Raises:
+            CudapatchError: unknown or unsupported level.
+        """
+        if level != "None":
+            raise CudapatchError(f"profiling level '{level}' is not available (supported: None)")
+        self.profiling = level
+
+    # -- the frame --------------------------------------------------------------------------------
+    def update(self) -> None:
+        """Apply pending edits with the cheapest tier, then launch the graph. Never waits for the GPU.
+
+        Raises:
+            CudaError: the launch failed (the error is also recorded as a diagnostic).
+        """
+        if self._dirty.any:
+            self._apply_changes()
+        g = self._graph
+        if g is not None:
+            self.device.make_current()
+            rb = g.readback
+            if rb is not None:
+                rb.poll()
+            (err,) = g._launch(g._exec, self._stream)
+            if err:
+                self._launch_failed(err)
+            if rb is not None:
+                rb.record(self._stream, self.counters.frames)
+        self.counters.frames += 1
+
+    def _launch_failed(self, err: Any) -> None:
+        try:
+            check((err,), "cuGraphLaunch")
+        except CudaError as exc:
+            self._set_diagnostics(self._diagnostics + (Diagnostic("error", None, "launch", str(exc)),))
+            raise
+
+    def _apply_changes(self) -> None:
+        self.device.make_current()
+        self._reap()
+        dirty = self._dirty
+        if dirty.structure:
+            if self._rebuild():
+                return
+            dirty.structure = False  # a failed rebuild is not retried every frame; the next edit retries
+        dirty.code.clear()
+        dirty.captured.clear()
+        params, bindings = dirty.take_params()
+        g = self._graph
+        if g is None:
+            return
+        registry = self.context.registry
+        if params:
+            values = {}
+            for bid, name in params:
+                b = registry.get(bid)
+                if b is not None and name in b.params:
+                    values[(bid, name)] = b.params[name].value
+            self.counters.nodes_patched += g.update_scalars(values)
+            self.counters.hot_updates += len(values)
+        if bindings:
+            ptrs = {}
+            for key in bindings:
+                binding = self.context.bindings.get(key)
+                if binding is not None and g.plan.binding_counts.get(key) == binding.count:
+                    ptrs[key] = binding.ptr
+            self.counters.nodes_patched += g.update_bindings(ptrs)
+            self.counters.warm_updates += len(ptrs)
+
+    def _rebuild(self) -> bool:
+        """Cold: compile, realize, swap in. On failure keep the old graph and put errors on blocks."""
+        snap = self.context.snapshot()
+        try:
+            plan = compile_plan(snap)
+        except GraphCompileError as exc:
+            self.counters.failed_rebuilds += 1
+            self._set_diagnostics(exc.diagnostics)
+            return False
+        names = {b.id: b.name for b in snap.blocks}
+        try:
+            graph = realize(plan, device=self.device, pool=self.pool, modules=self.modules,
+                            bindings=snap.bindings, block_names=names)
+        except (KernelLoadError, CudaError) as exc:
+            self.counters.failed_rebuilds += 1
+            block = self.context.registry.by_name(exc.block) if exc.block else None
+            self._set_diagnostics((Diagnostic("error", block.id if block else None, "realize", str(exc)),))
+            return False
+        old, self._graph = self._graph, graph
+        if old is not None:
+            old.retire(self._stream)
+            self._retired.append(old)
+        self.counters.rebuilds += 1
+        self._dirty.clear_structure()
+        for b in self.context.registry:
+            b.debug.state = BlockState.OK
+            b.debug.message = ""
+            b.debug.append = {port: ab for (bid, port), ab in graph.appends.items() if bid == b.id}
+        self._set_diagnostics(plan.diagnostics, skipped=plan.skipped)
+        return True
+
+    def _set_diagnostics(self, diags: Iterable[Diagnostic], skipped: Iterable[int] = ()) -> None:
+        diags = tuple(diags)
+        self._diagnostics = diags
+        self._diaglog.emit(diags)
+        self._diaglog.forget(set(diags))
+        registry = self.context.registry
+        skipped = set(skipped)
+        for d in diags:
+            b = registry.get(d.block_id) if d.block_id is not None else None
+            if b is None:
+                continue
+            if d.severity == "error":
+                b.debug.state = BlockState.ERROR
+            elif b.id in skipped:
+                b.debug.state = BlockState.NOT_COMPILED
+            elif b.debug.state is not BlockState.ERROR:
+                b.debug.state = BlockState.WARNING
+            b.debug.message = d.message
+
+    def _reap(self) -> None:
+        if self._retired:
+            still = []
+            for g in self._retired:
+                if g.is_idle():
+                    g.close()
+                else:
+                    still.append(g)
+            self._retired = still
+
+    # -- reading results ----------------------------------------------------------------------------
+    @property
+    def graph(self) -> CompiledGraph | None:
+        """The compiled graph running now (None before the first successful build)."""
+        return self._graph
+
+    def synchronize(self) -> None:
+        """Wait for all launched frames.
+
+        Raises:
+            CudaError: a launched kernel faulted.
+        """
+        self.device.make_current()
+        self.device.synchronize()
+
+    def output(self, block: Block, port: str) -> GpuBuffer:
+        """The device buffer of an output (valid until the next rebuild; view it with CuPy for no copy).
+
+        Raises:
+            CudapatchError: the block is not compiled or has no such output.
+        """
+        g = self._graph
+        buf = g.output(block.id, port) if g is not None else None
+        if buf is None:
+            if block.description.output(port) is None:
+                raise CudapatchError("no such output port", block=block.name, port=port)
+            raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
+        return buf
+
+    def read(self, block: Block, port: str) -> np.ndarray:
+        """Copy an output to the host. **Synchronizes** (by design): not for the frame path.
+
+        Append outputs return only the elements written in the last frame.
+
+        Raises:
+            CudapatchError: not compiled or no such output.
+            CudaError: the copy failed (a kernel fault surfaces here).
+        """
+        buf = self.output(block, port)
+        self.synchronize()
+        data = buf.download()
+        ab = self._graph.appends.get((block.id, port)) if self._graph else None
+        if ab is not None:
+            assert self._graph is not None and self._graph.counters is not None
+            raw = int(self._graph.counters.download()[ab.counter_index])
+            return data[: min(raw, ab.capacity)]
+        return data
+
+    def append_buffer(self, block: Block, port: str) -> AppendBuffer:
+        """The append buffer of an append output; its ``count`` is from the last completed frame.
+
+        Raises:
+            CudapatchError: not compiled or not an append output.
+        """
+        g = self._graph
+        ab = g.appends.get((block.id, port)) if g is not None else None
+        if ab is None:
+            raise CudapatchError("no running append output of this name", block=block.name, port=port)
+        return ab
+
+    def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
+        """Current diagnostics (of one block, if given)."""
+        if block is None:
+            return self._diagnostics
+        return tuple(d for d in self._diagnostics if d.block_id == block.id)
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(self.context.registry)
+
+    def __str__(self) -> str:
+        g = self._graph
+        kernels = g.kernel_count if g is not None else 0
+        mb = 1 / 2**20
+        return (
+            f"{self.name}: {len(self.context.registry)} blocks, {kernels} kernels\n"
+            f"  Profiling: {self.profiling}\n"
+            f"  Pool: {self.pool.in_use_bytes * mb:.1f} MB / {self.pool.total_allocated_bytes * mb:.1f} MB"
+        )
+
+    def __repr__(self) -> str:
+        return f"<Engine '{self.name}' device={self.device.ordinal} blocks={len(self.context.registry)} closed={self._closed}>"
+
+    # -- teardown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the GPU, release graph, modules, buffers, stream and context; idempotent.
+
+        Raises:
+            CudaError: a driver call failed during teardown.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.device.make_current()
+        try:
+            self.device.synchronize()
+        finally:
+            for b in list(self.context.registry):
+                self.context.unregister_block(b)
+            if self._graph is not None:
+                self._graph.close()
+                self._graph = None
+            for g in self._retired:
+                g.close()
+            self._retired.clear()
+            for buf in self._owned.values():
+                buf.close()
+            self._owned.clear()
+            self.modules.close()
+            self.pool.close()
+            self.device.close()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _binding_from_cai(array: Any, want: DType, block: str, port: str) -> ExternalBinding:
+    cai = array.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    typestr = cai["typestr"]
+    try:
+        dt = np.dtype(typestr)
+    except TypeError:
+        raise BindingError(f"unsupported array type '{typestr}'", block=block, port=port) from None
+    if dt != want.base:
+        raise BindingError(f"array of {dt} bound to a {want.c_name} port", block=block, port=port)
+    size = int(np.prod(shape)) if shape else 1
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, acc = [], dt.itemsize
+        for n in reversed(shape):
+            expect.append(acc)
+            acc *= n
+        if tuple(reversed(expect)) != tuple(strides) and size > 1:
+            raise BindingError("array is not C-contiguous; bind a contiguous copy", block=block, port=port)
+    if size % want.lanes:
+        raise BindingError(f"array of {size} values is not a whole number of {want.c_name}", block=block, port=port)
+    ptr = int(cai["data"][0])
+    return ExternalBinding(ptr, size // want.lanes, want, owner=array)
+
+

@@ -1,0 +1,134 @@
+"""GraphPlan: the compiled patch as pure data, ready for ``realize``.
+
+Nothing here touches the driver. Kernel arguments are described by ``Arg`` records saying where
+each value comes from, so ``realize`` can fill them and the engine can patch them later (Hot
+scalars, Warm pointers) through ``scalar_slots`` and ``binding_slots``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from ..kernels.source import KernelImage
+from ..kernels.types import DType
+from .diagnostics import Diagnostic
+
+__all__ = ["Arg", "BufferPlan", "KernelNodePlan", "MemsetNodePlan", "NodePlan", "GraphPlan", "Slot"]
+
+ArgKind = Literal["buffer", "external", "scalar", "const", "counter", "null"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """Where one kernel parameter's value comes from.
+
+    Attributes:
+        kind: ``buffer`` (a planned buffer), ``external`` (a user binding), ``scalar`` (a block parameter),
+            ``const`` (a resolved count), ``counter`` (an append counter slot), ``null`` (optional input unbound).
+        dtype: Value type (pointee type for pointers).
+        is_pointer: Whether the parameter is a device pointer.
+        ref: Buffer index, counter index, ``(block_id, port)`` binding key or ``(block_id, param)`` key.
+        value: The constant, or the scalar's value at compile time.
+    """
+
+    kind: ArgKind
+    dtype: DType
+    is_pointer: bool
+    ref: object = None
+    value: object = None
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """A device buffer the graph needs: a block output, an internal link, or append storage."""
+
+    index: int
+    block_id: int
+    label: str
+    dtype: DType
+    count: int
+    append: bool = False
+
+
+@dataclass(frozen=True)
+class KernelNodePlan:
+    """A kernel launch node."""
+
+    index: int
+    block_id: int
+    kernel: int
+    image: KernelImage
+    grid: int
+    block: int
+    shared_bytes: int
+    args: tuple[Arg, ...]
+    deps: tuple[int, ...]
+
+    @property
+    def entry_point(self) -> str:
+        return self.image.descriptor.entry_point
+
+
+@dataclass(frozen=True)
+class MemsetNodePlan:
+    """Zeroes ``count`` uint32 append counters at the start of each launch."""
+
+    index: int
+    count: int
+    deps: tuple[int, ...] = ()
+
+
+NodePlan = Union[KernelNodePlan, MemsetNodePlan]
+Slot = tuple[int, int]  # (node index, argument index)
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """Everything ``realize`` needs, in topological order.
+
+    Attributes:
+        nodes: Nodes in a valid launch order (dependencies point backwards).
+        buffers: Buffers to allocate.
+        counters: ``(block_id, port)`` of each append counter, by counter index.
+        block_order: Compiled blocks in topological order.
+        skipped: Blocks left out of the graph (unlinked required input, or upstream skipped).
+        diagnostics: Warnings found (errors make ``compile_plan`` raise instead).
+        outputs: ``(block_id, port)`` → buffer index of each output.
+        appends: ``(block_id, port)`` → ``(data buffer index, counter index)``.
+        scalar_slots: ``(block_id, param)`` → kernel argument slots to patch on a Hot update.
+        binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
+        binding_counts: ``(block_id, port)`` → element count the plan was sized for.
+        block_nodes: block id → its node indices.
+    """
+
+    nodes: tuple[NodePlan, ...]
+    buffers: tuple[BufferPlan, ...]
+    counters: tuple[tuple[int, str], ...]
+    block_order: tuple[int, ...]
+    skipped: tuple[int, ...]
+    diagnostics: tuple[Diagnostic, ...]
+    outputs: dict[tuple[int, str], int] = field(compare=False)
+    appends: dict[tuple[int, str], tuple[int, int]] = field(compare=False)
+    scalar_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
+    binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
+    binding_counts: dict[tuple[int, str], int] = field(compare=False)
+    block_nodes: dict[int, tuple[int, ...]] = field(compare=False)
+
+    @property
+    def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
+        return tuple(n for n in self.nodes if isinstance(n, KernelNodePlan))
+
+    @property
+    def total_buffer_bytes(self) -> int:
+        return sum(b.count * b.dtype.itemsize for b in self.buffers)
+
+    def describe(self) -> str:
+        """A readable listing of the plan, for debugging and docs."""
+        lines = [f"GraphPlan: {len(self.nodes)} nodes, {len(self.buffers)} buffers, {len(self.counters)} counters"]
+        for n in self.nodes:
+            if isinstance(n, MemsetNodePlan):
+                lines.append(f"  [{n.index}] memset {n.count} counters")
+            else:
+                lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}")
+        return "\n".join(lines)

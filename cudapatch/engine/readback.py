@@ -1,0 +1,136 @@
+"""A ring of 3 in-flight frames for reading small device values (append counters) without stalling.
+
+After each launch the engine copies the counters into one pinned host slot and records an event;
+``poll`` harvests the newest slot whose event has completed (``cuEventQuery``, never waiting).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from ..kernels._driver import check, driver
+
+__all__ = ["ReadbackRing", "RING_FRAMES"]
+
+RING_FRAMES = 3
+
+
+class ReadbackRing:
+    """Asynchronous readback of ``count`` uint32 values at ``device_ptr``, 3 frames deep.
+
+    Raises:
+        CudaError: pinned allocation or event creation failed.
+    """
+
+    def __init__(self, device_ptr: int, count: int) -> None:
+        d = driver()
+        self.device_ptr = device_ptr
+        self.count = count
+        self.nbytes = 4 * count
+        self._host_ptrs: list[int] = []
+        self._views: list[np.ndarray] = []
+        self._events: list[Any] = []
+        self._frames: list[int | None] = [None] * RING_FRAMES
+        self._next = 0
+        self._harvested: int | None = None  # slot last harvested
+        self.latest = np.zeros(count, dtype=np.uint32)
+        self.latest_frame: int | None = None
+        self.current_frame = 0
+        self._closed = False
+        for _ in range(RING_FRAMES):
+            ptr = int(check(d.cuMemHostAlloc(self.nbytes, 0), "cuMemHostAlloc"))
+            self._host_ptrs.append(ptr)
+            self._views.append(np.ctypeslib.as_array((ctypes.c_uint32 * count).from_address(ptr)))
+            flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
+            self._events.append(check(d.cuEventCreate(flags), "cuEventCreate"))
+        self._memcpy = d.cuMemcpyDtoHAsync
+        self._record = d.cuEventRecord
+        self._query = d.cuEventQuery
+        self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+
+    def record(self, stream: Any, frame: int) -> None:
+        """Enqueue the copy of this frame's values and its event (after the launch, same stream).
+
+        Raises:
+            CudaError: the copy or event record failed.
+        """
+        slot = self._next
+        (err,) = self._memcpy(self._host_ptrs[slot], self.device_ptr, self.nbytes, stream)
+        if err:
+            check((err,), "cuMemcpyDtoHAsync")
+        (err,) = self._record(self._events[slot], stream)
+        if err:
+            check((err,), "cuEventRecord")
+        self._frames[slot] = frame
+        if self._harvested == slot:
+            self._harvested = None
+        self._next = (slot + 1) % RING_FRAMES
+        self.current_frame = frame
+
+    def poll(self) -> bool:
+        """Harvest the newest completed frame, if newer than the one held. Never waits.
+
+        Returns:
+            Whether new values arrived.
+
+        Raises:
+            CudaError: an event query failed (a sticky fault surfaces here).
+        """
+        for back in range(1, RING_FRAMES + 1):
+            slot = (self._next - back) % RING_FRAMES
+            frame = self._frames[slot]
+            if frame is None or slot == self._harvested:
+                return False
+            (err,) = self._query(self._events[slot])
+            if err == self._not_ready:
+                continue
+            if err:
+                check((err,), "cuEventQuery")
+            if self.latest_frame is not None and frame <= self.latest_frame:
+                return False
+            self.latest[:] = self._views[slot]
+            self.latest_frame = frame
+            self._harvested = slot
+            return True
+        return False
+
+    def value(self, index: int) -> int | None:
+        """The value at ``index`` in the newest harvested frame, or None before any completed."""
+        return None if self.latest_frame is None else int(self.latest[index])
+
+    def age(self) -> int | None:
+        """How many frames old the harvested values are (1 = the frame just before the last launch)."""
+        return None if self.latest_frame is None else self.current_frame - self.latest_frame + 1
+
+    def wait_idle(self) -> None:
+        """Wait for every recorded copy (only on teardown).
+
+        Raises:
+            CudaError: an event synchronize failed.
+        """
+        d = driver()
+        for slot, ev in enumerate(self._events):
+            if self._frames[slot] is not None:
+                check(d.cuEventSynchronize(ev), "cuEventSynchronize")
+
+    def close(self) -> None:
+        """Free the pinned slots and events once their copies are done; idempotent.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.wait_idle()
+        d = driver()
+        self._views.clear()
+        for ptr in self._host_ptrs:
+            check(d.cuMemFreeHost(ptr), "cuMemFreeHost")
+        for ev in self._events:
+            check(d.cuEventDestroy(ev), "cuEventDestroy")
+        self._host_ptrs.clear()
+        self._events.clear()

@@ -1,0 +1,357 @@
+"""realize(plan) → CompiledGraph: the driver side of a GraphPlan.
+
+Each kernel node owns pinned parameter storage: one slot per kernel parameter and a ``void**``
+array pointing at the slots. The node's ``CUDA_KERNEL_NODE_PARAMS`` points at that array and is
+kept, so a Hot or Warm update writes a slot and calls ``cuGraphExecKernelNodeSetParams`` with
+the same struct: no allocation, no rebuild, no re-instantiation.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..errors import CudapatchError, KernelLoadError
+from ..kernels._driver import check, driver
+from ..kernels.module_cache import ModuleCache
+from ..kernels.types import DType
+from .buffers import AppendBuffer, BufferPool, GpuBuffer
+from .context import ExternalBinding
+from .device import DeviceContext
+from .plan import Arg, GraphPlan, KernelNodePlan, MemsetNodePlan
+from .readback import ReadbackRing
+
+__all__ = ["CompiledGraph", "realize"]
+
+log = logging.getLogger("cudapatch.engine")
+
+
+class _KernelNode:
+    """Parameter storage and the reusable node-params struct of one kernel node."""
+
+    __slots__ = ("plan", "storage", "pointers", "views", "params", "handle")
+
+    def __init__(self, plan: KernelNodePlan, function: Any, values: list[Any]) -> None:
+        d = driver()
+        self.plan = plan
+        offsets = []
+        off = 0
+        for p in plan.image.descriptor.parameters:
+            off = -(-off // p.alignment) * p.alignment
+            offsets.append(off)
+            off += p.size
+        self.storage = np.zeros(max(off, 8), dtype=np.uint8)
+        base = self.storage.ctypes.data
+        self.pointers = np.array([base + o for o in offsets], dtype=np.uint64)
+        self.views: list[np.ndarray] = []
+        for p, o, v in zip(plan.image.descriptor.parameters, offsets, values):
+            if p.is_pointer:
+                view = self.storage[o : o + 8].view(np.uint64)
+            else:
+                view = self.storage[o : o + p.size].view(p.dtype.base)
+            view[:] = v
+            self.views.append(view)
+        kp = d.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = function
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = plan.grid, 1, 1
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = plan.block, 1, 1
+        kp.sharedMemBytes = plan.shared_bytes
+        kp.kernelParams = int(self.pointers.ctypes.data) if len(self.pointers) else 0
+        kp.extra = 0
+        self.params = kp
+        self.handle: Any = None
+
+
+def _release_graph(d: Any, exec_: Any, graph: Any) -> None:
+    try:
+        d.cuGraphExecDestroy(exec_)
+        d.cuGraphDestroy(graph)
+    except Exception:
+        pass
+
+
+class CompiledGraph:
+    """An instantiated CUDA graph for a GraphPlan, with its buffers and parameter slots.
+
+    Use ``realize(plan, ...)`` to make one.
+    """
+
+    def __init__(
+        self,
+        plan: GraphPlan,
+        *,
+        device: DeviceContext,
+        pool: BufferPool,
+        modules: ModuleCache,
+        bindings: dict[tuple[int, str], ExternalBinding],
+        block_names: dict[int, str] | None = None,
+    ) -> None:
+        d = driver()
+        device.make_current()
+        self.plan = plan
+        self._device = device
+        self._closed = False
+        self._retire_event: Any = None
+        names = block_names or {}
+        self.buffers: list[GpuBuffer] = []
+        self.counters: GpuBuffer | None = None
+        self.readback: ReadbackRing | None = None
+        self.appends: dict[tuple[int, str], AppendBuffer] = {}
+        self._nodes: list[_KernelNode | None] = []
+        self._graph: Any = None
+        self._exec: Any = None
+        try:
+            for b in plan.buffers:
+                self.buffers.append(GpuBuffer(pool, b.dtype, b.count, stream=device.stream))
+            if plan.counters:
+                self.counters = GpuBuffer(pool, DType.UINT32, len(plan.counters), stream=device.stream)
+                self.readback = ReadbackRing(self.counters.ptr, len(plan.counters))
+                for key, (bi, ci) in plan.appends.items():
+                    self.appends[key] = AppendBuffer(self.buffers[bi], self.counters.ptr + 4 * ci, ci, self.readback)
+            self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
+            handles: list[Any] = []
+            for node in plan.nodes:
+                deps = [handles[i] for i in node.deps]
+                if isinstance(node, MemsetNodePlan):
+                    assert self.counters is not None
+                    mp = d.CUDA_MEMSET_NODE_PARAMS()
+                    mp.dst = self.counters.ptr
+                    mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
+                    h = check(d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode")
+                    self._nodes.append(None)
+                else:
+                    block = names.get(node.block_id, str(node.block_id))
+                    try:
+                        fn = modules.function(node.image)
+                    except KernelLoadError as exc:
+                        exc.block = exc.block or block
+                        raise
+                    kn = _KernelNode(node, fn, [self._arg_value(a, bindings) for a in node.args])
+                    h = check(
+                        d.cuGraphAddKernelNode(self._graph, deps, len(deps), kn.params),
+                        "cuGraphAddKernelNode",
+                        block=block,
+                        kernel=node.entry_point,
+                    )
+                    kn.handle = h
+                    self._nodes.append(kn)
+                handles.append(h)
+            self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            self._teardown(pool_release=True)
+            raise
+        self._launch = d.cuGraphLaunch
+        self._set_params = d.cuGraphExecKernelNodeSetParams
+        self._finalizer = weakref.finalize(self, _release_graph, d, self._exec, self._graph)
+        self.instantiations = 1
+
+    def _arg_value(self, a: Arg, bindings: dict[tuple[int, str], ExternalBinding]) -> Any:
+        if a.kind == "buffer":
+            return self.buffers[a.ref].ptr  # type: ignore[index]
+        if a.kind == "external":
+            return bindings[a.ref].ptr  # type: ignore[index]
+        if a.kind == "counter":
+            assert self.counters is not None
+            return self.counters.ptr + 4 * a.ref  # type: ignore[operator]
+        if a.kind == "null":
+            return 0
+        return a.value
+
+    # -- the frame path -------------------------------------------------------------------------
+    @property
+    def handle(self) -> Any:
+        """The ``CUgraphExec`` (read-only)."""
+        return self._exec
+
+    def launch(self, stream: Any) -> None:
+        """Launch the graph on ``stream``; returns without waiting.
+
+        Raises:
+            CudaError: the launch was rejected.
+        """
+        (err,) = self._launch(self._exec, stream)
+        if err:
+            check((err,), "cuGraphLaunch")
+
+    # -- Hot / Warm updates -----------------------------------------------------------------------
+    def _commit(self, touched: set[int]) -> None:
+        set_params, exec_ = self._set_params, self._exec
+        for ni in touched:
+            kn = self._nodes[ni]
+            (err,) = set_params(exec_, kn.handle, kn.params)  # type: ignore[union-attr]
+            if err:
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)  # type: ignore[union-attr]
+
+    def update_scalars(self, changes: dict[tuple[int, str], Any]) -> int:
+        """Hot update: write new scalar values into their slots and patch the affected nodes.
+
+        Args:
+            changes: ``(block_id, param)`` → new value. Keys the graph does not use are ignored.
+
+        Returns:
+            The number of nodes patched.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        touched: set[int] = set()
+        slots = self.plan.scalar_slots
+        for key, value in changes.items():
+            for ni, ai in slots.get(key, ()):
+                self._nodes[ni].views[ai][:] = value  # type: ignore[union-attr]
+                touched.add(ni)
+        self._commit(touched)
+        return len(touched)
+
+    def update_bindings(self, changes: dict[tuple[int, str], int]) -> int:
+        """Warm update: point every kernel reading an external input at a new device address.
+
+        Args:
+            changes: ``(block_id, port)`` → new device pointer (same size and type as planned).
+
+        Returns:
+            The number of nodes patched.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        touched: set[int] = set()
+        slots = self.plan.binding_slots
+        for key, ptr in changes.items():
+            for ni, ai in slots.get(key, ()):
+                self._nodes[ni].views[ai][0] = ptr  # type: ignore[union-attr]
+                touched.add(ni)
+        self._commit(touched)
+        return len(touched)
+
+    def update_grid(self, node_index: int, grid: int) -> None:
+        """Warm update: change a kernel node's grid size.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+            CudapatchError: the node is not a kernel node.
+        """
+        kn = self._kernel(node_index)
+        kn.params.gridDimX = max(1, int(grid))
+        self._commit({node_index})
+
+    def update_function(self, node_index: int, function: Any) -> None:
+        """Swap the kernel function of a node in place (same parameter layout).
+
+        Raises:
+            CudaError: the driver refused the swap.
+        """
+        kn = self._kernel(node_index)
+        kn.params.func = function
+        self._commit({node_index})
+
+    def _kernel(self, node_index: int) -> _KernelNode:
+        kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None
+        if kn is None:
+            raise CudapatchError(f"node {node_index} is not a kernel node")
+        return kn
+
+    # -- access ---------------------------------------------------------------------------------
+    def output(self, block_id: int, port: str) -> GpuBuffer | None:
+        """The buffer of output ``port`` of ``block_id``, or None if not in this graph."""
+        bi = self.plan.outputs.get((block_id, port))
+        return None if bi is None else self.buffers[bi]
+
+    def node_arg(self, node_index: int, arg: int) -> Any:
+        """Current value in a node's parameter slot (for tests and debugging)."""
+        return self._kernel(node_index).views[arg].copy()
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(1 for n in self._nodes if n is not None)
+
+    # -- teardown -------------------------------------------------------------------------------
+    def retire(self, stream: Any) -> None:
+        """Give buffers back to the pool now (reuse is stream-ordered, so safe) and mark when in-flight
+        work ends; ``close`` later, once ``is_idle``.
+
+        Raises:
+            CudaError: event creation or record failed.
+        """
+        d = driver()
+        for b in self.buffers:
+            b.close()
+        if self.counters is not None:
+            self.counters.close()
+        self._retire_event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
+        check(d.cuEventRecord(self._retire_event, stream), "cuEventRecord")
+
+    def is_idle(self) -> bool:
+        """True when nothing this graph launched is still running (after ``retire``)."""
+        if self._retire_event is None:
+            return False
+        d = driver()
+        (err,) = d.cuEventQuery(self._retire_event)
+        return err != d.CUresult.CUDA_ERROR_NOT_READY
+
+    def _teardown(self, pool_release: bool) -> None:
+        d = driver()
+        if self.readback is not None:
+            self.readback.close()
+        if pool_release:
+            for b in self.buffers:
+                b.close()
+            if self.counters is not None:
+                self.counters.close()
+        if self._exec is not None:
+            check(d.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+            self._exec = None
+        if self._graph is not None:
+            check(d.cuGraphDestroy(self._graph), "cuGraphDestroy")
+            self._graph = None
+        if self._retire_event is not None:
+            check(d.cuEventDestroy(self._retire_event), "cuEventDestroy")
+            self._retire_event = None
+
+    def close(self) -> None:
+        """Destroy the executable graph and free its resources; idempotent. Waits for this graph's
+        in-flight readback copies, so call it after ``is_idle`` on the frame thread.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._device.make_current()
+        self._finalizer.detach()
+        self._teardown(pool_release=True)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> CompiledGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<CompiledGraph nodes={len(self.plan.nodes)} kernels={self.kernel_count} closed={self._closed}>"
+
+
+def realize(
+    plan: GraphPlan,
+    *,
+    device: DeviceContext,
+    pool: BufferPool,
+    modules: ModuleCache,
+    bindings: dict[tuple[int, str], ExternalBinding],
+    block_names: dict[int, str] | None = None,
+) -> CompiledGraph:
+    """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
+
+    Raises:
+        KernelLoadError: a module could not be loaded (``.block`` names the block).
+        CudaError: a driver call failed (nothing is leaked: partial work is undone).
+    """
+    return CompiledGraph(plan, device=device, pool=pool, modules=modules, bindings=bindings, block_names=block_names)

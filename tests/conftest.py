@@ -1,0 +1,39 @@
+"""Test configuration: the one GPU probe.
+
+``gpu`` tests are skipped only when there is no CUDA driver or no device; any other failure of
+the probe is an error, so a broken installation never hides as a skip.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_unavailable_reason() -> str | None:
+    """None if a CUDA device is usable, else why not (no cuda-bindings, no driver, no device)."""
+    try:
+        from cuda.bindings import driver as d
+    except ImportError:
+        return "cuda-bindings is not installed"
+    try:
+        (err,) = d.cuInit(0)
+    except RuntimeError as exc:  # libcuda.so cannot be loaded: no driver
+        return f"no CUDA driver ({exc})"
+    if err == d.CUresult.CUDA_ERROR_NO_DEVICE:
+        return "no CUDA device"
+    if err:
+        raise RuntimeError(f"cuInit failed unexpectedly: {err!r}")
+    err, count = d.cuDeviceGetCount()
+    if err:
+        raise RuntimeError(f"cuDeviceGetCount failed: {err!r}")
+    return None if count > 0 else "no CUDA device"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None:
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"gpu test: {reason}")

@@ -1,0 +1,265 @@
+"""The engine on a real GPU: results against NumPy, and which update tier each edit takes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cudapatch import AppendFilter, Block, BlockBuilder, BlockState, Engine, Fill, Scale, VectorAdd
+from cudapatch.kernels import PtxFileSource, bundled_kernel
+
+from .conftest import Spin
+
+pytestmark = pytest.mark.gpu
+
+
+def _rand(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.standard_normal(n).astype(np.float32)
+
+
+def test_vector_add_pipeline_matches_numpy(engine: Engine, rng: np.random.Generator) -> None:
+    n = 100_003  # not a multiple of the block size: the tail must be handled
+    a, b = _rand(rng, n), _rand(rng, n)
+    add = engine.add(VectorAdd(name="add"))
+    scale = engine.add(Scale(name="scale", Factor=-2.5, Offset=0.25))
+    engine.connect(add, "Sum", scale, "In")
+    engine.bind(add, "A", a)
+    engine.bind(add, "B", b)
+    engine.update()
+    engine.synchronize()
+    engine.output(scale, "Out").fill_bytes(0xFF)  # poison: NaN everywhere, so unwritten elements show
+    engine.update()
+    got = engine.read(scale, "Out")
+    ref = (a.astype(np.float64) + b.astype(np.float64)) * -2.5 + 0.25
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    assert add.debug.state is BlockState.OK and str(add) == "add: OK"
+
+
+def test_hot_update_changes_next_frame_without_reinstantiation(engine: Engine, rng: np.random.Generator) -> None:
+    x = _rand(rng, 4096)
+    s = engine.add(Scale(name="s", Factor=1.0))
+    engine.bind(s, "In", x)
+    engine.update()
+    graph = engine.graph
+    rebuilds = engine.counters.rebuilds
+    for factor in rng.uniform(-3, 3, size=5):
+        s.set("Factor", float(factor))
+        engine.update()
+        np.testing.assert_allclose(engine.read(s, "Out"), x.astype(np.float64) * np.float32(factor), rtol=1e-6)
+    assert engine.graph is graph and graph.instantiations == 1
+    assert engine.counters.rebuilds == rebuilds
+    assert engine.counters.hot_updates == 5
+
+
+def test_warm_rebind_with_cupy_arrays(engine: Engine, rng: np.random.Generator) -> None:
+    cp = pytest.importorskip("cupy")
+    n = 50_000
+    a1, a2, b = (cp.asarray(_rand(rng, n)) for _ in range(3))
+    add = engine.add(VectorAdd(name="add"))
+    engine.bind(add, "A", a1)
+    engine.bind(add, "B", b)
+    engine.update()
+    np.testing.assert_allclose(engine.read(add, "Sum"), cp.asnumpy(a1 + b), rtol=1e-6)
+    graph, rebuilds = engine.graph, engine.counters.rebuilds
+    engine.bind(add, "A", a2)  # same size: only the pointer changes
+    engine.update()
+    np.testing.assert_allclose(engine.read(add, "Sum"), cp.asnumpy(a2 + b), rtol=1e-6)
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds and engine.counters.warm_updates == 1
+    # a zero-copy view of our output through __cuda_array_interface__
+    view = cp.asarray(engine.output(add, "Sum"))
+    np.testing.assert_array_equal(cp.asnumpy(view), engine.read(add, "Sum"))
+    engine.bind(add, "A", cp.asarray(_rand(rng, n + 1)))  # another size: Cold
+    engine.bind(add, "B", cp.asarray(_rand(rng, n + 1)))
+    engine.update()
+    assert engine.counters.rebuilds == rebuilds + 1 and engine.read(add, "Sum").shape == (n + 1,)
+
+
+def test_cold_rebuild_on_connect_disconnect_add_remove(engine: Engine, rng: np.random.Generator) -> None:
+    x = _rand(rng, 1000)
+    s1 = engine.add(Scale(name="s1", Factor=2.0))
+    engine.bind(s1, "In", x)
+    engine.update()
+    assert engine.counters.rebuilds == 1
+    s2 = engine.add(Scale(name="s2", Factor=3.0))  # add: s2 has no input yet, so it is skipped with a warning
+    engine.update()
+    assert engine.counters.rebuilds == 2
+    assert s2.debug.state is BlockState.NOT_COMPILED and "not linked" in s2.debug.message
+    engine.connect(s1, "Out", s2, "In")
+    engine.update()
+    assert engine.counters.rebuilds == 3
+    np.testing.assert_allclose(engine.read(s2, "Out"), x.astype(np.float64) * 6.0, rtol=1e-6)
+    engine.disconnect(s1, "Out", s2, "In")
+    engine.update()
+    assert engine.counters.rebuilds == 4 and s2.debug.state is BlockState.NOT_COMPILED
+    engine.remove(s2)
+    engine.update()
+    assert engine.counters.rebuilds == 5 and engine.graph.kernel_count == 1
+    np.testing.assert_allclose(engine.read(s1, "Out"), x.astype(np.float64) * 2.0, rtol=1e-6)
+
+
+def test_append_filter_counts_over_frames_match_numpy(engine: Engine, rng: np.random.Generator) -> None:
+    n = 200_000
+    f = engine.add(AppendFilter(name="keep", Capacity=n))
+    for frame in range(3):
+        x = _rand(rng, n)
+        thr = float(rng.uniform(-1, 1))
+        engine.bind(f, "In", x)
+        f.set("Threshold", thr)
+        engine.update()
+        kept = engine.read(f, "Kept")
+        ref = np.sort(x[x > np.float32(thr)])
+        assert kept.shape == ref.shape, f"frame {frame}"
+        np.testing.assert_array_equal(np.sort(kept), ref)
+    # the asynchronous count arrives without any explicit synchronize from the engine
+    ab = engine.append_buffer(f, "Kept")
+    engine.synchronize()
+    engine.update()
+    engine.synchronize()
+    engine.update()
+    assert ab.count == ref.size and not ab.overflowed and ab.age is not None and ab.age <= 2
+    assert f.debug.append["Kept"] is ab
+
+
+def test_append_overflow_is_flagged_and_never_written_past_capacity(engine: Engine, rng: np.random.Generator) -> None:
+    n, cap = 10_000, 100
+    x = np.abs(_rand(rng, n)) + 1.0  # every element passes
+    f = engine.add(AppendFilter(name="keep", Capacity=cap, Threshold=0.0))
+    engine.bind(f, "In", x)
+    engine.update()
+    out = engine.output(f, "Kept")
+    assert out.count == cap
+    kept = engine.read(f, "Kept")
+    assert kept.shape == (cap,) and np.isin(kept, x).all()
+    engine.update()
+    engine.synchronize()
+    engine.update()
+    ab = engine.append_buffer(f, "Kept")
+    assert ab.overflowed and ab.raw_count == n and ab.count == cap
+
+
+def test_failing_rebuild_keeps_the_old_graph_running(engine: Engine, rng: np.random.Generator, tmp_path: Path) -> None:
+    x = _rand(rng, 512)
+    s = engine.add(Scale(name="s", Factor=2.0))
+    engine.bind(s, "In", x)
+    engine.update()
+    good = engine.graph
+    # a PTX whose signature matches the sidecar but whose body the driver rejects
+    src = bundled_kernel("scale")
+    ptx = src.ptx_path.read_text().replace("ret;", "this_is_not_ptx;")
+    (tmp_path / "bad.ptx").write_text(ptx)
+    (tmp_path / "bad.json").write_text(src.sidecar_path.read_text())
+
+    class Broken(Block):
+        type_name = "Broken"
+
+        def describe(self, b: BlockBuilder) -> None:
+            k = b.add_kernel(PtxFileSource(tmp_path / "bad.ptx"))
+            b.input("In", k.in_(0))
+            b.output("Out", k.out(1), size=16)
+            b.scalar("F", k.in_(2), default=1.0)
+            b.scalar("O", k.in_(3), default=0.0)
+            k.auto_grid(16, count_param=4)
+
+    broken = engine.add(Broken(name="broken"))
+    engine.connect(s, "Out", broken, "In")
+    engine.update()  # the rebuild fails, the frame still runs the old graph
+    assert engine.graph is good and engine.counters.failed_rebuilds == 1
+    assert broken.debug.state is BlockState.ERROR and "bad.ptx" in broken.debug.message
+    assert any(d.block_id == broken.id and d.severity == "error" for d in engine.diagnostics())
+    s.set("Factor", -1.0)  # Hot updates still reach the old graph
+    engine.update()
+    np.testing.assert_allclose(engine.read(s, "Out"), -x.astype(np.float64), rtol=1e-6)
+    engine.remove(broken)  # fixing the patch rebuilds and clears the error
+    engine.update()
+    assert engine.graph is not good and not engine.diagnostics()
+
+
+def test_update_does_not_wait_for_the_gpu(engine: Engine) -> None:
+    spin = engine.add(Spin(name="spin", Cycles=1000))
+    engine.update()
+    engine.synchronize()
+    clock_hz = 1.0e9  # conservative lower bound of an H100's SM clock (~1.7-2 GHz): >= 100 ms of work
+    spin.set("Cycles", int(0.1 * clock_hz))
+    engine.update()  # applies the Hot update and launches
+    t0 = time.perf_counter()
+    engine.update()  # a second launch queued behind a >= 100 ms kernel
+    host = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    engine.synchronize()
+    waited = time.perf_counter() - t1
+    assert host < 0.005, f"update() took {host * 1e3:.2f} ms"
+    assert waited > 0.05, f"the GPU work finished too fast ({waited * 1e3:.1f} ms) for this test to mean anything"
+
+
+def test_frame_path_allocates_nothing(engine: Engine, rng: np.random.Generator) -> None:
+    f = engine.add(Fill(name="f", Count=1 << 16, Value=1.0))
+    s = engine.add(Scale(name="s"))
+    k = engine.add(AppendFilter(name="k", Threshold=0.5))
+    engine.connect(f, "Out", s, "In")
+    engine.connect(s, "Out", k, "In")
+    engine.update()
+    before = (engine.pool.driver_allocations, engine.pool.total_allocated_bytes, engine.pool.in_use_bytes)
+    for i in range(10_000):
+        if i % 100 == 0:
+            s.set("Factor", float(i % 7))  # Hot updates allocate nothing either
+        engine.update()
+    engine.synchronize()
+    assert (engine.pool.driver_allocations, engine.pool.total_allocated_bytes, engine.pool.in_use_bytes) == before
+
+
+def test_rebuilds_return_memory_to_baseline(engine: Engine) -> None:
+    f = engine.add(Fill(name="f", Count=1 << 20))
+    s = engine.add(Scale(name="s"))
+    engine.connect(f, "Out", s, "In")
+    engine.update()
+    engine.context.mark_structure_dirty()
+    engine.update()
+    engine.synchronize()
+    base_pool = engine.pool.total_allocated_bytes
+    base_free = engine.device.mem_info()[0]
+    for _ in range(1000):
+        engine.context.mark_structure_dirty()
+        engine.update()
+    engine.synchronize()
+    engine.update()  # reaps retired graphs
+    assert engine.pool.total_allocated_bytes == base_pool
+    assert len(engine._retired) <= 1
+    assert abs(engine.device.mem_info()[0] - base_free) <= 4 << 20
+
+
+def test_engine_create_close_cycles_do_not_leak(rng: np.random.Generator) -> None:
+    from cuda.bindings import driver as d
+
+    keep = Engine()  # holds the primary context, so each cycle does not re-create it
+    try:
+        x = _rand(rng, 1024)
+        free0 = keep.device.mem_info()[0]
+        for _ in range(1000):
+            with Engine() as e:
+                s = e.add(Scale(Factor=3.0))
+                e.bind(s, "In", x)
+                e.update()
+        e2 = Engine()
+        s = e2.add(Scale(Factor=3.0))
+        e2.bind(s, "In", x)
+        e2.update()
+        np.testing.assert_allclose(e2.read(s, "Out"), x * 3.0, rtol=1e-6)
+        e2.close()
+        assert abs(keep.device.mem_info()[0] - free0) <= 8 << 20
+        assert d.cuCtxGetCurrent()[0] == d.CUresult.CUDA_SUCCESS
+    finally:
+        keep.close()
+
+
+def test_close_is_idempotent_and_blocks_can_move_to_another_engine() -> None:
+    e1 = Engine()
+    s = e1.add(Scale(name="s"))
+    e1.close()
+    e1.close()
+    assert s.context is None
+    with Engine() as e2:
+        e2.add(s)
+        assert s.context is e2.context
