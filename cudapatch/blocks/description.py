@@ -8,7 +8,8 @@ Kernels and pins are referred to by their index in the block, not by handle obje
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from functools import cached_property
+from typing import Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
@@ -33,9 +34,8 @@ PortKind = Literal["buffer", "append"]
 ScalarValue = Union[int, float, tuple]
 
 
-@dataclass(frozen=True)
-class PinRef:
-    """Parameter ``param`` of kernel number ``kernel`` of the block."""
+class PinRef(NamedTuple):
+    """Parameter ``param`` of kernel number ``kernel`` of the block (a tuple: cheap to hash)."""
 
     kernel: int
     param: int
@@ -169,14 +169,20 @@ class BlockDescription:
     params: tuple[ParamSpec, ...]
     internal_links: tuple[InternalLink, ...] = ()
 
+    # Lookups by name; cached_property writes the instance __dict__ directly, so it works on a frozen
+    # dataclass and is not part of equality.
+    @cached_property
+    def _by_name(self) -> tuple[dict[str, PortSpec], dict[str, PortSpec], dict[str, ParamSpec]]:
+        return ({p.name: p for p in self.inputs}, {p.name: p for p in self.outputs}, {p.name: p for p in self.params})
+
     def input(self, name: str) -> PortSpec | None:
         """The input port called ``name``, or None."""
-        return next((p for p in self.inputs if p.name == name), None)
+        return self._by_name[0].get(name)
 
     def output(self, name: str) -> PortSpec | None:
         """The output port called ``name``, or None."""
-        return next((p for p in self.outputs if p.name == name), None)
+        return self._by_name[1].get(name)
 
     def param(self, name: str) -> ParamSpec | None:
         """The parameter called ``name``, or None."""
-        return next((p for p in self.params if p.name == name), None)
+        return self._by_name[2].get(name)

@@ -66,11 +66,20 @@ class BlockParameter:
     parameter and leaves the old value. Listeners are called with ``(parameter)`` after a change.
     """
 
-    __slots__ = ("spec", "block_name", "_value", "_listeners")
+    __slots__ = ("spec", "block_name", "_value", "_listeners", "_fast", "_lo", "_hi")
 
     def __init__(self, spec: ParamSpec, block_name: str) -> None:
         self.spec = spec
         self.block_name = block_name
+        # Fast path for the common case (a Python float into a float, an int into an int): the
+        # Hot tier's budget is a few microseconds, and the general coercion costs about one.
+        dt = spec.dtype
+        self._fast: type | None = None
+        if dt.lanes == 1:
+            self._fast = float if dt.base.kind == "f" else int
+        lo, hi = _INT_RANGES.get(dt, (None, None))
+        self._lo = lo if spec.minimum is None else (spec.minimum if lo is None else max(lo, spec.minimum))
+        self._hi = hi if spec.maximum is None else (spec.maximum if hi is None else min(hi, spec.maximum))
         self._value: ScalarValue = coerce_scalar(spec.default, spec.dtype, what=f"default of '{spec.name}'")
         self._listeners: list[Callable[[BlockParameter], None]] = []
 
@@ -98,6 +107,9 @@ class BlockParameter:
             ParameterError: wrong type or out of range.
         """
         spec = self.spec
+        if type(new) is self._fast and new == new:  # not NaN
+            if (self._lo is None or new >= self._lo) and (self._hi is None or new <= self._hi):
+                return new
         try:
             v = coerce_scalar(new, spec.dtype)
         except ParameterError as exc:

@@ -10,9 +10,9 @@ write, write after read, write after write) → one memset node zeroing all appe
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from ..blocks.description import PinRef, SizeRule
+from ..blocks.description import SizeRule
 from ..errors import GraphCompileError
 from .connections import Link
 from .context import PatchSnapshot
@@ -22,8 +22,7 @@ from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, No
 __all__ = ["compile_plan"]
 
 
-@dataclass(frozen=True)
-class _Source:
+class _Source(NamedTuple):
     kind: str  # "buffer" | "external" | "null"
     ref: object
     count: int
@@ -159,7 +158,7 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             return max(0, n * rule.scale)
 
         # Which kernel parameter gets what, inside this block.
-        pin_arg: dict[PinRef, tuple[str, object]] = {}
+        pin_arg: dict[tuple[int, int], tuple[str, object]] = {}
         for port in d.inputs:
             for pin in port.pins:
                 pin_arg[pin] = ("input", port.name)
@@ -195,7 +194,7 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             reads: list[object] = []
             writes: list[object] = []
             for pi, p in enumerate(desc.parameters):
-                pin = PinRef(ki, pi)
+                pin = (ki, pi)
                 if pi in counts:
                     args.append(Arg("const", p.dtype, False, value=resolve(counts[pi])))
                     continue
@@ -257,7 +256,7 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
         all_nodes = [MemsetNodePlan(0, len(counters))]
         for n in nodes:
             deps = tuple(x + 1 for x in n.deps) + ((0,) if n.index in users else ())
-            all_nodes.append(replace(n, index=n.index + 1, deps=tuple(sorted(deps))))
+            all_nodes.append(n._replace(index=n.index + 1, deps=tuple(sorted(deps))))
 
         def shift(slots: dict) -> dict:
             return {k: tuple((ni + 1, ai) for ni, ai in v) for k, v in slots.items()}

@@ -8,7 +8,7 @@ when the graph has append buffers), and launches: no allocation, no synchronize,
 from __future__ import annotations
 
 import logging
-import threading
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -389,28 +389,30 @@ class Engine:
         self.close()
 
 
+_TYPESTR_CACHE: dict[str, np.dtype] = {}
+
+
 def _binding_from_cai(array: Any, want: DType, block: str, port: str) -> ExternalBinding:
+    # A Warm rebind happens every frame in some patches (ping-pong buffers), so this stays lean.
     cai = array.__cuda_array_interface__
-    shape = tuple(cai["shape"])
+    shape = cai["shape"]
     typestr = cai["typestr"]
-    try:
-        dt = np.dtype(typestr)
-    except TypeError:
-        raise BindingError(f"unsupported array type '{typestr}'", block=block, port=port) from None
+    dt = _TYPESTR_CACHE.get(typestr)
+    if dt is None:
+        try:
+            dt = _TYPESTR_CACHE[typestr] = np.dtype(typestr)
+        except TypeError:
+            raise BindingError(f"unsupported array type '{typestr}'", block=block, port=port) from None
     if dt != want.base:
         raise BindingError(f"array of {dt} bound to a {want.c_name} port", block=block, port=port)
-    size = int(np.prod(shape)) if shape else 1
+    size = math.prod(shape)
     strides = cai.get("strides")
-    if strides is not None:
-        expect, acc = [], dt.itemsize
-        for n in reversed(shape):
-            expect.append(acc)
+    if strides is not None and size > 1:
+        acc = dt.itemsize
+        for n, st in zip(reversed(shape), reversed(strides)):
+            if n > 1 and st != acc:
+                raise BindingError("array is not C-contiguous; bind a contiguous copy", block=block, port=port)
             acc *= n
-        if tuple(reversed(expect)) != tuple(strides) and size > 1:
-            raise BindingError("array is not C-contiguous; bind a contiguous copy", block=block, port=port)
     if size % want.lanes:
         raise BindingError(f"array of {size} values is not a whole number of {want.c_name}", block=block, port=port)
-    ptr = int(cai["data"][0])
-    return ExternalBinding(ptr, size // want.lanes, want, owner=array)
-
-
+    return ExternalBinding(int(cai["data"][0]), size // want.lanes, want, owner=array)

@@ -3,12 +3,15 @@
 Nothing here touches the driver. Kernel arguments are described by ``Arg`` records saying where
 each value comes from, so ``realize`` can fill them and the engine can patch them later (Hot
 scalars, Warm pointers) through ``scalar_slots`` and ``binding_slots``.
+
+Per-node records are NamedTuples: a Cold rebuild makes hundreds of them, and tuples are several
+times cheaper to build and hash than frozen dataclasses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 from ..kernels.source import KernelImage
 from ..kernels.types import DType
@@ -19,8 +22,7 @@ __all__ = ["Arg", "BufferPlan", "KernelNodePlan", "MemsetNodePlan", "NodePlan", 
 ArgKind = Literal["buffer", "external", "scalar", "const", "counter", "null"]
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(NamedTuple):
     """Where one kernel parameter's value comes from.
 
     Attributes:
@@ -39,8 +41,7 @@ class Arg:
     value: object = None
 
 
-@dataclass(frozen=True)
-class BufferPlan:
+class BufferPlan(NamedTuple):
     """A device buffer the graph needs: a block output, an internal link, or append storage."""
 
     index: int
@@ -51,8 +52,7 @@ class BufferPlan:
     append: bool = False
 
 
-@dataclass(frozen=True)
-class KernelNodePlan:
+class KernelNodePlan(NamedTuple):
     """A kernel launch node."""
 
     index: int
@@ -70,8 +70,7 @@ class KernelNodePlan:
         return self.image.descriptor.entry_point
 
 
-@dataclass(frozen=True)
-class MemsetNodePlan:
+class MemsetNodePlan(NamedTuple):
     """Zeroes ``count`` uint32 append counters at the start of each launch."""
 
     index: int
