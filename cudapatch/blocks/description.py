@@ -175,6 +175,36 @@ class BlockDescription:
     def _by_name(self) -> tuple[dict[str, PortSpec], dict[str, PortSpec], dict[str, ParamSpec]]:
         return ({p.name: p for p in self.inputs}, {p.name: p for p in self.outputs}, {p.name: p for p in self.params})
 
+    @cached_property
+    def kernel_roles(self) -> tuple[tuple[tuple[str, object], ...], ...]:
+        """For each kernel, for each parameter: ``(role, ref)`` saying what feeds it.
+
+        Roles: ``input`` (port name), ``output`` / ``append`` / ``counter`` (output port name),
+        ``internal`` (internal link index), ``scalar`` (parameter name), ``count`` (a SizeRule).
+        Computed once per description, so a Cold rebuild does not redo it for every block.
+        """
+        roles: dict[PinRef, tuple[str, object]] = {}
+        for port in self.inputs:
+            for pin in port.pins:
+                roles[pin] = ("input", port.name)
+        for port in self.outputs:
+            for pin in port.pins:
+                roles[pin] = ("append" if port.kind == "append" else "output", port.name)
+            for pin in port.counter:
+                roles[pin] = ("counter", port.name)
+        for i, link in enumerate(self.internal_links):
+            for pin in (link.src, *link.dst):
+                roles[pin] = ("internal", i)
+        for ps in self.params:
+            for pin in ps.pins:
+                roles[pin] = ("scalar", ps.name)
+        out = []
+        for ki, ks in enumerate(self.kernels):
+            for pi, rule in ks.counts:
+                roles[PinRef(ki, pi)] = ("count", rule)
+            out.append(tuple(roles[PinRef(ki, pi)] for pi in range(len(ks.descriptor.parameters))))
+        return tuple(out)
+
     def input(self, name: str) -> PortSpec | None:
         """The input port called ``name``, or None."""
         return self._by_name[0].get(name)

@@ -157,75 +157,67 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
                 n = int(rule.fixed)  # type: ignore[arg-type]
             return max(0, n * rule.scale)
 
-        # Which kernel parameter gets what, inside this block.
-        pin_arg: dict[tuple[int, int], tuple[str, object]] = {}
-        for port in d.inputs:
-            for pin in port.pins:
-                pin_arg[pin] = ("input", port.name)
+        port_buf: dict[str, int] = {}
+        port_counter: dict[str, int] = {}
         for port in d.outputs:
             count = resolve(port.size)  # type: ignore[arg-type]
-            buf = BufferPlan(len(buffers), bid, port.name, port.dtype, count, append=port.kind == "append")
+            buf = BufferPlan(len(buffers), bid, port.name, port.dtype, count, port.kind == "append")
             buffers.append(buf)
+            port_buf[port.name] = buf.index
             outputs[(bid, port.name)] = buf.index
             out_sources[(bid, port.name)] = _Source("buffer", buf.index, count)
-            for pin in port.pins:
-                pin_arg[pin] = ("buffer", buf.index)
             if port.kind == "append":
                 ci = len(counters)
                 counters.append((bid, port.name))
                 appends[(bid, port.name)] = (buf.index, ci)
-                for pin in port.counter:
-                    pin_arg[pin] = ("counter", ci)
+                port_counter[port.name] = ci
+        internal_buf = []
         for i, link in enumerate(d.internal_links):
             buf = BufferPlan(len(buffers), bid, f"internal{i}", link.dtype, resolve(link.size))
             buffers.append(buf)
-            for pin in (link.src, *link.dst):
-                pin_arg[pin] = ("buffer", buf.index)
-        for ps in d.params:
-            for pin in ps.pins:
-                pin_arg[pin] = ("scalar", ps.name)
+            internal_buf.append(buf.index)
 
         compiled.append(bid)
-        for ki, ks in enumerate(d.kernels):
+        values = b.values
+        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles)):
             desc = ks.descriptor
-            counts = dict(ks.counts)
             node_index = len(nodes)
             args: list[Arg] = []
             reads: list[object] = []
             writes: list[object] = []
-            for pi, p in enumerate(desc.parameters):
-                pin = (ki, pi)
-                if pi in counts:
-                    args.append(Arg("const", p.dtype, False, value=resolve(counts[pi])))
+            for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles)):
+                if role == "count":
+                    args.append(Arg("const", p.dtype, False, None, resolve(ref)))  # type: ignore[arg-type]
                     continue
-                what, ref = pin_arg[pin]
-                if what == "scalar":
+                if role == "scalar":
                     key = (bid, ref)
-                    args.append(Arg("scalar", p.dtype, False, ref=key, value=b.values[ref]))  # type: ignore[index]
+                    args.append(Arg("scalar", p.dtype, False, key, values[ref]))  # type: ignore[index]
                     scalar_slots.setdefault(key, []).append((node_index, pi))  # type: ignore[arg-type]
                     continue
-                if what == "input":
+                if role == "input":
                     src = sources[ref]  # type: ignore[index]
                     if src.kind == "buffer":
-                        args.append(Arg("buffer", p.dtype, True, ref=src.ref))
+                        args.append(Arg("buffer", p.dtype, True, src.ref))
                         res: object = ("buf", src.ref)
                     elif src.kind == "external":
-                        args.append(Arg("external", p.dtype, True, ref=src.ref))
+                        args.append(Arg("external", p.dtype, True, src.ref))
                         binding_slots.setdefault(src.ref, []).append((node_index, pi))  # type: ignore[arg-type]
                         res = ("ext", src.ref)
                     else:
                         args.append(Arg("null", p.dtype, True))
                         continue
-                elif what == "buffer":
-                    args.append(Arg("buffer", p.dtype, True, ref=ref))
-                    res = ("buf", ref)
-                else:  # counter
-                    args.append(Arg("counter", p.dtype, True, ref=ref))
-                    res = ("ctr", ref)
+                elif role == "counter":
+                    ci = port_counter[ref]  # type: ignore[index]
+                    args.append(Arg("counter", p.dtype, True, ci))
+                    res = ("ctr", ci)
                     counter_users.append(node_index)
-                if p.direction in ("in", "inout"):
+                else:  # output, append data, internal link
+                    bi = internal_buf[ref] if role == "internal" else port_buf[ref]  # type: ignore[index]
+                    args.append(Arg("buffer", p.dtype, True, bi))
+                    res = ("buf", bi)
+                if p.direction != "out":
                     reads.append(res)
-                if p.direction in ("out", "inout"):
+                if p.direction != "in":
                     writes.append(res)
             deps: set[int] = set()
             for r in reads:

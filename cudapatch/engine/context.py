@@ -114,7 +114,10 @@ class Context:
         if listener is None:
 
             def listener(param: BlockParameter, _block: Block = block) -> None:
-                self.on_parameter_changed(_block, param.name)
+                if param.spec.structural:
+                    self.dirty.mark_structure()
+                else:
+                    self.dirty.mark_param(_block.id, param.spec.name, param)
 
             self._listeners[block.id] = listener
         return listener
@@ -122,10 +125,12 @@ class Context:
     def on_parameter_changed(self, block: Block, name: str) -> None:
         """Mark a parameter dirty: Hot on the next update, or Cold if sizes depend on it."""
         p = block.params.get(name)
-        if p is not None and p.spec.structural:
+        if p is None:
+            return
+        if p.spec.structural:
             self.dirty.mark_structure()
         else:
-            self.dirty.mark_param(block.id, name)
+            self.dirty.mark_param(block.id, name, p)
 
     def on_structure_changed(self, block: Block) -> None:
         """A block's description changed (``Block.refresh``): drop links to ports that no longer fit, rebuild."""
@@ -209,7 +214,7 @@ class Context:
         self.bindings[key] = binding
         if old is not None and old.count == binding.count:
             if old.ptr != binding.ptr:
-                self.dirty.mark_binding(block.id, port)
+                self.dirty.mark_binding(block.id, port, binding)
         else:
             self.dirty.mark_structure()
 

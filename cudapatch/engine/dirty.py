@@ -21,8 +21,10 @@ class DirtyTracker:
         self.structure = True
         self.code: set[Any] = set()
         self.captured: set[Any] = set()
-        self.params: set[tuple[int, str]] = set()
-        self.bindings: set[tuple[int, str]] = set()
+        # (block_id, name) -> the BlockParameter / ExternalBinding itself, so applying a change needs
+        # no lookups: the Hot tier's whole budget is a few microseconds.
+        self.params: dict[tuple[int, str], Any] = {}
+        self.bindings: dict[tuple[int, str], Any] = {}
         self.any = True
 
     def mark_structure(self) -> None:
@@ -37,13 +39,18 @@ class DirtyTracker:
         self.captured.add(key)
         self.any = True
 
-    def mark_param(self, block_id: int, name: str) -> None:
-        self.params.add((block_id, name))
+    def mark_param(self, block_id: int, name: str, param: Any = None) -> None:
+        self.params[(block_id, name)] = param
         self.any = True
 
-    def mark_binding(self, block_id: int, port: str) -> None:
-        self.bindings.add((block_id, port))
+    def mark_binding(self, block_id: int, port: str, binding: Any = None) -> None:
+        self.bindings[(block_id, port)] = binding
         self.any = True
+
+    @property
+    def only_params(self) -> bool:
+        """True when the pending changes are Hot/Warm only (the fast path)."""
+        return not (self.structure or self.code or self.captured)
 
     @property
     def tier(self) -> str:
@@ -67,10 +74,10 @@ class DirtyTracker:
         self.bindings.clear()
         self.any = False
 
-    def take_params(self) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
+    def take_params(self) -> tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]:
         """Return and clear the pending parameter and binding changes."""
         params, bindings = self.params, self.bindings
-        self.params, self.bindings = set(), set()
+        self.params, self.bindings = {}, {}
         self._recompute()
         return params, bindings
 

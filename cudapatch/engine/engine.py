@@ -152,11 +152,15 @@ class Engine:
         Raises:
             CudaError: the launch failed (the error is also recorded as a diagnostic).
         """
-        if self._dirty.any:
-            self._apply_changes()
+        self.device.make_current()
+        dirty = self._dirty
+        if dirty.any:
+            if dirty.only_params and self._graph is not None and not self._retired:
+                self._apply_params()
+            else:
+                self._apply_changes()
         g = self._graph
         if g is not None:
-            self.device.make_current()
             rb = g.readback
             if rb is not None:
                 rb.poll()
@@ -174,8 +178,22 @@ class Engine:
             self._set_diagnostics(self._diagnostics + (Diagnostic("error", None, "launch", str(exc)),))
             raise
 
+    def _apply_params(self) -> None:
+        """Hot and Warm: patch scalar slots and external pointers into the executable graph."""
+        dirty = self._dirty
+        g = self._graph
+        assert g is not None
+        params, bindings = dirty.params, dirty.bindings
+        dirty.params, dirty.bindings, dirty.any = {}, {}, False
+        c = self.counters
+        if params:
+            c.nodes_patched += g.update_scalars(params)
+            c.hot_updates += len(params)
+        if bindings:
+            c.nodes_patched += g.update_bindings(bindings)
+            c.warm_updates += len(bindings)
+
     def _apply_changes(self) -> None:
-        self.device.make_current()
         self._reap()
         dirty = self._dirty
         if dirty.structure:
@@ -184,27 +202,11 @@ class Engine:
             dirty.structure = False  # a failed rebuild is not retried every frame; the next edit retries
         dirty.code.clear()
         dirty.captured.clear()
-        params, bindings = dirty.take_params()
-        g = self._graph
-        if g is None:
-            return
-        registry = self.context.registry
-        if params:
-            values = {}
-            for bid, name in params:
-                b = registry.get(bid)
-                if b is not None and name in b.params:
-                    values[(bid, name)] = b.params[name].value
-            self.counters.nodes_patched += g.update_scalars(values)
-            self.counters.hot_updates += len(values)
-        if bindings:
-            ptrs = {}
-            for key in bindings:
-                binding = self.context.bindings.get(key)
-                if binding is not None and g.plan.binding_counts.get(key) == binding.count:
-                    ptrs[key] = binding.ptr
-            self.counters.nodes_patched += g.update_bindings(ptrs)
-            self.counters.warm_updates += len(ptrs)
+        dirty._recompute()
+        if self._graph is None:
+            dirty.take_params()
+        elif dirty.any:
+            self._apply_params()
 
     def _rebuild(self) -> bool:
         """Cold: compile, realize, swap in. On failure keep the old graph and put errors on blocks."""

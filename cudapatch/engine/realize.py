@@ -13,6 +13,7 @@ import logging
 import weakref
 from typing import Any
 
+from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, KernelLoadError
 from ..kernels._driver import check, driver
 from ..kernels.module_cache import ModuleCache
@@ -28,17 +29,6 @@ __all__ = ["CompiledGraph", "realize"]
 log = logging.getLogger("cudapatch.engine")
 
 
-_CTYPES = {
-    "float32": ctypes.c_float,
-    "float64": ctypes.c_double,
-    "int32": ctypes.c_int32,
-    "uint32": ctypes.c_uint32,
-    "int64": ctypes.c_int64,
-    "uint64": ctypes.c_uint64,
-    "uint8": ctypes.c_uint8,
-}
-
-
 class _KernelNode:
     """Parameter storage and the reusable node-params struct of one kernel node.
 
@@ -52,12 +42,7 @@ class _KernelNode:
         d = driver()
         self.plan = plan
         params = plan.image.descriptor.parameters
-        offsets = []
-        off = 0
-        for p in params:
-            off = -(-off // p.alignment) * p.alignment
-            offsets.append(off)
-            off += p.size
+        offsets, off = plan.image.descriptor.offsets
         self.storage = (ctypes.c_uint8 * max(off, 8))()
         base = ctypes.addressof(self.storage)
         self.pointers = (ctypes.c_void_p * max(len(params), 1))(*[base + o for o in offsets])
@@ -66,9 +51,9 @@ class _KernelNode:
             if p.is_pointer:
                 slot = ctypes.c_uint64.from_buffer(self.storage, o)
             elif p.dtype.lanes == 1:
-                slot = _CTYPES[p.dtype.base.name].from_buffer(self.storage, o)
+                slot = p.dtype.ctype.from_buffer(self.storage, o)
             else:
-                slot = (_CTYPES[p.dtype.base.name] * p.dtype.lanes).from_buffer(self.storage, o)
+                slot = (p.dtype.ctype * p.dtype.lanes).from_buffer(self.storage, o)
             _write(slot, v)
             self.slots.append(slot)
         kp = d.CUDA_KERNEL_NODE_PARAMS()
@@ -167,10 +152,16 @@ class CompiledGraph:
         except BaseException:
             self._teardown(pool_release=True)
             raise
+        # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
+        self._scalar_targets = self._targets(plan.scalar_slots)
+        self._binding_targets = self._targets(plan.binding_slots)
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
         self._finalizer = weakref.finalize(self, _release_graph, d, self._exec, self._graph)
         self.instantiations = 1
+
+    def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
+        return {key: [(self._nodes[ni], self._nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}
 
     def _arg_value(self, a: Arg, bindings: dict[tuple[int, str], ExternalBinding]) -> Any:
         if a.kind == "buffer":
@@ -201,19 +192,19 @@ class CompiledGraph:
             check((err,), "cuGraphLaunch")
 
     # -- Hot / Warm updates -----------------------------------------------------------------------
-    def _commit(self, touched: set[int]) -> None:
+    def _commit(self, touched: Any) -> None:
         set_params, exec_ = self._set_params, self._exec
-        for ni in touched:
-            kn = self._nodes[ni]
-            (err,) = set_params(exec_, kn.handle, kn.params)  # type: ignore[union-attr]
+        for kn in touched:
+            (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)  # type: ignore[union-attr]
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
 
     def update_scalars(self, changes: dict[tuple[int, str], Any]) -> int:
         """Hot update: write new scalar values into their slots and patch the affected nodes.
 
         Args:
-            changes: ``(block_id, param)`` → new value. Keys the graph does not use are ignored.
+            changes: ``(block_id, param)`` → new value, or the ``BlockParameter`` holding it.
+                Keys the graph does not use are ignored.
 
         Returns:
             The number of nodes patched.
@@ -221,20 +212,29 @@ class CompiledGraph:
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        touched: set[int] = set()
-        slots = self.plan.scalar_slots
+        targets = self._scalar_targets
+        touched = []
         for key, value in changes.items():
-            for ni, ai in slots.get(key, ()):
-                _write(self._nodes[ni].slots[ai], value)  # type: ignore[union-attr]
-                touched.add(ni)
+            tgt = targets.get(key)
+            if tgt is None:
+                continue
+            if isinstance(value, BlockParameter):
+                value = value._value
+            for kn, slot in tgt:
+                if type(value) is tuple:
+                    slot[:] = value
+                else:
+                    slot.value = value
+                if kn not in touched:
+                    touched.append(kn)
         self._commit(touched)
         return len(touched)
 
-    def update_bindings(self, changes: dict[tuple[int, str], int]) -> int:
+    def update_bindings(self, changes: dict[tuple[int, str], Any]) -> int:
         """Warm update: point every kernel reading an external input at a new device address.
 
         Args:
-            changes: ``(block_id, port)`` → new device pointer (same size and type as planned).
+            changes: ``(block_id, port)`` → new device pointer or ``ExternalBinding`` (same size and type as planned).
 
         Returns:
             The number of nodes patched.
@@ -242,12 +242,18 @@ class CompiledGraph:
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        touched: set[int] = set()
-        slots = self.plan.binding_slots
+        targets = self._binding_targets
+        touched = []
         for key, ptr in changes.items():
-            for ni, ai in slots.get(key, ()):
-                self._nodes[ni].slots[ai].value = ptr  # type: ignore[union-attr]
-                touched.add(ni)
+            tgt = targets.get(key)
+            if tgt is None:
+                continue
+            if isinstance(ptr, ExternalBinding):
+                ptr = ptr.ptr
+            for kn, slot in tgt:
+                slot.value = ptr
+                if kn not in touched:
+                    touched.append(kn)
         self._commit(touched)
         return len(touched)
 
@@ -260,7 +266,7 @@ class CompiledGraph:
         """
         kn = self._kernel(node_index)
         kn.params.gridDimX = max(1, int(grid))
-        self._commit({node_index})
+        self._commit((kn,))
 
     def update_function(self, node_index: int, function: Any) -> None:
         """Swap the kernel function of a node in place (same parameter layout).
@@ -270,7 +276,7 @@ class CompiledGraph:
         """
         kn = self._kernel(node_index)
         kn.params.func = function
-        self._commit({node_index})
+        self._commit((kn,))
 
     def _kernel(self, node_index: int) -> _KernelNode:
         kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,16 +50,14 @@ class KernelParamDescriptor:
     dtype: DType
     is_pointer: bool
     direction: Direction = "in"
+    #: Bytes this parameter takes in the kernel's parameter buffer (derived).
+    size: int = field(init=False, compare=False, repr=False)
+    #: Alignment of the parameter in the kernel's parameter buffer (derived).
+    alignment: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def size(self) -> int:
-        """Bytes this parameter takes in the kernel's parameter buffer."""
-        return 8 if self.is_pointer else self.dtype.itemsize
-
-    @property
-    def alignment(self) -> int:
-        """Alignment of the parameter in the kernel's parameter buffer."""
-        return 8 if self.is_pointer else self.dtype.alignment
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", 8 if self.is_pointer else self.dtype.itemsize)
+        object.__setattr__(self, "alignment", 8 if self.is_pointer else self.dtype.alignment)
 
     @property
     def type_name(self) -> str:
@@ -87,6 +86,17 @@ class KernelDescriptor:
     def layout(self) -> tuple[tuple[int, int], ...]:
         """The parameter layout ``((size, alignment), ...)``: equal layouts can swap kernels in place."""
         return tuple((p.size, p.alignment) for p in self.parameters)
+
+    @cached_property
+    def offsets(self) -> tuple[tuple[int, ...], int]:
+        """Byte offset of each parameter in a packed parameter buffer, and the buffer's size."""
+        offsets = []
+        off = 0
+        for p in self.parameters:
+            off = -(-off // p.alignment) * p.alignment
+            offsets.append(off)
+            off += p.size
+        return tuple(offsets), off
 
     def param_index(self, name: str) -> int:
         """Index of the parameter called ``name``.

@@ -6,9 +6,20 @@ The names are the ones VL.CudaGraph sidecars use (``float``, ``uint``, ``float3`
 
 from __future__ import annotations
 
+import ctypes
 from enum import Enum
 
 import numpy as np
+
+_CTYPES: dict[str, type] = {
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "int32": ctypes.c_int32,
+    "uint32": ctypes.c_uint32,
+    "int64": ctypes.c_int64,
+    "uint64": ctypes.c_uint64,
+    "uint8": ctypes.c_uint8,
+}
 
 __all__ = ["DType", "parse_type_name"]
 
@@ -33,32 +44,16 @@ class DType(Enum):
     INT4 = ("int4", "int32", 4)
     UINT4 = ("uint4", "uint32", 4)
 
-    @property
-    def c_name(self) -> str:
-        """The C / sidecar spelling: ``float``, ``uint``, ``float4``."""
-        return self.value[0]
-
-    @property
-    def base(self) -> np.dtype:
-        """NumPy dtype of one lane."""
-        return np.dtype(self.value[1])
-
-    @property
-    def lanes(self) -> int:
-        """Number of lanes (1 for scalars, 2-4 for vector types)."""
-        return self.value[2]
-
-    @property
-    def itemsize(self) -> int:
-        """Size of one element in bytes."""
-        return self.base.itemsize * self.lanes
-
-    @property
-    def alignment(self) -> int:
-        """Alignment CUDA gives the type (float3 is 4-aligned, float4 16-aligned, float2 8-aligned)."""
-        if self.lanes == 3:
-            return self.base.itemsize
-        return self.itemsize
+    # Members carry plain attributes, set once here: Enum properties cost ~1 µs per access, and a
+    # Cold rebuild reads them thousands of times.
+    def __init__(self, c_name: str, base: str, lanes: int) -> None:
+        self.c_name: str = c_name  #: The C / sidecar spelling: ``float``, ``uint``, ``float4``.
+        self.base: np.dtype = np.dtype(base)  #: NumPy dtype of one lane.
+        self.lanes: int = lanes  #: Number of lanes (1 for scalars, 2-4 for vector types).
+        self.itemsize: int = self.base.itemsize * lanes  #: Size of one element in bytes.
+        # CUDA aligns float3 like float (4), float4 to 16, float2 to 8.
+        self.alignment: int = self.base.itemsize if lanes == 3 else self.itemsize
+        self.ctype: type = _CTYPES[base]  #: ctypes type of one lane.
 
     @property
     def numpy(self) -> np.dtype:
