@@ -74,7 +74,7 @@ def main() -> None:
     stream = eng.device.stream
     sync = eng.device.synchronize
     blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001, Offset=0.0)) for i in range(nb)]
-    for a, b in zip(blocks, blocks[1:]):
+    for a, b in zip(blocks, blocks[1:], strict=False):
         eng.connect(a, "Out", b, "In")
     x = rng.standard_normal(n).astype(np.float32)
     eng.bind(blocks[0], "In", x)
@@ -91,8 +91,13 @@ def main() -> None:
     arg_arrays = []
     for i in range(nb):
         vals = (int(bufs[i]), int(bufs[i + 1]), 1.0001, 0.0, n)
-        cvals = [ctypes.c_uint64(vals[0]), ctypes.c_uint64(vals[1]), ctypes.c_float(vals[2]), ctypes.c_float(vals[3]),
-                 ctypes.c_uint32(vals[4])]
+        cvals = [
+            ctypes.c_uint64(vals[0]),
+            ctypes.c_uint64(vals[1]),
+            ctypes.c_float(vals[2]),
+            ctypes.c_float(vals[3]),
+            ctypes.c_uint32(vals[4]),
+        ]
         ptrs = np.array([ctypes.addressof(c) for c in cvals], dtype=np.uint64)
         arg_arrays.append((cvals, ptrs))  # the ctypes values must outlive the graph
     graph = check(d.cuGraphCreate(0))
@@ -147,8 +152,12 @@ def main() -> None:
     ours_gpu = gpu_ms_per_frame(eng.update, stream)
     raw_gpu = gpu_ms_per_frame(raw_graph_frame, stream)
     launch_gpu = gpu_ms_per_frame(raw_launch_frame, stream)
-    rows.append(("GPU µs/frame, 100-kernel chain vs raw graph", ours_gpu * 1e3, "raw graph µs", raw_gpu * 1e3, "≤ 1.05"))
-    rows.append(("GPU µs/frame vs per-kernel launches", ours_gpu * 1e3, "cuLaunchKernel µs", launch_gpu * 1e3, "≤ 0.286"))
+    rows.append(
+        ("GPU µs/frame, 100-kernel chain vs raw graph", ours_gpu * 1e3, "raw graph µs", raw_gpu * 1e3, "≤ 1.05")
+    )
+    rows.append(
+        ("GPU µs/frame vs per-kernel launches", ours_gpu * 1e3, "cuLaunchKernel µs", launch_gpu * 1e3, "≤ 0.286")
+    )
     if torch_frame is not None:
         torch_gpu = gpu_ms_per_frame(torch_frame, torch_stream)
         rows.append(("GPU µs/frame vs PyTorch CUDA graph", ours_gpu * 1e3, "torch graph µs", torch_gpu * 1e3, "info"))
@@ -196,8 +205,9 @@ def main() -> None:
         sync()
         assert eng.counters.warm_updates >= 2999
         warm_upd = statistics.median(upd_t) / 1e3 - ours_host
-        rows.append(("Warm: update() applying 1 rebind, minus clean update", warm_upd, "raw SetParams µs", raw_set,
-                     "≤ 3 µs"))
+        rows.append(
+            ("Warm: update() applying 1 rebind, minus clean update", warm_upd, "raw SetParams µs", raw_set, "≤ 3 µs")
+        )
         rows.append(("Warm: engine.bind(cupy array)", statistics.median(bind_t) / 1e3, "-", None, "info"))
     except ImportError:
         print("(CuPy missing: no Warm rebind row)")
@@ -251,8 +261,10 @@ def main() -> None:
     err = float(np.max(np.abs(eng.read(blocks[-1], "Out") - ref)) / np.max(np.abs(ref)))
 
     print()
-    print(f"device: {eng.device.name} ({eng.device.arch}), driver {eng.device.driver_version}, "
-          f"{nb} blocks x {n} elements; chain rel. error {err:.2e}")
+    print(
+        f"device: {eng.device.name} ({eng.device.arch}), driver {eng.device.driver_version}, "
+        f"{nb} blocks x {n} elements; chain rel. error {err:.2e}"
+    )
     print(f"{'measure':52} {'ours':>10} {'peer':>20} {'peer val':>10} {'ratio':>8}  target")
     out = []
     for name, ours, peer, peer_val, target in rows:
@@ -264,7 +276,9 @@ def main() -> None:
     print(f"device free memory drift after 1000 rebuilds: {drift / 2**20:+.2f} MiB")
     results = os.environ.get("RESULTS_DIR")
     if results:
-        Path(results, "engine.json").write_text(json.dumps({"rows": out, "pool": [before, after], "drift": drift}, indent=1))
+        Path(results, "engine.json").write_text(
+            json.dumps({"rows": out, "pool": [before, after], "drift": drift}, indent=1)
+        )
     check(d.cuGraphExecDestroy(gexec))
     check(d.cuGraphDestroy(graph))
     for b in bufs:

@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             engine.update()  # returns without waiting for the GPU
             if frame % 30 == 0 or frame == args.frames - 1:
                 kept = engine.append_buffer(keep, "Kept")  # count from the last completed frame, no stall
-                print(f"frame {frame:4d}: factor={factor:+.3f} filtered={kept.count}/{kept.capacity} "
-                      f"rebuilds={engine.counters.rebuilds} hot={engine.counters.hot_updates}")
+                print(
+                    f"frame {frame:4d}: factor={factor:+.3f} filtered={kept.count}/{kept.capacity} "
+                    f"rebuilds={engine.counters.rebuilds} hot={engine.counters.hot_updates}"
+                )
 
         out = engine.read(wave, "Out")  # synchronizes: only for checking
         ref = (a.astype(np.float64) + b) * np.float32(factor)

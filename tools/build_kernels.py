@@ -30,7 +30,7 @@ def describe(cu: Path) -> KernelDescriptor:
     text = cu.read_text()
     m = _SIG.search(text)
     if m is None:
-        raise SystemExit(f"{cu}: no extern \"C\" __global__ kernel found")
+        raise SystemExit(f'{cu}: no extern "C" __global__ kernel found')
     meta = {k: v.strip() for k, v in _META.findall(text)}
     params = []
     for raw in m.group(2).split(","):

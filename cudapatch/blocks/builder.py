@@ -71,12 +71,14 @@ class KernelHandle:
     def _pin(self, i: int, direction: str) -> KernelPin:
         params = self.image.descriptor.parameters
         if not 0 <= i < len(params):
-            raise self._builder._error(f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}")
+            raise self._builder._error(
+                f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}"
+            )
         p = params[i]
         if direction == "out" and (not p.is_pointer or p.direction == "in"):
             raise self._builder._error(
-                f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an input ({p.type_name}, {p.direction}); "
-                "use in_()"
+                f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an input "
+                f"({p.type_name}, {p.direction}); use in_()"
             )
         if direction == "in" and p.is_pointer and p.direction == "out":
             raise self._builder._error(
@@ -110,7 +112,8 @@ class KernelHandle:
         pin = self.in_(param)
         if pin.param.is_pointer or pin.param.dtype not in (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64):
             raise self._builder._error(
-                f"parameter {param} ('{pin.param.name}') of kernel '{self.entry_point}' must be an integer to hold a count"
+                f"parameter {param} ('{pin.param.name}') of kernel '{self.entry_point}' "
+                "must be an integer to hold a count"
             )
         self._builder._bind(pin, "count")
         self._counts.append((param, fixed(rule) if isinstance(rule, int) else rule))
@@ -191,7 +194,9 @@ class BlockBuilder:
         for pin in pins:
             self._bind(pin, f"input '{name}'")
         self._inputs.append(
-            PortSpec(name, "in", "buffer", dtype, tuple(p.ref for p in pins), required=required, description=description)
+            PortSpec(
+                name, "in", "buffer", dtype, tuple(p.ref for p in pins), required=required, description=description
+            )
         )
         return name
 
@@ -233,7 +238,9 @@ class BlockBuilder:
         self._bind(counter, f"counter of append output '{name}'")
         rule = fixed(capacity) if isinstance(capacity, int) else capacity
         self._outputs.append(
-            PortSpec(name, "out", "append", dtype, (data.ref,), counter=(counter.ref,), size=rule, description=description)
+            PortSpec(
+                name, "out", "append", dtype, (data.ref,), counter=(counter.ref,), size=rule, description=description
+            )
         )
         return name
 
@@ -291,7 +298,9 @@ class BlockBuilder:
                 )
             dtypes.add(p.dtype)
         if len(dtypes) != 1:
-            raise self._error(f"'{name}': pins disagree on element type ({', '.join(sorted(d.c_name for d in dtypes))})")
+            raise self._error(
+                f"'{name}': pins disagree on element type ({', '.join(sorted(d.c_name for d in dtypes))})"
+            )
         return dtypes.pop()
 
     def commit(self) -> BlockDescription:
@@ -302,10 +311,6 @@ class BlockBuilder:
         """
         if self._committed is not None:
             return self._committed
-        for k in self._kernels:
-            for i, p in enumerate(k.image.descriptor.parameters):
-                if PinRef(k.index, i) not in self._bound:
-                    raise self._error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
         rules: list[tuple[str, SizeRule]] = []
         for port in self._outputs:
             rules.append((f"output '{port.name}'", port.size))  # type: ignore[arg-type]
@@ -328,6 +333,10 @@ class BlockBuilder:
                 if ps.dtype.base.kind not in "iu" or ps.dtype.lanes != 1:
                     raise self._error(f"{what}: size parameter '{rule.param}' must be an integer")
                 structural.add(rule.param)
+        for k in self._kernels:
+            for i, p in enumerate(k.image.descriptor.parameters):
+                if PinRef(k.index, i) not in self._bound:
+                    raise self._error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
         param_specs = tuple(
             ParamSpec(**{**p.__dict__, "structural": True}) if p.name in structural else p for p in self._params
         )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import ParameterError
 from ..kernels.types import DType
@@ -80,7 +81,10 @@ class BlockParameter:
         lo, hi = _INT_RANGES.get(dt, (None, None))
         self._lo = lo if spec.minimum is None else (spec.minimum if lo is None else max(lo, spec.minimum))
         self._hi = hi if spec.maximum is None else (spec.maximum if hi is None else min(hi, spec.maximum))
-        self._value: ScalarValue = coerce_scalar(spec.default, spec.dtype, what=f"default of '{spec.name}'")
+        try:
+            self._value: ScalarValue = coerce_scalar(spec.default, spec.dtype, what="default value")
+        except ParameterError as exc:
+            raise ParameterError(exc.message, block=block_name, param=spec.name) from None
         self._listeners: list[Callable[[BlockParameter], None]] = []
 
     @property
@@ -118,7 +122,9 @@ class BlockParameter:
         for lane in lanes:
             if (spec.minimum is not None and lane < spec.minimum) or (spec.maximum is not None and lane > spec.maximum):
                 raise ParameterError(
-                    f"value {new!r} is out of range [{spec.minimum}, {spec.maximum}]", block=self.block_name, param=spec.name
+                    f"value {new!r} is out of range [{spec.minimum}, {spec.maximum}]",
+                    block=self.block_name,
+                    param=spec.name,
                 )
         return v
 

@@ -310,4 +310,6 @@ class AppendBuffer:
         return self.raw_count is not None and self.raw_count > self.capacity
 
     def __repr__(self) -> str:
-        return f"<AppendBuffer {self.data.dtype.c_name} count={self.count}/{self.capacity} overflowed={self.overflowed}>"
+        return (
+            f"<AppendBuffer {self.data.dtype.c_name} count={self.count}/{self.capacity} overflowed={self.overflowed}>"
+        )

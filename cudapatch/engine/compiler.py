@@ -73,9 +73,12 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
         src, dst = blocks.get(lk.src), blocks.get(lk.dst)
         if src is None or dst is None:
             present = dst or src
-            err(present.id if present else None, "cross-engine",
+            err(
+                present.id if present else None,
+                "cross-engine",
                 f"link {lk.src_port} -> {lk.dst_port} of '{present.name if present else '?'}' reaches a block that is "
-                "not part of this engine")
+                "not part of this engine",
+            )
             continue
         out = src.description.output(lk.src_port)
         inp = dst.description.input(lk.dst_port)
@@ -86,9 +89,12 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             err(dst.id, "unknown-port", f"block '{dst.name}' has no input port '{lk.dst_port}'")
             continue
         if out.dtype != inp.dtype:
-            err(dst.id, "type-mismatch",
+            err(
+                dst.id,
+                "type-mismatch",
                 f"link {src.name}.{lk.src_port} ({out.dtype.c_name}) -> {dst.name}.{lk.dst_port} ({inp.dtype.c_name}): "
-                "element types differ")
+                "element types differ",
+            )
             continue
         key = (lk.dst, lk.dst_port)
         if key in incoming:
@@ -103,8 +109,10 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
         for b in cyclic:
             err(b, "cycle", f"block '{blocks[b].name}' is part of a cycle ({names})")
     if errors:
-        raise GraphCompileError(f"{len(errors)} error(s) in the patch: " + "; ".join(d.message for d in errors),
-                                diagnostics=tuple(errors + warnings))
+        raise GraphCompileError(
+            f"{len(errors)} error(s) in the patch: " + "; ".join(d.message for d in errors),
+            diagnostics=tuple(errors + warnings),
+        )
 
     buffers: list[BufferPlan] = []
     counters: list[tuple[int, str]] = []
@@ -144,7 +152,9 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             else:
                 sources[port.name] = _Source("null", None, 0)
         if skip_reason is not None:
-            warnings.append(Diagnostic("warning", bid, "input-unlinked", f"block '{b.name}' is not running: {skip_reason}"))
+            warnings.append(
+                Diagnostic("warning", bid, "input-unlinked", f"block '{b.name}' is not running: {skip_reason}")
+            )
             skipped.append(bid)
             continue
 
@@ -179,13 +189,13 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
 
         compiled.append(bid)
         values = b.values
-        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles)):
+        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
             desc = ks.descriptor
             node_index = len(nodes)
             args: list[Arg] = []
             reads: list[object] = []
             writes: list[object] = []
-            for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles)):
+            for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=False)):
                 if role == "count":
                     args.append(Arg("const", p.dtype, False, None, resolve(ref)))  # type: ignore[arg-type]
                     continue
@@ -236,8 +246,17 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             n_elems = resolve(ks.grid) if ks.grid is not None else 1
             grid = max(1, -(-n_elems // desc.block_size))
             nodes.append(
-                KernelNodePlan(node_index, bid, ki, ks.image, grid, desc.block_size, desc.shared_memory_bytes,
-                               tuple(args), tuple(sorted(deps)))
+                KernelNodePlan(
+                    node_index,
+                    bid,
+                    ki,
+                    ks.image,
+                    grid,
+                    desc.block_size,
+                    desc.shared_memory_bytes,
+                    tuple(args),
+                    tuple(sorted(deps)),
+                )
             )
             block_nodes.setdefault(bid, []).append(node_index)
 

@@ -8,8 +8,9 @@ the engine applies them on its next ``update()``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..blocks.block import Block, BlockState, check_block
 from ..blocks.parameter import BlockParameter
@@ -173,13 +174,17 @@ class Context:
             raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
         if out.dtype != inp.dtype:
             raise LinkError(
-                f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to {dst.name}.{dst_port} ({inp.dtype.c_name}): "
-                "element types differ",
+                f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to "
+                f"{dst.name}.{dst_port} ({inp.dtype.c_name}): element types differ",
                 block=dst.name,
                 port=dst_port,
             )
         if self.connections.reaches(dst.id, src.id):
-            raise LinkError(f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle", block=dst.name, port=dst_port)
+            raise LinkError(
+                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle",
+                block=dst.name,
+                port=dst_port,
+            )
         link = Link(src.id, src_port, dst.id, dst_port)
         old = self.connections.add(link)
         if old != link:
@@ -207,7 +212,9 @@ class Context:
             raise BindingError(f"unknown input port (inputs: {known})", block=block.name, port=port)
         if binding.dtype != inp.dtype:
             raise BindingError(
-                f"bound memory holds {binding.dtype.c_name} but the port takes {inp.dtype.c_name}", block=block.name, port=port
+                f"bound memory holds {binding.dtype.c_name} but the port takes {inp.dtype.c_name}",
+                block=block.name,
+                port=port,
             )
         key = (block.id, port)
         old = self.bindings.get(key)

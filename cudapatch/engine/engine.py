@@ -219,8 +219,14 @@ class Engine:
             return False
         names = {b.id: b.name for b in snap.blocks}
         try:
-            graph = realize(plan, device=self.device, pool=self.pool, modules=self.modules,
-                            bindings=snap.bindings, block_names=names)
+            graph = realize(
+                plan,
+                device=self.device,
+                pool=self.pool,
+                modules=self.modules,
+                bindings=snap.bindings,
+                block_names=names,
+            )
         except (KernelLoadError, CudaError) as exc:
             self.counters.failed_rebuilds += 1
             block = self.context.registry.by_name(exc.block) if exc.block else None
@@ -349,7 +355,8 @@ class Engine:
         )
 
     def __repr__(self) -> str:
-        return f"<Engine '{self.name}' device={self.device.ordinal} blocks={len(self.context.registry)} closed={self._closed}>"
+        blocks = len(self.context.registry)
+        return f"<Engine '{self.name}' device={self.device.ordinal} blocks={blocks} closed={self._closed}>"
 
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -411,7 +418,7 @@ def _binding_from_cai(array: Any, want: DType, block: str, port: str) -> Externa
     strides = cai.get("strides")
     if strides is not None and size > 1:
         acc = dt.itemsize
-        for n, st in zip(reversed(shape), reversed(strides)):
+        for n, st in zip(reversed(shape), reversed(strides), strict=False):
             if n > 1 and st != acc:
                 raise BindingError("array is not C-contiguous; bind a contiguous copy", block=block, port=port)
             acc *= n

@@ -129,5 +129,7 @@ class GraphPlan:
             if isinstance(n, MemsetNodePlan):
                 lines.append(f"  [{n.index}] memset {n.count} counters")
             else:
-                lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}")
+                lines.append(
+                    f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
+                )
         return "\n".join(lines)

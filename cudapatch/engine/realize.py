@@ -47,7 +47,7 @@ class _KernelNode:
         base = ctypes.addressof(self.storage)
         self.pointers = (ctypes.c_void_p * max(len(params), 1))(*[base + o for o in offsets])
         self.slots: list[Any] = []
-        for p, o, v in zip(params, offsets, values):
+        for p, o, v in zip(params, offsets, values, strict=False):
             if p.is_pointer:
                 slot = ctypes.c_uint64.from_buffer(self.storage, o)
             elif p.dtype.lanes == 1:
@@ -129,7 +129,9 @@ class CompiledGraph:
                     mp = d.CUDA_MEMSET_NODE_PARAMS()
                     mp.dst = self.counters.ptr
                     mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
-                    h = check(d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode")
+                    h = check(
+                        d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode"
+                    )
                     self._nodes.append(None)
                 else:
                     block = names.get(node.block_id, str(node.block_id))

@@ -153,7 +153,9 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
         raise fail(f"unknown key '{unknown[0]}' (expected one of {sorted(_KNOWN_KEYS)})", unknown[0])
     entry = data.get("entryPoint")
     if not isinstance(entry, str) or not re.fullmatch(r"[A-Za-z_$][\w$]*", entry or ""):
-        raise fail("'entryPoint' must be the kernel's name (a C identifier)", "entryPoint" if "entryPoint" in data else None)
+        raise fail(
+            "'entryPoint' must be the kernel's name (a C identifier)", "entryPoint" if "entryPoint" in data else None
+        )
     block_size = data.get("blockSize", 256)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 1024:
         raise fail(f"'blockSize' must be an integer in 1..1024, got {block_size!r}", "blockSize")
@@ -191,7 +193,7 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
         seen.add(name)
         type_name = raw.get("type")
         if not isinstance(type_name, str):
-            raise SidecarError(f"{where} needs a 'type' such as \"float*\" or \"uint\"", file=file, line=line)
+            raise SidecarError(f'{where} needs a \'type\' such as "float*" or "uint"', file=file, line=line)
         try:
             dtype, ptr_from_type = parse_type_name(type_name)
         except KeyError:
@@ -209,9 +211,13 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
         direction_raw = raw.get("direction", "in")
         direction = _DIRECTIONS.get(str(direction_raw).lower()) if isinstance(direction_raw, str) else None
         if direction is None:
-            raise SidecarError(f"{where}: 'direction' must be in, out or inout, got {direction_raw!r}", file=file, line=line)
+            raise SidecarError(
+                f"{where}: 'direction' must be in, out or inout, got {direction_raw!r}", file=file, line=line
+            )
         if direction != "in" and not is_pointer:
-            raise SidecarError(f"{where}: a by-value parameter cannot have direction '{direction}'", file=file, line=line)
+            raise SidecarError(
+                f"{where}: a by-value parameter cannot have direction '{direction}'", file=file, line=line
+            )
         params.append(KernelParamDescriptor(name=name, dtype=dtype, is_pointer=is_pointer, direction=direction))
     return KernelDescriptor(
         entry_point=entry,

@@ -83,7 +83,9 @@ class ModuleCache:
                     fn = check(driver().cuModuleGetFunction(entry.module, entry_point.encode()), "cuModuleGetFunction")
                 except CudaError as exc:
                     raise KernelLoadError(
-                        f"entry point not found in the loaded module: {exc.message}", file=image.debug_name, kernel=entry_point
+                        f"entry point not found in the loaded module: {exc.message}",
+                        file=image.debug_name,
+                        kernel=entry_point,
                     ) from exc
                 entry.functions[entry_point] = fn
             return fn

@@ -82,7 +82,10 @@ def parse_ptx(text: str, *, file: str = "<ptx>") -> PtxModuleInfo:
                 pm = _PARAM_RE.match(decl)
                 if pm is None:
                     raise PtxSignatureError(
-                        f"cannot parse parameter declaration '{decl}' of .entry {name}", file=file, line=line, kernel=name
+                        f"cannot parse parameter declaration '{decl}' of .entry {name}",
+                        file=file,
+                        line=line,
+                        kernel=name,
                     )
                 align_s, kind, bits, pname, count_s = pm.groups()
                 elem = _TYPE_SIZES[bits]
@@ -129,7 +132,7 @@ def check_signature(info: PtxModuleInfo, desc: KernelDescriptor, *, file: str = 
             line=entry.line,
             kernel=desc.entry_point,
         )
-    for i, (pp, dp) in enumerate(zip(entry.params, desc.parameters)):
+    for i, (pp, dp) in enumerate(zip(entry.params, desc.parameters, strict=False)):
         if pp.size != dp.size:
             raise PtxSignatureError(
                 f"parameter {i} ('{dp.name}': {dp.type_name}, {dp.size} bytes) does not match the PTX's "

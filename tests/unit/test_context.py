@@ -1,0 +1,141 @@
+"""Registry, connections, external bindings and dirty tracking (no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudapatch import DType, Fill, Scale, VectorAdd
+from cudapatch.engine import Context, DirtyTracker, ExternalBinding
+from cudapatch.errors import BindingError, CudapatchError, LinkError
+
+
+def _ctx(*blocks):
+    c = Context()
+    for b in blocks:
+        c.register_block(b)
+    c.dirty.clear_structure()
+    return c
+
+
+def test_dirty_tracker_priorities() -> None:
+    d = DirtyTracker()
+    assert d.structure and d.any and d.tier == "structure"
+    d.mark_param(1, "F")
+    d.mark_code("k")
+    d.clear_structure()  # a rebuild applies everything
+    assert not d.any and d.tier == "clean" and not d.params and not d.code
+    d.mark_param(1, "F")
+    assert d.tier == "params" and d.only_params
+    d.mark_captured("gemm")
+    assert d.tier == "captured" and not d.only_params
+    d.mark_code("k")
+    assert d.tier == "code"
+    d.mark_structure()
+    assert d.tier == "structure"
+    d.clear_structure()
+    d.mark_binding(1, "In", None)
+    params, bindings = d.take_params()
+    assert not params and set(bindings) == {(1, "In")} and not d.any
+
+
+def test_register_unregister_and_names() -> None:
+    a, b = Scale(name="a"), Scale(name="a")
+    c = _ctx(a)
+    with pytest.raises(CudapatchError, match="another block already has this name"):
+        c.register_block(b)
+    assert c.registry.by_name("a") is a and len(c.registry) == 1
+    c.unregister_block(a)
+    assert a.context is None and c.dirty.structure
+    c.unregister_block(a)  # unknown: ignored
+
+
+def test_connect_validates_immediately() -> None:
+    f, s, add = Fill(name="f"), Scale(name="s"), VectorAdd(name="add")
+    c = _ctx(f, s, add)
+    c.connect(f, "Out", s, "In")
+    assert c.dirty.structure
+    with pytest.raises(LinkError, match="unknown output port .*outputs: Out"):
+        c.connect(f, "Value", s, "In")
+    with pytest.raises(LinkError, match="is an input; links start at an output"):
+        c.connect(s, "In", add, "A")
+    with pytest.raises(LinkError, match="unknown input port .*inputs: A, B"):
+        c.connect(s, "Out", add, "C")
+    with pytest.raises(LinkError, match="is an output; links end at an input"):
+        c.connect(s, "Out", add, "Sum")
+    with pytest.raises(LinkError, match="would make a cycle"):
+        c.connect(s, "Out", s, "In")
+    c.connect(s, "Out", add, "A")
+    with pytest.raises(LinkError, match="cycle"):
+        c.connect(add, "Sum", s, "In")  # replacing f -> s with add -> s would close a loop
+
+
+def test_connect_type_mismatch_and_other_engine() -> None:
+    from cudapatch import AppendFilter
+
+    class IntSource(Fill):
+        type_name = "IntSource"
+
+    a, b = Scale(name="a"), Scale(name="b")
+    c1, c2 = _ctx(a), _ctx(b)
+    with pytest.raises(LinkError, match="belongs to another engine"):
+        c1.connect(a, "Out", b, "In")
+    loose = Scale(name="loose")
+    with pytest.raises(LinkError, match="not registered"):
+        c1.connect(a, "Out", loose, "In")
+    with pytest.raises(CudapatchError, match="registered with another engine"):
+        c1.register_block(b)
+    assert AppendFilter  # the append output is float: links into float inputs are fine
+    af = AppendFilter(name="af")
+    c1.register_block(af)
+    c1.connect(af, "Kept", a, "In")
+    assert c2 is not c1
+
+
+def test_input_link_is_replaced_and_removed_with_blocks() -> None:
+    f1, f2, s = Fill(name="f1"), Fill(name="f2"), Scale(name="s")
+    c = _ctx(f1, f2, s)
+    c.connect(f1, "Out", s, "In")
+    c.connect(f2, "Out", s, "In")
+    assert [(lk.src, lk.dst_port) for lk in c.connections] == [(f2.id, "In")]
+    c.unregister_block(f2)
+    assert len(c.connections) == 0
+    assert not c.disconnect(f1, "Out", s, "In")
+
+
+def test_bindings_choose_warm_or_cold() -> None:
+    s = Scale(name="s")
+    c = _ctx(s)
+    c.bind_input(s, "In", ExternalBinding(0x1000, 100, DType.FLOAT32))
+    assert c.dirty.structure  # first binding: Cold
+    c.dirty.clear_structure()
+    c.bind_input(s, "In", ExternalBinding(0x2000, 100, DType.FLOAT32))
+    assert not c.dirty.structure and (s.id, "In") in c.dirty.bindings  # same size: Warm
+    c.bind_input(s, "In", ExternalBinding(0x3000, 101, DType.FLOAT32))
+    assert c.dirty.structure  # new size: Cold
+    with pytest.raises(BindingError, match="holds int but the port takes float"):
+        c.bind_input(s, "In", ExternalBinding(0x3000, 101, DType.INT32))
+    with pytest.raises(BindingError, match="unknown input port"):
+        c.bind_input(s, "Out", ExternalBinding(0x3000, 101, DType.FLOAT32))
+    assert c.unbind_input(s, "In") and not c.unbind_input(s, "In")
+
+
+def test_parameter_changes_mark_hot_or_structure() -> None:
+    f = Fill(name="f")
+    c = _ctx(f)
+    f.set("Value", 2.0)
+    assert not c.dirty.structure and set(c.dirty.params) == {(f.id, "Value")}
+    assert c.dirty.params[(f.id, "Value")] is f.params["Value"]
+    f.set("Count", 10)  # sizes depend on it
+    assert c.dirty.structure
+    c.unregister_block(f)
+    c.dirty.clear_structure()
+    f.set("Value", 5.0)  # no longer registered: no events
+    assert not c.dirty.any
+
+
+def test_snapshot_is_a_copy() -> None:
+    s = Scale(name="s", Factor=2.0)
+    c = _ctx(s)
+    snap = c.snapshot()
+    s.set("Factor", 5.0)
+    assert snap.blocks[0].values["Factor"] == 2.0 and snap.context_id == c.id
