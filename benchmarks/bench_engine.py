@@ -213,15 +213,50 @@ def main() -> None:
         print("(CuPy missing: no Warm rebind row)")
 
     # ---- Cold rebuild -------------------------------------------------------------------------------
+    # A real topology change each time: link / unlink a 101st block at the end of the chain.
+    extra = eng.add(Scale(name="extra"))
+    linked = [False]
+
+    def toggle_extra() -> None:
+        if linked[0]:
+            eng.disconnect(blocks[-1], "Out", extra, "In")
+        else:
+            eng.connect(blocks[-1], "Out", extra, "In")
+        linked[0] = not linked[0]
+
+    toggle_extra()
+    eng.update()
     cold = []
+    rebuilds0 = eng.counters.rebuilds
     for _ in range(50):
         sync()
-        eng.context.mark_structure_dirty()
+        toggle_extra()
         t = time.perf_counter_ns()
         eng.update()
         cold.append((time.perf_counter_ns() - t) / 1e6)
     sync()
+    assert eng.counters.rebuilds == rebuilds0 + 50
     rows.append(("Cold rebuild of 100 blocks (modules cached), ms", statistics.median(cold), "-", None, "≤ 5 ms"))
+    # Warm resize: the input shrinks/grows within the allocated buffers: no new graph.
+    halves = [rng.standard_normal(n // 2).astype(np.float32), x]
+    resize = []
+    for i in range(50):
+        sync()
+        t = time.perf_counter_ns()
+        eng.bind(blocks[0], "In", halves[i % 2])
+        eng.update()
+        resize.append((time.perf_counter_ns() - t) / 1e6)
+    sync()
+    assert eng.counters.rebuilds == rebuilds0 + 50
+    rows.append(
+        (
+            "Warm resize of 100 blocks (count change), ms",
+            statistics.median(resize),
+            "Cold ms",
+            statistics.median(cold),
+            "info",
+        )
+    )
     if args.profile_cold:
         import cProfile
         import io
@@ -230,7 +265,7 @@ def main() -> None:
         prof = cProfile.Profile()
         for _ in range(20):
             sync()
-            eng.context.mark_structure_dirty()
+            toggle_extra()
             prof.enable()
             eng.update()
             prof.disable()
@@ -246,7 +281,7 @@ def main() -> None:
     after = (eng.pool.driver_allocations, eng.pool.total_allocated_bytes)
     base_free = eng.device.mem_info()[0]
     for _ in range(1000):
-        eng.context.mark_structure_dirty()
+        toggle_extra()
         eng.update()
     sync()
     eng.update()

@@ -27,6 +27,7 @@ __all__ = [
     "InternalLink",
     "BlockDescription",
     "PortKind",
+    "PinType",
     "ScalarValue",
 ]
 
@@ -98,6 +99,17 @@ class KernelSpec:
         return self.image.descriptor
 
 
+class PinType(NamedTuple):
+    """What flows through a port: ``kind`` (``buffer`` or ``append``) and element type. Links need
+    equal element types; an append output feeds buffer inputs (its data, ``capacity`` elements)."""
+
+    kind: str
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"{self.dtype.c_name}[]" if self.kind == "buffer" else f"append {self.dtype.c_name}[]"
+
+
 @dataclass(frozen=True)
 class PortSpec:
     """A buffer port of a block.
@@ -123,6 +135,10 @@ class PortSpec:
     size: SizeRule | None = None
     required: bool = True
     description: str = ""
+
+    @property
+    def pin_type(self) -> PinType:
+        return PinType(self.kind, self.dtype)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .compiler import compile_plan
 from .context import Context, ExternalBinding
 from .device import DeviceContext
 from .diagnostics import Diagnostic, DiagnosticLog
+from .plan import GraphPlan
 from .realize import CompiledGraph, realize
 
 __all__ = ["Engine", "EngineCounters"]
@@ -41,6 +42,7 @@ class EngineCounters:
     failed_rebuilds: int = 0
     hot_updates: int = 0
     warm_updates: int = 0
+    warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
     nodes_patched: int = 0
 
 
@@ -209,7 +211,8 @@ class Engine:
             self._apply_params()
 
     def _rebuild(self) -> bool:
-        """Cold: compile, realize, swap in. On failure keep the old graph and put errors on blocks."""
+        """Compile; patch the running graph in place if only sizes changed (Warm), else realize and swap
+        in a new one (Cold). On failure keep the old graph and put the errors on the blocks."""
         snap = self.context.snapshot()
         try:
             plan = compile_plan(snap)
@@ -217,6 +220,19 @@ class Engine:
             self.counters.failed_rebuilds += 1
             self._set_diagnostics(exc.diagnostics)
             return False
+        if self._graph is not None:
+            try:
+                patched = self._graph.try_patch(plan, snap.bindings)
+            except CudaError as exc:
+                self.counters.failed_rebuilds += 1
+                self._set_diagnostics((Diagnostic("error", None, "realize", str(exc)),))
+                return False
+            if patched is not None:
+                # Warm resize: same graph, new counts/grids/pointers patched into the executable graph.
+                self.counters.warm_resizes += 1
+                self.counters.nodes_patched += patched
+                self._finish_build(self._graph, plan)
+                return True
         names = {b.id: b.name for b in snap.blocks}
         try:
             graph = realize(
@@ -237,13 +253,16 @@ class Engine:
             old.retire(self._stream)
             self._retired.append(old)
         self.counters.rebuilds += 1
+        self._finish_build(graph, plan)
+        return True
+
+    def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
         self._dirty.clear_structure()
         for b in self.context.registry:
             b.debug.state = BlockState.OK
             b.debug.message = ""
             b.debug.append = {port: ab for (bid, port), ab in graph.appends.items() if bid == b.id}
         self._set_diagnostics(plan.diagnostics, skipped=plan.skipped)
-        return True
 
     def _set_diagnostics(self, diags: Iterable[Diagnostic], skipped: Iterable[int] = ()) -> None:
         diags = tuple(diags)

@@ -259,6 +259,93 @@ class CompiledGraph:
         self._commit(touched)
         return len(touched)
 
+    def update_scalar(self, block_id: int, name: str, value: Any) -> int:
+        """Hot update of one scalar; see ``update_scalars``.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        return self.update_scalars({(block_id, name): value})
+
+    def update_pointer(self, block_id: int, port: str, ptr: int) -> int:
+        """Warm update of one external input pointer; see ``update_bindings``.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        return self.update_bindings({(block_id, port): ptr})
+
+    def try_patch(self, plan: GraphPlan, bindings: dict[tuple[int, str], ExternalBinding]) -> int | None:
+        """Warm resize: adopt ``plan`` in place if it differs from the current one only in element
+        counts, grids and external pointers, and every buffer still fits its allocation.
+
+        Returns:
+            The number of nodes patched, or None if the plan needs a Cold rebuild.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        old = self.plan
+        if (
+            len(plan.nodes) != len(old.nodes)
+            or len(plan.buffers) != len(old.buffers)
+            or plan.counters != old.counters
+            or plan.scalar_slots != old.scalar_slots
+            or plan.binding_slots != old.binding_slots
+        ):
+            return None
+        for nb, ob, buf in zip(plan.buffers, old.buffers, self.buffers, strict=True):
+            if nb[:4] != ob[:4] or nb.append != ob.append or nb.count * nb.dtype.itemsize > buf.capacity_bytes:
+                return None
+        changes: list[tuple[_KernelNode, KernelNodePlan]] = []
+        for new, cur, kn in zip(plan.nodes, old.nodes, self._nodes, strict=True):
+            if type(new) is not type(cur):
+                return None
+            if isinstance(new, MemsetNodePlan):
+                if new != cur:
+                    return None
+                continue
+            if (new.block_id, new.kernel, new.image, new.deps, new.block, new.shared_bytes) != (
+                cur.block_id,
+                cur.kernel,
+                cur.image,
+                cur.deps,
+                cur.block,
+                cur.shared_bytes,
+            ):
+                return None
+            for na, oa in zip(new.args, cur.args, strict=True):
+                if na.kind != oa.kind or na.ref != oa.ref:
+                    return None
+            if new != cur or any(a.kind == "external" for a in new.args):
+                changes.append((kn, new))  # type: ignore[arg-type]
+        # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
+        touched = []
+        for kn, new in changes:
+            changed = False
+            for slot, a in zip(kn.slots, new.args, strict=True):
+                if a.kind in ("const", "scalar"):
+                    current = tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
+                    if current != a.value:
+                        _write(slot, a.value)
+                        changed = True
+                elif a.kind == "external":
+                    ptr = bindings[a.ref].ptr  # type: ignore[index]
+                    if slot.value != ptr:
+                        slot.value = ptr
+                        changed = True
+            if kn.params.gridDimX != new.grid:
+                kn.params.gridDimX = new.grid
+                changed = True
+            kn.plan = new
+            if changed:
+                touched.append(kn)
+        for nb, buf in zip(plan.buffers, self.buffers, strict=True):
+            buf.count = nb.count
+        self._commit(touched)
+        self.plan = plan
+        return len(touched)
+
     def update_grid(self, node_index: int, grid: int) -> None:
         """Warm update: change a kernel node's grid size.
 

@@ -71,10 +71,44 @@ def test_warm_rebind_with_cupy_arrays(engine: Engine, rng: np.random.Generator) 
     # a zero-copy view of our output through __cuda_array_interface__
     view = cp.asarray(engine.output(add, "Sum"))
     np.testing.assert_array_equal(cp.asnumpy(view), engine.read(add, "Sum"))
-    engine.bind(add, "A", cp.asarray(_rand(rng, n + 1)))  # another size: Cold
-    engine.bind(add, "B", cp.asarray(_rand(rng, n + 1)))
+    big_a, big_b = cp.asarray(_rand(rng, 4 * n)), cp.asarray(_rand(rng, 4 * n))
+    engine.bind(add, "A", big_a)  # four times the size: the output no longer fits, Cold
+    engine.bind(add, "B", big_b)
     engine.update()
-    assert engine.counters.rebuilds == rebuilds + 1 and engine.read(add, "Sum").shape == (n + 1,)
+    assert engine.counters.rebuilds == rebuilds + 1
+    np.testing.assert_allclose(engine.read(add, "Sum"), cp.asnumpy(big_a + big_b), rtol=1e-6)
+
+
+def test_warm_resize_when_counts_change_within_capacity(engine: Engine, rng: np.random.Generator) -> None:
+    n = 100_000
+    add = engine.add(VectorAdd(name="add"))
+    s = engine.add(Scale(name="s", Factor=2.0))
+    engine.connect(add, "Sum", s, "In")
+    a, b = _rand(rng, n), _rand(rng, n)
+    engine.bind(add, "A", a)
+    engine.bind(add, "B", b)
+    engine.update()
+    graph, rebuilds = engine.graph, engine.counters.rebuilds
+    for m in (n - 1, 513, 1, n):  # smaller inputs fit the buffers already allocated
+        a2, b2 = _rand(rng, m), _rand(rng, m)
+        engine.bind(add, "A", a2)
+        engine.bind(add, "B", b2)
+        s.set("Factor", float(m % 7) - 3.0)  # a Hot edit pending together with the resize
+        engine.update()
+        out = engine.read(s, "Out")
+        assert out.shape == (m,)
+        np.testing.assert_allclose(out, (a2.astype(np.float64) + b2) * (m % 7 - 3.0), rtol=1e-6, atol=1e-6)
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds and engine.counters.warm_resizes == 4
+    f = engine.add(Fill(name="f", Count=4096, Value=1.5))  # a structural parameter within capacity: Warm too
+    engine.update()
+    rebuilds = engine.counters.rebuilds
+    f.set("Count", 4000)
+    engine.update()
+    assert engine.counters.rebuilds == rebuilds and engine.read(f, "Out").shape == (4000,)
+    f.set("Count", 40_000)  # beyond the allocation: Cold
+    engine.update()
+    assert engine.counters.rebuilds == rebuilds + 1
+    np.testing.assert_array_equal(engine.read(f, "Out"), np.full(40_000, 1.5, np.float32))
 
 
 def test_cold_rebuild_on_connect_disconnect_add_remove(engine: Engine, rng: np.random.Generator) -> None:
@@ -213,16 +247,27 @@ def test_frame_path_allocates_nothing(engine: Engine, rng: np.random.Generator) 
 def test_rebuilds_return_memory_to_baseline(engine: Engine) -> None:
     f = engine.add(Fill(name="f", Count=1 << 20))
     s = engine.add(Scale(name="s"))
+    tail = engine.add(AppendFilter(name="tail"))
     engine.connect(f, "Out", s, "In")
-    engine.update()
-    engine.context.mark_structure_dirty()
-    engine.update()
+
+    def toggle(i: int) -> None:  # a real topology change each time: Cold
+        if i % 2 == 0:
+            engine.connect(s, "Out", tail, "In")
+        else:
+            engine.disconnect(s, "Out", tail, "In")
+
+    for i in range(3):
+        toggle(i)
+        engine.update()
     engine.synchronize()
+    engine.update()
     base_pool = engine.pool.total_allocated_bytes
     base_free = engine.device.mem_info()[0]
-    for _ in range(1000):
-        engine.context.mark_structure_dirty()
+    rebuilds = engine.counters.rebuilds
+    for i in range(3, 1003):
+        toggle(i)
         engine.update()
+    assert engine.counters.rebuilds == rebuilds + 1000
     engine.synchronize()
     engine.update()  # reaps retired graphs
     assert engine.pool.total_allocated_bytes == base_pool

@@ -23,6 +23,7 @@ def test_builtin_descriptions() -> None:
     f = AppendFilter()
     kept = f.description.output("Kept")
     assert kept.kind == "append" and kept.counter == (PinRef(0, 2),) and kept.size == from_param("Capacity")
+    assert str(kept.pin_type) == "append float[]" and str(d.inputs[0].pin_type) == "float[]"
     assert f.params["Capacity"].spec.structural and not f.params["Threshold"].spec.structural
     assert str(add) == f"{add.name}: NotCompiled"
 
