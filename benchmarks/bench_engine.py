@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import statistics
 import sys
@@ -66,6 +67,7 @@ def main() -> None:
     ap.add_argument("--elements", type=int, default=1024)
     ap.add_argument("--profile-cold", action="store_true", help="print a cProfile of 20 Cold rebuilds")
     args = ap.parse_args()
+    logging.getLogger("cudapatch").setLevel(logging.ERROR)  # the toggled block's warnings are expected
     nb, n = args.blocks, args.elements
     rng = np.random.default_rng(1)
     rows: list[tuple[str, float, str, float | None, str]] = []
@@ -227,6 +229,7 @@ def main() -> None:
     toggle_extra()
     eng.update()
     cold = []
+    phases: dict[str, list[float]] = {}
     rebuilds0 = eng.counters.rebuilds
     for _ in range(50):
         sync()
@@ -234,7 +237,12 @@ def main() -> None:
         t = time.perf_counter_ns()
         eng.update()
         cold.append((time.perf_counter_ns() - t) / 1e6)
+        lb = eng.last_build
+        for key, val in [("reap", lb.reap_ms), ("compile", lb.compile_ms), ("realize", lb.realize_ms),
+                         *((k[:-3], v) for k, v in eng.graph.timing.items())]:
+            phases.setdefault(key, []).append(val)
     sync()
+    cold_phases = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())
     assert eng.counters.rebuilds == rebuilds0 + 50
     rows.append(("Cold rebuild of 100 blocks (modules cached), ms", statistics.median(cold), "-", None, "≤ 5 ms"))
     # Warm resize: the input shrinks/grows within the allocated buffers: no new graph.
@@ -307,6 +315,7 @@ def main() -> None:
         pv = f"{peer_val:.2f}" if peer_val is not None else "-"
         print(f"{name:52} {ours:10.2f} {peer:>20} {pv:>10} {ratio:>8}  {target}")
         out.append({"measure": name, "ours": ours, "peer": peer, "peer_value": peer_val, "target": target})
+    print(f"Cold rebuild phases (median ms): {cold_phases}")
     print(f"pool over 10,000 frames: driver allocations {before[0]} -> {after[0]}, bytes {before[1]} -> {after[1]}")
     print(f"device free memory drift after 1000 rebuilds: {drift / 2**20:+.2f} MiB")
     results = os.environ.get("RESULTS_DIR")

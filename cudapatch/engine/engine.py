@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,20 @@ from .diagnostics import Diagnostic, DiagnosticLog
 from .plan import GraphPlan
 from .realize import CompiledGraph, realize
 
-__all__ = ["Engine", "EngineCounters"]
+__all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
 log = logging.getLogger("cudapatch.engine")
+
+
+@dataclass
+class BuildTiming:
+    """Where the last structure change spent its host time (ms); read by benchmarks and the overlay."""
+
+    tier: str = ""
+    reap_ms: float = 0.0  # closing graphs retired by earlier rebuilds
+    compile_ms: float = 0.0  # snapshot + compile_plan
+    realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
+    total_ms: float = 0.0  # compile to swap-in (excludes reap)
 
 
 @dataclass
@@ -65,6 +77,7 @@ class Engine:
         self.modules = ModuleCache(device_key=self.device.key)
         self.context = Context()
         self.counters = EngineCounters()
+        self.last_build = BuildTiming()
         self.profiling = "None"
         self._graph: CompiledGraph | None = None
         self._retired: list[CompiledGraph] = []
@@ -189,14 +202,16 @@ class Engine:
         dirty.params, dirty.bindings, dirty.any = {}, {}, False
         c = self.counters
         if params:
-            c.nodes_patched += g.update_scalars(params)
+            c.nodes_patched += g.apply_parameters(params)
             c.hot_updates += len(params)
         if bindings:
             c.nodes_patched += g.update_bindings(bindings)
             c.warm_updates += len(bindings)
 
     def _apply_changes(self) -> None:
+        t0 = time.perf_counter()
         self._reap()
+        self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
         dirty = self._dirty
         if dirty.structure:
             if self._rebuild():
@@ -213,9 +228,12 @@ class Engine:
     def _rebuild(self) -> bool:
         """Compile; patch the running graph in place if only sizes changed (Warm), else realize and swap
         in a new one (Cold). On failure keep the old graph and put the errors on the blocks."""
+        timing = self.last_build
+        t0 = time.perf_counter()
         snap = self.context.snapshot()
         try:
             plan = compile_plan(snap)
+            timing.compile_ms = (time.perf_counter() - t0) * 1e3
         except GraphCompileError as exc:
             self.counters.failed_rebuilds += 1
             self._set_diagnostics(exc.diagnostics)
@@ -229,11 +247,14 @@ class Engine:
                 return False
             if patched is not None:
                 # Warm resize: same graph, new counts/grids/pointers patched into the executable graph.
+                timing.tier, timing.realize_ms = "warm-resize", 0.0
+                timing.total_ms = (time.perf_counter() - t0) * 1e3
                 self.counters.warm_resizes += 1
                 self.counters.nodes_patched += patched
                 self._finish_build(self._graph, plan)
                 return True
         names = {b.id: b.name for b in snap.blocks}
+        t1 = time.perf_counter()
         try:
             graph = realize(
                 plan,
@@ -248,12 +269,14 @@ class Engine:
             block = self.context.registry.by_name(exc.block) if exc.block else None
             self._set_diagnostics((Diagnostic("error", block.id if block else None, "realize", str(exc)),))
             return False
+        timing.realize_ms = (time.perf_counter() - t1) * 1e3
         old, self._graph = self._graph, graph
         if old is not None:
             old.retire(self._stream)
             self._retired.append(old)
         self.counters.rebuilds += 1
         self._finish_build(graph, plan)
+        timing.tier, timing.total_ms = "cold", (time.perf_counter() - t0) * 1e3
         return True
 
     def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
