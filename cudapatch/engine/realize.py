@@ -157,7 +157,11 @@ class CompiledGraph:
             self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
             t3 = time.perf_counter()
             #: Host ms spent on buffers, node creation and instantiation (for benchmarks and the overlay).
-            self.timing = {"buffers_ms": (t1 - t0) * 1e3, "nodes_ms": (t2 - t1) * 1e3, "instantiate_ms": (t3 - t2) * 1e3}
+            self.timing = {
+                "buffers_ms": (t1 - t0) * 1e3,
+                "nodes_ms": (t2 - t1) * 1e3,
+                "instantiate_ms": (t3 - t2) * 1e3,
+            }
         except BaseException:
             self._teardown(pool_release=True)
             raise
