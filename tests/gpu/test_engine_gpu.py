@@ -206,9 +206,11 @@ def test_failing_rebuild_keeps_the_old_graph_running(engine: Engine, rng: np.ran
     s.set("Factor", -1.0)  # Hot updates still reach the old graph
     engine.update()
     np.testing.assert_allclose(engine.read(s, "Out"), -x.astype(np.float64), rtol=1e-6)
-    engine.remove(broken)  # fixing the patch rebuilds and clears the error
+    engine.remove(broken)  # fixing the patch clears the error (the plan equals the running one: no rebuild)
+    s.set("Factor", 3.0)
     engine.update()
-    assert engine.graph is not good and not engine.diagnostics()
+    assert not engine.diagnostics() and s.debug.state is BlockState.OK
+    np.testing.assert_allclose(engine.read(s, "Out"), 3.0 * x.astype(np.float64), rtol=1e-6)
 
 
 def test_update_does_not_wait_for_the_gpu(engine: Engine) -> None:
