@@ -113,24 +113,28 @@ def test_warm_resize_when_counts_change_within_capacity(engine: Engine, rng: np.
 
 def test_cold_rebuild_on_connect_disconnect_add_remove(engine: Engine, rng: np.random.Generator) -> None:
     x = _rand(rng, 1000)
+    c = engine.counters
     s1 = engine.add(Scale(name="s1", Factor=2.0))
     engine.bind(s1, "In", x)
     engine.update()
-    assert engine.counters.rebuilds == 1
+    assert c.rebuilds == 1
     s2 = engine.add(Scale(name="s2", Factor=3.0))  # add: s2 has no input yet, so it is skipped with a warning
     engine.update()
-    assert engine.counters.rebuilds == 2
+    assert (c.rebuilds, c.warm_resizes) == (1, 1)  # the plan is unchanged: no new graph
     assert s2.debug.state is BlockState.NOT_COMPILED and "not linked" in s2.debug.message
     engine.connect(s1, "Out", s2, "In")
     engine.update()
-    assert engine.counters.rebuilds == 3
+    assert c.rebuilds == 2 and s2.debug.state is BlockState.OK
     np.testing.assert_allclose(engine.read(s2, "Out"), x.astype(np.float64) * 6.0, rtol=1e-6)
     engine.disconnect(s1, "Out", s2, "In")
     engine.update()
-    assert engine.counters.rebuilds == 4 and s2.debug.state is BlockState.NOT_COMPILED
+    assert c.rebuilds == 3 and s2.debug.state is BlockState.NOT_COMPILED and engine.graph.kernel_count == 1
+    engine.connect(s1, "Out", s2, "In")
+    engine.update()
+    assert c.rebuilds == 4 and engine.graph.kernel_count == 2
     engine.remove(s2)
     engine.update()
-    assert engine.counters.rebuilds == 5 and engine.graph.kernel_count == 1
+    assert c.rebuilds == 5 and engine.graph.kernel_count == 1
     np.testing.assert_allclose(engine.read(s1, "Out"), x.astype(np.float64) * 2.0, rtol=1e-6)
 
 
