@@ -238,8 +238,12 @@ def main() -> None:
         eng.update()
         cold.append((time.perf_counter_ns() - t) / 1e6)
         lb = eng.last_build
-        for key, val in [("reap", lb.reap_ms), ("compile", lb.compile_ms), ("realize", lb.realize_ms),
-                         *((k[:-3], v) for k, v in eng.graph.timing.items())]:
+        for key, val in [
+            ("reap", lb.reap_ms),
+            ("compile", lb.compile_ms),
+            ("realize", lb.realize_ms),
+            *((k[:-3], v) for k, v in eng.graph.timing.items()),
+        ]:
             phases.setdefault(key, []).append(val)
     sync()
     cold_phases = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in phases.items())

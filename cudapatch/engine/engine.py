@@ -263,6 +263,7 @@ class Engine:
                 modules=self.modules,
                 bindings=snap.bindings,
                 block_names=names,
+                previous=self._graph,
             )
         except (KernelLoadError, CudaError) as exc:
             self.counters.failed_rebuilds += 1
@@ -271,6 +272,7 @@ class Engine:
             return False
         timing.realize_ms = (time.perf_counter() - t1) * 1e3
         old, self._graph = self._graph, graph
+        graph.adopt(old)
         if old is not None:
             old.retire(self._stream)
             self._retired.append(old)

@@ -30,42 +30,73 @@ __all__ = ["CompiledGraph", "realize"]
 log = logging.getLogger("cudapatch.engine")
 
 
-class _KernelNode:
-    """Parameter storage and the reusable node-params struct of one kernel node.
+class _ParamStorage:
+    """Pinned parameter storage of one kernel launch: a byte buffer holding every parameter, a
+    ``void**`` array pointing into it, ctypes slot objects over each parameter, and the reusable
+    ``CUDA_KERNEL_NODE_PARAMS`` struct pointing at the array.
 
-    Each parameter slot is a ctypes object over one shared buffer: writing ``slot.value`` (or
-    ``slot[:]`` for vector types) is a ~50 ns store, which keeps Hot updates within budget.
+    Building one costs more than a rebuild should spend per node, so a Cold rebuild reuses the
+    previous graph's storage for nodes of the same kernel and rewrites every slot.
     """
 
-    __slots__ = ("plan", "storage", "pointers", "slots", "params", "handle")
+    __slots__ = ("image_key", "storage", "pointers", "slots", "params")
 
-    def __init__(self, plan: KernelNodePlan, function: Any, values: list[Any]) -> None:
+    def __init__(self, node: KernelNodePlan, function: Any, values: list[Any]) -> None:
         d = driver()
-        self.plan = plan
-        params = plan.image.descriptor.parameters
-        offsets, off = plan.image.descriptor.offsets
-        self.storage = (ctypes.c_uint8 * max(off, 8))()
+        desc = node.image.descriptor
+        self.image_key = node.image.key
+        offsets, size = desc.offsets
+        self.storage = (ctypes.c_uint8 * max(size, 8))()
         base = ctypes.addressof(self.storage)
-        self.pointers = (ctypes.c_void_p * max(len(params), 1))(*[base + o for o in offsets])
+        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self.slots: list[Any] = []
-        for p, o, v in zip(params, offsets, values, strict=False):
+        for p, o in zip(desc.parameters, offsets, strict=True):
             if p.is_pointer:
                 slot = ctypes.c_uint64.from_buffer(self.storage, o)
             elif p.dtype.lanes == 1:
                 slot = p.dtype.ctype.from_buffer(self.storage, o)
             else:
                 slot = (p.dtype.ctype * p.dtype.lanes).from_buffer(self.storage, o)
-            _write(slot, v)
             self.slots.append(slot)
         kp = d.CUDA_KERNEL_NODE_PARAMS()
-        kp.func = function
-        kp.gridDimX, kp.gridDimY, kp.gridDimZ = plan.grid, 1, 1
-        kp.blockDimX, kp.blockDimY, kp.blockDimZ = plan.block, 1, 1
-        kp.sharedMemBytes = plan.shared_bytes
-        kp.kernelParams = ctypes.addressof(self.pointers) if params else 0
+        kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = 1, 1, 1, 1
+        kp.kernelParams = ctypes.addressof(self.pointers) if offsets else 0
         kp.extra = 0
         self.params = kp
-        self.handle: Any = None
+        self.load(node, function, values)
+
+    def load(self, node: KernelNodePlan, function: Any, values: list[Any]) -> None:
+        """Write every slot and the launch configuration."""
+        for slot, v in zip(self.slots, values, strict=True):
+            _write(slot, v)
+        kp = self.params
+        kp.func = function
+        kp.gridDimX = node.grid
+        kp.blockDimX = node.block
+        kp.sharedMemBytes = node.shared_bytes
+
+    def backup(self) -> tuple[bytes, Any, int, int, int]:
+        kp = self.params
+        return bytes(self.storage), kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes
+
+    def restore(self, saved: tuple[bytes, Any, int, int, int]) -> None:
+        raw, func, grid, block, shared = saved
+        ctypes.memmove(self.storage, raw, len(raw))
+        kp = self.params
+        kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes = func, grid, block, shared
+
+
+class _Node:
+    """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
+
+    __slots__ = ("store", "params", "slots", "handle", "plan")
+
+    def __init__(self, store: _ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
+        self.store = store
+        self.params = store.params
+        self.slots = store.slots
+        self.handle = handle
+        self.plan = plan
 
 
 def _write(slot: Any, value: Any) -> None:
@@ -98,6 +129,7 @@ class CompiledGraph:
         modules: ModuleCache,
         bindings: dict[tuple[int, str], ExternalBinding],
         block_names: dict[int, str] | None = None,
+        previous: CompiledGraph | None = None,
     ) -> None:
         d = driver()
         device.make_current()
@@ -107,24 +139,45 @@ class CompiledGraph:
         self._retire_event: Any = None
         names = block_names or {}
         self.buffers: list[GpuBuffer] = []
+        self._owned: list[GpuBuffer] = []  # buffers this graph gives back to the pool
         self.counters: GpuBuffer | None = None
         self.readback: ReadbackRing | None = None
         self.appends: dict[tuple[int, str], AppendBuffer] = {}
-        self._nodes: list[_KernelNode | None] = []
+        self._nodes: list[_Node | None] = []
         self._graph: Any = None
         self._exec: Any = None
+        # What the previous graph can lend: its output allocations (pointers stay stable across a
+        # rebuild, so views users hold stay valid) and its parameter storage. Nothing of it is
+        # modified unless this graph is built; a failure restores what was touched.
+        prev_buffers: dict[tuple[int, str], GpuBuffer] = {}
+        prev_stores: dict[str, list[_ParamStorage]] = {}
+        if previous is not None and not previous.is_closed:
+            for bp, buf in zip(previous.plan.buffers, previous.buffers, strict=True):
+                prev_buffers[(bp.block_id, bp.label)] = buf
+            for n in previous._nodes:
+                if n is not None:
+                    prev_stores.setdefault(n.store.image_key, []).append(n.store)
+        saved: list[tuple[_ParamStorage, Any]] = []
         t0 = time.perf_counter()
         try:
             for b in plan.buffers:
-                self.buffers.append(GpuBuffer(pool, b.dtype, b.count, stream=device.stream))
+                old = prev_buffers.pop((b.block_id, b.label), None)
+                if old is not None and old.dtype is b.dtype and b.count * b.dtype.itemsize <= old.capacity_bytes:
+                    self.buffers.append(old)  # borrowed until adopt()
+                else:
+                    buf = GpuBuffer(pool, b.dtype, b.count, stream=device.stream)
+                    self.buffers.append(buf)
+                    self._owned.append(buf)
             if plan.counters:
                 self.counters = GpuBuffer(pool, DType.UINT32, len(plan.counters), stream=device.stream)
+                self._owned.append(self.counters)
                 self.readback = ReadbackRing(self.counters.ptr, len(plan.counters))
                 for key, (bi, ci) in plan.appends.items():
                     self.appends[key] = AppendBuffer(self.buffers[bi], self.counters.ptr + 4 * ci, ci, self.readback)
             t1 = time.perf_counter()
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
+            add_kernel = d.cuGraphAddKernelNode
             for node in plan.nodes:
                 deps = [handles[i] for i in node.deps]
                 if isinstance(node, MemsetNodePlan):
@@ -137,21 +190,23 @@ class CompiledGraph:
                     )
                     self._nodes.append(None)
                 else:
-                    block = names.get(node.block_id, str(node.block_id))
                     try:
                         fn = modules.function(node.image)
                     except KernelLoadError as exc:
-                        exc.block = exc.block or block
+                        exc.block = exc.block or names.get(node.block_id, str(node.block_id))
                         raise
-                    kn = _KernelNode(node, fn, [self._arg_value(a, bindings) for a in node.args])
-                    h = check(
-                        d.cuGraphAddKernelNode(self._graph, deps, len(deps), kn.params),
-                        "cuGraphAddKernelNode",
-                        block=block,
-                        kernel=node.entry_point,
-                    )
-                    kn.handle = h
-                    self._nodes.append(kn)
+                    values = [self._arg_value(a, bindings) for a in node.args]
+                    spare = prev_stores.get(node.image.key)
+                    if spare:
+                        store = spare.pop()
+                        saved.append((store, store.backup()))
+                        store.load(node, fn, values)
+                    else:
+                        store = _ParamStorage(node, fn, values)
+                    err, h = add_kernel(self._graph, deps, len(deps), store.params)
+                    if err:
+                        check((err,), "cuGraphAddKernelNode", block=names.get(node.block_id), kernel=node.entry_point)
+                    self._nodes.append(_Node(store, h, node))
                 handles.append(h)
             t2 = time.perf_counter()
             self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
@@ -163,7 +218,9 @@ class CompiledGraph:
                 "instantiate_ms": (t3 - t2) * 1e3,
             }
         except BaseException:
-            self._teardown(pool_release=True)
+            for store, backup in saved:  # the previous graph keeps running with its values intact
+                store.restore(backup)
+            self._teardown()
             raise
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
         self._scalar_targets = self._targets(plan.scalar_slots)
@@ -173,8 +230,21 @@ class CompiledGraph:
         self._finalizer = weakref.finalize(self, _release_graph, d, self._exec, self._graph)
         self.instantiations = 1
 
+    def adopt(self, previous: CompiledGraph | None) -> None:
+        """Take ownership of the buffers borrowed from ``previous`` and set their element counts.
+        Call once this graph replaces ``previous`` (before ``previous.retire``)."""
+        mine = {id(b) for b in self._owned}
+        for buf, bp in zip(self.buffers, self.plan.buffers, strict=True):
+            buf.count = bp.count
+            if id(buf) not in mine:
+                self._owned.append(buf)
+                mine.add(id(buf))
+        if previous is not None:
+            previous._owned = [b for b in previous._owned if id(b) not in mine]
+
     def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
-        return {key: [(self._nodes[ni], self._nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}
+        nodes = self._nodes
+        return {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
 
     def _arg_value(self, a: Arg, bindings: dict[tuple[int, str], ExternalBinding]) -> Any:
         if a.kind == "buffer":
@@ -333,7 +403,7 @@ class CompiledGraph:
         for nb, ob, buf in zip(plan.buffers, old.buffers, self.buffers, strict=True):
             if nb[:4] != ob[:4] or nb.append != ob.append or nb.count * nb.dtype.itemsize > buf.capacity_bytes:
                 return None
-        changes: list[tuple[_KernelNode, KernelNodePlan]] = []
+        changes: list[tuple[_Node, KernelNodePlan]] = []
         for new, cur, kn in zip(plan.nodes, old.nodes, self._nodes, strict=True):
             if type(new) is not type(cur):
                 return None
@@ -403,7 +473,7 @@ class CompiledGraph:
         kn.params.func = function
         self._commit((kn,))
 
-    def _kernel(self, node_index: int) -> _KernelNode:
+    def _kernel(self, node_index: int) -> _Node:
         kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None
         if kn is None:
             raise CudapatchError(f"node {node_index} is not a kernel node")
@@ -426,17 +496,16 @@ class CompiledGraph:
 
     # -- teardown -------------------------------------------------------------------------------
     def retire(self, stream: Any) -> None:
-        """Give buffers back to the pool now (reuse is stream-ordered, so safe) and mark when in-flight
-        work ends; ``close`` later, once ``is_idle``.
+        """Give the buffers this graph still owns back to the pool now (reuse is stream-ordered, so
+        safe) and mark when its in-flight work ends; ``close`` later, once ``is_idle``.
 
         Raises:
             CudaError: event creation or record failed.
         """
         d = driver()
-        for b in self.buffers:
+        for b in self._owned:
             b.close()
-        if self.counters is not None:
-            self.counters.close()
+        self._owned = []
         self._retire_event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
         check(d.cuEventRecord(self._retire_event, stream), "cuEventRecord")
 
@@ -448,15 +517,13 @@ class CompiledGraph:
         (err,) = d.cuEventQuery(self._retire_event)
         return err != d.CUresult.CUDA_ERROR_NOT_READY
 
-    def _teardown(self, pool_release: bool) -> None:
+    def _teardown(self) -> None:
         d = driver()
         if self.readback is not None:
             self.readback.close()
-        if pool_release:
-            for b in self.buffers:
-                b.close()
-            if self.counters is not None:
-                self.counters.close()
+        for b in self._owned:
+            b.close()
+        self._owned = []
         if self._exec is not None:
             check(d.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
             self._exec = None
@@ -479,7 +546,7 @@ class CompiledGraph:
         self._closed = True
         self._device.make_current()
         self._finalizer.detach()
-        self._teardown(pool_release=True)
+        self._teardown()
 
     @property
     def is_closed(self) -> bool:
@@ -503,11 +570,17 @@ def realize(
     modules: ModuleCache,
     bindings: dict[tuple[int, str], ExternalBinding],
     block_names: dict[int, str] | None = None,
+    previous: CompiledGraph | None = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
+    ``previous`` (the graph running now) lends its output allocations and parameter storage; call
+    ``adopt(previous)`` on the result once it replaces ``previous``.
+
     Raises:
         KernelLoadError: a module could not be loaded (``.block`` names the block).
-        CudaError: a driver call failed (nothing is leaked: partial work is undone).
+        CudaError: a driver call failed (nothing is leaked: partial work is undone, ``previous`` is untouched).
     """
-    return CompiledGraph(plan, device=device, pool=pool, modules=modules, bindings=bindings, block_names=block_names)
+    return CompiledGraph(
+        plan, device=device, pool=pool, modules=modules, bindings=bindings, block_names=block_names, previous=previous
+    )

@@ -314,3 +314,21 @@ def test_close_is_idempotent_and_blocks_can_move_to_another_engine() -> None:
     with Engine() as e2:
         e2.add(s)
         assert s.context is e2.context
+
+
+def test_output_pointers_survive_a_cold_rebuild(engine: Engine, rng: np.random.Generator) -> None:
+    cp = pytest.importorskip("cupy")
+    x = _rand(rng, 4096)
+    s = engine.add(Scale(name="s", Factor=2.0))
+    engine.bind(s, "In", x)
+    engine.update()
+    view = cp.asarray(engine.output(s, "Out"))  # a zero-copy view a host app might keep
+    before = engine.output(s, "Out").ptr
+    tail = engine.add(Scale(name="tail", Factor=10.0))
+    engine.connect(s, "Out", tail, "In")  # Cold: a new graph
+    s.set("Factor", 3.0)
+    engine.update()
+    assert engine.counters.rebuilds == 2 and engine.output(s, "Out").ptr == before
+    engine.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(view), 3.0 * x.astype(np.float64), rtol=1e-6)
+    np.testing.assert_allclose(engine.read(tail, "Out"), 30.0 * x.astype(np.float64), rtol=1e-6)
