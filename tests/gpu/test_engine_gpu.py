@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cudapatch import AppendFilter, Block, BlockBuilder, BlockState, Engine, Fill, Scale, VectorAdd
+from cudapatch.blocks import like
 from cudapatch.kernels import PtxFileSource, bundled_kernel
 
 from .conftest import Spin
@@ -332,3 +333,39 @@ def test_output_pointers_survive_a_cold_rebuild(engine: Engine, rng: np.random.G
     engine.synchronize()
     np.testing.assert_allclose(cp.asnumpy(view), 3.0 * x.astype(np.float64), rtol=1e-6)
     np.testing.assert_allclose(engine.read(tail, "Out"), 30.0 * x.astype(np.float64), rtol=1e-6)
+
+
+def test_compile_error_keeps_the_old_graph_running(engine: Engine, rng: np.random.Generator) -> None:
+    class Morph(Block):
+        """A block whose output changes type when re-described (like a hot-swapped operator)."""
+
+        type_name = "Morph"
+        as_uint = False
+
+        def describe(self, b: BlockBuilder) -> None:
+            k = b.add_kernel(bundled_kernel("append_filter"))
+            b.input("In", k.in_(0))
+            if self.as_uint:
+                b.output("Out", k.out(2), size=1)
+                b.output("Data", k.out(1), size=like("In"))
+            else:
+                b.output("Out", k.out(1), size=like("In"))
+                b.output("Counter", k.out(2), size=1)
+            b.scalar("T", k.in_(3), default=-1e30)
+            k.auto_grid(like("In"), count_param=4)
+            k.set_count(5, like("In"))
+
+    x = _rand(rng, 256)
+    m = engine.add(Morph(name="m"))
+    s = engine.add(Scale(name="s", Factor=2.0))
+    engine.connect(m, "Out", s, "In")
+    engine.bind(m, "In", x)
+    engine.update()
+    good = engine.graph
+    m.as_uint = True
+    m.refresh()  # the link m.Out -> s.In is now uint -> float
+    engine.update()
+    assert engine.graph is good and s.debug.state is BlockState.ERROR and "element types differ" in s.debug.message
+    s.set("Factor", 5.0)
+    engine.update()  # the old graph still runs and still takes Hot edits
+    assert np.sort(engine.read(s, "Out")).tolist() == pytest.approx(np.sort(x.astype(np.float64) * 5.0).tolist())
