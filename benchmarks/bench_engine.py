@@ -72,7 +72,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     rows: list[tuple[str, float, str, float | None, str]] = []
 
-    eng = Engine()
+    eng = Engine(wait_for_compile=True)
     stream = eng.device.stream
     sync = eng.device.synchronize
     blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001, Offset=0.0)) for i in range(nb)]

@@ -14,7 +14,9 @@ from .blocks import (
     BlockBuilder,
     BlockDescription,
     BlockState,
+    CustomKernel,
     Fill,
+    KernelFile,
     Scale,
     VectorAdd,
     fixed,
@@ -34,7 +36,16 @@ from .errors import (
     PtxSignatureError,
     SidecarError,
 )
-from .kernels import DType, KernelDescriptor, KernelParamDescriptor, PtxFileSource, bundled_kernel
+from .kernels import (
+    CudaSource,
+    DType,
+    KernelDescriptor,
+    KernelParamDescriptor,
+    KernelSource,
+    NumbaSource,
+    PtxFileSource,
+    bundled_kernel,
+)
 
 try:
     __version__ = version("cudapatch")
@@ -51,8 +62,10 @@ __all__ = [
     "BlockState",
     "CompiledGraph",
     "CudaError",
+    "CudaSource",
     "CudaUnavailableError",
     "CudapatchError",
+    "CustomKernel",
     "DType",
     "Diagnostic",
     "Engine",
@@ -61,8 +74,11 @@ __all__ = [
     "GraphCompileError",
     "GraphPlan",
     "KernelDescriptor",
+    "KernelFile",
     "KernelLoadError",
     "KernelParamDescriptor",
+    "KernelSource",
+    "NumbaSource",
     "LinkError",
     "ParameterError",
     "PtxFileSource",

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.connect(wave, "Out", keep, "In")
         engine.bind(add, "A", a)
         engine.bind(add, "B", b)
+        engine.wait_ready()  # kernels compile in the background; a script waits for them once
         print(f"device: {engine.device.name}")
 
         for frame in range(args.frames):

@@ -11,7 +11,6 @@ oldest architecture CUDA 13 supports) so the driver can JIT it for any newer GPU
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,39 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cudapatch.kernels.descriptor import KernelDescriptor, KernelParamDescriptor, descriptor_to_json  # noqa: E402
-from cudapatch.kernels.types import parse_type_name  # noqa: E402
-
-_SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.DOTALL)
-_META = re.compile(r"^//\s*cudapatch:\s*(\w+)\s*=\s*(.*)$", re.MULTILINE)
+from cudapatch.kernels.descriptor import descriptor_to_json  # noqa: E402
+from cudapatch.kernels.signature import describe_cuda_source  # noqa: E402
 
 
-def describe(cu: Path) -> KernelDescriptor:
-    text = cu.read_text()
-    m = _SIG.search(text)
-    if m is None:
-        raise SystemExit(f'{cu}: no extern "C" __global__ kernel found')
-    meta = {k: v.strip() for k, v in _META.findall(text)}
-    params = []
-    for raw in m.group(2).split(","):
-        decl = " ".join(raw.replace("__restrict__", "").split())
-        inout = "/*inout*/" in decl
-        decl = decl.replace("/*inout*/", "").strip()
-        pm = re.fullmatch(r"(const\s+)?([\w ]+?)\s*(\*?)\s*(\w+)", decl)
-        if pm is None:
-            raise SystemExit(f"{cu}: cannot read parameter '{raw.strip()}'")
-        const, ctype, star, name = pm.groups()
-        dtype, _ = parse_type_name(ctype)
-        is_ptr = bool(star)
-        direction = "in" if (not is_ptr or const) else ("inout" if inout else "out")
-        params.append(KernelParamDescriptor(name=name, dtype=dtype, is_pointer=is_ptr, direction=direction))
-    return KernelDescriptor(
-        entry_point=m.group(1),
-        parameters=tuple(params),
-        block_size=int(meta.get("blockSize", 256)),
-        shared_memory_bytes=int(meta.get("sharedMemoryBytes", 0)),
-        description=meta.get("description", ""),
-    )
+def describe(cu: Path):
+    return describe_cuda_source(cu.read_text(), file=str(cu))
 
 
 def build(cu: Path) -> None:

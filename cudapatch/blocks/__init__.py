@@ -15,7 +15,7 @@ from .description import (
     from_param,
     like,
 )
-from .library import BUILTIN_BLOCKS, AppendFilter, Fill, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
@@ -27,8 +27,10 @@ __all__ = [
     "BlockDescription",
     "BlockParameter",
     "BlockState",
+    "CustomKernel",
     "Fill",
     "InternalLink",
+    "KernelFile",
     "KernelHandle",
     "KernelPin",
     "KernelSpec",

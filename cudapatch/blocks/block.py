@@ -49,7 +49,7 @@ class Block:
 
     Args:
         name: Instance name (defaults to ``TypeName<id>``).
-        **params: Initial parameter values (checked like ``set``).
+        **params: Initial parameter values (checked like ``set``); strings set text parameters.
 
     Raises:
         KernelLoadError: a kernel file is missing or invalid.
@@ -64,6 +64,8 @@ class Block:
         self.name: str = name or f"{self.type_name}{self.id}"
         self.debug = BlockDebugInfo()
         self._context: Context | None = None
+        # Text parameters feed describe() itself, so string values given here are known before it runs.
+        self._texts: dict[str, str] = {k: v for k, v in params.items() if isinstance(v, str)}
         self.params: dict[str, BlockParameter] = {}
         self.description: BlockDescription = self._describe()
         self._make_params({})
@@ -75,7 +77,7 @@ class Block:
         raise NotImplementedError(f"{type(self).__name__}.describe")
 
     def _describe(self) -> BlockDescription:
-        b = BlockBuilder(self.type_name, self.name, base_dir=self.kernel_dir)
+        b = BlockBuilder(self.type_name, self.name, base_dir=self.kernel_dir, texts=self._texts)
         self.describe(b)
         return b.commit()
 
@@ -89,7 +91,7 @@ class Block:
                     p._value = p.validate(prev.value)  # keep the user's value across re-descriptions
                 except ParameterError:
                     pass
-            if self._context is not None:
+            if self._context is not None and spec.kind == "scalar":
                 p.subscribe(self._context._param_listener(self))
             params[spec.name] = p
         self.params = params
@@ -105,7 +107,26 @@ class Block:
         if p is None:
             known = ", ".join(self.params) or "none"
             raise ParameterError(f"unknown parameter (this block has: {known})", block=self.name, param=name)
-        p.set(value)
+        if p.spec.kind == "text":
+            self._set_text(p, value)
+        else:
+            p.set(value)
+
+    def _set_text(self, p: BlockParameter, value: Any) -> None:
+        text = p.validate(value)
+        if text == p.value:
+            return
+        old = self._texts.get(p.name)
+        self._texts[p.name] = text  # type: ignore[assignment]
+        try:
+            self.refresh()  # Code tier if only kernel code changed, else a rebuild
+        except Exception:
+            if old is None:
+                self._texts.pop(p.name, None)
+            else:
+                self._texts[p.name] = old
+            raise
+        self.params[p.name]._value = text
 
     def get(self, name: str) -> Any:
         """Current value of parameter ``name``.
@@ -144,11 +165,11 @@ class Block:
         new = self._describe()
         if new == self.description:
             return False
-        old_params = self.params
+        old, old_params = self.description, self.params
         self.description = new
         self._make_params(old_params)
         if self._context is not None:
-            self._context.on_structure_changed(self)
+            self._context.on_description_changed(self, old)
         return True
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ class KernelPin:
 
     @property
     def param(self) -> Any:
-        return self.handle.image.descriptor.parameters[self.index]
+        return self.handle.descriptor.parameters[self.index]
 
 
 class KernelHandle:
@@ -60,16 +60,16 @@ class KernelHandle:
         self._builder = builder
         self.index = index
         self.source = source
-        self.image = source.load()
+        self.descriptor = source.describe()  # no compilation: the engine compiles in the background
         self._grid: SizeRule | None = None
         self._counts: list[tuple[int, SizeRule]] = []
 
     @property
     def entry_point(self) -> str:
-        return self.image.descriptor.entry_point
+        return self.descriptor.entry_point
 
     def _pin(self, i: int, direction: str) -> KernelPin:
-        params = self.image.descriptor.parameters
+        params = self.descriptor.parameters
         if not 0 <= i < len(params):
             raise self._builder._error(
                 f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}"
@@ -120,7 +120,7 @@ class KernelHandle:
         return self
 
     def spec(self) -> KernelSpec:
-        return KernelSpec(source=self.source, image=self.image, grid=self._grid, counts=tuple(self._counts))
+        return KernelSpec(source=self.source, descriptor=self.descriptor, grid=self._grid, counts=tuple(self._counts))
 
 
 class BlockBuilder:
@@ -132,10 +132,13 @@ class BlockBuilder:
         base_dir: Directory relative kernel paths are resolved against.
     """
 
-    def __init__(self, type_name: str, block_name: str, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, type_name: str, block_name: str, *, base_dir: Path | None = None, texts: dict[str, str] | None = None
+    ) -> None:
         self.type_name = type_name
         self.block_name = block_name
         self.base_dir = base_dir
+        self._texts = texts or {}
         self._kernels: list[KernelHandle] = []
         self._inputs: list[PortSpec] = []
         self._outputs: list[PortSpec] = []
@@ -276,6 +279,14 @@ class BlockBuilder:
         self._params.append(spec)
         return name
 
+    def text(self, name: str, *, default: str = "", description: str = "") -> str:
+        """A text parameter (kernel source, an expression ...). Returns its current value, so
+        ``describe`` can build from it; setting it re-describes the block (Code tier when only
+        kernel code changed)."""
+        self._check_name(name)
+        self._params.append(ParamSpec(name, None, default, kind="text", description=description))
+        return self._texts.get(name, default)
+
     def connect(self, src: KernelPin, *dst: KernelPin, size: SizeRule | int) -> None:
         """Link a kernel's output pin to other kernels' input pins inside the block (an internal buffer)."""
         if src.direction != "out" or not dst or any(d.direction != "in" for d in dst):
@@ -334,7 +345,7 @@ class BlockBuilder:
                     raise self._error(f"{what}: size parameter '{rule.param}' must be an integer")
                 structural.add(rule.param)
         for k in self._kernels:
-            for i, p in enumerate(k.image.descriptor.parameters):
+            for i, p in enumerate(k.descriptor.parameters):
                 if PinRef(k.index, i) not in self._bound:
                     raise self._error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
         param_specs = tuple(

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
-from ..kernels.source import KernelImage, KernelSource
+from ..kernels.source import KernelSource
 from ..kernels.types import DType
 
 __all__ = [
@@ -80,23 +80,19 @@ def fixed(count: int) -> SizeRule:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """A kernel of a block: its source, loaded image, grid rule and auto-filled count parameters.
+    """A kernel of a block: its source, descriptor, grid rule and auto-filled count parameters.
 
     Attributes:
         source: Where the kernel comes from.
-        image: The loaded kernel (descriptor, bytes, content key).
+        descriptor: What ``source.describe()`` returned (parameters, block size).
         grid: One thread per element of this count; ``None`` launches a single block.
         counts: ``(param index, rule)`` pairs: that ``uint`` parameter receives the resolved count.
     """
 
     source: KernelSource
-    image: KernelImage
+    descriptor: KernelDescriptor
     grid: SizeRule | None
     counts: tuple[tuple[int, SizeRule], ...]
-
-    @property
-    def descriptor(self) -> KernelDescriptor:
-        return self.image.descriptor
 
 
 class PinType(NamedTuple):
@@ -155,13 +151,14 @@ class ParamSpec:
     """
 
     name: str
-    dtype: DType
-    default: ScalarValue
+    dtype: DType | None
+    default: ScalarValue | str
     minimum: float | None = None
     maximum: float | None = None
     pins: tuple[PinRef, ...] = ()
     structural: bool = False
     description: str = ""
+    kind: Literal["scalar", "text"] = "scalar"  # text: source code or other strings that re-describe the block
 
 
 @dataclass(frozen=True)

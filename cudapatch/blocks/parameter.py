@@ -76,6 +76,16 @@ class BlockParameter:
         # Hot tier's budget is a few microseconds, and the general coercion costs about one.
         dt = spec.dtype
         self._fast: type | None = None
+        if spec.kind == "text":
+            self._fast, self._lo, self._hi = str, None, None
+            if not isinstance(spec.default, str):
+                raise ParameterError(
+                    "the default of a text parameter must be a string", block=block_name, param=spec.name
+                )
+            self._value = spec.default
+            self._listeners = []
+            return
+        assert dt is not None
         if dt.lanes == 1:
             self._fast = float if dt.base.kind == "f" else int
         lo, hi = _INT_RANGES.get(dt, (None, None))
@@ -92,7 +102,7 @@ class BlockParameter:
         return self.spec.name
 
     @property
-    def dtype(self) -> DType:
+    def dtype(self) -> DType | None:
         return self.spec.dtype
 
     @property
@@ -114,6 +124,9 @@ class BlockParameter:
         if type(new) is self._fast and new == new:  # not NaN
             if (self._lo is None or new >= self._lo) and (self._hi is None or new <= self._hi):
                 return new
+        if spec.kind == "text":
+            raise ParameterError(f"must be text, got {type(new).__name__}", block=self.block_name, param=spec.name)
+        assert spec.dtype is not None
         try:
             v = coerce_scalar(new, spec.dtype)
         except ParameterError as exc:

@@ -10,13 +10,15 @@ write, write after read, write after write) → one memset node zeroing all appe
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..blocks.description import SizeRule
 from ..errors import GraphCompileError
+from ..kernels.types import DType
 from .connections import Link
 from .context import PatchSnapshot
-from .diagnostics import Diagnostic
+from .diagnostics import Diagnostic, Severity
 from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot
 
 __all__ = ["compile_plan"]
@@ -24,6 +26,7 @@ __all__ = ["compile_plan"]
 # Building NamedTuples through tuple.__new__ skips their Python-level __new__: several times faster,
 # and a 100-block rebuild builds about a thousand of them.
 _new = tuple.__new__
+_SIZE_ROLES = ("itemsize", "stride0")
 
 
 class _Source(NamedTuple):
@@ -54,8 +57,16 @@ def _topological_order(snap: PatchSnapshot, links: list[Link]) -> tuple[list[int
     return order, remaining
 
 
-def compile_plan(snap: PatchSnapshot) -> GraphPlan:
+def compile_plan(
+    snap: PatchSnapshot, kernel_status: Mapping[tuple[int, int], tuple[Severity, str, str]] | None = None
+) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
+
+    Args:
+        snap: The patch.
+        kernel_status: ``(block_id, kernel index)`` → ``(severity, code, message)`` for kernels that
+            cannot run yet (still compiling, or failed with no earlier version to fall back on).
+            Their blocks are left out, like blocks with a missing input, and so are their dependents.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -160,10 +171,15 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
                 break
             else:
                 sources[port.name] = _Source("null", None, 0)
+        severity, code = "warning", "input-unlinked"
+        if skip_reason is None and kernel_status:
+            for ki in range(len(d.kernels)):
+                status = kernel_status.get((bid, ki))
+                if status is not None:
+                    severity, code, skip_reason = status
+                    break
         if skip_reason is not None:
-            warnings.append(
-                Diagnostic("warning", bid, "input-unlinked", f"block '{b.name}' is not running: {skip_reason}")
-            )
+            warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
             skipped.add(bid)
             continue
 
@@ -204,36 +220,56 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
             args: list[Arg] = []
             reads: list[object] = []
             writes: list[object] = []
-            for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=False)):
+            groups = desc.groups
+            for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=True)):
+                si = len(args)  # slot index of this parameter's value (its "data" slot for ABI arrays)
+                count = 0  # element count behind a pointer, for ABI expansions
                 if role == "count":
                     args.append(_new(Arg, ("const", p.dtype, False, None, resolve(ref))))  # type: ignore[arg-type]
                     continue
                 if role == "scalar":
                     key = (bid, ref)
                     args.append(_new(Arg, ("scalar", p.dtype, False, key, values[ref])))  # type: ignore[index]
-                    scalar_slots.setdefault(key, []).append((node_index, pi))  # type: ignore[arg-type]
+                    scalar_slots.setdefault(key, []).append((node_index, si))  # type: ignore[arg-type]
                     continue
+                res: object = None
                 if role == "input":
                     src = sources[ref]  # type: ignore[index]
+                    count = src.count
                     if src.kind == "buffer":
-                        args.append(_new(Arg, ("buffer", p.dtype, True, src.ref, None)))
-                        res: object = src.ref
+                        arg = _new(Arg, ("buffer", p.dtype, True, src.ref, None))
+                        res = src.ref
                     elif src.kind == "external":
-                        args.append(_new(Arg, ("external", p.dtype, True, src.ref, None)))
-                        binding_slots.setdefault(src.ref, []).append((node_index, pi))  # type: ignore[arg-type]
+                        arg = _new(Arg, ("external", p.dtype, True, src.ref, None))
                         res = src.ref
                     else:
-                        args.append(_new(Arg, ("null", p.dtype, True, None, None)))
-                        continue
+                        arg = _new(Arg, ("null", p.dtype, True, None, None))
                 elif role == "counter":
                     ci = port_counter[ref]  # type: ignore[index]
-                    args.append(_new(Arg, ("counter", p.dtype, True, ci, None)))
+                    arg = _new(Arg, ("counter", p.dtype, True, ci, None))
                     res = -1 - ci
+                    count = 1
                     counter_users.append(node_index)
                 else:  # output, append data, internal link
                     bi = internal_buf[ref] if role == "internal" else port_buf[ref]  # type: ignore[index]
-                    args.append(_new(Arg, ("buffer", p.dtype, True, bi, None)))
+                    arg = _new(Arg, ("buffer", p.dtype, True, bi, None))
                     res = bi
+                    count = buffers[bi].count
+                group = groups[pi]
+                if len(group) == 1:
+                    args.append(arg)
+                else:  # an ABI expansion (Numba arrays): fill every slot around the data pointer
+                    for r in group:
+                        if r == "data":
+                            si = len(args)
+                            args.append(arg)
+                        else:
+                            v = count if r in ("nitems", "shape0") else (p.dtype.itemsize if r in _SIZE_ROLES else 0)
+                            args.append(_new(Arg, ("const", DType.INT64, False, None, v)))
+                if arg.kind == "external":
+                    binding_slots.setdefault(res, []).append((node_index, si))  # type: ignore[arg-type]
+                if res is None:
+                    continue
                 if p.direction != "out":
                     reads.append(res)
                 if p.direction != "in":
@@ -261,7 +297,8 @@ def compile_plan(snap: PatchSnapshot) -> GraphPlan:
                         node_index,
                         bid,
                         ki,
-                        ks.image,
+                        ks.source,
+                        desc,
                         grid,
                         desc.block_size,
                         desc.shared_memory_bytes,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..blocks.block import Block, BlockState, check_block
+from ..blocks.description import BlockDescription
 from ..blocks.parameter import BlockParameter
 from ..errors import BindingError, CudapatchError, LinkError
+from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
@@ -90,7 +92,8 @@ class Context:
         block._context = self
         listener = self._param_listener(block)
         for p in block.params.values():
-            p.subscribe(listener)
+            if p.spec.kind == "scalar":
+                p.subscribe(listener)
         self.dirty.mark_structure()
         return block
 
@@ -133,8 +136,57 @@ class Context:
         else:
             self.dirty.mark_param(block.id, name, p)
 
+    def on_description_changed(self, block: Block, old: BlockDescription) -> None:
+        """A block was re-described (``Block.refresh``). If only kernel code changed and every kernel
+        keeps its descriptor, that is a Code-tier change; otherwise drop links to ports that no
+        longer exist and rebuild."""
+        new = block.description
+        if len(new.kernels) == len(old.kernels):
+            same_code = replace(
+                new, kernels=tuple(replace(k, source=o.source) for k, o in zip(new.kernels, old.kernels, strict=False))
+            )
+            if same_code == old:
+                for ki, (k, o) in enumerate(zip(new.kernels, old.kernels, strict=False)):
+                    if k.source != o.source:
+                        self.dirty.mark_code((block.id, ki))
+                return
+        self.on_structure_changed(block)
+
+    def on_code_changed(self, block: Block, kernel: int, new_source: KernelSource | None = None) -> None:
+        """Kernel ``kernel`` of ``block`` has new code: recompile it in the background and swap it into
+        the running graph (Code tier). With ``new_source``, the kernel is replaced by that source,
+        which must have the same signature (parameter types and directions).
+
+        Raises:
+            CudapatchError: unknown kernel, or the new source's signature differs (re-describe the block
+                instead); KernelLoadError: the new source cannot be read.
+        """
+        kernels = block.description.kernels
+        if not 0 <= kernel < len(kernels):
+            raise CudapatchError(f"block has {len(kernels)} kernels; there is no kernel {kernel}", block=block.name)
+        if new_source is not None:
+            spec = kernels[kernel]
+            desc = new_source.describe()
+            if desc.layout() != spec.descriptor.layout() or [
+                (p.dtype, p.is_pointer, p.direction) for p in desc.parameters
+            ] != [(p.dtype, p.is_pointer, p.direction) for p in spec.descriptor.parameters]:
+                raise CudapatchError(
+                    f"the new kernel '{desc.entry_point}' has another signature than '{spec.descriptor.entry_point}'; "
+                    "re-describe the block to change its ports",
+                    block=block.name,
+                    kernel=desc.entry_point,
+                )
+            new_spec = replace(spec, source=new_source, descriptor=desc)
+            block.description = replace(
+                block.description, kernels=kernels[:kernel] + (new_spec,) + kernels[kernel + 1 :]
+            )
+            if desc != spec.descriptor:  # e.g. another entry-point name: the running nodes cannot take it in place
+                self.dirty.mark_structure()
+                return
+        self.dirty.mark_code((block.id, kernel))
+
     def on_structure_changed(self, block: Block) -> None:
-        """A block's description changed (``Block.refresh``): drop links to ports that no longer fit, rebuild."""
+        """A block's description changed: drop links to ports that no longer fit, rebuild."""
         d = block.description
         for lk in list(self.connections):
             if lk.src == block.id and d.output(lk.src_port) is None:

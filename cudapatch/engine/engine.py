@@ -12,13 +12,16 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..blocks.block import Block, BlockState
 from ..errors import BindingError, CudaError, CudapatchError, GraphCompileError, KernelLoadError
-from ..kernels._driver import check
+from ..kernels._driver import check, driver
+from ..kernels.builder import KernelBuilder
+from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
@@ -26,6 +29,7 @@ from .compiler import compile_plan
 from .context import Context, ExternalBinding
 from .device import DeviceContext
 from .diagnostics import Diagnostic, DiagnosticLog
+from .kernels import KernelOutcome, KernelTracker
 from .plan import GraphPlan
 from .realize import CompiledGraph, realize
 
@@ -55,26 +59,54 @@ class EngineCounters:
     hot_updates: int = 0
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    code_swaps: int = 0  # recompiled kernels swapped into the running graph
     nodes_patched: int = 0
 
 
 class Engine:
     """Compiles registered blocks into one CUDA graph and launches it once per ``update()``.
 
+    Kernels compile in the background: a block whose kernel is still compiling is left out of the
+    graph until it is ready (scripts call ``wait_ready()``), and a kernel edit goes live by swapping
+    the function inside the running graph, never stalling a frame.
+
     Args:
         device: CUDA device ordinal.
         name: Engine name, shown in ``str(engine)``.
+        cache_dir: The compiled-kernel cache (None: ``$CUDAPATCH_CACHE_DIR`` or the XDG cache dir;
+            False: memory only).
+        watch_files: Recompile kernels when their files (and ``#include``s) change.
+        wait_for_compile: Make ``update()`` wait for kernel compiles (deterministic scripts and
+            offline rendering; never in a live host).
 
     Raises:
         CudaUnavailableError: no cuda-bindings, no driver or no device (says which).
         CudaError: another driver call failed.
     """
 
-    def __init__(self, device: int = 0, *, name: str = "CudaEngine") -> None:
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        name: str = "CudaEngine",
+        cache_dir: str | Path | None | bool = None,
+        watch_files: bool = True,
+        wait_for_compile: bool = False,
+    ) -> None:
         self.device = DeviceContext(device)
         self.name = name
         self.pool = BufferPool(self.device.make_current)
         self.modules = ModuleCache(device_key=self.device.key)
+        self.kernel_cache = CubinCache(cache_dir)
+        ctx = self.device.context
+        builder = KernelBuilder(
+            arch=self.device.arch,
+            cache=self.kernel_cache,
+            modules=self.modules,
+            make_current=lambda: check(driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent"),
+        )
+        self.kernels = KernelTracker(builder, watch_files=watch_files)
+        self.wait_for_compile = wait_for_compile
         self.context = Context()
         self.counters = EngineCounters()
         self.last_build = BuildTiming()
@@ -83,6 +115,8 @@ class Engine:
         self._retired: list[CompiledGraph] = []
         self._owned: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
         self._diagnostics: tuple[Diagnostic, ...] = ()
+        self._build_diags: tuple[Diagnostic, ...] = ()
+        self._skipped: frozenset[int] = frozenset()
         self._diaglog = DiagnosticLog(log)
         self._dirty = self.context.dirty
         self._stream = self.device.stream
@@ -168,6 +202,11 @@ class Engine:
             CudaError: the launch failed (the error is also recorded as a diagnostic).
         """
         self.device.make_current()
+        kt = self.kernels
+        if kt.pending:  # a list test when nothing compiles
+            self._apply_compiles(kt.collect())
+        if kt.watcher is not None and kt.watcher._ready:
+            kt.file_events()  # recompiles start in the background; results arrive in later frames
         dirty = self._dirty
         if dirty.any:
             if dirty.only_params and self._graph is not None and not self._retired:
@@ -190,7 +229,7 @@ class Engine:
         try:
             check((err,), "cuGraphLaunch")
         except CudaError as exc:
-            self._set_diagnostics(self._diagnostics + (Diagnostic("error", None, "launch", str(exc)),))
+            self._set_diagnostics(self._build_diags + (Diagnostic("error", None, "launch", str(exc)),))
             raise
 
     def _apply_params(self) -> None:
@@ -208,11 +247,54 @@ class Engine:
             c.nodes_patched += g.update_bindings(bindings)
             c.warm_updates += len(bindings)
 
+    def _apply_compiles(self, outcomes: list[KernelOutcome]) -> None:
+        """Code tier: swap finished kernels into the running graph; rebuild where that cannot be done."""
+        registry = self.context.registry
+        for o in outcomes:
+            if o.action == "swap" and o.compiled is not None:
+                g = self._graph
+                if g is not None and g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
+                    self.counters.code_swaps += 1
+                    continue
+            elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
+                block = registry.get(o.key[0])
+                if block is not None:
+                    try:
+                        block.refresh()
+                    except CudapatchError as exc:
+                        self._build_diags += (Diagnostic("error", block.id, "kernel-signature", str(exc)),)
+            self._dirty.mark_structure()
+        self._publish_diagnostics()
+
+    def wait_ready(self, timeout: float | None = 120.0) -> None:
+        """Wait until every kernel in the patch has compiled (or failed), and build the graph.
+
+        For scripts, tests and offline rendering; a live host never calls this. Launches nothing.
+
+        Raises:
+            CudaError: a driver call failed while building.
+        """
+        self.device.make_current()
+        while True:
+            self._apply_compiles(self.kernels.collect(wait=True, timeout=timeout))
+            if self._dirty.any:
+                self._apply_changes()
+            if not self.kernels.pending:
+                return
+
     def _apply_changes(self) -> None:
         t0 = time.perf_counter()
         self._reap()
         self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
         dirty = self._dirty
+        if dirty.code:
+            registry = self.context.registry
+            for bid, ki in dirty.code:
+                block = registry.get(bid)
+                if block is not None and ki < len(block.description.kernels):
+                    self.kernels.source_changed((bid, ki), block.description.kernels[ki].source, block.name)
+            dirty.code.clear()
+            dirty._recompute()
         if dirty.structure:
             if self._rebuild():
                 return
@@ -231,8 +313,13 @@ class Engine:
         timing = self.last_build
         t0 = time.perf_counter()
         snap = self.context.snapshot()
+        functions, status = self.kernels.resolve(snap)
+        if status and self.wait_for_compile and self.kernels.pending:
+            self._apply_compiles(self.kernels.collect(wait=True))
+            snap = self.context.snapshot()  # a compile may have re-described a block
+            functions, status = self.kernels.resolve(snap)
         try:
-            plan = compile_plan(snap)
+            plan = compile_plan(snap, status)
             timing.compile_ms = (time.perf_counter() - t0) * 1e3
         except GraphCompileError as exc:
             self.counters.failed_rebuilds += 1
@@ -260,7 +347,7 @@ class Engine:
                 plan,
                 device=self.device,
                 pool=self.pool,
-                modules=self.modules,
+                functions=functions,
                 bindings=snap.bindings,
                 block_names=names,
                 previous=self._graph,
@@ -284,29 +371,34 @@ class Engine:
     def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
         self._dirty.clear_structure()
         for b in self.context.registry:
-            b.debug.state = BlockState.OK
-            b.debug.message = ""
             b.debug.append = {port: ab for (bid, port), ab in graph.appends.items() if bid == b.id}
-        self._set_diagnostics(plan.diagnostics, skipped=plan.skipped)
+        self._set_diagnostics(plan.diagnostics)
 
-    def _set_diagnostics(self, diags: Iterable[Diagnostic], skipped: Iterable[int] = ()) -> None:
-        diags = tuple(diags)
+    def _set_diagnostics(self, diags: Iterable[Diagnostic]) -> None:
+        self._build_diags = tuple(diags)
+        self._publish_diagnostics()
+
+    def _publish_diagnostics(self) -> None:
+        """Combine build and kernel diagnostics, log new ones once, and update every block's state."""
+        diags = tuple(dict.fromkeys(self._build_diags + self.kernels.diagnostics()))
         self._diagnostics = diags
         self._diaglog.emit(diags)
         self._diaglog.forget(set(diags))
+        running = set(self._graph.plan.block_order) if self._graph is not None else set()
         registry = self.context.registry
-        skipped = set(skipped)
+        for b in registry:
+            b.debug.state = BlockState.OK if b.id in running else BlockState.NOT_COMPILED
+            b.debug.message = ""
         for d in diags:
             b = registry.get(d.block_id) if d.block_id is not None else None
             if b is None:
                 continue
             if d.severity == "error":
                 b.debug.state = BlockState.ERROR
-            elif b.id in skipped:
-                b.debug.state = BlockState.NOT_COMPILED
-            elif b.debug.state is not BlockState.ERROR:
+            elif d.severity == "warning" and b.debug.state is BlockState.OK:
                 b.debug.state = BlockState.WARNING
-            b.debug.message = d.message
+            if not b.debug.message or d.severity == "error":
+                b.debug.message = d.message.splitlines()[0]
 
     def _reap(self) -> None:
         if self._retired:
@@ -392,8 +484,9 @@ class Engine:
         g = self._graph
         kernels = g.kernel_count if g is not None else 0
         mb = 1 / 2**20
+        compiling = f" ({len(self.kernels.pending)} compiling)" if self.kernels.pending else ""
         return (
-            f"{self.name}: {len(self.context.registry)} blocks, {kernels} kernels\n"
+            f"{self.name}: {len(self.context.registry)} blocks, {kernels} kernels{compiling}\n"
             f"  Profiling: {self.profiling}\n"
             f"  Pool: {self.pool.in_use_bytes * mb:.1f} MB / {self.pool.total_allocated_bytes * mb:.1f} MB"
         )
@@ -427,6 +520,7 @@ class Engine:
             for buf in self._owned.values():
                 buf.close()
             self._owned.clear()
+            self.kernels.close()
             self.modules.close()
             self.pool.close()
             self.device.close()

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Union
 
-from ..kernels.source import KernelImage
+from ..kernels.descriptor import KernelDescriptor
+from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .diagnostics import Diagnostic
 
@@ -58,7 +59,8 @@ class KernelNodePlan(NamedTuple):
     index: int
     block_id: int
     kernel: int
-    image: KernelImage
+    source: KernelSource
+    descriptor: KernelDescriptor
     grid: int
     block: int
     shared_bytes: int
@@ -67,7 +69,7 @@ class KernelNodePlan(NamedTuple):
 
     @property
     def entry_point(self) -> str:
-        return self.image.descriptor.entry_point
+        return self.descriptor.entry_point
 
 
 class MemsetNodePlan(NamedTuple):

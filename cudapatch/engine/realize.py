@@ -12,12 +12,12 @@ import ctypes
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, KernelLoadError
 from ..kernels._driver import check, driver
-from ..kernels.module_cache import ModuleCache
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .context import ExternalBinding
@@ -36,22 +36,25 @@ class _ParamStorage:
     ``CUDA_KERNEL_NODE_PARAMS`` struct pointing at the array.
 
     Building one costs more than a rebuild should spend per node, so a Cold rebuild reuses the
-    previous graph's storage for nodes of the same kernel and rewrites every slot.
+    previous graph's storage for the same kernel of the same block and rewrites every slot.
     """
 
-    __slots__ = ("image_key", "storage", "pointers", "slots", "params")
+    __slots__ = ("descriptor", "storage", "pointers", "slots", "params")
 
     def __init__(self, node: KernelNodePlan, function: Any, values: list[Any]) -> None:
         d = driver()
-        desc = node.image.descriptor
-        self.image_key = node.image.key
+        desc = node.descriptor
+        self.descriptor = desc
         offsets, size = desc.offsets
         self.storage = (ctypes.c_uint8 * max(size, 8))()
         base = ctypes.addressof(self.storage)
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self.slots: list[Any] = []
-        for p, o in zip(desc.parameters, offsets, strict=True):
-            if p.is_pointer:
+        for abi, o in zip(desc.slots, offsets, strict=True):
+            p = desc.parameters[abi.param]
+            if abi.role != "value":  # a slot of an ABI expansion: 8-byte pointers and counts
+                slot = ctypes.c_int64.from_buffer(self.storage, o)
+            elif p.is_pointer:
                 slot = ctypes.c_uint64.from_buffer(self.storage, o)
             elif p.dtype.lanes == 1:
                 slot = p.dtype.ctype.from_buffer(self.storage, o)
@@ -126,7 +129,7 @@ class CompiledGraph:
         *,
         device: DeviceContext,
         pool: BufferPool,
-        modules: ModuleCache,
+        functions: Mapping[tuple[int, int], Any],
         bindings: dict[tuple[int, str], ExternalBinding],
         block_names: dict[int, str] | None = None,
         previous: CompiledGraph | None = None,
@@ -150,13 +153,13 @@ class CompiledGraph:
         # rebuild, so views users hold stay valid) and its parameter storage. Nothing of it is
         # modified unless this graph is built; a failure restores what was touched.
         prev_buffers: dict[tuple[int, str], GpuBuffer] = {}
-        prev_stores: dict[str, list[_ParamStorage]] = {}
+        prev_stores: dict[tuple[int, int], _ParamStorage] = {}
         if previous is not None and not previous.is_closed:
             for bp, buf in zip(previous.plan.buffers, previous.buffers, strict=True):
                 prev_buffers[(bp.block_id, bp.label)] = buf
             for n in previous._nodes:
                 if n is not None:
-                    prev_stores.setdefault(n.store.image_key, []).append(n.store)
+                    prev_stores[(n.plan.block_id, n.plan.kernel)] = n.store
         saved: list[tuple[_ParamStorage, Any]] = []
         t0 = time.perf_counter()
         try:
@@ -190,15 +193,16 @@ class CompiledGraph:
                     )
                     self._nodes.append(None)
                 else:
-                    try:
-                        fn = modules.function(node.image)
-                    except KernelLoadError as exc:
-                        exc.block = exc.block or names.get(node.block_id, str(node.block_id))
-                        raise
+                    fn = functions.get((node.block_id, node.kernel))
+                    if fn is None:
+                        raise KernelLoadError(
+                            "kernel is not compiled", block=names.get(node.block_id), kernel=node.entry_point
+                        )
                     values = [self._arg_value(a, bindings) for a in node.args]
-                    spare = prev_stores.get(node.image.key)
-                    if spare:
-                        store = spare.pop()
+                    store = prev_stores.pop((node.block_id, node.kernel), None)
+                    if store is not None and (
+                        store.descriptor is node.descriptor or store.descriptor == node.descriptor
+                    ):
                         saved.append((store, store.backup()))
                         store.load(node, fn, values)
                     else:
@@ -222,6 +226,10 @@ class CompiledGraph:
                 store.restore(backup)
             self._teardown()
             raise
+        self._by_kernel: dict[tuple[int, int], list[_Node]] = {}
+        for n in self._nodes:
+            if n is not None:
+                self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
@@ -411,10 +419,10 @@ class CompiledGraph:
                 if new != cur:
                     return None
                 continue
-            if (new.block_id, new.kernel, new.image, new.deps, new.block, new.shared_bytes) != (
+            if (new.block_id, new.kernel, new.descriptor, new.deps, new.block, new.shared_bytes) != (
                 cur.block_id,
                 cur.kernel,
-                cur.image,
+                cur.descriptor,
                 cur.deps,
                 cur.block,
                 cur.shared_bytes,
@@ -451,6 +459,24 @@ class CompiledGraph:
         self._commit(touched)
         self.plan = plan
         return len(touched)
+
+    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
+        """Code tier: put a recompiled ``function`` into every node of kernel ``key`` (block id, kernel
+        index), in place, if its parameter layout is the one the nodes were built with.
+
+        Returns:
+            False (and changes nothing) if the kernel is not in this graph or its layout differs.
+
+        Raises:
+            CudaError: the driver refused the new function.
+        """
+        nodes = self._by_kernel.get(key)
+        if not nodes or any(n.plan.descriptor != descriptor for n in nodes):
+            return False
+        for n in nodes:
+            n.params.func = function
+        self._commit(nodes)
+        return True
 
     def update_grid(self, node_index: int, grid: int) -> None:
         """Warm update: change a kernel node's grid size.
@@ -567,7 +593,7 @@ def realize(
     *,
     device: DeviceContext,
     pool: BufferPool,
-    modules: ModuleCache,
+    functions: Mapping[tuple[int, int], Any],
     bindings: dict[tuple[int, str], ExternalBinding],
     block_names: dict[int, str] | None = None,
     previous: CompiledGraph | None = None,
@@ -577,10 +603,19 @@ def realize(
     ``previous`` (the graph running now) lends its output allocations and parameter storage; call
     ``adopt(previous)`` on the result once it replaces ``previous``.
 
+    ``functions`` maps ``(block_id, kernel index)`` to the loaded ``CUfunction`` (from the engine's
+    background builder).
+
     Raises:
-        KernelLoadError: a module could not be loaded (``.block`` names the block).
+        KernelLoadError: a kernel has no function (``.block`` names the block).
         CudaError: a driver call failed (nothing is leaked: partial work is undone, ``previous`` is untouched).
     """
     return CompiledGraph(
-        plan, device=device, pool=pool, modules=modules, bindings=bindings, block_names=block_names, previous=previous
+        plan,
+        device=device,
+        pool=pool,
+        functions=functions,
+        bindings=bindings,
+        block_names=block_names,
+        previous=previous,
     )

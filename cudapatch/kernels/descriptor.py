@@ -27,7 +27,15 @@ from typing import Any, Literal
 from ..errors import SidecarError
 from .types import DType, parse_type_name
 
-__all__ = ["Direction", "KernelParamDescriptor", "KernelDescriptor", "load_sidecar", "parse_sidecar"]
+__all__ = [
+    "AbiSlot",
+    "Direction",
+    "KernelParamDescriptor",
+    "KernelDescriptor",
+    "NUMBA_ARRAY_ROLES",
+    "load_sidecar",
+    "parse_sidecar",
+]
 
 Direction = Literal["in", "out", "inout"]
 _DIRECTIONS: dict[str, Direction] = {"in": "in", "out": "out", "inout": "inout", "in_out": "inout", "in/out": "inout"}
@@ -65,6 +73,25 @@ class KernelParamDescriptor:
         return self.dtype.c_name + ("*" if self.is_pointer else "")
 
 
+#: Roles of the machine-level slots an array argument expands to in Numba's ABI, in order, for 1-D arrays.
+NUMBA_ARRAY_ROLES = ("meminfo", "parent", "nitems", "itemsize", "data", "shape0", "stride0")
+
+
+@dataclass(frozen=True)
+class AbiSlot:
+    """One machine-level kernel parameter: part ``role`` of user parameter ``param``.
+
+    Plain kernels have one ``value`` slot per parameter. A Numba array argument expands to
+    ``NUMBA_ARRAY_ROLES`` (8 bytes each): the engine fills ``data`` with the buffer pointer,
+    ``nitems``/``shape0`` with its element count, ``itemsize``/``stride0`` with the element size.
+    """
+
+    param: int
+    role: str
+    size: int
+    align: int
+
+
 @dataclass(frozen=True)
 class KernelDescriptor:
     """What the engine needs to know to launch a kernel.
@@ -82,20 +109,36 @@ class KernelDescriptor:
     block_size: int = 256
     shared_memory_bytes: int = 0
     description: str = ""
+    abi: tuple[AbiSlot, ...] = ()  # empty: one "value" slot per parameter
+
+    @cached_property
+    def slots(self) -> tuple[AbiSlot, ...]:
+        """The machine-level parameters, in order (the ABI expansion, or one per parameter)."""
+        if self.abi:
+            return self.abi
+        return tuple(AbiSlot(i, "value", p.size, p.alignment) for i, p in enumerate(self.parameters))
+
+    @cached_property
+    def groups(self) -> tuple[tuple[str, ...], ...]:
+        """For each user parameter, the roles of its slots (``("value",)`` for plain parameters)."""
+        out: list[list[str]] = [[] for _ in self.parameters]
+        for s in self.slots:
+            out[s.param].append(s.role)
+        return tuple(tuple(g) for g in out)
 
     def layout(self) -> tuple[tuple[int, int], ...]:
         """The parameter layout ``((size, alignment), ...)``: equal layouts can swap kernels in place."""
-        return tuple((p.size, p.alignment) for p in self.parameters)
+        return tuple((s.size, s.align) for s in self.slots)
 
     @cached_property
     def offsets(self) -> tuple[tuple[int, ...], int]:
         """Byte offset of each parameter in a packed parameter buffer, and the buffer's size."""
         offsets = []
         off = 0
-        for p in self.parameters:
-            off = -(-off // p.alignment) * p.alignment
+        for s in self.slots:
+            off = -(-off // s.align) * s.align
             offsets.append(off)
-            off += p.size
+            off += s.size
         return tuple(offsets), off
 
     def param_index(self, name: str) -> int:

@@ -80,7 +80,9 @@ class ModuleCache:
             fn = entry.functions.get(entry_point)
             if fn is None:
                 try:
-                    fn = check(driver().cuModuleGetFunction(entry.module, entry_point.encode()), "cuModuleGetFunction")
+                    fn = check(
+                        driver().cuModuleGetFunction(entry.module, image.entry_symbol.encode()), "cuModuleGetFunction"
+                    )
                 except CudaError as exc:
                     raise KernelLoadError(
                         f"entry point not found in the loaded module: {exc.message}",

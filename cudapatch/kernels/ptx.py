@@ -125,17 +125,20 @@ def check_signature(info: PtxModuleInfo, desc: KernelDescriptor, *, file: str = 
             file=file,
             kernel=desc.entry_point,
         )
-    if len(entry.params) != len(desc.parameters):
+    slots = desc.slots
+    if len(entry.params) != len(slots):
         raise PtxSignatureError(
-            f"the PTX entry has {len(entry.params)} parameters but the sidecar{side} declares {len(desc.parameters)}",
+            f"the PTX entry has {len(entry.params)} parameters but the sidecar{side} declares {len(slots)}",
             file=file,
             line=entry.line,
             kernel=desc.entry_point,
         )
-    for i, (pp, dp) in enumerate(zip(entry.params, desc.parameters, strict=False)):
-        if pp.size != dp.size:
+    for i, (pp, slot) in enumerate(zip(entry.params, slots, strict=True)):
+        if pp.size != slot.size:
+            dp = desc.parameters[slot.param]
+            what = dp.type_name if slot.role == "value" else f"{dp.type_name} {slot.role}"
             raise PtxSignatureError(
-                f"parameter {i} ('{dp.name}': {dp.type_name}, {dp.size} bytes) does not match the PTX's "
+                f"parameter {i} ('{dp.name}': {what}, {slot.size} bytes) does not match the PTX's "
                 f"'{pp.name}' (.{pp.ptx_type}{'[]' if pp.is_array else ''}, {pp.size} bytes){side}",
                 file=file,
                 line=entry.line,

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import KernelLoadError, PtxSignatureError
+from ._toolchain import link_ptx, toolchain_version
+from .cache import cache_key
 from .descriptor import KernelDescriptor, load_sidecar
 from .ptx import check_signature, parse_ptx
 
@@ -31,6 +33,7 @@ class KernelImage:
         kind: ``ptx`` or ``cubin``.
         key: Content hash of ``image`` (hex), part of the module-cache key.
         debug_name: Where it came from, for messages (a file path or a label).
+        symbol: The entry point's name in the module (mangled for C++ and Numba kernels).
     """
 
     descriptor: KernelDescriptor
@@ -38,32 +41,69 @@ class KernelImage:
     kind: Literal["ptx", "cubin"]
     key: str
     debug_name: str = field(compare=False)
+    symbol: str = ""
+
+    @property
+    def entry_symbol(self) -> str:
+        return self.symbol or self.descriptor.entry_point
 
 
 class KernelSource:
-    """Base of every kernel source. Subclasses are frozen dataclasses (hashable, comparable)."""
+    """Base of every kernel source. Subclasses are frozen dataclasses (hashable, comparable).
+
+    ``describe()`` is cheap (it reads a sidecar, a signature or Python types) and is what blocks use;
+    ``compile(arch)`` is expensive and runs on the engine's background compiler, keyed by
+    ``cache_key(arch)`` in the cubin cache.
+    """
 
     @property
     def debug_name(self) -> str:
         """Short name for messages."""
         raise NotImplementedError
 
-    def load(self) -> KernelImage:
-        """Read (or compile) the kernel.
+    def describe(self) -> KernelDescriptor:
+        """The kernel's descriptor (no compilation).
 
         Raises:
-            KernelLoadError: the source cannot be turned into a loadable kernel.
+            KernelLoadError: the source cannot be read or its signature is not usable.
+        """
+        raise NotImplementedError
+
+    def cache_key(self, arch: str) -> str:
+        """Content key of what ``compile(arch)`` would produce (reads files; no compilation).
+
+        Raises:
+            KernelLoadError: the source cannot be read.
+        """
+        raise NotImplementedError
+
+    def compile(self, arch: str) -> KernelImage:
+        """Compile to a cubin for ``arch``.
+
+        Raises:
+            KernelLoadError: the source cannot be read; KernelCompileError (a subclass) with the log.
         """
         raise NotImplementedError
 
     def watched_files(self) -> tuple[Path, ...]:
-        """Files whose change should reload this source (empty for in-memory sources)."""
+        """Files whose change should recompile this source (empty for in-memory sources)."""
         return ()
+
+
+def _read_bytes(path: Path, what: str, kernel: str | None = None) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise KernelLoadError(f"{what} not found", file=str(path), kernel=kernel) from None
+    except OSError as exc:
+        raise KernelLoadError(f"cannot read {what}: {exc}", file=str(path), kernel=kernel) from None
 
 
 @dataclass(frozen=True)
 class PtxFileSource(KernelSource):
     """A PTX file with its VL.CudaGraph-style JSON sidecar (``kernel.ptx`` + ``kernel.json``).
+
+    Compiled to a cubin with nvJitLink, so the driver never JITs it on the frame path.
 
     Args:
         ptx_path: The ``.ptx`` file.
@@ -87,6 +127,14 @@ class PtxFileSource(KernelSource):
     def watched_files(self) -> tuple[Path, ...]:
         return (self.ptx_path, self.sidecar_path)  # type: ignore[return-value]
 
+    def describe(self) -> KernelDescriptor:
+        return self.load().descriptor
+
+    def cache_key(self, arch: str) -> str:
+        raw = _read_bytes(self.ptx_path, "PTX file")
+        side = _read_bytes(self.sidecar_path, "kernel sidecar JSON")  # type: ignore[arg-type]
+        return cache_key("ptx", raw, side, arch, toolchain_version())
+
     def load(self) -> KernelImage:
         """Read the sidecar and the PTX and check the PTX entry against the sidecar.
 
@@ -98,12 +146,7 @@ class PtxFileSource(KernelSource):
         sidecar = self.sidecar_path
         assert sidecar is not None
         desc: KernelDescriptor = load_sidecar(sidecar)
-        try:
-            raw = self.ptx_path.read_bytes()
-        except FileNotFoundError:
-            raise KernelLoadError("PTX file not found", file=str(self.ptx_path), kernel=desc.entry_point) from None
-        except OSError as exc:
-            raise KernelLoadError(f"cannot read PTX: {exc}", file=str(self.ptx_path), kernel=desc.entry_point) from None
+        raw = _read_bytes(self.ptx_path, "PTX file", desc.entry_point)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -120,6 +163,11 @@ class PtxFileSource(KernelSource):
             key=hashlib.sha256(image).hexdigest(),
             debug_name=str(self.ptx_path),
         )
+
+    def compile(self, arch: str) -> KernelImage:
+        ptx = self.load()
+        cubin = link_ptx(ptx.image, name=str(self.ptx_path), arch=arch, kernel=ptx.descriptor.entry_point)
+        return KernelImage(ptx.descriptor, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), str(self.ptx_path))
 
 
 def bundled_kernel(name: str) -> PtxFileSource:

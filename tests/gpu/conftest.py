@@ -28,11 +28,37 @@ class Spin(Block):
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    e = Engine()
+    """An engine whose update() waits for kernel compiles: deterministic frames for result checks."""
+    e = Engine(wait_for_compile=True)
     try:
         yield e
     finally:
         e.close()
+
+
+@pytest.fixture
+def live_engine(tmp_path) -> Iterator[Engine]:
+    """An engine as a live host runs it: compiles in the background, a fresh kernel cache."""
+    e = Engine(cache_dir=tmp_path / "kernel-cache")
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def run_until(engine: Engine, predicate, timeout: float = 30.0, sleep: float = 0.002) -> int:
+    """Run frames until ``predicate()`` holds; returns the number of frames it took."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    frames = 0
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached after {frames} frames ({timeout} s)")
+        engine.update()
+        frames += 1
+        time.sleep(sleep)
+    return frames
 
 
 @pytest.fixture

@@ -204,10 +204,11 @@ def test_failing_rebuild_keeps_the_old_graph_running(engine: Engine, rng: np.ran
 
     broken = engine.add(Broken(name="broken"))
     engine.connect(s, "Out", broken, "In")
-    engine.update()  # the rebuild fails, the frame still runs the old graph
-    assert engine.graph is good and engine.counters.failed_rebuilds == 1
+    engine.update()  # the broken kernel does not compile: the block stays out, the rest keeps running
+    assert engine.graph is good
     assert broken.debug.state is BlockState.ERROR and "bad.ptx" in broken.debug.message
-    assert any(d.block_id == broken.id and d.severity == "error" for d in engine.diagnostics())
+    diag = next(d for d in engine.diagnostics() if d.block_id == broken.id and d.severity == "error")
+    assert "this_is_not_ptx" in diag.message  # the compiler's log is on the block
     s.set("Factor", -1.0)  # Hot updates still reach the old graph
     engine.update()
     np.testing.assert_allclose(engine.read(s, "Out"), -x.astype(np.float64), rtol=1e-6)
@@ -285,16 +286,16 @@ def test_rebuilds_return_memory_to_baseline(engine: Engine) -> None:
 def test_engine_create_close_cycles_do_not_leak(rng: np.random.Generator) -> None:
     from cuda.bindings import driver as d
 
-    keep = Engine()  # holds the primary context, so each cycle does not re-create it
+    keep = Engine(wait_for_compile=True)  # holds the primary context, so each cycle does not re-create it
     try:
         x = _rand(rng, 1024)
         free0 = keep.device.mem_info()[0]
         for _ in range(1000):
-            with Engine() as e:
+            with Engine(wait_for_compile=True) as e:
                 s = e.add(Scale(Factor=3.0))
                 e.bind(s, "In", x)
                 e.update()
-        e2 = Engine()
+        e2 = Engine(wait_for_compile=True)
         s = e2.add(Scale(Factor=3.0))
         e2.bind(s, "In", x)
         e2.update()

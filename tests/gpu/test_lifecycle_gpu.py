@@ -77,7 +77,8 @@ def test_compiled_graph(engine: Engine) -> None:
     s = engine.add(Scale(name="s"))
     engine.bind(s, "In", np.ones(64, np.float32))
     plan = compile_plan(engine.context.snapshot())
-    g = realize(plan, device=engine.device, pool=engine.pool, modules=engine.modules, bindings=engine.context.bindings)
+    functions = {(s.id, 0): engine.modules.function(bundled_kernel("scale").load())}  # PTX, loaded by the driver
+    g = realize(plan, device=engine.device, pool=engine.pool, functions=functions, bindings=engine.context.bindings)
     g.adopt(None)
     assert "closed=False" in repr(g) and g.kernel_count == 1
     g.update_scalar(s.id, "Factor", 4.0)

@@ -32,7 +32,7 @@ def test_structural_equality_ignores_identity() -> None:
     a, b = Scale(name="a"), Scale(name="b", Factor=3.0)
     assert a.description == b.description  # values are not structure
     assert a.description != VectorAdd().description
-    assert hash(a.description.kernels[0].image) == hash(b.description.kernels[0].image)
+    assert hash(a.description.kernels[0].source) == hash(b.description.kernels[0].source)
 
 
 class Custom(Block):

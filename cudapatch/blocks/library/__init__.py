@@ -1,5 +1,18 @@
 """Built-in block types."""
 
-from .basic import BUILTIN_BLOCKS, AppendFilter, Fill, Scale, VectorAdd
+from .basic import AppendFilter, Fill, Scale, VectorAdd
+from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 
-__all__ = ["BUILTIN_BLOCKS", "AppendFilter", "Fill", "Scale", "VectorAdd"]
+BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile)
+
+__all__ = [
+    "BUILTIN_BLOCKS",
+    "DEFAULT_CUSTOM_CODE",
+    "AppendFilter",
+    "CustomKernel",
+    "Fill",
+    "KernelFile",
+    "Scale",
+    "VectorAdd",
+    "ports_from_signature",
+]

@@ -8,7 +8,7 @@ from ..block import Block
 from ..builder import BlockBuilder
 from ..description import from_param, like
 
-__all__ = ["VectorAdd", "Scale", "Fill", "AppendFilter", "BUILTIN_BLOCKS"]
+__all__ = ["VectorAdd", "Scale", "Fill", "AppendFilter"]
 
 
 class VectorAdd(Block):
@@ -65,6 +65,3 @@ class AppendFilter(Block):
         b.scalar("Threshold", k.in_(3), default=0.5)
         k.auto_grid(like("In"), count_param=4)
         k.set_count(5, from_param("Capacity"))
-
-
-BUILTIN_BLOCKS: tuple[type[Block], ...] = (VectorAdd, Scale, Fill, AppendFilter)

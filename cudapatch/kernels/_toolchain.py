@@ -1,0 +1,147 @@
+"""Compilers behind the kernel sources: NVRTC (CUDA C++ → cubin) and nvJitLink (PTX → cubin).
+
+Both come from CPU-installable wheels (``cuda-bindings[all]``), so kernels compile on machines
+without a GPU. Failures raise ``KernelCompileError`` carrying the full log and, where the log
+names one, the file and line of the first error.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from ..errors import KernelCompileError
+
+__all__ = ["nvrtc_compile", "link_ptx", "toolchain_version", "first_error_location"]
+
+_LOG_LOCATION = re.compile(r"^(?P<file>[^\n(]+?)\((?P<line>\d+)\): (?:catastrophic )?error", re.MULTILINE)
+
+
+def first_error_location(log: str) -> tuple[str | None, int | None]:
+    """``(file, line)`` of the first error in an NVRTC-style log (``k.cu(12): error: ...``)."""
+    m = _LOG_LOCATION.search(log)
+    return (m.group("file").strip(), int(m.group("line"))) if m else (None, None)
+
+
+def _nvrtc() -> Any:
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain_version() -> str:
+    """The versions of NVRTC and nvJitLink, part of every cubin cache key."""
+    nvrtc = _nvrtc()
+    err, major, minor = nvrtc.nvrtcVersion()
+    try:
+        from cuda.bindings import nvjitlink
+
+        jl = ".".join(str(x) for x in nvjitlink.version())
+    except Exception:  # nvJitLink missing: PTX sources fail with a clear error at link time
+        jl = "none"
+    return f"nvrtc{major}.{minor}-nvjitlink{jl}"
+
+
+def _check_nvrtc(result: tuple, what: str, **context: Any) -> Any:
+    nvrtc = _nvrtc()
+    err = result[0]
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        msg = nvrtc.nvrtcGetErrorString(err)[1].decode()
+        raise KernelCompileError(f"{what} failed: {msg}", **context)
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def nvrtc_compile(
+    text: str,
+    *,
+    name: str,
+    entry: str,
+    arch: str,
+    options: tuple[str, ...] = (),
+) -> tuple[bytes, str, str]:
+    """Compile CUDA C++ to a cubin for ``arch`` (``sm_90``).
+
+    Args:
+        text: The source.
+        name: File name for messages (what the log's ``file(line)`` refer to).
+        entry: The ``__global__`` function to export.
+        arch: The device architecture.
+        options: Further NVRTC options (``-I...``, ``-D...``, ``-std=c++17``).
+
+    Returns:
+        ``(cubin, lowered entry-point name, log)``.
+
+    Raises:
+        KernelCompileError: the program does not compile (``.log`` holds the compiler's log,
+            ``.file``/``.line`` the first error).
+    """
+    nvrtc = _nvrtc()
+    prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        _check_nvrtc(nvrtc.nvrtcAddNameExpression(prog, entry.encode()), "nvrtcAddNameExpression", kernel=entry)
+        opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in options)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _check_nvrtc(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            file, line = first_error_location(log)
+            first = next((ln for ln in log.splitlines() if "error" in ln), log.strip().splitlines()[0] if log else "")
+            raise KernelCompileError(
+                f"CUDA C++ does not compile: {first.split(': error: ', 1)[-1].strip() or 'see log'}",
+                log=log,
+                file=file or name,
+                line=line,
+                kernel=entry,
+            )
+        lowered = _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, entry.encode()), "nvrtcGetLoweredName")
+        size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin, lowered.decode() if isinstance(lowered, bytes) else str(lowered), log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def link_ptx(ptx: bytes, *, name: str, arch: str, kernel: str | None = None) -> bytes:
+    """Compile PTX to a cubin for ``arch`` with nvJitLink (so the driver never JITs, and PTX newer
+    than the driver still loads).
+
+    Raises:
+        KernelCompileError: nvJitLink is missing or rejects the PTX (``.log`` holds its error log).
+    """
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise KernelCompileError(f"nvJitLink is not installed: {exc}", file=name, kernel=kernel) from None
+    data = ptx.rstrip(b"\0")
+    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            try:
+                size = nvjitlink.get_error_log_size(handle)
+                buf = bytearray(size)
+                nvjitlink.get_error_log(handle, buf)
+                log = bytes(buf).rstrip(b"\0").decode(errors="replace")
+            except Exception:
+                log = ""
+            m = re.search(r"ptx input, line (\d+)", log)
+            raise KernelCompileError(
+                f"PTX does not compile for {arch}: {log.strip().splitlines()[0] if log.strip() else exc}",
+                log=log,
+                file=name,
+                line=int(m.group(1)) if m else None,
+                kernel=kernel,
+            ) from None
+        size = nvjitlink.get_linked_cubin_size(handle)
+        out = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, out)
+        return bytes(out)
+    finally:
+        nvjitlink.destroy(handle)

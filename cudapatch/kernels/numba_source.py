@@ -1,0 +1,179 @@
+"""NumbaSource: a Python function compiled by Numba to PTX, then by nvJitLink to a cubin.
+
+Each 1-D array argument expands to Numba's array ABI in the PTX (meminfo, parent, nitems,
+itemsize, data, shape, strides: 7 slots of 8 bytes). The descriptor records that expansion as
+ABI slots, so ports keep the user's parameter indices and binding a buffer fills every slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import KernelCompileError, KernelLoadError
+from ._toolchain import link_ptx, toolchain_version
+from .cache import cache_key
+from .descriptor import NUMBA_ARRAY_ROLES, AbiSlot, KernelDescriptor, KernelParamDescriptor
+from .ptx import check_signature, parse_ptx
+from .source import KernelImage, KernelSource
+from .types import DType
+
+__all__ = ["NumbaSource"]
+
+_SCALARS = {
+    "float32": DType.FLOAT32,
+    "float64": DType.FLOAT64,
+    "int32": DType.INT32,
+    "uint32": DType.UINT32,
+    "int64": DType.INT64,
+    "uint64": DType.UINT64,
+    "uint8": DType.UINT8,
+}
+_ARRAY_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*:\s*(?:(?::\s*1)|)\s*\]\s*$")
+_NUMBA_LOCATION = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _parse_argtype(t: Any, where: str) -> tuple[DType, bool]:
+    """``(dtype, is_array)`` of a Numba type or a string like ``"float32[:]"`` / ``"int32"``."""
+    if isinstance(t, str):
+        m = _ARRAY_TEXT.match(t)
+        base, is_array = (m.group(1), True) if m else (t.strip(), False)
+    else:
+        ndim = getattr(t, "ndim", None)
+        if ndim is not None:
+            if ndim != 1:
+                raise KernelLoadError(f"{where}: only 1-D arrays are supported, got {ndim}-D")
+            base, is_array = str(t.dtype), True
+        else:
+            base, is_array = str(t), False
+    dtype = _SCALARS.get(base)
+    if dtype is None:
+        raise KernelLoadError(f"{where}: unsupported type '{t}' (use {', '.join(_SCALARS)} or 1-D arrays of them)")
+    return dtype, is_array
+
+
+@dataclass(frozen=True)
+class NumbaSource(KernelSource):
+    """A Numba CUDA kernel given as a plain Python function and its argument types.
+
+    Args:
+        func: The kernel body (``numba.cuda.grid(1)`` and friends inside), not yet ``@cuda.jit``-ed.
+        argtypes: One type per argument: Numba types or strings (``"float32[:]"``, ``"int32"``).
+        outputs: Names of array arguments the kernel writes (the others are inputs).
+        block_size: Threads per block for auto grids.
+    """
+
+    func: Callable[..., Any]
+    argtypes: tuple[Any, ...]
+    outputs: tuple[str, ...] = ()
+    block_size: int = 256
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argtypes", tuple(self.argtypes))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+
+    @property
+    def debug_name(self) -> str:
+        return f"{getattr(self.func, '__qualname__', self.func)!s}"
+
+    def _file(self) -> str:
+        try:
+            return inspect.getsourcefile(self.func) or self.debug_name
+        except TypeError:
+            return self.debug_name
+
+    def describe(self) -> KernelDescriptor:
+        try:
+            names = list(inspect.signature(self.func).parameters)
+        except (TypeError, ValueError) as exc:
+            raise KernelLoadError(f"cannot read the signature of {self.debug_name}: {exc}") from None
+        if len(names) != len(self.argtypes):
+            raise KernelLoadError(
+                f"{self.debug_name} takes {len(names)} arguments but {len(self.argtypes)} argtypes were given",
+                file=self._file(),
+            )
+        unknown = set(self.outputs) - set(names)
+        if unknown:
+            raise KernelLoadError(f"outputs name unknown arguments: {', '.join(sorted(unknown))}", file=self._file())
+        params, slots = [], []
+        for i, (name, t) in enumerate(zip(names, self.argtypes, strict=True)):
+            dtype, is_array = _parse_argtype(t, f"argument '{name}' of {self.debug_name}")
+            direction = "out" if name in self.outputs else "in"
+            if not is_array and direction == "out":
+                raise KernelLoadError(f"argument '{name}' is a scalar and cannot be an output", file=self._file())
+            params.append(KernelParamDescriptor(name=name, dtype=dtype, is_pointer=is_array, direction=direction))
+            if is_array:
+                slots.extend(AbiSlot(i, role, 8, 8) for role in NUMBA_ARRAY_ROLES)
+            else:
+                slots.append(AbiSlot(i, "value", dtype.itemsize, dtype.alignment))
+        return KernelDescriptor(
+            entry_point=getattr(self.func, "__name__", "kernel"),
+            parameters=tuple(params),
+            block_size=self.block_size,
+            abi=tuple(slots),
+        )
+
+    def _numba_types(self) -> tuple[Any, ...]:
+        from numba import types
+
+        out = []
+        for p in self.describe().parameters:
+            t = getattr(types, p.dtype.base.name)
+            out.append(types.Array(t, 1, "C") if p.is_pointer else t)
+        return tuple(out)
+
+    def cache_key(self, arch: str) -> str:
+        try:
+            code = inspect.getsource(self.func)
+        except (OSError, TypeError):
+            co = self.func.__code__
+            code = repr((co.co_code, co.co_consts, co.co_names))
+        import numba
+
+        return cache_key(
+            "numba",
+            self.debug_name,
+            code,
+            repr(self.argtypes),
+            repr(self.outputs),
+            numba.__version__,
+            arch,
+            toolchain_version(),
+        )
+
+    def compile(self, arch: str) -> KernelImage:
+        desc = self.describe()
+        digits = arch.removeprefix("sm_").rstrip("a")
+        cc = (int(digits[:-1]), int(digits[-1]))
+        try:
+            from numba import cuda
+        except ImportError as exc:
+            raise KernelCompileError(f"Numba is not installed ({exc}): pip install numba-cuda") from None
+        try:
+            ptx, _ = cuda.compile_ptx(self.func, self._numba_types(), device=False, cc=cc)
+        except Exception as exc:  # numba raises TypingError, LoweringError, ...: all are compile errors here
+            text = str(exc)
+            loc = _NUMBA_LOCATION.findall(text)
+            file, line = (loc[-1][0], int(loc[-1][1])) if loc else (self._file(), None)
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Failed in")]
+            first = lines[0] if lines else type(exc).__name__
+            raise KernelCompileError(
+                f"Numba cannot compile {self.debug_name}: {first}",
+                log=text,
+                file=file,
+                line=line,
+                kernel=desc.entry_point,
+            ) from None
+        info = parse_ptx(ptx, file=self.debug_name)
+        if len(info.entries) != 1:
+            raise KernelCompileError(f"expected one kernel in Numba's PTX, found {len(info.entries)}")
+        symbol = next(iter(info.entries))
+        from dataclasses import replace
+
+        check_signature(info, replace(desc, entry_point=symbol), file=self.debug_name)
+        cubin = link_ptx(ptx.encode(), name=self.debug_name, arch=arch, kernel=desc.entry_point)
+        return KernelImage(desc, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), self._file(), symbol=symbol)
