@@ -295,6 +295,8 @@ class Engine:
                     self.kernels.source_changed((bid, ki), block.description.kernels[ki].source, block.name)
             dirty.code.clear()
             dirty._recompute()
+            if self.wait_for_compile:
+                self._apply_compiles(self.kernels.collect(wait=True))
         if dirty.structure:
             if self._rebuild():
                 return
@@ -318,6 +320,15 @@ class Engine:
             self._apply_compiles(self.kernels.collect(wait=True))
             snap = self.context.snapshot()  # a compile may have re-described a block
             functions, status = self.kernels.resolve(snap)
+        if self._graph is not None and status:
+            running = set(self._graph.plan.block_order)
+            if any(code == "kernel-compiling" and bid in running for (bid, _), (_, code, _) in status.items()):
+                # A running block's new kernel is still compiling: keep the old graph (and the old
+                # kernel) until it lands; the finished compile marks the structure dirty again.
+                self._dirty.structure = False
+                self._dirty._recompute()
+                timing.tier = "deferred"
+                return True
         try:
             plan = compile_plan(snap, status)
             timing.compile_ms = (time.perf_counter() - t0) * 1e3
