@@ -41,7 +41,20 @@ def toolchain_version() -> str:
         jl = ".".join(str(x) for x in nvjitlink.version())
     except Exception:  # nvJitLink missing: PTX sources fail with a clear error at link time
         jl = "none"
-    return f"nvrtc{major}.{minor}-nvjitlink{jl}"
+    return f"nvrtc{major}.{minor}-nvjitlink{jl}-inc{':'.join(cuda_include_dirs())}"
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dirs() -> tuple[str, ...]:
+    """The CUDA headers (``cuda_fp16.h``, ``cuda_runtime.h`` ...) for NVRTC, found by cuda-pathfinder in
+    the installed wheels or toolkit; empty when there are none (plain kernels need no headers)."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception:  # pathfinder missing or nothing installed: kernels without includes still compile
+        return ()
+    return (str(found),) if found else ()
 
 
 def _check_nvrtc(result: tuple, what: str, **context: Any) -> Any:
@@ -81,7 +94,8 @@ def nvrtc_compile(
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         _check_nvrtc(nvrtc.nvrtcAddNameExpression(prog, entry.encode()), "nvrtcAddNameExpression", kernel=entry)
-        opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in options)]
+        includes = [f"-I{d}" for d in cuda_include_dirs()]
+        opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in (*options, *includes))]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         buf = b" " * size
@@ -90,8 +104,9 @@ def nvrtc_compile(
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             file, line = first_error_location(log)
             first = next((ln for ln in log.splitlines() if "error" in ln), log.strip().splitlines()[0] if log else "")
+            summary = re.split(r"\berror\s*:\s*", first, maxsplit=1)[-1].strip() or "see the log"
             raise KernelCompileError(
-                f"CUDA C++ does not compile: {first.split(': error: ', 1)[-1].strip() or 'see log'}",
+                f"CUDA C++ does not compile: {summary}",
                 log=log,
                 file=file or name,
                 line=line,

@@ -34,7 +34,7 @@ def test_code_edit_swaps_kernel_without_reinstantiation(live_engine: Engine, rng
     x = _rand(rng, 10_000)
     ck = e.add(CustomKernel(name="ck", Code=GAIN, gain=2.0))
     e.bind(ck, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: ck.debug.state is BlockState.OK)
     np.testing.assert_allclose(e.read(ck, "out"), 2.0 * x.astype(np.float64), rtol=1e-6)
     graph, rebuilds = e.graph, e.counters.rebuilds
     ck.set("Code", GAIN.replace("in[i] * gain", "in[i] * gain + 1.0f"))  # same signature: Code tier
@@ -51,7 +51,7 @@ def test_signature_change_rebuilds_with_new_ports(live_engine: Engine, rng: np.r
     x = _rand(rng, 1000)
     ck = e.add(CustomKernel(name="ck", Code=GAIN, gain=3.0))
     e.bind(ck, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: ck.debug.state is BlockState.OK)
     rebuilds = e.counters.rebuilds
     ck.set("Code", GAIN.replace("float gain,", "float gain, float bias,").replace("* gain", "* gain + bias"))
     ck.set("bias", 0.5)
@@ -65,7 +65,7 @@ def test_compile_error_keeps_old_kernel_and_fix_clears_it(live_engine: Engine, r
     x = _rand(rng, 512)
     ck = e.add(CustomKernel(name="ck", Code=GAIN, gain=-1.0))
     e.bind(ck, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: ck.debug.state is BlockState.OK)
     broken = GAIN.replace("out[i] = in[i] * gain;", "out[i] = in[i] * gain + undefined_thing;")
     ck.set("Code", broken)
     run_until(e, lambda: ck.debug.state is BlockState.ERROR)
@@ -88,7 +88,7 @@ def test_cu_file_and_include_edits_go_live(live_engine: Engine, rng: np.random.G
     x = _rand(rng, 2048)
     kf = e.add(KernelFile(cu, name="kf"))
     e.bind(kf, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: kf.debug.state is BlockState.OK)
     np.testing.assert_allclose(e.read(kf, "out"), 2.0 * x.astype(np.float64), rtol=1e-6)
     cu.write_text('#include "op.h"\n' + GAIN.replace("in[i] * gain", "op(in[i]) * gain - 1.0f"))
     frames = run_until(e, lambda: e.counters.code_swaps == 1, timeout=20)
@@ -108,7 +108,7 @@ def test_ptx_edit_with_new_signature_rebuilds(live_engine: Engine, rng: np.rando
     shutil.copy(fill.ptx_path, ptx)
     shutil.copy(fill.sidecar_path, side)
     kf = e.add(KernelFile(ptx, name="kf", Count=300, value=4.5))
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: kf.debug.state is BlockState.OK)
     np.testing.assert_array_equal(e.read(kf, "out"), np.full(300, 4.5, np.float32))
     rebuilds = e.counters.rebuilds
     shutil.copy(scale.sidecar_path, side)  # half an edit: the sidecar no longer matches the PTX
@@ -128,7 +128,7 @@ def test_deleted_kernel_file_keeps_running(live_engine: Engine, rng: np.random.G
     kf = e.add(KernelFile(cu, name="kf", gain=5.0))
     x = _rand(rng, 100)
     e.bind(kf, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: kf.debug.state is BlockState.OK)
     cu.unlink()
     run_until(e, lambda: kf.debug.state is BlockState.ERROR, timeout=20)
     assert "not found" in kf.debug.message
@@ -162,7 +162,7 @@ def test_update_never_waits_for_a_compile(live_engine: Engine, rng: np.random.Ge
     x = _rand(rng, 256)
     ck = e.add(CustomKernel(name="ck", Code=GAIN))
     e.bind(ck, "in", x)
-    run_until(e, lambda: e.graph is not None)
+    run_until(e, lambda: ck.debug.state is BlockState.OK)
     times = []
     for i in range(20):  # a burst of distinct edits, none cached
         ck.set("Code", GAIN.replace("in[i] * gain", f"in[i] * gain + {i}.0f"))
