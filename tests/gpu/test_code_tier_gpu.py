@@ -42,7 +42,7 @@ def test_code_edit_swaps_kernel_without_reinstantiation(live_engine: Engine, rng
     run_until(e, lambda: e.counters.code_swaps == 1)
     e.update()
     assert e.graph is graph and graph.instantiations == 1 and e.counters.rebuilds == rebuilds
-    np.testing.assert_allclose(e.read(ck, "out"), 2.0 * x.astype(np.float64) + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(e.read(ck, "out"), 2.0 * x.astype(np.float64) + 1.0, rtol=1e-6, atol=1e-6)
     assert ck.debug.state is BlockState.OK
 
 
@@ -57,7 +57,7 @@ def test_signature_change_rebuilds_with_new_ports(live_engine: Engine, rng: np.r
     ck.set("bias", 0.5)
     assert "bias" in ck.params and ck.get("gain") == 3.0  # values survive the re-description
     run_until(e, lambda: e.counters.rebuilds > rebuilds and ck.debug.state is BlockState.OK)
-    np.testing.assert_allclose(e.read(ck, "out"), 3.0 * x.astype(np.float64) + 0.5, rtol=1e-6)
+    np.testing.assert_allclose(e.read(ck, "out"), 3.0 * x.astype(np.float64) + 0.5, rtol=1e-6, atol=1e-6)
 
 
 def test_compile_error_keeps_old_kernel_and_fix_clears_it(live_engine: Engine, rng: np.random.Generator) -> None:
@@ -93,11 +93,11 @@ def test_cu_file_and_include_edits_go_live(live_engine: Engine, rng: np.random.G
     cu.write_text('#include "op.h"\n' + GAIN.replace("in[i] * gain", "op(in[i]) * gain - 1.0f"))
     frames = run_until(e, lambda: e.counters.code_swaps == 1, timeout=20)
     e.update()
-    np.testing.assert_allclose(e.read(kf, "out"), 2.0 * x.astype(np.float64) - 1.0, rtol=1e-6)
+    np.testing.assert_allclose(e.read(kf, "out"), 2.0 * x.astype(np.float64) - 1.0, rtol=1e-6, atol=1e-6)
     (tmp_path / "op.h").write_text("__device__ float op(float v) { return v * 3.0f; }\n")
     run_until(e, lambda: e.counters.code_swaps == 2, timeout=20)
     e.update()
-    np.testing.assert_allclose(e.read(kf, "out"), 3.0 * x.astype(np.float64) - 1.0, rtol=1e-6)
+    np.testing.assert_allclose(e.read(kf, "out"), 3.0 * x.astype(np.float64) - 1.0, rtol=1e-6, atol=1e-6)
     assert frames > 0
 
 
@@ -118,7 +118,7 @@ def test_ptx_edit_with_new_signature_rebuilds(live_engine: Engine, rng: np.rando
     e.bind(kf, "in", x)
     kf.set("factor", 2.0)
     run_until(e, lambda: e.counters.rebuilds > rebuilds and kf.debug.state is BlockState.OK, timeout=20)
-    np.testing.assert_allclose(e.read(kf, "out"), 2.0 * x.astype(np.float64) + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(e.read(kf, "out"), 2.0 * x.astype(np.float64) + 1.0, rtol=1e-6, atol=1e-6)
 
 
 def test_deleted_kernel_file_keeps_running(live_engine: Engine, rng: np.random.Generator, tmp_path: Path) -> None:
@@ -172,4 +172,4 @@ def test_update_never_waits_for_a_compile(live_engine: Engine, rng: np.random.Ge
     assert max(times) < 0.010, f"slowest update during the burst: {max(times) * 1e3:.1f} ms"
     run_until(e, lambda: not e.kernels.pending)
     e.update()
-    np.testing.assert_allclose(e.read(ck, "out"), x.astype(np.float64) + 19.0, rtol=1e-6)
+    np.testing.assert_allclose(e.read(ck, "out"), x.astype(np.float64) + 19.0, rtol=1e-6, atol=1e-6)
