@@ -169,7 +169,7 @@ def main() -> None:
     extra = eng.add(Scale(name="extra"))
     cold = []
     linked = False
-    for i in range(20):
+    for _ in range(20):
         eng.synchronize()
         linked = not linked
         if linked:
