@@ -249,7 +249,10 @@ class Engine:
 
     def _apply_compiles(self, outcomes: list[KernelOutcome]) -> None:
         """Code tier: swap finished kernels into the running graph; rebuild where that cannot be done."""
+        if not outcomes:
+            return
         registry = self.context.registry
+        diags_before = self.kernels.diag_version
         for o in outcomes:
             if o.action == "swap" and o.compiled is not None:
                 g = self._graph
@@ -264,7 +267,8 @@ class Engine:
                     except CudapatchError as exc:
                         self._build_diags += (Diagnostic("error", block.id, "kernel-signature", str(exc)),)
             self._dirty.mark_structure()
-        self._publish_diagnostics()
+        if self.kernels.diag_version != diags_before:  # a swap alone changes no block's state
+            self._publish_diagnostics()
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.

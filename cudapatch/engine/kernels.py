@@ -73,6 +73,7 @@ class KernelTracker:
         self._slots: dict[Key, _Slot] = {}
         self.pending: list[Key] = []  # keys with a compile in flight (the frame path tests this list)
         self._diags: dict[Key, Diagnostic] = {}
+        self.diag_version = 0  # bumped whenever the compile diagnostics change
 
     # -- requests --------------------------------------------------------------------------------
     def _request(self, key: Key, slot: _Slot) -> None:
@@ -183,6 +184,7 @@ class KernelTracker:
                 slot.error = exc
                 keeps = " (the previous version keeps running)" if slot.good is not None else ""
                 self._diags[key] = Diagnostic("error", key[0], "kernel-compile", _message(exc) + keeps)
+                self.diag_version += 1
                 outcomes.append(KernelOutcome("rebuild", key))  # so a block that cannot run says why
                 continue
             if slot.requested != slot.generation:
@@ -190,7 +192,8 @@ class KernelTracker:
                 self._request(key, slot)
                 continue
             slot.error = None
-            self._diags.pop(key, None)
+            if self._diags.pop(key, None) is not None:
+                self.diag_version += 1
             previous = slot.good
             slot.good, slot.fits = compiled, None
             if previous is None:

@@ -69,6 +69,14 @@ class KernelBuilder:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudapatch-compile")
         self._local = threading.local()
         self._closed = False
+        # Start the workers now: the pool creates threads on submit, and a thread start on the frame
+        # thread (the first edit) costs more than the rest of that frame.
+        for f in [self._pool.submit(self._bind_thread) for _ in range(workers)]:
+            f.result()
+
+    def _bind_thread(self) -> None:
+        self._make_current()
+        self._local.current = True
 
     def submit(self, source: KernelSource) -> Future[CompiledKernel]:
         """Queue ``source`` for compilation; never blocks.
