@@ -9,6 +9,7 @@ finished compiles into outcomes for the engine: swap a function in place (Code t
 from __future__ import annotations
 
 import logging
+import sys
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -74,11 +75,14 @@ class KernelTracker:
         self.pending: list[Key] = []  # keys with a compile in flight (the frame path tests this list)
         self._diags: dict[Key, Diagnostic] = {}
         self.diag_version = 0  # bumped whenever the compile diagnostics change
+        self._saved_switch: float | None = None
 
     # -- requests --------------------------------------------------------------------------------
     def _request(self, key: Key, slot: _Slot) -> None:
         if slot.requested == slot.generation and slot.future is not None:
             return
+        if not self.pending:
+            self._fast_switch(True)
         slot.requested = slot.generation
         try:
             slot.future = self.builder.submit(slot.source)
@@ -203,7 +207,20 @@ class KernelTracker:
             else:
                 outcomes.append(KernelOutcome("refresh", key, compiled))
         self.pending = still
+        if not still:
+            self._fast_switch(False)
         return outcomes
+
+    def _fast_switch(self, on: bool) -> None:
+        # While compiles are in flight, worker threads run Python (cache lookups, module loads).
+        # The interpreter hands the GIL back only every switch interval (5 ms by default), which
+        # would stall the frame thread; a short interval bounds that stall to ~0.1 ms.
+        if on and self._saved_switch is None:
+            self._saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._saved_switch, 1e-4))
+        elif not on and self._saved_switch is not None:
+            sys.setswitchinterval(self._saved_switch)
+            self._saved_switch = None
 
     def descriptor_of(self, key: Key) -> KernelDescriptor | None:
         slot = self._slots.get(key)
@@ -215,6 +232,7 @@ class KernelTracker:
 
     def close(self) -> None:
         """Stop watching and compiling; idempotent."""
+        self._fast_switch(False)
         if self.watcher is not None:
             self.watcher.close()
         self.builder.close()

@@ -73,6 +73,7 @@ def nvrtc_compile(
     entry: str,
     arch: str,
     options: tuple[str, ...] = (),
+    minimal: bool = True,
 ) -> tuple[bytes, str, str]:
     """Compile CUDA C++ to a cubin for ``arch`` (``sm_90``).
 
@@ -82,6 +83,9 @@ def nvrtc_compile(
         entry: The ``__global__`` function to export.
         arch: The device architecture.
         options: Further NVRTC options (``-I...``, ``-D...``, ``-std=c++17``).
+        minimal: Try ``-minimal`` first (about 20 % faster for small kernels: no textures, surfaces
+            or device-side runtime API); if that fails, compile again without it, so every kernel
+            that compiles at all still does and errors come from the full compiler.
 
     Returns:
         ``(cubin, lowered entry-point name, log)``.
@@ -90,6 +94,11 @@ def nvrtc_compile(
         KernelCompileError: the program does not compile (``.log`` holds the compiler's log,
             ``.file``/``.line`` the first error).
     """
+    if minimal and "-minimal" not in options:
+        try:
+            return nvrtc_compile(text, name=name, entry=entry, arch=arch, options=(*options, "-minimal"), minimal=False)
+        except KernelCompileError:
+            pass
     nvrtc = _nvrtc()
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:

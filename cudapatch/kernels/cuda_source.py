@@ -63,6 +63,10 @@ class CudaSource(KernelSource):
         return self.path.name if self.path is not None else (self.name or "kernel.cu")
 
     @property
+    def portable(self) -> bool:
+        return True
+
+    @property
     def _label(self) -> str:
         return str(self.path) if self.path is not None else (self.name or "kernel.cu")
 

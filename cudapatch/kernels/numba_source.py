@@ -7,6 +7,7 @@ ABI slots, so ports keep the user's parameter indices and binding a buffer fills
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import re
@@ -56,6 +57,30 @@ def _parse_argtype(t: Any, where: str) -> tuple[DType, bool]:
     return dtype, is_array
 
 
+def _fingerprint(code: Any) -> bytes:
+    """A stable digest of a code object and the code objects nested in it (reprs hold addresses)."""
+    h = hashlib.sha256()
+    h.update(code.co_code)
+    h.update(
+        repr(
+            (
+                code.co_names,
+                code.co_varnames,
+                code.co_filename,
+                code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+            )
+        ).encode()
+    )
+    for c in code.co_consts:
+        h.update(_fingerprint(c) if hasattr(c, "co_code") else repr(c).encode())
+    return h.digest()
+
+
+@functools.lru_cache(maxsize=256)
+def _describe_cached(source: NumbaSource) -> KernelDescriptor:
+    return source._describe()
+
+
 @dataclass(frozen=True)
 class NumbaSource(KernelSource):
     """A Numba CUDA kernel given as a plain Python function and its argument types.
@@ -86,7 +111,17 @@ class NumbaSource(KernelSource):
         except TypeError:
             return self.debug_name
 
+    @property
+    def portable(self) -> bool:
+        """Importable by module and name (not defined in ``__main__`` or inside another function)."""
+        module = getattr(self.func, "__module__", "") or ""
+        qual = getattr(self.func, "__qualname__", "")
+        return module not in ("__main__", "__mp_main__", "") and "<locals>" not in qual
+
     def describe(self) -> KernelDescriptor:
+        return _describe_cached(self)
+
+    def _describe(self) -> KernelDescriptor:
         try:
             names = list(inspect.signature(self.func).parameters)
         except (TypeError, ValueError) as exc:
@@ -127,11 +162,7 @@ class NumbaSource(KernelSource):
         return tuple(out)
 
     def cache_key(self, arch: str) -> str:
-        try:
-            code = inspect.getsource(self.func)
-        except (OSError, TypeError):
-            co = self.func.__code__
-            code = repr((co.co_code, co.co_consts, co.co_names))
+        code = _fingerprint(self.func.__code__) if hasattr(self.func, "__code__") else repr(self.func).encode()
         import numba
 
         return cache_key(

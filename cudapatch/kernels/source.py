@@ -89,6 +89,11 @@ class KernelSource:
         """Files whose change should recompile this source (empty for in-memory sources)."""
         return ()
 
+    @property
+    def portable(self) -> bool:
+        """True if the source can be sent to a compiler process (pickled by value or importable name)."""
+        return False
+
 
 def _read_bytes(path: Path, what: str, kernel: str | None = None) -> bytes:
     try:
@@ -123,6 +128,10 @@ class PtxFileSource(KernelSource):
     @property
     def debug_name(self) -> str:
         return self.ptx_path.name
+
+    @property
+    def portable(self) -> bool:
+        return True
 
     def watched_files(self) -> tuple[Path, ...]:
         return (self.ptx_path, self.sidecar_path)  # type: ignore[return-value]

@@ -280,3 +280,49 @@ def test_kernel_file_block(tmp_path: Path) -> None:
     assert set(kf.params) == {"Path", "gain", "axis"} and kf.get("axis") == (1.0, 1.0, 1.0)
     with pytest.raises(KernelLoadError, match="set Path"):
         KernelFile()
+
+
+class _PidSource(CudaSource):
+    """Compiles like CudaSource and records the process that compiled it."""
+
+    def compile(self, arch: str):  # noqa: ANN201
+        from dataclasses import replace
+
+        return replace(super().compile(arch), debug_name=f"pid:{os.getpid()}")
+
+
+class _CrashingSource(CudaSource):
+    """A compiler that dies (what a buggy toolchain does to its process)."""
+
+    def compile(self, arch: str):  # noqa: ANN201
+        os._exit(3)
+
+
+def _builder():
+    from cudapatch.kernels import KernelBuilder, ModuleCache
+
+    return KernelBuilder(
+        arch="sm_90", cache=CubinCache(False), modules=ModuleCache(device_key="t"), make_current=lambda: None
+    )
+
+
+def test_portable_sources_compile_in_the_compiler_process() -> None:
+    b = _builder()
+    try:
+        img = b._compile(_PidSource(code=GAIN))
+        assert img.image.startswith(ELF) and img.debug_name != f"pid:{os.getpid()}"
+        local = NumbaSource(lambda out, n: None, ("float32[:]", "int32"))
+        assert not local.portable and _saxpy.__module__ != "__main__"
+        assert NumbaSource(_saxpy, ("float32[:]",) * 3 + ("float32", "int32")).portable
+    finally:
+        b.close()
+
+
+def test_a_crashing_compiler_is_an_error_not_a_crash() -> None:
+    b = _builder()
+    try:
+        with pytest.raises(KernelCompileError, match="compiler process crashed"):
+            b._compile(_CrashingSource(code=GAIN))
+        assert b._compile(CudaSource(code=GAIN)).image.startswith(ELF)  # a new process takes over
+    finally:
+        b.close()
