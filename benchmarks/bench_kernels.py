@@ -151,13 +151,16 @@ def main() -> None:
     # A burst of 20 edits at 60 fps: no frame may take more than 2x a quiet frame's median.
     period = 1 / 60
     burst = []
+    kinds = []
     next_t = time.perf_counter()
     for f in range(120):
         if f < 20:
             ck.set("Code", code(2000 + f))
+        tier, swaps = eng.context.dirty.tier, eng.counters.code_swaps
         t = time.perf_counter()
         eng.update()
         burst.append(time.perf_counter() - t)
+        kinds.append(f"frame {f}: {tier}{' +swap' if eng.counters.code_swaps != swaps else ''}")
         next_t += period
         time.sleep(max(0.0, next_t - time.perf_counter()))
     eng.wait_ready()
