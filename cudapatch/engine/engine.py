@@ -116,7 +116,7 @@ class Engine:
         self._owned: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
         self._diagnostics: tuple[Diagnostic, ...] = ()
         self._build_diags: tuple[Diagnostic, ...] = ()
-        self._skipped: frozenset[int] = frozenset()
+        self._published_diag_version = -1
         self._diaglog = DiagnosticLog(log)
         self._dirty = self.context.dirty
         self._stream = self.device.stream
@@ -252,7 +252,6 @@ class Engine:
         if not outcomes:
             return
         registry = self.context.registry
-        diags_before = self.kernels.diag_version
         for o in outcomes:
             if o.action == "swap" and o.compiled is not None:
                 g = self._graph
@@ -267,7 +266,7 @@ class Engine:
                     except CudapatchError as exc:
                         self._build_diags += (Diagnostic("error", block.id, "kernel-signature", str(exc)),)
             self._dirty.mark_structure()
-        if self.kernels.diag_version != diags_before:  # a swap alone changes no block's state
+        if self.kernels.diag_version != self._published_diag_version:  # a swap alone changes no block's state
             self._publish_diagnostics()
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
@@ -342,7 +341,7 @@ class Engine:
             return False
         if self._graph is not None:
             try:
-                patched = self._graph.try_patch(plan, snap.bindings)
+                patched = self._graph.try_patch(plan, snap.bindings, functions)
             except CudaError as exc:
                 self.counters.failed_rebuilds += 1
                 self._set_diagnostics((Diagnostic("error", None, "realize", str(exc)),))
@@ -395,6 +394,7 @@ class Engine:
 
     def _publish_diagnostics(self) -> None:
         """Combine build and kernel diagnostics, log new ones once, and update every block's state."""
+        self._published_diag_version = self.kernels.diag_version
         diags = tuple(dict.fromkeys(self._build_diags + self.kernels.diagnostics()))
         self._diagnostics = diags
         self._diaglog.emit(diags)

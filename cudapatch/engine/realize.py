@@ -389,9 +389,15 @@ class CompiledGraph:
         """
         return self.update_bindings({(block_id, port): ptr})
 
-    def try_patch(self, plan: GraphPlan, bindings: dict[tuple[int, str], ExternalBinding]) -> int | None:
+    def try_patch(
+        self,
+        plan: GraphPlan,
+        bindings: dict[tuple[int, str], ExternalBinding],
+        functions: Mapping[tuple[int, int], Any] | None = None,
+    ) -> int | None:
         """Warm resize: adopt ``plan`` in place if it differs from the current one only in element
-        counts, grids and external pointers, and every buffer still fits its allocation.
+        counts, grids, external pointers and (same-layout) kernel functions, and every buffer still
+        fits its allocation.
 
         Returns:
             The number of nodes patched, or None if the plan needs a Cold rebuild.
@@ -431,7 +437,7 @@ class CompiledGraph:
             for na, oa in zip(new.args, cur.args, strict=True):
                 if na.kind != oa.kind or na.ref != oa.ref:
                     return None
-            if new != cur or any(a.kind == "external" for a in new.args):
+            if new != cur or functions is not None or any(a.kind == "external" for a in new.args):
                 changes.append((kn, new))  # type: ignore[arg-type]
         # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
         touched = []
@@ -450,6 +456,10 @@ class CompiledGraph:
                         changed = True
             if kn.params.gridDimX != new.grid:
                 kn.params.gridDimX = new.grid
+                changed = True
+            fn = functions.get((new.block_id, new.kernel)) if functions is not None else None
+            if fn is not None and int(fn) != int(kn.params.func):  # a kernel recompiled meanwhile
+                kn.params.func = fn
                 changed = True
             kn.plan = new
             if changed:

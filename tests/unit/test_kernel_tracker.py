@@ -1,0 +1,94 @@
+"""The engine's kernel bookkeeping (which compile results swap, rebuild or re-describe), driven by a
+stand-in for the background builder that returns finished futures. The real builder and its
+compilers are tested in test_runtime_kernels.py and on the GPU."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from cudapatch import CudaSource, CustomKernel
+from cudapatch.engine import Context
+from cudapatch.engine.kernels import KernelTracker
+from cudapatch.errors import KernelCompileError
+from cudapatch.kernels.builder import CompiledKernel
+from cudapatch.kernels.source import KernelImage
+
+GAIN = """extern "C" __global__ void k(const float* in, float* out, float gain, unsigned int n)
+{
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * gain;
+}
+"""
+
+
+class FinishedBuilder:
+    """Completes every request at once: a compile error where the code says ``undefined_thing``."""
+
+    def __init__(self) -> None:
+        self.requests: list[CudaSource] = []
+
+    def submit(self, source: CudaSource) -> Future:
+        self.requests.append(source)
+        f: Future = Future()
+        if "undefined_thing" in (source.code or ""):
+            f.set_exception(KernelCompileError("identifier undefined_thing is undefined", log="k.cu(4): error"))
+        else:
+            d = source.describe()
+            f.set_result(CompiledKernel(source, KernelImage(d, b"", "cubin", "key", "k.cu"), object(), "compiled", 0.0))
+        return f
+
+    def close(self) -> None:
+        pass
+
+
+def _edit(c: Context, t: KernelTracker, ck: CustomKernel, code: str) -> None:
+    ck.set("Code", code)
+    for key in c.dirty.code:
+        t.source_changed(key, ck.description.kernels[key[1]].source, ck.name)
+    c.dirty.code.clear()
+
+
+def test_first_compile_rebuilds_then_edits_swap_and_errors_keep_the_old_version() -> None:
+    b = FinishedBuilder()
+    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
+    c = Context()
+    ck = c.register_block(CustomKernel(name="ck", Code=GAIN))
+    key = (ck.id, 0)
+    functions, status = t.resolve(c.snapshot())
+    assert not functions and status[key][1] == "kernel-compiling" and t.pending == [key]
+    (o,) = t.collect()
+    assert o.action == "rebuild" and not t.pending  # the block can run now
+    functions, status = t.resolve(c.snapshot())
+    first = functions[key]
+    assert not status and len(b.requests) == 1  # no recompile of an unchanged source
+
+    _edit(c, t, ck, GAIN.replace("out[i] = in[i] * gain;", "out[i] = in[i] * gain + undefined_thing;"))
+    version = t.diag_version
+    (o,) = t.collect()
+    assert o.action == "rebuild" and t.diag_version == version + 1
+    (d,) = t.diagnostics()
+    assert d.block_id == ck.id and "undefined_thing" in d.message and "keeps running" in d.message
+    functions, status = t.resolve(c.snapshot())
+    assert functions[key] is first and not status  # the previous version keeps running
+
+    _edit(c, t, ck, GAIN.replace("in[i] * gain", "in[i] * gain * 2.0f"))
+    (o,) = t.collect()
+    assert o.action == "swap" and o.compiled.function is not first and not t.diagnostics()
+    assert t.diag_version == version + 2  # the engine republishes: the block is no longer red
+
+
+def test_signature_change_asks_for_a_refresh_and_stale_results_are_dropped() -> None:
+    b = FinishedBuilder()
+    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
+    c = Context()
+    ck = c.register_block(CustomKernel(name="ck", Code=GAIN))
+    key = (ck.id, 0)
+    t.resolve(c.snapshot())
+    t.collect()
+    new_sig = GAIN.replace("float gain,", "float gain, float bias,")
+    t.source_changed(key, CudaSource(code=new_sig, name="ck.cu"), "ck")
+    (o,) = t.collect()
+    assert o.action == "refresh"  # the block must re-describe itself: its ports change
+    # a block removed from the patch is forgotten, with its diagnostics
+    c.unregister_block(ck)
+    assert t.resolve(c.snapshot()) == ({}, {}) and not t._slots
