@@ -164,6 +164,8 @@ def main() -> None:
         next_t += period
         time.sleep(max(0.0, next_t - time.perf_counter()))
     eng.wait_ready()
+    slowest = sorted(zip(burst, kinds, strict=True), reverse=True)[:5]
+    print("slowest burst frames: " + "; ".join(f"{k} {dt * 1e6:.0f} µs" for dt, k in slowest))
     rows.append(
         ("burst of 20 edits @60 fps: slowest update / quiet median", max(burst) / statistics.median(quiet), "≤ 2")
     )
