@@ -9,6 +9,7 @@ finished compiles into outcomes for the engine: swap a function in place (Code t
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -213,11 +214,13 @@ class KernelTracker:
 
     def _fast_switch(self, on: bool) -> None:
         # While compiles are in flight, worker threads run Python (cache lookups, module loads).
-        # The interpreter hands the GIL back only every switch interval (5 ms by default), which
-        # would stall the frame thread; a short interval bounds that stall to ~0.1 ms.
-        if on and self._saved_switch is None:
+        # The interpreter hands the GIL back only every switch interval (5 ms by default), which can
+        # stall the frame thread that long; a shorter interval bounds the stall but interleaves more.
+        # CUDAPATCH_GIL_SWITCH_US sets it (0 leaves the interpreter's setting alone).
+        us = float(os.environ.get("CUDAPATCH_GIL_SWITCH_US", "500"))
+        if on and self._saved_switch is None and us > 0:
             self._saved_switch = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._saved_switch, 1e-4))
+            sys.setswitchinterval(min(self._saved_switch, us * 1e-6))
         elif not on and self._saved_switch is not None:
             sys.setswitchinterval(self._saved_switch)
             self._saved_switch = None
