@@ -73,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             if step:
                 path.write_text(KERNEL.format(expr=expr))  # what saving in an editor does
             swaps = engine.counters.code_swaps
-            for _ in range(args.frames):  # the frames keep running while the edit compiles
+            deadline = time.monotonic() + 10.0
+            frame = 0
+            # The frames keep running while the edit is noticed (debounced) and compiles in the
+            # background: at least --frames of them, and on until the edit has landed.
+            while frame < args.frames or time.monotonic() < deadline:
                 engine.update()
-                if engine.counters.code_swaps > swaps or (ref is None and live.debug.state is BlockState.ERROR):
+                frame += 1
+                landed = engine.counters.code_swaps > swaps or (ref is None and live.debug.state is BlockState.ERROR)
+                if landed and frame >= args.frames:
                     break
                 time.sleep(1 / 240)
             engine.update()
