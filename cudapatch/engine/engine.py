@@ -224,6 +224,8 @@ class Engine:
             if rb is not None:
                 rb.record(self._stream, self.counters.frames)
         self.counters.frames += 1
+        if kt.to_submit:
+            kt.flush()  # compiles start after the launch, so the worker never delays it
 
     def _launch_failed(self, err: Any) -> None:
         try:
@@ -278,12 +280,16 @@ class Engine:
             CudaError: a driver call failed while building.
         """
         self.device.make_current()
-        while True:
-            self._apply_compiles(self.kernels.collect(wait=True, timeout=timeout))
-            if self._dirty.any:
-                self._apply_changes()
-            if not self.kernels.pending:
-                return
+        waiting, self.wait_for_compile = self.wait_for_compile, True  # one build, with every kernel in it
+        try:
+            while True:
+                self._apply_compiles(self.kernels.collect(wait=True, timeout=timeout))
+                if self._dirty.any:
+                    self._apply_changes()
+                if not self.kernels.pending:
+                    return
+        finally:
+            self.wait_for_compile = waiting
 
     def _apply_changes(self) -> None:
         t0 = time.perf_counter()

@@ -52,6 +52,16 @@ class KernelOutcome:
     compiled: CompiledKernel | None = None
 
 
+def _forward(src: Future, dst: Future) -> None:
+    if dst.done():
+        return
+    exc = src.exception()
+    if exc is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(src.result())
+
+
 def _message(exc: Exception) -> str:
     msg = str(exc)
     log_text = getattr(exc, "log", "")
@@ -74,6 +84,7 @@ class KernelTracker:
         self.watcher: FileWatcher | None = FileWatcher() if watch_files else None
         self._slots: dict[Key, _Slot] = {}
         self.pending: list[Key] = []  # keys with a compile in flight (the frame path tests this list)
+        self.to_submit: list[_Slot] = []  # requests not yet handed to the builder (see ``flush``)
         self._diags: dict[Key, Diagnostic] = {}
         self.diag_version = 0  # bumped whenever the compile diagnostics change
         self._saved_switch: float | None = None
@@ -85,13 +96,23 @@ class KernelTracker:
         if not self.pending:
             self._fast_switch(True)
         slot.requested = slot.generation
-        try:
-            slot.future = self.builder.submit(slot.source)
-        except KernelLoadError as exc:
-            slot.future = Future()
-            slot.future.set_exception(exc)
+        slot.future = Future()  # completed by the builder's future once ``flush`` hands the request over
+        self.to_submit.append(slot)
         if key not in self.pending:
             self.pending.append(key)
+
+    def flush(self) -> None:
+        """Hand queued compile requests to the builder. The engine calls this after the frame's
+        launch: waking a worker mid-frame lets its Python work delay the launch (measured)."""
+        queued, self.to_submit = self.to_submit, []
+        for slot in queued:
+            proxy = slot.future
+            try:
+                real = self.builder.submit(slot.source)
+            except KernelLoadError as exc:
+                proxy.set_exception(exc)
+                continue
+            real.add_done_callback(lambda f, p=proxy: _forward(f, p))
 
     def _slot(self, key: Key, source: KernelSource, block_name: str) -> _Slot:
         slot = self._slots.get(key)
@@ -166,6 +187,8 @@ class KernelTracker:
         """
         if not self.pending:
             return []
+        if self.to_submit:
+            self.flush()
         if wait:
             futures = [s.future for k in self.pending if (s := self._slots.get(k)) and s.future is not None]
             wait_futures(futures, timeout=timeout)
