@@ -8,7 +8,6 @@ when the graph has append buffers), and launches: no allocation, no synchronize,
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
 from ..kernels.types import DType
+from .bindings import binding_from_cai, upload_host_array
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .compiler import compile_plan
 from .context import Context, ExternalBinding
@@ -165,23 +165,9 @@ class Engine:
         if isinstance(array, GpuBuffer):
             binding = ExternalBinding(array.ptr, array.count, array.dtype, owner=array)
         elif hasattr(array, "__cuda_array_interface__"):
-            binding = _binding_from_cai(array, want, block.name, port)
+            binding = binding_from_cai(array, want, block.name, port)
         else:
-            host = np.ascontiguousarray(array)
-            if host.dtype != want.base:
-                raise BindingError(
-                    f"host array of {host.dtype} bound to a {want.c_name} port", block=block.name, port=port
-                )
-            count = host.size // want.lanes
-            key = (block.id, port)
-            buf = self._owned.get(key)
-            if buf is None or buf.count != count:
-                if buf is not None:
-                    buf.close()
-                buf = GpuBuffer(self.pool, want, count, stream=self._stream)
-                self._owned[key] = buf
-            buf.upload(host)
-            binding = ExternalBinding(buf.ptr, count, want, owner=buf)
+            binding = upload_host_array(array, want, self._owned, (block.id, port), self.pool, self._stream, block.name)
         self.context.bind_input(block, port, binding)
 
     def set_profiling(self, level: str) -> None:
@@ -205,7 +191,7 @@ class Engine:
         kt = self.kernels
         if kt.pending:  # a list test when nothing compiles
             self._apply_compiles(kt.collect())
-        if kt.watcher is not None and kt.watcher._ready:
+        if kt.watcher is not None and kt.watcher.ready:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
         dirty = self._dirty
         if dirty.any:
@@ -243,7 +229,7 @@ class Engine:
         dirty.params, dirty.bindings, dirty.any = {}, {}, False
         c = self.counters
         if params:
-            c.nodes_patched += g.apply_parameters(params)
+            c.nodes_patched += g.update_scalars(params)
             c.hot_updates += len(params)
         if bindings:
             c.nodes_patched += g.update_bindings(bindings)
@@ -555,32 +541,3 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_TYPESTR_CACHE: dict[str, np.dtype] = {}
-
-
-def _binding_from_cai(array: Any, want: DType, block: str, port: str) -> ExternalBinding:
-    # A Warm rebind happens every frame in some patches (ping-pong buffers), so this stays lean.
-    cai = array.__cuda_array_interface__
-    shape = cai["shape"]
-    typestr = cai["typestr"]
-    dt = _TYPESTR_CACHE.get(typestr)
-    if dt is None:
-        try:
-            dt = _TYPESTR_CACHE[typestr] = np.dtype(typestr)
-        except TypeError:
-            raise BindingError(f"unsupported array type '{typestr}'", block=block, port=port) from None
-    if dt != want.base:
-        raise BindingError(f"array of {dt} bound to a {want.c_name} port", block=block, port=port)
-    size = math.prod(shape)
-    strides = cai.get("strides")
-    if strides is not None and size > 1:
-        acc = dt.itemsize
-        for n, st in zip(reversed(shape), reversed(strides), strict=False):
-            if n > 1 and st != acc:
-                raise BindingError("array is not C-contiguous; bind a contiguous copy", block=block, port=port)
-            acc *= n
-    if size % want.lanes:
-        raise BindingError(f"array of {size} values is not a whole number of {want.c_name}", block=block, port=port)
-    return ExternalBinding(int(cai["data"][0]), size // want.lanes, want, owner=array)

@@ -142,7 +142,7 @@ class KernelTracker:
 
     def file_events(self) -> list[Key]:
         """Kernels whose files changed (debounced); each gets a recompile. Never blocks."""
-        if self.watcher is None or not self.watcher._ready:
+        if self.watcher is None or not self.watcher.ready:
             return []
         keys = [k for k in self.watcher.events() if k in self._slots]
         for key in keys:

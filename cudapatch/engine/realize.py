@@ -290,7 +290,24 @@ class CompiledGraph:
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
 
-    def update_scalars(self, changes: dict[tuple[int, str], Any]) -> int:
+    def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
+        touched: list[_Node] = []
+        for key, value in changes.items():
+            tgt = targets.get(key)
+            if tgt is None:
+                continue  # not in this graph (a skipped block, or a failed rebuild's new block)
+            if isinstance(value, BlockParameter):
+                value = value._value
+            elif isinstance(value, ExternalBinding):
+                value = value.ptr
+            for kn, slot in tgt:
+                _write(slot, value)
+                if kn not in touched:
+                    touched.append(kn)
+        self._commit(touched)
+        return len(touched)
+
+    def update_scalars(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Hot update: write new scalar values into their slots and patch the affected nodes.
 
         Args:
@@ -303,50 +320,9 @@ class CompiledGraph:
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        targets = self._scalar_targets
-        touched = []
-        for key, value in changes.items():
-            tgt = targets.get(key)
-            if tgt is None:
-                continue
-            if isinstance(value, BlockParameter):
-                value = value._value
-            for kn, slot in tgt:
-                if type(value) is tuple:
-                    slot[:] = value
-                else:
-                    slot.value = value
-                if kn not in touched:
-                    touched.append(kn)
-        self._commit(touched)
-        return len(touched)
+        return self._patch(self._scalar_targets, changes)
 
-    def apply_parameters(self, params: dict[tuple[int, str], BlockParameter]) -> int:
-        """Hot update from the engine's dirty set: like ``update_scalars`` with BlockParameter values.
-
-        Raises:
-            CudaError: cuGraphExecKernelNodeSetParams failed.
-        """
-        targets = self._scalar_targets
-        if len(params) == 1:  # the common case: one slider moved
-            ((key, param),) = params.items()
-            tgt = targets.get(key)
-            if tgt is None:
-                return 0
-            value = param._value
-            set_params, exec_ = self._set_params, self._exec
-            for kn, slot in tgt:
-                if type(value) is tuple:
-                    slot[:] = value
-                else:
-                    slot.value = value
-                (err,) = set_params(exec_, kn.handle, kn.params)
-                if err:
-                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-            return len(tgt)
-        return self.update_scalars({k: p._value for k, p in params.items()})
-
-    def update_bindings(self, changes: dict[tuple[int, str], Any]) -> int:
+    def update_bindings(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Warm update: point every kernel reading an external input at a new device address.
 
         Args:
@@ -358,20 +334,7 @@ class CompiledGraph:
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        targets = self._binding_targets
-        touched = []
-        for key, ptr in changes.items():
-            tgt = targets.get(key)
-            if tgt is None:
-                continue
-            if isinstance(ptr, ExternalBinding):
-                ptr = ptr.ptr
-            for kn, slot in tgt:
-                slot.value = ptr
-                if kn not in touched:
-                    touched.append(kn)
-        self._commit(touched)
-        return len(touched)
+        return self._patch(self._binding_targets, changes)
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:
         """Hot update of one scalar; see ``update_scalars``.

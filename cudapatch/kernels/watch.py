@@ -38,7 +38,7 @@ class FileWatcher:
         self._groups: dict[Hashable, tuple[Path, ...]] = {}
         self._stamps: dict[Path, tuple[int, int] | None] = {}
         self._changed_at: dict[Hashable, float] = {}
-        self._ready: list[Hashable] = []
+        self.ready: list[Hashable] = []  # keys with settled changes; non-empty means events() has news
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cudapatch-watch", daemon=True)
@@ -68,10 +68,10 @@ class FileWatcher:
 
     def events(self) -> list[Hashable]:
         """Keys whose files changed (and settled) since the last call. Never blocks for long."""
-        if not self._ready:
+        if not self.ready:
             return []
         with self._lock:
-            out, self._ready = self._ready, []
+            out, self.ready = self.ready, []
         return out
 
     def _run(self) -> None:
@@ -94,7 +94,7 @@ class FileWatcher:
             for key, t in list(self._changed_at.items()):
                 if now - t >= self.debounce:
                     del self._changed_at[key]
-                    self._ready.append(key)
+                    self.ready.append(key)
 
     def close(self) -> None:
         """Stop the polling thread; idempotent."""
