@@ -23,7 +23,17 @@ from .blocks import (
     from_param,
     like,
 )
-from .engine import AppendBuffer, CompiledGraph, Diagnostic, Engine, GpuBuffer, GraphPlan, compile_plan
+from .engine import (
+    AppendBuffer,
+    CompiledGraph,
+    Diagnostic,
+    Engine,
+    EngineStats,
+    GpuBuffer,
+    GraphPlan,
+    ProfilingLevel,
+    compile_plan,
+)
 from .errors import (
     BindingError,
     CudaError,
@@ -69,6 +79,7 @@ __all__ = [
     "DType",
     "Diagnostic",
     "Engine",
+    "EngineStats",
     "Fill",
     "GpuBuffer",
     "GraphCompileError",
@@ -81,6 +92,7 @@ __all__ = [
     "NumbaSource",
     "LinkError",
     "ParameterError",
+    "ProfilingLevel",
     "PtxFileSource",
     "PtxSignatureError",
     "Scale",

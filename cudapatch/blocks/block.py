@@ -20,7 +20,7 @@ from .parameter import BlockParameter
 if TYPE_CHECKING:
     from ..engine.context import Context
 
-__all__ = ["Block", "BlockState", "BlockDebugInfo"]
+__all__ = ["Block", "BlockState", "BlockDebugInfo", "PortHandle"]
 
 _ids = itertools.count(1)
 
@@ -41,7 +41,9 @@ class BlockDebugInfo:
     state: BlockState = BlockState.NOT_COMPILED
     message: str = ""
     append: dict[str, Any] = field(default_factory=dict)  # port -> live AppendBuffer (count, capacity, age)
-    gpu_ms: float | None = None
+    gpu_ms: float | None = None  # GPU time in the last reported frame (PerBlock and above)
+    append_fill: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (count, capacity), Deep levels
+    sizes: dict[str, int] = field(default_factory=dict)  # output port -> element count
 
 
 class Block:
@@ -186,13 +188,44 @@ class Block:
             head += f": {d.message}"
         if d.gpu_ms is not None:
             head += f", {d.gpu_ms:.2f}ms"
-        return head
+        lines = [head] + [f"  {port}: {count}/{cap}" for port, (count, cap) in d.append_fill.items()]
+        return "\n".join(lines)
+
+    def port(self, name: str) -> PortHandle:
+        """A handle on port ``name`` whose ``str()`` is its tooltip (``Particles: 45231/100000``).
+
+        Raises:
+            CudapatchError: no such port.
+        """
+        d = self.description
+        spec = d.input(name) or d.output(name)
+        if spec is None:
+            raise CudapatchError("no such port", block=self.name, port=name)
+        return PortHandle(self, spec.name)
 
     def __str__(self) -> str:
         return self.tooltip()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}' id={self.id} state={self.debug.state.value}>"
+
+
+@dataclass(frozen=True)
+class PortHandle:
+    """A port of a block, for tooltips: ``str()`` reads only the block's debug cache."""
+
+    block: Block
+    name: str
+
+    def __str__(self) -> str:
+        d = self.block.debug
+        if self.name in d.append_fill:
+            count, cap = d.append_fill[self.name]
+            return f"{self.name}: {count}/{cap}"
+        spec = self.block.description.input(self.name) or self.block.description.output(self.name)
+        assert spec is not None
+        n = d.sizes.get(self.name)
+        return f"{self.name}: {spec.dtype.c_name}[{'?' if n is None else n}]"
 
 
 def check_block(obj: object) -> Block:

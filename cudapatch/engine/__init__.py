@@ -8,13 +8,21 @@ from .device import DeviceContext
 from .diagnostics import Diagnostic
 from .dirty import DirtyTracker
 from .engine import Engine, EngineCounters
-from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan
+from .plan import Arg, BufferPlan, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, TimingPair
+from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .readback import ReadbackRing
 from .realize import CompiledGraph, realize
 from .registry import BlockRegistry
 
 __all__ = [
     "AppendBuffer",
+    "AppendStats",
+    "BlockStats",
+    "EngineStats",
+    "EventNodePlan",
+    "KernelStats",
+    "ProfilingLevel",
+    "TimingPair",
     "Arg",
     "BlockRegistry",
     "BlockSnapshot",

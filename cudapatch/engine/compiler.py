@@ -19,7 +19,8 @@ from ..kernels.types import DType
 from .connections import Link
 from .context import PatchSnapshot
 from .diagnostics import Diagnostic, Severity
-from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot
+from .plan import Arg, BufferPlan, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot, TimingPair
+from .profiling import ProfilingLevel
 
 __all__ = ["compile_plan"]
 
@@ -58,7 +59,9 @@ def _topological_order(snap: PatchSnapshot, links: list[Link]) -> tuple[list[int
 
 
 def compile_plan(
-    snap: PatchSnapshot, kernel_status: Mapping[tuple[int, int], tuple[Severity, str, str]] | None = None
+    snap: PatchSnapshot,
+    kernel_status: Mapping[tuple[int, int], tuple[Severity, str, str]] | None = None,
+    level: ProfilingLevel = ProfilingLevel.NONE,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -67,6 +70,7 @@ def compile_plan(
         kernel_status: ``(block_id, kernel index)`` → ``(severity, code, message)`` for kernels that
             cannot run yet (still compiling, or failed with no earlier version to fall back on).
             Their blocks are left out, like blocks with a missing input, and so are their dependents.
+        level: Profiling level: which timing events to place (see ``_place_events``).
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -329,6 +333,14 @@ def compile_plan(
         binding_final = {k: tuple(v) for k, v in binding_slots.items()}
         block_nodes_final = {k: tuple(v) for k, v in block_nodes.items()}
 
+    timings: tuple[TimingPair, ...] = ()
+    event_count = 0
+    if level.timed:
+        all_nodes, remap, timings, event_count = _place_events(all_nodes, level)
+        scalar_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in scalar_final.items()}
+        binding_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in binding_final.items()}
+        block_nodes_final = {k: tuple(remap[i] for i in v) for k, v in block_nodes_final.items()}
+
     return GraphPlan(
         nodes=tuple(all_nodes),
         buffers=tuple(buffers),
@@ -342,4 +354,78 @@ def compile_plan(
         binding_slots=binding_final,
         binding_counts=binding_counts,
         block_nodes=block_nodes_final,
+        level=level,
+        timings=timings,
+        event_count=event_count,
     )
+
+
+def _place_events(
+    nodes: list[NodePlan], level: ProfilingLevel
+) -> tuple[list[NodePlan], dict[int, int], tuple[TimingPair, ...], int]:
+    """Insert event-record nodes for ``level`` and renumber.
+
+    Event 0 starts the graph (every root waits for it) and event 1 ends it (it waits for every
+    sink). PerBlock puts a pair around each block's kernels (a block's nodes are contiguous in plan
+    order, so its start event can wait for all of the block's outside dependencies); PerKernel also
+    puts a pair around each kernel. Dependents keep depending on the kernels themselves, so the
+    events add no serialisation between independent blocks.
+    """
+    per_block = level.at_least(ProfilingLevel.PER_BLOCK)
+    per_kernel = level.at_least(ProfilingLevel.PER_KERNEL)
+    out: list[NodePlan] = []
+    remap: dict[int, int] = {}
+    pairs: list[TimingPair] = []
+    events = 2  # 0: graph start, 1: graph end (emitted last)
+    out.append(EventNodePlan(0, 0, ()))
+    runs: dict[int, list[KernelNodePlan]] = {}
+    for n in nodes:
+        if isinstance(n, KernelNodePlan):
+            runs.setdefault(n.block_id, []).append(n)
+    block_start: dict[int, int] = {}
+    pending_end: dict[int, int] = {}  # block id -> nodes of it still to emit
+
+    def emit_event(event: int, deps: tuple[int, ...]) -> int:
+        idx = len(out)
+        out.append(EventNodePlan(idx, event, tuple(sorted(set(deps)))))
+        return idx
+
+    for n in nodes:
+        deps = tuple(remap[d] for d in n.deps) or (0,)
+        if isinstance(n, KernelNodePlan) and per_block:
+            bid = n.block_id
+            if bid not in block_start:
+                members = {m.index for m in runs[bid]}
+                outside = {remap[d] for m in runs[bid] for d in m.deps if d not in members}
+                start = events
+                events += 2
+                block_start[bid] = emit_event(start, tuple(outside) or (0,))
+                pairs.append(TimingPair("block", bid, start, start + 1))
+                pending_end[bid] = len(members)
+            deps = tuple(sorted(set(deps) | {block_start[bid]}))
+        if isinstance(n, KernelNodePlan) and per_kernel:
+            start = events
+            events += 2
+            k_start = emit_event(start, deps)
+            deps = (k_start,)
+            pairs.append(TimingPair("kernel", (n.block_id, n.kernel), start, start + 1))
+        idx = len(out)
+        out.append(n._replace(index=idx, deps=deps))
+        remap[n.index] = idx
+        if isinstance(n, KernelNodePlan) and per_kernel:
+            emit_event(pairs[-1].end, (idx,))
+        if isinstance(n, KernelNodePlan) and per_block:
+            bid = n.block_id
+            pending_end[bid] -= 1
+            if pending_end[bid] == 0:
+                members = runs[bid]
+                inner = {m.index for m in members}
+                exits = [
+                    remap[m.index] for m in members if not any(m.index in o.deps for o in members if o.index in inner)
+                ]
+                end_event = next(p.end for p in pairs if p.kind == "block" and p.key == bid)
+                emit_event(end_event, tuple(exits))
+    sinks = [i for i, n in enumerate(out) if i not in {d for m in out for d in m.deps}]
+    emit_event(1, tuple(sinks))
+    pairs.insert(0, TimingPair("graph", None, 0, 1))
+    return out, remap, tuple(pairs), events

@@ -56,6 +56,9 @@ class DeviceContext:
         self.multiprocessor_count: int = int(
             check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._device))
         )
+        self.max_threads_per_multiprocessor: int = int(
+            check(d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, self._device))
+        )
         self.total_memory: int = int(check(d.cuDeviceTotalMem(self._device), "cuDeviceTotalMem"))
         self.driver_version: int = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")

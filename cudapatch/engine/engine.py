@@ -31,11 +31,15 @@ from .device import DeviceContext
 from .diagnostics import Diagnostic, DiagnosticLog
 from .kernels import KernelOutcome, KernelTracker
 from .plan import GraphPlan
+from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .realize import CompiledGraph, realize
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
 log = logging.getLogger("cudapatch.engine")
+
+LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
+APPEND_FULL = 0.95  # warn when an append output is this full
 
 
 @dataclass
@@ -110,7 +114,10 @@ class Engine:
         self.context = Context()
         self.counters = EngineCounters()
         self.last_build = BuildTiming()
-        self.profiling = "None"
+        self.profiling = ProfilingLevel.NONE
+        self._stats_cache: EngineStats | None = None
+        self._last_gpu_ms: float | None = None
+        self._frame_diags: tuple[Diagnostic, ...] = ()  # per-frame warnings (append buffers nearly full)
         self._graph: CompiledGraph | None = None
         self._retired: list[CompiledGraph] = []
         self._owned: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
@@ -170,15 +177,17 @@ class Engine:
             binding = upload_host_array(array, want, self._owned, (block.id, port), self.pool, self._stream, block.name)
         self.context.bind_input(block, port, binding)
 
-    def set_profiling(self, level: str) -> None:
-        """Set the profiling level. Only ``None`` exists so far; others raise.
+    def set_profiling(self, level: str | ProfilingLevel) -> None:
+        """Set the profiling level (``"None"``, ``"Summary"``, ``"PerBlock"``, ``"PerKernel"``,
+        ``"DeepAsync"``, ``"DeepSync"``). Event nodes are part of the graph, so a change rebuilds it.
 
         Raises:
-            CudapatchError: unknown or unsupported level.
+            CudapatchError: unknown level (the current level stays).
         """
-        if level != "None":
-            raise CudapatchError(f"profiling level '{level}' is not available (supported: None)")
-        self.profiling = level
+        new = ProfilingLevel.parse(level)
+        if new is not self.profiling:
+            self.profiling = new
+            self._dirty.mark_structure()
 
     # -- the frame --------------------------------------------------------------------------------
     def update(self) -> None:
@@ -204,11 +213,17 @@ class Engine:
             rb = g.readback
             if rb is not None:
                 rb.poll()
-            (err,) = g._launch(g._exec, self._stream)
+                # At profiling levels each ring slot has its own executable (and events).
+                (err,) = g._launch(g._execs[rb._next % len(g._execs)], self._stream)
+            else:
+                (err,) = g._launch(g._exec, self._stream)
             if err:
                 self._launch_failed(err)
             if rb is not None:
                 rb.record(self._stream, self.counters.frames)
+                if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
+                    self.device.synchronize()
+                    rb.poll()
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
@@ -325,7 +340,7 @@ class Engine:
                 timing.tier = "deferred"
                 return True
         try:
-            plan = compile_plan(snap, status)
+            plan = compile_plan(snap, status, self.profiling)
             timing.compile_ms = (time.perf_counter() - t0) * 1e3
         except GraphCompileError as exc:
             self.counters.failed_rebuilds += 1
@@ -357,6 +372,7 @@ class Engine:
                 bindings=snap.bindings,
                 block_names=names,
                 previous=self._graph,
+                occupancy=self.profiling.at_least(ProfilingLevel.DEEP_ASYNC),
             )
         except (KernelLoadError, CudaError) as exc:
             self.counters.failed_rebuilds += 1
@@ -376,9 +392,31 @@ class Engine:
 
     def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
         self._dirty.clear_structure()
-        for b in self.context.registry:
+        self._stats_cache = None
+        registry = self.context.registry
+        sizes: dict[int, dict[str, int]] = {}
+        for (bid, port), bi in plan.outputs.items():
+            sizes.setdefault(bid, {})[port] = plan.buffers[bi].count
+        for b in registry:
             b.debug.append = {port: ab for (bid, port), ab in graph.appends.items() if bid == b.id}
-        self._set_diagnostics(plan.diagnostics)
+            b.debug.sizes = sizes.get(b.id, {})
+            b.debug.gpu_ms = None
+            b.debug.append_fill = {}
+        diags = list(plan.diagnostics)
+        for (bid, ki), occ in graph.occupancy.items():
+            if occ < LOW_OCCUPANCY:
+                b = registry.get(bid)
+                entry = b.description.kernels[ki].descriptor.entry_point if b else "?"
+                diags.append(
+                    Diagnostic(
+                        "warning",
+                        bid,
+                        "low-occupancy",
+                        f"kernel '{entry}' of '{b.name if b else bid}' keeps only {occ:.0%} of an "
+                        "SM's threads busy (block size, registers or shared memory)",
+                    )
+                )
+        self._set_diagnostics(diags)
 
     def _set_diagnostics(self, diags: Iterable[Diagnostic]) -> None:
         self._build_diags = tuple(diags)
@@ -387,7 +425,7 @@ class Engine:
     def _publish_diagnostics(self) -> None:
         """Combine build and kernel diagnostics, log new ones once, and update every block's state."""
         self._published_diag_version = self.kernels.diag_version
-        diags = tuple(dict.fromkeys(self._build_diags + self.kernels.diagnostics()))
+        diags = tuple(dict.fromkeys(self._build_diags + self.kernels.diagnostics() + self._frame_diags))
         self._diagnostics = diags
         self._diaglog.emit(diags)
         self._diaglog.forget(set(diags))
@@ -477,6 +515,91 @@ class Engine:
             raise CudapatchError("no running append output of this name", block=block.name, port=port)
         return ab
 
+    def stats(self) -> EngineStats:
+        """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
+        frame, read without waiting. Also refreshes what ``str(block)`` and ``str(engine)`` show.
+
+        Cost is paid only here (one event readout per timing event), never on the frame path.
+
+        Raises:
+            CudaError: a driver call failed (a GPU fault surfaces here).
+        """
+        self.device.make_current()
+        g = self._graph
+        level = self.profiling
+        registry = self.context.registry
+        rb = g.readback if g is not None else None
+        frame = age = None
+        times: list[float] | None = None
+        if rb is not None:
+            rb.poll()
+            frame, age = rb.latest_frame, rb.age()
+            if rb.latest_slot is not None and g is not None and g.event_sets:
+                times = g.event_times(rb.latest_slot)
+        block_ms: dict[int, float] = {}
+        kernel_ms: dict[tuple[int, int], float] = {}
+        graph_ms = None
+        if times is not None and g is not None:
+            for pair in g.plan.timings:
+                ms = times[pair.end] - times[pair.start]
+                if pair.kind == "graph":
+                    graph_ms = ms
+                elif pair.kind == "block":
+                    block_ms[pair.key] = ms  # type: ignore[index]
+                else:
+                    kernel_ms[pair.key] = ms  # type: ignore[index]
+        deep = level.at_least(ProfilingLevel.DEEP_ASYNC)
+        frame_diags: list[Diagnostic] = []
+        blocks = []
+        for b in registry:
+            append: dict[str, AppendStats] = {}
+            if g is not None and frame is not None:
+                for port, ab in b.debug.append.items():
+                    if ab.count is not None:
+                        st = AppendStats(ab.count, ab.capacity, ab.overflowed)
+                        append[port] = st
+                        if st.fill >= APPEND_FULL:
+                            frame_diags.append(
+                                Diagnostic(
+                                    "warning",
+                                    b.id,
+                                    "append-full",
+                                    f"append output '{b.name}.{port}' is {st.fill:.0%} full "
+                                    f"({st.count}/{st.capacity}); raise its capacity",
+                                )
+                            )
+            b.debug.gpu_ms = block_ms.get(b.id)
+            b.debug.append_fill = {p: (s.count, s.capacity) for p, s in append.items()} if deep else {}
+            kernels = tuple(
+                KernelStats(
+                    k.descriptor.entry_point,
+                    kernel_ms.get((b.id, ki)),
+                    g.occupancy.get((b.id, ki)) if g is not None else None,
+                )
+                for ki, k in enumerate(b.description.kernels)
+            )
+            blocks.append(
+                BlockStats(b.id, b.name, b.debug.state.value, b.debug.message, b.debug.gpu_ms, kernels, append)
+            )
+        frame_diags_t = tuple(frame_diags)
+        if frame_diags_t != self._frame_diags:
+            self._frame_diags = frame_diags_t
+            self._publish_diagnostics()
+        self._last_gpu_ms = graph_ms
+        stats = EngineStats(
+            level=level,
+            frame=frame,
+            age=age,
+            gpu_ms=graph_ms,
+            blocks=tuple(blocks),
+            kernels=g.kernel_count if g is not None else 0,
+            pool_in_use_bytes=self.pool.in_use_bytes,
+            pool_total_bytes=self.pool.total_allocated_bytes,
+            diagnostics=self._diagnostics,
+        )
+        self._stats_cache = stats
+        return stats
+
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
         """Current diagnostics (of one block, if given)."""
         if block is None:
@@ -492,8 +615,10 @@ class Engine:
         kernels = g.kernel_count if g is not None else 0
         mb = 1 / 2**20
         compiling = f" ({len(self.kernels.pending)} compiling)" if self.kernels.pending else ""
+        launch = f"  Launch: {self._last_gpu_ms:.2f}ms\n" if self._last_gpu_ms is not None else ""
         return (
             f"{self.name}: {len(self.context.registry)} blocks, {kernels} kernels{compiling}\n"
+            f"{launch}"
             f"  Profiling: {self.profiling}\n"
             f"  Pool: {self.pool.in_use_bytes * mb:.1f} MB / {self.pool.total_allocated_bytes * mb:.1f} MB"
         )

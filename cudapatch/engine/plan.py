@@ -17,8 +17,19 @@ from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .diagnostics import Diagnostic
+from .profiling import ProfilingLevel
 
-__all__ = ["Arg", "BufferPlan", "KernelNodePlan", "MemsetNodePlan", "NodePlan", "GraphPlan", "Slot"]
+__all__ = [
+    "Arg",
+    "BufferPlan",
+    "EventNodePlan",
+    "GraphPlan",
+    "KernelNodePlan",
+    "MemsetNodePlan",
+    "NodePlan",
+    "Slot",
+    "TimingPair",
+]
 
 ArgKind = Literal["buffer", "external", "scalar", "const", "counter", "null"]
 
@@ -80,7 +91,25 @@ class MemsetNodePlan(NamedTuple):
     deps: tuple[int, ...] = ()
 
 
-NodePlan = Union[KernelNodePlan, MemsetNodePlan]
+class EventNodePlan(NamedTuple):
+    """Records timing event ``event`` of the frame's event set (profiling levels above None)."""
+
+    index: int
+    event: int
+    deps: tuple[int, ...] = ()
+
+
+class TimingPair(NamedTuple):
+    """A measured span: ``kind`` is ``graph``, ``block`` (key: block id) or ``kernel`` (key:
+    ``(block id, kernel index)``), between events ``start`` and ``end`` of the set."""
+
+    kind: str
+    key: object
+    start: int
+    end: int
+
+
+NodePlan = Union[KernelNodePlan, MemsetNodePlan, EventNodePlan]
 Slot = tuple[int, int]  # (node index, argument index)
 
 
@@ -115,6 +144,9 @@ class GraphPlan:
     binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
     binding_counts: dict[tuple[int, str], int] = field(compare=False)
     block_nodes: dict[int, tuple[int, ...]] = field(compare=False)
+    level: ProfilingLevel = ProfilingLevel.NONE
+    timings: tuple[TimingPair, ...] = ()
+    event_count: int = 0
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -130,6 +162,8 @@ class GraphPlan:
         for n in self.nodes:
             if isinstance(n, MemsetNodePlan):
                 lines.append(f"  [{n.index}] memset {n.count} counters")
+            elif isinstance(n, EventNodePlan):
+                lines.append(f"  [{n.index}] event {n.event} deps={list(n.deps)}")
             else:
                 lines.append(
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"

@@ -38,18 +38,24 @@ class ReadbackRing:
         self._harvested: int | None = None  # slot last harvested
         self.latest = np.zeros(count, dtype=np.uint32)
         self.latest_frame: int | None = None
+        self.latest_slot: int | None = None  # ring slot of latest_frame (its timing events are valid)
         self.current_frame = 0
         self._closed = False
         for _ in range(RING_FRAMES):
-            ptr = int(check(d.cuMemHostAlloc(self.nbytes, 0), "cuMemHostAlloc"))
+            ptr = int(check(d.cuMemHostAlloc(max(self.nbytes, 4), 0), "cuMemHostAlloc"))
             self._host_ptrs.append(ptr)
-            self._views.append(np.ctypeslib.as_array((ctypes.c_uint32 * count).from_address(ptr)))
+            self._views.append(np.ctypeslib.as_array((ctypes.c_uint32 * max(count, 1)).from_address(ptr))[:count])
             flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
             self._events.append(check(d.cuEventCreate(flags), "cuEventCreate"))
         self._memcpy = d.cuMemcpyDtoHAsync
         self._record = d.cuEventRecord
         self._query = d.cuEventQuery
         self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
+
+    @property
+    def next_slot(self) -> int:
+        """The ring slot the next frame uses (its executable and its events)."""
+        return self._next
 
     def record(self, stream: Any, frame: int) -> None:
         """Enqueue the copy of this frame's values and its event (after the launch, same stream).
@@ -58,9 +64,10 @@ class ReadbackRing:
             CudaError: the copy or event record failed.
         """
         slot = self._next
-        (err,) = self._memcpy(self._host_ptrs[slot], self.device_ptr, self.nbytes, stream)
-        if err:
-            check((err,), "cuMemcpyDtoHAsync")
+        if self.nbytes:
+            (err,) = self._memcpy(self._host_ptrs[slot], self.device_ptr, self.nbytes, stream)
+            if err:
+                check((err,), "cuMemcpyDtoHAsync")
         (err,) = self._record(self._events[slot], stream)
         if err:
             check((err,), "cuEventRecord")
@@ -94,6 +101,7 @@ class ReadbackRing:
             self.latest[:] = self._views[slot]
             self.latest_frame = frame
             self._harvested = slot
+            self.latest_slot = slot
             return True
         return False
 

@@ -22,8 +22,8 @@ from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .context import ExternalBinding
 from .device import DeviceContext
-from .plan import Arg, GraphPlan, KernelNodePlan, MemsetNodePlan
-from .readback import ReadbackRing
+from .plan import Arg, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan
+from .readback import RING_FRAMES, ReadbackRing
 
 __all__ = ["CompiledGraph", "realize"]
 
@@ -109,12 +109,23 @@ def _write(slot: Any, value: Any) -> None:
         slot.value = value
 
 
-def _release_graph(d: Any, exec_: Any, graph: Any) -> None:
+def _release_graph(d: Any, execs: list[Any], graph: Any) -> None:
     try:
-        d.cuGraphExecDestroy(exec_)
+        for exec_ in execs:
+            d.cuGraphExecDestroy(exec_)
         d.cuGraphDestroy(graph)
     except Exception:
         pass
+
+
+def _occupancy(d: Any, fn: Any, node: KernelNodePlan, device: DeviceContext) -> float:
+    """Fraction of an SM's thread slots this kernel can keep busy (the occupancy API, at build time)."""
+    blocks = check(
+        d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, node.block, node.shared_bytes),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        kernel=node.entry_point,
+    )
+    return min(1.0, int(blocks) * node.block / device.max_threads_per_multiprocessor)
 
 
 class CompiledGraph:
@@ -133,6 +144,7 @@ class CompiledGraph:
         bindings: dict[tuple[int, str], ExternalBinding],
         block_names: dict[int, str] | None = None,
         previous: CompiledGraph | None = None,
+        occupancy: bool = False,
     ) -> None:
         d = driver()
         device.make_current()
@@ -149,6 +161,12 @@ class CompiledGraph:
         self._nodes: list[_Node | None] = []
         self._graph: Any = None
         self._exec: Any = None
+        self._execs: list[Any] = []
+        # Timing events: one set per ring slot, each recorded by its own executable graph, so
+        # reading frame N's events never races frame N+1's records (see ReadbackRing).
+        self.event_sets: list[list[Any]] = []
+        self._event_nodes: list[tuple[Any, int]] = []
+        self.occupancy: dict[tuple[int, int], float] = {}
         # What the previous graph can lend: its output allocations (pointers stay stable across a
         # rebuild, so views users hold stay valid) and its parameter storage. Nothing of it is
         # modified unless this graph is built; a failure restores what was touched.
@@ -174,9 +192,17 @@ class CompiledGraph:
             if plan.counters:
                 self.counters = GpuBuffer(pool, DType.UINT32, len(plan.counters), stream=device.stream)
                 self._owned.append(self.counters)
-                self.readback = ReadbackRing(self.counters.ptr, len(plan.counters))
+            if plan.counters or plan.event_count:
+                ptr = self.counters.ptr if self.counters is not None else 0
+                self.readback = ReadbackRing(ptr, len(plan.counters))
                 for key, (bi, ci) in plan.appends.items():
-                    self.appends[key] = AppendBuffer(self.buffers[bi], self.counters.ptr + 4 * ci, ci, self.readback)
+                    self.appends[key] = AppendBuffer(self.buffers[bi], ptr + 4 * ci, ci, self.readback)
+            if plan.event_count:
+                flags = d.CUevent_flags.CU_EVENT_DEFAULT.value  # timing enabled
+                for _ in range(RING_FRAMES):
+                    self.event_sets.append(
+                        [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(plan.event_count)]
+                    )
             t1 = time.perf_counter()
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
@@ -191,6 +217,13 @@ class CompiledGraph:
                     h = check(
                         d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode"
                     )
+                    self._nodes.append(None)
+                elif isinstance(node, EventNodePlan):
+                    h = check(
+                        d.cuGraphAddEventRecordNode(self._graph, deps, len(deps), self.event_sets[0][node.event]),
+                        "cuGraphAddEventRecordNode",
+                    )
+                    self._event_nodes.append((h, node.event))
                     self._nodes.append(None)
                 else:
                     fn = functions.get((node.block_id, node.kernel))
@@ -210,10 +243,17 @@ class CompiledGraph:
                     err, h = add_kernel(self._graph, deps, len(deps), store.params)
                     if err:
                         check((err,), "cuGraphAddKernelNode", block=names.get(node.block_id), kernel=node.entry_point)
+                    if occupancy:
+                        self.occupancy[(node.block_id, node.kernel)] = _occupancy(d, fn, node, device)
                     self._nodes.append(_Node(store, h, node))
                 handles.append(h)
             t2 = time.perf_counter()
             self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
+            self._execs = [self._exec]
+            for events in self.event_sets[1:]:  # one executable per ring slot, each with its own events
+                for h, j in self._event_nodes:
+                    check(d.cuGraphEventRecordNodeSetEvent(h, events[j]), "cuGraphEventRecordNodeSetEvent")
+                self._execs.append(check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate"))
             t3 = time.perf_counter()
             #: Host ms spent on buffers, node creation and instantiation (for benchmarks and the overlay).
             self.timing = {
@@ -235,7 +275,7 @@ class CompiledGraph:
         self._binding_targets = self._targets(plan.binding_slots)
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
-        self._finalizer = weakref.finalize(self, _release_graph, d, self._exec, self._graph)
+        self._finalizer = weakref.finalize(self, _release_graph, d, list(self._execs), self._graph)
         self.instantiations = 1
 
     def adopt(self, previous: CompiledGraph | None) -> None:
@@ -272,23 +312,24 @@ class CompiledGraph:
         """The ``CUgraphExec`` (read-only)."""
         return self._exec
 
-    def launch(self, stream: Any) -> None:
-        """Launch the graph on ``stream``; returns without waiting.
+    def launch(self, stream: Any, slot: int = 0) -> None:
+        """Launch the graph on ``stream`` (the executable of ring ``slot``); returns without waiting.
 
         Raises:
             CudaError: the launch was rejected.
         """
-        (err,) = self._launch(self._exec, stream)
+        (err,) = self._launch(self._execs[slot % len(self._execs)], stream)
         if err:
             check((err,), "cuGraphLaunch")
 
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Any) -> None:
-        set_params, exec_ = self._set_params, self._exec
-        for kn in touched:
-            (err,) = set_params(exec_, kn.handle, kn.params)
-            if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+        set_params = self._set_params
+        for exec_ in self._execs:  # one executable, or one per ring slot at profiling levels
+            for kn in touched:
+                (err,) = set_params(exec_, kn.handle, kn.params)
+                if err:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[_Node] = []
@@ -489,6 +530,18 @@ class CompiledGraph:
         slot = self._kernel(node_index).slots[arg]
         return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
 
+    def event_times(self, slot: int) -> list[float]:
+        """Milliseconds from the graph's first event to each event of ring ``slot``. Only valid once
+        that slot's frame has completed (the ring checks); costs one driver call per event.
+
+        Raises:
+            CudaError: an event was not recorded (e.g. the frame faulted).
+        """
+        d = driver()
+        events = self.event_sets[slot]
+        first = events[0]
+        return [0.0] + [float(check(d.cuEventElapsedTime(first, ev), "cuEventElapsedTime")) for ev in events[1:]]
+
     @property
     def kernel_count(self) -> int:
         return sum(1 for n in self._nodes if n is not None)
@@ -523,9 +576,13 @@ class CompiledGraph:
         for b in self._owned:
             b.close()
         self._owned = []
-        if self._exec is not None:
-            check(d.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
-            self._exec = None
+        for exec_ in self._execs or ([self._exec] if self._exec is not None else []):
+            check(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
+        self._execs, self._exec = [], None
+        for events in self.event_sets:
+            for ev in events:
+                check(d.cuEventDestroy(ev), "cuEventDestroy")
+        self.event_sets = []
         if self._graph is not None:
             check(d.cuGraphDestroy(self._graph), "cuGraphDestroy")
             self._graph = None
@@ -570,6 +627,7 @@ def realize(
     bindings: dict[tuple[int, str], ExternalBinding],
     block_names: dict[int, str] | None = None,
     previous: CompiledGraph | None = None,
+    occupancy: bool = False,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -591,4 +649,5 @@ def realize(
         bindings=bindings,
         block_names=block_names,
         previous=previous,
+        occupancy=occupancy,
     )
