@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Profiling benchmark: GPU frame-time overhead of each level over None (measured from outside the
+graph), host time of update() per level, per-kernel timings against an eager event measurement of
+the same kernel, and update() with a 20 ms kernel in the graph at every level.
+
+Usage: ``python benchmarks/bench_profiling.py [--blocks 100] [--elements 1048576]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cuda.bindings import driver as d  # noqa: E402
+
+from cudapatch import Engine, Scale  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
+
+LEVELS = ["None", "Summary", "PerBlock", "PerKernel", "DeepAsync"]
+
+
+def gpu_ms(eng: Engine, frames: int = 100) -> float:
+    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    out = []
+    for _ in range(5):
+        eng.synchronize()
+        check(d.cuEventRecord(start, eng.device.stream))
+        for _ in range(frames):
+            eng.update()
+        check(d.cuEventRecord(end, eng.device.stream))
+        check(d.cuEventSynchronize(end))
+        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
+    return statistics.median(out)
+
+
+def host_us(eng: Engine, calls: int = 2000) -> float:
+    ts = []
+    for i in range(calls):
+        if i % 20 == 0:
+            eng.synchronize()
+        t = time.perf_counter_ns()
+        eng.update()
+        ts.append(time.perf_counter_ns() - t)
+    eng.synchronize()
+    return statistics.median(ts) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=100)
+    ap.add_argument("--elements", type=int, default=1 << 20)
+    args = ap.parse_args()
+    eng = Engine(wait_for_compile=True)
+    blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001)) for i in range(args.blocks)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        eng.connect(a, "Out", b, "In")
+    x = np.random.default_rng(0).standard_normal(args.elements).astype(np.float32)
+    eng.bind(blocks[0], "In", x)
+    rows = []
+    base_gpu = base_host = None
+    for level in LEVELS:
+        eng.set_profiling(level)
+        eng.update()
+        g, h = gpu_ms(eng), host_us(eng)
+        if level == "None":
+            base_gpu, base_host = g, h
+        rows.append((level, g, 100 * (g / base_gpu - 1), h, h / base_host))
+
+    # Accuracy: one kernel's PerKernel time against the same launch timed eagerly with events.
+    eng.set_profiling("PerKernel")
+    for _ in range(20):
+        eng.update()
+    eng.synchronize()
+    eng.update()
+    st = eng.stats()
+    mid = blocks[args.blocks // 2]
+    graph_kernel_ms = next(b for b in st.blocks if b.block_id == mid.id).kernels[0].gpu_ms
+    node = next(n for n in eng.graph._nodes if n is not None and n.plan.block_id == mid.id)
+    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    eager = []
+    for _ in range(50):
+        check(d.cuEventRecord(start, eng.device.stream))
+        kp = node.params
+        check(
+            d.cuLaunchKernel(kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0)
+        )
+        check(d.cuEventRecord(end, eng.device.stream))
+        check(d.cuEventSynchronize(end))
+        eager.append(check(d.cuEventElapsedTime(start, end)))
+    eager_ms = statistics.median(eager)
+
+    # The frame path never waits: a 20 ms kernel in the graph.
+    from cudapatch import Block, BlockBuilder, CudaSource
+
+    class Sleep(Block):
+        type_name = "Sleep"
+
+        def describe(self, b: BlockBuilder) -> None:
+            k = b.add_kernel(
+                CudaSource(
+                    code='extern "C" __global__ void sleep20(float* o, unsigned int n)'
+                    "{ for (int i = 0; i < 20; ++i) __nanosleep(1000000); o[0] = 1; }"
+                )
+            )
+            b.output("o", k.out(0), size=1)
+            k.auto_grid(1, count_param=1)
+
+    eng.add(Sleep(name="sleep"))
+    waits = []
+    for level in LEVELS + ["DeepSync"]:
+        eng.set_profiling(level)
+        eng.update()
+        eng.synchronize()
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            eng.update()
+            ts.append(time.perf_counter() - t)
+        eng.synchronize()
+        waits.append((level, max(ts[1:]) * 1e3))
+
+    dev = eng.device.name
+    print(f"\ndevice: {dev}; {args.blocks} blocks x {args.elements} elements")
+    print(f"{'level':10} {'GPU ms/frame':>13} {'overhead %':>11} {'update() µs':>12} {'host ratio':>11}")
+    for level, g, ov, h, hr in rows:
+        print(f"{level:10} {g:13.3f} {ov:11.2f} {h:12.2f} {hr:11.2f}")
+    print("targets: Summary <= 1 %, PerBlock <= 5 %, PerKernel <= 10 % overhead; PerBlock host <= 1.2x None")
+    diff_us = abs(graph_kernel_ms - eager_ms) * 1e3
+    print(
+        f"one kernel: PerKernel {graph_kernel_ms * 1e3:.2f} µs vs eager events {eager_ms * 1e3:.2f} µs "
+        f"({100 * (graph_kernel_ms / eager_ms - 1):+.1f} %, {diff_us:.2f} µs; target within 5 % or 2 µs)"
+    )
+    print(
+        "update() with a 20 ms kernel in the graph (slowest of 4, ms): "
+        + ", ".join(f"{lv} {ms:.3f}" for lv, ms in waits)
+        + "  (target < 1 ms except DeepSync)"
+    )
+    results = os.environ.get("RESULTS_DIR")
+    if results:
+        Path(results, "profiling.json").write_text(
+            json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms], "waits": waits})
+        )
+    eng.close()
+    del ProfilingLevel
+
+
+if __name__ == "__main__":
+    main()
