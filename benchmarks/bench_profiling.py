@@ -150,7 +150,6 @@ def main() -> None:
             json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms], "waits": waits})
         )
     eng.close()
-    del ProfilingLevel
 
 
 if __name__ == "__main__":
