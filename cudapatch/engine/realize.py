@@ -425,7 +425,7 @@ class CompiledGraph:
         for new, cur, kn in zip(plan.nodes, old.nodes, self._nodes, strict=True):
             if type(new) is not type(cur):
                 return None
-            if isinstance(new, MemsetNodePlan):
+            if not isinstance(new, KernelNodePlan):  # memset and event nodes must match exactly
                 if new != cur:
                     return None
                 continue
