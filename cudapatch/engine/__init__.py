@@ -8,7 +8,7 @@ from .device import DeviceContext
 from .diagnostics import Diagnostic
 from .dirty import DirtyTracker
 from .engine import Engine, EngineCounters
-from .plan import Arg, BufferPlan, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, TimingPair
+from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan, TimingPair
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .readback import ReadbackRing
 from .realize import CompiledGraph, realize
@@ -19,7 +19,7 @@ __all__ = [
     "AppendStats",
     "BlockStats",
     "EngineStats",
-    "EventNodePlan",
+    "StampNodePlan",
     "KernelStats",
     "ProfilingLevel",
     "TimingPair",

@@ -19,7 +19,7 @@ from ..kernels.types import DType
 from .connections import Link
 from .context import PatchSnapshot
 from .diagnostics import Diagnostic, Severity
-from .plan import Arg, BufferPlan, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot, TimingPair
+from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot, StampNodePlan, TimingPair
 from .profiling import ProfilingLevel
 
 __all__ = ["compile_plan"]
@@ -70,7 +70,7 @@ def compile_plan(
         kernel_status: ``(block_id, kernel index)`` → ``(severity, code, message)`` for kernels that
             cannot run yet (still compiling, or failed with no earlier version to fall back on).
             Their blocks are left out, like blocks with a missing input, and so are their dependents.
-        level: Profiling level: which timing events to place (see ``_place_events``).
+        level: Profiling level: which timestamps to place (see ``_place_stamps``).
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -334,9 +334,9 @@ def compile_plan(
         block_nodes_final = {k: tuple(v) for k, v in block_nodes.items()}
 
     timings: tuple[TimingPair, ...] = ()
-    event_count = 0
+    stamp_count = 0
     if level.timed:
-        all_nodes, remap, timings, event_count = _place_events(all_nodes, level)
+        all_nodes, remap, timings, stamp_count = _place_stamps(all_nodes, level)
         scalar_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in scalar_final.items()}
         binding_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in binding_final.items()}
         block_nodes_final = {k: tuple(remap[i] for i in v) for k, v in block_nodes_final.items()}
@@ -356,76 +356,63 @@ def compile_plan(
         block_nodes=block_nodes_final,
         level=level,
         timings=timings,
-        event_count=event_count,
+        stamp_count=stamp_count,
     )
 
 
-def _place_events(
+def _place_stamps(
     nodes: list[NodePlan], level: ProfilingLevel
 ) -> tuple[list[NodePlan], dict[int, int], tuple[TimingPair, ...], int]:
-    """Insert event-record nodes for ``level`` and renumber.
+    """Insert timestamp nodes for ``level`` and renumber.
 
-    Event 0 starts the graph (every root waits for it) and event 1 ends it (it waits for every
-    sink). PerBlock puts a pair around each block's kernels (a block's nodes are contiguous in plan
-    order, so its start event can wait for all of the block's outside dependencies); PerKernel also
-    puts a pair around each kernel. Dependents keep depending on the kernels themselves, so the
-    events add no serialisation between independent blocks.
+    Stamp 0 starts the graph (no dependencies) and stamp 1 ends it (after every sink kernel).
+    PerBlock adds a pair per block: the start stamp waits for the block's outside dependencies,
+    the end stamp for its last kernels (a block's nodes are contiguous in plan order). PerKernel
+    adds a pair per kernel. Nothing depends on a stamp, so measuring adds no waiting.
     """
     per_block = level.at_least(ProfilingLevel.PER_BLOCK)
     per_kernel = level.at_least(ProfilingLevel.PER_KERNEL)
-    out: list[NodePlan] = []
+    out: list[NodePlan] = [StampNodePlan(0, 0, ())]
     remap: dict[int, int] = {}
-    pairs: list[TimingPair] = []
-    events = 2  # 0: graph start, 1: graph end (emitted last)
-    out.append(EventNodePlan(0, 0, ()))
+    pairs: list[TimingPair] = [TimingPair("graph", None, 0, 1)]
+    stamps = 2
     runs: dict[int, list[KernelNodePlan]] = {}
     for n in nodes:
         if isinstance(n, KernelNodePlan):
             runs.setdefault(n.block_id, []).append(n)
-    block_start: dict[int, int] = {}
-    pending_end: dict[int, int] = {}  # block id -> nodes of it still to emit
+    left: dict[int, int] = {}
+    block_end: dict[int, int] = {}
 
-    def emit_event(event: int, deps: tuple[int, ...]) -> int:
-        idx = len(out)
-        out.append(EventNodePlan(idx, event, tuple(sorted(set(deps)))))
-        return idx
+    def emit(stamp: int, deps: tuple[int, ...]) -> None:
+        out.append(StampNodePlan(len(out), stamp, tuple(sorted(set(deps)))))
 
     for n in nodes:
-        deps = tuple(remap[d] for d in n.deps) or (0,)
-        if isinstance(n, KernelNodePlan) and per_block:
-            bid = n.block_id
-            if bid not in block_start:
-                members = {m.index for m in runs[bid]}
-                outside = {remap[d] for m in runs[bid] for d in m.deps if d not in members}
-                start = events
-                events += 2
-                block_start[bid] = emit_event(start, tuple(outside) or (0,))
-                pairs.append(TimingPair("block", bid, start, start + 1))
-                pending_end[bid] = len(members)
-            deps = tuple(sorted(set(deps) | {block_start[bid]}))
-        if isinstance(n, KernelNodePlan) and per_kernel:
-            start = events
-            events += 2
-            k_start = emit_event(start, deps)
-            deps = (k_start,)
-            pairs.append(TimingPair("kernel", (n.block_id, n.kernel), start, start + 1))
+        kernel = isinstance(n, KernelNodePlan)
+        if kernel and per_block and n.block_id not in left:  # the first kernel of its block
+            members = {m.index for m in runs[n.block_id]}
+            outside = tuple(remap[d] for m in runs[n.block_id] for d in m.deps if d not in members)
+            pairs.append(TimingPair("block", n.block_id, stamps, stamps + 1))
+            block_end[n.block_id] = stamps + 1
+            emit(stamps, outside)
+            stamps += 2
+            left[n.block_id] = len(members)
+        deps = tuple(remap[d] for d in n.deps)
+        if kernel and per_kernel:
+            pairs.append(TimingPair("kernel", (n.block_id, n.kernel), stamps, stamps + 1))
+            emit(stamps, deps)
         idx = len(out)
         out.append(n._replace(index=idx, deps=deps))
         remap[n.index] = idx
-        if isinstance(n, KernelNodePlan) and per_kernel:
-            emit_event(pairs[-1].end, (idx,))
-        if isinstance(n, KernelNodePlan) and per_block:
-            bid = n.block_id
-            pending_end[bid] -= 1
-            if pending_end[bid] == 0:
-                members = runs[bid]
-                inner = {m.index for m in members}
-                exits = [
-                    remap[m.index] for m in members if not any(m.index in o.deps for o in members if o.index in inner)
-                ]
-                end_event = next(p.end for p in pairs if p.kind == "block" and p.key == bid)
-                emit_event(end_event, tuple(exits))
-    sinks = [i for i, n in enumerate(out) if i not in {d for m in out for d in m.deps}]
-    emit_event(1, tuple(sinks))
-    pairs.insert(0, TimingPair("graph", None, 0, 1))
-    return out, remap, tuple(pairs), events
+        if kernel and per_kernel:
+            emit(stamps + 1, (idx,))
+            stamps += 2
+        if kernel and per_block:
+            left[n.block_id] -= 1
+            if left[n.block_id] == 0:  # the last kernel of its block
+                members = runs[n.block_id]
+                exits = [remap[m.index] for m in members if not any(m.index in o.deps for o in members)]
+                emit(block_end[n.block_id], tuple(exits))
+    used = {d for m in out if not isinstance(m, StampNodePlan) for d in m.deps}  # stamps are side branches
+    sinks = [m.index for m in out if not isinstance(m, StampNodePlan) and m.index not in used]
+    emit(1, tuple(sinks))
+    return out, remap, tuple(pairs), stamps

@@ -22,6 +22,7 @@ from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
+from ..kernels.source import bundled_kernel
 from ..kernels.types import DType
 from .bindings import binding_from_cai, upload_host_array
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
@@ -117,6 +118,7 @@ class Engine:
         self.profiling = ProfilingLevel.NONE
         self._stats_cache: EngineStats | None = None
         self._last_gpu_ms: float | None = None
+        self._stamp_function: Any = None
         self._frame_diags: tuple[Diagnostic, ...] = ()  # per-frame warnings (append buffers nearly full)
         self._graph: CompiledGraph | None = None
         self._retired: list[CompiledGraph] = []
@@ -213,10 +215,7 @@ class Engine:
             rb = g.readback
             if rb is not None:
                 rb.poll()
-                # At profiling levels each ring slot has its own executable (and events).
-                (err,) = g._launch(g._execs[rb._next % len(g._execs)], self._stream)
-            else:
-                (err,) = g._launch(g._exec, self._stream)
+            (err,) = g._launch(g._exec, self._stream)
             if err:
                 self._launch_failed(err)
             if rb is not None:
@@ -362,6 +361,9 @@ class Engine:
                 self._finish_build(self._graph, plan)
                 return True
         names = {b.id: b.name for b in snap.blocks}
+        if plan.stamp_count and self._stamp_function is None:
+            # Built once, at the first timed build (a level change is a rebuild anyway); cached on disk.
+            self._stamp_function = self.kernels.builder.build(bundled_kernel("stamp")).function
         t1 = time.perf_counter()
         try:
             graph = realize(
@@ -373,6 +375,7 @@ class Engine:
                 block_names=names,
                 previous=self._graph,
                 occupancy=self.profiling.at_least(ProfilingLevel.DEEP_ASYNC),
+                stamp_function=self._stamp_function,
             )
         except (KernelLoadError, CudaError) as exc:
             self.counters.failed_rebuilds += 1
@@ -530,18 +533,18 @@ class Engine:
         registry = self.context.registry
         rb = g.readback if g is not None else None
         frame = age = None
-        times: list[float] | None = None
+        times = None
         if rb is not None:
             rb.poll()
             frame, age = rb.latest_frame, rb.age()
-            if rb.latest_slot is not None and g is not None and g.event_sets:
-                times = g.event_times(rb.latest_slot)
+            if frame is not None and rb.stamps:
+                times = rb.latest_stamps.astype(np.int64)  # nanoseconds of the GPU's global timer
         block_ms: dict[int, float] = {}
         kernel_ms: dict[tuple[int, int], float] = {}
         graph_ms = None
         if times is not None and g is not None:
             for pair in g.plan.timings:
-                ms = times[pair.end] - times[pair.start]
+                ms = max(0, int(times[pair.end] - times[pair.start])) / 1e6
                 if pair.kind == "graph":
                     graph_ms = ms
                 elif pair.kind == "block":

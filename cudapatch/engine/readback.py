@@ -1,6 +1,7 @@
-"""A ring of 3 in-flight frames for reading small device values (append counters) without stalling.
+"""A ring of 3 in-flight frames for reading small device values without stalling: profiling
+timestamps (uint64) and append counters (uint32), which the graph keeps in one device block.
 
-After each launch the engine copies the counters into one pinned host slot and records an event;
+After each launch the engine copies that block into one pinned host slot and records an event;
 ``poll`` harvests the newest slot whose event has completed (``cuEventQuery``, never waiting).
 """
 
@@ -19,17 +20,21 @@ RING_FRAMES = 3
 
 
 class ReadbackRing:
-    """Asynchronous readback of ``count`` uint32 values at ``device_ptr``, 3 frames deep.
+    """Asynchronous readback, 3 frames deep, of ``stamps`` uint64 timestamps followed by ``count``
+    uint32 counters at ``device_ptr``.
 
     Raises:
         CudaError: pinned allocation or event creation failed.
     """
 
-    def __init__(self, device_ptr: int, count: int) -> None:
+    def __init__(self, device_ptr: int, count: int, *, stamps: int = 0) -> None:
         d = driver()
         self.device_ptr = device_ptr
         self.count = count
-        self.nbytes = 4 * count
+        self.stamps = stamps
+        self.nbytes = 8 * stamps + 4 * count
+        self._stamp_views: list[np.ndarray] = []
+        self.latest_stamps = np.zeros(stamps, dtype=np.uint64)
         self._host_ptrs: list[int] = []
         self._views: list[np.ndarray] = []
         self._events: list[Any] = []
@@ -38,13 +43,16 @@ class ReadbackRing:
         self._harvested: int | None = None  # slot last harvested
         self.latest = np.zeros(count, dtype=np.uint32)
         self.latest_frame: int | None = None
-        self.latest_slot: int | None = None  # ring slot of latest_frame (its timing events are valid)
         self.current_frame = 0
         self._closed = False
         for _ in range(RING_FRAMES):
-            ptr = int(check(d.cuMemHostAlloc(max(self.nbytes, 4), 0), "cuMemHostAlloc"))
+            ptr = int(check(d.cuMemHostAlloc(max(self.nbytes, 8), 0), "cuMemHostAlloc"))
             self._host_ptrs.append(ptr)
-            self._views.append(np.ctypeslib.as_array((ctypes.c_uint32 * max(count, 1)).from_address(ptr))[:count])
+            self._stamp_views.append(
+                np.ctypeslib.as_array((ctypes.c_uint64 * max(stamps, 1)).from_address(ptr))[:stamps]
+            )
+            at = ptr + 8 * stamps
+            self._views.append(np.ctypeslib.as_array((ctypes.c_uint32 * max(count, 1)).from_address(at))[:count])
             flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
             self._events.append(check(d.cuEventCreate(flags), "cuEventCreate"))
         self._memcpy = d.cuMemcpyDtoHAsync
@@ -99,9 +107,9 @@ class ReadbackRing:
             if self.latest_frame is not None and frame <= self.latest_frame:
                 return False
             self.latest[:] = self._views[slot]
+            self.latest_stamps[:] = self._stamp_views[slot]
             self.latest_frame = frame
             self._harvested = slot
-            self.latest_slot = slot
             return True
         return False
 
@@ -136,6 +144,7 @@ class ReadbackRing:
         self.wait_idle()
         d = driver()
         self._views.clear()
+        self._stamp_views.clear()
         for ptr in self._host_ptrs:
             check(d.cuMemFreeHost(ptr), "cuMemFreeHost")
         for ev in self._events:

@@ -22,8 +22,8 @@ from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .context import ExternalBinding
 from .device import DeviceContext
-from .plan import Arg, EventNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan
-from .readback import RING_FRAMES, ReadbackRing
+from .plan import Arg, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan
+from .readback import ReadbackRing
 
 __all__ = ["CompiledGraph", "realize"]
 
@@ -109,10 +109,9 @@ def _write(slot: Any, value: Any) -> None:
         slot.value = value
 
 
-def _release_graph(d: Any, execs: list[Any], graph: Any) -> None:
+def _release_graph(d: Any, exec_: Any, graph: Any) -> None:
     try:
-        for exec_ in execs:
-            d.cuGraphExecDestroy(exec_)
+        d.cuGraphExecDestroy(exec_)
         d.cuGraphDestroy(graph)
     except Exception:
         pass
@@ -145,6 +144,7 @@ class CompiledGraph:
         block_names: dict[int, str] | None = None,
         previous: CompiledGraph | None = None,
         occupancy: bool = False,
+        stamp_function: Any = None,
     ) -> None:
         d = driver()
         device.make_current()
@@ -161,12 +161,8 @@ class CompiledGraph:
         self._nodes: list[_Node | None] = []
         self._graph: Any = None
         self._exec: Any = None
-        self._execs: list[Any] = []
-        # Timing events: one set per ring slot, each recorded by its own executable graph, so
-        # reading frame N's events never races frame N+1's records (see ReadbackRing).
-        self.event_sets: list[list[Any]] = []
-        self._event_nodes: list[tuple[Any, int]] = []
         self.occupancy: dict[tuple[int, int], float] = {}
+        self._stamp_args: list[Any] = []  # parameter storage of the timestamp nodes
         # What the previous graph can lend: its output allocations (pointers stay stable across a
         # rebuild, so views users hold stay valid) and its parameter storage. Nothing of it is
         # modified unless this graph is built; a failure restores what was touched.
@@ -189,20 +185,19 @@ class CompiledGraph:
                     buf = GpuBuffer(pool, b.dtype, b.count, stream=device.stream)
                     self.buffers.append(buf)
                     self._owned.append(buf)
-            if plan.counters:
-                self.counters = GpuBuffer(pool, DType.UINT32, len(plan.counters), stream=device.stream)
+            # One readback block per graph: timestamps (uint64) then append counters (uint32), so a
+            # single async copy per frame brings both back through the ring.
+            n_stamps, n_counters = plan.stamp_count, len(plan.counters)
+            self._stamps_ptr = 0
+            if n_stamps or n_counters:
+                words = n_stamps + (n_counters + 1) // 2
+                self.counters = GpuBuffer(pool, DType.UINT64, words, stream=device.stream)
                 self._owned.append(self.counters)
-            if plan.counters or plan.event_count:
-                ptr = self.counters.ptr if self.counters is not None else 0
-                self.readback = ReadbackRing(ptr, len(plan.counters))
+                self._stamps_ptr = self.counters.ptr
+                counters_ptr = self.counters.ptr + 8 * n_stamps
+                self.readback = ReadbackRing(self.counters.ptr, n_counters, stamps=n_stamps)
                 for key, (bi, ci) in plan.appends.items():
-                    self.appends[key] = AppendBuffer(self.buffers[bi], ptr + 4 * ci, ci, self.readback)
-            if plan.event_count:
-                flags = d.CUevent_flags.CU_EVENT_DEFAULT.value  # timing enabled
-                for _ in range(RING_FRAMES):
-                    self.event_sets.append(
-                        [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(plan.event_count)]
-                    )
+                    self.appends[key] = AppendBuffer(self.buffers[bi], counters_ptr + 4 * ci, ci, self.readback)
             t1 = time.perf_counter()
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
@@ -212,18 +207,17 @@ class CompiledGraph:
                 if isinstance(node, MemsetNodePlan):
                     assert self.counters is not None
                     mp = d.CUDA_MEMSET_NODE_PARAMS()
-                    mp.dst = self.counters.ptr
+                    mp.dst = self.counters.ptr + 8 * n_stamps
                     mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
                     h = check(
                         d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode"
                     )
                     self._nodes.append(None)
-                elif isinstance(node, EventNodePlan):
+                elif isinstance(node, StampNodePlan):
                     h = check(
-                        d.cuGraphAddEventRecordNode(self._graph, deps, len(deps), self.event_sets[0][node.event]),
-                        "cuGraphAddEventRecordNode",
+                        d.cuGraphAddKernelNode(self._graph, deps, len(deps), self._stamp_params(node, stamp_function)),
+                        "cuGraphAddKernelNode",
                     )
-                    self._event_nodes.append((h, node.event))
                     self._nodes.append(None)
                 else:
                     fn = functions.get((node.block_id, node.kernel))
@@ -249,11 +243,6 @@ class CompiledGraph:
                 handles.append(h)
             t2 = time.perf_counter()
             self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
-            self._execs = [self._exec]
-            for events in self.event_sets[1:]:  # one executable per ring slot, each with its own events
-                for h, j in self._event_nodes:
-                    check(d.cuGraphEventRecordNodeSetEvent(h, events[j]), "cuGraphEventRecordNodeSetEvent")
-                self._execs.append(check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate"))
             t3 = time.perf_counter()
             #: Host ms spent on buffers, node creation and instantiation (for benchmarks and the overlay).
             self.timing = {
@@ -275,7 +264,7 @@ class CompiledGraph:
         self._binding_targets = self._targets(plan.binding_slots)
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
-        self._finalizer = weakref.finalize(self, _release_graph, d, list(self._execs), self._graph)
+        self._finalizer = weakref.finalize(self, _release_graph, d, self._exec, self._graph)
         self.instantiations = 1
 
     def adopt(self, previous: CompiledGraph | None) -> None:
@@ -312,24 +301,23 @@ class CompiledGraph:
         """The ``CUgraphExec`` (read-only)."""
         return self._exec
 
-    def launch(self, stream: Any, slot: int = 0) -> None:
-        """Launch the graph on ``stream`` (the executable of ring ``slot``); returns without waiting.
+    def launch(self, stream: Any) -> None:
+        """Launch the graph on ``stream``; returns without waiting.
 
         Raises:
             CudaError: the launch was rejected.
         """
-        (err,) = self._launch(self._execs[slot % len(self._execs)], stream)
+        (err,) = self._launch(self._exec, stream)
         if err:
             check((err,), "cuGraphLaunch")
 
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Any) -> None:
-        set_params = self._set_params
-        for exec_ in self._execs:  # one executable, or one per ring slot at profiling levels
-            for kn in touched:
-                (err,) = set_params(exec_, kn.handle, kn.params)
-                if err:
-                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+        set_params, exec_ = self._set_params, self._exec
+        for kn in touched:
+            (err,) = set_params(exec_, kn.handle, kn.params)
+            if err:
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[_Node] = []
@@ -530,17 +518,21 @@ class CompiledGraph:
         slot = self._kernel(node_index).slots[arg]
         return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
 
-    def event_times(self, slot: int) -> list[float]:
-        """Milliseconds from the graph's first event to each event of ring ``slot``. Only valid once
-        that slot's frame has completed (the ring checks); costs one driver call per event.
-
-        Raises:
-            CudaError: an event was not recorded (e.g. the frame faulted).
-        """
+    def _stamp_params(self, node: StampNodePlan, function: Any) -> Any:
+        if function is None:
+            raise CudapatchError("profiling needs the timestamp kernel, which is not loaded")
         d = driver()
-        events = self.event_sets[slot]
-        first = events[0]
-        return [0.0] + [float(check(d.cuEventElapsedTime(first, ev), "cuEventElapsedTime")) for ev in events[1:]]
+        storage = (ctypes.c_uint64 * 2)(self._stamps_ptr, node.stamp)  # (slots pointer, index: uint fits)
+        pointers = (ctypes.c_void_p * 2)(ctypes.addressof(storage), ctypes.addressof(storage) + 8)
+        kp = d.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = function
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = 1, 1, 1
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = 1, 1, 1
+        kp.sharedMemBytes = 0
+        kp.kernelParams = ctypes.addressof(pointers)
+        kp.extra = 0
+        self._stamp_args.append((storage, pointers, kp))
+        return kp
 
     @property
     def kernel_count(self) -> int:
@@ -576,13 +568,9 @@ class CompiledGraph:
         for b in self._owned:
             b.close()
         self._owned = []
-        for exec_ in self._execs or ([self._exec] if self._exec is not None else []):
-            check(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
-        self._execs, self._exec = [], None
-        for events in self.event_sets:
-            for ev in events:
-                check(d.cuEventDestroy(ev), "cuEventDestroy")
-        self.event_sets = []
+        if self._exec is not None:
+            check(d.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+            self._exec = None
         if self._graph is not None:
             check(d.cuGraphDestroy(self._graph), "cuGraphDestroy")
             self._graph = None
@@ -628,6 +616,7 @@ def realize(
     block_names: dict[int, str] | None = None,
     previous: CompiledGraph | None = None,
     occupancy: bool = False,
+    stamp_function: Any = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -650,4 +639,5 @@ def realize(
         block_names=block_names,
         previous=previous,
         occupancy=occupancy,
+        stamp_function=stamp_function,
     )

@@ -6,7 +6,7 @@ import pytest
 
 from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, VectorAdd, compile_plan
 from cudapatch.blocks import BlockState
-from cudapatch.engine import Context, EventNodePlan, KernelNodePlan, MemsetNodePlan
+from cudapatch.engine import Context, KernelNodePlan, MemsetNodePlan, StampNodePlan
 from cudapatch.errors import CudapatchError
 
 
@@ -41,7 +41,7 @@ def test_level_names() -> None:
 def test_none_places_no_events() -> None:
     c, _ = _patch()
     plan = compile_plan(c.snapshot())
-    assert not any(isinstance(n, EventNodePlan) for n in plan.nodes) and plan.event_count == 0 and not plan.timings
+    assert not any(isinstance(n, StampNodePlan) for n in plan.nodes) and plan.stamp_count == 0 and not plan.timings
 
 
 @pytest.mark.parametrize(
@@ -57,15 +57,17 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
     c, (f, s, a, k) = _patch()
     plan = compile_plan(c.snapshot(), level=level)
     _check_order(plan)
-    ev = [n for n in plan.nodes if isinstance(n, EventNodePlan)]
-    assert len(ev) == events == plan.event_count and len(plan.timings) == pairs
+    ev = [n for n in plan.nodes if isinstance(n, StampNodePlan)]
+    assert len(ev) == events == plan.stamp_count and len(plan.timings) == pairs
     first, last = plan.nodes[0], plan.nodes[-1]
-    assert isinstance(first, EventNodePlan) and first.event == 0 and not first.deps  # the graph starts here
-    assert isinstance(last, EventNodePlan) and last.event == 1
+    assert isinstance(first, StampNodePlan) and first.stamp == 0 and not first.deps  # the graph starts here
+    assert isinstance(last, StampNodePlan) and last.stamp == 1
     kernels = [n for n in plan.nodes if isinstance(n, KernelNodePlan)]
-    succ = {d for n in plan.nodes for d in n.deps}
-    assert all(n.index in succ for n in plan.nodes[:-1]), "every node leads to the end event"
-    # the original dependencies survive (scale still waits for fill, add for both)
+    stamp_idx = {n.index for n in ev}
+    assert not any(d in stamp_idx for n in plan.nodes for d in n.deps), "nothing waits for a stamp"
+    used = {d for n in plan.nodes if not isinstance(n, StampNodePlan) for d in n.deps}
+    sinks = {n.index for n in plan.nodes if not isinstance(n, StampNodePlan) and n.index not in used}
+    assert set(last.deps) == sinks  # the end stamp waits for every sink
     by_block = {n.block_id: n for n in kernels}
 
     def reaches(src: int, dst: int) -> bool:
@@ -88,8 +90,10 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
     if level.at_least(ProfilingLevel.PER_BLOCK):
         block_pairs = {p.key: p for p in plan.timings if p.kind == "block"}
         assert set(block_pairs) == {f.id, s.id, a.id, k.id}
-        start = next(n for n in ev if n.event == block_pairs[a.id].start)
-        assert reaches(start.index, by_block[a.id].index)  # the kernel waits for its block's start event
+        start = next(n for n in ev if n.stamp == block_pairs[a.id].start)
+        end = next(n for n in ev if n.stamp == block_pairs[a.id].end)
+        assert set(start.deps) == set(by_block[a.id].deps)  # starts when the block's inputs are ready
+        assert end.deps == (by_block[a.id].index,)  # ends after its kernel
     if level.at_least(ProfilingLevel.PER_KERNEL):
         assert {p.key for p in plan.timings if p.kind == "kernel"} == {(b.id, 0) for b in (f, s, a, k)}
 
