@@ -399,7 +399,8 @@ class CompiledGraph:
         """
         old = self.plan
         if (
-            len(plan.nodes) != len(old.nodes)
+            plan.level is not old.level  # a profiling level change is a structure change
+            or len(plan.nodes) != len(old.nodes)
             or len(plan.buffers) != len(old.buffers)
             or plan.counters != old.counters
             or plan.scalar_slots != old.scalar_slots

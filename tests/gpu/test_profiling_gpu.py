@@ -47,7 +47,7 @@ def test_levels_switch_live(engine: Engine) -> None:
     engine.connect(f, "Out", k, "In")
     _frames(engine)
     st = engine.stats()
-    assert st.gpu_ms is None and not engine.graph.event_sets and st.level is ProfilingLevel.NONE
+    assert st.gpu_ms is None and engine.graph.plan.stamp_count == 0 and st.level is ProfilingLevel.NONE
     with pytest.raises(CudapatchError, match="unknown profiling level 'Loud'"):
         engine.set_profiling("Loud")
     for level in ("Summary", "PerBlock", "PerKernel", "DeepAsync", "DeepSync"):
