@@ -365,10 +365,11 @@ def _place_stamps(
 ) -> tuple[list[NodePlan], dict[int, int], tuple[TimingPair, ...], int]:
     """Insert timestamp nodes for ``level`` and renumber.
 
-    Stamp 0 starts the graph (no dependencies) and stamp 1 ends it (after every sink kernel).
-    PerBlock adds a pair per block: the start stamp waits for the block's outside dependencies,
-    the end stamp for its last kernels (a block's nodes are contiguous in plan order). PerKernel
-    adds a pair per kernel. Nothing depends on a stamp, so measuring adds no waiting.
+    Stamp 0 starts the graph (every root waits for it) and stamp 1 ends it (after every sink).
+    PerBlock adds a pair per block: the start stamp waits for the block's outside dependencies and
+    the block's kernels wait for it (a stamp that only ran beside the kernel could land after it
+    started: measured), the end stamp waits for its last kernels; nothing waits for an end stamp.
+    PerKernel adds a pair per kernel the same way. A block's nodes are contiguous in plan order.
     """
     per_block = level.at_least(ProfilingLevel.PER_BLOCK)
     per_kernel = level.at_least(ProfilingLevel.PER_KERNEL)
@@ -382,6 +383,7 @@ def _place_stamps(
             runs.setdefault(n.block_id, []).append(n)
     left: dict[int, int] = {}
     block_end: dict[int, int] = {}
+    block_start_node: dict[int, int] = {}
 
     def emit(stamp: int, deps: tuple[int, ...]) -> None:
         out.append(StampNodePlan(len(out), stamp, tuple(sorted(set(deps)))))
@@ -393,13 +395,17 @@ def _place_stamps(
             outside = tuple(remap[d] for m in runs[n.block_id] for d in m.deps if d not in members)
             pairs.append(TimingPair("block", n.block_id, stamps, stamps + 1))
             block_end[n.block_id] = stamps + 1
-            emit(stamps, outside)
+            block_start_node[n.block_id] = len(out)
+            emit(stamps, outside or (0,))
             stamps += 2
             left[n.block_id] = len(members)
-        deps = tuple(remap[d] for d in n.deps)
+        deps = tuple(remap[d] for d in n.deps) or (0,)  # roots wait for the graph's start stamp
+        if kernel and per_block:
+            deps = tuple(sorted(set(deps) | {block_start_node[n.block_id]}))
         if kernel and per_kernel:
             pairs.append(TimingPair("kernel", (n.block_id, n.kernel), stamps, stamps + 1))
             emit(stamps, deps)
+            deps = (len(out) - 1,)
         idx = len(out)
         out.append(n._replace(index=idx, deps=deps))
         remap[n.index] = idx
@@ -412,7 +418,7 @@ def _place_stamps(
                 members = runs[n.block_id]
                 exits = [remap[m.index] for m in members if not any(m.index in o.deps for o in members)]
                 emit(block_end[n.block_id], tuple(exits))
-    used = {d for m in out if not isinstance(m, StampNodePlan) for d in m.deps}  # stamps are side branches
-    sinks = [m.index for m in out if not isinstance(m, StampNodePlan) and m.index not in used]
+    used = {d for m in out for d in m.deps}
+    sinks = [m.index for m in out if m.index not in used]
     emit(1, tuple(sinks))
     return out, remap, tuple(pairs), stamps

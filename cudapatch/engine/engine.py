@@ -502,7 +502,9 @@ class Engine:
         ab = self._graph.appends.get((block.id, port)) if self._graph else None
         if ab is not None:
             assert self._graph is not None and self._graph.counters is not None
-            raw = int(self._graph.counters.download()[ab.counter_index])
+            # The readback block holds the timestamps (uint64) first, then the counters (uint32).
+            block = self._graph.counters.download().view(np.uint32)
+            raw = int(block[2 * self._graph.plan.stamp_count + ab.counter_index])
             return data[: min(raw, ab.capacity)]
         return data
 

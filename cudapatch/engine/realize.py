@@ -188,13 +188,13 @@ class CompiledGraph:
             # One readback block per graph: timestamps (uint64) then append counters (uint32), so a
             # single async copy per frame brings both back through the ring.
             n_stamps, n_counters = plan.stamp_count, len(plan.counters)
-            self._stamps_ptr = 0
+            self._stamps_ptr = self._counters_ptr = 0
             if n_stamps or n_counters:
                 words = n_stamps + (n_counters + 1) // 2
                 self.counters = GpuBuffer(pool, DType.UINT64, words, stream=device.stream)
                 self._owned.append(self.counters)
                 self._stamps_ptr = self.counters.ptr
-                counters_ptr = self.counters.ptr + 8 * n_stamps
+                counters_ptr = self._counters_ptr = self.counters.ptr + 8 * n_stamps
                 self.readback = ReadbackRing(self.counters.ptr, n_counters, stamps=n_stamps)
                 for key, (bi, ci) in plan.appends.items():
                     self.appends[key] = AppendBuffer(self.buffers[bi], counters_ptr + 4 * ci, ci, self.readback)
@@ -289,8 +289,7 @@ class CompiledGraph:
         if a.kind == "external":
             return bindings[a.ref].ptr  # type: ignore[index]
         if a.kind == "counter":
-            assert self.counters is not None
-            return self.counters.ptr + 4 * a.ref  # type: ignore[operator]
+            return self._counters_ptr + 4 * a.ref  # type: ignore[operator]
         if a.kind == "null":
             return 0
         return a.value
