@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from cudapatch import AppendFilter, CudapatchError, Engine, Fill, ProfilingLevel, Scale, VectorAdd
+from cudapatch import AppendFilter, CudapatchError, Engine, Fill, ProfilingLevel, Scale
 
 from .conftest import Spin
 
@@ -23,26 +23,26 @@ def _frames(engine: Engine, n: int = 6) -> None:
 
 
 def test_block_times_follow_the_work(engine: Engine) -> None:
-    # One chain, so the blocks do not share the GPU with each other while they are measured.
-    src = engine.add(Fill(name="src", Count=10 << 20, Value=1.0))
-    big = engine.add(Scale(name="big"))
-    engine.connect(src, "Out", big, "In")
-    rng = np.random.default_rng()
-    small = engine.add(Scale(name="small"))
-    engine.bind(small, "In", rng.standard_normal(1 << 20).astype(np.float32))
-    tail = engine.add(VectorAdd(name="tail"))  # small runs after big: small's output and big's meet here
-    engine.connect(big, "Out", tail, "A")
-    engine.connect(big, "Out", tail, "B")
+    # Measured one workload at a time: blocks running side by side share the GPU, and a span then
+    # includes the other's occupancy.
     engine.set_profiling("PerBlock")
-    _frames(engine)
-    stats = engine.stats()
-    ms = {b.name: b.gpu_ms for b in stats.blocks}
-    assert all(v is not None and v > 0 for v in ms.values()), ms
+    ms = {}
+    for name, count in (("small", 1 << 20), ("big", 10 << 20)):
+        src = engine.add(Fill(name=f"{name}_src", Count=count, Value=1.0))
+        blk = engine.add(Scale(name=name))
+        engine.connect(src, "Out", blk, "In")
+        _frames(engine)
+        stats = engine.stats()
+        ms.update({b.name: b.gpu_ms for b in stats.blocks})
+        assert stats.gpu_ms >= ms[name] > 0 and stats.age is not None and stats.frame is not None
+        if name == "big":
+            assert str(blk).startswith("big: OK, ") and str(blk).endswith("ms")
+            assert "Launch: " in str(engine) and "Profiling: PerBlock" in str(engine)
+        else:
+            engine.remove(src)
+            engine.remove(blk)
     ratio = ms["big"] / ms["small"]
-    assert 3 < ratio < 30, f"10x the work took {ratio:.1f}x the time ({ms})"
-    assert stats.gpu_ms >= max(ms.values()) and stats.age is not None and stats.frame is not None
-    assert str(big).startswith("big: OK, ") and str(big).endswith("ms")
-    assert "Launch: " in str(engine) and "Profiling: PerBlock" in str(engine)
+    assert 4 < ratio < 25, f"10x the work took {ratio:.1f}x the time ({ms})"
 
 
 def test_levels_switch_live(engine: Engine) -> None:
