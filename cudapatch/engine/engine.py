@@ -116,7 +116,6 @@ class Engine:
         self.counters = EngineCounters()
         self.last_build = BuildTiming()
         self.profiling = ProfilingLevel.NONE
-        self._stats_cache: EngineStats | None = None
         self._last_gpu_ms: float | None = None
         self._stamp_function: Any = None
         self._frame_diags: tuple[Diagnostic, ...] = ()  # per-frame warnings (append buffers nearly full)
@@ -395,7 +394,6 @@ class Engine:
 
     def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
         self._dirty.clear_structure()
-        self._stats_cache = None
         registry = self.context.registry
         sizes: dict[int, dict[str, int]] = {}
         for (bid, port), bi in plan.outputs.items():
@@ -524,7 +522,8 @@ class Engine:
         """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
         frame, read without waiting. Also refreshes what ``str(block)`` and ``str(engine)`` show.
 
-        Cost is paid only here (one event readout per timing event), never on the frame path.
+        Cost is paid only here (host-side arithmetic on the ring's copy of the timestamps), never on
+        the frame path.
 
         Raises:
             CudaError: a driver call failed (a GPU fault surfaces here).
@@ -602,7 +601,6 @@ class Engine:
             pool_total_bytes=self.pool.total_allocated_bytes,
             diagnostics=self._diagnostics,
         )
-        self._stats_cache = stats
         return stats
 
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
