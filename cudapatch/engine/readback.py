@@ -8,15 +8,40 @@ After each launch the engine copies that block into one pinned host slot and rec
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..kernels._driver import check, driver
 
-__all__ = ["ReadbackRing", "RING_FRAMES"]
+__all__ = ["ReadbackRing", "RING_FRAMES", "newest_completed"]
 
 RING_FRAMES = 3
+
+
+def newest_completed(
+    next_slot: int,
+    frames: list[int | None],
+    harvested: int | None,
+    latest_frame: int | None,
+    done: Callable[[int], bool],
+) -> int | None:
+    """The ring slot to harvest: the newest recorded slot whose frame has completed, if it is newer
+    than the frame already held; else None. Looks at most at every slot once, newest first, and
+    stops at the slot already harvested (older slots cannot be newer). ``done(slot)`` must not wait.
+    """
+    for back in range(1, len(frames) + 1):
+        slot = (next_slot - back) % len(frames)
+        frame = frames[slot]
+        if frame is None or slot == harvested:
+            return None
+        if not done(slot):
+            continue
+        if latest_frame is not None and frame <= latest_frame:
+            return None
+        return slot
+    return None
 
 
 class ReadbackRing:
@@ -94,24 +119,22 @@ class ReadbackRing:
         Raises:
             CudaError: an event query failed (a sticky fault surfaces here).
         """
-        for back in range(1, RING_FRAMES + 1):
-            slot = (self._next - back) % RING_FRAMES
-            frame = self._frames[slot]
-            if frame is None or slot == self._harvested:
-                return False
-            (err,) = self._query(self._events[slot])
-            if err == self._not_ready:
-                continue
-            if err:
-                check((err,), "cuEventQuery")
-            if self.latest_frame is not None and frame <= self.latest_frame:
-                return False
-            self.latest[:] = self._views[slot]
-            self.latest_stamps[:] = self._stamp_views[slot]
-            self.latest_frame = frame
-            self._harvested = slot
-            return True
-        return False
+        slot = newest_completed(self._next, self._frames, self._harvested, self.latest_frame, self._done)
+        if slot is None:
+            return False
+        self.latest[:] = self._views[slot]
+        self.latest_stamps[:] = self._stamp_views[slot]
+        self.latest_frame = self._frames[slot]
+        self._harvested = slot
+        return True
+
+    def _done(self, slot: int) -> bool:
+        (err,) = self._query(self._events[slot])
+        if err == self._not_ready:
+            return False
+        if err:
+            check((err,), "cuEventQuery")
+        return True
 
     def value(self, index: int) -> int | None:
         """The value at ``index`` in the newest harvested frame, or None before any completed."""

@@ -115,3 +115,31 @@ def test_tooltip_formats() -> None:
         s.port("Nope")
     s.debug.state, s.debug.message, s.debug.gpu_ms, s.debug.append_fill = BlockState.ERROR, "faulted", None, {}
     assert str(s) == "Emitter: Error: faulted"
+
+
+def test_ring_harvests_the_newest_completed_frame_without_waiting() -> None:
+    from cudapatch.engine.readback import newest_completed
+
+    frames: list[int | None] = [None, None, None]
+    done_slots: set[int] = set()
+    asked: list[int] = []
+
+    def done(slot: int) -> bool:  # a fake event source: which slots' copies have finished
+        asked.append(slot)
+        return slot in done_slots
+
+    assert newest_completed(0, frames, None, None, done) is None  # nothing recorded yet: no timings, no wait
+    frames[:] = [10, 11, 12]  # frames 10..12 in slots 0..2; the next frame goes to slot 0
+    assert newest_completed(0, frames, None, None, done) is None and asked == [2, 1, 0]  # none finished
+    done_slots |= {0, 1}
+    assert newest_completed(0, frames, None, None, done) == 1  # 12 is in flight: 11 is the newest done
+    assert newest_completed(0, frames, 1, 11, done) is None  # already held: older slots are not looked at
+    done_slots.add(2)
+    assert newest_completed(0, frames, 1, 11, done) == 2
+    frames[0] = 13  # slot 0 reused for frame 13 (wrap-around), not yet finished
+    done_slots.discard(0)
+    asked.clear()
+    assert newest_completed(1, frames, 2, 12, done) is None and asked == [0]  # stops at the held slot 2
+    done_slots.add(0)
+    assert newest_completed(1, frames, 2, 12, done) == 0
+    assert newest_completed(1, frames, None, 13, done) is None  # not newer than what is held
