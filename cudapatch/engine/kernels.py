@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from ..errors import CudapatchError, KernelCompileError, KernelLoadError
 from ..kernels.builder import CompiledKernel, KernelBuilder
-from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.watch import FileWatcher
 from .context import PatchSnapshot
@@ -248,10 +247,6 @@ class KernelTracker:
         elif not on and self._saved_switch is not None:
             sys.setswitchinterval(self._saved_switch)
             self._saved_switch = None
-
-    def descriptor_of(self, key: Key) -> KernelDescriptor | None:
-        slot = self._slots.get(key)
-        return None if slot is None or slot.good is None else slot.good.descriptor
 
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         """Compile errors that persist until the kernel compiles again."""

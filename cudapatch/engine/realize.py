@@ -491,16 +491,6 @@ class CompiledGraph:
         kn.params.gridDimX = max(1, int(grid))
         self._commit((kn,))
 
-    def update_function(self, node_index: int, function: Any) -> None:
-        """Swap the kernel function of a node in place (same parameter layout).
-
-        Raises:
-            CudaError: the driver refused the swap.
-        """
-        kn = self._kernel(node_index)
-        kn.params.func = function
-        self._commit((kn,))
-
     def _kernel(self, node_index: int) -> _Node:
         kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None
         if kn is None:

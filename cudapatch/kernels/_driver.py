@@ -90,8 +90,3 @@ def check(result: Any, what: str = "", **context: Any) -> Any:
     if n == 2:
         return result[1]
     return result[1:]
-
-
-def is_sticky(error: CudaError) -> bool:
-    """True if ``error`` leaves the context unusable (illegal address and the like)."""
-    return error.name in _STICKY
