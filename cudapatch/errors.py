@@ -21,6 +21,8 @@ __all__ = [
     "LinkError",
     "BindingError",
     "PluginError",
+    "InteropError",
+    "PatchFileError",
 ]
 
 
@@ -142,3 +144,14 @@ class BindingError(CudapatchError):
 
 class PluginError(CudapatchError):
     """A plugin failed to load or register its block types."""
+
+
+class InteropError(CudapatchError):
+    """A GL context, window or shared GL/CUDA resource failed (no display, no GL, a missing
+    extension, a GL object of the wrong format, mapping twice, use after close). The message names
+    the resource."""
+
+
+class PatchFileError(CudapatchError):
+    """A patch file cannot be used: a TOML syntax error, an unknown key, operator or port. Carries
+    ``file`` and ``line``."""

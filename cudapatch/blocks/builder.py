@@ -161,10 +161,11 @@ class BlockBuilder:
             )
         self._bound[ref] = what
 
-    def _check_name(self, name: str) -> None:
+    def _check_name(self, name: str, *, through: bool = False) -> None:
         if not name or not isinstance(name, str):
             raise self._error("port and parameter names must be non-empty strings")
-        taken = {p.name for p in self._inputs + self._outputs} | {p.name for p in self._params}
+        ports = self._outputs if through else self._inputs + self._outputs
+        taken = {p.name for p in ports} | {p.name for p in self._params}
         if name in taken:
             raise self._error(f"the name '{name}' is used twice in this block")
 
@@ -203,15 +204,42 @@ class BlockBuilder:
         )
         return name
 
-    def output(self, name: str, pin: KernelPin, *, size: SizeRule | int, description: str = "") -> str:
-        """A buffer output port written by ``pin`` (an ``out()`` pin); ``size`` is its element count."""
+    def output(self, name: str, pin: KernelPin, *more: KernelPin, size: SizeRule | int, description: str = "") -> str:
+        """A buffer output port written by ``pin`` (an ``out()`` pin); ``size`` is its element count.
+
+        ``more`` pins (of this or other kernels of the block) get the same buffer: kernels that
+        build one output in steps run in the order they were added."""
         self._check_name(name)
-        if pin.direction != "out":
-            raise self._error(f"output '{name}' must be bound to an out() pin")
-        dtype = self._pins_dtype(name, (pin,), pointer=True)
-        self._bind(pin, f"output '{name}'")
+        pins = (pin, *more)
+        if any(p.direction != "out" for p in pins):
+            raise self._error(f"output '{name}' must be bound to out() pins")
+        dtype = self._pins_dtype(name, pins, pointer=True)
+        for p in pins:
+            self._bind(p, f"output '{name}'")
         rule = fixed(size) if isinstance(size, int) else size
-        self._outputs.append(PortSpec(name, "out", "buffer", dtype, (pin.ref,), size=rule, description=description))
+        self._outputs.append(
+            PortSpec(name, "out", "buffer", dtype, tuple(p.ref for p in pins), size=rule, description=description)
+        )
+        return name
+
+    def through(self, name: str, *, description: str = "") -> str:
+        """Pass input ``name`` on as an output of the same name: the block modifies the buffer in
+        place (its pins are ``inout``), and blocks linked to this output run after it.
+
+        Example (a particle force)::
+
+            k = b.add_kernel(forces_source)      # void forces(/*inout*/ float4* particles, ...)
+            b.input("Particles", k.in_(0))
+            b.through("Particles")
+        """
+        self._check_name(name, through=True)
+        inp = next((p for p in self._inputs if p.name == name), None)
+        if inp is None:
+            raise self._error(f"through('{name}') needs an input called '{name}' declared first")
+        kernels = {k.index: k for k in self._kernels}
+        if not any(kernels[ref.kernel].descriptor.parameters[ref.param].direction != "in" for ref in inp.pins):
+            raise self._error(f"through('{name}'): no kernel writes input '{name}'; declare one pin inout")
+        self._outputs.append(PortSpec(name, "out", "through", inp.dtype, (), description=description or inp.description))
         return name
 
     def append_output(
@@ -324,7 +352,8 @@ class BlockBuilder:
             return self._committed
         rules: list[tuple[str, SizeRule]] = []
         for port in self._outputs:
-            rules.append((f"output '{port.name}'", port.size))  # type: ignore[arg-type]
+            if port.kind != "through":
+                rules.append((f"output '{port.name}'", port.size))  # type: ignore[arg-type]
         for link in self._links:
             rules.append(("internal link", link.size))
         for k in self._kernels:

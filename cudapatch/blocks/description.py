@@ -31,7 +31,7 @@ __all__ = [
     "ScalarValue",
 ]
 
-PortKind = Literal["buffer", "append"]
+PortKind = Literal["buffer", "append", "through"]
 ScalarValue = Union[int, float, tuple]
 
 
@@ -46,31 +46,40 @@ class PinRef(NamedTuple):
 class SizeRule:
     """How an element count is found: like an input port, from a scalar parameter, or fixed.
 
-    Exactly one field is set. ``scale`` multiplies the result (e.g. 3 floats per particle).
+    Exactly one field is set. The count ``n`` becomes ``n // divide * scale + extra``: ``scale``
+    for several elements per item (3 floats per particle), ``extra`` for a header in front,
+    ``divide`` to get items back from a buffer that holds several elements per item.
     """
 
     like: str | None = None
     param: str | None = None
     fixed: int | None = None
     scale: int = 1
+    extra: int = 0
+    divide: int = 1
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.like, self.param, self.fixed)) != 1:
             raise ValueError("a SizeRule needs exactly one of like=, param=, fixed=")
+        if self.divide < 1:
+            raise ValueError("a SizeRule's divide must be at least 1")
 
     def __str__(self) -> str:
         base = f"like '{self.like}'" if self.like else (f"parameter '{self.param}'" if self.param else str(self.fixed))
-        return base if self.scale == 1 else f"{base} x{self.scale}"
+        base = base if self.divide == 1 else f"{base} / {self.divide}"
+        base = base if self.scale == 1 else f"{base} x{self.scale}"
+        return base if not self.extra else f"{base} + {self.extra}"
 
 
-def like(port: str, scale: int = 1) -> SizeRule:
-    """Element count equal to input port ``port``'s (times ``scale``)."""
-    return SizeRule(like=port, scale=scale)
+def like(port: str, scale: int = 1, *, divide: int = 1, extra: int = 0) -> SizeRule:
+    """Element count of input port ``port`` (``// divide * scale + extra``)."""
+    return SizeRule(like=port, scale=scale, divide=divide, extra=extra)
 
 
-def from_param(name: str, scale: int = 1) -> SizeRule:
-    """Element count taken from scalar parameter ``name`` (which becomes structural)."""
-    return SizeRule(param=name, scale=scale)
+def from_param(name: str, scale: int = 1, extra: int = 0) -> SizeRule:
+    """Element count taken from scalar parameter ``name`` (which becomes structural), times
+    ``scale``, plus ``extra``."""
+    return SizeRule(param=name, scale=scale, extra=extra)
 
 
 def fixed(count: int) -> SizeRule:
@@ -113,7 +122,8 @@ class PortSpec:
     Attributes:
         name: Port name, unique within the block.
         direction: ``in`` or ``out``.
-        kind: ``buffer`` or (outputs only) ``append``.
+        kind: ``buffer``; for outputs also ``append``, or ``through``: the buffer of the input of the
+            same name, which the block modified in place (particle state flowing through a chain).
         dtype: Element type.
         pins: Kernel parameters that receive the buffer pointer.
         counter: For append outputs, the kernel parameters that receive the counter pointer.
@@ -134,7 +144,7 @@ class PortSpec:
 
     @property
     def pin_type(self) -> PinType:
-        return PinType(self.kind, self.dtype)
+        return PinType("buffer" if self.kind == "through" else self.kind, self.dtype)
 
 
 @dataclass(frozen=True)

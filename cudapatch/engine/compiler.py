@@ -194,11 +194,17 @@ def compile_plan(
                 n = int(_b.values[rule.param])
             else:
                 n = int(rule.fixed)  # type: ignore[arg-type]
-            return max(0, n * rule.scale)
+            return max(0, n // rule.divide * rule.scale + rule.extra)
 
         port_buf: dict[str, int] = {}
         port_counter: dict[str, int] = {}
         for port in d.outputs:
+            if port.kind == "through":  # the input's buffer, modified in place, flows on
+                src = sources[port.name]
+                out_sources[(bid, port.name)] = src
+                if src.kind == "buffer":
+                    outputs[(bid, port.name)] = src.ref  # type: ignore[assignment]
+                continue
             count = resolve(port.size)  # type: ignore[arg-type]
             buf = _new(BufferPlan, (len(buffers), bid, port.name, port.dtype, count, port.kind == "append"))
             buffers.append(buf)

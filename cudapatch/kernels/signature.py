@@ -21,6 +21,8 @@ _PARAM = re.compile(
     r"(const\s+)?((?:unsigned\s+|signed\s+)?(?:long\s+long|[A-Za-z_]\w*))\s*(\*?)\s*(?:const\s+)?([A-Za-z_]\w*)"
 )
 
+_BARE_UNSIGNED = re.compile(r"\bunsigned\s+(?!(?:int|long|char|short)\b)")
+
 
 def _strip_comments_keep_inout(text: str) -> str:
     text = text.replace("/*inout*/", " __cudapatch_inout__ ")
@@ -65,6 +67,7 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
         for raw in body.split(","):
             inout = "__cudapatch_inout__" in raw
             decl = " ".join(raw.replace("__cudapatch_inout__", " ").split())
+            decl = _BARE_UNSIGNED.sub("unsigned int ", decl)  # `unsigned n` means `unsigned int n`
             pm = _PARAM.fullmatch(decl)
             if pm is None:
                 raise KernelCompileError(f"cannot read parameter '{decl}'", file=file, line=line, kernel=name)

@@ -2,12 +2,19 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .particles import PARTICLE_BLOCKS, Emitter, Forces, Integrate, ToPoints, particle_capacity
 
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile)
+BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS)
 
 __all__ = [
     "BUILTIN_BLOCKS",
     "DEFAULT_CUSTOM_CODE",
+    "Emitter",
+    "Forces",
+    "Integrate",
+    "PARTICLE_BLOCKS",
+    "ToPoints",
+    "particle_capacity",
     "AppendFilter",
     "CustomKernel",
     "Fill",
