@@ -7,8 +7,15 @@ the probe is an error, so a broken installation never hides as a skip.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import pytest
+
+# Tests are an entry point: they choose PyOpenGL's platform before anything imports OpenGL. EGL
+# serves both the headless contexts and (through GLFW's EGL context API) the windows under Xvfb.
+if sys.platform.startswith("linux"):
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,8 +39,28 @@ def gpu_unavailable_reason() -> str | None:
     return None if count > 0 else "no CUDA device"
 
 
+@functools.lru_cache(maxsize=1)
+def gl_unavailable_reason() -> str | None:
+    """None if a headless GL context can be made, else why not (no PyOpenGL, no EGL library)."""
+    try:
+        import OpenGL  # noqa: F401
+    except ImportError:
+        return "PyOpenGL is not installed"
+    if not sys.platform.startswith("linux"):
+        return None  # windows are used there; a failure to open one is a test failure
+    try:
+        from OpenGL import EGL  # noqa: F401
+    except (ImportError, AttributeError, OSError) as exc:  # libEGL.so is missing
+        return f"no EGL library ({exc})"
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None:
         reason = gpu_unavailable_reason()
         if reason is not None:
             pytest.skip(f"gpu test: {reason}")
+    if item.get_closest_marker("gl") is not None:
+        reason = gl_unavailable_reason()
+        if reason is not None:
+            pytest.skip(f"gl test: {reason}")

@@ -239,7 +239,9 @@ class BlockBuilder:
         kernels = {k.index: k for k in self._kernels}
         if not any(kernels[ref.kernel].descriptor.parameters[ref.param].direction != "in" for ref in inp.pins):
             raise self._error(f"through('{name}'): no kernel writes input '{name}'; declare one pin inout")
-        self._outputs.append(PortSpec(name, "out", "through", inp.dtype, (), description=description or inp.description))
+        self._outputs.append(
+            PortSpec(name, "out", "through", inp.dtype, (), description=description or inp.description)
+        )
         return name
 
     def append_output(

@@ -128,6 +128,7 @@ class Engine:
         self._diaglog = DiagnosticLog(log)
         self._dirty = self.context.dirty
         self._stream = self.device.stream
+        self._frame_hooks: tuple[Any, ...] = ()
         self._closed = False
         log.info("engine on %r", self.device)
 
@@ -178,6 +179,18 @@ class Engine:
             binding = upload_host_array(array, want, self._owned, (block.id, port), self.pool, self._stream, block.name)
         self.context.bind_input(block, port, binding)
 
+    def add_frame_hook(self, hook: Any) -> None:
+        """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
+
+        For GL interop (``cudapatch.interop.GlBridge``): mapping and unmapping shared resources on
+        the engine's stream. Hooks run in the order they were added."""
+        if hook not in self._frame_hooks:
+            self._frame_hooks += (hook,)
+
+    def remove_frame_hook(self, hook: Any) -> None:
+        """Stop calling ``hook`` (no error if it was not added)."""
+        self._frame_hooks = tuple(h for h in self._frame_hooks if h is not hook)
+
     def set_profiling(self, level: str | ProfilingLevel) -> None:
         """Set the profiling level (``"None"``, ``"Summary"``, ``"PerBlock"``, ``"PerKernel"``,
         ``"DeepAsync"``, ``"DeepSync"``). Event nodes are part of the graph, so a change rebuilds it.
@@ -198,6 +211,9 @@ class Engine:
             CudaError: the launch failed (the error is also recorded as a diagnostic).
         """
         self.device.make_current()
+        hooks = self._frame_hooks
+        for h in hooks:  # GL interop: map shared resources (may rebind a moved pointer: Warm)
+            h.before_launch(self._stream)
         kt = self.kernels
         if kt.pending:  # a list test when nothing compiles
             self._apply_compiles(kt.collect())
@@ -222,6 +238,8 @@ class Engine:
                 if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
                     self.device.synchronize()
                     rb.poll()
+        for h in hooks:  # copies into GL textures, then one unmap: GL work is ordered after the launch
+            h.after_launch(self._stream)
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it

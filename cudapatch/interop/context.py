@@ -25,7 +25,45 @@ __all__ = ["GlContext", "EglContext"]
 log = logging.getLogger("cudapatch.interop")
 
 _EGL_CUDA_DEVICE_NV = 0x323A
+# EGL displays are per-device singletons: two contexts on one device share a display, so it is
+# terminated only when its last context closes.
+_display_users: dict[int, int] = {}
+_display_lock = threading.Lock()
 _EGL_PLATFORM_SURFACELESS_MESA = 0x31DD
+
+
+def _display_key(display: Any) -> int:
+    return int(ctypes.cast(display, ctypes.c_void_p).value or 0)
+
+
+def _release_display(EGL: Any, display: Any) -> None:
+    key = _display_key(display)
+    with _display_lock:
+        _display_users[key] = _display_users.get(key, 1) - 1
+        last = _display_users[key] <= 0
+        if last:
+            del _display_users[key]
+    if last:
+        EGL.eglTerminate(display)
+
+
+def _cuda_ordinal(EGL: Any, device: Any) -> int | None:
+    """The CUDA device ordinal of an EGL device (``EGL_NV_device_cuda``), or None.
+
+    Called through ``eglGetProcAddress``: PyOpenGL's wrapper checks the extension against the
+    current display, and there is none yet (EGL_NOT_INITIALIZED)."""
+    try:
+        addr = EGL.eglGetProcAddress(b"eglQueryDeviceAttribEXT")
+        if not addr:
+            return None
+        proto = ctypes.CFUNCTYPE(ctypes.c_uint, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_ssize_t))
+        fn = proto(ctypes.cast(addr, ctypes.c_void_p).value)
+        value = ctypes.c_ssize_t(-1)
+        if fn(ctypes.cast(device, ctypes.c_void_p), _EGL_CUDA_DEVICE_NV, ctypes.byref(value)):
+            return int(value.value)
+    except (ctypes.ArgumentError, TypeError, AttributeError) as exc:
+        log.debug("EGL_CUDA_DEVICE_NV query failed: %s", exc)
+    return None
 
 
 class GlContext:
@@ -173,7 +211,10 @@ class EglContext(GlContext):
         self._display, self.device_name = self._open_display(cuda_device)
         cfg = EGL.EGLConfig()
         n = EGL.EGLint()
-        attrs = (EGL.EGLint * 5)(EGL.EGL_RENDERABLE_TYPE, EGL.EGL_OPENGL_BIT, EGL.EGL_NONE, 0, 0)
+        # Device displays have no window surfaces: ask for pbuffer configs (we draw into an FBO anyway).
+        attrs = (EGL.EGLint * 5)(
+            EGL.EGL_SURFACE_TYPE, EGL.EGL_PBUFFER_BIT, EGL.EGL_RENDERABLE_TYPE, EGL.EGL_OPENGL_BIT, EGL.EGL_NONE
+        )
         if not EGL.eglChooseConfig(self._display, attrs, ctypes.pointer(cfg), 1, ctypes.pointer(n)) or n.value < 1:
             raise InteropError("EglContext: no EGL config supports desktop OpenGL")
         if not EGL.eglBindAPI(EGL.EGL_OPENGL_API):
@@ -187,7 +228,10 @@ class EglContext(GlContext):
             raise InteropError(f"EglContext: eglCreateContext failed (0x{EGL.eglGetError():x})")
         self.make_current()
         self._init_target(width, height)
-        self._finalizer = weakref.finalize(self, EGL.eglTerminate, self._display)
+        key = _display_key(self._display)
+        with _display_lock:
+            _display_users[key] = _display_users.get(key, 0) + 1
+        self._finalizer = weakref.finalize(self, _release_display, EGL, self._display)
         log.info("EGL context %dx%d on %s (%s)", width, height, self.device_name, self.info()["renderer"])
 
     def _open_display(self, cuda_device: int | None) -> tuple[Any, str]:
@@ -196,7 +240,7 @@ class EglContext(GlContext):
         candidates: list[tuple[Any, str]] = []
         try:
             from OpenGL.EGL.EXT.device_enumeration import eglQueryDevicesEXT
-            from OpenGL.EGL.EXT.device_query import eglQueryDeviceAttribEXT, eglQueryDeviceStringEXT
+            from OpenGL.EGL.EXT.device_query import eglQueryDeviceStringEXT
             from OpenGL.EGL.EXT.platform_base import eglGetPlatformDisplayEXT
             from OpenGL.EGL.EXT.platform_device import EGL_PLATFORM_DEVICE_EXT
 
@@ -210,13 +254,11 @@ class EglContext(GlContext):
                 rank = 2
                 if "EGL_NV_device_cuda" in exts:
                     rank = 1
-                    value = EGL.EGLAttrib()
-                    if cuda_device is not None and eglQueryDeviceAttribEXT(
-                        devices[i], _EGL_CUDA_DEVICE_NV, ctypes.pointer(value)
-                    ):
-                        rank = 0 if value.value == cuda_device else 1
+                    ordinal = _cuda_ordinal(EGL, devices[i])
+                    if cuda_device is not None and ordinal is not None:
+                        rank = 0 if ordinal == cuda_device else 1
                 ranked.append((rank, i, exts))
-            for rank, i, exts in sorted(ranked):
+            for rank, i, _exts in sorted(ranked):
                 dpy = eglGetPlatformDisplayEXT(EGL_PLATFORM_DEVICE_EXT, devices[i], None)
                 kind = "CUDA device" if rank < 2 else "EGL device"
                 candidates.append((dpy, f"{kind} {i}"))

@@ -13,6 +13,7 @@ Both the GL context and the CUDA context must be current on the calling thread.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import weakref
 from typing import Any, Literal
@@ -233,14 +234,17 @@ class SharedBuffer(_SharedResource):
         return obj
 
     def _mapping(self, stream: Any) -> BufferMapping:
-        ptr, size = check(driver().cuGraphicsResourceGetMappedPointer(self._handle), "cuGraphicsResourceGetMappedPointer")
+        ptr, size = check(
+            driver().cuGraphicsResourceGetMappedPointer(self._handle), "cuGraphicsResourceGetMappedPointer"
+        )
         return BufferMapping(self, stream, int(ptr), int(size))
 
     def _delete_gl(self) -> None:
         gl().glDeleteBuffers(1, [self.gl_name])
 
     def __repr__(self) -> str:
-        return f"<SharedBuffer {self.label} {getattr(self, 'nbytes', 0)} bytes mapped={self._mapped} closed={self._closed}>"
+        size = getattr(self, "nbytes", 0)
+        return f"<SharedBuffer {self.label} {size} bytes mapped={self._mapped} closed={self._closed}>"
 
 
 class TextureMapping:
@@ -277,9 +281,7 @@ class SharedTexture2D(_SharedResource):
     kind = "texture"
 
     @classmethod
-    def from_gl_texture(
-        cls, name: int, *, flags: RegisterFlags = "none", label: str | None = None
-    ) -> SharedTexture2D:
+    def from_gl_texture(cls, name: int, *, flags: RegisterFlags = "none", label: str | None = None) -> SharedTexture2D:
         """Register the existing 2-D texture ``name``.
 
         Raises:
@@ -321,7 +323,9 @@ class SharedTexture2D(_SharedResource):
             CudaError: registration failed.
         """
         if format not in _FORMAT_BY_NAME:
-            raise InteropError(f"SharedTexture2D.create: {label}: unknown format '{format}' ({', '.join(_FORMAT_BY_NAME)})")
+            raise InteropError(
+                f"SharedTexture2D.create: {label}: unknown format '{format}' ({', '.join(_FORMAT_BY_NAME)})"
+            )
         if width <= 0 or height <= 0:
             raise InteropError(f"SharedTexture2D.create: {label}: size must be positive, got {width}x{height}")
         GL = gl()
@@ -343,7 +347,9 @@ class SharedTexture2D(_SharedResource):
         return obj
 
     def _mapping(self, stream: Any) -> TextureMapping:
-        array = check(driver().cuGraphicsSubResourceGetMappedArray(self._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray")
+        array = check(
+            driver().cuGraphicsSubResourceGetMappedArray(self._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
+        )
         return TextureMapping(self, stream, array)
 
     def _copy_into(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
@@ -380,7 +386,9 @@ class ResourceGroup:
         self.resources = tuple(resources)
         if len({id(r) for r in self.resources}) != len(self.resources):
             raise InteropError("ResourceGroup: a resource is listed twice")
-        self._handles = [r.handle for r in self.resources]
+        # cuda-bindings takes several resources as the address of a C array of handles.
+        self._handles = (ctypes.c_void_p * len(self.resources))(*[int(r.handle) for r in self.resources])
+        self._address = ctypes.addressof(self._handles)
         self._stream: Any = None
 
     def map(self, *, stream: Any) -> ResourceGroup:
@@ -392,7 +400,7 @@ class ResourceGroup:
         """
         for r in self.resources:
             r._check_map()
-        check(driver().cuGraphicsMapResources(len(self._handles), self._handles, stream), "cuGraphicsMapResources")
+        check(driver().cuGraphicsMapResources(len(self._handles), self._address, stream), "cuGraphicsMapResources")
         for r in self.resources:
             r._mapped = True
         self._stream = stream
@@ -402,7 +410,9 @@ class ResourceGroup:
         """The device pointer of a mapped buffer of this group."""
         if not buffer._mapped:
             raise InteropError(f"pointer: {buffer.label} is not mapped")
-        ptr, _ = check(driver().cuGraphicsResourceGetMappedPointer(buffer._handle), "cuGraphicsResourceGetMappedPointer")
+        ptr, _ = check(
+            driver().cuGraphicsResourceGetMappedPointer(buffer._handle), "cuGraphicsResourceGetMappedPointer"
+        )
         return int(ptr)
 
     def mapping(self, resource: _SharedResource) -> Any:
@@ -418,7 +428,7 @@ class ResourceGroup:
         for r in self.resources:
             r._mapped = False
         check(
-            driver().cuGraphicsUnmapResources(len(self._handles), self._handles, self._stream),
+            driver().cuGraphicsUnmapResources(len(self._handles), self._address, self._stream),
             "cuGraphicsUnmapResources",
         )
 
@@ -431,5 +441,3 @@ class ResourceGroup:
 
     def __repr__(self) -> str:
         return f"<ResourceGroup {len(self.resources)} resources>"
-
-

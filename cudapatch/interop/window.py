@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import InteropError
 from . import _platform
+from ._gl import pyopengl_platform
 from .context import GlContext
 
 __all__ = ["GlfwWindow"]
@@ -46,7 +47,13 @@ class GlfwWindow(GlContext):
     """
 
     def __init__(
-        self, width: int = 1280, height: int = 720, title: str = "cudapatch", *, visible: bool = True, vsync: bool = False
+        self,
+        width: int = 1280,
+        height: int = 720,
+        title: str = "cudapatch",
+        *,
+        visible: bool = True,
+        vsync: bool = False,
     ) -> None:
         global _glfw_users
         super().__init__()
@@ -67,6 +74,8 @@ class GlfwWindow(GlContext):
             glfw.window_hint(glfw.OPENGL_PROFILE, glfw.OPENGL_CORE_PROFILE)
             glfw.window_hint(glfw.OPENGL_FORWARD_COMPAT, True)
             glfw.window_hint(glfw.VISIBLE, visible)
+            if pyopengl_platform() == "egl":  # PyOpenGL loads GL through EGL: the context must be an EGL one
+                glfw.window_hint(glfw.CONTEXT_CREATION_API, glfw.EGL_CONTEXT_API)
             self.handle = glfw.create_window(width, height, title, None, None)
         except glfw.GLFWError as exc:
             self._release_glfw()

@@ -97,6 +97,6 @@ def test_through_needs_an_input_of_that_name_written_in_place():
             b.through("A")
 
     with pytest.raises(CudapatchError, match="needs an input called 'C'"):
-        NoInput().description
+        _ = NoInput().description
     with pytest.raises(CudapatchError, match="no kernel writes input 'A'"):
-        ReadOnly().description
+        _ = ReadOnly().description

@@ -10,7 +10,7 @@ parameter; only ``Capacity`` and ``MaxPerFrame`` rebuild the graph.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from ...kernels.cuda_source import CudaSource
@@ -25,7 +25,7 @@ KERNEL_FILE = Path(__file__).with_name("kernels") / "particles.cu"
 STATE_HEADER = 2  # float4 elements in front of the two halves
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kernel(entry: str) -> CudaSource:
     return CudaSource(path=KERNEL_FILE, entry=entry)
 

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Interop and particle-demo benchmark (headless EGL on the GPU machine), ours beside peers.
+
+1. Per-frame interop host overhead: the engine's GL bridge mapping one buffer + one texture around
+   an (empty-ish) frame, beside the raw map+unmap pair of cuda-python in the same run.
+2. 4K RGBA8 texture update (the bridge's copy into the mapped array) beside a device-to-device copy
+   of the same bytes (GPU time, events).
+3. The particle demo: engine frames per second with nothing drawn (GPU ms per block from PerBlock),
+   and the headless preview at 1920x1080 with the overlay for 1M and 10M points.
+
+Prints a table and writes ``interop.json`` to ``$RESULTS_DIR`` when set.
+Usage: ``PYOPENGL_PLATFORM=egl python benchmarks/bench_interop.py``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # an entry point: chooses PyOpenGL's platform
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cuda.bindings import driver as d  # noqa: E402
+
+from cudapatch import Engine  # noqa: E402
+from cudapatch.blocks.library import CustomKernel, Emitter, Forces, Integrate, ToPoints  # noqa: E402
+from cudapatch.interop import EglContext, GlBridge, SharedBuffer, SharedTexture2D  # noqa: E402
+from cudapatch.interop.preview import Preview  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
+
+ROWS: list[tuple[str, float, str, float | None, str]] = []
+
+
+def row(what: str, ours: float, peer_name: str = "", peer: float | None = None, unit: str = "µs") -> None:
+    ROWS.append((what, ours, peer_name, peer, unit))
+    ratio = f"{ours / peer:6.2f}x" if peer else ""
+    peer_s = f"{peer:10.2f} {unit} ({peer_name})" if peer is not None else ""
+    print(f"{what:52s} {ours:10.2f} {unit}   {peer_s} {ratio}", flush=True)
+
+
+def host_median_us(fn, n: int = 2000) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times) / 1e3
+
+
+def gpu_ms(fn, stream, n: int = 50) -> float:
+    a, b = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    check(d.cuStreamSynchronize(stream))
+    check(d.cuEventRecord(a, stream))
+    for _ in range(n):
+        fn()
+    check(d.cuEventRecord(b, stream))
+    check(d.cuEventSynchronize(b))
+    ms = check(d.cuEventElapsedTime(a, b)) / n
+    check(d.cuEventDestroy(a))
+    check(d.cuEventDestroy(b))
+    return ms
+
+
+TINY = """extern "C" __global__ void tiny(unsigned int* image, unsigned int count) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < count) image[i] = i; }"""
+
+
+def bench_bridge(engine: Engine) -> None:
+    s = engine.device.stream
+    w, h = 256, 256
+    block = engine.add(CustomKernel(Code=TINY))
+    block.set("Count", w * h)
+    engine.wait_ready()
+    buf = SharedBuffer.create(w * h * 4)
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags="write_discard")
+    engine.synchronize()
+    base = host_median_us(engine.update)
+    bridge = GlBridge(engine)
+    bridge.show_buffer(block, "image", buf)
+    bridge.show_texture(block, "image", tex)
+    with_bridge = host_median_us(engine.update)
+    bridge.close()
+    engine.synchronize()
+    b_h, t_h = buf.handle, tex.handle
+
+    def raw_pair() -> None:
+        check(d.cuGraphicsMapResources(1, b_h, s))
+        check(d.cuGraphicsResourceGetMappedPointer(b_h))
+        check(d.cuGraphicsUnmapResources(1, b_h, s))
+        check(d.cuGraphicsMapResources(1, t_h, s))
+        check(d.cuGraphicsSubResourceGetMappedArray(t_h, 0, 0))
+        check(d.cuGraphicsUnmapResources(1, t_h, s))
+
+    raw = host_median_us(raw_pair)
+    row("interop overhead per frame (1 buffer + 1 texture)", with_bridge - base, "raw map+unmap x2", raw)
+    engine.remove(block)
+    buf.close()
+    tex.close()
+
+
+def bench_texture_4k(engine: Engine) -> None:
+    import cupy
+
+    s = engine.device.stream
+    w, h = 3840, 2160
+    src = cupy.empty(w * h, dtype=cupy.uint32)
+    dst = cupy.empty_like(src)
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags="write_discard")
+    m = tex.map(stream=s)
+    ours = gpu_ms(lambda: m.copy_from(src.data.ptr), s)
+    peer = gpu_ms(lambda: check(d.cuMemcpyDtoDAsync(dst.data.ptr, src.data.ptr, src.nbytes, s)), s)
+    m.unmap()
+    tex.close()
+    row("4K RGBA8 texture update (GPU)", ours * 1e3, "D2D copy same bytes", peer * 1e3)
+
+
+def particles(engine: Engine, capacity: int):
+    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
+    e.set("Capacity", capacity)
+    e.set("Rate", capacity / 3.0)  # lifetimes average 3 s -> close to full at steady state
+    e.set("MaxPerFrame", max(1 << 16, capacity // 60))
+    engine.connect(e, "Particles", f, "Particles")
+    engine.connect(f, "Particles", i, "Particles")
+    engine.connect(i, "Particles", t, "Particles")
+    engine.wait_ready()
+    return e, f, i, t
+
+
+def bench_particles(ctx: EglContext, results: dict) -> None:
+    for capacity in (1_000_000, 10_000_000):
+        engine = Engine(name="particles", wait_for_compile=True)
+        ctx.make_current()
+        blocks = particles(engine, capacity)
+        for _ in range(240):  # fill up towards steady state
+            engine.update()
+        engine.synchronize()
+        n = 300
+        t0 = time.perf_counter()
+        for _ in range(n):
+            engine.update()
+        engine.synchronize()
+        fps = n / (time.perf_counter() - t0)
+        engine.set_profiling("PerBlock")
+        for _ in range(10):
+            engine.update()
+        engine.synchronize()
+        st = engine.stats()
+        per_block = {b.name: b.gpu_ms for b in st.blocks}
+        row(f"particle engine frames/s, {capacity // 10**6}M particles", fps, unit="fps")
+        print("   GPU ms per block:", {k: round(v, 4) if v else v for k, v in per_block.items()}, flush=True)
+        results[f"engine_fps_{capacity}"] = fps
+        results[f"block_ms_{capacity}"] = per_block
+        engine.set_profiling("None")
+        big = EglContext(1920, 1080)
+        engine.device.make_current()
+        with Preview(engine, big, points=(blocks[3], "Points"), overlay=True) as preview:
+            preview.run(30)
+            report = preview.run(200)
+        row(f"preview 1920x1080 + overlay, {capacity // 10**6}M points", report.fps, unit="fps")
+        results[f"preview_fps_{capacity}"] = report.fps
+        big.close()
+        engine.close()
+
+
+def main() -> None:
+    ctx = EglContext(256, 256)
+    print("GL:", ctx.info(), flush=True)
+    engine = Engine(name="bench", wait_for_compile=True)
+    ctx.make_current()
+    engine.device.make_current()
+    bench_bridge(engine)
+    bench_texture_4k(engine)
+    engine.close()
+    results: dict = {}
+    bench_particles(ctx, results)
+    results["rows"] = ROWS
+    out = os.environ.get("RESULTS_DIR")
+    if out:
+        Path(out, "interop.json").write_text(json.dumps(results, indent=1, default=str))
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The imgui profiling overlay (imgui-bundle), drawn over the preview or any GL context.
+
+Shows the engine line (blocks, kernels, GPU ms, pool), a profiling level selector that changes the
+engine's level live, a per-block table (state, GPU ms, append fill bar), a frame-time plot (implot)
+and the diagnostics with block names. F1 toggles it. It saves and restores the GL state it touches,
+so it can draw into someone else's context.
+
+With a ``GlfwWindow`` it reuses imgui-bundle's ``GlfwRenderer`` (input and frame order); with a
+headless context it uses the same programmable-pipeline renderer with a fixed display size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..engine.profiling import EngineStats, ProfilingLevel
+from ..errors import InteropError
+from ._gl import gl
+from .context import GlContext
+
+__all__ = ["Overlay"]
+
+_STATE_COLORS = {
+    "OK": (0.45, 0.85, 0.45, 1.0),
+    "Compiling": (0.9, 0.8, 0.3, 1.0),
+    "Warning": (0.95, 0.65, 0.2, 1.0),
+    "Error": (0.95, 0.3, 0.3, 1.0),
+}
+FILL_BAR_COLOR = (0.2, 0.8, 1.0, 1.0)  # the append fill bars (tests look for this color)
+
+
+def _imgui() -> tuple[Any, Any]:
+    try:
+        from imgui_bundle import imgui, implot
+    except ImportError as exc:
+        raise InteropError(f"imgui-bundle is not installed ({exc}); pip install 'cudapatch[gl]'") from exc
+    return imgui, implot
+
+
+class _GlState:
+    """The GL state the overlay changes, saved before and restored after drawing."""
+
+    def __init__(self) -> None:
+        GL = gl()
+        self.GL = GL
+        self.enabled = {
+            cap: bool(GL.glIsEnabled(cap))
+            for cap in (GL.GL_BLEND, GL.GL_DEPTH_TEST, GL.GL_CULL_FACE, GL.GL_SCISSOR_TEST, GL.GL_PROGRAM_POINT_SIZE)
+        }
+        self.program = GL.glGetIntegerv(GL.GL_CURRENT_PROGRAM)
+        self.vao = GL.glGetIntegerv(GL.GL_VERTEX_ARRAY_BINDING)
+        self.viewport = GL.glGetIntegerv(GL.GL_VIEWPORT)
+        self.blend = (GL.glGetIntegerv(GL.GL_BLEND_SRC_RGB), GL.glGetIntegerv(GL.GL_BLEND_DST_RGB))
+        self.texture = GL.glGetIntegerv(GL.GL_TEXTURE_BINDING_2D)
+
+    def restore(self) -> None:
+        GL = self.GL
+        for cap, on in self.enabled.items():
+            (GL.glEnable if on else GL.glDisable)(cap)
+        GL.glUseProgram(self.program)
+        GL.glBindVertexArray(self.vao)
+        GL.glViewport(*[int(v) for v in self.viewport])
+        GL.glBlendFunc(int(self.blend[0]), int(self.blend[1]))
+        GL.glBindTexture(GL.GL_TEXTURE_2D, self.texture)
+
+
+class Overlay:
+    """imgui overlay of an engine's profiling data.
+
+    Args:
+        context: The GL context to draw into (current when drawing).
+        on_level: Called with a ``ProfilingLevel`` when the user picks one (e.g. ``engine.set_profiling``).
+        history: Frames kept for the frame-time plot.
+
+    Raises:
+        InteropError: imgui-bundle is missing.
+    """
+
+    def __init__(
+        self, context: GlContext, *, on_level: Callable[[ProfilingLevel], None] | None = None, history: int = 240
+    ) -> None:
+        imgui, implot = _imgui()
+        self._imgui, self._implot = imgui, implot
+        self.context = context
+        self.on_level = on_level
+        self.visible = True
+        self._imgui_ctx = imgui.create_context()
+        self._implot_ctx = implot.create_context()
+        imgui.get_io().set_ini_filename("")  # never write imgui.ini into the user's directory
+        self._window = getattr(context, "handle", None) if type(context).__name__ == "GlfwWindow" else None
+        if self._window is not None:
+            from imgui_bundle.python_backends.glfw_backend import GlfwRenderer
+
+            self._renderer = GlfwRenderer(self._window, attach_callbacks=True)
+        else:
+            from imgui_bundle.python_backends.opengl_backend_programmable import ProgrammablePipelineRenderer
+
+            self._renderer = ProgrammablePipelineRenderer()
+        self._host_ms: deque[float] = deque(maxlen=history)
+        self._gpu_ms: deque[float] = deque(maxlen=history)
+        self._last = time.perf_counter()
+        self._closed = False
+
+    def record_frame(self, host_ms: float, gpu_ms: float | None) -> None:
+        """Add one frame's times to the plot."""
+        self._host_ms.append(host_ms)
+        self._gpu_ms.append(gpu_ms if gpu_ms is not None else float("nan"))
+
+    def draw(self, stats: EngineStats, *, title: str = "cudapatch") -> None:
+        """Draw the overlay for ``stats`` into the current framebuffer (GL state is restored after)."""
+        if self._closed:
+            raise InteropError("Overlay.draw: the overlay is closed")
+        imgui = self._imgui
+        imgui.set_current_context(self._imgui_ctx)
+        self._implot.set_current_context(self._implot_ctx)
+        io = imgui.get_io()
+        now = time.perf_counter()
+        io.delta_time = max(now - self._last, 1e-4)
+        self._last = now
+        if self._window is not None:
+            self._renderer.process_inputs()
+        else:
+            w, h = self.context.size
+            io.display_size = imgui.ImVec2(float(w), float(h))
+        saved = _GlState()
+        try:
+            imgui.new_frame()
+            if imgui.is_key_pressed(imgui.Key.f1):
+                self.visible = not self.visible
+            if self.visible:
+                self._panel(stats, title)
+            imgui.render()
+            gl().glBindFramebuffer(gl().GL_FRAMEBUFFER, self.context.framebuffer)
+            self._renderer.render(imgui.get_draw_data())
+        finally:
+            saved.restore()
+
+    def _panel(self, stats: EngineStats, title: str) -> None:
+        imgui, implot = self._imgui, self._implot
+        imgui.set_next_window_pos(imgui.ImVec2(10, 10), imgui.Cond_.first_use_ever)
+        imgui.set_next_window_size(imgui.ImVec2(460, 0), imgui.Cond_.first_use_ever)
+        imgui.set_next_window_bg_alpha(0.85)
+        imgui.begin(f"{title}  (F1)")
+        gpu = f"{stats.gpu_ms:.3f} ms" if stats.gpu_ms is not None else "-"
+        pool = f"{stats.pool_in_use_bytes / 2**20:.0f} MB / {stats.pool_total_bytes / 2**20:.0f} MB"
+        imgui.text(f"{len(stats.blocks)} blocks, {stats.kernels} kernels   GPU {gpu}   Pool {pool}")
+        levels = [lv.value for lv in ProfilingLevel]
+        current = levels.index(stats.level.value)
+        changed, picked = imgui.combo("Profiling", current, levels)
+        if changed and picked != current and self.on_level is not None:
+            self.on_level(ProfilingLevel.parse(levels[picked]))
+        flags = imgui.TableFlags_.borders | imgui.TableFlags_.row_bg
+        if imgui.begin_table("blocks", 4, flags):
+            for name in ("Block", "State", "GPU ms", "Fill"):
+                imgui.table_setup_column(name)
+            imgui.table_headers_row()
+            for b in stats.blocks:
+                imgui.table_next_row()
+                imgui.table_next_column()
+                imgui.text(b.name)
+                imgui.table_next_column()
+                imgui.text_colored(imgui.ImVec4(*_STATE_COLORS.get(b.state, (1, 1, 1, 1))), b.state)
+                imgui.table_next_column()
+                imgui.text(f"{b.gpu_ms:.3f}" if b.gpu_ms is not None else "-")
+                imgui.table_next_column()
+                for port, a in b.append.items():
+                    imgui.push_style_color(imgui.Col_.plot_histogram, imgui.ImVec4(*FILL_BAR_COLOR))
+                    imgui.progress_bar(a.fill, imgui.ImVec2(-1, 0), f"{port} {a.count}/{a.capacity}")
+                    imgui.pop_style_color()
+            imgui.end_table()
+        if self._host_ms:
+            host = np.asarray(self._host_ms, np.float64)
+            gpu_t = np.asarray(self._gpu_ms, np.float64)
+            if implot.begin_plot("Frame time (ms)", imgui.ImVec2(-1, 140)):
+                implot.setup_axes("frame", "ms", implot.AxisFlags_.auto_fit, implot.AxisFlags_.auto_fit)
+                implot.plot_line("host", host)
+                if np.isfinite(gpu_t).any():
+                    implot.plot_line("GPU", np.nan_to_num(gpu_t))
+                implot.end_plot()
+        if stats.diagnostics:
+            imgui.separator()
+            names = {b.block_id: b.name for b in stats.blocks}
+            for d in stats.diagnostics:
+                color = (0.95, 0.3, 0.3, 1.0) if d.severity == "error" else (0.95, 0.65, 0.2, 1.0)
+                who = names.get(d.block_id, "engine")
+                imgui.text_colored(imgui.ImVec4(*color), f"{who}: {d.message}")
+        imgui.end()
+
+    def close(self) -> None:
+        """Release imgui's GL objects and contexts (idempotent; GL context current)."""
+        if self._closed:
+            return
+        self._closed = True
+        imgui = self._imgui
+        imgui.set_current_context(self._imgui_ctx)
+        try:
+            self._renderer.shutdown()
+        except AttributeError:  # older backends have no shutdown
+            pass
+        self._implot.destroy_context(self._implot_ctx)
+        imgui.destroy_context(self._imgui_ctx)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed

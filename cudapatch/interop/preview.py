@@ -1,0 +1,191 @@
+"""The preview: an engine's point output and/or image output drawn every frame, with the overlay.
+
+``Preview(engine, context, points=(block, "Points"))`` draws the points a ToPoints-style block
+writes; ``image=(block, port, width, height)`` shows an RGBA8 image output as a texture. Each
+``frame()`` runs ``engine.update()`` (which maps the GL resources, launches, copies and unmaps on
+the engine's stream, never waiting), then draws with GL and presents. With an ``EglContext`` the
+same frames render headless and ``run(out_dir=...)`` writes them as PNG files.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..blocks.block import Block
+from ..errors import InteropError
+from ._gl import gl
+from .bridge import GlBridge
+from .context import GlContext
+from .png import write_png
+from .render import PointRenderer, TextureRenderer, orbit_camera
+from .shared import SharedBuffer, SharedTexture2D
+
+__all__ = ["Preview", "PreviewReport"]
+
+log = logging.getLogger("cudapatch.interop")
+
+
+@dataclass
+class PreviewReport:
+    """What a ``run`` did: frames, wall time, frames per second, PNGs written."""
+
+    frames: int = 0
+    seconds: float = 0.0
+    pngs: list[Path] = field(default_factory=list)
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+class Preview:
+    """Draws an engine's outputs into a GL context every frame.
+
+    Args:
+        engine: The engine (its CUDA context is made current by ``engine.update``).
+        context: A ``GlfwWindow`` or ``EglContext`` (current on this thread).
+        points: ``(block, port)`` of a points output (``capacity`` positions then colors, float4).
+        image: ``(block, port, width, height)`` of an RGBA8 image output (``uchar4``/``uint``, row-major).
+        overlay: Draw the imgui profiling overlay.
+        orbit: Camera orbit speed in radians per frame.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        context: GlContext,
+        *,
+        points: tuple[Block, str] | None = None,
+        image: tuple[Block, str, int, int] | None = None,
+        overlay: bool = True,
+        orbit: float = 0.004,
+        background: tuple[float, float, float] = (0.015, 0.015, 0.025),
+    ) -> None:
+        if points is None and image is None:
+            raise InteropError("Preview: give points=(block, port) and/or image=(block, port, width, height)")
+        self.engine = engine
+        self.context = context
+        self.points = points
+        self.image = image
+        self.orbit = orbit
+        self.background = background
+        self.frames = 0
+        context.make_current()
+        self.bridge = GlBridge(engine)
+        self._point_buffer: SharedBuffer | None = None
+        self._point_renderer: PointRenderer | None = None
+        self._texture: SharedTexture2D | None = None
+        self._texture_renderer: TextureRenderer | None = None
+        if image is not None:
+            block, port, w, h = image
+            self._texture = SharedTexture2D.create(
+                w, h, format="rgba8", flags="write_discard", label=f"{block.name}.{port}"
+            )
+            self.bridge.show_texture(block, port, self._texture)
+            self._texture_renderer = TextureRenderer()
+        self.overlay = None
+        if overlay:
+            from .overlay import Overlay
+
+            self.overlay = Overlay(context, on_level=engine.set_profiling)
+        self._closed = False
+
+    def _sync_points(self) -> None:
+        """(Re)create the GL vertex buffer when the points output appears or changes size."""
+        block, port = self.points  # type: ignore[misc]
+        graph = self.engine.graph
+        out = graph.output(block.id, port) if graph is not None else None
+        if out is None:
+            return
+        buf = self._point_buffer
+        if buf is not None and buf.nbytes == out.nbytes:
+            return
+        if buf is not None:
+            self.bridge.close()
+            self._point_renderer.close()  # type: ignore[union-attr]
+            buf.close()
+            self.bridge = GlBridge(self.engine)
+            if self._texture is not None:
+                self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
+        self._point_buffer = SharedBuffer.create(out.nbytes, flags="write_discard", label=f"{block.name}.{port}")
+        self.bridge.show_buffer(block, port, self._point_buffer)
+        self._point_renderer = PointRenderer(self._point_buffer.gl_name, out.nbytes // 32)
+        log.info("preview: drawing %d points from %s.%s", out.nbytes // 32, block.name, port)
+
+    def frame(self) -> float:
+        """Update the engine and draw one frame; returns the host milliseconds it took."""
+        t0 = time.perf_counter()
+        ctx = self.context
+        ctx.make_current()
+        self.engine.update()
+        if self.points is not None:
+            self._sync_points()
+        GL = gl()
+        GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, ctx.framebuffer)
+        w, h = ctx.size
+        GL.glViewport(0, 0, w, h)
+        GL.glClearColor(*self.background, 1.0)
+        GL.glClear(GL.GL_COLOR_BUFFER_BIT | GL.GL_DEPTH_BUFFER_BIT)
+        if self._texture_renderer is not None:
+            self._texture_renderer.draw(self._texture.gl_name)  # type: ignore[union-attr]
+        if self._point_renderer is not None:
+            vp = orbit_camera(self.frames * self.orbit + math.pi * 0.15, w / max(h, 1))
+            self._point_renderer.draw(vp, h)
+        if self.overlay is not None:
+            self.overlay.draw(self.engine.stats(), title=self.engine.name)
+        ctx.swap()
+        self.frames += 1
+        ms = (time.perf_counter() - t0) * 1e3
+        if self.overlay is not None:
+            self.overlay.record_frame(ms, self.engine.stats().gpu_ms if self.engine.profiling.timed else None)
+        return ms
+
+    def run(self, frames: int | None = None, *, out_dir: str | Path | None = None, png_every: int = 0) -> PreviewReport:
+        """Run frames until ``frames`` are done or the window is closed.
+
+        Args:
+            frames: Number of frames (None: until the window closes).
+            out_dir: Write PNGs there: the last frame, and every ``png_every`` frames if > 0.
+            png_every: See ``out_dir``.
+        """
+        report = PreviewReport()
+        out = Path(out_dir) if out_dir is not None else None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        while frames is None or report.frames < frames:
+            if getattr(self.context, "should_close", False):
+                break
+            if hasattr(self.context, "poll_events"):
+                self.context.poll_events()
+            self.frame()
+            report.frames += 1
+            last = frames is not None and report.frames == frames
+            if out is not None and (last or (png_every > 0 and report.frames % png_every == 0)):
+                report.pngs.append(write_png(out / f"frame_{report.frames:05d}.png", self.context.read_pixels()))
+        gl().glFinish()
+        self.engine.synchronize()
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def close(self) -> None:
+        """Release the bridge, GL objects and the overlay (idempotent; the context stays open)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.context.make_current()
+        self.bridge.close()
+        for obj in (self.overlay, self._point_renderer, self._texture_renderer, self._point_buffer, self._texture):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> Preview:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

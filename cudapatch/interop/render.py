@@ -1,0 +1,169 @@
+"""GL drawing for the preview: a point cloud from a vertex buffer, and a textured full-screen quad.
+
+GL 3.3 core. Points: the buffer holds ``capacity`` positions ``(x, y, z, size)`` followed by
+``capacity`` colors ``(r, g, b, a)`` (what the ToPoints block writes); a size of 0 hides a point.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from ..errors import InteropError
+from ._gl import check_gl, gl
+
+__all__ = ["PointRenderer", "TextureRenderer", "orbit_camera"]
+
+_POINT_VS = """#version 330 core
+layout(location = 0) in vec4 position;   // xyz, size (0: dead)
+layout(location = 1) in vec4 color;
+uniform mat4 view_proj;
+uniform float pixel_scale;
+out vec4 v_color;
+out float v_soft;
+void main() {
+    v_color = color;
+    v_soft = 0.0;
+    if (position.w <= 0.0) { gl_Position = vec4(2.0, 2.0, 2.0, 1.0); gl_PointSize = 1.0; return; }
+    gl_Position = view_proj * vec4(position.xyz, 1.0);
+    float size = position.w * pixel_scale / max(gl_Position.w, 0.1);
+    gl_PointSize = max(1.0, size);
+    v_soft = size >= 3.0 ? 1.0 : 0.0;  // points of a pixel or two are drawn solid, not with a falloff
+}
+"""
+_POINT_FS = """#version 330 core
+in vec4 v_color;
+in float v_soft;
+out vec4 frag;
+void main() {
+    vec2 d = gl_PointCoord * 2.0 - 1.0;
+    float falloff = mix(1.0, clamp(1.0 - dot(d, d), 0.0, 1.0), v_soft);
+    frag = vec4(v_color.rgb * v_color.a * falloff, 1.0);
+}
+"""
+_QUAD_VS = """#version 330 core
+out vec2 uv;
+void main() {
+    vec2 p = vec2((gl_VertexID << 1) & 2, gl_VertexID & 2);   // one triangle covering the screen
+    uv = p;
+    gl_Position = vec4(p * 2.0 - 1.0, 0.0, 1.0);
+}
+"""
+_QUAD_FS = """#version 330 core
+in vec2 uv;
+uniform sampler2D image;
+out vec4 frag;
+void main() { frag = texture(image, vec2(uv.x, 1.0 - uv.y)); }
+"""
+
+
+def _program(vs: str, fs: str, what: str) -> int:
+    GL = gl()
+    prog = GL.glCreateProgram()
+    shaders = []
+    for kind, src in ((GL.GL_VERTEX_SHADER, vs), (GL.GL_FRAGMENT_SHADER, fs)):
+        sh = GL.glCreateShader(kind)
+        GL.glShaderSource(sh, src)
+        GL.glCompileShader(sh)
+        if not GL.glGetShaderiv(sh, GL.GL_COMPILE_STATUS):
+            raise InteropError(f"{what}: shader does not compile: {GL.glGetShaderInfoLog(sh).decode(errors='replace')}")
+        GL.glAttachShader(prog, sh)
+        shaders.append(sh)
+    GL.glLinkProgram(prog)
+    if not GL.glGetProgramiv(prog, GL.GL_LINK_STATUS):
+        raise InteropError(f"{what}: program does not link: {GL.glGetProgramInfoLog(prog).decode(errors='replace')}")
+    for sh in shaders:
+        GL.glDeleteShader(sh)
+    return int(prog)
+
+
+def orbit_camera(angle: float, aspect: float, *, distance: float = 3.2, height: float = 0.6) -> np.ndarray:
+    """A perspective view-projection matrix (column-major for GL) orbiting the origin."""
+    eye = np.array([math.sin(angle) * distance, height, math.cos(angle) * distance])
+    target = np.array([0.0, 0.1, 0.0])
+    f = target - eye
+    f /= np.linalg.norm(f)
+    s = np.cross(f, [0.0, 1.0, 0.0])
+    s /= np.linalg.norm(s)
+    u = np.cross(s, f)
+    view = np.eye(4)
+    view[0, :3], view[1, :3], view[2, :3] = s, u, -f
+    view[:3, 3] = -view[:3, :3] @ eye
+    near, far, fov = 0.05, 50.0, math.radians(45.0)
+    t = 1.0 / math.tan(fov / 2)
+    proj = np.zeros((4, 4))
+    proj[0, 0], proj[1, 1] = t / aspect, t
+    proj[2, 2], proj[2, 3], proj[3, 2] = (far + near) / (near - far), 2 * far * near / (near - far), -1.0
+    return np.ascontiguousarray((proj @ view).T, dtype=np.float32)
+
+
+class PointRenderer:
+    """Draws ``capacity`` points from GL buffer ``buffer`` (positions, then colors), additively."""
+
+    def __init__(self, buffer: int, capacity: int) -> None:
+        GL = gl()
+        self.capacity = int(capacity)
+        self.program = _program(_POINT_VS, _POINT_FS, "point renderer")
+        self._u_view_proj = GL.glGetUniformLocation(self.program, "view_proj")
+        self._u_scale = GL.glGetUniformLocation(self.program, "pixel_scale")
+        self.vao = int(GL.glGenVertexArrays(1))
+        GL.glBindVertexArray(self.vao)
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
+        GL.glEnableVertexAttribArray(0)
+        GL.glVertexAttribPointer(0, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(0))
+        GL.glEnableVertexAttribArray(1)
+        GL.glVertexAttribPointer(1, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(16 * self.capacity))
+        GL.glBindVertexArray(0)
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
+        check_gl("creating the point renderer")
+
+    def draw(self, view_proj: np.ndarray, viewport_height: int) -> None:
+        """Draw all points with additive blending (the caller has bound the target framebuffer)."""
+        GL = gl()
+        GL.glUseProgram(self.program)
+        GL.glUniformMatrix4fv(self._u_view_proj, 1, GL.GL_FALSE, view_proj)
+        GL.glUniform1f(self._u_scale, viewport_height / 540.0)
+        GL.glEnable(GL.GL_PROGRAM_POINT_SIZE)
+        GL.glEnable(GL.GL_BLEND)
+        GL.glBlendFunc(GL.GL_ONE, GL.GL_ONE)
+        GL.glDisable(GL.GL_DEPTH_TEST)
+        GL.glBindVertexArray(self.vao)
+        GL.glDrawArrays(GL.GL_POINTS, 0, self.capacity)
+        GL.glBindVertexArray(0)
+        GL.glDisable(GL.GL_BLEND)
+        GL.glUseProgram(0)
+
+    def close(self) -> None:
+        GL = gl()
+        if self.vao:
+            GL.glDeleteVertexArrays(1, [self.vao])
+            GL.glDeleteProgram(self.program)
+            self.vao = 0
+
+
+class TextureRenderer:
+    """Draws a 2-D texture over the whole viewport."""
+
+    def __init__(self) -> None:
+        GL = gl()
+        self.program = _program(_QUAD_VS, _QUAD_FS, "texture renderer")
+        self.vao = int(GL.glGenVertexArrays(1))
+
+    def draw(self, texture: int) -> None:
+        GL = gl()
+        GL.glUseProgram(self.program)
+        GL.glActiveTexture(GL.GL_TEXTURE0)
+        GL.glBindTexture(GL.GL_TEXTURE_2D, texture)
+        GL.glBindVertexArray(self.vao)
+        GL.glDrawArrays(GL.GL_TRIANGLES, 0, 3)
+        GL.glBindVertexArray(0)
+        GL.glUseProgram(0)
+
+    def close(self) -> None:
+        GL = gl()
+        if self.vao:
+            GL.glDeleteVertexArrays(1, [self.vao])
+            GL.glDeleteProgram(self.program)
+            self.vao = 0

@@ -1,0 +1,181 @@
+"""CUDA–GL sharing on the GPU machine (EGL on the NVIDIA driver): round trips against NumPy,
+one-call mapping, lifecycles, engine-driven outputs and the headless preview."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudapatch.errors import InteropError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.gl]
+
+
+@pytest.fixture
+def gl_engine(engine):
+    from cudapatch.interop import EglContext
+
+    ctx = EglContext(640, 360)
+    engine.device.make_current()
+    yield engine, ctx
+    ctx.close()
+
+
+def _cupy_view(ptr, nbytes, dtype, owner):
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(ptr, nbytes, owner)
+    return cupy.ndarray((nbytes // np.dtype(dtype).itemsize,), dtype, cupy.cuda.MemoryPointer(mem, 0))
+
+
+def test_buffer_round_trips_both_ways(gl_engine):
+    from OpenGL import GL
+
+    from cudapatch.interop import SharedBuffer
+
+    engine, _ = gl_engine
+    rng = np.random.default_rng()
+    n = 10_000
+    with SharedBuffer.create(n * 4) as buf:
+        want = rng.standard_normal(n).astype(np.float32)
+        with buf.map(stream=engine.device.stream) as m:  # CUDA writes, GL reads
+            m.as_array("float32").set(want)
+        engine.synchronize()
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
+        got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
+        assert np.array_equal(got, want)
+        want2 = rng.standard_normal(n).astype(np.float32)  # GL writes, CUDA reads
+        GL.glBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4, want2)
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
+        with buf.map(stream=engine.device.stream) as m:
+            assert np.array_equal(m.as_array("float32").get(), want2)
+
+
+def test_texture_round_trip_and_wrong_format(gl_engine):
+    import cupy
+    from OpenGL import GL
+
+    from cudapatch.interop import SharedTexture2D
+
+    engine, _ = gl_engine
+    rng = np.random.default_rng()
+    w, h = 123, 77
+    img = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+    dev = cupy.asarray(img)
+    with SharedTexture2D.create(w, h, format="rgba8") as tex:
+        with tex.map(stream=engine.device.stream) as m:
+            m.copy_from(dev.data.ptr)
+        engine.synchronize()
+        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+        GL.glPixelStorei(GL.GL_PACK_ALIGNMENT, 1)
+        got = np.frombuffer(GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE), np.uint8)
+        assert np.array_equal(got.reshape(h, w, 4), img)
+    name = int(GL.glGenTextures(1))
+    GL.glBindTexture(GL.GL_TEXTURE_2D, name)
+    GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, GL.GL_RGB8, 4, 4, 0, GL.GL_RGB, GL.GL_UNSIGNED_BYTE, None)
+    with pytest.raises(InteropError, match=f"GL texture {name}.*internal format"):
+        SharedTexture2D.from_gl_texture(name)
+    with pytest.raises(InteropError, match="not a GL buffer"):
+        from cudapatch.interop import SharedBuffer
+
+        SharedBuffer.from_gl_buffer(name + 1000)
+    GL.glDeleteTextures(1, [name])
+
+
+def test_group_maps_everything_in_one_call_and_lifecycle(gl_engine, monkeypatch):
+    from cudapatch.interop import ResourceGroup, SharedBuffer, SharedTexture2D
+    from cudapatch.kernels import _driver
+
+    engine, _ = gl_engine
+    s = engine.device.stream
+    a, b = SharedBuffer.create(1024, label="a"), SharedBuffer.create(4096, label="b")
+    t = SharedTexture2D.create(16, 16, format="rgba32f", label="t")
+    group = ResourceGroup([a, b, t])
+    d = _driver.driver()
+    calls = []
+    real_map = d.cuGraphicsMapResources
+    monkeypatch.setattr(d, "cuGraphicsMapResources", lambda *args: calls.append(args[0]) or real_map(*args))
+    with group.map(stream=s):
+        assert a.is_mapped and b.is_mapped and t.is_mapped
+        assert group.pointer(a) != group.pointer(b)
+        with pytest.raises(InteropError, match="already mapped"):
+            a.map(stream=s)
+    assert calls == [3]  # one driver call for three resources
+    assert not (a.is_mapped or b.is_mapped or t.is_mapped)
+    with pytest.raises(InteropError, match="not mapped"):
+        group.unmap()
+    with pytest.raises(RuntimeError):  # an exception inside the block still unmaps
+        with a.map(stream=s):
+            raise RuntimeError("boom")
+    assert not a.is_mapped
+    for r in (a, b, t):
+        r.close()
+        r.close()
+        assert r.is_closed
+    with pytest.raises(InteropError, match=r"map: a \(GL buffer \d+\) is closed"):
+        a.map(stream=s)
+    with pytest.raises(InteropError, match="closed"):
+        _ = t.handle
+
+
+def test_engine_writes_a_texture_every_frame(gl_engine):
+    from OpenGL import GL
+
+    from cudapatch.blocks.library import CustomKernel
+    from cudapatch.interop import GlBridge, SharedTexture2D
+
+    engine, _ = gl_engine
+    code = """
+extern "C" __global__ void gradient(unsigned int* image, unsigned int level, unsigned int count) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) image[i] = (i % 256u) | ((level & 255u) << 8) | (0xFFu << 24);
+}"""
+    w, h = 64, 32
+    block = engine.add(CustomKernel(Code=code))
+    block.set("Count", w * h)
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags="write_discard")
+    bridge = GlBridge(engine)
+    bridge.show_texture(block, "image", tex)
+    engine.wait_ready()
+    for level in (7, 200, 33):
+        block.set("level", level)
+        engine.update()
+        GL.glFinish()
+        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+        GL.glPixelStorei(GL.GL_PACK_ALIGNMENT, 1)
+        got = np.frombuffer(GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE), np.uint8)
+        got = got.reshape(h, w, 4)
+        i = np.arange(w * h).reshape(h, w)
+        assert np.array_equal(got[..., 0], i % 256) and (got[..., 1] == level).all() and (got[..., 3] == 255).all()
+    bridge.close()
+    tex.close()
+
+
+def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path):
+    from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
+    from cudapatch.interop import read_png
+    from cudapatch.interop.preview import Preview
+
+    engine, ctx = gl_engine
+    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
+    e.set("Capacity", 200_000)
+    engine.connect(e, "Particles", f, "Particles")
+    engine.connect(f, "Particles", i, "Particles")
+    engine.connect(i, "Particles", t, "Particles")
+    engine.wait_ready()
+    with Preview(engine, ctx, points=(t, "Points"), overlay=True) as preview:
+        report = preview.run(90, out_dir=tmp_path, png_every=45)
+        assert report.frames == 90 and [p.name for p in report.pngs] == ["frame_00045.png", "frame_00090.png"]
+        img = read_png(report.pngs[-1])
+        assert img.shape == (360, 640, 4)
+        lit = img[..., :3].astype(int).sum(axis=2) > 60
+        assert lit[:, 480:].mean() > 0.002  # particles on the right of the overlay panel
+        # the GL buffer holds what the engine computed
+        from OpenGL import GL
+
+        engine.update()
+        GL.glFinish()
+        buf = preview._point_buffer
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
+        gl_points = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, buf.nbytes), np.float32)
+        assert np.array_equal(gl_points, engine.read(t, "Points").view(np.float32).ravel())
