@@ -1,0 +1,144 @@
+"""The ``cudapatch`` command: ``run`` a patch in the preview, list ``blocks``, ``check`` the machine.
+
+cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH]
+cudapatch blocks
+cudapatch check
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+log = logging.getLogger("cudapatch")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must look like 1280x720, got {text!r}") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return w, h
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.headless:
+        # An entry point chooses PyOpenGL's platform, before anything imports OpenGL.
+        os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    from .errors import CudapatchError
+    from .host_plugin.hosts.standalone import StandaloneHost
+
+    w, h = args.size
+    try:
+        host = StandaloneHost(args.patch, profiling=args.profiling)
+    except CudapatchError as exc:
+        print(f"cudapatch: {exc}", file=sys.stderr)
+        return 2
+    with host:
+        try:
+            if args.headless:
+                from .interop import EglContext
+
+                context = EglContext(w, h)
+            else:
+                from .interop import GlfwWindow
+
+                context = GlfwWindow(w, h, f"cudapatch — {args.patch or 'demo'}")
+        except CudapatchError as exc:
+            print(f"cudapatch: {exc}", file=sys.stderr)
+            return 2
+        try:
+            host.engine.device.make_current()
+            host.open_preview(context, overlay=not args.no_overlay)
+            report = host.run(args.frames, out_dir=args.out, png_every=args.png_every)
+            stats = host.engine.stats()
+            log.info("%d frames in %.2f s (%.0f fps)", report.frames, report.seconds, report.fps)
+            for b in stats.blocks:
+                ms = f"{b.gpu_ms:.3f} ms" if b.gpu_ms is not None else "-"
+                log.info("  %-12s %-9s %s", b.name, b.state, ms)
+            for path in report.pngs:
+                print(path)
+            errors = [d for d in host.engine.diagnostics() if d.severity == "error"]
+            for d in errors:
+                print(f"cudapatch: {d.message}", file=sys.stderr)
+            return 1 if errors else 0
+        finally:
+            if host.preview is not None:
+                host.preview.close()
+                host.preview = None
+            context.close()
+
+
+def cmd_blocks(args: argparse.Namespace) -> int:
+    from .host_plugin import PluginHost
+
+    plugins = PluginHost()
+    for bt in plugins.registry:
+        print(f"{bt.name}  (v{bt.version}, from {bt.origin})")
+        if bt.doc:
+            print(f"    {bt.doc}")
+        for direction, name, kind in bt.ports:
+            print(f"    {'in ' if direction == 'in' else 'out'} {name}: {kind}")
+        for name, kind, default in bt.params:
+            shown = "<code>" if kind == "text" and len(str(default)) > 40 else repr(default)
+            print(f"    par {name}: {kind} = {shown}")
+    for err in plugins.errors:
+        print(f"error: {err}", file=sys.stderr)
+    return 1 if plugins.errors else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .preflight import preflight
+
+    ok = True
+    for item in preflight():
+        mark = "ok " if item.ok else ("-- " if item.optional else "!! ")
+        ok &= item.ok or item.optional
+        line = f"{mark} {item.name:<14} {item.detail}"
+        if not item.ok and item.fix:
+            line += f"\n      fix: {item.fix}"
+        print(line)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``cudapatch`` console script."""
+    parser = argparse.ArgumentParser(prog="cudapatch", description="CUDA blocks in one live CUDA graph")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a patch file (default: the embedded particle demo) in the preview")
+    run.add_argument("patch", nargs="?", type=Path, help="a .toml patch file; edits apply while it runs")
+    run.add_argument("--headless", action="store_true", help="render without a display (EGL)")
+    run.add_argument("--frames", type=int, default=None, help="stop after N frames")
+    run.add_argument("--out", type=Path, default=None, help="write PNGs of the frames here")
+    run.add_argument("--png-every", type=int, default=0, help="with --out: also every N frames")
+    run.add_argument("--profiling", default=None, help="None, Summary, PerBlock, PerKernel, DeepAsync, DeepSync")
+    run.add_argument("--size", type=_size, default=(1280, 720), help="WxH (default 1280x720)")
+    run.add_argument("--no-overlay", action="store_true", help="hide the profiling overlay")
+    run.set_defaults(func=cmd_run)
+    sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)
+    sub.add_parser("check", help="preflight: driver, GPU, libraries, GL").set_defaults(func=cmd_check)
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    if args.command == "run" and args.frames is not None and args.frames <= 0:
+        parser.error("--frames must be positive")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

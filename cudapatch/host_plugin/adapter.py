@@ -1,0 +1,240 @@
+"""``HostAdapter``: host operators ⇄ passive blocks, and the one ``EngineOperator`` a host cooks.
+
+A host (TouchDesigner callbacks, the standalone preview driven by a patch file, an app) calls the
+adapter when its user edits the network; the adapter turns each call into block and engine edits
+that only mark the engine dirty. ``EngineOperator.cook()`` runs ``Engine.update()`` once per frame,
+which applies everything with the cheapest tier. Errors are precise (operator, port, parameter) and
+leave the previous state in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..blocks.block import Block
+from ..engine.diagnostics import Diagnostic
+from ..errors import CudapatchError, LinkError, ParameterError
+from .coerce import check_param, coerce_host_value
+from .registry import BlockType, BlockTypeRegistry
+
+__all__ = ["HostAdapter", "EngineOperator", "OperatorLink"]
+
+log = logging.getLogger("cudapatch.host")
+
+
+@dataclass(frozen=True)
+class OperatorLink:
+    """A link between host operators: ``src.src_port -> dst.dst_port``."""
+
+    src: str
+    src_port: str
+    dst: str
+    dst_port: str
+
+    def __str__(self) -> str:
+        return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
+
+
+class HostAdapter:
+    """Maps host operator ids to blocks of one engine.
+
+    Args:
+        engine: The engine the blocks run in.
+        registry: Block types by name (``PluginHost().registry``).
+    """
+
+    def __init__(self, engine: Any, registry: BlockTypeRegistry) -> None:
+        self.engine = engine
+        self.registry = registry
+        self._ops: dict[str, Block] = {}
+        self._types: dict[str, BlockType] = {}
+        self._links: list[OperatorLink] = []
+        self.engine_operator = EngineOperator(self)
+
+    # -- queries -----------------------------------------------------------------------------------
+    def block(self, op_id: str) -> Block:
+        """The block of operator ``op_id``.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        b = self._ops.get(op_id)
+        if b is None:
+            known = ", ".join(self._ops) or "none"
+            raise CudapatchError(f"unknown operator '{op_id}' (operators: {known})")
+        return b
+
+    def operators(self) -> dict[str, str]:
+        """Operator id → qualified block type."""
+        return {op: t.name for op, t in self._types.items()}
+
+    def links(self) -> tuple[OperatorLink, ...]:
+        return tuple(self._links)
+
+    # -- structure (Cold on the next cook) ------------------------------------------------------------
+    def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None) -> Block:
+        """Create operator ``op_id`` as a block of ``type_name`` with ``params``.
+
+        Raises:
+            CudapatchError: the id is taken, or the type is unknown.
+            ParameterError: a parameter is unknown or its value is bad (nothing is created).
+        """
+        if op_id in self._ops:
+            raise CudapatchError(f"operator '{op_id}' already exists")
+        bt = self.registry.get(type_name)
+        params = dict(params or {})
+        scalars = {name for name, kind, _ in bt.params if kind != "text"}
+        # Text parameters (code, paths) shape the description, so they go to the constructor.
+        texts = {k: v for k, v in params.items() if isinstance(v, str) and k not in scalars}
+        block = bt.create(op_id, **texts)
+        for name, value in params.items():
+            if name not in texts:
+                self._set(block, name, value)
+        self.engine.add(block)
+        self._ops[op_id] = block
+        self._types[op_id] = bt
+        log.debug("created %s as %s", op_id, bt.name)
+        return block
+
+    def delete(self, op_id: str) -> None:
+        """Remove operator ``op_id`` and its links.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        block = self.block(op_id)
+        self._links = [lk for lk in self._links if op_id not in (lk.src, lk.dst)]
+        self.engine.remove(block)
+        del self._ops[op_id]
+        del self._types[op_id]
+
+    def rename(self, op_id: str, new_id: str) -> None:
+        """Rename an operator (its block, links and messages follow).
+
+        Raises:
+            CudapatchError: unknown operator or the new id is taken.
+        """
+        block = self.block(op_id)
+        if new_id in self._ops:
+            raise CudapatchError(f"cannot rename '{op_id}' to '{new_id}': that operator exists")
+        self._ops[new_id] = self._ops.pop(op_id)
+        self._types[new_id] = self._types.pop(op_id)
+        block.name = new_id
+        self._links = [
+            OperatorLink(
+                new_id if lk.src == op_id else lk.src, lk.src_port, new_id if lk.dst == op_id else lk.dst, lk.dst_port
+            )
+            for lk in self._links
+        ]
+
+    def connect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> None:
+        """Link ``src_op.src_port`` to ``dst_op.dst_port``.
+
+        Raises:
+            LinkError: unknown operator or port, incompatible types, a second link into one input, a cycle.
+        """
+        try:
+            src, dst = self.block(src_op), self.block(dst_op)
+        except CudapatchError as exc:
+            raise LinkError(exc.message) from None
+        self.engine.connect(src, src_port, dst, dst_port)
+        self._links.append(OperatorLink(src_op, src_port, dst_op, dst_port))
+
+    def disconnect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> bool:
+        """Remove a link; returns whether it existed."""
+        link = OperatorLink(src_op, src_port, dst_op, dst_port)
+        if link not in self._links:
+            return False
+        self._links.remove(link)
+        return self.engine.disconnect(self._ops[src_op], src_port, self._ops[dst_op], dst_port)
+
+    def hot_swap(self, op_id: str, new_type_or_code: str) -> Block:
+        """Replace operator ``op_id``'s block, as a live-coding host does: a block type name makes a
+        block of that type; anything else is CUDA code for a ``core.CustomKernel``. Links and values
+        whose names still exist are restored; links that no longer fit are dropped (and logged).
+
+        Raises:
+            CudapatchError: unknown operator or type; the old block stays in place.
+        """
+        old = self.block(op_id)
+        looks_like_type = "." in new_type_or_code and not any(c.isspace() for c in new_type_or_code)
+        if new_type_or_code in self.registry or looks_like_type:
+            bt, texts = self.registry.get(new_type_or_code), {}
+        else:
+            bt, texts = self.registry.get("core.CustomKernel"), {"Code": new_type_or_code}
+        new = bt.create(op_id, **texts)  # fails before anything changes
+        values = {n: p.value for n, p in old.params.items() if p.spec.kind != "text"}
+        links = [lk for lk in self._links if op_id in (lk.src, lk.dst)]
+        self.delete(op_id)
+        for name, value in values.items():
+            if name in new.params and new.params[name].spec.kind != "text":
+                try:
+                    new.set(name, value)
+                except ParameterError:
+                    pass  # a type change: keep the new default
+        self.engine.add(new)
+        self._ops[op_id] = new
+        self._types[op_id] = bt
+        for lk in links:
+            try:
+                self.connect(lk.src, lk.src_port, lk.dst, lk.dst_port)
+            except (LinkError, CudapatchError) as exc:
+                log.warning("hot swap of '%s': link %s dropped: %s", op_id, lk, exc)
+        return new
+
+    # -- values (Hot: cheap, no rebuild unless structural) ------------------------------------------
+    def set_param(self, op_id: str, name: str, value: Any) -> None:
+        """Set a parameter from a host value (coerced to the parameter's type).
+
+        Raises:
+            CudapatchError: unknown operator.
+            ParameterError: unknown parameter, wrong type, out of range (the old value stays).
+        """
+        block = self._ops.get(op_id)
+        if block is None:
+            self.block(op_id)  # raises the precise error
+        self._set(block, name, value)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _set(block: Block, name: str, value: Any) -> None:
+        p = block.params.get(name)
+        if p is None:
+            check_param(block, name)
+        spec = p.spec  # type: ignore[union-attr]
+        block.set(name, coerce_host_value(spec, value))
+
+    # -- per operator, for the host's nodes ----------------------------------------------------------
+    def tooltip(self, op_id: str) -> str:
+        """What the host shows on the operator (``str(block)``)."""
+        return str(self.block(op_id))
+
+    def diagnostics(self, op_id: str) -> tuple[Diagnostic, ...]:
+        """Errors and warnings of the operator's block."""
+        return self.engine.diagnostics(self.block(op_id))
+
+
+class EngineOperator:
+    """The one operator a host gets for the engine: ``cook()`` once per frame."""
+
+    def __init__(self, adapter: HostAdapter) -> None:
+        self._adapter = adapter
+        self.engine = adapter.engine
+        self.cook = self.engine.update  # bound once: a cook is exactly one Engine.update()
+
+    def output(self, op_id: str, port: str) -> Any:
+        """The device buffer of an operator's output (``GpuBuffer``, CUDA array interface)."""
+        return self.engine.output(self._adapter.block(op_id), port)
+
+    def tooltip(self) -> str:
+        """The engine's tooltip (``str(engine)``)."""
+        return str(self.engine)
+
+    def diagnostics(self) -> dict[str, tuple[Diagnostic, ...]]:
+        """Diagnostics per operator id (only operators that have some), plus ``""`` for the engine."""
+        by_block = {b.id: op for op, b in self._adapter._ops.items()}
+        out: dict[str, list[Diagnostic]] = {}
+        for d in self.engine.diagnostics():
+            out.setdefault(by_block.get(d.block_id, ""), []).append(d)
+        return {k: tuple(v) for k, v in out.items()}

@@ -1,0 +1,44 @@
+"""The built-in plugin: cudapatch's own block types, registered like any third-party plugin's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import __version__
+from ..blocks.library import (
+    AppendFilter,
+    CustomKernel,
+    Emitter,
+    Fill,
+    Forces,
+    Integrate,
+    KernelFile,
+    Scale,
+    ToPoints,
+    VectorAdd,
+)
+from . import hookimpl
+
+if TYPE_CHECKING:
+    from .registry import BlockTypeRegistry
+
+PLUGIN_NAME = "cudapatch.builtins"
+
+BUILTIN_TYPES = (
+    ("core.VectorAdd", VectorAdd),
+    ("core.Scale", Scale),
+    ("core.Fill", Fill),
+    ("core.AppendFilter", AppendFilter),
+    ("core.CustomKernel", CustomKernel),
+    ("core.KernelFile", KernelFile),
+    ("particles.Emitter", Emitter),
+    ("particles.Forces", Forces),
+    ("particles.Integrate", Integrate),
+    ("particles.ToPoints", ToPoints),
+)
+
+
+@hookimpl
+def cudapatch_register_blocks(registry: BlockTypeRegistry) -> None:
+    for name, cls in BUILTIN_TYPES:
+        registry.add(cls, name=name, version=__version__)

@@ -1,0 +1,80 @@
+"""Host values to parameter values: what a host's parameter field holds is not always the type the
+block wants (TouchDesigner gives menu strings, ints for toggles, tuples for XYZ pars; TOML gives
+lists). ``coerce_host_value`` converts, and leaves precise errors to the parameter's own checks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..blocks.description import ParamSpec
+from ..errors import ParameterError
+
+__all__ = ["coerce_host_value"]
+
+_TRUE = {"on", "true", "yes"}
+_FALSE = {"off", "false", "no"}
+_SPLIT = re.compile(r"[\s,;]+")
+
+
+def _number(text: str, want_int: bool) -> Any:
+    t = text.strip()
+    low = t.lower()
+    if low in _TRUE:
+        return 1
+    if low in _FALSE:
+        return 0
+    try:
+        return int(t, 0) if want_int else float(t)
+    except ValueError:
+        if want_int:
+            try:
+                f = float(t)
+            except ValueError:
+                return text
+            return int(f) if f.is_integer() else text
+        return text  # the parameter's check names the bad value
+
+
+def coerce_host_value(spec: ParamSpec, value: Any) -> Any:
+    """Convert a host value for parameter ``spec``: strings to numbers (``"0.5"``, ``"On"``, a TD menu
+    entry such as ``"PerBlock"`` stays a string for text parameters), ``"1 2 3"`` / ``"(1, 2, 3)"`` /
+    lists to tuples for vector parameters, bools to 0/1. Values that cannot convert are passed on
+    unchanged so the parameter's own check raises its precise error.
+    """
+    if spec.kind == "text":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        return value
+    dtype = spec.dtype
+    assert dtype is not None
+    want_int = dtype.base.kind in "iu"
+    if isinstance(value, bool):
+        return int(value) if want_int else float(value)
+    if dtype.lanes > 1:
+        if isinstance(value, str):
+            parts = [p for p in _SPLIT.split(value.strip().strip("()[]")) if p]
+            return tuple(_number(p, want_int) for p in parts)
+        if isinstance(value, list):
+            return tuple(value)
+        return value
+    if isinstance(value, str):
+        return _number(value, want_int)
+    if want_int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return coerce_host_value(spec, value[0])
+    return value
+
+
+def check_param(block: Any, name: str) -> ParamSpec:
+    """The spec of parameter ``name`` of ``block``.
+
+    Raises:
+        ParameterError: no such parameter (the block's parameters are listed).
+    """
+    spec = block.description.param(name)
+    if spec is None:
+        known = ", ".join(p.name for p in block.description.params) or "none"
+        raise ParameterError(f"unknown parameter (this block has: {known})", block=block.name, param=name)
+    return spec

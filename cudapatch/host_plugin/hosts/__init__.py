@@ -1,0 +1,1 @@
+"""Host bindings: the standalone preview (``cudapatch run``) and TouchDesigner."""

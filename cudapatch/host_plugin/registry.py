@@ -1,0 +1,117 @@
+"""``BlockTypeRegistry``: the block types plugins provide, by qualified name (``particles.Emitter``)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..blocks.block import Block
+from ..errors import CudapatchError, KernelLoadError, PluginError
+
+__all__ = ["BlockType", "BlockTypeRegistry"]
+
+
+@dataclass(frozen=True)
+class BlockType:
+    """A registered block type.
+
+    Attributes:
+        name: Qualified name, ``package.Type``.
+        cls: The Block subclass.
+        version: The plugin's version string for the type.
+        origin: The plugin that registered it.
+        doc: First paragraph of the class docstring.
+        ports: ``(direction, name, type)`` of each port of a default instance.
+        params: ``(name, type, default)`` of each parameter of a default instance.
+    """
+
+    name: str
+    cls: type[Block]
+    version: str
+    origin: str
+    doc: str = ""
+    ports: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+    params: tuple[tuple[str, str, Any], ...] = field(default=(), compare=False)
+
+    def create(self, name: str, **params: Any) -> Block:
+        """A new block of this type called ``name`` with ``params`` set."""
+        return self.cls(name=name, **params)
+
+
+class BlockTypeRegistry:
+    """Block types by qualified name. ``add`` validates and refuses duplicates, naming both origins."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, BlockType] = {}
+        self.current_origin = "?"
+
+    def add(self, cls: type[Block], *, name: str | None = None, version: str = "0", doc: str = "") -> BlockType:
+        """Register ``cls`` as ``name`` (default: ``<module's top package>.<type_name>``).
+
+        Raises:
+            PluginError: not a Block subclass, a name that is not ``package.Type``, a duplicate, or a
+                class that fails to describe itself with default parameters.
+        """
+        origin = self.current_origin
+        if not (inspect.isclass(cls) and issubclass(cls, Block)):
+            raise PluginError(f"plugin '{origin}' registered {cls!r}, which is not a Block subclass")
+        if name is None:
+            name = f"{cls.__module__.split('.')[0]}.{cls.type_name or cls.__name__}"
+        parts = name.split(".")
+        if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+            raise PluginError(f"plugin '{origin}': block type name '{name}' must look like 'package.Type'")
+        if name in self._types:
+            other = self._types[name]
+            raise PluginError(
+                f"block type '{name}' from plugin '{origin}' is already registered by plugin '{other.origin}'"
+            )
+        ports: tuple[tuple[str, str, str], ...] = ()
+        params: tuple[tuple[str, str, Any], ...] = ()
+        try:
+            desc = cls(name=parts[-1]).description
+        except KernelLoadError:  # needs a parameter first (a kernel file's path): ports follow that
+            pass
+        except (CudapatchError, TypeError, ValueError) as exc:
+            raise PluginError(f"plugin '{origin}': block type '{name}' does not describe itself: {exc}") from exc
+        else:
+            ports = tuple(("in", p.name, str(p.pin_type)) for p in desc.inputs) + tuple(
+                ("out", p.name, str(p.pin_type)) for p in desc.outputs
+            )
+            params = tuple(
+                (p.name, "text" if p.kind == "text" else p.dtype.c_name, p.default)  # type: ignore[union-attr]
+                for p in desc.params
+            )
+        text = doc or inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+        bt = BlockType(name, cls, version, origin, text, ports, params)
+        self._types[name] = bt
+        return bt
+
+    def get(self, name: str) -> BlockType:
+        """The type called ``name``; an unqualified ``Type`` works when exactly one package has it.
+
+        Raises:
+            CudapatchError: unknown (or ambiguous) type, with the close matches listed.
+        """
+        bt = self._types.get(name)
+        if bt is not None:
+            return bt
+        matches = [t for n, t in self._types.items() if n.rsplit(".", 1)[-1] == name]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise CudapatchError(f"block type '{name}' is ambiguous: {', '.join(t.name for t in matches)}")
+        known = ", ".join(sorted(self._types)) or "none"
+        raise CudapatchError(f"unknown block type '{name}' (installed: {known})")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._types
+
+    def __iter__(self):
+        return iter(sorted(self._types.values(), key=lambda t: t.name))
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def __repr__(self) -> str:
+        return f"<BlockTypeRegistry {len(self._types)} types>"
