@@ -25,12 +25,18 @@ DISABLE_ENV = "CUDAPATCH_DISABLE_PLUGINS"
 BUILTIN_PLUGINS = ((builtins.PLUGIN_NAME, builtins),)
 
 
-def make_plugin_manager(*, entry_points: bool = True, disabled: tuple[str, ...] | None = None) -> pluggy.PluginManager:
+def make_plugin_manager(
+    *,
+    entry_points: bool = True,
+    disabled: tuple[str, ...] | None = None,
+    plugins: tuple[tuple[str, object], ...] = (),
+) -> pluggy.PluginManager:
     """A plugin manager with cudapatch's hookspecs, installed plugins and built-ins.
 
     Args:
         entry_points: Load plugins from the ``cudapatch`` entry-point group.
         disabled: Plugin names to block (default: from ``CUDAPATCH_DISABLE_PLUGINS``, comma-separated).
+        plugins: Extra ``(name, plugin)`` pairs registered before the built-ins (an app's own blocks).
 
     Raises:
         PluginError: a plugin implements a hook that does not exist (``check_pending``), or failed to import.
@@ -47,13 +53,14 @@ def make_plugin_manager(*, entry_points: bool = True, disabled: tuple[str, ...] 
             pm.load_setuptools_entrypoints(NAME)
         except Exception as exc:  # an entry point whose module does not import
             raise PluginError(f"a '{NAME}' plugin failed to load: {type(exc).__name__}: {exc}") from exc
-    for name, plugin in BUILTIN_PLUGINS:
+    for name, plugin in (*plugins, *BUILTIN_PLUGINS):
         if not pm.is_blocked(name):
             pm.register(plugin, name=name)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin '{exc.plugin}' is invalid: {exc}") from exc
+        name = pm.get_name(exc.plugin) or repr(exc.plugin)
+        raise PluginError(f"plugin '{name}' is invalid: {exc}") from exc
     return pm
 
 
@@ -88,8 +95,8 @@ class PluginHost:
             before = dict(registry._types)
             try:
                 impl.function(registry=registry)
-            except Exception as exc:
-                registry._types = before  # skip the faulty plugin entirely, not just its last type  # a third-party plugin's bug: report it, keep the others
+            except Exception as exc:  # a third-party plugin's bug: report it, keep the others
+                registry._types = before  # skip the faulty plugin entirely, not just its last type
                 err = (
                     exc
                     if isinstance(exc, PluginError)

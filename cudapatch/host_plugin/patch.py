@@ -140,7 +140,7 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
         raise fail("'engine' must be a table", lines.key("engine"))
-    for key, value in engine.items():
+    for key in engine:
         if key not in ENGINE_KEYS:
             raise fail(f"unknown engine setting '{key}' (use: {', '.join(sorted(ENGINE_KEYS))})", lines.key(key))
     if "profiling" in engine:
@@ -184,7 +184,8 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
                 names = [p[1] for p in bt.ports if p[0] == ("out" if kind == "output" else "in")]
                 if bt.ports and port not in names:
                     raise fail(
-                        f"link {lk}: operator '{op}' ({bt.name}) has no {kind} '{port}' (it has: {', '.join(names) or 'none'})",
+                        f"link {lk}: operator '{op}' ({bt.name}) has no {kind} '{port}' "
+                        f"(it has: {', '.join(names) or 'none'})",
                         line,
                         block=op,
                         port=port,
@@ -217,7 +218,7 @@ def _check_operator(spec: OperatorSpec, registry: BlockTypeRegistry, lines: _Lin
     if not bt.ports and not bt.params:
         return  # a type that needs its parameters to describe itself (a kernel file): checked on create
     known = {name: kind for name, kind, _ in bt.params}
-    for key, value in spec.params.items():
+    for key in spec.params:
         line = lines.key(key, spec.line)
         if key not in known:
             raise fail(

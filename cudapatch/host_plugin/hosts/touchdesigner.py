@@ -1,0 +1,223 @@
+"""TouchDesigner binding, written against TouchDesigner's documented Python API.
+
+Set-up (see ``examples/touchdesigner/README.md``): one ``TouchDesignerHost`` per project (in a
+Text DAT module), a Base COMP per block whose extension is a ``BlockOperatorExt``, and one Script TOP
+whose callbacks DAT forwards ``onSetupParameters``/``onCook`` to an ``EngineTOP``.
+
+API used (TouchDesigner 2023.11+):
+- ``COMP.appendCustomPage(name)`` → ``Page``; ``Page.appendFloat/appendInt/appendStr(name, label=, size=)``
+  → a ``ParGroup``-like list of ``Par``; ``Par.name``, ``Par.val``, ``Par.eval()``, ``Par.normMin/normMax``,
+  ``Par.default``; ``COMP.par.<Name>``; ``COMP.path``; custom parameter names are a capital letter
+  followed by lower-case letters and digits.
+- ``scriptTOP.copyCUDAMemory(address, size, shape, stream=None)``: copy device memory into the TOP
+  on that CUDA stream (``shape``: ``CUDAMemoryShape`` with ``width``, ``height``, ``numComps``,
+  ``dataType``; uint8 4-component data is BGRA).
+- ``TOP.cudaMemory(stream=None)`` → ``CUDAMemory`` (``ptr``, ``size``, ``shape``): the memory stays
+  valid only while that object is alive, so the binding holds it for as long as the engine uses it
+  (dropping it early is a known cause of crashes in community components).
+- ``OP.addError(msg)``, ``OP.addWarning(msg)``: shown on the operator for this cook.
+
+Nothing here imports ``td``: the TouchDesigner objects are passed in, so the module is importable
+(and testable) outside TouchDesigner.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from ...errors import CudapatchError
+from ..adapter import HostAdapter
+from ..manager import PluginHost
+
+__all__ = ["TouchDesignerHost", "BlockOperatorExt", "EngineTOP", "td_par_name"]
+
+log = logging.getLogger("cudapatch.touchdesigner")
+PAGE = "cudapatch"
+
+
+def td_par_name(name: str) -> str:
+    """A block parameter name as a TouchDesigner custom parameter name (``CurlScale`` → ``Curlscale``)."""
+    clean = re.sub(r"[^A-Za-z0-9]", "", name) or "Par"
+    return clean[0].upper() + clean[1:].lower()
+
+
+class TouchDesignerHost:
+    """The per-project state: plugins, one engine, the adapter. Create it once (in a module DAT).
+
+    Args:
+        device: CUDA device ordinal (TouchDesigner's GPU).
+        plugins: Plugin host (default: built-ins and installed plugins).
+        engine: An engine to use (default: a new one on ``device``).
+    """
+
+    def __init__(self, *, device: int = 0, plugins: PluginHost | None = None, engine: Any = None) -> None:
+        self.plugins = plugins or PluginHost()
+        if engine is None:
+            from ...engine.engine import Engine
+
+            engine = Engine(device, name="TouchDesigner")
+        self.engine = engine
+        self.adapter = HostAdapter(engine, self.plugins.registry)
+        self.plugins.engine_started(engine)
+
+    def close(self) -> None:
+        self.plugins.engine_stopping(self.engine)
+        self.engine.close()
+
+
+class BlockOperatorExt:
+    """Extension of a Base COMP that stands for one block.
+
+    Creating it creates the block (operator id: the COMP's path) and a custom parameter page with
+    one parameter per block parameter. Forward ``onValueChange`` of a Parameter Execute DAT to
+    ``OnParValueChange``, and call ``Link``/``Unlink`` when the network's wires change.
+
+    Args:
+        ownerComp: The COMP.
+        host: The project's ``TouchDesignerHost``.
+        block_type: Qualified block type (``particles.Emitter``).
+    """
+
+    def __init__(self, ownerComp: Any, host: TouchDesignerHost, block_type: str) -> None:
+        self.ownerComp = ownerComp
+        self.host = host
+        self.op_id = ownerComp.path
+        self.block = host.adapter.create(self.op_id, block_type)
+        self._par_to_param: dict[str, tuple[str, int]] = {}  # TD par name -> (block param, component)
+        self._build_page()
+
+    def _build_page(self) -> None:
+        comp = self.ownerComp
+        page = next((p for p in comp.customPages if p.name == PAGE), None) or comp.appendCustomPage(PAGE)
+        for spec in self.block.description.params:
+            base = td_par_name(spec.name)
+            if spec.kind == "text":
+                pars = page.appendStr(base, label=spec.name)
+            elif spec.dtype.base.kind in "iu":
+                pars = page.appendInt(base, label=spec.name, size=spec.dtype.lanes)
+            else:
+                pars = page.appendFloat(base, label=spec.name, size=spec.dtype.lanes)
+            default = spec.default if isinstance(spec.default, tuple) else (spec.default,)
+            for i, par in enumerate(pars):
+                par.default = default[i]
+                par.val = default[i]
+                if spec.minimum is not None:
+                    par.normMin = spec.minimum
+                if spec.maximum is not None:
+                    par.normMax = spec.maximum
+                self._par_to_param[par.name] = (spec.name, i)
+
+    def OnParValueChange(self, par: Any, prev: Any = None) -> None:
+        """Forward a custom parameter change to the block (vector parameters: the whole tuple).
+
+        A bad value is reported on the COMP with ``addError`` and the block keeps its old value."""
+        target = self._par_to_param.get(par.name)
+        if target is None:
+            return
+        name, _ = target
+        spec = self.block.description.param(name)
+        if spec is not None and spec.kind != "text" and spec.dtype.lanes > 1:
+            value: Any = tuple(
+                getattr(self.ownerComp.par, p).eval() for p, (n, _) in self._par_to_param.items() if n == name
+            )
+        else:
+            value = par.eval()
+        try:
+            self.host.adapter.set_param(self.op_id, name, value)
+        except CudapatchError as exc:
+            self.ownerComp.addError(str(exc))
+            par.val = prev if prev is not None else par.val
+
+    def Link(self, src_ext: BlockOperatorExt, src_port: str, dst_port: str) -> None:
+        """Link ``src_ext``'s output ``src_port`` to this block's input ``dst_port``."""
+        try:
+            self.host.adapter.connect(src_ext.op_id, src_port, self.op_id, dst_port)
+        except CudapatchError as exc:
+            self.ownerComp.addError(str(exc))
+
+    def Unlink(self, src_ext: BlockOperatorExt, src_port: str, dst_port: str) -> None:
+        self.host.adapter.disconnect(src_ext.op_id, src_port, self.op_id, dst_port)
+
+    def Tooltip(self) -> str:
+        """The block's state line for the COMP's info (``str(block)``)."""
+        return self.host.adapter.tooltip(self.op_id)
+
+    def Dispose(self) -> None:
+        """Call from the COMP's onDestroy: removes the block and its links."""
+        self.host.adapter.delete(self.op_id)
+
+
+class EngineTOP:
+    """Callbacks of the Script TOP that runs the engine and shows one output.
+
+    Args:
+        host: The project's host.
+        output: ``(operator path, port)`` shown in the TOP.
+        shape: A ``CUDAMemoryShape`` describing that output (``width``, ``height``, ``numComps``, ``dataType``).
+    """
+
+    def __init__(self, host: TouchDesignerHost, output: tuple[str, str], shape: Any) -> None:
+        self.host = host
+        self.output = output
+        self.shape = shape
+        self._held: dict[tuple[str, str], Any] = {}  # CUDAMemory objects the engine reads from
+
+    @property
+    def stream(self) -> int:
+        """The engine's CUDA stream as the integer TouchDesigner's ``stream=`` arguments take."""
+        return int(self.host.engine.device.stream_handle)
+
+    def BindInputTOP(self, op_id: str, port: str, top: Any) -> None:
+        """Feed a TOP's texture memory to a block input, with no copy.
+
+        The ``CUDAMemory`` object is held until the next bind of that input (or ``close``), so its
+        memory stays valid for every frame that reads it."""
+        mem = top.cudaMemory(stream=self.stream)
+        block = self.host.adapter.block(op_id)
+        spec = block.description.input(port)
+        if spec is None:
+            raise CudapatchError("no such input", block=op_id, port=port)
+        count = mem.size // spec.dtype.itemsize
+        arr = _Cai(mem.ptr, count * spec.dtype.lanes, "<f4" if spec.dtype.base.kind == "f" else "<u4")
+        self.host.engine.bind(block, port, arr, dtype=spec.dtype)
+        self._held[(op_id, port)] = mem  # replaces (and so releases) the previous frame's object
+
+    def onCook(self, scriptOp: Any) -> None:
+        """Cook the engine operator, then copy the output into the TOP on the engine's stream."""
+        eo = self.host.adapter.engine_operator
+        try:
+            eo.cook()
+            buf = eo.output(*self.output)
+        except CudapatchError as exc:
+            scriptOp.addError(str(exc))
+            return
+        need = self.shape.width * self.shape.height * self.shape.numComps * _itemsize(self.shape.dataType)
+        if buf.nbytes < need:
+            scriptOp.addError(
+                f"output '{self.output[0]}.{self.output[1]}' has {buf.nbytes} bytes; the TOP shape needs {need}"
+            )
+            return
+        scriptOp.copyCUDAMemory(buf.ptr, need, self.shape, stream=self.stream)
+        for op_id, diags in eo.diagnostics().items():
+            for d in diags:
+                (scriptOp.addError if d.severity == "error" else scriptOp.addWarning)(
+                    f"{op_id or 'engine'}: {d.message}"
+                )
+
+    def close(self) -> None:
+        self._held.clear()
+
+
+class _Cai:
+    def __init__(self, ptr: int, count: int, typestr: str) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (count,), "typestr": typestr, "data": (int(ptr), False), "version": 3, "strides": None,
+        }  # fmt: skip
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
