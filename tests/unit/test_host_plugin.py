@@ -207,3 +207,13 @@ def test_cli_blocks_and_check(capsys):
         assert name in out
     with pytest.raises(SystemExit):
         main(["run", "--frames", "0"])
+
+
+def test_cli_run_reports_a_bad_patch_before_touching_the_gpu(tmp_path, capsys):
+    from cudapatch.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[operators.a]\ntype = "core.Nope"\n')
+    assert main(["run", "--headless", "--frames", "1", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "core.Nope" in err

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Host adapter overhead: a cook through the adapter with 100 operators beside a bare
+``Engine.update()`` of the same patch, and a parameter change through the adapter (with host value
+coercion) beside ``block.set``. Host microseconds, medians, in the same run.
+
+Usage: ``python benchmarks/bench_host.py``; writes ``host.json`` to ``$RESULTS_DIR`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cudapatch import Engine  # noqa: E402
+from cudapatch.host_plugin import HostAdapter, PluginHost  # noqa: E402
+
+
+def median_us(fn, n: int = 5000, sync=None, every: int = 200) -> float:
+    times = []
+    for i in range(n):
+        if sync is not None and i % every == 0:
+            sync()
+        t = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times) / 1e3
+
+
+def main() -> None:
+    engine = Engine(name="host-bench", wait_for_compile=True)
+    adapter = HostAdapter(engine, PluginHost().registry)
+    adapter.create("op0", "core.Fill", {"Count": 1024})
+    for i in range(1, 100):
+        adapter.create(f"op{i}", "core.Scale", {"Factor": 1.0001})
+        adapter.connect(f"op{i - 1}", "Out", f"op{i}", "In")
+    engine.wait_ready()
+    for _ in range(50):
+        engine.update()
+    sync = engine.synchronize
+    bare = median_us(engine.update, sync=sync)
+    cook = adapter.engine_operator.cook
+    cooked = median_us(cook, sync=sync)
+    block = adapter.block("op50")
+    vals = [1.0, 1.5]
+    k = [0]
+
+    def set_direct() -> None:
+        k[0] ^= 1
+        block.set("Factor", vals[k[0]])
+
+    def set_adapter() -> None:
+        k[0] ^= 1
+        adapter.set_param("op50", "Factor", vals[k[0]])
+
+    def set_adapter_str() -> None:
+        k[0] ^= 1
+        adapter.set_param("op50", "Factor", "1.5" if k[0] else "1.0")
+
+    direct = median_us(set_direct)
+    via = median_us(set_adapter)
+    via_str = median_us(set_adapter_str)
+    engine.update()
+    engine.synchronize()
+    rows = {
+        "update_us": bare,
+        "cook_us": cooked,
+        "cook_overhead_us": cooked - bare,
+        "block_set_us": direct,
+        "adapter_set_param_us": via,
+        "adapter_set_param_string_us": via_str,
+    }
+    print(f"{'Engine.update(), 100 blocks':40s} {bare:8.2f} µs")
+    print(f"{'EngineOperator.cook()':40s} {cooked:8.2f} µs   overhead {cooked - bare:+.2f} µs (target <= 10)")
+    print(f"{'block.set (peer)':40s} {direct:8.2f} µs")
+    print(f"{'adapter.set_param(float)':40s} {via:8.2f} µs   {via / direct:.2f}x  (target <= 10 µs)")
+    print(f"{'adapter.set_param(TD string)':40s} {via_str:8.2f} µs")
+    out = os.environ.get("RESULTS_DIR")
+    if out:
+        Path(out, "host.json").write_text(json.dumps(rows, indent=1))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

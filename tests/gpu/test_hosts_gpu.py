@@ -1,0 +1,103 @@
+"""Hosts on the GPU: the standalone host with a patch file edited while it runs, and the
+TouchDesigner engine TOP against the documented-API double."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from cudapatch.host_plugin import PluginHost
+from cudapatch.host_plugin.hosts.standalone import StandaloneHost
+from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, EngineTOP, TouchDesignerHost
+
+from ..td_double import COMP, TOP, CUDAMemory, CUDAMemoryShape, scriptTOP
+
+pytestmark = pytest.mark.gpu
+
+PATCH = """\
+links = ["fill.Out -> scale.In"]
+
+[operators.fill]
+type = "core.Fill"
+Count = 4096
+Value = 1.5
+
+[operators.scale]
+type = "core.Scale"
+Factor = 2.0
+"""
+
+
+def test_patch_file_edits_apply_while_running(tmp_path):
+    path = tmp_path / "patch.toml"
+    path.write_text(PATCH)
+    with StandaloneHost(path) as host:
+        host.engine.wait_ready()
+        eng = host.engine
+        for _ in range(3):
+            eng.update()
+        scale = host.adapter.block("scale")
+        assert np.allclose(eng.read(scale, "Out"), 3.0)
+        rebuilds = eng.counters.rebuilds
+        path.write_text(PATCH.replace("Factor = 2.0", "Factor = -1.0"))  # Hot: no rebuild
+        assert host.poll_patch(force=True)
+        eng.update()
+        assert np.allclose(eng.read(scale, "Out"), -1.5) and eng.counters.rebuilds == rebuilds
+        path.write_text(PATCH.replace("Factor = 2.0", "Factor = oops"))  # a TOML error: nothing changes
+        assert not host.poll_patch(force=True)
+        assert host.reload_errors and host.reload_errors[-1].line == 11
+        eng.update()
+        assert np.allclose(eng.read(scale, "Out"), -1.5)
+        extra = PATCH.replace('"fill.Out -> scale.In"]', '"fill.Out -> scale.In", "scale.Out -> more.In"]')
+        path.write_text(extra + '\n[operators.more]\ntype = "core.Scale"\nOffset = 1.0\n')  # Cold
+        assert host.poll_patch(force=True)
+        eng.wait_ready()
+        eng.update()
+        assert np.allclose(eng.read(host.adapter.block("more"), "Out"), -0.5)
+        assert eng.counters.rebuilds > rebuilds
+
+
+def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
+    import cupy
+
+    td = TouchDesignerHost(engine=engine, plugins=PluginHost())
+    fill = BlockOperatorExt(COMP("/p/fill"), td, "core.Fill")
+    scale = BlockOperatorExt(COMP("/p/scale"), td, "core.Scale")
+    fill.ownerComp.par.Count.val = 64 * 32 * 4
+    fill.OnParValueChange(fill.ownerComp.par.Count, 1024)
+    fill.ownerComp.par.Value.val = 0.75
+    fill.OnParValueChange(fill.ownerComp.par.Value, 0.0)
+    scale.Link(fill, "Out", "In")
+    shape = CUDAMemoryShape()
+    shape.width, shape.height, shape.numComps, shape.dataType = 64, 32, 4, np.float32
+    top = EngineTOP(td, ("/p/scale", "Out"), shape)
+    op = scriptTOP("/p/engine")
+    engine.wait_ready()
+    for _ in range(2):
+        top.onCook(op)
+    assert not op.errors
+    last = op.copies[-1]
+    assert last["stream"] == int(engine.device.stream_handle) and last["size"] == 64 * 32 * 4 * 4
+    assert np.allclose(last["data"].view(np.float32), 0.75)
+    # a TOP as an input: its CUDAMemory is held while the engine reads it
+    rng = np.random.default_rng()
+    img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
+    src_top = TOP("/p/movie", img, shape)
+    engine.remove(fill.block)
+    td.adapter._ops.pop("/p/fill")
+    td.adapter._types.pop("/p/fill")
+    top.BindInputTOP("/p/scale", "In", src_top)
+    gc.collect()
+    assert CUDAMemory.live >= 1 and src_top.streams[-1] == int(engine.device.stream_handle)
+    scale.ownerComp.par.Factor.val = 2.0
+    scale.OnParValueChange(scale.ownerComp.par.Factor, 1.0)
+    top.onCook(op)
+    assert np.allclose(op.copies[-1]["data"].view(np.float32), 2.0 * img.get())
+    top.BindInputTOP("/p/scale", "In", src_top)  # the next frame's object replaces the old one
+    gc.collect()
+    held = CUDAMemory.live
+    top.close()
+    gc.collect()
+    assert CUDAMemory.live == held - 1

@@ -1,0 +1,55 @@
+"""The TouchDesigner binding against the documented-API double (tests/td_double.py), at plan level."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudapatch.host_plugin import PluginHost
+from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, TouchDesignerHost, td_par_name
+
+from ..td_double import COMP
+from .plan_engine import PlanOnlyEngine
+
+
+@pytest.fixture
+def td():
+    return TouchDesignerHost(engine=PlanOnlyEngine(), plugins=PluginHost())
+
+
+def test_par_names_follow_touchdesigner_rules():
+    assert td_par_name("CurlScale") == "Curlscale" and td_par_name("Dt") == "Dt" and td_par_name("gain") == "Gain"
+
+
+def test_block_comp_builds_its_parameter_page(td):
+    comp = COMP("/project1/forces")
+    ext = BlockOperatorExt(comp, td, "particles.Forces")
+    assert td.adapter.operators() == {"/project1/forces": "particles.Forces"}
+    (page,) = comp.customPages
+    names = [p.name for p in page.pars]
+    assert names[:3] == ["Gravity1", "Gravity2", "Gravity3"] and "Curlscale" in names
+    assert comp.par.Gravity2.val == -0.6 and comp.par.Drag.normMin == 0.0
+    comp.par.Curl.val = 0.25
+    ext.OnParValueChange(comp.par.Curl, 1.5)
+    assert ext.block.params["Curl"].value == 0.25
+    comp.par.Gravity1.val = 1.0
+    ext.OnParValueChange(comp.par.Gravity1, 0.0)
+    assert ext.block.params["Gravity"].value == (1.0, -0.6, 0.0)
+    comp.par.Drag.val = -3.0  # out of range: an error on the COMP, the block keeps its value
+    ext.OnParValueChange(comp.par.Drag, 0.4)
+    assert ext.block.params["Drag"].value == 0.4 and comp.par.Drag.val == 0.4
+    assert comp.errors and "Drag" in comp.errors[-1]
+
+
+def test_links_cook_and_dispose(td):
+    emit = BlockOperatorExt(COMP("/p/emit"), td, "particles.Emitter")
+    forces = BlockOperatorExt(COMP("/p/forces"), td, "particles.Forces")
+    forces.Link(emit, "Particles", "Particles")
+    td.adapter.engine_operator.cook()
+    plan = td.engine.plan
+    assert plan.outputs[(forces.block.id, "Particles")] == plan.outputs[(emit.block.id, "Particles")]
+    forces.Link(emit, "Nope", "Particles")
+    assert "Nope" in forces.ownerComp.errors[-1]
+    assert "forces" in forces.Tooltip()
+    forces.Unlink(emit, "Particles", "Particles")
+    forces.Dispose()
+    assert td.adapter.operators() == {"/p/emit": "particles.Emitter"}
