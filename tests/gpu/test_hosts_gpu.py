@@ -47,7 +47,7 @@ def test_patch_file_edits_apply_while_running(tmp_path):
         assert np.allclose(eng.read(scale, "Out"), -1.5) and eng.counters.rebuilds == rebuilds
         path.write_text(PATCH.replace("Factor = 2.0", "Factor = oops"))  # a TOML error: nothing changes
         assert not host.poll_patch(force=True)
-        assert host.reload_errors and host.reload_errors[-1].line == 11
+        assert host.reload_errors and host.reload_errors[-1].line == 10
         eng.update()
         assert np.allclose(eng.read(scale, "Out"), -1.5)
         extra = PATCH.replace('"fill.Out -> scale.In"]', '"fill.Out -> scale.In", "scale.Out -> more.In"]')
