@@ -55,7 +55,8 @@ def test_patch_file_edits_apply_while_running(tmp_path):
         assert host.poll_patch(force=True)
         eng.wait_ready()
         eng.update()
-        assert np.allclose(eng.read(host.adapter.block("more"), "Out"), -0.5)
+        # the new file has Factor = 2.0 again: 1.5 * 2 + 1
+        assert np.allclose(eng.read(host.adapter.block("more"), "Out"), 4.0)
         assert eng.counters.rebuilds > rebuilds
 
 
