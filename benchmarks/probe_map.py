@@ -76,6 +76,43 @@ def main() -> None:
 
     print(f"glFinish alone                 {med(with_finish):8.1f} µs", flush=True)
     print(f"cuStreamSynchronize alone      {med(lambda: check(d.cuStreamSynchronize(s))):8.1f} µs", flush=True)
+    # the same pair after the engine has launched graphs on the stream, and the bridge's frame
+    from cudapatch.blocks.library import CustomKernel
+    from cudapatch.interop import GlBridge
+
+    code = (
+        'extern "C" __global__ void k(unsigned int* o, unsigned int n) '
+        "{ unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) o[i] = i; }"
+    )
+    blk = eng.add(CustomKernel(Code=code))
+    blk.set("Count", 256 * 256)
+    eng.wait_ready()
+    for _ in range(100):
+        eng.update()
+    eng.synchronize()
+    b3 = SharedBuffer.create(256 * 256 * 4)
+    h3 = b3.handle
+
+    def pair3():
+        check(d.cuGraphicsMapResources(1, h3, s))
+        check(d.cuGraphicsUnmapResources(1, h3, s))
+
+    print(f"buffer pair after graph launches   {med(pair3):8.1f} µs", flush=True)
+    base = med(eng.update)
+    eng.synchronize()
+    br = GlBridge(eng)
+    br.show_buffer(blk, "o", b3)
+    with_br = med(eng.update)
+    eng.synchronize()
+    print(f"update {base:8.1f} µs, with bridge (1 buffer) {with_br:8.1f} µs", flush=True)
+
+    def upd_sync():
+        eng.update()
+        eng.synchronize()
+
+    print(f"update+sync with bridge            {med(upd_sync):8.1f} µs", flush=True)
+    br.close()
+    print(f"update+sync without bridge         {med(upd_sync):8.1f} µs", flush=True)
     ext = ctx.has_extension("GL_EXT_memory_object_fd"), ctx.has_extension("GL_EXT_semaphore_fd")
     print("GL_EXT_memory_object_fd, GL_EXT_semaphore_fd:", ext, flush=True)
 
