@@ -97,6 +97,22 @@ def bench_bridge(engine: Engine) -> None:
 
     raw = host_median_us(raw_pair)
     row("interop overhead per frame (1 buffer + 1 texture)", with_bridge - base, "raw map+unmap x2", raw)
+    from cudapatch.interop.imported import ImportedRing
+
+    ring = ImportedRing(w * h * 4)
+    bridge = GlBridge(engine)
+    bridge.show_buffer_ring(block, "image", ring)
+    engine.synchronize()
+
+    def zero_map_frame() -> None:
+        engine.update()
+        ring.front()  # what the GL side does per frame: pick the newest buffer, fence it
+
+    zero = host_median_us(zero_map_frame)
+    bridge.close()
+    engine.synchronize()
+    row("interop overhead per frame, zero-map (1 buffer)", zero - base, "raw map+unmap x1", raw / 2)
+    ring.close()
     engine.remove(block)
     buf.close()
     tex.close()
@@ -157,11 +173,13 @@ def bench_particles(ctx: EglContext, results: dict) -> None:
         engine.set_profiling("None")
         big = EglContext(1920, 1080)
         engine.device.make_current()
-        with Preview(engine, big, points=(blocks[3], "Points"), overlay=True) as preview:
-            preview.run(30)
-            report = preview.run(200)
-        row(f"preview 1920x1080 + overlay, {capacity // 10**6}M points", report.fps, unit="fps")
-        results[f"preview_fps_{capacity}"] = report.fps
+        for zero_map in (True, False):
+            with Preview(engine, big, points=(blocks[3], "Points"), overlay=True, zero_map=zero_map) as preview:
+                preview.run(30)
+                report = preview.run(200)
+            how = "zero-map" if zero_map else "map/unmap"
+            row(f"preview 1920x1080 + overlay, {capacity // 10**6}M points, {how}", report.fps, unit="fps")
+            results[f"preview_fps_{capacity}_{how}"] = report.fps
         big.close()
         engine.close()
 

@@ -54,6 +54,7 @@ class GlBridge:
         self._outputs: list[_Link] = []
         self._textures: list[_Link] = []
         self._inputs: list[_Link] = []
+        self._rings: list[_Link] = []
         self._group: ResourceGroup | None = None
         self._closed = False
         self.copied_bytes = 0
@@ -70,6 +71,16 @@ class GlBridge:
         self._check(block, port, "output")
         self._outputs.append(_Link(block, port, buffer))
         self._regroup()
+
+    def show_buffer_ring(self, block: Block, port: str, ring: Any) -> None:
+        """After each launch, copy output ``port`` into the next free buffer of an ``ImportedRing``
+        (the zero-map path: no map/unmap, one copy and one event record per frame).
+
+        Raises:
+            InteropError: unknown output port, or the bridge is closed.
+        """
+        self._check(block, port, "output")
+        self._rings.append(_Link(block, port, ring))
 
     def show_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
         """After each launch, copy output ``port`` (a linear image, ``width*height`` texels of the
@@ -132,10 +143,14 @@ class GlBridge:
 
     def after_launch(self, stream: Any) -> None:
         """Copy outputs into their GL resources, then unmap everything (one driver call)."""
+        graph = self.engine.graph
+        for link in self._rings:
+            src = graph.output(link.block.id, link.port) if graph is not None else None
+            if src is not None and link.resource.write(src.ptr, src.nbytes, stream):
+                self.copied_bytes += min(src.nbytes, link.resource.nbytes)
         group = self._group
         if group is None:
             return
-        graph = self.engine.graph
         d = driver()
         try:
             for link in self._outputs:
@@ -175,5 +190,5 @@ class GlBridge:
         return self._closed
 
     def __repr__(self) -> str:
-        n = len(self._outputs) + len(self._textures) + len(self._inputs)
+        n = len(self._outputs) + len(self._textures) + len(self._inputs) + len(self._rings)
         return f"<GlBridge links={n} closed={self._closed}>"

@@ -52,6 +52,8 @@ class Preview:
         points: ``(block, port)`` of a points output (``capacity`` positions then colors, float4).
         image: ``(block, port, width, height)`` of an RGBA8 image output (``uchar4``/``uint``, row-major).
         overlay: Draw the imgui profiling overlay.
+        zero_map: Share the points through memory GL imports from CUDA (no map/unmap per frame).
+            None: when the driver supports it (logged); False: register/map.
         orbit: Camera orbit speed in radians per frame.
     """
 
@@ -63,6 +65,7 @@ class Preview:
         points: tuple[Block, str] | None = None,
         image: tuple[Block, str, int, int] | None = None,
         overlay: bool = True,
+        zero_map: bool | None = None,
         orbit: float = 0.004,
         background: tuple[float, float, float] = (0.015, 0.015, 0.025),
     ) -> None:
@@ -77,6 +80,15 @@ class Preview:
         self.frames = 0
         context.make_current()
         self.bridge = GlBridge(engine)
+        from .imported import ImportedRing, zero_map_available
+
+        self.zero_map = zero_map_available(context) if zero_map is None else zero_map
+        if points is not None:
+            log.info(
+                "preview: points shared by %s", "imported CUDA memory (zero-map)" if self.zero_map else "map/unmap"
+            )
+        self._ring_cls = ImportedRing
+        self._ring: ImportedRing | None = None
         self._point_buffer: SharedBuffer | None = None
         self._point_renderer: PointRenderer | None = None
         self._texture: SharedTexture2D | None = None
@@ -96,26 +108,41 @@ class Preview:
         self._closed = False
 
     def _sync_points(self) -> None:
-        """(Re)create the GL vertex buffer when the points output appears or changes size."""
+        """(Re)create the GL vertex buffer(s) when the points output appears or changes size."""
         block, port = self.points  # type: ignore[misc]
         graph = self.engine.graph
         out = graph.output(block.id, port) if graph is not None else None
         if out is None:
             return
-        buf = self._point_buffer
-        if buf is not None and buf.nbytes == out.nbytes:
+        current = self._ring or self._point_buffer
+        if current is not None and current.nbytes == out.nbytes:
             return
-        if buf is not None:
+        if current is not None:
             self.bridge.close()
             self._point_renderer.close()  # type: ignore[union-attr]
-            buf.close()
+            current.close()
             self.bridge = GlBridge(self.engine)
             if self._texture is not None:
                 self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
-        self._point_buffer = SharedBuffer.create(out.nbytes, flags="write_discard", label=f"{block.name}.{port}")
-        self.bridge.show_buffer(block, port, self._point_buffer)
-        self._point_renderer = PointRenderer(self._point_buffer.gl_name, out.nbytes // 32)
-        log.info("preview: drawing %d points from %s.%s", out.nbytes // 32, block.name, port)
+        label = f"{block.name}.{port}"
+        if self.zero_map:
+            self._ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
+            self.bridge.show_buffer_ring(block, port, self._ring)
+            names = [b.gl_name for b in self._ring.buffers]
+        else:
+            self._point_buffer = SharedBuffer.create(out.nbytes, flags="write_discard", label=label)
+            self.bridge.show_buffer(block, port, self._point_buffer)
+            names = [self._point_buffer.gl_name]
+        self._point_renderer = PointRenderer(names, out.nbytes // 32)
+        log.info("preview: drawing %d points from %s", out.nbytes // 32, label)
+
+    @property
+    def points_gl_buffer(self) -> int | None:
+        """The GL buffer the last frame drew the points from."""
+        if self._ring is not None:
+            slot = self._ring.front_slot
+            return self._ring.buffers[slot].gl_name if slot >= 0 else None
+        return self._point_buffer.gl_name if self._point_buffer is not None else None
 
     def frame(self) -> float:
         """Update the engine and draw one frame; returns the host milliseconds it took."""
@@ -134,8 +161,13 @@ class Preview:
         if self._texture_renderer is not None:
             self._texture_renderer.draw(self._texture.gl_name)  # type: ignore[union-attr]
         if self._point_renderer is not None:
-            vp = orbit_camera(self.frames * self.orbit + math.pi * 0.15, w / max(h, 1))
-            self._point_renderer.draw(vp, h)
+            which = 0
+            if self._ring is not None:
+                name = self._ring.front()
+                which = -1 if name is None else self._point_renderer.index_of(name)
+            if which >= 0:
+                vp = orbit_camera(self.frames * self.orbit + math.pi * 0.15, w / max(h, 1))
+                self._point_renderer.draw(vp, h, which)
         if self.overlay is not None:
             self.overlay.draw(self.engine.stats(), title=self.engine.name)
         ctx.swap()
@@ -180,7 +212,14 @@ class Preview:
         self._closed = True
         self.context.make_current()
         self.bridge.close()
-        for obj in (self.overlay, self._point_renderer, self._texture_renderer, self._point_buffer, self._texture):
+        for obj in (
+            self.overlay,
+            self._point_renderer,
+            self._texture_renderer,
+            self._point_buffer,
+            self._ring,
+            self._texture,
+        ):
             if obj is not None:
                 obj.close()
 

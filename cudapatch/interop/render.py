@@ -100,26 +100,37 @@ def orbit_camera(angle: float, aspect: float, *, distance: float = 3.2, height: 
 
 
 class PointRenderer:
-    """Draws ``capacity`` points from GL buffer ``buffer`` (positions, then colors), additively."""
+    """Draws ``capacity`` points from a GL buffer (positions, then colors), additively.
 
-    def __init__(self, buffer: int, capacity: int) -> None:
+    ``buffers`` may list several GL buffers of the same layout (a ring): ``draw(..., which=i)``
+    draws the i-th; each gets its own vertex array, so switching costs nothing."""
+
+    def __init__(self, buffers: int | list[int], capacity: int) -> None:
         GL = gl()
         self.capacity = int(capacity)
         self.program = _program(_POINT_VS, _POINT_FS, "point renderer")
         self._u_view_proj = GL.glGetUniformLocation(self.program, "view_proj")
         self._u_scale = GL.glGetUniformLocation(self.program, "pixel_scale")
-        self.vao = int(GL.glGenVertexArrays(1))
-        GL.glBindVertexArray(self.vao)
-        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
-        GL.glEnableVertexAttribArray(0)
-        GL.glVertexAttribPointer(0, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(0))
-        GL.glEnableVertexAttribArray(1)
-        GL.glVertexAttribPointer(1, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(16 * self.capacity))
+        names = [buffers] if isinstance(buffers, int) else list(buffers)
+        self.vaos = [int(v) for v in np.atleast_1d(GL.glGenVertexArrays(len(names)))]
+        self._index = {}
+        for i, (vao, buffer) in enumerate(zip(self.vaos, names, strict=True)):
+            GL.glBindVertexArray(vao)
+            GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
+            GL.glEnableVertexAttribArray(0)
+            GL.glVertexAttribPointer(0, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(0))
+            GL.glEnableVertexAttribArray(1)
+            GL.glVertexAttribPointer(1, 4, GL.GL_FLOAT, GL.GL_FALSE, 16, ctypes.c_void_p(16 * self.capacity))
+            self._index[buffer] = i
         GL.glBindVertexArray(0)
         GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
         check_gl("creating the point renderer")
 
-    def draw(self, view_proj: np.ndarray, viewport_height: int) -> None:
+    def index_of(self, buffer: int) -> int:
+        """Which vertex array draws GL buffer ``buffer``."""
+        return self._index[buffer]
+
+    def draw(self, view_proj: np.ndarray, viewport_height: int, which: int = 0) -> None:
         """Draw all points with additive blending (the caller has bound the target framebuffer)."""
         GL = gl()
         GL.glUseProgram(self.program)
@@ -129,7 +140,7 @@ class PointRenderer:
         GL.glEnable(GL.GL_BLEND)
         GL.glBlendFunc(GL.GL_ONE, GL.GL_ONE)
         GL.glDisable(GL.GL_DEPTH_TEST)
-        GL.glBindVertexArray(self.vao)
+        GL.glBindVertexArray(self.vaos[which])
         GL.glDrawArrays(GL.GL_POINTS, 0, self.capacity)
         GL.glBindVertexArray(0)
         GL.glDisable(GL.GL_BLEND)
@@ -137,10 +148,10 @@ class PointRenderer:
 
     def close(self) -> None:
         GL = gl()
-        if self.vao:
-            GL.glDeleteVertexArrays(1, [self.vao])
+        if self.vaos:
+            GL.glDeleteVertexArrays(len(self.vaos), self.vaos)
             GL.glDeleteProgram(self.program)
-            self.vao = 0
+            self.vaos = []
 
 
 class TextureRenderer:

@@ -151,7 +151,8 @@ extern "C" __global__ void gradient(unsigned int* image, unsigned int level, uns
     tex.close()
 
 
-def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path):
+@pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
+def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero_map):
     from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
     from cudapatch.interop import read_png
     from cudapatch.interop.preview import Preview
@@ -163,7 +164,8 @@ def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path):
     engine.connect(f, "Particles", i, "Particles")
     engine.connect(i, "Particles", t, "Particles")
     engine.wait_ready()
-    with Preview(engine, ctx, points=(t, "Points"), overlay=True) as preview:
+    with Preview(engine, ctx, points=(t, "Points"), overlay=True, zero_map=zero_map) as preview:
+        assert preview.zero_map is zero_map
         report = preview.run(90, out_dir=tmp_path, png_every=45)
         assert report.frames == 90 and [p.name for p in report.pngs] == ["frame_00045.png", "frame_00090.png"]
         img = read_png(report.pngs[-1])
@@ -173,9 +175,57 @@ def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path):
         # the GL buffer holds what the engine computed
         from OpenGL import GL
 
-        engine.update()
+        preview.frame()
+        engine.synchronize()
         GL.glFinish()
-        buf = preview._point_buffer
-        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
-        gl_points = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, buf.nbytes), np.float32)
+        nbytes = engine.output(t, "Points").nbytes
+        if zero_map:
+            preview.frame()  # the ring shows the newest completed frame: let it catch up
+            engine.synchronize()
+            preview._ring.front()
+        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, preview.points_gl_buffer)
+        gl_points = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, nbytes), np.float32)
         assert np.array_equal(gl_points, engine.read(t, "Points").view(np.float32).ravel())
+
+
+def test_imported_buffer_is_shared_without_mapping(gl_engine):
+    from OpenGL import GL
+
+    from cudapatch.interop.imported import ImportedBuffer, ImportedRing, zero_map_available
+
+    engine, ctx = gl_engine
+    assert zero_map_available(ctx)  # the NVIDIA driver on Linux has GL_EXT_memory_object_fd
+    rng = np.random.default_rng()
+    n = 50_000
+    want = rng.standard_normal(n).astype(np.float32)
+    buf = ImportedBuffer(n * 4)
+    _cupy_view(buf.ptr, n * 4, np.float32, buf).set(want)  # CUDA writes its own allocation
+    engine.synchronize()
+    GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
+    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
+    assert np.array_equal(got, want)  # GL sees the same bytes
+    buf.close()
+    buf.close()
+    assert buf.is_closed
+
+    import cupy
+
+    ring = ImportedRing(n * 4)
+    assert ring.front() is None  # nothing written yet
+    frames = [cupy.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(4)]
+    s = engine.device.stream
+    assert ring.write(frames[0].data.ptr, n * 4, s)
+    engine.synchronize()
+    first = ring.front()
+    assert first is not None
+    for f in frames[1:]:
+        assert ring.write(f.data.ptr, n * 4, s)  # never the slot GL draws from
+        assert ring.buffers[ring.front_slot].gl_name == first or ring.front_slot != -1
+    engine.synchronize()
+    GL.glFinish()
+    name = ring.front()
+    GL.glBindBuffer(GL.GL_ARRAY_BUFFER, name)
+    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
+    assert np.array_equal(got, frames[-1].get())  # the newest completed frame
+    ring.close()
+    ring.close()

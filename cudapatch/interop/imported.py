@@ -1,0 +1,223 @@
+"""The zero-map path: memory CUDA allocates, which GL imports as buffer storage.
+
+Where the GL driver has ``GL_EXT_memory_object_fd`` (the NVIDIA driver on Linux does), CUDA
+allocates exportable memory (``cuMemCreate`` with a POSIX file descriptor handle type, mapped into
+CUDA's address space) and GL imports it (``glImportMemoryFdEXT`` + ``glNamedBufferStorageMemEXT``).
+Both then address the same bytes: nothing is registered, mapped or unmapped per frame.
+
+Without map/unmap, nothing orders CUDA's writes and GL's reads, so ``ImportedRing`` keeps three such
+buffers: CUDA writes the next free one and records an event; GL draws the newest one whose event has
+completed and fences it; CUDA skips a frame (``dropped``) rather than write a buffer GL may still be
+reading. No side ever waits. (Windows drivers offer the same through ``GL_EXT_memory_object_win32``;
+not built yet: register/map is used there.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import InteropError
+from ..kernels._driver import check, driver
+from . import _platform
+from ._gl import check_gl, gl
+
+__all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available"]
+
+log = logging.getLogger("cudapatch.interop")
+
+
+def zero_map_available(context: Any) -> bool:
+    """Whether ``context`` (current) can import CUDA memory on this OS."""
+    if _platform.IS_WINDOWS:
+        return False  # the win32 handle variant is not built yet
+    return bool(context.has_extension("GL_EXT_memory_object") and context.has_extension("GL_EXT_memory_object_fd"))
+
+
+class ImportedBuffer:
+    """``nbytes`` of CUDA memory that is also the storage of a GL buffer (``gl_name``).
+
+    Args:
+        nbytes: Size.
+        device: CUDA device ordinal (the GL context must run on the same GPU).
+        label: Name for messages.
+
+    Raises:
+        InteropError: the GL context lacks ``GL_EXT_memory_object_fd``.
+        CudaError: the allocation or export failed.
+    """
+
+    def __init__(self, nbytes: int, *, device: int = 0, label: str = "imported buffer") -> None:
+        if nbytes <= 0:
+            raise InteropError(f"ImportedBuffer: {label}: size must be positive, got {nbytes}")
+        try:
+            from OpenGL.GL.EXT.memory_object import glCreateMemoryObjectsEXT, glNamedBufferStorageMemEXT
+            from OpenGL.GL.EXT.memory_object_fd import GL_HANDLE_TYPE_OPAQUE_FD_EXT, glImportMemoryFdEXT
+        except ImportError as exc:
+            raise InteropError(f"ImportedBuffer: PyOpenGL lacks GL_EXT_memory_object_fd ({exc})") from exc
+        d = driver()
+        self.label = label
+        self.nbytes = nbytes
+        prop = d.CUmemAllocationProp()
+        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = device
+        prop.requestedHandleTypes = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        gran = check(
+            d.cuMemGetAllocationGranularity(
+                prop, d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+            ),
+            "cuMemGetAllocationGranularity",
+        )
+        self.size = -(-nbytes // gran) * gran
+        self._handle = check(d.cuMemCreate(self.size, prop, 0), f"cuMemCreate({label})")
+        self.ptr = 0
+        try:
+            ptr = check(d.cuMemAddressReserve(self.size, 0, 0, 0), "cuMemAddressReserve")
+            check(d.cuMemMap(ptr, self.size, 0, self._handle, 0), "cuMemMap")
+            self.ptr = int(ptr)
+            access = d.CUmemAccessDesc()
+            access.location = prop.location
+            access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            check(d.cuMemSetAccess(self.ptr, self.size, [access], 1), "cuMemSetAccess")
+            fd = check(
+                d.cuMemExportToShareableHandle(
+                    self._handle, d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
+                ),
+                "cuMemExportToShareableHandle",
+            )
+            GL = gl()
+            self._memory = int(glCreateMemoryObjectsEXT(1))
+            glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
+            self.gl_name = int(GL.glCreateBuffers(1))
+            glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
+            check_gl(f"importing {label} into GL")
+        except Exception:
+            self._free_cuda()
+            raise
+        self._closed = False
+
+    def _free_cuda(self) -> None:
+        d = driver()
+        if self.ptr:
+            d.cuMemUnmap(self.ptr, self.size)
+            d.cuMemAddressFree(self.ptr, self.size)
+            self.ptr = 0
+        if self._handle is not None:
+            d.cuMemRelease(self._handle)
+            self._handle = None
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Delete the GL buffer and memory object, then free the CUDA memory (idempotent; GL current)."""
+        if self._closed:
+            return
+        self._closed = True
+        from OpenGL.GL.EXT.memory_object import glDeleteMemoryObjectsEXT
+
+        GL = gl()
+        GL.glDeleteBuffers(1, [self.gl_name])
+        glDeleteMemoryObjectsEXT(1, [self._memory])
+        self._free_cuda()
+
+    def __repr__(self) -> str:
+        return f"<ImportedBuffer {self.label} {self.nbytes} bytes closed={self._closed}>"
+
+
+class ImportedRing:
+    """Three ``ImportedBuffer``s that CUDA fills and GL draws without mapping or waiting.
+
+    ``write(src_ptr, nbytes, stream)`` (CUDA side) copies into the next buffer GL is done with and
+    records its event; ``front()`` (GL side) returns the newest fully written buffer's GL name and
+    fences it for the draw that follows.
+    """
+
+    def __init__(self, nbytes: int, *, device: int = 0, label: str = "points", slots: int = 3) -> None:
+        d = driver()
+        self.buffers = [ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]") for i in range(slots)]
+        flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(slots)]
+        self._written = [-1] * slots  # frame number each slot holds (-1: nothing yet)
+        self._fences: list[Any] = [None] * slots
+        self._frame = 0
+        self._front = -1
+        self.nbytes = nbytes
+        self.dropped = 0
+        self._closed = False
+
+    def _gl_done(self, slot: int) -> bool:
+        fence = self._fences[slot]
+        if fence is None:
+            return True
+        GL = gl()
+        status = GL.glClientWaitSync(fence, 0, 0)  # a query: timeout 0 never waits
+        if status in (GL.GL_ALREADY_SIGNALED, GL.GL_CONDITION_SATISFIED):
+            GL.glDeleteSync(fence)
+            self._fences[slot] = None
+            return True
+        return False
+
+    def write(self, src_ptr: int, nbytes: int, stream: Any) -> bool:
+        """Copy ``nbytes`` from device memory into the next free buffer on ``stream``; False (and
+        ``dropped`` + 1) when GL still reads every other buffer."""
+        d = driver()
+        n = len(self.buffers)
+        for step in range(1, n + 1):
+            slot = (self._frame + step) % n
+            if slot != self._front and self._gl_done(slot):
+                break
+        else:
+            self.dropped += 1
+            return False
+        check(d.cuMemcpyDtoDAsync(self.buffers[slot].ptr, src_ptr, min(nbytes, self.nbytes), stream), "copy")
+        check(d.cuEventRecord(self._events[slot], stream), "cuEventRecord")
+        self._frame += 1
+        self._written[slot] = self._frame
+        return True
+
+    def front(self) -> int | None:
+        """GL name of the newest completely written buffer (fenced for this frame's draw), or None."""
+        d = driver()
+        best = -1
+        for slot in sorted(range(len(self.buffers)), key=lambda s: -self._written[s]):
+            if self._written[slot] < 0:
+                break
+            (err,) = d.cuEventQuery(self._events[slot])
+            if err == d.CUresult.CUDA_SUCCESS:
+                best = slot
+                break
+        if best < 0:
+            best = self._front
+        if best < 0:
+            return None
+        GL = gl()
+        if self._fences[best] is not None:
+            GL.glDeleteSync(self._fences[best])
+        self._fences[best] = GL.glFenceSync(GL.GL_SYNC_GPU_COMMANDS_COMPLETE, 0)
+        self._front = best
+        return self.buffers[best].gl_name
+
+    @property
+    def front_slot(self) -> int:
+        return self._front
+
+    def close(self) -> None:
+        """Release events, fences and buffers (idempotent; GL context current)."""
+        if self._closed:
+            return
+        self._closed = True
+        GL = gl()
+        for f in self._fences:
+            if f is not None:
+                GL.glDeleteSync(f)
+        for e in self._events:
+            driver().cuEventDestroy(e)
+        for b in self.buffers:
+            b.close()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
