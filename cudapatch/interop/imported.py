@@ -87,9 +87,12 @@ class ImportedBuffer:
                 "cuMemExportToShareableHandle",
             )
             GL = gl()
-            self._memory = int(glCreateMemoryObjectsEXT(1))
+            names = (GL.GLuint * 1)()
+            glCreateMemoryObjectsEXT(1, names)
+            self._memory = int(names[0])
             glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
-            self.gl_name = int(GL.glCreateBuffers(1))
+            GL.glCreateBuffers(1, names)
+            self.gl_name = int(names[0])
             glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
             check_gl(f"importing {label} into GL")
         except Exception:
@@ -120,7 +123,7 @@ class ImportedBuffer:
 
         GL = gl()
         GL.glDeleteBuffers(1, [self.gl_name])
-        glDeleteMemoryObjectsEXT(1, [self._memory])
+        glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
         self._free_cuda()
 
     def __repr__(self) -> str:
