@@ -25,6 +25,7 @@ from ._gl import check_gl, gl
 __all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available"]
 
 log = logging.getLogger("cudapatch.interop")
+_ALREADY_SIGNALED, _CONDITION_SATISFIED, _SYNC_GPU_COMMANDS_COMPLETE = 0x911A, 0x911C, 0x9117
 
 
 def zero_map_available(context: Any) -> bool:
@@ -47,7 +48,14 @@ class ImportedBuffer:
         CudaError: the allocation or export failed.
     """
 
-    def __init__(self, nbytes: int, *, device: int = 0, label: str = "imported buffer") -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        device: int = 0,
+        label: str = "imported buffer",
+        texture: tuple[int, int] | None = None,
+    ) -> None:
         if nbytes <= 0:
             raise InteropError(f"ImportedBuffer: {label}: size must be positive, got {nbytes}")
         try:
@@ -91,9 +99,27 @@ class ImportedBuffer:
             glCreateMemoryObjectsEXT(1, names)
             self._memory = int(names[0])
             glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
-            GL.glCreateBuffers(1, names)
-            self.gl_name = int(names[0])
-            glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
+            self.texture = texture
+            if texture is None:
+                GL.glCreateBuffers(1, names)
+                self.gl_name = int(names[0])
+                glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
+            else:  # an RGBA8 texture whose texels are the linear rows CUDA writes
+                from OpenGL.GL.EXT.memory_object import (
+                    GL_LINEAR_TILING_EXT,
+                    GL_TEXTURE_TILING_EXT,
+                    glTextureStorageMem2DEXT,
+                )
+
+                w, h = texture
+                if w * h * 4 > nbytes:
+                    raise InteropError(f"ImportedBuffer: {label}: {nbytes} bytes cannot hold a {w}x{h} RGBA8 texture")
+                GL.glCreateTextures(GL.GL_TEXTURE_2D, 1, names)
+                self.gl_name = int(names[0])
+                GL.glTextureParameteri(self.gl_name, GL_TEXTURE_TILING_EXT, GL_LINEAR_TILING_EXT)
+                GL.glTextureParameteri(self.gl_name, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
+                GL.glTextureParameteri(self.gl_name, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
+                glTextureStorageMem2DEXT(self.gl_name, 1, GL.GL_RGBA8, w, h, self._memory, 0)
             check_gl(f"importing {label} into GL")
         except Exception:
             self._free_cuda()
@@ -122,7 +148,10 @@ class ImportedBuffer:
         from OpenGL.GL.EXT.memory_object import glDeleteMemoryObjectsEXT
 
         GL = gl()
-        GL.glDeleteBuffers(1, [self.gl_name])
+        if self.texture is None:
+            GL.glDeleteBuffers(1, [self.gl_name])
+        else:
+            GL.glDeleteTextures(1, [self.gl_name])
         glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
         self._free_cuda()
 
@@ -138,9 +167,24 @@ class ImportedRing:
     fences it for the draw that follows.
     """
 
-    def __init__(self, nbytes: int, *, device: int = 0, label: str = "points", slots: int = 3) -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        device: int = 0,
+        label: str = "points",
+        slots: int = 3,
+        texture: tuple[int, int] | None = None,
+    ) -> None:
         d = driver()
-        self.buffers = [ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]") for i in range(slots)]
+        # PyOpenGL's raw entry points: the wrapped ones cost several microseconds per call
+        from OpenGL.raw.GL.VERSION.GL_3_2 import glClientWaitSync, glDeleteSync, glFenceSync
+
+        self._gl_fence, self._gl_wait, self._gl_delete = glFenceSync, glClientWaitSync, glDeleteSync
+        self.texture = texture
+        self.buffers = [
+            ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]", texture=texture) for i in range(slots)
+        ]
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(slots)]
         self._written = [-1] * slots  # frame number each slot holds (-1: nothing yet)
@@ -155,10 +199,9 @@ class ImportedRing:
         fence = self._fences[slot]
         if fence is None:
             return True
-        GL = gl()
-        status = GL.glClientWaitSync(fence, 0, 0)  # a query: timeout 0 never waits
-        if status in (GL.GL_ALREADY_SIGNALED, GL.GL_CONDITION_SATISFIED):
-            GL.glDeleteSync(fence)
+        status = self._gl_wait(fence, 0, 0)  # a query: timeout 0 never waits
+        if status in (_ALREADY_SIGNALED, _CONDITION_SATISFIED):
+            self._gl_delete(fence)
             self._fences[slot] = None
             return True
         return False
@@ -182,7 +225,8 @@ class ImportedRing:
         return True
 
     def front(self) -> int | None:
-        """GL name of the newest completely written buffer (fenced for this frame's draw), or None."""
+        """GL name of the newest completely written buffer or texture (fenced for this frame's draw),
+        or None before the first frame completes."""
         d = driver()
         best = -1
         for slot in sorted(range(len(self.buffers)), key=lambda s: -self._written[s]):
@@ -196,10 +240,9 @@ class ImportedRing:
             best = self._front
         if best < 0:
             return None
-        GL = gl()
         if self._fences[best] is not None:
-            GL.glDeleteSync(self._fences[best])
-        self._fences[best] = GL.glFenceSync(GL.GL_SYNC_GPU_COMMANDS_COMPLETE, 0)
+            self._gl_delete(self._fences[best])
+        self._fences[best] = self._gl_fence(_SYNC_GPU_COMMANDS_COMPLETE, 0)
         self._front = best
         return self.buffers[best].gl_name
 
@@ -212,10 +255,9 @@ class ImportedRing:
         if self._closed:
             return
         self._closed = True
-        GL = gl()
         for f in self._fences:
             if f is not None:
-                GL.glDeleteSync(f)
+                self._gl_delete(f)
         for e in self._events:
             driver().cuEventDestroy(e)
         for b in self.buffers:

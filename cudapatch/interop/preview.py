@@ -79,15 +79,13 @@ class Preview:
         self.background = background
         self.frames = 0
         context.make_current()
-        self.bridge = GlBridge(engine)
         from .imported import ImportedRing, zero_map_available
 
         self.zero_map = zero_map_available(context) if zero_map is None else zero_map
-        if points is not None:
-            log.info(
-                "preview: points shared by %s", "imported CUDA memory (zero-map)" if self.zero_map else "map/unmap"
-            )
         self._ring_cls = ImportedRing
+        self.bridge = GlBridge(engine)
+        how = "imported CUDA memory (zero-map)" if self.zero_map else "register + map/unmap"
+        log.info("preview: outputs shared with GL through %s", how)
         self._ring: ImportedRing | None = None
         self._point_buffer: SharedBuffer | None = None
         self._point_renderer: PointRenderer | None = None
@@ -124,6 +122,8 @@ class Preview:
             self.bridge = GlBridge(self.engine)
             if self._texture is not None:
                 self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
+            if self._image_ring is not None:
+                self.bridge.show_buffer_ring(self.image[0], self.image[1], self._image_ring)  # type: ignore[index]
         label = f"{block.name}.{port}"
         if self.zero_map:
             self._ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
@@ -159,7 +159,9 @@ class Preview:
         GL.glClearColor(*self.background, 1.0)
         GL.glClear(GL.GL_COLOR_BUFFER_BIT | GL.GL_DEPTH_BUFFER_BIT)
         if self._texture_renderer is not None:
-            self._texture_renderer.draw(self._texture.gl_name)  # type: ignore[union-attr]
+            name = self._image_ring.front() if self._image_ring is not None else self._texture.gl_name  # type: ignore[union-attr]
+            if name is not None:
+                self._texture_renderer.draw(name)
         if self._point_renderer is not None:
             which = 0
             if self._ring is not None:
@@ -218,6 +220,7 @@ class Preview:
             self._texture_renderer,
             self._point_buffer,
             self._ring,
+            self._image_ring,
             self._texture,
         ):
             if obj is not None:

@@ -229,3 +229,27 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     assert np.array_equal(got, frames[-1].get())  # the newest completed frame
     ring.close()
     ring.close()
+
+
+@pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
+def test_preview_shows_an_image_output(gl_engine, zero_map):
+    from cudapatch.blocks.library import CustomKernel
+    from cudapatch.interop.preview import Preview
+
+    engine, ctx = gl_engine
+    code = """
+extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int count) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;   // 640 x 360, red ramp along x
+    if (i < count) rgba[i] = (unsigned int)((i % 640u) * 255u / 639u) | ((unsigned int)(level * 255.0f) << 8) | (255u << 24);
+}"""
+    block = engine.add(CustomKernel(Code=code))
+    block.set("Count", 640 * 360)
+    block.set("level", 0.5)
+    engine.wait_ready()
+    with Preview(engine, ctx, image=(block, "rgba", 640, 360), overlay=False, zero_map=zero_map) as preview:
+        preview.run(5)
+        preview.frame()
+        img = ctx.read_pixels().astype(int)
+    x = np.arange(640) * 255 // 639
+    assert np.abs(img[180, :, 0] - x).max() <= 2  # the ramp, texel for texel
+    assert np.abs(img[:, :, 1] - 127).max() <= 2 and (img[..., 3] == 255).all()
