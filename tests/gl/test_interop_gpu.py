@@ -240,7 +240,8 @@ def test_preview_shows_an_image_output(gl_engine, zero_map):
     code = """
 extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int count) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;   // 640 x 360, red ramp along x
-    if (i < count) rgba[i] = (unsigned int)((i % 640u) * 255u / 639u) | ((unsigned int)(level * 255.0f) << 8) | (255u << 24);
+    unsigned int green = (unsigned int)(level * 255.0f) << 8;
+    if (i < count) rgba[i] = (unsigned int)((i % 640u) * 255u / 639u) | green | (255u << 24);
 }"""
     block = engine.add(CustomKernel(Code=code))
     block.set("Count", 640 * 360)
