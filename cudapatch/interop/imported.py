@@ -108,21 +108,24 @@ class ImportedBuffer:
                 from OpenGL.GL.EXT.memory_object import (
                     GL_LINEAR_TILING_EXT,
                     GL_TEXTURE_TILING_EXT,
-                    glTextureStorageMem2DEXT,
+                    glTexStorageMem2DEXT,
                 )
 
                 w, h = texture
                 if w * h * 4 > nbytes:
                     raise InteropError(f"ImportedBuffer: {label}: {nbytes} bytes cannot hold a {w}x{h} RGBA8 texture")
-                GL.glCreateTextures(GL.GL_TEXTURE_2D, 1, names)
-                self.gl_name = int(names[0])
-                GL.glTextureParameteri(self.gl_name, GL_TEXTURE_TILING_EXT, GL_LINEAR_TILING_EXT)
-                GL.glTextureParameteri(self.gl_name, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
-                GL.glTextureParameteri(self.gl_name, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
-                glTextureStorageMem2DEXT(self.gl_name, 1, GL.GL_RGBA8, w, h, self._memory, 0)
+                self.gl_name = int(GL.glGenTextures(1))
+                GL.glBindTexture(GL.GL_TEXTURE_2D, self.gl_name)
+                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL_TEXTURE_TILING_EXT, GL_LINEAR_TILING_EXT)
+                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
+                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
+                glTexStorageMem2DEXT(GL.GL_TEXTURE_2D, 1, GL.GL_RGBA8, w, h, self._memory, 0)
+                GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
             check_gl(f"importing {label} into GL")
-        except Exception:
+        except Exception as exc:
             self._free_cuda()
+            if type(exc).__module__.startswith("OpenGL"):  # PyOpenGL's own GLError, when checks are on
+                raise InteropError(f"importing {label} into GL failed: {exc}") from exc
             raise
         self._closed = False
 

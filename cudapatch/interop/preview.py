@@ -91,12 +91,21 @@ class Preview:
         self._point_renderer: PointRenderer | None = None
         self._texture: SharedTexture2D | None = None
         self._texture_renderer: TextureRenderer | None = None
+        self._image_ring: Any = None
         if image is not None:
             block, port, w, h = image
-            self._texture = SharedTexture2D.create(
-                w, h, format="rgba8", flags="write_discard", label=f"{block.name}.{port}"
-            )
-            self.bridge.show_texture(block, port, self._texture)
+            label = f"{block.name}.{port}"
+            if self.zero_map:  # the texture's texels are CUDA memory: a device copy, no map, no array copy
+                try:
+                    self._image_ring = self._ring_cls(
+                        w * h * 4, device=engine.device.ordinal, label=label, texture=(w, h)
+                    )
+                    self.bridge.show_buffer_ring(block, port, self._image_ring)
+                except InteropError as exc:
+                    log.warning("preview: %s; the image goes through register + map instead", exc)
+            if self._image_ring is None:
+                self._texture = SharedTexture2D.create(w, h, format="rgba8", flags="write_discard", label=label)
+                self.bridge.show_texture(block, port, self._texture)
             self._texture_renderer = TextureRenderer()
         self.overlay = None
         if overlay:
