@@ -137,9 +137,8 @@ def bench_texture_4k(engine: Engine) -> None:
     m.unmap()
     tex.close()
     row("4K RGBA8 texture update, map + array copy (GPU)", ours * 1e3, "D2D copy same bytes", peer * 1e3)
-    from cudapatch.interop.imported import ImportedRing
-
     from cudapatch.errors import InteropError
+    from cudapatch.interop.imported import ImportedRing
 
     try:
         ring = ImportedRing(w * h * 4, texture=(w, h))  # the zero-map texture: its texels are CUDA memory
