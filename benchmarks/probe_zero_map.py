@@ -60,10 +60,10 @@ def main() -> None:
         )
         src = eng.output(host.adapter.block("points"), "Points")
         s = eng.device.stream
-        print(
-            f"  ring.write {med(lambda: ring.write(src.ptr, src.nbytes, s), before=eng.synchronize):7.1f} µs",
-            flush=True,
-        )
+        def write(ring=ring, src=src, s=s):
+            ring.write(src.ptr, src.nbytes, s)
+
+        print(f"  ring.write {med(write, before=eng.synchronize):7.1f} µs", flush=True)
         print(f"  ring.front {med(ring.front, before=eng.synchronize):7.1f} µs", flush=True)
         print(f"  update     {med(eng.update, before=eng.synchronize):7.1f} µs", flush=True)
         print(f"  frame      {med(pv.frame, n=100, before=eng.synchronize):7.1f} µs", flush=True)
