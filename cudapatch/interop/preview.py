@@ -223,6 +223,9 @@ class Preview:
         self._closed = True
         self.context.make_current()
         self.bridge.close()
+        for ring in (self._ring, self._image_ring):
+            if ring is not None:
+                log.info("preview: zero-map ring shown slot %d, %d frames dropped", ring.front_slot, ring.dropped)
         for obj in (
             self.overlay,
             self._point_renderer,
