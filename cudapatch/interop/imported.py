@@ -209,14 +209,22 @@ class ImportedRing:
             return True
         return False
 
+    def _cuda_done(self, slot: int) -> bool:
+        # Re-recording an event that has not completed would hide the earlier completion from
+        # front(): when the GPU is that far behind, drop this frame's copy instead.
+        if self._written[slot] < 0:
+            return True
+        d = driver()
+        return d.cuEventQuery(self._events[slot])[0] == d.CUresult.CUDA_SUCCESS
+
     def write(self, src_ptr: int, nbytes: int, stream: Any) -> bool:
         """Copy ``nbytes`` from device memory into the next free buffer on ``stream``; False (and
-        ``dropped`` + 1) when GL still reads every other buffer."""
+        ``dropped`` + 1) when every other buffer is still being read by GL or written by CUDA."""
         d = driver()
         n = len(self.buffers)
         for step in range(1, n + 1):
             slot = (self._frame + step) % n
-            if slot != self._front and self._gl_done(slot):
+            if slot != self._front and self._gl_done(slot) and self._cuda_done(slot):
                 break
         else:
             self.dropped += 1

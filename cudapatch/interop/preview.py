@@ -206,10 +206,15 @@ class Preview:
                 break
             if hasattr(self.context, "poll_events"):
                 self.context.poll_events()
+            last = frames is not None and report.frames + 1 == frames
+            png = out is not None and (last or (png_every > 0 and (report.frames + 1) % png_every == 0))
+            if png and self._ring is not None:
+                # Zero-map shows the newest *completed* frame; finish the GPU's queue first so a
+                # written frame is exactly the engine's previous frame, not an older one.
+                self.engine.synchronize()
             self.frame()
             report.frames += 1
-            last = frames is not None and report.frames == frames
-            if out is not None and (last or (png_every > 0 and report.frames % png_every == 0)):
+            if png:
                 report.pngs.append(write_png(out / f"frame_{report.frames:05d}.png", self.context.read_pixels()))
         gl().glFinish()
         self.engine.synchronize()
