@@ -219,8 +219,20 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     first = ring.front()
     assert first is not None
     for f in frames[1:]:
-        assert ring.write(f.data.ptr, n * 4, s)  # never the slot GL draws from
-        assert ring.buffers[ring.front_slot].gl_name == first or ring.front_slot != -1
+        assert ring.write(f.data.ptr, n * 4, s)
+        newest = max(range(3), key=lambda k: ring._written[k])
+        assert newest != ring.front_slot  # never the buffer GL draws from
+        engine.synchronize()
+    assert ring.buffers[ring.front_slot].gl_name == first  # GL still shows what it fenced
+    # a GPU that falls behind: pending copies are not re-recorded, the frame is dropped instead
+    from cuda.bindings import driver as d
+
+    a, b = cupy.empty(512 << 20, dtype=np.uint8), cupy.empty(512 << 20, dtype=np.uint8)
+    for _ in range(8):  # milliseconds of copies queued ahead of the ring's
+        assert not d.cuMemcpyDtoDAsync(b.data.ptr, a.data.ptr, a.nbytes, s)[0]
+    dropped = ring.dropped
+    results = [ring.write(frames[-1].data.ptr, n * 4, s) for _ in range(4)]
+    assert results.count(False) >= 1 and ring.dropped > dropped
     engine.synchronize()
     GL.glFinish()
     name = ring.front()
