@@ -164,14 +164,14 @@ def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero
     engine.connect(f, "Particles", i, "Particles")
     engine.connect(i, "Particles", t, "Particles")
     engine.wait_ready()
-    with Preview(engine, ctx, points=(t, "Points"), overlay=True, zero_map=zero_map) as preview:
+    with Preview(engine, ctx, points=(t, "Points"), overlay=False, zero_map=zero_map) as preview:
         assert preview.zero_map is zero_map
         report = preview.run(90, out_dir=tmp_path, png_every=45)
         assert report.frames == 90 and [p.name for p in report.pngs] == ["frame_00045.png", "frame_00090.png"]
         img = read_png(report.pngs[-1])
         assert img.shape == (360, 640, 4)
         lit = img[..., :3].astype(int).sum(axis=2) > 60
-        assert lit[:, 480:].mean() > 0.002  # particles on the right of the overlay panel
+        assert lit.mean() > 0.005, lit.mean()  # the particle cloud
         # the GL buffer holds what the engine computed
         from OpenGL import GL
 
