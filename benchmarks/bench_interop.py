@@ -100,7 +100,7 @@ def bench_bridge(engine: Engine) -> None:
         check(d.cuGraphicsSubResourceGetMappedArray(t_h, 0, 0))
         check(d.cuGraphicsUnmapResources(1, t_h, s))
 
-    raw = host_median_us(raw_pair)
+    raw = host_median_us(raw_pair, before=engine.synchronize)
     row("interop overhead per frame (1 buffer + 1 texture)", with_bridge - base, "raw map+unmap x2", raw)
     from cudapatch.interop.imported import ImportedRing
 
