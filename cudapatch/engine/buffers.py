@@ -56,6 +56,7 @@ class BufferPool:
         self.peak_in_use_bytes = 0
         self.driver_allocations = 0  # cuMemAlloc calls ever made: unchanged on a healthy frame path
         self._closed = False
+        self._abandoned = False
 
     def acquire(self, nbytes: int) -> _Allocation:
         """A block of at least ``nbytes`` (its capacity is the size class).
@@ -87,6 +88,8 @@ class BufferPool:
 
     def release(self, alloc: _Allocation) -> None:
         """Return a block to its bucket (it stays allocated for reuse). Releasing twice is a no-op."""
+        if self._abandoned:  # its memory died with the context
+            return
         cls = self._live.pop(alloc.ptr, None)
         if cls is None:
             return
@@ -114,6 +117,14 @@ class BufferPool:
                 freed += cls
         self._free.clear()
         return freed
+
+    def abandon(self) -> None:
+        """Forget every block without freeing it: the context they belonged to was reset."""
+        self._abandoned = True
+        self._closed = True
+        self._free.clear()
+        self._live.clear()
+        self.in_use_bytes = 0
 
     @property
     def idle_bytes(self) -> int:

@@ -62,6 +62,7 @@ def compile_plan(
     snap: PatchSnapshot,
     kernel_status: Mapping[tuple[int, int], tuple[Severity, str, str]] | None = None,
     level: ProfilingLevel = ProfilingLevel.NONE,
+    faulted: Mapping[int, str] | None = None,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -71,6 +72,8 @@ def compile_plan(
             cannot run yet (still compiling, or failed with no earlier version to fall back on).
             Their blocks are left out, like blocks with a missing input, and so are their dependents.
         level: Profiling level: which timestamps to place (see ``_place_stamps``).
+        faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
+            their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -164,6 +167,16 @@ def compile_plan(
                 if lk.src in skipped:
                     skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
                     break
+                if faulted and lk.src in faulted:
+                    warnings.append(
+                        Diagnostic(
+                            "warning",
+                            bid,
+                            "input-faulted",
+                            f"input '{port.name}' of '{b.name}' reads zeros: "
+                            f"'{blocks[lk.src].name}' faulted on the GPU",
+                        )
+                    )
                 sources[port.name] = out_sources[(lk.src, lk.src_port)]
                 continue
             binding = bindings.get(key)
@@ -223,6 +236,15 @@ def compile_plan(
             internal_buf.append(buf.index)
 
         compiled.append(bid)
+        if faulted and bid in faulted:  # no kernels: its outputs read as zeros
+            for bi in list(port_buf.values()) + internal_buf:
+                node_index = len(nodes)
+                deps_z = {last_writer[bi]} if bi in last_writer else set()
+                deps_z.update(readers.get(bi, ()))
+                nodes.append(MemsetNodePlan(node_index, 0, tuple(sorted(deps_z)), buffer=bi))  # type: ignore[arg-type]
+                last_writer[bi] = node_index
+                readers[bi] = set()
+            continue
         values = b.values
         for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
             desc = ks.descriptor

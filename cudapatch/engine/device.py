@@ -110,6 +110,24 @@ class DeviceContext:
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             self._current_thread = tid
 
+    def reset(self) -> None:
+        """After a sticky fault: reset the primary context (every allocation, module and stream of
+        it is gone, for every user of it in the process), then retain it again with a new stream.
+
+        Raises:
+            CudaError: the reset or the new stream failed (the device is unusable).
+        """
+        d = driver()
+        self._finalizer.detach()
+        check(d.cuDevicePrimaryCtxReset(self._device), "cuDevicePrimaryCtxReset")
+        self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+        d.cuDevicePrimaryCtxRelease(self._device)  # the retain from __init__ still holds it
+        check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+        self._current_thread = threading.get_ident()
+        self._stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+        self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream)
+        self.resets = getattr(self, "resets", 0) + 1
+
     def synchronize(self) -> None:
         """Wait for all work on the engine stream.
 

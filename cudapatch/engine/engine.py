@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.block import Block, BlockState
-from ..errors import BindingError, CudaError, CudapatchError, GraphCompileError, KernelLoadError
+from ..errors import BindingError, CudaError, CudaLaunchError, CudapatchError, GraphCompileError, KernelLoadError
 from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
@@ -34,6 +34,7 @@ from .kernels import KernelOutcome, KernelTracker
 from .plan import GraphPlan
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .realize import CompiledGraph, realize
+from .recovery import recover
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
@@ -66,6 +67,7 @@ class EngineCounters:
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
     nodes_patched: int = 0
+    faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
 
 
 class Engine:
@@ -83,6 +85,12 @@ class Engine:
         watch_files: Recompile kernels when their files (and ``#include``s) change.
         wait_for_compile: Make ``update()`` wait for kernel compiles (deterministic scripts and
             offline rendering; never in a live host).
+        debug_launch: Launch every frame node by node with a synchronize after each block, so a
+            kernel fault is pinned on its block in the frame it happens (development only: slow).
+
+    A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
+    the context, finds the faulting block by replaying block by block, disables it (its outputs read
+    as zeros, an error on it, warnings on its dependents) and rebuilds; see ``engine.recovery``.
 
     Raises:
         CudaUnavailableError: no cuda-bindings, no driver or no device (says which).
@@ -97,18 +105,18 @@ class Engine:
         cache_dir: str | Path | None | bool = None,
         watch_files: bool = True,
         wait_for_compile: bool = False,
+        debug_launch: bool = False,
     ) -> None:
         self.device = DeviceContext(device)
         self.name = name
         self.pool = BufferPool(self.device.make_current)
         self.modules = ModuleCache(device_key=self.device.key)
         self.kernel_cache = CubinCache(cache_dir)
-        ctx = self.device.context
         builder = KernelBuilder(
             arch=self.device.arch,
             cache=self.kernel_cache,
             modules=self.modules,
-            make_current=lambda: check(driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent"),
+            make_current=lambda: check(driver().cuCtxSetCurrent(self.device.context), "cuCtxSetCurrent"),
         )
         self.kernels = KernelTracker(builder, watch_files=watch_files)
         self.wait_for_compile = wait_for_compile
@@ -129,6 +137,9 @@ class Engine:
         self._dirty = self.context.dirty
         self._stream = self.device.stream
         self._frame_hooks: tuple[Any, ...] = ()
+        self.debug_launch = debug_launch
+        self._faulted: dict[int, str] = {}  # blocks whose kernels faulted on the GPU -> message
+        self._fault_diags: tuple[Diagnostic, ...] = ()
         self._closed = False
         log.info("engine on %r", self.device)
 
@@ -141,6 +152,7 @@ class Engine:
         """Unregister ``block``, dropping its links (Cold on the next update)."""
         for key in [k for k in self._owned if k[0] == block.id]:
             self._owned.pop(key).close()
+        self._faulted.pop(block.id, None)
         self.context.unregister_block(block)
 
     def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
@@ -227,17 +239,28 @@ class Engine:
                 self._apply_changes()
         g = self._graph
         if g is not None:
-            rb = g.readback
-            if rb is not None:
-                rb.poll()
-            (err,) = g._launch(g._exec, self._stream)
-            if err:
-                self._launch_failed(err)
-            if rb is not None:
-                rb.record(self._stream, self.counters.frames)
-                if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
-                    self.device.synchronize()
-                    rb.poll()
+            culprit = None
+            try:
+                rb = g.readback
+                if rb is not None:
+                    rb.poll()  # a fault of an earlier frame surfaces here or at the launch
+                if self.debug_launch:
+                    culprit = g.replay(self._stream)  # node by node, a synchronize after each block
+                    if culprit is not None:
+                        raise CudaLaunchError("a kernel faulted in debug launch", name="CUDA_ERROR_ILLEGAL_ADDRESS")
+                else:
+                    (err,) = g._launch(g._exec, self._stream)
+                    if err:
+                        self._launch_failed(err)
+                if rb is not None:
+                    rb.record(self._stream, self.counters.frames)
+                    if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
+                        self.device.synchronize()
+                        rb.poll()
+            except CudaLaunchError as exc:  # sticky: the context is dead; survive it
+                recover(self, exc, culprit)
+                self._set_diagnostics(self._build_diags)
+                return
         for h in hooks:  # copies into GL textures, then one unmap: GL work is ordered after the launch
             h.after_launch(self._stream)
         self.counters.frames += 1
@@ -247,6 +270,8 @@ class Engine:
     def _launch_failed(self, err: Any) -> None:
         try:
             check((err,), "cuGraphLaunch")
+        except CudaLaunchError:
+            raise
         except CudaError as exc:
             self._set_diagnostics(self._build_diags + (Diagnostic("error", None, "launch", str(exc)),))
             raise
@@ -316,6 +341,8 @@ class Engine:
         if dirty.code:
             registry = self.context.registry
             for bid, ki in dirty.code:
+                if self._faulted.pop(bid, None) is not None:  # new code gets a new chance
+                    dirty.mark_structure()
                 block = registry.get(bid)
                 if block is not None and ki < len(block.description.kernels):
                     self.kernels.source_changed((bid, ki), block.description.kernels[ki].source, block.name)
@@ -356,7 +383,7 @@ class Engine:
                 timing.tier = "deferred"
                 return True
         try:
-            plan = compile_plan(snap, status, self.profiling)
+            plan = compile_plan(snap, status, self.profiling, self._faulted)
             timing.compile_ms = (time.perf_counter() - t0) * 1e3
         except GraphCompileError as exc:
             self.counters.failed_rebuilds += 1
@@ -421,7 +448,8 @@ class Engine:
             b.debug.sizes = sizes.get(b.id, {})
             b.debug.gpu_ms = None
             b.debug.append_fill = {}
-        diags = list(plan.diagnostics)
+        diags = list(plan.diagnostics) + list(self._fault_diags)
+        diags += [Diagnostic("error", bid, "gpu-fault", msg) for bid, msg in self._faulted.items()]
         for (bid, ki), occ in graph.occupancy.items():
             if occ < LOW_OCCUPANCY:
                 b = registry.get(bid)

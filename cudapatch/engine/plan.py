@@ -84,11 +84,13 @@ class KernelNodePlan(NamedTuple):
 
 
 class MemsetNodePlan(NamedTuple):
-    """Zeroes ``count`` uint32 append counters at the start of each launch."""
+    """Zeroes ``count`` uint32 append counters at the start of each launch, or, with ``buffer``
+    set, that planned buffer (the outputs of a block that faulted on the GPU read as zeros)."""
 
     index: int
     count: int
     deps: tuple[int, ...] = ()
+    buffer: int | None = None
 
 
 class StampNodePlan(NamedTuple):
@@ -165,7 +167,8 @@ class GraphPlan:
         lines = [f"GraphPlan: {len(self.nodes)} nodes, {len(self.buffers)} buffers, {len(self.counters)} counters"]
         for n in self.nodes:
             if isinstance(n, MemsetNodePlan):
-                lines.append(f"  [{n.index}] memset {n.count} counters")
+                what = f"zero buffer {n.buffer}" if n.buffer is not None else f"{n.count} counters"
+                lines.append(f"  [{n.index}] memset {what}")
             elif isinstance(n, StampNodePlan):
                 lines.append(f"  [{n.index}] stamp {n.stamp} deps={list(n.deps)}")
             else:

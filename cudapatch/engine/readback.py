@@ -155,6 +155,14 @@ class ReadbackRing:
             if self._frames[slot] is not None:
                 check(d.cuEventSynchronize(ev), "cuEventSynchronize")
 
+    def abandon(self) -> None:
+        """Forget the pinned slots and events without freeing them (the context was reset)."""
+        self._closed = True
+        self._views.clear()
+        self._stamp_views.clear()
+        self._host_ptrs.clear()
+        self._events.clear()
+
     def close(self) -> None:
         """Free the pinned slots and events once their copies are done; idempotent.
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..blocks.parameter import BlockParameter
-from ..errors import CudapatchError, KernelLoadError
-from ..kernels._driver import check, driver
+from ..errors import CudaLaunchError, CudapatchError, KernelLoadError
+from ..kernels._driver import check, driver, error_from_code
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .context import ExternalBinding
@@ -205,10 +205,15 @@ class CompiledGraph:
             for node in plan.nodes:
                 deps = [handles[i] for i in node.deps]
                 if isinstance(node, MemsetNodePlan):
-                    assert self.counters is not None
                     mp = d.CUDA_MEMSET_NODE_PARAMS()
-                    mp.dst = self.counters.ptr + 8 * n_stamps
-                    mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
+                    if node.buffer is not None:  # the output of a faulted block, zero-filled
+                        buf = self.buffers[node.buffer]
+                        mp.dst = buf.ptr
+                        mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 1, max(buf.nbytes, 1), 1, 0, 0
+                    else:
+                        assert self.counters is not None
+                        mp.dst = self.counters.ptr + 8 * n_stamps
+                        mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
                     h = check(
                         d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode"
                     )
@@ -527,6 +532,51 @@ class CompiledGraph:
     @property
     def kernel_count(self) -> int:
         return sum(1 for n in self._nodes if n is not None)
+
+    # -- fault attribution ----------------------------------------------------------------------
+    def replay(self, stream: Any) -> int | None:
+        """Launch the plan node by node, synchronizing after each block's kernels: the id of the
+        first block whose kernels fault, or None. Used after a sticky fault, on a fresh context.
+
+        Raises:
+            CudaError: a failure that is not a kernel fault.
+        """
+        d = driver()
+        counters_ptr = self._counters_ptr
+        nodes = self.plan.nodes
+        for i, node in enumerate(nodes):
+            if isinstance(node, MemsetNodePlan):
+                if node.buffer is not None:
+                    buf = self.buffers[node.buffer]
+                    check(d.cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream), "cuMemsetD8Async")
+                else:
+                    check(d.cuMemsetD32Async(counters_ptr, 0, node.count, stream), "cuMemsetD32Async")
+                continue
+            n = self._nodes[i]
+            if n is None:  # a timestamp node
+                continue
+            kp = n.store.params
+            err = d.cuLaunchKernel(
+                kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, kp.sharedMemBytes, stream, kp.kernelParams, 0
+            )[0]
+            last_of_block = i + 1 == len(nodes) or getattr(nodes[i + 1], "block_id", None) != node.block_id
+            if err or last_of_block:
+                err = err or d.cuStreamSynchronize(stream)[0]
+                if err:
+                    e = error_from_code(err, "replay")
+                    if isinstance(e, CudaLaunchError):
+                        return node.block_id
+                    raise e
+        return None
+
+    def abandon(self) -> None:
+        """Forget every driver object without destroying it: the context was reset under them."""
+        self._closed = True
+        self._finalizer.detach()
+        if self.readback is not None:
+            self.readback.abandon()
+        self._owned = []
+        self._exec = self._graph = self._retire_event = None
 
     # -- teardown -------------------------------------------------------------------------------
     def retire(self, stream: Any) -> None:

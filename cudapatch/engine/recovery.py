@@ -1,0 +1,122 @@
+"""Surviving a sticky GPU fault (illegal address and the like) without losing the host process.
+
+After such a fault every call on the CUDA context fails. ``recover`` forgets everything the dead
+context owned (graphs, buffers, modules, pinned memory) without touching it, resets the device's
+primary context, reloads every compiled kernel from its cubin, and — unless the faulting block is
+already known (``debug_launch``) — replays the patch block by block with a synchronize after each,
+on a fresh graph, to find the block whose kernel faults. That block goes into ``engine._faulted``:
+the next build leaves its kernels out and zero-fills its outputs, its dependents are warned, and
+the error stays on it until its code changes.
+
+External inputs die with the context (their memory was in it): they are unbound, with a warning
+asking the host to bind them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import CudaError, CudapatchError
+from ..kernels.module_cache import ModuleCache
+from .buffers import BufferPool
+from .compiler import compile_plan
+from .diagnostics import Diagnostic
+from .profiling import ProfilingLevel
+from .realize import realize
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["recover"]
+
+log = logging.getLogger("cudapatch.engine")
+
+
+def _fresh_context(engine: Engine) -> None:
+    """Forget the dead context's objects, reset it, and give the engine new pool and modules."""
+    for g in (engine._graph, *engine._retired):
+        if g is not None:
+            g.abandon()
+    engine._graph, engine._retired = None, []
+    engine.pool.abandon()
+    engine._owned.clear()
+    engine._stamp_function = None
+    engine.device.reset()
+    engine._stream = engine.device.stream
+    engine.pool = BufferPool(engine.device.make_current)
+    engine.modules = ModuleCache(device_key=engine.device.key)
+    engine.kernels.builder.modules = engine.modules
+    for slot in engine.kernels._slots.values():  # cubins survive; their loaded functions do not
+        if slot.good is not None:
+            try:
+                slot.good = dataclasses.replace(slot.good, function=engine.modules.function(slot.good.image))
+            except CudapatchError as exc:
+                slot.good, slot.error = None, exc
+
+
+def _attribute(engine: Engine) -> int | None:
+    """Replay the current patch block by block on a fresh graph; the id of the block that faults."""
+    snap = engine.context.snapshot()
+    functions, status = engine.kernels.resolve(snap)
+    plan = compile_plan(snap, status, ProfilingLevel.NONE, engine._faulted)
+    names = {b.id: b.name for b in snap.blocks}
+    graph = realize(plan, device=engine.device, pool=engine.pool, functions=functions, bindings=snap.bindings,
+                    block_names=names)  # fmt: skip
+    try:
+        culprit = graph.replay(engine._stream)
+    except CudaError as exc:
+        log.warning("replay after the fault failed without a kernel fault: %s", exc)
+        culprit = None
+    if culprit is None:
+        graph.close()
+    else:  # the replay faulted too: that context is dead as well
+        graph.abandon()
+        _fresh_context(engine)
+    return culprit
+
+
+def recover(engine: Engine, exc: CudaError, culprit: int | None = None) -> int | None:
+    """Reset the context after a sticky fault, find the faulting block (unless given) and disable it.
+
+    Returns:
+        The faulting block's id, or None when the replay did not fault again.
+
+    Raises:
+        CudaError: the device cannot be reset (it is gone, or the driver is broken).
+    """
+    engine.counters.faults += 1
+    log.error("GPU fault: %s; resetting the CUDA context and replaying block by block", exc)
+    bindings = dict(engine.context.bindings)
+    _fresh_context(engine)
+    registry = engine.context.registry
+    warnings = []
+    for (bid, port), _ in bindings.items():
+        block = registry.get(bid)
+        if block is not None:
+            engine.context.unbind_input(block, port)
+            warnings.append(
+                Diagnostic(
+                    "warning",
+                    bid,
+                    "binding-lost",
+                    f"input '{block.name}.{port}' lost its memory in the GPU fault; bind it again",
+                )  # fmt: skip
+            )
+    if culprit is None:
+        culprit = _attribute(engine)
+    if culprit is not None:
+        block = registry.get(culprit)
+        name = block.name if block is not None else str(culprit)
+        kernels = ", ".join(k.descriptor.entry_point for k in block.description.kernels) if block else "?"
+        engine._faulted[culprit] = (
+            f"{exc.name} in block '{name}' (kernel {kernels}): the block is disabled and its outputs read as "
+            "zeros until its code changes"
+        )
+        log.error("%s", engine._faulted[culprit])
+    else:
+        log.warning("the fault did not repeat when the patch was replayed block by block; rebuilding it all")
+    engine._fault_diags = tuple(warnings)
+    engine._dirty.mark_structure()
+    return culprit
