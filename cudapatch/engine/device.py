@@ -119,6 +119,7 @@ class DeviceContext:
         """
         d = driver()
         self._finalizer.detach()
+        d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
         check(d.cuDevicePrimaryCtxReset(self._device), "cuDevicePrimaryCtxReset")
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         d.cuDevicePrimaryCtxRelease(self._device)  # the retain from __init__ still holds it

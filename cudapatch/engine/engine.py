@@ -137,6 +137,8 @@ class Engine:
         self._dirty = self.context.dirty
         self._stream = self.device.stream
         self._frame_hooks: tuple[Any, ...] = ()
+        d = driver()
+        self._stream_query, self._not_ready = d.cuStreamQuery, d.CUresult.CUDA_ERROR_NOT_READY
         self.debug_launch = debug_launch
         self._faulted: dict[int, str] = {}  # blocks whose kernels faulted on the GPU -> message
         self._fault_diags: tuple[Diagnostic, ...] = ()
@@ -233,17 +235,24 @@ class Engine:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
         dirty = self._dirty
         if dirty.any:
-            if dirty.only_params and self._graph is not None and not self._retired:
-                self._apply_params()
-            else:
-                self._apply_changes()
+            try:
+                if dirty.only_params and self._graph is not None and not self._retired:
+                    self._apply_params()
+                else:
+                    self._apply_changes()
+            except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
+                self._recover(exc, None)
+                return
         g = self._graph
         if g is not None:
             culprit = None
             try:
+                (err,) = self._stream_query(self._stream)  # ~0.3 µs: a fault of an earlier frame shows here
+                if err and err != self._not_ready:
+                    self._launch_failed(err)
                 rb = g.readback
                 if rb is not None:
-                    rb.poll()  # a fault of an earlier frame surfaces here or at the launch
+                    rb.poll()
                 if self.debug_launch:
                     culprit = g.replay(self._stream)  # node by node, a synchronize after each block
                     if culprit is not None:
@@ -258,14 +267,18 @@ class Engine:
                         self.device.synchronize()
                         rb.poll()
             except CudaLaunchError as exc:  # sticky: the context is dead; survive it
-                recover(self, exc, culprit)
-                self._set_diagnostics(self._build_diags)
+                self._recover(exc, culprit)
                 return
         for h in hooks:  # copies into GL textures, then one unmap: GL work is ordered after the launch
             h.after_launch(self._stream)
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
+
+    def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
+        recover(self, exc, culprit)
+        self.counters.frames += 1
+        self._set_diagnostics(self._build_diags)
 
     def _launch_failed(self, err: Any) -> None:
         try:
