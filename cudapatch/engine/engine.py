@@ -142,6 +142,7 @@ class Engine:
         self.debug_launch = debug_launch
         self._faulted: dict[int, str] = {}  # blocks whose kernels faulted on the GPU -> message
         self._fault_diags: tuple[Diagnostic, ...] = ()
+        self._lost: str | None = None  # set when CUDA refuses to continue after a fault
         self._closed = False
         log.info("engine on %r", self.device)
 
@@ -224,6 +225,9 @@ class Engine:
         Raises:
             CudaError: the launch failed (the error is also recorded as a diagnostic).
         """
+        if self._lost is not None:  # CUDA refuses this process after a fault: nothing to launch
+            self.counters.frames += 1
+            return
         self.device.make_current()
         hooks = self._frame_hooks
         for h in hooks:  # GL interop: map shared resources (may rebind a moved pointer: Warm)
@@ -278,7 +282,14 @@ class Engine:
     def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
         recover(self, exc, culprit)
         self.counters.frames += 1
-        self._set_diagnostics(self._build_diags)
+        keep = tuple(d for d in self._build_diags if d.code not in ("gpu-fault", "gpu-lost", "binding-lost"))
+        faults = tuple(Diagnostic("error", bid, "gpu-fault", msg) for bid, msg in self._faulted.items())
+        self._set_diagnostics(keep + self._fault_diags + faults)
+
+    @property
+    def lost(self) -> str | None:
+        """Why the engine stopped launching, when CUDA refused to continue after a fault; else None."""
+        return self._lost
 
     def _launch_failed(self, err: Any) -> None:
         try:
@@ -699,6 +710,19 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._lost is not None:  # every driver call would fail: forget, do not free
+            for b in list(self.context.registry):
+                self.context.unregister_block(b)
+            for g in (self._graph, *self._retired):
+                if g is not None:
+                    g.abandon()
+            self._graph, self._retired = None, []
+            self.pool.abandon()
+            self._owned.clear()
+            self.kernels.close()
+            self.device._closed = True
+            self.device._finalizer.detach()
+            return
         self.device.make_current()
         try:
             self.device.synchronize()

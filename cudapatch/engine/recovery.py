@@ -25,6 +25,7 @@ from .compiler import compile_plan
 from .diagnostics import Diagnostic
 from .profiling import ProfilingLevel
 from .realize import realize
+from .replay import attribute_in_child
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -56,7 +57,7 @@ def _fresh_context(engine: Engine) -> None:
                 slot.good, slot.error = None, exc
 
 
-def _attribute(engine: Engine) -> int | None:
+def _attribute_in_process(engine: Engine) -> int | None:
     """Replay the current patch block by block on a fresh graph; the id of the block that faults."""
     snap = engine.context.snapshot()
     functions, status = engine.kernels.resolve(snap)
@@ -78,19 +79,49 @@ def _attribute(engine: Engine) -> int | None:
 
 
 def recover(engine: Engine, exc: CudaError, culprit: int | None = None) -> int | None:
-    """Reset the context after a sticky fault, find the faulting block (unless given) and disable it.
+    """Survive a sticky fault: find the faulting block (unless given), disable it, and try to reset
+    the context and rebuild. Where the driver keeps the fault for the rest of the process (it does on
+    H100 + driver 580), the engine is marked lost instead: it stops launching, the host process
+    keeps running, and its diagnostics say which block faulted and that the engine's process must be
+    restarted to use the GPU again.
 
     Returns:
-        The faulting block's id, or None when the replay did not fault again.
-
-    Raises:
-        CudaError: the device cannot be reset (it is gone, or the driver is broken).
+        The faulting block's id, or None when it could not be found.
     """
     engine.counters.faults += 1
-    log.error("GPU fault: %s; resetting the CUDA context and replaying block by block", exc)
-    bindings = dict(engine.context.bindings)
-    _fresh_context(engine)
+    log.error("GPU fault: %s; resetting the CUDA context and finding the block", exc)
     registry = engine.context.registry
+    detail = "named by debug_launch"
+    if culprit is None:
+        # Before touching anything: the snapshot is pure data, and the child has a fresh context.
+        snap = engine.context.snapshot()
+        directory = engine.kernel_cache.directory
+        culprit, detail = attribute_in_child(
+            snap, device=engine.device.ordinal, cache_dir=False if directory is None else str(directory)
+        )
+    if culprit is not None:
+        block = registry.get(culprit)
+        name = block.name if block is not None else str(culprit)
+        kernels = ", ".join(k.descriptor.entry_point for k in block.description.kernels) if block else "?"
+        engine._faulted[culprit] = (
+            f"{exc.name} in block '{name}' (kernel {kernels}): the block is disabled and its outputs read as "
+            "zeros until its code changes"
+        )
+        log.error("%s", engine._faulted[culprit])
+    else:
+        log.warning("the faulting block was not found (%s)", detail)
+    bindings = dict(engine.context.bindings)
+    try:
+        _fresh_context(engine)
+    except CudaError as reset_error:
+        who = f"'{registry.get(culprit).name}'" if culprit is not None and registry.get(culprit) else "an unknown block"
+        engine._lost = (
+            f"the GPU context is lost after {exc.name} in {who}; CUDA refuses to continue in this process "
+            f"({reset_error.name} on reset): restart the engine's process"
+        )
+        log.error("%s", engine._lost)
+        engine._fault_diags = (Diagnostic("error", None, "gpu-lost", engine._lost),)
+        return culprit
     warnings = []
     for (bid, port), _ in bindings.items():
         block = registry.get(bid)
@@ -104,19 +135,6 @@ def recover(engine: Engine, exc: CudaError, culprit: int | None = None) -> int |
                     f"input '{block.name}.{port}' lost its memory in the GPU fault; bind it again",
                 )  # fmt: skip
             )
-    if culprit is None:
-        culprit = _attribute(engine)
-    if culprit is not None:
-        block = registry.get(culprit)
-        name = block.name if block is not None else str(culprit)
-        kernels = ", ".join(k.descriptor.entry_point for k in block.description.kernels) if block else "?"
-        engine._faulted[culprit] = (
-            f"{exc.name} in block '{name}' (kernel {kernels}): the block is disabled and its outputs read as "
-            "zeros until its code changes"
-        )
-        log.error("%s", engine._faulted[culprit])
-    else:
-        log.warning("the fault did not repeat when the patch was replayed block by block; rebuilding it all")
     engine._fault_diags = tuple(warnings)
     engine._dirty.mark_structure()
     return culprit

@@ -7,6 +7,7 @@ Usage: python fault_scenario.py [--debug-launch]   (prints OK at the end)
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -37,14 +38,25 @@ def main() -> None:
     assert np.allclose(engine.read(after, "Out"), 10.0)
 
     bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault
-    for _ in range(6):
-        engine.update()  # the fault is found, the context reset, the block disabled
+    deadline = time.monotonic() + 60
+    while engine.counters.faults == 0 and time.monotonic() < deadline:
+        engine.update()  # the fault surfaces a frame or two later; the block is found
+        time.sleep(0.001)
     assert engine.counters.faults == 1, engine.counters
     engine.update()
     diags = engine.diagnostics()
-    errors = [d for d in diags if d.severity == "error"]
-    assert len(errors) == 1 and errors[0].block_id == bad.id and errors[0].code == "gpu-fault", diags
-    assert "ILLEGAL_ADDRESS" in errors[0].message and "'bad'" in errors[0].message
+    faults = [d for d in diags if d.code == "gpu-fault"]
+    assert len(faults) == 1 and faults[0].block_id == bad.id, diags
+    assert "ILLEGAL_ADDRESS" in faults[0].message and "'bad'" in faults[0].message
+    assert str(bad).startswith("bad: Error")
+    if engine.lost is not None:  # the driver keeps the fault for this process: the engine stops, we do not
+        assert "restart" in engine.lost and "'bad'" in engine.lost, engine.lost
+        assert any(d.code == "gpu-lost" for d in diags)
+        for _ in range(3):
+            engine.update()  # no launch, no exception
+        engine.close()
+        print("OK lost")
+        return
     assert any(d.block_id == after.id and d.code == "input-faulted" for d in diags), diags
     assert np.allclose(engine.read(after, "Out"), 1.0)  # zeros from 'bad', then * 3 + 1
     assert str(bad).startswith("bad: Error")

@@ -1,7 +1,8 @@
-"""Fault attribution and recovery: a kernel that hits an illegal address does not end the process.
+"""Fault attribution and recovery: a kernel that hits an illegal address does not end the process,
+and the block is named (by a replay in a child process, or at once with ``debug_launch``).
 
-Each scenario runs in its own process: the recovery resets the device's primary context, which
-would invalidate memory other tests in this process (and CuPy's pool) still hold."""
+Each scenario runs in its own process: after the fault the driver refuses the whole process's CUDA
+use (on H100 + driver 580 even a context reset), which would break every later test here."""
 
 from __future__ import annotations
 
@@ -19,5 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("flag", [[], ["--debug-launch"]], ids=["graph", "debug-launch"])
 def test_a_faulting_block_is_found_disabled_and_revived(flag):
     out = subprocess.run([sys.executable, str(SCENARIO), *flag], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr
-    assert "GPU fault" in out.stderr and "resetting the CUDA context" in out.stderr
+    assert out.returncode == 0 and out.stdout.strip().startswith("OK"), out.stdout + out.stderr
+    assert "GPU fault" in out.stderr
+    assert "'bad'" in out.stderr  # the log names the faulting block

@@ -1,0 +1,115 @@
+"""Find the block whose kernel faults, in a child process.
+
+CUDA keeps a sticky fault (illegal address and the like) for the rest of the process: the driver
+refuses every later call, a primary-context reset included (measured on H100 + driver 580:
+``cuDevicePrimaryCtxRetain`` returns CUDA_ERROR_ILLEGAL_ADDRESS after the reset). So the engine
+cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
+kernel sources, parameter values, links; external inputs become zero-filled buffers of the same
+size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits), realizes the
+plan on a fresh context and launches it node by node with a synchronize after each block. It prints
+the first faulting block's id as JSON. Faults that depend on the external data cannot reproduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["attribute_in_child", "main"]
+
+TIMEOUT_S = 120.0
+
+
+def _portable(snap: Any) -> Any:
+    """The snapshot with external bindings reduced to their size and type (pointers die with us)."""
+    from .context import ExternalBinding
+
+    bindings = {k: ExternalBinding(0, b.count, b.dtype) for k, b in snap.bindings.items()}
+    return dataclasses.replace(snap, bindings=bindings)
+
+
+def attribute_in_child(snap: Any, *, device: int, cache_dir: Any) -> tuple[int | None, str]:
+    """Replay ``snap`` block by block in a child process.
+
+    Returns:
+        ``(block id or None, what happened)``.
+    """
+    try:
+        payload = pickle.dumps({"snapshot": _portable(snap), "device": device, "cache_dir": cache_dir})
+    except Exception as exc:  # a kernel source that cannot travel (a lambda as a Numba kernel, ...)
+        return None, f"the patch cannot be sent to a replay process: {exc}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "cudapatch.engine.replay"],
+            input=payload,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            env=dict(os.environ, CUDAPATCH_COMPILE_PROCESSES="0"),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the replay process failed: {exc}"
+    lines = out.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return None, f"the replay process failed: {out.stderr.decode(errors='replace')[-400:]}"
+    return result.get("culprit"), result.get("detail", "")
+
+
+def main() -> None:
+    """The child: read the pickled request on stdin, print ``{"culprit": id or null, "detail": ...}``."""
+    from ..errors import CudaError
+    from ..kernels._driver import check, driver
+    from ..kernels.builder import KernelBuilder
+    from ..kernels.cache import CubinCache
+    from ..kernels.module_cache import ModuleCache
+    from .buffers import BufferPool, GpuBuffer
+    from .compiler import compile_plan
+    from .context import ExternalBinding
+    from .device import DeviceContext
+    from .realize import realize
+
+    req = pickle.loads(sys.stdin.buffer.read())
+    snap = req["snapshot"]
+    dev = DeviceContext(req["device"])
+    pool = BufferPool(dev.make_current)
+    modules = ModuleCache(device_key=dev.key)
+    builder = KernelBuilder(
+        arch=dev.arch,
+        cache=CubinCache(req["cache_dir"]),
+        modules=modules,
+        make_current=lambda: check(driver().cuCtxSetCurrent(dev.context), "cuCtxSetCurrent"),
+    )
+    keep: list[GpuBuffer] = []
+    bindings = {}
+    for key, b in snap.bindings.items():
+        buf = GpuBuffer(pool, b.dtype, b.count, stream=dev.stream)
+        buf.fill_bytes(0)
+        keep.append(buf)
+        bindings[key] = ExternalBinding(buf.ptr, b.count, b.dtype, owner=buf)
+    snap = dataclasses.replace(snap, bindings=bindings)
+    functions = {}
+    for b in snap.blocks:
+        for ki, spec in enumerate(b.description.kernels):
+            functions[(b.id, ki)] = builder.build(spec.source).function
+    plan = compile_plan(snap)
+    graph = realize(
+        plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
+        block_names={b.id: b.name for b in snap.blocks},
+    )  # fmt: skip
+    try:
+        culprit = graph.replay(dev.stream)
+        detail = "faulted" if culprit is not None else "no fault when replayed"
+    except CudaError as exc:
+        culprit, detail = None, f"replay failed: {exc}"
+    print(json.dumps({"culprit": culprit, "detail": detail}), flush=True)
+    os._exit(0)  # a faulted context cannot be torn down cleanly; the process ends here
+
+
+if __name__ == "__main__":
+    main()
