@@ -99,27 +99,26 @@ def recover(engine: Engine, exc: CudaError, culprit: int | None = None) -> int |
         culprit, detail = attribute_in_child(
             snap, device=engine.device.ordinal, cache_dir=False if directory is None else str(directory)
         )
+    what = ""
     if culprit is not None:
         block = registry.get(culprit)
         name = block.name if block is not None else str(culprit)
         kernels = ", ".join(k.descriptor.entry_point for k in block.description.kernels) if block else "?"
-        engine._faulted[culprit] = (
-            f"{exc.name} in block '{name}' (kernel {kernels}): the block is disabled and its outputs read as "
-            "zeros until its code changes"
-        )
-        log.error("%s", engine._faulted[culprit])
+        what = f"{exc.name} in block '{name}' (kernel {kernels})"
+        engine._faulted[culprit] = f"{what}: the block is disabled and its outputs read as zeros until its code changes"
     else:
         log.warning("the faulting block was not found (%s)", detail)
     bindings = dict(engine.context.bindings)
     try:
         _fresh_context(engine)
     except CudaError as reset_error:
-        who = f"'{registry.get(culprit).name}'" if culprit is not None and registry.get(culprit) else "an unknown block"
+        if culprit is not None:
+            engine._faulted[culprit] = f"{what}: this block's kernel faulted on the GPU"
+        where = f"block '{registry.get(culprit).name}'" if culprit is not None and registry.get(culprit) else "a block"
         engine._lost = (
-            f"the GPU context is lost after {exc.name} in {who}; CUDA refuses to continue in this process "
+            f"the GPU context is lost after {exc.name} in {where}; CUDA refuses to continue in this process "
             f"({reset_error.name} on reset): restart the engine's process"
         )
-        log.error("%s", engine._lost)
         engine._fault_diags = (Diagnostic("error", None, "gpu-lost", engine._lost),)
         return culprit
     warnings = []

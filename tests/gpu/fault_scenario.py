@@ -50,7 +50,7 @@ def main() -> None:
     assert "ILLEGAL_ADDRESS" in faults[0].message and "'bad'" in faults[0].message
     assert str(bad).startswith("bad: Error")
     if engine.lost is not None:  # the driver keeps the fault for this process: the engine stops, we do not
-        assert "restart" in engine.lost and "'bad'" in engine.lost, engine.lost
+        assert "restart" in engine.lost and "block 'bad'" in engine.lost, engine.lost
         assert any(d.code == "gpu-lost" for d in diags)
         for _ in range(3):
             engine.update()  # no launch, no exception
