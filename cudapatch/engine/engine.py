@@ -137,10 +137,6 @@ class Engine:
         self._dirty = self.context.dirty
         self._stream = self.device.stream
         self._frame_hooks: tuple[Any, ...] = ()
-        d = driver()
-        self._event_query, self._event_record = d.cuEventQuery, d.cuEventRecord
-        self._not_ready = d.CUresult.CUDA_ERROR_NOT_READY
-        self._make_frame_events()
         self.debug_launch = debug_launch
         self._faulted: dict[int, str] = {}  # blocks whose kernels faulted on the GPU -> message
         self._fault_diags: tuple[Diagnostic, ...] = ()
@@ -253,11 +249,9 @@ class Engine:
         if g is not None:
             culprit = None
             try:
-                # A fault of an earlier frame shows here (~0.3 µs). An event recorded right after the
-                # launch, not the stream: the stream also holds GL unmaps, which a query may wait on.
-                (err,) = self._event_query(self._frame_event)
-                if err and err != self._not_ready:
-                    self._launch_failed(err)
+                # A fault of an earlier frame surfaces as the launch's (or the ring's) error. A query of
+                # the stream or of a per-frame event was tried: with GL interop pending on the stream it
+                # could stall the frame, so there is none.
                 rb = g.readback
                 if rb is not None:
                     rb.poll()
@@ -269,7 +263,6 @@ class Engine:
                     (err,) = g._launch(g._exec, self._stream)
                     if err:
                         self._launch_failed(err)
-                self._event_record(self._frame_event, self._stream)
                 if rb is not None:
                     rb.record(self._stream, self.counters.frames)
                     if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
@@ -283,11 +276,6 @@ class Engine:
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
-
-    def _make_frame_events(self) -> None:
-        d = driver()
-        flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
-        self._frame_event = check(d.cuEventCreate(flags), "cuEventCreate")
 
     def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
         recover(self, exc, culprit)

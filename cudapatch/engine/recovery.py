@@ -46,7 +46,6 @@ def _fresh_context(engine: Engine) -> None:
     engine._stamp_function = None
     engine.device.reset()
     engine._stream = engine.device.stream
-    engine._make_frame_events()
     engine.pool = BufferPool(engine.device.make_current)
     engine.modules = ModuleCache(device_key=engine.device.key)
     engine.kernels.builder.modules = engine.modules
