@@ -2,7 +2,10 @@
 and the block is named (by a replay in a child process, or at once with ``debug_launch``).
 
 Each scenario runs in its own process: after the fault the driver refuses the whole process's CUDA
-use (on H100 + driver 580 even a context reset), which would break every later test here."""
+use (on H100 + driver 580 even a context reset), which would break every later test here.
+
+Observed on the H100 machine: after a process there has hit an illegal address, later processes'
+CUDA–GL interop (EGL) misbehaved until the machine was replaced, so this file runs after tests/gl."""
 
 from __future__ import annotations
 
