@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
@@ -45,9 +46,12 @@ class HostAdapter:
         registry: Block types by name (``PluginHost().registry``).
     """
 
-    def __init__(self, engine: Any, registry: BlockTypeRegistry) -> None:
+    def __init__(self, engine: Any, registry: BlockTypeRegistry, *, search_paths: list[Path] | None = None) -> None:
         self.engine = engine
         self.registry = registry
+        #: Where relative kernel file paths (a ``Path`` text parameter) are looked up, in order:
+        #: the patch file's directory, then ``cudapatch_kernel_search_paths`` of the plugins.
+        self.search_paths: list[Path] = list(search_paths or [])
         self._ops: dict[str, Block] = {}
         self._types: dict[str, BlockType] = {}
         self._links: list[OperatorLink] = []
@@ -87,7 +91,7 @@ class HostAdapter:
         params = dict(params or {})
         scalars = {name for name, kind, _ in bt.params if kind != "text"}
         # Text parameters (code, paths) shape the description, so they go to the constructor.
-        texts = {k: v for k, v in params.items() if isinstance(v, str) and k not in scalars}
+        texts = {k: self._resolve(k, v) for k, v in params.items() if isinstance(v, str) and k not in scalars}
         block = bt.create(op_id, **texts)
         for name, value in params.items():
             if name not in texts:
@@ -97,6 +101,16 @@ class HostAdapter:
         self._types[op_id] = bt
         log.debug("created %s as %s", op_id, bt.name)
         return block
+
+    def _resolve(self, name: str, value: str) -> str:
+        """A relative kernel file path made absolute against the search paths (first one that has it)."""
+        if name != "Path" or not value or Path(value).is_absolute():
+            return value
+        for base in self.search_paths:
+            candidate = Path(base) / value
+            if candidate.exists():
+                return str(candidate)
+        return value  # the block reports the missing file with its path
 
     def delete(self, op_id: str) -> None:
         """Remove operator ``op_id`` and its links.

@@ -262,7 +262,11 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
     for name, spec in new.operators.items():
         try:
             bt = adapter.registry.get(spec.type)
-            probe_texts = {k: v for k, v in spec.params.items() if isinstance(v, str) and k not in _scalars(bt)}
+            probe_texts = {
+                k: adapter._resolve(k, v)
+                for k, v in spec.params.items()
+                if isinstance(v, str) and k not in _scalars(bt)
+            }
             probe = bt.create(name, **probe_texts)
             for key, value in spec.params.items():
                 if key not in probe_texts:
@@ -274,7 +278,8 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             line = spec.line
             if exc.param is not None:
                 line = _Lines(new.path.read_text() if new.path and new.path.exists() else "").key(exc.param, spec.line)
-            raise PatchFileError(exc.message, file=file, line=line, block=name, param=exc.param) from None
+            msg = exc.message if exc.file is None or exc.file == file else f"{exc.message} ({exc.file})"
+            raise PatchFileError(msg, file=file, line=line, block=name, param=exc.param) from None
     new_links = {lk.key: lk for lk in new.links}
     old_links = {lk.key: lk for lk in (old.links if old is not None else [])}
     # 2. remove links and operators that went away (links first: removing a block drops its links)

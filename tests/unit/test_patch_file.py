@@ -115,3 +115,21 @@ def test_a_broken_edit_changes_nothing(tmp_path):
     assert adapter.block("fill").params["Count"].value == 128
     with pytest.raises(PatchFileError, match="cannot read"):
         load_patch(tmp_path / "missing.toml", REG)
+
+
+def test_kernel_files_resolve_next_to_the_patch(tmp_path):
+    from cudapatch.host_plugin.hosts.standalone import StandaloneHost  # noqa: F401 - the host wires search paths
+
+    (tmp_path / "wave.cu").write_text(
+        'extern "C" __global__ void wave(const float* In, float* Out, float gain, unsigned int n) {}'
+    )
+    text = '[operators.w]\ntype = "core.KernelFile"\nPath = "wave.cu"\n'
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, REG, search_paths=[tmp_path])
+    apply_patch(adapter, parse_patch(text, path=tmp_path / "p.toml", registry=REG))
+    block = adapter.block("w")
+    assert block.params["Path"].value == str(tmp_path / "wave.cu")
+    assert [p.name for p in block.description.inputs] == ["In"] and block.description.param("gain") is not None
+    missing = HostAdapter(PlanOnlyEngine(), REG, search_paths=[tmp_path / "elsewhere"])
+    with pytest.raises(PatchFileError, match="wave.cu"):
+        apply_patch(missing, parse_patch(text, path=tmp_path / "p.toml", registry=REG))

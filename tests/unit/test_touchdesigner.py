@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cudapatch.host_plugin import PluginHost
+from cudapatch.errors import CudapatchError
+from cudapatch.host_plugin import PluginHost, hookimpl, make_plugin_manager
 from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, TouchDesignerHost, td_par_name
 
 from ..td_double import COMP
@@ -53,3 +54,24 @@ def test_links_cook_and_dispose(td):
     forces.Unlink(emit, "Particles", "Particles")
     forces.Dispose()
     assert td.adapter.operators() == {"/p/emit": "particles.Emitter"}
+
+
+class TaggedOperators:
+    """A plugin that maps COMPs tagged 'emitter' to particles.Emitter."""
+
+    @hookimpl
+    def cudapatch_adapt_operator(self, host, operator):
+        if host == "touchdesigner" and "emitter" in getattr(operator, "tags", ()):
+            return {"type": "particles.Emitter"}
+        return None
+
+
+def test_plugins_decide_the_block_type_of_an_operator():
+    plugins = PluginHost(make_plugin_manager(entry_points=False, disabled=(), plugins=(("tags", TaggedOperators()),)))
+    td = TouchDesignerHost(engine=PlanOnlyEngine(), plugins=plugins)
+    comp = COMP("/p/spark")
+    comp.tags = ("emitter",)
+    ext = BlockOperatorExt(comp, td)
+    assert td.adapter.operators() == {"/p/spark": "particles.Emitter"} and ext.block.type_name == "Emitter"
+    with pytest.raises(CudapatchError, match="no plugin knows"):
+        BlockOperatorExt(COMP("/p/other"), td)

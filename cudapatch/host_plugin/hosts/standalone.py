@@ -64,7 +64,8 @@ class StandaloneHost:
         self.profiling_override = profiling
         dev = device if device is not None else int(self.patch.engine.get("device", 0))
         self.engine = Engine(dev, name=str(self.patch.engine.get("name", "CudaEngine")))
-        self.adapter = HostAdapter(self.engine, registry)
+        search = [self.patch_path.parent] if self.patch_path is not None else []
+        self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
         apply_patch(self.adapter, self.patch)
         if profiling is not None:
             self.engine.set_profiling(profiling)

@@ -62,6 +62,20 @@ class TouchDesignerHost:
         self.adapter = HostAdapter(engine, self.plugins.registry)
         self.plugins.engine_started(engine)
 
+    def block_type_for(self, operator: Any, default: str | None = None) -> str:
+        """The block type for a host operator: the first plugin that adapts it
+        (``cudapatch_adapt_operator(host="touchdesigner", operator=...)``), else ``default``.
+
+        Raises:
+            CudapatchError: no plugin adapts it and there is no default.
+        """
+        spec = self.plugins.adapt_operator("touchdesigner", operator)
+        if spec is not None:
+            return str(spec["type"])
+        if default is None:
+            raise CudapatchError(f"no plugin knows which block operator '{getattr(operator, 'path', operator)}' is")
+        return default
+
     def close(self) -> None:
         self.plugins.engine_stopping(self.engine)
         self.engine.close()
@@ -77,14 +91,15 @@ class BlockOperatorExt:
     Args:
         ownerComp: The COMP.
         host: The project's ``TouchDesignerHost``.
-        block_type: Qualified block type (``particles.Emitter``).
+        block_type: Qualified block type (``particles.Emitter``); None asks the plugins
+            (``cudapatch_adapt_operator``).
     """
 
-    def __init__(self, ownerComp: Any, host: TouchDesignerHost, block_type: str) -> None:
+    def __init__(self, ownerComp: Any, host: TouchDesignerHost, block_type: str | None = None) -> None:
         self.ownerComp = ownerComp
         self.host = host
         self.op_id = ownerComp.path
-        self.block = host.adapter.create(self.op_id, block_type)
+        self.block = host.adapter.create(self.op_id, host.block_type_for(ownerComp, block_type))
         self._par_to_param: dict[str, tuple[str, int]] = {}  # TD par name -> (block param, component)
         self._build_page()
 
