@@ -12,7 +12,22 @@ from ..kernels.types import DType
 from .buffers import BufferPool, GpuBuffer
 from .context import ExternalBinding
 
-__all__ = ["binding_from_cai", "upload_host_array"]
+__all__ = ["binding_from_cai", "upload_host_array", "DeviceArray"]
+
+
+class DeviceArray:
+    """Raw device memory (a mapped GL buffer, a host application's allocation) as a
+    ``__cuda_array_interface__`` that ``Engine.bind`` accepts: ``count`` elements of ``dtype``.
+    It owns nothing: whoever gave the pointer keeps the memory alive while it is bound."""
+
+    def __init__(self, ptr: int, count: int, dtype: DType) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (count * dtype.lanes,),
+            "typestr": np.dtype(dtype.base).str,
+            "data": (int(ptr), False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 def upload_host_array(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..blocks.block import Block
+from ..engine.bindings import DeviceArray
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
@@ -32,15 +33,6 @@ class _Link:
     port: str
     resource: Any
     last_ptr: int = 0
-
-
-class _PointerArray:
-    """A mapped GL buffer as ``__cuda_array_interface__`` for ``Engine.bind``."""
-
-    def __init__(self, ptr: int, count: int, typestr: str) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (count,), "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
-        }  # fmt: skip
 
 
 class GlBridge:
@@ -136,9 +128,7 @@ class GlBridge:
             if ptr != link.last_ptr:
                 spec = link.block.description.input(link.port)
                 count = link.resource.nbytes // spec.dtype.itemsize
-                typestr = "<f4" if spec.dtype.base.kind == "f" else "<u4"
-                arr = _PointerArray(ptr, count * spec.dtype.lanes, typestr)
-                self.engine.bind(link.block, link.port, arr, dtype=spec.dtype)
+                self.engine.bind(link.block, link.port, DeviceArray(ptr, count, spec.dtype), dtype=spec.dtype)
                 link.last_ptr = ptr
 
     def after_launch(self, stream: Any) -> None:

@@ -78,3 +78,12 @@ def test_engine_without_gpu_raises_one_clear_error() -> None:
 
 def test_dirty_tracker_starts_structure_dirty() -> None:
     assert DirtyTracker().tier == "structure"
+
+
+def test_device_array_binds_raw_pointers_with_their_element_type():
+    from cudapatch.engine.bindings import DeviceArray, binding_from_cai
+    from cudapatch.kernels.types import DType
+
+    for dtype in (DType.FLOAT32, DType.FLOAT4, DType.INT32, DType.UINT32):
+        b = binding_from_cai(DeviceArray(0x7F00_0000_0000, 1000, dtype), dtype, "blk", "In")
+        assert (b.ptr, b.count, b.dtype) == (0x7F00_0000_0000, 1000, dtype)

@@ -27,6 +27,7 @@ import logging
 import re
 from typing import Any
 
+from ...engine.bindings import DeviceArray
 from ...errors import CudapatchError
 from ..adapter import HostAdapter
 from ..manager import PluginHost
@@ -195,8 +196,7 @@ class EngineTOP:
         if spec is None:
             raise CudapatchError("no such input", block=op_id, port=port)
         count = mem.size // spec.dtype.itemsize
-        arr = _Cai(mem.ptr, count * spec.dtype.lanes, "<f4" if spec.dtype.base.kind == "f" else "<u4")
-        self.host.engine.bind(block, port, arr, dtype=spec.dtype)
+        self.host.engine.bind(block, port, DeviceArray(mem.ptr, count, spec.dtype), dtype=spec.dtype)
         self._held[(op_id, port)] = mem  # replaces (and so releases) the previous frame's object
 
     def onCook(self, scriptOp: Any) -> None:
@@ -223,13 +223,6 @@ class EngineTOP:
 
     def close(self) -> None:
         self._held.clear()
-
-
-class _Cai:
-    def __init__(self, ptr: int, count: int, typestr: str) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (count,), "typestr": typestr, "data": (int(ptr), False), "version": 3, "strides": None,
-        }  # fmt: skip
 
 
 def _itemsize(dtype: Any) -> int:
