@@ -100,3 +100,24 @@ def test_through_needs_an_input_of_that_name_written_in_place():
         _ = NoInput().description
     with pytest.raises(CudapatchError, match="no kernel writes input 'A'"):
         _ = ReadOnly().description
+
+
+def test_read_particles_decodes_the_state_layout():
+    import numpy as np
+
+    from cudapatch.blocks.library import read_particles
+
+    cap, frame, alive = 10, 7, 3  # frame 7: survivors in half (7 & 1) ^ 1 = 0
+    rng = np.random.default_rng()
+    raw = rng.standard_normal((4 * cap + 2, 4)).astype(np.float32)
+    header = raw[:2].view(np.uint32)
+    header[0] = (0x43505354, cap, frame, 0)
+    header[1, 0], header[1, 1] = alive, 999
+    st = read_particles(raw)
+    assert (st.capacity, st.frame, st.alive) == (cap, frame, alive)
+    assert np.array_equal(st.positions, raw[2 : 2 + alive]) and np.array_equal(
+        st.velocities, raw[2 + cap : 2 + cap + alive]
+    )
+    header[0, 0] = 0
+    with pytest.raises(ValueError, match="not a particle state"):
+        read_particles(raw)

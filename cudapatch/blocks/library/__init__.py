@@ -2,7 +2,16 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
-from .particles import PARTICLE_BLOCKS, Emitter, Forces, Integrate, ToPoints, particle_capacity
+from .particles import (
+    PARTICLE_BLOCKS,
+    Emitter,
+    Forces,
+    Integrate,
+    ParticleState,
+    ToPoints,
+    particle_capacity,
+    read_particles,
+)
 
 BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS)
 
@@ -15,6 +24,8 @@ __all__ = [
     "PARTICLE_BLOCKS",
     "ToPoints",
     "particle_capacity",
+    "ParticleState",
+    "read_particles",
     "AppendFilter",
     "CustomKernel",
     "Fill",

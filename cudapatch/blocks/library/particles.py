@@ -10,8 +10,11 @@ parameter; only ``Capacity`` and ``MaxPerFrame`` rebuild the graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import numpy as np
 
 from ...kernels.cuda_source import CudaSource
 from ...kernels.types import DType
@@ -19,7 +22,17 @@ from ..block import Block
 from ..builder import BlockBuilder
 from ..description import from_param, like
 
-__all__ = ["Emitter", "Forces", "Integrate", "ToPoints", "PARTICLE_BLOCKS", "STATE_HEADER", "particle_capacity"]
+__all__ = [
+    "Emitter",
+    "Forces",
+    "Integrate",
+    "ToPoints",
+    "PARTICLE_BLOCKS",
+    "STATE_HEADER",
+    "ParticleState",
+    "particle_capacity",
+    "read_particles",
+]
 
 KERNEL_FILE = Path(__file__).with_name("kernels") / "particles.cu"
 STATE_HEADER = 2  # float4 elements in front of the two halves
@@ -33,6 +46,51 @@ def _kernel(entry: str) -> CudaSource:
 def particle_capacity(state_elements: int) -> int:
     """Capacity of a particle state buffer of ``state_elements`` float4 elements."""
     return max(0, (state_elements - STATE_HEADER) // 4)
+
+
+STATE_MAGIC = 0x43505354  # "CPST", written by particles_begin
+
+
+@dataclass(frozen=True)
+class ParticleState:
+    """The live particles of a state buffer after a frame (host copies).
+
+    Attributes:
+        capacity: Particles the buffer holds at most.
+        frame: Frames simulated since the buffer was (re)initialised.
+        positions: ``(alive, 4)``: x, y, z, lifetime.
+        velocities: ``(alive, 4)``: vx, vy, vz, age.
+    """
+
+    capacity: int
+    frame: int
+    positions: np.ndarray
+    velocities: np.ndarray
+
+    @property
+    def alive(self) -> int:
+        return len(self.positions)
+
+
+def read_particles(state: np.ndarray) -> ParticleState:
+    """Decode a particle state buffer (``engine.read(emitter, "Particles")``): the particles that
+    survived the last frame, as Integrate compacted them.
+
+    Raises:
+        ValueError: not a particle state buffer (wrong size or header).
+    """
+    raw = np.ascontiguousarray(state).view(np.float32).reshape(-1, 4)
+    capacity = particle_capacity(len(raw))
+    header = raw[:STATE_HEADER].view(np.uint32)
+    if len(raw) != 4 * capacity + STATE_HEADER or header[0, 0] != STATE_MAGIC or header[0, 1] != capacity:
+        raise ValueError("not a particle state buffer (no Emitter has run on it yet, or the size is wrong)")
+    frame = int(header[0, 2])
+    done = (frame & 1) ^ 1  # the half Integrate appended this frame's survivors to
+    alive = min(int(header[1, done]), capacity)
+    base = STATE_HEADER + done * 2 * capacity
+    return ParticleState(
+        capacity, frame, raw[base : base + alive].copy(), raw[base + capacity : base + capacity + alive].copy()
+    )
 
 
 # The state buffer's capacity, for blocks downstream of the Emitter: (4 * capacity + 2) // 4.
