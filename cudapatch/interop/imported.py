@@ -15,6 +15,7 @@ not built yet: register/map is used there.)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import InteropError
@@ -22,10 +23,33 @@ from ..kernels._driver import check, driver
 from . import _platform
 from ._gl import check_gl, gl
 
-__all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available"]
+__all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available", "next_write_slot", "newest_written"]
 
 log = logging.getLogger("cudapatch.interop")
 _ALREADY_SIGNALED, _CONDITION_SATISFIED, _SYNC_GPU_COMMANDS_COMPLETE = 0x911A, 0x911C, 0x9117
+
+
+def next_write_slot(frame: int, slots: int, front: int, free: Callable[[int], bool]) -> int | None:
+    """Which buffer of the ring the next copy goes to: the first after the last written one that is
+    not the buffer GL draws (``front``) and that ``free(slot)`` says GL and CUDA are done with.
+    None: every other buffer is busy, so this frame's copy is dropped."""
+    for step in range(1, slots + 1):
+        slot = (frame + step) % slots
+        if slot != front and free(slot):
+            return slot
+    return None
+
+
+def newest_written(written: Sequence[int], complete: Callable[[int], bool], front: int) -> int:
+    """Which buffer GL draws: the most recently written one whose copy ``complete``d, else the one it
+    drew before (``front``; -1 before any copy completed). ``written[slot]`` is the frame number the
+    slot holds, -1 for none."""
+    for slot in sorted(range(len(written)), key=lambda k: -written[k]):
+        if written[slot] < 0:
+            break
+        if complete(slot):
+            return slot
+    return front
 
 
 def zero_map_available(context: Any) -> bool:
@@ -221,12 +245,10 @@ class ImportedRing:
         """Copy ``nbytes`` from device memory into the next free buffer on ``stream``; False (and
         ``dropped`` + 1) when every other buffer is still being read by GL or written by CUDA."""
         d = driver()
-        n = len(self.buffers)
-        for step in range(1, n + 1):
-            slot = (self._frame + step) % n
-            if slot != self._front and self._gl_done(slot) and self._cuda_done(slot):
-                break
-        else:
+        slot = next_write_slot(
+            self._frame, len(self.buffers), self._front, lambda k: self._gl_done(k) and self._cuda_done(k)
+        )
+        if slot is None:
             self.dropped += 1
             return False
         check(d.cuMemcpyDtoDAsync(self.buffers[slot].ptr, src_ptr, min(nbytes, self.nbytes), stream), "copy")
@@ -239,16 +261,8 @@ class ImportedRing:
         """GL name of the newest completely written buffer or texture (fenced for this frame's draw),
         or None before the first frame completes."""
         d = driver()
-        best = -1
-        for slot in sorted(range(len(self.buffers)), key=lambda s: -self._written[s]):
-            if self._written[slot] < 0:
-                break
-            (err,) = d.cuEventQuery(self._events[slot])
-            if err == d.CUresult.CUDA_SUCCESS:
-                best = slot
-                break
-        if best < 0:
-            best = self._front
+        ok = d.CUresult.CUDA_SUCCESS
+        best = newest_written(self._written, lambda k: d.cuEventQuery(self._events[k])[0] == ok, self._front)
         if best < 0:
             return None
         if self._fences[best] is not None:
