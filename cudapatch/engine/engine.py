@@ -34,7 +34,7 @@ from .kernels import KernelOutcome, KernelTracker
 from .plan import GraphPlan
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .realize import CompiledGraph, realize
-from .recovery import recover
+from .recovery import abandon_context_state, recover
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
@@ -711,12 +711,7 @@ class Engine:
         if self._lost is not None:  # every driver call would fail: forget, do not free
             for b in list(self.context.registry):
                 self.context.unregister_block(b)
-            for g in (self._graph, *self._retired):
-                if g is not None:
-                    g.abandon()
-            self._graph, self._retired = None, []
-            self.pool.abandon()
-            self._owned.clear()
+            abandon_context_state(self)
             self.kernels.close()
             self.device._closed = True
             self.device._finalizer.detach()

@@ -1,12 +1,12 @@
 """Surviving a sticky GPU fault (illegal address and the like) without losing the host process.
 
-After such a fault every call on the CUDA context fails. ``recover`` forgets everything the dead
-context owned (graphs, buffers, modules, pinned memory) without touching it, resets the device's
-primary context, reloads every compiled kernel from its cubin, and — unless the faulting block is
-already known (``debug_launch``) — replays the patch block by block with a synchronize after each,
-on a fresh graph, to find the block whose kernel faults. That block goes into ``engine._faulted``:
-the next build leaves its kernels out and zero-fills its outputs, its dependents are warned, and
-the error stays on it until its code changes.
+After such a fault every call on the CUDA context fails. ``recover`` first finds the faulting block
+(unless ``debug_launch`` already named it) by replaying the patch block by block in a child process
+(``engine.replay``), and puts it in ``engine._faulted``: builds leave its kernels out and zero-fill
+its outputs, its dependents are warned, and the error stays on it until its code changes. Then it
+forgets everything the dead context owned without touching it, resets the primary context and
+reloads every compiled kernel from its cubin. Where the driver refuses the reset (H100 + driver 580
+does), the engine is marked lost instead: it stops launching and says the process must restart.
 
 External inputs die with the context (their memory was in it): they are unbound, with a warning
 asking the host to bind them again.
@@ -21,22 +21,20 @@ from typing import TYPE_CHECKING
 from ..errors import CudaError, CudapatchError
 from ..kernels.module_cache import ModuleCache
 from .buffers import BufferPool
-from .compiler import compile_plan
 from .diagnostics import Diagnostic
-from .profiling import ProfilingLevel
-from .realize import realize
 from .replay import attribute_in_child
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["recover"]
+__all__ = ["recover", "abandon_context_state"]
 
 log = logging.getLogger("cudapatch.engine")
 
 
-def _fresh_context(engine: Engine) -> None:
-    """Forget the dead context's objects, reset it, and give the engine new pool and modules."""
+def abandon_context_state(engine: Engine) -> None:
+    """Forget every object the dead context owned (graphs, buffers, engine-owned uploads) without
+    a driver call: each would fail now."""
     for g in (engine._graph, *engine._retired):
         if g is not None:
             g.abandon()
@@ -44,6 +42,11 @@ def _fresh_context(engine: Engine) -> None:
     engine.pool.abandon()
     engine._owned.clear()
     engine._stamp_function = None
+
+
+def _fresh_context(engine: Engine) -> None:
+    """Forget the dead context's objects, reset it, and give the engine new pool and modules."""
+    abandon_context_state(engine)
     engine.device.reset()
     engine._stream = engine.device.stream
     engine.pool = BufferPool(engine.device.make_current)
@@ -55,27 +58,6 @@ def _fresh_context(engine: Engine) -> None:
                 slot.good = dataclasses.replace(slot.good, function=engine.modules.function(slot.good.image))
             except CudapatchError as exc:
                 slot.good, slot.error = None, exc
-
-
-def _attribute_in_process(engine: Engine) -> int | None:
-    """Replay the current patch block by block on a fresh graph; the id of the block that faults."""
-    snap = engine.context.snapshot()
-    functions, status = engine.kernels.resolve(snap)
-    plan = compile_plan(snap, status, ProfilingLevel.NONE, engine._faulted)
-    names = {b.id: b.name for b in snap.blocks}
-    graph = realize(plan, device=engine.device, pool=engine.pool, functions=functions, bindings=snap.bindings,
-                    block_names=names)  # fmt: skip
-    try:
-        culprit = graph.replay(engine._stream)
-    except CudaError as exc:
-        log.warning("replay after the fault failed without a kernel fault: %s", exc)
-        culprit = None
-    if culprit is None:
-        graph.close()
-    else:  # the replay faulted too: that context is dead as well
-        graph.abandon()
-        _fresh_context(engine)
-    return culprit
 
 
 def recover(engine: Engine, exc: CudaError, culprit: int | None = None) -> int | None:
