@@ -51,18 +51,13 @@ def main() -> int:
         context = EglContext(960, 540) if args.headless else GlfwWindow(960, 540, "cudapatch — particles")
         engine.device.make_current()
         with Preview(engine, context, points=(points, "Points")) as preview:
-            frame = preview.frame
-            state = {"n": 0}
+            t = [0]
 
-            def orbiting_attractor() -> float:
-                t = state["n"] / 60.0
-                forces.set("Attractor", (0.8 * math.cos(t), 0.6, 0.8 * math.sin(t)))  # Hot: no rebuild
-                state["n"] += 1
-                return frame()
+            def orbit_attractor() -> None:
+                forces.set("Attractor", (0.8 * math.cos(t[0] / 60), 0.6, 0.8 * math.sin(t[0] / 60)))  # Hot: no rebuild
+                t[0] += 1
 
-            preview.frame = orbiting_attractor
-            report = preview.run(args.frames, out_dir=args.out, png_every=100)
-            preview.frame = frame
+            report = preview.run(args.frames, out_dir=args.out, png_every=100, before_frame=orbit_attractor)
         context.close()
         st = read_particles(engine.read(emit, "Particles"))
         print(f"{report.frames} frames, {report.fps:.0f} fps; {engine}")

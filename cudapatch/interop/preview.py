@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,22 +180,33 @@ class Preview:
             if which >= 0:
                 vp = orbit_camera(self.frames * self.orbit + math.pi * 0.15, w / max(h, 1))
                 self._point_renderer.draw(vp, h, which)
+        stats = None
         if self.overlay is not None:
-            self.overlay.draw(self.engine.stats(), title=self.engine.name)
+            stats = self.engine.stats()  # once per frame: the overlay and its plot share it
+            self.overlay.draw(stats, title=self.engine.name)
         ctx.swap()
         self.frames += 1
         ms = (time.perf_counter() - t0) * 1e3
-        if self.overlay is not None:
-            self.overlay.record_frame(ms, self.engine.stats().gpu_ms if self.engine.profiling.timed else None)
+        if stats is not None:
+            self.overlay.record_frame(ms, stats.gpu_ms)  # type: ignore[union-attr]
         return ms
 
-    def run(self, frames: int | None = None, *, out_dir: str | Path | None = None, png_every: int = 0) -> PreviewReport:
+    def run(
+        self,
+        frames: int | None = None,
+        *,
+        out_dir: str | Path | None = None,
+        png_every: int = 0,
+        before_frame: Callable[[], None] | None = None,
+    ) -> PreviewReport:
         """Run frames until ``frames`` are done or the window is closed.
 
         Args:
             frames: Number of frames (None: until the window closes).
             out_dir: Write PNGs there: the last frame, and every ``png_every`` frames if > 0.
             png_every: See ``out_dir``.
+            before_frame: Called before each frame (a host polling its patch file, a script
+                animating parameters).
         """
         report = PreviewReport()
         out = Path(out_dir) if out_dir is not None else None
@@ -212,6 +224,8 @@ class Preview:
                 # Zero-map shows the newest *completed* frame; finish the GPU's queue first so a
                 # written frame is exactly the engine's previous frame, not an older one.
                 self.engine.synchronize()
+            if before_frame is not None:
+                before_frame()
             self.frame()
             report.frames += 1
             if png:

@@ -128,18 +128,7 @@ class StandaloneHost:
     def run(self, frames: int | None = None, *, out_dir: str | Path | None = None, png_every: int = 0) -> Any:
         """Run the preview; the patch file is polled between frames."""
         assert self.preview is not None, "open_preview first"
-        preview = self.preview
-        original = preview.frame
-
-        def frame() -> float:
-            self.poll_patch()
-            return original()
-
-        preview.frame = frame
-        try:
-            return preview.run(frames, out_dir=out_dir, png_every=png_every)
-        finally:
-            preview.frame = original
+        return self.preview.run(frames, out_dir=out_dir, png_every=png_every, before_frame=self.poll_patch)
 
     def close(self) -> None:
         """Stop: plugins are told, the preview and engine are released."""
