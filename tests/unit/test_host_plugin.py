@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudapatch import Block, BlockBuilder
+from cudapatch import Block, BlockBuilder, like
 from cudapatch.blocks.library import Scale
 from cudapatch.errors import CudapatchError, LinkError, ParameterError, PluginError
 from cudapatch.host_plugin import HostAdapter, PluginHost, hookimpl, make_plugin_manager
@@ -22,8 +22,6 @@ class Doubler(Block):
     def describe(self, b: BlockBuilder) -> None:
         k = b.add_kernel(bundled_kernel("scale"))
         b.input("In", k.in_(0))
-        from cudapatch import like
-
         b.output("Out", k.out(1), size=like("In"))
         b.scalar("Factor", k.in_(2), default=2.0)
         b.scalar("Offset", k.in_(3), default=0.0)

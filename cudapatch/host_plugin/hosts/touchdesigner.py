@@ -27,6 +27,8 @@ import logging
 import re
 from typing import Any
 
+import numpy as np
+
 from ...engine.bindings import DeviceArray
 from ...errors import CudapatchError
 from ..adapter import HostAdapter
@@ -178,6 +180,8 @@ class EngineTOP:
         self.host = host
         self.output = output
         self.shape = shape
+        #: Bytes the TOP takes per cook (the shape is fixed: computed once, not per frame).
+        self.nbytes = int(shape.width * shape.height * shape.numComps * np.dtype(shape.dataType).itemsize)
         self._held: dict[tuple[str, str], Any] = {}  # CUDAMemory objects the engine reads from
 
     @property
@@ -208,7 +212,7 @@ class EngineTOP:
         except CudapatchError as exc:
             scriptOp.addError(str(exc))
             return
-        need = self.shape.width * self.shape.height * self.shape.numComps * _itemsize(self.shape.dataType)
+        need = self.nbytes
         if buf.nbytes < need:
             scriptOp.addError(
                 f"output '{self.output[0]}.{self.output[1]}' has {buf.nbytes} bytes; the TOP shape needs {need}"
@@ -223,9 +227,3 @@ class EngineTOP:
 
     def close(self) -> None:
         self._held.clear()
-
-
-def _itemsize(dtype: Any) -> int:
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)
