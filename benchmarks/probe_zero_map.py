@@ -60,6 +60,7 @@ def main() -> None:
         )
         src = eng.output(host.adapter.block("points"), "Points")
         s = eng.device.stream
+
         def write(ring=ring, src=src, s=s):
             ring.write(src.ptr, src.nbytes, s)
 

@@ -14,13 +14,20 @@ from .blocks import (
     BlockBuilder,
     BlockDescription,
     BlockState,
+    CallDescriptor,
     CustomKernel,
     Fill,
     KernelFile,
     Scale,
     VectorAdd,
+    buffer_in,
+    buffer_inout,
+    buffer_out,
+    computed,
+    device_scalar,
     fixed,
     from_param,
+    host_scalar,
     like,
 )
 from .engine import (
@@ -41,6 +48,7 @@ from .errors import (
     CudaUnavailableError,
     GraphCompileError,
     KernelLoadError,
+    LibraryCallError,
     LinkError,
     ParameterError,
     PtxSignatureError,
@@ -63,6 +71,14 @@ except PackageNotFoundError:  # running from a source checkout that is not insta
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "CallDescriptor",
+    "LibraryCallError",
+    "buffer_in",
+    "buffer_inout",
+    "buffer_out",
+    "computed",
+    "device_scalar",
+    "host_scalar",
     "AppendBuffer",
     "AppendFilter",
     "BindingError",

@@ -23,6 +23,7 @@ __all__ = [
     "PluginError",
     "InteropError",
     "PatchFileError",
+    "LibraryCallError",
 ]
 
 
@@ -155,3 +156,14 @@ class InteropError(CudapatchError):
 class PatchFileError(CudapatchError):
     """A patch file cannot be used: a TOML syntax error, an unknown key, operator or port. Carries
     ``file`` and ``line``."""
+
+
+class LibraryCallError(CudapatchError):
+    """A library call (cuBLAS, cuFFT, cuRAND, cuSOLVER, cuSPARSE) of a captured block failed: the
+    library returned an error status (``status``: its name, ``CUBLAS_STATUS_INVALID_VALUE``), the
+    capture holds nodes a child graph cannot (memory allocation), or the call raised. ``kernel``
+    names the call."""
+
+    def __init__(self, message: str, *, status: str | None = None, **context: object) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.status = status

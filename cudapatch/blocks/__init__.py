@@ -1,7 +1,16 @@
 """Blocks: the passive Block base, the BlockBuilder DSL, descriptions, parameters, built-in blocks."""
 
 from .block import Block, BlockDebugInfo, BlockState
-from .builder import BlockBuilder, KernelHandle, KernelPin
+from .builder import BlockBuilder, CapturedHandle, KernelHandle, KernelPin
+from .captured import (
+    CallDescriptor,
+    CapturedSpec,
+    buffer_in,
+    buffer_inout,
+    buffer_out,
+    device_scalar,
+    host_scalar,
+)
 from .description import (
     BlockDescription,
     InternalLink,
@@ -11,6 +20,7 @@ from .description import (
     PinType,
     PortSpec,
     SizeRule,
+    computed,
     fixed,
     from_param,
     like,
@@ -19,6 +29,15 @@ from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFil
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
+    "CallDescriptor",
+    "CapturedHandle",
+    "CapturedSpec",
+    "buffer_in",
+    "buffer_inout",
+    "buffer_out",
+    "computed",
+    "device_scalar",
+    "host_scalar",
     "BUILTIN_BLOCKS",
     "AppendFilter",
     "Block",

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import CudapatchError
 from ..kernels.source import KernelSource, PtxFileSource
 from ..kernels.types import DType
+from .captured import CallDescriptor, CallFunction, CapturedSpec, PrepareFunction, ValidateFunction
 from .description import (
     BlockDescription,
     InternalLink,
@@ -33,7 +34,7 @@ from .description import (
     fixed,
 )
 
-__all__ = ["BlockBuilder", "KernelHandle", "KernelPin"]
+__all__ = ["BlockBuilder", "CapturedHandle", "KernelHandle", "KernelPin"]
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,15 @@ class KernelHandle:
     def entry_point(self) -> str:
         return self.descriptor.entry_point
 
-    def _pin(self, i: int, direction: str) -> KernelPin:
+    def _pin(self, i: int | str, direction: str) -> KernelPin:
         params = self.descriptor.parameters
+        if isinstance(i, str):
+            try:
+                i = self.descriptor.param_index(i)
+            except KeyError:
+                raise self._builder._error(
+                    f"'{self.entry_point}' has no parameter '{i}' (it has {', '.join(p.name for p in params)})"
+                ) from None
         if not 0 <= i < len(params):
             raise self._builder._error(
                 f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}"
@@ -86,12 +94,12 @@ class KernelHandle:
             )
         return KernelPin(self, i, direction)
 
-    def in_(self, i: int) -> KernelPin:
-        """Input pin for parameter ``i`` (a read pointer or a by-value scalar)."""
+    def in_(self, i: int | str) -> KernelPin:
+        """Input pin for parameter ``i`` (index or name; a read pointer or a by-value scalar)."""
         return self._pin(i, "in")
 
-    def out(self, i: int) -> KernelPin:
-        """Output pin for parameter ``i`` (a written pointer)."""
+    def out(self, i: int | str) -> KernelPin:
+        """Output pin for parameter ``i`` (index or name; a written pointer)."""
         return self._pin(i, "out")
 
     def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
@@ -107,7 +115,7 @@ class KernelHandle:
             self.set_count(count_param, rule)
         return self
 
-    def set_count(self, param: int, rule: SizeRule | int) -> KernelHandle:
+    def set_count(self, param: int | str, rule: SizeRule | int) -> KernelHandle:
         """Fill integer parameter ``param`` with a resolved element count (a size, a capacity)."""
         pin = self.in_(param)
         if pin.param.is_pointer or pin.param.dtype not in (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64):
@@ -116,11 +124,41 @@ class KernelHandle:
                 "must be an integer to hold a count"
             )
         self._builder._bind(pin, "count")
-        self._counts.append((param, fixed(rule) if isinstance(rule, int) else rule))
+        self._counts.append((pin.index, fixed(rule) if isinstance(rule, int) else rule))
         return self
 
-    def spec(self) -> KernelSpec:
+    def spec(self) -> KernelSpec | CapturedSpec:
         return KernelSpec(source=self.source, descriptor=self.descriptor, grid=self._grid, counts=tuple(self._counts))
+
+
+class CapturedHandle(KernelHandle):
+    """A captured library call added to a builder (``BlockBuilder.add_captured``). Pins, by index or
+    by parameter name, bind ports, scalars and counts as for kernels; there is no grid."""
+
+    def __init__(
+        self,
+        builder: BlockBuilder,
+        index: int,
+        call: CallFunction,
+        descriptor: CallDescriptor,
+        prepare: PrepareFunction | None,
+        validate: ValidateFunction | None,
+    ) -> None:
+        self._builder = builder
+        self.index = index
+        self.source = None  # type: ignore[assignment]
+        self.call = call
+        self.descriptor = descriptor
+        self.prepare = prepare
+        self.validate = validate
+        self._grid = None
+        self._counts = []
+
+    def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
+        raise self._builder._error(f"'{self.entry_point}' is a captured library call: it has no grid")
+
+    def spec(self) -> CapturedSpec:
+        return CapturedSpec(self.call, self.descriptor, tuple(self._counts), self.prepare, self.validate)
 
 
 class BlockBuilder:
@@ -145,6 +183,7 @@ class BlockBuilder:
         self._params: list[ParamSpec] = []
         self._links: list[InternalLink] = []
         self._bound: dict[PinRef, str] = {}
+        self._shape_params: set[str] = set()  # parameters a captured call's validate reads
         self._committed: BlockDescription | None = None
 
     def _error(self, message: str) -> CudapatchError:
@@ -187,6 +226,34 @@ class BlockBuilder:
                 exc.block = self.block_name
             raise
         self._kernels.append(handle)
+        return handle
+
+    def add_captured(
+        self,
+        fn: CallFunction,
+        descriptor: CallDescriptor,
+        *,
+        prepare: PrepareFunction | None = None,
+        validate: ValidateFunction | None = None,
+        shape_params: tuple[str, ...] = (),
+    ) -> CapturedHandle:
+        """Add a library call, captured into the graph as a child-graph node.
+
+        ``fn(stream, pointers, scalars, libs)`` issues the calls (several calls in one function are
+        captured as one node: a chain). ``prepare`` runs outside capture before each capture;
+        ``validate(counts, values)`` checks input shapes when the graph is planned; the block's
+        parameters named in ``shape_params`` (the sizes ``validate`` reads) become structural, so a
+        change is checked again before it reaches the library. Kernels and
+        captured calls of a block run in the order they were added where they share buffers.
+        See ``cudapatch.blocks.captured``.
+        """
+        if not isinstance(descriptor, CallDescriptor):
+            raise self._error("add_captured needs a CallDescriptor (CallDescriptor.of(name, *params))")
+        if not callable(fn):
+            raise self._error(f"add_captured('{descriptor.entry_point}'): the call must be a function")
+        handle = CapturedHandle(self, len(self._kernels), fn, descriptor, prepare, validate)
+        self._kernels.append(handle)
+        self._shape_params.update(shape_params)
         return handle
 
     def input(self, name: str, *pins: KernelPin, required: bool = True, description: str = "") -> str:
@@ -365,16 +432,20 @@ class BlockBuilder:
         inputs = {p.name for p in self._inputs}
         params = {p.name: p for p in self._params}
         structural: set[str] = set()
+        for name in sorted(self._shape_params):
+            if name not in params:
+                raise self._error(f"shape parameter '{name}' of a captured call is not a parameter of the block")
+            structural.add(name)
         for what, rule in rules:
             if rule.like is not None and rule.like not in inputs:
                 raise self._error(f"{what}: size rule refers to unknown input '{rule.like}'")
-            if rule.param is not None:
-                ps = params.get(rule.param)
+            for name in rule.params:
+                ps = params.get(name)
                 if ps is None:
-                    raise self._error(f"{what}: size rule refers to unknown parameter '{rule.param}'")
-                if ps.dtype.base.kind not in "iu" or ps.dtype.lanes != 1:
-                    raise self._error(f"{what}: size parameter '{rule.param}' must be an integer")
-                structural.add(rule.param)
+                    raise self._error(f"{what}: size rule refers to unknown parameter '{name}'")
+                if ps.dtype is None or ps.dtype.base.kind not in "iu" or ps.dtype.lanes != 1:
+                    raise self._error(f"{what}: size parameter '{name}' must be an integer")
+                structural.add(name)
         for k in self._kernels:
             for i, p in enumerate(k.descriptor.parameters):
                 if PinRef(k.index, i) not in self._bound:

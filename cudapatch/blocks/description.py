@@ -7,13 +7,17 @@ Kernels and pins are referred to by their index in the block, not by handle obje
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, NamedTuple, Union
+from typing import TYPE_CHECKING, Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+
+if TYPE_CHECKING:
+    from .captured import CapturedSpec
 
 __all__ = [
     "PinRef",
@@ -21,6 +25,7 @@ __all__ = [
     "like",
     "from_param",
     "fixed",
+    "computed",
     "KernelSpec",
     "PortSpec",
     "ParamSpec",
@@ -46,9 +51,14 @@ class PinRef(NamedTuple):
 class SizeRule:
     """How an element count is found: like an input port, from a scalar parameter, or fixed.
 
-    Exactly one field is set. The count ``n`` becomes ``n // divide * scale + extra``: ``scale``
-    for several elements per item (3 floats per particle), ``extra`` for a header in front,
-    ``divide`` to get items back from a buffer that holds several elements per item.
+    Exactly one of ``like``, ``param``, ``fixed`` is set, or ``fn`` (with ``like`` optional). The
+    count ``n`` becomes ``n // divide * scale + extra``: ``scale`` for several elements per item
+    (3 floats per particle), ``extra`` for a header in front, ``divide`` to get items back from a
+    buffer that holds several elements per item.
+
+    ``fn`` computes ``n`` from several values: ``fn(count, params)`` with the element count of
+    input ``like`` (None without one) and ``{name: int value}`` of the parameters in ``uses``
+    (which become structural). Use a module-level function: the rule compares by identity.
     """
 
     like: str | None = None
@@ -57,14 +67,39 @@ class SizeRule:
     scale: int = 1
     extra: int = 0
     divide: int = 1
+    fn: Callable[[int | None, Mapping[str, int]], int] | None = None
+    uses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.like, self.param, self.fixed)) != 1:
+        if self.fn is not None:
+            if self.param is not None or self.fixed is not None:
+                raise ValueError("a computed SizeRule takes like= and uses=, not param= or fixed=")
+        elif sum(x is not None for x in (self.like, self.param, self.fixed)) != 1:
             raise ValueError("a SizeRule needs exactly one of like=, param=, fixed=")
         if self.divide < 1:
             raise ValueError("a SizeRule's divide must be at least 1")
 
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The scalar parameters this rule reads (they are structural)."""
+        return self.uses if self.fn is not None else ((self.param,) if self.param is not None else ())
+
+    def resolve(self, like_count: int | None, values: Mapping[str, object]) -> int:
+        """The element count, given the ``like`` input's count and the block's parameter values."""
+        if self.fn is not None:
+            n = int(self.fn(like_count, {p: int(values[p]) for p in self.uses}))  # type: ignore[call-overload]
+        elif self.like is not None:
+            n = int(like_count or 0)
+        elif self.param is not None:
+            n = int(values[self.param])  # type: ignore[call-overload]
+        else:
+            n = int(self.fixed)  # type: ignore[arg-type]
+        return max(0, n // self.divide * self.scale + self.extra)
+
     def __str__(self) -> str:
+        if self.fn is not None:
+            args = ", ".join(([f"like '{self.like}'"] if self.like else []) + [f"'{p}'" for p in self.uses])
+            return f"{getattr(self.fn, '__name__', 'computed')}({args})"
         base = f"like '{self.like}'" if self.like else (f"parameter '{self.param}'" if self.param else str(self.fixed))
         base = base if self.divide == 1 else f"{base} / {self.divide}"
         base = base if self.scale == 1 else f"{base} x{self.scale}"
@@ -80,6 +115,12 @@ def from_param(name: str, scale: int = 1, extra: int = 0) -> SizeRule:
     """Element count taken from scalar parameter ``name`` (which becomes structural), times
     ``scale``, plus ``extra``."""
     return SizeRule(param=name, scale=scale, extra=extra)
+
+
+def computed(fn: Callable[[int | None, Mapping[str, int]], int], *params: str, like: str | None = None) -> SizeRule:
+    """An element count computed by ``fn(count of input like (or None), {param: value})`` from
+    several parameters (which become structural), e.g. ``computed(rows_times_cols, "M", "N")``."""
+    return SizeRule(like=like, fn=fn, uses=tuple(params))
 
 
 def fixed(count: int) -> SizeRule:
@@ -186,7 +227,7 @@ class BlockDescription:
     """What a block is, as data: compared structurally to decide whether the graph must be rebuilt."""
 
     type_name: str
-    kernels: tuple[KernelSpec, ...]
+    kernels: tuple[KernelSpec | CapturedSpec, ...]  # in the order the block added them
     inputs: tuple[PortSpec, ...]
     outputs: tuple[PortSpec, ...]
     params: tuple[ParamSpec, ...]

@@ -19,7 +19,19 @@ from ..kernels.types import DType
 from .connections import Link
 from .context import PatchSnapshot
 from .diagnostics import Diagnostic, Severity
-from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, NodePlan, Slot, StampNodePlan, TimingPair
+from .plan import (
+    Arg,
+    BufferPlan,
+    CapturedNodePlan,
+    GraphPlan,
+    KernelNodePlan,
+    MemsetNodePlan,
+    NodePlan,
+    Slot,
+    StampNodePlan,
+    TimingPair,
+    WorkNode,
+)
 from .profiling import ProfilingLevel
 
 __all__ = ["compile_plan"]
@@ -138,7 +150,7 @@ def compile_plan(
 
     buffers: list[BufferPlan] = []
     counters: list[tuple[int, str]] = []
-    nodes: list[KernelNodePlan] = []
+    nodes: list[KernelNodePlan | CapturedNodePlan | MemsetNodePlan] = []
     outputs: dict[tuple[int, str], int] = {}
     appends: dict[tuple[int, str], tuple[int, int]] = {}
     out_sources: dict[tuple[int, str], _Source] = {}
@@ -195,19 +207,30 @@ def compile_plan(
                 if status is not None:
                     severity, code, skip_reason = status
                     break
+        if skip_reason is None:
+            for ks in d.kernels:
+                check = getattr(ks, "validate", None)  # a captured call checks its input shapes
+                if check is not None:
+                    problem = check({name: src.count for name, src in sources.items()}, b.values)
+                    if problem:
+                        severity, code = "error", "library-shape"
+                        skip_reason = f"'{ks.descriptor.entry_point}': {problem}"
+                        break
         if skip_reason is not None:
             warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
             skipped.add(bid)
             continue
 
         def resolve(rule: SizeRule, _sources: dict[str, _Source] = sources, _b=b) -> int:
-            if rule.like is not None:
-                n = _sources[rule.like].count
-            elif rule.param is not None:
-                n = int(_b.values[rule.param])
-            else:
-                n = int(rule.fixed)  # type: ignore[arg-type]
-            return max(0, n // rule.divide * rule.scale + rule.extra)
+            if rule.fn is None:  # the common rules inline: a rebuild resolves thousands
+                if rule.like is not None:
+                    n = _sources[rule.like].count
+                elif rule.param is not None:
+                    n = int(_b.values[rule.param])
+                else:
+                    n = int(rule.fixed)  # type: ignore[arg-type]
+                return max(0, n // rule.divide * rule.scale + rule.extra)
+            return rule.resolve(_sources[rule.like].count if rule.like is not None else None, _b.values)
 
         port_buf: dict[str, int] = {}
         port_counter: dict[str, int] = {}
@@ -253,6 +276,7 @@ def compile_plan(
             reads: list[object] = []
             writes: list[object] = []
             groups = desc.groups
+            device_scalars = getattr(desc, "device_scalars", ())
             for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=True)):
                 si = len(args)  # slot index of this parameter's value (its "data" slot for ABI arrays)
                 count = 0  # element count behind a pointer, for ABI expansions
@@ -261,7 +285,8 @@ def compile_plan(
                     continue
                 if role == "scalar":
                     key = (bid, ref)
-                    args.append(_new(Arg, ("scalar", p.dtype, False, key, values[ref])))  # type: ignore[index]
+                    kind = "device" if ks.grid is None and p.name in device_scalars else "scalar"
+                    args.append(_new(Arg, (kind, p.dtype, False, key, values[ref])))  # type: ignore[index]
                     scalar_slots.setdefault(key, []).append((node_index, si))  # type: ignore[arg-type]
                     continue
                 res: object = None
@@ -320,6 +345,10 @@ def compile_plan(
                 last_writer[w] = node_index
                 readers[w] = set()
             deps.discard(node_index)
+            block_nodes.setdefault(bid, []).append(node_index)
+            if ks.source is None:  # a captured library call: a child-graph node
+                nodes.append(_new(CapturedNodePlan, (node_index, bid, ki, ks, desc, tuple(args), tuple(sorted(deps)))))
+                continue
             n_elems = resolve(ks.grid) if ks.grid is not None else 1
             grid = max(1, -(-n_elems // desc.block_size))
             nodes.append(
@@ -339,7 +368,6 @@ def compile_plan(
                     ),
                 )
             )
-            block_nodes.setdefault(bid, []).append(node_index)
 
     all_nodes: list[NodePlan] = list(nodes)
     if counters:
@@ -405,9 +433,9 @@ def _place_stamps(
     remap: dict[int, int] = {}
     pairs: list[TimingPair] = [TimingPair("graph", None, 0, 1)]
     stamps = 2
-    runs: dict[int, list[KernelNodePlan]] = {}
+    runs: dict[int, list[KernelNodePlan | CapturedNodePlan]] = {}
     for n in nodes:
-        if isinstance(n, KernelNodePlan):
+        if isinstance(n, WorkNode):
             runs.setdefault(n.block_id, []).append(n)
     left: dict[int, int] = {}
     block_end: dict[int, int] = {}
@@ -417,7 +445,7 @@ def _place_stamps(
         out.append(StampNodePlan(len(out), stamp, tuple(sorted(set(deps)))))
 
     for n in nodes:
-        kernel = isinstance(n, KernelNodePlan)
+        kernel = isinstance(n, WorkNode)
         if kernel and per_block and n.block_id not in left:  # the first kernel of its block
             members = {m.index for m in runs[n.block_id]}
             outside = tuple(remap[d] for m in runs[n.block_id] for d in m.deps if d not in members)

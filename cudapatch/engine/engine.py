@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from ..blocks.block import Block, BlockState
-from ..errors import BindingError, CudaError, CudaLaunchError, CudapatchError, GraphCompileError, KernelLoadError
+from ..errors import (
+    BindingError,
+    CudaError,
+    CudaLaunchError,
+    CudapatchError,
+    GraphCompileError,
+    KernelLoadError,
+    LibraryCallError,
+)
 from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
@@ -29,8 +37,9 @@ from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .compiler import compile_plan
 from .context import Context, ExternalBinding
 from .device import DeviceContext
-from .diagnostics import Diagnostic, DiagnosticLog
+from .diagnostics import Diagnostic, DiagnosticLog, Severity
 from .kernels import KernelOutcome, KernelTracker
+from .libraries import LibraryHandles
 from .plan import GraphPlan
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .realize import CompiledGraph, realize
@@ -39,6 +48,12 @@ from .recovery import abandon_context_state, recover
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
 log = logging.getLogger("cudapatch.engine")
+
+
+def _frozen_values(block: Block, snap: Any = None) -> tuple:
+    """What a failed library call was tried with: the block's parameter values and description."""
+    return (tuple(sorted((k, repr(v)) for k, v in dict(block.values).items())), block.description)
+
 
 LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
 APPEND_FULL = 0.95  # warn when an append output is this full
@@ -66,6 +81,7 @@ class EngineCounters:
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
+    recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
     faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
 
@@ -110,6 +126,8 @@ class Engine:
         self.device = DeviceContext(device)
         self.name = name
         self.pool = BufferPool(self.device.make_current)
+        #: cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls.
+        self.libraries = LibraryHandles(self.device, self.pool)
         self.modules = ModuleCache(device_key=self.device.key)
         self.kernel_cache = CubinCache(cache_dir)
         builder = KernelBuilder(
@@ -139,6 +157,9 @@ class Engine:
         self._frame_hooks: tuple[Any, ...] = ()
         self.debug_launch = debug_launch
         self._faulted: dict[int, str] = {}  # blocks whose kernels faulted on the GPU -> message
+        # Blocks whose library call failed to capture: id -> (kernel index, parameter values then, message).
+        # Left out of the graph until their parameters or inputs change.
+        self._call_failures: dict[int, tuple[int, tuple, str]] = {}
         self._fault_diags: tuple[Diagnostic, ...] = ()
         self._lost: str | None = None  # set when CUDA refuses to continue after a fault
         self._closed = False
@@ -147,6 +168,7 @@ class Engine:
     # -- patch editing (cheap: only marks dirty) ---------------------------------------------------
     def add(self, block: Block) -> Block:
         """Register ``block`` with this engine (Cold on the next update). Returns it."""
+        self._call_failures.clear()  # an edit may fix a failed library call: try again
         return self.context.register_block(block)
 
     def remove(self, block: Block) -> None:
@@ -154,6 +176,7 @@ class Engine:
         for key in [k for k in self._owned if k[0] == block.id]:
             self._owned.pop(key).close()
         self._faulted.pop(block.id, None)
+        self._call_failures.clear()  # an edit may fix a failed library call: try again
         self.context.unregister_block(block)
 
     def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
@@ -162,10 +185,12 @@ class Engine:
         Raises:
             LinkError: unknown port, incompatible pins, a cycle, or a block of another engine.
         """
+        self._call_failures.clear()  # an edit may fix a failed library call: try again
         self.context.connect(src, src_port, dst, dst_port)
 
     def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
         """Remove a link (Cold on the next update); returns whether it existed."""
+        self._call_failures.clear()  # an edit may fix a failed library call: try again
         return self.context.disconnect(src, src_port, dst, dst_port)
 
     def bind(self, block: Block, port: str, array: Any, *, dtype: DType | None = None) -> None:
@@ -190,6 +215,7 @@ class Engine:
             binding = binding_from_cai(array, want, block.name, port)
         else:
             binding = upload_host_array(array, want, self._owned, (block.id, port), self.pool, self._stream, block.name)
+        self._call_failures.clear()  # an edit may fix a failed library call: try again
         self.context.bind_input(block, port, binding)
 
     def add_frame_hook(self, hook: Any) -> None:
@@ -306,12 +332,30 @@ class Engine:
         params, bindings = dirty.params, dirty.bindings
         dirty.params, dirty.bindings, dirty.any = {}, {}, False
         c = self.counters
+        before = g.recaptures
         if params:
             c.nodes_patched += g.update_scalars(params)
             c.hot_updates += len(params)
         if bindings:
             c.nodes_patched += g.update_bindings(bindings)
             c.warm_updates += len(bindings)
+        if g.recaptures != before or g.call_errors or g.stale:
+            self._after_recapture(g, before)
+
+    def _after_recapture(self, g: CompiledGraph, before: int) -> None:
+        """Recapture tier bookkeeping: count, put failed calls on their blocks (their previous capture
+        keeps running), and rebuild when a new capture cannot replace the old in place."""
+        self.counters.recaptures += g.recaptures - before
+        if g.stale:  # another algorithm for the new arguments: only a new graph can hold it
+            g.stale = False
+            self._dirty.mark_structure()
+        keep = tuple(d for d in self._build_diags if d.code != "library-call")
+        errors = tuple(
+            Diagnostic("error", bid, "library-call", f"{exc} (the previous capture keeps running)")
+            for bid, exc in g.call_errors.items()
+        )
+        if errors or len(keep) != len(self._build_diags):
+            self._set_diagnostics(keep + errors)
 
     def _apply_compiles(self, outcomes: list[KernelOutcome]) -> None:
         """Code tier: swap finished kernels into the running graph; rebuild where that cannot be done."""
@@ -404,6 +448,7 @@ class Engine:
                 self._dirty._recompute()
                 timing.tier = "deferred"
                 return True
+        status = self._with_call_failures(snap, status)
         try:
             plan = compile_plan(snap, status, self.profiling, self._faulted)
             timing.compile_ms = (time.perf_counter() - t0) * 1e3
@@ -442,7 +487,18 @@ class Engine:
                 previous=self._graph,
                 occupancy=self.profiling.at_least(ProfilingLevel.DEEP_ASYNC),
                 stamp_function=self._stamp_function,
+                libraries=self.libraries,
             )
+        except LibraryCallError as exc:
+            block = self.context.registry.by_name(exc.block) if exc.block else None
+            if block is not None and block.id not in self._call_failures:
+                # Leave that block (and what depends on it) out, and build the rest.
+                ki = next((i for i, k in enumerate(block.description.kernels) if k.source is None), 0)
+                self._call_failures[block.id] = (ki, _frozen_values(block), str(exc))
+                return self._rebuild()
+            self.counters.failed_rebuilds += 1
+            self._set_diagnostics((Diagnostic("error", block.id if block else None, "library-call", str(exc)),))
+            return False
         except (KernelLoadError, CudaError) as exc:
             self.counters.failed_rebuilds += 1
             block = self.context.registry.by_name(exc.block) if exc.block else None
@@ -458,6 +514,23 @@ class Engine:
         self._finish_build(graph, plan)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - t0) * 1e3
         return True
+
+    def _with_call_failures(
+        self, snap: Any, status: dict[tuple[int, int], tuple[Severity, str, str]]
+    ) -> dict[tuple[int, int], tuple[Severity, str, str]]:
+        """Add blocks whose library call failed to capture to the compile status (they stay out of the
+        graph); a block whose parameters or inputs changed since gets another try."""
+        if not self._call_failures:
+            return status
+        blocks = {b.id: b for b in snap.blocks}
+        status = dict(status)
+        for bid, (ki, values, message) in list(self._call_failures.items()):
+            b = blocks.get(bid)
+            if b is None or _frozen_values(b, snap) != values:
+                del self._call_failures[bid]
+                continue
+            status[(bid, ki)] = ("error", "library-call", message)
+        return status
 
     def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
         self._dirty.clear_structure()
@@ -523,6 +596,10 @@ class Engine:
                 else:
                     still.append(g)
             self._retired = still
+        if not self._retired and self.libraries.scope_count:  # no old graph runs: free unused call scopes
+            g = self._graph
+            live = {(n.block_id, n.kernel) for n in g.plan.captured_nodes} if g is not None else set()
+            self.libraries.keep_only(live)
 
     # -- reading results ----------------------------------------------------------------------------
     @property
@@ -732,6 +809,7 @@ class Engine:
                 buf.close()
             self._owned.clear()
             self.kernels.close()
+            self.libraries.close()
             self.modules.close()
             self.pool.close()
             self.device.close()

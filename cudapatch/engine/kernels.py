@@ -159,6 +159,8 @@ class KernelTracker:
         live: set[Key] = set()
         for b in snap.blocks:
             for ki, spec in enumerate(b.description.kernels):
+                if spec.source is None:  # a captured library call: nothing to compile
+                    continue
                 key = (b.id, ki)
                 live.add(key)
                 slot = self._slot(key, spec.source, b.name)

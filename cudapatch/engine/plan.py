@@ -22,6 +22,7 @@ from .profiling import ProfilingLevel
 __all__ = [
     "Arg",
     "BufferPlan",
+    "CapturedNodePlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -31,7 +32,7 @@ __all__ = [
     "TimingPair",
 ]
 
-ArgKind = Literal["buffer", "external", "scalar", "const", "counter", "null"]
+ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null"]
 
 
 class Arg(NamedTuple):
@@ -39,7 +40,8 @@ class Arg(NamedTuple):
 
     Attributes:
         kind: ``buffer`` (a planned buffer), ``external`` (a user binding), ``scalar`` (a block parameter),
-            ``const`` (a resolved count), ``counter`` (an append counter slot), ``null`` (optional input unbound).
+            ``device`` (a block parameter a captured call reads from device memory), ``const`` (a resolved
+            count), ``counter`` (an append counter slot), ``null`` (optional input unbound).
         dtype: Value type (pointee type for pointers).
         is_pointer: Whether the parameter is a device pointer.
         ref: Buffer index, counter index, ``(block_id, port)`` binding key or ``(block_id, param)`` key.
@@ -83,6 +85,23 @@ class KernelNodePlan(NamedTuple):
         return self.descriptor.entry_point
 
 
+class CapturedNodePlan(NamedTuple):
+    """A captured library call: realized as a child-graph node holding what ``spec.call`` issued
+    during stream capture. ``args`` follow ``descriptor.parameters`` one to one."""
+
+    index: int
+    block_id: int
+    kernel: int
+    spec: object  # the CapturedSpec (kept opaque: the plan module does not import blocks)
+    descriptor: KernelDescriptor
+    args: tuple[Arg, ...]
+    deps: tuple[int, ...]
+
+    @property
+    def entry_point(self) -> str:
+        return self.descriptor.entry_point
+
+
 class MemsetNodePlan(NamedTuple):
     """Zeroes ``count`` uint32 append counters at the start of each launch, or, with ``buffer``
     set, that planned buffer (the outputs of a block that faulted on the GPU read as zeros)."""
@@ -115,7 +134,8 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, MemsetNodePlan, StampNodePlan]
+NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan]
+WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
 
@@ -159,6 +179,10 @@ class GraphPlan:
         return tuple(n for n in self.nodes if isinstance(n, KernelNodePlan))
 
     @property
+    def captured_nodes(self) -> tuple[CapturedNodePlan, ...]:
+        return tuple(n for n in self.nodes if isinstance(n, CapturedNodePlan))
+
+    @property
     def total_buffer_bytes(self) -> int:
         return sum(b.count * b.dtype.itemsize for b in self.buffers)
 
@@ -171,6 +195,8 @@ class GraphPlan:
                 lines.append(f"  [{n.index}] memset {what}")
             elif isinstance(n, StampNodePlan):
                 lines.append(f"  [{n.index}] stamp {n.stamp} deps={list(n.deps)}")
+            elif isinstance(n, CapturedNodePlan):
+                lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:
                 lines.append(
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"

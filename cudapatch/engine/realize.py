@@ -16,13 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..blocks.parameter import BlockParameter
-from ..errors import CudaLaunchError, CudapatchError, KernelLoadError
+from ..errors import CudaLaunchError, CudapatchError, KernelLoadError, LibraryCallError
 from ..kernels._driver import check, driver, error_from_code
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
+from .capture import capture_call, destroy_graph
 from .context import ExternalBinding
 from .device import DeviceContext
-from .plan import Arg, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan
+from .libraries import LibraryHandles
+from .plan import Arg, CapturedNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan
 from .readback import ReadbackRing
 
 __all__ = ["CompiledGraph", "realize"]
@@ -102,6 +104,131 @@ class _Node:
         self.plan = plan
 
 
+class _DeviceSlot:
+    """A device scalar of a captured call (cuBLAS ``alpha``): a pinned host slot and its device copy.
+    Writing ``value`` stores it in the pinned slot and enqueues an 8-byte copy on the engine stream,
+    ordered after the frames already launched and before the next: a Warm update, no re-capture."""
+
+    __slots__ = ("view", "host", "device", "nbytes", "stream")
+
+    def __init__(self, view: Any, host: int, device: int, nbytes: int, stream: Any) -> None:
+        self.view, self.host, self.device, self.nbytes, self.stream = view, host, device, nbytes, stream
+
+    @property
+    def value(self) -> Any:
+        return tuple(self.view) if isinstance(self.view, ctypes.Array) else self.view.value
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        self.view.value = v
+        self._copy()
+
+    def __setitem__(self, key: Any, v: Any) -> None:  # vector values (``_write`` assigns slices)
+        self.view[key] = v
+        self._copy()
+
+    def _copy(self) -> None:
+        (err,) = driver().cuMemcpyHtoDAsync(self.device, self.host, self.nbytes, self.stream)
+        if err:
+            check((err,), "cuMemcpyHtoDAsync")
+
+
+class _CallArg:
+    """A host-side argument of a captured call: writing it marks the call for re-capture."""
+
+    __slots__ = ("call", "index")
+
+    def __init__(self, call: _Captured, index: int) -> None:
+        self.call, self.index = call, index
+
+    @property
+    def value(self) -> Any:
+        return self.call.values[self.index]
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        if self.call.values[self.index] != v:
+            self.call.values[self.index] = v
+            self.call.dirty = True
+
+    def __setitem__(self, key: Any, v: Any) -> None:
+        self.value = tuple(v)
+
+
+class _Captured:
+    """A captured library call in one executable graph: its child-graph node, the argument values it
+    was captured with, and the captured graph itself (kept for fault replay).
+
+    ``params`` is None: the commit step tells it from a kernel node by that."""
+
+    __slots__ = ("plan", "handle", "values", "slots", "child", "dirty", "block_name", "params", "_device", "_replay")
+
+    def __init__(self, plan: CapturedNodePlan, values: list[Any], block_name: str | None) -> None:
+        self.plan = plan
+        self.values = values
+        self.block_name = block_name
+        self.handle: Any = None
+        self.child: Any = None
+        self.dirty = False
+        self.params = None
+        self._replay: Any = None  # an executable of ``child`` alone, for node-by-node replay
+        self._device: dict[int, _DeviceSlot] = {}
+        self.slots: list[Any] = []
+
+    def bind_slots(self, device_slots: dict[int, _DeviceSlot]) -> None:
+        self._device = device_slots
+        self.slots = [device_slots.get(i) or _CallArg(self, i) for i in range(len(self.values))]
+
+    def arguments(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """``(pointers, scalars)`` for the call function, by parameter name."""
+        pointers: dict[str, int] = {}
+        scalars: dict[str, Any] = dict(getattr(self.plan.descriptor, "constants", ()))
+        for i, (p, v) in enumerate(zip(self.plan.descriptor.parameters, self.values, strict=True)):
+            if p.is_pointer:
+                pointers[p.name] = int(v)
+            elif i in self._device:
+                pointers[p.name] = self._device[i].device
+            else:
+                scalars[p.name] = v
+        return pointers, scalars
+
+    def capture(self, libraries: LibraryHandles) -> Any:
+        """Capture the call with the current values; returns the new ``CUgraph``.
+
+        Raises:
+            LibraryCallError: the call failed or cannot be captured; CudaError: a driver call failed.
+        """
+        pointers, scalars = self.arguments()
+        return capture_call(self.plan, pointers, scalars, libraries, self.block_name)
+
+    def launch_alone(self, stream: Any) -> Any:
+        """Launch the captured work by itself (fault replay); returns the driver's error code."""
+        d = driver()
+        if self._replay is None:
+            err, ex = d.cuGraphInstantiate(self.child, 0)
+            if err:
+                return err
+            self._replay = ex
+        return d.cuGraphLaunch(self._replay, stream)[0]
+
+    def replace_child(self, child: Any) -> None:
+        """Keep ``child`` as the captured graph, destroying the previous one."""
+        self.release()
+        self.child = child
+
+    def release(self) -> None:
+        """Destroy the captured graph and its replay executable (errors ignored: teardown)."""
+        if self._replay is not None:
+            try:
+                driver().cuGraphExecDestroy(self._replay)
+            except Exception:
+                pass
+            self._replay = None
+        if self.child is not None:
+            destroy_graph(self.child)
+            self.child = None
+
+
 def _write(slot: Any, value: Any) -> None:
     if type(value) is tuple:
         slot[:] = value
@@ -145,10 +272,19 @@ class CompiledGraph:
         previous: CompiledGraph | None = None,
         occupancy: bool = False,
         stamp_function: Any = None,
+        libraries: LibraryHandles | None = None,
     ) -> None:
         d = driver()
         device.make_current()
         self.plan = plan
+        self._libraries = libraries
+        #: Re-captures done by Hot/Warm updates and in-place resizes (the Recapture tier).
+        self.recaptures = 0
+        #: Block id -> the error of its last failed re-capture (the previous capture keeps running).
+        self.call_errors: dict[int, LibraryCallError] = {}
+        #: True when a re-capture changed the call's graph topology: only a Cold rebuild can apply it.
+        self.stale = False
+        self._scalar_host = 0  # pinned mirror of the device scalars
         self._device = device
         self._closed = False
         self._retire_event: Any = None
@@ -158,7 +294,7 @@ class CompiledGraph:
         self.counters: GpuBuffer | None = None
         self.readback: ReadbackRing | None = None
         self.appends: dict[tuple[int, str], AppendBuffer] = {}
-        self._nodes: list[_Node | None] = []
+        self._nodes: list[_Node | _Captured | None] = []
         self._graph: Any = None
         self._exec: Any = None
         self.occupancy: dict[tuple[int, int], float] = {}
@@ -172,7 +308,7 @@ class CompiledGraph:
             for bp, buf in zip(previous.plan.buffers, previous.buffers, strict=True):
                 prev_buffers[(bp.block_id, bp.label)] = buf
             for n in previous._nodes:
-                if n is not None:
+                if isinstance(n, _Node):
                     prev_stores[(n.plan.block_id, n.plan.kernel)] = n.store
         saved: list[tuple[_ParamStorage, Any]] = []
         t0 = time.perf_counter()
@@ -198,6 +334,7 @@ class CompiledGraph:
                 self.readback = ReadbackRing(self.counters.ptr, n_counters, stamps=n_stamps)
                 for key, (bi, ci) in plan.appends.items():
                     self.appends[key] = AppendBuffer(self.buffers[bi], counters_ptr + 4 * ci, ci, self.readback)
+            device_slots = self._device_scalars(plan, pool, device)
             t1 = time.perf_counter()
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
@@ -218,6 +355,22 @@ class CompiledGraph:
                         d.cuGraphAddMemsetNode(self._graph, deps, len(deps), mp, device.context), "cuGraphAddMemsetNode"
                     )
                     self._nodes.append(None)
+                elif isinstance(node, CapturedNodePlan):
+                    if libraries is None:
+                        raise LibraryCallError(
+                            "library calls need the engine's library handles", block=names.get(node.block_id)
+                        )
+                    call = _Captured(node, [self._arg_value(a, bindings) for a in node.args], names.get(node.block_id))
+                    call.bind_slots(device_slots.get(node.index, {}))
+                    call.child = call.capture(libraries)
+                    self._nodes.append(call)  # the teardown destroys its child graph from here on
+                    h = check(
+                        d.cuGraphAddChildGraphNode(self._graph, deps, len(deps), call.child),
+                        "cuGraphAddChildGraphNode",
+                        block=names.get(node.block_id),
+                        kernel=node.entry_point,
+                    )
+                    call.handle = h
                 elif isinstance(node, StampNodePlan):
                     h = check(
                         d.cuGraphAddKernelNode(self._graph, deps, len(deps), self._stamp_params(node, stamp_function)),
@@ -262,7 +415,7 @@ class CompiledGraph:
             raise
         self._by_kernel: dict[tuple[int, int], list[_Node]] = {}
         for n in self._nodes:
-            if n is not None:
+            if isinstance(n, _Node):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
         self._scalar_targets = self._targets(plan.scalar_slots)
@@ -287,6 +440,45 @@ class CompiledGraph:
     def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
         nodes = self._nodes
         return {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
+
+    def _device_scalars(self, plan: GraphPlan, pool: BufferPool, device: DeviceContext) -> dict[int, dict[int, Any]]:
+        """Device memory for the device scalars of captured calls: one 8-byte slot per parameter of a
+        block, a pinned host mirror, and one copy of the initial values on the engine stream.
+        Returns node index -> argument index -> ``_DeviceSlot``."""
+        keys: dict[tuple[int, str], int] = {}
+        for node in plan.nodes:
+            if isinstance(node, CapturedNodePlan):
+                for a in node.args:
+                    if a.kind == "device" and a.ref not in keys:
+                        keys[a.ref] = len(keys)  # type: ignore[index]
+        if not keys:
+            return {}
+        d = driver()
+        buf = GpuBuffer(pool, DType.UINT64, len(keys), stream=device.stream)
+        self._owned.append(buf)
+        nbytes = 8 * len(keys)
+        self._scalar_host = host = int(check(d.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
+        ctypes.memset(host, 0, nbytes)
+        slots: dict[tuple[int, str], _DeviceSlot] = {}
+        out: dict[int, dict[int, Any]] = {}
+        for node in plan.nodes:
+            if not isinstance(node, CapturedNodePlan):
+                continue
+            for ai, a in enumerate(node.args):
+                if a.kind != "device":
+                    continue
+                slot = slots.get(a.ref)  # type: ignore[arg-type]
+                if slot is None:
+                    off = 8 * keys[a.ref]  # type: ignore[index]
+                    dt = a.dtype
+                    ctype = dt.ctype if dt.lanes == 1 else dt.ctype * dt.lanes
+                    view = ctype.from_address(host + off)
+                    _write(view, a.value)
+                    slot = _DeviceSlot(view, host + off, buf.ptr + off, min(dt.itemsize, 8), device.stream)
+                    slots[a.ref] = slot  # type: ignore[index]
+                out.setdefault(node.index, {})[ai] = slot
+        check(d.cuMemcpyHtoDAsync(buf.ptr, host, nbytes, device.stream), "cuMemcpyHtoDAsync")
+        return out
 
     def _arg_value(self, a: Arg, bindings: dict[tuple[int, str], ExternalBinding]) -> Any:
         if a.kind == "buffer":
@@ -319,9 +511,47 @@ class CompiledGraph:
     def _commit(self, touched: Any) -> None:
         set_params, exec_ = self._set_params, self._exec
         for kn in touched:
+            if kn.params is None:  # a captured call: re-capture if a host-side argument changed
+                if kn.dirty:
+                    self._recapture(kn)
+                continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+
+    def _recapture(self, call: _Captured) -> bool:
+        """Recapture tier: capture ``call`` again with its new arguments and swap the result into the
+        executable graph (``cuGraphExecChildGraphNodeSetParams``). A failing call keeps its previous
+        capture running and lands in ``call_errors``; a capture whose topology changed (another
+        algorithm for another size) sets ``stale``: only a Cold rebuild can take it.
+
+        Returns:
+            Whether the new capture is live.
+
+        Raises:
+            CudaError: a driver call failed (other than the topology check).
+        """
+        d = driver()
+        call.dirty = False
+        bid = call.plan.block_id
+        assert self._libraries is not None
+        try:
+            child = call.capture(self._libraries)
+        except LibraryCallError as exc:
+            self.call_errors[bid] = exc
+            return False
+        (err,) = d.cuGraphExecChildGraphNodeSetParams(self._exec, call.handle, child)
+        if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            destroy_graph(child)
+            self.stale = True
+            return False
+        if err:
+            destroy_graph(child)
+            check((err,), "cuGraphExecChildGraphNodeSetParams", block=call.block_name, kernel=call.plan.entry_point)
+        call.replace_child(child)
+        self.call_errors.pop(bid, None)
+        self.recaptures += 1
+        return True
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[_Node] = []
@@ -415,9 +645,21 @@ class CompiledGraph:
             if nb[:4] != ob[:4] or nb.append != ob.append or nb.count * nb.dtype.itemsize > buf.capacity_bytes:
                 return None
         changes: list[tuple[_Node, KernelNodePlan]] = []
+        calls: list[tuple[_Captured, CapturedNodePlan]] = []
         for new, cur, kn in zip(plan.nodes, old.nodes, self._nodes, strict=True):
             if type(new) is not type(cur):
                 return None
+            if isinstance(new, CapturedNodePlan):
+                if (new.block_id, new.kernel, new.descriptor, new.deps, new.spec) != (
+                    cur.block_id,
+                    cur.kernel,
+                    cur.descriptor,
+                    cur.deps,
+                    cur.spec,  # type: ignore[union-attr]
+                ) or any(na.kind != oa.kind or na.ref != oa.ref for na, oa in zip(new.args, cur.args, strict=True)):
+                    return None
+                calls.append((kn, new))  # type: ignore[arg-type]
+                continue
             if not isinstance(new, KernelNodePlan):  # memset and event nodes must match exactly
                 if new != cur:
                     return None
@@ -436,6 +678,23 @@ class CompiledGraph:
                     return None
             if new != cur or functions is not None or any(a.kind == "external" for a in new.args):
                 changes.append((kn, new))  # type: ignore[arg-type]
+        # Captured calls first: a new size may need another algorithm (a topology change), which only a
+        # Cold rebuild can apply, and then nothing else has been written yet.
+        recaptured = 0
+        for call, new in calls:
+            values = [self._arg_value(a, bindings) for a in new.args]
+            if any(a.kind != "device" and v != o for a, v, o in zip(new.args, values, call.values, strict=True)):
+                saved, call.values = call.values, values
+                if not self._recapture(call):
+                    call.values = saved
+                    self.stale = False
+                    self.call_errors.pop(new.block_id, None)
+                    return None
+                recaptured += 1
+            for slot, a in zip(call.slots, new.args, strict=True):
+                if a.kind == "device" and slot.value != a.value:
+                    _write(slot, a.value)
+            call.plan = new
         # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
         touched = []
         for kn, new in changes:
@@ -465,7 +724,7 @@ class CompiledGraph:
             buf.count = nb.count
         self._commit(touched)
         self.plan = plan
-        return len(touched)
+        return len(touched) + recaptured
 
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
         """Code tier: put a recompiled ``function`` into every node of kernel ``key`` (block id, kernel
@@ -498,7 +757,7 @@ class CompiledGraph:
 
     def _kernel(self, node_index: int) -> _Node:
         kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None
-        if kn is None:
+        if not isinstance(kn, _Node):
             raise CudapatchError(f"node {node_index} is not a kernel node")
         return kn
 
@@ -531,7 +790,20 @@ class CompiledGraph:
 
     @property
     def kernel_count(self) -> int:
+        """Kernel and captured-call nodes (timestamp and memset nodes not counted)."""
         return sum(1 for n in self._nodes if n is not None)
+
+    @property
+    def captured_count(self) -> int:
+        """Captured library-call (child-graph) nodes."""
+        return sum(1 for n in self._nodes if isinstance(n, _Captured))
+
+    def captured_graph(self, block_id: int, kernel: int = 0) -> Any:
+        """The ``CUgraph`` a captured call was last captured into (tests check it was not replaced), or None."""
+        for n in self._nodes:
+            if isinstance(n, _Captured) and n.plan.block_id == block_id and n.plan.kernel == kernel:
+                return n.child
+        return None
 
     # -- fault attribution ----------------------------------------------------------------------
     def replay(self, stream: Any) -> int | None:
@@ -555,10 +827,13 @@ class CompiledGraph:
             n = self._nodes[i]
             if n is None:  # a timestamp node
                 continue
-            kp = n.store.params
-            err = d.cuLaunchKernel(
-                kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, kp.sharedMemBytes, stream, kp.kernelParams, 0
-            )[0]
+            if isinstance(n, _Captured):
+                err = n.launch_alone(stream)
+            else:
+                kp = n.store.params
+                err = d.cuLaunchKernel(
+                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, kp.sharedMemBytes, stream, kp.kernelParams, 0
+                )[0]
             last_of_block = i + 1 == len(nodes) or getattr(nodes[i + 1], "block_id", None) != node.block_id
             if err or last_of_block:
                 err = err or d.cuStreamSynchronize(stream)[0]
@@ -576,6 +851,10 @@ class CompiledGraph:
         if self.readback is not None:
             self.readback.abandon()
         self._owned = []
+        self._scalar_host = 0
+        for n in self._nodes:
+            if isinstance(n, _Captured):
+                n.child = n._replay = None
         self._exec = self._graph = self._retire_event = None
 
     # -- teardown -------------------------------------------------------------------------------
@@ -605,6 +884,12 @@ class CompiledGraph:
         d = driver()
         if self.readback is not None:
             self.readback.close()
+        for n in self._nodes:
+            if isinstance(n, _Captured):
+                n.release()
+        if self._scalar_host:
+            check(d.cuMemFreeHost(self._scalar_host), "cuMemFreeHost")
+            self._scalar_host = 0
         for b in self._owned:
             b.close()
         self._owned = []
@@ -657,6 +942,7 @@ def realize(
     previous: CompiledGraph | None = None,
     occupancy: bool = False,
     stamp_function: Any = None,
+    libraries: LibraryHandles | None = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -664,10 +950,11 @@ def realize(
     ``adopt(previous)`` on the result once it replaces ``previous``.
 
     ``functions`` maps ``(block_id, kernel index)`` to the loaded ``CUfunction`` (from the engine's
-    background builder).
+    background builder). ``libraries`` (the engine's ``LibraryHandles``) captures library calls.
 
     Raises:
         KernelLoadError: a kernel has no function (``.block`` names the block).
+        LibraryCallError: a library call failed or cannot be captured (``.block`` names the block).
         CudaError: a driver call failed (nothing is leaked: partial work is undone, ``previous`` is untouched).
     """
     return CompiledGraph(
@@ -680,4 +967,5 @@ def realize(
         previous=previous,
         occupancy=occupancy,
         stamp_function=stamp_function,
+        libraries=libraries,
     )

@@ -22,6 +22,7 @@ from ..errors import CudaError, CudapatchError
 from ..kernels.module_cache import ModuleCache
 from .buffers import BufferPool
 from .diagnostics import Diagnostic
+from .libraries import LibraryHandles
 from .replay import attribute_in_child
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ def abandon_context_state(engine: Engine) -> None:
         if g is not None:
             g.abandon()
     engine._graph, engine._retired = None, []
+    engine.libraries.abandon()
     engine.pool.abandon()
     engine._owned.clear()
     engine._stamp_function = None
@@ -50,6 +52,7 @@ def _fresh_context(engine: Engine) -> None:
     engine.device.reset()
     engine._stream = engine.device.stream
     engine.pool = BufferPool(engine.device.make_current)
+    engine.libraries = LibraryHandles(engine.device, engine.pool)
     engine.modules = ModuleCache(device_key=engine.device.key)
     engine.kernels.builder.modules = engine.modules
     for slot in engine.kernels._slots.values():  # cubins survive; their loaded functions do not

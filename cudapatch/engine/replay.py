@@ -72,6 +72,7 @@ def main() -> None:
     from .compiler import compile_plan
     from .context import ExternalBinding
     from .device import DeviceContext
+    from .libraries import LibraryHandles
     from .realize import realize
 
     req = pickle.loads(sys.stdin.buffer.read())
@@ -96,11 +97,12 @@ def main() -> None:
     functions = {}
     for b in snap.blocks:
         for ki, spec in enumerate(b.description.kernels):
-            functions[(b.id, ki)] = builder.build(spec.source).function
+            if spec.source is not None:  # captured library calls are captured again by realize
+                functions[(b.id, ki)] = builder.build(spec.source).function
     plan = compile_plan(snap)
     graph = realize(
         plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
-        block_names={b.id: b.name for b in snap.blocks},
+        block_names={b.id: b.name for b in snap.blocks}, libraries=LibraryHandles(dev, pool),
     )  # fmt: skip
     try:
         culprit = graph.replay(dev.stream)

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..blocks.library import (
+    FFT,
+    GEMM,
+    GEMV,
     AppendFilter,
     CustomKernel,
     Emitter,
@@ -13,7 +16,10 @@ from ..blocks.library import (
     Forces,
     Integrate,
     KernelFile,
+    LUSolve,
+    Random,
     Scale,
+    SpMV,
     ToPoints,
     VectorAdd,
 )
@@ -35,6 +41,12 @@ BUILTIN_TYPES = (
     ("particles.Forces", Forces),
     ("particles.Integrate", Integrate),
     ("particles.ToPoints", ToPoints),
+    ("linalg.GEMM", GEMM),
+    ("linalg.GEMV", GEMV),
+    ("linalg.LUSolve", LUSolve),
+    ("linalg.SpMV", SpMV),
+    ("signal.FFT", FFT),
+    ("signal.Random", Random),
 )
 
 

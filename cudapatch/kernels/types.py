@@ -40,6 +40,7 @@ class DType(Enum):
     FLOAT2 = ("float2", "float32", 2)
     FLOAT3 = ("float3", "float32", 3)
     FLOAT4 = ("float4", "float32", 4)
+    DOUBLE2 = ("double2", "float64", 2)  # also a complex double (cuFFT Z2Z)
     INT2 = ("int2", "int32", 2)
     INT4 = ("int4", "int32", 4)
     UINT4 = ("uint4", "uint32", 4)
@@ -112,6 +113,10 @@ _ALIASES.update(
         "uint8_t": DType.UINT8,
         "byte": DType.UINT8,
         "uint4": DType.UINT4,
+        "cufftComplex": DType.FLOAT2,
+        "cuComplex": DType.FLOAT2,
+        "cufftDoubleComplex": DType.DOUBLE2,
+        "cuDoubleComplex": DType.DOUBLE2,
     }
 )
 

@@ -2,6 +2,9 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .fft import FFT
+from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
+from .noise import Random
 from .particles import (
     PARTICLE_BLOCKS,
     Emitter,
@@ -13,10 +16,19 @@ from .particles import (
     read_particles,
 )
 
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS)
+#: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
+LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
+BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS, *LIBRARY_BLOCKS)
 
 __all__ = [
     "BUILTIN_BLOCKS",
+    "FFT",
+    "GEMM",
+    "GEMV",
+    "LIBRARY_BLOCKS",
+    "LUSolve",
+    "Random",
+    "SpMV",
     "DEFAULT_CUSTOM_CODE",
     "Emitter",
     "Forces",
