@@ -341,6 +341,8 @@ class Engine:
             c.warm_updates += len(bindings)
         if g.recaptures != before or g.call_errors or g.stale:
             self._after_recapture(g, before)
+            if self._dirty.structure:  # a re-capture only a new graph can hold: build it this frame
+                self._apply_changes()
 
     def _after_recapture(self, g: CompiledGraph, before: int) -> None:
         """Recapture tier bookkeeping: count, put failed calls on their blocks (their previous capture

@@ -161,7 +161,19 @@ class _Captured:
 
     ``params`` is None: the commit step tells it from a kernel node by that."""
 
-    __slots__ = ("plan", "handle", "values", "slots", "child", "dirty", "block_name", "params", "_device", "_replay")
+    __slots__ = (
+        "plan",
+        "handle",
+        "values",
+        "slots",
+        "child",
+        "dirty",
+        "stale",
+        "block_name",
+        "params",
+        "_device",
+        "_replay",
+    )
 
     def __init__(self, plan: CapturedNodePlan, values: list[Any], block_name: str | None) -> None:
         self.plan = plan
@@ -170,6 +182,7 @@ class _Captured:
         self.handle: Any = None
         self.child: Any = None
         self.dirty = False
+        self.stale = False  # its values were captured into a topology the executable graph cannot take
         self.params = None
         self._replay: Any = None  # an executable of ``child`` alone, for node-by-node replay
         self._device: dict[int, _DeviceSlot] = {}
@@ -543,7 +556,7 @@ class CompiledGraph:
         (err,) = d.cuGraphExecChildGraphNodeSetParams(self._exec, call.handle, child)
         if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
             destroy_graph(child)
-            self.stale = True
+            self.stale = call.stale = True
             return False
         if err:
             destroy_graph(child)
@@ -658,6 +671,8 @@ class CompiledGraph:
                     cur.spec,  # type: ignore[union-attr]
                 ) or any(na.kind != oa.kind or na.ref != oa.ref for na, oa in zip(new.args, cur.args, strict=True)):
                     return None
+                if kn.stale:  # type: ignore[union-attr]
+                    return None  # its new capture needs a new graph
                 calls.append((kn, new))  # type: ignore[arg-type]
                 continue
             if not isinstance(new, KernelNodePlan):  # memset and event nodes must match exactly
