@@ -50,8 +50,8 @@ __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 log = logging.getLogger("cudapatch.engine")
 
 
-def _frozen_values(block: Block, snap: Any = None) -> tuple:
-    """What a failed library call was tried with: the block's parameter values and description."""
+def _frozen_values(block: Any) -> tuple:
+    """What a failed library call was tried with: a snapshot block's parameter values and description."""
     return (tuple(sorted((k, repr(v)) for k, v in dict(block.values).items())), block.description)
 
 
@@ -496,7 +496,8 @@ class Engine:
             if block is not None and block.id not in self._call_failures:
                 # Leave that block (and what depends on it) out, and build the rest.
                 ki = next((i for i, k in enumerate(block.description.kernels) if k.source is None), 0)
-                self._call_failures[block.id] = (ki, _frozen_values(block), str(exc))
+                tried = next(b for b in snap.blocks if b.id == block.id)
+                self._call_failures[block.id] = (ki, _frozen_values(tried), str(exc))
                 return self._rebuild()
             self.counters.failed_rebuilds += 1
             self._set_diagnostics((Diagnostic("error", block.id if block else None, "library-call", str(exc)),))
@@ -528,7 +529,7 @@ class Engine:
         status = dict(status)
         for bid, (ki, values, message) in list(self._call_failures.items()):
             b = blocks.get(bid)
-            if b is None or _frozen_values(b, snap) != values:
+            if b is None or _frozen_values(b) != values:
                 del self._call_failures[bid]
                 continue
             status[(bid, ki)] = ("error", "library-call", message)
