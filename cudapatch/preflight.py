@@ -36,6 +36,23 @@ def _import(name: str) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
+def _library_items() -> list[CheckItem]:
+    """Whether each CUDA math library of the library blocks (GEMM, FFT, Random, LUSolve, SpMV) loads."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError as exc:
+        return [CheckItem("math libraries", False, str(exc), "pip install 'cudapatch[libs]'", True)]
+    items = []
+    for label, lib in (("cuBLAS", "cublas"), ("cuFFT", "cufft"), ("cuRAND", "curand"), ("cuSOLVER", "cusolver"),
+                       ("cuSPARSE", "cusparse")):  # fmt: skip
+        try:
+            path = load_nvidia_dynamic_lib(lib).abs_path
+            items.append(CheckItem(label, True, path or "loaded"))
+        except Exception as exc:  # DynamicLibNotFoundError and loader errors alike: report, never raise
+            items.append(CheckItem(label, False, str(exc).split(":")[0], "pip install 'cudapatch[libs]'", True))
+    return items
+
+
 def preflight() -> list[CheckItem]:
     """Check the driver, GPU, Python packages, NVRTC and GL. Never raises."""
     items: list[CheckItem] = [
@@ -95,6 +112,7 @@ def preflight() -> list[CheckItem]:
     ):
         ok, err = _import(module)
         items.append(CheckItem(name, ok, _version(name) or ("importable" if ok else err), fix, optional))
+    items.extend(_library_items())
     display = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform != "linux"
     items.append(
         CheckItem("display", display, "available" if display else "none (DISPLAY unset)", "use --headless", True)
