@@ -243,3 +243,28 @@ def test_library_block_types_are_registered_by_the_builtin_plugin():
         assert name in host.registry
     gemm = host.registry.get("linalg.GEMM")
     assert "cuBLAS" in gemm.doc
+
+
+def test_library_errors_carry_the_status_name_and_context():
+    from types import SimpleNamespace
+
+    from cudapatch.engine.libraries import LibraryHandles, library_error
+    from cudapatch.errors import LibraryCallError
+
+    class FakeCublasError(Exception):
+        pass
+
+    err = library_error(FakeCublasError("CUBLAS_STATUS_INVALID_VALUE (7)"), "gemm", "mix")
+    assert isinstance(err, LibraryCallError) and err.status == "CUBLAS_STATUS_INVALID_VALUE"
+    assert str(err).startswith("block 'mix', kernel 'gemm': FakeCublasError")
+    assert library_error(RuntimeError("boom"), "fft", None).status is None
+    # Inside a capture, a plan or generator that was not prepared is refused, naming the fix.
+    handles = LibraryHandles(SimpleNamespace(compute_capability=(9, 0)), pool=None)
+    assert handles.cublas_workspace_bytes == 32 << 20
+    scope = handles.scope((1, 0))
+    assert handles.scope((1, 0)) is scope and handles.scope_count == 1
+    handles.capturing = True
+    with pytest.raises(LibraryCallError, match="prepare step"):
+        scope.fft_plan("C2C", (256,), 4)
+    with pytest.raises(LibraryCallError, match="prepare step"):
+        scope.generator("PSEUDO_DEFAULT", 7)
