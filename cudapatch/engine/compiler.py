@@ -27,6 +27,7 @@ from .plan import (
     KernelNodePlan,
     MemsetNodePlan,
     NodePlan,
+    PublishNodePlan,
     Slot,
     StampNodePlan,
     TimingPair,
@@ -396,6 +397,11 @@ def compile_plan(
         scalar_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in scalar_final.items()}
         binding_final = {k: tuple((remap[ni], ai) for ni, ai in v) for k, v in binding_final.items()}
         block_nodes_final = {k: tuple(remap[i] for i in v) for k, v in block_nodes_final.items()}
+
+    if counters or stamp_count:  # readback values: the graph publishes them to the host as its last node
+        used = {dep for n in all_nodes for dep in n.deps}
+        sinks = tuple(n.index for n in all_nodes if n.index not in used)
+        all_nodes.append(PublishNodePlan(len(all_nodes), sinks))
 
     return GraphPlan(
         nodes=tuple(all_nodes),

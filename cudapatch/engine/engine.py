@@ -1,8 +1,9 @@
 """Engine: the one active part. Owns the device, compiles all blocks into one CUDA graph, and
 applies every edit with the cheapest correct update before launching each frame.
 
-``update()`` with nothing dirty tests one flag, polls the readback ring (one ``cuEventQuery``, only
-when the graph has append buffers), and launches: no allocation, no synchronize, no per-block loop.
+``update()`` with nothing dirty tests one flag, polls the readback ring (plain loads from host-mapped
+memory the graph publishes into, only when it has append buffers or timestamps), and launches: one
+driver call, no allocation, no synchronize, no per-block loop.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..errors import (
 from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
+from ..kernels.cuda_source import CudaSource
 from ..kernels.module_cache import ModuleCache
 from ..kernels.source import bundled_kernel
 from ..kernels.types import DType
@@ -42,6 +44,7 @@ from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
 from .plan import GraphPlan
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
+from .readback import PUBLISH_SOURCE
 from .realize import CompiledGraph, realize
 from .recovery import abandon_context_state, recover
 
@@ -55,6 +58,7 @@ def _frozen_values(block: Any) -> tuple:
     return (tuple(sorted((k, repr(v)) for k, v in dict(block.values).items())), block.description)
 
 
+PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
 LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
 APPEND_FULL = 0.95  # warn when an append output is this full
 
@@ -144,6 +148,7 @@ class Engine:
         self.profiling = ProfilingLevel.NONE
         self._last_gpu_ms: float | None = None
         self._stamp_function: Any = None
+        self._publish_function: Any = None  # the kernel that ends graphs with readback values
         self._frame_diags: tuple[Diagnostic, ...] = ()  # per-frame warnings (append buffers nearly full)
         self._graph: CompiledGraph | None = None
         self._retired: list[CompiledGraph] = []
@@ -477,6 +482,8 @@ class Engine:
         if plan.stamp_count and self._stamp_function is None:
             # Built once, at the first timed build (a level change is a rebuild anyway); cached on disk.
             self._stamp_function = self.kernels.builder.build(bundled_kernel("stamp")).function
+        if (plan.stamp_count or plan.counters) and self._publish_function is None:
+            self._publish_function = self.kernels.builder.build(PUBLISH_KERNEL).function
         t1 = time.perf_counter()
         try:
             graph = realize(
@@ -490,6 +497,7 @@ class Engine:
                 occupancy=self.profiling.at_least(ProfilingLevel.DEEP_ASYNC),
                 stamp_function=self._stamp_function,
                 libraries=self.libraries,
+                publish_function=self._publish_function,
             )
         except LibraryCallError as exc:
             block = self.context.registry.by_name(exc.block) if exc.block else None

@@ -28,6 +28,7 @@ __all__ = [
     "KernelNodePlan",
     "MemsetNodePlan",
     "NodePlan",
+    "PublishNodePlan",
     "Slot",
     "TimingPair",
 ]
@@ -124,6 +125,14 @@ class StampNodePlan(NamedTuple):
     deps: tuple[int, ...] = ()
 
 
+class PublishNodePlan(NamedTuple):
+    """The graph's last node when it has readback values (append counters, timestamps): copies them
+    into the host-mapped readback ring (``engine/readback.py``). Waits for every other sink."""
+
+    index: int
+    deps: tuple[int, ...] = ()
+
+
 class TimingPair(NamedTuple):
     """A measured span: ``kind`` is ``graph``, ``block`` (key: block id) or ``kernel`` (key:
     ``(block id, kernel index)``), between timestamp slots ``start`` and ``end``."""
@@ -134,7 +143,7 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan]
+NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -195,6 +204,8 @@ class GraphPlan:
                 lines.append(f"  [{n.index}] memset {what}")
             elif isinstance(n, StampNodePlan):
                 lines.append(f"  [{n.index}] stamp {n.stamp} deps={list(n.deps)}")
+            elif isinstance(n, PublishNodePlan):
+                lines.append(f"  [{n.index}] publish readback deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:

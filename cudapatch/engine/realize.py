@@ -24,8 +24,8 @@ from .capture import capture_call, destroy_graph
 from .context import ExternalBinding
 from .device import DeviceContext
 from .libraries import LibraryHandles
-from .plan import Arg, CapturedNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan
-from .readback import ReadbackRing
+from .plan import Arg, CapturedNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, PublishNodePlan, StampNodePlan
+from .readback import PUBLISH_THREADS, ReadbackRing
 
 __all__ = ["CompiledGraph", "realize"]
 
@@ -286,6 +286,7 @@ class CompiledGraph:
         occupancy: bool = False,
         stamp_function: Any = None,
         libraries: LibraryHandles | None = None,
+        publish_function: Any = None,
     ) -> None:
         d = driver()
         device.make_current()
@@ -340,11 +341,17 @@ class CompiledGraph:
             self._stamps_ptr = self._counters_ptr = 0
             if n_stamps or n_counters:
                 words = n_stamps + (n_counters + 1) // 2
-                self.counters = GpuBuffer(pool, DType.UINT64, words, stream=device.stream)
+                self.counters = GpuBuffer(pool, DType.UINT64, words + 1, stream=device.stream)  # +1: frame count
                 self._owned.append(self.counters)
                 self._stamps_ptr = self.counters.ptr
                 counters_ptr = self._counters_ptr = self.counters.ptr + 8 * n_stamps
-                self.readback = ReadbackRing(self.counters.ptr, n_counters, stamps=n_stamps)
+                self.readback = ReadbackRing(
+                    self.counters.ptr,
+                    n_counters,
+                    stamps=n_stamps,
+                    frames_ptr=self.counters.ptr + 8 * words,
+                    stream=device.stream,
+                )
                 for key, (bi, ci) in plan.appends.items():
                     self.appends[key] = AppendBuffer(self.buffers[bi], counters_ptr + 4 * ci, ci, self.readback)
             device_slots = self._device_scalars(plan, pool, device)
@@ -387,6 +394,12 @@ class CompiledGraph:
                 elif isinstance(node, StampNodePlan):
                     h = check(
                         d.cuGraphAddKernelNode(self._graph, deps, len(deps), self._stamp_params(node, stamp_function)),
+                        "cuGraphAddKernelNode",
+                    )
+                    self._nodes.append(None)
+                elif isinstance(node, PublishNodePlan):
+                    h = check(
+                        d.cuGraphAddKernelNode(self._graph, deps, len(deps), self._publish_params(publish_function)),
                         "cuGraphAddKernelNode",
                     )
                     self._nodes.append(None)
@@ -787,6 +800,29 @@ class CompiledGraph:
         slot = self._kernel(node_index).slots[arg]
         return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
 
+    def _publish_params(self, function: Any) -> Any:
+        if function is None or self.readback is None:
+            raise CudapatchError("the graph publishes readback values, but the publish kernel is not loaded")
+        d = driver()
+        src, words, ring, slot_words, frames = self.readback.publish_args()
+        values = (
+            ctypes.c_uint64(src),
+            ctypes.c_uint32(words),
+            ctypes.c_uint64(ring),
+            ctypes.c_uint32(slot_words),
+            ctypes.c_uint64(frames),
+        )
+        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        kp = d.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = function
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = 1, 1, 1
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = PUBLISH_THREADS, 1, 1
+        kp.sharedMemBytes = 0
+        kp.kernelParams = ctypes.addressof(pointers)
+        kp.extra = 0
+        self._stamp_args.append((values, pointers, kp))
+        return kp
+
     def _stamp_params(self, node: StampNodePlan, function: Any) -> Any:
         if function is None:
             raise CudapatchError("profiling needs the timestamp kernel, which is not loaded")
@@ -958,6 +994,7 @@ def realize(
     occupancy: bool = False,
     stamp_function: Any = None,
     libraries: LibraryHandles | None = None,
+    publish_function: Any = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -983,4 +1020,5 @@ def realize(
         occupancy=occupancy,
         stamp_function=stamp_function,
         libraries=libraries,
+        publish_function=publish_function,
     )

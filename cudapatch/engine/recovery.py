@@ -43,7 +43,7 @@ def abandon_context_state(engine: Engine) -> None:
     engine.libraries.abandon()
     engine.pool.abandon()
     engine._owned.clear()
-    engine._stamp_function = None
+    engine._stamp_function = engine._publish_function = None
 
 
 def _fresh_context(engine: Engine) -> None:

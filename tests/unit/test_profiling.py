@@ -7,6 +7,7 @@ import pytest
 from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, VectorAdd, compile_plan
 from cudapatch.blocks import BlockState
 from cudapatch.engine import Context, KernelNodePlan, MemsetNodePlan, StampNodePlan
+from cudapatch.engine.plan import PublishNodePlan
 from cudapatch.errors import CudapatchError
 
 
@@ -59,12 +60,13 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
     _check_order(plan)
     ev = [n for n in plan.nodes if isinstance(n, StampNodePlan)]
     assert len(ev) == events == plan.stamp_count and len(plan.timings) == pairs
-    first, last = plan.nodes[0], plan.nodes[-1]
+    first, last, publish = plan.nodes[0], plan.nodes[-2], plan.nodes[-1]
     assert isinstance(first, StampNodePlan) and first.stamp == 0 and not first.deps  # the graph starts here
     assert isinstance(last, StampNodePlan) and last.stamp == 1
+    assert isinstance(publish, PublishNodePlan) and publish.deps == (last.index,)  # then the readback
     kernels = [n for n in plan.nodes if isinstance(n, KernelNodePlan)]
     used = {d for n in plan.nodes for d in n.deps}
-    assert all(n.index in used for n in plan.nodes[:-1]), "every node leads to the end stamp"
+    assert all(n.index in used for n in plan.nodes[:-2]), "every node leads to the end stamp"
     by_block = {n.block_id: n for n in kernels}
 
     def reaches(src: int, dst: int) -> bool:
@@ -91,7 +93,7 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
         end = next(n for n in ev if n.stamp == block_pairs[a.id].end)
         assert reaches(start.index, by_block[a.id].index)  # the kernel waits for its block's start stamp
         assert end.deps == (by_block[a.id].index,)  # the end stamp waits for the kernel
-        assert not any(end.index in n.deps for n in plan.nodes if n is not plan.nodes[-1])  # nothing else waits
+        assert not any(end.index in n.deps for n in plan.nodes if n is not last)  # only the graph's end stamp waits
     if level.at_least(ProfilingLevel.PER_KERNEL):
         assert {p.key for p in plan.timings if p.kind == "kernel"} == {(b.id, 0) for b in (f, s, a, k)}
 
@@ -117,29 +119,35 @@ def test_tooltip_formats() -> None:
     assert str(s) == "Emitter: Error: faulted"
 
 
-def test_ring_harvests_the_newest_completed_frame_without_waiting() -> None:
-    from cudapatch.engine.readback import newest_completed
+def test_ring_takes_the_newest_completely_published_frame() -> None:
+    from cudapatch.engine.readback import newest_published
 
-    frames: list[int | None] = [None, None, None]
-    done_slots: set[int] = set()
-    asked: list[int] = []
+    # Sequence words per slot: the publish kernel writes begin, then the data, then end.
+    assert newest_published([0, 0, 0], [0, 0, 0], 0) is None  # nothing published yet
+    assert newest_published([1, 0, 0], [0, 0, 0], 0) is None  # frame 1 still being written
+    assert newest_published([3, 1, 2], [3, 1, 2], 0) == 0  # frame 3 (slot 0) is the newest
+    assert newest_published([4, 1, 2], [1, 1, 2], 0) == 2  # slot 0 being overwritten: frame 2 is newest complete
+    assert newest_published([3, 1, 2], [3, 1, 2], 3) is None  # nothing newer than what is held
+    assert newest_published([3, 4, 2], [3, 4, 2], 3) == 1
 
-    def done(slot: int) -> bool:  # a fake event source: which slots' copies have finished
-        asked.append(slot)
-        return slot in done_slots
 
-    assert newest_completed(0, frames, None, None, done) is None  # nothing recorded yet: no timings, no wait
-    frames[:] = [10, 11, 12]  # frames 10..12 in slots 0..2; the next frame goes to slot 0
-    assert newest_completed(0, frames, None, None, done) is None and asked == [2, 1, 0]  # none finished
-    done_slots |= {0, 1}
-    assert newest_completed(0, frames, None, None, done) == 1  # 12 is in flight: 11 is the newest done
-    assert newest_completed(0, frames, 1, 11, done) is None  # already held: older slots are not looked at
-    done_slots.add(2)
-    assert newest_completed(0, frames, 1, 11, done) == 2
-    frames[0] = 13  # slot 0 reused for frame 13 (wrap-around), not yet finished
-    done_slots.discard(0)
-    asked.clear()
-    assert newest_completed(1, frames, 2, 12, done) is None and asked == [0]  # stops at the held slot 2
-    done_slots.add(0)
-    assert newest_completed(1, frames, 2, 12, done) == 0
-    assert newest_completed(1, frames, None, 13, done) is None  # not newer than what is held
+def test_publish_node_ends_graphs_with_readback_values() -> None:
+    from cudapatch.blocks.library import AppendFilter
+    from cudapatch.engine import Context
+    from cudapatch.engine.context import ExternalBinding
+    from cudapatch.engine.plan import PublishNodePlan
+
+    ctx = Context()
+    f = ctx.register_block(AppendFilter())
+    ctx.bind_input(f, "In", ExternalBinding(0x1000, 64, f.description.input("In").dtype))
+    for level in (ProfilingLevel.NONE, ProfilingLevel.PER_KERNEL):
+        plan = compile_plan(ctx.snapshot(), level=level)
+        last = plan.nodes[-1]
+        assert isinstance(last, PublishNodePlan)
+        used = {d for n in plan.nodes for d in n.deps}
+        assert [n.index for n in plan.nodes if n.index not in used] == [last.index]  # the only sink
+        assert "publish readback" in plan.describe()
+    ctx2 = Context()
+    s = ctx2.register_block(Scale())
+    ctx2.bind_input(s, "In", ExternalBinding(0x1000, 64, s.description.input("In").dtype))
+    assert not any(isinstance(n, PublishNodePlan) for n in compile_plan(ctx2.snapshot()).nodes)  # nothing to read
