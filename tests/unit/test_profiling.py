@@ -151,3 +151,17 @@ def test_publish_node_ends_graphs_with_readback_values() -> None:
     s = ctx2.register_block(Scale())
     ctx2.bind_input(s, "In", ExternalBinding(0x1000, 64, s.description.input("In").dtype))
     assert not any(isinstance(n, PublishNodePlan) for n in compile_plan(ctx2.snapshot()).nodes)  # nothing to read
+
+
+def test_the_publish_kernel_compiles_with_the_signature_realize_fills() -> None:
+    from cudapatch.engine.engine import PUBLISH_KERNEL
+
+    image = PUBLISH_KERNEL.compile("sm_90")  # NVRTC runs without a GPU
+    params = image.descriptor.parameters
+    assert [(p.name, p.is_pointer, p.dtype.itemsize) for p in params] == [
+        ("src", True, 8),
+        ("words", False, 4),
+        ("ring", True, 8),
+        ("slot_words", False, 4),
+        ("frames", True, 8),
+    ]
