@@ -280,12 +280,11 @@ class Engine:
         if g is not None:
             culprit = None
             try:
-                # A fault of an earlier frame surfaces as the launch's (or the ring's) error. A query of
-                # the stream or of a per-frame event was tried: with GL interop pending on the stream it
-                # could stall the frame, so there is none.
+                # A fault of an earlier frame surfaces as the launch's error. A query of the stream or of
+                # a per-frame event was tried: with GL interop pending on the stream it could stall the
+                # frame, so there is none. The readback ring is read when its values are asked for
+                # (append counts, stats), with plain loads: nothing of it runs here but a count.
                 rb = g.readback
-                if rb is not None:
-                    rb.poll()
                 if self.debug_launch:
                     culprit = g.replay(self._stream)  # node by node, a synchronize after each block
                     if culprit is not None:
