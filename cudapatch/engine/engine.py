@@ -685,6 +685,14 @@ class Engine:
         """
         self.device.make_current()
         g = self._graph
+        rb = g.readback if g is not None else None
+        try:
+            return self._stats(g)
+        finally:
+            if rb is not None:
+                rb.frozen = False
+
+    def _stats(self, g: CompiledGraph | None) -> EngineStats:
         level = self.profiling
         registry = self.context.registry
         rb = g.readback if g is not None else None
@@ -692,6 +700,7 @@ class Engine:
         times = None
         if rb is not None:
             rb.poll()
+            rb.frozen = True  # every value below from this one frame (unfrozen at the end)
             frame, age = rb.latest_frame, rb.age()
             if frame is not None and rb.stamps:
                 times = rb.latest_stamps.astype(np.int64)  # nanoseconds of the GPU's global timer

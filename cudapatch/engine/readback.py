@@ -82,6 +82,9 @@ class ReadbackRing:
         self.current_frame = 0
         self._published = 0  # the device frame number of the values held
         self._launched = 0  # launches of this graph
+        #: While True, ``value``/``age`` do not poll: a reader taking several values (``Engine.stats``)
+        #: gets them all from one frame.
+        self.frozen = False
         self._closed = False
         nbytes = 8 * self.slot_words * RING_FRAMES
         flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
@@ -134,13 +137,13 @@ class ReadbackRing:
 
     def value(self, index: int) -> int | None:
         """The value at ``index`` in the newest published frame, or None before any completed."""
-        if not self._closed:
+        if not (self._closed or self.frozen):
             self.poll()
         return None if self.latest_frame is None else int(self.latest[index])
 
     def age(self) -> int | None:
         """How many frames old the values are (1 = the frame of the last launch)."""
-        if not self._closed:
+        if not (self._closed or self.frozen):
             self.poll()
         return None if self.latest_frame is None else self.current_frame - self.latest_frame + 1
 
