@@ -49,9 +49,9 @@ def test_none_places_no_events() -> None:
     ("level", "events", "pairs"),
     [
         (ProfilingLevel.SUMMARY, 2, 1),
-        (ProfilingLevel.PER_BLOCK, 10, 5),
-        (ProfilingLevel.PER_KERNEL, 18, 9),
-        (ProfilingLevel.DEEP_SYNC, 18, 9),
+        (ProfilingLevel.PER_BLOCK, 8, 5),
+        (ProfilingLevel.PER_KERNEL, 8, 9),
+        (ProfilingLevel.DEEP_SYNC, 8, 9),
     ],
 )
 def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None:
@@ -94,8 +94,16 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
         assert reaches(start.index, by_block[a.id].index)  # the kernel waits for its block's start stamp
         assert end.deps == (by_block[a.id].index,)  # the end stamp waits for the kernel
         assert not any(end.index in n.deps for n in plan.nodes if n is not last)  # only the graph's end stamp waits
+        # s depends on f alone: its span starts at f's end stamp, and no stamp sits on its path.
+        assert block_pairs[s.id].start == block_pairs[f.id].end and block_pairs[f.id].start == 0
+        f_end = next(n for n in ev if n.stamp == block_pairs[f.id].end)
+        assert not any(f_end.index in n.deps for n in plan.nodes if n is not last)
+        assert by_block[s.id].deps == (by_block[f.id].index,)
     if level.at_least(ProfilingLevel.PER_KERNEL):
-        assert {p.key for p in plan.timings if p.kind == "kernel"} == {(b.id, 0) for b in (f, s, a, k)}
+        kernel_pairs = {p.key: p for p in plan.timings if p.kind == "kernel"}
+        assert set(kernel_pairs) == {(b.id, 0) for b in (f, s, a, k)}
+        for b in (f, s, a, k):  # single-kernel blocks: the kernel's span is the block's
+            assert kernel_pairs[(b.id, 0)][2:] == block_pairs[b.id][2:]
 
 
 def test_tooltip_formats() -> None:
