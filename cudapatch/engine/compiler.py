@@ -401,7 +401,7 @@ def compile_plan(
     if counters or stamp_count:  # readback values: the graph publishes them to the host as its last node
         used = {dep for n in all_nodes for dep in n.deps}
         sinks = tuple(n.index for n in all_nodes if n.index not in used)
-        all_nodes.append(PublishNodePlan(len(all_nodes), sinks))
+        all_nodes.append(PublishNodePlan(len(all_nodes), sinks, 1 if stamp_count else None))
 
     return GraphPlan(
         nodes=tuple(all_nodes),
@@ -427,7 +427,8 @@ def _place_stamps(
 ) -> tuple[list[NodePlan], dict[int, int], tuple[TimingPair, ...], int]:
     """Insert timestamp nodes for ``level`` and renumber.
 
-    Stamp 0 starts the graph (every root waits for it) and stamp 1 ends it (after every sink). A
+    Stamp 0 starts the graph (every root waits for it); stamp 1, its end, is written by the publish
+    node the compiler adds after every sink. A
     span ends with a stamp that waits for its nodes and that nothing waits for, so it never delays
     the work. A span *starts* when its dependencies are done, and most of the time that moment is
     already stamped: the end stamp of the one block (PerBlock) or node (PerKernel) it depends on,
@@ -515,7 +516,5 @@ def _place_stamps(
                 block_end[b] = end
                 exit_block[frozenset(ex)] = b
                 pairs.append(TimingPair("block", b, block_start[b], end))
-    used = {d for m in out for d in m.deps}
-    sinks = [m.index for m in out if m.index not in used]
-    emit(1, tuple(sinks))
+    # Stamp 1, the graph's end, is written by the publish node that ends every timed graph.
     return out, remap, tuple(pairs), stamps

@@ -127,10 +127,13 @@ class StampNodePlan(NamedTuple):
 
 class PublishNodePlan(NamedTuple):
     """The graph's last node when it has readback values (append counters, timestamps): copies them
-    into the host-mapped readback ring (``engine/readback.py``). Waits for every other sink."""
+    into the host-mapped readback ring (``engine/readback.py``). Waits for every other sink. With
+    ``end_stamp`` set it first writes the graph's end time into that timestamp slot, so the graph
+    ends with one small kernel, not two."""
 
     index: int
     deps: tuple[int, ...] = ()
+    end_stamp: int | None = None
 
 
 class TimingPair(NamedTuple):
@@ -205,7 +208,8 @@ class GraphPlan:
             elif isinstance(n, StampNodePlan):
                 lines.append(f"  [{n.index}] stamp {n.stamp} deps={list(n.deps)}")
             elif isinstance(n, PublishNodePlan):
-                lines.append(f"  [{n.index}] publish readback deps={list(n.deps)}")
+                stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
+                lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:

@@ -23,12 +23,19 @@ RING_FRAMES = 3
 #: of a 3-slot ring in mapped pinned host memory, bracketed by sequence words (a seqlock), and
 #: counts the frame on the device. The host reads the ring with plain loads: no driver call per frame.
 PUBLISH_SOURCE = r"""
-extern "C" __global__ void publish(const unsigned long long* __restrict__ src, unsigned int words,
+extern "C" __global__ void publish(unsigned long long* src, unsigned int words,
                                    unsigned long long* ring, unsigned int slot_words,
-                                   unsigned long long* frames)
+                                   unsigned long long* frames, unsigned int end_stamp)
 {
     __shared__ unsigned long long frame;
-    if (threadIdx.x == 0) frame = *frames + 1;
+    if (threadIdx.x == 0) {
+        if (end_stamp) {  // the graph's end time (profiling), in its timestamp slot
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            src[end_stamp] = t;
+        }
+        frame = *frames + 1;
+    }
     __syncthreads();
     volatile unsigned long long* slot = ring + (frame % 3) * slot_words;  // the host reads it: no caching
     if (threadIdx.x == 0) { slot[0] = frame; __threadfence_system(); }
@@ -98,9 +105,10 @@ class ReadbackRing:
         # On the engine stream: ordered before the graph's first launch.
         check(d.cuMemsetD32Async(frames_ptr, 0, 2, stream or 0), "cuMemsetD32Async")
 
-    def publish_args(self) -> tuple[int, int, int, int, int]:
-        """Arguments of the ``publish`` kernel node: ``(src, words, ring, slot_words, frames)``."""
-        return (self.device_ptr, self.words, self.ring_device_ptr, self.slot_words, self._frames_dev)
+    def publish_args(self, end_stamp: int | None = None) -> tuple[int, int, int, int, int, int]:
+        """Arguments of the ``publish`` kernel node: ``(src, words, ring, slot_words, frames,
+        end_stamp)``; ``end_stamp`` 0 writes no timestamp (slot 0 is the graph's start)."""
+        return (self.device_ptr, self.words, self.ring_device_ptr, self.slot_words, self._frames_dev, end_stamp or 0)
 
     def record(self, stream: Any, frame: int) -> None:
         """Count a launch of the graph as engine frame ``frame`` (no driver call: the graph publishes)."""

@@ -399,7 +399,9 @@ class CompiledGraph:
                     self._nodes.append(None)
                 elif isinstance(node, PublishNodePlan):
                     h = check(
-                        d.cuGraphAddKernelNode(self._graph, deps, len(deps), self._publish_params(publish_function)),
+                        d.cuGraphAddKernelNode(
+                            self._graph, deps, len(deps), self._publish_params(publish_function, node.end_stamp)
+                        ),
                         "cuGraphAddKernelNode",
                     )
                     self._nodes.append(None)
@@ -800,17 +802,18 @@ class CompiledGraph:
         slot = self._kernel(node_index).slots[arg]
         return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
 
-    def _publish_params(self, function: Any) -> Any:
+    def _publish_params(self, function: Any, end_stamp: int | None) -> Any:
         if function is None or self.readback is None:
             raise CudapatchError("the graph publishes readback values, but the publish kernel is not loaded")
         d = driver()
-        src, words, ring, slot_words, frames = self.readback.publish_args()
+        src, words, ring, slot_words, frames, end = self.readback.publish_args(end_stamp)
         values = (
             ctypes.c_uint64(src),
             ctypes.c_uint32(words),
             ctypes.c_uint64(ring),
             ctypes.c_uint32(slot_words),
             ctypes.c_uint64(frames),
+            ctypes.c_uint32(end),
         )
         pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         kp = d.CUDA_KERNEL_NODE_PARAMS()
