@@ -427,8 +427,9 @@ def _place_stamps(
 ) -> tuple[list[NodePlan], dict[int, int], tuple[TimingPair, ...], int]:
     """Insert timestamp nodes for ``level`` and renumber.
 
-    Stamp 0 starts the graph (every root waits for it); stamp 1, its end, is written by the publish
-    node the compiler adds after every sink. A
+    Stamp 0 starts the graph (at PerBlock and finer every root waits for it; at Summary it runs
+    beside the roots); stamp 1, its end, is written by the publish node the compiler adds after
+    every sink. A
     span ends with a stamp that waits for its nodes and that nothing waits for, so it never delays
     the work. A span *starts* when its dependencies are done, and most of the time that moment is
     already stamped: the end stamp of the one block (PerBlock) or node (PerKernel) it depends on,
@@ -480,7 +481,9 @@ def _place_stamps(
                 own_start[b] = emit(stamps, [remap[d] for d in outside])
                 stamps += 1
             block_start[b] = pairs_start
-        deps = tuple(remap[d] for d in n.deps) or (0,)  # roots wait for the graph's start stamp
+        # Roots wait for the graph's start stamp where spans start there (PerBlock and finer); for the
+        # graph's total alone (Summary) it runs beside them: one small kernel less on the path.
+        deps = tuple(remap[d] for d in n.deps) or ((0,) if per_block else ())
         if work and b in own_start:
             deps = tuple(sorted(set(deps) | {own_start[b]}))
         kernel_start = None
