@@ -4,7 +4,8 @@ The bridge registers itself as a frame hook of the engine: before each launch it
 resources with one ``cuGraphicsMapResources`` call on the engine's stream (and rebinds a GL buffer
 input whose mapped pointer moved: a Warm update); after the launch it copies outputs into their
 GL buffers/textures on the same stream and unmaps everything with one call. Nothing waits: the
-unmap orders GL's later use after the copies.
+unmap orders GL's later use after the copies. A GL texture feeding an input is copied into a
+linear buffer before the launch (kernels read linear memory, textures are CUDA arrays).
 
 Copying an output into GL is an explicit choice made here (``show_buffer``/``show_texture``),
 never a silent fallback. A device-to-device copy of 1M points (32 MB) is ~15 µs of GPU time.
@@ -33,6 +34,7 @@ class _Link:
     port: str
     resource: Any
     last_ptr: int = 0
+    buffer: Any = None  # a texture input's linear copy, bound to the port
 
 
 class GlBridge:
@@ -46,6 +48,7 @@ class GlBridge:
         self._outputs: list[_Link] = []
         self._textures: list[_Link] = []
         self._inputs: list[_Link] = []
+        self._texture_inputs: list[_Link] = []
         self._rings: list[_Link] = []
         self._group: ResourceGroup | None = None
         self._closed = False
@@ -100,6 +103,29 @@ class GlBridge:
         self._inputs.append(_Link(block, port, buffer))
         self._regroup()
 
+    def bind_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
+        """Feed GL ``texture`` to input ``port`` of ``block``: before each launch the texture is
+        copied (on the engine stream, so the graph reads this frame's texels) into a linear buffer
+        bound to the port once: rows of ``width`` texels, top row of GL's level 0 first.
+
+        Raises:
+            InteropError: unknown input port, or an element type that does not tile the texels.
+        """
+        spec = self._check(block, port, "input")
+        texel = texture.texel_bytes
+        if texel % spec.dtype.itemsize:
+            raise InteropError(
+                f"bind_texture: input '{block.name}.{port}' takes {spec.dtype.c_name}, which does not tile "
+                f"{texture.label}'s {texture.format} texels ({texel} bytes)"
+            )
+        from ..engine.buffers import GpuBuffer
+
+        count = texture.width * texture.height * texel // spec.dtype.itemsize
+        buf = GpuBuffer(self.engine.pool, spec.dtype, count, stream=self.engine.device.stream)
+        self.engine.bind(block, port, buf)
+        self._texture_inputs.append(_Link(block, port, texture, buffer=buf))
+        self._regroup()
+
     def _check(self, block: Block, port: str, kind: str) -> Any:
         if self._closed:
             raise InteropError("GlBridge is closed")
@@ -111,7 +137,7 @@ class GlBridge:
 
     def _regroup(self) -> None:
         resources = []
-        for link in self._inputs + self._outputs + self._textures:
+        for link in self._inputs + self._texture_inputs + self._outputs + self._textures:
             if all(r is not link.resource for r in resources):
                 resources.append(link.resource)
         self._group = ResourceGroup(resources) if resources else None
@@ -123,6 +149,8 @@ class GlBridge:
         if group is None:
             return
         group.map(stream=stream)
+        for link in self._texture_inputs:  # ordered before the launch on the same stream
+            group.mapping(link.resource).copy_to(link.buffer.ptr, stream=stream)
         for link in self._inputs:
             ptr = group.pointer(link.resource)
             if ptr != link.last_ptr:
@@ -180,5 +208,5 @@ class GlBridge:
         return self._closed
 
     def __repr__(self) -> str:
-        n = len(self._outputs) + len(self._textures) + len(self._inputs) + len(self._rings)
+        n = len(self._outputs) + len(self._textures) + len(self._inputs) + len(self._texture_inputs) + len(self._rings)
         return f"<GlBridge links={n} closed={self._closed}>"

@@ -263,6 +263,14 @@ class TextureMapping:
         """
         self.resource._copy_into(self.array, ptr, pitch, stream if stream is not None else self._stream)
 
+    def copy_to(self, ptr: int, *, pitch: int | None = None, stream: Any = None) -> None:
+        """Copy the texture into a linear image at device address ``ptr`` (rows ``pitch`` apart).
+
+        Raises:
+            CudaError: the copy failed.
+        """
+        self.resource._copy_out(self.array, ptr, pitch, stream if stream is not None else self._stream)
+
     def unmap(self) -> None:
         """Unmap on the stream it was mapped on."""
         self.resource._unmap(self._stream)
@@ -309,7 +317,7 @@ class SharedTexture2D(_SharedResource):
         obj = cls(name, handle, owns_gl=False, label=label)
         obj.width, obj.height = w, h
         obj.format, obj.texel_bytes = _TEXTURE_FORMATS[fmt][0], _TEXTURE_FORMATS[fmt][1]
-        obj._copy = None
+        obj._copy = obj._copy_back = None
         return obj
 
     @classmethod
@@ -366,6 +374,21 @@ class SharedTexture2D(_SharedResource):
         c.srcPitch = pitch or row
         c.dstArray = array
         check(d.cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync into {self.label}")
+
+    def _copy_out(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
+        d = driver()
+        row = self.width * self.texel_bytes
+        c = self._copy_back
+        if c is None:  # built once, like the copy in
+            c = self._copy_back = d.CUDA_MEMCPY2D()
+            c.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+            c.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+            c.WidthInBytes = row
+            c.Height = self.height
+        c.srcArray = array
+        c.dstDevice = ptr
+        c.dstPitch = pitch or row
+        check(d.cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync out of {self.label}")
 
     def _delete_gl(self) -> None:
         gl().glDeleteTextures(1, [self.gl_name])

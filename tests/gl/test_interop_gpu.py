@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cudapatch import Block, like
 from cudapatch.errors import InteropError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gl]
@@ -149,6 +150,64 @@ extern "C" __global__ void gradient(unsigned int* image, unsigned int level, uns
         assert np.array_equal(got[..., 0], i % 256) and (got[..., 1] == level).all() and (got[..., 3] == 255).all()
     bridge.close()
     tex.close()
+
+
+def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
+    from OpenGL import GL
+
+    from cudapatch.blocks.library import CustomKernel
+    from cudapatch.interop import GlBridge, SharedTexture2D
+
+    engine, _ = gl_engine
+    code = """
+extern "C" __global__ void swizzle(const unsigned int* texels, unsigned int* out, unsigned int count) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) out[i] = (texels[i] >> 8) | 0xAB000000u;
+}"""
+    w, h = 48, 20
+    block = engine.add(CustomKernel(Code=code))
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags="read_only")
+    bridge = GlBridge(engine)
+    bridge.bind_texture(block, "texels", tex)
+    engine.wait_ready()
+    rng = np.random.default_rng()
+    for _ in range(3):  # new texels every frame: the copy runs before each launch
+        texels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+        GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
+        GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, w, h, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
+        GL.glFinish()
+        engine.output(block, "out").fill_bytes(0xFF)  # poisoned
+        engine.update()
+        words = texels.reshape(-1, 4).astype(np.uint32)
+        packed = words[:, 0] | (words[:, 1] << 8) | (words[:, 2] << 16) | (words[:, 3] << 24)
+        np.testing.assert_array_equal(engine.read(block, "out"), (packed >> 8) | 0xAB000000)
+    with pytest.raises(InteropError, match="does not tile"):
+        f32 = SharedTexture2D.create(4, 4, format="r32f")
+        try:
+            other = engine.add(VectorAddDouble())
+            bridge.bind_texture(other, "A", f32)
+        finally:
+            f32.close()
+    bridge.close()
+    tex.close()
+
+
+class VectorAddDouble(Block):
+    """Reads doubles: an input a 4-byte texel cannot feed."""
+
+    def describe(self, b):
+        from cudapatch.kernels.cuda_source import CudaSource
+
+        k = b.add_kernel(
+            CudaSource(
+                code='extern "C" __global__ void twice(const double* a, double* o, unsigned int n)'
+                "{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) o[i] = 2 * a[i]; }"
+            )
+        )
+        b.input("A", k.in_(0))
+        b.output("O", k.out(1), size=like("A"))
+        k.auto_grid(like("A"), count_param=2)
 
 
 @pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
