@@ -318,6 +318,8 @@ class SharedTexture2D(_SharedResource):
         obj.width, obj.height = w, h
         obj.format, obj.texel_bytes = _TEXTURE_FORMATS[fmt][0], _TEXTURE_FORMATS[fmt][1]
         obj._copy = obj._copy_back = None
+        obj.flags = flags
+        obj._writer = None  # a SurfaceWriter, made on the first copy into a surface_ldst texture
         return obj
 
     @classmethod
@@ -363,6 +365,14 @@ class SharedTexture2D(_SharedResource):
     def _copy_into(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
         d = driver()
         row = self.width * self.texel_bytes
+        if self.flags == "surface_ldst" and self.texel_bytes in (4, 16) and (pitch or row) % self.texel_bytes == 0:
+            # Surface stores: 2.4x faster than the copy engine into the array (see interop/surface.py).
+            if self._writer is None:
+                from .surface import SurfaceWriter
+
+                self._writer = SurfaceWriter(self.width, self.height, self.texel_bytes)
+            self._writer.write(array, ptr, (pitch or row) // self.texel_bytes, stream)
+            return
         c = self._copy
         if c is None:  # built once, then only the pointers change: the struct costs ~10 µs to build
             c = self._copy = d.CUDA_MEMCPY2D()
@@ -389,6 +399,15 @@ class SharedTexture2D(_SharedResource):
         c.dstDevice = ptr
         c.dstPitch = pitch or row
         check(d.cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync out of {self.label}")
+
+    def close(self) -> None:
+        """Release the surface writer (if any), unregister, and delete the GL texture if this object
+        created it (idempotent); on the GL thread, with the context current."""
+        writer = getattr(self, "_writer", None)
+        if writer is not None and not self._closed:
+            writer.close()
+            self._writer = None
+        super().close()
 
     def _delete_gl(self) -> None:
         gl().glDeleteTextures(1, [self.gl_name])

@@ -119,7 +119,8 @@ def test_group_maps_everything_in_one_call_and_lifecycle(gl_engine, monkeypatch)
         _ = t.handle
 
 
-def test_engine_writes_a_texture_every_frame(gl_engine):
+@pytest.mark.parametrize("flags", ["write_discard", "surface_ldst"], ids=["array-copy", "surface-stores"])
+def test_engine_writes_a_texture_every_frame(gl_engine, flags):
     from OpenGL import GL
 
     from cudapatch.blocks.library import CustomKernel
@@ -134,7 +135,7 @@ extern "C" __global__ void gradient(unsigned int* image, unsigned int level, uns
     w, h = 64, 32
     block = engine.add(CustomKernel(Code=code))
     block.set("Count", w * h)
-    tex = SharedTexture2D.create(w, h, format="rgba8", flags="write_discard")
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags=flags)
     bridge = GlBridge(engine)
     bridge.show_texture(block, "image", tex)
     engine.wait_ready()
@@ -150,6 +151,29 @@ extern "C" __global__ void gradient(unsigned int* image, unsigned int level, uns
         assert np.array_equal(got[..., 0], i % 256) and (got[..., 1] == level).all() and (got[..., 3] == 255).all()
     bridge.close()
     tex.close()
+
+
+@pytest.mark.parametrize("fmt", ["rgba8", "r32f", "rgba32f"])
+def test_surface_stores_write_every_texel(gl_engine, fmt):
+    import cupy as cp
+
+    from cudapatch.interop import SharedTexture2D
+
+    engine, _ = gl_engine
+    w, h = 37, 19  # not a multiple of the thread block: the edges must be written too
+    tex = SharedTexture2D.create(w, h, format=fmt, flags="surface_ldst")
+    words = tex.texel_bytes // 4
+    src = cp.asarray(np.random.default_rng().integers(0, 2**31, w * h * words, dtype=np.uint32))
+    back = cp.full_like(src, 0xFFFFFFFF)  # poisoned
+    s = engine.device.stream
+    with tex.map(stream=s) as m:
+        m.copy_from(src.data.ptr)
+        m.copy_to(back.data.ptr)
+    engine.synchronize()
+    assert tex._writer is not None  # the surface path ran
+    np.testing.assert_array_equal(cp.asnumpy(back), cp.asnumpy(src))
+    tex.close()
+    tex.close()  # idempotent, the writer released once
 
 
 def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
