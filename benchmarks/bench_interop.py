@@ -56,6 +56,7 @@ def host_median_us(fn, n: int = 2000, before=None) -> float:
 
 def gpu_ms(fn, stream, n: int = 50) -> float:
     a, b = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    fn()  # warm-up: first-use work (module loads, caches) is not what is measured
     check(d.cuStreamSynchronize(stream))
     check(d.cuEventRecord(a, stream))
     for _ in range(n):

@@ -319,7 +319,17 @@ class SharedTexture2D(_SharedResource):
         obj.format, obj.texel_bytes = _TEXTURE_FORMATS[fmt][0], _TEXTURE_FORMATS[fmt][1]
         obj._copy = obj._copy_back = None
         obj.flags = flags
-        obj._writer = None  # a SurfaceWriter, made on the first copy into a surface_ldst texture
+        obj._writer = None
+        if flags == "surface_ldst" and obj.texel_bytes in (4, 16):
+            from .surface import SurfaceWriter
+
+            try:  # now, not in a frame: the first writer in a process compiles its kernel (~30 ms)
+                obj._writer = SurfaceWriter(w, h, obj.texel_bytes)
+            except Exception:
+                check(driver().cuGraphicsUnregisterResource(handle), f"cuGraphicsUnregisterResource({label})")
+                obj._closed = True
+                obj._finalizer.detach()
+                raise
         return obj
 
     @classmethod
@@ -365,12 +375,8 @@ class SharedTexture2D(_SharedResource):
     def _copy_into(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
         d = driver()
         row = self.width * self.texel_bytes
-        if self.flags == "surface_ldst" and self.texel_bytes in (4, 16) and (pitch or row) % self.texel_bytes == 0:
+        if self._writer is not None and (pitch or row) % self.texel_bytes == 0:
             # Surface stores: 2.4x faster than the copy engine into the array (see interop/surface.py).
-            if self._writer is None:
-                from .surface import SurfaceWriter
-
-                self._writer = SurfaceWriter(self.width, self.height, self.texel_bytes)
             self._writer.write(array, ptr, (pitch or row) // self.texel_bytes, stream)
             return
         c = self._copy
