@@ -35,32 +35,47 @@ class FileWatcher:
     def __init__(self, *, interval: float = 0.05, debounce: float = 0.15) -> None:
         self.interval = interval
         self.debounce = debounce
-        self._groups: dict[Hashable, tuple[Path, ...]] = {}
-        self._stamps: dict[Path, tuple[int, int] | None] = {}
+        # Paths are kept as strings: hashing a Path costs a microsecond, and a patch watches hundreds.
+        self._groups: dict[Hashable, tuple[str, ...]] = {}
+        self._stamps: dict[str, tuple[int, int] | None] = {}
+        self._users: dict[str, int] = {}  # path -> how many keys watch it
         self._changed_at: dict[Hashable, float] = {}
         self.ready: list[Hashable] = []  # keys with settled changes; non-empty means events() has news
+        # The lock guards the dicts only; the polling thread stats files without holding it, so a
+        # frame thread that (un)watches never waits for a polling pass.
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cudapatch-watch", daemon=True)
         self._thread.start()
 
-    def watch(self, key: Hashable, paths: Iterable[Path]) -> None:
+    def watch(self, key: Hashable, paths: Iterable[Path | str]) -> None:
         """Watch ``paths`` under ``key`` (replacing what ``key`` watched before)."""
-        paths = tuple(Path(p) for p in paths)
+        new = tuple(os.fspath(p) for p in paths)
+        fresh = {p: _stamp(p) for p in new if p not in self._stamps}  # outside the lock: stat may be slow
         with self._lock:
-            self._groups[key] = paths
-            for p in paths:
+            self._drop(key)
+            self._groups[key] = new
+            for p in new:
+                self._users[p] = self._users.get(p, 0) + 1
                 if p not in self._stamps:
-                    self._stamps[p] = _stamp(p)
+                    self._stamps[p] = fresh.get(p, _stamp(p))
 
     def unwatch(self, key: Hashable) -> None:
-        """Stop watching ``key``; unknown keys are ignored."""
+        """Stop watching ``key``; unknown keys are ignored (without taking the lock)."""
+        if key not in self._groups and key not in self._changed_at:
+            return
         with self._lock:
-            self._groups.pop(key, None)
+            self._drop(key)
             self._changed_at.pop(key, None)
-            live = {p for ps in self._groups.values() for p in ps}
-            for p in [p for p in self._stamps if p not in live]:
-                del self._stamps[p]
+
+    def _drop(self, key: Hashable) -> None:
+        for p in self._groups.pop(key, ()):  # with the lock held
+            left = self._users.get(p, 0) - 1
+            if left > 0:
+                self._users[p] = left
+            else:
+                self._users.pop(p, None)
+                self._stamps.pop(p, None)
 
     def keys(self) -> set[Hashable]:
         with self._lock:
@@ -82,15 +97,18 @@ class FileWatcher:
         """One polling pass (the thread calls this; tests may too)."""
         now = time.monotonic()
         with self._lock:
+            paths = list(self._stamps.items())
+        seen = [(p, old, _stamp(p)) for p, old in paths]  # no lock held while stat runs
+        with self._lock:
             changed_paths = set()
-            for p, old in list(self._stamps.items()):
-                new = _stamp(p)
-                if new != old:
+            for p, old, new in seen:
+                if new != old and p in self._stamps and self._stamps[p] == old:
                     self._stamps[p] = new
                     changed_paths.add(p)
-            for key, paths in self._groups.items():
-                if changed_paths.intersection(paths):
-                    self._changed_at[key] = now  # (re)start the debounce window
+            if changed_paths:
+                for key, group in self._groups.items():
+                    if changed_paths.intersection(group):
+                        self._changed_at[key] = now  # (re)start the debounce window
             for key, t in list(self._changed_at.items()):
                 if now - t >= self.debounce:
                     del self._changed_at[key]
