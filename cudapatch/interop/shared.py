@@ -373,38 +373,36 @@ class SharedTexture2D(_SharedResource):
         return TextureMapping(self, stream, array)
 
     def _copy_into(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
-        d = driver()
         row = self.width * self.texel_bytes
         if self._writer is not None and (pitch or row) % self.texel_bytes == 0:
             # Surface stores: 2.4x faster than the copy engine into the array (see interop/surface.py).
             self._writer.write(array, ptr, (pitch or row) // self.texel_bytes, stream)
             return
-        c = self._copy
-        if c is None:  # built once, then only the pointers change: the struct costs ~10 µs to build
-            c = self._copy = d.CUDA_MEMCPY2D()
-            c.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
-            c.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
-            c.WidthInBytes = row
-            c.Height = self.height
-        c.srcDevice = ptr
-        c.srcPitch = pitch or row
-        c.dstArray = array
-        check(d.cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync into {self.label}")
+        c = self._copy2d(into=True)
+        c.srcDevice, c.srcPitch, c.dstArray = ptr, pitch or row, array
+        check(driver().cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync into {self.label}")
 
     def _copy_out(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
-        d = driver()
-        row = self.width * self.texel_bytes
-        c = self._copy_back
-        if c is None:  # built once, like the copy in
-            c = self._copy_back = d.CUDA_MEMCPY2D()
-            c.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
-            c.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
-            c.WidthInBytes = row
+        c = self._copy2d(into=False)
+        c.srcArray, c.dstDevice, c.dstPitch = array, ptr, pitch or self.width * self.texel_bytes
+        check(driver().cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync out of {self.label}")
+
+    def _copy2d(self, *, into: bool) -> Any:
+        """The copy descriptor into (or out of) the texture's array, built once per direction: only the
+        pointers change per frame, and the struct costs ~10 µs to build."""
+        c = self._copy if into else self._copy_back
+        if c is None:
+            d = driver()
+            c = d.CUDA_MEMCPY2D()
+            linear, array = d.CUmemorytype.CU_MEMORYTYPE_DEVICE, d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+            c.srcMemoryType, c.dstMemoryType = (linear, array) if into else (array, linear)
+            c.WidthInBytes = self.width * self.texel_bytes
             c.Height = self.height
-        c.srcArray = array
-        c.dstDevice = ptr
-        c.dstPitch = pitch or row
-        check(d.cuMemcpy2DAsync(c, stream), f"cuMemcpy2DAsync out of {self.label}")
+            if into:
+                self._copy = c
+            else:
+                self._copy_back = c
+        return c
 
     def close(self) -> None:
         """Release the surface writer (if any), unregister, and delete the GL texture if this object
