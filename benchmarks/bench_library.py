@@ -23,8 +23,8 @@ import numpy as np
 from cuda.bindings import driver as d
 
 from cudapatch import Engine
+from cudapatch.blocks.captured import nvmath_module
 from cudapatch.blocks.library import FFT, GEMM
-from cudapatch.engine.libraries import nvmath_module
 
 REPS = 200
 

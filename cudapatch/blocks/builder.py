@@ -57,11 +57,12 @@ class KernelPin:
 class KernelHandle:
     """A kernel added to a builder. Its pins bind ports, scalars and internal links to parameters."""
 
-    def __init__(self, builder: BlockBuilder, index: int, source: KernelSource) -> None:
+    def __init__(self, builder: BlockBuilder, index: int, source: KernelSource | None, descriptor: Any = None) -> None:
         self._builder = builder
         self.index = index
         self.source = source
-        self.descriptor = source.describe()  # no compilation: the engine compiles in the background
+        # No compilation here: the engine compiles in the background.
+        self.descriptor = descriptor if descriptor is not None else source.describe()  # type: ignore[union-attr]
         self._grid: SizeRule | None = None
         self._counts: list[tuple[int, SizeRule]] = []
 
@@ -144,15 +145,10 @@ class CapturedHandle(KernelHandle):
         prepare: PrepareFunction | None,
         validate: ValidateFunction | None,
     ) -> None:
-        self._builder = builder
-        self.index = index
-        self.source = None  # type: ignore[assignment]
+        super().__init__(builder, index, None, descriptor)
         self.call = call
-        self.descriptor = descriptor
         self.prepare = prepare
         self.validate = validate
-        self._grid = None
-        self._counts = []
 
     def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
         raise self._builder._error(f"'{self.entry_point}' is a captured library call: it has no grid")

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import LibraryCallError
 from ..kernels.descriptor import KernelDescriptor, KernelParamDescriptor
 from ..kernels.types import DType, parse_type_name
 from .description import SizeRule
@@ -50,6 +51,7 @@ __all__ = [
     "buffer_out",
     "device_scalar",
     "host_scalar",
+    "nvmath_module",
 ]
 
 #: ``fn(stream, pointers, scalars, libs)``: issue the library calls on ``stream`` (capture is active).
@@ -61,6 +63,23 @@ PrepareFunction = Callable[[Mapping[str, int], Mapping[str, Any], "LibraryScope"
 #: parameter values; returns a message when the shapes do not fit the operation, else None. Runs
 #: when the graph is planned (no GPU), so a bad shape is an error on the block, not a library status.
 ValidateFunction = Callable[[Mapping[str, int], Mapping[str, Any]], "str | None"]
+
+
+def nvmath_module(name: str) -> Any:
+    """``nvmath.bindings.<name>`` (``cublas``, ``cufft``, ``curand``, ``cusolverDn``, ``cusparse``),
+    imported on first use, for call functions.
+
+    Raises:
+        LibraryCallError: nvmath-python or the library itself is not installed (says how to fix it).
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(f"nvmath.bindings.{name}")
+    except ImportError as exc:
+        raise LibraryCallError(
+            f"library calls need nvmath-python ({exc}); install it with: pip install 'cudapatch[libs]'"
+        ) from None
 
 
 def _dtype(t: str | DType) -> DType:

@@ -286,7 +286,7 @@ def compile_plan(
                     continue
                 if role == "scalar":
                     key = (bid, ref)
-                    kind = "device" if ks.grid is None and p.name in device_scalars else "scalar"
+                    kind = "device" if p.name in device_scalars else "scalar"  # only captured calls have them
                     args.append(_new(Arg, (kind, p.dtype, False, key, values[ref])))  # type: ignore[index]
                     scalar_slots.setdefault(key, []).append((node_index, si))  # type: ignore[arg-type]
                     continue

@@ -463,6 +463,7 @@ class Engine:
             self._set_diagnostics(exc.diagnostics)
             return False
         if self._graph is not None:
+            recaptures = self._graph.recaptures
             try:
                 patched = self._graph.try_patch(plan, snap.bindings, functions)
             except CudaError as exc:
@@ -470,11 +471,13 @@ class Engine:
                 self._set_diagnostics((Diagnostic("error", None, "realize", str(exc)),))
                 return False
             if patched is not None:
-                # Warm resize: same graph, new counts/grids/pointers patched into the executable graph.
+                # Warm resize: same graph, new counts/grids/pointers patched into the executable graph
+                # (captured calls whose arguments changed were re-captured in place).
                 timing.tier, timing.realize_ms = "warm-resize", 0.0
                 timing.total_ms = (time.perf_counter() - t0) * 1e3
                 self.counters.warm_resizes += 1
                 self.counters.nodes_patched += patched
+                self.counters.recaptures += self._graph.recaptures - recaptures
                 self._finish_build(self._graph, plan)
                 return True
         names = {b.id: b.name for b in snap.blocks}

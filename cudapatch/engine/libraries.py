@@ -23,6 +23,7 @@ import logging
 import re
 from typing import Any
 
+from ..blocks.captured import nvmath_module
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from ..kernels.types import DType
@@ -34,22 +35,6 @@ __all__ = ["LibraryHandles", "LibraryScope", "library_error", "nvmath_module"]
 log = logging.getLogger("cudapatch.engine")
 
 _STATUS = re.compile(r"\b(CU[A-Z]+_STATUS_[A-Z_]+|CUFFT_[A-Z_]+|CURAND_STATUS_[A-Z_]+)\b")
-
-
-def nvmath_module(name: str) -> Any:
-    """``nvmath.bindings.<name>``, imported on first use.
-
-    Raises:
-        LibraryCallError: nvmath-python or the library itself is not installed (says how to fix it).
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(f"nvmath.bindings.{name}")
-    except ImportError as exc:
-        raise LibraryCallError(
-            f"library calls need nvmath-python ({exc}); install it with: pip install 'cudapatch[libs]'"
-        ) from None
 
 
 def library_error(exc: BaseException, call: str, block: str | None) -> LibraryCallError:

@@ -122,6 +122,8 @@ class ReadbackRing:
         Returns:
             Whether new values arrived.
         """
+        if self._closed:  # the ring's memory is gone (closed or abandoned)
+            return False
         seq, sw = self._seq, self.slot_words
         for _ in range(RING_FRAMES):  # a slot overwritten while copied is retried; older ones follow
             slot, frame = -1, self._published
@@ -145,21 +147,19 @@ class ReadbackRing:
 
     def value(self, index: int) -> int | None:
         """The value at ``index`` in the newest published frame, or None before any completed."""
-        if not (self._closed or self.frozen):
+        if not self.frozen:
             self.poll()
         return None if self.latest_frame is None else int(self.latest[index])
 
     def age(self) -> int | None:
         """How many frames old the values are (1 = the frame of the last launch)."""
-        if not (self._closed or self.frozen):
+        if not self.frozen:
             self.poll()
         return None if self.latest_frame is None else self.current_frame - self.latest_frame + 1
 
     def abandon(self) -> None:
         """Forget the ring without freeing it (the context was reset)."""
         self._closed = True
-        self._ring = np.zeros((RING_FRAMES, self.slot_words), dtype=np.uint64)
-        self._seq = (ctypes.c_uint64 * (self.slot_words * RING_FRAMES))()
         self._host = self._frames_dev = 0
 
     def close(self) -> None:
@@ -171,8 +171,5 @@ class ReadbackRing:
         if self._closed:
             return
         self._closed = True
-        d = driver()
-        self._ring = np.zeros((RING_FRAMES, self.slot_words), dtype=np.uint64)
-        self._seq = (ctypes.c_uint64 * (self.slot_words * RING_FRAMES))()
-        check(d.cuMemFreeHost(self._host), "cuMemFreeHost")
+        check(driver().cuMemFreeHost(self._host), "cuMemFreeHost")
         self._host = self._frames_dev = 0

@@ -135,7 +135,30 @@ class _SharedResource:
         self.close()
 
 
-class BufferMapping:
+class _Mapping:
+    """What both mapping kinds share: unmap on the stream they were mapped on, and a context manager
+    that unmaps on exit (if still mapped)."""
+
+    resource: Any
+    _stream: Any
+
+    def unmap(self) -> None:
+        """Unmap on the stream it was mapped on.
+
+        Raises:
+            InteropError: not mapped.
+        """
+        self.resource._unmap(self._stream)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.resource.is_mapped:
+            self.unmap()
+
+
+class BufferMapping(_Mapping):
     """A mapped ``SharedBuffer``: ``ptr`` and ``nbytes``, valid until unmapped.
 
     Exposes ``__cuda_array_interface__`` (bytes, or ``dtype``/``shape`` given to ``as_array``)."""
@@ -159,21 +182,6 @@ class BufferMapping:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3, "strides": None}
-
-    def unmap(self) -> None:
-        """Unmap on the stream it was mapped on.
-
-        Raises:
-            InteropError: not mapped.
-        """
-        self.resource._unmap(self._stream)
-
-    def __enter__(self) -> BufferMapping:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.resource.is_mapped:
-            self.unmap()
 
 
 class SharedBuffer(_SharedResource):
@@ -247,7 +255,7 @@ class SharedBuffer(_SharedResource):
         return f"<SharedBuffer {self.label} {size} bytes mapped={self._mapped} closed={self._closed}>"
 
 
-class TextureMapping:
+class TextureMapping(_Mapping):
     """A mapped ``SharedTexture2D``: ``array`` is the ``CUarray`` of level 0, valid until unmapped."""
 
     def __init__(self, resource: SharedTexture2D, stream: Any, array: Any) -> None:
@@ -270,17 +278,6 @@ class TextureMapping:
             CudaError: the copy failed.
         """
         self.resource._copy_out(self.array, ptr, pitch, stream if stream is not None else self._stream)
-
-    def unmap(self) -> None:
-        """Unmap on the stream it was mapped on."""
-        self.resource._unmap(self._stream)
-
-    def __enter__(self) -> TextureMapping:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.resource.is_mapped:
-            self.unmap()
 
 
 class SharedTexture2D(_SharedResource):
@@ -326,9 +323,7 @@ class SharedTexture2D(_SharedResource):
             try:  # now, not in a frame: the first writer in a process compiles its kernel (~30 ms)
                 obj._writer = SurfaceWriter(w, h, obj.texel_bytes)
             except Exception:
-                check(driver().cuGraphicsUnregisterResource(handle), f"cuGraphicsUnregisterResource({label})")
-                obj._closed = True
-                obj._finalizer.detach()
+                obj.close()  # unregisters; the GL texture stays with whoever made it
                 raise
         return obj
 
@@ -407,9 +402,8 @@ class SharedTexture2D(_SharedResource):
     def close(self) -> None:
         """Release the surface writer (if any), unregister, and delete the GL texture if this object
         created it (idempotent); on the GL thread, with the context current."""
-        writer = getattr(self, "_writer", None)
-        if writer is not None and not self._closed:
-            writer.close()
+        if self._writer is not None:
+            self._writer.close()
             self._writer = None
         super().close()
 

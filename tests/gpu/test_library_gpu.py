@@ -260,7 +260,7 @@ def _allocating_call(stream, pointers, scalars, libs):
 
 
 def _bad_status_call(stream, pointers, scalars, libs):
-    from cudapatch.engine.libraries import nvmath_module
+    from cudapatch.blocks.captured import nvmath_module
 
     blas = nvmath_module("cublas")
     h = libs.cublas(stream)

@@ -13,7 +13,7 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar
+from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar, nvmath_module
 from ..description import computed
 
 __all__ = ["FFT"]
@@ -24,12 +24,6 @@ _KINDS = {
     "R2C": (False, True, "R2C", "D2Z"),
     "C2R": (True, False, "C2R", "Z2D"),
 }
-
-
-def _lib(name: str) -> Any:
-    from ...engine.libraries import nvmath_module
-
-    return nvmath_module(name)
 
 
 def _shape(s: Mapping[str, Any]) -> tuple[int, ...]:
@@ -57,7 +51,7 @@ def _make(kind: str) -> tuple[Any, Any, Any, Any]:
         libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"])
 
     def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-        fft = _lib("cufft")
+        fft = nvmath_module("cufft")
         plan = libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"], stream)
         direction = 1 if int(s["Inverse"]) else -1  # CUFFT_INVERSE / CUFFT_FORWARD
         if kind == "C2C":

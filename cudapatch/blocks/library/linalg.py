@@ -14,7 +14,7 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_in, buffer_inout, buffer_out, device_scalar, host_scalar
+from ..captured import CallDescriptor, buffer_in, buffer_inout, buffer_out, device_scalar, host_scalar, nvmath_module
 from ..description import computed, from_param
 
 __all__ = ["GEMM", "GEMV", "LUSolve", "SpMV", "LINALG_BLOCKS"]
@@ -29,12 +29,6 @@ def _precision(b: BlockBuilder) -> DType:
     if dt is None:
         raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
     return dt
-
-
-def _lib(name: str) -> Any:
-    from ...engine.libraries import nvmath_module  # the engine side: imported when a call runs
-
-    return nvmath_module(name)
 
 
 def _expect(counts: Mapping[str, int], port: str, need: int, what: str) -> str | None:
@@ -64,7 +58,7 @@ def _gemm_descriptor(dt: DType) -> CallDescriptor:
 
 
 def _gemm_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    blas = _lib("cublas")
+    blas = nvmath_module("cublas")
     h = libs.cublas(stream)
     m, n, k, ta, tb = s["M"], s["N"], s["K"], int(s["TransA"]), int(s["TransB"])
     # Row-major C (M x N) is column-major C^T = op(B)^T op(A)^T: swap the operands.
@@ -128,7 +122,7 @@ def _gemv_descriptor(dt: DType) -> CallDescriptor:
 
 
 def _gemv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    blas = _lib("cublas")
+    blas = nvmath_module("cublas")
     h = libs.cublas(stream)
     m, n, t = s["M"], s["N"], int(s["Trans"])
     # Row-major A (M x N) is column-major A^T (N x M, ld N): A @ x is (A^T)^T x.
@@ -184,7 +178,7 @@ def _lu_descriptor(dt: DType) -> CallDescriptor:
 
 
 def _lu_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    solver = _lib("cusolverDn")
+    solver = nvmath_module("cusolverDn")
     h = libs.cusolver(libs.capture_stream_handle)
     n = s["N"]
     size = solver.dgetrf_buffer_size if s["double"] else solver.sgetrf_buffer_size
@@ -196,7 +190,7 @@ def _lu_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
 def _lu_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
     from ...kernels._driver import check, driver
 
-    solver = _lib("cusolverDn")
+    solver = nvmath_module("cusolverDn")
     d = driver()
     n, nrhs, item = s["N"], s["NRHS"], 8 if s["double"] else 4
     # getrf works in place: factor a copy, so the input buffer (another block's output) stays intact.
@@ -272,7 +266,7 @@ def _spmv_descriptor(dt: DType) -> CallDescriptor:
 
 
 def _spmv_descriptors(p: Mapping[str, int], s: Mapping[str, Any]) -> tuple[Any, Any, Any, int]:
-    sp = _lib("cusparse")
+    sp = nvmath_module("cusparse")
     dt = _CUDA_R[DType.FLOAT64 if s["double"] else DType.FLOAT32]
     i32 = sp.IndexType.INDEX_32I
     mat = sp.create_csr(
@@ -284,14 +278,14 @@ def _spmv_descriptors(p: Mapping[str, int], s: Mapping[str, Any]) -> tuple[Any, 
 
 
 def _spmv_release(mat: Any, x: Any, y: Any) -> None:
-    sp = _lib("cusparse")
+    sp = nvmath_module("cusparse")
     sp.destroy_sp_mat(mat)
     sp.destroy_dn_vec(x)
     sp.destroy_dn_vec(y)
 
 
 def _spmv_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    sp = _lib("cusparse")
+    sp = nvmath_module("cusparse")
     h = libs.cusparse(libs.capture_stream_handle)
     mat, x, y, dt = _spmv_descriptors(p, s)
     try:
@@ -302,7 +296,7 @@ def _spmv_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None
 
 
 def _spmv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    sp = _lib("cusparse")
+    sp = nvmath_module("cusparse")
     h = libs.cusparse(stream)
     mat, x, y, dt = _spmv_descriptors(p, s)  # host-side descriptors: creating them enqueues nothing
     try:

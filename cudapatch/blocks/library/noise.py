@@ -12,7 +12,7 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_out, host_scalar
+from ..captured import CallDescriptor, buffer_out, host_scalar, nvmath_module
 from ..description import from_param
 
 __all__ = ["Random"]
@@ -25,8 +25,6 @@ def _prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
 
 
 def _call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-    from ...engine.libraries import nvmath_module
-
     rand = nvmath_module("curand")
     gen = libs.generator(_GENERATOR, int(s["Seed"]), stream)
     n = int(s["Count"])
