@@ -20,8 +20,12 @@ RING_FRAMES = 3
 
 
 #: The kernel that ends every graph with readback: it copies the readback block into the next slot
-#: of a 3-slot ring in mapped pinned host memory, bracketed by sequence words (a seqlock), and
-#: counts the frame on the device. The host reads the ring with plain loads: no driver call per frame.
+#: of a 3-slot ring in mapped pinned host memory and counts the frame on the device. Each slot is
+#: ``[unused, frame, values...]``; the frame word is written last, after one system-scope fence, and
+#: the publish of frame ``f`` clears the frame word of the slot frame ``f + 1`` will write, a whole
+#: frame before it is rewritten. The host reads the ring with plain loads: no driver call per frame.
+#: (Measured on the H100 with 100 chained kernels: the earlier seqlock, with a fence before the data
+#: as well, cost a frame 0.95 %; this one 0.6 %.)
 PUBLISH_SOURCE = r"""
 extern "C" __global__ void publish(unsigned long long* src, unsigned int words,
                                    unsigned long long* ring, unsigned int slot_words,
@@ -38,25 +42,27 @@ extern "C" __global__ void publish(unsigned long long* src, unsigned int words,
     }
     __syncthreads();
     volatile unsigned long long* slot = ring + (frame % 3) * slot_words;  // the host reads it: no caching
-    if (threadIdx.x == 0) { slot[0] = frame; __threadfence_system(); }
-    __syncthreads();
     for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) slot[2 + i] = src[i];
-    __threadfence_system();
     __syncthreads();
-    if (threadIdx.x == 0) { slot[1] = frame; *frames = frame; }
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");  // every value reaches the host before the frame word
+        slot[1] = frame;
+        *frames = frame;
+        ring[((frame + 1) % 3) * slot_words + 1] = 0;  // the slot the next frame writes: no longer complete
+    }
 }
 """
 PUBLISH_THREADS = 128
 
 
-def newest_published(begins: list[int], ends: list[int], latest: int) -> int | None:
-    """The ring slot holding the newest complete frame newer than ``latest``, else None. A slot is
-    complete when its begin and end sequence words agree (the writer sets begin, then the data,
-    then end); frame 0 means never written."""
+def newest_published(frames: list[int], latest: int) -> int | None:
+    """The ring slot holding the newest complete frame newer than ``latest``, else None.
+    ``frames[slot]`` is the slot's frame word: 0 while the slot is (about to be) rewritten or was
+    never written."""
     best, best_frame = None, latest
-    for slot, (b, e) in enumerate(zip(begins, ends, strict=True)):
-        if b == e and e > best_frame:
-            best, best_frame = slot, e
+    for slot, f in enumerate(frames):
+        if f > best_frame:
+            best, best_frame = slot, f
     return best
 
 
@@ -67,7 +73,7 @@ class ReadbackRing:
 
     The graph's last node (the ``publish`` kernel, see ``publish_args``) writes the block into the
     ring in mapped pinned host memory; ``poll`` reads the newest complete slot with plain loads and
-    checks its sequence words after copying, so a slot being overwritten is never taken. Per frame
+    checks the slot's frame word again after copying, so a slot being rewritten is never taken. Per frame
     the host makes no driver call at all (an event query and a copy per frame measured about 3x
     the host time of a bare launch).
 
@@ -125,16 +131,13 @@ class ReadbackRing:
         if self._closed:  # the ring's memory is gone (closed or abandoned)
             return False
         seq, sw = self._seq, self.slot_words
-        for _ in range(RING_FRAMES):  # a slot overwritten while copied is retried; older ones follow
-            slot, frame = -1, self._published
-            for s in range(RING_FRAMES):
-                end = seq[s * sw + 1]
-                if end > frame and seq[s * sw] == end:
-                    slot, frame = s, end
-            if slot < 0:
+        for _ in range(RING_FRAMES):  # a slot cleared while copied is retried; older ones follow
+            slot = newest_published([seq[s * sw + 1] for s in range(RING_FRAMES)], self._published)
+            if slot is None:
                 return False
+            frame = seq[slot * sw + 1]
             row = self._ring[slot].copy()
-            if seq[slot * sw] != frame or int(row[1]) != frame:  # the writer started another frame here
+            if seq[slot * sw + 1] != frame or int(row[1]) != frame:  # the writer cleared it meanwhile
                 continue
             raw = row[2 : 2 + self.words].view(np.uint8)[: self.nbytes]
             self.latest_stamps[:] = raw[: 8 * self.stamps].view(np.uint64)

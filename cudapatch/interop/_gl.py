@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import InteropError
 
-__all__ = ["gl", "check_gl", "pyopengl_platform"]
+__all__ = ["gl", "gl_function", "check_gl", "pyopengl_platform"]
 
 
 def pyopengl_platform() -> str:
@@ -40,6 +40,26 @@ def gl() -> Any:
     except ImportError as exc:
         raise InteropError(f"PyOpenGL is not installed ({exc}); pip install 'cudapatch[gl]'") from exc
     return GL
+
+
+def gl_function(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A GL entry point as a plain ctypes function, for calls made every frame: PyOpenGL's wrappers,
+    even its ``raw`` ones, cost about 4x as much per call (measured: fence + delete 4.8 µs against
+    1.2 µs). Resolved through the platform's ``GetProcAddress`` with a context current; the
+    pointer is valid for that context's driver.
+
+    Raises:
+        InteropError: the driver does not have ``name``.
+    """
+    import ctypes
+
+    gl()  # PyOpenGL configured and its platform loaded
+    from OpenGL import platform
+
+    address = platform.PLATFORM.getExtensionProcedure(name.encode())
+    if not address:
+        raise InteropError(f"the GL driver has no {name}")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
 
 
 _GL_ERRORS = {

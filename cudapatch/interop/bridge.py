@@ -34,7 +34,7 @@ class _Link:
     port: str
     resource: Any
     last_ptr: int = 0
-    buffer: Any = None  # a texture input's linear copy, bound to the port
+    buffer: Any = None  # a texture input's linear copy bound to the port; a ring's writer block
 
 
 class GlBridge:
@@ -68,14 +68,22 @@ class GlBridge:
         self._regroup()
 
     def show_buffer_ring(self, block: Block, port: str, ring: Any) -> None:
-        """After each launch, copy output ``port`` into the next free buffer of an ``ImportedRing``
-        (the zero-map path: no map/unmap, one copy and one event record per frame).
+        """Copy output ``port`` into the next free buffer of an ``ImportedRing`` every frame (the
+        zero-map path). The copy is a ``GlRingWriter`` block added to the engine (it shows in the
+        stats with its GPU time; the next update rebuilds the graph once); per frame the host only
+        writes the ring's request word: no map, no unmap, no driver call.
 
         Raises:
-            InteropError: unknown output port, or the bridge is closed.
+            InteropError: unknown output port, the bridge is closed, or the ring cannot be attached.
         """
-        self._check(block, port, "output")
-        self._rings.append(_Link(block, port, ring))
+        from .ring_writer import GlRingWriter
+
+        spec = self._check(block, port, "output")
+        writer = GlRingWriter(name=f"{block.name}.{port} to GL", Type=spec.dtype.c_name)
+        ring.attach(writer)
+        self.engine.add(writer)
+        self.engine.connect(block, port, writer, "In")
+        self._rings.append(_Link(block, port, ring, buffer=writer))
 
     def show_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
         """After each launch, copy output ``port`` (a linear image, ``width*height`` texels of the
@@ -144,7 +152,10 @@ class GlBridge:
 
     # -- the frame (called by Engine.update) -----------------------------------------------------
     def before_launch(self, stream: Any) -> None:
-        """Map every resource (one driver call); rebind GL inputs whose pointer moved."""
+        """Request this launch's ring buffers; map every resource (one driver call); rebind GL inputs
+        whose pointer moved."""
+        for link in self._rings:
+            link.resource.request()
         group = self._group
         if group is None:
             return
@@ -161,14 +172,10 @@ class GlBridge:
 
     def after_launch(self, stream: Any) -> None:
         """Copy outputs into their GL resources, then unmap everything (one driver call)."""
-        graph = self.engine.graph
-        for link in self._rings:
-            src = graph.output(link.block.id, link.port) if graph is not None else None
-            if src is not None and link.resource.write(src.ptr, src.nbytes, stream):
-                self.copied_bytes += min(src.nbytes, link.resource.nbytes)
         group = self._group
         if group is None:
             return
+        graph = self.engine.graph
         d = driver()
         try:
             for link in self._outputs:
@@ -201,6 +208,8 @@ class GlBridge:
             return
         self._closed = True
         self.engine.remove_frame_hook(self)
+        for link in self._rings:
+            self.engine.remove(link.buffer)
         self._group = None
 
     @property

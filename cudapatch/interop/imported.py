@@ -6,14 +6,17 @@ CUDA's address space) and GL imports it (``glImportMemoryFdEXT`` + ``glNamedBuff
 Both then address the same bytes: nothing is registered, mapped or unmapped per frame.
 
 Without map/unmap, nothing orders CUDA's writes and GL's reads, so ``ImportedRing`` keeps three such
-buffers: CUDA writes the next free one and records an event; GL draws the newest one whose event has
-completed and fences it; CUDA skips a frame (``dropped``) rather than write a buffer GL may still be
-reading. No side ever waits. (Windows drivers offer the same through ``GL_EXT_memory_object_win32``;
+buffers: CUDA writes the next free one; GL draws the newest one whose copy has completed and fences
+it; CUDA skips a frame (``dropped``) rather than write a buffer GL may still be reading. No side ever
+waits. An engine feeds the ring from inside its graph (``GlRingWriter``, see ``ring_writer.py``:
+the host only writes a request word per frame); ``write`` copies from the host's side instead, one
+copy and one event record per call. (Windows drivers offer the same through ``GL_EXT_memory_object_win32``;
 not built yet: register/map is used there.)
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from . import _platform
-from ._gl import check_gl, gl
+from ._gl import check_gl, gl, gl_function
 
 __all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available", "next_write_slot", "newest_written"]
 
@@ -189,9 +192,11 @@ class ImportedBuffer:
 class ImportedRing:
     """Three ``ImportedBuffer``s that CUDA fills and GL draws without mapping or waiting.
 
-    ``write(src_ptr, nbytes, stream)`` (CUDA side) copies into the next buffer GL is done with and
-    records its event; ``front()`` (GL side) returns the newest fully written buffer's GL name and
-    fences it for the draw that follows.
+    Fed by a graph: ``attach(writer)`` points a ``GlRingWriter`` block at the ring, then
+    ``request()`` before each launch picks the buffer that launch writes (no driver call). Fed from
+    the host: ``write(src_ptr, nbytes, stream)`` copies into the next free buffer and records its
+    event. Either way ``front()`` (GL side) returns the newest fully written buffer's GL name and
+    fences it for the draw that follows. A ring is fed one way or the other, not both.
     """
 
     def __init__(
@@ -204,10 +209,11 @@ class ImportedRing:
         texture: tuple[int, int] | None = None,
     ) -> None:
         d = driver()
-        # PyOpenGL's raw entry points: the wrapped ones cost several microseconds per call
-        from OpenGL.raw.GL.VERSION.GL_3_2 import glClientWaitSync, glDeleteSync, glFenceSync
-
-        self._gl_fence, self._gl_wait, self._gl_delete = glFenceSync, glClientWaitSync, glDeleteSync
+        # Called every frame: plain ctypes entry points (see gl_function)
+        sync = ctypes.c_void_p
+        self._gl_fence = gl_function("glFenceSync", sync, ctypes.c_uint, ctypes.c_uint)
+        self._gl_wait = gl_function("glClientWaitSync", ctypes.c_uint, sync, ctypes.c_uint, ctypes.c_uint64)
+        self._gl_delete = gl_function("glDeleteSync", None, sync)
         self.texture = texture
         self.buffers = [
             ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]", texture=texture) for i in range(slots)
@@ -221,6 +227,70 @@ class ImportedRing:
         self.nbytes = nbytes
         self.dropped = 0
         self._closed = False
+        self._graph_fed = False  # set by attach(): completion is the writer's done count, not events
+        self._ctl_host = self._state = 0
+
+    # -- fed by a graph ------------------------------------------------------------------------------
+    def attach(self, writer: Any) -> None:
+        """Point ``writer`` (a ``GlRingWriter`` block) at this ring: its slot addresses, the request
+        table and the done word (Hot scalar values). From now on call ``request()`` before every
+        launch of the graph holding it.
+
+        Raises:
+            InteropError: the ring is closed, fed by ``write`` already, or has more than 3 slots.
+        """
+        from .ring_writer import REQUESTS
+
+        if self._closed:
+            raise InteropError("attach: the ring is closed")
+        if len(self.buffers) > 3 or self._frame:
+            raise InteropError("attach: a graph feeds rings of at most 3 buffers not written with write()")
+        d = driver()
+        if not self._graph_fed:
+            nbytes = 8 * (REQUESTS + 1)
+            self._ctl_host = int(check(d.cuMemHostAlloc(nbytes, 0x3), "cuMemHostAlloc"))  # DEVICEMAP | PORTABLE
+            ctypes.memset(self._ctl_host, 0, nbytes)
+            self._requests = (ctypes.c_uint64 * REQUESTS).from_address(self._ctl_host)
+            self._done = ctypes.c_uint64.from_address(self._ctl_host + 8 * REQUESTS)
+            self._state = int(check(d.cuMemAlloc(16), "cuMemAlloc"))
+            check(d.cuMemsetD32(self._state, 0, 4), "cuMemsetD32")
+            self._issued = 0
+            self._last = -1
+            self._graph_fed = True
+        ctl = int(check(d.cuMemHostGetDevicePointer(self._ctl_host, 0), "cuMemHostGetDevicePointer"))
+        ptrs = [b.ptr for b in self.buffers] + [0] * (3 - len(self.buffers))
+        values = {"Capacity": self.nbytes, "Dst0": ptrs[0], "Dst1": ptrs[1], "Dst2": ptrs[2]}
+        values.update(State=self._state, Requests=ctl, HostDone=ctl + 8 * REQUESTS)
+        for name, value in values.items():
+            writer.set(name, value)
+
+    def request(self) -> bool:
+        """Ask the graph's next launch to write the next buffer GL and the GPU are done with: one
+        word into mapped memory. False (and ``dropped`` + 1) when every other buffer is busy or the
+        GPU is a whole request table behind; that launch copies nothing."""
+        from .ring_writer import REQUESTS
+
+        done, issued, tags = self._done.value, self._issued, self._written
+        if issued - done >= REQUESTS - 1:
+            self.dropped += 1
+            return False
+        # a slot whose last request is done (or that never had one) and that GL has finished drawing
+        slot = next_write_slot(self._last, len(tags), self._front, lambda k: tags[k] < done and self._gl_done(k))
+        if slot is None:
+            self.dropped += 1
+            return False
+        self._requests[issued % REQUESTS] = (issued << 2) | slot
+        tags[slot] = issued
+        self._issued = issued + 1
+        self._last = slot
+        return True
+
+    def _newest_done(self) -> int:
+        done, best, best_tag = self._done.value, self._front, -1
+        for slot, tag in enumerate(self._written):
+            if best_tag < tag < done:
+                best, best_tag = slot, tag
+        return best
 
     def _gl_done(self, slot: int) -> bool:
         fence = self._fences[slot]
@@ -244,6 +314,8 @@ class ImportedRing:
     def write(self, src_ptr: int, nbytes: int, stream: Any) -> bool:
         """Copy ``nbytes`` from device memory into the next free buffer on ``stream``; False (and
         ``dropped`` + 1) when every other buffer is still being read by GL or written by CUDA."""
+        if self._graph_fed:
+            raise InteropError("write: this ring is fed by a graph (attach); it cannot be written from the host too")
         d = driver()
         slot = next_write_slot(
             self._frame, len(self.buffers), self._front, lambda k: self._gl_done(k) and self._cuda_done(k)
@@ -260,9 +332,12 @@ class ImportedRing:
     def front(self) -> int | None:
         """GL name of the newest completely written buffer or texture (fenced for this frame's draw),
         or None before the first frame completes."""
-        d = driver()
-        ok = d.CUresult.CUDA_SUCCESS
-        best = newest_written(self._written, lambda k: d.cuEventQuery(self._events[k])[0] == ok, self._front)
+        if self._graph_fed:
+            best = self._newest_done()
+        else:
+            d = driver()
+            ok = d.CUresult.CUDA_SUCCESS
+            best = newest_written(self._written, lambda k: d.cuEventQuery(self._events[k])[0] == ok, self._front)
         if best < 0:
             return None
         if self._fences[best] is not None:
@@ -283,8 +358,13 @@ class ImportedRing:
         for f in self._fences:
             if f is not None:
                 self._gl_delete(f)
+        d = driver()
         for e in self._events:
-            driver().cuEventDestroy(e)
+            d.cuEventDestroy(e)
+        if self._graph_fed:  # both frees wait for the device, so no launch still writes the ring
+            d.cuMemFree(self._state)
+            d.cuMemFreeHost(self._ctl_host)
+            self._ctl_host = self._state = 0
         for b in self.buffers:
             b.close()
 

@@ -326,6 +326,75 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     ring.close()
 
 
+def test_engine_feeds_an_imported_ring_from_inside_its_graph(gl_engine):
+    import cupy
+    from cuda.bindings import driver as d
+    from OpenGL import GL
+
+    from cudapatch import Fill
+    from cudapatch.interop import GlBridge
+    from cudapatch.interop.imported import ImportedRing
+
+    engine, _ = gl_engine
+    rng = np.random.default_rng()
+    n = 30_000
+    fill = engine.add(Fill(Count=n))
+    ring = ImportedRing(n * 4)
+    for b in ring.buffers:  # poisoned: a slot the graph never wrote shows NaN
+        _cupy_view(b.ptr, n * 4, np.float32, b).fill(np.nan)
+    bridge = GlBridge(engine)
+    bridge.show_buffer_ring(fill, "Out", ring)
+    with pytest.raises(InteropError, match="fed by a graph"):
+        ring.write(0, 4, engine.device.stream)
+
+    def shown() -> np.ndarray:
+        # What a draw reads: a copy made by the GPU. (glGetBufferSubData of an imported buffer GL has
+        # read back before may return its earlier contents: GL is not told that CUDA wrote it.)
+        tmp = GL.glGenBuffers(1)
+        GL.glBindBuffer(GL.GL_COPY_READ_BUFFER, ring.front())
+        GL.glBindBuffer(GL.GL_COPY_WRITE_BUFFER, tmp)
+        GL.glBufferData(GL.GL_COPY_WRITE_BUFFER, n * 4, None, GL.GL_STREAM_READ)
+        GL.glCopyBufferSubData(GL.GL_COPY_READ_BUFFER, GL.GL_COPY_WRITE_BUFFER, 0, 0, n * 4)
+        got = np.frombuffer(GL.glGetBufferSubData(GL.GL_COPY_WRITE_BUFFER, 0, n * 4), np.float32)
+        GL.glDeleteBuffers(1, [tmp])
+        return got
+
+    for _ in range(5):  # each frame's value reaches GL through the slot its launch was asked to write
+        value = float(rng.standard_normal())
+        fill.set("Value", value)
+        engine.update()
+        engine.synchronize()
+        slots = [float(_cupy_view(b.ptr, n * 4, np.float32, b)[0].get()) for b in ring.buffers]
+        state = (ring._done.value, ring._issued, list(ring._written), ring.front_slot, slots, value)
+        assert np.all(shown() == np.float32(value)), state
+    assert ring.dropped == 0 and ring._done.value == ring._issued == 5
+    assert any(b.type_name == "GlRingWriter" for b in engine.blocks)
+    # A GPU that falls behind: requests stop at the buffers it has not finished; those launches copy nothing.
+    a, b = cupy.empty(512 << 20, dtype=np.uint8), cupy.empty(512 << 20, dtype=np.uint8)
+    s = engine.device.stream
+    for _ in range(8):
+        assert not d.cuMemcpyDtoDAsync(b.data.ptr, a.data.ptr, a.nbytes, s)[0]
+    values, dropped = [], ring.dropped
+    for _ in range(4):
+        value = float(rng.standard_normal())
+        fill.set("Value", value)
+        before = ring.dropped
+        engine.update()
+        if ring.dropped == before:
+            values.append(value)
+    assert ring.dropped > dropped and values  # two buffers besides GL's: at most two requests went out
+    engine.synchronize()
+    GL.glFinish()
+    assert ring._done.value == ring._issued  # dropped launches counted nothing
+    assert np.all(shown() == np.float32(values[-1]))  # the newest completed request
+    bridge.close()
+    engine.update()
+    assert not any(b.type_name == "GlRingWriter" for b in engine.blocks)
+    engine.synchronize()
+    ring.close()
+    ring.close()
+
+
 @pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
 def test_preview_shows_an_image_output(gl_engine, zero_map):
     from cudapatch.blocks.library import CustomKernel

@@ -67,6 +67,8 @@ def test_event_placement(level: ProfilingLevel, events: int, pairs: int) -> None
     kernels = [n for n in plan.nodes if isinstance(n, KernelNodePlan)]
     used = {d for n in plan.nodes for d in n.deps}
     assert all(n.index in used for n in plan.nodes[:-1]), "every node leads to the end"
+    roots = [n for n in plan.nodes[1:] if not isinstance(n, StampNodePlan) and n.deps == (0,)]
+    assert roots and all(0 in n.deps for n in plan.nodes[1:] if not n.deps or n.deps == (0,))
     by_block = {n.block_id: n for n in kernels}
 
     def reaches(src: int, dst: int) -> bool:
@@ -130,13 +132,14 @@ def test_tooltip_formats() -> None:
 def test_ring_takes_the_newest_completely_published_frame() -> None:
     from cudapatch.engine.readback import newest_published
 
-    # Sequence words per slot: the publish kernel writes begin, then the data, then end.
-    assert newest_published([0, 0, 0], [0, 0, 0], 0) is None  # nothing published yet
-    assert newest_published([1, 0, 0], [0, 0, 0], 0) is None  # frame 1 still being written
-    assert newest_published([3, 1, 2], [3, 1, 2], 0) == 0  # frame 3 (slot 0) is the newest
-    assert newest_published([4, 1, 2], [1, 1, 2], 0) == 2  # slot 0 being overwritten: frame 2 is newest complete
-    assert newest_published([3, 1, 2], [3, 1, 2], 3) is None  # nothing newer than what is held
-    assert newest_published([3, 4, 2], [3, 4, 2], 3) == 1
+    # Frame word per slot: written after the values; cleared a frame before the slot is rewritten.
+    assert newest_published([0, 0, 0], 0) is None  # nothing published yet
+    assert newest_published([0, 1, 0], 0) == 1  # frame 1 in slot 1; slot 2 cleared for frame 2
+    assert newest_published([3, 1, 2], 0) == 0  # frame 3 (slot 0) is the newest
+    assert newest_published([0, 4, 2], 0) == 1  # slot 0 cleared for frame 5: frame 4 is the newest
+    assert newest_published([0, 1, 2], 0) == 2  # slot 0 cleared, frame 3 still being written
+    assert newest_published([3, 1, 2], 3) is None  # nothing newer than what is held
+    assert newest_published([3, 4, 2], 3) == 1
 
 
 def test_publish_node_ends_graphs_with_readback_values() -> None:
