@@ -1,11 +1,18 @@
 """``GlBridge``: an engine's outputs shown through GL, and GL buffers fed into an engine.
 
 The bridge registers itself as a frame hook of the engine: before each launch it maps all its
-resources with one ``cuGraphicsMapResources`` call on the engine's stream (and rebinds a GL buffer
-input whose mapped pointer moved: a Warm update); after the launch it copies outputs into their
-GL buffers/textures on the same stream and unmaps everything with one call. Nothing waits: the
-unmap orders GL's later use after the copies. A GL texture feeding an input is copied into a
-linear buffer before the launch (kernels read linear memory, textures are CUDA arrays).
+resources with one ``cuGraphicsMapResources`` call on the engine's stream, rebinds a GL buffer
+input whose mapped pointer moved (a Warm update), and after the launch unmaps everything with one
+call. Nothing waits: the unmap orders GL's later use after the graph's writes.
+
+Outputs are copied into GL by blocks the bridge adds to the engine (``gl_writers.py``), so the
+copies are graph nodes, not host calls: ``GlBufferWriter`` into a mapped buffer,
+``GlSurfaceWriter`` into a texture registered with ``surface_ldst`` (surface stores), and
+``GlRingWriter`` into an ``ImportedRing`` (zero-map: nothing is mapped at all). They show in the
+engine's stats with their GPU time; adding one rebuilds the graph once. Only a texture without
+``surface_ldst`` is still copied from the host (``cuMemcpy2DAsync`` into its array, after the
+launch). A GL texture feeding an input is copied into a linear buffer before the launch (kernels
+read linear memory, textures are CUDA arrays).
 
 Copying an output into GL is an explicit choice made here (``show_buffer``/``show_texture``),
 never a silent fallback. A device-to-device copy of 1M points (32 MB) is ~15 µs of GPU time.
@@ -20,7 +27,6 @@ from typing import Any
 from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
 from ..errors import InteropError
-from ..kernels._driver import check, driver
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
 
 __all__ = ["GlBridge"]
@@ -33,8 +39,9 @@ class _Link:
     block: Block
     port: str
     resource: Any
-    last_ptr: int = 0
-    buffer: Any = None  # a texture input's linear copy bound to the port; a ring's writer block
+    last_ptr: int = 0  # the mapped address (buffers) or CUarray (textures) the graph was last given
+    buffer: Any = None  # a texture input's linear copy bound to the port
+    writer: Block | None = None  # the block copying into ``resource`` inside the graph
 
 
 class GlBridge:
@@ -52,20 +59,33 @@ class GlBridge:
         self._rings: list[_Link] = []
         self._group: ResourceGroup | None = None
         self._closed = False
-        self.copied_bytes = 0
         engine.add_frame_hook(self)
 
     # -- wiring (not on the frame path) ------------------------------------------------------------
     def show_buffer(self, block: Block, port: str, buffer: SharedBuffer) -> None:
-        """After each launch, copy output ``port`` of ``block`` into ``buffer`` (the first
-        ``min(output, buffer)`` bytes).
+        """Copy output ``port`` of ``block`` into ``buffer`` every frame (the first
+        ``min(output, buffer)`` bytes), by a ``GlBufferWriter`` block in the graph.
 
         Raises:
             InteropError: unknown output port, or the bridge is closed.
         """
-        self._check(block, port, "output")
-        self._outputs.append(_Link(block, port, buffer))
+        from .gl_writers import GlBufferWriter
+
+        spec = self._check(block, port, "output")
+        writer = GlBufferWriter(name=f"{block.name}.{port} to {buffer.label}", Type=spec.dtype.c_name)
+        writer.set("Capacity", buffer.nbytes)
+        self._outputs.append(self._add_writer(_Link(block, port, buffer), writer))
         self._regroup()
+
+    def _add_writer(self, link: _Link, writer: Block) -> _Link:
+        self.engine.add(writer)
+        try:
+            self.engine.connect(link.block, link.port, writer, "In")
+        except Exception:
+            self.engine.remove(writer)
+            raise
+        link.writer = writer
+        return link
 
     def show_buffer_ring(self, block: Block, port: str, ring: Any) -> None:
         """Copy output ``port`` into the next free buffer of an ``ImportedRing`` every frame (the
@@ -76,18 +96,17 @@ class GlBridge:
         Raises:
             InteropError: unknown output port, the bridge is closed, or the ring cannot be attached.
         """
-        from .ring_writer import GlRingWriter
+        from .gl_writers import GlRingWriter
 
         spec = self._check(block, port, "output")
-        writer = GlRingWriter(name=f"{block.name}.{port} to GL", Type=spec.dtype.c_name)
+        writer = GlRingWriter(name=f"{block.name}.{port} to ring {id(ring):x}", Type=spec.dtype.c_name)
         ring.attach(writer)
-        self.engine.add(writer)
-        self.engine.connect(block, port, writer, "In")
-        self._rings.append(_Link(block, port, ring, buffer=writer))
+        self._rings.append(self._add_writer(_Link(block, port, ring), writer))
 
     def show_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
-        """After each launch, copy output ``port`` (a linear image, ``width*height`` texels of the
-        texture's format) into ``texture``.
+        """Copy output ``port`` (a linear image, ``width*height`` texels of the texture's format) into
+        ``texture`` every frame: by surface stores of a ``GlSurfaceWriter`` block in the graph when
+        the texture is registered with ``surface_ldst``, else by a copy after each launch.
 
         Raises:
             InteropError: unknown output port, or an element type that does not fit the texture.
@@ -98,7 +117,16 @@ class GlBridge:
                 f"show_texture: output '{block.name}.{port}' holds {spec.dtype.c_name}, which does not tile "
                 f"{texture.label}'s {texture.format} texels"
             )
-        self._textures.append(_Link(block, port, texture))
+        link = _Link(block, port, texture)
+        if texture.surface_writable:
+            from .gl_writers import GlSurfaceWriter
+
+            name = f"{block.name}.{port} to {texture.label}"
+            writer = GlSurfaceWriter(name=name, Type=spec.dtype.c_name, Texel=str(texture.texel_bytes))
+            writer.set("Width", texture.width)
+            writer.set("Height", texture.height)
+            self._add_writer(link, writer)
+        self._textures.append(link)
         self._regroup()
 
     def bind_buffer(self, block: Block, port: str, buffer: SharedBuffer) -> None:
@@ -152,8 +180,8 @@ class GlBridge:
 
     # -- the frame (called by Engine.update) -----------------------------------------------------
     def before_launch(self, stream: Any) -> None:
-        """Request this launch's ring buffers; map every resource (one driver call); rebind GL inputs
-        whose pointer moved."""
+        """Request this launch's ring buffers; map every resource (one driver call); give the graph's
+        writers and GL inputs the mapped addresses where they moved (Hot / Warm updates)."""
         for link in self._rings:
             link.resource.request()
         group = self._group
@@ -169,26 +197,31 @@ class GlBridge:
                 count = link.resource.nbytes // spec.dtype.itemsize
                 self.engine.bind(link.block, link.port, DeviceArray(ptr, count, spec.dtype), dtype=spec.dtype)
                 link.last_ptr = ptr
+        for link in self._outputs:
+            ptr = group.pointer(link.resource)
+            if ptr != link.last_ptr:
+                link.writer.set("Dst", ptr)  # type: ignore[union-attr]
+                link.last_ptr = ptr
+        for link in self._textures:
+            if link.writer is not None:
+                array = group.array(link.resource)
+                if int(array) != link.last_ptr:
+                    link.writer.set("Surface", link.resource.surface_object(array))
+                    link.last_ptr = int(array)
 
     def after_launch(self, stream: Any) -> None:
-        """Copy outputs into their GL resources, then unmap everything (one driver call)."""
+        """Copy outputs into textures that surface stores cannot write, then unmap everything (one
+        driver call)."""
         group = self._group
         if group is None:
             return
         graph = self.engine.graph
-        d = driver()
         try:
-            for link in self._outputs:
+            for link in self._textures:
+                if link.writer is not None:
+                    continue
                 src = graph.output(link.block.id, link.port) if graph is not None else None
                 if src is None:  # the block is not running (yet): leave GL's contents alone
-                    continue
-                dst = group.pointer(link.resource)
-                n = min(src.nbytes, link.resource.nbytes)
-                check(d.cuMemcpyDtoDAsync(dst, src.ptr, n, stream), f"copy into {link.resource.label}")
-                self.copied_bytes += n
-            for link in self._textures:
-                src = graph.output(link.block.id, link.port) if graph is not None else None
-                if src is None:
                     continue
                 tex = link.resource
                 need = tex.width * tex.height * tex.texel_bytes
@@ -198,7 +231,6 @@ class GlBridge:
                         f"{tex.label} ({tex.width}x{tex.height} {tex.format}) needs {need}"
                     )
                 group.mapping(tex).copy_from(src.ptr, stream=stream)
-                self.copied_bytes += need
         finally:
             group.unmap()
 
@@ -208,8 +240,9 @@ class GlBridge:
             return
         self._closed = True
         self.engine.remove_frame_hook(self)
-        for link in self._rings:
-            self.engine.remove(link.buffer)
+        for link in self._outputs + self._textures + self._rings:
+            if link.writer is not None:
+                self.engine.remove(link.writer)
         self._group = None
 
     @property

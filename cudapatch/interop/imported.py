@@ -8,7 +8,7 @@ Both then address the same bytes: nothing is registered, mapped or unmapped per 
 Without map/unmap, nothing orders CUDA's writes and GL's reads, so ``ImportedRing`` keeps three such
 buffers: CUDA writes the next free one; GL draws the newest one whose copy has completed and fences
 it; CUDA skips a frame (``dropped``) rather than write a buffer GL may still be reading. No side ever
-waits. An engine feeds the ring from inside its graph (``GlRingWriter``, see ``ring_writer.py``:
+waits. An engine feeds the ring from inside its graph (``GlRingWriter``, see ``gl_writers.py``:
 the host only writes a request word per frame); ``write`` copies from the host's side instead, one
 copy and one event record per call. (Windows drivers offer the same through ``GL_EXT_memory_object_win32``;
 not built yet: register/map is used there.)
@@ -239,7 +239,7 @@ class ImportedRing:
         Raises:
             InteropError: the ring is closed, fed by ``write`` already, or has more than 3 slots.
         """
-        from .ring_writer import REQUESTS
+        from .gl_writers import REQUESTS
 
         if self._closed:
             raise InteropError("attach: the ring is closed")
@@ -268,7 +268,7 @@ class ImportedRing:
         """Ask the graph's next launch to write the next buffer GL and the GPU are done with: one
         word into mapped memory. False (and ``dropped`` + 1) when every other buffer is busy or the
         GPU is a whole request table behind; that launch copies nothing."""
-        from .ring_writer import REQUESTS
+        from .gl_writers import REQUESTS
 
         done, issued, tags = self._done.value, self._issued, self._written
         if issued - done >= REQUESTS - 1:

@@ -367,6 +367,22 @@ class SharedTexture2D(_SharedResource):
         )
         return TextureMapping(self, stream, array)
 
+    @property
+    def surface_writable(self) -> bool:
+        """Whether surface stores can write it (registered ``surface_ldst``, 4- or 16-byte texels)."""
+        return self._writer is not None
+
+    def surface_object(self, array: Any) -> int:
+        """The ``CUsurfObject`` of ``array`` (this texture's mapped level 0), made once per array and
+        destroyed with the texture.
+
+        Raises:
+            InteropError: the texture is not surface-writable (see ``surface_writable``).
+        """
+        if self._writer is None:
+            raise InteropError(f"surface_object: {self.label} is not registered with surface_ldst (4/16-byte texels)")
+        return self._writer._surface(array)
+
     def _copy_into(self, array: Any, ptr: int, pitch: int | None, stream: Any) -> None:
         row = self.width * self.texel_bytes
         if self._writer is not None and (pitch or row) % self.texel_bytes == 0:
@@ -454,6 +470,14 @@ class ResourceGroup:
             driver().cuGraphicsResourceGetMappedPointer(buffer._handle), "cuGraphicsResourceGetMappedPointer"
         )
         return int(ptr)
+
+    def array(self, texture: SharedTexture2D) -> Any:
+        """The ``CUarray`` of a mapped texture of this group (level 0)."""
+        if not texture._mapped:
+            raise InteropError(f"array: {texture.label} is not mapped")
+        return check(
+            driver().cuGraphicsSubResourceGetMappedArray(texture._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
+        )
 
     def mapping(self, resource: _SharedResource) -> Any:
         """A ``BufferMapping`` / ``TextureMapping`` view of a mapped resource of this group."""

@@ -1,0 +1,181 @@
+"""Blocks that copy an engine output into GL memory from inside the graph, so a frame's host work
+for GL interop is its driver calls for mapping (register/map path) or one word (zero-map path).
+
+``GlBufferWriter`` copies into a mapped GL buffer and ``GlSurfaceWriter`` into a mapped GL texture
+through surface stores (``GlBridge.show_buffer`` / ``show_texture``): the mapped address or surface
+object is a Hot scalar, set again only when a mapping moves.
+
+``GlRingWriter`` feeds the zero-map path: CUDA memory shared with GL through a ring of three
+buffers (see ``imported.py``). Which buffer a frame may write is decided on the host (GL may be
+drawing one, CUDA may not have finished another), and the host passes each launch its buffer
+through mapped pinned memory: before a launch it writes a *request* ``(tag << 2) | slot`` into a
+64-entry table; the kernel takes the request whose tag equals its own launch count (kept in device
+memory), copies into that slot, and its last thread block publishes the new count into the host's
+``done`` word. A launch without a matching request (the host dropped the frame) copies nothing and
+counts nothing. The host reads ``done`` with a plain load: no driver call per frame.
+"""
+
+from __future__ import annotations
+
+from ..blocks.block import Block
+from ..blocks.builder import BlockBuilder
+from ..blocks.description import like
+from ..kernels.cuda_source import CudaSource
+from ..kernels.types import DType
+
+__all__ = ["GlBufferWriter", "GlRingWriter", "GlSurfaceWriter", "REQUESTS", "ring_writer_source"]
+
+#: Entries of the request table: how many launches the host may be ahead of the GPU's copies.
+REQUESTS = 64
+
+_SOURCE = r"""
+extern "C" __global__ void gl_ring_write(const ELEMENT* in, unsigned int n, unsigned long long capacity,
+                                         unsigned long long dst0, unsigned long long dst1,
+                                         unsigned long long dst2, unsigned long long state,
+                                         unsigned long long requests, unsigned long long host_done)
+{
+    // state (device memory): [0] launches copied so far, [1] low half: blocks finished this launch
+    unsigned long long* st = (unsigned long long*)state;
+    __shared__ unsigned long long tag;
+    __shared__ int slot;
+    if (threadIdx.x == 0) {
+        tag = st[0];
+        unsigned long long e = ((volatile unsigned long long*)requests)[tag % REQUESTS];
+        slot = (e >> 2) == tag ? (int)(e & 3) : -1;
+    }
+    __syncthreads();
+    if (slot < 0 || slot > 2) return;  // no request for this launch: every block returns here
+    ELEMENT* dst = (ELEMENT*)(slot == 0 ? dst0 : slot == 1 ? dst1 : dst2);
+    unsigned long long fit = capacity / sizeof(ELEMENT);
+    unsigned long long count = n < fit ? n : fit;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        dst[i] = in[i];
+    __threadfence();  // this block's copies are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int* finished = (unsigned int*)(st + 1);
+        if (atomicAdd(finished, 1u) == gridDim.x - 1) {  // the last block: the whole copy is done
+            *finished = 0;
+            st[0] = tag + 1;
+            asm volatile("fence.acq_rel.sys;" ::: "memory");  // the copy before the host sees it done
+            *(volatile unsigned long long*)host_done = tag + 1;
+        }
+    }
+}
+"""
+
+
+_CUDA_SPELLING = {"uint": "unsigned int", "long": "long long", "ulong": "unsigned long long", "uchar": "unsigned char"}
+
+
+def _element(dtype: DType) -> str:
+    return _CUDA_SPELLING.get(dtype.c_name, dtype.c_name)
+
+
+def ring_writer_source(dtype: DType) -> str:
+    """The ring writer kernel's CUDA C++ for elements of ``dtype``."""
+    return _SOURCE.replace("ELEMENT", _element(dtype)).replace("REQUESTS", str(REQUESTS))
+
+
+def _element_type(b: BlockBuilder) -> DType:
+    element = b.text("Type", default="float", description="C type of the elements copied")
+    try:
+        return DType.from_c_name(element)
+    except KeyError:
+        raise b._error(f"Type: unknown element type '{element}'") from None
+
+
+class GlRingWriter(Block):
+    """Copies input ``In`` (elements of the ``Type`` text parameter) into the ``ImportedRing`` slot
+    the host requested for this launch. The ring's addresses are ``UINT64`` scalars set by
+    ``ImportedRing.attach``; ``GlBridge.show_buffer_ring`` adds, wires and removes this block."""
+
+    type_name = "GlRingWriter"
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        k = b.add_kernel(CudaSource(code=ring_writer_source(dtype), name=f"{self.name}.cu"))
+        b.input("In", k.in_(0))
+        k.set_count(1, like("In"))
+        for i, name in enumerate(("Capacity", "Dst0", "Dst1", "Dst2", "State", "Requests", "HostDone"), start=2):
+            b.scalar(name, k.in_(i), default=0)
+        k.auto_grid(like("In"))
+
+
+_BUFFER_SOURCE = r"""
+extern "C" __global__ void gl_buffer_write(const ELEMENT* in, unsigned int n, unsigned long long capacity,
+                                           unsigned long long dst)
+{
+    unsigned long long fit = capacity / sizeof(ELEMENT);
+    unsigned long long count = n < fit ? n : fit;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        ((ELEMENT*)dst)[i] = in[i];
+}
+"""
+
+
+class GlBufferWriter(Block):
+    """Copies input ``In`` into a mapped GL buffer: ``Dst`` is its mapped address (set by
+    ``GlBridge`` whenever a map returns a new one), ``Capacity`` its size in bytes."""
+
+    type_name = "GlBufferWriter"
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        code = _BUFFER_SOURCE.replace("ELEMENT", _element(dtype))
+        k = b.add_kernel(CudaSource(code=code, name=f"{self.name}.cu"))
+        b.input("In", k.in_(0))
+        k.set_count(1, like("In"))
+        b.scalar("Capacity", k.in_(2), default=0)
+        b.scalar("Dst", k.in_(3), default=0)
+        k.auto_grid(like("In"))
+
+
+# Texels are 4 bytes (rgba8, r32f) or 16 (rgba32f); x of a surface store is in bytes.
+_SURFACE_SOURCE = r"""
+extern "C" __global__ void gl_surface_write(const ELEMENT* in, unsigned int n, unsigned long long surf,
+                                            unsigned int width, unsigned int height)
+{
+    unsigned long long have = (unsigned long long)n * sizeof(ELEMENT) / TEXEL;
+    unsigned long long texels = (unsigned long long)width * height;
+    unsigned long long count = have < texels ? have : texels;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned int x = (unsigned int)(i % width), y = (unsigned int)(i / width);
+        STORE
+    }
+}
+"""
+_STORES = {
+    4: "unsigned int v = ((const unsigned int*)in)[i];\n"
+    '        asm volatile("sust.b.2d.b32.trap [%0, {%1, %2}], {%3};" '
+    ':: "l"(surf), "r"(x * 4), "r"(y), "r"(v) : "memory");',
+    16: "uint4 v = ((const uint4*)in)[i];\n"
+    '        asm volatile("sust.b.2d.v4.b32.trap [%0, {%1, %2}], {%3, %4, %5, %6};" '
+    ':: "l"(surf), "r"(x * 16), "r"(y), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");',
+}
+
+
+class GlSurfaceWriter(Block):
+    """Writes input ``In`` (a linear image, rows of ``Width`` texels) into a mapped GL texture
+    registered with ``surface_ldst``, through surface stores: ``Surface`` is the surface object of
+    the mapped array (set by ``GlBridge`` when a map returns a new array), ``Texel`` the texel size
+    in bytes (4 or 16)."""
+
+    type_name = "GlSurfaceWriter"
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16")
+        if texel not in ("4", "16"):
+            raise b._error(f"Texel: surface writes take 4- or 16-byte texels, not {texel}")
+        code = _SURFACE_SOURCE.replace("ELEMENT", _element(dtype)).replace("TEXEL", texel)
+        k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
+        b.input("In", k.in_(0))
+        k.set_count(1, like("In"))
+        b.scalar("Surface", k.in_(2), default=0)
+        b.scalar("Width", k.in_(3), default=1)
+        b.scalar("Height", k.in_(4), default=1)
+        k.auto_grid(like("In"))
