@@ -54,6 +54,9 @@ class KernelOutcome:
 def _forward(src: Future, dst: Future) -> None:
     if dst.done():
         return
+    if src.cancelled():  # the engine closed before the compile ran
+        dst.cancel()
+        return
     exc = src.exception()
     if exc is not None:
         dst.set_exception(exc)

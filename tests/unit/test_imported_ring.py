@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from cudapatch.interop.imported import newest_written, next_write_slot
+from cudapatch.interop.imported import newest_written, next_write_slot, request_slot
 
 
 def test_writes_skip_the_drawn_and_busy_buffers_and_drop_when_all_are_busy():
@@ -42,3 +42,15 @@ def test_a_random_schedule_never_writes_what_gl_draws_or_shows_a_pending_copy():
         if new_front >= 0:
             front = new_front
             gl_busy[front] = True  # GL draws it (fenced)
+
+
+def test_a_graph_fed_ring_requests_a_finished_buffer_gl_does_not_draw():
+    idle, none = [False] * 3, [0] * 3
+    assert request_slot([-1, -1, -1], 0, -1, idle, none) == 0  # nothing written yet
+    assert request_slot([0, 1, 2], 3, 2, idle, none) == 0  # slot 2 is drawn
+    assert request_slot([0, 1, 2], 2, 0, idle, none) == 1  # slot 2's copy is still pending
+    assert request_slot([0, 1, 2], 1, 0, idle, none) == -1  # every other copy pending: drop
+    # GL marks: a slot GL is known to be done with wins; else the oldest mark is asked about
+    assert request_slot([0, 1, 2], 3, 0, [False, True, False], none) == 2
+    assert request_slot([0, 1, 2], 3, 0, [False, True, True], [0, 7, 5]) == 2
+    assert request_slot([0, 1, 2], 3, 1, [True, False, True], [4, 0, 5]) == 0
