@@ -148,8 +148,19 @@ def main() -> None:
     rows.append(("frame with a Code-tier swap, host (µs)", ms(swap_frames) * 1e3, "≤ 100"))
     rows.append(("frame with no edit, host (µs)", ms(quiet) * 1e3, "info"))
 
-    # A burst of 20 edits at 60 fps: no frame may take more than 2x a quiet frame's median.
+    # A burst of 20 edits at 60 fps: no frame may take more than 2x a quiet frame's median. The quiet
+    # frames are paced at 60 fps too: a frame after 16 ms of sleep costs more than one right after
+    # another (the core wakes up, its caches are cold), so back-to-back frames are not the baseline.
     period = 1 / 60
+    paced_quiet = []
+    next_t = time.perf_counter()
+    for _ in range(120):
+        t = time.perf_counter()
+        eng.update()
+        paced_quiet.append(time.perf_counter() - t)
+        next_t += period
+        time.sleep(max(0.0, next_t - time.perf_counter()))
+    rows.append(("frame with no edit at 60 fps, host (µs)", ms(paced_quiet) * 1e3, "info"))
     burst = []
     kinds = []
     next_t = time.perf_counter()
@@ -167,8 +178,14 @@ def main() -> None:
     slowest = sorted(zip(burst, kinds, strict=True), reverse=True)[:5]
     print("slowest burst frames: " + "; ".join(f"{k} {dt * 1e6:.0f} µs" for dt, k in slowest))
     rows.append(
-        ("burst of 20 edits @60 fps: slowest update / quiet median", max(burst) / statistics.median(quiet), "≤ 2")
+        (
+            "burst of 20 edits @60 fps: slowest update / quiet median @60 fps",
+            max(burst) / statistics.median(paced_quiet),
+            "≤ 2",
+        )
     )
+    edit_free = [dt for dt, k in zip(burst, kinds, strict=True) if "code" not in k and "swap" not in k]
+    rows.append(("  the same, frames without an edit or swap", max(edit_free) / statistics.median(paced_quiet), "info"))
 
     # The same edit applied by a Cold rebuild (what a rebuild-on-edit design pays on the frame thread).
     extra = eng.add(Scale(name="extra"))

@@ -89,6 +89,12 @@ class ModuleCache:
                         file=image.debug_name,
                         kernel=entry_point,
                     ) from exc
+                # With lazy module loading (the driver's default), a function reaches the GPU on its
+                # first launch: for a swapped kernel, inside the frame's graph launch. Loading it here,
+                # on the compiler's thread, keeps that cost off the frame.
+                load = getattr(driver(), "cuFuncLoad", None)
+                if load is not None:
+                    check(load(fn), "cuFuncLoad")
                 entry.functions[entry_point] = fn
             return fn
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Diagnostic: where the host time of a frame that swaps a recompiled kernel goes (cProfile of 20
+swap frames in a 100-block patch, and the same frames timed without the profiler)."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cudapatch import CustomKernel, Engine, Scale  # noqa: E402
+
+CODE = """extern "C" __global__ void k(const float* in, float* out, float gain, unsigned int n)
+{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) out[i] = in[i] * gain + VALUE; }"""
+
+
+def main() -> None:
+    eng = Engine()
+    ck = eng.add(CustomKernel(name="ck", Code=CODE.replace("VALUE", "0.0f")))
+    eng.bind(ck, "in", np.ones(1 << 16, np.float32))
+    prev = ck
+    for i in range(99):
+        s = eng.add(Scale(name=f"s{i}"))
+        eng.connect(prev, "out" if prev is ck else "Out", s, "In")
+        prev = s
+    eng.wait_ready()
+    eng.update()
+    eng.synchronize()
+
+    def swap_frame(i: int, prof: cProfile.Profile | None) -> tuple[float, float, float]:
+        t = time.perf_counter()
+        ck.set("Code", CODE.replace("VALUE", f"{i}.0f"))
+        t_set = time.perf_counter() - t
+        t = time.perf_counter()
+        eng.update()  # the edit's frame: hands the source to the compiler
+        t_edit = time.perf_counter() - t
+        swaps = eng.counters.code_swaps
+        while eng.counters.code_swaps == swaps:
+            time.sleep(0.002)
+            if prof:
+                prof.enable()
+            t = time.perf_counter()
+            eng.update()
+            dt = time.perf_counter() - t
+            if prof:
+                prof.disable()
+        eng.synchronize()
+        return t_set, t_edit, dt
+
+    plain = [swap_frame(i, None) for i in range(1, 21)]
+    idle = []
+    for i in range(100, 110):  # the compiler thread long idle before the swap frame
+        ck.set("Code", CODE.replace("VALUE", f"{i}.0f"))
+        eng.update()
+        swaps = eng.counters.code_swaps
+        while not all(s.future is None or s.future.done() for s in eng.kernels._slots.values()):
+            time.sleep(0.001)
+        time.sleep(0.05)
+        t = time.perf_counter()
+        eng.update()
+        idle.append(time.perf_counter() - t)
+        assert eng.counters.code_swaps == swaps + 1
+        eng.synchronize()
+    print(f"swap frame, compiler idle 50 ms before: median {statistics.median(idle) * 1e6:.1f} µs", flush=True)
+    for name, k in (("set()", 0), ("edit frame", 1), ("swap frame", 2)):
+        print(f"{name}: median {statistics.median(p[k] for p in plain) * 1e6:.1f} µs", flush=True)
+    prof = cProfile.Profile()
+    for i in range(21, 41):
+        swap_frame(i, prof)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
