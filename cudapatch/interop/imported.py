@@ -25,6 +25,7 @@ from ..errors import InteropError
 from ..kernels._driver import check, driver
 from . import _platform
 from ._gl import check_gl, gl, gl_function
+from .gl_writers import REQUESTS
 
 __all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available", "next_write_slot", "newest_written", "request_slot"]
 
@@ -267,8 +268,6 @@ class ImportedRing:
         Raises:
             InteropError: the ring is closed, fed by ``write`` already, or has more than 3 slots.
         """
-        from .gl_writers import REQUESTS
-
         if self._closed:
             raise InteropError("attach: the ring is closed")
         if len(self.buffers) > 3 or self._frame:
@@ -295,8 +294,6 @@ class ImportedRing:
         """Ask the graph's next launch to write the next buffer GL and the GPU are done with: one
         word into mapped memory. False (and ``dropped`` + 1) when every other buffer is busy or the
         GPU is a whole request table behind; that launch copies nothing."""
-        from .gl_writers import REQUESTS
-
         done, issued, tags = self._done.value, self._issued, self._written
         if issued - done >= REQUESTS - 1:
             self.dropped += 1
