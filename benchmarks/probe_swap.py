@@ -72,8 +72,15 @@ def main() -> None:
     for name, k in (("set()", 0), ("edit frame", 1), ("swap frame", 2)):
         print(f"{name}: median {statistics.median(p[k] for p in plain) * 1e6:.1f} µs", flush=True)
     prof = cProfile.Profile()
-    for i in range(21, 41):
-        swap_frame(i, prof)
+    for i in range(21, 41):  # the edit frames: the update right after the edit
+        ck.set("Code", CODE.replace("VALUE", f"{i}.0f"))
+        prof.enable()
+        eng.update()
+        prof.disable()
+        eng.wait_ready()
+        eng.update()
+        eng.synchronize()
+    print("edit frames:")
     pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     eng.close()
 

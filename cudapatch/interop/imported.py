@@ -213,8 +213,8 @@ class ImportedRing:
     ``request()`` before each launch picks the buffer that launch writes (no driver call). Fed from
     the host: ``write(src_ptr, nbytes, stream)`` copies into the next free buffer and records its
     event. Either way ``front()`` (GL side, once per frame before drawing) returns the newest fully
-    written buffer's GL name and marks the end of the previous frame's draws. A ring is fed one way or the
-    other, not both.
+    written buffer's GL name and marks the end of the previous frame's draws. A ring is fed one way
+    or the other, not both.
     """
 
     def __init__(
@@ -243,7 +243,8 @@ class ImportedRing:
         ]
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(slots)]
-        self._written = [-1] * slots  # frame number each slot holds (-1: nothing yet)
+        # what each slot holds (-1: nothing yet): the frame number (write) or the request tag (graph-fed)
+        self._written = [-1] * slots
         names = (ctypes.c_uint * slots)()
         gl().glGenQueries(slots, names)
         self._queries = list(names)
