@@ -88,7 +88,7 @@ def main() -> None:
     start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
     eager = []
     kp = node.params
-    for _ in range(10):  # back-to-back launches between two events: launch gaps amortised away
+    for _ in range(10):  # 100 launches back to back between two events
         check(d.cuEventRecord(start, eng.device.stream))
         for _ in range(100):
             check(
@@ -99,7 +99,19 @@ def main() -> None:
         check(d.cuEventRecord(end, eng.device.stream))
         check(d.cuEventSynchronize(end))
         eager.append(check(d.cuEventElapsedTime(start, end)) / 100)
-    eager_ms = statistics.median(eager)
+    # That peer is bound by the host's launch rate when a launch takes longer to issue than the kernel
+    # runs; the eager measurement of one kernel is an event pair around one launch, on an idle GPU.
+    single = []
+    for _ in range(200):
+        check(d.cuEventRecord(start, eng.device.stream))
+        check(
+            d.cuLaunchKernel(kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0)
+        )
+        check(d.cuEventRecord(end, eng.device.stream))
+        check(d.cuEventSynchronize(end))
+        single.append(check(d.cuEventElapsedTime(start, end)))
+    back_to_back_ms = statistics.median(eager)
+    eager_ms = statistics.median(single)
 
     # The frame path never waits: a 20 ms kernel in the graph.
     from cudapatch import Block, BlockBuilder, CudaSource
@@ -139,8 +151,9 @@ def main() -> None:
     print("targets: Summary <= 1 %, PerBlock <= 5 %, PerKernel <= 10 % overhead; PerBlock host <= 1.2x None")
     diff_us = abs(graph_kernel_ms - eager_ms) * 1e3
     print(
-        f"one kernel: PerKernel {graph_kernel_ms * 1e3:.2f} µs vs eager events {eager_ms * 1e3:.2f} µs "
-        f"({100 * (graph_kernel_ms / eager_ms - 1):+.1f} %, {diff_us:.2f} µs; target within 5 % or 2 µs)"
+        f"one kernel: PerKernel {graph_kernel_ms * 1e3:.2f} µs vs eager events around one launch "
+        f"{eager_ms * 1e3:.2f} µs ({100 * (graph_kernel_ms / eager_ms - 1):+.1f} %, {diff_us:.2f} µs; "
+        f"target within 5 % or 2 µs); 100 eager launches back to back: {back_to_back_ms * 1e3:.2f} µs each"
     )
     print(
         "update() with a 20 ms kernel in the graph (slowest of 4, ms): "
@@ -150,7 +163,7 @@ def main() -> None:
     results = os.environ.get("RESULTS_DIR")
     if results:
         Path(results, "profiling.json").write_text(
-            json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms], "waits": waits})
+            json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms, back_to_back_ms], "waits": waits})
         )
     eng.close()
 
