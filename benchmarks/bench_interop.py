@@ -83,16 +83,10 @@ def bench_bridge(engine: Engine, ctx: EglContext) -> None:
     engine.synchronize()
     # Paced like a preview: the previous frame has finished before the timed update (untimed sync).
     # Back to back, a map waits for the GL/CUDA hand-over of earlier frames (~0.3 ms each here).
-    base = host_median_us(engine.update, before=engine.synchronize)
+    # Rounds alternate the patch without the bridge, with it, and the driver calls alone (the host's
+    # speed drifts within a run; alternating keeps each round's numbers comparable).
     for flags in ("surface_ldst", "write_discard"):
         tex = SharedTexture2D.create(w, h, format="rgba8", flags=flags)
-        bridge = GlBridge(engine)
-        bridge.show_buffer(block, "image", buf)
-        bridge.show_texture(block, "image", tex)
-        engine.update()
-        with_bridge = host_median_us(engine.update, before=engine.synchronize)
-        bridge.close()
-        engine.synchronize()
         group = ResourceGroup([buf, tex])
 
         def floor(group=group, tex=tex) -> None:  # the driver calls a frame cannot avoid
@@ -101,13 +95,34 @@ def bench_bridge(engine: Engine, ctx: EglContext) -> None:
             check(d.cuGraphicsSubResourceGetMappedArray(tex.handle, 0, 0))
             group.unmap()
 
-        print(f"   {flags}: group map + 2 queries + unmap {host_median_us(floor, before=engine.synchronize):.2f} µs")
+        diffs, floors = [], []
+        for _ in range(6):
+            engine.update()  # the rebuild after the bridge left (untimed)
+            without = host_median_us(engine.update, n=400, before=engine.synchronize)
+            bridge = GlBridge(engine)
+            bridge.show_buffer(block, "image", buf)
+            bridge.show_texture(block, "image", tex)
+            engine.update()  # the rebuild with its writer blocks (untimed)
+            diffs.append(host_median_us(engine.update, n=400, before=engine.synchronize) - without)
+            bridge.close()
+            engine.synchronize()
+            floors.append(host_median_us(floor, n=400, before=engine.synchronize))
+        print(
+            f"   {flags}, 6 rounds: overhead {min(diffs):.2f}..{max(diffs):.2f} µs; the driver calls alone "
+            f"(group map + 2 queries + unmap) {min(floors):.2f}..{max(floors):.2f} µs",
+            flush=True,
+        )
         if flags == "surface_ldst":
             b_h, t_h = buf.handle, tex.handle
             tex_keep = tex
         else:
             tex.close()
-        row(f"interop overhead per frame (1 buffer + 1 texture, {flags})", with_bridge - base, "raw map+unmap x2", None)
+        row(
+            f"interop overhead per frame (1 buffer + 1 texture, {flags})",
+            statistics.median(diffs),
+            "driver calls alone",
+            statistics.median(floors),
+        )
     tex = tex_keep
 
     def raw_pair() -> None:
@@ -127,29 +142,41 @@ def bench_bridge(engine: Engine, ctx: EglContext) -> None:
     bridge.show_buffer_ring(block, "image", ring)  # adds the in-graph writer block: one rebuild
     engine.update()
     engine.synchronize()
-    # The graph now holds the writer; without the bridge's hook it launches the same way, copying nothing.
-    engine.remove_frame_hook(bridge)
-    base_writer = host_median_us(engine.update, before=engine.synchronize)
-    engine.add_frame_hook(bridge)
+    # The graph now holds the writer; without the bridge's hook it launches the same way, copying
+    # nothing. Rounds alternate frames without the hook, zero-map frames and raw map+unmap pairs: the
+    # host's speed drifts within a run, and alternating keeps each round's numbers comparable.
 
     def end_of_frame() -> None:  # untimed: what a preview does anyway (a swap flushes GL), then pacing
         ctx.swap()
         engine.synchronize()
 
-    in_update, in_front = [], []
-    for _ in range(3000):  # a zero-map frame: the engine's update, then the GL side picks its buffer
-        end_of_frame()
-        t0 = time.perf_counter_ns()
-        engine.update()
-        t1 = time.perf_counter_ns()
-        ring.front()
-        in_update.append(t1 - t0)
-        in_front.append(time.perf_counter_ns() - t1)
-    zero = statistics.median(a + b for a, b in zip(in_update, in_front, strict=True)) / 1e3
+    diffs, ratios, bases, updates, fronts = [], [], [], [], []
+    for _ in range(8):
+        engine.remove_frame_hook(bridge)
+        base_round = host_median_us(engine.update, n=300, before=end_of_frame)
+        engine.add_frame_hook(bridge)
+        in_update, in_front = [], []
+        for _ in range(300):  # a zero-map frame: the engine's update, then the GL side picks its buffer
+            end_of_frame()
+            t0 = time.perf_counter_ns()
+            engine.update()
+            t1 = time.perf_counter_ns()
+            ring.front()
+            in_update.append(t1 - t0)
+            in_front.append(time.perf_counter_ns() - t1)
+        frame = statistics.median(a + b for a, b in zip(in_update, in_front, strict=True)) / 1e3
+        pair = host_median_us(raw_pair, n=300, before=engine.synchronize) / 2  # one resource's map+unmap
+        diffs.append(frame - base_round)
+        ratios.append((frame - base_round) / pair)
+        bases.append(base_round)
+        updates.append(statistics.median(in_update) / 1e3)
+        fronts.append(statistics.median(in_front) / 1e3)
+    zero = statistics.median(diffs)
     print(
-        f"   zero-map parts: update() {base_writer:.2f} µs without the hook (base {base:.2f}), "
-        f"{statistics.median(in_update) / 1e3:.2f} µs with the request; front() "
-        f"{statistics.median(in_front) / 1e3:.2f} µs; dropped {ring.dropped}",
+        f"   zero-map over 8 rounds: overhead {min(diffs):.2f}..{max(diffs):.2f} µs, ratio to one raw "
+        f"map+unmap {min(ratios):.2f}..{max(ratios):.2f} (median {statistics.median(ratios):.2f}); update() "
+        f"{statistics.median(bases):.2f} µs without the hook, {statistics.median(updates):.2f} with the "
+        f"request; front() {statistics.median(fronts):.2f} µs; dropped {ring.dropped}",
         flush=True,
     )
     # Where the host time goes (each part alone, median of 2000 calls)
@@ -164,7 +191,7 @@ def bench_bridge(engine: Engine, ctx: EglContext) -> None:
         print(f"   {name}: {host_median_us(fn):.2f} µs", flush=True)
     bridge.close()
     engine.synchronize()
-    row("interop overhead per frame, zero-map (1 buffer)", zero - base_writer, "raw map+unmap x1", raw / 2)
+    row("interop overhead per frame, zero-map (1 buffer)", zero, "raw map+unmap x1", raw / 2)
     ring.close()
     engine.remove(block)
     buf.close()
