@@ -71,6 +71,38 @@ def main() -> None:
     print(f"swap frame, compiler idle 50 ms before: median {statistics.median(idle) * 1e6:.1f} µs", flush=True)
     for name, k in (("set()", 0), ("edit frame", 1), ("swap frame", 2)):
         print(f"{name}: median {statistics.median(p[k] for p in plain) * 1e6:.1f} µs", flush=True)
+    # The driver's part: swap two loaded functions back and forth in the running graph, timing the
+    # swap call and the launch after it apart, beside a launch with no swap before it.
+    from dataclasses import replace
+
+    eng.wait_ready()
+    g = eng.graph
+    key = (ck.id, 0)
+    node = g._by_kernel[key][0]
+    fn_now = node.params.func
+    source = replace(ck.description.kernels[0].source, code=CODE.replace("VALUE", "7.0f"))
+    fn_other = eng.kernels.builder.build(source).function  # compiled and loaded like an edit's kernel
+    desc = node.plan.descriptor
+    swap_t, launch_after, launch_plain = [], [], []
+    s = eng.device.stream
+    for k in range(200):
+        eng.synchronize()
+        t = time.perf_counter()
+        g.swap_function(key, fn_other if k % 2 else fn_now, desc)
+        swap_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        g._launch(g._exec, s)
+        launch_after.append(time.perf_counter() - t)
+        eng.synchronize()
+        t = time.perf_counter()
+        g._launch(g._exec, s)
+        launch_plain.append(time.perf_counter() - t)
+    med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
+    print(
+        f"driver: swap_function {med(swap_t):.1f} µs, the launch after it {med(launch_after):.1f} µs, "
+        f"a launch with no swap {med(launch_plain):.1f} µs (functions differ: {fn_other is not fn_now})",
+        flush=True,
+    )
     prof = cProfile.Profile()
     for i in range(21, 41):  # the edit frames: the update right after the edit
         ck.set("Code", CODE.replace("VALUE", f"{i}.0f"))
