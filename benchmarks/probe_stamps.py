@@ -30,6 +30,11 @@ extern "C" __global__ void scale(const float* in, float* out, float g, unsigned 
 extern "C" __global__ void empty() {}
 extern "C" __global__ void stamp(unsigned long long* s, unsigned int k)
 { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); s[k] = t; }
+extern "C" __global__ void stamp_wait(unsigned long long* s, unsigned int k)
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // a programmatic dependent: its primary is done
+    unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); s[k] = t;
+}
 __device__ unsigned long long g_stamps[256];
 extern "C" __global__ void stamp_np()
 { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -39,12 +44,13 @@ extern "C" __global__ void publish_rel(unsigned long long* src, unsigned int wor
                                    unsigned long long* frames, unsigned int end_stamp, int fences)
 {
     __shared__ unsigned long long frame;
+    if (fences & 4) asm volatile("griddepcontrol.wait;" ::: "memory");
     if (threadIdx.x == 0) {
         unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         if (end_stamp) src[end_stamp] = t;
         frame = *frames + 1;
     }
-    if (threadIdx.x == 0 && fences) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    if (threadIdx.x == 0 && (fences & 1)) asm volatile("fence.acq_rel.sys;" ::: "memory");
     __syncthreads();
     volatile unsigned long long* slot = ring + (frame % 3) * slot_words;
     for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) slot[2 + i] = src[i];
@@ -103,6 +109,12 @@ class Builder:
         p.kernelParams = ctypes.addressof(arr)
         return check(d.cuGraphAddKernelNode(self.graph, deps, len(deps), p))
 
+    def programmatic(self, src, dst, port):
+        e = d.CUgraphEdgeData()
+        e.type = d.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        e.from_port = port
+        check(d.cuGraphAddDependencies(self.graph, [src], [dst], [e], 1))
+
     def event(self, ev, deps):
         return check(d.cuGraphAddEventRecordNode(self.graph, deps, len(deps), ev))
 
@@ -115,7 +127,7 @@ def main() -> None:
     mod = check(d.cuModuleLoadData(img))
     funcs = {
         n: check(d.cuModuleGetFunction(mod, n.encode()))
-        for n in ("scale", "empty", "stamp", "publish", "stamp_np", "publish_rel")
+        for n in ("scale", "empty", "stamp", "publish", "stamp_np", "publish_rel", "stamp_wait")
     }
     a = check(d.cuMemAlloc(N * 4))
     b = check(d.cuMemAlloc(N * 4))
@@ -134,18 +146,26 @@ def main() -> None:
         prev = []
         chain = []
         side = []
+        start = None
         if "start" in variant:
             if "onpath" in variant:
                 prev = [g.kernel("stamp", 1, 1, [(int(stamps), P), (0, U)], [])]
+            elif "pdlstart" in variant:
+                start = g.kernel("stamp", 1, 1, [(int(stamps), P), (0, U)], [])
             else:
                 side.append(g.kernel("stamp", 1, 1, [(int(stamps), P), (0, U)], []))
         for i in range(CHAIN):
             src, dst = (a, b) if i % 2 == 0 else (b, a)
             node = g.kernel("scale", N // 256, 256, [(int(src), P), (int(dst), P), (1.0, F), (N, U)], prev)
+            if i == 0 and start is not None:  # the chain may launch once the stamp kernel has begun
+                g.programmatic(start, node, d.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER)
             chain.append(node)
             prev = [node]
             if "late" in variant:
                 pass
+            elif "pdlside" in variant:
+                side.append(g.kernel("stamp_wait", 1, 1, [(int(stamps), P), (i + 2, U)], []))
+                g.programmatic(node, side[-1], d.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC)
             elif "nparam" in variant:
                 side.append(g.kernel("stamp_np", 1, i + 2, [], [node]))
             elif "prio" in variant:
@@ -175,14 +195,18 @@ def main() -> None:
         elif "endstamp" in variant:
             g.kernel("stamp", 1, 1, [(int(stamps), P), (1, U)], end_deps)
         elif "relpub" in variant:
-            g.kernel(
+            pdl = "pdlpub" in variant
+            flags = (1 if "fence2" in variant else 0) | (4 if pdl else 0)
+            pub = g.kernel(
                 "publish_rel",
                 1,
                 128,
                 [(int(stamps), P), (CHAIN + 2, U), (int(ring), P), (CHAIN + 4, U)]
-                + [(int(frames), P), (1, U), (1 if "fence2" in variant else 0, ctypes.c_int)],
-                end_deps,
+                + [(int(frames), P), (1, U), (flags, ctypes.c_int)],
+                [n for n in end_deps if not (pdl and n is chain[-1])],
             )
+            if pdl:  # launched while the last kernel finishes; waits for it inside (griddepcontrol.wait)
+                g.programmatic(chain[-1], pub, d.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC)
         elif "publish" in variant:
             fences = 0 if "nofence" in variant else (2 if "onefence" in variant else 3)
             g.kernel(
@@ -219,14 +243,13 @@ def main() -> None:
 
     variants = [
         "bare",
-        "relpub",
-        "relpub fence2",
-        "start relpub",
-        "startlate relpub",
         "start onpath relpub",
-        "late relpub",
-        "late startlate relpub",
-        "late start onpath relpub",
+        "start pdlstart relpub",
+        "start onpath pdlpub relpub",
+        "start pdlstart pdlpub relpub",
+        "sidestamps relpub",
+        "pdlside relpub",
+        "start pdlstart pdlside pdlpub relpub",
         "bare",
     ]
     base = None
@@ -238,6 +261,20 @@ def main() -> None:
             if v == "bare" and (base is None or rnd):
                 base = t if base is None else min(base, t)
             print(f"round {rnd} {v:32s} {t:9.2f} µs  {100 * (t / base - 1):+6.2f} %", flush=True)
+            if "side" in v and rnd == 0:  # do the stamps measure the kernels? one frame, read them back
+                check(d.cuMemsetD32(stamps, 0, 2 * 256))
+                check(d.cuStreamSynchronize(s))
+                check(d.cuGraphLaunch(exe, s))
+                check(d.cuStreamSynchronize(s))
+                host = (ctypes.c_uint64 * 256)()
+                check(d.cuMemcpyDtoH(host, stamps, 8 * 256))
+                ts = [host[i + 2] for i in range(CHAIN)]
+                diffs = [(b - a) / 1e3 for a, b in zip(ts, ts[1:], strict=False)]
+                print(
+                    f"   per-kernel spans from the stamps: median {statistics.median(diffs):.2f} µs, "
+                    f"min {min(diffs):.2f}, max {max(diffs):.2f}; first to last {(ts[-1] - ts[0]) / 1e3:.1f} µs",
+                    flush=True,
+                )
             check(d.cuGraphExecDestroy(exe))
             check(d.cuGraphDestroy(keep.graph))
 

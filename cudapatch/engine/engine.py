@@ -32,7 +32,6 @@ from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.cuda_source import CudaSource
 from ..kernels.module_cache import ModuleCache
-from ..kernels.source import bundled_kernel
 from ..kernels.types import DType
 from .bindings import binding_from_cai, upload_host_array
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
@@ -44,7 +43,7 @@ from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
 from .plan import GraphPlan
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
-from .readback import PUBLISH_SOURCE
+from .readback import PUBLISH_SOURCE, STAMP_SOURCE
 from .realize import CompiledGraph, realize
 from .recovery import abandon_context_state, recover
 
@@ -59,6 +58,7 @@ def _frozen_values(block: Any) -> tuple:
 
 
 PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
+STAMP_KERNEL = CudaSource(code=STAMP_SOURCE, name="stamp.cu")
 LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
 APPEND_FULL = 0.95  # warn when an append output is this full
 
@@ -483,7 +483,7 @@ class Engine:
         names = {b.id: b.name for b in snap.blocks}
         if plan.stamp_count and self._stamp_function is None:
             # Built once, at the first timed build (a level change is a rebuild anyway); cached on disk.
-            self._stamp_function = self.kernels.builder.build(bundled_kernel("stamp")).function
+            self._stamp_function = self.kernels.builder.build(STAMP_KERNEL).function
         if (plan.stamp_count or plan.counters) and self._publish_function is None:
             self._publish_function = self.kernels.builder.build(PUBLISH_KERNEL).function
         t1 = time.perf_counter()

@@ -31,6 +31,7 @@ __all__ = [
     "PublishNodePlan",
     "Slot",
     "TimingPair",
+    "programmatic_edges",
 ]
 
 ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null"]
@@ -217,3 +218,41 @@ class GraphPlan:
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
                 )
         return "\n".join(lines)
+
+
+EdgePort = Literal["programmatic", "launch_order"]
+
+
+def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int, dict[int, EdgePort]]:
+    """The edges of the profiling nodes that can be programmatic (GPUs of compute capability 9.0 and
+    up): ``{node index: {dependency index: port}}``; every other edge is a plain one.
+
+    - A stamp beside the work (one only the publish node waits for) and the publish node hang on the
+      kernels before them by ``programmatic`` edges: launched while those kernels run, they wait for
+      their end inside (``griddepcontrol.wait``) and read the timer right after it.
+    - A kernel that only waits for the graph's start stamp launches once that stamp has begun
+      (``launch_order``): the start time is taken, and nothing the kernel reads comes from it.
+
+    Edges from memsets and captured library calls stay plain, as do stamps on the path (a block's
+    own start stamp), which the work waits for.
+    """
+    waited_for: dict[int, set[int]] = {}
+    for n in nodes:
+        for dep in n.deps:
+            waited_for.setdefault(dep, set()).add(n.index)
+    publish = {n.index for n in nodes if isinstance(n, PublishNodePlan)}
+    launched = (KernelNodePlan, StampNodePlan)
+    edges: dict[int, dict[int, EdgePort]] = {}
+    for n in nodes:
+        if isinstance(n, PublishNodePlan) or (
+            isinstance(n, StampNodePlan) and n.deps and waited_for.get(n.index, set()) <= publish
+        ):
+            ports: dict[int, EdgePort] = {d: "programmatic" for d in n.deps if isinstance(nodes[d], launched)}
+        elif isinstance(n, KernelNodePlan) and len(n.deps) == 1:
+            first = nodes[n.deps[0]]
+            ports = {first.index: "launch_order"} if isinstance(first, StampNodePlan) and first.stamp == 0 else {}
+        else:
+            ports = {}
+        if ports:
+            edges[n.index] = ports
+    return edges

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels._driver import check, driver
 
-__all__ = ["PUBLISH_SOURCE", "PUBLISH_THREADS", "ReadbackRing", "RING_FRAMES", "newest_published"]
+__all__ = ["PUBLISH_SOURCE", "PUBLISH_THREADS", "STAMP_SOURCE", "ReadbackRing", "RING_FRAMES", "newest_published"]
 
 RING_FRAMES = 3
 
@@ -32,6 +32,11 @@ extern "C" __global__ void publish(unsigned long long* src, unsigned int words,
                                    unsigned long long* frames, unsigned int end_stamp)
 {
     __shared__ unsigned long long frame;
+#if __CUDA_ARCH__ >= 900
+    // Launched early behind the graph's last kernels (programmatic edges): wait until they are done
+    // and their writes are visible. Without such an edge this returns at once.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     if (threadIdx.x == 0) {
         if (end_stamp) {  // the graph's end time (profiling), in its timestamp slot
             unsigned long long t;
@@ -53,6 +58,23 @@ extern "C" __global__ void publish(unsigned long long* src, unsigned int words,
 }
 """
 PUBLISH_THREADS = 128
+
+#: A profiling timestamp: the GPU's nanosecond timer into one slot. A stamp beside a kernel hangs on
+#: a programmatic edge (see ``realize``): it is launched while that kernel runs and waits for its end
+#: here, so the timer is read right after the kernel finishes. (Measured on the H100, 100 chained
+#: kernels: stamps on plain edges cost the frame 5.4 % and read each kernel as 3.49 µs; on
+#: programmatic edges 0.8 % and 3.36 µs, the chain's own time per kernel.)
+STAMP_SOURCE = r"""
+extern "C" __global__ void stamp(unsigned long long* slots, unsigned int index)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    slots[index] = t;
+}
+"""
 
 
 def newest_published(frames: list[int], latest: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -24,7 +25,16 @@ from .capture import capture_call, destroy_graph
 from .context import ExternalBinding
 from .device import DeviceContext
 from .libraries import LibraryHandles
-from .plan import Arg, CapturedNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan, PublishNodePlan, StampNodePlan
+from .plan import (
+    Arg,
+    CapturedNodePlan,
+    GraphPlan,
+    KernelNodePlan,
+    MemsetNodePlan,
+    PublishNodePlan,
+    StampNodePlan,
+    programmatic_edges,
+)
 from .readback import PUBLISH_THREADS, ReadbackRing
 
 __all__ = ["CompiledGraph", "realize"]
@@ -359,8 +369,10 @@ class CompiledGraph:
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
             add_kernel = d.cuGraphAddKernelNode
+            edges = programmatic_edges(plan.nodes) if _programmatic(device) else {}
             for node in plan.nodes:
-                deps = [handles[i] for i in node.deps]
+                special = edges.get(node.index)
+                deps = [handles[i] for i in node.deps if not special or i not in special]
                 if isinstance(node, MemsetNodePlan):
                     mp = d.CUDA_MEMSET_NODE_PARAMS()
                     if node.buffer is not None:  # the output of a faulted block, zero-filled
@@ -426,6 +438,8 @@ class CompiledGraph:
                     if occupancy:
                         self.occupancy[(node.block_id, node.kernel)] = _occupancy(d, fn, node, device)
                     self._nodes.append(_Node(store, h, node))
+                if special:
+                    _add_programmatic(self._graph, h, [(handles[i], port) for i, port in special.items()])
                 handles.append(h)
             t2 = time.perf_counter()
             self._exec = check(d.cuGraphInstantiate(self._graph, 0), "cuGraphInstantiate")
@@ -983,6 +997,28 @@ class CompiledGraph:
 
     def __repr__(self) -> str:
         return f"<CompiledGraph nodes={len(self.plan.nodes)} kernels={self.kernel_count} closed={self._closed}>"
+
+
+def _programmatic(device: DeviceContext) -> bool:
+    """Whether graphs on ``device`` get programmatic edges for their profiling nodes (compute
+    capability 9.0 and up; ``CUDAPATCH_PROGRAMMATIC_EDGES=0`` turns them off, for comparisons)."""
+    return device.compute_capability >= (9, 0) and os.environ.get("CUDAPATCH_PROGRAMMATIC_EDGES", "1") != "0"
+
+
+def _add_programmatic(graph: Any, node: Any, sources: list[tuple[Any, str]]) -> None:
+    d = driver()
+    ports = {
+        "programmatic": d.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC,
+        "launch_order": d.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER,
+    }
+    edges = []
+    for _, port in sources:
+        e = d.CUgraphEdgeData()
+        e.type = d.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        e.from_port = ports[port]
+        edges.append(e)
+    froms = [h for h, _ in sources]
+    check(d.cuGraphAddDependencies(graph, froms, [node] * len(froms), edges, len(froms)), "cuGraphAddDependencies")
 
 
 def realize(

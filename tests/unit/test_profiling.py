@@ -177,3 +177,28 @@ def test_the_publish_kernel_compiles_with_the_signature_realize_fills() -> None:
         ("frames", True, 8),
         ("end_stamp", False, 4),
     ]
+
+
+@pytest.mark.parametrize("level", [ProfilingLevel.SUMMARY, ProfilingLevel.PER_BLOCK, ProfilingLevel.PER_KERNEL])
+def test_profiling_nodes_hang_on_programmatic_edges(level: ProfilingLevel) -> None:
+    from cudapatch.engine.plan import programmatic_edges
+
+    c, _ = _patch()
+    plan = compile_plan(c.snapshot(), level=level)
+    nodes = plan.nodes
+    edges = programmatic_edges(nodes)
+    publish = nodes[-1]
+    waited = {d for n in nodes if n is not publish for d in n.deps}
+    for n in nodes:
+        ports = edges.get(n.index, {})
+        assert set(ports) <= set(n.deps)
+        if isinstance(n, PublishNodePlan):  # launched early behind every kernel and stamp it waits for
+            assert ports and set(ports) == {d for d in n.deps if isinstance(nodes[d], KernelNodePlan | StampNodePlan)}
+            assert set(ports.values()) == {"programmatic"}
+        elif isinstance(n, StampNodePlan) and n.deps and n.index not in waited:  # a stamp beside the work
+            assert ports == {d: "programmatic" for d in n.deps if isinstance(nodes[d], KernelNodePlan)}
+        elif isinstance(n, KernelNodePlan) and n.deps == (0,):  # a root: launched once the start stamp began
+            assert ports == {0: "launch_order"}
+        else:  # memsets, the start stamp, stamps the work waits for, kernels after other work
+            assert not ports, (n, ports)
+    assert any(isinstance(nodes[i], StampNodePlan) for i in edges) == level.at_least(ProfilingLevel.PER_BLOCK)
