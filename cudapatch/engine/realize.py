@@ -369,7 +369,8 @@ class CompiledGraph:
             self._graph = check(d.cuGraphCreate(0), "cuGraphCreate")
             handles: list[Any] = []
             add_kernel = d.cuGraphAddKernelNode
-            edges = programmatic_edges(plan.nodes) if _programmatic(device) else {}
+            timed = plan.stamp_count or plan.counters  # the graphs with profiling or readback nodes
+            edges = programmatic_edges(plan.nodes) if timed and _programmatic(device) else {}
             for node in plan.nodes:
                 special = edges.get(node.index)
                 deps = [handles[i] for i in node.deps if not special or i not in special]
