@@ -99,8 +99,30 @@ def main() -> None:
         launch_plain.append(time.perf_counter() - t)
     med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
     print(
-        f"driver: swap_function {med(swap_t):.1f} µs, the launch after it {med(launch_after):.1f} µs, "
-        f"a launch with no swap {med(launch_plain):.1f} µs (functions differ: {fn_other is not fn_now})",
+        f"driver, two functions taking turns: swap_function {med(swap_t):.1f} µs, the launch after it "
+        f"{med(launch_after):.1f} µs, a launch with no swap {med(launch_plain):.1f} µs",
+        flush=True,
+    )
+    # Each swap to a function this graph has never run (compiled and loaded beforehand, as the
+    # compiler thread does): what a real edit's swap costs the driver.
+    fresh = [
+        eng.kernels.builder.build(replace(source, code=CODE.replace("VALUE", f"{500 + i}.0f"))).function
+        for i in range(20)
+    ]
+    swap_t, launch_after = [], []
+    for fn in fresh:
+        eng.synchronize()
+        time.sleep(0.001)
+        t = time.perf_counter()
+        g.swap_function(key, fn, desc)
+        swap_t.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        g._launch(g._exec, s)
+        launch_after.append(time.perf_counter() - t)
+    eng.synchronize()
+    print(
+        f"driver, a new function each time: swap_function {med(swap_t):.1f} µs, the launch after it "
+        f"{med(launch_after):.1f} µs",
         flush=True,
     )
     prof = cProfile.Profile()
