@@ -54,7 +54,37 @@ def main() -> None:
         eng.synchronize()
         return t_set, t_edit, dt
 
+    import gc
+
+    collections = []  # (generation, seconds) of the cyclic GC passes inside timed frames
+    in_frame = [False]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if not in_frame[0]:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], time.perf_counter() - started[0]))
+
+    gc.callbacks.append(on_gc)
+    real_update = eng.update
+
+    def update() -> None:
+        in_frame[0] = True
+        try:
+            real_update()
+        finally:
+            in_frame[0] = False
+
+    eng.update = update  # type: ignore[method-assign]
     plain = [swap_frame(i, None) for i in range(1, 21)]
+    print(
+        f"GC passes inside the 20 edits' frames: {len(collections)}, "
+        f"{sum(t for _, t in collections) * 1e6:.0f} µs in all, generations {sorted({g for g, _ in collections})}",
+        flush=True,
+    )
     idle = []
     for i in range(100, 110):  # the compiler thread long idle before the swap frame
         ck.set("Code", CODE.replace("VALUE", f"{i}.0f"))
