@@ -118,7 +118,8 @@ class StampNodePlan(NamedTuple):
     """Writes the GPU's nanosecond timer into timestamp slot ``stamp`` (profiling levels above None).
 
     Stamp nodes are side branches: nothing depends on them, so they never delay the kernels they
-    measure (event-record nodes were measured at ~2.6 µs of host time per node per launch).
+    measure (event-record nodes were measured at ~2.6 µs of host time per node per launch). Where
+    the GPU has them, they hang on programmatic edges (see ``programmatic_edges``).
     """
 
     index: int
