@@ -176,7 +176,8 @@ def main() -> None:
         t = time.perf_counter()
         eng.update()
         burst.append(time.perf_counter() - t)
-        kinds.append(f"frame {f}: {tier}{' +swap' if eng.counters.code_swaps != swaps else ''}")
+        edit = "edit, " if f < 20 else ""  # an edit goes to the compiler at set(); its frame is still marked
+        kinds.append(f"frame {f}: {edit}{tier}{' +swap' if eng.counters.code_swaps != swaps else ''}")
         next_t += period
         time.sleep(max(0.0, next_t - time.perf_counter()))
     eng.wait_ready()
@@ -189,7 +190,7 @@ def main() -> None:
             "≤ 2",
         )
     )
-    edit_free = [dt for dt, k in zip(burst, kinds, strict=True) if "code" not in k and "swap" not in k]
+    edit_free = [dt for dt, k in zip(burst, kinds, strict=True) if "edit" not in k and "swap" not in k]
     rows.append(("  the same, frames without an edit or swap", max(edit_free) / statistics.median(paced_quiet), "info"))
 
     # The same edit applied by a Cold rebuild (what a rebuild-on-edit design pays on the frame thread).
