@@ -168,7 +168,6 @@ class Engine:
         self._fault_diags: tuple[Diagnostic, ...] = ()
         self._lost: str | None = None  # set when CUDA refuses to continue after a fault
         self._closed = False
-        self.context.code_listener = self._code_edited
         log.info("engine on %r", self.device)
 
     # -- patch editing (cheap: only marks dirty) ---------------------------------------------------
@@ -385,22 +384,6 @@ class Engine:
             self._dirty.mark_structure()
         if self.kernels.diag_version != self._published_diag_version:  # a swap alone changes no block's state
             self._publish_diagnostics()
-
-    def _code_edited(self, key: tuple[int, int]) -> bool:
-        """A kernel's code changed (``Context.code_listener``): hand it to the compiler now, at the
-        edit, so the next frame has nothing to do for it (measured on the H100 host: handing it over
-        inside ``update()`` cost that frame about 90 µs). Returns False to leave it to ``update()``:
-        with ``wait_for_compile`` (which waits there) or when the kernel is not in the patch."""
-        if self.wait_for_compile or self._closed:
-            return False
-        block = self.context.registry.get(key[0])
-        if block is None or not 0 <= key[1] < len(block.description.kernels):
-            return False
-        if self._faulted.pop(key[0], None) is not None:  # new code gets a new chance
-            self._dirty.mark_structure()
-        self.kernels.source_changed(key, block.description.kernels[key[1]].source, block.name)
-        self.kernels.flush()
-        return True
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.
