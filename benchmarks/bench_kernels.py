@@ -176,7 +176,7 @@ def main() -> None:
         t = time.perf_counter()
         eng.update()
         burst.append(time.perf_counter() - t)
-        edit = "edit, " if f < 20 else ""  # an edit goes to the compiler at set(); its frame is still marked
+        edit = "edit, " if f < 20 else ""
         kinds.append(f"frame {f}: {edit}{tier}{' +swap' if eng.counters.code_swaps != swaps else ''}")
         next_t += period
         time.sleep(max(0.0, next_t - time.perf_counter()))
