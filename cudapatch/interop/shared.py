@@ -362,10 +362,13 @@ class SharedTexture2D(_SharedResource):
         return obj
 
     def _mapping(self, stream: Any) -> TextureMapping:
-        array = check(
+        return TextureMapping(self, stream, self._mapped_array())
+
+    def _mapped_array(self) -> Any:
+        """The ``CUarray`` of level 0 while mapped."""
+        return check(
             driver().cuGraphicsSubResourceGetMappedArray(self._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
         )
-        return TextureMapping(self, stream, array)
 
     @property
     def surface_writable(self) -> bool:
@@ -475,9 +478,7 @@ class ResourceGroup:
         """The ``CUarray`` of a mapped texture of this group (level 0)."""
         if not texture._mapped:
             raise InteropError(f"array: {texture.label} is not mapped")
-        return check(
-            driver().cuGraphicsSubResourceGetMappedArray(texture._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
-        )
+        return texture._mapped_array()
 
     def mapping(self, resource: _SharedResource) -> Any:
         """A ``BufferMapping`` / ``TextureMapping`` view of a mapped resource of this group."""
