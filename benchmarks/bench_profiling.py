@@ -86,30 +86,35 @@ def main() -> None:
     graph_kernel_ms = next(b for b in st.blocks if b.block_id == mid.id).kernels[0].gpu_ms
     node = next(n for n in eng.graph._nodes if n is not None and n.plan.block_id == mid.id)
     start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    eager = []
     kp = node.params
-
-    def eager_ms_per_launch(launches: int, reps: int, before=None) -> list[float]:
-        out = []
-        for _ in range(reps):
-            if before is not None:
-                before()
-            check(d.cuEventRecord(start, eng.device.stream))
-            for _ in range(launches):
-                check(
-                    d.cuLaunchKernel(
-                        kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
-                    )
+    for _ in range(10):  # 100 launches back to back between two events
+        check(d.cuEventRecord(start, eng.device.stream))
+        for _ in range(100):
+            check(
+                d.cuLaunchKernel(
+                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
                 )
-            check(d.cuEventRecord(end, eng.device.stream))
-            check(d.cuEventSynchronize(end))
-            out.append(check(d.cuEventElapsedTime(start, end)) / launches)
-        return out
-
-    eager = eager_ms_per_launch(100, 10)  # issued as fast as the host goes
+            )
+        check(d.cuEventRecord(end, eng.device.stream))
+        check(d.cuEventSynchronize(end))
+        eager.append(check(d.cuEventElapsedTime(start, end)) / 100)
     # That peer is bound by the host's launch rate when issuing a launch takes longer than the kernel
     # runs. So the eager measurement: 40 launches between two events, all queued behind a frame of
     # the graph (0.34 ms, longer than issuing them takes), so the GPU runs them back to back.
-    single = eager_ms_per_launch(40, 20, before=eng.update)
+    single = []
+    for _ in range(20):
+        eng.update()
+        check(d.cuEventRecord(start, eng.device.stream))
+        for _ in range(40):
+            check(
+                d.cuLaunchKernel(
+                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
+                )
+            )
+        check(d.cuEventRecord(end, eng.device.stream))
+        check(d.cuEventSynchronize(end))
+        single.append(check(d.cuEventElapsedTime(start, end)) / 40)
     back_to_back_ms = statistics.median(eager)
     eager_ms = statistics.median(single)
 

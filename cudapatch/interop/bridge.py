@@ -205,10 +205,9 @@ class GlBridge:
         for link in self._textures:
             if link.writer is not None:
                 array = group.array(link.resource)
-                key = int(array)
-                if key != link.last_ptr:
+                if int(array) != link.last_ptr:
                     link.writer.set("Surface", link.resource.surface_object(array))
-                    link.last_ptr = key
+                    link.last_ptr = int(array)
 
     def after_launch(self, stream: Any) -> None:
         """Copy outputs into textures that surface stores cannot write, then unmap everything (one

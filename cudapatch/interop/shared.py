@@ -362,13 +362,10 @@ class SharedTexture2D(_SharedResource):
         return obj
 
     def _mapping(self, stream: Any) -> TextureMapping:
-        return TextureMapping(self, stream, self._mapped_array())
-
-    def _mapped_array(self) -> Any:
-        """The ``CUarray`` of level 0 while mapped."""
-        return check(
+        array = check(
             driver().cuGraphicsSubResourceGetMappedArray(self._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
         )
+        return TextureMapping(self, stream, array)
 
     @property
     def surface_writable(self) -> bool:
@@ -478,7 +475,9 @@ class ResourceGroup:
         """The ``CUarray`` of a mapped texture of this group (level 0)."""
         if not texture._mapped:
             raise InteropError(f"array: {texture.label} is not mapped")
-        return texture._mapped_array()
+        return check(
+            driver().cuGraphicsSubResourceGetMappedArray(texture._handle, 0, 0), "cuGraphicsSubResourceGetMappedArray"
+        )
 
     def mapping(self, resource: _SharedResource) -> Any:
         """A ``BufferMapping`` / ``TextureMapping`` view of a mapped resource of this group."""
