@@ -75,6 +75,10 @@ class Context:
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         self._listeners: dict[int, Callable[[BlockParameter], None]] = {}
+        #: Called with ``(block_id, kernel)`` when a kernel's code changes, at the edit. It returns
+        #: whether it took the change (the engine hands it to the compiler then, so the next frame
+        #: has nothing to do); else the change is marked dirty for the next update.
+        self.code_listener: Callable[[tuple[int, int]], bool] | None = None
 
     # -- blocks -------------------------------------------------------------------------------
     def register_block(self, block: Block) -> Block:
@@ -148,7 +152,7 @@ class Context:
             if same_code == old:
                 for ki, (k, o) in enumerate(zip(new.kernels, old.kernels, strict=False)):
                     if k.source != o.source:
-                        self.dirty.mark_code((block.id, ki))
+                        self._code_changed((block.id, ki))
                 return
         self.on_structure_changed(block)
 
@@ -183,7 +187,12 @@ class Context:
             if desc != spec.descriptor:  # e.g. another entry-point name: the running nodes cannot take it in place
                 self.dirty.mark_structure()
                 return
-        self.dirty.mark_code((block.id, kernel))
+        self._code_changed((block.id, kernel))
+
+    def _code_changed(self, key: tuple[int, int]) -> None:
+        listener = self.code_listener
+        if listener is None or not listener(key):
+            self.dirty.mark_code(key)
 
     def on_structure_changed(self, block: Block) -> None:
         """A block's description changed: drop links to ports that no longer fit, rebuild."""

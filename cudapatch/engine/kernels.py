@@ -4,6 +4,10 @@ It asks the background ``KernelBuilder`` for compiles, keeps the last good resul
 (which keeps running while an edit is broken or still compiling), watches kernel files, and turns
 finished compiles into outcomes for the engine: swap a function in place (Code tier), rebuild
 (Cold), or re-describe a block whose file changed its signature.
+
+Compiles finish on the builder's service thread, between frames. A swap is done right there by
+the engine's ``swapper`` when it can take the graph without waiting for the frame thread; every
+other outcome waits in ``ready`` for the next ``Engine.update()``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -46,7 +53,7 @@ class _Slot:
 class KernelOutcome:
     """What a finished compile asks of the engine."""
 
-    action: Literal["swap", "rebuild", "refresh"]
+    action: Literal["swap", "swapped", "rebuild", "refresh"]  # swapped: done between frames; republish
     key: Key
     compiled: CompiledKernel | None = None
 
@@ -85,11 +92,17 @@ class KernelTracker:
         self.builder = builder
         self.watcher: FileWatcher | None = FileWatcher() if watch_files else None
         self._slots: dict[Key, _Slot] = {}
-        self.pending: list[Key] = []  # keys with a compile in flight (the frame path tests this list)
-        self.to_submit: list[_Slot] = []  # requests not yet handed to the builder (see ``flush``)
+        self.pending: list[Key] = []  # keys with a compile in flight
+        self.to_submit: list[tuple[Key, _Slot, Future]] = []  # requests not yet handed over (``flush``)
+        #: Finished compiles for the frame thread (the frame path tests this deque).
+        self.ready: deque[KernelOutcome] = deque()
+        #: Applies a swap outcome from the builder's thread; returns False to leave it to the frame thread.
+        self.swapper: Callable[[KernelOutcome], bool] | None = None
         self._diags: dict[Key, Diagnostic] = {}
         self.diag_version = 0  # bumped whenever the compile diagnostics change
         self._saved_switch: float | None = None
+        # Frame thread (edits, rebuilds) and builder thread (finished compiles) share the slots.
+        self._lock = threading.RLock()
 
     # -- requests --------------------------------------------------------------------------------
     def _request(self, key: Key, slot: _Slot) -> None:
@@ -98,23 +111,68 @@ class KernelTracker:
         if not self.pending:
             self._fast_switch(True)
         slot.requested = slot.generation
-        slot.future = Future()  # completed by the builder's future once ``flush`` hands the request over
-        self.to_submit.append(slot)
+        slot.future = Future()  # completed once the builder's result is settled (see ``_finished``)
+        self.to_submit.append((key, slot, slot.future))
         if key not in self.pending:
             self.pending.append(key)
 
     def flush(self) -> None:
-        """Hand queued compile requests to the builder. The engine calls this after the frame's
-        launch: waking a worker mid-frame lets its Python work delay the launch (measured)."""
+        """Hand queued compile requests to the builder. The engine calls this after the frame's launch."""
         queued, self.to_submit = self.to_submit, []
-        for slot in queued:
-            proxy = slot.future
+        for key, slot, proxy in queued:
             try:
                 real = self.builder.submit(slot.source)
             except KernelLoadError as exc:
-                proxy.set_exception(exc)
-                continue
-            real.add_done_callback(lambda f, p=proxy: _forward(f, p))
+                real = Future()
+                real.set_exception(exc)
+            real.add_done_callback(lambda f, k=key, s=slot, p=proxy: self._finished(k, s, p, f))
+
+    def _finished(self, key: Key, slot: _Slot, proxy: Future, result: Future) -> None:
+        """A compile completed (on the builder's thread): settle it, swap it in or queue the outcome."""
+        outcome = None
+        with self._lock:
+            if self._slots.get(key) is slot and slot.future is proxy:  # else a newer edit superseded it
+                slot.future = None
+                if key in self.pending:
+                    self.pending.remove(key)
+                version = self.diag_version
+                outcome = self._settle(key, slot, result)
+                if not self.pending:
+                    self._fast_switch(False)
+        if outcome is not None:
+            if outcome.action == "swap" and self.swapper is not None and self.swapper(outcome):
+                if self.diag_version != version:  # an error cleared: the engine republishes
+                    self.ready.append(KernelOutcome("swapped", key, outcome.compiled))
+            else:
+                self.ready.append(outcome)
+        _forward(result, proxy)  # last: whoever waits on the proxy finds the outcome queued
+
+    def _settle(self, key: Key, slot: _Slot, fut: Future) -> KernelOutcome:
+        if fut.cancelled():
+            fut = Future()
+            fut.set_exception(KernelLoadError("the compile was cancelled", kernel=slot.source.debug_name))
+        exc = fut.exception()
+        if exc is not None:
+            if not isinstance(exc, CudapatchError):
+                exc = KernelCompileError(f"{type(exc).__name__}: {exc}", kernel=slot.source.debug_name)
+            if exc.block is None:
+                exc.block = slot.block_name
+            slot.error = exc
+            keeps = " (the previous version keeps running)" if slot.good is not None else ""
+            self._diags[key] = Diagnostic("error", key[0], "kernel-compile", _message(exc) + keeps)
+            self.diag_version += 1
+            return KernelOutcome("rebuild", key)  # so a block that cannot run says why
+        compiled: CompiledKernel = fut.result()
+        slot.error = None
+        if self._diags.pop(key, None) is not None:
+            self.diag_version += 1
+        previous = slot.good
+        slot.good, slot.fits = compiled, None
+        if previous is None:
+            return KernelOutcome("rebuild", key, compiled)
+        if previous.descriptor == compiled.descriptor:
+            return KernelOutcome("swap", key, compiled)
+        return KernelOutcome("refresh", key, compiled)
 
     def _slot(self, key: Key, source: KernelSource, block_name: str) -> _Slot:
         slot = self._slots.get(key)
@@ -135,28 +193,34 @@ class KernelTracker:
 
     def source_changed(self, key: Key, source: KernelSource, block_name: str) -> None:
         """A kernel's code changed (new source object, or same source with new file content)."""
-        slot = self._slots.get(key)
-        if slot is not None and slot.source == source:
-            slot.generation += 1
-            self._request(key, slot)
-        else:
-            self._slot(key, source, block_name)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None and slot.source == source:
+                slot.generation += 1
+                self._request(key, slot)
+            else:
+                self._slot(key, source, block_name)
 
     def file_events(self) -> list[Key]:
         """Kernels whose files changed (debounced); each gets a recompile. Never blocks."""
         if self.watcher is None or not self.watcher.ready:
             return []
-        keys = [k for k in self.watcher.events() if k in self._slots]
-        for key in keys:
-            slot = self._slots[key]
-            slot.generation += 1
-            self._request(key, slot)
+        with self._lock:
+            keys = [k for k in self.watcher.events() if k in self._slots]
+            for key in keys:
+                slot = self._slots[key]
+                slot.generation += 1
+                self._request(key, slot)
         return keys
 
     # -- for a rebuild -----------------------------------------------------------------------------
     def resolve(self, snap: PatchSnapshot) -> tuple[dict[Key, Any], dict[Key, tuple[Severity, str, str]]]:
         """For every kernel of the patch: its function if a compiled version fits the block's
         description, else why it cannot run yet. Requests compiles for new or changed sources."""
+        with self._lock:
+            return self._resolve(snap)
+
+    def _resolve(self, snap: PatchSnapshot) -> tuple[dict[Key, Any], dict[Key, tuple[Severity, str, str]]]:
         functions: dict[Key, Any] = {}
         status: dict[Key, tuple[Severity, str, str]] = {}
         live: set[Key] = set()
@@ -184,59 +248,21 @@ class KernelTracker:
 
     # -- results -----------------------------------------------------------------------------------
     def collect(self, *, wait: bool = False, timeout: float | None = None) -> list[KernelOutcome]:
-        """Process finished compiles (waiting for all in flight if ``wait``).
+        """Take the finished compiles the frame thread must act on (waiting for all in flight if ``wait``).
 
         Returns:
-            What the engine should do: swap functions, rebuild, or re-describe blocks.
+            What the engine should do: swap functions, rebuild, re-describe blocks, republish.
         """
-        if not self.pending:
-            return []
         if self.to_submit:
             self.flush()
-        if wait:
-            futures = [s.future for k in self.pending if (s := self._slots.get(k)) and s.future is not None]
-            wait_futures(futures, timeout=timeout)
-        outcomes: list[KernelOutcome] = []
-        still: list[Key] = []
-        for key in self.pending:
-            slot = self._slots.get(key)
-            if slot is None or slot.future is None:
-                continue
-            if not slot.future.done():
-                still.append(key)
-                continue
-            fut, slot.future = slot.future, None
-            try:
-                compiled: CompiledKernel = fut.result()
-            except Exception as exc:  # compile errors and anything else the toolchain raises
-                if not isinstance(exc, CudapatchError):
-                    exc = KernelCompileError(f"{type(exc).__name__}: {exc}", kernel=slot.source.debug_name)
-                if isinstance(exc, CudapatchError) and exc.block is None:
-                    exc.block = slot.block_name
-                slot.error = exc
-                keeps = " (the previous version keeps running)" if slot.good is not None else ""
-                self._diags[key] = Diagnostic("error", key[0], "kernel-compile", _message(exc) + keeps)
-                self.diag_version += 1
-                outcomes.append(KernelOutcome("rebuild", key))  # so a block that cannot run says why
-                continue
-            if slot.requested != slot.generation:
-                still.append(key)  # an edit arrived while this compiled: the newer request is queued
-                self._request(key, slot)
-                continue
-            slot.error = None
-            if self._diags.pop(key, None) is not None:
-                self.diag_version += 1
-            previous = slot.good
-            slot.good, slot.fits = compiled, None
-            if previous is None:
-                outcomes.append(KernelOutcome("rebuild", key, compiled))
-            elif previous.descriptor == compiled.descriptor:
-                outcomes.append(KernelOutcome("swap", key, compiled))
-            else:
-                outcomes.append(KernelOutcome("refresh", key, compiled))
-        self.pending = still
-        if not still:
-            self._fast_switch(False)
+        if wait and self.pending:
+            with self._lock:
+                futures = [s.future for k in self.pending if (s := self._slots.get(k)) and s.future is not None]
+            with self.builder.unpaced():
+                wait_futures(futures, timeout=timeout)
+        ready, outcomes = self.ready, []
+        while ready:
+            outcomes.append(ready.popleft())
         return outcomes
 
     def _fast_switch(self, on: bool) -> None:

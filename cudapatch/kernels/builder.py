@@ -1,87 +1,39 @@
 """KernelBuilder: compiles kernel sources off the frame thread and loads their modules.
 
-``submit(source)`` returns a ``Future[CompiledKernel]`` at once; a worker thread looks the source
-up in the cubin cache (memory, then disk), compiles it on a miss, stores the cubin, and loads it
-into the engine's context, so the frame thread only swaps a ready ``CUfunction`` in.
+``submit(source)`` returns a ``Future[CompiledKernel]`` at once. One service thread looks the
+source up in the cubin cache (memory, then disk), sends it to the compiler process on a miss
+(``compiler_process.py``; sources that cannot go there compile on the service thread), stores the
+cubin, and loads it into the engine's context, so the frame thread only swaps a ready
+``CUfunction`` in; the engine even does that swap from the service thread, between frames.
 
-The compile itself runs in a spawned compiler process shared by all engines, for every source
-that can be sent there (CUDA C++, PTX files, Numba functions importable by name): Numba holds
-Python's GIL for tens of milliseconds while it compiles, which would stall the frame thread,
-and a compiler crash must not take the host down. Other sources compile on the worker thread.
-``CUDAPATCH_COMPILE_PROCESSES=0`` turns the process off (hosts whose ``sys.executable`` is not a
-Python interpreter, such as TouchDesigner, never use it).
+An engine's builder is *paced*: the service thread does its Python only after a frame ends (see
+``pacing.FrameGate``), or after ``idle_s`` without frames. ``unpaced()`` lifts that for callers that
+wait for compiles (``Engine.wait_ready``).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import multiprocessing
-import os
-import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import KernelCompileError, KernelLoadError
 from .cache import CubinCache
+from .compiler_process import CompileJob, CompilerProcess, compiler_process
 from .descriptor import KernelDescriptor
 from .module_cache import ModuleCache
+from .pacing import FrameGate
 from .source import KernelImage, KernelSource
 
 __all__ = ["CompiledKernel", "KernelBuilder"]
 
 log = logging.getLogger("cudapatch.kernels")
-
-
-_process_lock = threading.Lock()
-_process_pool: ProcessPoolExecutor | None = None
-
-
-def _compile_in_child(source: KernelSource, arch: str) -> KernelImage:
-    return source.compile(arch)
-
-
-def _child_ready() -> int:
-    return os.getpid()
-
-
-def _processes_allowed() -> bool:
-    if os.environ.get("CUDAPATCH_COMPILE_PROCESSES", "1") == "0":
-        return False
-    exe = os.path.basename(sys.executable or "").lower()
-    return exe.startswith("python") or exe.startswith("pypy")
-
-
-def compiler_process() -> ProcessPoolExecutor | None:
-    """The shared compiler process (spawned on first use; None where processes are not allowed)."""
-    global _process_pool
-    if not _processes_allowed():
-        return None
-    with _process_lock:
-        if _process_pool is None:
-            # spawn, not fork: the parent holds a CUDA context, which a forked child must never touch.
-            _process_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            _process_pool.submit(_child_ready)  # start the interpreter now, in the background
-        return _process_pool
-
-
-def _reset_process(broken: ProcessPoolExecutor) -> None:
-    global _process_pool
-    with _process_lock:
-        if _process_pool is broken:
-            _process_pool = None
-    broken.shutdown(wait=False, cancel_futures=True)
-
-
-@atexit.register
-def _shutdown_process() -> None:
-    if _process_pool is not None:
-        _process_pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -99,6 +51,19 @@ class CompiledKernel:
         return self.image.descriptor
 
 
+class _Request:
+    """A submitted source on its way through the service thread."""
+
+    __slots__ = ("source", "future", "started", "process", "job")
+
+    def __init__(self, source: KernelSource, future: Future) -> None:
+        self.source = source
+        self.future = future
+        self.started = 0.0
+        self.process: CompilerProcess | None = None
+        self.job: CompileJob | None = None
+
+
 class KernelBuilder:
     """Background compiler of one engine (one device architecture, one context).
 
@@ -106,8 +71,10 @@ class KernelBuilder:
         arch: ``sm_XX`` of the device.
         cache: The cubin cache.
         modules: Where modules are loaded (thread-safe).
-        make_current: Makes the engine's context current on the calling (worker) thread.
-        workers: Compile threads.
+        make_current: Makes the engine's context current on the calling (service) thread.
+        paced: Do the service thread's work only after ``gate`` opens (the engine opens it after each
+            frame) or after ``idle_s`` seconds without a frame. Unpaced, work starts at once.
+        idle_s: How long a paced builder with work waits for a frame.
     """
 
     def __init__(
@@ -117,34 +84,138 @@ class KernelBuilder:
         cache: CubinCache,
         modules: ModuleCache,
         make_current: Callable[[], None],
-        workers: int = 2,
+        paced: bool = False,
+        idle_s: float = 0.1,
     ) -> None:
         self.arch = arch
         self.cache = cache
         self.modules = modules
         self._make_current = make_current
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cudapatch-compile")
-        self._local = threading.local()
+        self.paced = paced
+        self.idle_s = idle_s
+        #: Opened by the engine after a frame while ``gate.wanted``; see ``pacing``.
+        self.gate = FrameGate()
+        self._queue: deque[_Request] = deque()  # appended by any thread, taken by the service thread
+        self._waiting: list[_Request] = []  # in the compiler process
+        self._unpaced = 0
         self._closed = False
-        # Start the workers now: the pool creates threads on submit, and a thread start on the frame
-        # thread (the first edit) costs more than the rest of that frame.
-        for f in [self._pool.submit(self._bind_thread) for _ in range(workers)]:
-            f.result()
+        self._current = False
+        self._thread = threading.Thread(target=self._serve, name="cudapatch-compile", daemon=True)
+        self._thread.start()
 
-    def _bind_thread(self) -> None:
-        self._make_current()
-        self._local.current = True
-
+    # -- requests ----------------------------------------------------------------------------------
     def submit(self, source: KernelSource) -> Future[CompiledKernel]:
-        """Queue ``source`` for compilation; never blocks.
+        """Queue ``source`` for compilation; never blocks. The future completes on the service thread
+        (its callbacks run there).
 
         Raises:
             KernelLoadError: the builder is closed.
         """
         if self._closed:
             raise KernelLoadError("the kernel builder is closed", kernel=source.debug_name)
-        return self._pool.submit(self.build, source)
+        fut: Future[CompiledKernel] = Future()
+        self._queue.append(_Request(source, fut))
+        if self.paced and not self._unpaced:
+            self.gate.wanted = True  # the engine wakes the service thread once this frame is done
+        else:
+            self.gate.open()
+        return fut
 
+    @contextmanager
+    def unpaced(self) -> Iterator[None]:
+        """Work without waiting for frames inside this block (for callers that wait for results)."""
+        self._unpaced += 1
+        self.gate.open()
+        try:
+            yield
+        finally:
+            self._unpaced -= 1
+
+    # -- the service thread --------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._closed:
+            busy = bool(self._queue or self._waiting)
+            if self._unpaced or not self.paced:
+                # Unpaced: wake for submits at once, and look for compiler results every millisecond.
+                self.gate.wait(0.001 if self._waiting else -1)
+            elif busy:
+                self.gate.wanted = True
+                self.gate.wait(self.idle_s)
+            else:
+                self.gate.wait(-1)  # submit() asks for the next frame; that frame opens the gate
+            if self._closed:
+                break
+            try:
+                self._step()
+            except Exception:  # never let the service thread die: every request must complete
+                log.exception("kernel builder step failed")
+        self._fail_all(KernelLoadError("the kernel builder closed before this kernel was built"))
+
+    def _step(self) -> None:
+        if not self._current:
+            self._make_current()
+            self._current = True
+        queue = self._queue
+        while queue:
+            req = queue.popleft()
+            if req.future.set_running_or_notify_cancel():
+                self._start(req)
+        if self._waiting:
+            pending = []
+            for process in {id(r.process): r.process for r in self._waiting}.values():
+                assert process is not None
+                process.poll()  # results that arrived; a crashed process fails its jobs here
+            for req in self._waiting:
+                job = req.job
+                assert job is not None
+                if not job.done:
+                    pending.append(req)
+                elif job.error is not None:
+                    req.future.set_exception(self._compile_error(job.error, req.source))
+                else:
+                    assert job.image is not None
+                    self._finish(req, job.image, "compiled")
+            self._waiting = pending
+
+    def _start(self, req: _Request) -> None:
+        req.started = time.perf_counter()
+        source = req.source
+        try:
+            hit = self._cached(source)
+            if hit is not None:
+                self._finish(req, *hit)
+                return
+            process = compiler_process() if source.portable else None
+            if process is None:
+                self._finish(req, source.compile(self.arch), "compiled")
+                return
+            req.process, req.job = process, process.send(source, self.arch)
+            self._waiting.append(req)
+        except Exception as exc:  # compile and load errors complete the future; nothing escapes
+            req.future.set_exception(exc)
+
+    def _finish(self, req: _Request, image: KernelImage, origin: Literal["memory", "disk", "compiled"]) -> None:
+        try:
+            if origin == "compiled":
+                self._store(req.source, image)
+            function = self.modules.function(image)  # loads the module here, off the frame thread
+        except Exception as exc:
+            req.future.set_exception(exc)
+            return
+        seconds = time.perf_counter() - req.started
+        log.debug("kernel %s ready (%s, %.1f ms)", req.source.debug_name, origin, seconds * 1e3)
+        req.future.set_result(CompiledKernel(req.source, image, function, origin, seconds))
+
+    def _fail_all(self, exc: Exception) -> None:
+        while self._queue:
+            req = self._queue.popleft()
+            if not req.future.cancel():
+                req.future.set_exception(exc)
+        for req in self._waiting:
+            req.future.set_exception(exc)
+        self._waiting = []
+
+    # -- one source, on the calling thread -----------------------------------------------------------------
     def build(self, source: KernelSource) -> CompiledKernel:
         """Compile (or fetch from the cache) and load ``source``, on the calling thread.
 
@@ -152,50 +223,60 @@ class KernelBuilder:
             KernelLoadError: the source cannot be read, compiled or loaded (with the compiler log).
         """
         t0 = time.perf_counter()
-        if not getattr(self._local, "current", False):
-            self._make_current()
-            self._local.current = True
+        self._make_current()
+        hit = self._cached(source)
+        if hit is not None:
+            image, origin = hit
+        else:
+            image, origin = self._compile(source), "compiled"
+            self._store(source, image)
+        function = self.modules.function(image)
+        return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
+
+    def _cached(self, source: KernelSource) -> tuple[KernelImage, Literal["memory", "disk"]] | None:
         key = source.cache_key(self.arch)
         hit = self.cache.get(key)
-        origin: Literal["memory", "disk", "compiled"]
-        if hit is not None:
-            meta = hit.meta
-            image = KernelImage(
-                source.describe(),
-                hit.payload,
-                "cubin",
-                meta.get("sha", key),
-                meta.get("name", source.debug_name),
-                symbol=meta.get("symbol", ""),
-            )
-            origin = hit.level
-        else:
-            image = self._compile(source)
-            self.cache.put(key, image.image, {"symbol": image.symbol, "name": image.debug_name, "sha": image.key})
-            origin = "compiled"
-        function = self.modules.function(image)  # loads the module here, off the frame thread
-        seconds = time.perf_counter() - t0
-        log.debug("kernel %s ready (%s, %.1f ms)", source.debug_name, origin, seconds * 1e3)
-        return CompiledKernel(source, image, function, origin, seconds)
+        if hit is None:
+            return None
+        meta = hit.meta
+        image = KernelImage(
+            source.describe(),
+            hit.payload,
+            "cubin",
+            meta.get("sha", key),
+            meta.get("name", source.debug_name),
+            symbol=meta.get("symbol", ""),
+        )
+        return image, hit.level
+
+    def _store(self, source: KernelSource, image: KernelImage) -> None:
+        meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key}
+        self.cache.put(source.cache_key(self.arch), image.image, meta)
 
     def _compile(self, source: KernelSource) -> KernelImage:
-        pool = compiler_process() if source.portable else None
-        if pool is None:
+        process = compiler_process() if source.portable else None
+        if process is None:
             return source.compile(self.arch)
-        try:
-            return pool.submit(_compile_in_child, source, self.arch).result()
-        except BrokenProcessPool:
-            _reset_process(pool)
-            raise KernelCompileError(
-                "the compiler process crashed on this kernel (the host is fine); edit the source to retry",
-                kernel=source.debug_name,
-            ) from None
+        job = process.send(source, self.arch)
+        process.wait(job)
+        if job.error is not None:
+            raise self._compile_error(job.error, source)
+        assert job.image is not None
+        return job.image
+
+    @staticmethod
+    def _compile_error(error: BaseException, source: KernelSource) -> BaseException:
+        if isinstance(error, Exception) and not isinstance(error, KernelLoadError):
+            return KernelCompileError(f"{type(error).__name__}: {error}", kernel=source.debug_name)
+        return error
 
     def close(self) -> None:
-        """Finish queued work and stop the threads; idempotent."""
+        """Stop the service thread; requests not built yet fail with KernelLoadError. Idempotent."""
         if not self._closed:
             self._closed = True
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.gate.open()
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout=5.0)
 
     @property
     def is_closed(self) -> bool:

@@ -5,6 +5,7 @@ compilers are tested in test_runtime_kernels.py and on the GPU."""
 from __future__ import annotations
 
 from concurrent.futures import Future
+from contextlib import nullcontext
 
 from cudapatch import CudaSource, CustomKernel
 from cudapatch.engine import Context
@@ -36,6 +37,9 @@ class FinishedBuilder:
             d = source.describe()
             f.set_result(CompiledKernel(source, KernelImage(d, b"", "cubin", "key", "k.cu"), object(), "compiled", 0.0))
         return f
+
+    def unpaced(self) -> nullcontext:
+        return nullcontext()
 
     def close(self) -> None:
         pass
