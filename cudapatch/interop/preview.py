@@ -155,12 +155,26 @@ class Preview:
             return self._ring.buffers[slot].gl_name if slot >= 0 else None
         return self._point_buffer.gl_name if self._point_buffer is not None else None
 
-    def frame(self) -> float:
-        """Update the engine and draw one frame; returns the host milliseconds it took."""
+    def frame(self, *, settle: bool = False) -> float:
+        """Update the engine and draw one frame; returns the host milliseconds it took.
+
+        Args:
+            settle: Wait for kernels still compiling (the preview's own writers among them), GL and
+                the GPU before and after the engine's launch (for PNG frames): the zero-map ring
+                then gets every buffer free and shows this very frame. Live frames never wait;
+                they show the newest copy GL and CUDA are done with.
+        """
         t0 = time.perf_counter()
         ctx = self.context
         ctx.make_current()
+        if settle:
+            self.engine.wait_ready()
+        if settle and self._ring is not None:
+            gl().glFinish()  # GL is done with every buffer: this launch's copy request is not dropped
+            self.engine.synchronize()
         self.engine.update()
+        if settle and self._ring is not None:
+            self.engine.synchronize()  # this launch's copy is done: front() returns it
         if self.points is not None:
             self._sync_points()
         GL = gl()
@@ -221,13 +235,11 @@ class Preview:
                 self.context.poll_events()
             last = frames is not None and report.frames + 1 == frames
             png = out is not None and (last or (png_every > 0 and (report.frames + 1) % png_every == 0))
-            if png and self._ring is not None:
-                # Zero-map shows the newest *completed* frame; finish the GPU's queue first so a
-                # written frame is exactly the engine's previous frame, not an older one.
-                self.engine.synchronize()
             if before_frame is not None:
                 before_frame()
-            self.frame()
+            # Zero-map shows the newest copy GL and CUDA are done with, which can be many frames old
+            # where GL draws slowly (H100: graphics on few SMs); a PNG shows the frame it is named for.
+            self.frame(settle=png)
             report.frames += 1
             if png:
                 report.pngs.append(write_png(out / f"frame_{report.frames:05d}.png", self.context.read_pixels()))
