@@ -130,6 +130,7 @@ class Preview:
             self.bridge.close()
             self._point_renderer.close()  # type: ignore[union-attr]
             current.close()
+            self._ring = self._point_buffer = None
             self.bridge = GlBridge(self.engine)
             if self._texture is not None:
                 self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
@@ -137,7 +138,19 @@ class Preview:
                 self.bridge.show_buffer_ring(self.image[0], self.image[1], self._image_ring)  # type: ignore[index]
         label = f"{block.name}.{port}"
         if self.zero_map:
-            self._ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
+            ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
+            if all(b.shares_memory() for b in ring.buffers):
+                self._ring = ring
+            else:
+                log.warning(
+                    "preview: GL does not see what CUDA writes into imported %d-byte buffers on this driver; "
+                    "%s is shared through register + map/unmap instead",
+                    out.nbytes,
+                    label,
+                )
+                ring.close()
+                self.zero_map = False
+        if self._ring is not None:
             self.bridge.show_buffer_ring(block, port, self._ring)
             names = [b.gl_name for b in self._ring.buffers]
         else:

@@ -234,6 +234,27 @@ class VectorAddDouble(Block):
         k.auto_grid(like("A"), count_param=2)
 
 
+def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
+    from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
+    from cudapatch.interop import read_png
+    from cudapatch.interop.imported import ImportedBuffer
+    from cudapatch.interop.preview import Preview
+
+    monkeypatch.setattr(ImportedBuffer, "shares_memory", lambda self: False)  # what the driver did at 32 MiB
+    engine, ctx = gl_engine
+    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
+    e.set("Capacity", 100_000)
+    engine.connect(e, "Particles", f, "Particles")
+    engine.connect(f, "Particles", i, "Particles")
+    engine.connect(i, "Particles", t, "Particles")
+    engine.wait_ready()
+    with Preview(engine, ctx, points=(t, "Points"), overlay=False, zero_map=True) as preview:
+        report = preview.run(40, out_dir=tmp_path)
+        assert not preview.zero_map and preview._ring is None and preview._point_buffer is not None
+        img = read_png(report.pngs[-1])
+        assert (img[..., :3].astype(int).sum(axis=2) > 60).mean() > 0.005  # drawn through register + map
+
+
 @pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
 def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero_map):
     from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
@@ -287,6 +308,9 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
     got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
     assert np.array_equal(got, want)  # GL sees the same bytes
+    assert buf.shares_memory()  # the preview's check agrees, and leaves the buffer zeroed
+    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
+    assert not got.any()
     buf.close()
     buf.close()
     assert buf.is_closed
