@@ -174,33 +174,35 @@ class ImportedBuffer:
         self._closed = False
 
     def shares_memory(self) -> bool:
-        """Whether GL reads the bytes CUDA writes: CUDA stores a marker word at both ends, GL reads them
-        back (the buffer is zeroed again after). Measured on an H100 with driver 580: GL read zeros
-        from 32 MiB imported buffers of the particle preview while 6 MiB ones were shared, so the
-        preview checks before it relies on zero-map. Waits for the device; call it at setup only.
+        """Whether GL keeps reading what CUDA writes: CUDA stores a marker word at both ends and GL
+        reads them back, twice, with another marker the second time (the buffer is zeroed after).
+
+        Measured on an H100 with driver 580: GL's first read of an imported buffer returns CUDA's
+        bytes, later reads and draws return that first content again. Without a semaphore that GL
+        acquires the memory with (GL_EXT_semaphore needs an exporter, such as Vulkan, that this
+        package does not have), GL's view stays stale, so callers check this before relying on
+        zero-map. Waits for the device; call it at setup only.
 
         Raises:
             CudaError: a driver call failed.
         """
-        if self.texture is not None:
-            return True  # textures are checked by their own tests; this asks about vertex buffers
         d = driver()
-        marker = 0x5A17C0DE
-        ends = (0, (self.nbytes // 4 - 1) * 4)
-        for off in ends:
-            check(d.cuMemsetD32(self.ptr + off, marker, 1), "cuMemsetD32")
-        check(d.cuCtxSynchronize(), "cuCtxSynchronize")
         read = gl_function(
             "glGetNamedBufferSubData", None, ctypes.c_uint, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p
         )
-        seen = []
-        for off in ends:
-            word = ctypes.c_uint32(0)
-            read(self.gl_name, off, 4, ctypes.addressof(word))
-            seen.append(word.value)
+        ends = (0, (self.nbytes // 4 - 1) * 4)
+        seen_all = True
+        for marker in (0x5A17C0DE, 0x0DDBA11):
+            for off in ends:
+                check(d.cuMemsetD32(self.ptr + off, marker, 1), "cuMemsetD32")
+            check(d.cuCtxSynchronize(), "cuCtxSynchronize")
+            for off in ends:
+                word = ctypes.c_uint32(0)
+                read(self.gl_name, off, 4, ctypes.addressof(word))
+                seen_all = seen_all and word.value == marker
         check(d.cuMemsetD8(self.ptr, 0, self.nbytes), "cuMemsetD8")
         check(d.cuCtxSynchronize(), "cuCtxSynchronize")
-        return seen == [marker, marker]
+        return seen_all
 
     def _free_cuda(self) -> None:
         d = driver()
