@@ -267,9 +267,10 @@ class Engine:
             self.counters.frames += 1
             return
         with self._graph_lock:
-            if not (self._dirty.any or self.kernels.ready):
+            dirty = self._dirty
+            if not ((dirty.any and not dirty.only_params) or self.kernels.ready):  # clean, Hot, Warm
                 self._frame()
-            elif gc.isenabled():  # edits allocate: Python's collector runs after this frame, not inside it
+            elif gc.isenabled():  # builds allocate: Python's collector runs after this frame, not inside it
                 gc.disable()  # (measured on the H100 host: 0.25-0.8 ms collections inside edit frames)
                 try:
                     self._frame()
