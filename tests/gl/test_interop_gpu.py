@@ -234,20 +234,27 @@ class VectorAddDouble(Block):
         k.auto_grid(like("A"), count_param=2)
 
 
-def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
+def _particles(engine, capacity):
+    """The demo's particle chain in ``engine``, compiled; returns its ToPoints block."""
     from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
+
+    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
+    e.set("Capacity", capacity)
+    engine.connect(e, "Particles", f, "Particles")
+    engine.connect(f, "Particles", i, "Particles")
+    engine.connect(i, "Particles", t, "Particles")
+    engine.wait_ready()
+    return t
+
+
+def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
     from cudapatch.interop import read_png
     from cudapatch.interop.imported import ImportedBuffer
     from cudapatch.interop.preview import Preview
 
     monkeypatch.setattr(ImportedBuffer, "shares_memory", lambda self: False)  # what the driver did at 32 MiB
     engine, ctx = gl_engine
-    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
-    e.set("Capacity", 100_000)
-    engine.connect(e, "Particles", f, "Particles")
-    engine.connect(f, "Particles", i, "Particles")
-    engine.connect(i, "Particles", t, "Particles")
-    engine.wait_ready()
+    t = _particles(engine, 100_000)
     with Preview(engine, ctx, points=(t, "Points"), overlay=False, zero_map=True) as preview:
         report = preview.run(40, out_dir=tmp_path)
         assert not preview.zero_map and preview._ring is None and preview._point_buffer is not None
@@ -257,17 +264,11 @@ def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl
 
 @pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
 def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero_map):
-    from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
     from cudapatch.interop import read_png
     from cudapatch.interop.preview import Preview
 
     engine, ctx = gl_engine
-    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
-    e.set("Capacity", 200_000)
-    engine.connect(e, "Particles", f, "Particles")
-    engine.connect(f, "Particles", i, "Particles")
-    engine.connect(i, "Particles", t, "Particles")
-    engine.wait_ready()
+    t = _particles(engine, 200_000)
     with Preview(engine, ctx, points=(t, "Points"), overlay=False, zero_map=zero_map) as preview:
         assert preview.zero_map is zero_map
         report = preview.run(90, out_dir=tmp_path, png_every=45)
