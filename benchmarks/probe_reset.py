@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: can this driver continue after an illegal-address fault, and which reset sequence works?
 
-Usage: python benchmarks/probe_reset.py [variant]   variant: current | cleared | twice | release
+Usage: python benchmarks/probe_reset.py [variant]   variant: current | cleared | twice | release | create
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ def main() -> None:
         print("set 0", d.cuCtxSetCurrent(0)[0])
     if variant == "release":
         print("release", d.cuDevicePrimaryCtxRelease(dev)[0])
+    if variant == "create":  # a new, non-primary context instead of resetting the primary one
+        try:
+            r = d.cuCtxCreate(None, 0, dev)
+        except TypeError:  # older bindings: cuCtxCreate(flags, dev)
+            r = d.cuCtxCreate(0, dev)
+        print("create", r[0])
+        if not r[0]:
+            print("alloc", d.cuMemAlloc(1024)[0])
+            print("sync", d.cuCtxSynchronize()[0])
+        return
     print("reset", d.cuDevicePrimaryCtxReset(dev)[0])
     if variant == "twice":
         print("reset2", d.cuDevicePrimaryCtxReset(dev)[0])

@@ -174,32 +174,45 @@ class ImportedBuffer:
         self._closed = False
 
     def shares_memory(self) -> bool:
-        """Whether GL keeps reading what CUDA writes: CUDA stores a marker word at both ends and GL
-        reads them back, twice, with another marker the second time (the buffer is zeroed after).
+        """Whether GL's GPU-side reads see what CUDA writes: CUDA stores a marker word at both ends,
+        GL copies them into a plain buffer of its own on the GPU (as a draw would read them) and
+        reads that back, twice, with another marker the second time (the buffer is zeroed after).
 
-        Measured on an H100 with driver 580: GL's first read of an imported buffer returns CUDA's
-        bytes, later reads and draws return that first content again. Without a semaphore that GL
-        acquires the memory with (GL_EXT_semaphore needs an exporter, such as Vulkan, that this
-        package does not have), GL's view stays stale, so callers check this before relying on
-        zero-map. Waits for the device; call it at setup only.
+        Measured on an H100 with driver 580 (``benchmarks/probe_coherence.py``): GL's GPU reads of
+        imported memory (copies, vertex fetch) see every CUDA write, while
+        ``glGetBufferSubData`` on the imported buffer itself keeps returning the bytes of its first
+        call (a host-side cache), so it cannot tell. Waits for the device; call it at setup only.
 
         Raises:
             CudaError: a driver call failed.
         """
         d = driver()
+        GL = gl()
         read = gl_function(
             "glGetNamedBufferSubData", None, ctypes.c_uint, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p
         )
+        copy = gl_function(
+            "glCopyNamedBufferSubData", None, ctypes.c_uint, ctypes.c_uint, ctypes.c_ssize_t, ctypes.c_ssize_t,
+            ctypes.c_ssize_t,
+        )  # fmt: skip
+        scratch = (GL.GLuint * 1)()
+        GL.glCreateBuffers(1, scratch)
+        probe = int(scratch[0])
+        GL.glNamedBufferStorage(probe, 4, (ctypes.c_uint32 * 1)(0), GL.GL_DYNAMIC_STORAGE_BIT)
         ends = (0, (self.nbytes // 4 - 1) * 4)
         seen_all = True
-        for marker in (0x5A17C0DE, 0x0DDBA11):
-            for off in ends:
-                check(d.cuMemsetD32(self.ptr + off, marker, 1), "cuMemsetD32")
-            check(d.cuCtxSynchronize(), "cuCtxSynchronize")
-            for off in ends:
-                word = ctypes.c_uint32(0)
-                read(self.gl_name, off, 4, ctypes.addressof(word))
-                seen_all = seen_all and word.value == marker
+        try:
+            for marker in (0x5A17C0DE, 0x0DDBA11):
+                for off in ends:
+                    check(d.cuMemsetD32(self.ptr + off, marker, 1), "cuMemsetD32")
+                check(d.cuCtxSynchronize(), "cuCtxSynchronize")
+                for off in ends:
+                    copy(self.gl_name, probe, off, 0, 4)
+                    word = ctypes.c_uint32(0)
+                    read(probe, 0, 4, ctypes.addressof(word))
+                    seen_all = seen_all and word.value == marker
+        finally:
+            GL.glDeleteBuffers(1, scratch)
         check(d.cuMemsetD8(self.ptr, 0, self.nbytes), "cuMemsetD8")
         check(d.cuCtxSynchronize(), "cuCtxSynchronize")
         return seen_all

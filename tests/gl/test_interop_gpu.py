@@ -29,6 +29,22 @@ def _cupy_view(ptr, nbytes, dtype, owner):
     return cupy.ndarray((nbytes // np.dtype(dtype).itemsize,), dtype, cupy.cuda.MemoryPointer(mem, 0))
 
 
+def _gl_reads(name, nbytes, dtype=np.float32):
+    """What GL's GPU reads of buffer ``name`` see (what a draw reads): a copy GL makes on the GPU into
+    a buffer of its own, read back. (glGetBufferSubData on an imported buffer returns the bytes of
+    its first call on driver 580: a host-side cache GL is not told to drop.)"""
+    from OpenGL import GL
+
+    tmp = GL.glGenBuffers(1)
+    GL.glBindBuffer(GL.GL_COPY_READ_BUFFER, name)
+    GL.glBindBuffer(GL.GL_COPY_WRITE_BUFFER, tmp)
+    GL.glBufferData(GL.GL_COPY_WRITE_BUFFER, nbytes, None, GL.GL_STREAM_READ)
+    GL.glCopyBufferSubData(GL.GL_COPY_READ_BUFFER, GL.GL_COPY_WRITE_BUFFER, 0, 0, nbytes)
+    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_COPY_WRITE_BUFFER, 0, nbytes), dtype)
+    GL.glDeleteBuffers(1, [tmp])
+    return got
+
+
 def test_buffer_round_trips_both_ways(gl_engine):
     from OpenGL import GL
 
@@ -288,8 +304,7 @@ def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero
             preview.frame()  # the ring shows the newest completed frame: let it catch up
             engine.synchronize()
             preview._ring.front()
-        GL.glBindBuffer(GL.GL_ARRAY_BUFFER, preview.points_gl_buffer)
-        gl_points = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, nbytes), np.float32)
+        gl_points = _gl_reads(preview.points_gl_buffer, nbytes)
         assert np.array_equal(gl_points, engine.read(t, "Points").view(np.float32).ravel())
 
 
@@ -309,12 +324,14 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buf.gl_name)
     got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
     assert np.array_equal(got, want)  # GL's first read sees CUDA's bytes
-    # Later reads: on driver 580 GL keeps returning its first view (no semaphore acquires the memory),
-    # which the check reports; either way it leaves CUDA's memory zeroed.
-    coherent = buf.shares_memory()
+    # GL's GPU reads keep seeing CUDA's writes (glGetBufferSubData would not: see _gl_reads)
+    want = rng.standard_normal(n).astype(np.float32)
+    _cupy_view(buf.ptr, n * 4, np.float32, buf).set(want)
+    engine.synchronize()
+    assert np.array_equal(_gl_reads(buf.gl_name, n * 4), want)
+    assert buf.shares_memory()  # and the check says so; it leaves CUDA's memory zeroed
     assert not _cupy_view(buf.ptr, n * 4, np.float32, buf).get().any()
-    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
-    assert coherent == (not got.any())
+    assert not _gl_reads(buf.gl_name, n * 4).any()
     buf.close()
     buf.close()
     assert buf.is_closed
@@ -346,9 +363,7 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     assert results.count(False) >= 1 and ring.dropped > dropped
     engine.synchronize()
     GL.glFinish()
-    name = ring.front()
-    GL.glBindBuffer(GL.GL_ARRAY_BUFFER, name)
-    got = np.frombuffer(GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, n * 4), np.float32)
+    got = _gl_reads(ring.front(), n * 4)
     assert np.array_equal(got, frames[-1].get())  # the newest completed frame
     ring.close()
     ring.close()
@@ -376,16 +391,7 @@ def test_engine_feeds_an_imported_ring_from_inside_its_graph(gl_engine):
         ring.write(0, 4, engine.device.stream)
 
     def shown() -> np.ndarray:
-        # What a draw reads: a copy made by the GPU. (glGetBufferSubData of an imported buffer GL has
-        # read back before may return its earlier contents: GL is not told that CUDA wrote it.)
-        tmp = GL.glGenBuffers(1)
-        GL.glBindBuffer(GL.GL_COPY_READ_BUFFER, ring.front())
-        GL.glBindBuffer(GL.GL_COPY_WRITE_BUFFER, tmp)
-        GL.glBufferData(GL.GL_COPY_WRITE_BUFFER, n * 4, None, GL.GL_STREAM_READ)
-        GL.glCopyBufferSubData(GL.GL_COPY_READ_BUFFER, GL.GL_COPY_WRITE_BUFFER, 0, 0, n * 4)
-        got = np.frombuffer(GL.glGetBufferSubData(GL.GL_COPY_WRITE_BUFFER, 0, n * 4), np.float32)
-        GL.glDeleteBuffers(1, [tmp])
-        return got
+        return _gl_reads(ring.front(), n * 4)
 
     for _ in range(5):  # each frame's value reaches GL through the slot its launch was asked to write
         value = float(rng.standard_normal())
