@@ -269,7 +269,8 @@ def bench_particles(ctx: EglContext, results: dict) -> None:
             with Preview(engine, big, points=(blocks[3], "Points"), overlay=True, zero_map=zero_map) as preview:
                 preview.run(30)
                 report = preview.run(200)
-            how = "zero-map" if zero_map else "map/unmap"
+                used = preview.zero_map  # False where the coherence check made it fall back
+            how = "zero-map" if used else "map/unmap" + (" (zero-map fell back)" if zero_map else "")
             row(f"preview 1920x1080 + overlay, {capacity // 10**6}M points, {how}", report.fps, unit="fps")
             results[f"preview_fps_{capacity}_{how}"] = report.fps
         big.close()

@@ -5,6 +5,10 @@ Runs the demo the way ``cudapatch run --headless`` does (frames back to back, no
 ``glFinish`` and polls the engine stream for 10 s instead of synchronizing, per variant:
 
   cli        as the CLI does it (zero-map when the driver's check passes, else register + map)
+  fallback   as the CLI on a driver whose check fails: the ring is made, checked, closed, then
+             register + map
+  hostread   as fallback, but the ring's buffers are read with glGetNamedBufferSubData first (what
+             the coherence check did before it read through a GPU copy)
   map        register + map from the start
   map-sync   register + map, the engine synchronized after every frame
   map-ready  register + map, after the preview's writer block has compiled and run once
@@ -27,7 +31,7 @@ from cudapatch.host_plugin.hosts.standalone import StandaloneHost  # noqa: E402
 from cudapatch.interop import EglContext  # noqa: E402
 from cudapatch.kernels._driver import driver  # noqa: E402
 
-VARIANTS = ("cli", "map", "map-sync", "map-ready", "no-draw")
+VARIANTS = ("cli", "fallback", "hostread", "map", "map-sync", "map-ready", "no-draw")
 
 
 def stream_done_after(stream, seconds: float) -> float | None:
@@ -47,11 +51,27 @@ def stream_done_after(stream, seconds: float) -> float | None:
 def run(variant: str, frames: int) -> None:
     from OpenGL import GL
 
+    if variant in ("fallback", "hostread"):
+        import ctypes
+
+        from cudapatch.interop._gl import gl_function
+        from cudapatch.interop.imported import ImportedBuffer
+
+        check = ImportedBuffer.shares_memory
+
+        def failing_check(buf: ImportedBuffer) -> bool:
+            if variant == "hostread":
+                args = (ctypes.c_uint, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_void_p)
+                word = ctypes.c_uint32(0)
+                gl_function("glGetNamedBufferSubData", None, *args)(buf.gl_name, 0, 4, ctypes.addressof(word))
+            return check(buf) and False
+
+        ImportedBuffer.shares_memory = failing_check
     with StandaloneHost(None) as host:
         ctx = EglContext(1280, 720)
         host.engine.device.make_current()
         preview = host.open_preview(ctx, overlay=False)
-        if variant != "cli":
+        if variant not in ("cli", "fallback", "hostread"):
             preview.zero_map = False
         eng = host.engine
         if variant == "map-ready":

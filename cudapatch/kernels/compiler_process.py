@@ -31,6 +31,11 @@ CRASHED = "the compiler process crashed on this kernel (the host is fine); edit 
 
 def _serve(conn: Any) -> None:
     """The child: compile each ``(job id, source, arch)`` received and send back the image or error."""
+    if hasattr(os, "nice"):  # background work: where cores are short, frames (the host's threads) go first
+        try:
+            os.nice(10)
+        except OSError:
+            pass
     while True:
         try:
             job_id, source, arch = conn.recv()

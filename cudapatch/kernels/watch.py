@@ -1,8 +1,10 @@
 """FileWatcher: notices edits to kernel files (and their includes) and reports them, debounced.
 
-A polling thread compares ``(mtime, size)`` of every watched path a few times per second. A
-change is reported once the file has been stable for ``debounce`` seconds, so an editor's
-truncate-then-write (a half-written file) is seen as one edit. Deleting a file is a change too.
+A polling thread compares ``(mtime, size)`` of every watched path a few times per second; with
+nothing to watch it sleeps until something is (each wake-up takes the GIL, which a frame thread
+returning from a driver call may then wait for). A change is reported once the file has been
+stable for ``debounce`` seconds, so an editor's truncate-then-write (a half-written file) is seen
+as one edit. Deleting a file is a change too.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class FileWatcher:
         # frame thread that (un)watches never waits for a polling pass.
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by watch() and close(): the idle thread looks again
         self._thread = threading.Thread(target=self._run, name="cudapatch-watch", daemon=True)
         self._thread.start()
 
@@ -59,6 +62,7 @@ class FileWatcher:
                 self._users[p] = self._users.get(p, 0) + 1
                 if p not in self._stamps:
                     self._stamps[p] = fresh.get(p, _stamp(p))
+        self._wake.set()
 
     def unwatch(self, key: Hashable) -> None:
         """Stop watching ``key``; unknown keys are ignored (without taking the lock)."""
@@ -90,7 +94,13 @@ class FileWatcher:
         return out
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.clear()
+            if not self._stamps and not self._changed_at:
+                self._wake.wait()  # nothing to poll: no wake-ups until watch() or close()
+                continue
+            if self._stop.wait(self.interval):
+                break
             self.poll()
 
     def poll(self) -> None:
@@ -117,5 +127,6 @@ class FileWatcher:
     def close(self) -> None:
         """Stop the polling thread; idempotent."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)

@@ -236,6 +236,34 @@ def test_watcher_debounces_real_edits(tmp_path: Path) -> None:
         w.close()
 
 
+def test_watcher_thread_sleeps_while_nothing_is_watched(tmp_path: Path) -> None:
+    w = FileWatcher(interval=0.005, debounce=0.01)
+    polls: list[float] = []
+    poll = w.poll
+    w.poll = lambda: (polls.append(time.monotonic()), poll())[1]  # type: ignore[method-assign]
+    try:
+        time.sleep(0.1)
+        assert polls == []  # no wake-ups (each would take the GIL from a frame)
+        f = tmp_path / "k.cu"
+        f.write_text("one")
+        w.watch("k", [f])
+        time.sleep(0.1)
+        assert len(polls) >= 3  # watching: the thread polls again
+        f.write_text("two, longer")
+        end = time.monotonic() + 2
+        while not w.ready and time.monotonic() < end:
+            time.sleep(0.01)
+        assert w.events() == ["k"]  # found by the thread's own polls
+        w.unwatch("k")
+        time.sleep(0.05)
+        count = len(polls)
+        time.sleep(0.1)
+        assert len(polls) <= count + 1  # asleep again once nothing is watched
+    finally:
+        w.close()
+    assert not w._thread.is_alive()
+
+
 def _registered(*blocks):
     c = Context()
     for b in blocks:
