@@ -41,14 +41,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         # An entry point chooses PyOpenGL's platform, before anything imports OpenGL.
         os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from .errors import CudapatchError
-    from .host_plugin.hosts.standalone import StandaloneHost
+    from .host_plugin.hosts.standalone import StandaloneHost, take_restart_state
 
     w, h = args.size
+    resumed = take_restart_state()  # set when this process replaced one that a GPU fault ended
+    start = int(resumed.get("frames", 0))
     try:
         host = StandaloneHost(args.patch, profiling=args.profiling)
     except CudapatchError as exc:
         print(f"cudapatch: {exc}", file=sys.stderr)
         return 2
+    host.disable_operators(resumed.get("disabled", {}))
     with host:
         try:
             if args.headless:
@@ -65,7 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             host.engine.device.make_current()
             host.open_preview(context, overlay=not args.no_overlay)
-            report = host.run(args.frames, out_dir=args.out, png_every=args.png_every)
+            report = host.run(args.frames, out_dir=args.out, png_every=args.png_every, start=start)
+            if host.engine.lost is not None:  # CUDA refuses this process: go on in a new one
+                host.restart(args.argv, frames_done=start + report.frames, restarts=int(resumed.get("restarts", 0)))
+                print(f"cudapatch: {host.engine.lost}", file=sys.stderr)
+                return 1
             stats = host.engine.stats()
             log.info("%d frames in %.2f s (%.0f fps)", report.frames, report.seconds, report.fps)
             for b in stats.blocks:
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)
     sub.add_parser("check", help="preflight: driver, GPU, libraries, GL").set_defaults(func=cmd_check)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a restart after a GPU fault runs again
     _setup_logging(args.verbose)
     if args.command == "run" and args.frames is not None and args.frames <= 0:
         parser.error("--frames must be positive")

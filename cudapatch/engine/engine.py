@@ -193,6 +193,14 @@ class Engine:
         self._call_failures.clear()  # an edit may fix a failed library call: try again
         self.context.unregister_block(block)
 
+    def disable(self, block: Block, reason: str) -> None:
+        """Leave ``block``'s kernels out of the graph, as after a GPU fault: its outputs read as zeros,
+        blocks reading them are warned, and ``reason`` is its error diagnostic until its code changes
+        (Cold on the next update). A host that restarted its process after a fault uses it to keep
+        the faulting block off."""
+        self._faulted[block.id] = reason
+        self._dirty.mark_structure()
+
     def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
         """Link an output to an input (Cold on the next update).
 
@@ -338,6 +346,15 @@ class Engine:
         keep = tuple(d for d in self._build_diags if d.code not in ("gpu-fault", "gpu-lost", "binding-lost"))
         faults = tuple(Diagnostic("error", bid, "gpu-fault", msg) for bid, msg in self._faulted.items())
         self._set_diagnostics(keep + self._fault_diags + faults)
+
+    def report_fault(self, exc: CudaLaunchError) -> None:
+        """Survive a sticky GPU fault that a call outside ``update()`` met first (a synchronize, a
+        read, an interop call of the host's): as ``update()`` would, find the faulting block and
+        disable it, or mark the engine ``lost``. Ignored once the engine is lost."""
+        if self._lost is not None or self._closed:
+            return
+        with self._graph_lock:
+            self._recover(exc, None)
 
     @property
     def lost(self) -> str | None:
@@ -873,6 +890,12 @@ class Engine:
         self._closed = True
         with self._graph_lock:  # a swap between frames that began before the flag was set ends first
             pass
+        if self._lost is None:
+            self.device.make_current()
+            try:
+                self.device.synchronize()
+            except CudaLaunchError as exc:  # a fault nobody saw yet: the context is as good as lost
+                self._lost = f"the GPU context is lost after {exc.name}"
         if self._lost is not None:  # every driver call would fail: forget, do not free
             for b in list(self.context.registry):
                 self.context.unregister_block(b)
@@ -881,26 +904,22 @@ class Engine:
             self.device._closed = True
             self.device._finalizer.detach()
             return
-        self.device.make_current()
-        try:
-            self.device.synchronize()
-        finally:
-            for b in list(self.context.registry):
-                self.context.unregister_block(b)
-            if self._graph is not None:
-                self._graph.close()
-                self._graph = None
-            for g in self._retired:
-                g.close()
-            self._retired.clear()
-            for buf in self._owned.values():
-                buf.close()
-            self._owned.clear()
-            self.kernels.close()
-            self.libraries.close()
-            self.modules.close()
-            self.pool.close()
-            self.device.close()
+        for b in list(self.context.registry):
+            self.context.unregister_block(b)
+        if self._graph is not None:
+            self._graph.close()
+            self._graph = None
+        for g in self._retired:
+            g.close()
+        self._retired.clear()
+        for buf in self._owned.values():
+            buf.close()
+        self._owned.clear()
+        self.kernels.close()
+        self.libraries.close()
+        self.modules.close()
+        self.pool.close()
+        self.device.close()
 
     @property
     def is_closed(self) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
-from ..errors import InteropError
+from ..errors import CudaLaunchError, InteropError
 from ._gl import gl
 from .bridge import GlBridge
 from .context import GlContext
@@ -176,7 +176,18 @@ class Preview:
                 the GPU before and after the engine's launch (for PNG frames): the zero-map ring
                 then gets every buffer free and shows this very frame. Live frames never wait;
                 they show the newest copy GL and CUDA are done with.
+
+        A GPU fault of the engine's kernels that the preview's own CUDA calls meet before
+        ``update()`` does is handed to ``engine.report_fault`` (the frame ends there).
         """
+        t0 = time.perf_counter()
+        try:
+            self._frame(settle)
+        except CudaLaunchError as exc:  # a fault of the engine's kernels met by the preview's own CUDA calls
+            self.engine.report_fault(exc)
+        return (time.perf_counter() - t0) * 1e3
+
+    def _frame(self, settle: bool) -> None:
         t0 = time.perf_counter()
         ctx = self.context
         ctx.make_current()
@@ -214,10 +225,8 @@ class Preview:
             self.overlay.draw(stats, title=self.engine.name)
         ctx.swap()
         self.frames += 1
-        ms = (time.perf_counter() - t0) * 1e3
         if stats is not None:
-            self.overlay.record_frame(ms, stats.gpu_ms)  # type: ignore[union-attr]
-        return ms
+            self.overlay.record_frame((time.perf_counter() - t0) * 1e3, stats.gpu_ms)  # type: ignore[union-attr]
 
     def run(
         self,
@@ -226,28 +235,32 @@ class Preview:
         out_dir: str | Path | None = None,
         png_every: int = 0,
         before_frame: Callable[[], None] | None = None,
+        start: int = 0,
     ) -> PreviewReport:
-        """Run frames until ``frames`` are done or the window is closed.
+        """Run frames until ``frames`` are done, the window is closed or the engine is lost (CUDA
+        refused to continue after a GPU fault: ``engine.lost``).
 
         Args:
-            frames: Number of frames (None: until the window closes).
+            frames: Number of the last frame (None: until the window closes).
             out_dir: Write PNGs there: the last frame, and every ``png_every`` frames if > 0.
             png_every: See ``out_dir``.
             before_frame: Called before each frame (a host polling its patch file, a script
                 animating parameters).
+            start: Frames already run (by a process this one replaced): numbering goes on from it.
         """
         report = PreviewReport()
         out = Path(out_dir) if out_dir is not None else None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        while frames is None or report.frames < frames:
-            if getattr(self.context, "should_close", False):
+        while frames is None or start + report.frames < frames:
+            if getattr(self.context, "should_close", False) or getattr(self.engine, "lost", None):
                 break
             if hasattr(self.context, "poll_events"):
                 self.context.poll_events()
-            last = frames is not None and report.frames + 1 == frames
-            png = out is not None and (last or (png_every > 0 and (report.frames + 1) % png_every == 0))
+            number = start + report.frames + 1
+            last = frames is not None and number == frames
+            png = out is not None and (last or (png_every > 0 and number % png_every == 0))
             if before_frame is not None:
                 before_frame()
             # Zero-map shows the newest copy GL and CUDA are done with, which can be many frames old
@@ -255,9 +268,10 @@ class Preview:
             self.frame(settle=png)
             report.frames += 1
             if png:
-                report.pngs.append(write_png(out / f"frame_{report.frames:05d}.png", self.context.read_pixels()))
+                report.pngs.append(write_png(out / f"frame_{number:05d}.png", self.context.read_pixels()))
         gl().glFinish()
-        self.engine.synchronize()
+        if not getattr(self.engine, "lost", None):  # a lost engine's stream only returns its fault
+            self.engine.synchronize()
         report.seconds = time.perf_counter() - t0
         return report
 

@@ -38,3 +38,37 @@ def test_cli_run_headless_renders_the_demo(tmp_path):
     assert lit.mean() > 0.01, lit.mean()  # the particle cloud
     assert img[..., :3].max() > 200  # bright cores where particles pile up
     assert "300 frames" in out.stderr and "emit" in out.stderr
+
+
+FAULTING_PATCH = """
+[operators.bad]
+type = "core.CustomKernel"
+Code = '''
+extern "C" __global__ void bad(float* out, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 1.0f;
+    if (i == 0) *((volatile float*)(size_t)8) = 1.0f;   // an illegal address, every frame
+}
+'''
+"""
+
+
+def test_cli_run_goes_on_without_an_operator_that_faults(tmp_path):
+    from cudapatch.host_plugin.hosts.standalone import demo_patch_text
+
+    patch = tmp_path / "faulting.toml"
+    patch.write_text(demo_patch_text() + FAULTING_PATCH)
+    out_dir = tmp_path / "frames"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "cudapatch", "run", str(patch), "--headless", "--frames", "300"]
+    cmd += ["--out", str(out_dir), "--no-overlay", "--size", "640x360"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log  # the faulting operator's error is reported
+    assert "GPU fault in bad" in log and "restarting it without that operator" in log, log
+    assert "operator 'bad' is disabled" in log and "ILLEGAL_ADDRESS" in log, log
+    assert log.count("restarting it without") == 1  # once: the new process runs without it
+    pngs = sorted(out_dir.glob("*.png"))
+    assert [p.name for p in pngs] == ["frame_00300.png"]  # numbering went on across the restart
+    img = read_png(pngs[0])
+    assert (img[..., :3].astype(int).sum(axis=2) > 60).mean() > 0.01  # the rest of the patch runs

@@ -4,11 +4,19 @@
 operator and draws; about four times a second it checks the patch file, and applies an edit as a
 difference (``apply_patch``). A broken edit is logged with its file and line, and the last good
 patch keeps running.
+
+After a GPU fault CUDA refuses the rest of the process (``engine.lost``). The host then carries on
+in a new process (``restart``): the same command, the frames already run and the faulting
+operators in ``CUDAPATCH_RESTART``; the new process disables those operators (their error stays on
+them until their code changes in the patch file) and goes on with the rest of the patch.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -19,10 +27,27 @@ from ..adapter import HostAdapter
 from ..manager import PluginHost
 from ..patch import apply_patch, load_patch, parse_patch
 
-__all__ = ["StandaloneHost", "demo_patch_text"]
+__all__ = ["StandaloneHost", "demo_patch_text", "RESTART_ENV", "MAX_RESTARTS", "take_restart_state"]
 
 log = logging.getLogger("cudapatch.host")
 PATCH_POLL_S = 0.25
+RESTART_ENV = "CUDAPATCH_RESTART"
+MAX_RESTARTS = 3  # a fault that keeps coming back (its block not found) ends the run instead
+
+
+def take_restart_state() -> dict[str, Any]:
+    """What a process this one replaced after a GPU fault left in ``CUDAPATCH_RESTART`` (removed
+    from the environment): ``frames`` run, ``disabled`` operators (id → message), ``restarts``.
+    Empty when this process was not started that way."""
+    text = os.environ.pop(RESTART_ENV, "")
+    if not text:
+        return {}
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError:
+        log.warning("ignoring a malformed %s", RESTART_ENV)
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def demo_patch_text() -> str:
@@ -125,10 +150,51 @@ class StandaloneHost:
         self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay)
         return self.preview
 
-    def run(self, frames: int | None = None, *, out_dir: str | Path | None = None, png_every: int = 0) -> Any:
-        """Run the preview; the patch file is polled between frames."""
+    def run(
+        self, frames: int | None = None, *, out_dir: str | Path | None = None, png_every: int = 0, start: int = 0
+    ) -> Any:
+        """Run the preview (frames ``start + 1 .. frames``); the patch file is polled between frames.
+        Stops early when the engine is lost to a GPU fault (see ``restart``)."""
         assert self.preview is not None, "open_preview first"
-        return self.preview.run(frames, out_dir=out_dir, png_every=png_every, before_frame=self.poll_patch)
+        return self.preview.run(frames, out_dir=out_dir, png_every=png_every, before_frame=self.poll_patch, start=start)
+
+    def faulted_operators(self) -> dict[str, str]:
+        """Operators whose kernels faulted on the GPU (or were disabled for it), with the message."""
+        ids = {self.adapter.block(op).id: op for op in self.adapter.operators()}
+        return {
+            ids[d.block_id]: d.message for d in self.engine.diagnostics() if d.code == "gpu-fault" and d.block_id in ids
+        }
+
+    def disable_operators(self, disabled: dict[str, str]) -> None:
+        """Keep these operators' kernels off (a process before this one faulted in them)."""
+        for op, message in disabled.items():
+            try:
+                block = self.adapter.block(op)
+            except CudapatchError:
+                continue  # the patch file lost it meanwhile
+            self.engine.disable(block, f"{message} (in an earlier process; edit its code to try again)")
+            log.error("operator '%s' is disabled: %s", op, message)
+
+    def restart(self, argv: list[str], *, frames_done: int, restarts: int) -> bool:
+        """After ``engine.lost``: replace this process by ``python -m cudapatch`` + ``argv`` that
+        disables the faulting operators and goes on after ``frames_done`` frames. Returns False
+        (and does nothing) when no faulting operator is known or ``MAX_RESTARTS`` were made; on
+        success it does not return."""
+        faulted = self.faulted_operators()
+        if not faulted or restarts >= MAX_RESTARTS:
+            log.error("the engine is lost and cannot be restarted: %s", self.engine.lost)
+            return False
+        state = {"frames": frames_done, "disabled": faulted, "restarts": restarts + 1}
+        log.error(
+            "GPU fault in %s: CUDA refuses this process; restarting it without %s",
+            ", ".join(faulted),
+            "that operator" if len(faulted) == 1 else "those operators",
+        )
+        os.environ[RESTART_ENV] = json.dumps(state)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "cudapatch", *argv])
+        return True  # pragma: no cover (execv does not return)
 
     def close(self) -> None:
         """Stop: plugins are told, the preview and engine are released."""
