@@ -263,11 +263,6 @@ def _particles(engine, capacity):
     return t
 
 
-@pytest.mark.skip(
-    reason="known bug: after the zero-map ring is made and closed, register + map frames can leave the "
-    "engine stream waiting forever (hung in 2 of the last 3 runs on H100 + driver 580; "
-    "benchmarks/probe_hang.py 'fallback' reproduces the setup); unused by default where the check passes"
-)
 def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
     from cudapatch.interop import read_png
     from cudapatch.interop.imported import ImportedBuffer
