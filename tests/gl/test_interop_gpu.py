@@ -263,6 +263,12 @@ def _particles(engine, capacity):
     return t
 
 
+@pytest.mark.skip(
+    reason="known bug: after a zero-map ring is made and closed, register + map frames can leave the engine "
+    "stream waiting forever at the end of the run (H100 + driver 580, 3 of the last 4 runs; "
+    "benchmarks/probe_hang.py 'fallback' sets it up); zero-map passes its check there, so the preview "
+    "does not take this path by default"
+)
 def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
     from cudapatch.interop import read_png
     from cudapatch.interop.imported import ImportedBuffer
