@@ -292,21 +292,22 @@ class Engine:
     def _frame(self) -> None:
         self.device.make_current()
         hooks = self._frame_hooks
+        for h in hooks:  # GL interop: map shared resources (may rebind a moved pointer: Warm)
+            h.before_launch(self._stream)
         kt = self.kernels
         if kt.ready:  # a deque test when no compile finished
             self._apply_compiles(kt.collect())
         if kt.watcher is not None and kt.watcher.ready:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
-        if self._dirty.any and not self._apply_dirty():
-            return
-        if hooks:
-            # GL interop maps shared resources only now, right before the launch: a mapped resource
-            # makes the stream wait for GL work this thread has not flushed yet, and a build (module
-            # loads synchronize the context) waiting on that stream would wait forever (measured:
-            # hung previews with wait_for_compile on the H100).
-            for h in hooks:
-                h.before_launch(self._stream)  # may rebind a moved pointer: Warm
-            if self._dirty.any and not self._apply_dirty():
+        dirty = self._dirty
+        if dirty.any:
+            try:
+                if dirty.only_params and self._graph is not None and not self._retired:
+                    self._apply_params()
+                else:
+                    self._apply_changes()
+            except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
+                self._recover(exc, None)
                 return
         g = self._graph
         if g is not None:
@@ -338,19 +339,6 @@ class Engine:
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
-
-    def _apply_dirty(self) -> bool:
-        """Apply pending edits with the cheapest tier; False when a fault surfaced (recovered)."""
-        dirty = self._dirty
-        try:
-            if dirty.only_params and self._graph is not None and not self._retired:
-                self._apply_params()
-            else:
-                self._apply_changes()
-        except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
-            self._recover(exc, None)
-            return False
-        return True
 
     def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
         recover(self, exc, culprit)
