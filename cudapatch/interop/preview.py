@@ -182,13 +182,12 @@ class Preview:
         """
         t0 = time.perf_counter()
         try:
-            self._frame(settle)
+            self._frame(settle, t0)
         except CudaLaunchError as exc:  # a fault of the engine's kernels met by the preview's own CUDA calls
             self.engine.report_fault(exc)
         return (time.perf_counter() - t0) * 1e3
 
-    def _frame(self, settle: bool) -> None:
-        t0 = time.perf_counter()
+    def _frame(self, settle: bool, t0: float) -> None:
         ctx = self.context
         ctx.make_current()
         if settle:
