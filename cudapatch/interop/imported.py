@@ -142,6 +142,7 @@ class ImportedBuffer:
             names = (GL.GLuint * 1)()
             glCreateMemoryObjectsEXT(1, names)
             self._memory = int(names[0])
+            self.gl_name = 0
             glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
             self.texture = texture
             if texture is None:
@@ -167,9 +168,14 @@ class ImportedBuffer:
                 GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
             check_gl(f"importing {label} into GL")
         except Exception as exc:
+            self._delete_gl()
             self._free_cuda()
             if type(exc).__module__.startswith("OpenGL"):  # PyOpenGL's own GLError, when checks are on
-                raise InteropError(f"importing {label} into GL failed: {exc}") from exc
+                call = getattr(getattr(exc, "baseOperation", None), "__name__", "a GL call")
+                code = getattr(exc, "err", None)
+                raise InteropError(
+                    f"importing {label} into GL failed: {call} raised GL error {hex(code) if code else exc}"
+                ) from exc
             raise
         self._closed = False
 
@@ -236,15 +242,23 @@ class ImportedBuffer:
         if self._closed:
             return
         self._closed = True
+        self._delete_gl()
+        self._free_cuda()
+
+    def _delete_gl(self) -> None:
+        """Delete the GL buffer or texture and the memory object (those made so far)."""
         from OpenGL.GL.EXT.memory_object import glDeleteMemoryObjectsEXT
 
         GL = gl()
-        if self.texture is None:
-            GL.glDeleteBuffers(1, [self.gl_name])
-        else:
-            GL.glDeleteTextures(1, [self.gl_name])
-        glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
-        self._free_cuda()
+        if getattr(self, "gl_name", 0):
+            if getattr(self, "texture", None) is None:
+                GL.glDeleteBuffers(1, [self.gl_name])
+            else:
+                GL.glDeleteTextures(1, [self.gl_name])
+            self.gl_name = 0
+        if getattr(self, "_memory", 0):
+            glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
+            self._memory = 0
 
     def __repr__(self) -> str:
         return f"<ImportedBuffer {self.label} {self.nbytes} bytes closed={self._closed}>"

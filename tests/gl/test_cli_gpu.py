@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,7 @@ extern "C" __global__ void bad(float* out, unsigned int n) {
 """
 
 
+@pytest.mark.gpu_fault
 def test_cli_run_goes_on_without_an_operator_that_faults(tmp_path):
     from cudapatch.host_plugin.hosts.standalone import demo_patch_text
 
@@ -70,5 +72,10 @@ def test_cli_run_goes_on_without_an_operator_that_faults(tmp_path):
     assert log.count("restarting it without") == 1  # once: the new process runs without it
     pngs = sorted(out_dir.glob("*.png"))
     assert [p.name for p in pngs] == ["frame_00300.png"]  # numbering went on across the restart
-    img = read_png(pngs[0])
-    assert (img[..., :3].astype(int).sum(axis=2) > 60).mean() > 0.01  # the rest of the patch runs
+    assert read_png(pngs[0]).shape == (360, 640, 4)
+    # The rest of the patch runs in the new process: each operator's line in the final stats shows
+    # it OK with a GPU time. (Not the PNG's pixels: after a fault the H100 machine's GL shows nothing
+    # of what CUDA shares with it, in any later process; see tests/conftest.py.)
+    for op in ("emit", "forces", "move", "points"):
+        assert re.search(rf"\b{op}\s+OK\s+\d+\.\d+ ms", log), (op, log)
+    assert re.search(r"\bbad\s+Error", log), log

@@ -263,12 +263,6 @@ def _particles(engine, capacity):
     return t
 
 
-@pytest.mark.skip(
-    reason="known bug: after a zero-map ring is made and closed, register + map frames can leave the engine "
-    "stream waiting forever at the end of the run (H100 + driver 580, 3 of the last 4 runs; "
-    "benchmarks/probe_hang.py 'fallback' sets it up); zero-map passes its check there, so the preview "
-    "does not take this path by default"
-)
 def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl_engine, tmp_path, monkeypatch):
     from cudapatch.interop import read_png
     from cudapatch.interop.imported import ImportedBuffer
@@ -284,13 +278,7 @@ def test_preview_falls_back_to_map_unmap_when_gl_does_not_see_imported_memory(gl
         assert (img[..., :3].astype(int).sum(axis=2) > 60).mean() > 0.005  # drawn through register + map
 
 
-_MAP_HANG = pytest.mark.skip(
-    reason="known bug: register + map preview frames of an engine that waits for compiles can hang "
-    "(a module load waits on the stream while a mapped resource waits for GL; seen on H100 + driver 580)"
-)
-
-
-@pytest.mark.parametrize("zero_map", [True, pytest.param(False, marks=_MAP_HANG)], ids=["zero-map", "map-unmap"])
+@pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
 def test_headless_preview_of_the_particles_writes_pngs(gl_engine, tmp_path, zero_map):
     from cudapatch.interop import read_png
     from cudapatch.interop.preview import Preview
@@ -441,13 +429,7 @@ def test_engine_feeds_an_imported_ring_from_inside_its_graph(gl_engine):
     ring.close()
 
 
-_MAP_HANG = pytest.mark.skip(
-    reason="known bug: register + map preview frames of an engine that waits for compiles can hang "
-    "(a module load waits on the stream while a mapped resource waits for GL; seen on H100 + driver 580)"
-)
-
-
-@pytest.mark.parametrize("zero_map", [True, pytest.param(False, marks=_MAP_HANG)], ids=["zero-map", "map-unmap"])
+@pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
 def test_preview_shows_an_image_output(gl_engine, zero_map):
     from cudapatch.blocks.library import CustomKernel
     from cudapatch.interop.preview import Preview

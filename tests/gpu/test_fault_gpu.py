@@ -4,8 +4,7 @@ and the block is named (by a replay in a child process, or at once with ``debug_
 Each scenario runs in its own process: after the fault the driver refuses the whole process's CUDA
 use (on H100 + driver 580 even a context reset), which would break every later test here.
 
-Observed on the H100 machine: after a process there has hit an illegal address, later processes'
-CUDA–GL interop (EGL) misbehaved until the machine was replaced, so this file runs after tests/gl."""
+Marked ``gpu_fault``: these run after every other test (see tests/conftest.py for why)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_fault]
 SCENARIO = Path(__file__).with_name("fault_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
 
