@@ -214,16 +214,40 @@ def bench_texture_4k(engine: Engine) -> None:
         tex.close()
         row(f"4K RGBA8 texture update, map + {how} (GPU)", ours * 1e3, "D2D copy same bytes", peer * 1e3)
     from cudapatch.errors import InteropError
-    from cudapatch.interop.imported import ImportedRing
+    from cudapatch.interop.imported import ImportedImage
 
     try:
-        ring = ImportedRing(w * h * 4, texture=(w, h))  # the zero-map texture: its texels are CUDA memory
+        image = ImportedImage(w, h)
     except InteropError as exc:
         print("zero-map texture unavailable:", exc, flush=True)
         return
-    zero = gpu_ms(lambda: ring.write(src.data.ptr, src.nbytes, s), s)
-    row("4K RGBA8 texture update, zero-map (GPU)", zero * 1e3, "D2D copy same bytes", peer * 1e3)
-    ring.close()
+    # Zero-map: CUDA's part is the copy into the ring's buffer (the peer, same bytes); GL's part is
+    # its upload from that buffer into the texture, timed with a GL query over n uploads.
+    assert image.ring.write(src.data.ptr, src.nbytes, s)
+    engine.synchronize()
+    import ctypes
+
+    from OpenGL import GL
+
+    from cudapatch.interop._gl import gl_function
+
+    result = ctypes.c_uint64(0)
+    get_u64 = gl_function("glGetQueryObjectui64v", None, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64))
+    image.front()
+    GL.glFinish()
+    query = GL.glGenQueries(1)
+    n = 50
+    GL.glBeginQuery(GL.GL_TIME_ELAPSED, query)
+    for _ in range(n):
+        image._shown = (-1, -1)  # upload again: what a new copy costs GL
+        image.front()
+    GL.glEndQuery(GL.GL_TIME_ELAPSED)
+    get_u64(int(query), GL.GL_QUERY_RESULT, ctypes.byref(result))
+    upload_ms = result.value / 1e6 / n
+    GL.glDeleteQueries(1, [query])
+    row("4K RGBA8 texture update, zero-map: GL upload (GPU)", upload_ms * 1e3, "D2D copy same bytes", peer * 1e3)
+    row("  the same, with CUDA's copy into the ring", (upload_ms + peer) * 1e3, "D2D copy same bytes", peer * 1e3)
+    image.close()
 
 
 def particles(engine: Engine, capacity: int):

@@ -27,10 +27,19 @@ from . import _platform
 from ._gl import check_gl, gl, gl_function
 from .gl_writers import REQUESTS
 
-__all__ = ["ImportedBuffer", "ImportedRing", "zero_map_available", "next_write_slot", "newest_written", "request_slot"]
+__all__ = [
+    "ImportedBuffer",
+    "ImportedImage",
+    "ImportedRing",
+    "zero_map_available",
+    "next_write_slot",
+    "newest_written",
+    "request_slot",
+]
 
 log = logging.getLogger("cudapatch.interop")
 _GL_TIMESTAMP, _GL_QUERY_RESULT_AVAILABLE = 0x8E28, 0x8867
+_GL_PIXEL_UNPACK_BUFFER, _GL_RGBA, _GL_UNSIGNED_BYTE = 0x88EC, 0x1908, 0x1401
 
 
 def next_write_slot(frame: int, slots: int, front: int, free: Callable[[int], bool]) -> int | None:
@@ -92,14 +101,7 @@ class ImportedBuffer:
         CudaError: the allocation or export failed.
     """
 
-    def __init__(
-        self,
-        nbytes: int,
-        *,
-        device: int = 0,
-        label: str = "imported buffer",
-        texture: tuple[int, int] | None = None,
-    ) -> None:
+    def __init__(self, nbytes: int, *, device: int = 0, label: str = "imported buffer") -> None:
         if nbytes <= 0:
             raise InteropError(f"ImportedBuffer: {label}: size must be positive, got {nbytes}")
         try:
@@ -144,28 +146,9 @@ class ImportedBuffer:
             self._memory = int(names[0])
             self.gl_name = 0
             glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
-            self.texture = texture
-            if texture is None:
-                GL.glCreateBuffers(1, names)
-                self.gl_name = int(names[0])
-                glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
-            else:  # an RGBA8 texture whose texels are the linear rows CUDA writes
-                from OpenGL.GL.EXT.memory_object import (
-                    GL_LINEAR_TILING_EXT,
-                    GL_TEXTURE_TILING_EXT,
-                    glTexStorageMem2DEXT,
-                )
-
-                w, h = texture
-                if w * h * 4 > nbytes:
-                    raise InteropError(f"ImportedBuffer: {label}: {nbytes} bytes cannot hold a {w}x{h} RGBA8 texture")
-                self.gl_name = int(GL.glGenTextures(1))
-                GL.glBindTexture(GL.GL_TEXTURE_2D, self.gl_name)
-                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL_TEXTURE_TILING_EXT, GL_LINEAR_TILING_EXT)
-                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
-                GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
-                glTexStorageMem2DEXT(GL.GL_TEXTURE_2D, 1, GL.GL_RGBA8, w, h, self._memory, 0)
-                GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
+            GL.glCreateBuffers(1, names)
+            self.gl_name = int(names[0])
+            glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
             check_gl(f"importing {label} into GL")
         except Exception as exc:
             self._delete_gl()
@@ -246,15 +229,12 @@ class ImportedBuffer:
         self._free_cuda()
 
     def _delete_gl(self) -> None:
-        """Delete the GL buffer or texture and the memory object (those made so far)."""
+        """Delete the GL buffer and the memory object (those made so far)."""
         from OpenGL.GL.EXT.memory_object import glDeleteMemoryObjectsEXT
 
         GL = gl()
         if getattr(self, "gl_name", 0):
-            if getattr(self, "texture", None) is None:
-                GL.glDeleteBuffers(1, [self.gl_name])
-            else:
-                GL.glDeleteTextures(1, [self.gl_name])
+            GL.glDeleteBuffers(1, [self.gl_name])
             self.gl_name = 0
         if getattr(self, "_memory", 0):
             glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
@@ -282,7 +262,6 @@ class ImportedRing:
         device: int = 0,
         label: str = "points",
         slots: int = 3,
-        texture: tuple[int, int] | None = None,
     ) -> None:
         d = driver()
         # When GL is done drawing a buffer: a timestamp query written after the draws, one reusable
@@ -295,10 +274,14 @@ class ImportedRing:
         self._gl_flush = gl_function("glFlush", None)
         self._available = uint(0)
         self._available_ref = ctypes.byref(self._available)
-        self.texture = texture
-        self.buffers = [
-            ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]", texture=texture) for i in range(slots)
-        ]
+        self.buffers: list[ImportedBuffer] = []
+        try:
+            for i in range(slots):
+                self.buffers.append(ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]"))
+        except Exception:
+            for b in self.buffers:
+                b.close()
+            raise
         flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(slots)]
         # what each slot holds (-1: nothing yet): the frame number (write) or the request tag (graph-fed)
@@ -414,7 +397,7 @@ class ImportedRing:
         return True
 
     def front(self) -> int | None:
-        """GL name of the newest completely written buffer or texture, for this frame's draw; None
+        """GL name of the newest completely written buffer, for this frame's draw; None
         before the first copy completes. Call it once per frame before drawing: it also marks the
         end of the draws from the buffer returned by the previous call (a timestamp query after the
         GL commands issued since), which CUDA then leaves alone until GL has executed them. The
@@ -437,7 +420,14 @@ class ImportedRing:
 
     @property
     def front_slot(self) -> int:
+        """The slot the last ``front()`` returned (-1: none yet)."""
         return self._front
+
+    @property
+    def front_version(self) -> int:
+        """Which copy the front slot holds (its frame number or request tag; -1: none): it changes
+        exactly when ``front()`` returns a newer copy."""
+        return self._written[self._front] if self._front >= 0 else -1
 
     def close(self) -> None:
         """Release events, queries and buffers (idempotent; GL context current)."""
@@ -458,3 +448,72 @@ class ImportedRing:
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+
+class ImportedImage:
+    """An RGBA8 GL texture fed through an ``ImportedRing``: CUDA writes linear rows (top row first)
+    into the ring's buffers, nothing mapped; ``front()`` has GL copy the newest complete buffer
+    into the texture when it is newer than the last one (a pixel-unpack upload: GPU work that GL
+    orders itself) and returns the texture.
+
+    (The texels cannot be CUDA's memory itself: driver 580 refuses linear tiling for textures on
+    imported memory, ``GL_INVALID_VALUE`` from ``glTexParameteri(GL_TEXTURE_TILING_EXT)``.)
+
+    Raises:
+        InteropError: no ``GL_EXT_memory_object_fd``, or a bad size.
+        CudaError: the allocation or export failed.
+    """
+
+    def __init__(self, width: int, height: int, *, device: int = 0, label: str = "image") -> None:
+        if width <= 0 or height <= 0:
+            raise InteropError(f"ImportedImage: {label}: size must be positive, got {width}x{height}")
+        self.width, self.height, self.label = width, height, label
+        self.ring = ImportedRing(width * height * 4, device=device, label=label)
+        GL = gl()
+        self.gl_name = int(GL.glGenTextures(1))
+        GL.glBindTexture(GL.GL_TEXTURE_2D, self.gl_name)
+        GL.glTexStorage2D(GL.GL_TEXTURE_2D, 1, GL.GL_RGBA8, width, height)
+        GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
+        GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
+        GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
+        try:
+            check_gl(f"creating the texture of {label} ({width}x{height} RGBA8)")
+        except InteropError:
+            self.close()
+            raise
+        uint, sint = ctypes.c_uint, ctypes.c_int
+        self._bind = gl_function("glBindBuffer", None, uint, uint)
+        self._upload = gl_function(
+            "glTextureSubImage2D", None, uint, sint, sint, sint, sint, sint, uint, uint, ctypes.c_void_p
+        )
+        self._shown = (-1, -1)  # (slot, version) last uploaded
+        self.uploads = 0
+
+    def front(self) -> int | None:
+        """The texture, holding the newest complete copy (None before the first); call it once per
+        frame before drawing, as ``ImportedRing.front``."""
+        name = self.ring.front()
+        if name is None:
+            return None
+        key = (self.ring.front_slot, self.ring.front_version)
+        if key != self._shown:
+            self._bind(_GL_PIXEL_UNPACK_BUFFER, name)
+            self._upload(self.gl_name, 0, 0, 0, self.width, self.height, _GL_RGBA, _GL_UNSIGNED_BYTE, None)
+            self._bind(_GL_PIXEL_UNPACK_BUFFER, 0)
+            self._shown = key
+            self.uploads += 1
+        return self.gl_name
+
+    @property
+    def is_closed(self) -> bool:
+        return self.ring.is_closed
+
+    def close(self) -> None:
+        """Release the ring and the texture (idempotent; GL context current)."""
+        if self.gl_name:
+            gl().glDeleteTextures(1, [self.gl_name])
+            self.gl_name = 0
+        self.ring.close()
+
+    def __repr__(self) -> str:
+        return f"<ImportedImage {self.label} {self.width}x{self.height} closed={self.is_closed}>"

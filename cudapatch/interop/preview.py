@@ -92,19 +92,22 @@ class Preview:
         self._point_renderer: PointRenderer | None = None
         self._texture: SharedTexture2D | None = None
         self._texture_renderer: TextureRenderer | None = None
-        self._image_ring: Any = None
+        self._image: Any = None
         if image is not None:
             block, port, w, h = image
             label = f"{block.name}.{port}"
-            if self.zero_map:  # the texture's texels are CUDA memory: a device copy, no map, no array copy
+            if self.zero_map:  # CUDA writes a ring of imported buffers; GL uploads the newest: no map
+                from .imported import ImportedImage
+
                 try:
-                    self._image_ring = self._ring_cls(
-                        w * h * 4, device=engine.device.ordinal, label=label, texture=(w, h)
-                    )
-                    self.bridge.show_buffer_ring(block, port, self._image_ring)
+                    self._image = ImportedImage(w, h, device=engine.device.ordinal, label=label)
+                    self.bridge.show_buffer_ring(block, port, self._image.ring)
                 except InteropError as exc:
+                    if self._image is not None:
+                        self._image.close()
+                        self._image = None
                     log.warning("preview: %s; the image goes through register + map instead", exc)
-            if self._image_ring is None:
+            if self._image is None:
                 # surface_ldst: written by surface stores, 2.4x faster than a copy into the array
                 self._texture = SharedTexture2D.create(w, h, format="rgba8", flags="surface_ldst", label=label)
                 self.bridge.show_texture(block, port, self._texture)
@@ -134,8 +137,8 @@ class Preview:
             self.bridge = GlBridge(self.engine)
             if self._texture is not None:
                 self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
-            if self._image_ring is not None:
-                self.bridge.show_buffer_ring(self.image[0], self.image[1], self._image_ring)  # type: ignore[index]
+            if self._image is not None:
+                self.bridge.show_buffer_ring(self.image[0], self.image[1], self._image.ring)  # type: ignore[index]
         label = f"{block.name}.{port}"
         if self.zero_map:
             ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
@@ -192,11 +195,12 @@ class Preview:
         ctx.make_current()
         if settle:
             self.engine.wait_ready()
-        if settle and self._ring is not None:
+        rings = self._ring is not None or self._image is not None
+        if settle and rings:
             gl().glFinish()  # GL is done with every buffer: this launch's copy request is not dropped
             self.engine.synchronize()
         self.engine.update()
-        if settle and self._ring is not None:
+        if settle and rings:
             self.engine.synchronize()  # this launch's copy is done: front() returns it
         if self.points is not None:
             self._sync_points()
@@ -207,7 +211,7 @@ class Preview:
         GL.glClearColor(*self.background, 1.0)
         GL.glClear(GL.GL_COLOR_BUFFER_BIT | GL.GL_DEPTH_BUFFER_BIT)
         if self._texture_renderer is not None:
-            name = self._image_ring.front() if self._image_ring is not None else self._texture.gl_name  # type: ignore[union-attr]
+            name = self._image.front() if self._image is not None else self._texture.gl_name  # type: ignore[union-attr]
             if name is not None:
                 self._texture_renderer.draw(name)
         if self._point_renderer is not None:
@@ -281,7 +285,7 @@ class Preview:
         self._closed = True
         self.context.make_current()
         self.bridge.close()
-        for ring in (self._ring, self._image_ring):
+        for ring in (self._ring, self._image.ring if self._image is not None else None):
             if ring is not None:
                 log.info("preview: zero-map ring shown slot %d, %d frames dropped", ring.front_slot, ring.dropped)
         for obj in (
@@ -290,7 +294,7 @@ class Preview:
             self._texture_renderer,
             self._point_buffer,
             self._ring,
-            self._image_ring,
+            self._image,
             self._texture,
         ):
             if obj is not None:

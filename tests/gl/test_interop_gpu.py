@@ -369,6 +369,42 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     ring.close()
 
 
+def test_imported_image_uploads_the_newest_copy_into_its_texture(gl_engine):
+    import cupy
+    from OpenGL import GL
+
+    from cudapatch.interop.imported import ImportedImage
+
+    engine, _ = gl_engine
+    rng = np.random.default_rng()
+    w, h = 97, 61  # odd sizes: rows are not a power of two
+    with pytest.raises(InteropError, match="size must be positive"):
+        ImportedImage(0, h)
+    image = ImportedImage(w, h, label="test image")
+    assert image.front() is None  # nothing written yet
+
+    def texels() -> np.ndarray:
+        GL.glBindTexture(GL.GL_TEXTURE_2D, image.gl_name)
+        raw = GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE)
+        GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
+        return np.frombuffer(raw, np.uint8).reshape(h, w, 4)
+
+    s = engine.device.stream
+    for _ in range(3):
+        want = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+        src = cupy.asarray(want)
+        assert image.ring.write(src.data.ptr, src.nbytes, s)
+        engine.synchronize()
+        GL.glFinish()  # GL is done with the buffers it read: the next write is not dropped
+        assert image.front() == image.gl_name
+        assert np.array_equal(texels(), want)  # row 0 of the texture is the first row CUDA wrote
+    uploads = image.uploads
+    assert image.front() == image.gl_name and image.uploads == uploads  # nothing new: no upload
+    image.close()
+    image.close()
+    assert image.is_closed
+
+
 def test_engine_feeds_an_imported_ring_from_inside_its_graph(gl_engine):
     import cupy
     from cuda.bindings import driver as d
@@ -446,9 +482,12 @@ extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int c
     block.set("level", 0.5)
     engine.wait_ready()
     with Preview(engine, ctx, image=(block, "rgba", 640, 360), overlay=False, zero_map=zero_map) as preview:
+        assert (preview._image is not None) is zero_map  # zero-map: no registered texture at all
         preview.run(5)
         preview.frame()
         img = ctx.read_pixels().astype(int)
+        if zero_map:
+            assert 1 <= preview._image.uploads <= 6  # one GL upload per new copy, none for an old one
     x = np.arange(640) * 255 // 639
     assert np.abs(img[180, :, 0] - x).max() <= 2  # the ramp, texel for texel
     assert np.abs(img[:, :, 1] - 127).max() <= 2 and (img[..., 3] == 255).all()
