@@ -26,12 +26,13 @@ from cudapatch import Engine, Scale  # noqa: E402
 from cudapatch.kernels._driver import check  # noqa: E402
 
 LEVELS = ["None", "Summary", "PerBlock", "PerKernel", "DeepAsync"]
+ROUNDS = 7
 
 
-def gpu_ms(eng: Engine, frames: int = 100) -> float:
+def gpu_ms(eng: Engine, frames: int = 100, repeats: int = 5) -> float:
     start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
     out = []
-    for _ in range(5):
+    for _ in range(repeats):
         eng.synchronize()
         check(d.cuEventRecord(start, eng.device.stream))
         for _ in range(frames):
@@ -65,14 +66,21 @@ def main() -> None:
         eng.connect(a, "Out", b, "In")
     x = np.random.default_rng(0).standard_normal(args.elements).astype(np.float32)
     eng.bind(blocks[0], "In", x)
+    # Rounds alternate the levels: the host's speed drifts within a run (levels timed once each, in
+    # turn, came out in no order of their cost: Summary 1.39x None, PerKernel 1.15x), and
+    # alternating keeps each round's numbers comparable. Each level's figure is its median round.
+    gpu: dict[str, list[float]] = {level: [] for level in LEVELS}
+    host: dict[str, list[float]] = {level: [] for level in LEVELS}
+    for _ in range(ROUNDS):
+        for level in LEVELS:
+            eng.set_profiling(level)
+            eng.update()  # the rebuild (untimed)
+            gpu[level].append(gpu_ms(eng, repeats=1))
+            host[level].append(host_us(eng, calls=600))
+    base_gpu, base_host = statistics.median(gpu["None"]), statistics.median(host["None"])
     rows = []
-    base_gpu = base_host = None
     for level in LEVELS:
-        eng.set_profiling(level)
-        eng.update()
-        g, h = gpu_ms(eng), host_us(eng)
-        if level == "None":
-            base_gpu, base_host = g, h
+        g, h = statistics.median(gpu[level]), statistics.median(host[level])
         rows.append((level, g, 100 * (g / base_gpu - 1), h, h / base_host))
 
     # Accuracy: one kernel's PerKernel time against the same launch timed eagerly with events.
