@@ -213,7 +213,12 @@ def bench_texture_4k(engine: Engine) -> None:
         m.unmap()
         tex.close()
         row(f"4K RGBA8 texture update, map + {how} (GPU)", ours * 1e3, "D2D copy same bytes", peer * 1e3)
+    import ctypes
+
+    from OpenGL import GL
+
     from cudapatch.errors import InteropError
+    from cudapatch.interop._gl import gl_function
     from cudapatch.interop.imported import ImportedImage
 
     try:
@@ -222,30 +227,26 @@ def bench_texture_4k(engine: Engine) -> None:
         print("zero-map texture unavailable:", exc, flush=True)
         return
     # Zero-map: CUDA's part is the copy into the ring's buffer (the peer, same bytes); GL's part is
-    # its upload from that buffer into the texture, timed with a GL query over n uploads.
+    # its compute-shader copy from that buffer into the texture, timed with a GL query over n copies.
     assert image.ring.write(src.data.ptr, src.nbytes, s)
     engine.synchronize()
-    import ctypes
-
-    from OpenGL import GL
-
-    from cudapatch.interop._gl import gl_function
-
     result = ctypes.c_uint64(0)
     get_u64 = gl_function("glGetQueryObjectui64v", None, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64))
     image.front()
     GL.glFinish()
-    query = GL.glGenQueries(1)
+    names = (ctypes.c_uint * 1)()
+    GL.glGenQueries(1, names)
+    query = int(names[0])
     n = 50
     GL.glBeginQuery(GL.GL_TIME_ELAPSED, query)
     for _ in range(n):
-        image._shown = (-1, -1)  # upload again: what a new copy costs GL
+        image._shown = (-1, -1)  # copy again: what a new frame costs GL
         image.front()
     GL.glEndQuery(GL.GL_TIME_ELAPSED)
     get_u64(int(query), GL.GL_QUERY_RESULT, ctypes.byref(result))
     upload_ms = result.value / 1e6 / n
-    GL.glDeleteQueries(1, [query])
-    row("4K RGBA8 texture update, zero-map: GL upload (GPU)", upload_ms * 1e3, "D2D copy same bytes", peer * 1e3)
+    GL.glDeleteQueries(1, names)
+    row("4K RGBA8 texture update, zero-map: GL's copy (GPU)", upload_ms * 1e3, "D2D copy same bytes", peer * 1e3)
     row("  the same, with CUDA's copy into the ring", (upload_ms + peer) * 1e3, "D2D copy same bytes", peer * 1e3)
     image.close()
 

@@ -39,7 +39,6 @@ __all__ = [
 
 log = logging.getLogger("cudapatch.interop")
 _GL_TIMESTAMP, _GL_QUERY_RESULT_AVAILABLE = 0x8E28, 0x8867
-_GL_PIXEL_UNPACK_BUFFER, _GL_RGBA, _GL_UNSIGNED_BYTE = 0x88EC, 0x1908, 0x1401
 
 
 def next_write_slot(frame: int, slots: int, front: int, free: Callable[[int], bool]) -> int | None:
@@ -450,56 +449,94 @@ class ImportedRing:
         return self._closed
 
 
+# One thread per texel: the ring buffer's words (RGBA8, rows of ``width``) stored into the texture.
+_IMAGE_COPY_CS = """#version 430
+layout(local_size_x = 16, local_size_y = 16) in;
+layout(std430, binding = 0) readonly buffer Texels { uint texels[]; };
+layout(rgba8, binding = 0) writeonly uniform image2D image;
+uniform int width;
+void main() {
+    ivec2 p = ivec2(gl_GlobalInvocationID.xy);
+    if (p.x >= width || p.y >= imageSize(image).y) return;
+    imageStore(image, p, unpackUnorm4x8(texels[p.y * width + p.x]));
+}
+"""
+_GL_COMPUTE_SHADER, _GL_SHADER_STORAGE_BUFFER, _GL_WRITE_ONLY, _GL_RGBA8 = 0x91B9, 0x90D2, 0x88B9, 0x8058
+_GL_TEXTURE_BARRIERS = 0x00000008 | 0x00000100  # texture fetch | texture update
+
+
 class ImportedImage:
     """An RGBA8 GL texture fed through an ``ImportedRing``: CUDA writes linear rows (top row first)
     into the ring's buffers, nothing mapped; ``front()`` has GL copy the newest complete buffer
-    into the texture when it is newer than the last one (a pixel-unpack upload: GPU work that GL
-    orders itself) and returns the texture.
+    into the texture when it is newer than the last one, by a compute shader (GPU work that GL
+    orders itself), and returns the texture.
 
-    (The texels cannot be CUDA's memory itself: driver 580 refuses linear tiling for textures on
-    imported memory, ``GL_INVALID_VALUE`` from ``glTexParameteri(GL_TEXTURE_TILING_EXT)``.)
+    Measured for 4K on the H100 (driver 580): the compute copy takes 37 µs of GPU time, 1.4x a CUDA
+    device-to-device copy of the same bytes; GL's own copy paths crawl there (a pixel-unpack upload
+    640-660 µs in any format, ``glCopyBufferSubData`` 375 µs). The texels cannot be CUDA's memory
+    itself: driver 580 refuses linear tiling for textures on imported memory (``GL_INVALID_VALUE``
+    from ``glTexParameteri(GL_TEXTURE_TILING_EXT)``).
 
     Raises:
-        InteropError: no ``GL_EXT_memory_object_fd``, or a bad size.
+        InteropError: no ``GL_EXT_memory_object_fd``, no compute shaders (GL < 4.3), GL does not see
+            CUDA's writes into imported memory, or a bad size.
         CudaError: the allocation or export failed.
     """
 
     def __init__(self, width: int, height: int, *, device: int = 0, label: str = "image") -> None:
         if width <= 0 or height <= 0:
             raise InteropError(f"ImportedImage: {label}: size must be positive, got {width}x{height}")
+        from .render import compile_program
+
         self.width, self.height, self.label = width, height, label
+        self.gl_name = self._program = 0
         self.ring = ImportedRing(width * height * 4, device=device, label=label)
-        GL = gl()
-        self.gl_name = int(GL.glGenTextures(1))
-        GL.glBindTexture(GL.GL_TEXTURE_2D, self.gl_name)
-        GL.glTexStorage2D(GL.GL_TEXTURE_2D, 1, GL.GL_RGBA8, width, height)
-        GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
-        GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
-        GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
         try:
+            if not all(b.shares_memory() for b in self.ring.buffers):
+                raise InteropError(f"ImportedImage: {label}: GL does not see what CUDA writes into imported buffers")
+            self._program = compile_program(((_GL_COMPUTE_SHADER, _IMAGE_COPY_CS),), f"{label} copy")
+            GL = gl()
+            self.gl_name = int(GL.glGenTextures(1))
+            GL.glBindTexture(GL.GL_TEXTURE_2D, self.gl_name)
+            GL.glTexStorage2D(GL.GL_TEXTURE_2D, 1, GL.GL_RGBA8, width, height)
+            GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
+            GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
+            GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
             check_gl(f"creating the texture of {label} ({width}x{height} RGBA8)")
-        except InteropError:
+            self._width_at = int(GL.glGetUniformLocation(self._program, "width"))
+        except Exception:
             self.close()
             raise
         uint, sint = ctypes.c_uint, ctypes.c_int
-        self._bind = gl_function("glBindBuffer", None, uint, uint)
-        self._upload = gl_function(
-            "glTextureSubImage2D", None, uint, sint, sint, sint, sint, sint, uint, uint, ctypes.c_void_p
-        )
-        self._shown = (-1, -1)  # (slot, version) last uploaded
+        # Called every frame a new copy arrives: plain ctypes entry points (see gl_function).
+        self._use = gl_function("glUseProgram", None, uint)
+        self._uniform = gl_function("glProgramUniform1i", None, uint, sint, sint)
+        self._bind_buffer = gl_function("glBindBufferBase", None, uint, uint, uint)
+        self._bind_image = gl_function("glBindImageTexture", None, uint, uint, sint, ctypes.c_ubyte, sint, uint, uint)
+        self._dispatch = gl_function("glDispatchCompute", None, uint, uint, uint)
+        self._barrier = gl_function("glMemoryBarrier", None, uint)
+        self._uniform(self._program, self._width_at, width)
+        self._groups = (-(-width // 16), -(-height // 16))
+        self._shown = (-1, -1)  # (slot, version) last copied
         self.uploads = 0
 
     def front(self) -> int | None:
         """The texture, holding the newest complete copy (None before the first); call it once per
-        frame before drawing, as ``ImportedRing.front``."""
+        frame before drawing, as ``ImportedRing.front``. Leaves no program, storage buffer or image
+        unit bound."""
         name = self.ring.front()
         if name is None:
             return None
         key = (self.ring.front_slot, self.ring.front_version)
         if key != self._shown:
-            self._bind(_GL_PIXEL_UNPACK_BUFFER, name)
-            self._upload(self.gl_name, 0, 0, 0, self.width, self.height, _GL_RGBA, _GL_UNSIGNED_BYTE, None)
-            self._bind(_GL_PIXEL_UNPACK_BUFFER, 0)
+            self._use(self._program)
+            self._bind_buffer(_GL_SHADER_STORAGE_BUFFER, 0, name)
+            self._bind_image(0, self.gl_name, 0, 0, 0, _GL_WRITE_ONLY, _GL_RGBA8)
+            self._dispatch(self._groups[0], self._groups[1], 1)
+            self._barrier(_GL_TEXTURE_BARRIERS)  # the draw samples what the shader stored
+            self._bind_image(0, 0, 0, 0, 0, _GL_WRITE_ONLY, _GL_RGBA8)
+            self._bind_buffer(_GL_SHADER_STORAGE_BUFFER, 0, 0)
+            self._use(0)
             self._shown = key
             self.uploads += 1
         return self.gl_name
@@ -509,10 +546,14 @@ class ImportedImage:
         return self.ring.is_closed
 
     def close(self) -> None:
-        """Release the ring and the texture (idempotent; GL context current)."""
+        """Release the ring, the texture and the copy program (idempotent; GL context current)."""
+        GL = gl()
         if self.gl_name:
-            gl().glDeleteTextures(1, [self.gl_name])
+            GL.glDeleteTextures(1, [self.gl_name])
             self.gl_name = 0
+        if self._program:
+            GL.glDeleteProgram(self._program)
+            self._program = 0
         self.ring.close()
 
     def __repr__(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -61,21 +62,38 @@ void main() { frag = texture(image, vec2(uv.x, 1.0 - uv.y)); }
 
 def _program(vs: str, fs: str, what: str) -> int:
     GL = gl()
+    return compile_program(((GL.GL_VERTEX_SHADER, vs), (GL.GL_FRAGMENT_SHADER, fs)), what)
+
+
+def compile_program(stages: Sequence[tuple[int, str]], what: str) -> int:
+    """Compile and link a GL program from ``(shader kind, source)`` stages; returns its name.
+
+    Raises:
+        InteropError: a stage does not compile or the program does not link (with GL's log).
+    """
+    GL = gl()
     prog = GL.glCreateProgram()
     shaders = []
-    for kind, src in ((GL.GL_VERTEX_SHADER, vs), (GL.GL_FRAGMENT_SHADER, fs)):
-        sh = GL.glCreateShader(kind)
-        GL.glShaderSource(sh, src)
-        GL.glCompileShader(sh)
-        if not GL.glGetShaderiv(sh, GL.GL_COMPILE_STATUS):
-            raise InteropError(f"{what}: shader does not compile: {GL.glGetShaderInfoLog(sh).decode(errors='replace')}")
-        GL.glAttachShader(prog, sh)
-        shaders.append(sh)
-    GL.glLinkProgram(prog)
-    if not GL.glGetProgramiv(prog, GL.GL_LINK_STATUS):
-        raise InteropError(f"{what}: program does not link: {GL.glGetProgramInfoLog(prog).decode(errors='replace')}")
-    for sh in shaders:
-        GL.glDeleteShader(sh)
+    try:
+        for kind, src in stages:
+            sh = GL.glCreateShader(kind)
+            shaders.append(sh)
+            GL.glShaderSource(sh, src)
+            GL.glCompileShader(sh)
+            if not GL.glGetShaderiv(sh, GL.GL_COMPILE_STATUS):
+                log = GL.glGetShaderInfoLog(sh).decode(errors="replace")
+                raise InteropError(f"{what}: shader does not compile: {log}")
+            GL.glAttachShader(prog, sh)
+        GL.glLinkProgram(prog)
+        if not GL.glGetProgramiv(prog, GL.GL_LINK_STATUS):
+            log = GL.glGetProgramInfoLog(prog).decode(errors="replace")
+            raise InteropError(f"{what}: program does not link: {log}")
+    except Exception:
+        GL.glDeleteProgram(prog)
+        raise
+    finally:
+        for sh in shaders:
+            GL.glDeleteShader(sh)
     return int(prog)
 
 

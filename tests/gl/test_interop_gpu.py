@@ -79,6 +79,7 @@ def test_texture_round_trip_and_wrong_format(gl_engine):
     w, h = 123, 77
     img = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
     dev = cupy.asarray(img)
+    cupy.cuda.get_current_stream().synchronize()  # the engine stream does not wait for CuPy's
     with SharedTexture2D.create(w, h, format="rgba8") as tex:
         with tex.map(stream=engine.device.stream) as m:
             m.copy_from(dev.data.ptr)
@@ -181,6 +182,7 @@ def test_surface_stores_write_every_texel(gl_engine, fmt):
     words = tex.texel_bytes // 4
     src = cp.asarray(np.random.default_rng().integers(0, 2**31, w * h * words, dtype=np.uint32))
     back = cp.full_like(src, 0xFFFFFFFF)  # poisoned
+    cp.cuda.get_current_stream().synchronize()  # the engine stream does not wait for CuPy's
     s = engine.device.stream
     with tex.map(stream=s) as m:
         m.copy_from(src.data.ptr)
@@ -341,6 +343,7 @@ def test_imported_buffer_is_shared_without_mapping(gl_engine):
     ring = ImportedRing(n * 4)
     assert ring.front() is None  # nothing written yet
     frames = [cupy.asarray(rng.standard_normal(n).astype(np.float32)) for _ in range(4)]
+    cupy.cuda.get_current_stream().synchronize()  # the engine stream does not wait for CuPy's
     s = engine.device.stream
     assert ring.write(frames[0].data.ptr, n * 4, s)
     engine.synchronize()
@@ -393,6 +396,7 @@ def test_imported_image_uploads_the_newest_copy_into_its_texture(gl_engine):
     for _ in range(3):
         want = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
         src = cupy.asarray(want)
+        cupy.cuda.get_current_stream().synchronize()  # CuPy's upload is done before the engine stream copies
         assert image.ring.write(src.data.ptr, src.nbytes, s)
         engine.synchronize()
         GL.glFinish()  # GL is done with the buffers it read: the next write is not dropped

@@ -59,6 +59,7 @@ def test_warm_rebind_with_cupy_arrays(engine: Engine, rng: np.random.Generator) 
     cp = pytest.importorskip("cupy")
     n = 50_000
     a1, a2, b = (cp.asarray(_rand(rng, n)) for _ in range(3))
+    cp.cuda.get_current_stream().synchronize()  # bound arrays are written before the update
     add = engine.add(VectorAdd(name="add"))
     engine.bind(add, "A", a1)
     engine.bind(add, "B", b)
@@ -73,6 +74,7 @@ def test_warm_rebind_with_cupy_arrays(engine: Engine, rng: np.random.Generator) 
     view = cp.asarray(engine.output(add, "Sum"))
     np.testing.assert_array_equal(cp.asnumpy(view), engine.read(add, "Sum"))
     big_a, big_b = cp.asarray(_rand(rng, 4 * n)), cp.asarray(_rand(rng, 4 * n))
+    cp.cuda.get_current_stream().synchronize()
     engine.bind(add, "A", big_a)  # four times the size: the output no longer fits, Cold
     engine.bind(add, "B", big_b)
     engine.update()

@@ -85,6 +85,7 @@ def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
     # a TOP as an input: its CUDAMemory is held while the engine reads it
     rng = np.random.default_rng()
     img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
+    cupy.cuda.get_current_stream().synchronize()  # written before the engine reads it
     src_top = TOP("/p/movie", img, shape)
     engine.remove(fill.block)
     td.adapter._ops.pop("/p/fill")

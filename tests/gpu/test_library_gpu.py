@@ -70,6 +70,7 @@ def test_rebinding_an_input_recaptures_and_alpha_is_a_device_write(engine):
     m = n = k = 48
     a1 = cp.asarray(rng.standard_normal(m * k).astype(np.float32))
     a2 = cp.asarray(rng.standard_normal(m * k).astype(np.float32))
+    cp.cuda.get_current_stream().synchronize()  # bound arrays are written before the update
     b = rng.standard_normal(k * n).astype(np.float32)
     g = engine.add(GEMM(M=m, N=n, K=k))
     engine.bind(g, "A", a1)
