@@ -96,7 +96,7 @@ class Preview:
         if image is not None:
             block, port, w, h = image
             label = f"{block.name}.{port}"
-            if self.zero_map:  # CUDA writes a ring of imported buffers; GL uploads the newest: no map
+            if self.zero_map:  # CUDA writes a ring of imported buffers, a GL compute shader copies the newest
                 from .imported import ImportedImage
 
                 try:
