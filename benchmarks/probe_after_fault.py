@@ -7,10 +7,12 @@ child that checks the interop primitives alone (CUDA writes 32 MiB into an impor
 registered GL buffer; GL copies them and reads them back). Each preview prints its fps and how much
 of its last frame is lit.
 
-Measured on an H100 with driver 580: before the fault ~500-1300 fps and 32 % lit; after it, in
+Measured on an H100 with driver 580: before the fault 500-1300 fps and 32 % lit; after it, in
 every later process, ~66 fps and nothing lit, for both register + map and zero-map, while CUDA
-results, plain GL draws and the interop primitives stay correct. It lasted as long as the machine
-(over 100 s here). WARNING: run it on a machine you can replace: the fault's effect stays.
+results, the interop primitives and GL draws of memory GL alone owns stay correct. In a process
+whose GL had touched memory shared with CUDA, later draws stalled (the first one 15 s, then
+25-30 ms against 2.3 ms) and some drew nothing, with no GL context reset reported. It lasted as
+long as the machine (over 100 s here). WARNING: run it on a machine you can replace.
 
 Usage: python benchmarks/probe_after_fault.py
 """
