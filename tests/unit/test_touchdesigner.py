@@ -6,9 +6,9 @@ import pytest
 
 from cudapatch.errors import CudapatchError
 from cudapatch.host_plugin import PluginHost, hookimpl, make_plugin_manager
-from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, TouchDesignerHost, td_par_name
+from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, EngineTOP, TouchDesignerHost, td_par_name
 
-from ..td_double import COMP
+from ..td_double import COMP, CUDAMemoryShape, scriptTOP
 from .plan_engine import PlanOnlyEngine
 
 
@@ -75,3 +75,14 @@ def test_plugins_decide_the_block_type_of_an_operator():
     assert td.adapter.operators() == {"/p/spark": "particles.Emitter"} and ext.block.type_name == "Emitter"
     with pytest.raises(CudapatchError, match="no plugin knows"):
         BlockOperatorExt(COMP("/p/other"), td)
+
+
+def test_engine_top_after_a_lost_engine_shows_why_and_copies_nothing(td):
+    BlockOperatorExt(COMP("/p/emit"), td, "particles.Emitter")
+    shape = CUDAMemoryShape()
+    shape.width, shape.height = 8, 8
+    top = EngineTOP(td, ("/p/emit", "Particles"), shape)
+    td.engine.lost = "the GPU context is lost after CUDA_ERROR_ILLEGAL_ADDRESS in block 'emit'"
+    op = scriptTOP("/p/engine")
+    top.onCook(op)
+    assert op.errors == [f"engine: {td.engine.lost}"] and not op.copies

@@ -208,6 +208,10 @@ class EngineTOP:
         eo = self.host.adapter.engine_operator
         try:
             eo.cook()
+            lost = getattr(self.host.engine, "lost", None)
+            if lost is not None:  # CUDA refuses this process after a GPU fault: nothing left to copy
+                scriptOp.addError(f"engine: {lost}")
+                return
             buf = eo.output(*self.output)
         except CudapatchError as exc:
             scriptOp.addError(str(exc))
