@@ -417,6 +417,11 @@ class ImportedRing:
         self._front = best
         return self.buffers[best].gl_name
 
+    def shares_memory(self) -> bool:
+        """Whether GL's GPU-side reads see what CUDA writes into every buffer of the ring (see
+        ``ImportedBuffer.shares_memory``; waits for the device: call it at setup only)."""
+        return all(b.shares_memory() for b in self.buffers)
+
     @property
     def front_slot(self) -> int:
         """The slot the last ``front()`` returned (-1: none yet)."""
@@ -492,7 +497,7 @@ class ImportedImage:
         self.gl_name = self._program = 0
         self.ring = ImportedRing(width * height * 4, device=device, label=label)
         try:
-            if not all(b.shares_memory() for b in self.ring.buffers):
+            if not self.ring.shares_memory():
                 raise InteropError(f"ImportedImage: {label}: GL does not see what CUDA writes into imported buffers")
             self._program = compile_program(((_GL_COMPUTE_SHADER, _IMAGE_COPY_CS),), f"{label} copy")
             GL = gl()

@@ -142,7 +142,7 @@ class Preview:
         label = f"{block.name}.{port}"
         if self.zero_map:
             ring = self._ring_cls(out.nbytes, device=self.engine.device.ordinal, label=label)
-            if all(b.shares_memory() for b in ring.buffers):
+            if ring.shares_memory():
                 self._ring = ring
             else:
                 log.warning(
