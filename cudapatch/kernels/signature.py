@@ -8,6 +8,7 @@ inputs. ``// cudapatch: key=value`` comment lines set ``blockSize``, ``sharedMem
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ..errors import KernelCompileError
 from .descriptor import KernelDescriptor, KernelParamDescriptor
@@ -35,6 +36,7 @@ def find_entry_points(text: str) -> list[str]:
     return [m.group(1) for m in _SIG.finditer(_strip_comments_keep_inout(text))]
 
 
+@lru_cache(maxsize=64)  # an edit describes new code twice: to decide its tier, and to swap it
 def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<source>") -> KernelDescriptor:
     """The descriptor of kernel ``entry`` (or the only kernel) in CUDA C++ ``text``.
 

@@ -285,6 +285,24 @@ def test_code_edit_with_same_signature_is_code_tier() -> None:
     assert "bias" in ck.get("Code")  # the last good code stays
 
 
+def test_a_same_signature_edit_swaps_the_source_without_re_describing_the_block() -> None:
+    ck = CustomKernel(name="ck", Code=GAIN)
+    c = _registered(ck)
+    ck.set("gain", 3.0)
+    c.dirty.params.clear()
+    params = ck.params
+    new = GAIN.replace("in[i] * gain", "in[i] * gain + 1.0f")
+    ck.set("Code", new)
+    assert ck.params is params and ck.get("gain") == 3.0 and ck.get("Code") == new  # no re-description
+    assert ck.description == ck._describe()  # yet the same state a re-description would give
+    assert c.dirty.code == {(ck.id, 0)} and not c.dirty.structure
+    c.dirty.code.clear()
+    renamed = new.replace("gain", "g")  # the same layout, another port name: the block re-describes
+    ck.set("Code", renamed)
+    assert c.dirty.structure and "g" in ck.params and "gain" not in ck.params
+    assert ck.description.kernels[0].source.code == renamed
+
+
 def test_on_code_changed_swaps_sources_of_the_same_signature(tmp_path: Path) -> None:
     s = Scale(name="s")
     c = _registered(s)
