@@ -4,16 +4,14 @@ operator's text field holds it) and ``KernelFile`` (a ``.cu`` or ``.ptx`` + ``.j
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from ...errors import CudapatchError, KernelLoadError
+from ...errors import KernelLoadError
 from ...kernels.cuda_source import CudaSource
 from ...kernels.source import KernelSource, PtxFileSource
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
 from ..description import from_param, like
-from ..parameter import BlockParameter
 
 __all__ = ["CustomKernel", "KernelFile", "DEFAULT_CUSTOM_CODE", "ports_from_signature"]
 
@@ -75,29 +73,8 @@ class CustomKernel(Block):
     def _source(self, code: str) -> CudaSource:
         return CudaSource(code=code, name=f"{self.name}.cu")
 
-    def _set_text(self, p: BlockParameter, value: Any) -> None:
-        if p.name != "Code" or self._context is None or not self._swap_code(p, p.validate(value)):
-            super()._set_text(p, value)
-
-    def _swap_code(self, p: BlockParameter, text: str) -> bool:
-        """New code whose kernel keeps its descriptor (so every port stays): hand the engine the new
-        source without re-describing the block, half of a re-description's host time (the edit
-        runs on a host's frame thread). False leaves it to the re-description (new ports, errors)."""
-        if text == p.value:
-            return True
-        spec = self.description.kernels[0]
-        source = self._source(text)
-        try:
-            same = source.describe() == spec.descriptor
-        except CudapatchError:  # the re-description reports it, with the old kernel still running
-            return False
-        if not same:
-            return False
-        assert self._context is not None
-        self._context.on_code_changed(self, 0, source)
-        self._texts[p.name] = text
-        p._value = text
-        return True
+    def text_source(self, name: str, text: str) -> tuple[int, KernelSource] | None:
+        return (0, self._source(text)) if name == "Code" else None
 
 
 class KernelFile(Block):
