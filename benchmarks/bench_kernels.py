@@ -34,6 +34,7 @@ from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import BlockState, CudaSource, CustomKernel, Engine, NumbaSource, Scale  # noqa: E402
 from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
 from cudapatch.kernels.compiler_process import compiler_process  # noqa: E402
 
 CODE = """extern "C" __global__ void k(const float* in, float* out, float gain, unsigned int n)
@@ -316,9 +317,9 @@ def main() -> None:
         next_t = time.perf_counter()
         for _ in range(frames):
             t = time.perf_counter()
-            (err,) = d.cuGraphLaunch(graph, stream)
+            result = d.cuGraphLaunch(graph, stream)
             times.append(time.perf_counter() - t)
-            assert not err, err
+            check(result, "cuGraphLaunch")
             next_t += period
             time.sleep(max(0.0, next_t - time.perf_counter()))
         return times

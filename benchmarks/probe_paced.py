@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
 
 PERIOD = 1 / 60
 
@@ -56,17 +57,12 @@ def host_facts() -> list[str]:
 def one_node_graph(eng: Engine) -> object:
     """An executable graph of one empty memset node (the cheapest launch there is)."""
 
-    def check(res: tuple) -> object:
-        if res[0] != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(str(res[0]))
-        return res[1] if len(res) > 1 else None
-
-    buf = check(d.cuMemAlloc(4))
-    graph = check(d.cuGraphCreate(0))
+    buf = check(d.cuMemAlloc(4), "cuMemAlloc")
+    graph = check(d.cuGraphCreate(0), "cuGraphCreate")
     p = d.CUDA_MEMSET_NODE_PARAMS()
     p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = buf, 0, 4, 1, 1, 4
-    check(d.cuGraphAddMemsetNode(graph, None, 0, p, eng.device.context))
-    return check(d.cuGraphInstantiate(graph, 0))
+    check(d.cuGraphAddMemsetNode(graph, None, 0, p, eng.device.context), "cuGraphAddMemsetNode")
+    return check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
 
 
 def torch_peer(ops: int):  # noqa: ANN201
@@ -128,9 +124,7 @@ def main() -> None:
 
     def launcher(graph: object) -> object:
         def launch() -> None:
-            (err,) = d.cuGraphLaunch(graph, stream)
-            if err:
-                raise RuntimeError(f"cuGraphLaunch: {err}")
+            check(d.cuGraphLaunch(graph, stream), "cuGraphLaunch")
 
         return launch
 
@@ -156,8 +150,8 @@ def main() -> None:
                 fn()
                 ts.append(time.perf_counter() - t)
                 if mode == "back to back" and i % 50 == 49:
-                    d.cuCtxSynchronize()  # keep the queue short
-            d.cuCtxSynchronize()
+                    check(d.cuCtxSynchronize(), "cuCtxSynchronize")  # keep the queue short
+            check(d.cuCtxSynchronize(), "cuCtxSynchronize")
             ts.sort()
             med = statistics.median(ts)
             p95 = ts[int(0.95 * (len(ts) - 1))]
