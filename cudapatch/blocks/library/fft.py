@@ -13,8 +13,9 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar, nvmath_module
+from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar
 from ..description import computed
+from ..libraries import LibraryScope, nvmath_module
 
 __all__ = ["FFT"]
 
@@ -47,10 +48,10 @@ def _make(kind: str) -> tuple[Any, Any, Any, Any]:
     """The call, prepare, validate and output-size functions of one kind (module-level, made once,
     so descriptions compare equal between describes)."""
 
-    def prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+    def prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
         libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"])
 
-    def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+    def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
         fft = nvmath_module("cufft")
         plan = libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"], stream)
         direction = 1 if int(s["Inverse"]) else -1  # CUFFT_INVERSE / CUFFT_FORWARD

@@ -12,19 +12,20 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_out, host_scalar, nvmath_module
+from ..captured import CallDescriptor, buffer_out, host_scalar
 from ..description import from_param
+from ..libraries import LibraryScope, nvmath_module
 
 __all__ = ["Random"]
 
 _GENERATOR = "PSEUDO_PHILOX4_32_10"  # fast, and statistically sound for visuals and simulation
 
 
-def _prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     libs.generator(_GENERATOR, int(s["Seed"]))  # created and seeded outside capture
 
 
-def _call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     rand = nvmath_module("curand")
     gen = libs.generator(_GENERATOR, int(s["Seed"]), stream)
     n = int(s["Count"])
