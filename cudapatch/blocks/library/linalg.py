@@ -28,7 +28,7 @@ def _precision(b: BlockBuilder) -> DType:
     text = b.text("Precision", default="float", description="element type: float or double")
     dt = _PRECISIONS.get(text.strip().lower())
     if dt is None:
-        raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
+        raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
     return dt
 
 

@@ -52,7 +52,7 @@ class Random(Block):
     def describe(self, b: BlockBuilder) -> None:
         text = b.text("Precision", default="float", description="float or double").strip().lower()
         if text not in ("float", "double"):
-            raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
+            raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
         double = text == "double"
         dt = DType.FLOAT64 if double else DType.FLOAT32
         desc = CallDescriptor.of(
