@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import CudapatchError, ParameterError
 from .builder import BlockBuilder
-from .description import BlockDescription, PortSpec
+from .description import BlockDescription, KernelSpec, PortSpec
 from .parameter import BlockParameter
 
 if TYPE_CHECKING:
@@ -173,14 +173,16 @@ class Block:
             in place (Code tier); False (another entry-point name, say) needs a rebuild.
 
         Raises:
-            CudapatchError: unknown kernel, or the new source's signature differs (re-describe the
-                block instead).
+            CudapatchError: unknown kernel, a captured call, or the new source's signature differs
+                (re-describe the block instead).
             KernelLoadError: the new source cannot be read.
         """
         kernels = self.description.kernels
         if not 0 <= kernel < len(kernels):
             raise CudapatchError(f"block has {len(kernels)} kernels; there is no kernel {kernel}", block=self.name)
         spec = kernels[kernel]
+        if not isinstance(spec, KernelSpec):
+            raise CudapatchError(f"'{spec.name}' is a captured library call: it has no kernel source", block=self.name)
         desc = source.describe()
         if desc.layout() != spec.descriptor.layout() or [
             (p.dtype, p.is_pointer, p.direction) for p in desc.parameters

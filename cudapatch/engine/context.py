@@ -89,6 +89,11 @@ class Context:
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         self._code_listener = code_listener
 
+    @property
+    def code_listener(self) -> Callable[[tuple[int, int]], bool] | None:
+        """The listener given at construction (read-only: who hears code edits is fixed then)."""
+        return self._code_listener
+
     # -- blocks -------------------------------------------------------------------------------
     def register_block(self, block: Block) -> Block:
         """Add a block to the patch (Cold on the next update).

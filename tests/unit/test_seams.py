@@ -11,6 +11,7 @@ import pytest
 import cudapatch
 from cudapatch.blocks import Block, BlockBuilder, BlockHost, LibraryScope, Scale
 from cudapatch.blocks.description import BlockDescription, like
+from cudapatch.blocks.library.linalg import GEMM
 from cudapatch.blocks.parameter import BlockParameter
 from cudapatch.engine import BufferPool, Context
 from cudapatch.engine.libraries import CallLibraryScope
@@ -158,6 +159,9 @@ def test_context_takes_its_code_listener_at_construction() -> None:
     took = False
     c.on_code_changed(s, 0)
     assert c.dirty.code == {(s.id, 0)}
+    assert c.code_listener is listener
+    with pytest.raises(AttributeError):
+        c.code_listener = listener  # type: ignore[misc]  # wired at construction only
 
 
 def test_replace_kernel_source_is_the_blocks_own_edit() -> None:
@@ -170,6 +174,8 @@ def test_replace_kernel_source_is_the_blocks_own_edit() -> None:
         s.replace_kernel_source(0, CudaSource(path=bundled_kernel("fill").ptx_path.with_suffix(".cu")))
     with pytest.raises(CudapatchError, match="no kernel 2"):
         s.replace_kernel_source(2, same)
+    with pytest.raises(CudapatchError, match="captured library call"):
+        GEMM(name="g").replace_kernel_source(0, same)
 
 
 def test_builder_error_names_the_block() -> None:

@@ -20,11 +20,17 @@ from ..libraries import LibraryScope, nvmath_module
 __all__ = ["FFT"]
 
 # kind -> (input is complex, output is complex, cuFFT type name for float, for double)
-_KINDS = {
+_KINDS: dict[str, tuple[bool, bool, str, str]] = {
     "C2C": (True, True, "C2C", "Z2Z"),
     "R2C": (False, True, "R2C", "D2Z"),
     "C2R": (True, False, "C2R", "Z2D"),
 }
+
+
+def _fft_type(kind: str, s: Mapping[str, Any]) -> str:
+    """The cuFFT type name of ``kind`` at the block's precision (``R2C`` or ``D2Z``)."""
+    _, _, single, double = _KINDS[kind]
+    return double if s["double"] else single
 
 
 def _shape(s: Mapping[str, Any]) -> tuple[int, ...]:
@@ -49,11 +55,11 @@ def _make(kind: str) -> tuple[Any, Any, Any, Any]:
     so descriptions compare equal between describes)."""
 
     def prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
-        libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"])
+        libs.fft_plan(_fft_type(kind, s), _shape(s), s["Batch"])
 
     def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
         fft = nvmath_module("cufft")
-        plan = libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"], stream)
+        plan = libs.fft_plan(_fft_type(kind, s), _shape(s), s["Batch"], stream)
         direction = 1 if int(s["Inverse"]) else -1  # CUFFT_INVERSE / CUFFT_FORWARD
         if kind == "C2C":
             (fft.exec_z2z if s["double"] else fft.exec_c2c)(plan, p["In"], p["Out"], direction)
