@@ -223,9 +223,9 @@ class Block:
         return self._host
 
     def attach(self, host: BlockHost) -> None:
-        """Called by ``host`` when it registers this block: from now on the block reports its edits
-        to ``host``, scalar sets through ``host.param_listener(self)``. Attaching to the same host
-        again does nothing.
+        """Called by ``host`` when it registers this block (users call ``Engine.add``): from now on
+        the block reports its edits to ``host``, scalar sets through ``host.param_listener(self)``.
+        Attaching to the same host again does nothing.
 
         Raises:
             CudapatchError: the block is attached to another host (``close()`` it there first).
