@@ -18,6 +18,7 @@ from .blocks import (
     CustomKernel,
     Fill,
     KernelFile,
+    LibraryScope,
     Scale,
     VectorAdd,
     buffer_in,
@@ -73,6 +74,7 @@ except PackageNotFoundError:  # running from a source checkout that is not insta
 __all__ = [
     "CallDescriptor",
     "LibraryCallError",
+    "LibraryScope",
     "buffer_in",
     "buffer_inout",
     "buffer_out",

@@ -1,4 +1,9 @@
-"""Blocks: the passive Block base, the BlockBuilder DSL, descriptions, parameters, built-in blocks."""
+"""Blocks: the passive Block base, the BlockBuilder DSL, descriptions, parameters, built-in blocks,
+and the two protocols that are all a block knows of the engine: ``BlockHost`` (the context a block is
+registered with) and ``LibraryScope`` (what a captured call function may ask for).
+
+Nothing here imports ``cudapatch.engine`` (``tests/unit/test_layering.py`` checks it).
+"""
 
 from .block import Block, BlockDebugInfo, BlockState
 from .builder import BlockBuilder, CapturedHandle, KernelHandle, KernelPin
@@ -25,6 +30,8 @@ from .description import (
     from_param,
     like,
 )
+from .host import BlockHost
+from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 
@@ -44,6 +51,7 @@ __all__ = [
     "BlockBuilder",
     "BlockDebugInfo",
     "BlockDescription",
+    "BlockHost",
     "BlockParameter",
     "BlockState",
     "CustomKernel",
@@ -53,6 +61,7 @@ __all__ = [
     "KernelHandle",
     "KernelPin",
     "KernelSpec",
+    "LibraryScope",
     "ParamSpec",
     "PinRef",
     "PinType",

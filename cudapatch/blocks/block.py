@@ -1,25 +1,27 @@
 """Block: the passive base class every block type derives from.
 
 A block only *describes* GPU work: ``describe(builder)`` adds kernels, ports and scalars. It never
-launches anything; the engine it is registered with compiles all blocks into one graph.
+launches anything; the engine it is registered with compiles all blocks into one graph. The block
+knows that engine only as a ``BlockHost`` (``blocks/host.py``), through which it reports the edits
+only it sees; the host attaches and detaches it with ``attach``/``detach``.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import CudapatchError, ParameterError
 from .builder import BlockBuilder
-from .description import BlockDescription, PortSpec
+from .description import BlockDescription, KernelSpec, PortSpec
 from .parameter import BlockParameter
 
 if TYPE_CHECKING:
-    from ..engine.context import Context
     from ..kernels.source import KernelSource
+    from .host import BlockHost, ParamListener
 
 __all__ = ["Block", "BlockState", "BlockDebugInfo", "PortHandle"]
 
@@ -66,7 +68,8 @@ class Block:
         self.id: int = next(_ids)
         self.name: str = name or f"{self.type_name}{self.id}"
         self.debug = BlockDebugInfo()
-        self._context: Context | None = None
+        self._host: BlockHost | None = None
+        self._listener: ParamListener | None = None  # the host's, subscribed to every scalar parameter
         # Text parameters feed describe() itself, so string values given here are known before it runs.
         self._texts: dict[str, str] = {k: v for k, v in params.items() if isinstance(v, str)}
         self.params: dict[str, BlockParameter] = {}
@@ -91,11 +94,11 @@ class Block:
             prev = old.get(spec.name)
             if prev is not None:
                 try:
-                    p._value = p.validate(prev.value)  # keep the user's value across re-descriptions
+                    p.set(prev.value)  # keep the user's value across re-descriptions (no listener yet: silent)
                 except ParameterError:
                     pass
-            if self._context is not None and spec.kind == "scalar":
-                p.subscribe(self._context._param_listener(self))
+            if self._listener is not None and spec.kind == "scalar":
+                p.subscribe(self._listener)
             params[spec.name] = p
         self.params = params
 
@@ -127,7 +130,7 @@ class Block:
         text = p.validate(value)
         if text == p.value:
             return
-        if self._context is not None and self._swap_source(p, text):
+        if self._host is not None and self._swap_source(p, text):
             return
         old = self._texts.get(p.name)
         self._texts[p.name] = text  # type: ignore[assignment]
@@ -139,7 +142,7 @@ class Block:
             else:
                 self._texts[p.name] = old
             raise
-        self.params[p.name]._value = text
+        self.params[p.name].set(text)  # text parameters have no listeners: the refresh told the host
 
     def _swap_source(self, p: BlockParameter, text: str) -> bool:
         """Hand the engine ``text`` as new code when ``text_source`` allows it and the kernel keeps
@@ -154,11 +157,45 @@ class Block:
             return False
         if not same:
             return False
-        assert self._context is not None
-        self._context.on_code_changed(self, kernel, source)
+        assert self._host is not None
+        self._host.on_code_changed(self, kernel, source)
         self._texts[p.name] = text
-        p._value = text
+        p.set(text)
         return True
+
+    def replace_kernel_source(self, kernel: int, source: KernelSource) -> bool:
+        """Put ``source`` in place of kernel ``kernel``'s code, keeping every port: its parameters
+        must have the same types, pointer kinds and directions. Tells no host: the host calls this
+        from ``on_code_changed``.
+
+        Returns:
+            Whether the kernel's descriptor is unchanged, so the running graph can take the new code
+            in place (Code tier); False (another entry-point name, say) needs a rebuild.
+
+        Raises:
+            CudapatchError: unknown kernel, a captured call, or the new source's signature differs
+                (re-describe the block instead).
+            KernelLoadError: the new source cannot be read.
+        """
+        kernels = self.description.kernels
+        if not 0 <= kernel < len(kernels):
+            raise CudapatchError(f"block has {len(kernels)} kernels; there is no kernel {kernel}", block=self.name)
+        spec = kernels[kernel]
+        if not isinstance(spec, KernelSpec):
+            raise CudapatchError(f"'{spec.name}' is a captured library call: it has no kernel source", block=self.name)
+        desc = source.describe()
+        if desc.layout() != spec.descriptor.layout() or [
+            (p.dtype, p.is_pointer, p.direction) for p in desc.parameters
+        ] != [(p.dtype, p.is_pointer, p.direction) for p in spec.descriptor.parameters]:
+            raise CudapatchError(
+                f"the new kernel '{desc.entry_point}' has another signature than '{spec.descriptor.entry_point}'; "
+                "re-describe the block to change its ports",
+                block=self.name,
+                kernel=desc.entry_point,
+            )
+        new_spec = replace(spec, source=source, descriptor=desc)
+        self.description = replace(self.description, kernels=kernels[:kernel] + (new_spec,) + kernels[kernel + 1 :])
+        return desc == spec.descriptor
 
     def get(self, name: str) -> Any:
         """Current value of parameter ``name``.
@@ -181,9 +218,40 @@ class Block:
         return self.description.outputs
 
     @property
-    def context(self) -> Context | None:
+    def context(self) -> BlockHost | None:
         """The engine context this block is registered with, if any."""
-        return self._context
+        return self._host
+
+    def attach(self, host: BlockHost) -> None:
+        """Called by ``host`` when it registers this block (users call ``Engine.add``): from now on
+        the block reports its edits to ``host``, scalar sets through ``host.param_listener(self)``.
+        Attaching to the same host again does nothing.
+
+        Raises:
+            CudapatchError: the block is attached to another host (``close()`` it there first).
+        """
+        if self._host is host:
+            return
+        if self._host is not None:
+            raise CudapatchError("block is registered with another engine; close() it there first", block=self.name)
+        listener = host.param_listener(self)
+        for p in self.params.values():
+            if p.spec.kind == "scalar":
+                p.subscribe(listener)
+        self._host, self._listener = host, listener
+
+    def detach(self, host: BlockHost) -> None:
+        """Called by ``host`` when it removes this block: stop reporting to it, and forget the state
+        it compiled. Detaching from a host the block is not attached to does nothing."""
+        if self._host is not host:
+            return
+        listener = self._listener
+        if listener is not None:
+            for p in self.params.values():
+                p.unsubscribe(listener)
+        self._host = self._listener = None
+        self.debug.state = BlockState.NOT_COMPILED
+        self.debug.message = ""
 
     def refresh(self) -> bool:
         """Re-run ``describe``; if the description changed structurally, the engine rebuilds.
@@ -200,14 +268,14 @@ class Block:
         old, old_params = self.description, self.params
         self.description = new
         self._make_params(old_params)
-        if self._context is not None:
-            self._context.on_description_changed(self, old)
+        if self._host is not None:
+            self._host.on_description_changed(self, old)
         return True
 
     def close(self) -> None:
         """Unregister from the engine (if registered); idempotent."""
-        if self._context is not None:
-            self._context.unregister_block(self)
+        if self._host is not None:
+            self._host.unregister_block(self)
 
     # -- display ------------------------------------------------------------------------------
     def tooltip(self) -> str:

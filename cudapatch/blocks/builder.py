@@ -76,21 +76,21 @@ class KernelHandle:
             try:
                 i = self.descriptor.param_index(i)
             except KeyError:
-                raise self._builder._error(
+                raise self._builder.error(
                     f"'{self.entry_point}' has no parameter '{i}' (it has {', '.join(p.name for p in params)})"
                 ) from None
         if not 0 <= i < len(params):
-            raise self._builder._error(
+            raise self._builder.error(
                 f"kernel '{self.entry_point}' has {len(params)} parameters; there is no parameter {i}"
             )
         p = params[i]
         if direction == "out" and (not p.is_pointer or p.direction == "in"):
-            raise self._builder._error(
+            raise self._builder.error(
                 f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an input "
                 f"({p.type_name}, {p.direction}); use in_()"
             )
         if direction == "in" and p.is_pointer and p.direction == "out":
-            raise self._builder._error(
+            raise self._builder.error(
                 f"parameter {i} ('{p.name}') of kernel '{self.entry_point}' is an output; use out()"
             )
         return KernelPin(self, i, direction)
@@ -120,7 +120,7 @@ class KernelHandle:
         """Fill integer parameter ``param`` with a resolved element count (a size, a capacity)."""
         pin = self.in_(param)
         if pin.param.is_pointer or pin.param.dtype not in (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64):
-            raise self._builder._error(
+            raise self._builder.error(
                 f"parameter {param} ('{pin.param.name}') of kernel '{self.entry_point}' "
                 "must be an integer to hold a count"
             )
@@ -151,7 +151,7 @@ class CapturedHandle(KernelHandle):
         self.validate = validate
 
     def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
-        raise self._builder._error(f"'{self.entry_point}' is a captured library call: it has no grid")
+        raise self._builder.error(f"'{self.entry_point}' is a captured library call: it has no grid")
 
     def spec(self) -> CapturedSpec:
         return CapturedSpec(self.call, self.descriptor, tuple(self._counts), self.prepare, self.validate)
@@ -182,15 +182,17 @@ class BlockBuilder:
         self._shape_params: set[str] = set()  # parameters a captured call's validate reads
         self._committed: BlockDescription | None = None
 
-    def _error(self, message: str) -> CudapatchError:
+    def error(self, message: str) -> CudapatchError:
+        """An error naming this block, for ``describe`` to raise when a parameter's value cannot
+        describe the block (``raise b.error("Kind must be C2C, R2C or C2R")``)."""
         return CudapatchError(message, block=self.block_name)
 
     def _bind(self, pin: KernelPin, what: str) -> None:
         if pin.handle._builder is not self:
-            raise self._error("pin belongs to a kernel of another builder")
+            raise self.error("pin belongs to a kernel of another builder")
         ref = pin.ref
         if ref in self._bound:
-            raise self._error(
+            raise self.error(
                 f"parameter {pin.index} ('{pin.param.name}') of kernel '{pin.handle.entry_point}' is already bound "
                 f"to {self._bound[ref]}"
             )
@@ -198,11 +200,11 @@ class BlockBuilder:
 
     def _check_name(self, name: str, *, through: bool = False) -> None:
         if not name or not isinstance(name, str):
-            raise self._error("port and parameter names must be non-empty strings")
+            raise self.error("port and parameter names must be non-empty strings")
         ports = self._outputs if through else self._inputs + self._outputs
         taken = {p.name for p in ports} | {p.name for p in self._params}
         if name in taken:
-            raise self._error(f"the name '{name}' is used twice in this block")
+            raise self.error(f"the name '{name}' is used twice in this block")
 
     def add_kernel(self, source: KernelSource | str | Path) -> KernelHandle:
         """Add a kernel; a path means a PTX file with its JSON sidecar beside it.
@@ -244,9 +246,9 @@ class BlockBuilder:
         See ``cudapatch.blocks.captured``.
         """
         if not isinstance(descriptor, CallDescriptor):
-            raise self._error("add_captured needs a CallDescriptor (CallDescriptor.of(name, *params))")
+            raise self.error("add_captured needs a CallDescriptor (CallDescriptor.of(name, *params))")
         if not callable(fn):
-            raise self._error(f"add_captured('{descriptor.entry_point}'): the call must be a function")
+            raise self.error(f"add_captured('{descriptor.entry_point}'): the call must be a function")
         handle = CapturedHandle(self, len(self._kernels), fn, descriptor, prepare, validate)
         self._kernels.append(handle)
         self._shape_params.update(shape_params)
@@ -256,7 +258,7 @@ class BlockBuilder:
         """A buffer input port feeding one or more kernel pointer parameters (same element type)."""
         self._check_name(name)
         if not pins:
-            raise self._error(f"input '{name}' needs at least one kernel pin")
+            raise self.error(f"input '{name}' needs at least one kernel pin")
         dtype = self._pins_dtype(name, pins, pointer=True)
         for pin in pins:
             self._bind(pin, f"input '{name}'")
@@ -275,7 +277,7 @@ class BlockBuilder:
         self._check_name(name)
         pins = (pin, *more)
         if any(p.direction != "out" for p in pins):
-            raise self._error(f"output '{name}' must be bound to out() pins")
+            raise self.error(f"output '{name}' must be bound to out() pins")
         dtype = self._pins_dtype(name, pins, pointer=True)
         for p in pins:
             self._bind(p, f"output '{name}'")
@@ -298,10 +300,10 @@ class BlockBuilder:
         self._check_name(name, through=True)
         inp = next((p for p in self._inputs if p.name == name), None)
         if inp is None:
-            raise self._error(f"through('{name}') needs an input called '{name}' declared first")
+            raise self.error(f"through('{name}') needs an input called '{name}' declared first")
         kernels = {k.index: k for k in self._kernels}
         if not any(kernels[ref.kernel].descriptor.parameters[ref.param].direction != "in" for ref in inp.pins):
-            raise self._error(f"through('{name}'): no kernel writes input '{name}'; declare one pin inout")
+            raise self.error(f"through('{name}'): no kernel writes input '{name}'; declare one pin inout")
         self._outputs.append(
             PortSpec(name, "out", "through", inp.dtype, (), description=description or inp.description)
         )
@@ -322,11 +324,11 @@ class BlockBuilder:
         """
         self._check_name(name)
         if data.direction != "out":
-            raise self._error(f"append output '{name}': data must be an out() pin")
+            raise self.error(f"append output '{name}': data must be an out() pin")
         dtype = self._pins_dtype(name, (data,), pointer=True)
         cp = counter.param
         if not cp.is_pointer or cp.dtype != DType.UINT32 or cp.direction != "inout":
-            raise self._error(
+            raise self.error(
                 f"append output '{name}': the counter must be a 'uint*' parameter with direction inout, "
                 f"got '{cp.name}' ({cp.type_name}, {cp.direction})"
             )
@@ -357,9 +359,9 @@ class BlockBuilder:
         if pins:
             dt = self._pins_dtype(name, pins, pointer=False)
             if dtype is not None and dtype != dt:
-                raise self._error(f"scalar '{name}' declared {dtype.c_name} but its pins are {dt.c_name}")
+                raise self.error(f"scalar '{name}' declared {dtype.c_name} but its pins are {dt.c_name}")
         elif dtype is None:
-            raise self._error(f"scalar '{name}' without pins needs dtype=")
+            raise self.error(f"scalar '{name}' without pins needs dtype=")
         else:
             dt = dtype
         for pin in pins:
@@ -383,7 +385,7 @@ class BlockBuilder:
     def connect(self, src: KernelPin, *dst: KernelPin, size: SizeRule | int) -> None:
         """Link a kernel's output pin to other kernels' input pins inside the block (an internal buffer)."""
         if src.direction != "out" or not dst or any(d.direction != "in" for d in dst):
-            raise self._error("connect(src, *dst) needs an out() pin and at least one in_() pin")
+            raise self.error("connect(src, *dst) needs an out() pin and at least one in_() pin")
         dtype = self._pins_dtype("internal link", (src, *dst), pointer=True)
         self._bind(src, "an internal link")
         for d in dst:
@@ -397,14 +399,12 @@ class BlockBuilder:
             p = pin.param
             if p.is_pointer != pointer:
                 kind = "a pointer" if p.is_pointer else "a by-value scalar"
-                raise self._error(
+                raise self.error(
                     f"'{name}': parameter {pin.index} ('{p.name}') of kernel '{pin.handle.entry_point}' is {kind}"
                 )
             dtypes.add(p.dtype)
         if len(dtypes) != 1:
-            raise self._error(
-                f"'{name}': pins disagree on element type ({', '.join(sorted(d.c_name for d in dtypes))})"
-            )
+            raise self.error(f"'{name}': pins disagree on element type ({', '.join(sorted(d.c_name for d in dtypes))})")
         return dtypes.pop()
 
     def commit(self) -> BlockDescription:
@@ -430,22 +430,22 @@ class BlockBuilder:
         structural: set[str] = set()
         for name in sorted(self._shape_params):
             if name not in params:
-                raise self._error(f"shape parameter '{name}' of a captured call is not a parameter of the block")
+                raise self.error(f"shape parameter '{name}' of a captured call is not a parameter of the block")
             structural.add(name)
         for what, rule in rules:
             if rule.like is not None and rule.like not in inputs:
-                raise self._error(f"{what}: size rule refers to unknown input '{rule.like}'")
+                raise self.error(f"{what}: size rule refers to unknown input '{rule.like}'")
             for name in rule.params:
                 ps = params.get(name)
                 if ps is None:
-                    raise self._error(f"{what}: size rule refers to unknown parameter '{name}'")
+                    raise self.error(f"{what}: size rule refers to unknown parameter '{name}'")
                 if ps.dtype is None or ps.dtype.base.kind not in "iu" or ps.dtype.lanes != 1:
-                    raise self._error(f"{what}: size parameter '{name}' must be an integer")
+                    raise self.error(f"{what}: size parameter '{name}' must be an integer")
                 structural.add(name)
         for k in self._kernels:
             for i, p in enumerate(k.descriptor.parameters):
                 if PinRef(k.index, i) not in self._bound:
-                    raise self._error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
+                    raise self.error(f"parameter {i} ('{p.name}') of kernel '{k.entry_point}' is not bound")
         param_specs = tuple(
             ParamSpec(**{**p.__dict__, "structural": True}) if p.name in structural else p for p in self._params
         )

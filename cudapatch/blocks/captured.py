@@ -18,8 +18,8 @@ are pins, so ports, scalars and counts bind exactly as they do for kernels::
 
 The call function is ``fn(stream, pointers, scalars, libs)``: ``pointers`` maps every pointer
 parameter (and every device scalar) to a device address, ``scalars`` every host scalar and count
-to its value, ``libs`` is the engine's ``LibraryScope`` for this node (handles, cached plans,
-workspaces). It issues library calls on ``stream`` and returns nothing.
+to its value, ``libs`` is this node's ``LibraryScope`` (``cudapatch.blocks.libraries``: handles,
+cached plans, workspaces). It issues library calls on ``stream`` and returns nothing.
 
 Device scalars (cuBLAS ``alpha``/``beta`` in device pointer mode) live in engine-owned device
 memory: changing one is a device write, no re-capture. A host scalar or a pointer change
@@ -30,20 +30,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import LibraryCallError
 from ..kernels.descriptor import KernelDescriptor, KernelParamDescriptor
 from ..kernels.types import DType, parse_type_name
 from .description import SizeRule
-
-if TYPE_CHECKING:
-    from ..engine.libraries import LibraryScope
+from .libraries import LibraryScope, nvmath_module
 
 __all__ = [
     "CallDescriptor",
     "CallFunction",
     "CapturedSpec",
+    "LibraryScope",
     "PrepareFunction",
     "ValidateFunction",
     "buffer_in",
@@ -55,31 +53,14 @@ __all__ = [
 ]
 
 #: ``fn(stream, pointers, scalars, libs)``: issue the library calls on ``stream`` (capture is active).
-CallFunction = Callable[[int, Mapping[str, int], Mapping[str, Any], "LibraryScope"], None]
+CallFunction = Callable[[int, Mapping[str, int], Mapping[str, Any], LibraryScope], None]
 #: ``prepare(pointers, scalars, libs)``: runs before every capture, outside it: create plans and
 #: generators, size and reserve workspaces (anything that allocates or initialises).
-PrepareFunction = Callable[[Mapping[str, int], Mapping[str, Any], "LibraryScope"], None]
+PrepareFunction = Callable[[Mapping[str, int], Mapping[str, Any], LibraryScope], None]
 #: ``validate(counts, values)``: element counts of the block's inputs by port name and the block's
 #: parameter values; returns a message when the shapes do not fit the operation, else None. Runs
 #: when the graph is planned (no GPU), so a bad shape is an error on the block, not a library status.
 ValidateFunction = Callable[[Mapping[str, int], Mapping[str, Any]], "str | None"]
-
-
-def nvmath_module(name: str) -> Any:
-    """``nvmath.bindings.<name>`` (``cublas``, ``cufft``, ``curand``, ``cusolverDn``, ``cusparse``),
-    imported on first use, for call functions.
-
-    Raises:
-        LibraryCallError: nvmath-python or the library itself is not installed (says how to fix it).
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(f"nvmath.bindings.{name}")
-    except ImportError as exc:
-        raise LibraryCallError(
-            f"library calls need nvmath-python ({exc}); install it with: pip install 'cudapatch[libs]'"
-        ) from None
 
 
 def _dtype(t: str | DType) -> DType:

@@ -58,6 +58,10 @@ class BufferPool:
         self._closed = False
         self._abandoned = False
 
+    def make_current(self) -> None:
+        """Make the engine's context current on this thread, before a driver call on pool memory."""
+        self._make_current()
+
     def acquire(self, nbytes: int) -> _Allocation:
         """A block of at least ``nbytes`` (its capacity is the size class).
 
@@ -231,7 +235,7 @@ class GpuBuffer:
         if host.nbytes != self.nbytes:
             raise BindingError(f"upload of {host.nbytes} bytes into a buffer of {self.nbytes} bytes")
         d = driver()
-        self._pool._make_current()
+        self._pool.make_current()
         check(d.cuMemcpyHtoDAsync(self.ptr, host.ctypes.data, host.nbytes, self._stream), "cuMemcpyHtoDAsync")
         check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
 
@@ -246,7 +250,7 @@ class GpuBuffer:
         host = np.empty(shape, dtype=self.dtype.base)
         if self.nbytes:
             d = driver()
-            self._pool._make_current()
+            self._pool.make_current()
             check(d.cuMemcpyDtoHAsync(host.ctypes.data, self.ptr, self.nbytes, self._stream), "cuMemcpyDtoHAsync")
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
         return host
@@ -258,7 +262,7 @@ class GpuBuffer:
             CudaError: the memset failed.
         """
         self._check_open()
-        self._pool._make_current()
+        self._pool.make_current()
         check(driver().cuMemsetD8Async(self.ptr, value & 0xFF, self.nbytes, self._stream), "cuMemsetD8Async")
 
     def close(self) -> None:

@@ -3,6 +3,10 @@
 All of this is pure Python: it is what the graph compiler reads. Edits validate immediately
 (unknown port, incompatible pins, cycle, another engine's block → ``LinkError``) and only mark dirty;
 the engine applies them on its next ``update()``.
+
+A registered block sees its Context only as a ``BlockHost`` (``cudapatch.blocks.host``): the
+Context attaches and detaches blocks and hears their edits through that protocol, and never writes
+a block's fields.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..blocks.block import Block, BlockState, check_block
+from ..blocks.block import Block, check_block
 from ..blocks.description import BlockDescription
+from ..blocks.host import ParamListener
 from ..blocks.parameter import BlockParameter
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
@@ -66,19 +71,28 @@ class PatchSnapshot:
 
 
 class Context:
-    """Registry, connections, external bindings and dirty tracking of one engine."""
+    """Registry, connections, external bindings and dirty tracking of one engine; the ``BlockHost``
+    of its blocks.
 
-    def __init__(self) -> None:
+    Args:
+        code_listener: Called with ``(block_id, kernel)`` when a kernel's code changes, at the edit.
+            It returns whether it took the change (the engine hands it to the compiler then, so the
+            next frame has nothing to do); else, or without one, the change is marked dirty for the
+            next update.
+    """
+
+    def __init__(self, *, code_listener: Callable[[tuple[int, int]], bool] | None = None) -> None:
         self.id = next(_context_ids)
         self.registry = BlockRegistry()
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
-        self._listeners: dict[int, Callable[[BlockParameter], None]] = {}
-        #: Called with ``(block_id, kernel)`` when a kernel's code changes, at the edit. It returns
-        #: whether it took the change (the engine hands it to the compiler then, so the next frame
-        #: has nothing to do); else the change is marked dirty for the next update.
-        self.code_listener: Callable[[tuple[int, int]], bool] | None = None
+        self._code_listener = code_listener
+
+    @property
+    def code_listener(self) -> Callable[[tuple[int, int]], bool] | None:
+        """The listener given at construction (read-only: who hears code edits is fixed then)."""
+        return self._code_listener
 
     # -- blocks -------------------------------------------------------------------------------
     def register_block(self, block: Block) -> Block:
@@ -88,16 +102,13 @@ class Context:
             CudapatchError: registered with another engine, or its name is taken here.
         """
         check_block(block)
-        if block._context is not None and block._context is not self:
-            raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
-        if block._context is self:
+        host = block.context
+        if host is self:
             return block
+        if host is not None:
+            raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
-        block._context = self
-        listener = self._param_listener(block)
-        for p in block.params.values():
-            if p.spec.kind == "scalar":
-                p.subscribe(listener)
+        block.attach(self)
         self.dirty.mark_structure()
         return block
 
@@ -108,26 +119,20 @@ class Context:
         self.connections.remove_block(block.id)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
-        listener = self._listeners.pop(block.id, None)
-        if listener is not None:
-            for p in block.params.values():
-                p.unsubscribe(listener)
-        block._context = None
-        block.debug.state = BlockState.NOT_COMPILED
-        block.debug.message = ""
+        block.detach(self)
         self.dirty.mark_structure()
 
-    def _param_listener(self, block: Block) -> Callable[[BlockParameter], None]:
-        listener = self._listeners.get(block.id)
-        if listener is None:
+    def param_listener(self, block: Block) -> ParamListener:
+        """The listener ``block`` subscribes to its scalar parameters (``BlockHost``): a change marks
+        the parameter dirty (Hot), or the structure when sizes depend on it (Cold)."""
+        dirty, block_id = self.dirty, block.id  # bound once: this runs on every Hot edit
 
-            def listener(param: BlockParameter, _block: Block = block) -> None:
-                if param.spec.structural:
-                    self.dirty.mark_structure()
-                else:
-                    self.dirty.mark_param(_block.id, param.spec.name, param)
+        def listener(param: BlockParameter) -> None:
+            if param.spec.structural:
+                dirty.mark_structure()
+            else:
+                dirty.mark_param(block_id, param.spec.name, param)
 
-            self._listeners[block.id] = listener
         return listener
 
     def on_parameter_changed(self, block: Block, name: str) -> None:
@@ -168,29 +173,13 @@ class Context:
         kernels = block.description.kernels
         if not 0 <= kernel < len(kernels):
             raise CudapatchError(f"block has {len(kernels)} kernels; there is no kernel {kernel}", block=block.name)
-        if new_source is not None:
-            spec = kernels[kernel]
-            desc = new_source.describe()
-            if desc.layout() != spec.descriptor.layout() or [
-                (p.dtype, p.is_pointer, p.direction) for p in desc.parameters
-            ] != [(p.dtype, p.is_pointer, p.direction) for p in spec.descriptor.parameters]:
-                raise CudapatchError(
-                    f"the new kernel '{desc.entry_point}' has another signature than '{spec.descriptor.entry_point}'; "
-                    "re-describe the block to change its ports",
-                    block=block.name,
-                    kernel=desc.entry_point,
-                )
-            new_spec = replace(spec, source=new_source, descriptor=desc)
-            block.description = replace(
-                block.description, kernels=kernels[:kernel] + (new_spec,) + kernels[kernel + 1 :]
-            )
-            if desc != spec.descriptor:  # e.g. another entry-point name: the running nodes cannot take it in place
-                self.dirty.mark_structure()
-                return
+        if new_source is not None and not block.replace_kernel_source(kernel, new_source):
+            self.dirty.mark_structure()  # e.g. another entry-point name: the running nodes cannot take it in place
+            return
         self._code_changed((block.id, kernel))
 
     def _code_changed(self, key: tuple[int, int]) -> None:
-        listener = self.code_listener
+        listener = self._code_listener
         if listener is None or not listener(key):
             self.dirty.mark_code(key)
 
@@ -206,9 +195,10 @@ class Context:
 
     def _owned(self, block: Block, role: str) -> Block:
         check_block(block)
-        if block._context is None:
+        host = block.context
+        if host is None:
             raise LinkError(f"{role} block is not registered with an engine", block=block.name)
-        if block._context is not self:
+        if host is not self:
             raise LinkError(f"{role} block belongs to another engine and cannot be linked here", block=block.name)
         return block
 

@@ -12,7 +12,9 @@ H100 (DESIGN.md §5):
 - cuSOLVER and cuSPARSE handles per engine, their workspaces sized and reserved before capture.
 
 Resources a captured call bakes into the graph (workspaces, plans, generators) belong to that
-call's ``LibraryScope``: two calls running concurrently in the graph never share one. CuPy's global
+call's ``CallLibraryScope``: two calls running concurrently in the graph never share one. That class
+implements the ``LibraryScope`` protocol call functions are typed against
+(``cudapatch.blocks.libraries``, which blocks depend on instead of this module). CuPy's global
 handles are never touched. nvmath-python's raw bindings are imported on first use, so an engine
 without library blocks never loads them.
 """
@@ -23,14 +25,14 @@ import logging
 import re
 from typing import Any
 
-from ..blocks.captured import nvmath_module
+from ..blocks.libraries import nvmath_module
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .buffers import BufferPool, GpuBuffer
 from .device import DeviceContext
 
-__all__ = ["LibraryHandles", "LibraryScope", "library_error", "nvmath_module"]
+__all__ = ["CallLibraryScope", "LibraryHandles", "library_error"]
 
 log = logging.getLogger("cudapatch.engine")
 
@@ -54,11 +56,12 @@ def library_error(exc: BaseException, call: str, block: str | None) -> LibraryCa
     return LibraryCallError(f"{type(exc).__name__}: {text}", status=status, block=block, kernel=call)
 
 
-class LibraryScope:
+class CallLibraryScope:
     """The library resources of one captured call (one node of the graph): its workspaces, cuFFT
     plans and cuRAND generators, and the engine-wide handles.
 
-    A call function gets its scope as ``libs``; see ``cudapatch.blocks.captured``.
+    A call function gets its scope as ``libs``, typed as the ``LibraryScope`` protocol (whose
+    docstrings are the plugin author's reference); see ``cudapatch.blocks.libraries``.
     """
 
     def __init__(self, handles: LibraryHandles, key: object) -> None:
@@ -199,7 +202,7 @@ class LibraryScope:
 
     def __repr__(self) -> str:
         return (
-            f"<LibraryScope {self.key} workspaces={len(self._workspaces)} plans={len(self._plans)} "
+            f"<CallLibraryScope {self.key} workspaces={len(self._workspaces)} plans={len(self._plans)} "
             f"generators={len(self._generators)}>"
         )
 
@@ -224,7 +227,7 @@ class LibraryHandles:
         self._cublas: int | None = None
         self._cusolver: int | None = None
         self._cusparse: int | None = None
-        self._scopes: dict[object, LibraryScope] = {}
+        self._scopes: dict[object, CallLibraryScope] = {}
         self._closed = False
 
     @property
@@ -241,11 +244,11 @@ class LibraryHandles:
             self._capture_stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         return self._capture_stream
 
-    def scope(self, key: object) -> LibraryScope:
+    def scope(self, key: object) -> CallLibraryScope:
         """The resources of captured call ``key`` (``(block id, kernel index)``), made on first use."""
         s = self._scopes.get(key)
         if s is None:
-            s = self._scopes[key] = LibraryScope(self, key)
+            s = self._scopes[key] = CallLibraryScope(self, key)
         return s
 
     def cublas_handle(self) -> int:

@@ -77,6 +77,10 @@ class HostAdapter:
     def links(self) -> tuple[OperatorLink, ...]:
         return tuple(self._links)
 
+    def operators_by_block(self) -> dict[int, str]:
+        """Block id → operator id, for routing the engine's per-block results to operators."""
+        return {b.id: op for op, b in self._ops.items()}
+
     # -- structure (Cold on the next cook) ------------------------------------------------------------
     def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None) -> Block:
         """Create operator ``op_id`` as a block of ``type_name`` with ``params``.
@@ -91,7 +95,7 @@ class HostAdapter:
         params = dict(params or {})
         scalars = {name for name, kind, _ in bt.params if kind != "text"}
         # Text parameters (code, paths) shape the description, so they go to the constructor.
-        texts = {k: self._resolve(k, v) for k, v in params.items() if isinstance(v, str) and k not in scalars}
+        texts = {k: self.resolve_text(k, v) for k, v in params.items() if isinstance(v, str) and k not in scalars}
         block = bt.create(op_id, **texts)
         for name, value in params.items():
             if name not in texts:
@@ -102,8 +106,10 @@ class HostAdapter:
         log.debug("created %s as %s", op_id, bt.name)
         return block
 
-    def _resolve(self, name: str, value: str) -> str:
-        """A relative kernel file path made absolute against the search paths (first one that has it)."""
+    def resolve_text(self, name: str, value: str) -> str:
+        """The value text parameter ``name`` gets from the host's ``value``: a relative kernel file
+        path (the ``Path`` parameter) made absolute against the search paths (the first one that has
+        it); anything else unchanged."""
         if name != "Path" or not value or Path(value).is_absolute():
             return value
         for base in self.search_paths:
@@ -247,7 +253,7 @@ class EngineOperator:
 
     def diagnostics(self) -> dict[str, tuple[Diagnostic, ...]]:
         """Diagnostics per operator id (only operators that have some), plus ``""`` for the engine."""
-        by_block = {b.id: op for op, b in self._adapter._ops.items()}
+        by_block = self._adapter.operators_by_block()
         out: dict[str, list[Diagnostic]] = {}
         for d in self.engine.diagnostics():
             out.setdefault(by_block.get(d.block_id, ""), []).append(d)

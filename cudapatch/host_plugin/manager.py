@@ -91,12 +91,10 @@ class PluginHost:
         registry = BlockTypeRegistry()
         # Call each plugin's implementation on its own, so one faulty plugin cannot hide the others.
         for impl in reversed(self.pm.hook.cudapatch_register_blocks.get_hookimpls()):
-            registry.current_origin = impl.plugin_name
-            before = dict(registry._types)
             try:
-                impl.function(registry=registry)
+                with registry.registering(impl.plugin_name):  # on error, none of the plugin's types stay
+                    impl.function(registry=registry)
             except Exception as exc:  # a third-party plugin's bug: report it, keep the others
-                registry._types = before  # skip the faulty plugin entirely, not just its last type
                 err = (
                     exc
                     if isinstance(exc, PluginError)
@@ -106,7 +104,6 @@ class PluginHost:
                 )
                 self.errors.append(err)
                 log.error("%s", err)
-        registry.current_origin = "?"
         return registry
 
     def kernel_search_paths(self) -> list[Path]:

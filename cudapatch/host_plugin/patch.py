@@ -263,7 +263,7 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
         try:
             bt = adapter.registry.get(spec.type)
             probe_texts = {
-                k: adapter._resolve(k, v)
+                k: adapter.resolve_text(k, v)
                 for k, v in spec.params.items()
                 if isinstance(v, str) and k not in _scalars(bt)
             }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +47,22 @@ class BlockTypeRegistry:
     def __init__(self) -> None:
         self._types: dict[str, BlockType] = {}
         self.current_origin = "?"
+
+    @contextmanager
+    def registering(self, origin: str) -> Iterator[BlockTypeRegistry]:
+        """Types added inside the ``with`` come from plugin ``origin``. If the body raises, every
+        type it added is removed again, so a faulty plugin is skipped entirely rather than half
+        registered; the exception propagates.
+        """
+        before = dict(self._types)
+        self.current_origin = origin
+        try:
+            yield self
+        except BaseException:
+            self._types = before
+            raise
+        finally:
+            self.current_origin = "?"
 
     def add(self, cls: type[Block], *, name: str | None = None, version: str = "0", doc: str = "") -> BlockType:
         """Register ``cls`` as ``name`` (default: ``<module's top package>.<type_name>``).

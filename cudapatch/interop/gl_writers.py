@@ -89,7 +89,7 @@ def _element_type(b: BlockBuilder) -> DType:
     try:
         return DType.from_c_name(element)
     except KeyError:
-        raise b._error(f"Type: unknown element type '{element}'") from None
+        raise b.error(f"Type: unknown element type '{element}'") from None
 
 
 class GlRingWriter(Block):
@@ -184,7 +184,7 @@ class GlSurfaceWriter(Block):
         dtype = _element_type(b)
         texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16")
         if texel not in ("4", "16"):
-            raise b._error(f"Texel: surface writes take 4- or 16-byte texels, not {texel}")
+            raise b.error(f"Texel: surface writes take 4- or 16-byte texels, not {texel}")
         code = _SURFACE_SOURCE.replace("ELEMENT", _element(dtype)).replace("TEXEL", texel)
         k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
         b.input("In", k.in_(0))

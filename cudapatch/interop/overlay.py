@@ -87,7 +87,7 @@ class Overlay:
         imgui, implot = _imgui()
         self._imgui, self._implot = imgui, implot
         self.context = context
-        self.on_level = on_level
+        self._on_level = on_level  # fixed at construction: the overlay has one owner to tell
         self.visible = True
         self._imgui_ctx = imgui.create_context()
         self._implot_ctx = implot.create_context()
@@ -152,8 +152,8 @@ class Overlay:
         levels = [lv.value for lv in ProfilingLevel]
         current = levels.index(stats.level.value)
         changed, picked = imgui.combo("Profiling", current, levels)
-        if changed and picked != current and self.on_level is not None:
-            self.on_level(ProfilingLevel.parse(levels[picked]))
+        if changed and picked != current and self._on_level is not None:
+            self._on_level(ProfilingLevel.parse(levels[picked]))
         flags = imgui.TableFlags_.borders | imgui.TableFlags_.row_bg
         if imgui.begin_table("blocks", 4, flags):
             for name in ("Block", "State", "GPU ms", "Fill"):

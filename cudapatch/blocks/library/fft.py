@@ -13,17 +13,24 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar, nvmath_module
+from ..captured import CallDescriptor, buffer_in, buffer_out, host_scalar
 from ..description import computed
+from ..libraries import LibraryScope, nvmath_module
 
 __all__ = ["FFT"]
 
 # kind -> (input is complex, output is complex, cuFFT type name for float, for double)
-_KINDS = {
+_KINDS: dict[str, tuple[bool, bool, str, str]] = {
     "C2C": (True, True, "C2C", "Z2Z"),
     "R2C": (False, True, "R2C", "D2Z"),
     "C2R": (True, False, "C2R", "Z2D"),
 }
+
+
+def _fft_type(kind: str, s: Mapping[str, Any]) -> str:
+    """The cuFFT type name of ``kind`` at the block's precision (``R2C`` or ``D2Z``)."""
+    _, _, single, double = _KINDS[kind]
+    return double if s["double"] else single
 
 
 def _shape(s: Mapping[str, Any]) -> tuple[int, ...]:
@@ -47,12 +54,12 @@ def _make(kind: str) -> tuple[Any, Any, Any, Any]:
     """The call, prepare, validate and output-size functions of one kind (module-level, made once,
     so descriptions compare equal between describes)."""
 
-    def prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
-        libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"])
+    def prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
+        libs.fft_plan(_fft_type(kind, s), _shape(s), s["Batch"])
 
-    def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+    def call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
         fft = nvmath_module("cufft")
-        plan = libs.fft_plan(_KINDS[kind][3 if s["double"] else 2], _shape(s), s["Batch"], stream)
+        plan = libs.fft_plan(_fft_type(kind, s), _shape(s), s["Batch"], stream)
         direction = 1 if int(s["Inverse"]) else -1  # CUFFT_INVERSE / CUFFT_FORWARD
         if kind == "C2C":
             (fft.exec_z2z if s["double"] else fft.exec_c2c)(plan, p["In"], p["Out"], direction)
@@ -101,10 +108,10 @@ class FFT(Block):
     def describe(self, b: BlockBuilder) -> None:
         kind = b.text("Kind", default="C2C", description="C2C, R2C or C2R").strip().upper()
         if kind not in _KINDS:
-            raise b._error(f"Kind must be C2C, R2C or C2R, not '{kind}'")
+            raise b.error(f"Kind must be C2C, R2C or C2R, not '{kind}'")
         text = b.text("Precision", default="float", description="float or double").strip().lower()
         if text not in ("float", "double"):
-            raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
+            raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
         double = text == "double"
         real, cplx = (DType.FLOAT64, DType.DOUBLE2) if double else (DType.FLOAT32, DType.FLOAT2)
         in_complex, out_complex = _KINDS[kind][:2]

@@ -14,8 +14,9 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_in, buffer_inout, buffer_out, device_scalar, host_scalar, nvmath_module
+from ..captured import CallDescriptor, buffer_in, buffer_inout, buffer_out, device_scalar, host_scalar
 from ..description import computed, from_param
+from ..libraries import LibraryScope, nvmath_module
 
 __all__ = ["GEMM", "GEMV", "LUSolve", "SpMV", "LINALG_BLOCKS"]
 
@@ -27,7 +28,7 @@ def _precision(b: BlockBuilder) -> DType:
     text = b.text("Precision", default="float", description="element type: float or double")
     dt = _PRECISIONS.get(text.strip().lower())
     if dt is None:
-        raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
+        raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
     return dt
 
 
@@ -57,7 +58,7 @@ def _gemm_descriptor(dt: DType) -> CallDescriptor:
     )
 
 
-def _gemm_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _gemm_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     blas = nvmath_module("cublas")
     h = libs.cublas(stream)
     m, n, k, ta, tb = s["M"], s["N"], s["K"], int(s["TransA"]), int(s["TransB"])
@@ -121,7 +122,7 @@ def _gemv_descriptor(dt: DType) -> CallDescriptor:
     )
 
 
-def _gemv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _gemv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     blas = nvmath_module("cublas")
     h = libs.cublas(stream)
     m, n, t = s["M"], s["N"], int(s["Trans"])
@@ -177,7 +178,7 @@ def _lu_descriptor(dt: DType) -> CallDescriptor:
     )
 
 
-def _lu_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _lu_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     solver = nvmath_module("cusolverDn")
     h = libs.cusolver(libs.capture_stream_handle)
     n = s["N"]
@@ -187,7 +188,7 @@ def _lu_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
     libs.workspace("pivots", 4 * n)
 
 
-def _lu_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _lu_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     from ...kernels._driver import check, driver
 
     solver = nvmath_module("cusolverDn")
@@ -284,7 +285,7 @@ def _spmv_release(mat: Any, x: Any, y: Any) -> None:
     sp.destroy_dn_vec(y)
 
 
-def _spmv_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _spmv_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     sp = nvmath_module("cusparse")
     h = libs.cusparse(libs.capture_stream_handle)
     mat, x, y, dt = _spmv_descriptors(p, s)
@@ -295,7 +296,7 @@ def _spmv_prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None
     libs.workspace("spmv", size)
 
 
-def _spmv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _spmv_call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     sp = nvmath_module("cusparse")
     h = libs.cusparse(stream)
     mat, x, y, dt = _spmv_descriptors(p, s)  # host-side descriptors: creating them enqueues nothing

@@ -12,19 +12,20 @@ from typing import Any
 from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
-from ..captured import CallDescriptor, buffer_out, host_scalar, nvmath_module
+from ..captured import CallDescriptor, buffer_out, host_scalar
 from ..description import from_param
+from ..libraries import LibraryScope, nvmath_module
 
 __all__ = ["Random"]
 
 _GENERATOR = "PSEUDO_PHILOX4_32_10"  # fast, and statistically sound for visuals and simulation
 
 
-def _prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _prepare(p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     libs.generator(_GENERATOR, int(s["Seed"]))  # created and seeded outside capture
 
 
-def _call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: Any) -> None:
+def _call(stream: int, p: Mapping[str, int], s: Mapping[str, Any], libs: LibraryScope) -> None:
     rand = nvmath_module("curand")
     gen = libs.generator(_GENERATOR, int(s["Seed"]), stream)
     n = int(s["Count"])
@@ -51,7 +52,7 @@ class Random(Block):
     def describe(self, b: BlockBuilder) -> None:
         text = b.text("Precision", default="float", description="float or double").strip().lower()
         if text not in ("float", "double"):
-            raise b._error(f"Precision must be 'float' or 'double', not '{text}'")
+            raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
         double = text == "double"
         dt = DType.FLOAT64 if double else DType.FLOAT32
         desc = CallDescriptor.of(
