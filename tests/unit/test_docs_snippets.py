@@ -117,3 +117,12 @@ def test_requires_python_matches_the_docs():
     floor = project["requires-python"].removeprefix(">=")
     assert f"Python ≥ {floor}" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"Python {floor} or newer" in (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+
+
+def test_relative_links_point_at_files_that_exist():
+    broken = []
+    for page in PAGES:
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in link and not (page.parent / link).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken
