@@ -282,7 +282,7 @@ def main() -> None:
 
     # A burst of 20 edits at 60 fps: no frame may take more than 2x a quiet frame's median. The quiet
     # frames are paced at 60 fps too: a frame after 16 ms of sleep costs more than one right after
-    # another (probe_paced.py: as much for a bare cuGraphLaunch), so back-to-back frames are not the
+    # another (probes/probe_paced.py: as much for a bare cuGraphLaunch), so back-to-back frames are not the
     # baseline. Quiet and burst runs alternate over several rounds, so a drift of the host's
     # state shows in both, and one round's outlier is seen as what it is.
     period = 1 / 60

@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     host.disable_operators(resumed.get("disabled", {}))
     if resumed:
-        # Measured on an H100 with driver 580 (benchmarks/probe_after_fault.py): once a process has
+        # Measured on an H100 with driver 580 (benchmarks/probes/probe_after_fault.py): once a process has
         # faulted on a GPU, later processes' previews there can show nothing (CUDA results are right).
         log.warning("after a GPU fault some drivers show an empty preview until the GPU is reset")
     with host:

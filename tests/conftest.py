@@ -70,5 +70,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``gpu_fault`` run last, whatever their file. Measured on the H100 machine
     (driver 580): once any process there has hit an illegal address, previews in every later
     process draw nothing and run at ~66 fps, although CUDA results, plain GL draws and the interop
-    round trips stay correct (benchmarks/probe_after_fault.py); only a fresh machine recovers."""
+    round trips stay correct (benchmarks/probes/probe_after_fault.py); only a fresh machine recovers."""
     items.sort(key=lambda item: item.get_closest_marker("gpu_fault") is not None)  # stable: order kept otherwise

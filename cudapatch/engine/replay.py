@@ -2,7 +2,7 @@
 
 CUDA keeps a sticky fault (illegal address and the like) for the rest of the process: the driver
 refuses every later call, a primary-context reset included (measured on H100 + driver 580 with
-``benchmarks/probe_reset.py``: ``cuDevicePrimaryCtxRetain`` after the reset and a new ``cuCtxCreate``
+``benchmarks/probes/probe_reset.py``: ``cuDevicePrimaryCtxRetain`` after the reset and a new ``cuCtxCreate``
 both return CUDA_ERROR_ILLEGAL_ADDRESS; CUDA documents that the process must be relaunched). So the engine
 cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
 kernel sources, parameter values, links; external inputs become zero-filled buffers of the same

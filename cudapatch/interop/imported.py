@@ -166,7 +166,7 @@ class ImportedBuffer:
         GL copies them into a plain buffer of its own on the GPU (as a draw would read them) and
         reads that back, twice, with another marker the second time (the buffer is zeroed after).
 
-        Measured on an H100 with driver 580 (``benchmarks/probe_coherence.py``): GL's GPU reads of
+        Measured on an H100 with driver 580 (``benchmarks/probes/probe_coherence.py``): GL's GPU reads of
         imported memory (copies, vertex fetch) see every CUDA write, while
         ``glGetBufferSubData`` on the imported buffer itself keeps returning the bytes of its first
         call (a host-side cache), so it cannot tell. Waits for the device; call it at setup only.

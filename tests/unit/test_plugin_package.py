@@ -1,50 +1,137 @@
-"""The third-party plugin example: installed into the test environment, found through its entry point."""
+"""Packaging, without touching the environment the tests run in and without the package index.
+
+The third-party plugin example is found through its entry point: for the tests' duration its
+source folder and a ``.dist-info`` made from its ``pyproject.toml`` go on ``sys.path`` (and on
+``PYTHONPATH`` for the CLI), which is all ``importlib.metadata`` needs. The install recipe the docs
+give for TouchDesigner (``pip install --target``) is run on a wheel built from the checkout, into a
+temporary folder.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from cudapatch.host_plugin import PluginHost, parse_patch
+from cudapatch.host_plugin import PluginHost, load_patch, parse_patch
 
-PACKAGE = Path(__file__).resolve().parents[2] / "examples" / "plugin_package"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "examples" / "plugin_package"
+MODULE = "cudapatch_example_plugin"
+
+
+def _dist_info(target: Path) -> Path:
+    """A ``.dist-info`` folder declaring what the example's ``pyproject.toml`` declares."""
+    project = tomllib.loads((PACKAGE / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    name, version = project["name"], project["version"]
+    info = target / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
+    lines = ["[cudapatch]"] + [f"{k} = {v}" for k, v in project["entry-points"]["cudapatch"].items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return target
 
 
 @pytest.fixture(scope="module")
-def installed_plugin():
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", str(PACKAGE)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
+def plugin_path(tmp_path_factory):
+    """The example plugin importable and registered as an entry point until the module's tests end."""
+    meta = _dist_info(tmp_path_factory.mktemp("plugin-meta"))
+    with pytest.MonkeyPatch.context() as mp:
+        # An installed copy (an older environment may have one) must not stand in for the checkout's.
+        mp.delitem(sys.modules, MODULE, raising=False)
+        mp.syspath_prepend(str(PACKAGE))
+        mp.syspath_prepend(str(meta))
+        importlib.invalidate_caches()
+        yield os.pathsep.join([str(meta), str(PACKAGE)])
+        sys.modules.pop(MODULE, None)
     importlib.invalidate_caches()
-    yield
-    # stays installed: it is part of the test environment, like the package under test
 
 
-def test_plugin_is_loaded_from_its_entry_point(installed_plugin):
+def test_plugin_is_loaded_from_its_entry_point(plugin_path):
     host = PluginHost()
     bt = host.registry.get("example.Wave")
     assert bt.origin == "example" and bt.version == "0.1.0"
     assert ("out", "Out", "float[]") in bt.ports and ("Frequency", "float", 1.0) in bt.params
+    assert Path(sys.modules[MODULE].__file__).is_relative_to(PACKAGE)  # the checkout's source
     patch = parse_patch('[operators.w]\ntype = "example.Wave"\nFrequency = 3.0\n', registry=host.registry)
     assert patch.operators["w"].type == "example.Wave"
 
 
-def test_cli_lists_the_plugin_block(installed_plugin):
+def test_the_example_patch_loads(plugin_path):
+    patch = load_patch(PACKAGE / "wave.toml", registry=PluginHost().registry)
+    assert patch.operators["wave"].type == "example.Wave" and patch.links
+
+
+def test_cli_lists_the_plugin_block(plugin_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([plugin_path, str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
         [sys.executable, "-m", "cudapatch", "blocks"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=PACKAGE.parents[1],
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     assert "example.Wave  (v0.1.0, from example)" in out.stdout and "par Frequency: float = 1.0" in out.stdout
 
 
-def test_disabling_the_plugin_by_name(installed_plugin, monkeypatch):
+def test_disabling_the_plugin_by_name(plugin_path, monkeypatch):
     monkeypatch.setenv("CUDAPATCH_DISABLE_PLUGINS", "example")
     assert "example.Wave" not in PluginHost().registry
+
+
+def _offline_wheel_builds() -> bool:
+    """setuptools builds wheels itself from 70.1 on; before that it needs the ``wheel`` package."""
+    try:
+        version = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    if not _offline_wheel_builds():
+        pytest.skip("building a wheel offline needs setuptools>=70.1 (in the test extra)")
+    src = tmp_path_factory.mktemp("checkout")  # a copy: the build writes build/ and *.egg-info beside the sources
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "cudapatch", src / "cudapatch", ignore=shutil.ignore_patterns("__pycache__"))
+    dist = tmp_path_factory.mktemp("dist")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    out = subprocess.run([*cmd, "-w", str(dist), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (found,) = dist.glob("cudapatch-*.whl")
+    return found
+
+
+def test_a_wheel_of_the_checkout_installs_into_a_target_folder(wheel, tmp_path):
+    assert wheel.name == "cudapatch-0.1.0-py3-none-any.whl"  # the name docs/setup.md gives
+    target = tmp_path / "td-modules"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), str(wheel)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    pkg = target / "cudapatch"
+    for data in ("py.typed", "kernels/ptx/scale.ptx", "kernels/ptx/scale.json", "host_plugin/hosts/demo.toml"):
+        assert (pkg / data).is_file(), data
+    probe = (
+        "import cudapatch, cudapatch.host_plugin.hosts.standalone as s; "
+        "print(cudapatch.__file__); print(len(s.demo_patch_text()))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(target))
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    where, size = out.stdout.split()
+    assert Path(where).is_relative_to(target) and int(size) > 0

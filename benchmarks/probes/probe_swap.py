@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cudapatch import CustomKernel, Engine, Scale  # noqa: E402
 
@@ -121,11 +121,11 @@ def main() -> None:
         g.swap_function(key, fn_other if k % 2 else fn_now, desc)
         swap_t.append(time.perf_counter() - t)
         t = time.perf_counter()
-        g._launch(g._exec, s)
+        g.launch(s)
         launch_after.append(time.perf_counter() - t)
         eng.synchronize()
         t = time.perf_counter()
-        g._launch(g._exec, s)
+        g.launch(s)
         launch_plain.append(time.perf_counter() - t)
     med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
     print(
@@ -147,7 +147,7 @@ def main() -> None:
         g.swap_function(key, fn, desc)
         swap_t.append(time.perf_counter() - t)
         t = time.perf_counter()
-        g._launch(g._exec, s)
+        g.launch(s)
         launch_after.append(time.perf_counter() - t)
     eng.synchronize()
     print(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cudapatch import Engine  # noqa: E402
 from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints  # noqa: E402

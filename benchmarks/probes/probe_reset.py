@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: can this driver continue after an illegal-address fault, and which reset sequence works?
 
-Usage: python benchmarks/probe_reset.py [variant]   variant: current | cleared | twice | release | create
+Usage: python benchmarks/probes/probe_reset.py [variant]   variant: current | cleared | twice | release | create
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ whose GL had touched memory shared with CUDA, later draws stalled (the first one
 25-30 ms against 2.3 ms) and some drew nothing, with no GL context reset reported. It lasted as
 long as the machine (over 100 s here). WARNING: run it on a machine you can replace.
 
-Usage: python benchmarks/probe_after_fault.py
+Usage: python benchmarks/probes/probe_after_fault.py
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAULT = r"""
 extern "C" __global__ void bad(float* out, unsigned int n) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -10,7 +10,7 @@ and spin the whole gap. Measured on the H100 host: asleep, every launch costs 10
 back-to-back time (a bare one-node graph 32-36 µs, against 1.7-3 µs), and the slowest of 240
 frames is 2 to 12 times the median for every launcher: a bound that ``update()`` cannot beat.
 
-Usage: ``python benchmarks/probe_paced.py [--blocks 100] [--frames 240]``.
+Usage: ``python benchmarks/probes/probe_paced.py [--blocks 100] [--frames 240]``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cuda.bindings import driver as d  # noqa: E402
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: what a GL map/unmap pair costs on this machine, by resource kind, flags and grouping.
 
-Usage: ``PYOPENGL_PLATFORM=egl python benchmarks/probe_map.py``
+Usage: ``PYOPENGL_PLATFORM=egl python benchmarks/probes/probe_map.py``
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cuda.bindings import driver as d  # noqa: E402
 

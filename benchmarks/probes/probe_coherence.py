@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cudapatch.engine.device import DeviceContext  # noqa: E402
 from cudapatch.interop import EglContext  # noqa: E402

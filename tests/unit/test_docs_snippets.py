@@ -1,0 +1,128 @@
+"""The snippets in README.md and docs/*.md: every TOML snippet loads as a patch, every Python snippet
+compiles, imports only what exists, uses no name it does not define and imports nothing it leaves
+unused. (Running the Python snippets needs a GPU: that is a GPU test's job.)"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from cudapatch.host_plugin import PluginHost, parse_patch
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+
+
+def _snippets(lang: str) -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in _FENCE.finditer(text):
+            if m.group(1) == lang:
+                line = text.count("\n", 0, m.start()) + 1
+                found.append((f"{page.relative_to(ROOT)}:{line}", m.group(2)))
+    return found
+
+
+PYTHON = _snippets("python")
+TOML = _snippets("toml")
+
+
+def test_the_pages_have_snippets_to_check():
+    readme = [where for where, _ in PYTHON if where.startswith("README.md")]
+    assert len(readme) >= 2  # one patch in code, one block
+    assert TOML
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 8000
+
+
+@pytest.mark.parametrize(("where", "text"), TOML, ids=[w for w, _ in TOML])
+def test_toml_snippets_load_as_patches(where, text):
+    patch = parse_patch(text, path=where, registry=PluginHost().registry)
+    assert patch.operators
+
+
+def _bound_and_loaded(tree: ast.AST) -> tuple[set[str], set[str], dict[str, int]]:
+    """Names a module binds anywhere, names it reads, and its imported names (name -> line)."""
+    bound: set[str] = set()
+    loaded: set[str] = set()
+    imported: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                name = alias.asname or alias.name.split(".")[0]
+                bound.add(name)
+                imported[name] = node.lineno
+        elif isinstance(node, ast.Attribute):
+            base = node
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name):
+                loaded.add(base.id)
+    return bound, loaded, imported
+
+
+@pytest.mark.parametrize(("where", "text"), PYTHON, ids=[w for w, _ in PYTHON])
+def test_python_snippets_compile_and_their_names_resolve(where, text):
+    tree = ast.parse(text, filename=where)
+    compile(tree, where, "exec")
+    bound, loaded, imported = _bound_and_loaded(tree)
+    undefined = sorted(loaded - bound - set(dir(builtins)) - {"__file__"})  # pasted into a file: it has one
+    assert not undefined, f"{where}: used but never defined or imported: {undefined}"
+    unused = sorted(name for name in imported if name not in loaded)
+    assert not unused, f"{where}: imported but unused: {unused}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module, f"{where}: relative import"
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name):
+                    importlib.import_module(f"{node.module}.{alias.name}")  # a submodule, or ImportError
+
+
+def test_cuda12_recipe_installs_what_the_libs_cu12_extra_names():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    setup = (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+    recipe = next(block for lang, block in _FENCE.findall(setup) if lang == "bash" and "cupy-cuda12x" in block)
+    for requirement in project["optional-dependencies"]["libs-cu12"]:
+        assert f'"{requirement}"' in recipe
+    for requirement in project["dependencies"]:  # every dependency, in its CUDA 12 build where it has one
+        name = re.split(r"[\[<>=;~ ]", requirement, maxsplit=1)[0]
+        cu12 = {"cuda-bindings": '"cuda-bindings[all]>=12.9,<13"', "cupy-cuda13x": "cupy-cuda12x"}
+        assert cu12.get(name, name) in recipe, name
+
+
+def test_requires_python_matches_the_docs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    floor = project["requires-python"].removeprefix(">=")
+    assert f"Python ≥ {floor}" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"Python {floor} or newer" in (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+
+
+def test_relative_links_point_at_files_that_exist():
+    broken = []
+    for page in PAGES:
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in link and not (page.parent / link).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken
