@@ -25,8 +25,8 @@ from .plan import KernelNodePlan
 
 __all__ = ["PackedLaunch", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
 
-#: What ``ParamStorage.backup`` returns: the argument bytes, function, grid, block and shared memory.
-Backup = tuple[bytes, Any, int, int, int]
+#: What ``ParamStorage.backup`` returns: the argument bytes, function address, grid, block and shared memory.
+Backup = tuple[bytes, int, int, int, int]
 
 
 def write_slot(slot: Any, value: Any) -> None:
@@ -104,7 +104,8 @@ class ParamStorage:
     def backup(self) -> Backup:
         """A copy of everything ``load`` writes, for ``restore``."""
         kp = self.params
-        return bytes(self.storage), kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes
+        # int(): the struct's ``func`` getter returns a view of the field, which the next load rewrites.
+        return bytes(self.storage), int(kp.func), kp.gridDimX, kp.blockDimX, kp.sharedMemBytes
 
     def restore(self, saved: Backup) -> None:
         """Put back what ``backup`` returned (a failed rebuild leaves the running graph's values intact)."""
