@@ -187,11 +187,13 @@ class CapturedCall:
     def __init__(
         self, plan: CapturedNodePlan, values: list[Any], block_name: str | None, device_slots: dict[int, DeviceSlot]
     ) -> None:
-        """Args:
-        plan: The planned call.
-        values: One value per descriptor parameter (device scalars: their value, read through the slot).
-        block_name: For error messages.
-        device_slots: Argument index -> the device slot of each device scalar argument.
+        """A call as captured into one graph (``capture`` makes the child graph; nothing here calls the driver).
+
+        Args:
+            plan: The planned call.
+            values: One value per descriptor parameter (device scalars: their value, read through the slot).
+            block_name: For error messages.
+            device_slots: Argument index -> the device slot of each device scalar argument.
         """
         self.plan = plan
         self.values = values

@@ -130,7 +130,8 @@ class CompiledGraph:
         occupancy: ``(block_id, kernel)`` -> occupancy (DeepAsync and up).
         timing: Host ms the build spent on buffers, nodes and instantiation.
         instantiations: How often a graph was instantiated for this object (1: patches never re-instantiate).
-        warm_refusal: Why the last ``try_patch`` needed a Cold rebuild (None after one that patched).
+        warm_refusal: Why ``warm.decide_warm_patch`` refused the last ``try_patch``'s plan (None when it
+            accepted it, also if a re-capture then failed: ``try_patch`` returned None for that).
     """
 
     def __init__(self, plan: GraphPlan, parts: GraphParts, exec_: Any, *, timing: Mapping[str, float]) -> None:

@@ -132,8 +132,10 @@ class StoreLoans:
     """
 
     def __init__(self, stores: Mapping[tuple[int, int], ParamStorage]) -> None:
-        """Args:
-        stores: ``(block_id, kernel index)`` -> storage of the running graph (nothing is touched yet).
+        """Offer the running graph's storages to one rebuild.
+
+        Args:
+            stores: ``(block_id, kernel index)`` -> storage of the running graph (nothing is touched yet).
         """
         self._stores = dict(stores)
         self._saved: list[tuple[ParamStorage, Backup]] = []
@@ -163,10 +165,12 @@ class PackedLaunch:
     __slots__ = ("values", "pointers", "params")
 
     def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1) -> None:
-        """Args:
-        function: The loaded ``CUfunction``.
-        values: ctypes values (``c_uint64(...)``, ``c_uint32(...)``), one per kernel parameter.
-        threads: Threads of the single block the kernel runs as.
+        """Pack the arguments of a one-block launch of ``function``.
+
+        Args:
+            function: The loaded ``CUfunction``.
+            values: ctypes values (``c_uint64(...)``, ``c_uint32(...)``), one per kernel parameter.
+            threads: Threads of the single block the kernel runs as.
         """
         d = driver()
         self.values = tuple(values)
