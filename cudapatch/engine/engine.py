@@ -322,9 +322,11 @@ class Engine:
                     if culprit is not None:
                         raise CudaLaunchError("a kernel faulted in debug launch", name="CUDA_ERROR_ILLEGAL_ADDRESS")
                 else:
-                    (err,) = g._launch(g._exec, self._stream)
-                    if err:
-                        self._launch_failed(err)
+                    try:
+                        g.launch(self._stream)
+                    except CudaError as exc:
+                        self._launch_failed(exc)
+                        raise
                 if rb is not None:
                     rb.record(self._stream, self.counters.frames)
                     if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
@@ -360,14 +362,9 @@ class Engine:
         """Why the engine stopped launching, when CUDA refused to continue after a fault; else None."""
         return self._lost
 
-    def _launch_failed(self, err: Any) -> None:
-        try:
-            check((err,), "cuGraphLaunch")
-        except CudaLaunchError:
-            raise
-        except CudaError as exc:
+    def _launch_failed(self, exc: CudaError) -> None:
+        if not isinstance(exc, CudaLaunchError):  # a fault is recovered from; a refused launch is reported
             self._set_diagnostics(self._build_diags + (Diagnostic("error", None, "launch", str(exc)),))
-            raise
 
     def _apply_params(self) -> None:
         """Hot and Warm: patch scalar slots and external pointers into the executable graph."""

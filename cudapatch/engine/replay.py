@@ -7,8 +7,9 @@ both return CUDA_ERROR_ILLEGAL_ADDRESS; CUDA documents that the process must be 
 cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
 kernel sources, parameter values, links; external inputs become zero-filled buffers of the same
 size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits), realizes the
-plan on a fresh context and launches it node by node with a synchronize after each block. It prints
-the first faulting block's id as JSON. Faults that depend on the external data cannot reproduce.
+plan on a fresh context and launches it node by node with a synchronize after each block
+(``replay_by_block``, also what ``Engine(debug_launch=True)`` runs every frame). It prints the first
+faulting block's id as JSON. Faults that depend on the external data cannot reproduce.
 """
 
 from __future__ import annotations
@@ -19,11 +20,60 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["attribute_in_child", "main"]
+from ..errors import CudaLaunchError
+from ..kernels._driver import check, driver, error_from_code
+from .plan import GraphPlan, MemsetNodePlan
+
+__all__ = ["attribute_in_child", "main", "replay_by_block"]
 
 TIMEOUT_S = 120.0
+
+
+def replay_by_block(
+    plan: GraphPlan, nodes: Sequence[Any], buffers: Sequence[Any], counters_ptr: int, stream: Any
+) -> int | None:
+    """Launch a realized plan node by node on ``stream``, synchronizing after each block's work: the
+    id of the first block whose work faults, or None.
+
+    Args:
+        plan: The plan the graph was realized from.
+        nodes: The graph's runtime node of each plan node: anything with ``launch_alone(stream)``
+            returning the driver's error code (kernel nodes, captured calls), or None (timestamp and
+            publish nodes: profiling, not the patch's work, so not replayed).
+        buffers: The graph's buffers, by plan buffer index (memset nodes zero them).
+        counters_ptr: Device address of the append counters (memset nodes zero them).
+        stream: Where to launch.
+
+    Raises:
+        CudaError: a failure that is not a kernel fault.
+    """
+    d = driver()
+    plan_nodes = plan.nodes
+    last = len(plan_nodes) - 1
+    for i, node in enumerate(plan_nodes):
+        if isinstance(node, MemsetNodePlan):
+            if node.buffer is not None:
+                buf = buffers[node.buffer]
+                check(d.cuMemsetD8Async(buf.ptr, 0, buf.nbytes, stream), "cuMemsetD8Async")
+            else:
+                check(d.cuMemsetD32Async(counters_ptr, 0, node.count, stream), "cuMemsetD32Async")
+            continue
+        n = nodes[i]
+        if n is None:
+            continue
+        err = n.launch_alone(stream)
+        last_of_block = i == last or getattr(plan_nodes[i + 1], "block_id", None) != node.block_id  # type: ignore[union-attr]
+        if err or last_of_block:
+            err = err or d.cuStreamSynchronize(stream)[0]
+            if err:
+                e = error_from_code(err, "replay")
+                if isinstance(e, CudaLaunchError):
+                    return node.block_id  # type: ignore[union-attr]
+                raise e
+    return None
 
 
 def _portable(snap: Any) -> Any:
@@ -65,7 +115,6 @@ def attribute_in_child(snap: Any, *, device: int, cache_dir: Any) -> tuple[int |
 def main() -> None:
     """The child: read the pickled request on stdin, print ``{"culprit": id or null, "detail": ...}``."""
     from ..errors import CudaError
-    from ..kernels._driver import check, driver
     from ..kernels.builder import KernelBuilder
     from ..kernels.cache import CubinCache
     from ..kernels.module_cache import ModuleCache

@@ -1,0 +1,226 @@
+"""Node kinds: how each kind of plan node becomes a node of a CUDA graph.
+
+``NODE_KINDS`` maps a plan node type (``KernelNodePlan``, ``MemsetNodePlan``, ...) to the function
+that adds it to the graph under construction. The builder looks every node up in that table, so a
+new kind (a conditional region, a memcpy, a fused kernel, a probe) is one more plan record, one
+more function here and one more table entry; nothing else in the builder changes.
+
+Each kind returns the driver's node handle and the *runtime node* the executable graph keeps for
+later updates: a ``KernelNode`` (pinned parameter storage a Hot/Warm update patches), a
+``CapturedCall`` (a child graph the Recapture tier replaces), or None where nothing is patched after
+the build (memsets, timestamps, the readback publish kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from ctypes import c_uint32, c_uint64
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ..errors import CudapatchError, KernelLoadError, LibraryCallError
+from ..kernels._driver import check, driver
+from .buffers import GpuBuffer
+from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
+from .context import ExternalBinding
+from .device import DeviceContext
+from .params import PackedLaunch, ParamStorage, StoreLoans
+from .plan import (
+    Arg,
+    CapturedNodePlan,
+    KernelNodePlan,
+    MemsetNodePlan,
+    NodePlan,
+    PublishNodePlan,
+    StampNodePlan,
+)
+from .readback import PUBLISH_THREADS, ReadbackRing
+
+__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value"]
+
+
+class KernelNode:
+    """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
+
+    __slots__ = ("store", "params", "slots", "handle", "plan")
+
+    def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
+        self.store = store
+        self.params = store.params
+        self.slots = store.slots
+        self.handle = handle
+        self.plan = plan
+
+    def launch_alone(self, stream: Any) -> Any:
+        """Launch this kernel by itself (fault replay); returns the driver's error code."""
+        return self.store.launch_alone(stream)
+
+
+#: What the executable graph keeps per plan node (None: nothing to patch after the build).
+RuntimeNode = Union[KernelNode, CapturedCall, None]
+
+
+def arg_value(
+    a: Arg, buffers: Sequence[GpuBuffer], bindings: Mapping[tuple[int, str], ExternalBinding], counters_ptr: int
+) -> Any:
+    """The value a planned argument takes in one graph: a buffer's or binding's device address, an
+    append counter's address, 0 for an unbound optional input, else the planned value."""
+    if a.kind == "buffer":
+        return buffers[a.ref].ptr  # type: ignore[index]
+    if a.kind == "external":
+        return bindings[a.ref].ptr  # type: ignore[index]
+    if a.kind == "counter":
+        return counters_ptr + 4 * a.ref  # type: ignore[operator]
+    if a.kind == "null":
+        return 0
+    return a.value
+
+
+@dataclass
+class NodeBuild:
+    """What the node kinds need from the graph under construction.
+
+    Attributes:
+        graph: The ``CUgraph`` nodes are added to.
+        device: The engine's device (its context for memset nodes).
+        buffers: The graph's buffers, by plan buffer index.
+        bindings: Input bindings, by ``(block_id, port)``.
+        functions: ``(block_id, kernel index)`` -> loaded ``CUfunction``.
+        names: Block id -> name, for errors.
+        stores: Parameter storages lent by the running graph.
+        calls: The graph's captured calls (a call joins before its child node is added, so a
+            failed build destroys its capture).
+        scalars: Device-scalar slots of the captured calls.
+        libraries: The engine's library handles (None: the plan must hold no captured call).
+        readback: The graph's readback ring (None without counters and stamps).
+        counters_ptr: Device address of the append counters; stamps_ptr: of the timestamp slots.
+        stamp_function / publish_function: The engine's timestamp and publish kernels, when loaded.
+        occupancy: Filled with ``(block_id, kernel) -> occupancy`` when not None (DeepAsync and up).
+        launches: Keeps the packed arguments of the fixed kernels alive with the graph.
+    """
+
+    graph: Any
+    device: DeviceContext
+    buffers: Sequence[GpuBuffer]
+    bindings: Mapping[tuple[int, str], ExternalBinding]
+    functions: Mapping[tuple[int, int], Any]
+    names: Mapping[int, str]
+    stores: StoreLoans
+    calls: CapturedCalls
+    scalars: DeviceScalars | None
+    libraries: Any = None
+    readback: ReadbackRing | None = None
+    counters_ptr: int = 0
+    stamps_ptr: int = 0
+    stamp_function: Any = None
+    publish_function: Any = None
+    occupancy: dict[tuple[int, int], float] | None = None
+    launches: list[PackedLaunch] = field(default_factory=list)
+
+    def value(self, a: Arg) -> Any:
+        """``arg_value`` of ``a`` in this graph."""
+        return arg_value(a, self.buffers, self.bindings, self.counters_ptr)
+
+
+AddNode = Callable[[NodeBuild, Any, list[Any]], tuple[Any, RuntimeNode]]
+
+
+def _occupancy(fn: Any, node: KernelNodePlan, device: DeviceContext) -> float:
+    """Fraction of an SM's thread slots this kernel can keep busy (the occupancy API, at build time)."""
+    blocks = check(
+        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, node.block, node.shared_bytes),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        kernel=node.entry_point,
+    )
+    return min(1.0, int(blocks) * node.block / device.max_threads_per_multiprocessor)
+
+
+def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    fn = b.functions.get((node.block_id, node.kernel))
+    if fn is None:
+        raise KernelLoadError("kernel is not compiled", block=b.names.get(node.block_id), kernel=node.entry_point)
+    store = b.stores.storage(node, fn, [b.value(a) for a in node.args])
+    err, h = driver().cuGraphAddKernelNode(b.graph, deps, len(deps), store.params)
+    if err:
+        check((err,), "cuGraphAddKernelNode", block=b.names.get(node.block_id), kernel=node.entry_point)
+    if b.occupancy is not None:
+        b.occupancy[(node.block_id, node.kernel)] = _occupancy(fn, node, b.device)
+    return h, KernelNode(store, h, node)
+
+
+def _add_memset(b: NodeBuild, node: MemsetNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    d = driver()
+    mp = d.CUDA_MEMSET_NODE_PARAMS()
+    if node.buffer is not None:  # the output of a faulted block, zero-filled
+        buf = b.buffers[node.buffer]
+        mp.dst = buf.ptr
+        mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 1, max(buf.nbytes, 1), 1, 0, 0
+    else:  # the append counters, zeroed at the start of each launch
+        mp.dst = b.counters_ptr
+        mp.elementSize, mp.width, mp.height, mp.pitch, mp.value = 4, node.count, 1, 0, 0
+    h = check(d.cuGraphAddMemsetNode(b.graph, deps, len(deps), mp, b.device.context), "cuGraphAddMemsetNode")
+    return h, None
+
+
+def _add_captured(b: NodeBuild, node: CapturedNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    name = b.names.get(node.block_id)
+    if b.libraries is None:
+        raise LibraryCallError("library calls need the engine's library handles", block=name)
+    slots = b.scalars.for_node(node.index) if b.scalars is not None else {}
+    call = CapturedCall(node, [b.value(a) for a in node.args], name, slots)
+    call.child = call.capture(b.libraries)
+    b.calls.add(call)  # a failed build destroys its child graph from here on
+    call.handle = check(
+        driver().cuGraphAddChildGraphNode(b.graph, deps, len(deps), call.child),
+        "cuGraphAddChildGraphNode",
+        block=name,
+        kernel=node.entry_point,
+    )
+    return call.handle, call
+
+
+def _add_fixed(b: NodeBuild, launch: PackedLaunch, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    b.launches.append(launch)
+    h = check(driver().cuGraphAddKernelNode(b.graph, deps, len(deps), launch.params), "cuGraphAddKernelNode")
+    return h, None
+
+
+def _add_stamp(b: NodeBuild, node: StampNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    if b.stamp_function is None:
+        raise CudapatchError("profiling needs the timestamp kernel, which is not loaded")
+    # stamp(unsigned long long* slots, unsigned int index): the index's low 4 bytes are read.
+    return _add_fixed(b, PackedLaunch(b.stamp_function, (c_uint64(b.stamps_ptr), c_uint64(node.stamp))), deps)
+
+
+def _add_publish(b: NodeBuild, node: PublishNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    if b.publish_function is None or b.readback is None:
+        raise CudapatchError("the graph publishes readback values, but the publish kernel is not loaded")
+    src, words, ring, slot_words, frames, end = b.readback.publish_args(node.end_stamp)
+    values = (c_uint64(src), c_uint32(words), c_uint64(ring), c_uint32(slot_words), c_uint64(frames), c_uint32(end))
+    return _add_fixed(b, PackedLaunch(b.publish_function, values, threads=PUBLISH_THREADS), deps)
+
+
+#: Plan node type -> the function adding it to a graph. New node kinds register here.
+NODE_KINDS: dict[type, AddNode] = {
+    KernelNodePlan: _add_kernel,
+    MemsetNodePlan: _add_memset,
+    CapturedNodePlan: _add_captured,
+    StampNodePlan: _add_stamp,
+    PublishNodePlan: _add_publish,
+}
+
+
+def add_node(build: NodeBuild, node: NodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    """Add ``node`` to ``build.graph`` after ``deps`` (driver node handles).
+
+    Returns:
+        ``(node handle, runtime node)``.
+
+    Raises:
+        CudapatchError: no kind for this node (``KernelLoadError``, ``LibraryCallError`` from the kinds).
+        CudaError: a driver call failed.
+    """
+    kind = NODE_KINDS.get(type(node))
+    if kind is None:
+        raise CudapatchError(f"realize has no node kind for {type(node).__name__}")
+    return kind(build, node, deps)

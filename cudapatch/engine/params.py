@@ -1,0 +1,185 @@
+"""Kernel parameter storage: the pinned bytes a kernel node's launch reads its arguments from.
+
+A kernel node's ``CUDA_KERNEL_NODE_PARAMS`` points at a ``void**`` array, and each entry of that
+array at one argument's bytes. ``ParamStorage`` keeps all three alive together (a byte buffer holding
+every argument, the pointer array into it, the struct) plus one ctypes *slot* object over each
+argument, so a Hot or Warm update is a slot write followed by ``cuGraphExecKernelNodeSetParams``
+with the same struct: no allocation, no packing, no rebuild, no re-instantiation.
+
+Building a storage costs more than a rebuild should spend per node (ctypes objects, one per slot),
+so a Cold rebuild reuses the running graph's storage for the same kernel of the same block and
+rewrites every slot (``load``); ``backup``/``restore`` give it back untouched if that build fails.
+
+``PackedLaunch`` is the same idea for the engine's own fixed-signature kernels (timestamp and
+readback publish nodes), whose arguments never change after the build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..kernels._driver import driver
+from .plan import KernelNodePlan
+
+__all__ = ["PackedLaunch", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
+
+#: What ``ParamStorage.backup`` returns: the argument bytes, function address, grid, block and shared memory.
+Backup = tuple[bytes, int, int, int, int]
+
+
+def write_slot(slot: Any, value: Any) -> None:
+    """Store ``value`` in a parameter slot: a tuple fills a vector slot, anything else sets ``.value``."""
+    if type(value) is tuple:
+        slot[:] = value
+    else:
+        slot.value = value
+
+
+def read_slot(slot: Any) -> Any:
+    """The value in a parameter slot, in the form ``write_slot`` takes (a tuple for vector slots)."""
+    return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
+
+
+class ParamStorage:
+    """Pinned parameter storage of one kernel launch: a byte buffer holding every parameter, a
+    ``void**`` array pointing into it, ctypes slot objects over each parameter, and the reusable
+    ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``) pointing at the array.
+
+    Slots follow the descriptor's ABI slots one to one (a Numba array expands to several), as do the
+    plan's ``args``.
+    """
+
+    __slots__ = ("descriptor", "storage", "pointers", "slots", "params")
+
+    def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
+        """Lay out the storage for ``node``'s descriptor and ``load`` it.
+
+        Args:
+            node: The planned launch (descriptor, grid, block size, shared memory).
+            function: The loaded ``CUfunction``.
+            values: One value per ABI slot (pointers as ints, scalars, tuples for vectors).
+        """
+        d = driver()
+        desc = node.descriptor
+        self.descriptor = desc
+        offsets, size = desc.offsets
+        self.storage = (ctypes.c_uint8 * max(size, 8))()
+        base = ctypes.addressof(self.storage)
+        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self.slots: list[Any] = []
+        for abi, o in zip(desc.slots, offsets, strict=True):
+            p = desc.parameters[abi.param]
+            if abi.role != "value":  # a slot of an ABI expansion: 8-byte pointers and counts
+                slot = ctypes.c_int64.from_buffer(self.storage, o)
+            elif p.is_pointer:
+                slot = ctypes.c_uint64.from_buffer(self.storage, o)
+            elif p.dtype.lanes == 1:
+                slot = p.dtype.ctype.from_buffer(self.storage, o)
+            else:
+                slot = (p.dtype.ctype * p.dtype.lanes).from_buffer(self.storage, o)
+            self.slots.append(slot)
+        kp = d.CUDA_KERNEL_NODE_PARAMS()
+        kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = 1, 1, 1, 1
+        kp.kernelParams = ctypes.addressof(self.pointers) if offsets else 0
+        kp.extra = 0
+        self.params = kp
+        self.load(node, function, values)
+
+    def fits(self, node: KernelNodePlan) -> bool:
+        """Whether this storage's layout serves ``node`` (same descriptor, so the same slots)."""
+        return self.descriptor is node.descriptor or self.descriptor == node.descriptor
+
+    def load(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
+        """Write every slot and the launch configuration (a Cold rebuild reusing this storage)."""
+        for slot, v in zip(self.slots, values, strict=True):
+            write_slot(slot, v)
+        kp = self.params
+        kp.func = function
+        kp.gridDimX = node.grid
+        kp.blockDimX = node.block
+        kp.sharedMemBytes = node.shared_bytes
+
+    def backup(self) -> Backup:
+        """A copy of everything ``load`` writes, for ``restore``."""
+        kp = self.params
+        # int(): the struct's ``func`` getter returns a view of the field, which the next load rewrites.
+        return bytes(self.storage), int(kp.func), kp.gridDimX, kp.blockDimX, kp.sharedMemBytes
+
+    def restore(self, saved: Backup) -> None:
+        """Put back what ``backup`` returned (a failed rebuild leaves the running graph's values intact)."""
+        raw, func, grid, block, shared = saved
+        ctypes.memmove(self.storage, raw, len(raw))
+        kp = self.params
+        kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes = func, grid, block, shared
+
+    def launch_alone(self, stream: Any) -> Any:
+        """Launch this kernel by itself on ``stream`` (fault replay); returns the driver's error code."""
+        kp = self.params
+        return driver().cuLaunchKernel(
+            kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, kp.sharedMemBytes, stream, kp.kernelParams, 0
+        )[0]
+
+
+class StoreLoans:
+    """The running graph's parameter storages, lent to the Cold rebuild that replaces it.
+
+    A rebuild takes the storage of the same kernel of the same block when its layout fits and loads
+    the new values into it (the running graph keeps reading the same bytes until the new graph
+    replaces it, and the values it reads are the ones the new plan would write anyway, except when
+    the build fails: ``restore`` then puts every borrowed storage back as it was).
+    """
+
+    def __init__(self, stores: Mapping[tuple[int, int], ParamStorage]) -> None:
+        """Offer the running graph's storages to one rebuild.
+
+        Args:
+            stores: ``(block_id, kernel index)`` -> storage of the running graph (nothing is touched yet).
+        """
+        self._stores = dict(stores)
+        self._saved: list[tuple[ParamStorage, Backup]] = []
+
+    def storage(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> ParamStorage:
+        """A loaded storage for ``node``: the borrowed one of its kernel if it fits, else a new one."""
+        store = self._stores.pop((node.block_id, node.kernel), None)
+        if store is not None and store.fits(node):
+            self._saved.append((store, store.backup()))
+            store.load(node, function, values)
+            return store
+        return ParamStorage(node, function, values)
+
+    def restore(self) -> None:
+        """Give back every borrowed storage as it was (the build failed; the running graph goes on)."""
+        for store, saved in self._saved:
+            store.restore(saved)
+        self._saved.clear()
+
+
+class PackedLaunch:
+    """The arguments of a fixed-signature kernel launch (the engine's timestamp and publish kernels),
+    packed once: one ctypes value per argument, the ``void**`` array pointing at them, and the
+    ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``). The driver copies them when the node is added;
+    the object is kept with the graph all the same, like every other parameter storage."""
+
+    __slots__ = ("values", "pointers", "params")
+
+    def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1) -> None:
+        """Pack the arguments of a one-block launch of ``function``.
+
+        Args:
+            function: The loaded ``CUfunction``.
+            values: ctypes values (``c_uint64(...)``, ``c_uint32(...)``), one per kernel parameter.
+            threads: Threads of the single block the kernel runs as.
+        """
+        d = driver()
+        self.values = tuple(values)
+        self.pointers = (ctypes.c_void_p * max(len(self.values), 1))(*[ctypes.addressof(v) for v in self.values])
+        kp = d.CUDA_KERNEL_NODE_PARAMS()
+        kp.func = function
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = 1, 1, 1
+        kp.blockDimX, kp.blockDimY, kp.blockDimZ = threads, 1, 1
+        kp.sharedMemBytes = 0
+        kp.kernelParams = ctypes.addressof(self.pointers)
+        kp.extra = 0
+        self.params = kp

@@ -1,0 +1,250 @@
+"""Parameter storage and captured-call bookkeeping without a GPU: the bytes a kernel node would read,
+the storage a Cold rebuild borrows and gives back, and how a Warm resize moves captured calls.
+
+(cuda-bindings' parameter structs are plain host objects; nothing here calls the driver.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import pytest
+
+from cudapatch import (
+    Block,
+    BlockBuilder,
+    CallDescriptor,
+    DType,
+    Scale,
+    buffer_in,
+    buffer_out,
+    compile_plan,
+    device_scalar,
+    host_scalar,
+    like,
+)
+from cudapatch.engine import Context, ExternalBinding, KernelNodePlan
+from cudapatch.engine.captured_calls import CallArg, CapturedCall, CapturedCalls
+from cudapatch.engine.params import PackedLaunch, ParamStorage, StoreLoans, read_slot, write_slot
+
+
+def _scale_node(factor: float = 2.0, count: int = 1000) -> KernelNodePlan:
+    s = Scale(name="s", Factor=factor)
+    ctx = Context()
+    ctx.register_block(s)
+    ctx.bind_input(s, "In", ExternalBinding(0x7000_0000, count, DType.FLOAT32))
+    (node,) = compile_plan(ctx.snapshot()).kernel_nodes
+    return node
+
+
+# Scale's launch: (const float* in, float* out, float factor, float offset, uint n)
+VALUES = [0x7000_0000, 0x8000_0000, 2.5, -1.0, 1000]
+
+
+def _argument_bytes(store: ParamStorage) -> list[bytes]:
+    """What the driver reads through ``kernelParams``: each argument's bytes, via the pointer array."""
+    offsets, _ = store.descriptor.offsets
+    sizes = [s.size for s in store.descriptor.slots]
+    array = (ctypes.c_void_p * len(offsets)).from_address(store.params.kernelParams)
+    return [ctypes.string_at(p, n) for p, n in zip(array, sizes, strict=True)]
+
+
+def test_storage_packs_every_argument_where_the_launch_reads_it() -> None:
+    node = _scale_node()
+    store = ParamStorage(node, 42, VALUES)
+    raw = _argument_bytes(store)
+    assert raw[0] == (0x7000_0000).to_bytes(8, "little") and raw[1] == (0x8000_0000).to_bytes(8, "little")
+    assert raw[2] == bytes(ctypes.c_float(2.5)) and raw[3] == bytes(ctypes.c_float(-1.0))
+    assert raw[4] == (1000).to_bytes(4, "little")
+    kp = store.params
+    assert (int(kp.func), kp.gridDimX, kp.blockDimX, kp.sharedMemBytes) == (42, node.grid, node.block, 0)
+    assert [read_slot(s) for s in store.slots] == VALUES
+    # A Hot update writes a slot: the launch reads the new value through the same struct.
+    write_slot(store.slots[2], 7.0)
+    assert _argument_bytes(store)[2] == bytes(ctypes.c_float(7.0))
+
+
+def test_backup_and_restore_undo_a_load() -> None:
+    """A failed rebuild gives borrowed storage back as it was, the function included (the struct's
+    ``func`` getter returns a view of the field: a backup holding it would follow the next load)."""
+    node = _scale_node()
+    store = ParamStorage(node, 42, VALUES)
+    saved = store.backup()
+    other = node._replace(grid=9)
+    store.load(other, 43, [1, 2, 3.0, 4.0, 5])
+    assert [read_slot(s) for s in store.slots] == [1, 2, 3.0, 4.0, 5] and store.params.gridDimX == 9
+    store.restore(saved)
+    assert [read_slot(s) for s in store.slots] == VALUES
+    assert (int(store.params.func), store.params.gridDimX) == (42, node.grid)
+
+
+def test_vector_slots_take_tuples() -> None:
+    slot = (ctypes.c_float * 2)()
+    write_slot(slot, (1.5, -2.0))
+    assert read_slot(slot) == (1.5, -2.0)
+    scalar = ctypes.c_int32()
+    write_slot(scalar, 7)
+    assert read_slot(scalar) == 7
+
+
+def test_loans_reuse_a_fitting_storage_once_and_give_it_back_on_failure() -> None:
+    node = _scale_node()
+    running = ParamStorage(node, 42, VALUES)
+    loans = StoreLoans({(node.block_id, node.kernel): running})
+    resized = node._replace(grid=2)
+    got = loans.storage(resized, 44, [1, 2, 3.0, 4.0, 300])
+    assert got is running and read_slot(running.slots[4]) == 300 and running.params.gridDimX == 2
+    again = loans.storage(resized, 44, [1, 2, 3.0, 4.0, 300])
+    assert again is not running  # lent once: a second node of the same key gets its own
+    loans.restore()  # the build failed: the running graph reads its old values again
+    assert [read_slot(s) for s in running.slots] == VALUES and running.params.gridDimX == node.grid
+
+
+def test_loans_do_not_reuse_a_storage_of_another_layout() -> None:
+    node = _scale_node()
+    running = ParamStorage(node, 42, VALUES)
+    loans = StoreLoans({(node.block_id, node.kernel): running})
+    other = _other_descriptor_node(node)
+    got = loans.storage(other, 44, [1, 2])
+    assert got is not running and not running.fits(other)
+    loans.restore()
+    assert [read_slot(s) for s in running.slots] == VALUES
+
+
+def _other_descriptor_node(node: KernelNodePlan) -> KernelNodePlan:
+    desc = node.descriptor
+    return node._replace(descriptor=dataclasses.replace(desc, parameters=desc.parameters[:2]), args=node.args[:2])
+
+
+def test_packed_launch_points_at_its_values() -> None:
+    values = (ctypes.c_uint64(0xABC), ctypes.c_uint32(7))
+    launch = PackedLaunch(99, values, threads=128)
+    kp = launch.params
+    assert (int(kp.func), kp.gridDimX, kp.blockDimX) == (99, 1, 128)
+    array = (ctypes.c_void_p * 2).from_address(kp.kernelParams)
+    assert ctypes.c_uint64.from_address(array[0]).value == 0xABC
+    assert ctypes.c_uint32.from_address(array[1]).value == 7
+
+
+# -- captured calls ----------------------------------------------------------------------------
+
+
+def _axpy(stream, pointers, scalars, libs):  # never called here: no capture without a GPU
+    raise AssertionError("a unit test must not capture")
+
+
+AXPY = CallDescriptor.of(
+    "axpy",
+    buffer_in("X", "float"),
+    buffer_out("Y", "float"),
+    host_scalar("N", "int"),
+    device_scalar("Alpha", "float"),
+    double=False,
+)
+
+
+class Axpy(Block):
+    type_name = "Axpy"
+
+    def describe(self, b: BlockBuilder) -> None:
+        c = b.add_captured(_axpy, AXPY)
+        b.input("X", c.in_("X"))
+        b.output("Y", c.out("Y"), size=like("X"))
+        c.set_count("N", like("X"))
+        b.scalar("Alpha", c.in_("Alpha"), default=2.0)
+
+
+class _Slot:
+    """Stands in for a DeviceSlot (whose writes copy to the device)."""
+
+    def __init__(self, value: float, device: int) -> None:
+        self.value, self.device, self.writes = value, device, []
+
+    def __setattr__(self, name, v):
+        if name == "value" and hasattr(self, "writes"):
+            self.writes.append(v)
+        object.__setattr__(self, name, v)
+
+
+def _axpy_plans(*counts: int):
+    a = Axpy(name="a")
+    ctx = Context()
+    ctx.register_block(a)
+    plans = []
+    for n in counts:
+        ctx.bind_input(a, "X", ExternalBinding(0x1000, n, DType.FLOAT32))
+        (node,) = compile_plan(ctx.snapshot()).captured_nodes
+        plans.append(node)
+    return a, plans
+
+
+def _call(node, device: _Slot) -> CapturedCall:
+    return CapturedCall(node, [0x1000, 0x2000, node.args[2].value, 2.0], "a", {3: device})
+
+
+def test_a_call_splits_its_arguments_for_the_call_function() -> None:
+    _, (node,) = _axpy_plans(256)
+    call = _call(node, _Slot(2.0, 0xD000))
+    pointers, scalars = call.arguments()
+    assert pointers == {"X": 0x1000, "Y": 0x2000, "Alpha": 0xD000}  # a device scalar goes by address
+    assert scalars == {"N": 256, "double": False}
+    assert isinstance(call.slots[2], CallArg) and call.slots[3] is not None
+    call.slots[2].value = 256
+    assert not call.dirty  # the same value: nothing to re-capture
+    call.slots[2].value = 128
+    assert call.dirty and call.values[2] == 128
+
+
+def _values(a):
+    return {"external": 0x1000, "buffer": 0x2000}.get(a.kind, a.value)
+
+
+def test_a_warm_resize_recaptures_only_calls_whose_host_arguments_changed(monkeypatch) -> None:
+    _, (old, same, smaller) = _axpy_plans(256, 256, 128)
+    alpha = _Slot(2.0, 0xD000)
+    call = _call(old, alpha)
+    calls = CapturedCalls(None)
+    calls.add(call)
+    recaptured = []
+    monkeypatch.setattr(calls, "recapture", lambda exec_, c: recaptured.append(list(c.values)) or True)
+    alpha_changed = same._replace(args=(*same.args[:3], same.args[3]._replace(value=0.5)))
+    assert calls.patch("exec", [(call, alpha_changed)], _values) == 0
+    assert recaptured == [] and alpha.writes == [0.5] and call.plan is alpha_changed  # a device write, no capture
+    assert calls.patch("exec", [(call, smaller)], _values) == 1
+    assert recaptured == [[0x1000, 0x2000, 128, 2.0]] and call.plan is smaller
+
+
+def test_a_failed_recapture_leaves_the_call_as_it_was(monkeypatch) -> None:
+    a, (old, smaller) = _axpy_plans(256, 128)
+    call = _call(old, _Slot(2.0, 0xD000))
+    calls = CapturedCalls(None)
+    calls.add(call)
+
+    def topology_changed(exec_, c):
+        calls.stale = c.stale = True
+        calls.errors[a.id] = RuntimeError("x")  # type: ignore[assignment]
+        return False
+
+    monkeypatch.setattr(calls, "recapture", topology_changed)
+    assert calls.patch("exec", [(call, smaller)], _values) is None
+    assert call.values[2] == 256 and call.plan is old  # the running capture's values
+    assert calls.stale is False and a.id not in calls.errors  # the Cold rebuild decides now
+    assert calls.stale_nodes() == frozenset({old.index})  # ... and this call needs it
+
+
+def test_calls_find_their_capture_by_block() -> None:
+    a, (node,) = _axpy_plans(256)
+    call = _call(node, _Slot(2.0, 0xD000))
+    call.child = "captured-graph"
+    calls = CapturedCalls(None)
+    calls.add(call)
+    assert len(calls) == 1 and calls.child_graph(a.id) == "captured-graph" and calls.child_graph(a.id, 1) is None
+    calls.abandon()
+    assert call.child is None
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3.0, 4.0], [1, 2, 3.0, 4.0, 5, 6]])
+def test_storage_refuses_a_wrong_number_of_values(bad) -> None:
+    with pytest.raises(ValueError):
+        ParamStorage(_scale_node(), 42, bad)

@@ -1,0 +1,236 @@
+"""realize and CompiledGraph against a recording stand-in for the driver (no GPU).
+
+The GPU suite checks results on a device; these check, on every machine, the calls the builder and
+the executable graph make: nodes in plan order after their dependencies, one instantiation, Hot and
+Warm updates patching exactly the nodes they change, a refused Warm resize touching nothing, and a
+failed rebuild leaving the running graph's storage and buffers as they were. cuda-bindings' structs
+and enums are the real ones; only the ``cu*`` functions are recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from typing import Any
+
+import pytest
+from cuda.bindings import driver as real
+
+import cudapatch.kernels._driver as driver_module
+from cudapatch import DType, KernelLoadError, Scale, compile_plan
+from cudapatch.engine import Context, ExternalBinding, realize
+from cudapatch.engine.buffers import BufferPool
+from cudapatch.engine.profiling import ProfilingLevel
+from cudapatch.engine.warm import Refusal
+
+OK = real.CUresult.CUDA_SUCCESS
+
+
+class RecordingDriver:
+    """``cu*`` calls append ``(name, ...)`` to ``calls`` and succeed; everything else is cuda-bindings'."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._ids = itertools.count(1)
+        self._keep: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("cu"):
+            raise AttributeError(f"the recording driver has no {name}")
+        return getattr(real, name)
+
+    def _handle(self, kind: str) -> str:
+        return f"{kind}{next(self._ids)}"
+
+    def _rec(self, *call: Any) -> None:
+        self.calls.append(call)
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def cuMemAlloc(self, n):  # noqa: N802 - the driver's names
+        return OK, 0x1000_0000 * next(self._ids)
+
+    def cuMemFree(self, p):  # noqa: N802
+        return (OK,)
+
+    def cuMemHostAlloc(self, n, flags):  # noqa: N802
+        buf = ctypes.create_string_buffer(n)
+        self._keep.append(buf)
+        return OK, ctypes.addressof(buf)
+
+    def cuMemFreeHost(self, p):  # noqa: N802
+        return (OK,)
+
+    def cuMemHostGetDevicePointer(self, p, flags):  # noqa: N802
+        return OK, p
+
+    def cuMemsetD32Async(self, *a):  # noqa: N802
+        return (OK,)
+
+    def cuGraphCreate(self, flags):  # noqa: N802
+        return OK, self._handle("graph")
+
+    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
+        h = self._handle("kernel")
+        self._rec("add_kernel", h, tuple(deps), int(kp.func), kp.gridDimX)
+        return OK, h
+
+    def cuGraphAddMemsetNode(self, graph, deps, n, mp, ctx):  # noqa: N802
+        h = self._handle("memset")
+        self._rec("add_memset", h, tuple(deps))
+        return OK, h
+
+    def cuGraphAddDependencies(self, graph, froms, tos, edges, n):  # noqa: N802
+        self._rec("add_edges", tuple(froms), tuple(tos))
+        return (OK,)
+
+    def cuGraphInstantiate(self, graph, flags):  # noqa: N802
+        self._rec("instantiate", graph)
+        return OK, self._handle("exec")
+
+    def cuGraphLaunch(self, exec_, stream):  # noqa: N802
+        self._rec("launch", exec_)
+        return (OK,)
+
+    def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
+        self._rec("set_params", node, kp.gridDimX)
+        return (OK,)
+
+    def cuGraphExecDestroy(self, exec_):  # noqa: N802
+        self._rec("destroy_exec", exec_)
+        return (OK,)
+
+    def cuGraphDestroy(self, graph):  # noqa: N802
+        self._rec("destroy_graph", graph)
+        return (OK,)
+
+    def cuEventCreate(self, flags):  # noqa: N802
+        return OK, self._handle("event")
+
+    def cuEventRecord(self, event, stream):  # noqa: N802
+        return (OK,)
+
+    def cuEventQuery(self, event):  # noqa: N802
+        return (OK,)
+
+    def cuEventDestroy(self, event):  # noqa: N802
+        return (OK,)
+
+
+class _Device:
+    compute_capability = (9, 0)
+    max_threads_per_multiprocessor = 2048
+    stream = 0
+    context = None
+
+    def make_current(self) -> None:
+        pass
+
+
+@pytest.fixture
+def rec(monkeypatch) -> RecordingDriver:
+    fake = RecordingDriver()
+    monkeypatch.setattr(driver_module, "_driver", fake)
+    return fake
+
+
+@pytest.fixture
+def patch():
+    """Three Scales in a chain reading a bound input of 1000 floats."""
+    ctx = Context()
+    blocks = [ctx.register_block(Scale(name=f"s{i}", Factor=float(i + 2))) for i in range(3)]
+    ctx.connect(blocks[0], "Out", blocks[1], "In")
+    ctx.connect(blocks[1], "Out", blocks[2], "In")
+    ctx.bind_input(blocks[0], "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
+    return ctx, blocks
+
+
+def _realize(ctx, plan, pool, **kw):
+    snap = ctx.snapshot()
+    functions = {(b.id, 0): 100 + b.id for b in snap.blocks}
+    kw.setdefault("functions", functions)
+    names = {b.id: b.name for b in snap.blocks}
+    return realize(plan, device=_Device(), pool=pool, bindings=snap.bindings, block_names=names, **kw)  # type: ignore[arg-type]
+
+
+def test_nodes_follow_the_plan_and_the_graph_is_instantiated_once(rec, patch) -> None:
+    ctx, blocks = patch
+    plan = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("PerBlock"))
+    pool = BufferPool()
+    g = _realize(ctx, plan, pool, stamp_function=1, publish_function=2)
+    added = [c for c in rec.calls if c[0] in ("add_kernel", "add_memset")]
+    assert len(added) == len(plan.nodes) == len(g.plan.nodes)
+    handles = [c[1] for c in added]
+    edges = {tos[0]: froms for name, froms, tos in (c for c in rec.calls if c[0] == "add_edges")}
+    for node, call in zip(plan.nodes, added, strict=True):
+        # Every dependency is a plain edge at the add, or a programmatic one added right after.
+        deps = set(call[2]) | set(edges.get(call[1], ()))
+        assert deps == {handles[d] for d in node.deps}
+    kernels = {c[3] for c in added if c[0] == "add_kernel"}
+    assert {100 + b.id for b in blocks} | {1, 2} == kernels  # the blocks' kernels, stamps and publish
+    assert rec.names().count("instantiate") == 1 and g.instantiations == 1
+    rec.calls.clear()
+    g.launch(0)
+    assert rec.calls == [("launch", g.handle)]
+    g.close()
+    assert rec.names()[1:] == ["destroy_exec", "destroy_graph"] and g.is_closed
+
+
+def test_hot_and_warm_updates_patch_only_the_nodes_they_change(rec, patch) -> None:
+    ctx, (s0, s1, s2) = patch
+    pool = BufferPool()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, pool)
+    g.adopt(None)
+    node = {c[3]: c[1] for c in rec.calls if c[0] == "add_kernel"}  # function -> node handle
+    rec.calls.clear()
+    assert g.update_scalars({(s1.id, "Factor"): 9.0}) == 1
+    assert rec.calls == [("set_params", node[100 + s1.id], 4)]
+    assert g.node_arg(plan.block_nodes[s1.id][0], 2) == 9.0
+    rec.calls.clear()
+    assert g.update_pointer(s0.id, "In", 0xB000) == 1
+    assert rec.calls == [("set_params", node[100 + s0.id], 4)]
+    # A smaller input: counts, grids and the const count argument of every node change in place.
+    rec.calls.clear()
+    ctx.bind_input(s0, "In", ExternalBinding(0xC000, 300, DType.FLOAT32))
+    snap = ctx.snapshot()
+    assert g.try_patch(compile_plan(snap), snap.bindings) == 3
+    assert sorted(rec.calls) == sorted(("set_params", node[100 + b.id], 2) for b in (s0, s1, s2))
+    assert [b.count for b in g.buffers] == [300, 300, 300] and g.warm_refusal is None
+    # A larger one than was allocated: refused, nothing called, nothing changed.
+    rec.calls.clear()
+    ctx.bind_input(s0, "In", ExternalBinding(0xC000, 5000, DType.FLOAT32))
+    snap = ctx.snapshot()
+    assert g.try_patch(compile_plan(snap), snap.bindings) is None
+    assert rec.calls == [] and g.warm_refusal is not None and g.warm_refusal.reason is Refusal.BUFFER_CAPACITY
+    assert [b.count for b in g.buffers] == [300, 300, 300]
+    g.close()
+
+
+def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None:
+    ctx, (s0, s1, _) = patch
+    pool = BufferPool()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, pool)
+    g.adopt(None)
+    s0.params["Factor"].value = 42.0
+    newer = compile_plan(ctx.snapshot())
+    functions = {(s0.id, 0): 100 + s0.id}  # s1 and s2 have no compiled kernel
+    in_use = pool.in_use_bytes
+    rec.calls.clear()
+    with pytest.raises(KernelLoadError, match="s1"):
+        _realize(ctx, newer, pool, functions=functions, previous=g)
+    assert g.node_arg(plan.block_nodes[s0.id][0], 2) == 2.0  # the borrowed storage was restored
+    assert "destroy_graph" in rec.names() and "instantiate" not in rec.names()
+    assert pool.in_use_bytes == in_use and not g.is_closed
+    # The next rebuild succeeds, takes the buffers over, and the old graph gives back only what it kept.
+    g2 = _realize(ctx, newer, pool, previous=g)
+    g2.adopt(g)
+    assert [b.ptr for b in g2.buffers] == [b.ptr for b in g.buffers]
+    g.retire(0)
+    assert g.is_idle() and pool.in_use_bytes == in_use
+    g.close()
+    assert pool.in_use_bytes == in_use  # the buffers are g2's now
+    g2.close()
+    assert pool.in_use_bytes == 0
