@@ -23,6 +23,7 @@ import logging
 import re
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..blocks.captured import nvmath_module
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
@@ -204,7 +205,7 @@ class LibraryScope:
         )
 
 
-class LibraryHandles:
+class LibraryHandles(HandleOwner):
     """The library state of one engine: handles, a capture stream and per-call scopes.
 
     Args:

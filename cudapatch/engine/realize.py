@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..blocks.parameter import BlockParameter
 from ..errors import CudaLaunchError, CudapatchError, KernelLoadError, LibraryCallError
 from ..kernels._driver import check, driver, error_from_code
@@ -277,7 +278,7 @@ def _occupancy(d: Any, fn: Any, node: KernelNodePlan, device: DeviceContext) -> 
     return min(1.0, int(blocks) * node.block / device.max_threads_per_multiprocessor)
 
 
-class CompiledGraph:
+class CompiledGraph(HandleOwner):
     """An instantiated CUDA graph for a GraphPlan, with its buffers and parameter slots.
 
     Use ``realize(plan, ...)`` to make one.
