@@ -7,7 +7,8 @@ executable graphs, GL buffers, textures, queries, programs, vertex arrays. Every
 
 - ``close()`` gives everything back. It is idempotent: a second call does nothing. Using an owner
   after ``close()`` raises a ``CudapatchError`` (the subclass of its package: ``InteropError`` for
-  GL interop objects), never a driver error about a stale handle.
+  GL interop objects), never a driver error about a stale handle or a fault on freed memory.
+  (``LibraryHandles``, ``CompiledGraph`` and ``DeviceContext`` do not check yet.)
 - ``is_closed`` says whether it was closed (or abandoned).
 - An owner is a context manager: ``with ImportedRing(n) as ring: ...`` closes it on exit,
   exception or not.
@@ -18,18 +19,19 @@ executable graphs, GL buffers, textures, queries, programs, vertex arrays. Every
 
 Finalizer policy (the safety net for an owner nobody closed):
 
-- Owners register a ``weakref.finalize``, never ``__del__`` (a ``__del__`` can resurrect its
-  object, runs in reference-cycle order and keeps cycles alive on old Pythons). The finalizer
-  holds the handles, never the owner; ``close()`` and ``abandon()`` detach it.
-- The finalizer of an owner that was never closed *always* emits a ``ResourceWarning`` naming it:
+- Owners register a ``weakref.finalize`` (``HandleOwner._arm``), never ``__del__`` (a ``__del__``
+  runs on a half-torn-down object, can resurrect it, and chains of them run in an order nobody
+  chose). The finalizer holds the handles, never the owner; ``close()`` and ``abandon()`` detach it.
+- That finalizer, run for an owner never closed, *always* emits a ``ResourceWarning`` naming it:
   a leak is a bug in the caller (Python's own unclosed files warn the same way; the warning is
   silent unless warnings are enabled, and the test suite turns it into an error).
 - **GL names are deleted only by ``close()``, on the thread that made them**, with their GL
   context current. The garbage collector runs finalizers on whatever thread drops the last
   reference, where that context is not current, or is current for another purpose (deleting a
   name there deletes some other object of the same number), so a finalizer never makes a GL call:
-  an unclosed GL owner only warns, and its names live until its GL context is destroyed. GL owners
-  record the thread that made them and ``close()`` from another thread raises ``InteropError``.
+  an unclosed GL owner only warns, and its names live until its GL context is destroyed. Owners
+  that close through ``HandleOwner.close`` record the thread that made their GL names, and
+  ``close()`` from another thread raises ``InteropError`` (the owner stays open).
 - **Driver handles whose CUDA context still lives are released by the finalizer**, with that
   context pushed current for the call (the finalizer's thread may have none), and a
   ``ResourceWarning``. Whether the context still lives is a ``ContextRef``: the context handle,
@@ -64,11 +66,17 @@ owner                   holds                                          finalizer
 ``ImportedImage``       an ``ImportedRing``, GL texture and program    warns (GL only)
 ``PointRenderer``       GL program and vertex arrays                   warns (GL only)
 ``TextureRenderer``     GL program and vertex array                    warns (GL only)
+``Overlay``             imgui's GL objects and contexts                none: its preview closes it
+``EglContext``          an EGL context, its offscreen framebuffer      releases the display (own)
+``GlfwWindow``          a GLFW window and its GL context               none: its host closes it
 ======================  =============================================  ==========================
 
-The first rows keep the finalizers they had before this protocol ("own"): their releases predate
-the warning rule and are left to the modules that define them.
-"""
+Rows marked "own" keep the finalizers they had before this protocol, which release without a
+warning; rows marked "none" have no finalizer yet. Both are left to the modules that define them
+(their ``close`` is what their engine, preview or host calls). Parts owned by one of the above
+follow their owner: ``LibraryScope`` (plans, generators, workspaces) is closed by its
+``LibraryHandles``. ``Engine``, ``Preview`` and ``GlBridge`` own no handle themselves: they close
+the owners they made."""
 
 from __future__ import annotations
 
