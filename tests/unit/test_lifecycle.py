@@ -513,6 +513,16 @@ def test_a_failed_constructor_leaves_nothing_behind(doubles: Doubles, monkeypatc
     assert doubles.balanced()
 
 
+def test_an_image_gl_cannot_share_closes_its_ring_before_raising(doubles: Doubles, monkeypatch) -> None:
+    from cudapatch.interop.imported import ImportedBuffer, ImportedImage
+
+    monkeypatch.setattr(ImportedBuffer, "shares_memory", lambda self: False)  # the preview then falls back
+    with pytest.raises(InteropError, match="does not see what CUDA writes"):
+        ImportedImage(16, 8)
+    gc.collect()  # nothing left for a finalizer (warnings are errors here)
+    assert doubles.balanced()
+
+
 def test_releases_are_made_newest_first_and_all_of_them_on_error(doubles: Doubles) -> None:
     order: list[str] = []
     r = Releases()
