@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lifecycle import HandleOwner
 from ..errors import BindingError, CudapatchError
 from ..kernels._driver import check, driver
 from ..kernels.types import DType
@@ -36,7 +37,7 @@ class _Allocation:
     capacity: int
 
 
-class BufferPool:
+class BufferPool(HandleOwner):
     """Device allocations bucketed by size class and reused across rebuilds.
 
     ``acquire`` takes a free block of the right class or allocates one; ``release`` returns it
@@ -162,7 +163,7 @@ class BufferPool:
         )
 
 
-class GpuBuffer:
+class GpuBuffer(HandleOwner):
     """A typed device buffer from a ``BufferPool``.
 
     Exposes ``__cuda_array_interface__`` (v3, with the engine stream) so CuPy, Numba and PyTorch

@@ -6,6 +6,7 @@ import threading
 import weakref
 from typing import Any
 
+from .._lifecycle import HandleOwner, note_context_reset
 from ..errors import CudaUnavailableError
 from ..kernels._driver import check, driver
 
@@ -21,7 +22,7 @@ def _release(d: Any, device: Any, stream: Any) -> None:
         pass
 
 
-class DeviceContext:
+class DeviceContext(HandleOwner):
     """One CUDA device: ``cuInit``, its **primary context** (shared with CuPy, Numba and PyTorch,
     so their arrays interoperate with ours), and one non-blocking stream for all engine work.
 
@@ -120,6 +121,7 @@ class DeviceContext:
         d = driver()
         self._finalizer.detach()
         d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
+        note_context_reset(self._context)  # finalizers of its owners forget their handles, never free them
         check(d.cuDevicePrimaryCtxReset(self._device), "cuDevicePrimaryCtxReset")
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         d.cuDevicePrimaryCtxRelease(self._device)  # the retain from __init__ still holds it

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
@@ -116,7 +117,7 @@ def _release_graph(d: Any, exec_: Any, graph: Any) -> None:
         pass
 
 
-class CompiledGraph:
+class CompiledGraph(HandleOwner):
     """The instantiated CUDA graph of a GraphPlan, with its buffers and parameter slots.
 
     Use ``realize(plan, ...)`` to make one.

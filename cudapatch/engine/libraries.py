@@ -25,6 +25,7 @@ import logging
 import re
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..blocks.libraries import nvmath_module
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
@@ -207,7 +208,7 @@ class CallLibraryScope:
         )
 
 
-class LibraryHandles:
+class LibraryHandles(HandleOwner):
     """The library state of one engine: handles, a capture stream and per-call scopes.
 
     Args:

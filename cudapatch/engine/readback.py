@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..kernels._driver import check, driver
 
 __all__ = ["PUBLISH_SOURCE", "PUBLISH_THREADS", "STAMP_SOURCE", "ReadbackRing", "RING_FRAMES", "newest_published"]
@@ -88,7 +89,7 @@ def newest_published(frames: list[int], latest: int) -> int | None:
     return best
 
 
-class ReadbackRing:
+class ReadbackRing(HandleOwner):
     """Asynchronous readback, 3 frames deep, of ``stamps`` uint64 timestamps followed by ``count``
     uint32 counters that the graph keeps in one device block at ``device_ptr``; ``frames_ptr`` is 8
     device bytes where the graph counts the frames it published.
@@ -98,6 +99,9 @@ class ReadbackRing:
     checks the slot's frame word again after copying, so a slot being rewritten is never taken. Per frame
     the host makes no driver call at all (an event query and a copy per frame measured about 3x
     the host time of a bare launch).
+
+    A ``HandleOwner`` (see ``cudapatch._lifecycle``): its ``CompiledGraph`` closes it, or abandons
+    it with the context; a ring nobody closed is freed by its finalizer, with a ``ResourceWarning``.
 
     Raises:
         CudaError: the pinned or device allocation failed.
@@ -120,22 +124,36 @@ class ReadbackRing:
         #: While True, ``value``/``age`` do not poll: a reader taking several values (``Engine.stats``)
         #: gets them all from one frame.
         self.frozen = False
-        self._closed = False
         nbytes = 8 * self.slot_words * RING_FRAMES
         flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
         self._host = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
-        ctypes.memset(self._host, 0, nbytes)
-        self.ring_device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
-        self._ring = np.ctypeslib.as_array((ctypes.c_uint64 * (self.slot_words * RING_FRAMES)).from_address(self._host))
-        self._ring = self._ring.reshape(RING_FRAMES, self.slot_words)
-        self._seq = (ctypes.c_uint64 * (self.slot_words * RING_FRAMES)).from_address(self._host)  # scalar reads
-        self._frames_dev = frames_ptr  # the device's count of published frames (8 bytes, owned by the graph)
-        # On the engine stream: ordered before the graph's first launch.
-        check(d.cuMemsetD32Async(frames_ptr, 0, 2, stream or 0), "cuMemsetD32Async")
+        self._releases = Releases()
+        # cuMemFreeHost waits for the device, so the publish kernel of a graph still in flight
+        # finishes writing the ring before it is freed (also when the finalizer frees it).
+        self._releases.push(d.cuMemFreeHost, self._host, what="cuMemFreeHost")
+        what = f"ReadbackRing ({count} counters, {stamps} stamps)"
+        self._arm(what, releases=self._releases, context=ContextRef.current())
+        try:
+            ctypes.memset(self._host, 0, nbytes)
+            self.ring_device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
+            ring = (ctypes.c_uint64 * (self.slot_words * RING_FRAMES)).from_address(self._host)
+            self._ring = np.ctypeslib.as_array(ring).reshape(RING_FRAMES, self.slot_words)
+            self._seq = ring  # scalar reads
+            self._frames_dev = frames_ptr  # the device's count of published frames (8 bytes, owned by the graph)
+            # On the engine stream: ordered before the graph's first launch.
+            check(d.cuMemsetD32Async(frames_ptr, 0, 2, stream or 0), "cuMemsetD32Async")
+        except BaseException:
+            self.close()  # frees the ring: a failed constructor leaves nothing for the finalizer
+            raise
 
     def publish_args(self, end_stamp: int | None = None) -> tuple[int, int, int, int, int, int]:
         """Arguments of the ``publish`` kernel node: ``(src, words, ring, slot_words, frames,
-        end_stamp)``; ``end_stamp`` 0 writes no timestamp (slot 0 is the graph's start)."""
+        end_stamp)``; ``end_stamp`` 0 writes no timestamp (slot 0 is the graph's start).
+
+        Raises:
+            CudapatchError: the ring is closed.
+        """
+        self._check_open("ReadbackRing.publish_args")
         return (self.device_ptr, self.words, self.ring_device_ptr, self.slot_words, self._frames_dev, end_stamp or 0)
 
     def record(self, stream: Any, frame: int) -> None:
@@ -182,19 +200,18 @@ class ReadbackRing:
             self.poll()
         return None if self.latest_frame is None else self.current_frame - self.latest_frame + 1
 
-    def abandon(self) -> None:
-        """Forget the ring without freeing it (the context was reset)."""
-        self._closed = True
-        self._host = self._frames_dev = 0
-
-    def close(self) -> None:
-        """Free the ring; idempotent. Call once the graph that publishes into it is idle.
+    def _release(self) -> None:
+        """Free the ring (``close``; call it once the graph that publishes into it is idle).
 
         Raises:
-            CudaError: a driver call failed.
+            CudaError: cuMemFreeHost failed.
         """
-        if self._closed:
-            return
-        self._closed = True
-        check(driver().cuMemFreeHost(self._host), "cuMemFreeHost")
         self._host = self._frames_dev = 0
+        self._releases.release()
+
+    def _forget(self) -> None:
+        self._host = self._frames_dev = 0
+        self._releases.forget()
+
+    def __repr__(self) -> str:
+        return f"<ReadbackRing counters={self.count} stamps={self.stamps} closed={self._closed}>"

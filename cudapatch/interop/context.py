@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lifecycle import HandleOwner
 from ..errors import InteropError
 from . import _platform
 from ._gl import check_gl, gl, pyopengl_platform
@@ -66,7 +67,7 @@ def _cuda_ordinal(EGL: Any, device: Any) -> int | None:
     return None
 
 
-class GlContext:
+class GlContext(HandleOwner):
     """Base of the context providers. Subclasses create the context and call ``_init_target()``.
 
     Objects owning GL names must release them on the thread that owns the context: ``owner_thread``.

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from . import _platform
@@ -87,8 +89,12 @@ def zero_map_available(context: Any) -> bool:
     return bool(context.has_extension("GL_EXT_memory_object") and context.has_extension("GL_EXT_memory_object_fd"))
 
 
-class ImportedBuffer:
+class ImportedBuffer(HandleOwner):
     """``nbytes`` of CUDA memory that is also the storage of a GL buffer (``gl_name``).
+
+    A GL ``HandleOwner`` (``cudapatch._lifecycle``): close it on the thread that made it, with the GL
+    context and the CUDA context current. One nobody closed releases its CUDA memory from its
+    finalizer and leaves its GL names to the GL context, with a ``ResourceWarning``.
 
     Args:
         nbytes: Size.
@@ -99,6 +105,8 @@ class ImportedBuffer:
         InteropError: the GL context lacks ``GL_EXT_memory_object_fd``.
         CudaError: the allocation or export failed.
     """
+
+    _closed_error = InteropError
 
     def __init__(self, nbytes: int, *, device: int = 0, label: str = "imported buffer") -> None:
         if nbytes <= 0:
@@ -111,6 +119,8 @@ class ImportedBuffer:
         d = driver()
         self.label = label
         self.nbytes = nbytes
+        self.ptr = self.gl_name = self._memory = 0
+        self._releases = Releases()  # the CUDA side, released newest first: unmap, free the range, release
         prop = d.CUmemAllocationProp()
         prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -124,34 +134,42 @@ class ImportedBuffer:
         )
         self.size = -(-nbytes // gran) * gran
         self._handle = check(d.cuMemCreate(self.size, prop, 0), f"cuMemCreate({label})")
-        self.ptr = 0
+        self._releases.push(d.cuMemRelease, self._handle, what="cuMemRelease")
+        fd = None
         try:
             ptr = check(d.cuMemAddressReserve(self.size, 0, 0, 0), "cuMemAddressReserve")
+            self._releases.push(d.cuMemAddressFree, ptr, self.size, what="cuMemAddressFree")
             check(d.cuMemMap(ptr, self.size, 0, self._handle, 0), "cuMemMap")
+            self._releases.push(d.cuMemUnmap, ptr, self.size, what="cuMemUnmap")
             self.ptr = int(ptr)
             access = d.CUmemAccessDesc()
             access.location = prop.location
             access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
             check(d.cuMemSetAccess(self.ptr, self.size, [access], 1), "cuMemSetAccess")
-            fd = check(
-                d.cuMemExportToShareableHandle(
-                    self._handle, d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
-                ),
-                "cuMemExportToShareableHandle",
+            fd = int(
+                check(
+                    d.cuMemExportToShareableHandle(
+                        self._handle, d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0
+                    ),
+                    "cuMemExportToShareableHandle",
+                )
             )
             GL = gl()
             names = (GL.GLuint * 1)()
             glCreateMemoryObjectsEXT(1, names)
             self._memory = int(names[0])
-            self.gl_name = 0
-            glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, int(fd))  # GL owns the fd now
+            glImportMemoryFdEXT(self._memory, self.size, GL_HANDLE_TYPE_OPAQUE_FD_EXT, fd)
+            fd = None  # GL owns the fd now
             GL.glCreateBuffers(1, names)
             self.gl_name = int(names[0])
             glNamedBufferStorageMemEXT(self.gl_name, nbytes, self._memory, 0)
             check_gl(f"importing {label} into GL")
         except Exception as exc:
+            if fd is not None:  # exported but never handed to GL
+                os.close(fd)
             self._delete_gl()
-            self._free_cuda()
+            self.ptr = 0
+            self._releases.release_quietly()
             if type(exc).__module__.startswith("OpenGL"):  # PyOpenGL's own GLError, when checks are on
                 call = getattr(getattr(exc, "baseOperation", None), "__name__", "a GL call")
                 code = getattr(exc, "err", None)
@@ -159,7 +177,12 @@ class ImportedBuffer:
                     f"importing {label} into GL failed: {call} raised GL error {hex(code) if code else exc}"
                 ) from exc
             raise
-        self._closed = False
+        self._arm(
+            f"ImportedBuffer {label} ({nbytes} bytes)",
+            releases=self._releases,
+            context=ContextRef.current(),
+            gl_names=True,
+        )
 
     def shares_memory(self) -> bool:
         """Whether GL's GPU-side reads see what CUDA writes: CUDA stores a marker word at both ends,
@@ -172,8 +195,10 @@ class ImportedBuffer:
         call (a host-side cache), so it cannot tell. Waits for the device; call it at setup only.
 
         Raises:
+            InteropError: the buffer is closed.
             CudaError: a driver call failed.
         """
+        self._check_open("ImportedBuffer.shares_memory")
         d = driver()
         GL = gl()
         read = gl_function(
@@ -205,37 +230,27 @@ class ImportedBuffer:
         check(d.cuCtxSynchronize(), "cuCtxSynchronize")
         return seen_all
 
-    def _free_cuda(self) -> None:
-        d = driver()
-        if self.ptr:
-            d.cuMemUnmap(self.ptr, self.size)
-            d.cuMemAddressFree(self.ptr, self.size)
-            self.ptr = 0
-        if self._handle is not None:
-            d.cuMemRelease(self._handle)
-            self._handle = None
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Delete the GL buffer and memory object, then free the CUDA memory (idempotent; GL current)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
+        """Delete the GL buffer and memory object, then free the CUDA memory (``close``)."""
         self._delete_gl()
-        self._free_cuda()
+        self.ptr = 0
+        # Errors are not raised: after a GPU fault of the engine's kernels every call on the context
+        # fails, and the memory went with it (the preview closes its rings all the same).
+        self._releases.release_quietly()
+
+    def _forget(self) -> None:
+        self.ptr = self.gl_name = self._memory = 0
+        self._releases.forget()
 
     def _delete_gl(self) -> None:
         """Delete the GL buffer and the memory object (those made so far)."""
         from OpenGL.GL.EXT.memory_object import glDeleteMemoryObjectsEXT
 
         GL = gl()
-        if getattr(self, "gl_name", 0):
+        if self.gl_name:
             GL.glDeleteBuffers(1, [self.gl_name])
             self.gl_name = 0
-        if getattr(self, "_memory", 0):
+        if self._memory:
             glDeleteMemoryObjectsEXT(1, (GL.GLuint * 1)(self._memory))
             self._memory = 0
 
@@ -243,7 +258,7 @@ class ImportedBuffer:
         return f"<ImportedBuffer {self.label} {self.nbytes} bytes closed={self._closed}>"
 
 
-class ImportedRing:
+class ImportedRing(HandleOwner):
     """Three ``ImportedBuffer``s that CUDA fills and GL draws without mapping or waiting.
 
     Fed by a graph: ``attach(writer)`` points a ``GlRingWriter`` block at the ring, then
@@ -252,7 +267,12 @@ class ImportedRing:
     event. Either way ``front()`` (GL side, once per frame before drawing) returns the newest fully
     written buffer's GL name and marks the end of the previous frame's draws. A ring is fed one way
     or the other, not both.
+
+    A GL ``HandleOwner`` (``cudapatch._lifecycle``): close it on the GL thread with both contexts
+    current; every method raises ``InteropError`` once it is closed.
     """
+
+    _closed_error = InteropError
 
     def __init__(
         self,
@@ -273,21 +293,26 @@ class ImportedRing:
         self._gl_flush = gl_function("glFlush", None)
         self._available = uint(0)
         self._available_ref = ctypes.byref(self._available)
+        self.label = label
         self.buffers: list[ImportedBuffer] = []
+        self._events: list[Any] = []
+        self._queries: list[int] = []
+        self._releases = Releases()  # events, and the control words attach() allocates
         try:
             for i in range(slots):
                 self.buffers.append(ImportedBuffer(nbytes, device=device, label=f"{label}[{i}]"))
+            flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            for _ in range(slots):
+                self._events.append(check(d.cuEventCreate(flags), "cuEventCreate"))
+                self._releases.push(d.cuEventDestroy, self._events[-1], what="cuEventDestroy")
+            names = (ctypes.c_uint * slots)()
+            gl().glGenQueries(slots, names)
+            self._queries = list(names)
         except Exception:
-            for b in self.buffers:
-                b.close()
+            self._release()  # what was made so far; nothing is left for a finalizer
             raise
-        flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._events = [check(d.cuEventCreate(flags), "cuEventCreate") for _ in range(slots)]
         # what each slot holds (-1: nothing yet): the frame number (write) or the request tag (graph-fed)
         self._written = [-1] * slots
-        names = (ctypes.c_uint * slots)()
-        gl().glGenQueries(slots, names)
-        self._queries = list(names)
         self._gl_busy = [False] * slots  # a query written after GL's draws from the slot has not completed
         self._marked = [0] * slots  # the front() call that wrote that query
         self._flushed = [False] * slots  # ... and GL was asked to flush it
@@ -296,9 +321,14 @@ class ImportedRing:
         self._front = -1
         self.nbytes = nbytes
         self.dropped = 0
-        self._closed = False
         self._graph_fed = False  # set by attach(): completion is the writer's done count, not events
         self._ctl_host = self._state = 0
+        self._arm(
+            f"ImportedRing {label} ({slots} x {nbytes} bytes)",
+            releases=self._releases,
+            context=ContextRef.current(),
+            gl_names=True,
+        )
 
     # -- fed by a graph ------------------------------------------------------------------------------
     def attach(self, writer: Any) -> None:
@@ -309,18 +339,20 @@ class ImportedRing:
         Raises:
             InteropError: the ring is closed, fed by ``write`` already, or has more than 3 slots.
         """
-        if self._closed:
-            raise InteropError("attach: the ring is closed")
+        self._check_open("attach")
         if len(self.buffers) > 3 or self._frame:
             raise InteropError("attach: a graph feeds rings of at most 3 buffers not written with write()")
         d = driver()
         if not self._graph_fed:
             nbytes = 8 * (REQUESTS + 1)
             self._ctl_host = int(check(d.cuMemHostAlloc(nbytes, 0x3), "cuMemHostAlloc"))  # DEVICEMAP | PORTABLE
+            # Both frees wait for the device, so no launch still writes the ring when they return.
+            self._releases.push(d.cuMemFreeHost, self._ctl_host, what="cuMemFreeHost")
             ctypes.memset(self._ctl_host, 0, nbytes)
             self._requests = (ctypes.c_uint64 * REQUESTS).from_address(self._ctl_host)
             self._done = ctypes.c_uint64.from_address(self._ctl_host + 8 * REQUESTS)
             self._state = int(check(d.cuMemAlloc(16), "cuMemAlloc"))
+            self._releases.push(d.cuMemFree, self._state, what="cuMemFree")
             check(d.cuMemsetD32(self._state, 0, 4), "cuMemsetD32")
             self._issued = 0
             self._graph_fed = True
@@ -334,7 +366,13 @@ class ImportedRing:
     def request(self) -> bool:
         """Ask the graph's next launch to write the next buffer GL and the GPU are done with: one
         word into mapped memory. False (and ``dropped`` + 1) when every other buffer is busy or the
-        GPU is a whole request table behind; that launch copies nothing."""
+        GPU is a whole request table behind; that launch copies nothing.
+
+        Raises:
+            InteropError: the ring is closed (its control words are freed).
+        """
+        if self._closed:
+            self._check_open("request")
         done, issued, tags = self._done.value, self._issued, self._written
         if issued - done >= REQUESTS - 1:
             self.dropped += 1
@@ -379,7 +417,13 @@ class ImportedRing:
 
     def write(self, src_ptr: int, nbytes: int, stream: Any) -> bool:
         """Copy ``nbytes`` from device memory into the next free buffer on ``stream``; False (and
-        ``dropped`` + 1) when every other buffer is still being read by GL or written by CUDA."""
+        ``dropped`` + 1) when every other buffer is still being read by GL or written by CUDA.
+
+        Raises:
+            InteropError: the ring is closed, or fed by a graph.
+            CudaError: the copy or the event record failed.
+        """
+        self._check_open("write")
         if self._graph_fed:
             raise InteropError("write: this ring is fed by a graph (attach); it cannot be written from the host too")
         d = driver()
@@ -400,7 +444,13 @@ class ImportedRing:
         before the first copy completes. Call it once per frame before drawing: it also marks the
         end of the draws from the buffer returned by the previous call (a timestamp query after the
         GL commands issued since), which CUDA then leaves alone until GL has executed them. The
-        buffer returned stays untouched by CUDA until the next call."""
+        buffer returned stays untouched by CUDA until the next call.
+
+        Raises:
+            InteropError: the ring is closed.
+        """
+        if self._closed:
+            self._check_open("front")
         prev = self._front
         self._fronts += 1
         if prev >= 0:  # the draws of the previous frame(s) from ``prev``: mark where they end
@@ -419,7 +469,13 @@ class ImportedRing:
 
     def shares_memory(self) -> bool:
         """Whether GL's GPU-side reads see what CUDA writes into every buffer of the ring (see
-        ``ImportedBuffer.shares_memory``; waits for the device: call it at setup only)."""
+        ``ImportedBuffer.shares_memory``; waits for the device: call it at setup only).
+
+        Raises:
+            InteropError: the ring is closed.
+            CudaError: a driver call failed.
+        """
+        self._check_open("shares_memory")
         return all(b.shares_memory() for b in self.buffers)
 
     @property
@@ -433,25 +489,26 @@ class ImportedRing:
         exactly when ``front()`` returns a newer copy."""
         return self._written[self._front] if self._front >= 0 else -1
 
-    def close(self) -> None:
-        """Release events, queries and buffers (idempotent; GL context current)."""
-        if self._closed:
-            return
-        self._closed = True
-        gl().glDeleteQueries(len(self._queries), (ctypes.c_uint * len(self._queries))(*self._queries))
-        d = driver()
-        for e in self._events:
-            d.cuEventDestroy(e)
-        if self._graph_fed:  # both frees wait for the device, so no launch still writes the ring
-            d.cuMemFree(self._state)
-            d.cuMemFreeHost(self._ctl_host)
-            self._ctl_host = self._state = 0
+    def _release(self) -> None:
+        """Delete the queries, then release events, control words and buffers (``close``)."""
+        if self._queries:
+            gl().glDeleteQueries(len(self._queries), (ctypes.c_uint * len(self._queries))(*self._queries))
+            self._queries = []
+        # Errors are not raised (as ImportedBuffer's): after a GPU fault every call fails.
+        self._releases.release_quietly()
+        self._ctl_host = self._state = 0
         for b in self.buffers:
             b.close()
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def _forget(self) -> None:
+        self._queries = []
+        self._releases.forget()
+        self._ctl_host = self._state = 0
+        for b in self.buffers:
+            b.abandon()
+
+    def __repr__(self) -> str:
+        return f"<ImportedRing {self.label} {len(self.buffers)} x {self.nbytes} bytes closed={self._closed}>"
 
 
 # One thread per texel: the ring buffer's words (RGBA8, rows of ``width``) stored into the texture.
@@ -470,7 +527,7 @@ _GL_COMPUTE_SHADER, _GL_SHADER_STORAGE_BUFFER, _GL_WRITE_ONLY, _GL_RGBA8 = 0x91B
 _GL_TEXTURE_BARRIERS = 0x00000008 | 0x00000100  # texture fetch | texture update
 
 
-class ImportedImage:
+class ImportedImage(HandleOwner):
     """An RGBA8 GL texture fed through an ``ImportedRing``: CUDA writes linear rows (top row first)
     into the ring's buffers, nothing mapped; ``front()`` has GL copy the newest complete buffer
     into the texture when it is newer than the last one, by a compute shader (GPU work that GL
@@ -482,11 +539,16 @@ class ImportedImage:
     itself: driver 580 refuses linear tiling for textures on imported memory (``GL_INVALID_VALUE``
     from ``glTexParameteri(GL_TEXTURE_TILING_EXT)``).
 
+    A GL ``HandleOwner`` (``cudapatch._lifecycle``) holding its ring: ``close()`` on the GL thread
+    releases both.
+
     Raises:
         InteropError: no ``GL_EXT_memory_object_fd``, no compute shaders (GL < 4.3), GL does not see
             CUDA's writes into imported memory, or a bad size.
         CudaError: the allocation or export failed.
     """
+
+    _closed_error = InteropError
 
     def __init__(self, width: int, height: int, *, device: int = 0, label: str = "image") -> None:
         if width <= 0 or height <= 0:
@@ -509,26 +571,35 @@ class ImportedImage:
             GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
             check_gl(f"creating the texture of {label} ({width}x{height} RGBA8)")
             self._width_at = int(GL.glGetUniformLocation(self._program, "width"))
+            uint, sint = ctypes.c_uint, ctypes.c_int
+            # Called every frame a new copy arrives: plain ctypes entry points (see gl_function).
+            self._use = gl_function("glUseProgram", None, uint)
+            self._uniform = gl_function("glProgramUniform1i", None, uint, sint, sint)
+            self._bind_buffer = gl_function("glBindBufferBase", None, uint, uint, uint)
+            self._bind_image = gl_function(
+                "glBindImageTexture", None, uint, uint, sint, ctypes.c_ubyte, sint, uint, uint
+            )
+            self._dispatch = gl_function("glDispatchCompute", None, uint, uint, uint)
+            self._barrier = gl_function("glMemoryBarrier", None, uint)
         except Exception:
-            self.close()
+            self.close()  # the ring too: nothing is left for a finalizer
             raise
-        uint, sint = ctypes.c_uint, ctypes.c_int
-        # Called every frame a new copy arrives: plain ctypes entry points (see gl_function).
-        self._use = gl_function("glUseProgram", None, uint)
-        self._uniform = gl_function("glProgramUniform1i", None, uint, sint, sint)
-        self._bind_buffer = gl_function("glBindBufferBase", None, uint, uint, uint)
-        self._bind_image = gl_function("glBindImageTexture", None, uint, uint, sint, ctypes.c_ubyte, sint, uint, uint)
-        self._dispatch = gl_function("glDispatchCompute", None, uint, uint, uint)
-        self._barrier = gl_function("glMemoryBarrier", None, uint)
         self._uniform(self._program, self._width_at, width)
         self._groups = (-(-width // 16), -(-height // 16))
         self._shown = (-1, -1)  # (slot, version) last copied
         self.uploads = 0
+        self._arm(f"ImportedImage {label} {width}x{height}", gl_names=True)
 
     def front(self) -> int | None:
         """The texture, holding the newest complete copy (None before the first); call it once per
         frame before drawing, as ``ImportedRing.front``. Leaves no program, storage buffer or image
-        unit bound."""
+        unit bound.
+
+        Raises:
+            InteropError: the image is closed.
+        """
+        if self._closed:
+            self._check_open("front")
         name = self.ring.front()
         if name is None:
             return None
@@ -546,12 +617,8 @@ class ImportedImage:
             self.uploads += 1
         return self.gl_name
 
-    @property
-    def is_closed(self) -> bool:
-        return self.ring.is_closed
-
-    def close(self) -> None:
-        """Release the ring, the texture and the copy program (idempotent; GL context current)."""
+    def _release(self) -> None:
+        """Delete the texture and the copy program, then close the ring (``close``)."""
         GL = gl()
         if self.gl_name:
             GL.glDeleteTextures(1, [self.gl_name])
@@ -560,6 +627,10 @@ class ImportedImage:
             GL.glDeleteProgram(self._program)
             self._program = 0
         self.ring.close()
+
+    def _forget(self) -> None:
+        self.gl_name = self._program = 0
+        self.ring.abandon()
 
     def __repr__(self) -> str:
         return f"<ImportedImage {self.label} {self.width}x{self.height} closed={self.is_closed}>"

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lifecycle import HandleOwner
 from ..engine.profiling import EngineStats, ProfilingLevel
 from ..errors import InteropError
 from ._gl import gl
@@ -69,7 +70,7 @@ class _GlState:
         GL.glBindTexture(GL.GL_TEXTURE_2D, self.texture)
 
 
-class Overlay:
+class Overlay(HandleOwner):
     """imgui overlay of an engine's profiling data.
 
     Args:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from .._lifecycle import HandleOwner
 from ..errors import InteropError
 from ._gl import check_gl, gl
 
@@ -117,19 +119,35 @@ def orbit_camera(angle: float, aspect: float, *, distance: float = 3.2, height: 
     return np.ascontiguousarray((proj @ view).T, dtype=np.float32)
 
 
-class PointRenderer:
+class PointRenderer(HandleOwner):
     """Draws ``capacity`` points from a GL buffer (positions, then colors), additively.
 
     ``buffers`` may list several GL buffers of the same layout (a ring): ``draw(..., which=i)``
-    draws the i-th; each gets its own vertex array, so switching costs nothing."""
+    draws the i-th; each gets its own vertex array, so switching costs nothing. The buffers stay
+    their owner's; the program and vertex arrays are this renderer's, a GL ``HandleOwner``
+    (``cudapatch._lifecycle``): ``close()`` it on the thread that made it, with its context current.
+
+    Raises:
+        InteropError: a shader does not compile or GL recorded an error.
+    """
+
+    _closed_error = InteropError
 
     def __init__(self, buffers: int | list[int], capacity: int) -> None:
         GL = gl()
         self.capacity = int(capacity)
+        self.vaos: list[int] = []
         self.program = _program(_POINT_VS, _POINT_FS, "point renderer")
+        try:
+            self._setup(GL, [buffers] if isinstance(buffers, int) else list(buffers))
+        except Exception:
+            self.close()
+            raise
+        self._arm(f"PointRenderer ({len(self.vaos)} vertex arrays)", gl_names=True)
+
+    def _setup(self, GL: Any, names: list[int]) -> None:
         self._u_view_proj = GL.glGetUniformLocation(self.program, "view_proj")
         self._u_scale = GL.glGetUniformLocation(self.program, "pixel_scale")
-        names = [buffers] if isinstance(buffers, int) else list(buffers)
         self.vaos = [int(v) for v in np.atleast_1d(GL.glGenVertexArrays(len(names)))]
         self._index = {}
         for i, (vao, buffer) in enumerate(zip(self.vaos, names, strict=True)):
@@ -149,7 +167,13 @@ class PointRenderer:
         return self._index[buffer]
 
     def draw(self, view_proj: np.ndarray, viewport_height: int, which: int = 0) -> None:
-        """Draw all points with additive blending (the caller has bound the target framebuffer)."""
+        """Draw all points with additive blending (the caller has bound the target framebuffer).
+
+        Raises:
+            InteropError: the renderer is closed.
+        """
+        if self._closed:
+            self._check_open("PointRenderer.draw")
         GL = gl()
         GL.glUseProgram(self.program)
         GL.glUniformMatrix4fv(self._u_view_proj, 1, GL.GL_FALSE, view_proj)
@@ -164,23 +188,51 @@ class PointRenderer:
         GL.glDisable(GL.GL_BLEND)
         GL.glUseProgram(0)
 
-    def close(self) -> None:
+    def _release(self) -> None:
+        """Delete the vertex arrays and the program (``close``)."""
         GL = gl()
         if self.vaos:
             GL.glDeleteVertexArrays(len(self.vaos), self.vaos)
-            GL.glDeleteProgram(self.program)
             self.vaos = []
+        if self.program:
+            GL.glDeleteProgram(self.program)
+            self.program = 0
+
+    def _forget(self) -> None:
+        self.vaos, self.program = [], 0
+
+    def __repr__(self) -> str:
+        return f"<PointRenderer capacity={self.capacity} buffers={len(self.vaos)} closed={self._closed}>"
 
 
-class TextureRenderer:
-    """Draws a 2-D texture over the whole viewport."""
+class TextureRenderer(HandleOwner):
+    """Draws a 2-D texture over the whole viewport. A GL ``HandleOwner`` like ``PointRenderer``.
+
+    Raises:
+        InteropError: a shader does not compile.
+    """
+
+    _closed_error = InteropError
 
     def __init__(self) -> None:
         GL = gl()
+        self.vao = 0
         self.program = _program(_QUAD_VS, _QUAD_FS, "texture renderer")
-        self.vao = int(GL.glGenVertexArrays(1))
+        try:
+            self.vao = int(GL.glGenVertexArrays(1))
+        except Exception:
+            self.close()
+            raise
+        self._arm("TextureRenderer", gl_names=True)
 
     def draw(self, texture: int) -> None:
+        """Draw ``texture`` (a GL 2-D texture name) over the viewport.
+
+        Raises:
+            InteropError: the renderer is closed.
+        """
+        if self._closed:
+            self._check_open("TextureRenderer.draw")
         GL = gl()
         GL.glUseProgram(self.program)
         GL.glActiveTexture(GL.GL_TEXTURE0)
@@ -190,9 +242,18 @@ class TextureRenderer:
         GL.glBindVertexArray(0)
         GL.glUseProgram(0)
 
-    def close(self) -> None:
+    def _release(self) -> None:
+        """Delete the vertex array and the program (``close``)."""
         GL = gl()
         if self.vao:
             GL.glDeleteVertexArrays(1, [self.vao])
-            GL.glDeleteProgram(self.program)
             self.vao = 0
+        if self.program:
+            GL.glDeleteProgram(self.program)
+            self.program = 0
+
+    def _forget(self) -> None:
+        self.vao = self.program = 0
+
+    def __repr__(self) -> str:
+        return f"<TextureRenderer closed={self._closed}>"

@@ -18,6 +18,7 @@ import logging
 import weakref
 from typing import Any, Literal
 
+from .._lifecycle import HandleOwner
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from ._gl import check_gl, gl
@@ -56,7 +57,7 @@ def _unregister(handle: Any) -> None:
         pass
 
 
-class _SharedResource:
+class _SharedResource(HandleOwner):
     """Common lifecycle: registered handle, mapped state, idempotent close, GL name ownership."""
 
     kind = "resource"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from .._lifecycle import ContextRef, HandleOwner, Releases
+from ..errors import InteropError
 from ..kernels._driver import check, driver
 
 __all__ = ["SurfaceWriter", "SURFACE_SOURCE"]
@@ -71,31 +73,44 @@ def _image(texel_bytes: int) -> Any:
     return image
 
 
-class SurfaceWriter:
+class SurfaceWriter(HandleOwner):
     """Writes linear images into one texture through surface stores. Made once per texture (it
     compiles the kernel on first use in the process, about 30 ms, and loads its module); the CUDA
     context of the texture's registration must be current.
 
+    A ``HandleOwner`` (``cudapatch._lifecycle``): its ``SharedTexture2D`` closes it; one nobody
+    closed is released by its finalizer (driver handles only), with a ``ResourceWarning``.
+
     Raises:
         KernelCompileError: NVRTC failed; CudaError: loading the module failed.
     """
+
+    _closed_error = InteropError
 
     def __init__(self, width: int, height: int, texel_bytes: int) -> None:
         if texel_bytes not in (4, 16):
             raise ValueError(f"surface writes support 4- and 16-byte texels, not {texel_bytes}")
         d = driver()
         image = _image(texel_bytes)
-        self._module = check(d.cuModuleLoadData(image.image), "cuModuleLoadData")
-        self._function = check(d.cuModuleGetFunction(self._module, image.entry_symbol.encode()), "cuModuleGetFunction")
         self.width, self.height = width, height
-        self._grid = (-(-width // _BLOCK[0]), -(-height // _BLOCK[1]))
         self._surfaces: dict[int, Any] = {}  # CUarray handle -> surface object
+        self._module = check(d.cuModuleLoadData(image.image), "cuModuleLoadData")
+        self._releases = Releases()
+        self._releases.push(d.cuModuleUnload, self._module, what="cuModuleUnload")
+        self._arm(f"SurfaceWriter {width}x{height}", releases=self._releases, context=ContextRef.current())
+        try:
+            self._function = check(
+                d.cuModuleGetFunction(self._module, image.entry_symbol.encode()), "cuModuleGetFunction"
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._grid = (-(-width // _BLOCK[0]), -(-height // _BLOCK[1]))
         self._args = (ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint32(width), ctypes.c_uint32(height))
         self._pitch = ctypes.c_uint32(width)
         values = (*self._args, self._pitch)
         self._keep = values
         self._params = (ctypes.c_void_p * 5)(*[ctypes.addressof(v) for v in values])
-        self._closed = False
 
     def _surface(self, array: Any) -> int:
         key = int(array)
@@ -106,14 +121,28 @@ class SurfaceWriter:
             desc.resType = d.CUresourcetype.CU_RESOURCE_TYPE_ARRAY
             desc.res.array.hArray = array
             surf = self._surfaces[key] = check(d.cuSurfObjectCreate(desc), "cuSurfObjectCreate")
+            self._releases.push(d.cuSurfObjectDestroy, surf, what="cuSurfObjectDestroy")  # before the module's unload
         return int(surf)
+
+    def surface(self, array: Any) -> int:
+        """The ``CUsurfObject`` of ``array`` (a mapped level of this writer's texture), made once
+        per array and destroyed with the writer.
+
+        Raises:
+            InteropError: the writer is closed.
+            CudaError: cuSurfObjectCreate failed.
+        """
+        self._check_open("SurfaceWriter.surface")
+        return self._surface(array)
 
     def write(self, array: Any, ptr: int, pitch_texels: int, stream: Any) -> None:
         """Enqueue the copy of the linear image at ``ptr`` into the mapped ``array`` on ``stream``.
 
         Raises:
+            InteropError: the writer is closed.
             CudaError: the launch failed.
         """
+        self._check_open("SurfaceWriter.write")
         self._args[0].value = ptr
         self._args[1].value = self._surface(array)
         self._pitch.value = pitch_texels
@@ -125,20 +154,18 @@ class SurfaceWriter:
         if err:
             check((err,), "cuLaunchKernel(linear_to_surface)")
 
-    def close(self) -> None:
-        """Destroy the surface objects and unload the module; idempotent.
+    def _release(self) -> None:
+        """Destroy the surface objects and unload the module (``close``).
 
         Raises:
             CudaError: a driver call failed.
         """
-        if self._closed:
-            return
-        self._closed = True
-        d = driver()
-        for surf in self._surfaces.values():
-            check(d.cuSurfObjectDestroy(surf), "cuSurfObjectDestroy")
         self._surfaces.clear()
-        check(d.cuModuleUnload(self._module), "cuModuleUnload")
+        self._releases.release()
+
+    def _forget(self) -> None:
+        self._surfaces.clear()
+        self._releases.forget()
 
     def __repr__(self) -> str:
         return f"<SurfaceWriter {self.width}x{self.height} surfaces={len(self._surfaces)} closed={self._closed}>"

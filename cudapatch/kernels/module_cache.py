@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..errors import CudaError, KernelLoadError
 from ._driver import check, driver
 from .source import KernelImage
@@ -22,7 +23,7 @@ class _Entry:
     functions: dict[str, Any]
 
 
-class ModuleCache:
+class ModuleCache(HandleOwner):
     """Modules loaded into one CUDA context, keyed by ``(image content hash, device key)``.
 
     Loading PTX makes the driver JIT it (milliseconds), so a Cold rebuild that finds its modules

@@ -1,12 +1,19 @@
-"""Lifecycle of every handle type: double close, use after close, context managers."""
+"""Lifecycle of every handle type: double close, use after close, context managers, and the
+finalizer policy of ``cudapatch._lifecycle`` on the real driver."""
 
 from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cudapatch import CudapatchError, DType, Engine, Scale
-from cudapatch.engine import DeviceContext, GpuBuffer, compile_plan, realize
+from cudapatch._lifecycle import Lifecycle
+from cudapatch.engine import BufferPool, DeviceContext, GpuBuffer, compile_plan, realize
+from cudapatch.engine.libraries import LibraryHandles
 from cudapatch.errors import KernelLoadError
 from cudapatch.kernels import ModuleCache, bundled_kernel
 
@@ -100,3 +107,92 @@ def test_engine_context_manager_and_double_close() -> None:
         assert "CudaEngine: 1 blocks" in str(e)
     assert e.is_closed
     e.close()
+
+
+# -- the lifecycle protocol over every owner an engine can make (cudapatch/_lifecycle.py) -----------
+def _readback(engine: Engine) -> tuple[Any, Any]:
+    from cudapatch.engine.readback import ReadbackRing
+
+    block = GpuBuffer(engine.pool, DType.UINT64, 8, stream=engine.device.stream)
+    ring = ReadbackRing(block.ptr, 4, stamps=1, frames_ptr=block.ptr + 48, stream=engine.device.stream)
+    return ring, block  # the block outlives the ring
+
+
+def _surface_writer(engine: Engine) -> tuple[Any, Any]:
+    from cudapatch.interop.surface import SurfaceWriter
+
+    return SurfaceWriter(64, 32, 4), None
+
+
+def _gpu_buffer(engine: Engine) -> tuple[Any, Any]:
+    return GpuBuffer(engine.pool, DType.FLOAT32, 10, stream=engine.device.stream), None
+
+
+def _graph(engine: Engine) -> tuple[Any, Any]:
+    s = engine.add(Scale(name=f"s{len(engine.blocks)}"))
+    engine.bind(s, "In", np.ones(64, np.float32))
+    plan = compile_plan(engine.context.snapshot())
+    functions = {(b.id, 0): engine.modules.function(bundled_kernel("scale").load()) for b in engine.blocks}
+    g = realize(plan, device=engine.device, pool=engine.pool, functions=functions, bindings=engine.context.bindings)
+    g.adopt(None)
+    return g, None
+
+
+_OWNERS: dict[str, tuple[Callable[[Engine], tuple[Any, Any]], Callable[[Any], Any] | None]] = {
+    "ReadbackRing": (_readback, lambda r: r.publish_args()),
+    "SurfaceWriter": (_surface_writer, lambda w: w.write(0, 0, 64, None)),
+    "GpuBuffer": (_gpu_buffer, lambda b: b.download()),
+    "BufferPool": (lambda e: (BufferPool(e.device.make_current), None), lambda p: p.acquire(64)),
+    "ModuleCache": (
+        lambda e: (ModuleCache(device_key=e.device.key), None),
+        lambda c: c.function(bundled_kernel("scale").load()),
+    ),
+    "LibraryHandles": (lambda e: (LibraryHandles(e.device, e.pool), None), None),
+    "CompiledGraph": (_graph, None),
+    "DeviceContext": (lambda e: (DeviceContext(0), None), None),
+}
+
+
+@pytest.mark.parametrize("name", list(_OWNERS), ids=list(_OWNERS))
+def test_every_owner_follows_the_lifecycle_protocol(engine: Engine, name: str) -> None:
+    make, use = _OWNERS[name]
+    owner, keep = make(engine)
+    assert isinstance(owner, Lifecycle) and not owner.is_closed and "closed=False" in repr(owner)
+    owner.close()
+    owner.close()
+    assert owner.is_closed
+    if use is not None:
+        with pytest.raises(CudapatchError, match="closed"):
+            use(owner)
+    with make(engine)[0] as other:
+        assert not other.is_closed
+    assert other.is_closed
+    engine.synchronize()  # no fault left behind by any of it
+    del keep
+
+
+@pytest.mark.parametrize("name", ["ReadbackRing", "SurfaceWriter"])
+def test_an_unclosed_driver_owner_is_released_by_its_finalizer_with_a_warning(engine: Engine, name: str) -> None:
+    owner, keep = _OWNERS[name][0](engine)
+    with pytest.warns(ResourceWarning, match=f"unclosed {name}.*released by its finalizer"):
+        del owner
+        gc.collect()
+    engine.synchronize()
+    del keep
+
+
+def test_abandoned_owners_forget_their_handles_without_freeing_them(engine: Engine) -> None:
+    from cudapatch.kernels._driver import check, driver
+
+    ring, keep = _readback(engine)
+    writer, _ = _surface_writer(engine)
+    host, module = ring._host, writer._module
+    ring.abandon()
+    writer.abandon()
+    assert ring.is_closed and writer.is_closed and ring.poll() is False
+    del ring, writer
+    gc.collect()  # no finalizer runs: nothing warns (warnings are errors here)
+    d = driver()  # forgotten, not freed: giving them back now succeeds, once
+    check(d.cuMemFreeHost(host), "cuMemFreeHost")
+    check(d.cuModuleUnload(module), "cuModuleUnload")
+    del keep

@@ -48,7 +48,13 @@ class RecordingDriver:
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
 
-    def cuMemAlloc(self, n):  # noqa: N802 - the driver's names
+    def cuCtxGetCurrent(self):  # noqa: N802 - the driver's names; owners note their context when armed
+        return OK, real.CUcontext(0x77)
+
+    def cuCtxGetId(self, ctx):  # noqa: N802
+        return OK, 1
+
+    def cuMemAlloc(self, n):  # noqa: N802
         return OK, 0x1000_0000 * next(self._ids)
 
     def cuMemFree(self, p):  # noqa: N802
