@@ -140,8 +140,9 @@ def describe_exit(returncode: int | None) -> str:
 
 
 def _tail_lines(text: str) -> str:
-    """The last lines of a stderr tail that say something (faulthandler's module list says nothing)."""
-    lines = [ln.rstrip()[:300] for ln in text.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
+    """The last lines of a stderr tail that say something (not faulthandler's module list and thread ids)."""
+    noise = ("Extension modules:", "Current thread 0x", "  <no Python frame>")
+    lines = [ln.rstrip()[:300] for ln in text.splitlines() if ln.strip() and not ln.startswith(noise)]
     return "\n".join(lines[-_STDERR_LINES:])
 
 
