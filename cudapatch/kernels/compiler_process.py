@@ -389,6 +389,16 @@ class CompilerProcess:
         while not job.done and (end is None or time.monotonic() < end):
             self.poll(0.05)
 
+    def start(self) -> int | None:
+        """Start the child now if none runs (otherwise the first job does); its pid, None if it cannot start.
+
+        For callers that set up the child's process attributes (CPU affinity) before any compile.
+        """
+        with self._lock:
+            if self._child is None and not self._closed:
+                self._start()
+            return self.child_pid
+
     @property
     def in_flight(self) -> int:
         """Jobs not done yet (in the child or waiting for it)."""

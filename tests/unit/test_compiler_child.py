@@ -332,3 +332,11 @@ def test_a_closed_process_fails_its_jobs_and_new_ones(proc: CompilerProcess) -> 
     late = proc.send(CudaSource(code=GAIN), "sm_90")
     assert late.done and isinstance(late.error, KernelCompileError) and proc.is_closed
     assert repr(proc) == "<CompilerProcess pid=None jobs=0 closed=True>"
+
+
+def test_start_brings_the_child_up_before_any_job(proc: CompilerProcess) -> None:
+    pid = proc.start()
+    assert pid is not None and pid == proc.child_pid and proc.start() == pid  # once
+    job = proc.send(CudaSource(code=_gain(10)), "sm_90")
+    proc.wait(job, timeout=60)
+    assert job.error is None and proc.child_pid == pid
