@@ -157,7 +157,8 @@ def main() -> int:
     import signal
 
     proto_in, proto_out = _detach_stdio()
-    # Ctrl+C in a terminal reaches the whole process group: the parent decides when the child ends.
+    # The parent decides when the child ends (it starts it in a session of its own on POSIX; a
+    # Windows console still sends Ctrl+C to every process attached to it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _lower_priority()
     from . import source as _source  # noqa: F401  (import the kernel sources now, before saying ready)

@@ -11,10 +11,10 @@ included), runs at ``nice 10`` (below-normal priority on Windows) and exits when
 The parent talks to the child over its stdin and stdout and never waits on them in a thread of
 its own: whoever wants results calls ``poll`` (the kernel builder does so between frames), so no
 hidden thread of the host process wakes up to run Python when a result arrives. The child gets one
-job at a time (the rest wait here): neither side then blocks on a full pipe while the other does
-too, and a crash is pinned on the job that caused it. A crash fails that job with the reason (exit
-code or signal, the tail of the child's stderr), logs it, and the next job starts a new child; jobs
-queued behind it are not lost. The host is never touched.
+job at a time, once it has said it is ready (the rest wait here): neither side then blocks on a
+full pipe while the other does too, and a crash is pinned on the job that caused it. A crash fails
+that job with the reason (exit code or signal, the tail of the child's stderr), logs it, and the
+next job starts a new child; jobs queued behind it are not lost. The host is never touched.
 
 Which interpreter runs the child:
 
@@ -187,6 +187,9 @@ class _Child:
             env=env,
             close_fds=True,
             creationflags=flags,
+            # Its own process group: Ctrl+C in a terminal stays with the host, and ``kill`` also ends
+            # what a wrapper script started (a grandchild holding the pipes would hide the end).
+            start_new_session=sys.platform != "win32",
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None
         self._in = self.proc.stdin.fileno()
@@ -196,6 +199,7 @@ class _Child:
         self.stderr = bytearray()
         self.ready = False
         self.eof = False
+        self.killed = False
         self.started = time.monotonic()
         self._posix = sys.platform != "win32"
         self._selector = None
@@ -269,16 +273,26 @@ class _Child:
                 payloads += self.frames.feed(data)
             except ValueError as exc:  # not our child speaking (a wrong executable): end it
                 self.kill(f"its output is not cudapatch's protocol ({exc})")
+                break
         if not self.ready and not self.eof and time.monotonic() - self.started > READY_TIMEOUT_S:
             self.kill(f"it did not answer within {READY_TIMEOUT_S:.0f} s")
+        if self.killed and self.proc.poll() is not None:
+            self.eof = True  # whatever still holds its pipes open, it is over
         return payloads
 
     def kill(self, why: str) -> None:
         """End a child that cannot be used; ``why`` joins its stderr for the message, and its end follows."""
         self.stderr += f"\n(cudapatch: {why}; killed it)\n".encode()
+        self.killed = True
+        self._kill()
+
+    def _kill(self) -> None:
         try:
-            self.proc.kill()
-        except OSError:
+            if sys.platform == "win32":
+                self.proc.kill()
+            else:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the group: see start_new_session
+        except OSError:  # already gone
             pass
 
     def _read_stderr(self) -> bool:
@@ -301,7 +315,7 @@ class _Child:
         try:
             code = self.proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:  # stdout closed, process alive: it is of no use any more
-            self.proc.kill()
+            self._kill()
             code = self.proc.wait(timeout=5.0)
         end = time.monotonic() + 1.0
         while not self._read_stderr() and time.monotonic() < end:
@@ -320,7 +334,7 @@ class _Child:
         try:
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            self._kill()
             proc.wait(timeout=5.0)
         if self._selector is not None:
             self._selector.close()
@@ -422,6 +436,8 @@ class CompilerProcess:
                 return
             child = self._child
             assert child is not None
+            if not child.ready:  # the first job goes once the child reads its stdin (see _take), so
+                return  # neither side ever blocks on a full pipe while the other does too
             job_id, frame = self._queue.popleft()
             self._sent = job_id
             try:

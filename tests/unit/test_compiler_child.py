@@ -340,3 +340,19 @@ def test_start_brings_the_child_up_before_any_job(proc: CompilerProcess) -> None
     job = proc.send(CudaSource(code=_gain(10)), "sm_90")
     proc.wait(job, timeout=60)
     assert job.error is None and proc.child_pid == pid
+
+
+@posix_only
+def test_a_child_that_never_says_ready_is_ended(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nsleep 600\n")  # a host binary that opens its window and waits
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDAPATCH_COMPILER_PYTHON", str(fake))
+    monkeypatch.setattr(cp, "READY_TIMEOUT_S", 0.5)
+    p = CompilerProcess()
+    try:
+        job = p.send(CudaSource(code=GAIN), "sm_90")
+        p.wait(job, timeout=30)
+        assert "did not start" in str(job.error) and "did not answer within 0 s" in str(job.error)
+    finally:
+        p.close()
