@@ -21,7 +21,7 @@ from cudapatch import Block, BlockBuilder, CudaSource, like
 from cudapatch.engine import Context
 from cudapatch.engine.kernels import KernelTracker
 from cudapatch.errors import KernelCompileError, KernelLoadError
-from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache
+from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache, _child_pipe
 from cudapatch.kernels import compiler_process as cp
 from cudapatch.kernels._compiler_child import MAX_FRAME, FrameReader, encode_frame
 from cudapatch.kernels.compiler_process import CompilerProcess, compiler_python, describe_exit, processes_allowed
@@ -348,7 +348,7 @@ def test_a_child_that_never_says_ready_is_ended(monkeypatch: pytest.MonkeyPatch,
     fake.write_text("#!/bin/sh\nsleep 600\n")  # a host binary that opens its window and waits
     fake.chmod(0o755)
     monkeypatch.setenv("CUDAPATCH_COMPILER_PYTHON", str(fake))
-    monkeypatch.setattr(cp, "READY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(_child_pipe, "READY_TIMEOUT_S", 0.5)
     p = CompilerProcess()
     try:
         job = p.send(CudaSource(code=GAIN), "sm_90")
