@@ -185,7 +185,7 @@ class CompilerProcess:
                 return
         try:
             child.wait_readable(timeout)  # outside the lock: senders and other pollers go on
-        except (OSError, ValueError):  # another thread closed this child meanwhile
+        except (OSError, ValueError, AttributeError):  # another thread closed this child (and its selector)
             return
         with self._lock:
             if self._child is child:

@@ -356,3 +356,22 @@ def test_a_child_that_never_says_ready_is_ended(monkeypatch: pytest.MonkeyPatch,
         assert "did not start" in str(job.error) and "did not answer within 0 s" in str(job.error)
     finally:
         p.close()
+
+
+def test_threads_share_one_process(proc: CompilerProcess) -> None:
+    import threading
+
+    results: dict[int, list[bool]] = {}
+
+    def engine(t: int) -> None:  # each engine's builder thread sends and polls on its own
+        jobs = [proc.send(CudaSource(code=_gain(100 + 10 * t + i)), "sm_90") for i in range(3)]
+        for job in jobs:
+            proc.wait(job, timeout=120)
+        results[t] = [j.error is None and j.image is not None and j.image.image.startswith(ELF) for j in jobs]
+
+    threads = [threading.Thread(target=engine, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(180)
+    assert results == {t: [True] * 3 for t in range(4)} and proc.in_flight == 0 and proc.crashes == 0
