@@ -144,7 +144,8 @@ def pin_frame_thread() -> str:
     me = threading.get_native_id()
     process = compiler_process()  # started now: it would inherit the affinity of whoever starts it
     ids = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) != me]
-    for tid in ids + ([process._proc.pid] if process is not None else []):
+    child = process.start() if process is not None else None
+    for tid in ids + ([child] if child is not None else []):
         try:
             os.sched_setaffinity(tid, others)
         except OSError:

@@ -2,9 +2,11 @@
 
 ``submit(source)`` returns a ``Future[CompiledKernel]`` at once. One service thread looks the
 source up in the cubin cache (memory, then disk), sends it to the compiler process on a miss
-(``compiler_process.py``; sources that cannot go there compile on the service thread), stores the
-cubin, and loads it into the engine's context, so the frame thread only swaps a ready
-``CUfunction`` in; the engine even does that swap from the service thread, between frames.
+(``compiler_process.py``, a child program that never imports the user's ``__main__``; sources that
+cannot go there compile on the service thread), stores the cubin, and loads it into the engine's
+context, so the frame thread only swaps a ready ``CUfunction`` in; the engine even does that swap
+from the service thread, between frames. A compiler crash fails only the kernel it was compiling,
+with the reason; the next compile starts a new compiler process.
 
 An engine's builder is *paced*: the service thread does its Python only after a frame ends (see
 ``pacing.FrameGate``), or after ``idle_s`` without frames. ``unpaced()`` lifts that for callers that
