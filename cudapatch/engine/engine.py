@@ -22,7 +22,6 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,6 @@ from ..errors import (
     CudaError,
     CudaLaunchError,
     CudapatchError,
-    GraphCompileError,
-    KernelLoadError,
-    LibraryCallError,
 )
 from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
@@ -46,50 +42,23 @@ from ..kernels.types import DType
 from .bindings import binding_from_cai
 from .board import DiagnosticBoard
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
-from .compiler import compile_plan
+from .build import GraphBuilds
+from .codetier import CodeTier
 from .context import Context, ExternalBinding
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
-from .plan import GraphPlan
 from .profiling import EngineStats, ProfilingLevel
-from .realize import CompiledGraph, realize
+from .realize import CompiledGraph
 from .recovery import recover
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources
-from .stats import append_warnings, collect_stats, occupancy_warnings, show_built, show_on_blocks
+from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, show_on_blocks
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
 log = logging.getLogger("cudapatch.engine")
-
-
-@dataclass
-class BuildTiming:
-    """Where the last structure change spent its host time (ms); read by benchmarks and the overlay."""
-
-    tier: str = ""
-    reap_ms: float = 0.0  # closing graphs retired by earlier rebuilds
-    compile_ms: float = 0.0  # snapshot + compile_plan
-    realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
-    total_ms: float = 0.0  # compile to swap-in (excludes reap)
-
-
-@dataclass
-class EngineCounters:
-    """How often each update tier ran (for tests, the overlay and benchmarks)."""
-
-    frames: int = 0
-    rebuilds: int = 0
-    failed_rebuilds: int = 0
-    hot_updates: int = 0
-    warm_updates: int = 0
-    warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
-    code_swaps: int = 0  # recompiled kernels swapped into the running graph
-    recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
-    nodes_patched: int = 0
-    faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
 
 
 class Engine:
@@ -154,6 +123,25 @@ class Engine:
         self.debug_launch = debug_launch
         self._faults = FaultState()
         self._board = DiagnosticBoard(self.context.registry, kernels=self.kernels, faults=self._faults, logger=log)
+        self._code = CodeTier(
+            resources=self.resources,
+            context=self.context,
+            kernels=self.kernels,
+            faults=self._faults,
+            board=self._board,
+            counters=self.counters,
+            graph_lock=self._graph_lock,
+        )
+        self._builds = GraphBuilds(
+            context=self.context,
+            kernels=self.kernels,
+            resources=self.resources,
+            faults=self._faults,
+            board=self._board,
+            counters=self.counters,
+            timing=self.last_build,
+            settle_compiles=self._settle_compiles,
+        )
         self._dirty = self.context.dirty
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
@@ -293,7 +281,7 @@ class Engine:
             h.before_launch(res.stream)
         kt = self.kernels
         if kt.ready:  # a deque test when no compile finished
-            self._apply_compiles(kt.collect())
+            self._code.apply(kt.collect())
         if kt.watcher is not None and kt.watcher.ready:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
         dirty = self._dirty
@@ -409,76 +397,18 @@ class Engine:
             for bid, exc in g.call_errors.items()
         )
 
-    # -- Code tier ------------------------------------------------------------------------------------
-    def _swap(self, o: KernelOutcome) -> bool:
-        """Swap ``o``'s recompiled function into the running graph in place; False where it cannot be
-        (no graph, or the parameter layout changed). The one place a Code-tier swap is applied.
-
-        Raises:
-            CudaError: the driver refused the swap.
-        """
-        g = self.resources.graph
-        if g is None or o.compiled is None or not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
-            return False
-        self.counters.code_swaps += 1
-        return True
-
+    # -- Code tier (``codetier.py``) --------------------------------------------------------------------
     def _swap_between_frames(self, o: KernelOutcome) -> bool:
-        """Code tier, on the kernel builder's thread right after a frame (``KernelTracker``'s swapper).
-        Gives up (the frame thread swaps it then) rather than wait for the graph."""
-        lock = self._graph_lock
-        if not lock.acquire(blocking=False):
-            return False
-        try:
-            return self._faults.lost is None and not self._closed and self._swap(o)
-        except CudaError:  # the frame thread tries again, and reports what fails
-            return False
-        finally:
-            lock.release()
-
-    def _apply_compiles(self, outcomes: list[KernelOutcome]) -> None:
-        """Code tier on the frame thread: swap finished kernels into the running graph; rebuild where
-        that cannot be done."""
-        if not outcomes:
-            return
-        for o in outcomes:
-            if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
-                continue
-            if o.action == "swap":
-                if self._swap(o):
-                    continue
-            elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
-                self._refresh_block(o.key[0])
-            self._dirty.mark_structure()
-        self._board.refresh()  # a swap alone changes no block's state, but may clear a compile error
-
-    def _refresh_block(self, block_id: int) -> None:
-        block = self.context.registry.get(block_id)
-        if block is None:
-            return
-        try:
-            block.refresh()
-        except CudapatchError as exc:  # stays on the block until a later edit re-describes it
-            self._board.set_block_error(Diagnostic("error", block.id, DiagnosticCode.KERNEL_SIGNATURE, str(exc)))
-        else:
-            self._board.clear_block_error(block.id, DiagnosticCode.KERNEL_SIGNATURE)
+        return self._code.swap_between_frames(o)  # the KernelTracker's swapper, made before the CodeTier
 
     def _code_edited(self, key: tuple[int, int]) -> bool:
-        """A kernel's code changed (``Context.code_listener``): hand it to the compiler now, at the
-        edit, so the next frame has nothing to do for it (measured on the H100 host: handing it over
-        inside ``update()`` cost that frame 60-80 µs). The builder is paced, so it starts on it only
-        after the next frame. Returns False to leave it to ``update()``: with ``wait_for_compile``
+        """A kernel's code changed (``Context.code_listener``): hand it to the compiler now (see
+        ``CodeTier.edited``). Returns False to leave it to ``update()``: with ``wait_for_compile``
         (which waits there) or when the kernel is not in the patch."""
-        if self.wait_for_compile or self._closed:
-            return False
-        block = self.context.registry.get(key[0])
-        if block is None or not 0 <= key[1] < len(block.description.kernels):
-            return False
-        if self._faults.code_changed(key[0]):  # new code gets a new chance
-            self._dirty.mark_structure()
-        self.kernels.source_changed(key, block.description.kernels[key[1]].source, block.name)
-        self.kernels.flush()
-        return True
+        return not (self.wait_for_compile or self._closed) and self._code.edited(key)
+
+    def _settle_compiles(self) -> None:
+        self._code.apply(self.kernels.collect(wait=True))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.
@@ -493,7 +423,7 @@ class Engine:
         try:
             with self._graph_lock:
                 while True:
-                    self._apply_compiles(self.kernels.collect(wait=True, timeout=timeout))
+                    self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
                         self._apply_changes()
                     if not self.kernels.pending:
@@ -508,17 +438,11 @@ class Engine:
         self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
         dirty = self._dirty
         if dirty.code:
-            registry = self.context.registry
-            for bid, ki in dirty.take_code():
-                if self._faults.code_changed(bid):  # new code gets a new chance
-                    dirty.mark_structure()
-                block = registry.get(bid)
-                if block is not None and ki < len(block.description.kernels):
-                    self.kernels.source_changed((bid, ki), block.description.kernels[ki].source, block.name)
+            self._code.submit(dirty.take_code())
             if self.wait_for_compile:
-                self._apply_compiles(self.kernels.collect(wait=True))
+                self._settle_compiles()
         if dirty.structure:
-            if self._rebuild():
+            if self._builds.rebuild(self.profiling, wait_for_compile=self.wait_for_compile):
                 return
             dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
         dirty.forget_code_and_captured()
@@ -526,96 +450,6 @@ class Engine:
             dirty.take_params()
         elif dirty.any:
             self._apply_params()
-
-    def _rebuild(self) -> bool:
-        """Compile; patch the running graph in place if only sizes changed (Warm), else realize and swap
-        in a new one (Cold). On failure keep the old graph and put the errors on the blocks."""
-        timing = self.last_build
-        t0 = time.perf_counter()
-        snap = self.context.snapshot()
-        functions, status = self.kernels.resolve(snap)
-        if status and self.wait_for_compile and self.kernels.pending:
-            self._apply_compiles(self.kernels.collect(wait=True))
-            snap = self.context.snapshot()  # a compile may have re-described a block
-            functions, status = self.kernels.resolve(snap)
-        res = self.resources
-        if res.graph is not None and status:
-            running = set(res.graph.plan.block_order)
-            if any(
-                code == DiagnosticCode.KERNEL_COMPILING and bid in running for (bid, _), (_, code, _) in status.items()
-            ):
-                # A running block's new kernel is still compiling: keep the old graph (and the old
-                # kernel) until it lands; the finished compile marks the structure dirty again.
-                self._dirty.defer_structure()
-                timing.tier = "deferred"
-                return True
-        status = self._faults.with_call_failures(snap.blocks, status)
-        try:
-            plan = compile_plan(snap, status, self.profiling, self._faults.disabled)
-            timing.compile_ms = (time.perf_counter() - t0) * 1e3
-        except GraphCompileError as exc:
-            return self._build_failed(exc.diagnostics)
-        g = res.graph
-        if g is not None:
-            recaptures = g.recaptures
-            try:
-                patched = g.try_patch(plan, snap.bindings, functions)
-            except CudaError as exc:
-                return self._build_failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
-            if patched is not None:
-                # Warm resize: same graph, new counts/grids/pointers patched into the executable graph
-                # (captured calls whose arguments changed were re-captured in place).
-                timing.tier, timing.realize_ms = "warm-resize", 0.0
-                timing.total_ms = (time.perf_counter() - t0) * 1e3
-                self.counters.warm_resizes += 1
-                self.counters.nodes_patched += patched
-                self.counters.recaptures += g.recaptures - recaptures
-                self._finish_build(g, plan)
-                return True
-        stamp_function, publish_function = res.readback_functions(plan, self.kernels.builder)
-        t1 = time.perf_counter()
-        try:
-            graph = realize(
-                plan,
-                device=self.device,
-                pool=res.pool,
-                functions=functions,
-                bindings=snap.bindings,
-                block_names={b.id: b.name for b in snap.blocks},
-                previous=g,
-                occupancy=self.profiling.at_least(ProfilingLevel.DEEP_ASYNC),
-                stamp_function=stamp_function,
-                libraries=res.libraries,
-                publish_function=publish_function,
-            )
-        except LibraryCallError as exc:
-            block = self.context.registry.by_name(exc.block) if exc.block else None
-            tried = next((b for b in snap.blocks if block is not None and b.id == block.id), None)
-            if tried is not None and self._faults.call_failed(tried, str(exc)):
-                return self._rebuild()  # leave that block (and what depends on it) out, and build the rest
-            bid = block.id if block else None
-            return self._build_failed((Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, str(exc)),))
-        except (KernelLoadError, CudaError) as exc:
-            block = self.context.registry.by_name(exc.block) if exc.block else None
-            bid = block.id if block else None
-            return self._build_failed((Diagnostic("error", bid, DiagnosticCode.REALIZE, str(exc)),))
-        timing.realize_ms = (time.perf_counter() - t1) * 1e3
-        res.install(graph)
-        self.counters.rebuilds += 1
-        self._finish_build(graph, plan)
-        timing.tier, timing.total_ms = "cold", (time.perf_counter() - t0) * 1e3
-        return True
-
-    def _build_failed(self, diags: tuple[Diagnostic, ...]) -> bool:
-        self.counters.failed_rebuilds += 1
-        self._board.build_failed(diags)
-        return False
-
-    def _finish_build(self, graph: CompiledGraph, plan: GraphPlan) -> None:
-        self._dirty.clear_structure()
-        registry = self.context.registry
-        show_built(plan, graph.appends, registry)
-        self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)
 
     # -- reading results ----------------------------------------------------------------------------
     @property
@@ -758,6 +592,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._code.close()
         with self._graph_lock:  # a swap between frames that began before the flag was set ends first
             pass
         faults = self._faults

@@ -1,4 +1,5 @@
-"""Statistics of a completed frame, read without waiting, and the warnings its measurements raise.
+"""Statistics of a completed frame, read without waiting, and the warnings its measurements raise;
+the engine's counters of update tiers and build timing.
 
 The numbers come from the readback ring (timestamps and append counters the graph publishes into
 host memory, see ``engine.readback``). Everything here reads: ``collect_stats`` builds an
@@ -12,6 +13,7 @@ never on the frame path.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,8 @@ from .registry import BlockRegistry
 
 __all__ = [
     "APPEND_FULL",
+    "BuildTiming",
+    "EngineCounters",
     "LOW_OCCUPANCY",
     "append_warnings",
     "collect_stats",
@@ -35,6 +39,33 @@ __all__ = [
 
 LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
 APPEND_FULL = 0.95  # warn when an append output is this full
+
+
+@dataclass
+class EngineCounters:
+    """How often each update tier ran (for tests, the overlay and benchmarks)."""
+
+    frames: int = 0
+    rebuilds: int = 0
+    failed_rebuilds: int = 0
+    hot_updates: int = 0
+    warm_updates: int = 0
+    warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    code_swaps: int = 0  # recompiled kernels swapped into the running graph
+    recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
+    nodes_patched: int = 0
+    faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
+
+
+@dataclass
+class BuildTiming:
+    """Where the last structure change spent its host time (ms); read by benchmarks and the overlay."""
+
+    tier: str = ""
+    reap_ms: float = 0.0  # closing graphs retired by earlier rebuilds
+    compile_ms: float = 0.0  # snapshot + compile_plan
+    realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
+    total_ms: float = 0.0  # compile to swap-in (excludes reap)
 
 
 def frame_times(
