@@ -43,7 +43,6 @@ from .bindings import binding_from_cai
 from .board import DiagnosticBoard
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .build import GraphBuilds
-from .codetier import CodeTier
 from .context import Context, ExternalBinding
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
@@ -51,10 +50,11 @@ from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
-from .recovery import recover
+from .recovery import Recovery
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources
-from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, show_on_blocks
+from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, newest_frame, show_on_blocks
+from .tiers import CodeTier, ParamTier
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
@@ -132,6 +132,7 @@ class Engine:
             counters=self.counters,
             graph_lock=self._graph_lock,
         )
+        self._params = ParamTier(dirty=self.context.dirty, board=self._board, counters=self.counters)
         self._builds = GraphBuilds(
             context=self.context,
             kernels=self.kernels,
@@ -141,6 +142,15 @@ class Engine:
             counters=self.counters,
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
+        )
+        self._recovery = Recovery(
+            context=self.context,
+            resources=self.resources,
+            kernels=self.kernels,
+            faults=self._faults,
+            board=self._board,
+            counters=self.counters,
+            cache_dir=self.kernel_cache.directory,
         )
         self._dirty = self.context.dirty
         self._frame_hooks: tuple[Any, ...] = ()
@@ -288,7 +298,8 @@ class Engine:
         if dirty.any:
             try:
                 if dirty.only_params and res.graph is not None and not res.retiring:
-                    self._apply_params()
+                    if self._params.apply(res.graph):  # a re-capture only a new graph can hold
+                        self._apply_changes()
                 else:
                     self._apply_changes()
             except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
@@ -336,19 +347,8 @@ class Engine:
 
     # -- faults -------------------------------------------------------------------------------------
     def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
-        self.counters.faults += 1
-        directory = self.kernel_cache.directory
-        recover(
-            exc,
-            culprit=culprit,
-            context=self.context,
-            resources=self.resources,
-            kernels=self.kernels,
-            faults=self._faults,
-            cache_dir=False if directory is None else str(directory),
-        )
+        self._recovery.recover(exc, culprit)
         self.counters.frames += 1
-        self._board.graph_gone()
 
     def report_fault(self, exc: CudaLaunchError) -> None:
         """Survive a sticky GPU fault that a call outside ``update()`` met first (a synchronize, a
@@ -364,40 +364,7 @@ class Engine:
         """Why the engine stopped launching, when CUDA refused to continue after a fault; else None."""
         return self._faults.lost
 
-    # -- Hot, Warm and Recapture tiers ----------------------------------------------------------------
-    def _apply_params(self) -> None:
-        """Hot and Warm: patch scalar slots and external pointers into the executable graph."""
-        dirty = self._dirty
-        g = self.resources.graph
-        assert g is not None
-        params, bindings = dirty.params, dirty.bindings
-        dirty.params, dirty.bindings, dirty.any = {}, {}, False  # only_params: nothing else is pending
-        c = self.counters
-        before = g.recaptures
-        if params:
-            c.nodes_patched += g.update_scalars(params)
-            c.hot_updates += len(params)
-        if bindings:
-            c.nodes_patched += g.update_bindings(bindings)
-            c.warm_updates += len(bindings)
-        if g.recaptures != before or g.call_errors or g.stale:
-            self._after_recapture(g, before)
-            if dirty.structure:  # a re-capture only a new graph can hold: build it this frame
-                self._apply_changes()
-
-    def _after_recapture(self, g: CompiledGraph, before: int) -> None:
-        """Recapture tier bookkeeping: count, put failed calls on their blocks (their previous capture
-        keeps running), and rebuild when a new capture cannot replace the old in place."""
-        self.counters.recaptures += g.recaptures - before
-        if g.stale:  # another algorithm for the new arguments: only a new graph can hold it
-            g.stale = False
-            self._dirty.mark_structure()
-        self._board.recapture_errors(
-            Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, f"{exc} (the previous capture keeps running)")
-            for bid, exc in g.call_errors.items()
-        )
-
-    # -- Code tier (``codetier.py``) --------------------------------------------------------------------
+    # -- Code tier (``tiers.py``) -----------------------------------------------------------------------
     def _swap_between_frames(self, o: KernelOutcome) -> bool:
         return self._code.swap_between_frames(o)  # the KernelTracker's swapper, made before the CodeTier
 
@@ -446,10 +413,11 @@ class Engine:
                 return
             dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
         dirty.forget_code_and_captured()
-        if self.resources.graph is None:
+        g = self.resources.graph
+        if g is None:
             dirty.take_params()
-        elif dirty.any:
-            self._apply_params()
+        elif dirty.any and self._params.apply(g):  # a re-capture only a new graph can hold
+            self._apply_changes()
 
     # -- reading results ----------------------------------------------------------------------------
     @property
@@ -527,30 +495,18 @@ class Engine:
         """
         self.device.make_current()
         g = self.resources.graph
-        rb = g.readback if g is not None else None
         registry = self.context.registry
-        frame = age = stamps = None
-        try:
-            if rb is not None:
-                rb.poll()
-                rb.frozen = True  # every value below from this one frame (unfrozen at the end)
-                frame, age = rb.latest_frame, rb.age()
-                if frame is not None and rb.stamps:
-                    stamps = rb.latest_stamps
-            self._board.frame_warnings(append_warnings(g.appends, registry) if g and frame is not None else ())
+        with newest_frame(g) as reading:
+            full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+            self._board.frame_warnings(full)
             stats = collect_stats(
                 level=self.profiling,
                 blocks=registry,
                 graph=g,
-                frame=frame,
-                age=age,
-                stamps=stamps,
+                reading=reading,
                 pool=self.pool,
                 diagnostics=self._board.current,
             )
-        finally:
-            if rb is not None:
-                rb.frozen = False
         show_on_blocks(stats, registry)
         self._last_gpu_ms = stats.gpu_ms
         return stats

@@ -13,8 +13,7 @@ launching and says the process must restart.
 External inputs die with the context (their memory was in it): they are unbound, with a warning
 asking the host to bind them again.
 
-Recovery works only through the public operations of the objects it is handed; the engine then
-republishes its diagnostics and rebuilds.
+Recovery works only through the public operations of the objects it is handed.
 """
 
 from __future__ import annotations
@@ -26,78 +25,114 @@ from ..errors import CudaError
 from .replay import attribute_in_child
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .board import DiagnosticBoard
     from .context import Context
     from .faults import FaultState
     from .kernels import KernelTracker
     from .resources import DeviceResources
+    from .stats import EngineCounters
 
-__all__ = ["recover"]
+__all__ = ["Recovery"]
 
 log = logging.getLogger("cudapatch.engine")
 
 
-def recover(
-    exc: CudaError,
-    *,
-    culprit: int | None,
-    context: Context,
-    resources: DeviceResources,
-    kernels: KernelTracker,
-    faults: FaultState,
-    cache_dir: str | bool,
-) -> int | None:
-    """Survive a sticky fault: find the faulting block (unless given), disable it, and try to reset
-    the context. Where the driver keeps the fault for the rest of the process (it does on H100 +
-    driver 580), the engine is marked lost instead (``faults.lost``): it stops launching, the host
-    process keeps running, and its diagnostics say which block faulted and that the engine's process
-    must be restarted to use the GPU again.
+class Recovery:
+    """Fault recovery for one engine.
 
     Args:
-        exc: The fault as it surfaced.
-        culprit: The faulting block when already known (``debug_launch``), else None.
         context: The patch (snapshot for the replay; external inputs are unbound from it).
         resources: What the context owns; reset here.
         kernels: Reloads its compiled kernels into the new context.
         faults: Takes the disabled block, the lost inputs or the lost context.
-        cache_dir: The compiled-kernel cache directory for the replay process (False: none).
-
-    Returns:
-        The faulting block's id, or None when it could not be found.
+        board: Republishes: no graph runs until the rebuild.
+        counters: ``faults`` is counted here.
+        cache_dir: The compiled-kernel cache directory for the replay process (None: memory only).
     """
-    log.error("GPU fault: %s; resetting the CUDA context and finding the block", exc)
-    registry = context.registry
-    detail = "named by debug_launch"
-    if culprit is None:
-        # Before touching anything: the snapshot is pure data, and the child has a fresh context.
-        culprit, detail = attribute_in_child(context.snapshot(), device=resources.device.ordinal, cache_dir=cache_dir)
-    block = registry.get(culprit) if culprit is not None else None
-    what = ""
-    if culprit is not None:
+
+    def __init__(
+        self,
+        *,
+        context: Context,
+        resources: DeviceResources,
+        kernels: KernelTracker,
+        faults: FaultState,
+        board: DiagnosticBoard,
+        counters: EngineCounters,
+        cache_dir: Path | None,
+    ) -> None:
+        self._context = context
+        self._resources = resources
+        self._kernels = kernels
+        self._faults = faults
+        self._board = board
+        self._counters = counters
+        self._cache_dir: str | bool = False if cache_dir is None else str(cache_dir)
+
+    def recover(self, exc: CudaError, culprit: int | None = None) -> int | None:
+        """Survive a sticky fault: find the faulting block (unless given), disable it, and try to
+        reset the context (the next build rebuilds the graph). Where the driver keeps the fault for
+        the rest of the process (it does on H100 + driver 580), the engine is marked lost instead
+        (``FaultState.lost``): it stops launching, the host process keeps running, and its
+        diagnostics say which block faulted and that the engine's process must be restarted to use
+        the GPU again.
+
+        Args:
+            exc: The fault as it surfaced.
+            culprit: The faulting block when already known (``debug_launch``), else None.
+
+        Returns:
+            The faulting block's id, or None when it could not be found.
+        """
+        self._counters.faults += 1
+        log.error("GPU fault: %s; resetting the CUDA context and finding the block", exc)
+        culprit, what = self._find(exc, culprit)
+        if culprit is not None:
+            self._faults.disable(
+                culprit, f"{what}: the block is disabled and its outputs read as zeros until its code changes"
+            )
+        bound = list(self._context.bindings)
+        try:
+            self._resources.reset()
+            self._kernels.reload(self._resources.modules)
+        except CudaError as reset_error:
+            if culprit is not None:
+                self._faults.disable(culprit, f"{what}: this block's kernel faulted on the GPU")
+            block = self._context.registry.get(culprit) if culprit is not None else None
+            where = f"block '{block.name}'" if block is not None else "a block"
+            self._faults.mark_lost(
+                f"the GPU context is lost after {exc.name} in {where}; CUDA refuses to continue in this process "
+                f"({reset_error.name} on reset): restart the engine's process"
+            )
+        else:
+            self._unbind(bound)
+        self._board.graph_gone()
+        return culprit
+
+    def _find(self, exc: CudaError, culprit: int | None) -> tuple[int | None, str]:
+        """The faulting block (replayed in a child process unless known) and how to name the fault."""
+        detail = "named by debug_launch"
+        if culprit is None:
+            # Before touching anything: the snapshot is pure data, and the child has a fresh context.
+            device = self._resources.device.ordinal
+            culprit, detail = attribute_in_child(self._context.snapshot(), device=device, cache_dir=self._cache_dir)
+        if culprit is None:
+            log.warning("the faulting block was not found (%s)", detail)
+            return None, ""
+        block = self._context.registry.get(culprit)
         name = block.name if block is not None else str(culprit)
         entries = ", ".join(k.descriptor.entry_point for k in block.description.kernels) if block else "?"
-        what = f"{exc.name} in block '{name}' (kernel {entries})"
-        faults.disable(culprit, f"{what}: the block is disabled and its outputs read as zeros until its code changes")
-    else:
-        log.warning("the faulting block was not found (%s)", detail)
-    bound = list(context.bindings)
-    try:
-        resources.reset()
-        kernels.reload(resources.modules)
-    except CudaError as reset_error:
-        if culprit is not None:
-            faults.disable(culprit, f"{what}: this block's kernel faulted on the GPU")
-        where = f"block '{block.name}'" if block is not None else "a block"
-        faults.mark_lost(
-            f"the GPU context is lost after {exc.name} in {where}; CUDA refuses to continue in this process "
-            f"({reset_error.name} on reset): restart the engine's process"
-        )
-        return culprit
-    lost = []
-    for bid, port in bound:
-        b = registry.get(bid)
-        if b is not None:
-            context.unbind_input(b, port)
-            lost.append((bid, port, f"{b.name}.{port}"))
-    faults.inputs_lost(lost)
-    context.dirty.mark_structure()
-    return culprit
+        return culprit, f"{exc.name} in block '{name}' (kernel {entries})"
+
+    def _unbind(self, bound: list[tuple[int, str]]) -> None:
+        """External inputs died with the context: unbind them, each warned until bound again."""
+        registry, lost = self._context.registry, []
+        for bid, port in bound:
+            b = registry.get(bid)
+            if b is not None:
+                self._context.unbind_input(b, port)
+                lost.append((bid, port, f"{b.name}.{port}"))
+        self._faults.inputs_lost(lost)
+        self._context.dirty.mark_structure()

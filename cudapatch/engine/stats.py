@@ -12,7 +12,8 @@ never on the frame path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,9 @@ __all__ = [
     "LOW_OCCUPANCY",
     "append_warnings",
     "collect_stats",
+    "FrameReading",
     "frame_times",
+    "newest_frame",
     "occupancy_warnings",
     "show_built",
     "show_on_blocks",
@@ -66,6 +69,34 @@ class BuildTiming:
     compile_ms: float = 0.0  # snapshot + compile_plan
     realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
     total_ms: float = 0.0  # compile to swap-in (excludes reap)
+
+
+@dataclass(frozen=True)
+class FrameReading:
+    """The newest completed frame of a graph: the engine frame it was (None: none completed yet), how
+    many frames ago, and its timestamps (None: no timing at this level, or no frame yet)."""
+
+    frame: int | None = None
+    age: int | None = None
+    stamps: np.ndarray | None = None
+
+
+@contextmanager
+def newest_frame(graph: Any) -> Iterator[FrameReading]:
+    """Take the newest completed frame of ``graph``'s readback ring and hold it: while the block runs,
+    every value read from the ring (append counts included) is from that one frame. No driver call."""
+    rb = graph.readback if graph is not None else None
+    if rb is None:
+        yield FrameReading()
+        return
+    rb.poll()
+    rb.frozen = True
+    try:
+        frame = rb.latest_frame
+        stamps = rb.latest_stamps if frame is not None and rb.stamps else None
+        yield FrameReading(frame, rb.age(), stamps)
+    finally:
+        rb.frozen = False
 
 
 def frame_times(
@@ -143,9 +174,7 @@ def collect_stats(
     level: ProfilingLevel,
     blocks: Iterable[Block],
     graph: Any,
-    frame: int | None,
-    age: int | None,
-    stamps: np.ndarray | None,
+    reading: FrameReading,
     pool: Any,
     diagnostics: tuple[Diagnostic, ...],
 ) -> EngineStats:
@@ -155,12 +184,11 @@ def collect_stats(
         level: The profiling level.
         blocks: The patch's blocks, in order.
         graph: The running ``CompiledGraph`` (None before the first build).
-        frame: The engine frame the numbers are from (None: no frame completed yet).
-        age: How many frames ago that was.
-        stamps: That frame's timestamps (None: no timing at this level, or no frame yet).
+        reading: The frame the numbers are from (``newest_frame``).
         pool: The buffer pool (its use is reported).
         diagnostics: The diagnostics published now.
     """
+    frame, stamps = reading.frame, reading.stamps
     graph_ms, block_ms, kernel_ms = frame_times(graph.plan.timings, stamps) if stamps is not None else (None, {}, {})
     occupancy = graph.occupancy if graph is not None else {}
     rows = []
@@ -179,7 +207,7 @@ def collect_stats(
     return EngineStats(
         level=level,
         frame=frame,
-        age=age,
+        age=reading.age,
         gpu_ms=graph_ms,
         blocks=tuple(rows),
         kernels=graph.kernel_count if graph is not None else 0,

@@ -1,5 +1,12 @@
-"""CodeTier: a kernel edit goes live by swapping the recompiled function into the running graph.
+"""The update tiers that patch the running executable graph in place, never rebuilding it.
 
+``ParamTier``: Hot (a scalar parameter: its pinned slot is written and the node's parameters set,
+1.4 µs a node measured from Python on the H100), Warm (an external input's pointer moved: the
+nodes reading it are patched) and Recapture (a captured library call whose arguments changed is
+captured again on a side stream and its child-graph node updated). It runs on the frame path of
+an edit frame, so it does no lookups: the dirty tracker hands it the changed objects themselves.
+
+``CodeTier``: a kernel edit goes live by swapping the recompiled function into the running graph.
 An edit hands the kernel's source to the ``KernelTracker`` (compiles run in the background). When a
 compile finishes with the same parameter layout, its function is swapped into every node of that
 kernel with ``cuGraphExecKernelNodeSetParams`` (25 µs measured on the H100, DESIGN.md §3): on the
@@ -8,6 +15,8 @@ on the frame thread at the next ``update()`` (``apply``). Anything else a compil
 compile, a new layout, a block to re-describe) becomes a structure change: the Cold tier.
 
 ``swap`` is the one place a swap is applied and counted.
+
+What neither can do in place becomes a structure change: the Cold tier (``build.py``).
 """
 
 from __future__ import annotations
@@ -19,12 +28,66 @@ from ..errors import CudaError, CudapatchError
 from .board import DiagnosticBoard
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
+from .dirty import DirtyTracker
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
+from .realize import CompiledGraph
 from .resources import DeviceResources
 from .stats import EngineCounters
 
-__all__ = ["CodeTier"]
+__all__ = ["CodeTier", "ParamTier"]
+
+
+class ParamTier:
+    """Hot, Warm and Recapture updates of one engine.
+
+    Args:
+        dirty: The patch's dirty tracker (pending parameters and bindings are taken from it).
+        board: Takes the errors of re-captures that failed.
+        counters: Hot and Warm updates, patched nodes and re-captures are counted here.
+    """
+
+    def __init__(self, *, dirty: DirtyTracker, board: DiagnosticBoard, counters: EngineCounters) -> None:
+        self._dirty = dirty
+        self._board = board
+        self._counters = counters
+
+    def apply(self, g: CompiledGraph) -> bool:
+        """Patch the pending scalar and pointer changes into ``g`` (only those may be pending).
+
+        Returns:
+            True when a re-capture needs a new graph: the caller builds one this frame.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        dirty = self._dirty
+        params, bindings = dirty.params, dirty.bindings
+        dirty.params, dirty.bindings, dirty.any = {}, {}, False  # nothing else is pending (only_params)
+        c = self._counters
+        before = g.recaptures
+        if params:
+            c.nodes_patched += g.update_scalars(params)
+            c.hot_updates += len(params)
+        if bindings:
+            c.nodes_patched += g.update_bindings(bindings)
+            c.warm_updates += len(bindings)
+        if g.recaptures != before or g.call_errors or g.stale:
+            self._after_recapture(g, before)
+            return dirty.structure
+        return False
+
+    def _after_recapture(self, g: CompiledGraph, before: int) -> None:
+        # Count, put failed calls on their blocks (their previous capture keeps running), and ask for
+        # a rebuild when a new capture cannot replace the old in place.
+        self._counters.recaptures += g.recaptures - before
+        if g.stale:  # another algorithm for the new arguments: only a new graph can hold it
+            g.stale = False
+            self._dirty.mark_structure()
+        self._board.recapture_errors(
+            Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, f"{exc} (the previous capture keeps running)")
+            for bid, exc in g.call_errors.items()
+        )
 
 
 class CodeTier:
