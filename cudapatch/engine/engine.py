@@ -5,11 +5,13 @@ The engine orchestrates; each concept it uses lives in its own object:
 
 - ``DeviceResources`` (``resources.py``): the CUDA context and everything in it (stream, pool,
   library handles, modules, the running and retired graphs, uploads), with one ``reset``.
-- ``KernelTracker`` (``kernels.py``): background compiles and the Code tier's outcomes.
+- ``KernelTracker`` (``kernels.py``): background compiles and what each finished one asks for.
+- ``ParamTier`` and ``CodeTier`` (``tiers.py``): Hot, Warm, Recapture and Code updates, in place.
+- ``GraphBuilds`` (``build.py``): the Cold tier and the Warm resize.
 - ``FaultState`` (``faults.py``): disabled blocks, failed library calls, a lost context.
 - ``DiagnosticBoard`` (``board.py``): every diagnostic by source; the one writer of block states.
-- ``stats.py``: what a completed frame measured, read without side effects.
-- ``recovery.py``: surviving a sticky GPU fault through the objects above.
+- ``stats.py``: what a completed frame measured, read without side effects; the tier counters.
+- ``Recovery`` (``recovery.py``): surviving a sticky GPU fault through the objects above.
 
 ``update()`` with nothing dirty tests one flag, polls the readback ring (plain loads from host-mapped
 memory the graph publishes into, only when it has append buffers or timestamps), and launches: one
@@ -398,8 +400,10 @@ class Engine:
         finally:
             self.wait_for_compile = waiting
 
-    # -- Cold tier and Warm resize --------------------------------------------------------------------
+    # -- an edit frame: the tiers in order -----------------------------------------------------------
     def _apply_changes(self) -> None:
+        """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (Cold or
+        Warm resize), then Hot/Warm on the graph that runs now."""
         t0 = time.perf_counter()
         self.resources.reap()
         self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3

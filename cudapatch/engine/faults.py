@@ -65,9 +65,12 @@ class FaultState:
         self._calls.clear()
 
     def input_bound(self, block_id: int, port: str) -> None:
-        """An input was bound: its lost-binding warning is resolved (and failed calls are retried)."""
-        self._lost_inputs.pop((block_id, port), None)
-        self._calls.clear()
+        """An input was bound: its lost-binding warning is resolved (and failed calls are retried).
+        Cheap when there is nothing to forgive: some hosts rebind every frame (ping-pong buffers)."""
+        if self._lost_inputs:
+            self._lost_inputs.pop((block_id, port), None)
+        if self._calls:
+            self._calls.clear()
 
     def code_changed(self, block_id: int) -> bool:
         """A block's kernel code changed: new code gets a new chance. Returns whether the block was
