@@ -8,6 +8,11 @@ forgotten together (``abandon``, no driver call: each would fail) and made anew 
 (``reset``); the engine and recovery never rebuild them piece by piece.
 
 The frame path reads ``graph`` and ``stream``, plain attributes: one load each, no call.
+
+Finalizer policy: none of its own. Each part that holds driver handles (device and stream, graphs,
+buffers) has its own ``weakref.finalize`` safety net; ``close`` frees everything in order, and
+``abandon`` marks every part closed (graphs and device detach their nets) so nothing touches a dead
+context.
 """
 
 from __future__ import annotations
