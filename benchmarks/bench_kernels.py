@@ -85,7 +85,7 @@ class Overlaps:
         builder._step = step  # type: ignore[method-assign]
         # Parts of the frame itself, on the frame thread.
         self.parts: list[tuple[float, float, str]] = []
-        self._wrapped = [(eng, "_apply_changes"), (eng.kernels, "flush"), (eng, "_apply_compiles")]
+        self._wrapped = [(eng, "_apply_changes"), (eng.kernels, "flush"), (eng._code, "apply")]
         self._saved = [getattr(o, n) for o, n in self._wrapped]
         for (obj, name), fn in zip(self._wrapped, self._saved, strict=True):
             setattr(obj, name, self._timed(fn, name))
@@ -314,7 +314,7 @@ def main() -> None:
     raw_runs = []  # the peer: the same executable graph launched by a bare cuGraphLaunch, same pacing
 
     def raw_paced(frames: int) -> list[float]:
-        graph, stream, times = eng._graph._exec, eng._stream, []
+        graph, stream, times = eng.graph._exec, eng.device.stream, []
         next_t = time.perf_counter()
         for _ in range(frames):
             t = time.perf_counter()

@@ -117,7 +117,7 @@ def main() -> None:
     eng.update()
     eng.synchronize()
     assert all(b.debug.state.value == "OK" for b in blocks), [b.debug.message for b in blocks if b.debug.message]
-    stream = eng._stream
+    stream = eng.device.stream
 
     def noop() -> None:
         pass
@@ -131,7 +131,7 @@ def main() -> None:
     what = {
         "empty Python call": noop,
         "raw graph, 1 node": launcher(one_node_graph(eng)),
-        f"raw graph, {args.blocks} nodes": launcher(eng._graph._exec),
+        f"raw graph, {args.blocks} nodes": launcher(eng.graph._exec),
         "Engine.update()": eng.update,
     }
     torch_graph = torch_peer(args.blocks)

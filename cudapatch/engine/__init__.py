@@ -5,7 +5,7 @@ from .compiler import compile_plan
 from .connections import ConnectionGraph, Link
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .device import DeviceContext
-from .diagnostics import Diagnostic
+from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .engine import Engine, EngineCounters
 from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan, TimingPair
@@ -33,6 +33,7 @@ __all__ = [
     "Context",
     "DeviceContext",
     "Diagnostic",
+    "DiagnosticCode",
     "DirtyTracker",
     "Engine",
     "EngineCounters",

@@ -68,6 +68,7 @@ class DeviceContext(HandleOwner):
         self._stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
         self._closed = False
         self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream)
+        self.resets = 0  # successful ``reset`` calls
 
     @property
     def arch(self) -> str:
@@ -129,7 +130,13 @@ class DeviceContext(HandleOwner):
         self._current_thread = threading.get_ident()
         self._stream = check(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
         self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream)
-        self.resets = getattr(self, "resets", 0) + 1
+        self.resets += 1
+
+    def abandon(self) -> None:
+        """The context is lost for good (CUDA refuses the process after a fault): mark this closed
+        without a driver call (each would fail) and drop the finalizer that would make them."""
+        self._closed = True
+        self._finalizer.detach()
 
     def synchronize(self) -> None:
         """Wait for all work on the engine stream.

@@ -1,15 +1,61 @@
-"""Diagnostics: problems found while compiling or running, attached to the block that caused them."""
+"""Diagnostics: problems found while compiling or running, attached to the block that caused them.
+
+A host shows them on its operators and matches on their ``code``. The codes are a closed set,
+``DiagnosticCode``: a ``str`` enum, so a host that compares ``d.code == "gpu-fault"`` or keys a dict
+by the plain string keeps working, while code inside cudapatch names them and a typo fails at once.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
-__all__ = ["Diagnostic", "Severity", "DiagnosticLog"]
+__all__ = ["Diagnostic", "DiagnosticCode", "DiagnosticLog", "Severity"]
 
 Severity = Literal["error", "warning", "info"]
 _LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
+
+
+class DiagnosticCode(str, Enum):
+    """Every code a diagnostic of the engine carries. Members compare and hash equal to their text
+    (``DiagnosticCode.GPU_FAULT == "gpu-fault"``) and print as it."""
+
+    # Validation of the patch (the graph compiler): the block does not run.
+    CROSS_ENGINE = "cross-engine"  # a block or link of another engine
+    UNKNOWN_PORT = "unknown-port"
+    TYPE_MISMATCH = "type-mismatch"  # a link between ports of different element types
+    DUPLICATE_LINK = "duplicate-link"  # two links into one input
+    CYCLE = "cycle"
+    # Blocks left out of the graph (warnings unless the cause is an error of the block itself).
+    INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
+    INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
+    LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Kernels.
+    KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
+    KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight
+    KERNEL_SIGNATURE = "kernel-signature"  # a file edit changed the signature and re-describing failed
+    # Building and running the graph.
+    LIBRARY_CALL = "library-call"  # a captured library call failed to capture
+    REALIZE = "realize"  # a driver call failed while building the graph
+    LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
+    # Sticky GPU faults (``engine.recovery``).
+    GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
+    GPU_LOST = "gpu-lost"  # CUDA refuses the process after a fault: restart it
+    BINDING_LOST = "binding-lost"  # an external input's memory died with the context: bind it again
+    # Measurements (profiling levels that read them).
+    LOW_OCCUPANCY = "low-occupancy"  # a kernel keeps few of an SM's threads busy
+    APPEND_FULL = "append-full"  # per frame: an append output is nearly full
+
+    # ``str`` behaviour, not ``Enum``'s: "gpu-fault" in messages, logs and f-strings, and the hash of
+    # the text, so a dict keyed by plain strings finds a member (Python 3.10 has no ``StrEnum``).
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+
+_CODES: dict[str, DiagnosticCode] = {c.value: c for c in DiagnosticCode}
 
 
 @dataclass(frozen=True)
@@ -19,14 +65,21 @@ class Diagnostic:
     Attributes:
         severity: ``error`` (block does not run), ``warning`` (runs or is skipped), ``info``.
         block_id: The block it belongs to, None for the engine itself.
-        code: Stable machine-readable code (``type-mismatch``, ``cycle``, ``input-unlinked`` ...).
+        code: Stable machine-readable code, a ``DiagnosticCode`` (given as one or as its text; a text
+            that is no code of the engine stays a plain string, for hosts that make their own).
         message: Human-readable text naming block, port, parameter, file and line as applicable.
     """
 
     severity: Severity
     block_id: int | None
-    code: str
+    code: DiagnosticCode | str
     message: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, DiagnosticCode):
+            code = _CODES.get(self.code)
+            if code is not None:
+                object.__setattr__(self, "code", code)  # frozen: the one way to normalise a field
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message}"
@@ -40,6 +93,7 @@ class DiagnosticLog:
         self._seen: set[Diagnostic] = set()
 
     def emit(self, diags: tuple[Diagnostic, ...] | list[Diagnostic]) -> None:
+        """Log every diagnostic not logged since it was last forgotten."""
         for d in diags:
             if d not in self._seen:
                 self._seen.add(d)

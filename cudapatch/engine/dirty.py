@@ -74,6 +74,25 @@ class DirtyTracker:
         self.bindings.clear()
         self.any = False
 
+    def take_code(self) -> set[Any]:
+        """Return and clear the pending kernel-code changes."""
+        code = set(self.code)
+        self.code.clear()
+        self._recompute()
+        return code
+
+    def defer_structure(self) -> None:
+        """Leave the structure change unapplied until something marks it again: a failed rebuild is
+        not retried every frame, and a rebuild waiting for a compile is marked again when it lands."""
+        self.structure = False
+        self._recompute()
+
+    def forget_code_and_captured(self) -> None:
+        """Drop pending code and re-capture marks: the build that just ran (or failed) dealt with them."""
+        self.code.clear()
+        self.captured.clear()
+        self._recompute()
+
     def take_params(self) -> tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]:
         """Return and clear the pending parameter and binding changes."""
         params, bindings = self.params, self.bindings

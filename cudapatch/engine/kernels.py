@@ -12,6 +12,7 @@ other outcome waits in ``ready`` for the next ``Engine.update()``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -25,10 +26,11 @@ from typing import Any, Literal
 
 from ..errors import CudapatchError, KernelCompileError, KernelLoadError
 from ..kernels.builder import CompiledKernel, KernelBuilder
+from ..kernels.module_cache import ModuleCache
 from ..kernels.source import KernelSource
 from ..kernels.watch import FileWatcher
 from .context import PatchSnapshot
-from .diagnostics import Diagnostic, Severity
+from .diagnostics import Diagnostic, DiagnosticCode, Severity
 
 __all__ = ["KernelTracker", "KernelOutcome"]
 
@@ -86,9 +88,18 @@ class KernelTracker:
     Args:
         builder: The background compiler.
         watch_files: Watch file-based sources and recompile on edits.
+        swapper: Applies a swap outcome from the builder's thread right after a frame (the engine's
+            Code tier); returns False to leave it to the frame thread. None: every outcome waits in
+            ``ready``.
     """
 
-    def __init__(self, builder: KernelBuilder, *, watch_files: bool = True) -> None:
+    def __init__(
+        self,
+        builder: KernelBuilder,
+        *,
+        watch_files: bool = True,
+        swapper: Callable[[KernelOutcome], bool] | None = None,
+    ) -> None:
         self.builder = builder
         self.watcher: FileWatcher | None = FileWatcher() if watch_files else None
         self._slots: dict[Key, _Slot] = {}
@@ -97,7 +108,7 @@ class KernelTracker:
         #: Finished compiles for the frame thread (the frame path tests this deque).
         self.ready: deque[KernelOutcome] = deque()
         #: Applies a swap outcome from the builder's thread; returns False to leave it to the frame thread.
-        self.swapper: Callable[[KernelOutcome], bool] | None = None
+        self.swapper = swapper
         self._diags: dict[Key, Diagnostic] = {}
         self.diag_version = 0  # bumped whenever the compile diagnostics change
         self._saved_switch: float | None = None
@@ -159,7 +170,7 @@ class KernelTracker:
                 exc.block = slot.block_name
             slot.error = exc
             keeps = " (the previous version keeps running)" if slot.good is not None else ""
-            self._diags[key] = Diagnostic("error", key[0], "kernel-compile", _message(exc) + keeps)
+            self._diags[key] = Diagnostic("error", key[0], DiagnosticCode.KERNEL_COMPILE, _message(exc) + keeps)
             self.diag_version += 1
             return KernelOutcome("rebuild", key)  # so a block that cannot run says why
         compiled: CompiledKernel = fut.result()
@@ -236,9 +247,13 @@ class KernelTracker:
                     slot.fits = spec.descriptor
                     functions[key] = good.function
                 elif slot.error is not None and key not in self.pending:
-                    status[key] = ("error", "kernel-compile", _message(slot.error))
+                    status[key] = ("error", DiagnosticCode.KERNEL_COMPILE, _message(slot.error))
                 else:
-                    status[key] = ("info", "kernel-compiling", f"compiling kernel '{spec.descriptor.entry_point}'")
+                    status[key] = (
+                        "info",
+                        DiagnosticCode.KERNEL_COMPILING,
+                        f"compiling kernel '{spec.descriptor.entry_point}'",
+                    )
         for key in [k for k in self._slots if k not in live]:
             del self._slots[key]
             self._diags.pop(key, None)
@@ -264,6 +279,19 @@ class KernelTracker:
         while ready:
             outcomes.append(ready.popleft())
         return outcomes
+
+    def reload(self, modules: ModuleCache) -> None:
+        """The context was reset: load every kept kernel again from its compiled image into ``modules``
+        (the new context's), and compile into it from now on. A kernel that fails to load is dropped
+        with its error (it compiles again at its next edit)."""
+        with self._lock:
+            self.builder.modules = modules
+            for slot in self._slots.values():  # cubins survive a reset; their loaded functions do not
+                if slot.good is not None:
+                    try:
+                        slot.good = dataclasses.replace(slot.good, function=modules.function(slot.good.image))
+                    except CudapatchError as exc:
+                        slot.good, slot.error = None, exc
 
     def _fast_switch(self, on: bool) -> None:
         # While compiles are in flight, worker threads run some Python (cache lookups, module loads).

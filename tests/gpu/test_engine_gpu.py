@@ -281,7 +281,7 @@ def test_rebuilds_return_memory_to_baseline(engine: Engine) -> None:
     engine.synchronize()
     engine.update()  # reaps retired graphs
     assert engine.pool.total_allocated_bytes == base_pool
-    assert len(engine._retired) <= 1
+    assert len(engine.resources.retired) <= 1
     assert abs(engine.device.mem_info()[0] - base_free) <= 4 << 20
 
 

@@ -1,0 +1,162 @@
+"""DiagnosticBoard: every diagnostic of an engine, by where it comes from, and the one place that
+puts them on the blocks.
+
+Diagnostics come from several places with different lifetimes, and the board keeps them apart so
+replacing one kind never drops another:
+
+- **build**: the last build's plan diagnostics and measurements (low occupancy), or why it failed;
+  replaced by the next build. A launch error joins them.
+- **recapture**: library calls whose re-capture failed (their previous capture keeps running);
+  replaced at each re-capture, cleared by a build.
+- **block errors**: errors that stay on a block until it is fixed, whatever builds in between
+  (a kernel file whose new signature cannot re-describe its block).
+- **faults** (read from ``FaultState``) and **kernel compiles** (read from the ``KernelTracker``):
+  those objects own the state; the board only reads it when it publishes.
+- **per-frame warnings**: what the newest completed frame showed (append outputs nearly full);
+  replaced whenever the engine reads a new frame.
+
+``publish`` merges them (in that order, without duplicates), logs each new one once, and sets every
+block's state and message: nothing else writes those. Pure: tested without a GPU
+(``tests/unit/test_board.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable
+from typing import Protocol
+
+from ..blocks.block import BlockState
+from .diagnostics import Diagnostic, DiagnosticLog
+from .faults import FaultState
+from .registry import BlockRegistry
+
+__all__ = ["DiagnosticBoard", "KernelDiagnostics"]
+
+
+class KernelDiagnostics(Protocol):
+    """What the board reads of the kernel compiles (``KernelTracker``)."""
+
+    diag_version: int  # bumped whenever ``diagnostics()`` changes
+
+    def diagnostics(self) -> tuple[Diagnostic, ...]: ...
+
+
+class DiagnosticBoard:
+    """The diagnostics of one engine.
+
+    Args:
+        blocks: The patch's blocks; ``publish`` writes their state and message.
+        kernels: Compile diagnostics (read at each publish).
+        faults: Fault diagnostics (read at each publish).
+        logger: Where each new diagnostic is logged once.
+    """
+
+    def __init__(
+        self, blocks: BlockRegistry, *, kernels: KernelDiagnostics, faults: FaultState, logger: logging.Logger
+    ) -> None:
+        self._blocks = blocks
+        self._kernels = kernels
+        self._faults = faults
+        self._log = DiagnosticLog(logger)
+        self._build: tuple[Diagnostic, ...] = ()
+        self._recapture: tuple[Diagnostic, ...] = ()
+        self._block_errors: dict[tuple[int, str], Diagnostic] = {}
+        self._frame: tuple[Diagnostic, ...] = ()
+        self._running: frozenset[int] = frozenset()
+        self._kernel_version = -1
+        #: Everything published last, in publishing order (read it; the board replaces it).
+        self.current: tuple[Diagnostic, ...] = ()
+
+    # -- persistent diagnostics ------------------------------------------------------------------------
+    def build_done(self, diags: Iterable[Diagnostic], running: Collection[int]) -> None:
+        """A build swapped in a graph running ``running`` (block ids); ``diags`` replace the last build's."""
+        self._build = tuple(diags)
+        self._recapture = ()
+        self._running = frozenset(running)
+        self.publish()
+
+    def build_failed(self, diags: Iterable[Diagnostic]) -> None:
+        """A build failed: ``diags`` say why; the graph running before keeps running."""
+        self._build = tuple(diags)
+        self._recapture = ()
+        self.publish()
+
+    def graph_gone(self) -> None:
+        """No graph runs any more (the context was reset or lost); the last build's diagnostics stay."""
+        self._running = frozenset()
+        self.publish()
+
+    def add_error(self, diag: Diagnostic) -> None:
+        """An error of the running graph (a failed launch), kept until the next build."""
+        self._build += (diag,)
+        self.publish()
+
+    def recapture_errors(self, diags: Iterable[Diagnostic]) -> None:
+        """The library calls whose re-capture failed now (replacing the last re-capture's)."""
+        diags = tuple(diags)
+        if diags != self._recapture:
+            self._recapture = diags
+            self.publish()
+
+    def set_block_error(self, diag: Diagnostic) -> None:
+        """An error that stays on its block until ``clear_block_error`` (one per block and code)."""
+        assert diag.block_id is not None
+        self._block_errors[(diag.block_id, diag.code)] = diag
+        self.publish()
+
+    def clear_block_error(self, block_id: int, code: str | None = None) -> None:
+        """Drop ``block_id``'s lasting error of ``code`` (all of them when None)."""
+        keys = [k for k in self._block_errors if k[0] == block_id and (code is None or k[1] == code)]
+        for key in keys:
+            del self._block_errors[key]
+        if keys:
+            self.publish()
+
+    # -- per-frame warnings --------------------------------------------------------------------------
+    def frame_warnings(self, diags: tuple[Diagnostic, ...]) -> None:
+        """What the newest completed frame showed, replacing the previous frame's warnings."""
+        if diags != self._frame:
+            self._frame = diags
+            self.publish()
+
+    # -- publishing -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Publish if the kernel compile diagnostics changed since the last publish (a swapped-in fix
+        changes no graph, yet clears its block's error)."""
+        if self._kernels.diag_version != self._kernel_version:
+            self.publish()
+
+    def publish(self) -> None:
+        """Merge every source, log new diagnostics once, and set each block's state and message."""
+        self._kernel_version = self._kernels.diag_version
+        merged = (
+            self._build
+            + self._recapture
+            + tuple(self._block_errors.values())
+            + self._faults.diagnostics()
+            + self._kernels.diagnostics()
+            + self._frame
+        )
+        diags = tuple(dict.fromkeys(merged))
+        self.current = diags
+        self._log.emit(diags)
+        self._log.forget(set(diags))
+        running = self._running
+        for b in self._blocks:
+            b.debug.state = BlockState.OK if b.id in running else BlockState.NOT_COMPILED
+            b.debug.message = ""
+        for d in diags:
+            b = self._blocks.get(d.block_id) if d.block_id is not None else None
+            if b is None:
+                continue
+            if d.severity == "error":
+                b.debug.state = BlockState.ERROR
+            elif d.severity == "warning" and b.debug.state is BlockState.OK:
+                b.debug.state = BlockState.WARNING
+            if not b.debug.message or d.severity == "error":
+                b.debug.message = d.message.splitlines()[0]
+
+    def of_block(self, block_id: int) -> tuple[Diagnostic, ...]:
+        """The published diagnostics of one block."""
+        return tuple(d for d in self.current if d.block_id == block_id)

@@ -1,0 +1,217 @@
+"""DeviceResources: everything one engine's CUDA context owns, in one object with one lifecycle.
+
+The device and its stream, the buffer pool, the library handles, the loaded modules, the
+executable graphs (the running one and those retired while the GPU may still run them), the
+buffers made from host arrays passed to ``Engine.bind``, and the two readback kernels (timestamps
+and publish). All of them die together when a sticky GPU fault kills the context, so they are
+forgotten together (``abandon``, no driver call: each would fail) and made anew together
+(``reset``); the engine and recovery never rebuild them piece by piece.
+
+The frame path reads ``graph`` and ``stream``, plain attributes: one load each, no call.
+
+Finalizer policy: none of its own. Each part that holds driver handles (device and stream, graphs,
+buffers) has its own ``weakref.finalize`` safety net; ``close`` frees everything in order, and
+``abandon`` marks every part closed (graphs and device detach their nets) so nothing touches a dead
+context.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..kernels.builder import KernelBuilder
+from ..kernels.cuda_source import CudaSource
+from ..kernels.module_cache import ModuleCache
+from ..kernels.types import DType
+from .bindings import upload_host_array
+from .buffers import BufferPool, GpuBuffer
+from .context import ExternalBinding
+from .device import DeviceContext
+from .libraries import LibraryHandles
+from .plan import GraphPlan
+from .readback import PUBLISH_SOURCE, STAMP_SOURCE
+from .realize import CompiledGraph
+
+__all__ = ["DeviceResources", "PUBLISH_KERNEL", "STAMP_KERNEL"]
+
+log = logging.getLogger("cudapatch.engine")
+
+PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
+STAMP_KERNEL = CudaSource(code=STAMP_SOURCE, name="stamp.cu")
+
+
+class DeviceResources:
+    """The CUDA context of one engine and everything allocated in it.
+
+    Args:
+        ordinal: CUDA device ordinal.
+
+    Raises:
+        CudaUnavailableError: no cuda-bindings, no driver or no device (says which).
+        CudaError: another driver call failed.
+    """
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.device = DeviceContext(ordinal)
+        #: The engine's stream (the device's; renewed by ``reset``).
+        self.stream: Any = self.device.stream
+        self.pool = BufferPool(self.device.make_current)
+        #: cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls.
+        self.libraries = LibraryHandles(self.device, self.pool)
+        self.modules = ModuleCache(device_key=self.device.key)
+        #: The executable graph running now (None before the first build and after a reset).
+        self.graph: CompiledGraph | None = None
+        self._retired: list[CompiledGraph] = []  # replaced graphs the GPU may still be running
+        self._uploads: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
+        self._stamp_function: Any = None
+        self._publish_function: Any = None
+        self._closed = False
+
+    # -- graphs -------------------------------------------------------------------------------------
+    def install(self, graph: CompiledGraph) -> None:
+        """Make ``graph`` the running graph. The one it replaces hands over what both use and retires:
+        it is closed by ``reap`` once the GPU has finished its last launch.
+
+        Raises:
+            CudaError: recording the retire event failed.
+        """
+        old, self.graph = self.graph, graph
+        graph.adopt(old)
+        if old is not None:
+            old.retire(self.stream)
+            self._retired.append(old)
+
+    @property
+    def retired(self) -> tuple[CompiledGraph, ...]:
+        """Replaced graphs not closed yet (the frame patches in place only when there are none)."""
+        return tuple(self._retired)
+
+    @property
+    def retiring(self) -> bool:
+        """True while a replaced graph is not closed yet."""
+        return bool(self._retired)
+
+    def reap(self) -> None:
+        """Close retired graphs the GPU is done with; with none left, free library scopes that no
+        running capture uses.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        if self._retired:
+            still = []
+            for g in self._retired:
+                if g.is_idle():
+                    g.close()
+                else:
+                    still.append(g)
+            self._retired = still
+        if not self._retired and self.libraries.scope_count:
+            g = self.graph
+            live = {(n.block_id, n.kernel) for n in g.plan.captured_nodes} if g is not None else set()
+            self.libraries.keep_only(live)
+
+    # -- other things the context owns ----------------------------------------------------------------
+    def readback_functions(self, plan: GraphPlan, builder: KernelBuilder) -> tuple[Any, Any]:
+        """The stamp and publish kernels ``plan`` needs (None where it needs none), built at the first
+        plan that uses them (a profiling level change is a rebuild anyway; cached on disk).
+
+        Raises:
+            KernelLoadError: a compile or module load failed.
+        """
+        if plan.stamp_count and self._stamp_function is None:
+            self._stamp_function = builder.build(STAMP_KERNEL).function
+        if (plan.stamp_count or plan.counters) and self._publish_function is None:
+            self._publish_function = builder.build(PUBLISH_KERNEL).function
+        return self._stamp_function, self._publish_function
+
+    def upload(self, block_id: int, port: str, array: Any, dtype: DType, block_name: str) -> ExternalBinding:
+        """Copy a host array into the buffer kept for ``(block_id, port)`` (reused while the size stays).
+
+        Raises:
+            BindingError: the array cannot be read as ``dtype``.
+            CudaError: the allocation or copy failed.
+        """
+        key = (block_id, port)
+        return upload_host_array(array, dtype, self._uploads, key, self.pool, self.stream, block_name)
+
+    def drop_uploads(self, block_id: int) -> None:
+        """Free the buffers made for a removed block's inputs."""
+        for key in [k for k in self._uploads if k[0] == block_id]:
+            self._uploads.pop(key).close()
+
+    # -- the context's fate -------------------------------------------------------------------------
+    def _forget_contents(self) -> None:
+        # Graphs, library handles, pool blocks and uploads of a dead context: forgotten, not freed.
+        for g in (self.graph, *self._retired):
+            if g is not None:
+                g.abandon()
+        self.graph, self._retired = None, []
+        self.libraries.abandon()
+        self.pool.abandon()
+        self._uploads.clear()
+        self._stamp_function = self._publish_function = None
+
+    def reset(self) -> None:
+        """After a sticky fault: forget everything the dead context owned without touching it, reset
+        the context (``DeviceContext.reset``) and make a new stream, pool, library handles and module
+        cache. Loaded kernels must be loaded again into ``modules``.
+
+        Raises:
+            CudaError: the driver refused the reset (it does on H100 + driver 580): the context is lost;
+                everything is forgotten and ``abandon`` is what remains to do.
+        """
+        self._forget_contents()
+        self.device.reset()
+        self.stream = self.device.stream
+        self.pool = BufferPool(self.device.make_current)
+        self.libraries = LibraryHandles(self.device, self.pool)
+        self.modules = ModuleCache(device_key=self.device.key)
+
+    def abandon(self) -> None:
+        """The context is lost for good: forget everything, the device included, without a driver call
+        (each would fail). Idempotent; the resources are closed afterwards."""
+        self._closed = True
+        self._forget_contents()
+        self.device.abandon()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Free the graphs, uploads, library handles, modules and pool, then the stream and context;
+        idempotent. Wait for the GPU first (``device.synchronize``): running graphs are destroyed.
+
+        Raises:
+            CudaError: a driver call failed during teardown.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+        for g in self._retired:
+            g.close()
+        self._retired.clear()
+        for buf in self._uploads.values():
+            buf.close()
+        self._uploads.clear()
+        self.libraries.close()
+        self.modules.close()
+        self.pool.close()
+        self.device.close()
+
+    def __enter__(self) -> DeviceResources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<DeviceResources device={self.device.ordinal} graph={self.graph is not None} "
+            f"retired={len(self._retired)} closed={self._closed}>"
+        )

@@ -1,0 +1,244 @@
+"""Statistics of a completed frame, read without waiting, and the warnings its measurements raise;
+the engine's counters of update tiers and build timing.
+
+The numbers come from the readback ring (timestamps and append counters the graph publishes into
+host memory, see ``engine.readback``). Everything here reads: ``collect_stats`` builds an
+``EngineStats`` and changes nothing, and the threshold checks (``append_warnings``,
+``occupancy_warnings``) return diagnostics for the engine to hand to its ``DiagnosticBoard``.
+``show_built`` and ``show_on_blocks`` are the writers, named as such: they copy a build and a
+reading onto what ``str(block)`` shows. Cost is paid only when someone asks (``Engine.stats()``),
+never on the frame path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..blocks.block import Block
+from .diagnostics import Diagnostic, DiagnosticCode
+from .plan import GraphPlan, TimingPair
+from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
+from .registry import BlockRegistry
+
+__all__ = [
+    "APPEND_FULL",
+    "BuildTiming",
+    "EngineCounters",
+    "LOW_OCCUPANCY",
+    "append_warnings",
+    "collect_stats",
+    "FrameReading",
+    "frame_times",
+    "newest_frame",
+    "occupancy_warnings",
+    "show_built",
+    "show_on_blocks",
+]
+
+LOW_OCCUPANCY = 0.25  # warn below this fraction of an SM's threads (occupancy API, Deep levels)
+APPEND_FULL = 0.95  # warn when an append output is this full
+
+
+@dataclass
+class EngineCounters:
+    """How often each update tier ran (for tests, the overlay and benchmarks)."""
+
+    frames: int = 0
+    rebuilds: int = 0
+    failed_rebuilds: int = 0
+    hot_updates: int = 0
+    warm_updates: int = 0
+    warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    code_swaps: int = 0  # recompiled kernels swapped into the running graph
+    recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
+    nodes_patched: int = 0
+    faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
+
+
+@dataclass
+class BuildTiming:
+    """Where the last structure change spent its host time (ms); read by benchmarks and the overlay."""
+
+    tier: str = ""
+    reap_ms: float = 0.0  # closing graphs retired by earlier rebuilds
+    compile_ms: float = 0.0  # snapshot + compile_plan
+    realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
+    total_ms: float = 0.0  # compile to swap-in (excludes reap)
+
+
+@dataclass(frozen=True)
+class FrameReading:
+    """The newest completed frame of a graph: the engine frame it was (None: none completed yet), how
+    many frames ago, and its timestamps (None: no timing at this level, or no frame yet)."""
+
+    frame: int | None = None
+    age: int | None = None
+    stamps: np.ndarray | None = None
+
+
+@contextmanager
+def newest_frame(graph: Any) -> Iterator[FrameReading]:
+    """Take the newest completed frame of ``graph``'s readback ring and hold it: while the block runs,
+    every value read from the ring (append counts included) is from that one frame. No driver call."""
+    rb = graph.readback if graph is not None else None
+    if rb is None:
+        yield FrameReading()
+        return
+    rb.poll()
+    rb.frozen = True
+    try:
+        frame = rb.latest_frame
+        stamps = rb.latest_stamps if frame is not None and rb.stamps else None
+        yield FrameReading(frame, rb.age(), stamps)
+    finally:
+        rb.frozen = False
+
+
+def frame_times(
+    timings: Iterable[TimingPair], stamps: np.ndarray
+) -> tuple[float | None, dict[int, float], dict[tuple[int, int], float]]:
+    """GPU times (ms) from one frame's timestamps (nanoseconds of the GPU's global timer).
+
+    Returns:
+        ``(whole graph or None, per block id, per (block id, kernel index))``.
+    """
+    times = stamps.astype(np.int64)  # unsigned differences would wrap where a pair is out of order
+    graph_ms = None
+    block_ms: dict[int, float] = {}
+    kernel_ms: dict[tuple[int, int], float] = {}
+    for pair in timings:
+        ms = max(0, int(times[pair.end] - times[pair.start])) / 1e6
+        if pair.kind == "graph":
+            graph_ms = ms
+        elif pair.kind == "block":
+            block_ms[pair.key] = ms  # type: ignore[index]
+        else:
+            kernel_ms[pair.key] = ms  # type: ignore[index]
+    return graph_ms, block_ms, kernel_ms
+
+
+def append_warnings(appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> tuple[Diagnostic, ...]:
+    """A warning for each append output at least ``APPEND_FULL`` full in the frame its count is from.
+
+    Args:
+        appends: ``(block id, port) -> AppendBuffer`` of the running graph.
+        blocks: The patch's blocks (a block removed since the build gets no warning).
+    """
+    out = []
+    for (bid, port), ab in appends.items():
+        b = blocks.get(bid)
+        count = ab.count if b is not None else None
+        if count is None:
+            continue
+        st = AppendStats(count, ab.capacity, ab.overflowed)
+        if st.fill >= APPEND_FULL:
+            name = b.name
+            out.append(
+                Diagnostic(
+                    "warning",
+                    bid,
+                    DiagnosticCode.APPEND_FULL,
+                    f"append output '{name}.{port}' is {st.fill:.0%} full ({st.count}/{st.capacity}); "
+                    "raise its capacity",
+                )
+            )
+    return tuple(out)
+
+
+def occupancy_warnings(occupancy: Mapping[tuple[int, int], float], blocks: BlockRegistry) -> tuple[Diagnostic, ...]:
+    """A warning for each kernel whose occupancy (measured at the Deep levels) is below ``LOW_OCCUPANCY``."""
+    out = []
+    for (bid, ki), occ in occupancy.items():
+        if occ < LOW_OCCUPANCY:
+            b = blocks.get(bid)
+            entry = b.description.kernels[ki].descriptor.entry_point if b else "?"
+            out.append(
+                Diagnostic(
+                    "warning",
+                    bid,
+                    DiagnosticCode.LOW_OCCUPANCY,
+                    f"kernel '{entry}' of '{b.name if b else bid}' keeps only {occ:.0%} of an "
+                    "SM's threads busy (block size, registers or shared memory)",
+                )
+            )
+    return tuple(out)
+
+
+def collect_stats(
+    *,
+    level: ProfilingLevel,
+    blocks: Iterable[Block],
+    graph: Any,
+    reading: FrameReading,
+    pool: Any,
+    diagnostics: tuple[Diagnostic, ...],
+) -> EngineStats:
+    """What the newest completed frame measured, for every block. Reads only.
+
+    Args:
+        level: The profiling level.
+        blocks: The patch's blocks, in order.
+        graph: The running ``CompiledGraph`` (None before the first build).
+        reading: The frame the numbers are from (``newest_frame``).
+        pool: The buffer pool (its use is reported).
+        diagnostics: The diagnostics published now.
+    """
+    frame, stamps = reading.frame, reading.stamps
+    graph_ms, block_ms, kernel_ms = frame_times(graph.plan.timings, stamps) if stamps is not None else (None, {}, {})
+    occupancy = graph.occupancy if graph is not None else {}
+    rows = []
+    for b in blocks:
+        append: dict[str, AppendStats] = {}
+        if graph is not None and frame is not None:
+            for port, ab in b.debug.append.items():
+                count = ab.count
+                if count is not None:
+                    append[port] = AppendStats(count, ab.capacity, ab.overflowed)
+        kernels = tuple(
+            KernelStats(k.descriptor.entry_point, kernel_ms.get((b.id, ki)), occupancy.get((b.id, ki)))
+            for ki, k in enumerate(b.description.kernels)
+        )
+        rows.append(BlockStats(b.id, b.name, b.debug.state.value, b.debug.message, block_ms.get(b.id), kernels, append))
+    return EngineStats(
+        level=level,
+        frame=frame,
+        age=reading.age,
+        gpu_ms=graph_ms,
+        blocks=tuple(rows),
+        kernels=graph.kernel_count if graph is not None else 0,
+        pool_in_use_bytes=pool.in_use_bytes,
+        pool_total_bytes=pool.total_allocated_bytes,
+        diagnostics=diagnostics,
+    )
+
+
+def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:
+    """Copy a reading onto what ``str(block)`` shows: GPU time, and append fill at the Deep levels."""
+    deep = stats.level.at_least(ProfilingLevel.DEEP_ASYNC)
+    for row in stats.blocks:
+        b = blocks.get(row.block_id)
+        if b is None:
+            continue
+        b.debug.gpu_ms = row.gpu_ms
+        b.debug.append_fill = {p: (s.count, s.capacity) for p, s in row.append.items()} if deep else {}
+
+
+def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> None:
+    """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
+    numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
+    sizes: dict[int, dict[str, int]] = {}
+    for (bid, port), bi in plan.outputs.items():
+        sizes.setdefault(bid, {})[port] = plan.buffers[bi].count
+    by_block: dict[int, dict[str, Any]] = {}
+    for (bid, port), ab in appends.items():
+        by_block.setdefault(bid, {})[port] = ab
+    for b in blocks:
+        b.debug.append = by_block.get(b.id, {})
+        b.debug.sizes = sizes.get(b.id, {})
+        b.debug.gpu_ms = None
+        b.debug.append_fill = {}

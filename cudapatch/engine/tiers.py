@@ -1,0 +1,214 @@
+"""The update tiers that patch the running executable graph in place, never rebuilding it.
+
+``ParamTier``: Hot (a scalar parameter: its pinned slot is written and the node's parameters set,
+1.4 µs a node measured from Python on the H100), Warm (an external input's pointer moved: the
+nodes reading it are patched) and Recapture (a captured library call whose arguments changed is
+captured again on a side stream and its child-graph node updated). It runs on the frame path of
+an edit frame, so it does no lookups: the dirty tracker hands it the changed objects themselves.
+
+``CodeTier``: a kernel edit goes live by swapping the recompiled function into the running graph.
+An edit hands the kernel's source to the ``KernelTracker`` (compiles run in the background). When a
+compile finishes with the same parameter layout, its function is swapped into every node of that
+kernel with ``cuGraphExecKernelNodeSetParams`` (25 µs measured on the H100, DESIGN.md §3): on the
+kernel builder's thread right after a frame when the graph is free (``swap_between_frames``), else
+on the frame thread at the next ``update()`` (``apply``). Anything else a compile asks for (a first
+compile, a new layout, a block to re-describe) becomes a structure change: the Cold tier.
+
+``swap`` is the one place a swap is applied and counted.
+
+What neither can do in place becomes a structure change: the Cold tier (``build.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from ..errors import CudaError, CudapatchError
+from .board import DiagnosticBoard
+from .context import Context
+from .diagnostics import Diagnostic, DiagnosticCode
+from .dirty import DirtyTracker
+from .faults import FaultState
+from .kernels import KernelOutcome, KernelTracker
+from .realize import CompiledGraph
+from .resources import DeviceResources
+from .stats import EngineCounters
+
+__all__ = ["CodeTier", "ParamTier"]
+
+
+class ParamTier:
+    """Hot, Warm and Recapture updates of one engine.
+
+    Args:
+        dirty: The patch's dirty tracker (pending parameters and bindings are taken from it).
+        board: Takes the errors of re-captures that failed.
+        counters: Hot and Warm updates, patched nodes and re-captures are counted here.
+    """
+
+    def __init__(self, *, dirty: DirtyTracker, board: DiagnosticBoard, counters: EngineCounters) -> None:
+        self._dirty = dirty
+        self._board = board
+        self._counters = counters
+
+    def apply(self, g: CompiledGraph) -> bool:
+        """Patch the pending scalar and pointer changes into ``g`` (only those may be pending).
+
+        Returns:
+            True when a re-capture needs a new graph: the caller builds one this frame.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        dirty = self._dirty
+        params, bindings = dirty.params, dirty.bindings
+        dirty.params, dirty.bindings, dirty.any = {}, {}, False  # nothing else is pending (only_params)
+        c = self._counters
+        before = g.recaptures
+        if params:
+            c.nodes_patched += g.update_scalars(params)
+            c.hot_updates += len(params)
+        if bindings:
+            c.nodes_patched += g.update_bindings(bindings)
+            c.warm_updates += len(bindings)
+        if g.recaptures != before or g.call_errors or g.stale:
+            self._after_recapture(g, before)
+            return dirty.structure
+        return False
+
+    def _after_recapture(self, g: CompiledGraph, before: int) -> None:
+        # Count, put failed calls on their blocks (their previous capture keeps running), and ask for
+        # a rebuild when a new capture cannot replace the old in place.
+        self._counters.recaptures += g.recaptures - before
+        if g.stale:  # another algorithm for the new arguments: only a new graph can hold it
+            g.stale = False
+            self._dirty.mark_structure()
+        self._board.recapture_errors(
+            Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, f"{exc} (the previous capture keeps running)")
+            for bid, exc in g.call_errors.items()
+        )
+
+
+class CodeTier:
+    """The Code tier of one engine.
+
+    Args:
+        resources: Holds the running graph.
+        context: The patch (blocks to re-describe; structure changes are marked on its dirty tracker).
+        kernels: The compile state of every kernel.
+        faults: A block disabled by a GPU fault gets a new chance with new code.
+        board: Takes a re-description's error.
+        counters: ``code_swaps`` is counted here.
+        graph_lock: Held by the frame thread for a whole ``update()``; a swap between frames takes it
+            only if it is free.
+    """
+
+    def __init__(
+        self,
+        *,
+        resources: DeviceResources,
+        context: Context,
+        kernels: KernelTracker,
+        faults: FaultState,
+        board: DiagnosticBoard,
+        counters: EngineCounters,
+        graph_lock: threading.Lock,
+    ) -> None:
+        self._resources = resources
+        self._context = context
+        self._kernels = kernels
+        self._faults = faults
+        self._board = board
+        self._counters = counters
+        self._lock = graph_lock
+        self._closed = False
+
+    def submit(self, keys: Iterable[tuple[int, int]]) -> None:
+        """Kernels whose code changed ``(block id, kernel index)``: queue their compiles (``flush``
+        hands them to the builder). A block disabled by a GPU fault is enabled again: new code gets a
+        new chance (a structure change)."""
+        for key in keys:
+            self._submit(key)
+
+    def edited(self, key: tuple[int, int]) -> bool:
+        """A kernel's code changed at an edit: hand it to the builder now, so the next frame has
+        nothing to do for it (measured on the H100 host: handing it over inside ``update()`` cost
+        that frame 60-80 µs; the builder is paced, so it starts on it only after the next frame).
+        Returns False when the kernel is not in the patch."""
+        if not self._submit(key):
+            return False
+        self._kernels.flush()
+        return True
+
+    def _submit(self, key: tuple[int, int]) -> bool:
+        bid, ki = key
+        if self._faults.code_changed(bid):
+            self._context.dirty.mark_structure()
+        block = self._context.registry.get(bid)
+        if block is None or not 0 <= ki < len(block.description.kernels):
+            return False
+        self._kernels.source_changed(key, block.description.kernels[ki].source, block.name)
+        return True
+
+    def swap(self, o: KernelOutcome) -> bool:
+        """Swap ``o``'s recompiled function into the running graph in place; False where it cannot be
+        (no graph, not in it, or another parameter layout).
+
+        Raises:
+            CudaError: the driver refused the new function.
+        """
+        g = self._resources.graph
+        if g is None or o.compiled is None or not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
+            return False
+        self._counters.code_swaps += 1
+        return True
+
+    def swap_between_frames(self, o: KernelOutcome) -> bool:
+        """``swap`` on the kernel builder's thread right after a frame (the ``KernelTracker``'s swapper).
+        Gives up (the frame thread swaps it then) rather than wait for the graph."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return not self._closed and self._faults.lost is None and self.swap(o)
+        except CudaError:  # the frame thread tries again, and reports what fails
+            return False
+        finally:
+            self._lock.release()
+
+    def apply(self, outcomes: list[KernelOutcome]) -> None:
+        """On the frame thread: swap finished kernels into the running graph; mark a structure change
+        where that cannot be done, re-describing blocks whose kernel signature changed.
+
+        Raises:
+            CudaError: the driver refused a swap.
+        """
+        if not outcomes:
+            return
+        dirty = self._context.dirty
+        for o in outcomes:
+            if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
+                continue
+            if o.action == "swap":
+                if self.swap(o):
+                    continue
+            elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
+                self._refresh(o.key[0])
+            dirty.mark_structure()
+        self._board.refresh()  # a swap alone changes no block's state, but may clear a compile error
+
+    def _refresh(self, block_id: int) -> None:
+        block = self._context.registry.get(block_id)
+        if block is None:
+            return
+        try:
+            block.refresh()
+        except CudapatchError as exc:  # stays on the block until a later edit re-describes it
+            self._board.set_block_error(Diagnostic("error", block.id, DiagnosticCode.KERNEL_SIGNATURE, str(exc)))
+        else:
+            self._board.clear_block_error(block.id, DiagnosticCode.KERNEL_SIGNATURE)
+
+    def close(self) -> None:
+        """No swap between frames from now on (the engine is closing); idempotent. Take the graph
+        lock afterwards to wait for one that began before."""
+        self._closed = True

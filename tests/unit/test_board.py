@@ -1,0 +1,99 @@
+"""DiagnosticBoard and DiagnosticCode without a GPU: sources kept apart, block states set in one place."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cudapatch import Diagnostic, DiagnosticCode, Fill, Scale
+from cudapatch.blocks import BlockState
+from cudapatch.engine import Context
+from cudapatch.engine.board import DiagnosticBoard
+from cudapatch.engine.faults import FaultState
+
+
+class Compiles:
+    """The compile diagnostics as the KernelTracker holds them."""
+
+    def __init__(self) -> None:
+        self.diag_version = 0
+        self.diags: tuple[Diagnostic, ...] = ()
+
+    def set(self, *diags: Diagnostic) -> None:
+        self.diags = diags
+        self.diag_version += 1
+
+    def diagnostics(self) -> tuple[Diagnostic, ...]:
+        return self.diags
+
+
+@pytest.fixture
+def patch() -> tuple[DiagnosticBoard, Compiles, FaultState, object, object]:
+    c = Context()
+    fill = c.register_block(Fill(name="fill"))
+    scale = c.register_block(Scale(name="scale"))
+    compiles, faults = Compiles(), FaultState()
+    board = DiagnosticBoard(c.registry, kernels=compiles, faults=faults, logger=logging.getLogger("cudapatch.test"))
+    return board, compiles, faults, fill, scale
+
+
+def test_codes_are_strings_for_hosts() -> None:
+    d = Diagnostic("error", 1, "gpu-fault", "boom")
+    assert d.code is DiagnosticCode.GPU_FAULT and d.code == "gpu-fault" and f"{d.code}" == "gpu-fault"
+    assert {"gpu-fault": 1}[d.code] == 1 and str(d.code) == "gpu-fault"
+    same = Diagnostic("error", 1, DiagnosticCode.GPU_FAULT, "boom")
+    assert d == same and hash(d) == hash(same) and Diagnostic("error", 1, "gpu-fault", "boom") in {same}
+    assert Diagnostic("info", None, "my-host-code", "x").code == "my-host-code"  # a host's own code stays text
+    assert len(DiagnosticCode) == 19 and all(c.value == str(c) for c in DiagnosticCode)
+
+
+def test_a_build_sets_states_and_a_failed_build_keeps_the_running_set(patch) -> None:  # noqa: ANN001
+    board, _, _, fill, scale = patch
+    warn = Diagnostic("warning", scale.id, "input-unlinked", "block 'scale' is not running\nmore")
+    board.build_done((warn,), running=(fill.id,))
+    assert fill.debug.state is BlockState.OK and scale.debug.state is BlockState.NOT_COMPILED
+    assert scale.debug.message == "block 'scale' is not running" and board.current == (warn,)
+    board.build_done((), running=(fill.id, scale.id))
+    assert scale.debug.state is BlockState.OK and scale.debug.message == "" and board.current == ()
+    err = Diagnostic("error", scale.id, "cycle", "block 'scale' is part of a cycle")
+    board.build_failed((err,))
+    assert scale.debug.state is BlockState.ERROR and fill.debug.state is BlockState.OK  # the old graph runs
+    board.graph_gone()
+    assert fill.debug.state is BlockState.NOT_COMPILED and board.current == (err,)
+
+
+def test_sources_are_replaced_separately(patch) -> None:  # noqa: ANN001
+    board, compiles, faults, fill, scale = patch
+    board.build_done((), running=(fill.id, scale.id))
+    call = Diagnostic("error", scale.id, "library-call", "capture failed (the previous capture keeps running)")
+    board.recapture_errors([call])
+    full = Diagnostic("warning", fill.id, "append-full", "append output 'fill.Out' is 99% full")
+    board.frame_warnings((full,))
+    sig = Diagnostic("error", fill.id, "kernel-signature", "cannot re-describe")
+    board.set_block_error(sig)
+    assert board.current == (call, sig, full)
+    assert fill.debug.state is BlockState.ERROR and fill.debug.message == "cannot re-describe"
+    board.frame_warnings(())  # a frame without the warning
+    board.recapture_errors(())
+    assert board.current == (sig,)
+    faults.disable(scale.id, "faulted")
+    compiles.set(Diagnostic("error", fill.id, "kernel-compile", "k.cu(3): error"))
+    board.refresh()  # compile diagnostics changed; faults are read at every publish
+    assert [d.code for d in board.current] == ["kernel-signature", "gpu-fault", "kernel-compile"]
+    assert board.of_block(scale.id)[0].message == "faulted" and scale.debug.state is BlockState.ERROR
+    board.clear_block_error(fill.id, DiagnosticCode.KERNEL_SIGNATURE)
+    board.build_done((), running=(fill.id, scale.id))  # a build clears nothing the others own
+    assert [d.code for d in board.current] == ["gpu-fault", "kernel-compile"]
+
+
+def test_an_engine_error_and_each_new_diagnostic_is_logged_once(patch, caplog) -> None:  # noqa: ANN001
+    board, _, _, fill, _ = patch
+    board.build_done((), running=(fill.id,))
+    launch = Diagnostic("error", None, "launch", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES")
+    with caplog.at_level(logging.INFO, logger="cudapatch.test"):
+        board.add_error(launch)
+        board.publish()
+        board.frame_warnings((Diagnostic("warning", fill.id, "append-full", "full"),))
+    assert [r.getMessage() for r in caplog.records] == ["CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "full"]
+    assert fill.debug.state is BlockState.WARNING and board.of_block(fill.id)[0].code == "append-full"

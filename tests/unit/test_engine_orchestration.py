@@ -1,0 +1,278 @@
+"""The engine's orchestration without a GPU: the real Engine, DeviceResources, KernelTracker,
+FaultState, DiagnosticBoard, tiers and recovery, over a stand-in device, a stand-in kernel builder
+(every compile finishes at once) and stand-in executable graphs that record what is asked of them.
+The driver side of each step is tested on the GPU (tests/gpu: test_engine_gpu, test_code_tier_gpu,
+test_fault_gpu, test_profiling_gpu)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+
+from cudapatch import CustomKernel, DiagnosticCode, Engine, Fill, Scale
+from cudapatch.blocks import BlockState
+from cudapatch.engine import build as build_module
+from cudapatch.engine import engine as engine_module
+from cudapatch.engine import recovery as recovery_module
+from cudapatch.engine import resources as resources_module
+from cudapatch.errors import CudaError, CudaLaunchError
+from cudapatch.kernels.builder import CompiledKernel
+from cudapatch.kernels.pacing import FrameGate
+from cudapatch.kernels.source import KernelImage
+
+GAIN = """extern "C" __global__ void k(const float* in, float* out, float gain, unsigned int n)
+{
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * gain;
+}
+"""
+
+
+class FakeDevice:
+    """The device side of DeviceResources: ``reset`` succeeds or is refused, as the test decides."""
+
+    refuse_reset = False
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.ordinal, self.arch, self.key, self.compute_capability = ordinal, "sm_90", "0:sm_90", (9, 0)
+        self.context, self.stream = object(), object()
+        self.resets, self.closed, self.abandoned, self.syncs = 0, False, False, 0
+
+    def make_current(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def reset(self) -> None:
+        if FakeDevice.refuse_reset:
+            raise CudaError("refused", name="CUDA_ERROR_ILLEGAL_ADDRESS")
+        self.resets += 1
+        self.stream = object()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class DeviceArray:
+    """Device memory as CuPy would hand it over (only its interface is read)."""
+
+    def __init__(self, n: int, ptr: int = 0x7F0000000000) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False), "version": 3}
+
+
+class FakeModules:
+    """A module cache that loads nothing (kernels are reloaded into a new one after a reset)."""
+
+    def __init__(self, **_: Any) -> None:
+        self.loaded = 0
+
+    def function(self, image: Any) -> Any:
+        self.loaded += 1
+        return object()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeBuilder:
+    """Finishes every compile at once (as the builder's thread would, between frames)."""
+
+    def __init__(self, **_: Any) -> None:
+        self.gate = FrameGate()
+        self.modules = None
+
+    def submit(self, source: Any) -> Future:
+        f: Future = Future()
+        f.set_result(CompiledKernel(source, KernelImage(source.describe(), b"", "cubin", "k", "k.cu"), object(), "", 0))
+        return f
+
+    def build(self, source: Any) -> Any:
+        return self.submit(source).result()
+
+    def unpaced(self) -> nullcontext:
+        return nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeGraph:
+    """An executable graph that records launches, patches and swaps. ``fault`` makes launches fault."""
+
+    fault = False
+
+    def __init__(self, plan: Any, **_: Any) -> None:
+        self.plan, self.readback, self.appends, self.occupancy = plan, None, {}, {}
+        self.kernel_count = sum(1 for n in plan.nodes if hasattr(n, "descriptor"))
+        self.recaptures, self.call_errors, self.stale, self.counters = 0, {}, False, None
+        self.launches, self.scalars, self.swaps = 0, [], []
+        self.closed = self.abandoned = self.retired = False
+
+    def launch(self, stream: Any) -> None:
+        if FakeGraph.fault:
+            raise CudaLaunchError("an illegal memory access", name="CUDA_ERROR_ILLEGAL_ADDRESS")
+        self.launches += 1
+
+    def update_scalars(self, params: dict) -> int:
+        self.scalars.append(dict(params))
+        return len(params)
+
+    def update_bindings(self, bindings: dict) -> int:
+        return len(bindings)
+
+    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
+        self.swaps.append(key)
+        return True
+
+    def try_patch(self, plan: Any, bindings: Any, functions: Any) -> int | None:
+        return None  # always Cold
+
+    def adopt(self, previous: Any) -> None:
+        pass
+
+    def retire(self, stream: Any) -> None:
+        self.retired = True
+
+    def is_idle(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+    def output(self, block_id: int, port: str) -> None:
+        return None
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(resources_module, "DeviceContext", FakeDevice)
+    monkeypatch.setattr(resources_module, "ModuleCache", FakeModules)
+    monkeypatch.setattr(engine_module, "KernelBuilder", FakeBuilder)
+    monkeypatch.setattr(build_module, "realize", FakeGraph)
+    monkeypatch.setattr(FakeDevice, "refuse_reset", False)
+    monkeypatch.setattr(FakeGraph, "fault", False)
+    e = Engine(cache_dir=False, watch_files=False)
+    yield e
+    e.close()
+
+
+def _chain(e: Engine) -> tuple[Any, Any]:
+    fill = e.add(Fill(name="fill", Count=1024, Value=2.0))
+    scale = e.add(Scale(name="scale", Factor=3.0))
+    e.connect(fill, "Out", scale, "In")
+    return fill, scale
+
+
+def test_cold_then_hot_then_clean_frames(engine: Engine) -> None:
+    fill, scale = _chain(engine)
+    engine.update()  # builds without the blocks: their kernels are compiling
+    assert engine.graph is not None and not engine.graph.plan.block_order
+    assert str(scale).startswith("scale: NotCompiled")
+    engine.update()  # the compiles landed: rebuilt with them
+    g = engine.graph
+    assert isinstance(g, FakeGraph) and engine.counters.rebuilds == 2 and g.launches == 1
+    assert set(g.plan.block_order) == {fill.id, scale.id} and str(scale).startswith("scale: OK")
+    scale.set("Factor", 5.0)
+    engine.update()
+    assert engine.counters.hot_updates == 1 and [list(p) for p in g.scalars] == [[(scale.id, "Factor")]]
+    launches = g.launches
+    for _ in range(3):
+        engine.update()  # clean: a launch each, nothing else
+    assert g.launches == launches + 3 and engine.counters.rebuilds == 2 and engine.graph is g
+    engine.add(Scale(name="more"))  # Cold: a new graph; the old one retires
+    engine.update()
+    assert engine.graph is not g and g.retired and not g.closed and engine.counters.rebuilds == 3
+    engine.add(Scale(name="again"))  # the next build reaps it (idle)
+    engine.update()
+    assert g.closed and len(engine.resources.retired) == 1
+
+
+def test_a_code_edit_is_swapped_in_between_frames(engine: Engine) -> None:
+    fill = engine.add(Fill(name="fill", Count=256))
+    ck = engine.add(CustomKernel(name="ck", Code=GAIN))
+    engine.connect(fill, "Out", ck, "in")
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and ck.id in g.plan.block_order
+    ck.set("Code", GAIN.replace("gain;", "gain * 2.0f;"))  # same signature: the Code tier
+    assert engine.counters.code_swaps == 1 and g.swaps == [(ck.id, 0)]
+    engine.update()
+    assert engine.graph is g and engine.counters.rebuilds == 1
+
+
+def test_a_fault_disables_its_block_and_a_refused_reset_loses_the_engine(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill, scale = _chain(engine)
+    engine.wait_ready()
+    monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (scale.id, "faulted"))
+    monkeypatch.setattr(FakeDevice, "refuse_reset", True)
+    monkeypatch.setattr(FakeGraph, "fault", True)
+    g = engine.graph
+    engine.update()
+    assert engine.counters.faults == 1 and engine.graph is None and g is not None and g.abandoned
+    assert engine.lost is not None and "block 'scale'" in engine.lost and "restart" in engine.lost
+    codes = {(d.block_id, d.code) for d in engine.diagnostics()}
+    assert (scale.id, DiagnosticCode.GPU_FAULT) in codes and (None, "gpu-lost") in codes
+    assert scale.debug.state is BlockState.ERROR and fill.debug.state is BlockState.NOT_COMPILED
+    frames = engine.counters.frames
+    engine.update()  # no launch, no exception
+    assert engine.counters.frames == frames + 1
+    device = engine.device
+    engine.close()  # forgets, frees nothing
+    assert device.abandoned and not device.closed  # type: ignore[attr-defined]
+
+
+def test_a_fault_with_a_reset_rebuilds_without_the_block_until_its_code_changes(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill = engine.add(Fill(name="fill", Count=256))
+    ck = engine.add(CustomKernel(name="ck", Code=GAIN))
+    after = engine.add(Scale(name="after"))
+    ext = engine.add(Scale(name="ext"))
+    engine.connect(fill, "Out", ck, "in")
+    engine.connect(ck, "out", after, "In")
+    engine.bind(ext, "In", DeviceArray(256))
+    engine.wait_ready()
+    assert ext.id in engine.graph.plan.block_order  # type: ignore[union-attr]
+    monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (ck.id, "faulted"))
+    monkeypatch.setattr(FakeGraph, "fault", True)
+    engine.update()
+    monkeypatch.setattr(FakeGraph, "fault", False)
+    assert engine.lost is None and engine.device.resets == 1  # type: ignore[attr-defined]
+    assert engine.resources.stream is engine.device.stream
+    engine.update()  # the rebuild leaves the faulted kernel out and warns its reader
+    g = engine.graph
+    assert g is not None and engine.counters.rebuilds == 2
+    codes = {(d.block_id, d.code) for d in engine.diagnostics()}
+    assert (ck.id, DiagnosticCode.GPU_FAULT) in codes and (after.id, DiagnosticCode.INPUT_FAULTED) in codes
+    assert (ext.id, DiagnosticCode.BINDING_LOST) in codes and ext.id not in g.plan.block_order  # unbound
+    assert not any(getattr(n, "block_id", None) == ck.id and hasattr(n, "descriptor") for n in g.plan.nodes)
+    engine.bind(ext, "In", DeviceArray(256))  # bound again: the warning goes
+    ck.set("Code", GAIN.replace("gain;", "gain * 2.0f;"))  # new code: a new chance
+    engine.update()
+    engine.update()
+    assert not engine.diagnostics(), engine.diagnostics()
+    assert str(ck).startswith("ck: OK") and str(ext).startswith("ext: OK")
+
+
+def test_disable_and_remove(engine: Engine) -> None:
+    fill, scale = _chain(engine)
+    engine.wait_ready()
+    engine.disable(scale, "faulted in an earlier process")
+    engine.update()
+    (d,) = engine.diagnostics(scale)
+    assert d.code == "gpu-fault" and d.message == "faulted in an earlier process"
+    engine.remove(scale)
+    engine.update()
+    assert not engine.diagnostics() and engine.graph is not None and scale.id not in engine.graph.plan.block_order
