@@ -27,10 +27,13 @@ _ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
 _VERSION_RE = re.compile(r"^[ \t]*\.version[ \t]+(\d+)\.(\d+)", re.MULTILINE)
 _TARGET_RE = re.compile(r"^[ \t]*\.target[ \t]+([\w, \t]+)", re.MULTILINE)
 _MAX_DIGITS = 9
-_MAX_DECL = 256  # characters in one .param declaration (bounds the pattern's backtracking)
+_MAX_DECL = 4096  # characters in one .param declaration (mangled names are long; a bound on the pattern's work)
 _TYPE_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
+# After .ptr, the state space (.global ...) then an optional .align: "(?!align)" keeps the two apart, so
+# a long list of qualifiers is matched once instead of tried at every split.
 _PARAM_RE = re.compile(
-    r"^\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+(?:\.ptr\s+(?:\.\w+\s+)*?(?:\.align\s+\d+\s+)?)?"
+    r"^\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+"
+    r"(?:\.ptr\s+(?:\.(?!align\b)\w+\s+)*(?:\.align\s+\d+\s+)?)?"
     r"([A-Za-z_$][\w$]*)\s*(?:\[\s*(\d+)\s*\])?$"
 )
 

@@ -30,9 +30,12 @@ _SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*\)\s+)?void\s+([
 _META = re.compile(r"^[ \t]*//[ \t]*cudapatch:[ \t]*(\w+)[ \t]*=([^\n]*)", re.MULTILINE)
 _INT_SETTING = re.compile(r"[+-]?\d{1,9}")
 _SETTINGS = {"blockSize", "sharedMemoryBytes", "description"}
-_MAX_DECL = 256  # characters in one parameter declaration
+_MAX_DECL = 4096  # characters in one parameter declaration (a bound on any pattern's work)
+# The type and the name are separated by a "*" or by spaces, never by nothing: a pattern where both
+# can be empty tries every split of a long word (0.2 s for 4,000 letters, quadratic).
 _PARAM = re.compile(
-    r"(const\s+)?((?:unsigned\s+|signed\s+)?(?:long\s+long|[A-Za-z_]\w*))\s*(\*?)\s*(?:const\s+)?([A-Za-z_]\w*)"
+    r"(const\s+)?((?:unsigned\s+|signed\s+)?(?:long\s+long|[A-Za-z_]\w*))(?:\s*(\*)\s*|\s+)(?:const\s+)?"
+    r"([A-Za-z_]\w*)"
 )
 
 _BARE_UNSIGNED = re.compile(r"\bunsigned\s+(?!(?:int|long|char|short)\b)")
@@ -118,7 +121,6 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
             inout = "__cudapatch_inout__" in raw
             decl = " ".join(raw.replace("__cudapatch_inout__", " ").split())
             decl = _BARE_UNSIGNED.sub("unsigned int ", decl)  # `unsigned n` means `unsigned int n`
-            # _PARAM backtracks over split points of a long word: bound what it is given
             pm = _PARAM.fullmatch(decl) if len(decl) <= _MAX_DECL else None
             if pm is None:
                 shown = decl if len(decl) <= 80 else decl[:70] + "…"
