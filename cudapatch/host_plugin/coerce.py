@@ -9,12 +9,14 @@ from typing import Any
 
 from ..blocks.description import ParamSpec
 from ..errors import ParameterError
+from ..kernels._text import short_repr
 
 __all__ = ["coerce_host_value"]
 
 _TRUE = {"on", "true", "yes"}
 _FALSE = {"off", "false", "no"}
 _SPLIT = re.compile(r"[\s,;]+")
+_MAX_LANES = 16  # more components than any vector type has
 
 
 def _number(text: str, want_int: bool) -> Any:
@@ -36,16 +38,35 @@ def _number(text: str, want_int: bool) -> Any:
         return text  # the parameter's check names the bad value
 
 
+def _check_shape(spec: ParamSpec, value: Any) -> None:
+    """Refuse what no number parameter takes, before anything tries to convert it: a table, a date,
+    a list of lists, a list longer than any vector type (a patch file can hold all of them)."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    if len(items) > _MAX_LANES:
+        raise ParameterError(
+            f"expected a number or up to {_MAX_LANES} numbers, got a list of {len(items)} values", param=spec.name
+        )
+    for item in items:
+        if not isinstance(item, (str, int, float)):
+            what = "a table" if isinstance(item, dict) else "a list" if isinstance(item, (list, tuple)) else None
+            what = what or f"a {type(item).__name__}"
+            raise ParameterError(f"expected a number, got {what}: {short_repr(item)}", param=spec.name)
+
+
 def coerce_host_value(spec: ParamSpec, value: Any) -> Any:
     """Convert a host value for parameter ``spec``: strings to numbers (``"0.5"``, ``"On"``, a TD menu
     entry such as ``"PerBlock"`` stays a string for text parameters), ``"1 2 3"`` / ``"(1, 2, 3)"`` /
     lists to tuples for vector parameters, bools to 0/1. Values that cannot convert are passed on
     unchanged so the parameter's own check raises its precise error.
+
+    Raises:
+        ParameterError: a value no number parameter takes (a table, a date, nested or long lists).
     """
     if spec.kind == "text":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         return value
+    _check_shape(spec, value)
     dtype = spec.dtype
     assert dtype is not None
     want_int = dtype.base.kind in "iu"

@@ -160,7 +160,7 @@ def read_user_bytes(
         finally:
             os.close(fd)
     except FileNotFoundError:
-        raise fail(f"{what} not found") from None
+        raise fail(f"{what} not found (cannot read it)") from None
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             raise fail(f"the {what} path is too long for this file system") from None
