@@ -58,8 +58,11 @@ ENGINE_KEYS = {"profiling", "device", "name"}
 PREVIEW_KEYS = {"points", "image", "size"}
 TOP_KEYS = {"engine", "operators", "links", "preview"}
 _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")
-_TABLE = re.compile(r"^[ \t]*\[[ \t]*([^\[\]\n]*?)[ \t]*\]")
-_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+# Patterns run on every line of user text, so none may backtrack over a line: a table header's name is
+# stripped in Python (a lazy name before "[ \t]*\]" is quadratic on "[" and spaces), and a string that
+# never closes ends at the end of its line (else every later quote on the line rescans it).
+_TABLE = re.compile(r"^[ \t]*\[([^\[\]\n]*)\]")
+_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)')
 #: Largest preview image side, in pixels (a GPU's largest texture is 16K-32K).
 MAX_PREVIEW_SIDE = 16384
 #: Highest CUDA device ordinal a patch may name.

@@ -23,7 +23,8 @@ from .source import KernelImage, KernelSource
 
 __all__ = ["CudaSource"]
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+# [ \t] and [^"\n]: no part of the pattern spans lines (\s* at every line start of blank lines is quadratic)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
 
 
 def _regular_file(path: Path) -> Path | None:

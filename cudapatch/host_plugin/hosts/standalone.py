@@ -44,7 +44,7 @@ def take_restart_state() -> dict[str, Any]:
         return {}
     try:
         state = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # malformed, a number of 4,300+ digits, nested too deep
         log.warning("ignoring a malformed %s", RESTART_ENV)
         return {}
     return state if isinstance(state, dict) else {}
