@@ -19,7 +19,7 @@ _SPLIT = re.compile(r"[\s,;]+")
 _MAX_LANES = 16  # more components than any vector type has
 
 
-def _number(text: str, want_int: bool) -> Any:
+def _number(text: str, want_int: bool, name: str) -> Any:
     t = text.strip()
     low = t.lower()
     if low in _TRUE:
@@ -27,15 +27,19 @@ def _number(text: str, want_int: bool) -> Any:
     if low in _FALSE:
         return 0
     try:
-        return int(t, 0) if want_int else float(t)
-    except ValueError:
+        value = int(t, 0) if want_int else float(t)
+    except ValueError:  # also a decimal integer of more than 4,300 digits, which int() refuses
         if want_int:
             try:
                 f = float(t)
             except ValueError:
                 return text
-            return int(f) if f.is_integer() else text
-        return text  # the parameter's check names the bad value
+            value = int(f) if f.is_integer() else text
+        else:
+            return text  # the parameter's check names the bad value
+    if isinstance(value, int) and value.bit_length() > 64:  # "0xfff…" has no digit limit: stop it here
+        raise ParameterError(f"{short_repr(text)} is too large for an integer parameter (64 bits at most)", param=name)
+    return value
 
 
 def _check_shape(spec: ParamSpec, value: Any) -> None:
@@ -75,12 +79,12 @@ def coerce_host_value(spec: ParamSpec, value: Any) -> Any:
     if dtype.lanes > 1:
         if isinstance(value, str):
             parts = [p for p in _SPLIT.split(value.strip().strip("()[]")) if p]
-            return tuple(_number(p, want_int) for p in parts)
+            return tuple(_number(p, want_int, spec.name) for p in parts)
         if isinstance(value, list):
             return tuple(value)
         return value
     if isinstance(value, str):
-        return _number(value, want_int)
+        return _number(value, want_int, spec.name)
     if want_int and isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, (list, tuple)) and len(value) == 1:

@@ -214,9 +214,7 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
             try:
                 check_path_text(path_value, what="kernel file", error=PatchFileError)
             except PatchFileError as exc:
-                raise fail(
-                    f"operator '{name}': {exc.message}", lines.key("Path", line), block=name, param="Path"
-                ) from None
+                raise fail(exc.message, lines.key("Path", line), block=name, param="Path") from None
         spec = OperatorSpec(name, type_name, body, line)
         if registry is not None:
             _check_operator(spec, registry, lines, fail)

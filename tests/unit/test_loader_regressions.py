@@ -113,6 +113,13 @@ def test_huge_integers_are_errors_in_patch_sidecar_and_ptx() -> None:
     assert isinstance(err, PtxSignatureError) and "array size" in err.message and err.kernel == "k"
 
 
+def test_a_huge_hex_string_for_an_integer_parameter() -> None:
+    adapter = HostAdapter(PlanOnlyEngine(), REG)
+    patch = parse_patch(f'[operators.a]\ntype = "core.Fill"\nCount = "0x{"f" * 5000}"\n', path="p.toml")
+    err = _fast(lambda: apply_patch(adapter, patch))
+    assert isinstance(err, PatchFileError) and "64 bits" in err.message and err.line == 3 and len(str(err)) < 300
+
+
 # -- paths the OS refuses ------------------------------------------------------------------------------
 def test_a_nul_byte_in_a_kernel_path() -> None:
     err = _fast(lambda: parse_patch('[operators.k]\ntype = "core.KernelFile"\nPath = "k\\u0000.cu"\n', path="p.toml"))
