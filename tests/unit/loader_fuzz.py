@@ -212,6 +212,72 @@ _CACHE_PAYLOAD = b"\x7fELF" + bytes(range(256)) * 4
 _CACHE_META = {"symbol": "_Z4gainPKfPfS1_fj", "name": "k.cu", "sha": "ab" * 32}
 
 
+# Values put in place of a real one (keeping the file's syntax, so the checks after parsing are reached).
+VALUES: dict[str, tuple[bytes, ...]] = {
+    "toml": (
+        b"-1",
+        b"0",
+        b"1e308",
+        b"inf",
+        b"nan",
+        b'"x"',
+        b'""',
+        b"[1, 2]",
+        b"[]",
+        b"{}",
+        b"true",
+        b"1979-05-27",
+        b'"0x' + b"f" * 40 + b'"',
+        b'"k\\u0000.cu"',
+        b'"/dev/zero"',
+        b"[[1]]",
+        b'"8x8"',
+        b"[-1, 5]",
+        b"18446744073709551616",
+        b"[0]",
+        b'"PerBlock"',
+        b'"core.Fill"',
+        b'"a.Out"',
+        b"[1.5, 2, 3]",
+    ),
+    "json": (
+        b"-1",
+        b"0",
+        b"null",
+        b"[]",
+        b"{}",
+        b'"x"',
+        b"true",
+        b"1e999",
+        b'"float*"',
+        b'"in"',
+        b'"out"',
+        b"0.5",
+        b"1024",
+        b"1025",
+        b"232448",
+        b"232449",
+        b'"1st"',
+        b'"uint4"',
+        b'[{"name": "a", "type": "int"}]',
+    ),
+}
+
+
+def _replace_value(rng: random.Random, data: bytes, loader: str) -> bytes:
+    """``data`` with the value of one ``key = value`` (TOML) or ``"key": value`` (JSON) line replaced."""
+    sep, values = (b": ", VALUES["json"]) if loader == "sidecar" else (b" = ", VALUES["toml"])
+    lines = data.split(b"\n")
+    candidates = [i for i, line in enumerate(lines) if sep in line]
+    if not candidates:
+        return data
+    i = rng.choice(candidates)
+    key, _, rest = lines[i].partition(sep)
+    comma = b"," if rest.rstrip().endswith(b",") else b""
+    lines[i] = key + sep + rng.choice(values) + comma
+    return b"\n".join(lines)
+
+
 # -- mutations ------------------------------------------------------------------------------------------
 def _pos(rng: random.Random, data: bytes) -> int:
     return rng.randrange(len(data) + 1)
@@ -242,6 +308,8 @@ def mutate(rng: random.Random, data: bytes, loader: str) -> bytes:
             j = _pos(rng, other)
             i = _pos(rng, data)
             data = data[:i] + other[j : j + rng.randint(1, 200)] + data[i:]
+        elif kind < 0.7 and loader in ("sidecar", "patch"):  # a wrong value, in valid syntax
+            data = _replace_value(rng, data, loader)
         elif kind < 0.8:  # insert a known bad input
             i = _pos(rng, data)
             data = data[:i] + rng.choice(BAD_INPUTS) + data[i:]
