@@ -196,6 +196,21 @@ def test_an_entry_under_another_key_is_a_miss(tmp_path: Path) -> None:
     assert CubinCache(tmp_path).get(cache_key("b")) is None
 
 
+def test_size_limits_are_stated(tmp_path: Path) -> None:
+    path = tmp_path / "k.json"
+    path.write_bytes(b" " * ((1 << 20) + 1))
+    with pytest.raises(SidecarError, match="more than the 1 MiB cudapatch reads for one") as info:
+        load_sidecar(path)
+    assert info.value.file == str(path)
+
+
+def test_a_deep_restart_state_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudapatch.host_plugin.hosts.standalone import RESTART_ENV, take_restart_state
+
+    monkeypatch.setenv(RESTART_ENV, "[" * 100_000)
+    assert take_restart_state() == {}
+
+
 # -- FIFOs and other non-regular files -------------------------------------------------------------------
 def _returns_promptly(fn) -> BaseException | None:
     """Run ``fn`` on a thread; fail the test (instead of hanging it) if it does not return in 5 s."""
