@@ -114,7 +114,11 @@ class HostAdapter:
             return value
         for base in self.search_paths:
             candidate = Path(base) / value
-            if candidate.exists():
+            try:
+                found = candidate.exists()
+            except OSError:  # ENAMETOOLONG: the block reports the path the OS refuses
+                found = False
+            if found:
                 return str(candidate)
         return value  # the block reports the missing file with its path
 

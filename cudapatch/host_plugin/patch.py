@@ -23,6 +23,12 @@ Format::
 
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
+
+A patch file is user input: it is read through ``kernels._files`` (a regular file of at most 8 MiB,
+UTF-8, never a FIFO), and every way it can be wrong is a ``PatchFileError`` with the file and line:
+TOML syntax, nesting deeper than 32, integers wider than 64 bits, unknown keys, settings of the wrong
+type (``[engine] device = [0]``, ``[preview] size = "8x8"``), kernel paths the OS cannot take (a NUL
+byte, too long). Line lookups use indexes built in one pass, so checking is linear in the file.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any
 
 from ..engine.profiling import ProfilingLevel
 from ..errors import CudapatchError, PatchFileError
+from ..kernels._files import MAX_PATCH_BYTES, check_path_text, read_user_text
+from ..kernels._text import MAX_NESTING, data_problem, short_repr
 from .adapter import HostAdapter
 from .coerce import coerce_host_value
 from .registry import BlockTypeRegistry
@@ -50,6 +58,15 @@ ENGINE_KEYS = {"profiling", "device", "name"}
 PREVIEW_KEYS = {"points", "image", "size"}
 TOP_KEYS = {"engine", "operators", "links", "preview"}
 _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")
+# Patterns run on every line of user text, so none may backtrack over a line: a table header's name is
+# stripped in Python (a lazy name before "[ \t]*\]" is quadratic on "[" and spaces), and a string that
+# never closes ends at the end of its line (else every later quote on the line rescans it).
+_TABLE = re.compile(r"^[ \t]*\[([^\[\]\n]*)\]")
+_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)')
+#: Largest preview image side, in pixels (a GPU's largest texture is 16K-32K).
+MAX_PREVIEW_SIDE = 16384
+#: Highest CUDA device ordinal a patch may name.
+MAX_DEVICE = 1023
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,8 @@ class Patch:
     operators: dict[str, OperatorSpec] = field(default_factory=dict)
     links: list[LinkSpec] = field(default_factory=list)
     preview: dict[str, Any] = field(default_factory=dict)
+    #: The text the patch was parsed from (for line numbers of later errors).
+    text: str = field(default="", repr=False, compare=False)
 
     @property
     def profiling(self) -> ProfilingLevel:
@@ -92,14 +111,20 @@ class Patch:
 
 
 class _Lines:
-    """Finds the line of a table or key in the raw text (tomllib keeps no positions)."""
+    """Finds the line of a table, key or string in the raw text (tomllib keeps no positions). Tables
+    and strings are indexed in one pass, so finding every operator's and link's line stays linear."""
 
     def __init__(self, text: str) -> None:
         self.lines = text.splitlines()
+        self._tables: dict[str, int] = {}
+        self._strings: dict[str, int] | None = None
+        for i, line in enumerate(self.lines):
+            m = _TABLE.match(line)
+            if m is not None:
+                self._tables.setdefault(".".join(p.strip() for p in m.group(1).split(".")), i + 1)
 
     def table(self, dotted: str) -> int | None:
-        pat = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(re.escape(p) for p in dotted.split(".")) + r"\s*\]")
-        return next((i + 1 for i, line in enumerate(self.lines) if pat.match(line)), None)
+        return self._tables.get(dotted)
 
     def key(self, key: str, after: int | None = None) -> int | None:
         pat = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
@@ -112,7 +137,25 @@ class _Lines:
         return after
 
     def text(self, needle: str) -> int | None:
+        """The first line with the string literal ``"needle"`` (a link), else the first containing ``needle``."""
+        if self._strings is None:
+            self._strings = {}
+            for i, line in enumerate(self.lines):
+                for m in _STRING.finditer(line):
+                    self._strings.setdefault(m.group(1), i + 1)
+        found = self._strings.get(needle)
+        if found is not None:
+            return found
         return next((i + 1 for i, line in enumerate(self.lines) if needle in line), None)
+
+    def path(self, keys: tuple[str, ...]) -> int | None:
+        """The line of a value by its key path in the parsed data: its table, then its key there."""
+        names = [k for k in keys if not k.startswith("[")]
+        for n in range(len(names), 0, -1):
+            line = self.table(".".join(names[:n]))
+            if line is not None:
+                return self.key(names[n], line) if n < len(names) else line
+        return self.key(names[0]) if names else None
 
 
 def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTypeRegistry | None = None) -> Patch:
@@ -128,26 +171,31 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line (\d+)", str(exc))
         raise PatchFileError(f"TOML syntax error: {exc}", file=file, line=int(m.group(1)) if m else None) from None
+    except RecursionError:
+        raise PatchFileError(
+            f"values are nested too deep to read (the limit is {MAX_NESTING} levels)", file=file
+        ) from None
+    except ValueError:  # tomllib's only other error: an integer of more than 4,300 digits, refused by int()
+        raise PatchFileError("a number has more than 4,300 digits", file=file) from None
     lines = _Lines(text)
+    problem = data_problem(data)
+    if problem is not None:
+        raise PatchFileError(problem[0], file=file, line=lines.path(problem[1]))
 
     def fail(msg: str, line: int | None, **ctx: Any) -> PatchFileError:
         return PatchFileError(msg, file=file, line=line, **ctx)
 
     for key in data:
         if key not in TOP_KEYS:
-            raise fail(f"unknown key '{key}' (use: {', '.join(sorted(TOP_KEYS))})", lines.key(key) or lines.table(key))
-    patch = Patch(Path(path) if path is not None else None)
+            raise fail(
+                f"unknown key {short_repr(key)} (use: {', '.join(sorted(TOP_KEYS))})",
+                lines.key(key) or lines.table(key),
+            )
+    patch = Patch(Path(path) if path is not None else None, text=text)
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
         raise fail("'engine' must be a table", lines.key("engine"))
-    for key in engine:
-        if key not in ENGINE_KEYS:
-            raise fail(f"unknown engine setting '{key}' (use: {', '.join(sorted(ENGINE_KEYS))})", lines.key(key))
-    if "profiling" in engine:
-        try:
-            ProfilingLevel.parse(engine["profiling"])
-        except CudapatchError as exc:
-            raise fail(exc.message, lines.key("profiling", lines.table("engine"))) from None
+    _check_engine(engine, lines, fail)
     patch.engine = dict(engine)
 
     ops = data.get("operators", {})
@@ -161,6 +209,12 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
         type_name = body.pop("type", None)
         if not isinstance(type_name, str):
             raise fail(f"operator '{name}' needs type = \"package.Type\"", line, block=name)
+        path_value = body.get("Path")
+        if isinstance(path_value, str):
+            try:
+                check_path_text(path_value, what="kernel file", error=PatchFileError)
+            except PatchFileError as exc:
+                raise fail(exc.message, lines.key("Path", line), block=name, param="Path") from None
         spec = OperatorSpec(name, type_name, body, line)
         if registry is not None:
             _check_operator(spec, registry, lines, fail)
@@ -171,10 +225,10 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
         raise fail("'links' must be a list of \"op.Port -> op.Port\" strings", lines.key("links"))
     seen = set()
     for item in raw_links:
-        line = lines.text(str(item)) if isinstance(item, str) else lines.key("links")
+        line = lines.text(item) if isinstance(item, str) else lines.key("links")
         m = _LINK.match(item) if isinstance(item, str) else None
         if m is None:
-            raise fail(f'bad link {item!r}: write "op.Port -> op.Port"', line)
+            raise fail(f'bad link {short_repr(item)}: write "op.Port -> op.Port"', line)
         lk = LinkSpec(*m.groups(), line=line)
         for op, port, kind in ((lk.src, lk.src_port, "output"), (lk.dst, lk.dst_port, "input")):
             if op not in patch.operators:
@@ -201,13 +255,50 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
     for key, value in preview.items():
         pline = lines.key(key, lines.table("preview"))
         if key not in PREVIEW_KEYS:
-            raise fail(f"unknown preview setting '{key}' (use: {', '.join(sorted(PREVIEW_KEYS))})", pline)
+            raise fail(f"unknown preview setting {short_repr(key)} (use: {', '.join(sorted(PREVIEW_KEYS))})", pline)
         if key in ("points", "image"):
-            op, _, port = str(value).partition(".")
+            op, _, port = value.partition(".") if isinstance(value, str) else ("", "", "")
             if op not in patch.operators or not port:
-                raise fail(f'preview {key} = {value!r}: write "operator.Port" naming an operator of this patch', pline)
+                raise fail(
+                    f'preview {key} = {short_repr(value)}: write "operator.Port" naming an operator of this patch',
+                    pline,
+                )
+        elif key == "size":
+            ok = (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_PREVIEW_SIDE for v in value)
+            )
+            if not ok:
+                raise fail(
+                    f"preview size = {short_repr(value)}: write [width, height], two whole numbers of pixels "
+                    f"in 1..{MAX_PREVIEW_SIDE}",
+                    pline,
+                )
     patch.preview = dict(preview)
     return patch
+
+
+def _check_engine(engine: dict[str, Any], lines: _Lines, fail: Any) -> None:
+    """The ``[engine]`` settings' names and types: ``profiling`` a level's name, ``device`` an ordinal,
+    ``name`` text (a wrong type would otherwise surface as a TypeError when the engine starts)."""
+    table = lines.table("engine")
+    for key, value in engine.items():
+        line = lines.key(key, table)
+        if key not in ENGINE_KEYS:
+            raise fail(f"unknown engine setting {short_repr(key)} (use: {', '.join(sorted(ENGINE_KEYS))})", line)
+        if key == "profiling":
+            if not isinstance(value, str):
+                raise fail(f'profiling = {short_repr(value)}: write a level\'s name, such as "PerBlock"', line)
+            try:
+                ProfilingLevel.parse(value)
+            except CudapatchError as exc:
+                raise fail(exc.message, line) from None
+        elif key == "device":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DEVICE:
+                raise fail(f"device = {short_repr(value)}: write a CUDA device number (0 for the first GPU)", line)
+        elif key == "name" and not isinstance(value, str):
+            raise fail(f"name = {short_repr(value)}: the engine's name must be text", line)
 
 
 def _check_operator(spec: OperatorSpec, registry: BlockTypeRegistry, lines: _Lines, fail: Any) -> None:
@@ -219,8 +310,8 @@ def _check_operator(spec: OperatorSpec, registry: BlockTypeRegistry, lines: _Lin
         return  # a type that needs its parameters to describe itself (a kernel file): checked on create
     known = {name: kind for name, kind, _ in bt.params}
     for key in spec.params:
-        line = lines.key(key, spec.line)
         if key not in known:
+            line = lines.key(key, spec.line)
             raise fail(
                 f"operator '{spec.name}' ({bt.name}) has no parameter '{key}' (it has: {', '.join(known) or 'none'})",
                 line,
@@ -233,14 +324,11 @@ def load_patch(path: str | Path, registry: BlockTypeRegistry | None = None) -> P
     """Read and validate a patch file.
 
     Raises:
-        PatchFileError: unreadable file or invalid content (with the line).
+        PatchFileError: missing, unreadable or not a regular file, over 8 MiB, not UTF-8, or invalid
+            content (with the line).
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PatchFileError(f"cannot read the patch file: {exc.strerror}", file=str(path)) from None
-    return parse_patch(text, path=path, registry=registry)
+    text = read_user_text(path, what="patch file", limit=MAX_PATCH_BYTES, error=PatchFileError)
+    return parse_patch(text, path=Path(path), registry=registry)
 
 
 def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> dict[str, int]:
@@ -277,9 +365,8 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
         except CudapatchError as exc:
             line = spec.line
             if exc.param is not None:
-                line = _Lines(new.path.read_text() if new.path and new.path.exists() else "").key(exc.param, spec.line)
-            msg = exc.message if exc.file is None or exc.file == file else f"{exc.message} ({exc.file})"
-            raise PatchFileError(msg, file=file, line=line, block=name, param=exc.param) from None
+                line = _Lines(new.text).key(exc.param, spec.line)
+            raise _at_operator(exc, file, line, name) from None
     new_links = {lk.key: lk for lk in new.links}
     old_links = {lk.key: lk for lk in (old.links if old is not None else [])}
     # 2. remove links and operators that went away (links first: removing a block drops its links)
@@ -293,28 +380,10 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             counts["deleted"] += 1
     # 3. create, swap or update operators
     for name, spec in new.operators.items():
-        before = old_ops.get(name)
-        if name not in adapter.operators():
-            adapter.create(name, spec.type, spec.params)
-            counts["created"] += 1
-            continue
-        if before is not None and adapter.registry.get(before.type).name != adapter.registry.get(spec.type).name:
-            adapter.hot_swap(name, adapter.registry.get(spec.type).name)
-            for key, value in spec.params.items():
-                adapter.set_param(name, key, value)
-            counts["swapped"] += 1
-            continue
-        prev = before.params if before is not None else {}
-        for key, value in spec.params.items():
-            if prev.get(key) != value:
-                adapter.set_param(name, key, value)
-                counts["params"] += 1
-        block = adapter.block(name)
-        for key in prev.keys() - spec.params.keys():  # removed from the file: back to the default
-            p = block.params.get(key)
-            if p is not None:
-                block.set(key, p.spec.default)
-                counts["params"] += 1
+        try:
+            _apply_operator(adapter, name, spec, old_ops.get(name), counts)
+        except CudapatchError as exc:  # refused after the probe passed (a file changed meanwhile ...)
+            raise _at_operator(exc, file, spec.line, name) from None
     # 4. add new links (a swapped operator had its links restored by hot_swap)
     existing = {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()}
     for key, lk in new_links.items():
@@ -327,6 +396,42 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
     if "profiling" in new.engine:
         adapter.engine.set_profiling(new.profiling)
     return counts
+
+
+def _at_operator(exc: CudapatchError, file: str, line: int | None, name: str) -> PatchFileError:
+    """``exc`` as a PatchFileError at the operator's line; a kernel file's own location stays in the message."""
+    if exc.file is None or exc.file == file:
+        msg = exc.message
+    else:
+        msg = f"{exc.message} ({exc.file}{'' if exc.line is None else f':{exc.line}'})"
+    return PatchFileError(msg, file=file, line=line, block=name, param=exc.param)
+
+
+def _apply_operator(
+    adapter: HostAdapter, name: str, spec: OperatorSpec, before: OperatorSpec | None, counts: dict
+) -> None:
+    """Create, swap or update one operator to match ``spec`` (``before``: its previous spec)."""
+    if name not in adapter.operators():
+        adapter.create(name, spec.type, spec.params)
+        counts["created"] += 1
+        return
+    if before is not None and adapter.registry.get(before.type).name != adapter.registry.get(spec.type).name:
+        adapter.hot_swap(name, adapter.registry.get(spec.type).name)
+        for key, value in spec.params.items():
+            adapter.set_param(name, key, value)
+        counts["swapped"] += 1
+        return
+    prev = before.params if before is not None else {}
+    for key, value in spec.params.items():
+        if prev.get(key) != value:
+            adapter.set_param(name, key, value)
+            counts["params"] += 1
+    block = adapter.block(name)
+    for key in prev.keys() - spec.params.keys():  # removed from the file: back to the default
+        p = block.params.get(key)
+        if p is not None:
+            block.set(key, p.spec.default)
+            counts["params"] += 1
 
 
 def _scalars(bt: Any) -> set[str]:

@@ -1,7 +1,13 @@
 """CubinCache: compiled kernels in memory and on disk, keyed by content, options, arch and compiler.
 
-Disk entries are ``<key>.cubin`` files with a header (magic, SHA-256 of the payload, metadata) so
-a truncated or corrupt entry is detected, deleted and rebuilt instead of crashing the driver.
+Disk entries are ``<key>.cubin`` files: a header (magic, SHA-256, metadata length), JSON metadata,
+then the payload. The checksum covers the key, the metadata and the payload, so an entry that is
+truncated, corrupt anywhere, or stored under another key's name is detected. Such an entry is a miss:
+it is logged, deleted and rebuilt, never an exception (the cache is only a shortcut) and never handed
+to the driver. Entries are read like every user file (``_files``: regular files only, bounded size),
+and the metadata must be a flat JSON object. Entries of the older format (``CPCUBIN1``, whose checksum
+left the metadata out) are misses too, and are rewritten.
+
 The directory is ``$CUDAPATCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudapatch/kernels``, else
 ``~/.cache/cudapatch/kernels``.
 """
@@ -17,14 +23,32 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
+
+from ..errors import CudapatchError, KernelLoadError
+from ._files import MAX_CACHE_ENTRY_BYTES, read_user_bytes
 
 __all__ = ["CubinCache", "CacheEntry", "default_cache_dir", "cache_key"]
 
 log = logging.getLogger("cudapatch.kernels")
 
-_MAGIC = b"CPCUBIN1"
-_HEADER = struct.Struct("<8s32sI")  # magic, sha256(payload), metadata length
+_MAGIC = b"CPCUBIN2"
+_OLD_MAGIC = b"CPCUBIN1"
+_HEADER = struct.Struct("<8s32sI")  # magic, sha256(key, metadata, payload), metadata length
+_MAX_META_BYTES = 64 << 10
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _digest(key: str, meta_raw: bytes, payload: bytes) -> bytes:
+    h = hashlib.sha256()
+    for part in (key.encode(), meta_raw, payload):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.digest()
+
+
+class _Corrupt(Exception):
+    """Why a disk entry cannot be used (internal: it becomes a logged miss)."""
 
 
 class CacheEntry(NamedTuple):
@@ -54,6 +78,34 @@ def cache_key(*parts: str | bytes) -> str:
     return h.hexdigest()
 
 
+def _decode(key: str, raw: bytes) -> tuple[bytes, dict]:
+    """Payload and metadata of a disk entry for ``key``.
+
+    Raises:
+        _Corrupt: anything wrong (``"old"``: the previous format).
+    """
+    if len(raw) < _HEADER.size:
+        raise _Corrupt(f"{len(raw)} bytes, shorter than the header")
+    magic, digest, meta_len = _HEADER.unpack_from(raw)
+    if magic == _OLD_MAGIC:
+        raise _Corrupt("old")
+    if magic != _MAGIC:
+        raise _Corrupt("not a cudapatch cache entry")
+    if meta_len > min(_MAX_META_BYTES, len(raw) - _HEADER.size):
+        raise _Corrupt(f"metadata length {meta_len} does not fit the entry")
+    meta_raw = raw[_HEADER.size : _HEADER.size + meta_len]
+    payload = raw[_HEADER.size + meta_len :]
+    if _digest(key, meta_raw, payload) != digest:
+        raise _Corrupt("checksum mismatch")
+    try:
+        meta: Any = json.loads(meta_raw)
+    except (ValueError, RecursionError) as exc:  # a hand-made entry with a valid checksum
+        raise _Corrupt(f"metadata is not JSON: {type(exc).__name__}") from None
+    if not isinstance(meta, dict) or not all(isinstance(v, _SCALARS) for v in meta.values()):
+        raise _Corrupt("metadata is not a flat JSON object")
+    return payload, meta
+
+
 class CubinCache:
     """Compiled kernels by key: an LRU in memory over a directory on disk. Thread-safe.
 
@@ -79,7 +131,8 @@ class CubinCache:
         return None if self.directory is None else self.directory / f"{key}.cubin"
 
     def get(self, key: str) -> CacheEntry | None:
-        """The entry for ``key`` from memory, else disk, else None (a miss)."""
+        """The entry for ``key`` from memory, else disk, else None (a miss; a corrupt disk entry is a
+        miss too, logged and deleted). Never raises for what is on disk."""
         with self._lock:
             hit = self._memory.get(key)
             if hit is not None:
@@ -88,7 +141,7 @@ class CubinCache:
                 return CacheEntry(hit[0], hit[1], "memory")
         path = self._path(key)
         if path is not None:
-            entry = self._read(path)
+            entry = self._read(key, path)
             if entry is not None:
                 with self._lock:
                     self.disk_hits += 1
@@ -98,33 +151,38 @@ class CubinCache:
             self.misses += 1
         return None
 
-    def _read(self, path: Path) -> tuple[bytes, dict] | None:
+    def _read(self, key: str, path: Path) -> tuple[bytes, dict] | None:
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            log.warning("kernel cache entry %s is unreadable (%s); rebuilding it", path, exc)
-            self.corrupt += 1
-            return None
+            raw = read_user_bytes(path, what="kernel cache entry", limit=MAX_CACHE_ENTRY_BYTES, error=KernelLoadError)
+        except CudapatchError as exc:
+            if not os.path.lexists(path):
+                return None  # the ordinary miss
+            return self._discard(path, exc.message)
         try:
-            magic, digest, meta_len = _HEADER.unpack_from(raw)
-            meta_raw = raw[_HEADER.size : _HEADER.size + meta_len]
-            payload = raw[_HEADER.size + meta_len :]
-            if magic != _MAGIC or hashlib.sha256(payload).digest() != digest:
-                raise ValueError("bad magic or checksum")
-            meta = json.loads(meta_raw)
-            if not isinstance(meta, dict):
-                raise ValueError("bad metadata")
-        except (struct.error, ValueError) as exc:
-            log.warning("kernel cache entry %s is corrupt (%s); rebuilding it", path, exc)
+            return _decode(key, raw)
+        except _Corrupt as exc:
+            if str(exc) == "old":
+                log.info("kernel cache entry %s is from an older cudapatch; rebuilding it", path)
+                self._unlink(path)
+                return None
+            return self._discard(path, str(exc))
+        except Exception as exc:  # whatever else a damaged entry provokes is a miss, never a crash
+            return self._discard(path, f"{type(exc).__name__}: {exc}")
+
+    def _discard(self, path: Path, why: str) -> None:
+        log.warning("kernel cache entry %s is corrupt (%s); rebuilding it", path, why)
+        with self._lock:
             self.corrupt += 1
-            try:
+        self._unlink(path)
+        return None
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            if not path.is_dir():
                 path.unlink()
-            except OSError:
-                pass
-            return None
-        return payload, meta
+        except OSError:
+            pass
 
     def _remember(self, key: str, entry: tuple[bytes, dict]) -> None:
         self._memory[key] = entry
@@ -140,8 +198,12 @@ class CubinCache:
         path = self._path(key)
         if path is None:
             return
-        meta_raw = json.dumps(entry[1]).encode()
-        blob = _HEADER.pack(_MAGIC, hashlib.sha256(entry[0]).digest(), len(meta_raw)) + meta_raw + entry[0]
+        try:
+            meta_raw = json.dumps(entry[1]).encode()
+        except (TypeError, ValueError) as exc:
+            log.warning("kernel cache entry %s not written: its metadata is not JSON (%s)", path, exc)
+            return
+        blob = _HEADER.pack(_MAGIC, _digest(key, meta_raw, entry[0]), len(meta_raw)) + meta_raw + entry[0]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")

@@ -1,4 +1,9 @@
-"""CudaSource: a CUDA C++ kernel (text or ``.cu`` file) compiled by NVRTC to a cubin for the device."""
+"""CudaSource: a CUDA C++ kernel (text or ``.cu`` file) compiled by NVRTC to a cubin for the device.
+
+Files (the ``.cu`` and its quoted ``#include``s) are read through ``_files``: a regular file of at
+most 16 MiB, UTF-8; anything else is a ``KernelLoadError`` naming the file. An include that cannot be
+read is left to NVRTC, which reports it with the line that includes it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import KernelLoadError
+from ..errors import CudapatchError, KernelLoadError
+from ._files import MAX_CU_BYTES, read_user_bytes, read_user_text
 from ._toolchain import nvrtc_compile, toolchain_version
 from .cache import cache_key
 from .descriptor import KernelDescriptor
@@ -17,7 +23,18 @@ from .source import KernelImage, KernelSource
 
 __all__ = ["CudaSource"]
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+# [ \t] and [^"\n]: no part of the pattern spans lines (\s* at every line start of blank lines is quadratic)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+
+
+def _regular_file(path: Path) -> Path | None:
+    """``path`` resolved if it names a regular file; None for anything else, and for paths the OS
+    refuses (a NUL byte, too long) rather than an exception."""
+    try:
+        resolved = path.resolve()
+        return resolved if resolved.is_file() else None
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop (before Python 3.13)
+        return None
 
 
 @dataclass(frozen=True)
@@ -74,17 +91,12 @@ class CudaSource(KernelSource):
         """The source text (read from ``path`` if given).
 
         Raises:
-            KernelLoadError: the file is missing or unreadable.
+            KernelLoadError: the file is missing, unreadable, not a regular file, over 16 MiB or not UTF-8.
         """
         if self.code is not None:
             return self.code
         assert self.path is not None
-        try:
-            return self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise KernelLoadError("CUDA source file not found", file=str(self.path)) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KernelLoadError(f"cannot read CUDA source: {exc}", file=str(self.path)) from None
+        return read_user_text(self.path, what="CUDA source file", limit=MAX_CU_BYTES, error=KernelLoadError)
 
     def _search_dirs(self) -> list[Path]:
         dirs = [self.path.parent] if self.path is not None else []
@@ -99,15 +111,17 @@ class CudaSource(KernelSource):
             text, dirs = stack.pop()
             for name in _INCLUDE.findall(text):
                 for d in dirs:
-                    candidate = (d / name).resolve()
-                    if candidate.is_file():
+                    candidate = _regular_file(d / name)
+                    if candidate is not None:
                         if candidate not in seen:
                             seen.add(candidate)
                             found.append(candidate)
                             try:
-                                stack.append((candidate.read_text(encoding="utf-8"), [candidate.parent, *dirs]))
-                            except (OSError, UnicodeDecodeError):
-                                pass
+                                inc = read_user_text(candidate, what="included file", limit=MAX_CU_BYTES)
+                            except CudapatchError:
+                                pass  # NVRTC reports it, at the line that includes it
+                            else:
+                                stack.append((inc, [candidate.parent, *dirs]))
                         break
         return tuple(found)
 
@@ -134,8 +148,8 @@ class CudaSource(KernelSource):
         parts: list[str | bytes] = ["cuda", text, self.entry or "", arch, toolchain_version(), *self._nvrtc_options()]
         for inc in self.includes():
             try:
-                parts += [str(inc), inc.read_bytes()]
-            except OSError:
+                parts += [str(inc), read_user_bytes(inc, what="included file", limit=MAX_CU_BYTES)]
+            except CudapatchError:
                 parts.append(str(inc))
         return cache_key(*parts)
 

@@ -13,6 +13,10 @@ The sidecar format is VL.CudaGraph's, so kernels written for it load unchanged::
     }
 
 Our own optional keys: ``description`` (text for tooltips and ``cudapatch blocks``).
+
+A sidecar is user input: it is read through ``_files`` (regular files of at most 1 MiB, UTF-8), and
+every way it can be wrong is a ``SidecarError`` naming the file and line, found in time linear in
+its size (at most ``MAX_KERNEL_PARAMETERS`` parameters, nesting and integers bounded).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import SidecarError
+from ._files import MAX_SIDECAR_BYTES, read_user_text
+from ._text import MAX_KERNEL_PARAMETERS, MAX_NESTING, LineIndex, data_problem, short_repr
 from .types import DType, parse_type_name
 
 __all__ = [
@@ -33,6 +39,10 @@ __all__ = [
     "KernelParamDescriptor",
     "KernelDescriptor",
     "NUMBA_ARRAY_ROLES",
+    "MAX_BLOCK_SIZE",
+    "MAX_SHARED_MEMORY_BYTES",
+    "check_launch_settings",
+    "is_identifier",
     "load_sidecar",
     "parse_sidecar",
 ]
@@ -41,6 +51,31 @@ Direction = Literal["in", "out", "inout"]
 _DIRECTIONS: dict[str, Direction] = {"in": "in", "out": "out", "inout": "inout", "in_out": "inout", "in/out": "inout"}
 _KNOWN_KEYS = {"entryPoint", "blockSize", "sharedMemoryBytes", "parameters", "description"}
 _KNOWN_PARAM_KEYS = {"name", "type", "direction", "isPointer", "description"}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENTRY_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")  # PTX allows $ in entry names
+
+#: Threads per block: CUDA's limit on every architecture cudapatch supports.
+MAX_BLOCK_SIZE = 1024
+#: Dynamic shared memory per block: 227 KiB, the most any GPU grants (H100's opt-in maximum).
+MAX_SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def is_identifier(name: object) -> bool:
+    """Whether ``name`` is a C identifier (ASCII letters, digits, ``_``; not starting with a digit)."""
+    return isinstance(name, str) and _IDENTIFIER.fullmatch(name) is not None
+
+
+def check_launch_settings(block_size: object, shared: object) -> tuple[str, str] | None:
+    """What is wrong with a kernel's ``blockSize`` and ``sharedMemoryBytes``: the key and a message
+    (None: nothing). The same rules hold for sidecars and for ``// cudapatch:`` lines in CUDA C++."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        return "blockSize", f"'blockSize' must be an integer in 1..{MAX_BLOCK_SIZE}, got {short_repr(block_size)}"
+    if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_SHARED_MEMORY_BYTES:
+        return "sharedMemoryBytes", (
+            f"'sharedMemoryBytes' must be an integer in 0..{MAX_SHARED_MEMORY_BYTES} (227 KiB, the most a GPU "
+            f"grants a block), got {short_repr(shared)}"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -153,25 +188,36 @@ class KernelDescriptor:
         raise KeyError(name)
 
 
-def _line_of(text: str, needle: str, start: int = 0) -> int | None:
-    pos = text.find(needle, start)
-    return None if pos < 0 else text.count("\n", 0, pos) + 1
-
-
 def load_sidecar(path: str | Path) -> KernelDescriptor:
     """Read and validate a JSON sidecar file.
 
     Raises:
-        SidecarError: missing/unreadable file, malformed JSON or an invalid field (names file and line).
+        SidecarError: missing, unreadable, not a regular file, larger than 1 MiB, not UTF-8, malformed
+            JSON or an invalid field (names file and line).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SidecarError("kernel sidecar JSON not found", file=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SidecarError(f"cannot read kernel sidecar: {exc}", file=str(p)) from None
+    text = read_user_text(p, what="kernel sidecar JSON", limit=MAX_SIDECAR_BYTES, error=SidecarError)
     return parse_sidecar(text, file=str(p))
+
+
+def _load_json(text: str, file: str) -> Any:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SidecarError(f"malformed JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
+    except RecursionError:
+        raise SidecarError(
+            f"values are nested too deep to read (the limit is {MAX_NESTING} levels)", file=file
+        ) from None
+    except ValueError:  # the only other ValueError: an integer of more than 4,300 digits, which int() refuses
+        raise SidecarError("malformed JSON: a number has more than 4,300 digits", file=file) from None
+    problem = data_problem(data)
+    if problem is not None:
+        message, path = problem
+        key = next((k for k in reversed(path) if not k.startswith("[")), None)
+        pos = text.find(f'"{key}"') if key is not None else -1
+        raise SidecarError(message, file=file, line=LineIndex(text).line(pos) if pos >= 0 else None)
+    return data
 
 
 def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
@@ -180,57 +226,66 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
     Raises:
         SidecarError: malformed JSON or an invalid field, naming ``file`` and the line.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SidecarError(f"malformed JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
+    data = _load_json(text, file)
     if not isinstance(data, dict):
         raise SidecarError("the sidecar must be a JSON object", file=file, line=1)
+    lines = LineIndex(text)
 
-    def fail(msg: str, key: str | None = None, start: int = 0) -> SidecarError:
-        line = _line_of(text, f'"{key}"', start) if key else None
-        return SidecarError(msg, file=file, line=line)
+    def fail(msg: str, key: str | None = None) -> SidecarError:
+        pos = text.find(f'"{key}"') if key else -1
+        return SidecarError(msg, file=file, line=lines.line(pos) if pos >= 0 else None)
 
     unknown = sorted(set(data) - _KNOWN_KEYS)
     if unknown:
-        raise fail(f"unknown key '{unknown[0]}' (expected one of {sorted(_KNOWN_KEYS)})", unknown[0])
+        raise fail(f"unknown key {short_repr(unknown[0])} (expected one of {sorted(_KNOWN_KEYS)})", unknown[0])
     entry = data.get("entryPoint")
-    if not isinstance(entry, str) or not re.fullmatch(r"[A-Za-z_$][\w$]*", entry or ""):
+    if not isinstance(entry, str) or not _ENTRY_NAME.fullmatch(entry):
         raise fail(
             "'entryPoint' must be the kernel's name (a C identifier)", "entryPoint" if "entryPoint" in data else None
         )
     block_size = data.get("blockSize", 256)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 1024:
-        raise fail(f"'blockSize' must be an integer in 1..1024, got {block_size!r}", "blockSize")
     shared = data.get("sharedMemoryBytes", 0)
-    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
-        raise fail(f"'sharedMemoryBytes' must be a non-negative integer, got {shared!r}", "sharedMemoryBytes")
+    launch = check_launch_settings(block_size, shared)
+    if launch is not None:
+        raise fail(launch[1], launch[0])
     params_raw = data.get("parameters")
     if not isinstance(params_raw, list):
         raise fail("'parameters' must be a list", "parameters" if "parameters" in data else None)
+    if len(params_raw) > MAX_KERNEL_PARAMETERS:
+        raise fail(f"{len(params_raw)} parameters: a kernel may have at most {MAX_KERNEL_PARAMETERS}", "parameters")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise fail("'description' must be a string", "description")
 
-    params_start = text.find('"parameters"')
+    # Each parameter's line: its name's first occurrence after the previous parameter's. The cursor
+    # only moves forward, so finding every line costs one pass over the text.
+    cursor = text.find('"parameters"')
     params: list[KernelParamDescriptor] = []
     seen: set[str] = set()
-    cursor = params_start
     for i, raw in enumerate(params_raw):
         where = f"parameter {i}"
+        brace = text.find("{", cursor + 1)
         if not isinstance(raw, dict):
-            raise SidecarError(f"{where} must be an object", file=file, line=_line_of(text, "{", cursor + 1))
+            raise SidecarError(f"{where} must be an object", file=file, line=lines.line(brace) if brace >= 0 else None)
         name = raw.get("name")
         name_pos = text.find(f'"{name}"', cursor + 1) if isinstance(name, str) else -1
-        line = text.count("\n", 0, name_pos) + 1 if name_pos >= 0 else _line_of(text, "{", cursor + 1)
-        if name_pos >= 0:
-            cursor = name_pos
+        pos = name_pos if name_pos >= 0 else brace
+        line = lines.line(pos) if pos >= 0 else None
+        if pos >= 0:
+            cursor = pos
         if not isinstance(name, str) or not name:
             raise SidecarError(f"{where} needs a non-empty 'name'", file=file, line=line)
+        if not is_identifier(name):
+            raise SidecarError(
+                f"{where}: the name {short_repr(name)} is not an identifier (letters, digits and _, "
+                "not starting with a digit)",
+                file=file,
+                line=line,
+            )
         where = f"parameter {i} ('{name}')"
         bad = sorted(set(raw) - _KNOWN_PARAM_KEYS)
         if bad:
-            raise SidecarError(f"{where}: unknown key '{bad[0]}'", file=file, line=line)
+            raise SidecarError(f"{where}: unknown key {short_repr(bad[0])}", file=file, line=line)
         if name in seen:
             raise SidecarError(f"{where}: duplicate parameter name", file=file, line=line)
         seen.add(name)
@@ -240,7 +295,7 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
         try:
             dtype, ptr_from_type = parse_type_name(type_name)
         except KeyError:
-            raise SidecarError(f"{where}: unknown type '{type_name}'", file=file, line=line) from None
+            raise SidecarError(f"{where}: unknown type {short_repr(type_name)}", file=file, line=line) from None
         is_pointer: Any = raw.get("isPointer", ptr_from_type)
         if not isinstance(is_pointer, bool):
             raise SidecarError(f"{where}: 'isPointer' must be true or false", file=file, line=line)
@@ -252,15 +307,17 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
                 line=line,
             )
         direction_raw = raw.get("direction", "in")
-        direction = _DIRECTIONS.get(str(direction_raw).lower()) if isinstance(direction_raw, str) else None
+        direction = _DIRECTIONS.get(direction_raw.lower()) if isinstance(direction_raw, str) else None
         if direction is None:
             raise SidecarError(
-                f"{where}: 'direction' must be in, out or inout, got {direction_raw!r}", file=file, line=line
+                f"{where}: 'direction' must be in, out or inout, got {short_repr(direction_raw)}", file=file, line=line
             )
         if direction != "in" and not is_pointer:
             raise SidecarError(
                 f"{where}: a by-value parameter cannot have direction '{direction}'", file=file, line=line
             )
+        if "description" in raw and not isinstance(raw["description"], str):
+            raise SidecarError(f"{where}: 'description' must be a string", file=file, line=line)
         params.append(KernelParamDescriptor(name=name, dtype=dtype, is_pointer=is_pointer, direction=direction))
     return KernelDescriptor(
         entry_point=entry,

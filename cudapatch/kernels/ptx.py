@@ -2,6 +2,12 @@
 
 Only the parts needed for that are parsed: the ``.version``/``.target`` directives and each
 ``.entry`` with its ``.param`` list (scalar ``.u64``/``.u32``/``.f32``/... and ``.b8 name[N]`` structs).
+
+PTX is user input, so parsing is linear in the text whatever it holds: comments are stripped in one
+pass (``_text.strip_c_comments``), every anchored pattern starts at a line start without spanning
+lines, each ``.entry`` is read once and the search goes on after its parameter list, numbers are
+refused past 9 digits instead of reaching ``int()``'s 4,300-digit limit, and an entry may have at
+most ``MAX_KERNEL_PARAMETERS`` parameters.
 """
 
 from __future__ import annotations
@@ -10,16 +16,24 @@ import re
 from dataclasses import dataclass
 
 from ..errors import PtxSignatureError
+from ._text import MAX_KERNEL_PARAMETERS, LineIndex, strip_c_comments
 from .descriptor import KernelDescriptor
 
 __all__ = ["PtxParam", "PtxEntry", "PtxModuleInfo", "parse_ptx", "check_signature"]
 
-_ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(", re.MULTILINE)
-_VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
-_TARGET_RE = re.compile(r"^\s*\.target\s+([\w, ]+)", re.MULTILINE)
+_ENTRY_RE = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
+# [ \t]* rather than \s*: \s spans newlines, and "^\s*" retried at every line start of a text of
+# blank lines is quadratic.
+_VERSION_RE = re.compile(r"^[ \t]*\.version[ \t]+(\d+)\.(\d+)", re.MULTILINE)
+_TARGET_RE = re.compile(r"^[ \t]*\.target[ \t]+([\w, \t]+)", re.MULTILINE)
+_MAX_DIGITS = 9
+_MAX_DECL = 4096  # characters in one .param declaration (mangled names are long; a bound on the pattern's work)
 _TYPE_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
+# After .ptr, the state space (.global ...) then an optional .align: "(?!align)" keeps the two apart, so
+# a long list of qualifiers is matched once instead of tried at every split.
 _PARAM_RE = re.compile(
-    r"^\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+(?:\.ptr\s+(?:\.\w+\s+)*?(?:\.align\s+\d+\s+)?)?"
+    r"^\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(8|16|32|64)\s+"
+    r"(?:\.ptr\s+(?:\.(?!align\b)\w+\s+)*(?:\.align\s+\d+\s+)?)?"
     r"([A-Za-z_$][\w$]*)\s*(?:\[\s*(\d+)\s*\])?$"
 )
 
@@ -53,56 +67,85 @@ class PtxModuleInfo:
     entries: dict[str, PtxEntry]
 
 
-def _strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.DOTALL)
-    return re.sub(r"//[^\n]*", "", text)
+def _number(text: str, what: str, *, file: str, line: int | None, kernel: str | None = None) -> int:
+    if len(text) > _MAX_DIGITS:
+        raise PtxSignatureError(
+            f"{what} has {len(text)} digits (at most {_MAX_DIGITS} are read)", file=file, line=line, kernel=kernel
+        )
+    return int(text)
 
 
 def parse_ptx(text: str, *, file: str = "<ptx>") -> PtxModuleInfo:
-    """Parse the directives and entry signatures of a PTX module.
+    """Parse the directives and entry signatures of a PTX module, in time linear in ``text``.
 
     Raises:
-        PtxSignatureError: an ``.entry`` whose parameter list cannot be parsed (names file and line).
+        PtxSignatureError: an ``.entry`` whose parameter list cannot be parsed, a comment never closed,
+            a number too long, an entry with too many parameters (names file and line).
     """
-    clean = _strip_comments(text)
+    clean, unclosed = strip_c_comments(text)
+    lines = LineIndex(clean)
+    if unclosed is not None:
+        raise PtxSignatureError("a /* comment is never closed", file=file, line=LineIndex(text).line(unclosed))
     v = _VERSION_RE.search(clean)
     t = _TARGET_RE.search(clean)
+    version = None
+    if v is not None:
+        vline = lines.line(v.start())
+        version = (
+            _number(v.group(1), ".version", file=file, line=vline),
+            _number(v.group(2), ".version", file=file, line=vline),
+        )
     entries: dict[str, PtxEntry] = {}
-    for m in _ENTRY_RE.finditer(clean):
+    pos = 0
+    while True:
+        m = _ENTRY_RE.search(clean, pos)
+        if m is None:
+            break
         name = m.group(1)
-        line = clean.count("\n", 0, m.start()) + 1
+        line = lines.line(m.start())
         close = clean.find(")", m.end())
         if close < 0:
             raise PtxSignatureError(f"unterminated parameter list of .entry {name}", file=file, line=line, kernel=name)
+        pos = close + 1  # the next entry starts after this one's parameters: each character is read once
         body = clean[m.end() : close].strip()
         params: list[PtxParam] = []
         if body:
-            for decl in body.split(","):
+            decls = body.split(",")
+            if len(decls) > MAX_KERNEL_PARAMETERS:
+                raise PtxSignatureError(
+                    f".entry {name} has {len(decls)} parameters: a kernel may have at most {MAX_KERNEL_PARAMETERS}",
+                    file=file,
+                    line=line,
+                    kernel=name,
+                )
+            for decl in decls:
                 decl = " ".join(decl.split())
-                pm = _PARAM_RE.match(decl)
+                pm = _PARAM_RE.match(decl) if len(decl) <= _MAX_DECL else None
                 if pm is None:
+                    shown = decl if len(decl) <= 80 else decl[:70] + "…"
                     raise PtxSignatureError(
-                        f"cannot parse parameter declaration '{decl}' of .entry {name}",
+                        f"cannot parse parameter declaration '{shown}' of .entry {name}",
                         file=file,
                         line=line,
                         kernel=name,
                     )
                 align_s, kind, bits, pname, count_s = pm.groups()
                 elem = _TYPE_SIZES[bits]
-                count = int(count_s) if count_s else 1
+                count = _number(count_s, "an array size", file=file, line=line, kernel=name) if count_s else 1
+                align = _number(align_s, "an alignment", file=file, line=line, kernel=name) if align_s else elem
                 params.append(
                     PtxParam(
                         name=pname,
                         ptx_type=f"{kind}{bits}",
                         size=elem * count,
-                        align=int(align_s) if align_s else elem,
+                        align=align,
                         is_array=count_s is not None,
                     )
                 )
         entries[name] = PtxEntry(name=name, params=tuple(params), line=line)
     return PtxModuleInfo(
-        version=(int(v.group(1)), int(v.group(2))) if v else None,
-        target=t.group(1).strip() if t else None,
+        version=version,
+        target=" ".join(t.group(1).split()) if t else None,
         entries=entries,
     )
 

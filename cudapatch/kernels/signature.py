@@ -3,6 +3,11 @@
 ``const T*`` parameters are inputs, ``T*`` outputs, ``/*inout*/ T*`` both, by-value parameters are
 inputs. ``// cudapatch: key=value`` comment lines set ``blockSize``, ``sharedMemoryBytes`` and
 ``description``. Used for NVRTC sources, the custom kernel block and the bundled-kernel build script.
+
+The text comes from a user (a ``.cu`` file, a CustomKernel's Code field, edited on the frame
+thread), so reading it is linear whatever it holds: comments are stripped in one pass, no pattern
+can scan past a ``(`` or a line end, and the settings get the sidecar's checks (``blockSize`` in
+1..1024, ``sharedMemoryBytes`` in 0..227 KiB, at most ``MAX_KERNEL_PARAMETERS`` parameters).
 """
 
 from __future__ import annotations
@@ -11,29 +16,66 @@ import re
 from functools import lru_cache
 
 from ..errors import KernelCompileError
-from .descriptor import KernelDescriptor, KernelParamDescriptor
+from ._text import MAX_KERNEL_PARAMETERS, LineIndex, short_repr, strip_c_comments
+from .descriptor import KernelDescriptor, KernelParamDescriptor, check_launch_settings
 from .types import parse_type_name
 
 __all__ = ["describe_cuda_source", "find_entry_points"]
 
-_SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?void\s+([A-Za-z_]\w*)\s*\(([^)]*)\)", re.DOTALL)
-_META = re.compile(r"^\s*//\s*cudapatch:\s*(\w+)\s*=\s*(.*?)\s*$", re.MULTILINE)
+# [^()]* rather than [^)]*: a parameter list that never closes then ends at the next "(", so a text
+# of many unclosed signatures is read once, not once per signature.
+_SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*\)\s+)?void\s+([A-Za-z_]\w*)\s*\(([^()]*)\)")
+# [ \t] rather than \s (which spans lines, quadratic on blank lines); the value is stripped in Python
+# (a lazy ".*?" before "\s*$" is quadratic on a line of spaces).
+_META = re.compile(r"^[ \t]*//[ \t]*cudapatch:[ \t]*(\w+)[ \t]*=([^\n]*)", re.MULTILINE)
+_INT_SETTING = re.compile(r"[+-]?\d{1,9}")
+_SETTINGS = {"blockSize", "sharedMemoryBytes", "description"}
+_MAX_DECL = 4096  # characters in one parameter declaration (a bound on any pattern's work)
+# The type and the name are separated by a "*" or by spaces, never by nothing: a pattern where both
+# can be empty tries every split of a long word (0.2 s for 4,000 letters, quadratic).
 _PARAM = re.compile(
-    r"(const\s+)?((?:unsigned\s+|signed\s+)?(?:long\s+long|[A-Za-z_]\w*))\s*(\*?)\s*(?:const\s+)?([A-Za-z_]\w*)"
+    r"(const\s+)?((?:unsigned\s+|signed\s+)?(?:long\s+long|[A-Za-z_]\w*))(?:\s*(\*)\s*|\s+)(?:const\s+)?"
+    r"([A-Za-z_]\w*)"
 )
 
 _BARE_UNSIGNED = re.compile(r"\bunsigned\s+(?!(?:int|long|char|short)\b)")
 
 
-def _strip_comments_keep_inout(text: str) -> str:
-    text = text.replace("/*inout*/", " __cudapatch_inout__ ")
-    text = re.sub(r"/\*.*?\*/", lambda m: " " + "\n" * m.group(0).count("\n"), text, flags=re.DOTALL)
-    return re.sub(r"//[^\n]*", "", text)
+def _strip_comments_keep_inout(text: str) -> tuple[str, int | None]:
+    return strip_c_comments(text.replace("/*inout*/", " __cudapatch_inout__ "))
 
 
 def find_entry_points(text: str) -> list[str]:
     """Names of the ``__global__`` functions in ``text`` (comments ignored)."""
-    return [m.group(1) for m in _SIG.finditer(_strip_comments_keep_inout(text))]
+    return [m.group(1) for m in _SIG.finditer(_strip_comments_keep_inout(text)[0])]
+
+
+def _settings(text: str, file: str) -> tuple[int, int, str]:
+    """``blockSize``, ``sharedMemoryBytes`` and ``description`` from ``// cudapatch:`` lines, checked
+    as a sidecar's are."""
+    lines: LineIndex | None = None
+    values: dict[str, tuple[str, int]] = {}
+    for m in _META.finditer(text):
+        values[m.group(1)] = (m.group(2).strip(), m.start())
+
+    def fail(message: str, pos: int) -> KernelCompileError:
+        nonlocal lines
+        lines = lines or LineIndex(text)
+        return KernelCompileError(f"bad '// cudapatch:' setting: {message}", file=file, line=lines.line(pos))
+
+    for key, (_value, pos) in values.items():
+        if key not in _SETTINGS:
+            raise fail(f"unknown key '{key}' (use: {', '.join(sorted(_SETTINGS))})", pos)
+    numbers = {}
+    for key, default in (("blockSize", 256), ("sharedMemoryBytes", 0)):
+        value, pos = values.get(key, (str(default), 0))
+        if not _INT_SETTING.fullmatch(value):
+            raise fail(f"{key}={short_repr(value)} is not an integer", pos)
+        numbers[key] = int(value)
+    launch = check_launch_settings(numbers["blockSize"], numbers["sharedMemoryBytes"])
+    if launch is not None:
+        raise fail(launch[1], values[launch[0]][1])
+    return numbers["blockSize"], numbers["sharedMemoryBytes"], values.get("description", ("", 0))[0]
 
 
 @lru_cache(maxsize=64)  # an edit describes new code twice: to decide its tier, and to swap it
@@ -44,8 +86,9 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
         KernelCompileError: no such kernel, several kernels and no entry named, or a parameter whose
             type is not a cudapatch type (names the file and line).
     """
-    meta = {k: v for k, v in _META.findall(text)}
-    clean = _strip_comments_keep_inout(text)
+    clean, unclosed = _strip_comments_keep_inout(text)
+    if unclosed is not None:
+        raise KernelCompileError("a /* comment is never closed", file=file, line=LineIndex(text).line(unclosed))
     matches = list(_SIG.finditer(clean))
     if entry is None:
         if len(matches) != 1:
@@ -62,17 +105,26 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
                 f"no __global__ kernel '{entry}' (kernels found: {names})", file=file, kernel=entry
             )
     name = m.group(1)
-    line = clean.count("\n", 0, m.start()) + 1
+    line = LineIndex(clean).line(m.start())
     params = []
     body = m.group(2).replace("__restrict__", " ").strip()
     if body and body != "void":
-        for raw in body.split(","):
+        decls = body.split(",")
+        if len(decls) > MAX_KERNEL_PARAMETERS:
+            raise KernelCompileError(
+                f"{len(decls)} parameters: a kernel may have at most {MAX_KERNEL_PARAMETERS}",
+                file=file,
+                line=line,
+                kernel=name,
+            )
+        for raw in decls:
             inout = "__cudapatch_inout__" in raw
             decl = " ".join(raw.replace("__cudapatch_inout__", " ").split())
             decl = _BARE_UNSIGNED.sub("unsigned int ", decl)  # `unsigned n` means `unsigned int n`
-            pm = _PARAM.fullmatch(decl)
+            pm = _PARAM.fullmatch(decl) if len(decl) <= _MAX_DECL else None
             if pm is None:
-                raise KernelCompileError(f"cannot read parameter '{decl}'", file=file, line=line, kernel=name)
+                shown = decl if len(decl) <= 80 else decl[:70] + "…"
+                raise KernelCompileError(f"cannot read parameter '{shown}'", file=file, line=line, kernel=name)
             const, ctype, star, pname = pm.groups()
             try:
                 dtype, _ = parse_type_name(ctype)
@@ -87,15 +139,11 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
             is_ptr = bool(star)
             direction = "in" if (not is_ptr or const) else ("inout" if inout else "out")
             params.append(KernelParamDescriptor(name=pname, dtype=dtype, is_pointer=is_ptr, direction=direction))
-    try:
-        block_size = int(meta.get("blockSize", 256))
-        shared = int(meta.get("sharedMemoryBytes", 0))
-    except ValueError as exc:
-        raise KernelCompileError(f"bad '// cudapatch:' setting: {exc}", file=file, kernel=name) from None
+    block_size, shared, description = _settings(text, file)
     return KernelDescriptor(
         entry_point=name,
         parameters=tuple(params),
         block_size=block_size,
         shared_memory_bytes=shared,
-        description=meta.get("description", ""),
+        description=description,
     )

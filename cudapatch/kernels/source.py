@@ -8,14 +8,17 @@ Loading is file I/O only; the driver is not touched until the ModuleCache loads 
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..errors import KernelLoadError, PtxSignatureError
+from ..errors import KernelLoadError, PtxSignatureError, SidecarError
+from ._files import MAX_PTX_BYTES, MAX_SIDECAR_BYTES, decode_utf8, read_user_bytes
 from ._toolchain import link_ptx, toolchain_version
 from .cache import cache_key
-from .descriptor import KernelDescriptor, load_sidecar
+from .descriptor import KernelDescriptor, parse_sidecar
 from .ptx import check_signature, parse_ptx
 
 __all__ = ["KernelImage", "KernelSource", "PtxFileSource", "bundled_kernel", "BUNDLED_KERNEL_DIR"]
@@ -95,13 +98,41 @@ class KernelSource:
         return False
 
 
-def _read_bytes(path: Path, what: str, kernel: str | None = None) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise KernelLoadError(f"{what} not found", file=str(path), kernel=kernel) from None
-    except OSError as exc:
-        raise KernelLoadError(f"cannot read {what}: {exc}", file=str(path), kernel=kernel) from None
+def _read_ptx(path: Path) -> bytes:
+    return read_user_bytes(path, what="PTX file", limit=MAX_PTX_BYTES, error=KernelLoadError)
+
+
+def _read_sidecar(path: Path) -> bytes:
+    return read_user_bytes(path, what="kernel sidecar JSON", limit=MAX_SIDECAR_BYTES, error=SidecarError)
+
+
+_CHECKED: OrderedDict[tuple[str, str, str], KernelDescriptor] = OrderedDict()
+_CHECKED_ITEMS = 32
+_CHECKED_LOCK = threading.Lock()
+
+
+def _checked(ptx: bytes, sidecar: bytes, ptx_file: str, sidecar_file: str) -> KernelDescriptor:
+    """The sidecar's descriptor, once the PTX is parsed and checked against it: once per content
+    (a block's description, the cache lookup and the compiler all ask, and a PTX of thousands of
+    entries takes a while). Keyed by digests, so the cache holds no file contents."""
+    key = (cache_key(ptx, sidecar), ptx_file, sidecar_file)
+    with _CHECKED_LOCK:
+        desc = _CHECKED.get(key)
+        if desc is not None:
+            _CHECKED.move_to_end(key)
+            return desc
+    side_text = decode_utf8(sidecar, what="kernel sidecar JSON", file=sidecar_file, error=SidecarError)
+    desc = parse_sidecar(side_text, file=sidecar_file)
+    text = decode_utf8(ptx, what="PTX file", file=ptx_file, error=PtxSignatureError)
+    info = parse_ptx(text, file=ptx_file)
+    if info.version is None:
+        raise PtxSignatureError("no .version directive: this is not a PTX module", file=ptx_file)
+    check_signature(info, desc, file=ptx_file, sidecar=sidecar_file)
+    with _CHECKED_LOCK:
+        _CHECKED[key] = desc
+        while len(_CHECKED) > _CHECKED_ITEMS:
+            _CHECKED.popitem(last=False)
+    return desc
 
 
 @dataclass(frozen=True)
@@ -140,30 +171,23 @@ class PtxFileSource(KernelSource):
         return self.load().descriptor
 
     def cache_key(self, arch: str) -> str:
-        raw = _read_bytes(self.ptx_path, "PTX file")
-        side = _read_bytes(self.sidecar_path, "kernel sidecar JSON")  # type: ignore[arg-type]
+        raw = _read_ptx(self.ptx_path)
+        side = _read_sidecar(self.sidecar_path)  # type: ignore[arg-type]
         return cache_key("ptx", raw, side, arch, toolchain_version())
 
     def load(self) -> KernelImage:
         """Read the sidecar and the PTX and check the PTX entry against the sidecar.
 
         Raises:
-            SidecarError: sidecar missing or invalid.
-            PtxSignatureError: PTX entry missing or its parameters disagree with the sidecar.
-            KernelLoadError: PTX file missing or unreadable.
+            SidecarError: sidecar missing, unreadable or invalid.
+            PtxSignatureError: PTX not UTF-8 or not PTX, entry missing or its parameters disagree with the sidecar.
+            KernelLoadError: PTX file missing, unreadable, not a regular file or too large.
         """
         sidecar = self.sidecar_path
         assert sidecar is not None
-        desc: KernelDescriptor = load_sidecar(sidecar)
-        raw = _read_bytes(self.ptx_path, "PTX file", desc.entry_point)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PtxSignatureError("PTX is not UTF-8 text", file=str(self.ptx_path)) from None
-        info = parse_ptx(text, file=str(self.ptx_path))
-        if info.version is None:
-            raise PtxSignatureError("no .version directive: this is not a PTX module", file=str(self.ptx_path))
-        check_signature(info, desc, file=str(self.ptx_path), sidecar=str(sidecar))
+        side = _read_sidecar(sidecar)
+        raw = _read_ptx(self.ptx_path)
+        desc = _checked(raw, side, str(self.ptx_path), str(sidecar))
         image = raw if raw.endswith(b"\0") else raw + b"\0"  # the driver wants NUL-terminated PTX
         return KernelImage(
             descriptor=desc,

@@ -21,7 +21,7 @@ __all__ = ["FileWatcher"]
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path; watched as a missing file
         return None
     return st.st_mtime_ns, st.st_size
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import KernelLoadError
+from ...errors import CudapatchError, KernelLoadError
 from ...kernels.cuda_source import CudaSource
 from ...kernels.source import KernelSource, PtxFileSource
 from ...kernels.types import DType
 from ..block import Block
-from ..builder import BlockBuilder
+from ..builder import BlockBuilder, KernelHandle
 from ..description import from_param, like
 
 __all__ = ["CustomKernel", "KernelFile", "DEFAULT_CUSTOM_CODE", "ports_from_signature"]
@@ -35,6 +35,15 @@ def ports_from_signature(b: BlockBuilder, source: KernelSource) -> None:
     count, and every other by-value parameter becomes a scalar (floats default to 1).
     """
     k = b.add_kernel(source)
+    try:
+        _ports(b, k)
+    except CudapatchError as exc:
+        if exc.file is None:  # a kernel name that clashes with the block's (e.g. "Count"): name the kernel's file
+            exc.file = str(getattr(source, "path", None) or getattr(source, "ptx_path", None) or source.debug_name)
+        raise
+
+
+def _ports(b: BlockBuilder, k: KernelHandle) -> None:
     params = k.descriptor.parameters
     first_input = next((p.name for p in params if p.is_pointer and p.direction == "in"), None)
     if first_input is None:

@@ -2,8 +2,9 @@
 
 ``StandaloneHost`` owns the engine, the adapter and the preview. Every frame it cooks the engine
 operator and draws; about four times a second it checks the patch file, and applies an edit as a
-difference (``apply_patch``). A broken edit is logged with its file and line, and the last good
-patch keeps running.
+difference (``apply_patch``). A broken edit, whatever broke it, is logged with its file and line and
+the last good patch keeps running; an edit that empties the patch is held for a moment (see
+``live_reload.PatchReloader``).
 
 After a GPU fault CUDA refuses the rest of the process (``engine.lost``). The host then carries on
 in a new process (``restart``): the same command, the frames already run and the faulting
@@ -17,7 +18,6 @@ import json
 import logging
 import os
 import sys
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,12 @@ from typing import Any
 from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
 from ..manager import PluginHost
-from ..patch import apply_patch, load_patch, parse_patch
+from ..patch import Patch, apply_patch, load_patch, parse_patch
+from .live_reload import PATCH_POLL_S, PatchReloader
 
-__all__ = ["StandaloneHost", "demo_patch_text", "RESTART_ENV", "MAX_RESTARTS", "take_restart_state"]
+__all__ = ["StandaloneHost", "demo_patch_text", "RESTART_ENV", "MAX_RESTARTS", "PATCH_POLL_S", "take_restart_state"]
 
 log = logging.getLogger("cudapatch.host")
-PATCH_POLL_S = 0.25
 RESTART_ENV = "CUDAPATCH_RESTART"
 MAX_RESTARTS = 3  # a fault that keeps coming back (its block not found) ends the run instead
 
@@ -44,7 +44,7 @@ def take_restart_state() -> dict[str, Any]:
         return {}
     try:
         state = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # malformed, a number of 4,300+ digits, nested too deep
         log.warning("ignoring a malformed %s", RESTART_ENV)
         return {}
     return state if isinstance(state, dict) else {}
@@ -81,57 +81,54 @@ class StandaloneHost:
         registry = self.plugins.registry
         self.patch_path = Path(patch_path) if patch_path is not None else None
         if self.patch_path is None:
-            self.patch = parse_patch(demo_patch_text(), path="<demo>", registry=registry)
+            patch = parse_patch(demo_patch_text(), path="<demo>", registry=registry)
         else:
-            self.patch = load_patch(self.patch_path, registry)
-        self._mtime = self._stat()
-        self._next_poll = 0.0
+            patch = load_patch(self.patch_path, registry)
+        self._reloader = PatchReloader(
+            self.patch_path, patch, load=lambda p: load_patch(p, registry), apply=self._apply_edit
+        )
         self.profiling_override = profiling
-        dev = device if device is not None else int(self.patch.engine.get("device", 0))
-        self.engine = Engine(dev, name=str(self.patch.engine.get("name", "CudaEngine")))
+        dev = device if device is not None else patch.engine.get("device", 0)  # an int: parse_patch checks
+        self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")))
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
-        apply_patch(self.adapter, self.patch)
+        apply_patch(self.adapter, patch)
         if profiling is not None:
             self.engine.set_profiling(profiling)
         self.plugins.engine_started(self.engine)
-        self.reloads = 0
-        self.reload_errors: list[PatchFileError] = []
         self.preview: Any = None
 
-    def _stat(self) -> float | None:
-        try:
-            return self.patch_path.stat().st_mtime_ns if self.patch_path is not None else None
-        except OSError:
-            return None
+    @property
+    def patch(self) -> Patch:
+        """The patch running now (the last good one)."""
+        return self._reloader.patch
+
+    @property
+    def reloads(self) -> int:
+        """How many edits of the patch file were applied."""
+        return self._reloader.reloads
+
+    @property
+    def reload_errors(self) -> list[PatchFileError]:
+        """Every edit of the patch file that was refused (the last good patch kept running)."""
+        return self._reloader.errors
+
+    @property
+    def status(self) -> str:
+        """One line on live editing: loaded, reloaded, an edit refused (with its error), or held."""
+        return self._reloader.status
+
+    def _apply_edit(self, new: Patch, old: Patch) -> dict[str, int]:
+        counts = apply_patch(self.adapter, new, old)
+        if self.profiling_override is not None:
+            self.engine.set_profiling(self.profiling_override)
+        return counts
 
     def poll_patch(self, *, force: bool = False) -> bool:
         """Reload the patch file if it changed (checked at most every 0.25 s). Returns whether an edit
-        was applied. A bad edit is logged and kept in ``reload_errors``; the old patch stays."""
-        if self.patch_path is None:
-            return False
-        now = time.monotonic()
-        if not force and now < self._next_poll:
-            return False
-        self._next_poll = now + PATCH_POLL_S
-        mtime = self._stat()
-        if mtime == self._mtime and not force:
-            return False
-        self._mtime = mtime
-        try:
-            new = load_patch(self.patch_path, self.plugins.registry)
-            counts = apply_patch(self.adapter, new, self.patch)
-        except CudapatchError as exc:
-            err = exc if isinstance(exc, PatchFileError) else PatchFileError(str(exc), file=str(self.patch_path))
-            self.reload_errors.append(err)
-            log.error("patch not applied, the last good patch keeps running: %s", err)
-            return False
-        if self.profiling_override is not None:
-            self.engine.set_profiling(self.profiling_override)
-        self.patch = new
-        self.reloads += 1
-        log.info("patch reloaded: %s", ", ".join(f"{v} {k}" for k, v in counts.items() if v) or "no changes")
-        return True
+        was applied. An edit that fails in any way is logged, kept in ``reload_errors`` and shown in
+        ``status``; the old patch stays. An edit that empties the patch is held for a moment."""
+        return self._reloader.poll(force=force)
 
     def open_preview(self, context: Any, *, overlay: bool = True) -> Any:
         """Create the preview for the patch's ``[preview]`` settings in ``context``."""
