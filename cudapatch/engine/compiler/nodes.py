@@ -1,0 +1,138 @@
+"""The nodes phase: the graph nodes each running block becomes, with every kernel argument's source.
+
+Per block, in order: a kernel node per kernel (grid from its grid rule), a captured child-graph
+node per library call, or, for a block that faulted on the GPU, a memset zeroing each of its
+buffers instead of its kernels. When the plan has append counters, one memset zeroing them all
+comes first.
+
+Each argument says where its value comes from (``Arg``): a planned buffer, an external binding, a
+scalar parameter (its slot is recorded so a Hot edit patches it in place), a resolved count, an
+append counter. Numba kernels take arrays as several ABI slots around the data pointer; those are
+filled here too. Each node also lists the resources it reads and writes, for the edges phase.
+"""
+
+from __future__ import annotations
+
+from ...blocks.captured import CapturedSpec
+from ...blocks.description import KernelSpec
+from ...kernels.types import DType
+from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
+from .draft import BlockMemory, BlockSizes, NodeDraft, PlanDraft, resolve_count
+
+__all__ = ["nodes"]
+
+_new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
+_SIZE_ROLES = ("itemsize", "stride0")
+_NO_TAIL: tuple = ()
+_COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
+
+
+def nodes(draft: PlanDraft) -> None:
+    """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
+    ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
+    drafts, faulted, block_nodes = draft.drafts, draft.faulted, draft.block_nodes
+    env = (draft.outputs, draft.buffers, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+    if draft.counters:  # zeroed before anything appends
+        drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
+    for sized, placed in zip(draft.sized.values(), draft.memory.values(), strict=True):
+        b = sized.block
+        if faulted and b.id in faulted:  # no kernels: its outputs read as zeros
+            for bi in (*placed.ports.values(), *placed.internal):
+                drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
+            continue
+        d = b.description
+        first = len(drafts)
+        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
+            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, placed, env))
+        if len(drafts) > first:
+            block_nodes[b.id] = list(range(first, len(drafts)))
+
+
+def _work_node(
+    index: int,
+    ki: int,
+    ks: KernelSpec | CapturedSpec,
+    roles: tuple[tuple[str, object], ...],
+    sized: BlockSizes,
+    placed: BlockMemory,
+    env: tuple,
+) -> NodeDraft:
+    """Kernel ``ki`` of a block as a kernel node, or a captured node for a library call."""
+    outputs, buffers, scalar_slots, binding_slots, counter_users = env
+    b, sources = sized.block, sized.inputs
+    bid, values = b.id, b.values
+    desc = ks.descriptor
+    expand = desc.abi and desc.groups  # Numba kernels: a parameter may take several slots
+    device_scalars = getattr(desc, "device_scalars", ())
+    args: list[Arg] = []
+    reads: list[object] = []
+    writes: list[object] = []
+    for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=True)):
+        if role == "count":
+            args.append(_new(Arg, ("const", p.dtype, False, None, resolve_count(ref, sources, values))))  # type: ignore[arg-type]
+            continue
+        if role == "scalar":
+            key = (bid, ref)
+            kind = "device" if p.name in device_scalars else "scalar"  # only captured calls have them
+            slots = scalar_slots.get(key)
+            if slots is None:
+                scalar_slots[key] = [(index, len(args))]
+            else:
+                slots.append((index, len(args)))
+            args.append(_new(Arg, (kind, p.dtype, False, key, values[ref])))  # type: ignore[index]
+            continue
+        res: object = None
+        if role == "input":
+            src = sources[ref]  # type: ignore[index]
+            count = src.count
+            if src.kind == "output":
+                res = outputs[src.ref]
+                arg = _new(Arg, ("buffer", p.dtype, True, res, None))
+            elif src.kind == "external":
+                res = src.ref
+                arg = _new(Arg, ("external", p.dtype, True, res, None))
+            else:
+                arg = _new(Arg, ("null", p.dtype, True, None, None))
+        elif role == "counter":
+            ci = placed.counters[ref]  # type: ignore[index]
+            arg = _new(Arg, ("counter", p.dtype, True, ci, None))
+            res = -1 - ci
+            count = 1
+            counter_users.add(index)
+        else:  # output, append data, internal link
+            res = placed.internal[ref] if role == "internal" else placed.ports[ref]  # type: ignore[index]
+            arg = _new(Arg, ("buffer", p.dtype, True, res, None))
+            count = buffers[res].count
+        if expand and len(expand[pi]) > 1:
+            si = _expand(args, arg, expand[pi], count, p.dtype)
+        else:
+            si = len(args)
+            args.append(arg)
+        if res is None:
+            continue
+        if arg.kind == "external":  # a Warm rebind patches this slot
+            binding_slots.setdefault(res, []).append((index, si))
+        if p.direction != "out":
+            reads.append(res)
+        if p.direction != "in":
+            writes.append(res)
+    if ks.source is None:  # a captured library call: a child-graph node
+        return _new(NodeDraft, (CapturedNodePlan, (index, bid, ki, ks, desc, tuple(args)), _NO_TAIL, reads, writes))
+    n = resolve_count(ks.grid, sources, values) if ks.grid is not None else 1
+    grid = max(1, -(-n // desc.block_size))
+    head = (index, bid, ki, ks.source, desc, grid, desc.block_size, desc.shared_memory_bytes, tuple(args))
+    return _new(NodeDraft, (KernelNodePlan, head, _NO_TAIL, reads, writes))
+
+
+def _expand(args: list[Arg], arg: Arg, group: tuple[str, ...], count: int, dtype: DType) -> int:
+    """Append the slots of one parameter in a Numba kernel's ABI: an array's data pointer and the
+    values around it (element count, item size, zeros). Returns the data pointer's slot index."""
+    si = len(args)
+    for r in group:
+        if r == "data":
+            si = len(args)
+            args.append(arg)
+        else:
+            v = count if r in ("nitems", "shape0") else (dtype.itemsize if r in _SIZE_ROLES else 0)
+            args.append(_new(Arg, ("const", DType.INT64, False, None, v)))
+    return si
