@@ -72,7 +72,7 @@ class BlockMemory(NamedTuple):
 
     ports: dict[str, int]
     counters: dict[str, int]
-    internal: list[int]
+    internal: tuple[int, ...]
 
 
 class NodeDraft(NamedTuple):
@@ -103,7 +103,7 @@ def resolve_count(rule: SizeRule, inputs: Mapping[str, Source], values: Mapping[
     return rule.resolve(inputs[rule.like].count if rule.like is not None else None, values)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PlanDraft:
     """The plan under construction. Fields are grouped by the phase that fills them.
 
@@ -139,9 +139,9 @@ class PlanDraft:
     # nodes: node drafts in launch order, and the argument slots Hot and Warm edits patch
     drafts: list[NodeDraft] = field(default_factory=list)
     counter_users: set[int] = field(default_factory=set)
-    scalar_slots: dict[tuple[int, str], list[Slot]] = field(default_factory=dict)
-    binding_slots: dict[tuple[int, str], list[Slot]] = field(default_factory=dict)
-    block_nodes: dict[int, list[int]] = field(default_factory=dict)
+    scalar_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(default_factory=dict)
+    binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(default_factory=dict)
+    block_nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # edges: the finished nodes
     nodes: list[NodePlan] = field(default_factory=list)
     # stamps: measured spans and timestamp slots
@@ -178,10 +178,10 @@ class PlanDraft:
             diagnostics=tuple(self.warnings),
             outputs=self.outputs,
             appends=self.appends,
-            scalar_slots={k: tuple(v) for k, v in self.scalar_slots.items()},
-            binding_slots={k: tuple(v) for k, v in self.binding_slots.items()},
+            scalar_slots=self.scalar_slots,
+            binding_slots=self.binding_slots,
             binding_counts=self.binding_counts,
-            block_nodes={k: tuple(v) for k, v in self.block_nodes.items()},
+            block_nodes=self.block_nodes,
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,

@@ -17,6 +17,7 @@ from .draft import BlockMemory, PlanDraft
 __all__ = ["memory"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
+_NO_COUNTERS: dict[str, int] = {}  # shared by the blocks without append outputs (never written)
 
 
 def memory(draft: PlanDraft) -> None:
@@ -31,14 +32,13 @@ def memory(draft: PlanDraft) -> None:
     for bid, sized in draft.sized.items():
         d = sized.block.description
         ports: dict[str, int] = {}
-        port_counters: dict[str, int] = {}
-        for port in d.outputs:
-            key = (bid, port.name)
-            value = sized.outputs[port.name]
+        port_counters = _NO_COUNTERS
+        for port, value in zip(d.outputs, sized.outputs.values(), strict=True):
             if port.kind == "through":
                 if value.kind == "output":  # in place: the buffer that holds the input
-                    outputs[key] = outputs[value.ref]  # type: ignore[index]
+                    outputs[(bid, port.name)] = outputs[value.ref]  # type: ignore[index]
                 continue
+            key: tuple[int, str] = value.ref  # type: ignore[assignment]  # its own value: (bid, port)
             append = port.kind == "append"
             bi = len(buffers)
             buffers.append(_new(BufferPlan, (bi, bid, port.name, port.dtype, value.count, append)))
@@ -48,11 +48,13 @@ def memory(draft: PlanDraft) -> None:
                 ci = len(counters)
                 counters.append(key)
                 appends[key] = (bi, ci)
+                if port_counters is _NO_COUNTERS:
+                    port_counters = {}
                 port_counters[port.name] = ci
-        internal: list[int] = []
+        internal: tuple[int, ...] = ()
         if d.internal_links:
+            first = len(buffers)
             for i, (link, count) in enumerate(zip(d.internal_links, sized.internal, strict=True)):
-                bi = len(buffers)
-                buffers.append(_new(BufferPlan, (bi, bid, f"internal{i}", link.dtype, count, False)))
-                internal.append(bi)
+                buffers.append(_new(BufferPlan, (first + i, bid, f"internal{i}", link.dtype, count, False)))
+            internal = tuple(range(first, len(buffers)))
         placed[bid] = _new(BlockMemory, (ports, port_counters, internal))

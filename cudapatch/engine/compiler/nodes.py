@@ -44,8 +44,10 @@ def nodes(draft: PlanDraft) -> None:
         first = len(drafts)
         for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
             drafts.append(_work_node(len(drafts), ki, ks, roles, sized, placed, env))
-        if len(drafts) > first:
-            block_nodes[b.id] = list(range(first, len(drafts)))
+        if len(drafts) == first + 1:
+            block_nodes[b.id] = (first,)
+        elif len(drafts) > first:
+            block_nodes[b.id] = tuple(range(first, len(drafts)))
 
 
 def _work_node(
@@ -63,7 +65,7 @@ def _work_node(
     bid, values = b.id, b.values
     desc = ks.descriptor
     expand = desc.abi and desc.groups  # Numba kernels: a parameter may take several slots
-    device_scalars = getattr(desc, "device_scalars", ())
+    device_scalars = desc.device_scalars if ks.source is None else ()  # only captured calls have them
     args: list[Arg] = []
     reads: list[object] = []
     writes: list[object] = []
@@ -73,12 +75,9 @@ def _work_node(
             continue
         if role == "scalar":
             key = (bid, ref)
-            kind = "device" if p.name in device_scalars else "scalar"  # only captured calls have them
-            slots = scalar_slots.get(key)
-            if slots is None:
-                scalar_slots[key] = [(index, len(args))]
-            else:
-                slots.append((index, len(args)))
+            kind = "device" if p.name in device_scalars else "scalar"
+            slots = scalar_slots.get(key)  # tuples: a parameter has one slot, seldom two
+            scalar_slots[key] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))
             args.append(_new(Arg, (kind, p.dtype, False, key, values[ref])))  # type: ignore[index]
             continue
         res: object = None
@@ -111,10 +110,12 @@ def _work_node(
         if res is None:
             continue
         if arg.kind == "external":  # a Warm rebind patches this slot
-            binding_slots.setdefault(res, []).append((index, si))
-        if p.direction != "out":
+            slots = binding_slots.get(res)  # type: ignore[call-overload]
+            binding_slots[res] = ((index, si),) if slots is None else (*slots, (index, si))  # type: ignore[index]
+        direction = p.direction
+        if direction != "out":
             reads.append(res)
-        if p.direction != "in":
+        if direction != "in":
             writes.append(res)
     if ks.source is None:  # a captured library call: a child-graph node
         return _new(NodeDraft, (CapturedNodePlan, (index, bid, ki, ks, desc, tuple(args)), _NO_TAIL, reads, writes))

@@ -24,22 +24,25 @@ def topological_order(block_ids: Sequence[int], links: Iterable[Link]) -> tuple[
         (in ``block_ids`` order).
     """
     rank = {b: i for i, b in enumerate(block_ids)}
-    indegree = dict.fromkeys(block_ids, 0)
-    succ: dict[int, list[int]] = {b: [] for b in block_ids}
+    indegree = [0] * len(block_ids)
+    succ: dict[int, list[int]] = {}  # by rank; the heap holds ranks (ints compare faster than tuples)
     for lk in links:
-        succ[lk.src].append(lk.dst)
-        indegree[lk.dst] += 1
-    ready = [(rank[b], b) for b, deg in indegree.items() if deg == 0]
-    heapq.heapify(ready)
+        s, d = rank[lk.src], rank[lk.dst]
+        if s in succ:
+            succ[s].append(d)
+        else:
+            succ[s] = [d]
+        indegree[d] += 1
+    ready = [r for r, deg in enumerate(indegree) if deg == 0]  # sorted already: a valid heap
     out: list[int] = []
     while ready:
-        _, b = heapq.heappop(ready)
-        out.append(b)
-        for s in succ[b]:
+        r = heapq.heappop(ready)
+        out.append(block_ids[r])
+        for s in succ.get(r, ()):
             indegree[s] -= 1
             if indegree[s] == 0:
-                heapq.heappush(ready, (rank[s], s))
-    return out, [b for b in block_ids if indegree[b] > 0]
+                heapq.heappush(ready, s)
+    return out, [b for b, deg in zip(block_ids, indegree, strict=True) if deg > 0]
 
 
 def order(draft: PlanDraft) -> None:

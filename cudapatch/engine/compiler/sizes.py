@@ -74,7 +74,7 @@ def sizes(draft: PlanDraft) -> None:
                     break
         if skip_reason is None:
             for ks in d.kernels:
-                check = getattr(ks, "validate", None)  # a captured call checks its input shapes
+                check = ks.validate if ks.source is None else None  # a captured call checks its input shapes
                 if check is not None:
                     problem = check({name: src.count for name, src in inputs.items()}, b.values)
                     if problem:

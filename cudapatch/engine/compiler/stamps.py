@@ -24,10 +24,10 @@ def stamps(draft: PlanDraft) -> None:
     draft.nodes, remap, draft.timings, draft.stamp_count = place_stamps(draft.nodes, draft.level)
     for slots in (draft.scalar_slots, draft.binding_slots):
         for k, v in slots.items():
-            slots[k] = [(remap[ni], ai) for ni, ai in v]
+            slots[k] = tuple([(remap[ni], ai) for ni, ai in v])
     block_nodes = draft.block_nodes
     for k, v in block_nodes.items():
-        block_nodes[k] = [remap[i] for i in v]
+        block_nodes[k] = tuple([remap[i] for i in v])
 
 
 def publish(draft: PlanDraft) -> None:
