@@ -477,31 +477,3 @@ if __name__ == "__main__" and "--record" in sys.argv:
     GOLDEN.parent.mkdir(exist_ok=True)
     GOLDEN.write_text(json.dumps(record(), indent=1) + "\n")
     print(f"recorded {GOLDEN}")
-
-
-# -- temporary: the compiler as it was before it was split into phases ------------------------------
-def _strict_fields(plan: GraphPlan) -> list[tuple[str, object]]:
-    """Every field, dicts as ordered item lists (GraphPlan's own == skips its dicts)."""
-    return [
-        (f.name, list(v.items()) if isinstance(v, dict) else v)
-        for f in dataclasses.fields(plan)
-        for v in [getattr(plan, f.name)]
-    ]
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_plans_equal_the_frozen_original(name: str) -> None:
-    from tests.unit._frozen_compiler import compile_plan as original
-
-    case = CASES[name]()
-    for level in ProfilingLevel:
-        try:
-            expected = case.compile(original, level)
-        except GraphCompileError as exc:
-            with pytest.raises(GraphCompileError) as info:
-                case.compile(compile_plan, level)
-            assert str(info.value) == str(exc) and info.value.diagnostics == exc.diagnostics
-            continue
-        got = case.compile(compile_plan, level)
-        assert _strict_fields(got) == _strict_fields(expected), f"{name} at {level}"
-        assert dump(got) == dump(expected)

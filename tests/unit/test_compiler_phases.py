@@ -23,7 +23,7 @@ from cudapatch.engine.compiler import (
     stamps,
     validate,
 )
-from cudapatch.engine.compiler.draft import NodeDraft, Source, resolve_count
+from cudapatch.engine.compiler.draft import NodeDraft, Source, Value, resolve_count
 from cudapatch.engine.compiler.order import topological_order
 from cudapatch.engine.compiler.stamps import place_stamps
 from cudapatch.engine.plan import (
@@ -160,10 +160,18 @@ def test_sizes_follow_links_bindings_and_size_rules() -> None:
     draft = _upto(sizes, c.snapshot())
     sizes(draft)
     assert list(draft.sized) == [f.id, s.id, add.id, two.id] and not draft.skipped and not draft.warnings
-    assert draft.sized[f.id].outputs == {"Out": Source("output", (f.id, "Out"), 300)}
-    assert draft.sized[s.id].inputs == {"In": draft.sized[f.id].outputs["Out"]}
+    assert draft.values == [
+        Value(f.id, "Out", DType.FLOAT32, 300, False),
+        Value(s.id, "Out", DType.FLOAT32, 300, False),
+        Value(add.id, "Sum", DType.FLOAT32, 300, False),
+        Value(two.id, "Out", DType.FLOAT32, 64, False),
+        Value(two.id, "internal0", DType.FLOAT32, 64, False),
+    ]
+    assert draft.sized[f.id].outputs == {"Out": Source("value", 0, 300)} and draft.sized[f.id].made == range(0, 1)
+    assert draft.sized[s.id].inputs == {"In": Source("value", 0, 300)}
     assert draft.sized[add.id].inputs["B"] == Source("external", (add.id, "B"), 300)
-    assert draft.sized[two.id].internal == (64,) and draft.sized[two.id].outputs["Out"].count == 64
+    assert draft.sized[two.id].internal == (4,) and draft.sized[two.id].made == range(3, 5)
+    assert draft.ports == {(f.id, "Out"): 0, (s.id, "Out"): 1, (add.id, "Sum"): 2, (two.id, "Out"): 3}
     assert draft.binding_counts == {(add.id, "B"): 300, (two.id, "In"): 64}
 
 
@@ -175,8 +183,10 @@ def test_sizes_pass_a_through_port_its_input_value() -> None:
     draft = _upto(sizes, c.snapshot())
     sizes(draft)
     state = draft.sized[e.id].outputs["Particles"]
-    assert state.kind == "output" and state.count == 4 * 10 + 2
+    assert state == Source("value", 0, 4 * 10 + 2) and draft.values[0].dtype is DType.FLOAT4
     assert draft.sized[fo.id].outputs["Particles"] is state and draft.sized[t.id].inputs["Particles"] is state
+    assert draft.sized[fo.id].made == range(1, 1)  # a through port makes no value
+    assert draft.ports == {(e.id, "Particles"): 0, (fo.id, "Particles"): 0, (t.id, "Points"): 1}
 
 
 def test_sizes_leave_out_blocks_and_say_why() -> None:
@@ -217,7 +227,7 @@ def test_sizes_warn_the_readers_of_a_faulted_block() -> None:
     ) and message == "input 'In' of 's2' reads zeros: 's1' faulted on the GPU"
 
 
-# -- memory -----------------------------------------------------------------------------------------
+# -- memory ---------------------------------------------------------------------------------------
 def test_memory_gives_each_value_a_buffer_and_each_append_output_a_counter() -> None:
     f, k, two, s = Fill(name="f", Count=50), AppendFilter(name="k", Capacity=8), TwoStage(name="two"), Scale(name="s")
     c = _ctx(f, k, two, s)
@@ -233,10 +243,10 @@ def test_memory_gives_each_value_a_buffer_and_each_append_output_a_counter() -> 
         (3, two.id, "internal0", 50, False),
         (4, s.id, "Out", 8, False),
     ]
+    assert [b[1:] for b in draft.buffers] == list(draft.values) and draft.value_buffer == [0, 1, 2, 3, 4]
     assert draft.counters == [(k.id, "Kept")] and draft.appends == {(k.id, "Kept"): (1, 0)}
+    assert draft.value_counter == {1: 0}
     assert draft.outputs == {(f.id, "Out"): 0, (k.id, "Kept"): 1, (two.id, "Out"): 2, (s.id, "Out"): 4}
-    assert draft.memory[k.id].counters == {"Kept": 0} and draft.memory[two.id].internal == (3,)
-    assert draft.memory[f.id].ports == {"Out": 0} and draft.memory[f.id].counters == {}
 
 
 def test_memory_maps_a_through_port_to_the_buffer_it_modifies() -> None:
@@ -245,8 +255,17 @@ def test_memory_maps_a_through_port_to_the_buffer_it_modifies() -> None:
     c.connect(e, "Particles", fo, "Particles")
     draft = _upto(memory, c.snapshot())
     memory(draft)
-    assert len(draft.buffers) == 1 and draft.outputs == {(e.id, "Particles"): 0, (fo.id, "Particles"): 0}
-    assert draft.memory[fo.id].ports == {}
+    assert len(draft.buffers) == 1 and draft.buffers[0].dtype is DType.FLOAT4
+    assert draft.outputs == {(e.id, "Particles"): 0, (fo.id, "Particles"): 0}
+
+
+def test_memory_leaves_an_external_value_out_of_the_buffers() -> None:
+    fo = Forces(name="fo")  # modifies a bound buffer in place: nothing to allocate, no output buffer
+    c = _ctx(fo)
+    _bind(c, fo, "Particles", 42)
+    draft = _upto(memory, c.snapshot())
+    memory(draft)
+    assert draft.buffers == [] and draft.outputs == {}
 
 
 # -- nodes ------------------------------------------------------------------------------------------
@@ -465,11 +484,3 @@ def test_compile_plan_is_the_phases_in_sequence() -> None:
         plan, expected = draft.plan(), compile_plan(snap, level=level)
         assert plan == expected and plan.scalar_slots == expected.scalar_slots
         assert plan.block_nodes == expected.block_nodes and plan.outputs == expected.outputs
-
-
-def test_plan_dtype_of_a_buffer_is_the_port_type() -> None:
-    c = Context()
-    e = c.register_block(Emitter(name="e"))
-    draft = _upto(memory, c.snapshot())
-    memory(draft)
-    assert draft.buffers[0].dtype is DType.FLOAT4 and draft.buffers[0].block_id == e.id

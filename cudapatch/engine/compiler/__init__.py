@@ -7,14 +7,15 @@ in its own module and tested on its own:
    engine's block → errors).
 2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
-   kernel not ready, a rejected library shape leave it out with a warning), the count of each value.
-4. ``memory``: a buffer for each value a block makes, append counters.
+   kernel not ready, a rejected library shape leave it out with a warning), and the values it
+   makes (outputs, internal links) with their element counts.
+4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
 7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
 
-The phases DESIGN.md adds (regions and delays after ordering, fusion before memory, liveness in
-memory) go into this sequence.
+The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
+sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations

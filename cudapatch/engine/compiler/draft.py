@@ -17,30 +17,49 @@ from typing import Literal, NamedTuple
 
 from ...blocks.description import SizeRule
 from ...errors import GraphCompileError
+from ...kernels.types import DType
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
 from ..diagnostics import Diagnostic, Severity
 from ..plan import BufferPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
 
-__all__ = ["BlockMemory", "BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "resolve_count"]
+__all__ = ["BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "Value", "resolve_count"]
 
 #: ``(block_id, kernel index)`` → ``(severity, code, message)`` of a kernel that cannot run yet.
 KernelStatus = Mapping[tuple[int, int], tuple[Severity, str, str]]
 
 
-class Source(NamedTuple):
-    """What a port carries: the value of a block output, an external binding, or nothing.
+class Value(NamedTuple):
+    """A value a block makes: an output's data or an internal link, before memory holds it.
 
     Attributes:
-        kind: ``output`` (``ref``: the ``(block_id, port)`` that made the value; a ``through`` port
-            passes its input's source on unchanged), ``external`` (``ref``: the binding's key) or
-            ``null`` (an optional input left unbound).
+        block_id: The block that makes it.
+        label: Its output port, or ``internal<i>`` for internal link ``i``.
+        dtype: Element type.
+        count: Element count.
+        append: Whether it is an append output's data (it has a counter).
+    """
+
+    block_id: int
+    label: str
+    dtype: DType
+    count: int
+    append: bool
+
+
+class Source(NamedTuple):
+    """What a port carries: a value a block made, an external binding, or nothing.
+
+    Attributes:
+        kind: ``value`` (``ref``: its index in ``PlanDraft.values``; a ``through`` port passes its
+            input's source on unchanged), ``external`` (``ref``: the binding's ``(block_id, port)``
+            key) or ``null`` (an optional input left unbound).
         ref: See ``kind``.
         count: Element count.
     """
 
-    kind: Literal["output", "external", "null"]
+    kind: Literal["value", "external", "null"]
     ref: object
     count: int
 
@@ -51,28 +70,16 @@ class BlockSizes(NamedTuple):
     Attributes:
         block: The block.
         inputs: Input port → its source.
-        outputs: Output port → the value it carries (its own, or a ``through`` port's input).
-        internal: Element count of each internal link.
+        outputs: Output port → what it carries (a value it makes, or a ``through`` port's input).
+        internal: Value index of each internal link.
+        made: Indices of the values the block makes: its outputs in port order, then its internal links.
     """
 
     block: BlockSnapshot
     inputs: dict[str, Source]
     outputs: dict[str, Source]
     internal: tuple[int, ...]
-
-
-class BlockMemory(NamedTuple):
-    """Where the memory phase put one block's values.
-
-    Attributes:
-        ports: Output port → buffer index, for the outputs the block allocates (not ``through``).
-        counters: Append output port → counter index.
-        internal: Buffer index of each internal link.
-    """
-
-    ports: dict[str, int]
-    counters: dict[str, int]
-    internal: tuple[int, ...]
+    made: range
 
 
 class NodeDraft(NamedTuple):
@@ -90,17 +97,17 @@ class NodeDraft(NamedTuple):
     writes: list[object]
 
 
-def resolve_count(rule: SizeRule, inputs: Mapping[str, Source], values: Mapping[str, object]) -> int:
+def resolve_count(rule: SizeRule, inputs: Mapping[str, Source], params: Mapping[str, object]) -> int:
     """The element count ``rule`` gives for a block with these input sources and parameter values."""
     if rule.fn is None:  # the common rules inline: a rebuild resolves thousands
         if rule.like is not None:
             n = inputs[rule.like].count
         elif rule.param is not None:
-            n = int(values[rule.param])  # type: ignore[call-overload]
+            n = int(params[rule.param])  # type: ignore[call-overload]
         else:
             n = int(rule.fixed)  # type: ignore[arg-type]
         return max(0, n // rule.divide * rule.scale + rule.extra)
-    return rule.resolve(inputs[rule.like].count if rule.like is not None else None, values)
+    return rule.resolve(inputs[rule.like].count if rule.like is not None else None, params)
 
 
 @dataclass(eq=False, slots=True)
@@ -126,14 +133,17 @@ class PlanDraft:
     incoming: dict[tuple[int, str], Link] = field(default_factory=dict)
     # order: blocks in topological order
     order: list[int] = field(default_factory=list)
-    # sizes: the blocks that run (in order) with their counts; the blocks left out
+    # sizes: the blocks that run (in order) with what they read and make; the blocks left out
     sized: dict[int, BlockSizes] = field(default_factory=dict)
     skipped: list[int] = field(default_factory=list)
+    values: list[Value] = field(default_factory=list)
+    ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
-    # memory: buffers and append counters, and which buffer holds each output
+    # memory: the buffer that holds each value; append counters
     buffers: list[BufferPlan] = field(default_factory=list)
+    value_buffer: list[int] = field(default_factory=list)
     counters: list[tuple[int, str]] = field(default_factory=list)
-    memory: dict[int, BlockMemory] = field(default_factory=dict)
+    value_counter: dict[int, int] = field(default_factory=dict)
     outputs: dict[tuple[int, str], int] = field(default_factory=dict)
     appends: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
     # nodes: node drafts in launch order, and the argument slots Hot and Warm edits patch

@@ -1,8 +1,8 @@
 """The nodes phase: the graph nodes each running block becomes, with every kernel argument's source.
 
 Per block, in order: a kernel node per kernel (grid from its grid rule), a captured child-graph
-node per library call, or, for a block that faulted on the GPU, a memset zeroing each of its
-buffers instead of its kernels. When the plan has append counters, one memset zeroing them all
+node per library call, or, for a block that faulted on the GPU, a memset zeroing the buffer of
+each value it makes instead of its kernels. When the plan has append counters, one memset zeroing them all
 comes first.
 
 Each argument says where its value comes from (``Arg``): a planned buffer, an external binding, a
@@ -17,7 +17,7 @@ from ...blocks.captured import CapturedSpec
 from ...blocks.description import KernelSpec
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
-from .draft import BlockMemory, BlockSizes, NodeDraft, PlanDraft, resolve_count
+from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 
 __all__ = ["nodes"]
 
@@ -31,19 +31,30 @@ def nodes(draft: PlanDraft) -> None:
     """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
     ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
     drafts, faulted, block_nodes = draft.drafts, draft.faulted, draft.block_nodes
-    env = (draft.outputs, draft.buffers, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+    # What _work_node reads and fills, handed over as one tuple: unpacked once per node, not looked
+    # up as attributes for every argument (a 100-block rebuild fills about a thousand arguments).
+    env = (
+        draft.value_buffer,
+        draft.value_counter,
+        draft.buffers,
+        draft.scalar_slots,
+        draft.binding_slots,
+        draft.counter_users,
+    )
     if draft.counters:  # zeroed before anything appends
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
-    for sized, placed in zip(draft.sized.values(), draft.memory.values(), strict=True):
+    value_buffer = draft.value_buffer
+    for sized in draft.sized.values():
         b = sized.block
-        if faulted and b.id in faulted:  # no kernels: its outputs read as zeros
-            for bi in (*placed.ports.values(), *placed.internal):
+        if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
+            for vi in sized.made:
+                bi = value_buffer[vi]
                 drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
             continue
         d = b.description
         first = len(drafts)
         for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
-            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, placed, env))
+            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
         if len(drafts) == first + 1:
             block_nodes[b.id] = (first,)
         elif len(drafts) > first:
@@ -56,13 +67,12 @@ def _work_node(
     ks: KernelSpec | CapturedSpec,
     roles: tuple[tuple[str, object], ...],
     sized: BlockSizes,
-    placed: BlockMemory,
     env: tuple,
 ) -> NodeDraft:
     """Kernel ``ki`` of a block as a kernel node, or a captured node for a library call."""
-    outputs, buffers, scalar_slots, binding_slots, counter_users = env
+    value_buffer, value_counter, buffers, scalar_slots, binding_slots, counter_users = env
     b, sources = sized.block, sized.inputs
-    bid, values = b.id, b.values
+    bid, params = b.id, b.values
     desc = ks.descriptor
     expand = desc.abi and desc.groups  # Numba kernels: a parameter may take several slots
     device_scalars = desc.device_scalars if ks.source is None else ()  # only captured calls have them
@@ -71,21 +81,21 @@ def _work_node(
     writes: list[object] = []
     for pi, (p, (role, ref)) in enumerate(zip(desc.parameters, roles, strict=True)):
         if role == "count":
-            args.append(_new(Arg, ("const", p.dtype, False, None, resolve_count(ref, sources, values))))  # type: ignore[arg-type]
+            args.append(_new(Arg, ("const", p.dtype, False, None, resolve_count(ref, sources, params))))  # type: ignore[arg-type]
             continue
         if role == "scalar":
             key = (bid, ref)
             kind = "device" if p.name in device_scalars else "scalar"
             slots = scalar_slots.get(key)  # tuples: a parameter has one slot, seldom two
             scalar_slots[key] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))
-            args.append(_new(Arg, (kind, p.dtype, False, key, values[ref])))  # type: ignore[index]
+            args.append(_new(Arg, (kind, p.dtype, False, key, params[ref])))  # type: ignore[index]
             continue
         res: object = None
         if role == "input":
             src = sources[ref]  # type: ignore[index]
             count = src.count
-            if src.kind == "output":
-                res = outputs[src.ref]
+            if src.kind == "value":
+                res = value_buffer[src.ref]
                 arg = _new(Arg, ("buffer", p.dtype, True, res, None))
             elif src.kind == "external":
                 res = src.ref
@@ -93,13 +103,13 @@ def _work_node(
             else:
                 arg = _new(Arg, ("null", p.dtype, True, None, None))
         elif role == "counter":
-            ci = placed.counters[ref]  # type: ignore[index]
+            ci = value_counter[sized.outputs[ref].ref]  # type: ignore[index]
             arg = _new(Arg, ("counter", p.dtype, True, ci, None))
             res = -1 - ci
             count = 1
             counter_users.add(index)
         else:  # output, append data, internal link
-            res = placed.internal[ref] if role == "internal" else placed.ports[ref]  # type: ignore[index]
+            res = value_buffer[sized.internal[ref] if role == "internal" else sized.outputs[ref].ref]  # type: ignore
             arg = _new(Arg, ("buffer", p.dtype, True, res, None))
             count = buffers[res].count
         if expand and len(expand[pi]) > 1:
@@ -119,7 +129,7 @@ def _work_node(
             writes.append(res)
     if ks.source is None:  # a captured library call: a child-graph node
         return _new(NodeDraft, (CapturedNodePlan, (index, bid, ki, ks, desc, tuple(args)), _NO_TAIL, reads, writes))
-    n = resolve_count(ks.grid, sources, values) if ks.grid is not None else 1
+    n = resolve_count(ks.grid, sources, params) if ks.grid is not None else 1
     grid = max(1, -(-n // desc.block_size))
     head = (index, bid, ki, ks.source, desc, grid, desc.block_size, desc.shared_memory_bytes, tuple(args))
     return _new(NodeDraft, (KernelNodePlan, head, _NO_TAIL, reads, writes))

@@ -15,8 +15,9 @@ shape propagation grows: today a value is an element count.
 
 from __future__ import annotations
 
+from ..context import BlockSnapshot
 from ..diagnostics import Diagnostic, Severity
-from .draft import BlockSizes, PlanDraft, Source, resolve_count
+from .draft import BlockSizes, KernelStatus, PlanDraft, Source, Value, resolve_count
 
 __all__ = ["sizes"]
 
@@ -25,8 +26,8 @@ _NULL = Source("null", None, 0)
 
 
 def sizes(draft: PlanDraft) -> None:
-    """Fill ``draft.sized`` (blocks that run, in order), ``draft.skipped`` and ``draft.binding_counts``;
-    add a diagnostic for every block left out and every reader of a faulted block."""
+    """Fill ``draft.sized`` (blocks that run, in order), ``skipped``, ``values``, ``ports`` and
+    ``binding_counts``; add a diagnostic for every block left out and every reader of a faulted block."""
     blocks, incoming, bindings = draft.blocks, draft.incoming, draft.snap.bindings
     kernel_status, faulted, warnings = draft.kernel_status, draft.faulted, draft.warnings
     sized, binding_counts = draft.sized, draft.binding_counts
@@ -66,35 +67,59 @@ def sizes(draft: PlanDraft) -> None:
                 inputs[port.name] = _NULL
         severity: Severity = "warning"
         code = "input-unlinked"
-        if skip_reason is None and kernel_status:
-            for ki in range(len(d.kernels)):
-                status = kernel_status.get((bid, ki))
-                if status is not None:
-                    severity, code, skip_reason = status
-                    break
         if skip_reason is None:
-            for ks in d.kernels:
-                check = ks.validate if ks.source is None else None  # a captured call checks its input shapes
-                if check is not None:
-                    problem = check({name: src.count for name, src in inputs.items()}, b.values)
-                    if problem:
-                        severity, code = "error", "library-shape"
-                        skip_reason = f"'{ks.descriptor.entry_point}': {problem}"
-                        break
+            problem = _kernels_not_ready(b, inputs, kernel_status)
+            if problem is not None:
+                severity, code, skip_reason = problem
         if skip_reason is not None:
             warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
             skipped.add(bid)
             draft.skipped.append(bid)
             continue
-        values = b.values
-        outputs: dict[str, Source] = {}
-        for port in d.outputs:
-            if port.kind == "through":  # the input's buffer, modified in place, flows on
-                outputs[port.name] = inputs[port.name]
-            else:
-                count = resolve_count(port.size, inputs, values)  # type: ignore[arg-type]
-                outputs[port.name] = _new(Source, ("output", (bid, port.name), count))
-        internal = (
-            tuple([resolve_count(link.size, inputs, values) for link in d.internal_links]) if d.internal_links else ()
-        )
-        sized[bid] = _new(BlockSizes, (b, inputs, outputs, internal))
+        sized[bid] = _make_values(draft, b, inputs)
+
+
+def _kernels_not_ready(
+    b: BlockSnapshot, inputs: dict[str, Source], kernel_status: KernelStatus | None
+) -> tuple[Severity, str, str] | None:
+    """Why the kernels of block ``b`` cannot run yet, as ``(severity, code, reason)``, or None: one
+    is still compiling or failed (``kernel_status``), or a captured call rejects its input counts."""
+    kernels = b.description.kernels
+    if kernel_status:
+        for ki in range(len(kernels)):
+            status = kernel_status.get((b.id, ki))
+            if status is not None:
+                return status
+    for ks in kernels:
+        check = ks.validate if ks.source is None else None  # a captured call checks its input shapes
+        if check is not None:
+            problem = check({name: src.count for name, src in inputs.items()}, b.values)
+            if problem:
+                return "error", "library-shape", f"'{ks.descriptor.entry_point}': {problem}"
+    return None
+
+
+def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source]) -> BlockSizes:
+    """The values block ``b`` makes (its outputs in port order, then its internal links), sized."""
+    d, bid, params = b.description, b.id, b.values
+    values, ports = draft.values, draft.ports
+    first = len(values)
+    outputs: dict[str, Source] = {}
+    for port in d.outputs:
+        if port.kind == "through":  # the input's buffer, modified in place, flows on
+            src = outputs[port.name] = inputs[port.name]
+            if src.kind == "value":
+                ports[(bid, port.name)] = src.ref  # type: ignore[assignment]
+            continue
+        count = resolve_count(port.size, inputs, params)  # type: ignore[arg-type]
+        vi = len(values)
+        values.append(_new(Value, (bid, port.name, port.dtype, count, port.kind == "append")))
+        outputs[port.name] = _new(Source, ("value", vi, count))
+        ports[(bid, port.name)] = vi
+    internal: tuple[int, ...] = ()
+    if d.internal_links:
+        internal = tuple(range(len(values), len(values) + len(d.internal_links)))
+        for i, link in enumerate(d.internal_links):
+            count = resolve_count(link.size, inputs, params)
+            values.append(_new(Value, (bid, f"internal{i}", link.dtype, count, False)))
+    return _new(BlockSizes, (b, inputs, outputs, internal, range(first, len(values))))

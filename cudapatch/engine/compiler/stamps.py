@@ -1,4 +1,4 @@
-"""The profiling phase: timestamp nodes for the profiling level, and the publish node that ends a
+"""The stamps and publish phases: timestamp nodes for the profiling level, and the publish node that ends a
 graph with readback values.
 
 Stamps hang beside the work wherever they can, so measuring changes the measured as little as
