@@ -23,10 +23,11 @@ from cudapatch.engine.compiler import (
     stamps,
     validate,
 )
-from cudapatch.engine.compiler.draft import NodeDraft, Source, Value, resolve_count
+from cudapatch.engine.compiler.draft import NodeDraft, Source, resolve_count
 from cudapatch.engine.compiler.order import topological_order
 from cudapatch.engine.compiler.stamps import place_stamps
 from cudapatch.engine.plan import (
+    BufferPlan,
     CapturedNodePlan,
     KernelNodePlan,
     MemsetNodePlan,
@@ -160,12 +161,12 @@ def test_sizes_follow_links_bindings_and_size_rules() -> None:
     draft = _upto(sizes, c.snapshot())
     sizes(draft)
     assert list(draft.sized) == [f.id, s.id, add.id, two.id] and not draft.skipped and not draft.warnings
-    assert draft.values == [
-        Value(f.id, "Out", DType.FLOAT32, 300, False),
-        Value(s.id, "Out", DType.FLOAT32, 300, False),
-        Value(add.id, "Sum", DType.FLOAT32, 300, False),
-        Value(two.id, "Out", DType.FLOAT32, 64, False),
-        Value(two.id, "internal0", DType.FLOAT32, 64, False),
+    assert draft.values == [  # each value as the buffer it needs on its own
+        BufferPlan(0, f.id, "Out", DType.FLOAT32, 300, False),
+        BufferPlan(1, s.id, "Out", DType.FLOAT32, 300, False),
+        BufferPlan(2, add.id, "Sum", DType.FLOAT32, 300, False),
+        BufferPlan(3, two.id, "Out", DType.FLOAT32, 64, False),
+        BufferPlan(4, two.id, "internal0", DType.FLOAT32, 64, False),
     ]
     assert draft.sized[f.id].outputs == {"Out": Source("value", 0, 300)} and draft.sized[f.id].made == range(0, 1)
     assert draft.sized[s.id].inputs == {"In": Source("value", 0, 300)}
@@ -243,7 +244,7 @@ def test_memory_gives_each_value_a_buffer_and_each_append_output_a_counter() -> 
         (3, two.id, "internal0", 50, False),
         (4, s.id, "Out", 8, False),
     ]
-    assert [b[1:] for b in draft.buffers] == list(draft.values) and draft.value_buffer == [0, 1, 2, 3, 4]
+    assert draft.buffers == draft.values and draft.value_buffer == [0, 1, 2, 3, 4]
     assert draft.counters == [(k.id, "Kept")] and draft.appends == {(k.id, "Kept"): (1, 0)}
     assert draft.value_counter == {1: 0}
     assert draft.outputs == {(f.id, "Out"): 0, (k.id, "Kept"): 1, (two.id, "Out"): 2, (s.id, "Out"): 4}

@@ -17,35 +17,16 @@ from typing import Literal, NamedTuple
 
 from ...blocks.description import SizeRule
 from ...errors import GraphCompileError
-from ...kernels.types import DType
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
 from ..diagnostics import Diagnostic, Severity
 from ..plan import BufferPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
 
-__all__ = ["BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "Value", "resolve_count"]
+__all__ = ["BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "resolve_count"]
 
 #: ``(block_id, kernel index)`` → ``(severity, code, message)`` of a kernel that cannot run yet.
 KernelStatus = Mapping[tuple[int, int], tuple[Severity, str, str]]
-
-
-class Value(NamedTuple):
-    """A value a block makes: an output's data or an internal link, before memory holds it.
-
-    Attributes:
-        block_id: The block that makes it.
-        label: Its output port, or ``internal<i>`` for internal link ``i``.
-        dtype: Element type.
-        count: Element count.
-        append: Whether it is an append output's data (it has a counter).
-    """
-
-    block_id: int
-    label: str
-    dtype: DType
-    count: int
-    append: bool
 
 
 class Source(NamedTuple):
@@ -71,7 +52,7 @@ class BlockSizes(NamedTuple):
         block: The block.
         inputs: Input port → its source.
         outputs: Output port → what it carries (a value it makes, or a ``through`` port's input).
-        internal: Value index of each internal link.
+        internal: The value index of each internal link.
         made: Indices of the values the block makes: its outputs in port order, then its internal links.
     """
 
@@ -136,7 +117,9 @@ class PlanDraft:
     # sizes: the blocks that run (in order) with what they read and make; the blocks left out
     sized: dict[int, BlockSizes] = field(default_factory=dict)
     skipped: list[int] = field(default_factory=list)
-    values: list[Value] = field(default_factory=list)
+    # Each value a block makes (an output's data, an internal link), numbered in the order made, as
+    # the BufferPlan it needs on its own; memory decides which buffers actually hold them.
+    values: list[BufferPlan] = field(default_factory=list)
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     # memory: the buffer that holds each value; append counters

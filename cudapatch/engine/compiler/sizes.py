@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from ..context import BlockSnapshot
 from ..diagnostics import Diagnostic, Severity
-from .draft import BlockSizes, KernelStatus, PlanDraft, Source, Value, resolve_count
+from ..plan import BufferPlan
+from .draft import BlockSizes, KernelStatus, PlanDraft, Source, resolve_count
 
 __all__ = ["sizes"]
 
@@ -113,7 +114,7 @@ def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source]) 
             continue
         count = resolve_count(port.size, inputs, params)  # type: ignore[arg-type]
         vi = len(values)
-        values.append(_new(Value, (bid, port.name, port.dtype, count, port.kind == "append")))
+        values.append(_new(BufferPlan, (vi, bid, port.name, port.dtype, count, port.kind == "append")))
         outputs[port.name] = _new(Source, ("value", vi, count))
         ports[(bid, port.name)] = vi
     internal: tuple[int, ...] = ()
@@ -121,5 +122,5 @@ def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source]) 
         internal = tuple(range(len(values), len(values) + len(d.internal_links)))
         for i, link in enumerate(d.internal_links):
             count = resolve_count(link.size, inputs, params)
-            values.append(_new(Value, (bid, f"internal{i}", link.dtype, count, False)))
+            values.append(_new(BufferPlan, (len(values), bid, f"internal{i}", link.dtype, count, False)))
     return _new(BlockSizes, (b, inputs, outputs, internal, range(first, len(values))))
