@@ -66,12 +66,11 @@ class Case:
         for b in snap.blocks:  # an automatic name carries the global block id: not reproducible
             assert not b.name.endswith(str(b.id)), f"give block '{b.name}' a name"
         self.snap = PatchSnapshot(
-            snap.context_id,
+            0,
             tuple(dataclasses.replace(b, id=ids[b.id], context_id=0) for b in snap.blocks),
             tuple(Link(ids[lk.src], lk.src_port, ids[lk.dst], lk.dst_port) for lk in snap.links),
             {(ids[k[0]], k[1]): v for k, v in snap.bindings.items()},
         )
-        self.snap = dataclasses.replace(self.snap, context_id=0)
         by_name = {b.name: b.id for b in self.snap.blocks}
         self.status = status(by_name) if status else None
         self.faulted = faulted(by_name) if faulted else None
