@@ -1,0 +1,70 @@
+"""The graph compiler: a PatchSnapshot in, a GraphPlan out. Pure: no driver calls.
+
+``compile_plan`` runs a sequence of phases over one plan under construction (``PlanDraft``), each
+in its own module and tested on its own:
+
+1. ``validate``: links that make sense (unknown port, type mismatch, duplicate link, another
+   engine's block → errors).
+2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
+3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
+   kernel not ready, a rejected library shape leave it out with a warning), and the values it
+   makes (outputs, internal links) with their element counts.
+4. ``memory``: the buffer that holds each value (today one each), append counters.
+5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
+6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
+7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+
+The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
+sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..context import PatchSnapshot
+from ..plan import GraphPlan
+from ..profiling import ProfilingLevel
+from .draft import KernelStatus, PlanDraft
+from .edges import edges
+from .memory import memory
+from .nodes import nodes
+from .order import order
+from .sizes import sizes
+from .stamps import publish, stamps
+from .validate import validate
+
+__all__ = ["PlanDraft", "compile_plan", "edges", "memory", "nodes", "order", "publish", "sizes", "stamps", "validate"]
+
+
+def compile_plan(
+    snap: PatchSnapshot,
+    kernel_status: KernelStatus | None = None,
+    level: ProfilingLevel = ProfilingLevel.NONE,
+    faulted: Mapping[int, str] | None = None,
+) -> GraphPlan:
+    """Compile a patch snapshot into a GraphPlan.
+
+    Args:
+        snap: The patch.
+        kernel_status: ``(block_id, kernel index)`` → ``(severity, code, message)`` for kernels that
+            cannot run yet (still compiling, or failed with no earlier version to fall back on).
+            Their blocks are left out, like blocks with a missing input, and so are their dependents.
+        level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
+        faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
+            their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
+
+    Raises:
+        GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
+    """
+    draft = PlanDraft(snap, kernel_status, level, faulted)
+    validate(draft)
+    order(draft)
+    draft.raise_errors()
+    sizes(draft)
+    memory(draft)
+    nodes(draft)
+    edges(draft)
+    stamps(draft)
+    publish(draft)
+    return draft.plan()
