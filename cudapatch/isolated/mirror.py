@@ -120,7 +120,9 @@ class SetProfiling:
     level: str
 
 
-Edit = AddBlock | RemoveBlock | Redescribe | SetValues | Rename | Connect | Disconnect | Bind | Unbind | Disable | SetProfiling
+Edit = (
+    AddBlock | RemoveBlock | Redescribe | SetValues | Rename | Connect | Disconnect | Bind | Unbind | Disable | SetProfiling
+)
 
 
 def _link_key(lk: Any) -> tuple[int, str, int, str]:
