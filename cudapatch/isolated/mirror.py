@@ -121,7 +121,17 @@ class SetProfiling:
 
 
 Edit = (
-    AddBlock | RemoveBlock | Redescribe | SetValues | Rename | Connect | Disconnect | Bind | Unbind | Disable | SetProfiling
+    AddBlock
+    | RemoveBlock
+    | Redescribe
+    | SetValues
+    | Rename
+    | Connect
+    | Disconnect
+    | Bind
+    | Unbind
+    | Disable
+    | SetProfiling
 )
 
 
