@@ -1,6 +1,6 @@
 """The ``cudapatch`` command: ``run`` a patch in the preview, list ``blocks``, ``check`` the machine.
 
-cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH]
+cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH] [--isolated]
 cudapatch blocks
 cudapatch check
 """
@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     resumed = take_restart_state()  # set when this process replaced one that a GPU fault ended
     start = int(resumed.get("frames", 0))
     try:
-        host = StandaloneHost(args.patch, profiling=args.profiling)
+        host = StandaloneHost(args.patch, profiling=args.profiling, isolated=args.isolated)
     except CudapatchError as exc:
         print(f"cudapatch: {exc}", file=sys.stderr)
         return 2
@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--profiling", default=None, help="None, Summary, PerBlock, PerKernel, DeepAsync, DeepSync")
     run.add_argument("--size", type=_size, default=(1280, 720), help="WxH (default 1280x720)")
     run.add_argument("--no-overlay", action="store_true", help="hide the profiling overlay")
+    run.add_argument(
+        "--isolated", action="store_true", help="run the engine in a child process: a GPU fault restarts only it"
+    )
     run.set_defaults(func=cmd_run)
     sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)
     sub.add_parser("check", help="preflight: driver, GPU, libraries, GL").set_defaults(func=cmd_check)

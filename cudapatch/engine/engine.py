@@ -80,6 +80,8 @@ class Engine:
             offline rendering; never in a live host).
         debug_launch: Launch every frame node by node with a synchronize after each block, so a
             kernel fault is pinned on its block in the frame it happens (development only: slow).
+        isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
+            returned): a GPU fault ends only the child, which restarts without the faulting block.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -90,10 +92,20 @@ class Engine:
         CudaError: another driver call failed.
     """
 
+    def __new__(cls, *args: Any, isolated: bool = False, **kwargs: Any) -> Any:
+        # ``isolated=True``: the same API with the engine in a child process (``cudapatch.isolated``);
+        # Python does not call ``__init__`` on what is returned here, which is no Engine.
+        if isolated:
+            from ..isolated import IsolatedEngine
+
+            return IsolatedEngine(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         device: int = 0,
         *,
+        isolated: bool = False,
         name: str = "CudaEngine",
         cache_dir: str | Path | None | bool = None,
         watch_files: bool = True,

@@ -63,6 +63,7 @@ class StandaloneHost:
         plugins: The plugin host (default: built-ins plus installed plugins).
         profiling: Overrides the patch's profiling level.
         device: CUDA device ordinal.
+        isolated: Run the engine in a child process (``Engine(isolated=True)``).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class StandaloneHost:
         plugins: PluginHost | None = None,
         profiling: str | None = None,
         device: int | None = None,
+        isolated: bool = False,
     ) -> None:
         from ...engine.engine import Engine
 
@@ -89,7 +91,7 @@ class StandaloneHost:
         )
         self.profiling_override = profiling
         dev = device if device is not None else patch.engine.get("device", 0)  # an int: parse_patch checks
-        self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")))
+        self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")), isolated=isolated)
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
         apply_patch(self.adapter, patch)

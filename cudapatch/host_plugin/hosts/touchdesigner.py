@@ -53,14 +53,22 @@ class TouchDesignerHost:
         device: CUDA device ordinal (TouchDesigner's GPU).
         plugins: Plugin host (default: built-ins and installed plugins).
         engine: An engine to use (default: a new one on ``device``).
+        isolated: Run the engine in a child process (``Engine(isolated=True)``): a GPU fault in a
+            block ends only that process, TouchDesigner and its own CUDA work keep running, and the
+            engine comes back without the faulting block. Outputs reach TouchDesigner with no copy
+            through CUDA IPC; ``EngineTOP`` copies them on the host's engine stream, which waits on
+            the GPU for each frame of the child. The child's Python is ``CUDAPATCH_COMPILER_PYTHON``
+            (TouchDesigner's ``sys.executable`` is not a Python).
     """
 
-    def __init__(self, *, device: int = 0, plugins: PluginHost | None = None, engine: Any = None) -> None:
+    def __init__(
+        self, *, device: int = 0, plugins: PluginHost | None = None, engine: Any = None, isolated: bool = False
+    ) -> None:
         self.plugins = plugins or PluginHost()
         if engine is None:
             from ...engine.engine import Engine
 
-            engine = Engine(device, name="TouchDesigner")
+            engine = Engine(device, name="TouchDesigner", isolated=isolated)
         self.engine = engine
         self.adapter = HostAdapter(engine, self.plugins.registry)
         self.plugins.engine_started(engine)

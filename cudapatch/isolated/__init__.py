@@ -1,0 +1,14 @@
+"""An isolated engine: the engine in a child process, so a GPU fault never takes the host down.
+
+``Engine(isolated=True)`` returns an ``IsolatedEngine`` (``host.py``): the same API, the patch
+mirrored to the child as edit messages (``mirror.py``, ``protocol.py``), outputs shared through
+CUDA IPC with no copy (``ipc.py``), a new child with the faulting block disabled after a fault
+(``policy.py``). See docs/faults.md, "An isolated engine".
+"""
+
+from __future__ import annotations
+
+from .host import IsolatedEngine
+from .policy import RestartPolicy
+
+__all__ = ["IsolatedEngine", "RestartPolicy"]

@@ -1,0 +1,243 @@
+"""The engine process of an isolated engine: a real ``Engine`` driven by the host's messages.
+
+Started by ``IsolatedEngine`` as a program of its own (``python -c BOOTSTRAP``, which sets
+``sys.path`` from the host and calls ``main``), never through ``multiprocessing``, so the user's
+``__main__`` never runs here (as for the compiler child, ``kernels/_compiler_child.py``, whose
+frames this speaks). Messages are in ``protocol.py``; edits are applied by ``mirror.ChildPatch``.
+
+Each frame: the host's Hot values, a stream wait on the host's event (outputs the host still reads
+are not overwritten), ``Engine.update()``, then the frame number written into the shared frame word
+on the engine's stream (the host's stream waits for it). When the output buffers or the diagnostics
+changed, they go back to the host. When the engine is lost (CUDA refuses this process after a GPU
+fault; its recovery has named the faulting block by replay), the child reports the blocks to disable
+and exits with ``EXIT_FAULT``; the host starts another child.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from typing import Any
+
+from ..kernels._compiler_child import MAX_FRAME, encode_frame
+from .protocol import EXIT_FAULT, PROTOCOL, OutputHandle, StartConfig, diag_record
+
+__all__ = ["BOOTSTRAP", "main"]
+
+#: The ``-c`` program that starts the child (``sys.path`` from the host first, then serve).
+BOOTSTRAP = """\
+import faulthandler, json, os, sys
+faulthandler.enable()
+_paths = json.loads(os.environ.pop("CUDAPATCH_ISOLATED_PATH", "[]"))
+sys.path[:] = _paths + [p for p in sys.path if p not in _paths]
+del _paths
+from cudapatch.isolated.child import main
+sys.exit(main())
+"""
+
+_HEADER = 8
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_message(fd: int) -> Any:
+    header = _read_exact(fd, _HEADER)
+    if header is None:
+        return None
+    n = int.from_bytes(header, "big")
+    if n > MAX_FRAME:
+        raise ValueError(f"a message of {n} bytes: the stream is corrupt")
+    payload = _read_exact(fd, n)
+    return None if payload is None else pickle.loads(payload)
+
+
+class _Server:
+    """The child's state: the engine, the mirrored patch, and what the host was last told."""
+
+    def __init__(self, cfg: StartConfig, out_fd: int) -> None:
+        from ..engine.bindings import DeviceArray
+        from ..engine.engine import Engine
+        from .ipc import FrameWord, IpcImports, open_event
+        from .mirror import ChildPatch
+
+        self._out = out_fd
+        self.engine = engine = Engine(
+            cfg.device,
+            name=cfg.name,
+            cache_dir=cfg.cache_dir,
+            wait_for_compile=cfg.wait_for_compile,
+            watch_files=cfg.watch_files,
+        )
+        self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
+        self.host_event = open_event(cfg.host_event) if cfg.host_event else None
+        self.imports = IpcImports()
+
+        def import_input(h: Any) -> Any:
+            if h.array is not None:
+                return h.array  # a host array: the engine copies it into a buffer of its own
+            return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype)
+
+        self.patch = ChildPatch(engine, import_input)
+        self._graph: Any = None
+        self._diags: Any = None
+
+    def send(self, message: Any) -> None:
+        data = memoryview(encode_frame(message))
+        while data:
+            data = data[os.write(self._out, data) :]
+
+    # -- frames -------------------------------------------------------------------------------------
+    def frame(self, n: int, hot: tuple) -> None:
+        from ..kernels._driver import check, driver
+
+        e = self.engine
+        if hot:
+            self.patch.hot(hot)
+        stream = e.device.stream
+        if self.host_event is not None and e.lost is None:
+            e.device.make_current()
+            check(driver().cuStreamWaitEvent(stream, self.host_event, 0), "cuStreamWaitEvent(host event)")
+        e.update()
+        if self.word is not None and e.lost is None:
+            self.word.signal(e.device.stream, n)
+
+    def tell(self) -> None:
+        """Send what changed since the host was last told: output buffers, diagnostics."""
+        from .ipc import export_device_memory
+
+        e = self.engine
+        g = e.graph
+        if g is not self._graph and e.lost is None:
+            self._graph = g
+            outputs = {}
+            if g is not None:
+                for hid, b in self.patch.blocks.items():
+                    for port in b.description.outputs:
+                        buf = g.output(b.id, port.name)
+                        if buf is not None:
+                            handle, offset = export_device_memory(buf.ptr)
+                            outputs[(hid, port.name)] = OutputHandle(handle, offset, buf.count, buf.dtype, buf.nbytes)
+            self.send(("outputs", outputs))
+        diags = e.diagnostics()
+        if diags != self._diags:
+            self._diags = diags
+            self.send(("diagnostics",) + self._report(diags))
+
+    def _report(self, diags: Any) -> tuple[tuple, dict[int, tuple[str, str]]]:
+        to_host = self.patch.to_host
+        records = tuple(diag_record(d, to_host) for d in diags)
+        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.blocks.items()}
+        return records, states
+
+    def lost(self) -> bool:
+        """When the engine is lost: report the faulting blocks and say so (the caller exits)."""
+        e = self.engine
+        if e.lost is None:
+            return False
+        diags = e.diagnostics()
+        records, _ = self._report(diags)
+        disabled = {r[1]: r[3] for r in records if r[2] == "gpu-fault" and r[1] is not None}
+        self.send(("fault", records, disabled))
+        return True
+
+    # -- requests -----------------------------------------------------------------------------------
+    def request(self, what: str, args: tuple) -> Any:
+        e = self.engine
+        if what == "wait_ready":
+            e.wait_ready(*args)
+            return None
+        if what == "read":
+            hid, port = args
+            return e.read(self.patch.blocks[hid], port)
+        if what == "stats":
+            import dataclasses
+
+            stats = e.stats()
+            to_host = self.patch.to_host
+            blocks = tuple(dataclasses.replace(b, block_id=to_host.get(b.block_id, -1)) for b in stats.blocks)
+            diags = tuple(diag_record(d, to_host) for d in stats.diagnostics)
+            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags)
+        if what == "synchronize":
+            e.synchronize()
+            return None
+        if what == "counters":
+            return e.counters
+        raise ValueError(f"unknown request {what!r}")
+
+
+def _detach_stdio() -> tuple[int, int]:
+    """The protocol on duplicated descriptors; stray prints go to stderr (as the compiler child does)."""
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    return proto_in, proto_out
+
+
+def main() -> int:
+    """Serve the host until it closes our stdin or says ``close``; the exit status."""
+    import signal
+
+    from ..errors import CudaError, CudaLaunchError
+
+    proto_in, proto_out = _detach_stdio()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when the child ends
+    first = _read_message(proto_in)
+    if first is None or first[0] != "start":
+        return 2
+    server = _Server(first[1], proto_out)
+    server.send(("ready", PROTOCOL, os.getpid()))
+    while True:
+        msg = _read_message(proto_in)
+        if msg is None or msg[0] == "close":
+            try:
+                server.engine.close()
+            finally:
+                os._exit(0)  # no interpreter teardown: nothing of it would run on the GPU any more
+        kind = msg[0]
+        try:
+            if kind == "frame":
+                server.frame(msg[1], msg[2])
+            elif kind == "edits":
+                server.patch.apply(msg[1])
+            elif kind == "request":
+                _, rid, what, args = msg
+                try:
+                    value = server.request(what, args)
+                except CudaLaunchError:
+                    raise
+                except Exception as exc:  # the host re-raises it in its thread
+                    server.send(("reply", rid, False, exc))
+                else:
+                    server.send(("reply", rid, True, value))
+        except CudaLaunchError as exc:  # a fault met outside update(): the engine finds the block
+            server.engine.report_fault(exc)
+        except CudaError as exc:
+            print(f"cudapatch isolated engine: {exc}", file=sys.stderr)
+        except Exception:  # an edit the host validated but this engine refused: say why, keep serving
+            import traceback
+
+            traceback.print_exc()
+        if server.lost():
+            # The host maps our output buffers: it lets its stream past our unfinished frame, waits
+            # for it, unmaps them and closes our stdin. Only then do we go (with us, our memory).
+            sys.stderr.flush()
+            while _read_message(proto_in) is not None:
+                pass
+            os._exit(EXIT_FAULT)  # CUDA refuses this process; no teardown can run
+        server.tell()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,571 @@
+"""IsolatedEngine: the engine in a child process, behind the ``Engine`` API the host already uses.
+
+On driver 580 a GPU fault makes CUDA refuse the whole process (DESIGN.md §9): a normal engine then
+stops for good, and a host such as TouchDesigner loses its own CUDA work with it. Here the engine
+runs in a child process on the same GPU (``child.py``); the host keeps only pure state:
+
+- a ``Context`` of its own for the user's blocks, so adding, linking, binding and setting values
+  validate at once exactly as in a normal engine, and the dirty tracker says what to send;
+- a ``PatchMirror`` that turns structure edits into edit messages (``mirror.py``);
+- the child's last diagnostics and block states, and its output buffers mapped with CUDA IPC
+  (``ipc.py``), so ``output()`` hands out the child's memory with no copy;
+- a ``RestartPolicy``: a fault ends only the child, which reports the faulting block (found by its
+  engine's replay) before it goes; the host starts a new child with that block disabled.
+
+``update()`` is the frame path: read what the child sent (non-blocking), send one small message
+(Hot values batched into it), record the host's event before it and make the host's stream wait
+for the frame after it. No allocation beyond the message, no synchronize.
+
+The GPU side and the child are collaborators passed in (``HostSide``, ``launch``), so everything
+here is tested on the CPU with fakes (``tests/unit/test_isolated.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..blocks.block import Block, BlockState
+from ..engine.bindings import binding_from_cai
+from ..engine.context import Context, ExternalBinding
+from ..engine.diagnostics import Diagnostic, DiagnosticCode
+from ..engine.profiling import ProfilingLevel
+from ..engine.stats import BuildTiming, EngineCounters
+from ..errors import BindingError, CudapatchError
+from ..kernels.types import DType
+from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetProfiling
+from .policy import ChildEnd, RestartPolicy
+from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
+
+__all__ = ["IsolatedEngine", "HostSide", "ChildLike"]
+
+log = logging.getLogger("cudapatch.isolated")
+
+REQUEST_TIMEOUT_S = 300.0
+
+
+class ChildLike(Protocol):
+    """What the host needs of a child process (``process.EngineProcess``, or a fake)."""
+
+    eof: bool
+
+    def send(self, message: Any) -> None: ...
+    def read(self) -> list[Any]: ...
+    def wait_readable(self, timeout: float) -> None: ...
+    def stderr_text(self) -> str: ...
+    def close(self, timeout: float = 5.0) -> str: ...
+
+
+class HostSide(Protocol):
+    """The host's CUDA side of an isolated engine (``_CudaHostSide``, or a fake)."""
+
+    stream: Any
+    device: Any
+
+    def start_parts(self, start_frame: int) -> tuple[int, bytes]: ...  # (frame word fd, host event handle)
+    def begin_frame(self) -> None: ...
+    def sent_frame(self, n: int) -> None: ...
+    def release(self, n: int) -> None: ...
+    def export(self, binding: ExternalBinding) -> InputHandle: ...
+    def import_output(self, handle: Any) -> Any: ...
+    def drop_outputs(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def close(self, *, unmap: bool = True) -> None: ...
+
+
+class _CudaHostSide:
+    """The real host side: the device's primary context and a stream of the host's, the frame word,
+    the host event, and the child's output allocations opened here (``ipc.py``)."""
+
+    def __init__(self, device: int) -> None:
+        from ..engine.device import DeviceContext
+        from .ipc import FrameWord, HostEvent, IpcImports
+
+        self.device = DeviceContext(device)
+        self.device.make_current()
+        self.stream = self.device.stream
+        self.word = FrameWord.create(0)
+        self.event = HostEvent()
+        self.imports = IpcImports()
+
+    def start_parts(self, start_frame: int) -> tuple[int, bytes]:
+        self.word.release(start_frame)
+        return self.word.fd, self.event.handle
+
+    def begin_frame(self) -> None:
+        self.device.make_current()
+        self.event.record(self.stream)
+
+    def sent_frame(self, n: int) -> None:
+        self.word.wait(self.stream, n)
+
+    def release(self, n: int) -> None:
+        self.word.release(n)
+
+    def export(self, binding: ExternalBinding) -> InputHandle:
+        from .ipc import export_device_memory
+
+        if isinstance(binding.owner, np.ndarray):
+            return InputHandle(binding.count, binding.dtype, array=binding.owner)
+        self.device.make_current()
+        handle, offset = export_device_memory(binding.ptr)
+        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset)
+
+    def import_output(self, h: Any) -> Any:
+        from .ipc import SharedOutput
+
+        self.device.make_current()
+        return SharedOutput(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, h.nbytes, self.stream)
+
+    def drop_outputs(self) -> None:
+        self.device.make_current()
+        self.imports.close()
+
+    def synchronize(self) -> None:
+        self.device.make_current()
+        self.device.synchronize()
+
+    def close(self, *, unmap: bool = True) -> None:
+        self.imports.close(unmap=unmap)
+        self.event.close()
+        self.word.close()
+        self.device.close()
+
+
+def _launch_process(cfg: StartConfig, python: str) -> ChildLike:
+    from .process import EngineProcess
+
+    fds = (cfg.frame_word_fd,) if cfg.frame_word_fd >= 0 else ()
+    child = EngineProcess(python, pass_fds=fds)
+    child.send(("start", cfg))
+    return child
+
+
+class IsolatedEngine:
+    """An engine whose GPU work runs in a child process; the same API as ``Engine``.
+
+    Made by ``Engine(isolated=True)``. What differs: ``output()`` returns the child's buffer mapped
+    into this process (``SharedOutput``: ``ptr``, ``nbytes``, ``__cuda_array_interface__``, no
+    copy); ``read()`` and ``stats()`` ask the child and wait for its answer; a GPU fault ends only
+    the child, and the next ``update()`` runs a new one with the faulting block disabled (its
+    diagnostic says so), ``restarts`` counting them.
+
+    Args:
+        device: CUDA device ordinal.
+        name: Engine name.
+        cache_dir: As ``Engine``.
+        watch_files: As ``Engine``.
+        wait_for_compile: As ``Engine``.
+        python: The interpreter for the child (default ``sys.executable``; an embedded host sets
+            ``CUDAPATCH_COMPILER_PYTHON``, which is used here too).
+        host_side: The host's CUDA side (tests pass a fake).
+        launch: Starts a child from a ``StartConfig`` (tests pass a fake).
+        policy: When to restart (default ``RestartPolicy()``).
+
+    Raises:
+        CudaUnavailableError: no driver or device (host side).
+    """
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        name: str = "CudaEngine",
+        cache_dir: str | Path | None | bool = None,
+        watch_files: bool = True,
+        wait_for_compile: bool = False,
+        python: str | None = None,
+        host_side: HostSide | None = None,
+        launch: Callable[[StartConfig], ChildLike] | None = None,
+        policy: RestartPolicy | None = None,
+    ) -> None:
+        from ..kernels.compiler_process import compiler_python
+
+        self.name = name
+        self._config = StartConfig(
+            device=device,
+            name=name,
+            cache_dir=str(cache_dir) if isinstance(cache_dir, Path) else cache_dir,
+            wait_for_compile=wait_for_compile,
+            watch_files=watch_files,
+        )
+        self._gpu: HostSide = host_side if host_side is not None else _CudaHostSide(device)
+        chosen = python or (compiler_python() or (sys.executable, ""))[0]
+        self._launch = launch or (lambda cfg: _launch_process(cfg, chosen))
+        self.policy = policy or RestartPolicy()
+        self.context = Context()
+        self._dirty = self.context.dirty
+        self._mirror = PatchMirror(self._gpu.export)
+        self.counters = EngineCounters()
+        self.last_build = BuildTiming()
+        self.profiling = ProfilingLevel.NONE
+        self.wait_for_compile = wait_for_compile
+        self._frame = 0
+        self._frame_hooks: tuple[Any, ...] = ()
+        self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
+        self._outputs: dict[tuple[int, str], Any] = {}  # mapped here, on first use
+        self._diags: tuple[Diagnostic, ...] = ()
+        self._engine_diags: tuple[Diagnostic, ...] = ()  # the host's own: restarts, a lost engine
+        self._fault_report: tuple | None = None
+        self._replies: dict[int, tuple[bool, Any]] = {}
+        self._next_request = 0
+        self._child: ChildLike | None = None
+        self._closed = False
+        #: New children started after one ended (GPU faults and crashes).
+        self.restarts = 0
+        #: Seconds from noticing the end of the last child to the new child's first frame sent.
+        self.last_restart_s: float | None = None
+        self._start_child()
+
+    @property
+    def device(self) -> Any:
+        """The host's ``DeviceContext`` (the primary context; ``stream`` is the host's engine stream)."""
+        return self._gpu.device
+
+    @property
+    def stream(self) -> Any:
+        """The host's stream ordered after each frame of the child: use it for work on the outputs."""
+        return self._gpu.stream
+
+    @property
+    def child_pid(self) -> int | None:
+        return getattr(self._child, "pid", None)
+
+    # -- the child ----------------------------------------------------------------------------------
+    def _start_child(self) -> None:
+        fd, event = self._gpu.start_parts(self._frame)
+        cfg = dataclasses.replace(self._config, frame_word_fd=fd, host_event=event, start_frame=self._frame)
+        self._child = self._launch(cfg)
+        self._mirror.forget()
+        self._dirty.mark_structure()  # the next update sends the whole patch
+        self._handles.clear()
+
+    def _child_ended(self, child: ChildLike) -> None:
+        """The child's output ended: let the host's stream past its frames, unmap its memory, and
+        start another (or give up, per the policy)."""
+        t0 = time.perf_counter()
+        self._gpu.release(self._frame)
+        self._drop_outputs()
+        how = child.close()
+        report = self._fault_report
+        self._fault_report = None
+        disabled, records = (report[1], report[0]) if report is not None else ({}, ())
+        end = ChildEnd(how, dict(disabled), records)
+        if report is None:
+            tail = child.stderr_text().strip().splitlines()[-6:]
+            log.error("the isolated engine process %s%s", how, ("; stderr:\n" + "\n".join(tail)) * bool(tail))
+        else:
+            log.error("GPU fault in the isolated engine process (%s): %s", how, "; ".join(disabled.values()) or "?")
+        self.counters.faults += 1
+        self._child = None
+        if not self.policy.child_ended(end):
+            self._engine_diags = (Diagnostic("error", None, DiagnosticCode.GPU_LOST, self.policy.lost or ""),)
+            self._publish(tuple(diag_from_record(r) for r in records), {})
+            return
+        self._start_child()
+        self.restarts += 1
+        if report is None:
+            self._engine_diags = (
+                Diagnostic("warning", None, DiagnosticCode.GPU_LOST, f"the engine process {how}; restarted it"),
+            )
+        self.last_restart_s = time.perf_counter() - t0
+
+    def _drop_outputs(self) -> None:
+        if self._outputs:
+            self._gpu.synchronize()  # host work reading the child's memory ends before it is unmapped
+            self._outputs.clear()
+            self._gpu.drop_outputs()
+
+    def _take(self, messages: list[Any]) -> None:
+        for m in messages:
+            kind = m[0]
+            if kind == "outputs":
+                self._drop_outputs()
+                self._handles = m[1]
+            elif kind == "diagnostics":
+                self._publish(tuple(diag_from_record(r) for r in m[1]), m[2])
+            elif kind == "reply":
+                self._replies[m[1]] = (m[2], m[3])
+            elif kind == "fault":
+                self._fault_report = (m[1], m[2])
+                self._publish(tuple(diag_from_record(r) for r in m[1]), {})
+                child = self._child
+                if child is not None:  # it waits for us: unmap its memory, then let it go
+                    self._child_ended(child)
+                return
+            elif kind == "ready":
+                if m[1] != PROTOCOL:
+                    raise CudapatchError(f"the engine process speaks protocol {m[1]}, this host {PROTOCOL}")
+
+    def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
+        self._diags = diags
+        for b in self.context.registry:
+            st = states.get(b.id)
+            if st is not None:
+                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
+        for d in diags:  # a fault report has no states: the errors say enough
+            if d.block_id is not None and d.severity == "error":
+                b = self.context.registry.get(d.block_id)
+                if b is not None:
+                    b.debug.state, b.debug.message = BlockState.ERROR, d.message.splitlines()[0]
+
+    def _poll(self) -> ChildLike | None:
+        """Read the child; restart it if it ended. The child to talk to (None: lost)."""
+        child = self._child
+        if child is None:
+            return None
+        msgs = child.read()
+        if msgs:
+            self._take(msgs)
+        if child is self._child and child.eof:
+            self._child_ended(child)
+        return self._child
+
+    # -- patch editing (as Engine: validates here, the child gets it with the next frame) ------------
+    def add(self, block: Block) -> Block:
+        """Register ``block`` (Cold in the child on the next update). Returns it."""
+        return self.context.register_block(block)
+
+    def remove(self, block: Block) -> None:
+        """Unregister ``block`` and its links."""
+        self.policy.code_changed(block.id)
+        self.context.unregister_block(block)
+
+    def disable(self, block: Block, reason: str) -> None:
+        """Leave ``block`` out of the graph, as after a GPU fault (in this child and every later one)."""
+        self.policy.disabled[block.id] = reason
+        child = self._child
+        if child is not None:
+            child.send(("edits", [Disable(block.id, reason)]))
+
+    def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
+        """Link an output to an input. Raises: LinkError."""
+        self.context.connect(src, src_port, dst, dst_port)
+
+    def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
+        """Remove a link; returns whether it existed."""
+        return self.context.disconnect(src, src_port, dst, dst_port)
+
+    def bind(self, block: Block, port: str, array: Any, *, dtype: DType | None = None) -> None:
+        """Bind data to an input port: device memory (``__cuda_array_interface__``) is shared with the
+        child through CUDA IPC with no copy (memory from ``cuMemAlloc`` or CuPy's default pool); a
+        host array is sent to the child, which copies it.
+
+        Raises:
+            BindingError: unknown port, wrong element type, non-contiguous or unshareable memory.
+        """
+        inp = block.description.input(port)
+        if inp is None:
+            raise BindingError("unknown input port", block=block.name, port=port)
+        want = dtype or inp.dtype
+        if hasattr(array, "__cuda_array_interface__"):
+            binding = binding_from_cai(array, want, block.name, port)
+        else:
+            host = np.ascontiguousarray(array)
+            if host.dtype != want.base:
+                why = f"host array of {host.dtype} bound to a {want.c_name} port"
+                raise BindingError(why, block=block.name, port=port)
+            binding = ExternalBinding(0, host.size // want.lanes, want, owner=host)
+        key = (block.id, port)
+        old = self.context.bindings.get(key)
+        self.context.bind_input(block, port, binding)
+        if old is not None and old.count == binding.count and old.ptr == binding.ptr and not binding.ptr:
+            self._dirty.mark_binding(block.id, port, binding)  # a host array of the same size: new values
+
+    def add_frame_hook(self, hook: Any) -> None:
+        """Call ``hook.before_launch(stream)`` / ``after_launch(stream)`` around each frame, on the host's stream."""
+        if hook not in self._frame_hooks:
+            self._frame_hooks += (hook,)
+
+    def remove_frame_hook(self, hook: Any) -> None:
+        self._frame_hooks = tuple(h for h in self._frame_hooks if h is not hook)
+
+    def set_profiling(self, level: str | ProfilingLevel) -> None:
+        """Set the profiling level (as ``Engine.set_profiling``). Raises: CudapatchError."""
+        new = ProfilingLevel.parse(level)
+        if new is not self.profiling:
+            self.profiling = new
+            self._dirty.mark_structure()
+
+    # -- the frame ----------------------------------------------------------------------------------
+    def update(self) -> None:
+        """Send pending edits and one frame to the child; never waits for it or the GPU.
+
+        The host's stream (``engine.stream``) waits on the GPU for this frame, so host work queued
+        there afterwards sees its outputs."""
+        child = self._poll()
+        if child is None:  # lost: nothing launches any more, as a lost Engine
+            self.counters.frames += 1
+            return
+        dirty = self._dirty
+        hot: tuple = ()
+        if dirty.any:
+            if dirty.only_params:
+                params, bindings = dirty.take_params()
+                mirror = self._mirror
+                hot = tuple((bid, name, p.value) for (bid, name), p in params.items())
+                for bid, name, value in hot:
+                    mirror.note_value(bid, name, value)
+                if bindings:
+                    edits = [mirror.bind(k, b) for k, b in bindings.items()]
+                    child.send(("edits", [e for e in edits if e is not None]))
+                self.counters.hot_updates += len(hot)
+            else:
+                self._send_structure(child)
+        for h in self._frame_hooks:
+            h.before_launch(self._gpu.stream)
+        n = self._frame + 1
+        gpu = self._gpu
+        gpu.begin_frame()
+        child.send(("frame", n, hot))
+        gpu.sent_frame(n)
+        self._frame = n
+        for h in self._frame_hooks:
+            h.after_launch(self._gpu.stream)
+        self.counters.frames += 1
+
+    def _send_structure(self, child: ChildLike) -> None:
+        edits = self._mirror.diff(self.context.snapshot())
+        for e in edits:
+            if isinstance(e, (Redescribe, RemoveBlock)):  # new code or gone: a disabled block gets a new chance
+                self.policy.code_changed(e.id)
+        ids = self._mirror.block_ids
+        edits += [Disable(bid, why) for bid, why in self.policy.disabled.items() if bid in ids]
+        edits.append(SetProfiling(self.profiling.value if hasattr(self.profiling, "value") else str(self.profiling)))
+        child.send(("edits", edits))
+        self._dirty.clear_structure()
+        self.counters.rebuilds += 1
+
+    # -- requests (wait for the child; not for the frame path) ---------------------------------------
+    def _request(self, what: str, *args: Any, timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        child = self._poll()
+        if child is None:
+            raise CudapatchError(f"the engine is lost: {self.policy.lost}")
+        if self._dirty.any and not self._dirty.only_params:
+            self._send_structure(child)
+        self._next_request += 1
+        rid = self._next_request
+        child.send(("request", rid, what, args))
+        end = time.monotonic() + timeout
+        while rid not in self._replies:
+            if self._child is not child:
+                raise CudapatchError(f"the engine process ended during {what}(); it was restarted")
+            if time.monotonic() > end:
+                raise CudapatchError(f"the engine process did not answer {what}() within {timeout:.0f} s")
+            child.wait_readable(0.05)
+            self._poll()
+        ok, value = self._replies.pop(rid)
+        if not ok:
+            raise value
+        return value
+
+    def wait_ready(self, timeout: float | None = 120.0) -> None:
+        """Wait until the child compiled every kernel and built the graph (scripts, tests).
+
+        Raises:
+            CudapatchError: the child ended or did not answer.
+        """
+        self._request("wait_ready", timeout, timeout=(timeout or REQUEST_TIMEOUT_S) + 60.0)
+        self._poll()  # its outputs and diagnostics arrived before the reply
+
+    def synchronize(self) -> None:
+        """Wait for every frame sent so far (the host's stream waits on them). Raises: CudaError."""
+        self._poll()
+        self._gpu.synchronize()
+
+    def output(self, block: Block, port: str) -> Any:
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
+
+        Raises:
+            CudapatchError: the block is not running in the child's graph, or has no such output.
+        """
+        key = (block.id, port)
+        buf = self._outputs.get(key)
+        if buf is not None:
+            return buf
+        h = self._handles.get(key)
+        if h is None:
+            if block.description.output(port) is None:
+                raise CudapatchError("no such output port", block=block.name, port=port)
+            raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
+        buf = self._outputs[key] = self._gpu.import_output(h)
+        return buf
+
+    def read(self, block: Block, port: str) -> np.ndarray:
+        """Copy an output to the host, from the child (waits for it; append outputs: the elements
+        written in the last frame). Raises: CudapatchError."""
+        if block.description.output(port) is None:
+            raise CudapatchError("no such output port", block=block.name, port=port)
+        return self._request("read", block.id, port)
+
+    def stats(self) -> Any:
+        """``EngineStats`` of the child's newest completed frame (waits for the child)."""
+        stats = self._request("stats")
+        return dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+
+    def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
+        """The child's last diagnostics plus the host's own (a restart, a lost engine)."""
+        diags = self._engine_diags + self._diags
+        if block is None:
+            return diags
+        return tuple(d for d in diags if d.block_id == block.id)
+
+    def report_fault(self, exc: Any) -> None:
+        """Faults happen in the child; a fault in the host's own context is the host's. Ignored."""
+
+    @property
+    def lost(self) -> str | None:
+        """Why no child runs any more (restarts exhausted), else None."""
+        return self.policy.lost
+
+    @property
+    def graph(self) -> None:
+        """The compiled graph lives in the child: None here."""
+        return None
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return tuple(self.context.registry)
+
+    def __str__(self) -> str:
+        state = f"lost: {self.lost}" if self.lost else f"child pid {self.child_pid}, {self.restarts} restarts"
+        return f"{self.name}: {len(self.context.registry)} blocks (isolated, {state})\n  Profiling: {self.profiling}"
+
+    def __repr__(self) -> str:
+        return (
+            f"<IsolatedEngine '{self.name}' blocks={len(self.context.registry)} child={self.child_pid} "
+            f"restarts={self.restarts} closed={self._closed}>"
+        )
+
+    # -- teardown -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the child (it closes its engine), unmap its memory, release the host's side; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        child, self._child = self._child, None
+        if child is not None:
+            self._gpu.release(self._frame)
+            self._drop_outputs()
+            child.send(("close",))
+            child.close(timeout=30.0)
+        for b in list(self.context.registry):
+            self.context.unregister_block(b)
+        self._gpu.close()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> IsolatedEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,238 @@
+"""Sharing memory and frame order between the host and its engine process through CUDA IPC.
+
+Four pieces, each the smallest driver use that does the job (cuda-bindings 13 signatures):
+
+- ``FrameWord``: one 32-bit word in a shared memory page (a ``memfd`` the child inherits) that
+  both processes register with ``cuMemHostRegister(DEVICEMAP)``. After each frame the child's
+  stream writes the frame number into it (``cuStreamWriteValue32``); right after sending frame
+  ``n`` the host's stream waits for ``word >= n`` (``cuStreamWaitValue32``, GEQ, which compares
+  with wrap-around). So work the host puts on its stream after ``update()`` runs after the child's
+  frame, as it would after a normal engine's launch, and the host never waits on the CPU. An IPC
+  event could not do this direction: ``cuStreamWaitEvent`` waits for the record made *before* the
+  call, and the child records the frame's event only after it got the message, so the host would
+  have to wait for a reply. Host memory (not device memory) is used because a child that dies in
+  the middle of a frame never writes its number: the host then stores it from the CPU (``release``)
+  and its stream goes on; no CUDA call is needed for that, from any thread.
+- ``HostEvent``: an interprocess event (``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``) the
+  host records on its stream before it sends a frame; the child's stream waits on it before the
+  launch, so a frame never overwrites outputs the host is still reading (here the record comes
+  before the message, so the wait sees it).
+- ``export_device_memory`` / ``IpcImports``: a buffer shared by ``cuIpcGetMemHandle`` of its
+  allocation plus an offset (the engine's pool allocates each buffer with ``cuMemAlloc``, and CuPy's
+  pool too), opened once per allocation with ``cuIpcOpenMemHandle``: outputs child → host and bound
+  inputs host → child, with no copy. Memory from ``cudaMallocAsync`` pools or the VMM API has no such
+  handle: binding it fails with a ``BindingError`` that says so.
+- ``SharedBuffer``-like views (``SharedOutput``) that the host hands out as ``engine.output(...)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..errors import BindingError, CudaError
+from ..kernels._driver import check, driver
+
+__all__ = ["FrameWord", "HostEvent", "open_event", "export_device_memory", "IpcImports", "SharedOutput"]
+
+_PAGE = 4096
+_WORD = struct.Struct("<I")
+
+
+class FrameWord:
+    """The shared frame word (see the module docstring).
+
+    Use ``FrameWord.create()`` in the host (it owns the page and passes ``fd`` to the child) and
+    ``FrameWord.attach(fd)`` in the child.
+
+    Raises:
+        CudaError: registering the page failed.
+    """
+
+    def __init__(self, fd: int, *, owner: bool) -> None:
+        self.fd = fd
+        self._owner = owner
+        self._map = mmap.mmap(fd, _PAGE)
+        self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in close()
+        self._host_ptr = ctypes.addressof(self._anchor)
+        d = driver()
+        flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
+        check(d.cuMemHostRegister(self._host_ptr, _PAGE, flags), "cuMemHostRegister(frame word)")
+        self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host_ptr, 0), "cuMemHostGetDevicePointer"))
+        self._closed = False
+
+    @classmethod
+    def create(cls, start: int = 0) -> FrameWord:
+        """A new page (host side) holding ``start``; its ``fd`` is inheritable for the child."""
+        fd = os.memfd_create("cudapatch-frame", 0)  # type: ignore[attr-defined]  (Linux)
+        os.ftruncate(fd, _PAGE)
+        os.set_inheritable(fd, True)
+        word = cls(fd, owner=True)
+        word.release(start)
+        return word
+
+    @classmethod
+    def attach(cls, fd: int) -> FrameWord:
+        """The child's view of the host's page."""
+        return cls(fd, owner=False)
+
+    @property
+    def value(self) -> int:
+        """The frame number last written (a plain load; the GPU writes it after the frame's work)."""
+        return _WORD.unpack_from(self._map, 0)[0]
+
+    def release(self, n: int) -> None:
+        """Store ``n`` from the CPU: every stream wait for a frame up to ``n`` is satisfied (a child
+        that died without finishing them, a restart that starts counting there)."""
+        _WORD.pack_into(self._map, 0, n & 0xFFFFFFFF)
+
+    def wait(self, stream: Any, n: int) -> None:
+        """Make ``stream`` wait until frame ``n`` is written (host side, right after sending it).
+
+        Raises:
+            CudaError: the driver refused the stream wait.
+        """
+        d = driver()
+        flag = d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
+        check(d.cuStreamWaitValue32(stream, self.device_ptr, n & 0xFFFFFFFF, flag), "cuStreamWaitValue32")
+
+    def signal(self, stream: Any, n: int) -> None:
+        """Write ``n`` on ``stream`` after the work before it (child side, after each frame).
+
+        Raises:
+            CudaError: the driver refused the write.
+        """
+        d = driver()
+        flag = d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT.value
+        check(d.cuStreamWriteValue32(stream, self.device_ptr, n & 0xFFFFFFFF, flag), "cuStreamWriteValue32")
+
+    def close(self, *, unregister: bool = True) -> None:
+        """Unregister and unmap; idempotent. ``unregister=False`` after a fault (the driver refuses)."""
+        if self._closed:
+            return
+        self._closed = True
+        if unregister:
+            driver().cuMemHostUnregister(self._host_ptr)  # result ignored: teardown
+        del self._anchor
+        self._map.close()
+        if self._owner:
+            os.close(self.fd)
+
+
+class HostEvent:
+    """An interprocess event of the host; ``handle`` (64 bytes) goes to the child.
+
+    Raises:
+        CudaError: the event could not be made.
+    """
+
+    def __init__(self) -> None:
+        d = driver()
+        flags = d.CUevent_flags.CU_EVENT_INTERPROCESS.value | d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
+        self.event = check(d.cuEventCreate(flags), "cuEventCreate(interprocess)")
+        self.handle = bytes(check(d.cuIpcGetEventHandle(self.event), "cuIpcGetEventHandle").reserved)
+
+    def record(self, stream: Any) -> None:
+        """Record on ``stream`` (before a frame is sent). Raises: CudaError."""
+        check(driver().cuEventRecord(self.event, stream), "cuEventRecord")
+
+    def close(self) -> None:
+        driver().cuEventDestroy(self.event)
+
+
+def open_event(handle: bytes) -> Any:
+    """The child's ``CUevent`` for the host's ``HostEvent.handle``. Raises: CudaError."""
+    d = driver()
+    h = d.CUipcEventHandle()
+    h.reserved = handle
+    return check(d.cuIpcOpenEventHandle(h), "cuIpcOpenEventHandle")
+
+
+def export_device_memory(ptr: int) -> tuple[bytes, int]:
+    """``(IPC handle of the allocation holding ptr, offset of ptr in it)``.
+
+    Raises:
+        BindingError: the memory has no IPC handle (a ``cudaMallocAsync`` pool, VMM memory, host memory).
+    """
+    d = driver()
+    try:
+        base, _size = check(d.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
+        handle = check(d.cuIpcGetMemHandle(base), "cuIpcGetMemHandle")
+    except CudaError as exc:
+        raise BindingError(
+            f"this memory cannot be shared with the isolated engine process ({exc.name}): bind memory from "
+            "cuMemAlloc or CuPy's default pool, or a host array (copied)"
+        ) from None
+    return bytes(handle.reserved), int(ptr) - int(base)
+
+
+class IpcImports:
+    """Allocations of another process opened in this one, once each (opening one twice fails)."""
+
+    def __init__(self) -> None:
+        self._opened: dict[bytes, int] = {}
+
+    def pointer(self, handle: bytes, offset: int) -> int:
+        """This process's address of ``offset`` in the allocation of ``handle``. Raises: CudaError."""
+        base = self._opened.get(handle)
+        if base is None:
+            d = driver()
+            h = d.CUipcMemHandle()
+            h.reserved = handle
+            flag = d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.value
+            base = self._opened[handle] = int(check(d.cuIpcOpenMemHandle(h, flag), "cuIpcOpenMemHandle"))
+        return base + offset
+
+    def close(self, *, unmap: bool = True) -> None:
+        """Close every opened allocation (their memory is freed once the exporter freed it too)."""
+        opened, self._opened = self._opened, {}
+        if unmap:
+            d = driver()
+            for base in opened.values():
+                d.cuIpcCloseMemHandle(base)  # result ignored: teardown
+
+
+class SharedOutput:
+    """An output buffer of the engine process, mapped into the host with no copy.
+
+    Valid until the next rebuild of the child's graph or the child's restart (as
+    ``Engine.output``'s buffer is valid until the next rebuild); ``__cuda_array_interface__`` carries
+    the host's engine stream, which is ordered after the child's frame.
+    """
+
+    def __init__(self, ptr: int, count: int, dtype: Any, nbytes: int, stream: Any) -> None:
+        self.ptr = ptr
+        self.count = count
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self._stream = stream
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        shape = (self.count,) if self.dtype.lanes == 1 else (self.count, self.dtype.lanes)
+        return {
+            "shape": shape,
+            "typestr": self.dtype.base.str,
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": int(self._stream) or None,
+        }
+
+    def download(self) -> np.ndarray:
+        """Copy to a new host array, after the frames the host's stream waits for. Raises: CudaError."""
+        shape = (self.count,) if self.dtype.lanes == 1 else (self.count, self.dtype.lanes)
+        host = np.empty(shape, dtype=self.dtype.base)
+        if self.nbytes:
+            d = driver()
+            check(d.cuMemcpyDtoHAsync(host.ctypes.data, self.ptr, self.nbytes, self._stream), "cuMemcpyDtoHAsync")
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+        return host
+
+    def __repr__(self) -> str:
+        return f"<SharedOutput ptr=0x{self.ptr:x} count={self.count} dtype={self.dtype.c_name}>"

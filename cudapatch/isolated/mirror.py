@@ -1,0 +1,319 @@
+"""Mirroring a patch into the engine process: the host's edits as a stream of edit messages.
+
+The host keeps the user's blocks in a ``Context`` of its own (pure Python: validation, links and
+dirty tracking work exactly as in a normal engine, and block objects never leave the host). When
+the structure changed, ``PatchMirror.diff`` compares a snapshot of that context with what the child
+was last sent and returns the edits that bring the child there; Hot values skip the snapshot and go
+with the frame message.
+
+Edits carry a block's **description** (pure data: ports, parameters, kernel sources), not its
+Python class: a block type defined in the user's script, a plugin's block or a TouchDesigner
+operator all travel alike, and the child needs only what the graph compiler reads (the same data
+the fault replay already sends, ``engine/replay.py``). A Numba kernel's function travels by
+reference, so the module defining it must be importable in the child, as for the compiler process.
+
+``ChildPatch`` applies edits to a real engine in the child, through its public API, with a
+``MirrorBlock`` standing for each host block. Both sides are pure here apart from the engine that
+``ChildPatch`` is handed, so the whole round trip is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..blocks.block import Block
+from ..blocks.builder import BlockBuilder
+
+__all__ = [
+    "AddBlock",
+    "RemoveBlock",
+    "Redescribe",
+    "SetValues",
+    "Rename",
+    "Connect",
+    "Disconnect",
+    "Bind",
+    "Unbind",
+    "Disable",
+    "SetProfiling",
+    "Edit",
+    "PatchMirror",
+    "ChildPatch",
+    "MirrorBlock",
+]
+
+
+@dataclass(frozen=True)
+class AddBlock:
+    id: int
+    name: str
+    description: Any
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RemoveBlock:
+    id: int
+
+
+@dataclass(frozen=True)
+class Redescribe:
+    """The block's description changed (new ports, or new kernel code: the child's engine picks
+    the tier, Code when only code changed)."""
+
+    id: int
+    description: Any
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SetValues:
+    id: int
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rename:
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Connect:
+    src: int
+    src_port: str
+    dst: int
+    dst_port: str
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    src: int
+    src_port: str
+    dst: int
+    dst_port: str
+
+
+@dataclass(frozen=True)
+class Bind:
+    id: int
+    port: str
+    input: Any  # protocol.InputHandle
+
+
+@dataclass(frozen=True)
+class Unbind:
+    id: int
+    port: str
+
+
+@dataclass(frozen=True)
+class Disable:
+    id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetProfiling:
+    level: str
+
+
+Edit = (
+    AddBlock
+    | RemoveBlock
+    | Redescribe
+    | SetValues
+    | Rename
+    | Connect
+    | Disconnect
+    | Bind
+    | Unbind
+    | Disable
+    | SetProfiling
+)
+
+
+def _link_key(lk: Any) -> tuple[int, str, int, str]:
+    return (lk.src, lk.src_port, lk.dst, lk.dst_port)
+
+
+class PatchMirror:
+    """What the child was sent, and the edits from there to a new snapshot (host side, pure).
+
+    Args:
+        export: Turns an ``ExternalBinding`` of the host into the ``InputHandle`` the child binds
+            (device memory through CUDA IPC, host arrays by value).
+    """
+
+    def __init__(self, export: Callable[[Any], Any]) -> None:
+        self._export = export
+        self._blocks: dict[int, tuple[str, Any, dict[str, Any]]] = {}  # id -> (name, description, values)
+        self._links: set[tuple[int, str, int, str]] = set()
+        self._bindings: dict[tuple[int, str], tuple[int, int, Any, int]] = {}  # key -> (ptr, count, dtype, owner id)
+
+    def diff(self, snap: Any) -> list[Edit]:
+        """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``), in an order
+        the child can apply one by one: removals, blocks, values, links, bindings. Records ``snap``
+        as sent."""
+        edits: list[Edit] = []
+        new_blocks = {b.id: b for b in snap.blocks}
+        for bid in [b for b in self._blocks if b not in new_blocks]:
+            edits.append(RemoveBlock(bid))  # its links and bindings go with it in the child
+            del self._blocks[bid]
+            self._links = {lk for lk in self._links if bid not in (lk[0], lk[2])}
+            for key in [k for k in self._bindings if k[0] == bid]:
+                del self._bindings[key]
+        for bid, b in new_blocks.items():
+            values = dict(b.values)
+            old = self._blocks.get(bid)
+            if old is None:
+                edits.append(AddBlock(bid, b.name, b.description, values))
+            else:
+                name, desc, old_values = old
+                if name != b.name:
+                    edits.append(Rename(bid, b.name))
+                if desc is not b.description and desc != b.description:
+                    edits.append(Redescribe(bid, b.description, values))
+                else:
+                    changed = {k: v for k, v in values.items() if old_values.get(k, _MISSING) != v}
+                    if changed:
+                        edits.append(SetValues(bid, changed))
+            self._blocks[bid] = (b.name, b.description, values)
+        links = {_link_key(lk) for lk in snap.links}
+        edits += [Disconnect(*lk) for lk in sorted(self._links - links)]
+        edits += [Connect(*lk) for lk in sorted(links - self._links)]
+        self._links = links
+        for key in [k for k in self._bindings if k not in snap.bindings]:
+            del self._bindings[key]
+            if key[0] in new_blocks:
+                edits.append(Unbind(*key))
+        for key, binding in snap.bindings.items():
+            edit = self.bind(key, binding)
+            if edit is not None:
+                edits.append(edit)
+        return edits
+
+    def bind(self, key: tuple[int, str], binding: Any) -> Bind | None:
+        """The edit for a binding that differs from what the child has (None when it has it)."""
+        token = (binding.ptr, binding.count, binding.dtype, id(binding.owner))
+        if self._bindings.get(key) == token and binding.ptr:  # host arrays (ptr 0) are re-sent: new values
+            return None
+        self._bindings[key] = token
+        return Bind(key[0], key[1], self._export(binding))
+
+    def note_value(self, block_id: int, name: str, value: Any) -> None:
+        """A Hot value went to the child with a frame: the next diff need not send it again."""
+        entry = self._blocks.get(block_id)
+        if entry is not None:
+            entry[2][name] = value
+
+    def forget(self) -> None:
+        """The child is gone: the next diff sends the whole patch (to a new child)."""
+        self._blocks.clear()
+        self._links.clear()
+        self._bindings.clear()
+
+    @property
+    def block_ids(self) -> frozenset[int]:
+        return frozenset(self._blocks)
+
+
+_MISSING = object()
+
+
+class MirrorBlock(Block):
+    """A block of the child made from a host block's description (its Python class stays in the
+    host). ``redescribe`` puts a new description in place through ``Block.refresh``, so the engine
+    treats it as it would the original block's re-description (Code tier when only code changed)."""
+
+    def __init__(self, name: str, description: Any) -> None:
+        self._given = description
+        self.type_name = description.type_name  # type: ignore[misc]  (per instance: one class for every type)
+        super().__init__(name=name)
+
+    def describe(self, b: BlockBuilder) -> None:  # never called: _describe hands back the given description
+        raise NotImplementedError
+
+    def _describe(self) -> Any:
+        return self._given
+
+    def redescribe(self, description: Any) -> None:
+        self._given = description
+        self.refresh()
+
+    def set_values(self, values: dict[str, Any]) -> None:
+        """Set parameter values as the host had them; text values are already in the description."""
+        for name, value in values.items():
+            p = self.params.get(name)
+            if p is None:
+                continue
+            if p.spec.kind == "text":
+                p.set(value)  # no re-description: the description came with the edit
+            else:
+                self.set(name, value)
+
+
+class ChildPatch:
+    """Applies edits to the child's engine (``add``/``remove``/``connect``/``bind``/...).
+
+    Args:
+        engine: The engine (anything with the ``Engine`` editing methods).
+        import_input: Turns an ``InputHandle`` into what ``engine.bind`` takes.
+    """
+
+    def __init__(self, engine: Any, import_input: Callable[[Any], Any]) -> None:
+        self.engine = engine
+        self._import = import_input
+        self.blocks: dict[int, MirrorBlock] = {}  # host id -> block
+        self.to_host: dict[int, int] = {}  # child block id -> host id
+
+    def apply(self, edits: list[Edit]) -> None:
+        """Apply ``edits`` in order. An edit the engine refuses raises (the host validated it, so
+        that is a bug or a version mismatch: the host restarts the child with the error logged)."""
+        e = self.engine
+        for ed in edits:
+            if isinstance(ed, AddBlock):
+                b = MirrorBlock(ed.name, ed.description)
+                b.set_values(ed.values)
+                e.add(b)
+                self.blocks[ed.id] = b
+                self.to_host[b.id] = ed.id
+            elif isinstance(ed, RemoveBlock):
+                b = self.blocks.pop(ed.id)
+                del self.to_host[b.id]
+                e.remove(b)
+            elif isinstance(ed, Redescribe):
+                b = self.blocks[ed.id]
+                b.redescribe(ed.description)
+                b.set_values(ed.values)
+            elif isinstance(ed, SetValues):
+                self.blocks[ed.id].set_values(ed.values)
+            elif isinstance(ed, Rename):
+                self.blocks[ed.id].name = ed.name
+            elif isinstance(ed, Connect):
+                e.connect(self.blocks[ed.src], ed.src_port, self.blocks[ed.dst], ed.dst_port)
+            elif isinstance(ed, Disconnect):
+                e.disconnect(self.blocks[ed.src], ed.src_port, self.blocks[ed.dst], ed.dst_port)
+            elif isinstance(ed, Bind):
+                b = self.blocks[ed.id]
+                e.bind(b, ed.port, self._import(ed.input), dtype=ed.input.dtype)
+            elif isinstance(ed, Unbind):
+                e.context.unbind_input(self.blocks[ed.id], ed.port)
+            elif isinstance(ed, Disable):
+                b = self.blocks.get(ed.id)
+                if b is not None:
+                    e.disable(b, ed.reason)
+            elif isinstance(ed, SetProfiling):
+                e.set_profiling(ed.level)
+            else:  # pragma: no cover - a message of another version
+                raise TypeError(f"unknown edit {ed!r}")
+
+    def hot(self, values: tuple[tuple[int, str, Any], ...]) -> None:
+        """Hot values of a frame message: ``block.set`` on each (the engine's Hot tier takes them)."""
+        blocks = self.blocks
+        for bid, name, value in values:
+            b = blocks.get(bid)
+            if b is not None:
+                b.set(name, value)

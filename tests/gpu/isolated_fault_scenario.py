@@ -1,0 +1,89 @@
+"""A planted illegal-address kernel in an isolated engine, N trials in one host process: run by
+test_isolated_gpu.py in a process of its own (the host must survive; its own CuPy work too).
+
+Usage: python isolated_fault_scenario.py [TRIALS]   (prints OK and the restart times at the end)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+
+from cudapatch import Engine, Fill, Scale
+from cudapatch.blocks.library import CustomKernel
+
+BAD = """
+extern "C" __global__ void k(const float* in, float* out, float trigger, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] + 1.0f;
+    if (trigger > 0.5f && i == 0) *((volatile float*)(size_t)8) = 1.0f;   // an illegal address
+}"""
+
+
+def host_work(rng: np.random.Generator) -> None:
+    """The host's own CUDA work: must give the right result before and after every fault."""
+    a = rng.standard_normal((256, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    got = cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
+    assert np.allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def trial(rng: np.random.Generator) -> float:
+    host_work(rng)
+    engine = Engine(isolated=True, wait_for_compile=True)
+    try:
+        fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
+        bad = engine.add(CustomKernel(name="bad", Code=BAD))
+        bad.set("trigger", 0.0)
+        after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
+        engine.connect(fill, "Out", bad, "in")
+        engine.connect(bad, "out", after, "In")
+        engine.wait_ready()
+        for _ in range(3):
+            engine.update()
+        assert np.allclose(engine.read(after, "Out"), 10.0)
+        host_work(rng)
+
+        bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault in the child
+        deadline = time.monotonic() + 120
+        while engine.restarts == 0 and time.monotonic() < deadline:
+            engine.update()
+            time.sleep(0.001)
+        assert engine.restarts == 1, engine
+        noticed = time.perf_counter()
+        host_work(rng)  # the host's CUDA is untouched
+        faults = [d for d in engine.diagnostics() if d.code == "gpu-fault"]
+        assert len(faults) == 1 and faults[0].block_id == bad.id and "'bad'" in faults[0].message, faults
+        assert str(bad).startswith("bad: Error")
+        # Runs again: the new child builds without 'bad' (its output reads zeros: 0 * 3 + 1).
+        while time.monotonic() < deadline:
+            engine.update()
+            try:
+                out = engine.output(after, "Out")
+            except Exception:
+                time.sleep(0.001)
+                continue
+            engine.synchronize()
+            if np.allclose(out.download(), 1.0):
+                break
+        runs_again = time.perf_counter() - noticed
+        assert np.allclose(engine.read(after, "Out"), 1.0)
+        host_work(rng)
+        return runs_again
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    rng = np.random.default_rng()
+    times = [trial(rng) for _ in range(trials)]
+    host_work(rng)
+    print("OK", " ".join(f"{t:.3f}" for t in times))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The isolated engine on the GPU: the same results as a normal engine, outputs shared with no
+copy, and (marked ``gpu_fault``, run last) a planted fault that ends only the engine process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cudapatch import Engine, Fill, Scale, VectorAdd
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = Path(__file__).with_name("isolated_fault_scenario.py")
+
+
+def _patch(e, value: float, factor: float):
+    f = e.add(Fill(name="f", Count=5000, Value=value))
+    s = e.add(Scale(name="s", Factor=factor, Offset=0.5))
+    a = e.add(VectorAdd(name="a"))
+    e.connect(f, "Out", s, "In")
+    e.connect(s, "Out", a, "A")
+    e.connect(f, "Out", a, "B")
+    return f, s, a
+
+
+def test_isolated_results_equal_a_normal_engine(rng):
+    value, factor = float(rng.uniform(1, 5)), float(rng.uniform(-3, 3))
+    with Engine(wait_for_compile=True) as normal, Engine(isolated=True, wait_for_compile=True) as iso:
+        results = []
+        for e in (normal, iso):
+            f, s, a = _patch(e, value, factor)
+            e.wait_ready()
+            for _ in range(2):
+                e.update()
+            first = e.read(a, "Out")
+            s.set("Factor", factor * 2)  # Hot
+            e.update()
+            results.append((first, e.read(a, "Out")))
+        for (n1, n2), (i1, i2) in zip(results[:1], results[1:], strict=True):
+            np.testing.assert_array_equal(n1, i1)
+            np.testing.assert_array_equal(n2, i2)
+        assert np.allclose(results[1][1], value * factor * 2 + 0.5 + value)
+
+
+def test_outputs_are_the_childs_memory_with_no_copy(rng):
+    import cupy as cp
+
+    with Engine(isolated=True, wait_for_compile=True) as iso:
+        f, s, a = _patch(iso, 2.0, 3.0)
+        iso.wait_ready()
+        iso.update()
+        out = iso.output(a, "Out")
+        view = cp.asarray(out)  # the IPC mapping: no copy, the same pointer each frame
+        assert view.data.ptr == out.ptr
+        iso.synchronize()
+        assert np.allclose(cp.asnumpy(view), 2.0 * 3.0 + 0.5 + 2.0)
+        value = float(rng.uniform(5, 9))
+        f.set("Value", value)  # the child writes new values into the same buffer
+        iso.update()
+        assert iso.output(a, "Out").ptr == out.ptr
+        iso.synchronize()
+        assert np.allclose(cp.asnumpy(view), value * 3.0 + 0.5 + value)
+
+
+def test_bound_host_memory_is_read_by_the_child_with_no_copy(rng):
+    import cupy as cp
+
+    data = rng.standard_normal(5000).astype(np.float32)
+    src = cp.asarray(data)
+    with Engine(isolated=True, wait_for_compile=True) as iso:
+        s = iso.add(Scale(name="s", Factor=2.0, Offset=0.0))
+        iso.bind(s, "In", src)
+        iso.wait_ready()
+        iso.update()
+        np.testing.assert_allclose(iso.read(s, "Out"), data * 2.0, rtol=1e-6)
+        src *= 3  # the host writes its memory; the child reads the same bytes
+        cp.cuda.Device().synchronize()
+        iso.update()
+        np.testing.assert_allclose(iso.read(s, "Out"), data * 6.0, rtol=1e-6)
+
+
+@pytest.mark.gpu_fault
+def test_a_planted_fault_ends_only_the_engine_process_20_times():
+    out = subprocess.run([sys.executable, str(SCENARIO), "20"], capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().startswith("OK"), out.stdout + out.stderr[-4000:]
+    times = [float(t) for t in out.stdout.split()[1:]]
+    assert len(times) == 20
+    assert max(times) < 1.0, times  # the engine runs again within a second of the host noticing

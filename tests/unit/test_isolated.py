@@ -1,0 +1,442 @@
+"""The isolated engine on the CPU: edit mirroring, the message protocol, the restart policy, and
+the host-side ``IsolatedEngine`` driven against a fake child and a fake GPU side."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from cudapatch import DType, Engine, Fill, Scale, VectorAdd
+from cudapatch.blocks.block import BlockState
+from cudapatch.engine import Context, ExternalBinding
+from cudapatch.errors import CudapatchError, LinkError
+from cudapatch.isolated import IsolatedEngine, RestartPolicy
+from cudapatch.isolated.mirror import (
+    AddBlock,
+    Bind,
+    ChildPatch,
+    Connect,
+    Disable,
+    Disconnect,
+    Redescribe,
+    RemoveBlock,
+    SetValues,
+)
+from cudapatch.isolated.policy import ChildEnd
+from cudapatch.isolated.protocol import EXIT_FAULT, InputHandle, OutputHandle, StartConfig
+from cudapatch.kernels._compiler_child import FrameReader, encode_frame
+
+
+def _export(binding: ExternalBinding) -> InputHandle:
+    if isinstance(binding.owner, np.ndarray):  # as the real host side: host arrays go by value
+        return InputHandle(binding.count, binding.dtype, array=binding.owner)
+    return InputHandle(binding.count, binding.dtype, handle=b"h" * 64, offset=binding.ptr)
+
+
+class ContextEngine:
+    """The editing API of an Engine over a plain Context: what ChildPatch drives in the child."""
+
+    def __init__(self) -> None:
+        self.context = Context()
+        self.disabled: dict[int, str] = {}
+        self.profiling = "None"
+        self.bound: dict[tuple[int, str], object] = {}
+
+    def add(self, b):
+        return self.context.register_block(b)
+
+    def remove(self, b):
+        self.context.unregister_block(b)
+
+    def connect(self, *a):
+        self.context.connect(*a)
+
+    def disconnect(self, *a):
+        return self.context.disconnect(*a)
+
+    def bind(self, b, port, array, *, dtype=None):
+        self.bound[(b.id, port)] = array
+        self.context.bind_input(b, port, ExternalBinding(1, array.count, dtype))
+
+    def disable(self, b, reason):
+        self.disabled[b.id] = reason
+
+    def set_profiling(self, level):
+        self.profiling = level
+
+
+def _same_patch(host: Context, child: ChildPatch) -> None:
+    """The child's patch equals the host's, block for block (by host id) and link for link."""
+    hs, cs = host.snapshot(), child.engine.context.snapshot()
+    to_host = child.to_host
+    assert {b.id: (b.name, b.description, b.values) for b in hs.blocks} == {
+        to_host[b.id]: (b.name, b.description, b.values) for b in cs.blocks
+    }
+    mapped = {(to_host[lk.src], lk.src_port, to_host[lk.dst], lk.dst_port) for lk in cs.links}
+    assert mapped == {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in hs.links}
+
+
+def test_mirror_round_trip_builds_the_same_patch_in_the_child():
+    host = Context()
+    f, s, add = Fill(name="f", Count=64, Value=3.0), Scale(name="s", Factor=2.0), VectorAdd(name="add")
+    for b in (f, s, add):
+        host.register_block(b)
+    host.connect(f, "Out", s, "In")
+    host.connect(s, "Out", add, "A")
+    host.connect(f, "Out", add, "B")
+    mirror, child = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
+    edits = mirror.diff(host.snapshot())
+    assert [type(e) for e in edits] == [AddBlock] * 3 + [Connect] * 3
+    child.apply(pickle.loads(pickle.dumps(edits)))  # edits travel pickled
+    _same_patch(host, child)
+    assert mirror.diff(host.snapshot()) == []  # nothing changed: nothing to send
+
+
+def PatchMirror_():
+    from cudapatch.isolated.mirror import PatchMirror
+
+    return PatchMirror(_export)
+
+
+def test_mirror_sends_only_what_changed():
+    host = Context()
+    f, s, t = Fill(name="f", Count=64), Scale(name="s"), Scale(name="t")
+    for b in (f, s, t):
+        host.register_block(b)
+    host.connect(f, "Out", s, "In")
+    mirror, child = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
+    child.apply(mirror.diff(host.snapshot()))
+    f.set("Count", 128)  # structural: goes with a structure diff
+    s.set("Factor", 4.0)
+    host.disconnect(f, "Out", s, "In")
+    host.connect(f, "Out", t, "In")
+    host.unregister_block(s)
+    edits = mirror.diff(host.snapshot())
+    assert RemoveBlock(s.id) in edits
+    assert SetValues(f.id, {"Count": 128}) in edits
+    assert Connect(f.id, "Out", t.id, "In") in edits
+    assert not any(isinstance(e, Disconnect) for e in edits)  # the removed block took its link along
+    child.apply(edits)
+    _same_patch(host, child)
+
+
+def test_a_new_description_is_sent_as_one_redescribe():
+    host = Context()
+    s = Scale(name="s")
+    host.register_block(s)
+    mirror = PatchMirror_()
+    mirror.diff(host.snapshot())
+    other = VectorAdd(name="v")  # any other description stands for an edited one
+    s.description = other.description
+    edits = mirror.diff(host.snapshot())
+    assert len(edits) == 1 and isinstance(edits[0], Redescribe) and edits[0].description is other.description
+
+
+def test_bindings_are_exported_once_and_host_arrays_each_time():
+    host = Context()
+    s = Scale(name="s")
+    host.register_block(s)
+    dev = ExternalBinding(4096, 16, DType.FLOAT32, owner=object())
+    host.bind_input(s, "In", dev)
+    mirror = PatchMirror_()
+    edits = mirror.diff(host.snapshot())
+    binds = [e for e in edits if isinstance(e, Bind)]
+    assert binds == [Bind(s.id, "In", InputHandle(16, DType.FLOAT32, handle=b"h" * 64, offset=4096))]
+    assert not [e for e in mirror.diff(host.snapshot()) if isinstance(e, Bind)]
+    arr = np.ones(16, np.float32)
+    assert mirror.bind((s.id, "In"), ExternalBinding(0, 16, DType.FLOAT32, owner=arr)) is not None
+    assert mirror.bind((s.id, "In"), ExternalBinding(0, 16, DType.FLOAT32, owner=arr)) is not None
+
+
+def test_messages_survive_the_frames():
+    msgs = [
+        ("frame", 7, ((3, "Factor", 2.5),)),
+        ("start", StartConfig(device=0, frame_word_fd=5, host_event=b"e" * 64)),
+        ("outputs", {(1, "Out"): OutputHandle(b"x" * 64, 256, 10, DType.FLOAT32, 40)}),
+    ]
+    data = b"".join(encode_frame(m) for m in msgs)
+    reader = FrameReader()
+    got = reader.feed(data[:5]) + reader.feed(data[5:])
+    assert [pickle.loads(p) for p in got] == msgs
+
+
+def test_the_frame_message_stays_small():
+    hot = tuple((i, "Factor", 1.5) for i in range(4))
+    assert len(encode_frame(("frame", 123456, hot))) < 200
+
+
+def test_restart_policy_gives_up_after_too_many_ends_in_the_window():
+    now = [0.0]
+    p = RestartPolicy(max_restarts=2, window_s=10.0, clock=lambda: now[0])
+    assert p.child_ended(ChildEnd("exited with code 3", {5: "bad"}))
+    assert p.disabled == {5: "bad"}
+    now[0] = 1.0
+    assert p.child_ended(ChildEnd("killed by SIGSEGV"))
+    now[0] = 20.0  # the first two are out of the window
+    assert p.child_ended(ChildEnd("exited with code 3"))
+    now[0] = 21.0
+    assert p.child_ended(ChildEnd("exited with code 3"))
+    assert p.lost is None
+    now[0] = 22.0
+    assert not p.child_ended(ChildEnd("exited with code 3"))
+    assert "3 times" in p.lost and "exited with code 3" in p.lost
+    assert p.code_changed(5) and not p.code_changed(5)
+
+
+# -- the host-side engine against fakes ---------------------------------------------------------------
+class FakeChild:
+    def __init__(self, cfg: StartConfig) -> None:
+        self.cfg = cfg
+        self.sent: list = []
+        self.inbox: list = []
+        self.eof = False
+        self.closed = False
+        self.exit = "exited with code 0"
+
+    def send(self, message):
+        assert not self.closed
+        self.sent.append(pickle.loads(pickle.dumps(message)))  # what goes over the pipe must pickle
+
+    def read(self):
+        out, self.inbox = self.inbox, []
+        return out
+
+    def wait_readable(self, timeout):
+        pass
+
+    def stderr_text(self):
+        return "Traceback: boom\n"
+
+    def close(self, timeout=5.0):
+        self.closed = True
+        return self.exit
+
+    def frames(self):
+        return [m for m in self.sent if m[0] == "frame"]
+
+    def edits(self):
+        return [e for m in self.sent if m[0] == "edits" for e in m[1]]
+
+
+class FakeHostSide:
+    def __init__(self) -> None:
+        self.stream = 0
+        self.device = None
+        self.calls: list = []
+        self.released: list[int] = []
+
+    def start_parts(self, start_frame):
+        self.calls.append(("start", start_frame))
+        return 9, b"e" * 64
+
+    def begin_frame(self):
+        self.calls.append(("begin",))
+
+    def sent_frame(self, n):
+        self.calls.append(("wait", n))
+
+    def release(self, n):
+        self.released.append(n)
+
+    def export(self, binding):
+        return _export(binding)
+
+    def import_output(self, h):
+        self.calls.append(("import", h.offset))
+        return ("mapped", h.offset)
+
+    def drop_outputs(self):
+        self.calls.append(("drop",))
+
+    def synchronize(self):
+        self.calls.append(("sync",))
+
+    def close(self, *, unmap=True):
+        self.calls.append(("close",))
+
+
+@pytest.fixture
+def iso():
+    children: list[FakeChild] = []
+    gpu = FakeHostSide()
+
+    def launch(cfg):
+        children.append(FakeChild(cfg))
+        return children[-1]
+
+    e = Engine(isolated=True, host_side=gpu, launch=launch, policy=RestartPolicy(max_restarts=3))
+    e.children, e.gpu = children, gpu
+    yield e
+    e.close()
+
+
+def _patch(e):
+    f = e.add(Fill(name="fill", Count=64, Value=2.0))
+    s = e.add(Scale(name="bad", Factor=3.0))
+    e.connect(f, "Out", s, "In")
+    return f, s
+
+
+def test_engine_isolated_returns_the_proxy_with_the_engine_api(iso):
+    assert isinstance(iso, IsolatedEngine)
+    for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats",
+                 "diagnostics", "close", "wait_ready", "disable", "set_profiling", "synchronize"):  # fmt: skip
+        assert callable(getattr(iso, name)) and callable(getattr(Engine, name))
+    assert iso.children[0].cfg.frame_word_fd == 9 and iso.children[0].cfg.host_event == b"e" * 64
+
+
+def test_update_sends_the_patch_once_then_small_frames(iso):
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    assert child.sent[0][0] == "edits" and child.sent[1] == ("frame", 1, ())
+    assert [type(e) for e in child.sent[0][1]][:3] == [AddBlock, AddBlock, Connect]
+    assert iso.gpu.calls[-2:] == [("begin",), ("wait", 1)]  # event before the message, stream wait after
+    s.set("Factor", 5.0)  # Hot: with the frame, no edit message
+    iso.update()
+    assert child.sent[2] == ("frame", 2, ((s.id, "Factor", 5.0),))
+    iso.update()
+    assert child.sent[3] == ("frame", 3, ())
+    assert iso.counters.frames == 3
+
+
+def test_validation_stays_on_the_host(iso):
+    f, s = _patch(iso)
+    with pytest.raises(LinkError):
+        iso.connect(s, "Out", f, "Nope")
+    with pytest.raises(CudapatchError, match="not running"):
+        iso.output(s, "Out")
+
+
+def test_outputs_map_once_and_are_dropped_when_the_child_rebuilds(iso):
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}))
+    iso.update()
+    assert iso.output(s, "Out") == ("mapped", 128)
+    assert iso.output(s, "Out") == ("mapped", 128)
+    assert iso.gpu.calls.count(("import", 128)) == 1
+    child.inbox.append(("outputs", {}))
+    iso.update()
+    assert ("sync",) in iso.gpu.calls and ("drop",) in iso.gpu.calls  # host reads end before the unmap
+    with pytest.raises(CudapatchError):
+        iso.output(s, "Out")
+
+
+def test_diagnostics_and_states_reach_the_host_blocks(iso):
+    f, s = _patch(iso)
+    iso.update()
+    iso.children[0].inbox.append(
+        (
+            "diagnostics",
+            (("warning", s.id, "input-unlinked", "bad: input 'In' is not linked"),),
+            {s.id: ("Warning", "x")},
+        )
+    )
+    iso.update()
+    (d,) = iso.diagnostics(s)
+    assert d.code == "input-unlinked" and d.block_id == s.id
+    assert s.debug.state is BlockState.WARNING
+
+
+def test_a_fault_ends_only_the_child_and_the_next_one_runs_without_the_block(iso):
+    f, s = _patch(iso)
+    for _ in range(3):
+        iso.update()
+    first = iso.children[0]
+    why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+    first.exit = f"exited with code {EXIT_FAULT}"
+    first.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+    iso.update()  # notices the report, lets its stream go, starts another child, sends it a frame
+    assert first.closed and len(iso.children) == 2
+    assert iso.gpu.released[-1] == 3  # frames up to the last sent are released on the host's stream
+    second = iso.children[1]
+    assert second.cfg.start_frame == 3
+    assert Disable(s.id, why) in second.edits()
+    assert any(isinstance(e, AddBlock) and e.id == f.id for e in second.edits())  # the whole patch again
+    assert second.frames()[0][1] == 4  # frames count on
+    assert s.debug.state is BlockState.ERROR and "'bad'" in s.debug.message
+    assert any(d.code == "gpu-fault" and d.block_id == s.id for d in iso.diagnostics())
+    assert iso.restarts == 1 and iso.counters.faults == 1 and iso.lost is None
+    assert iso.last_restart_s is not None
+
+
+def test_a_crash_without_report_restarts_as_it_was(iso):
+    _patch(iso)
+    iso.update()
+    iso.children[0].eof = True
+    iso.children[0].exit = "killed by SIGSEGV"
+    iso.update()
+    assert len(iso.children) == 2 and not any(isinstance(e, Disable) for e in iso.children[1].edits())
+    assert any("killed by SIGSEGV" in d.message for d in iso.diagnostics())
+
+
+def test_too_many_ends_lose_the_engine_and_update_goes_on(iso):
+    _patch(iso)
+    for _ in range(4):
+        iso.update()
+        iso.children[-1].eof = True
+    iso.update()
+    assert iso.lost is not None and len(iso.children) == 4
+    iso.update()  # no child, no exception
+    assert any(d.code == "gpu-lost" for d in iso.diagnostics())
+    with pytest.raises(CudapatchError, match="lost"):
+        iso.read(iso.blocks[0], "Out")
+
+
+def test_new_code_gives_a_disabled_block_a_new_chance(iso):
+    f, s = _patch(iso)
+    iso.update()
+    iso.disable(s, "faulted")
+    assert Disable(s.id, "faulted") in iso.children[0].edits()
+    s.description = VectorAdd(name="x").description  # an edited kernel
+    iso.context.on_structure_changed(s)
+    iso.update()
+    assert iso.policy.disabled == {}
+
+
+def test_requests_wait_for_their_reply(iso):
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    want = np.arange(4, dtype=np.float32)
+
+    def wait_readable(timeout):
+        rid = [m for m in child.sent if m[0] == "request"][-1][1]
+        child.inbox.append(("reply", rid, True, want))
+
+    child.wait_readable = wait_readable
+    assert np.array_equal(iso.read(s, "Out"), want)
+    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("read", (s.id, "Out"))
+
+    def refuse(timeout):
+        rid = [m for m in child.sent if m[0] == "request"][-1][1]
+        child.inbox.append(("reply", rid, False, CudapatchError("nope")))
+
+    child.wait_readable = refuse
+    with pytest.raises(CudapatchError, match="nope"):
+        iso.read(s, "Out")
+
+
+def test_binding_a_host_array_sends_it_each_time(iso):
+    f, s = _patch(iso)
+    iso.disconnect(f, "Out", s, "In")
+    iso.bind(s, "In", np.ones(64, np.float32))
+    iso.update()
+    iso.bind(s, "In", np.full(64, 2.0, np.float32))
+    iso.update()
+    binds = [e for e in iso.children[0].edits() if isinstance(e, Bind)]
+    assert len(binds) == 2 and binds[1].input.array[0] == 2.0
+
+
+def test_close_stops_the_child_and_releases(iso):
+    _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    iso.close()
+    iso.close()
+    assert child.closed and child.sent[-1] == ("close",) and ("close",) in iso.gpu.calls
+    assert iso.is_closed
