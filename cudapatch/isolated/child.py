@@ -67,7 +67,7 @@ class _Server:
     def __init__(self, cfg: StartConfig, out_fd: int) -> None:
         from ..engine.bindings import DeviceArray
         from ..engine.engine import Engine
-        from .ipc import FrameWord, IpcImports, open_event
+        from .ipc import FrameWord, IpcImports
         from .mirror import ChildPatch
 
         self._out = out_fd
@@ -79,7 +79,6 @@ class _Server:
             watch_files=cfg.watch_files,
         )
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
-        self.host_event = open_event(cfg.host_event) if cfg.host_event else None
         self.imports = IpcImports()
 
         def import_input(h: Any) -> Any:
@@ -98,15 +97,15 @@ class _Server:
 
     # -- frames -------------------------------------------------------------------------------------
     def frame(self, n: int, hot: tuple) -> None:
-        from ..kernels._driver import check, driver
+        from .ipc import HOST_READY
 
         e = self.engine
         if hot:
             self.patch.hot(hot)
         stream = e.device.stream
-        if self.host_event is not None and e.lost is None:
+        if self.word is not None and e.lost is None:  # outputs the host still reads stay until it says so
             e.device.make_current()
-            check(driver().cuStreamWaitEvent(stream, self.host_event, 0), "cuStreamWaitEvent(host event)")
+            self.word.wait(stream, n, HOST_READY)
         e.update()
         if self.word is not None and e.lost is None:
             self.word.signal(e.device.stream, n)
@@ -187,12 +186,14 @@ def _detach_stdio() -> tuple[int, int]:
 
 def main() -> int:
     """Serve the host until it closes our stdin or says ``close``; the exit status."""
+    import faulthandler
     import signal
 
     from ..errors import CudaError, CudaLaunchError
 
     proto_in, proto_out = _detach_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when the child ends
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck child is
     first = _read_message(proto_in)
     if first is None or first[0] != "start":
         return 2

@@ -69,8 +69,8 @@ class HostSide(Protocol):
     stream: Any
     device: Any
 
-    def start_parts(self, start_frame: int) -> tuple[int, bytes]: ...  # (frame word fd, host event handle)
-    def begin_frame(self) -> None: ...
+    def start_parts(self, start_frame: int) -> int: ...  # the frame words' fd
+    def begin_frame(self, n: int) -> None: ...
     def sent_frame(self, n: int) -> None: ...
     def release(self, n: int) -> None: ...
     def export(self, binding: ExternalBinding) -> InputHandle: ...
@@ -86,22 +86,26 @@ class _CudaHostSide:
 
     def __init__(self, device: int) -> None:
         from ..engine.device import DeviceContext
-        from .ipc import FrameWord, HostEvent, IpcImports
+        from .ipc import FrameWord, IpcImports
 
         self.device = DeviceContext(device)
         self.device.make_current()
         self.stream = self.device.stream
         self.word = FrameWord.create(0)
-        self.event = HostEvent()
         self.imports = IpcImports()
 
-    def start_parts(self, start_frame: int) -> tuple[int, bytes]:
-        self.word.release(start_frame)
-        return self.word.fd, self.event.handle
+    def start_parts(self, start_frame: int) -> int:
+        from .ipc import CHILD_DONE, HOST_READY
 
-    def begin_frame(self) -> None:
+        self.word.release(start_frame, CHILD_DONE)
+        self.word.release(start_frame, HOST_READY)
+        return self.word.fd
+
+    def begin_frame(self, n: int) -> None:
+        from .ipc import HOST_READY
+
         self.device.make_current()
-        self.event.record(self.stream)
+        self.word.signal(self.stream, n, HOST_READY)
 
     def sent_frame(self, n: int) -> None:
         self.word.wait(self.stream, n)
@@ -134,7 +138,6 @@ class _CudaHostSide:
 
     def close(self, *, unmap: bool = True) -> None:
         self.imports.close(unmap=unmap)
-        self.event.close()
         self.word.close()
         self.device.close()
 
@@ -240,8 +243,8 @@ class IsolatedEngine:
 
     # -- the child ----------------------------------------------------------------------------------
     def _start_child(self) -> None:
-        fd, event = self._gpu.start_parts(self._frame)
-        cfg = dataclasses.replace(self._config, frame_word_fd=fd, host_event=event, start_frame=self._frame)
+        fd = self._gpu.start_parts(self._frame)
+        cfg = dataclasses.replace(self._config, frame_word_fd=fd, start_frame=self._frame)
         self._child = self._launch(cfg)
         self._mirror.forget()
         self._dirty.mark_structure()  # the next update sends the whole patch
@@ -423,7 +426,7 @@ class IsolatedEngine:
             h.before_launch(self._gpu.stream)
         n = self._frame + 1
         gpu = self._gpu
-        gpu.begin_frame()
+        gpu.begin_frame(n)
         child.send(("frame", n, hot))
         gpu.sent_frame(n)
         self._frame = n

@@ -13,10 +13,12 @@ Four pieces, each the smallest driver use that does the job (cuda-bindings 13 si
   have to wait for a reply. Host memory (not device memory) is used because a child that dies in
   the middle of a frame never writes its number: the host then stores it from the CPU (``release``)
   and its stream goes on; no CUDA call is needed for that, from any thread.
-- ``HostEvent``: an interprocess event (``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``) the
-  host records on its stream before it sends a frame; the child's stream waits on it before the
-  launch, so a frame never overwrites outputs the host is still reading (here the record comes
-  before the message, so the wait sees it).
+- The same page's second word runs the other way: right before the host sends frame ``n`` its
+  stream writes ``n`` there, and the child's stream waits for it before the launch, so a frame never
+  overwrites outputs the host is still reading. An interprocess event did this first (the host
+  recorded it, the child's stream waited on it): on the H100 with driver 580 the child's wait never
+  completed when the host's stream held a ``cuStreamWaitValue32`` behind the record, and the two
+  processes deadlocked after two quick frames; the two stream-memory words do not.
 - ``export_device_memory`` / ``IpcImports``: a buffer shared by ``cuIpcGetMemHandle`` of its
   allocation plus an offset (the engine's pool allocates each buffer with ``cuMemAlloc``, and CuPy's
   pool too), opened once per allocation with ``cuIpcOpenMemHandle``: outputs child → host and bound
@@ -38,10 +40,14 @@ import numpy as np
 from ..errors import BindingError, CudaError
 from ..kernels._driver import check, driver
 
-__all__ = ["FrameWord", "HostEvent", "open_event", "export_device_memory", "IpcImports", "SharedOutput"]
+__all__ = ["CHILD_DONE", "HOST_READY", "FrameWord", "export_device_memory", "IpcImports", "SharedOutput"]
 
 _PAGE = 4096
 _WORD = struct.Struct("<I")
+
+
+CHILD_DONE = 0  # the page's first word: the last frame the child's stream finished
+HOST_READY = 1  # the second: the last frame the host's stream let the child start
 
 
 class FrameWord:
@@ -86,12 +92,12 @@ class FrameWord:
         """The frame number last written (a plain load; the GPU writes it after the frame's work)."""
         return _WORD.unpack_from(self._map, 0)[0]
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, slot: int = 0) -> None:
         """Store ``n`` from the CPU: every stream wait for a frame up to ``n`` is satisfied (a child
         that died without finishing them, a restart that starts counting there)."""
-        _WORD.pack_into(self._map, 0, n & 0xFFFFFFFF)
+        _WORD.pack_into(self._map, slot * _WORD.size, n & 0xFFFFFFFF)
 
-    def wait(self, stream: Any, n: int) -> None:
+    def wait(self, stream: Any, n: int, slot: int = CHILD_DONE) -> None:
         """Make ``stream`` wait until frame ``n`` is written (host side, right after sending it).
 
         Raises:
@@ -99,9 +105,10 @@ class FrameWord:
         """
         d = driver()
         flag = d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
-        check(d.cuStreamWaitValue32(stream, self.device_ptr, n & 0xFFFFFFFF, flag), "cuStreamWaitValue32")
+        ptr = self.device_ptr + slot * _WORD.size
+        check(d.cuStreamWaitValue32(stream, ptr, n & 0xFFFFFFFF, flag), "cuStreamWaitValue32")
 
-    def signal(self, stream: Any, n: int) -> None:
+    def signal(self, stream: Any, n: int, slot: int = CHILD_DONE) -> None:
         """Write ``n`` on ``stream`` after the work before it (child side, after each frame).
 
         Raises:
@@ -109,7 +116,8 @@ class FrameWord:
         """
         d = driver()
         flag = d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT.value
-        check(d.cuStreamWriteValue32(stream, self.device_ptr, n & 0xFFFFFFFF, flag), "cuStreamWriteValue32")
+        ptr = self.device_ptr + slot * _WORD.size
+        check(d.cuStreamWriteValue32(stream, ptr, n & 0xFFFFFFFF, flag), "cuStreamWriteValue32")
 
     def close(self, *, unregister: bool = True) -> None:
         """Unregister and unmap; idempotent. ``unregister=False`` after a fault (the driver refuses)."""
@@ -122,35 +130,6 @@ class FrameWord:
         self._map.close()
         if self._owner:
             os.close(self.fd)
-
-
-class HostEvent:
-    """An interprocess event of the host; ``handle`` (64 bytes) goes to the child.
-
-    Raises:
-        CudaError: the event could not be made.
-    """
-
-    def __init__(self) -> None:
-        d = driver()
-        flags = d.CUevent_flags.CU_EVENT_INTERPROCESS.value | d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
-        self.event = check(d.cuEventCreate(flags), "cuEventCreate(interprocess)")
-        self.handle = bytes(check(d.cuIpcGetEventHandle(self.event), "cuIpcGetEventHandle").reserved)
-
-    def record(self, stream: Any) -> None:
-        """Record on ``stream`` (before a frame is sent). Raises: CudaError."""
-        check(driver().cuEventRecord(self.event, stream), "cuEventRecord")
-
-    def close(self) -> None:
-        driver().cuEventDestroy(self.event)
-
-
-def open_event(handle: bytes) -> Any:
-    """The child's ``CUevent`` for the host's ``HostEvent.handle``. Raises: CudaError."""
-    d = driver()
-    h = d.CUipcEventHandle()
-    h.reserved = handle
-    return check(d.cuIpcOpenEventHandle(h), "cuIpcOpenEventHandle")
 
 
 def export_device_memory(ptr: int) -> tuple[bytes, int]:

@@ -64,8 +64,6 @@ class StartConfig:
         watch_files: As the ``Engine`` option.
         frame_word_fd: The child's descriptor of the shared page holding the frame word (-1: none,
             for tests without a GPU); see ``ipc.FrameWord``.
-        host_event: The host's interprocess event handle (64 bytes), recorded on the host's stream
-            before each frame is sent; the child's stream waits on it (b"": none).
         start_frame: The frame number the child starts after (frames count on across restarts).
     """
 
@@ -75,7 +73,6 @@ class StartConfig:
     wait_for_compile: bool = False
     watch_files: bool = True
     frame_word_fd: int = -1
-    host_event: bytes = b""
     start_frame: int = 0
 
 

@@ -36,10 +36,10 @@ def test_isolated_results_equal_a_normal_engine(rng):
             e.wait_ready()
             for _ in range(2):
                 e.update()
-            first = e.read(a, "Out")
+            first = e.read(a, "Sum")
             s.set("Factor", factor * 2)  # Hot
             e.update()
-            results.append((first, e.read(a, "Out")))
+            results.append((first, e.read(a, "Sum")))
         for (n1, n2), (i1, i2) in zip(results[:1], results[1:], strict=True):
             np.testing.assert_array_equal(n1, i1)
             np.testing.assert_array_equal(n2, i2)
@@ -53,7 +53,7 @@ def test_outputs_are_the_childs_memory_with_no_copy(rng):
         f, s, a = _patch(iso, 2.0, 3.0)
         iso.wait_ready()
         iso.update()
-        out = iso.output(a, "Out")
+        out = iso.output(a, "Sum")
         view = cp.asarray(out)  # the IPC mapping: no copy, the same pointer each frame
         assert view.data.ptr == out.ptr
         iso.synchronize()
@@ -61,7 +61,7 @@ def test_outputs_are_the_childs_memory_with_no_copy(rng):
         value = float(rng.uniform(5, 9))
         f.set("Value", value)  # the child writes new values into the same buffer
         iso.update()
-        assert iso.output(a, "Out").ptr == out.ptr
+        assert iso.output(a, "Sum").ptr == out.ptr
         iso.synchronize()
         assert np.allclose(cp.asnumpy(view), value * 3.0 + 0.5 + value)
 

@@ -153,7 +153,7 @@ def test_bindings_are_exported_once_and_host_arrays_each_time():
 def test_messages_survive_the_frames():
     msgs = [
         ("frame", 7, ((3, "Factor", 2.5),)),
-        ("start", StartConfig(device=0, frame_word_fd=5, host_event=b"e" * 64)),
+        ("start", StartConfig(device=0, frame_word_fd=5)),
         ("outputs", {(1, "Out"): OutputHandle(b"x" * 64, 256, 10, DType.FLOAT32, 40)}),
     ]
     data = b"".join(encode_frame(m) for m in msgs)
@@ -229,10 +229,10 @@ class FakeHostSide:
 
     def start_parts(self, start_frame):
         self.calls.append(("start", start_frame))
-        return 9, b"e" * 64
+        return 9
 
-    def begin_frame(self):
-        self.calls.append(("begin",))
+    def begin_frame(self, n):
+        self.calls.append(("begin", n))
 
     def sent_frame(self, n):
         self.calls.append(("wait", n))
@@ -284,7 +284,7 @@ def test_engine_isolated_returns_the_proxy_with_the_engine_api(iso):
     for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats",
                  "diagnostics", "close", "wait_ready", "disable", "set_profiling", "synchronize"):  # fmt: skip
         assert callable(getattr(iso, name)) and callable(getattr(Engine, name))
-    assert iso.children[0].cfg.frame_word_fd == 9 and iso.children[0].cfg.host_event == b"e" * 64
+    assert iso.children[0].cfg.frame_word_fd == 9
 
 
 def test_update_sends_the_patch_once_then_small_frames(iso):
@@ -293,7 +293,7 @@ def test_update_sends_the_patch_once_then_small_frames(iso):
     child = iso.children[0]
     assert child.sent[0][0] == "edits" and child.sent[1] == ("frame", 1, ())
     assert [type(e) for e in child.sent[0][1]][:3] == [AddBlock, AddBlock, Connect]
-    assert iso.gpu.calls[-2:] == [("begin",), ("wait", 1)]  # event before the message, stream wait after
+    assert iso.gpu.calls[-2:] == [("begin", 1), ("wait", 1)]  # host word before the message, stream wait after
     s.set("Factor", 5.0)  # Hot: with the frame, no edit message
     iso.update()
     assert child.sent[2] == ("frame", 2, ((s.id, "Factor", 5.0),))
