@@ -58,6 +58,7 @@ class EngineCounters:
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
     faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)
+    frames_dropped: int = 0  # isolated engine: frames not sent while the engine process lagged behind
 
 
 @dataclass

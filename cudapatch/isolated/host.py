@@ -49,6 +49,12 @@ __all__ = ["IsolatedEngine", "HostSide", "ChildLike"]
 log = logging.getLogger("cudapatch.isolated")
 
 REQUEST_TIMEOUT_S = 300.0
+# Frames the host may send ahead of the child's finished ones. Each frame puts two stream-memory
+# operations on the host's stream; a child that stops finishing frames (busy finding a faulting
+# block, dead) would otherwise fill that stream's queue until a driver call blocks the host thread
+# (seen on the H100: the frame loop of a host at ~1 kHz hung in cuStreamWriteValue32). The readback
+# ring keeps 3 frames in flight for the same reason.
+MAX_FRAMES_AHEAD = 3
 
 
 class ChildLike(Protocol):
@@ -72,6 +78,7 @@ class HostSide(Protocol):
     def start_parts(self, start_frame: int) -> int: ...  # the frame words' fd
     def begin_frame(self, n: int) -> None: ...
     def sent_frame(self, n: int) -> None: ...
+    def finished(self) -> int: ...
     def release(self, n: int) -> None: ...
     def export(self, binding: ExternalBinding) -> InputHandle: ...
     def import_output(self, handle: Any) -> Any: ...
@@ -109,6 +116,9 @@ class _CudaHostSide:
 
     def sent_frame(self, n: int) -> None:
         self.word.wait(self.stream, n)
+
+    def finished(self) -> int:
+        return self.word.value  # a plain load of the shared page: the child's last finished frame
 
     def release(self, n: int) -> None:
         self.word.release(n)
@@ -426,6 +436,10 @@ class IsolatedEngine:
             h.before_launch(self._gpu.stream)
         n = self._frame + 1
         gpu = self._gpu
+        if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= MAX_FRAMES_AHEAD:  # the child lags: drop this frame
+            self.counters.frames += 1
+            self.counters.frames_dropped += 1
+            return
         gpu.begin_frame(n)
         child.send(("frame", n, hot))
         gpu.sent_frame(n)

@@ -236,6 +236,13 @@ class FakeHostSide:
 
     def sent_frame(self, n):
         self.calls.append(("wait", n))
+        self.done = n if not self.lagging else self.done
+
+    lagging = False
+    done = 0
+
+    def finished(self):
+        return self.done
 
     def release(self, n):
         self.released.append(n)
@@ -440,3 +447,17 @@ def test_close_stops_the_child_and_releases(iso):
     iso.close()
     assert child.closed and child.sent[-1] == ("close",) and ("close",) in iso.gpu.calls
     assert iso.is_closed
+
+
+def test_a_lagging_child_gets_at_most_three_frames_ahead_and_the_rest_are_dropped(iso):
+    _patch(iso)
+    iso.update()
+    iso.gpu.lagging = True  # the child stops finishing frames (finding a faulting block, or gone)
+    sent_before = sum(1 for c in iso.gpu.calls if c[0] == "begin")
+    for _ in range(50):
+        iso.update()
+    sent = sum(1 for c in iso.gpu.calls if c[0] == "begin") - sent_before
+    assert sent == 3 and iso.counters.frames_dropped == 47 and iso.counters.frames == 51
+    iso.gpu.lagging, iso.gpu.done = False, iso._frame  # it catches up: frames flow again
+    iso.update()
+    assert iso.gpu.calls[-1] == ("wait", iso._frame)
