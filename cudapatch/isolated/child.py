@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import sys
 from typing import Any
 
 from ..kernels._compiler_child import MAX_FRAME, encode_frame
 from .protocol import EXIT_FAULT, PROTOCOL, OutputHandle, StartConfig, diag_record
+
+# How long the child waits for a message before it asks its stream whether a frame faulted.
+IDLE_CHECK_S = 0.05
 
 __all__ = ["BOOTSTRAP", "main"]
 
@@ -138,6 +142,24 @@ class _Server:
         states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.blocks.items()}
         return records, states
 
+    def check_idle(self) -> None:
+        """Between messages: a fault in a frame already launched shows only at the next driver call,
+        and a host that drops frames while we lag sends none. Ask the stream, so the fault is found
+        (and reported by ``lost()``) without waiting for a frame that never comes.
+
+        Raises:
+            CudaLaunchError: the stream met a sticky fault (the caller hands it to the engine).
+        """
+        from ..kernels._driver import check, driver
+
+        e = self.engine
+        if e.lost is not None:
+            return
+        d = driver()
+        (err,) = d.cuStreamQuery(e.device.stream)
+        if err not in (d.CUresult.CUDA_SUCCESS, d.CUresult.CUDA_ERROR_NOT_READY):
+            check((err,), "cuStreamQuery")
+
     def lost(self) -> bool:
         """When the engine is lost: report the faulting blocks and say so (the caller exits)."""
         e = self.engine
@@ -200,7 +222,10 @@ def main() -> int:
     server = _Server(first[1], proto_out)
     server.send(("ready", PROTOCOL, os.getpid()))
     while True:
-        msg = _read_message(proto_in)
+        if not select.select([proto_in], [], [], IDLE_CHECK_S)[0]:
+            msg: Any = ("idle",)
+        else:
+            msg = _read_message(proto_in)
         if msg is None or msg[0] == "close":
             try:
                 server.engine.close()
@@ -208,7 +233,9 @@ def main() -> int:
                 os._exit(0)  # no interpreter teardown: nothing of it would run on the GPU any more
         kind = msg[0]
         try:
-            if kind == "frame":
+            if kind == "idle":
+                server.check_idle()
+            elif kind == "frame":
                 server.frame(msg[1], msg[2])
             elif kind == "edits":
                 server.patch.apply(msg[1])
