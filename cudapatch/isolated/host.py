@@ -236,10 +236,10 @@ class IsolatedEngine:
     def stream(self) -> Any:
         """The host's ``CUstream`` the child's frames are ordered with (read-only), as ``Engine.stream``.
 
-        It is a stream of this process (the child launches on its own): ``update()`` records an event
-        on it that the child's frame waits for, then makes it wait for that frame on the GPU. So work
-        queued on it before ``update()`` runs before the frame, and work queued after sees the frame's
-        outputs, with no synchronize, e.g. CuPy::
+        It is a stream of this process (the child launches on its own): ``update()`` orders the frame
+        it sends after the work already queued on this stream, then makes the stream wait for that
+        frame on the GPU. So work queued on it before ``update()`` runs before the frame, and work
+        queued after sees the frame's outputs, with no synchronize, e.g. CuPy::
 
             s = cupy.cuda.ExternalStream(int(engine.stream))
             engine.update()

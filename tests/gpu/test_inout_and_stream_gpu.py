@@ -4,6 +4,8 @@ in place over frames (never zeroed, never reallocated by the engine), and CuPy w
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -105,10 +107,13 @@ def test_cupy_on_the_engine_stream_runs_after_each_frame_with_no_synchronize(iso
         for k in range(frames):
             fill.set("Value", float(values[k]))  # Hot: the next frame writes k's value everywhere
             engine.update()
+            if isolated:  # host time only (no GPU wait): an isolated engine drops frames while its child lags
+                time.sleep(0.05)
             with on_engine:  # queued behind frame k: never the frame before, never half of it
                 lows[k] = out.min()
                 highs[k] = out.max()
         on_engine.synchronize()  # the first wait of the loop, after every frame was queued
+        assert getattr(engine.counters, "frames_dropped", 0) == 0
         want = (values.astype(np.float32) * np.float32(factor)).astype(np.float32)
         np.testing.assert_array_equal(cp.asnumpy(lows), want)
         np.testing.assert_array_equal(cp.asnumpy(highs), want)
