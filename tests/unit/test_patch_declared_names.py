@@ -127,5 +127,8 @@ def test_a_kernel_file_next_to_the_patch_declares_its_names(tmp_path):
     adapter = HostAdapter(PlanOnlyEngine(), REG, search_paths=[tmp_path])
     apply_patch(adapter, patch)
     assert adapter.block("w").params["Arm"].value == 2.0
+    linked = 'links = ["f.Out -> w.In", "f.Out -> w.in"]\n[operators.f]\ntype = "core.Fill"\n' + text
+    with pytest.raises(PatchFileError, match=r"operator 'w' \(core.KernelFile\) has no input 'in' \(it has: In\)"):
+        parse_patch(linked.replace("Nope = 1\n", ""), path=tmp_path / "p.toml", registry=REG)
     # A path the patch's directory does not hold may be found on the host's search paths: not checked here.
     assert parse_patch(text.replace("wild.cu", "elsewhere.cu"), path=tmp_path / "p.toml", registry=REG)
