@@ -21,6 +21,11 @@ Format::
     image = "blur.Out"            # or an RGBA8 image output ...
     size = [512, 512]             # ... of this size
 
+Parameter names and link ports are checked against the block each operator's text parameters
+describe: a ``CustomKernel``'s ``Code`` or a kernel file's ``Path`` declares its own ports and
+scalars (reading a signature compiles nothing), and an edit applies such text before the values it
+declares.
+
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
 
@@ -376,7 +381,7 @@ def _described_shape(spec: OperatorSpec, bt: Any, texts: dict[str, str], base: P
         texts["Path"] = str(resolved)
     try:
         block = bt.create(spec.name, **texts)
-    except CudapatchError:
+    except (CudapatchError, TypeError, ValueError):  # as the registry allows a plugin's describe to fail
         return None
     desc = block.description
     return _Shape(
