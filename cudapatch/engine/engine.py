@@ -131,7 +131,12 @@ class Engine:
         self.kernels = KernelTracker(builder, watch_files=watch_files, swapper=self._swap_between_frames)
         self.wait_for_compile = wait_for_compile
         self.context = Context(code_listener=self._code_edited)
+        #: How often each update tier ran since the engine started (``EngineCounters``: ``frames``,
+        #: ``rebuilds``, ``hot_updates``, ``warm_updates``, ``code_swaps``, ``faults`` ...). Plain
+        #: integers the engine increments: read them, never write them.
         self.counters = EngineCounters()
+        #: Where the last structure change spent its host time (``BuildTiming``: ``tier``, ``compile_ms``,
+        #: ``realize_ms``, ``total_ms``, ``reap_ms``), filled by the update that applied it.
         self.last_build = BuildTiming()
         self.profiling = ProfilingLevel.NONE
         self.debug_launch = debug_launch
@@ -171,6 +176,25 @@ class Engine:
         self._last_gpu_ms: float | None = None
         self._closed = False
         log.info("engine on %r", self.device)
+
+    @property
+    def stream(self) -> Any:
+        """The ``CUstream`` every frame is launched on (read-only): a non-blocking stream of the
+        device's primary context.
+
+        For hosts that interoperate: work queued on this stream after ``update()`` runs after that
+        frame, and work queued before it runs before the frame, with no synchronize, e.g. CuPy::
+
+            s = cupy.cuda.ExternalStream(int(engine.stream))
+            engine.update()
+            with s:
+                result = cupy.asarray(engine.output(block, "Out")) * 2  # after the frame
+
+        Outputs are only valid for work ordered after the frame this way (or after
+        ``synchronize()``). A GPU fault renews the stream with the context (see ``engine.recovery``):
+        take it again after a fault instead of keeping it.
+        """
+        return self.resources.stream
 
     @property
     def pool(self) -> BufferPool:

@@ -21,6 +21,11 @@ Format::
     image = "blur.Out"            # or an RGBA8 image output ...
     size = [512, 512]             # ... of this size
 
+Parameter names and link ports are checked against the block each operator's text parameters
+describe: a ``CustomKernel``'s ``Code`` or a kernel file's ``Path`` declares its own ports and
+scalars (reading a signature compiles nothing), and an edit applies such text before the values it
+declares.
+
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
 
@@ -201,6 +206,7 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
     ops = data.get("operators", {})
     if not isinstance(ops, dict):
         raise fail("'operators' must be a table of [operators.NAME] tables", lines.key("operators"))
+    shapes: dict[str, _Shape | None] = {}  # each operator's parameters and ports, as its own texts make them
     for name, body in ops.items():
         line = lines.table(f"operators.{name}")
         if not isinstance(body, dict):
@@ -217,7 +223,7 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
                 raise fail(exc.message, lines.key("Path", line), block=name, param="Path") from None
         spec = OperatorSpec(name, type_name, body, line)
         if registry is not None:
-            _check_operator(spec, registry, lines, fail)
+            shapes[name] = _check_operator(spec, registry, lines, fail, base=patch.path)
         patch.operators[name] = spec
 
     raw_links = data.get("links", [])
@@ -233,12 +239,12 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
         for op, port, kind in ((lk.src, lk.src_port, "output"), (lk.dst, lk.dst_port, "input")):
             if op not in patch.operators:
                 raise fail(f"link {lk}: no operator '{op}'", line)
-            if registry is not None:
-                bt = registry.get(patch.operators[op].type)
-                names = [p[1] for p in bt.ports if p[0] == ("out" if kind == "output" else "in")]
-                if bt.ports and port not in names:
+            shape = shapes.get(op)
+            if shape is not None:
+                names = list(shape.outputs if kind == "output" else shape.inputs)
+                if port not in names:
                     raise fail(
-                        f"link {lk}: operator '{op}' ({bt.name}) has no {kind} '{port}' "
+                        f"link {lk}: operator '{op}' ({shape.type_name}) has no {kind} '{port}' "
                         f"(it has: {', '.join(names) or 'none'})",
                         line,
                         block=op,
@@ -301,23 +307,89 @@ def _check_engine(engine: dict[str, Any], lines: _Lines, fail: Any) -> None:
             raise fail(f"name = {short_repr(value)}: the engine's name must be text", line)
 
 
-def _check_operator(spec: OperatorSpec, registry: BlockTypeRegistry, lines: _Lines, fail: Any) -> None:
+@dataclass(frozen=True)
+class _Shape:
+    """An operator's parameter and port names, for checking a patch before anything is built."""
+
+    type_name: str
+    params: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _check_operator(
+    spec: OperatorSpec, registry: BlockTypeRegistry, lines: _Lines, fail: Any, *, base: Path | None
+) -> _Shape | None:
+    """Check ``spec``'s type and parameter names; returns its shape for the link checks (None: the
+    shape is only known once the block is created, which reports any problem then)."""
     try:
         bt = registry.get(spec.type)
     except CudapatchError as exc:
         raise fail(exc.message, lines.key("type", spec.line), block=spec.name) from None
-    if not bt.ports and not bt.params:
-        return  # a type that needs its parameters to describe itself (a kernel file): checked on create
-    known = {name: kind for name, kind, _ in bt.params}
+    texts = _shaping_texts(spec, bt)
+    if texts:
+        shape = _described_shape(spec, bt, texts, base)
+        if shape is None:
+            return None  # the block reports why it does not describe when the adapter creates it
+    elif not bt.ports and not bt.params:
+        return None  # a type that needs its parameters to describe itself (a kernel file): checked on create
+    else:
+        shape = _Shape(
+            bt.name,
+            tuple(name for name, _, _ in bt.params),
+            tuple(n for d, n, _ in bt.ports if d == "in"),
+            tuple(n for d, n, _ in bt.ports if d == "out"),
+        )
     for key in spec.params:
-        if key not in known:
+        if key not in shape.params:
             line = lines.key(key, spec.line)
             raise fail(
-                f"operator '{spec.name}' ({bt.name}) has no parameter '{key}' (it has: {', '.join(known) or 'none'})",
+                f"operator '{spec.name}' ({bt.name}) has no parameter '{key}' "
+                f"(it has: {', '.join(shape.params) or 'none'})",
                 line,
                 block=spec.name,
                 param=key,
             )
+    return shape
+
+
+def _shaping_texts(spec: OperatorSpec, bt: Any) -> dict[str, str]:
+    """The text parameters ``spec`` sets that shape its block: a ``CustomKernel``'s ``Code``, a kernel
+    file's ``Path`` (the only parameter a type that cannot describe itself by default is known to have)."""
+    if not bt.params:
+        path = spec.params.get("Path")
+        return {"Path": path} if isinstance(path, str) else {}
+    declared = {name for name, kind, _ in bt.params if kind == "text"}
+    return {k: v for k, v in spec.params.items() if k in declared and isinstance(v, str)}
+
+
+def _described_shape(spec: OperatorSpec, bt: Any, texts: dict[str, str], base: Path | None) -> _Shape | None:
+    """The shape of ``spec``'s block with its text parameters applied: a ``CustomKernel``'s ``Code`` or
+    a kernel file's ``Path`` declares the ports and scalars, so the default instance's names do not
+    apply. Describing reads the code's signature (or the file and its sidecar) and compiles nothing.
+    None: the block does not describe (a missing file, a signature it cannot read): the adapter
+    reports that when it creates the block, after looking on the host's search paths."""
+    texts = dict(texts)
+    path = texts.get("Path")
+    if path:
+        resolved = Path(path) if Path(path).is_absolute() else (base.parent / path if base is not None else None)
+        try:
+            if resolved is None or not resolved.is_file():
+                return None  # found later through the host's search paths, or reported missing there
+        except OSError:  # a path the OS refuses (too long): the block reports it on create
+            return None
+        texts["Path"] = str(resolved)
+    try:
+        block = bt.create(spec.name, **texts)
+    except (CudapatchError, TypeError, ValueError):  # as the registry allows a plugin's describe to fail
+        return None
+    desc = block.description
+    return _Shape(
+        bt.name,
+        tuple(p.name for p in desc.params),
+        tuple(p.name for p in desc.inputs),
+        tuple(p.name for p in desc.outputs),
+    )
 
 
 def load_patch(path: str | Path, registry: BlockTypeRegistry | None = None) -> Patch:
@@ -415,14 +487,18 @@ def _apply_operator(
         adapter.create(name, spec.type, spec.params)
         counts["created"] += 1
         return
-    if before is not None and adapter.registry.get(before.type).name != adapter.registry.get(spec.type).name:
-        adapter.hot_swap(name, adapter.registry.get(spec.type).name)
-        for key, value in spec.params.items():
+    bt = adapter.registry.get(spec.type)
+    # Text parameters (Code, Path) go first: they declare the block's other parameters and ports.
+    scalars = _scalars(bt)
+    ordered = sorted(spec.params.items(), key=lambda kv: not (isinstance(kv[1], str) and kv[0] not in scalars))
+    if before is not None and adapter.registry.get(before.type).name != bt.name:
+        adapter.hot_swap(name, bt.name)
+        for key, value in ordered:
             adapter.set_param(name, key, value)
         counts["swapped"] += 1
         return
     prev = before.params if before is not None else {}
-    for key, value in spec.params.items():
+    for key, value in ordered:
         if prev.get(key) != value:
             adapter.set_param(name, key, value)
             counts["params"] += 1

@@ -216,7 +216,10 @@ class IsolatedEngine:
         self.context = Context()
         self._dirty = self.context.dirty
         self._mirror = PatchMirror(self._gpu.export)
+        #: As ``Engine.counters``, counted here: ``frames`` sent, ``hot_updates`` batched into them, ``rebuilds``
+        #: (structure edits sent to the child) and ``faults`` (children that ended: a GPU fault or a crash).
         self.counters = EngineCounters()
+        #: As ``Engine.last_build``, for the API's sake: the child builds, so it stays at its defaults here.
         self.last_build = BuildTiming()
         self.profiling = ProfilingLevel.NONE
         self.wait_for_compile = wait_for_compile
@@ -244,7 +247,20 @@ class IsolatedEngine:
 
     @property
     def stream(self) -> Any:
-        """The host's stream ordered after each frame of the child: use it for work on the outputs."""
+        """The host's ``CUstream`` the child's frames are ordered with (read-only), as ``Engine.stream``.
+
+        It is a stream of this process (the child launches on its own): ``update()`` orders the frame
+        it sends after the work already queued on this stream, then makes the stream wait for that
+        frame on the GPU. So work queued on it before ``update()`` runs before the frame, and work
+        queued after sees the frame's outputs, with no synchronize, e.g. CuPy::
+
+            s = cupy.cuda.ExternalStream(int(engine.stream))
+            engine.update()
+            with s:
+                result = cupy.asarray(engine.output(block, "Out")) * 2  # after the child's frame
+
+        It stays the same across restarts of the child.
+        """
         return self._gpu.stream
 
     @property

@@ -246,11 +246,13 @@ def test_a_fault_with_a_reset_rebuilds_without_the_block_until_its_code_changes(
     engine.wait_ready()
     assert ext.id in engine.graph.plan.block_order  # type: ignore[union-attr]
     monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (ck.id, "faulted"))
+    before = engine.stream
     monkeypatch.setattr(FakeGraph, "fault", True)
     engine.update()
     monkeypatch.setattr(FakeGraph, "fault", False)
     assert engine.lost is None and engine.device.resets == 1  # type: ignore[attr-defined]
     assert engine.resources.stream is engine.device.stream
+    assert engine.stream is engine.device.stream and engine.stream is not before  # renewed with the context
     engine.update()  # the rebuild leaves the faulted kernel out and warns its reader
     g = engine.graph
     assert g is not None and engine.counters.rebuilds == 2

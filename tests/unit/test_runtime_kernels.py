@@ -322,7 +322,8 @@ def test_kernel_file_block(tmp_path: Path) -> None:
     cu = tmp_path / "k.cu"
     cu.write_text(GAIN)
     kf = KernelFile(cu, name="kf")
-    assert [p.name for p in kf.inputs] == ["in"] and [p.name for p in kf.outputs] == ["out", "hits"]
+    assert [p.name for p in kf.inputs] == ["in", "hits"] and [p.name for p in kf.outputs] == ["out", "hits"]
+    assert kf.description.output("hits").kind == "through"  # inout: bound or linked by the user, in place
     assert set(kf.params) == {"Path", "gain", "axis"} and kf.get("axis") == (1.0, 1.0, 1.0)
     with pytest.raises(KernelLoadError, match="set Path"):
         KernelFile()

@@ -33,6 +33,13 @@ def ports_from_signature(b: BlockBuilder, source: KernelSource) -> None:
     ``const T*`` parameters become inputs, ``T*`` outputs (as many elements as the first input, or
     ``Count`` when there is none), an integer parameter called ``n``/``count`` receives the element
     count, and every other by-value parameter becomes a scalar (floats default to 1).
+
+    An ``inout`` pointer (``/*inout*/ T*``, or ``"direction": "inout"`` in a sidecar) is an in-place
+    port: a required input the user binds or links, passed on as an output of the same name
+    (``BlockBuilder.through``) that later blocks read after this kernel wrote it. The engine never
+    allocates or zeroes it: a counter an appending kernel adds to keeps what the user put there, so
+    the user decides when it starts again (rather than the kernel running past its output from the
+    second frame on, as a counter made a plain, never-zeroed output would).
     """
     k = b.add_kernel(source)
     try:
@@ -54,6 +61,9 @@ def _ports(b: BlockBuilder, k: KernelHandle) -> None:
     for i, p in enumerate(params):
         if p.is_pointer and p.direction == "in":
             b.input(p.name, k.in_(i))
+        elif p.is_pointer and p.direction == "inout":
+            b.input(p.name, k.in_(i), description=f"read and written in place by '{k.entry_point}': bind or link it")
+            b.through(p.name)
         elif p.is_pointer:
             b.output(p.name, k.out(i), size=size)
         elif p.name.lower() in _COUNT_NAMES and p.dtype in (DType.UINT32, DType.INT32):
