@@ -185,7 +185,7 @@ class Engine:
         For hosts that interoperate: work queued on this stream after ``update()`` runs after that
         frame, and work queued before it runs before the frame, with no synchronize, e.g. CuPy::
 
-            s = cupy.cuda.ExternalStream(int(engine.stream))
+            s = cupy.cuda.Stream.from_external(engine)  # CuPy >= 14; before: ExternalStream(int(engine.stream))
             engine.update()
             with s:
                 result = cupy.asarray(engine.output(block, "Out")) * 2  # after the frame
@@ -195,6 +195,11 @@ class Engine:
         take it again after a fault instead of keeping it.
         """
         return self.resources.stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, ``int(engine.stream)``): libraries that take a stream
+        object (CuPy's ``Stream.from_external``, cuda.core) order their work with the engine's frames."""
+        return 0, int(self.resources.stream)
 
     @property
     def pool(self) -> BufferPool:

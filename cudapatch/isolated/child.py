@@ -248,6 +248,7 @@ def main() -> int:
                 except Exception as exc:  # the host re-raises it in its thread
                     server.send(("reply", rid, False, exc))
                 else:
+                    server.tell()  # outputs and diagnostics first: after wait_ready() the host has them
                     server.send(("reply", rid, True, value))
         except CudaLaunchError as exc:  # a fault met outside update(): the engine finds the block
             server.engine.report_fault(exc)

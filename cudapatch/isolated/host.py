@@ -254,7 +254,7 @@ class IsolatedEngine:
         frame on the GPU. So work queued on it before ``update()`` runs before the frame, and work
         queued after sees the frame's outputs, with no synchronize, e.g. CuPy::
 
-            s = cupy.cuda.ExternalStream(int(engine.stream))
+            s = cupy.cuda.Stream.from_external(engine)  # CuPy >= 14; before: ExternalStream(int(engine.stream))
             engine.update()
             with s:
                 result = cupy.asarray(engine.output(block, "Out")) * 2  # after the child's frame
@@ -262,6 +262,10 @@ class IsolatedEngine:
         It stays the same across restarts of the child.
         """
         return self._gpu.stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol over ``stream``, as ``Engine.__cuda_stream__``."""
+        return 0, int(self._gpu.stream)
 
     @property
     def child_pid(self) -> int | None:
@@ -524,6 +528,9 @@ class IsolatedEngine:
         if buf is not None:
             return buf
         h = self._handles.get(key)
+        if h is None:
+            self._poll()  # its newest outputs may be waiting in the pipe
+            h = self._handles.get(key)
         if h is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)

@@ -45,7 +45,7 @@ def test_an_appending_kernel_adds_to_the_users_counter_in_place_over_frames(make
         keep = engine.add(make(n))
         keep.set("threshold", thr)
         engine.bind(keep, "in", x)
-        on_engine = cp.cuda.ExternalStream(int(engine.stream))
+        on_engine = cp.cuda.Stream.from_external(engine)
         with on_engine:
             counter = cp.zeros(1, dtype=cp.uint32)
         on_engine.synchronize()
@@ -100,7 +100,7 @@ def test_cupy_on_the_engine_stream_runs_after_each_frame_with_no_synchronize(iso
         assert stream is engine.stream and int(stream) != 0  # read-only, the same handle each time
         with pytest.raises(AttributeError):
             engine.stream = stream  # type: ignore[misc]
-        on_engine = cp.cuda.ExternalStream(int(stream))
+        on_engine = cp.cuda.Stream.from_external(engine)
         with on_engine:
             lows = cp.full(frames, np.nan, dtype=cp.float32)
             highs = cp.full(frames, np.nan, dtype=cp.float32)
