@@ -168,9 +168,7 @@ class GraphBuilds:
             cold=cold,
         )
 
-    def prepare(
-        self, job: BuildJob, resolved: tuple[dict[Any, Any], dict[Any, Any]] | None = None
-    ) -> BuildOutcome:
+    def prepare(self, job: BuildJob, resolved: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> BuildOutcome:
         """Plan ``job`` and realize a new graph unless the running one can take the plan in place. Runs
         on any thread: changes nothing the frame thread uses (a failed realize restores what it
         borrowed). Driver errors become the outcome's diagnostics.
