@@ -471,6 +471,7 @@ class Engine:
         job = self._builds.job(self.profiling, off_thread=True)
         dirty.defer_structure()  # taken: edits from now on mark it again and coalesce into the next build
         self._params.begin_carry()
+        self._code.begin_carry()
         builds = self._builds
         self._worker.submit(lambda: builds.prepare(job))
 
@@ -483,8 +484,11 @@ class Engine:
             ok = self._builds.finish(out)
         except BaseException:
             self._params.end_carry(None)
+            self._code.end_carry(None)
             raise
-        self._params.end_carry(self.resources.graph if ok else None)
+        g = self.resources.graph if ok else None
+        self._code.end_carry(g)  # kernels recompiled during the build: their new functions, then values
+        self._params.end_carry(g)
         if ok:
             self._log_build()
 
@@ -501,6 +505,7 @@ class Engine:
         else:
             out.discard()
         self._params.end_carry(None)
+        self._code.end_carry(None)
         self._dirty.mark_structure()
 
     def _log_build(self) -> None:

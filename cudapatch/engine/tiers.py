@@ -161,6 +161,26 @@ class CodeTier:
         self._counters = counters
         self._lock = graph_lock
         self._closed = False
+        # While a build runs on the build thread: functions swapped into the running graph since its
+        # snapshot (the build resolved the older ones), to swap into the new graph before it launches.
+        self._carried: dict[tuple[int, int], KernelOutcome] | None = None
+
+    def begin_carry(self) -> None:
+        """A build started: remember the swaps from now on (``end_carry``)."""
+        self._carried = {}
+
+    def end_carry(self, g: CompiledGraph | None) -> None:
+        """Swap the functions swapped since the build's snapshot into ``g`` (the new graph; None: the
+        build failed) and stop remembering.
+
+        Raises:
+            CudaError: the driver refused a swap.
+        """
+        carried, self._carried = self._carried, None
+        if carried and g is not None:
+            for o in carried.values():
+                if o.compiled is not None:
+                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
 
     def submit(self, keys: Iterable[tuple[int, int]]) -> None:
         """Kernels whose code changed ``(block id, kernel index)``: queue their compiles (``flush``
@@ -199,6 +219,9 @@ class CodeTier:
         g = self._resources.graph
         if g is None or o.compiled is None or not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
             return False
+        carried = self._carried
+        if carried is not None:
+            carried[o.key] = o
         self._counters.code_swaps += 1
         return True
 

@@ -257,3 +257,26 @@ def test_the_worker_hands_back_a_job_exception_and_refuses_a_second_job() -> Non
     assert w.close(5.0) is None and w.is_closed
     with pytest.raises(RuntimeError, match="closed"):
         w.submit(lambda: None)
+
+
+def test_a_kernel_swapped_in_during_a_build_is_swapped_into_the_new_graph(engine: Engine, realizer: Realizer) -> None:
+    from cudapatch import CustomKernel
+
+    from .test_engine_orchestration import GAIN
+
+    fill = engine.add(Fill(name="fill", Count=256))
+    ck = engine.add(CustomKernel(name="ck", Code=GAIN))
+    engine.connect(fill, "Out", ck, "in")
+    _landed(engine)
+    old = engine.graph
+    realizer.hold()
+    engine.connect(ck, "out", engine.add(Scale(name="more")), "In")
+    engine.update()
+    assert realizer.started.wait(5.0)
+    ck.set("Code", GAIN.replace("gain;", "gain * 2.0f;"))  # same signature: swapped into the running graph
+    assert old.swaps == [(ck.id, 0)]  # type: ignore[union-attr]
+    realizer.gate.set()
+    engine._worker.wait(5.0)
+    engine.update()
+    new = engine.graph
+    assert new is not old and new.swaps == [(ck.id, 0)]  # type: ignore[union-attr]
