@@ -7,19 +7,27 @@ into a new ``CompiledGraph`` that ``DeviceResources.install`` swaps in at this f
 failed build keeps the old graph running and puts its errors on the blocks (``DiagnosticBoard``); a
 library call that fails to capture leaves its block out (``FaultState``) and the rest is built.
 
-Builds run on the frame thread today; DESIGN.md §10 moves planning and realizing to a build thread,
-which is why a build is its own object with its collaborators passed in.
+A build has two halves. ``prepare`` (any thread) takes a ``BuildJob`` (the snapshot and what the
+frame thread knew when it was taken), resolves kernels, plans, decides whether the running graph
+can take the plan in place, and realizes and instantiates a new graph if not; it reads the running
+graph's plan and allocations but changes nothing the frame thread uses. ``finish`` (frame thread,
+at a frame boundary) applies the ``BuildOutcome``: the Warm patch, or the swap to the new graph, or
+the errors. A live engine runs ``prepare`` on its ``BuildWorker`` (DESIGN.md §10) while the old
+graph keeps launching; ``rebuild`` runs both halves at once (scripts, ``wait_for_compile``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .compiler import compile_plan
-from .context import Context
+from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
 from .kernels import KernelTracker
@@ -28,8 +36,84 @@ from .profiling import ProfilingLevel
 from .realize import CompiledGraph, realize
 from .resources import DeviceResources
 from .stats import BuildTiming, EngineCounters, occupancy_warnings, show_built
+from .warm import WarmRefusal, decide_warm_patch
 
-__all__ = ["GraphBuilds"]
+__all__ = ["BuildJob", "BuildOutcome", "GraphBuilds"]
+
+log = logging.getLogger("cudapatch.engine")
+
+#: How long a build on the build thread waits for the compiles its snapshot asks for. A kernel in the
+#: memory or disk cache lands within a frame (the kernel builder works between frames); a real compile
+#: (20-40 ms with NVRTC) is not waited for to the end: the build goes on without that block, and the
+#: finished compile starts the next one.
+COMPILE_WAIT_S = 0.1
+
+
+@dataclass
+class BuildJob:
+    """What a build starts from, taken on the frame thread.
+
+    Attributes:
+        snap: The patch, frozen.
+        level: The profiling level.
+        call_failures: Kernel status entries of library calls left out (``FaultState``), by key.
+        disabled: Blocks disabled after a GPU fault, with the reason.
+        previous: The graph running when the build started (it lends its allocations).
+        off_thread: The build runs beside frames that launch and patch ``previous``.
+        cold: Skip the Warm decision (the last one was refused at the swap).
+        started: ``time.perf_counter()`` at the start.
+    """
+
+    snap: PatchSnapshot
+    level: ProfilingLevel
+    call_failures: Mapping[tuple[int, int], tuple[Any, str, str]]
+    disabled: Mapping[int, str]
+    previous: CompiledGraph | None
+    off_thread: bool = False
+    cold: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BuildOutcome:
+    """What ``prepare`` made of a job, for ``finish`` on the frame thread.
+
+    Attributes:
+        job: The job.
+        plan: The compiled plan (None: the build failed before or while planning, or was deferred).
+        functions: The loaded function of every kernel in the plan.
+        graph: The new executable graph (None: a Warm patch of ``job.previous``, a failure or a deferral).
+        diagnostics: Why it failed (empty: it did not).
+        call_failure: The snapshot block whose library call failed to capture, and the error.
+        deferred: A running block's new kernel is still compiling: the old graph keeps running.
+        realize_on_frame: The plan is realized at ``finish`` (it captures library calls).
+        compile_ms: Snapshot to plan.
+        realize_ms: Buffers, nodes and instantiation.
+    """
+
+    job: BuildJob
+    plan: GraphPlan | None = None
+    functions: Mapping[tuple[int, int], Any] = field(default_factory=dict)
+    graph: CompiledGraph | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+    call_failure: tuple[BlockSnapshot, str] | None = None
+    deferred: bool = False
+    realize_on_frame: bool = False
+    compile_ms: float = 0.0
+    realize_ms: float = 0.0
+
+    @property
+    def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
+        return self.job.snap.bindings
+
+    def discard(self) -> None:
+        """Free the graph nobody will install (the engine closed, or the context is being reset)."""
+        g, self.graph = self.graph, None
+        if g is not None:
+            try:
+                g.close()
+            except CudaError:  # a dead context: forget it
+                g.abandon()
 
 
 class GraphBuilds:
@@ -66,10 +150,188 @@ class GraphBuilds:
         self._counters = counters
         self._timing = timing
         self._settle_compiles = settle_compiles
+        self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
 
+    # -- the two halves ----------------------------------------------------------------------------
+    def job(self, level: ProfilingLevel, *, off_thread: bool = False) -> BuildJob:
+        """Take what a build starts from (frame thread): the snapshot, left-out library calls,
+        disabled blocks and the running graph."""
+        snap = self._context.snapshot()
+        cold, self._cold_next = self._cold_next, False
+        return BuildJob(
+            snap,
+            level,
+            self._faults.with_call_failures(snap.blocks, {}),
+            dict(self._faults.disabled),
+            self._resources.graph,
+            off_thread=off_thread,
+            cold=cold,
+        )
+
+    def prepare(self, job: BuildJob, resolved: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> BuildOutcome:
+        """Plan ``job`` and realize a new graph unless the running one can take the plan in place. Runs
+        on any thread: changes nothing the frame thread uses (a failed realize restores what it
+        borrowed). Driver errors become the outcome's diagnostics.
+
+        Args:
+            job: From ``job()``.
+            resolved: ``KernelTracker.resolve`` of the job's snapshot, if already done.
+
+        Raises:
+            KernelLoadError: the readback kernels (timestamps, publish) failed to build.
+        """
+        t0 = job.started
+        snap = job.snap
+        functions, status = resolved if resolved is not None else self._kernels.resolve(snap)
+        if job.off_thread and status:
+            compiling = [k for k, (_, code, _) in status.items() if code == DiagnosticCode.KERNEL_COMPILING]
+            if compiling:  # off the frame thread, a cached kernel is worth waiting for: it runs in this build
+                self._kernels.await_compiles(compiling, COMPILE_WAIT_S)
+                functions, status = self._kernels.resolve(snap)
+        out = BuildOutcome(job, functions=functions)
+        g = job.previous
+        if g is not None and status:
+            running = set(g.plan.block_order)
+            if any(
+                code == DiagnosticCode.KERNEL_COMPILING and bid in running for (bid, _), (_, code, _) in status.items()
+            ):
+                # A running block's new kernel is still compiling: keep the old graph (and the old
+                # kernel) until it lands; the finished compile marks the structure dirty again.
+                out.deferred = True
+                return out
+        if job.call_failures:
+            status = {**status, **job.call_failures}
+        try:
+            out.plan = compile_plan(snap, status, job.level, job.disabled)
+        except GraphCompileError as exc:
+            out.diagnostics = tuple(exc.diagnostics)
+            return out
+        out.compile_ms = (time.perf_counter() - t0) * 1e3
+        if g is not None and not job.cold and self._warm_candidate(g, out.plan, snap.bindings, functions):
+            return out  # ``finish`` patches the running graph in place
+        if job.off_thread and out.plan.captured_nodes:
+            # Library calls are captured with the engine's library handles, which Recapture updates of
+            # the running graph use on the frame thread: such a graph is realized there, at ``finish``.
+            out.realize_on_frame = True
+            return out
+        self._realize(out)
+        return out
+
+    def _realize(self, out: BuildOutcome) -> None:
+        job, snap, plan = out.job, out.job.snap, out.plan
+        assert plan is not None
+        res = self._resources
+        t1 = time.perf_counter()
+        try:
+            stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
+            out.graph = realize(
+                plan,
+                device=res.device,
+                pool=res.pool,
+                functions=out.functions,
+                bindings=snap.bindings,
+                block_names={b.id: b.name for b in snap.blocks},
+                previous=job.previous,
+                occupancy=job.level.at_least(ProfilingLevel.DEEP_ASYNC),
+                stamp_function=stamp_function,
+                libraries=res.libraries,
+                publish_function=publish_function,
+                lend_stores=not job.off_thread or out.realize_on_frame,
+            )
+        except LibraryCallError as exc:
+            bid = self._block_id(snap, exc)
+            tried = next((b for b in snap.blocks if b.id == bid), None)
+            if tried is not None:
+                out.call_failure = (tried, str(exc))
+            else:
+                out.diagnostics = (Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, str(exc)),)
+            return
+        except (KernelLoadError, CudaError) as exc:
+            out.diagnostics = (Diagnostic("error", self._block_id(snap, exc), DiagnosticCode.REALIZE, str(exc)),)
+            return
+        out.realize_ms = (time.perf_counter() - t1) * 1e3
+
+    def _warm_candidate(
+        self, g: CompiledGraph, plan: GraphPlan, bindings: Mapping[tuple[int, str], ExternalBinding], functions: Any
+    ) -> bool:
+        # The pure Warm decision against the running graph (its plan and allocations change only at
+        # ``finish``, on the frame thread); ``try_patch`` decides again when it applies the plan.
+        capacities = [b.capacity_bytes for b in g.buffers]
+        decision = decide_warm_patch(g.plan, plan, bindings, capacities=capacities, functions=functions)
+        return not isinstance(decision, WarmRefusal)
+
+    def finish(self, out: BuildOutcome) -> bool:
+        """Apply a prepared build at a frame boundary (frame thread): patch the running graph in place,
+        or swap in the new graph, or keep the old one and put the errors on the blocks.
+
+        Returns:
+            True when the graph is up to date (or deliberately waits for a compile), False when the
+            build failed (or must run again: ``dirty.structure`` is set then).
+
+        Raises:
+            CudaError: recording the old graph's retire event failed.
+        """
+        timing = self._timing
+        job = out.job
+        if out.realize_on_frame and out.graph is None and not out.diagnostics:
+            if job.previous is not self._resources.graph:
+                self._context.dirty.mark_structure()  # the graph it borrows from is gone: plan again
+                return False
+            self._realize(out)
+        if out.deferred:
+            timing.tier = "deferred"
+            return True
+        if out.call_failure is not None:
+            tried, message = out.call_failure
+            if self._faults.call_failed(tried, message):
+                # Leave that block (and what depends on it) out, and build the rest.
+                self._context.dirty.mark_structure()
+                return False
+            return self._failed((Diagnostic("error", tried.id, DiagnosticCode.LIBRARY_CALL, message),))
+        if out.plan is None or out.diagnostics:
+            out.discard()
+            return self._failed(out.diagnostics)
+        plan = out.plan
+        timing.compile_ms = out.compile_ms
+        res = self._resources
+        g = res.graph
+        if out.graph is None:
+            if g is None or g is not job.previous:
+                self._cold_next = True
+                self._context.dirty.mark_structure()
+                return False
+            recaptures = g.recaptures
+            try:
+                patched = g.try_patch(plan, out.bindings, out.functions)
+            except CudaError as exc:
+                return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
+            if patched is None:  # refused now (a re-capture changed its topology): realize next build
+                self._cold_next = True
+                self._context.dirty.mark_structure()
+                return False
+            # Warm resize: same graph, new counts/grids/pointers patched into the executable graph
+            # (captured calls whose arguments changed were re-captured in place).
+            timing.tier, timing.realize_ms = "warm-resize", 0.0
+            timing.total_ms = (time.perf_counter() - job.started) * 1e3
+            self._counters.warm_resizes += 1
+            self._counters.nodes_patched += patched
+            self._counters.recaptures += g.recaptures - recaptures
+            self._done(g, plan, job)
+            return True
+        graph = out.graph
+        timing.realize_ms = out.realize_ms
+        res.install(graph)
+        res.free_dropped(job.started)
+        self._counters.rebuilds += 1
+        self._done(graph, plan, job)
+        timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
+        return True
+
+    # -- on the frame thread, at once ------------------------------------------------------------------
     def rebuild(self, level: ProfilingLevel, *, wait_for_compile: bool) -> bool:
-        """Compile; patch the running graph in place if only sizes changed (Warm), else realize and
-        swap in a new one (Cold). On failure keep the old graph and put the errors on the blocks.
+        """Build and apply at once, on the calling (frame) thread: compile; patch the running graph
+        in place if only sizes changed (Warm), else realize and swap in a new one (Cold). On failure
+        keep the old graph and put the errors on the blocks.
 
         Args:
             level: The profiling level (which timestamps the plan places).
@@ -82,91 +344,34 @@ class GraphBuilds:
         Raises:
             KernelLoadError: the readback kernels (timestamps, publish) failed to build.
         """
-        timing = self._timing
-        t0 = time.perf_counter()
-        snap = self._context.snapshot()
-        functions, status = self._kernels.resolve(snap)
-        if status and wait_for_compile and self._kernels.pending:
-            self._settle_compiles()
-            snap = self._context.snapshot()  # a compile may have re-described a block
-            functions, status = self._kernels.resolve(snap)
-        res = self._resources
-        g = res.graph
-        if g is not None and status:
-            running = set(g.plan.block_order)
-            if any(
-                code == DiagnosticCode.KERNEL_COMPILING and bid in running for (bid, _), (_, code, _) in status.items()
-            ):
-                # A running block's new kernel is still compiling: keep the old graph (and the old
-                # kernel) until it lands; the finished compile marks the structure dirty again.
-                self._context.dirty.defer_structure()
-                timing.tier = "deferred"
+        for _ in range(len(self._context.registry) + 2):  # a retry leaves out one more failed library call
+            job = self.job(level)
+            resolved = self._kernels.resolve(job.snap)
+            if resolved[1] and wait_for_compile and self._kernels.pending:
+                self._settle_compiles()
+                job = self.job(level)  # a compile may have re-described a block
+                resolved = self._kernels.resolve(job.snap)
+            out = self.prepare(job, resolved)
+            retry = out.call_failure is not None
+            if self.finish(out):
+                if out.deferred:
+                    self._context.dirty.defer_structure()
                 return True
-        status = self._faults.with_call_failures(snap.blocks, status)
-        try:
-            plan = compile_plan(snap, status, level, self._faults.disabled)
-            timing.compile_ms = (time.perf_counter() - t0) * 1e3
-        except GraphCompileError as exc:
-            return self._failed(exc.diagnostics)
-        if g is not None:
-            recaptures = g.recaptures
-            try:
-                patched = g.try_patch(plan, snap.bindings, functions)
-            except CudaError as exc:
-                return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
-            if patched is not None:
-                # Warm resize: same graph, new counts/grids/pointers patched into the executable graph
-                # (captured calls whose arguments changed were re-captured in place).
-                timing.tier, timing.realize_ms = "warm-resize", 0.0
-                timing.total_ms = (time.perf_counter() - t0) * 1e3
-                self._counters.warm_resizes += 1
-                self._counters.nodes_patched += patched
-                self._counters.recaptures += g.recaptures - recaptures
-                self._done(g, plan)
-                return True
-        stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
-        t1 = time.perf_counter()
-        try:
-            graph = realize(
-                plan,
-                device=res.device,
-                pool=res.pool,
-                functions=functions,
-                bindings=snap.bindings,
-                block_names={b.id: b.name for b in snap.blocks},
-                previous=g,
-                occupancy=level.at_least(ProfilingLevel.DEEP_ASYNC),
-                stamp_function=stamp_function,
-                libraries=res.libraries,
-                publish_function=publish_function,
-            )
-        except LibraryCallError as exc:
-            bid = self._block_id(exc)
-            tried = next((b for b in snap.blocks if b.id == bid), None)
-            if tried is not None and self._faults.call_failed(tried, str(exc)):
-                # Leave that block (and what depends on it) out, and build the rest.
-                return self.rebuild(level, wait_for_compile=wait_for_compile)
-            return self._failed((Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, str(exc)),))
-        except (KernelLoadError, CudaError) as exc:
-            return self._failed((Diagnostic("error", self._block_id(exc), DiagnosticCode.REALIZE, str(exc)),))
-        timing.realize_ms = (time.perf_counter() - t1) * 1e3
-        res.install(graph)
-        self._counters.rebuilds += 1
-        self._done(graph, plan)
-        timing.tier, timing.total_ms = "cold", (time.perf_counter() - t0) * 1e3
-        return True
+            if not (retry and self._context.dirty.structure) and not self._cold_next:
+                return False
+        return False
 
-    def _block_id(self, exc: CudaError | KernelLoadError | LibraryCallError) -> int | None:
-        block = self._context.registry.by_name(exc.block) if exc.block else None
-        return block.id if block is not None else None
+    def _block_id(self, snap: PatchSnapshot, exc: CudaError | KernelLoadError | LibraryCallError) -> int | None:
+        return next((b.id for b in snap.blocks if b.name == exc.block), None) if exc.block else None
 
     def _failed(self, diags: tuple[Diagnostic, ...]) -> bool:
         self._counters.failed_rebuilds += 1
         self._board.build_failed(diags)
         return False
 
-    def _done(self, graph: CompiledGraph, plan: GraphPlan) -> None:
-        self._context.dirty.clear_structure()
+    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob) -> None:
+        if not job.off_thread:
+            self._context.dirty.clear_structure()  # the snapshot held every pending change
         registry = self._context.registry
         show_built(plan, graph.appends, registry)
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

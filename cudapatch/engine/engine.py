@@ -7,7 +7,8 @@ The engine orchestrates; each concept it uses lives in its own object:
   library handles, modules, the running and retired graphs, uploads), with one ``reset``.
 - ``KernelTracker`` (``kernels.py``): background compiles and what each finished one asks for.
 - ``ParamTier`` and ``CodeTier`` (``tiers.py``): Hot, Warm, Recapture and Code updates, in place.
-- ``GraphBuilds`` (``build.py``): the Cold tier and the Warm resize.
+- ``GraphBuilds`` (``build.py``): the Cold tier and the Warm resize, prepared on the ``BuildWorker``
+  (``build_thread.py``) while the old graph keeps launching, swapped in at a frame boundary.
 - ``FaultState`` (``faults.py``): disabled blocks, failed library calls, a lost context.
 - ``DiagnosticBoard`` (``board.py``): every diagnostic by source; the one writer of block states.
 - ``stats.py``: what a completed frame measured, read without side effects; the tier counters.
@@ -44,7 +45,8 @@ from ..kernels.types import DType
 from .bindings import binding_from_cai
 from .board import DiagnosticBoard
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
-from .build import GraphBuilds
+from .build import BuildOutcome, GraphBuilds
+from .build_thread import BuildWorker
 from .context import Context, ExternalBinding
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
@@ -76,8 +78,12 @@ class Engine:
         cache_dir: The compiled-kernel cache (None: ``$CUDAPATCH_CACHE_DIR`` or the XDG cache dir;
             False: memory only).
         watch_files: Recompile kernels when their files (and ``#include``s) change.
-        wait_for_compile: Make ``update()`` wait for kernel compiles (deterministic scripts and
-            offline rendering; never in a live host).
+        wait_for_compile: Make ``update()`` wait for kernel compiles and builds (deterministic scripts
+            and offline rendering; never in a live host).
+        background_builds: Plan, realize and instantiate structure edits on a build thread while the
+            running graph keeps launching; the new graph is swapped in at the first ``update()``
+            after it is ready (``building`` says one is in flight). False (or ``wait_for_compile``):
+            the ``update()`` after an edit builds and launches the new graph itself.
         debug_launch: Launch every frame node by node with a synchronize after each block, so a
             kernel fault is pinned on its block in the frame it happens (development only: slow).
         isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
@@ -111,6 +117,7 @@ class Engine:
         watch_files: bool = True,
         wait_for_compile: bool = False,
         debug_launch: bool = False,
+        background_builds: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -171,6 +178,9 @@ class Engine:
             counters=self.counters,
             cache_dir=self.kernel_cache.directory,
         )
+        #: The thread structure edits are built on (``background_builds``).
+        self._worker = BuildWorker(lambda: self.resources.device.make_current())
+        self.background_builds = background_builds
         self._dirty = self.context.dirty
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
@@ -224,7 +234,7 @@ class Engine:
 
     def remove(self, block: Block) -> None:
         """Unregister ``block``, dropping its links (Cold on the next update)."""
-        self.resources.drop_uploads(block.id)
+        self.resources.drop_uploads(block.id, later=self._worker.busy)  # a build in flight may read them
         self._faults.block_removed(block.id)
         self.context.unregister_block(block)
         self._board.clear_block_error(block.id)
@@ -312,7 +322,8 @@ class Engine:
             return
         with self._graph_lock:
             dirty = self._dirty
-            if not ((dirty.any and not dirty.only_params) or self.kernels.ready):  # clean, Hot, Warm
+            # Clean, Hot or Warm: no collector pause. A finished build is taken like an edit.
+            if not ((dirty.any and not dirty.only_params) or self.kernels.ready or self._worker.done):
                 self._frame()
             elif gc.isenabled():  # builds allocate: Python's collector runs after this frame, not inside it
                 gc.disable()  # (measured on the H100 host: 0.25-0.8 ms collections inside edit frames)
@@ -336,6 +347,8 @@ class Engine:
             self._code.apply(kt.collect())
         if kt.watcher is not None and kt.watcher.ready:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
+        if self._worker.done:  # a build finished on the build thread: swap it in at this frame boundary
+            self._finish_build()
         dirty = self._dirty
         if dirty.any:
             try:
@@ -386,6 +399,7 @@ class Engine:
 
     # -- faults -------------------------------------------------------------------------------------
     def _recover(self, exc: CudaLaunchError, culprit: int | None) -> None:
+        self._drop_build()  # built in the context recovery resets: never installed
         self._recovery.recover(exc, culprit)
         self.counters.frames += 1
 
@@ -428,6 +442,9 @@ class Engine:
         waiting, self.wait_for_compile = self.wait_for_compile, True  # one build, with every kernel in it
         try:
             with self._graph_lock:
+                if self._worker.busy:  # the build in flight first: its outcome is applied, then built anew
+                    self._worker.wait()
+                    self._finish_build()
                 while True:
                     self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
@@ -439,26 +456,102 @@ class Engine:
 
     # -- an edit frame: the tiers in order -----------------------------------------------------------
     def _apply_changes(self) -> None:
-        """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (Cold or
-        Warm resize), then Hot/Warm on the graph that runs now."""
-        t0 = time.perf_counter()
-        self.resources.reap()
-        self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
+        """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (start a
+        build, or build now: Cold or Warm resize), then Hot/Warm on the graph that runs now."""
+        worker = self._worker
+        if not worker.busy:  # a build in flight may borrow from retired graphs' pool blocks: later
+            t0 = time.perf_counter()
+            self.resources.reap()
+            self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
         dirty = self._dirty
         if dirty.code:
             self._code.submit(dirty.take_code())
             if self.wait_for_compile:
                 self._settle_compiles()
         if dirty.structure:
-            if self._builds.rebuild(self.profiling, wait_for_compile=self.wait_for_compile):
-                return
-            dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
+            if self.wait_for_compile or not self.background_builds:
+                if worker.busy:  # switched to building here while one was in flight: take it first
+                    worker.wait()
+                    self._finish_build()
+                if self._builds.rebuild(self.profiling, wait_for_compile=self.wait_for_compile):
+                    self._log_build()
+                    return
+                dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
+            elif not worker.busy:
+                self._start_build()
+            # else: a build is in flight; this edit and any others coalesce into the next one
         dirty.forget_code_and_captured()
         g = self.resources.graph
         if g is None:
-            dirty.take_params()
-        elif dirty.any and self._params.apply(g):  # a re-capture only a new graph can hold
-            self._apply_changes()
+            self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
+        elif (dirty.params or dirty.bindings) and self._params.apply(g) and not worker.busy:
+            self._apply_changes()  # a re-capture only a new graph can hold
+
+    # -- builds on the build thread ------------------------------------------------------------------
+    @property
+    def building(self) -> bool:
+        """True while a structure edit is being built on the build thread (the running graph keeps
+        launching until the first ``update()`` after it is ready)."""
+        return self._worker.busy
+
+    def _start_build(self) -> None:
+        """Freeze the patch and hand the build to the build thread (frame thread, in an edit frame)."""
+        dirty = self._dirty
+        job = self._builds.job(self.profiling, off_thread=True)
+        dirty.defer_structure()  # taken: edits from now on mark it again and coalesce into the next build
+        self._params.begin_carry()
+        self._code.begin_carry()
+        builds = self._builds
+        self._worker.submit(lambda: builds.prepare(job))
+
+    def _finish_build(self) -> None:
+        """Apply the build the build thread finished (frame thread, at a frame boundary): swap in the
+        new graph or patch the running one, re-apply the Hot and Warm values set meanwhile; a failed
+        build keeps the running graph and puts its errors on the blocks."""
+        try:
+            out: BuildOutcome = self._worker.take()
+            ok = self._builds.finish(out)
+        except BaseException:
+            self._params.end_carry(None)
+            self._code.end_carry(None)
+            raise
+        g = self.resources.graph if ok else None
+        self._code.end_carry(g)  # kernels recompiled during the build: their new functions, then values
+        self._params.end_carry(g)
+        if ok:
+            self._log_build()
+
+    def _drop_build(self) -> None:
+        """Wait for the build in flight and throw its outcome away (closing, or a fault resets the context)."""
+        worker = self._worker
+        if not worker.busy:
+            return
+        worker.wait()
+        try:
+            out: BuildOutcome = worker.take()
+        except Exception as exc:  # nobody will use it: say so, and go on
+            log.warning("a build in flight failed while the engine dropped it: %s", exc)
+        else:
+            out.discard()
+        self._params.end_carry(None)
+        self._code.end_carry(None)
+        self._dirty.mark_structure()
+
+    def _log_build(self) -> None:
+        t = self.last_build
+        g = self.resources.graph
+        if t.tier == "deferred" or g is None:
+            return
+        blocks = len(g.plan.block_order)
+        log.info(
+            "%s build: %.1f ms (plan %.1f, realize %.1f), %d of %d blocks running",
+            t.tier,
+            t.total_ms,
+            t.compile_ms,
+            t.realize_ms,
+            blocks,
+            len(self.context.registry),
+        )
 
     # -- reading results ----------------------------------------------------------------------------
     @property
@@ -567,6 +660,8 @@ class Engine:
         kernels = g.kernel_count if g is not None else 0
         mb = 1 / 2**20
         compiling = f" ({len(self.kernels.pending)} compiling)" if self.kernels.pending else ""
+        if self._worker.busy:
+            compiling += " (building)"
         launch = f"  Launch: {self._last_gpu_ms:.2f}ms\n" if self._last_gpu_ms is not None else ""
         return (
             f"{self.name}: {len(self.context.registry)} blocks, {kernels} kernels{compiling}\n"
@@ -591,7 +686,8 @@ class Engine:
         self._closed = True
         self._code.close()
         with self._graph_lock:  # a swap between frames that began before the flag was set ends first
-            pass
+            self._drop_build()  # the build in flight ends; its graph is freed, never installed
+        self._worker.close()
         faults = self._faults
         if faults.lost is None:
             self.device.make_current()

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -104,7 +104,9 @@ class KernelTracker:
         self.watcher: FileWatcher | None = FileWatcher() if watch_files else None
         self._slots: dict[Key, _Slot] = {}
         self.pending: list[Key] = []  # keys with a compile in flight
-        self.to_submit: list[tuple[Key, _Slot, Future]] = []  # requests not yet handed over (``flush``)
+        # Requests not yet handed over (``flush``): a deque, so the frame thread and a build on the build
+        # thread can both hand them over (each request is popped by one of them) without a lock.
+        self.to_submit: deque[tuple[Key, _Slot, Future]] = deque()
         #: Finished compiles for the frame thread (the frame path tests this deque).
         self.ready: deque[KernelOutcome] = deque()
         #: Applies a swap outcome from the builder's thread; returns False to leave it to the frame thread.
@@ -127,10 +129,25 @@ class KernelTracker:
         if key not in self.pending:
             self.pending.append(key)
 
+    def await_compiles(self, keys: Iterable[Key], timeout: float) -> None:
+        """On the build thread: hand queued requests to the builder and wait up to ``timeout`` seconds
+        for the compiles of ``keys`` (a kernel in the memory or disk cache lands within a frame, so a
+        new block runs in the graph of the build that first includes it)."""
+        self.flush()
+        with self._lock:
+            futures = [s.future for k in keys if (s := self._slots.get(k)) and s.future is not None]
+        if futures:
+            wait_futures(futures, timeout=timeout)
+
     def flush(self) -> None:
-        """Hand queued compile requests to the builder. The engine calls this after the frame's launch."""
-        queued, self.to_submit = self.to_submit, []
-        for key, slot, proxy in queued:
+        """Hand queued compile requests to the builder. The engine calls this after the frame's launch;
+        a build on the build thread calls it under the tracker's lock (``await_compiles``)."""
+        queued = self.to_submit
+        while queued:
+            try:
+                key, slot, proxy = queued.popleft()
+            except IndexError:  # the other thread took the last one
+                break
             try:
                 real = self.builder.submit(slot.source)
             except KernelLoadError as exc:

@@ -74,8 +74,10 @@ class GraphBuilder:
         stamp_function: Any = None,
         libraries: LibraryHandles | None = None,
         publish_function: Any = None,
+        lend_stores: bool = True,
     ) -> None:
         self.plan = plan
+        self.lend_stores = lend_stores
         self.device = device
         self.pool = pool
         self.functions = functions
@@ -100,7 +102,9 @@ class GraphBuilder:
         prev = self.previous
         # What the previous graph lends: nothing of it is modified unless this graph is built; a
         # failure restores what was touched.
-        loans = StoreLoans(prev.lendable_stores() if prev is not None else {})
+        # Parameter storage is lent only by a graph the frame thread is not patching meanwhile: a build on
+        # the build thread would rewrite the slots a Hot update of the running graph sends to the driver.
+        loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {})
         parts = GraphParts(self.device, CapturedCalls(self.libraries))
         exec_: Any = None
         t0 = time.perf_counter()
@@ -209,11 +213,14 @@ def realize(
     stamp_function: Any = None,
     libraries: LibraryHandles | None = None,
     publish_function: Any = None,
+    lend_stores: bool = True,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
     ``previous`` (the graph running now) lends its output allocations and parameter storage; call
-    ``adopt(previous)`` on the result once it replaces ``previous``.
+    ``adopt(previous)`` on the result once it replaces ``previous``. ``lend_stores=False`` when
+    ``previous`` keeps running and taking Hot updates while this builds (a build off the frame
+    thread): its parameter storage is then left alone and every node gets its own.
 
     ``functions`` maps ``(block_id, kernel index)`` to the loaded ``CUfunction`` (from the engine's
     background builder). ``libraries`` (the engine's ``LibraryHandles``) captures library calls.
@@ -235,4 +242,5 @@ def realize(
         stamp_function=stamp_function,
         libraries=libraries,
         publish_function=publish_function,
+        lend_stores=lend_stores,
     ).build()

@@ -18,6 +18,8 @@ context.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from ..kernels.builder import KernelBuilder
@@ -41,6 +43,29 @@ PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
 STAMP_KERNEL = CudaSource(code=STAMP_SOURCE, name="stamp.cu")
 
 
+class SharedPool(BufferPool):
+    """The engine's ``BufferPool``, taken from two threads: a build on the build thread allocates its
+    graph's buffers while the frame thread uploads bound host arrays and frees retired graphs' ones
+    (and buffer finalizers may run on either). One lock around the bookkeeping; a free block is
+    reused in stream order (every user launches on the engine's stream), so no device sync."""
+
+    def __init__(self, make_current: Any = None) -> None:
+        super().__init__(make_current)
+        self._lock = threading.RLock()
+
+    def acquire(self, nbytes: int) -> Any:
+        with self._lock:
+            return super().acquire(nbytes)
+
+    def release(self, alloc: Any) -> None:
+        with self._lock:
+            super().release(alloc)
+
+    def trim(self) -> int:
+        with self._lock:
+            return super().trim()
+
+
 class DeviceResources:
     """The CUDA context of one engine and everything allocated in it.
 
@@ -56,7 +81,7 @@ class DeviceResources:
         self.device = DeviceContext(ordinal)
         #: The engine's stream (the device's; renewed by ``reset``).
         self.stream: Any = self.device.stream
-        self.pool = BufferPool(self.device.make_current)
+        self.pool: BufferPool = SharedPool(self.device.make_current)
         #: cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls.
         self.libraries = LibraryHandles(self.device, self.pool)
         self.modules = ModuleCache(device_key=self.device.key)
@@ -64,6 +89,9 @@ class DeviceResources:
         self.graph: CompiledGraph | None = None
         self._retired: list[CompiledGraph] = []  # replaced graphs the GPU may still be running
         self._uploads: dict[tuple[int, str], GpuBuffer] = {}  # buffers made from host arrays passed to bind()
+        # Uploads of removed blocks that a build in flight (or the graph it makes) may still read: freed
+        # when a graph built after the removal is installed.
+        self._dropped: list[tuple[float, GpuBuffer]] = []  # (perf_counter at the removal, buffer)
         self._stamp_function: Any = None
         self._publish_function: Any = None
         self._closed = False
@@ -81,6 +109,20 @@ class DeviceResources:
         if old is not None:
             old.retire(self.stream)
             self._retired.append(old)
+
+    def free_dropped(self, snapshot_time: float) -> None:
+        """Free the uploads ``drop_uploads(later=True)`` kept from before ``snapshot_time``
+        (``time.perf_counter()``): the graph running now was built from a snapshot taken after their
+        blocks were removed (reuse is stream-ordered, as for a retired graph's buffers)."""
+        if not self._dropped:
+            return
+        keep = []
+        for t, buf in self._dropped:
+            if t < snapshot_time:
+                buf.close()
+            else:
+                keep.append((t, buf))
+        self._dropped = keep
 
     @property
     def retired(self) -> tuple[CompiledGraph, ...]:
@@ -136,10 +178,15 @@ class DeviceResources:
         key = (block_id, port)
         return upload_host_array(array, dtype, self._uploads, key, self.pool, self.stream, block_name)
 
-    def drop_uploads(self, block_id: int) -> None:
-        """Free the buffers made for a removed block's inputs."""
+    def drop_uploads(self, block_id: int, *, later: bool = False) -> None:
+        """Free the buffers made for a removed block's inputs (``later``: at ``free_dropped``, because a
+        build in flight may still read them)."""
         for key in [k for k in self._uploads if k[0] == block_id]:
-            self._uploads.pop(key).close()
+            buf = self._uploads.pop(key)
+            if later:
+                self._dropped.append((time.perf_counter(), buf))
+            else:
+                buf.close()
 
     # -- the context's fate -------------------------------------------------------------------------
     def _forget_contents(self) -> None:
@@ -151,6 +198,7 @@ class DeviceResources:
         self.libraries.abandon()
         self.pool.abandon()
         self._uploads.clear()
+        self._dropped.clear()
         self._stamp_function = self._publish_function = None
 
     def reset(self) -> None:
@@ -165,7 +213,7 @@ class DeviceResources:
         self._forget_contents()
         self.device.reset()
         self.stream = self.device.stream
-        self.pool = BufferPool(self.device.make_current)
+        self.pool: BufferPool = SharedPool(self.device.make_current)
         self.libraries = LibraryHandles(self.device, self.pool)
         self.modules = ModuleCache(device_key=self.device.key)
 
@@ -196,9 +244,10 @@ class DeviceResources:
         for g in self._retired:
             g.close()
         self._retired.clear()
-        for buf in self._uploads.values():
+        for buf in (*self._uploads.values(), *(b for _, b in self._dropped)):
             buf.close()
         self._uploads.clear()
+        self._dropped.clear()
         self.libraries.close()
         self.modules.close()
         self.pool.close()

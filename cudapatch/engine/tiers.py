@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from ..errors import CudaError, CudapatchError
 from .board import DiagnosticBoard
@@ -51,6 +52,39 @@ class ParamTier:
         self._dirty = dirty
         self._board = board
         self._counters = counters
+        # While a build runs on the build thread: every change applied to the running graph, by key
+        # (the parameter or binding object itself), to re-apply to the new graph before it launches.
+        self._carried: tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]] | None = None
+
+    # -- Hot values across a build on the build thread ---------------------------------------------------
+    def begin_carry(self) -> None:
+        """A build started from a snapshot: from now on, remember what is applied (``end_carry``)."""
+        self._carried = ({}, {})
+
+    def carry(self, params: dict[tuple[int, str], Any], bindings: dict[tuple[int, str], Any]) -> None:
+        """Remember changes taken while a build runs (no graph to apply them to yet, or applied to the
+        running one): the new graph gets them at ``end_carry``. Nothing while no build runs."""
+        carried = self._carried
+        if carried is not None:
+            carried[0].update(params)
+            carried[1].update(bindings)
+
+    def end_carry(self, g: CompiledGraph | None) -> None:
+        """The build is done: write what changed since its snapshot into ``g`` (the graph that launches
+        next; None: the build failed, nothing to do) and stop remembering.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        carried, self._carried = self._carried, None
+        if carried is None or g is None:
+            return
+        params, bindings = carried
+        c = self._counters
+        if params:  # each holds the parameter object: its value now, not the one it had then
+            c.nodes_patched += g.update_scalars(params)
+        if bindings:
+            c.nodes_patched += g.update_bindings(bindings)
 
     def apply(self, g: CompiledGraph) -> bool:
         """Patch the pending scalar and pointer changes into ``g`` (only those may be pending).
@@ -63,7 +97,11 @@ class ParamTier:
         """
         dirty = self._dirty
         params, bindings = dirty.params, dirty.bindings
-        dirty.params, dirty.bindings, dirty.any = {}, {}, False  # nothing else is pending (only_params)
+        dirty.params, dirty.bindings = {}, {}
+        # An edit waiting for the build in flight stays pending.
+        dirty.any = bool(dirty.structure or dirty.code or dirty.captured)
+        if self._carried is not None:
+            self.carry(params, bindings)
         c = self._counters
         before = g.recaptures
         if params:
@@ -123,6 +161,26 @@ class CodeTier:
         self._counters = counters
         self._lock = graph_lock
         self._closed = False
+        # While a build runs on the build thread: functions swapped into the running graph since its
+        # snapshot (the build resolved the older ones), to swap into the new graph before it launches.
+        self._carried: dict[tuple[int, int], KernelOutcome] | None = None
+
+    def begin_carry(self) -> None:
+        """A build started: remember the swaps from now on (``end_carry``)."""
+        self._carried = {}
+
+    def end_carry(self, g: CompiledGraph | None) -> None:
+        """Swap the functions swapped since the build's snapshot into ``g`` (the new graph; None: the
+        build failed) and stop remembering.
+
+        Raises:
+            CudaError: the driver refused a swap.
+        """
+        carried, self._carried = self._carried, None
+        if carried and g is not None:
+            for o in carried.values():
+                if o.compiled is not None:
+                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
 
     def submit(self, keys: Iterable[tuple[int, int]]) -> None:
         """Kernels whose code changed ``(block id, kernel index)``: queue their compiles (``flush``
@@ -161,6 +219,9 @@ class CodeTier:
         g = self._resources.graph
         if g is None or o.compiled is None or not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
             return False
+        carried = self._carried
+        if carried is not None:
+            carried[o.key] = o
         self._counters.code_swaps += 1
         return True
 

@@ -103,6 +103,11 @@ class FakeBuilder:
         pass
 
 
+class _Allocation:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+
+
 class FakeGraph:
     """An executable graph that records launches, patches and swaps. ``fault`` makes launches fault."""
 
@@ -114,6 +119,7 @@ class FakeGraph:
         self.recaptures, self.call_errors, self.stale, self.counters = 0, {}, False, None
         self.launches, self.scalars, self.swaps = 0, [], []
         self.closed = self.abandoned = self.retired = False
+        self.buffers = [_Allocation(0) for _ in plan.buffers]  # nothing fits: every structure edit is Cold
 
     def launch(self, stream: Any) -> None:
         if FakeGraph.fault:
@@ -161,7 +167,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(build_module, "realize", FakeGraph)
     monkeypatch.setattr(FakeDevice, "refuse_reset", False)
     monkeypatch.setattr(FakeGraph, "fault", False)
-    e = Engine(cache_dir=False, watch_files=False)
+    e = Engine(cache_dir=False, watch_files=False, background_builds=False)  # builds in update() (see test_live_builds)
     yield e
     e.close()
 

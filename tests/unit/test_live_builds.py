@@ -1,0 +1,282 @@
+"""Builds on the build thread, without a GPU: the real Engine over the stand-in device, kernel builder
+and executable graphs of test_engine_orchestration, with a realize that waits for the test to let it
+finish. Covers the swap protocol (the old graph launches until the frame boundary after the build),
+coalescing of edits made during a build, Hot values set meanwhile reaching the new graph, a failed
+build keeping the running graph, ``wait_ready`` and ``close`` with a build in flight. The driver side
+is tested on the GPU (tests/gpu/test_live_builds_gpu.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from cudapatch import DiagnosticCode, Engine, Fill, Scale
+from cudapatch.engine import build as build_module
+from cudapatch.engine import engine as engine_module
+from cudapatch.engine import resources as resources_module
+from cudapatch.engine.build_thread import BuildWorker
+from cudapatch.errors import CudaError
+
+from .test_engine_orchestration import FakeBuilder, FakeDevice, FakeGraph, FakeModules
+
+
+class LiveGraph(FakeGraph):
+    """A stand-in graph that takes a plan in place when ``decide_warm_patch`` would (its buffers have
+    room), as the real one does: a build whose plan did not change is a Warm resize, not Cold."""
+
+    def __init__(self, plan: Any, **kw: Any) -> None:
+        super().__init__(plan, **kw)
+        self.buffers = [type("Alloc", (), {"capacity_bytes": 1 << 30})() for _ in plan.buffers]
+
+    def try_patch(self, plan: Any, bindings: Any, functions: Any) -> int | None:
+        self.plan = plan
+        return 0
+
+
+class Realizer:
+    """``realize`` on the build thread: makes a FakeGraph once the test opens ``gate`` (open at first)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+        self.threads: list[str] = []
+        self.fail: str | None = None
+        self.made: list[LiveGraph] = []
+
+    def __call__(self, plan: Any, **kw: Any) -> LiveGraph:
+        self.threads.append(threading.current_thread().name)
+        self.started.set()
+        assert self.gate.wait(10.0), "the test never let the build finish"
+        if self.fail is not None:
+            raise CudaError(self.fail, name="CUDA_ERROR_INVALID_VALUE")
+        g = LiveGraph(plan, **kw)
+        self.made.append(g)
+        return g
+
+    def hold(self) -> None:
+        self.gate.clear()
+        self.started.clear()
+
+
+@pytest.fixture
+def realizer(monkeypatch: pytest.MonkeyPatch) -> Realizer:
+    r = Realizer()
+    monkeypatch.setattr(resources_module, "DeviceContext", FakeDevice)
+    monkeypatch.setattr(resources_module, "ModuleCache", FakeModules)
+    monkeypatch.setattr(engine_module, "KernelBuilder", FakeBuilder)
+    monkeypatch.setattr(build_module, "realize", r)
+    monkeypatch.setattr(FakeGraph, "fault", False)
+    return r
+
+
+@pytest.fixture
+def engine(realizer: Realizer) -> Any:
+    e = Engine(cache_dir=False, watch_files=False)
+    yield e
+    realizer.gate.set()
+    e.close()
+
+
+def _landed(e: Engine, timeout: float = 5.0) -> None:
+    """Run frames until no build is in flight and nothing structural is pending."""
+    deadline = time.monotonic() + timeout
+    while e.building or e.context.dirty.structure or e.kernels.pending or e.kernels.ready:
+        assert time.monotonic() < deadline, "the build never landed"
+        e._worker.wait(1.0)
+        e.update()
+
+
+def _chain(e: Engine) -> tuple[Any, Any]:
+    fill = e.add(Fill(name="fill", Count=1024, Value=2.0))
+    scale = e.add(Scale(name="scale", Factor=3.0))
+    e.connect(fill, "Out", scale, "In")
+    return fill, scale
+
+
+def test_the_old_graph_launches_until_the_build_is_swapped_in_at_a_frame_boundary(
+    engine: Engine, realizer: Realizer
+) -> None:
+    fill, scale = _chain(engine)
+    _landed(engine)
+    old = engine.graph
+    assert isinstance(old, FakeGraph) and set(old.plan.block_order) == {fill.id, scale.id}
+    assert all(name == "cudapatch-build" for name in realizer.threads)  # never on the frame thread
+    n = old.launches
+    realizer.hold()
+    more = engine.add(Scale(name="more"))
+    engine.connect(scale, "Out", more, "In")
+    engine.update()  # starts the build; launches the old graph
+    assert realizer.started.wait(5.0) and engine.building and "(building)" in str(engine)
+    for _ in range(3):
+        engine.update()
+    assert engine.graph is old and old.launches == n + 4 and not old.retired
+    realizer.gate.set()
+    engine._worker.wait(5.0)
+    assert engine.graph is old  # nothing changes between frames
+    engine.update()  # the frame boundary: swap, then launch the new graph
+    new = engine.graph
+    assert new is not old and new.launches == 1 and old.retired and old.launches == n + 4
+    assert more.id in new.plan.block_order  # its kernel compiled while the build waited: in at once
+    _landed(engine)
+    assert engine.graph is new and "(building)" not in str(engine)
+
+
+def test_edits_during_a_build_coalesce_into_one_next_build(engine: Engine, realizer: Realizer) -> None:
+    _, scale = _chain(engine)
+    _landed(engine)
+    rebuilds = engine.counters.rebuilds
+    realizer.hold()
+    added = [engine.add(Scale(name="a0"))]
+    engine.connect(scale, "Out", added[0], "In")
+    engine.update()
+    assert realizer.started.wait(5.0)
+    prev = added[0]
+    for i in range(1, 4):  # three more edits while the first build runs
+        b = engine.add(Scale(name=f"a{i}"))
+        engine.connect(prev, "Out", b, "In")
+        added.append(b)
+        prev = b
+        engine.update()
+    assert engine.counters.rebuilds == rebuilds and len(realizer.made) == rebuilds
+    realizer.gate.set()
+    _landed(engine)
+    assert engine.counters.rebuilds == rebuilds + 2  # the first build, then one for the three edits
+    assert {b.id for b in added} <= set(engine.graph.plan.block_order)  # type: ignore[union-attr]
+
+
+def test_hot_values_set_during_a_build_reach_the_new_graph(engine: Engine, realizer: Realizer) -> None:
+    _, scale = _chain(engine)
+    _landed(engine)
+    old = engine.graph
+    realizer.hold()
+    engine.connect(scale, "Out", engine.add(Scale(name="more")), "In")
+    engine.update()  # the snapshot holds Factor = 3.0
+    assert realizer.started.wait(5.0)
+    scale.set("Factor", 7.0)
+    engine.update()  # Hot, on the running graph
+    assert old.scalars[-1] == {(scale.id, "Factor"): scale.params["Factor"]}  # type: ignore[union-attr]
+    scale.set("Factor", 9.0)  # set, but no frame before the swap
+    realizer.gate.set()
+    engine._worker.wait(5.0)
+    engine.update()
+    new = engine.graph
+    assert new is not old and isinstance(new, FakeGraph) and new.launches == 1
+    carried = {k: v.value for d in new.scalars for k, v in d.items()}
+    assert carried == {(scale.id, "Factor"): 9.0}  # re-applied before its first launch
+
+
+def test_a_failed_build_keeps_the_running_graph_and_puts_the_error_on_the_blocks(
+    engine: Engine, realizer: Realizer
+) -> None:
+    _chain(engine)
+    _landed(engine)
+    old = engine.graph
+    n = old.launches  # type: ignore[union-attr]
+    realizer.fail = "out of parameter space"
+    fill, scale = engine.blocks
+    engine.disconnect(fill, "Out", scale, "In")  # Cold: scale leaves the graph
+    engine.update()
+    engine._worker.wait(5.0)
+    engine.update()
+    assert engine.graph is old and old.launches == n + 2 and engine.counters.failed_rebuilds == 1  # type: ignore[union-attr]
+    (d,) = [d for d in engine.diagnostics() if d.code == DiagnosticCode.REALIZE]
+    assert "out of parameter space" in d.message and not engine.building
+    engine.update()  # not retried every frame
+    assert engine.counters.failed_rebuilds == 1 and not engine.building
+
+
+def test_wait_ready_takes_the_build_in_flight_and_the_next_update_runs_the_built_graph(
+    engine: Engine, realizer: Realizer
+) -> None:
+    fill, scale = _chain(engine)
+    realizer.hold()
+    engine.update()  # a build starts (kernels still compiling)
+    assert realizer.started.wait(5.0)
+    threading.Timer(0.05, realizer.gate.set).start()
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and set(g.plan.block_order) == {fill.id, scale.id} and not engine.building
+    engine.update()
+    assert engine.graph is g and g.launches == 1  # type: ignore[attr-defined]
+
+
+def test_close_during_a_build_frees_its_graph_and_installs_nothing(engine: Engine, realizer: Realizer) -> None:
+    _chain(engine)
+    _landed(engine)
+    old = engine.graph
+    realizer.hold()
+    engine.connect(engine.blocks[1], "Out", engine.add(Scale(name="more")), "In")
+    engine.update()
+    assert realizer.started.wait(5.0)
+    threading.Timer(0.05, realizer.gate.set).start()
+    engine.close()
+    assert engine.is_closed and realizer.made[-1].closed and realizer.made[-1] is not old
+    assert engine._worker.is_closed and not engine.building
+
+
+def test_removing_a_block_during_a_build_keeps_its_upload_until_a_later_graph_runs(
+    engine: Engine, realizer: Realizer
+) -> None:
+    import numpy as np
+
+    freed: list[Any] = []
+    src = engine.add(Fill(name="src", Count=16))
+    s = engine.add(Scale(name="s"))
+    engine.connect(src, "Out", s, "In")
+    engine.resources._uploads[(s.id, "In")] = type("Buf", (), {"close": lambda self: freed.append(self)})()
+    _landed(engine)
+    realizer.hold()
+    t = engine.add(Scale(name="t"))
+    engine.connect(s, "Out", t, "In")
+    engine.update()
+    assert realizer.started.wait(5.0)
+    engine.remove(s)  # the build in flight still has s
+    assert not freed
+    realizer.gate.set()
+    _landed(engine)  # this build had s; the next one (the removal) frees it when installed
+    assert len(freed) == 1 and t.id not in engine.graph.plan.block_order  # type: ignore[union-attr]
+    assert np.isfinite(engine.last_build.total_ms)
+
+
+def test_the_worker_hands_back_a_job_exception_and_refuses_a_second_job() -> None:
+    w = BuildWorker(lambda: None)
+    gate = threading.Event()
+    w.submit(gate.wait)
+    with pytest.raises(RuntimeError, match="in flight"):
+        w.submit(lambda: None)
+    gate.set()
+    assert w.wait(5.0) and w.done and w.take() is True
+    w.submit(lambda: 1 / 0)
+    w.wait(5.0)
+    with pytest.raises(ZeroDivisionError):
+        w.take()
+    assert w.close(5.0) is None and w.is_closed
+    with pytest.raises(RuntimeError, match="closed"):
+        w.submit(lambda: None)
+
+
+def test_a_kernel_swapped_in_during_a_build_is_swapped_into_the_new_graph(engine: Engine, realizer: Realizer) -> None:
+    from cudapatch import CustomKernel
+
+    from .test_engine_orchestration import GAIN
+
+    fill = engine.add(Fill(name="fill", Count=256))
+    ck = engine.add(CustomKernel(name="ck", Code=GAIN))
+    engine.connect(fill, "Out", ck, "in")
+    _landed(engine)
+    old = engine.graph
+    realizer.hold()
+    engine.connect(ck, "out", engine.add(Scale(name="more")), "In")
+    engine.update()
+    assert realizer.started.wait(5.0)
+    ck.set("Code", GAIN.replace("gain;", "gain * 2.0f;"))  # same signature: swapped into the running graph
+    assert old.swaps == [(ck.id, 0)]  # type: ignore[union-attr]
+    realizer.gate.set()
+    engine._worker.wait(5.0)
+    engine.update()
+    new = engine.graph
+    assert new is not old and new.swaps == [(ck.id, 0)]  # type: ignore[union-attr]
