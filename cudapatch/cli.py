@@ -1,6 +1,6 @@
 """The ``cudapatch`` command: ``run`` a patch in the preview, list ``blocks``, ``check`` the machine.
 
-cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH] [--isolated]
+cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH] [--isolated] [--editor]
 cudapatch blocks
 cudapatch check
 """
@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         try:
             host.engine.device.make_current()
-            host.open_preview(context, overlay=not args.no_overlay)
+            host.open_preview(context, overlay=not args.no_overlay, editor=args.editor)
             report = host.run(args.frames, out_dir=args.out, png_every=args.png_every, start=start)
             if host.engine.lost is not None:  # CUDA refuses this process: go on in a new one
                 host.restart(args.argv, frames_done=start + report.frames, restarts=int(resumed.get("restarts", 0)))
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-overlay", action="store_true", help="hide the profiling overlay")
     run.add_argument(
         "--isolated", action="store_true", help="run the engine in a child process: a GPU fault restarts only it"
+    )
+    run.add_argument(
+        "--editor", action="store_true", help="open the node editor over the preview (F2 toggles it; PNGs show it)"
     )
     run.set_defaults(func=cmd_run)
     sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)

@@ -61,7 +61,7 @@ __all__ = ["Patch", "OperatorSpec", "LinkSpec", "parse_patch", "load_patch", "ap
 
 ENGINE_KEYS = {"profiling", "device", "name"}
 PREVIEW_KEYS = {"points", "image", "size"}
-TOP_KEYS = {"engine", "operators", "links", "preview"}
+TOP_KEYS = {"engine", "operators", "links", "preview", "editor"}  # [editor]: node positions, bypass (patch_writer)
 _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")
 # Patterns run on every line of user text, so none may backtrack over a line: a table header's name is
 # stripped in Python (a lazy name before "[ \t]*\]" is quadratic on "[" and spaces), and a string that

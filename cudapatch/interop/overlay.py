@@ -76,6 +76,8 @@ class Overlay(HandleOwner):
     Args:
         context: The GL context to draw into (current when drawing).
         on_level: Called with a ``ProfilingLevel`` when the user picks one (e.g. ``engine.set_profiling``).
+        panels: More panels drawn in the same imgui frame, each called with the frame's stats (the
+            node editor's ``EditorPanel.draw``).
         history: Frames kept for the frame-time plot.
 
     Raises:
@@ -83,13 +85,19 @@ class Overlay(HandleOwner):
     """
 
     def __init__(
-        self, context: GlContext, *, on_level: Callable[[ProfilingLevel], None] | None = None, history: int = 240
+        self,
+        context: GlContext,
+        *,
+        on_level: Callable[[ProfilingLevel], None] | None = None,
+        history: int = 240,
+        panels: tuple[Callable[[EngineStats], None], ...] = (),
     ) -> None:
         imgui, implot = _imgui()
         self._imgui, self._implot = imgui, implot
         self.context = context
         self._on_level = on_level  # fixed at construction: the overlay has one owner to tell
         self.visible = True
+        self._panels = tuple(panels)
         self._imgui_ctx = imgui.create_context()
         self._implot_ctx = implot.create_context()
         imgui.get_io().set_ini_filename("")  # never write imgui.ini into the user's directory
@@ -135,6 +143,8 @@ class Overlay(HandleOwner):
                 self.visible = not self.visible
             if self.visible:
                 self._panel(stats, title)
+            for panel in self._panels:
+                panel(stats)
             imgui.render()
             gl().glBindFramebuffer(gl().GL_FRAMEBUFFER, self.context.framebuffer)
             self._renderer.render(imgui.get_draw_data())

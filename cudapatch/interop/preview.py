@@ -56,6 +56,7 @@ class Preview:
         zero_map: Share the points through memory GL imports from CUDA (no map/unmap per frame).
             None: when the driver supports it (logged); False: register/map.
         orbit: Camera orbit speed in radians per frame.
+        editor: An ``EditorModel``: the node editor panel is drawn over the preview (F2 toggles it).
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class Preview:
         zero_map: bool | None = None,
         orbit: float = 0.004,
         background: tuple[float, float, float] = (0.015, 0.015, 0.025),
+        editor: Any = None,
     ) -> None:
         if points is None and image is None:
             raise InteropError("Preview: give points=(block, port) and/or image=(block, port, width, height)")
@@ -113,10 +115,17 @@ class Preview:
                 self.bridge.show_texture(block, port, self._texture)
             self._texture_renderer = TextureRenderer()
         self.overlay = None
-        if overlay:
+        self.editor_panel = None
+        if editor is not None:
+            from .editor import EditorPanel
+
+            self.editor_panel = EditorPanel(editor)
+        if overlay or editor is not None:
             from .overlay import Overlay
 
-            self.overlay = Overlay(context, on_level=engine.set_profiling)
+            panels = (self.editor_panel.draw,) if self.editor_panel is not None else ()
+            self.overlay = Overlay(context, on_level=engine.set_profiling, panels=panels)
+            self.overlay.visible = overlay
         self._closed = False
 
     def _sync_points(self) -> None:
@@ -285,6 +294,8 @@ class Preview:
         self._closed = True
         self.context.make_current()
         self.bridge.close()
+        if self.editor_panel is not None:  # its node editor context goes before imgui's own
+            self.editor_panel.close()
         for ring in (self._ring, self._image.ring if self._image is not None else None):
             if ring is not None:
                 log.info("preview: zero-map ring shown slot %d, %d frames dropped", ring.front_slot, ring.dropped)

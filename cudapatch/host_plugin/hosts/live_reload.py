@@ -132,6 +132,14 @@ class PatchReloader:
         log.info("patch reloaded: %s", changes)
         return True
 
+    def adopt(self, patch: Patch) -> None:
+        """Take ``patch`` as the one running now, and the file as it is now as seen: the host wrote
+        it (the node editor's write-back), so the next poll finds no change to apply."""
+        self.patch = patch
+        if self.path is not None:
+            self._seen = _stamp(self.path)
+        self._release()
+
     def _release(self) -> None:
         self._held_since = self._held_stamp = None
 

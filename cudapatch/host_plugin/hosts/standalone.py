@@ -99,6 +99,7 @@ class StandaloneHost:
             self.engine.set_profiling(profiling)
         self.plugins.engine_started(self.engine)
         self.preview: Any = None
+        self.editor: Any = None  # the node editor's EditorModel, made by open_preview(editor=True)
 
     @property
     def patch(self) -> Patch:
@@ -132,8 +133,21 @@ class StandaloneHost:
         ``status``; the old patch stays. An edit that empties the patch is held for a moment."""
         return self._reloader.poll(force=force)
 
-    def open_preview(self, context: Any, *, overlay: bool = True) -> Any:
-        """Create the preview for the patch's ``[preview]`` settings in ``context``."""
+    def open_editor(self) -> Any:
+        """The node editor's model of this patch (made once): its edits go through the adapter and are
+        written to the patch file, which the file watcher then takes as no change."""
+        if self.editor is None:
+            from ..editor_model import EditorModel
+
+            reloader = self._reloader
+            self.editor = EditorModel(
+                self.adapter, reloader.patch, path=self.patch_path, adopt=reloader.adopt, current=lambda: reloader.patch
+            )
+        return self.editor
+
+    def open_preview(self, context: Any, *, overlay: bool = True, editor: bool = False) -> Any:
+        """Create the preview for the patch's ``[preview]`` settings in ``context`` (``editor``: with
+        the node editor panel)."""
         from ...interop.preview import Preview
 
         points = image = None
@@ -146,7 +160,8 @@ class StandaloneHost:
             w, h = pv.get("size", (512, 512))
             image = (self.adapter.block(op), port, int(w), int(h))
         self.engine.wait_ready()
-        self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay)
+        model = self.open_editor() if editor else None
+        self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay, editor=model)
         return self.preview
 
     def run(
