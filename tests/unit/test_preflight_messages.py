@@ -25,7 +25,9 @@ def fake_driver(*, init: Any = 0, version: int = 13000, devices: int = 1) -> Sim
             raise init
         return (init,)
 
-    attrs = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76)
+    attrs = SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76
+    )
     capability = {75: 9, 76: 0}
     return SimpleNamespace(
         CUresult=SimpleNamespace(CUDA_ERROR_NO_DEVICE=NO_DEVICE),
@@ -131,7 +133,9 @@ def test_without_cuda_bindings_the_line_says_what_to_pip_install(monkeypatch: py
 
 def test_without_a_device_the_line_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=NO_DEVICE))
-    line = preflight.explain_unavailable(CudaUnavailableError("the CUDA driver is installed but reports no CUDA device"))
+    line = preflight.explain_unavailable(
+        CudaUnavailableError("the CUDA driver is installed but reports no CUDA device")
+    )
     assert line.startswith("the driver reports no CUDA device") and "`cudapatch check`" in line
     driver = item(preflight.preflight(), "driver")
     assert not driver.ok and driver.fix == "this machine needs an NVIDIA GPU"
@@ -236,7 +240,10 @@ def test_check_prints_each_library_with_what_is_missing_and_the_fix(
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("--  cuSOLVER"))
     assert "cuSPARSE, a library cuSOLVER depends on, is missing" in lines[at]
-    assert lines[at + 1] == "      fix: pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+    assert (
+        lines[at + 1]
+        == "      fix: pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+    )
     assert any(line.startswith("!!  driver") for line in lines)
     assert "      fix: install an NVIDIA driver for CUDA 13 (R580 or newer)" in lines
 
