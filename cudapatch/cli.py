@@ -36,6 +36,14 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _one_line(exc: Exception) -> str:
+    """What a command prints for an error that stops it: no CUDA gets the driver it needs and ``cudapatch check``."""
+    from .errors import CudaUnavailableError
+    from .preflight import explain_unavailable
+
+    return explain_unavailable(exc) if isinstance(exc, CudaUnavailableError) else str(exc)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.headless:
         # An entry point chooses PyOpenGL's platform, before anything imports OpenGL.
@@ -49,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         host = StandaloneHost(args.patch, profiling=args.profiling, isolated=args.isolated)
     except CudapatchError as exc:
-        print(f"cudapatch: {exc}", file=sys.stderr)
+        print(f"cudapatch: {_one_line(exc)}", file=sys.stderr)
         return 2
     host.disable_operators(resumed.get("disabled", {}))
     if resumed:
@@ -67,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
                 context = GlfwWindow(w, h, f"cudapatch — {args.patch or 'demo'}")
         except CudapatchError as exc:
-            print(f"cudapatch: {exc}", file=sys.stderr)
+            print(f"cudapatch: {_one_line(exc)}", file=sys.stderr)
             return 2
         try:
             host.engine.device.make_current()

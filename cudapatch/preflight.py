@@ -1,17 +1,42 @@
-"""``cudapatch check``: what this machine has for cudapatch, and what to fix."""
+"""``cudapatch check``: what this machine has for cudapatch, and what to fix.
+
+Also the one line a command or an example prints when CUDA cannot be used at all
+(``explain_unavailable``): it names what is missing, the driver cudapatch needs, and points to
+``cudapatch check`` for the rest, instead of a traceback ending in the driver bindings' own text.
+
+Every probe goes through a small loader function (``_load_driver``, ``_load_library``), so the
+tests simulate a machine without a driver or without a library by replacing the loader.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["CheckItem", "preflight"]
+__all__ = ["CheckItem", "DRIVER_NEEDED", "explain_unavailable", "preflight"]
+
+DRIVER_NEEDED = "an NVIDIA driver for CUDA 13 (R580 or newer)"
+"""The driver the default wheels (cuda-bindings 13, cupy-cuda13x) and the bundled PTX need."""
+
+_LIBCUDA = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
 
 
 @dataclass(frozen=True)
 class CheckItem:
+    """One line of ``cudapatch check``.
+
+    Attributes:
+        name: What was checked (``driver``, ``cuSOLVER``, ...).
+        ok: Whether it is usable.
+        detail: What was found, or what is missing.
+        fix: What to do when it is not ok.
+        optional: cudapatch runs without it (only some blocks or the preview need it).
+    """
+
     name: str
     ok: bool
     detail: str
@@ -36,79 +61,189 @@ def _import(name: str) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def _library_items() -> list[CheckItem]:
-    """Whether each CUDA math library of the library blocks (GEMM, FFT, Random, LUSolve, SpMV) loads."""
+def _cuda_major() -> int:
+    """The CUDA major version of the installed cuda-bindings (13 when unknown): picks the wheels a fix names."""
+    text = _version("cuda-bindings") or "13"
     try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-    except ImportError as exc:
-        return [CheckItem("math libraries", False, str(exc), "pip install 'cudapatch[libs]'", True)]
-    items = []
-    for label, lib in (("cuBLAS", "cublas"), ("cuFFT", "cufft"), ("cuRAND", "curand"), ("cuSOLVER", "cusolver"),
-                       ("cuSPARSE", "cusparse")):  # fmt: skip
-        try:
-            path = load_nvidia_dynamic_lib(lib).abs_path
-            items.append(CheckItem(label, True, path or "loaded"))
-        except Exception as exc:  # DynamicLibNotFoundError and loader errors alike: report, never raise
-            items.append(CheckItem(label, False, str(exc).split(":")[0], "pip install 'cudapatch[libs]'", True))
+        return int(text.split(".")[0])
+    except ValueError:
+        return 13
+
+
+# -- the driver -----------------------------------------------------------------------------------
+DriverState = Literal["no-bindings", "no-driver", "init-failed", "no-device", "ok"]
+
+
+def _load_driver() -> Any:
+    """``cuda.bindings.driver`` (the tests replace this loader to simulate a machine)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _driver_state() -> tuple[DriverState, str, Any]:
+    """Probe the driver once: its state, a short detail, and the bindings module (None without one)."""
+    try:
+        d = _load_driver()
+    except Exception as exc:  # ImportError, or bindings that fail while loading
+        return "no-bindings", f"{type(exc).__name__}: {exc}", None
+    try:
+        (res,) = d.cuInit(0)
+    except RuntimeError:  # cuda-bindings raises this when libcuda cannot be loaded: no driver at all
+        return "no-driver", f"{_LIBCUDA} could not be loaded", d
+    if res == d.CUresult.CUDA_ERROR_NO_DEVICE:
+        return "no-device", "the driver reports no CUDA device", d
+    if res:
+        return "init-failed", f"cuInit failed: {getattr(res, 'name', res)}", d
+    return "ok", "", d
+
+
+def _driver_items() -> list[CheckItem]:
+    state, detail, d = _driver_state()
+    bindings_fix = f"pip install 'cuda-bindings[all]>={_cuda_major()},<{_cuda_major() + 1}'"
+    items = [CheckItem("cuda-bindings", state != "no-bindings", _version("cuda-bindings") or detail, bindings_fix)]
+    if state == "no-bindings":
+        return items
+    if state == "no-driver":
+        return [*items, CheckItem("driver", False, f"not found ({detail})", f"install {DRIVER_NEEDED}")]
+    if state in ("no-device", "init-failed"):
+        fix = "this machine needs an NVIDIA GPU" if state == "no-device" else "see `nvidia-smi`; reboot after updates"
+        return [*items, CheckItem("driver", False, detail, fix)]
+    _, ver = d.cuDriverGetVersion()
+    version = f"CUDA {ver // 1000}.{ver % 1000 // 10}"
+    if ver < 1000 * _cuda_major():  # the bindings' major version needs a driver of that CUDA major
+        fix = f"update to {DRIVER_NEEDED}, or use the CUDA 12 wheels (docs/setup.md)"
+        items.append(CheckItem("driver", False, f"{version}: cuda-bindings {_cuda_major()} needs a newer one", fix))
+    else:
+        items.append(CheckItem("driver", True, version))
+    _, n = d.cuDeviceGetCount()
+    attr = d.CUdevice_attribute
+    for i in range(n):
+        _, dev = d.cuDeviceGet(i)
+        _, name = d.cuDeviceGetName(100, dev)
+        _, major = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, minor = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        label = name.split(b"\0")[0].decode()
+        items.append(CheckItem(f"gpu {i}", True, f"{label} (sm_{major}{minor})"))
+    if n == 0:
+        items.append(CheckItem("gpu", False, "no CUDA device", "this machine needs an NVIDIA GPU"))
     return items
 
 
-def preflight() -> list[CheckItem]:
-    """Check the driver, GPU, Python packages, NVRTC and GL. Never raises."""
-    items: list[CheckItem] = [
-        CheckItem("python", sys.version_info >= (3, 10), sys.version.split()[0], "use Python 3.10+")
-    ]
-    ok, err = _import("cuda.bindings.driver")
-    items.append(
-        CheckItem("cuda-bindings", ok, _version("cuda-bindings") or err, "pip install 'cuda-bindings[all]>=13,<14'")
-    )
-    if ok:
-        from cuda.bindings import driver as d
+def explain_unavailable(exc: BaseException) -> str:
+    """The one line to print when ``exc`` (a ``CudaUnavailableError``) stops a command or script.
 
+    Says what is missing (probed again here, so the line does not depend on the wording of the
+    error), names the driver cudapatch needs, and points to ``cudapatch check``.
+
+    Args:
+        exc: The error that stopped the program.
+
+    Returns:
+        One line, without the program's name.
+    """
+    state, detail, _ = _driver_state()
+    if state == "no-bindings":
+        return (
+            f"cuda-bindings cannot be imported ({detail}); run `pip install 'cuda-bindings[all]>=13,<14'`, "
+            "then `cudapatch check`"
+        )
+    if state == "no-driver":
+        return f"no NVIDIA driver ({detail}): install {DRIVER_NEEDED}, then run `cudapatch check`"
+    if state in ("no-device", "init-failed"):
+        return f"{detail}; cudapatch needs an NVIDIA GPU with {DRIVER_NEEDED}. See `cudapatch check`"
+    return f"{exc}. See `cudapatch check`"
+
+
+# -- the math libraries ---------------------------------------------------------------------------
+# (label, cuda.pathfinder name, the libraries it needs loaded first, in the order pathfinder loads them)
+_LIBRARIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("cuBLAS", "cublas", ("cublasLt",)),
+    ("cuFFT", "cufft", ()),
+    ("cuRAND", "curand", ()),
+    ("cuSOLVER", "cusolver", ("nvJitLink", "cusparse", "cublasLt", "cublas")),
+    ("cuSPARSE", "cusparse", ("nvJitLink",)),
+)
+_LABELS = {"cublasLt": "cuBLASLt", "nvJitLink": "nvJitLink", **{lib: label for label, lib, _ in _LIBRARIES}}
+# The extra of NVIDIA's ``cuda-toolkit`` package whose wheel ships each library.
+_COMPONENTS = {"cublas": "cublas", "cublasLt": "cublas", "cufft": "cufft", "curand": "curand",
+               "cusolver": "cusolver", "cusparse": "cusparse", "nvJitLink": "nvjitlink"}  # fmt: skip
+_MISSING_FILE = re.compile(r'Failure finding "([^"]+)"')
+
+
+def _load_library(name: str) -> str:
+    """Load one NVIDIA library through cuda.pathfinder (as nvmath does); its path. The tests replace this loader.
+
+    Raises:
+        ImportError: cuda.pathfinder is missing.
+        Exception: the library was not found or failed to load (pathfinder's errors).
+    """
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    return load_nvidia_dynamic_lib(name).abs_path or "loaded"
+
+
+def _why(exc: Exception, name: str) -> str:
+    """``libcusparse.so.12 not found`` from pathfinder's long message (a directory listing follows it)."""
+    found = _MISSING_FILE.search(str(exc))
+    if found:
+        return f"{found.group(1)} not found"
+    if type(exc).__name__ == "DynamicLibNotFoundError":
+        return f"lib{name} not found"
+    return f"lib{name} failed to load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+
+
+def _library_fix(name: str) -> str:
+    major = _cuda_major()
+    extra = "libs" if major >= 13 else "libs-cu12"
+    return f"pip install \"cuda-toolkit[{_COMPONENTS[name]}]=={major}.*\" (all five libraries: the '{extra}' extra)"
+
+
+def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:
+    try:
+        return CheckItem(label, True, _load_library(name), optional=True)
+    except Exception as exc:  # DynamicLibNotFoundError and loader errors alike: report, never raise
+        failure = exc
+    for dep in needs:  # a library it depends on is the usual culprit (cuSOLVER without cuSPARSE)
         try:
-            (res,) = d.cuInit(0)
-            if res:
-                items.append(
-                    CheckItem("driver", False, f"cuInit: {res!r}", "install the NVIDIA driver (580+ for CUDA 13)")
-                )
-            else:
-                _, ver = d.cuDriverGetVersion()
-                _, n = d.cuDeviceGetCount()
-                items.append(CheckItem("driver", True, f"CUDA {ver // 1000}.{ver % 1000 // 10}"))
-                for i in range(n):
-                    _, dev = d.cuDeviceGet(i)
-                    _, name = d.cuDeviceGetName(100, dev)
-                    _, major = d.cuDeviceGetAttribute(
-                        d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
-                    )
-                    _, minor = d.cuDeviceGetAttribute(
-                        d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
-                    )
-                    label = name.split(b"\0")[0].decode()
-                    items.append(CheckItem(f"gpu {i}", True, f"{label} (sm_{major}{minor})"))
-                if n == 0:
-                    items.append(CheckItem("gpu", False, "no CUDA device", "this machine needs an NVIDIA GPU"))
-        except RuntimeError as exc:  # libcuda.so missing
-            items.append(CheckItem("driver", False, str(exc), "install the NVIDIA driver (580+ for CUDA 13)"))
+            _load_library(dep)
+        except Exception as dep_exc:
+            detail = f"{_LABELS[dep]}, a library {label} depends on, is missing: {_why(dep_exc, dep)}"
+            return CheckItem(label, False, detail, _library_fix(dep), optional=True)
+    return CheckItem(label, False, _why(failure, name), _library_fix(name), optional=True)
+
+
+def _library_items() -> list[CheckItem]:
+    """Whether each CUDA math library of the library blocks (GEMM, FFT, Random, LUSolve, SpMV) loads."""
+    if not _import("cuda.pathfinder")[0]:
+        fix = "pip install cuda-pathfinder (it comes with cuda-bindings 13)"
+        return [CheckItem("math libraries", False, "cuda.pathfinder cannot be imported", fix, True)]
+    return [_library_item(label, name, needs) for label, name, needs in _LIBRARIES]
+
+
+# -- everything -----------------------------------------------------------------------------------
+def preflight() -> list[CheckItem]:
+    """Check the driver, GPU, Python packages, NVRTC, the math libraries and GL. Never raises."""
+    items: list[CheckItem] = [
+        CheckItem("python", sys.version_info >= (3, 11), sys.version.split()[0], "use Python 3.11 or newer")
+    ]
+    items.extend(_driver_items())
     ok, err = _import("cuda.bindings.nvrtc")
+    nvrtc_fix = f"pip install 'cuda-bindings[all]>={_cuda_major()},<{_cuda_major() + 1}' (the NVRTC wheel)"
     if ok:
         from cuda.bindings import nvrtc
 
         res, major, minor = nvrtc.nvrtcVersion()
-        items.append(
-            CheckItem(
-                "nvrtc", not res, f"{major}.{minor}" if not res else repr(res), "pip install 'cuda-bindings[all]'"
-            )
-        )
+        items.append(CheckItem("nvrtc", not res, f"{major}.{minor}" if not res else repr(res), nvrtc_fix))
     else:
-        items.append(CheckItem("nvrtc", False, err, "pip install 'cuda-bindings[all]'"))
+        items.append(CheckItem("nvrtc", False, err, nvrtc_fix))
     for name, module, fix, optional in (
-        ("cupy", "cupy", "pip install cupy-cuda13x", False),
-        ("numba-cuda", "numba.cuda", "pip install 'cudapatch[numba]' (Python kernels)", True),
+        ("cupy", "cupy", f"pip install cupy-cuda{_cuda_major()}x", False),
+        ("numba-cuda", "numba.cuda", "pip install numba-cuda (Python kernels; the 'numba' extra)", True),
         ("nvmath-python", "nvmath", "pip install nvmath-python (library calls)", True),
-        ("pyopengl", "OpenGL", "pip install 'cudapatch[gl]' (preview)", True),
-        ("glfw", "glfw", "pip install 'cudapatch[gl]' (preview window)", True),
-        ("imgui-bundle", "imgui_bundle", "pip install 'cudapatch[gl]' (overlay)", True),
+        ("pyopengl", "OpenGL", "pip install PyOpenGL (the preview; the 'gl' extra)", True),
+        ("glfw", "glfw", "pip install glfw (the preview window; the 'gl' extra)", True),
+        ("imgui-bundle", "imgui_bundle", "pip install imgui-bundle (the overlay; the 'gl' extra)", True),
     ):
         ok, err = _import(module)
         items.append(CheckItem(name, ok, _version(name) or ("importable" if ok else err), fix, optional))

@@ -19,8 +19,10 @@ import sys
 import numpy as np
 
 from cudapatch import AppendFilter, Engine, Scale, VectorAdd
+from cudapatch._examples import example_main
 
 
+@example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")

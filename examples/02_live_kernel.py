@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from cudapatch import BlockState, Engine, KernelFile
+from cudapatch._examples import example_main
 
 KERNEL = """// cudapatch: description=Edited live by examples/02_live_kernel.py
 extern "C" __global__ void live(const float* in, float* out, float gain, unsigned int n)
@@ -42,6 +43,7 @@ EDITS = [
 ]
 
 
+@example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")

@@ -22,7 +22,10 @@ import sys
 
 import numpy as np
 
+from cudapatch._examples import example_main  # imports no GL module: the platform is chosen in main
 
+
+@example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--headless", action="store_true", help="render with EGL, no window")

@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from cudapatch import Block, CallDescriptor, Engine, buffer_in, buffer_out, device_scalar, host_scalar, like
+from cudapatch._examples import example_main
 from cudapatch.blocks.library import FFT, GEMM, Random
 
 SAXPY = CallDescriptor.of(
@@ -48,6 +49,7 @@ class Saxpy(Block):
         b.scalar("Alpha", c.in_("Alpha"), default=1.0)
 
 
+@example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")

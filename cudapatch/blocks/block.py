@@ -62,6 +62,7 @@ class Block:
     """
 
     type_name: ClassVar[str] = "Block"
+    internal: ClassVar[bool] = False  # added by cudapatch itself (a preview's GL writers): shown apart, dimmed
     kernel_dir: ClassVar[Path | None] = None  # base for relative kernel paths
 
     def __init__(self, *, name: str | None = None, **params: Any) -> None:

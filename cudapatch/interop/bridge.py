@@ -14,6 +14,11 @@ engine's stats with their GPU time; adding one rebuilds the graph once. Only a t
 launch). A GL texture feeding an input is copied into a linear buffer before the launch (kernels
 read linear memory, textures are CUDA arrays).
 
+The writer blocks are internal (``Block.internal``): each is named after the output it copies
+and where the bridge shows it, ``points.Points -> preview`` (stable across runs, readable in logs
+and stats), and ``internal_blocks`` maps each to the block it copies from, so the overlay shows it
+dimmed under that block.
+
 Copying an output into GL is an explicit choice made here (``show_buffer``/``show_texture``),
 never a silent fallback. A device-to-device copy of 1M points (32 MB) is ~15 µs of GPU time.
 """
@@ -21,6 +26,7 @@ never a silent fallback. A device-to-device copy of 1M points (32 MB) is ~15 µs
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +54,16 @@ class GlBridge:
     """Shares GL resources with ``engine``'s graph, mapped in one call around each launch.
 
     Create it with the GL context and the engine's CUDA context current, on the GL thread.
+
+    Args:
+        engine: The engine whose graph reads and writes the GL resources.
+        label: Where the outputs are shown, for the writer blocks' names (``points.Points -> preview``).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, label: str = "GL") -> None:
         self.engine = engine
+        self.label = label
+        self._internal: dict[int, int] = {}  # writer block id -> id of the block whose output it copies
         self._outputs: list[_Link] = []
         self._textures: list[_Link] = []
         self._inputs: list[_Link] = []
@@ -72,10 +84,15 @@ class GlBridge:
         from .gl_writers import GlBufferWriter
 
         spec = self._check(block, port, "output")
-        writer = GlBufferWriter(name=f"{block.name}.{port} to {buffer.label}", Type=spec.dtype.c_name)
+        writer = GlBufferWriter(name=self._writer_name(block, port), Type=spec.dtype.c_name)
         writer.set("Capacity", buffer.nbytes)
         self._outputs.append(self._add_writer(_Link(block, port, buffer), writer))
         self._regroup()
+
+    def _writer_name(self, block: Block, port: str) -> str:
+        # Stable and readable: no addresses or counters (it is what logs and the overlay show). ASCII
+        # "->", not an arrow: Windows consoles with a legacy code page cannot print one.
+        return f"{block.name}.{port} -> {self.label}"
 
     def _add_writer(self, link: _Link, writer: Block) -> _Link:
         self.engine.add(writer)
@@ -85,7 +102,14 @@ class GlBridge:
             self.engine.remove(writer)
             raise
         link.writer = writer
+        self._internal[writer.id] = link.block.id
         return link
+
+    @property
+    def internal_blocks(self) -> Mapping[int, int]:
+        """The internal blocks this bridge added (its GL writers): block id -> the id of the block whose
+        output each copies. A live view (no copy per frame): the overlay groups and dims them with it."""
+        return self._internal
 
     def show_buffer_ring(self, block: Block, port: str, ring: Any) -> None:
         """Copy output ``port`` into the next free buffer of an ``ImportedRing`` every frame (the
@@ -99,7 +123,7 @@ class GlBridge:
         from .gl_writers import GlRingWriter
 
         spec = self._check(block, port, "output")
-        writer = GlRingWriter(name=f"{block.name}.{port} to ring {id(ring):x}", Type=spec.dtype.c_name)
+        writer = GlRingWriter(name=self._writer_name(block, port), Type=spec.dtype.c_name)
         ring.attach(writer)
         self._rings.append(self._add_writer(_Link(block, port, ring), writer))
 
@@ -121,7 +145,7 @@ class GlBridge:
         if texture.surface_writable:
             from .gl_writers import GlSurfaceWriter
 
-            name = f"{block.name}.{port} to {texture.label}"
+            name = self._writer_name(block, port)
             writer = GlSurfaceWriter(name=name, Type=spec.dtype.c_name, Texel=str(texture.texel_bytes))
             writer.set("Width", texture.width)
             writer.set("Height", texture.height)
@@ -243,6 +267,7 @@ class GlBridge:
         for link in self._outputs + self._textures + self._rings:
             if link.writer is not None:
                 self.engine.remove(link.writer)
+        self._internal.clear()
         self._group = None
 
     @property

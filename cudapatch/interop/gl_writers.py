@@ -98,6 +98,7 @@ class GlRingWriter(Block):
     ``ImportedRing.attach``; ``GlBridge.show_buffer_ring`` adds, wires and removes this block."""
 
     type_name = "GlRingWriter"
+    internal = True  # only GlBridge adds it: overlays show it dimmed under the output it copies
 
     def describe(self, b: BlockBuilder) -> None:
         dtype = _element_type(b)
@@ -135,6 +136,7 @@ class GlBufferWriter(Block):
     ``GlBridge`` whenever a map returns a new one), ``Capacity`` its size in bytes."""
 
     type_name = "GlBufferWriter"
+    internal = True
 
     def describe(self, b: BlockBuilder) -> None:
         dtype = _element_type(b)
@@ -179,6 +181,7 @@ class GlSurfaceWriter(Block):
     in bytes (4 or 16)."""
 
     type_name = "GlSurfaceWriter"
+    internal = True
 
     def describe(self, b: BlockBuilder) -> None:
         dtype = _element_type(b)

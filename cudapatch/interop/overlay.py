@@ -2,8 +2,11 @@
 
 Shows the engine line (blocks, kernels, GPU ms, pool), a profiling level selector that changes the
 engine's level live, a per-block table (state, GPU ms, append fill bar), a frame-time plot (implot)
-and the diagnostics with block names. F1 toggles it. It saves and restores the GL state it touches,
-so it can draw into someone else's context.
+and the diagnostics with block names. Internal blocks (the GL writers a preview adds, see
+``GlBridge.internal_blocks``) are listed dimmed and indented under the block whose output they copy,
+so the table reads as the user's patch, with the preview's copies as footnotes (``block_rows``).
+F1 toggles it. It saves and restores the GL state it touches, so it can draw into someone else's
+context.
 
 With a ``GlfwWindow`` it reuses imgui-bundle's ``GlfwRenderer`` (input and frame order); with a
 headless context it uses the same programmable-pipeline renderer with a fixed display size.
@@ -13,18 +16,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._lifecycle import HandleOwner
-from ..engine.profiling import EngineStats, ProfilingLevel
+from ..engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from ..errors import InteropError
 from ._gl import gl
 from .context import GlContext
 
-__all__ = ["Overlay"]
+__all__ = ["Overlay", "block_rows"]
 
 _STATE_COLORS = {
     "OK": (0.45, 0.85, 0.45, 1.0),
@@ -33,6 +36,29 @@ _STATE_COLORS = {
     "Error": (0.95, 0.3, 0.3, 1.0),
 }
 FILL_BAR_COLOR = (0.2, 0.8, 1.0, 1.0)  # the append fill bars (tests look for this color)
+
+
+def block_rows(blocks: Sequence[BlockStats], internal: Mapping[int, int]) -> list[tuple[BlockStats, bool]]:
+    """The block table's rows: ``(stats, is_internal)``, each internal block right after the block it
+    copies from, in the engine's order otherwise; an internal block whose source is not listed comes last.
+
+    Args:
+        blocks: The engine's blocks, as ``EngineStats.blocks`` lists them.
+        internal: Internal block id -> the id of the block whose output it copies (``GlBridge.internal_blocks``).
+    """
+    if not internal:
+        return [(b, False) for b in blocks]
+    under: dict[int, list[BlockStats]] = {}
+    for b in blocks:
+        if b.block_id in internal:
+            under.setdefault(internal[b.block_id], []).append(b)
+    rows: list[tuple[BlockStats, bool]] = []
+    for b in blocks:
+        if b.block_id not in internal:
+            rows.append((b, False))
+            rows.extend((child, True) for child in under.pop(b.block_id, ()))
+    rows.extend((child, True) for children in under.values() for child in children)  # sources not listed
+    return rows
 
 
 def _imgui() -> tuple[Any, Any]:
@@ -120,8 +146,15 @@ class Overlay(HandleOwner):
         self._host_ms.append(host_ms)
         self._gpu_ms.append(gpu_ms if gpu_ms is not None else float("nan"))
 
-    def draw(self, stats: EngineStats, *, title: str = "cudapatch") -> None:
-        """Draw the overlay for ``stats`` into the current framebuffer (GL state is restored after)."""
+    def draw(self, stats: EngineStats, *, title: str = "cudapatch", internal: Mapping[int, int] | None = None) -> None:
+        """Draw the overlay for ``stats`` into the current framebuffer (GL state is restored after).
+
+        Args:
+            stats: The engine's snapshot (``Engine.stats()``).
+            title: The panel's title.
+            internal: Internal block id -> the block it copies from (``GlBridge.internal_blocks``):
+                those rows are dimmed and indented under their source.
+        """
         if self._closed:
             raise InteropError("Overlay.draw: the overlay is closed")
         imgui = self._imgui
@@ -142,7 +175,7 @@ class Overlay(HandleOwner):
             if imgui.is_key_pressed(imgui.Key.f1):
                 self.visible = not self.visible
             if self.visible:
-                self._panel(stats, title)
+                self._panel(stats, title, internal or {})
             for panel in self._panels:
                 panel(stats)
             imgui.render()
@@ -151,7 +184,7 @@ class Overlay(HandleOwner):
         finally:
             saved.restore()
 
-    def _panel(self, stats: EngineStats, title: str) -> None:
+    def _panel(self, stats: EngineStats, title: str, internal: Mapping[int, int]) -> None:
         imgui, implot = self._imgui, self._implot
         imgui.set_next_window_pos(imgui.ImVec2(10, 10), imgui.Cond_.first_use_ever)
         imgui.set_next_window_size(imgui.ImVec2(460, 0), imgui.Cond_.first_use_ever)
@@ -170,14 +203,15 @@ class Overlay(HandleOwner):
             for name in ("Block", "State", "GPU ms", "Fill"):
                 imgui.table_setup_column(name)
             imgui.table_headers_row()
-            for b in stats.blocks:
+            for b, is_internal in block_rows(stats.blocks, internal):
+                text = imgui.text_disabled if is_internal else imgui.text  # internal: dimmed, indented
                 imgui.table_next_row()
                 imgui.table_next_column()
-                imgui.text(b.name)
+                text(f"  {b.name}" if is_internal else b.name)
                 imgui.table_next_column()
                 imgui.text_colored(imgui.ImVec4(*_STATE_COLORS.get(b.state, (1, 1, 1, 1))), b.state)
                 imgui.table_next_column()
-                imgui.text(f"{b.gpu_ms:.3f}" if b.gpu_ms is not None else "-")
+                text(f"{b.gpu_ms:.3f}" if b.gpu_ms is not None else "-")
                 imgui.table_next_column()
                 for port, a in b.append.items():
                     imgui.push_style_color(imgui.Col_.plot_histogram, imgui.ImVec4(*FILL_BAR_COLOR))

@@ -86,7 +86,7 @@ class Preview:
 
         self.zero_map = zero_map_available(context) if zero_map is None else zero_map
         self._ring_cls = ImportedRing
-        self.bridge = GlBridge(engine)
+        self.bridge = GlBridge(engine, label="preview")
         how = "imported CUDA memory (zero-map)" if self.zero_map else "register + map/unmap"
         log.info("preview: outputs shared with GL through %s", how)
         self._ring: ImportedRing | None = None
@@ -143,7 +143,7 @@ class Preview:
             self._point_renderer.close()  # type: ignore[union-attr]
             current.close()
             self._ring = self._point_buffer = None
-            self.bridge = GlBridge(self.engine)
+            self.bridge = GlBridge(self.engine, label="preview")
             if self._texture is not None:
                 self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
             if self._image is not None:
@@ -234,7 +234,7 @@ class Preview:
         stats = None
         if self.overlay is not None:
             stats = self.engine.stats()  # once per frame: the overlay and its plot share it
-            self.overlay.draw(stats, title=self.engine.name)
+            self.overlay.draw(stats, title=self.engine.name, internal=self.bridge.internal_blocks)
         ctx.swap()
         self.frames += 1
         if stats is not None:

@@ -107,7 +107,9 @@ def nvrtc_compile(
         opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in (*options, *includes))]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
+        # bytes(size), never b" " * size: for an empty log (size 1) that is CPython's cached one-byte b" ",
+        # and NVRTC's NUL written into it turned every later b" " of the process into b"\0" (seen on 3.12).
+        buf = bytes(size)
         _check_nvrtc(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = buf.rstrip(b"\0 ").decode(errors="replace")
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -123,7 +125,7 @@ def nvrtc_compile(
             )
         lowered = _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, entry.encode()), "nvrtcGetLoweredName")
         size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytes(size)
         _check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
         return cubin, lowered.decode() if isinstance(lowered, bytes) else str(lowered), log
     finally:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import gpu_unavailable_reason
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py"))
 FRAMES = "40"
@@ -84,12 +86,28 @@ def test_readme_snippet_runs_from_a_file(code: str, tmp_path: Path) -> None:
     _assert_clean(_run(script, [], cwd=tmp_path))
 
 
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_without_cuda_prints_one_line_and_fails(path: Path) -> None:
+    """On a machine without a driver or GPU an example ends in one line naming the driver it
+    needs and ``cudapatch check``, with a non-zero exit status, not a traceback."""
+    if gpu_unavailable_reason() is None:
+        pytest.skip("this machine has CUDA: the example runs (tested above)")
+    out = _run(path, _example_args(path), cwd=ROOT)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(lines) == 1 and out.stdout == "", out.stdout + out.stderr
+    assert lines[0].startswith(f"{path.name}: ") and "`cudapatch check`" in lines[0]
+    if gpu_unavailable_reason().startswith("no CUDA driver"):
+        assert "R580 or newer" in lines[0] and lines[0].lower().count("install") == 1
+
+
 def test_examples_have_a_header_and_headless_flags() -> None:
     assert EXAMPLES
     for path in EXAMPLES:
         text = path.read_text()
         assert text.startswith('#!/usr/bin/env python3\n"""') and "What you should see" in text
         assert "--headless" in text and "--frames" in text
+        assert "@example_main" in text, f"{path.name}: main() is not wrapped by cudapatch._examples.example_main"
 
 
 def test_snippets_are_found_and_unguarded_examples_are_still_python() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -124,6 +125,35 @@ def test_overlay_draws_its_panel_and_fill_bar():
     with pytest.raises(InteropError, match="closed"):
         ov.draw(_stats())
     egl.close()
+
+
+def test_overlay_dims_internal_blocks_under_their_source():
+    from cudapatch.interop import EglContext
+    from cudapatch.interop.overlay import Overlay
+
+    base = _stats()
+    writer = BlockStats(4, "Emitter.Points -> preview", "OK", "", 0.02)
+    stats = dataclasses.replace(base, blocks=(*base.blocks, writer))
+    egl = EglContext(640, 400)
+    ov = Overlay(egl)
+    counts = {}
+    try:
+        for internal in ({}, {4: 1}):
+            for _ in range(2):  # imgui lays a table out on its first frame
+                _clear(egl)
+                ov.draw(stats, internal=internal)
+            px = egl.read_pixels()[..., :3].astype(int)
+            white = (px > 235).all(axis=2).sum()
+            # imgui's disabled text: a neutral mid grey (148 over this panel with Mesa), unlike the
+            # panel's dark greys and the white text's anti-aliased edges, which are few at this level
+            grey = (((px >= 128) & (px <= 170)).all(axis=2) & (np.ptp(px, axis=2) <= 4)).sum()
+            counts[bool(internal)] = white, grey
+    finally:
+        ov.close()
+        egl.close()
+    (white_plain, grey_plain), (white_dim, grey_dim) = counts[False], counts[True]
+    assert white_plain - white_dim > 60, counts  # the writer's name and GPU ms are no longer white ...
+    assert grey_dim - grey_plain > 60, counts  # ... but drawn in the dimmed text color
 
 
 def test_overlay_restores_gl_state(egl):

@@ -56,6 +56,19 @@ def test_nvrtc_compiles_to_a_cubin_for_the_arch() -> None:
     assert CudaSource(code=GAIN).compile("sm_80").image != img.image
 
 
+def test_an_empty_compiler_log_leaves_the_interpreters_bytes_alone() -> None:
+    # An empty NVRTC log is one NUL byte. Read into b" " * 1 (CPython's cached one-byte b" "), it
+    # turned every later b" " of the process into b"\\0": printed spaces vanished in later tests (3.12).
+    from cudapatch.kernels._toolchain import nvrtc_compile
+
+    code = 'extern "C" __global__ void quiet(float* x) { x[0] = 1.0f; }'
+    cubin, _, log = nvrtc_compile(code, name="quiet.cu", entry="quiet", arch="sm_90", minimal=False)
+    assert log == "" and cubin
+    one = len(log) + 1  # computed: a literal b" " * 1 is folded into a constant of its own
+    assert (b" " * one)[0] == 0x20
+    assert " ".encode() == bytes([0x20])  # noqa: UP012 - the encoder hands out the cached one-byte objects
+
+
 def test_nvrtc_errors_carry_the_log_file_and_line() -> None:
     bad = GAIN.replace("in[i] * gain", "in[i] * gane")
     with pytest.raises(KernelCompileError) as info:

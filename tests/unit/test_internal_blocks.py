@@ -1,0 +1,114 @@
+"""The blocks a preview adds to copy outputs into GL are internal: stable readable names (no memory
+addresses), ``Block.internal`` set, and the overlay's table lists them dimmed under their source.
+The bridge runs here over a stand-in engine; the drawing is tested in tests/gl/test_gl_headless.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from cudapatch import Scale, VectorAdd
+from cudapatch.blocks.block import Block
+from cudapatch.engine.profiling import BlockStats
+from cudapatch.interop.bridge import GlBridge
+from cudapatch.interop.gl_writers import GlBufferWriter, GlRingWriter, GlSurfaceWriter
+from cudapatch.interop.overlay import block_rows
+
+
+class StandInEngine:
+    """What GlBridge uses of an engine while wiring: blocks added, links, frame hooks."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+        self.links: list[tuple[str, str, str, str]] = []
+        self.hooks: list[Any] = []
+
+    def add_frame_hook(self, hook: Any) -> None:
+        self.hooks.append(hook)
+
+    def remove_frame_hook(self, hook: Any) -> None:
+        self.hooks.remove(hook)
+
+    def add(self, block: Block) -> Block:
+        self.blocks.append(block)
+        return block
+
+    def remove(self, block: Block) -> None:
+        self.blocks.remove(block)
+
+    def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
+        self.links.append((src.name, src_port, dst.name, dst_port))
+
+
+class StandInRing:
+    """An ImportedRing as the bridge sees it while wiring: ``attach`` only."""
+
+    def __init__(self) -> None:
+        self.attached: list[Block] = []
+
+    def attach(self, writer: Block) -> None:
+        self.attached.append(writer)
+
+
+def stand_in_buffer(label: str) -> Any:
+    return SimpleNamespace(label=label, nbytes=4096, handle=0x1234)
+
+
+def test_writer_classes_are_internal_and_user_blocks_are_not() -> None:
+    assert GlRingWriter.internal and GlBufferWriter.internal and GlSurfaceWriter.internal
+    assert not Block.internal and not VectorAdd.internal and not Scale(name="s").internal
+
+
+def test_a_preview_writer_is_named_after_its_output_and_marked_internal() -> None:
+    engine = StandInEngine()
+    source = VectorAdd(name="points")
+    bridge = GlBridge(engine, label="preview")
+    ring = StandInRing()
+    bridge.show_buffer_ring(source, "Sum", ring)
+    (writer,) = ring.attached
+    assert writer.name == "points.Sum -> preview"  # no address: the same in every run and every log
+    assert writer.internal and writer in engine.blocks
+    assert engine.links == [("points", "Sum", "points.Sum -> preview", "In")]
+    assert dict(bridge.internal_blocks) == {writer.id: source.id}
+    bridge.close()
+    assert not bridge.internal_blocks and writer not in engine.blocks
+
+
+def test_names_are_stable_across_bridges_and_say_where_the_output_goes() -> None:
+    source = VectorAdd(name="add")
+    names = []
+    for _ in range(2):  # e.g. the preview's bridge rebuilt when the points output changes size
+        engine = StandInEngine()
+        bridge = GlBridge(engine, label="preview")
+        ring = StandInRing()
+        bridge.show_buffer_ring(source, "Sum", ring)
+        names.append(ring.attached[0].name)
+        bridge.close()
+    assert names == ["add.Sum -> preview"] * 2
+    engine = StandInEngine()
+    bridge = GlBridge(engine)  # a host's own bridge: the default label
+    bridge.show_buffer(source, "Sum", stand_in_buffer("GL buffer 7"))
+    (writer,) = [b for b in engine.blocks if b is not source]
+    assert isinstance(writer, GlBufferWriter) and writer.name == "add.Sum -> GL" and writer.internal
+    assert dict(bridge.internal_blocks) == {writer.id: source.id}
+
+
+def _stats(block_id: int, name: str) -> BlockStats:
+    return BlockStats(block_id, name, "OK", "", 0.1)
+
+
+def test_block_rows_put_internal_blocks_under_their_source() -> None:
+    emit, points, other = _stats(1, "emit"), _stats(2, "points"), _stats(3, "other")
+    writer, image_writer = _stats(7, "points.Points -> preview"), _stats(8, "emit.Image -> preview")
+    blocks = (emit, points, writer, other, image_writer)
+    assert block_rows(blocks, {}) == [(b, False) for b in blocks]
+    assert block_rows(blocks, {7: 2, 8: 1}) == [
+        (emit, False),
+        (image_writer, True),
+        (points, False),
+        (writer, True),
+        (other, False),
+    ]
+    # a writer listed before its source, and one whose source is not listed (removed this frame)
+    orphan = _stats(9, "gone.Out -> preview")
+    assert block_rows((writer, orphan, points), {7: 2, 9: 5}) == [(points, False), (writer, True), (orphan, True)]
