@@ -32,7 +32,7 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, FrameDelay, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "BlockState",
     "CustomKernel",
     "Fill",
+    "FrameDelay",
     "InternalLink",
     "KernelFile",
     "KernelHandle",

@@ -42,7 +42,7 @@ __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "alt", "alt_params")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -50,6 +50,15 @@ class KernelNode:
         self.slots = store.slots
         self.handle = handle
         self.plan = plan
+        #: The storage of this node in a graph's second phase (FrameDelay feedback: other pair
+        #: pointers), or None; ``alt_params`` is what the second executable is patched with.
+        self.alt: ParamStorage | None = None
+        self.alt_params = store.params
+
+    def set_alt(self, alt: ParamStorage) -> None:
+        """Give the node its second-phase storage (``phases.second_phase``)."""
+        self.alt = alt
+        self.alt_params = alt.params
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""

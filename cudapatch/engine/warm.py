@@ -47,6 +47,7 @@ class Refusal(str, Enum):
     KERNEL_NODE = "kernel-node"  #: a kernel's identity, edges, block size, shared memory or argument sources changed
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
+    DELAYS = "delays"  #: the FrameDelays or the sizes of their buffers changed (their state starts again)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,10 @@ def decide_warm_patch(
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:
         return _refuse(Refusal.BINDING_SLOTS, None, "the bound inputs map to other argument slots")
+    pairs = [i for dp in new.delays for i in (dp.previous, dp.current) if i is not None]
+    if new.delays != old.delays or any(new.buffers[i].count != old.buffers[i].count for i in pairs):
+        # a resized delay writes its start value again: a new graph, with its init armed
+        return _refuse(Refusal.DELAYS, None, "the FrameDelays or their sizes changed")
     for nb, ob, capacity in zip(new.buffers, old.buffers, capacities, strict=True):
         if nb[:4] != ob[:4] or nb.append != ob.append:  # (index, block_id, label, dtype) and the append role
             what = f"buffer {nb.index} is now {nb.label!r} of block {nb.block_id}"

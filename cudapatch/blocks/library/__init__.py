@@ -2,6 +2,7 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .feedback import FrameDelay
 from .fft import FFT
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
@@ -18,11 +19,22 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS, *LIBRARY_BLOCKS)
+BUILTIN_BLOCKS = (
+    VectorAdd,
+    Scale,
+    Fill,
+    AppendFilter,
+    CustomKernel,
+    KernelFile,
+    FrameDelay,
+    *PARTICLE_BLOCKS,
+    *LIBRARY_BLOCKS,
+)
 
 __all__ = [
     "BUILTIN_BLOCKS",
     "FFT",
+    "FrameDelay",
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",

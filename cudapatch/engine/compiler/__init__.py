@@ -5,16 +5,19 @@ in its own module and tested on its own:
 
 1. ``validate``: links that make sense (unknown port, type mismatch, duplicate link, another
    engine's block → errors).
-2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
+2. ``order``: topological order of the blocks (a cycle that does not pass through a FrameDelay →
+   errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts.
+3b. ``delays``: each FrameDelay's pair of buffers (its Out, and the value linked into its In),
+   checked (sizes, sources); errors stop here.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
 7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
 
-The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
+The phases DESIGN.md §10 adds go into this sequence: regions after ordering, shapes in
 sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
 """
 
@@ -25,6 +28,7 @@ from collections.abc import Mapping
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
+from .delays import delays
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .memory import memory
@@ -34,7 +38,19 @@ from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
-__all__ = ["PlanDraft", "compile_plan", "edges", "memory", "nodes", "order", "publish", "sizes", "stamps", "validate"]
+__all__ = [
+    "PlanDraft",
+    "compile_plan",
+    "delays",
+    "edges",
+    "memory",
+    "nodes",
+    "order",
+    "publish",
+    "sizes",
+    "stamps",
+    "validate",
+]
 
 
 def compile_plan(
@@ -62,6 +78,8 @@ def compile_plan(
     order(draft)
     draft.raise_errors()
     sizes(draft)
+    delays(draft)
+    draft.raise_errors()
     memory(draft)
     nodes(draft)
     edges(draft)

@@ -20,7 +20,7 @@ from ...errors import GraphCompileError
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
 from ..diagnostics import Diagnostic, Severity
-from ..plan import BufferPlan, GraphPlan, NodePlan, Slot, TimingPair
+from ..plan import BufferPlan, DelayPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
 
 __all__ = ["BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "resolve_count"]
@@ -122,6 +122,8 @@ class PlanDraft:
     values: list[BufferPlan] = field(default_factory=list)
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
+    # delays: (FrameDelay block id, value its Out reads, value its In gets or None) of each running delay
+    delays: list[tuple[int, int, int | None]] = field(default_factory=list)
     # memory: the buffer that holds each value; append counters
     buffers: list[BufferPlan] = field(default_factory=list)
     value_buffer: list[int] = field(default_factory=list)
@@ -178,4 +180,17 @@ class PlanDraft:
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            delays=self._delay_plans(),
+        )
+
+    def _delay_plans(self) -> tuple[DelayPlan, ...]:
+        vb, block_nodes = self.value_buffer, self.block_nodes
+        return tuple(
+            DelayPlan(
+                bid,
+                block_nodes[bid][0] if bid in block_nodes else None,  # a faulted delay has no init kernel
+                vb[prev],
+                vb[cur] if cur is not None else None,
+            )
+            for bid, prev, cur in self.delays
         )

@@ -38,7 +38,10 @@ def sizes(draft: PlanDraft) -> None:
         d = b.description
         inputs: dict[str, Source] = {}
         skip_reason = None
+        feedback = d.feedback_inputs if d.feedback else ()
         for port in d.inputs:
+            if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
+                continue
             key = (bid, port.name)
             lk = incoming.get(key)
             if lk is not None:
