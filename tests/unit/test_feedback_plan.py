@@ -111,7 +111,13 @@ def test_cycle_errors_name_the_loop_and_warn_the_blocks_behind_it() -> None:
 
 
 def test_find_loops_returns_each_loop_in_link_order() -> None:
-    links = [Link(1, "o", 2, "i"), Link(2, "o", 3, "i"), Link(3, "o", 1, "i"), Link(3, "o", 4, "i"), Link(5, "o", 5, "i")]
+    links = [
+        Link(1, "o", 2, "i"),
+        Link(2, "o", 3, "i"),
+        Link(3, "o", 1, "i"),
+        Link(3, "o", 4, "i"),
+        Link(5, "o", 5, "i"),
+    ]
     assert find_loops([1, 2, 3, 4, 5], links) == [[1, 2, 3], [5]]
 
 
@@ -161,7 +167,8 @@ def test_feedback_with_another_type_is_an_error_on_the_delay() -> None:
     d, s = FrameDelay(name="d", Type="int"), Scale(name="s")
     c = _ctx(d, s)
     snap = c.snapshot()
-    snap = dataclasses.replace(snap, links=(Link(s.id, "Out", d.id, "In"),))  # refused by connect; a patch file may hold it
+    # connect refuses the link; a patch file may hold it
+    snap = dataclasses.replace(snap, links=(Link(s.id, "Out", d.id, "In"),))
     with pytest.raises(GraphCompileError) as info:
         compile_plan(snap)
     (diag,) = [x for x in info.value.diagnostics if x.severity == "error"]
@@ -248,7 +255,7 @@ def test_phases_alternate_and_arm_init_nodes_only_when_asked() -> None:
     ph = Phases(plan, ("exec0", "exec1"), [None], fresh={0})  # no init handle: nothing to arm
     assert ph.pending == set()
     for _ in range(3):
-        assert ph.launch(lambda ex, stream: (launched.append(ex) or (0,)), None) == 0
+        assert ph.launch(lambda ex, stream: launched.append(ex) or (0,), None) == 0
     assert launched == ["exec0", "exec1", "exec0"] and ph.phase == 1
     assert ph.launch(lambda ex, stream: (7,), None) == 7 and ph.phase == 1  # a refused launch does not flip
     dp = plan.delays[0]
