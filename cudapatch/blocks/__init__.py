@@ -32,7 +32,18 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, FrameDelay, KernelFile, Scale, VectorAdd
+from .library import (
+    BUILTIN_BLOCKS,
+    AppendFilter,
+    CustomKernel,
+    Download,
+    Fill,
+    FrameDelay,
+    KernelFile,
+    Scale,
+    Upload,
+    VectorAdd,
+)
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
@@ -57,6 +68,8 @@ __all__ = [
     "CustomKernel",
     "Fill",
     "FrameDelay",
+    "Download",
+    "Upload",
     "InternalLink",
     "KernelFile",
     "KernelHandle",

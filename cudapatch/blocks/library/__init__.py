@@ -16,6 +16,7 @@ from .particles import (
     particle_capacity,
     read_particles,
 )
+from .transfer import Download, Upload
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
@@ -27,6 +28,8 @@ BUILTIN_BLOCKS = (
     CustomKernel,
     KernelFile,
     FrameDelay,
+    Upload,
+    Download,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
 )
@@ -35,6 +38,8 @@ __all__ = [
     "BUILTIN_BLOCKS",
     "FFT",
     "FrameDelay",
+    "Download",
+    "Upload",
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",

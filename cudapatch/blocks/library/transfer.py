@@ -1,0 +1,132 @@
+"""Upload and Download: data that crosses between host and GPU every frame, without a stall.
+
+``Upload``'s ``Out`` holds the newest array the host wrote into a pinned, device-mapped ring (audio
+blocks, sensor frames); ``Download`` copies its ``In`` into another such ring, read on the host a
+few frames later. Both are ordinary kernel nodes: the slot is chosen on the GPU when the frame runs
+(the newest one written), so the host makes no driver call per frame, and neither side ever waits
+for the other. The rings belong to ``cudapatch.engine.transfer`` (``UploadRing``,
+``DownloadRing``), which binds them to the blocks' ``Ring`` and ``Control`` ports; see
+``docs/blocks.md``, "Feedback and per-frame data".
+
+Each kernel runs as one thread block striding over the data (the newest slot is read once, in
+shared memory, so no block sees a newer slot than another): meant for what flows every frame,
+up to a few MB.
+"""
+
+from __future__ import annotations
+
+from ...kernels.cuda_source import CudaSource
+from ...kernels.types import DType
+from ..block import Block
+from ..builder import BlockBuilder
+from ..description import fixed, from_param, like
+
+__all__ = ["Download", "Upload", "UPLOAD_SLOTS", "DOWNLOAD_SLOTS", "c_type"]
+
+#: Slots of an upload ring: the host may be two uploads ahead of the frame reading one.
+UPLOAD_SLOTS = 4
+#: Slots of a download ring (the frames in flight, as for the readback ring).
+DOWNLOAD_SLOTS = 3
+
+_C_NAMES = {
+    DType.UINT32: "unsigned int",
+    DType.INT64: "long long",
+    DType.UINT64: "unsigned long long",
+    DType.UINT8: "unsigned char",
+}
+
+
+def c_type(dtype: DType) -> str:
+    """The C spelling NVRTC knows for ``dtype`` (``uint`` -> ``unsigned int``)."""
+    return _C_NAMES.get(dtype, dtype.c_name)
+
+
+def _upload_source(dtype: DType) -> CudaSource:
+    t = c_type(dtype)
+    code = f"""
+// control (host-mapped): [0] the newest sequence number the host wrote, [1] the one a frame copies.
+extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long long* control, {t}* out,
+                                       unsigned int n, unsigned int slots)
+{{
+    __shared__ unsigned long long seq;
+    if (threadIdx.x == 0) {{
+        seq = *(volatile unsigned long long*)&control[0];
+        *(volatile unsigned long long*)&control[1] = seq;  // the host leaves this slot alone from now on
+    }}
+    __syncthreads();
+    if (seq == 0) return;  // nothing written yet: Out keeps what it holds
+    const {t}* src = ring + (size_t)(seq % slots) * n;
+    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) out[i] = src[i];
+}}
+"""
+    return CudaSource(code=code, name=f"upload_{dtype.name.lower()}.cu")
+
+
+def _download_source(dtype: DType) -> CudaSource:
+    t = c_type(dtype)
+    code = f"""
+// control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: being written).
+extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
+                                         /*inout*/ unsigned long long* control, unsigned int n)
+{{
+    __shared__ unsigned long long frame;
+    if (threadIdx.x == 0) {{
+        frame = *(volatile unsigned long long*)&control[0] + 1;
+        *(volatile unsigned long long*)&control[1 + frame % {DOWNLOAD_SLOTS}] = 0;  // no longer complete
+        __threadfence_system();
+    }}
+    __syncthreads();
+    volatile {t}* slot = ring + (size_t)(frame % {DOWNLOAD_SLOTS}) * n;
+    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) slot[i] = in[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {{
+        asm volatile("fence.acq_rel.sys;" ::: "memory");  // the data reaches the host before the frame word
+        *(volatile unsigned long long*)&control[1 + frame % {DOWNLOAD_SLOTS}] = frame;
+        *(volatile unsigned long long*)&control[0] = frame;
+    }}
+}}
+"""
+    return CudaSource(code=code, name=f"download_{dtype.name.lower()}.cu")
+
+
+def _element_type(b: BlockBuilder) -> DType:
+    text = b.text("Type", default="float", description="element type: float, float4, int, uint ...")
+    try:
+        return DType.from_c_name(text)
+    except KeyError:
+        known = ", ".join(m.c_name for m in DType)
+        raise b.error(f"Type '{text}' is not an element type ({known})") from None
+
+
+class Upload(Block):
+    """``Out``: ``Count`` elements the host writes every frame (or whenever it has new data) through
+    ``cudapatch.engine.transfer.UploadRing``; the frame copies the newest complete array. Until the
+    first write, ``Out`` is left as it is. ``Ring`` and ``Control`` are bound by the ring."""
+
+    type_name = "Upload"
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        k = b.add_kernel(_upload_source(dtype))
+        b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1), description="elements per upload")
+        b.input("Ring", k.in_(0), description="the pinned ring (bound by UploadRing)")
+        b.input("Control", k.in_(1), description="the ring's sequence words (bound by UploadRing)")
+        b.output("Out", k.out(2), size=from_param("Count"), description="the newest uploaded array")
+        k.set_count(3, from_param("Count"))
+        k.set_count(4, fixed(UPLOAD_SLOTS))
+
+
+class Download(Block):
+    """Copies ``In`` every frame into a pinned ring (``cudapatch.engine.transfer.DownloadRing``),
+    read on the host a frame or two later with plain loads: no synchronize, no driver call.
+    ``Ring`` and ``Control`` are bound by the ring."""
+
+    type_name = "Download"
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        k = b.add_kernel(_download_source(dtype))
+        b.input("In", k.in_(0), description="the values to read on the host")
+        b.input("Ring", k.in_(1), description="the pinned ring (bound by DownloadRing)")
+        b.input("Control", k.in_(2), description="the ring's frame words (bound by DownloadRing)")
+        k.set_count(3, like("In"))
