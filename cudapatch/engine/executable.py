@@ -340,13 +340,17 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        decision = decided if decided is not None else decide_warm_patch(
-            self.plan,
-            plan,
-            bindings,
-            capacities=[b.capacity_bytes for b in self.buffers],
-            stale=self._calls.stale_nodes(),
-            functions=functions,
+        decision = (
+            decided
+            if decided is not None
+            else decide_warm_patch(
+                self.plan,
+                plan,
+                bindings,
+                capacities=[b.capacity_bytes for b in self.buffers],
+                stale=self._calls.stale_nodes(),
+                functions=functions,
+            )
         )
         if isinstance(decision, WarmRefusal):
             self.warm_refusal = decision
