@@ -188,7 +188,8 @@ class CompiledGraph(HandleOwner):
         out = {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
         if self._phases is not None:  # the second phase's storage gets every value too
             for key, v in slots.items():
-                out[key] += [(nodes[ni], nodes[ni].alt.slots[ai]) for ni, ai in v if nodes[ni].alt is not None]  # type: ignore[union-attr]
+                alts = [(nodes[ni], getattr(nodes[ni], "alt", None), ai) for ni, ai in v]  # captured calls have none
+                out[key] += [(kn, alt.slots[ai]) for kn, alt, ai in alts if alt is not None]
         return out
 
     # -- handing over from the previous graph -------------------------------------------------------

@@ -66,3 +66,20 @@ def test_a_loop_without_a_delay_is_refused_at_its_link() -> None:
 def test_upload_download_and_frame_delay_are_core_block_types() -> None:
     for name in ("core.FrameDelay", "core.Upload", "core.Download"):
         assert name in REG
+
+
+def test_the_game_of_life_patch_file_loads_and_plans_its_loop() -> None:
+    from pathlib import Path
+
+    from cudapatch.host_plugin import load_patch
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "05_game_of_life.toml"
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, REG)
+    apply_patch(adapter, load_patch(path, registry=REG))
+    engine.update()
+    assert engine.errors == ()
+    (dp,) = engine.plan.delays
+    life = adapter.block("life")
+    assert dp.current == engine.plan.outputs[(life.id, "next")]
+    assert engine.plan.buffers[dp.previous].count == 65536

@@ -41,8 +41,18 @@ def c_type(dtype: DType) -> str:
     return _C_NAMES.get(dtype, dtype.c_name)
 
 
+def _word(dtype: DType) -> str:
+    """The unsigned type the kernels copy ``dtype`` in: volatile loads of the host-mapped ring (the
+    ring's slots are rewritten between frames) in units every element type is a whole number of."""
+    return (
+        "unsigned int"
+        if dtype.itemsize % 4 == 0
+        else ("unsigned short" if dtype.itemsize % 2 == 0 else "unsigned char")
+    )
+
+
 def _upload_source(dtype: DType) -> CudaSource:
-    t = c_type(dtype)
+    t, w, per = c_type(dtype), _word(dtype), dtype.itemsize
     code = f"""
 // control (host-mapped): [0] the newest sequence number the host wrote, [1] the one a frame copies.
 extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long long* control, {t}* out,
@@ -55,34 +65,36 @@ extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long 
     }}
     __syncthreads();
     if (seq == 0) return;  // nothing written yet: Out keeps what it holds
-    const {t}* src = ring + (size_t)(seq % slots) * n;
-    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) out[i] = src[i];
+    const unsigned long long words = (unsigned long long)n * {per} / sizeof({w});
+    const volatile {w}* src = (const volatile {w}*)ring + (seq % slots) * words;
+    {w}* dst = ({w}*)out;
+    for (unsigned long long i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
 }}
 """
     return CudaSource(code=code, name=f"upload_{dtype.name.lower()}.cu")
 
 
 def _download_source(dtype: DType) -> CudaSource:
-    t = c_type(dtype)
+    t, w, per, k = c_type(dtype), _word(dtype), dtype.itemsize, DOWNLOAD_SLOTS
     code = f"""
-// control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: being written).
+// control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: not complete).
 extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
                                          /*inout*/ unsigned long long* control, unsigned int n)
 {{
     __shared__ unsigned long long frame;
-    if (threadIdx.x == 0) {{
-        frame = *(volatile unsigned long long*)&control[0] + 1;
-        *(volatile unsigned long long*)&control[1 + frame % {DOWNLOAD_SLOTS}] = 0;  // no longer complete
-        __threadfence_system();
-    }}
+    volatile unsigned long long* ctl = control;
+    if (threadIdx.x == 0) frame = ctl[0] + 1;
     __syncthreads();
-    volatile {t}* slot = ring + (size_t)(frame % {DOWNLOAD_SLOTS}) * n;
-    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) slot[i] = in[i];
+    const unsigned long long words = (unsigned long long)n * {per} / sizeof({w});
+    const {w}* src = (const {w}*)in;
+    volatile {w}* slot = (volatile {w}*)ring + (frame % {k}) * words;
+    for (unsigned long long i = threadIdx.x; i < words; i += blockDim.x) slot[i] = src[i];
     __syncthreads();
     if (threadIdx.x == 0) {{
         asm volatile("fence.acq_rel.sys;" ::: "memory");  // the data reaches the host before the frame word
-        *(volatile unsigned long long*)&control[1 + frame % {DOWNLOAD_SLOTS}] = frame;
-        *(volatile unsigned long long*)&control[0] = frame;
+        ctl[1 + frame % {k}] = frame;
+        ctl[0] = frame;
+        ctl[1 + (frame + 1) % {k}] = 0;  // the slot the next frame writes: no longer complete, a frame early
     }}
 }}
 """
