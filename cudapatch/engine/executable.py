@@ -35,7 +35,7 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import PackedLaunch, ParamStorage, read_slot, write_slot
-from .phases import Phases, lending_keys
+from .phases import Phases, lending_keys, phase_nodes
 from .plan import GraphPlan
 from .readback import ReadbackRing
 from .replay import replay_by_block
@@ -506,10 +506,20 @@ class CompiledGraph(HandleOwner):
         first block whose kernels fault, or None. Used after a sticky fault, on a fresh context,
         and every frame with ``debug_launch``.
 
+        With FrameDelays, the frame's phase is replayed (phase 1: the nodes' second storages and the
+        pairs swapped for memsets), init nodes only where armed, and the phase flips as a launch does.
+
         Raises:
             CudaError: a failure that is not a kernel fault.
         """
-        return replay_by_block(self.plan, self._nodes, self.buffers, self._counters_ptr, stream)
+        ph = self._phases
+        if ph is None:
+            return replay_by_block(self.plan, self._nodes, self.buffers, self._counters_ptr, stream)
+        nodes, buffers = phase_nodes(self.plan, self._nodes, self.buffers, ph)
+        culprit = replay_by_block(self.plan, nodes, buffers, self._counters_ptr, stream)
+        ph.pending = set()
+        ph.phase ^= 1
+        return culprit
 
     def abandon(self) -> None:
         """Forget every driver object without destroying it: the context was reset under them."""

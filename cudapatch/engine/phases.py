@@ -33,7 +33,7 @@ from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import ParamStorage
 from .plan import GraphPlan, KernelNodePlan, MemsetNodePlan
 
-__all__ = ["Phases", "lending_keys", "second_phase"]
+__all__ = ["Phases", "lending_keys", "phase_nodes", "second_phase"]
 
 _PREVIOUS = "\x00delay-previous"  # lending labels no port or internal link can have
 _CURRENT = "\x00delay-current"
@@ -170,3 +170,34 @@ def second_phase(
                 d.cuGraphExecMemsetNodeSetParams(exec1, handles[node.index], mp, context),
                 "cuGraphExecMemsetNodeSetParams",
             )
+
+
+class _SecondPhase:
+    """A kernel node launched alone with its phase-1 storage (``replay``)."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: ParamStorage) -> None:
+        self.store = store
+
+    def launch_alone(self, stream: Any) -> Any:
+        return self.store.launch_alone(stream)
+
+
+def phase_nodes(
+    plan: GraphPlan, nodes: Sequence[RuntimeNode], buffers: Sequence[GpuBuffer], phases: Phases
+) -> tuple[list[Any], list[GpuBuffer]]:
+    """The runtime nodes and buffers a node-by-node replay of the next phase launches (``debug_launch``,
+    fault attribution): phase 1's storages and swapped buffers, and no init node that is not armed."""
+    idle = {dp.node for i, dp in enumerate(plan.delays) if i not in phases.pending}
+    second = phases.phase == 1
+    out: list[Any] = []
+    for j, n in enumerate(nodes):
+        if j in idle:
+            out.append(None)
+        elif second and isinstance(n, KernelNode) and n.alt is not None:
+            out.append(_SecondPhase(n.alt))
+        else:
+            out.append(n)
+    swaps = plan.swaps if second else {}
+    return out, [buffers[swaps.get(i, i)] for i in range(len(buffers))]

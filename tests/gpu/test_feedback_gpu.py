@@ -248,3 +248,15 @@ def test_download_of_a_vector_type_keeps_its_lanes(engine: Engine, rng: np.rando
         values, frame = ring.read()
     assert frame == 1 and values.shape == (n, 4)
     np.testing.assert_array_equal(values, x0)
+
+
+def test_debug_launch_replays_the_phases_of_a_loop(rng: np.random.Generator) -> None:
+    n = 1000
+    x0, b = _rand(rng, n), _rand(rng, n)
+    with Engine(wait_for_compile=True, debug_launch=True) as engine:
+        _, add = _accumulator(engine, x0, b)
+        state = x0
+        for frame in range(5):
+            engine.update()  # node by node, a synchronize after each block
+            state = state + b
+            np.testing.assert_array_equal(engine.read(add, "Sum"), state, err_msg=f"frame {frame}")

@@ -183,3 +183,22 @@ def test_rings_bind_their_mapped_memory_and_move_data_with_plain_stores_and_load
     assert feed.is_closed and ring.is_closed
     with pytest.raises(Exception, match="closed"):
         feed.write(values)
+
+
+def test_a_node_by_node_replay_follows_the_phases(rec) -> None:
+    from cudapatch.engine.phases import phase_nodes
+
+    ctx, delay, scale = _loop()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, BufferPool())
+    g.adopt(None)
+    ph = g._phases
+    dn, sn = plan.block_nodes[delay.id][0], plan.block_nodes[scale.id][0]
+    nodes, buffers = phase_nodes(plan, g._nodes, g.buffers, ph)  # the first frame: init armed, phase 0
+    assert nodes[dn] is g._nodes[dn] and nodes[sn] is g._nodes[sn] and buffers == g.buffers
+    ph.pending, ph.phase = set(), 1
+    nodes, buffers = phase_nodes(plan, g._nodes, g.buffers, ph)
+    dp = plan.delays[0]
+    assert nodes[dn] is None and nodes[sn].store is g._nodes[sn].alt
+    assert buffers[dp.previous] is g.buffers[dp.current] and buffers[dp.current] is g.buffers[dp.previous]
+    g.close()
