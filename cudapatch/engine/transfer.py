@@ -173,16 +173,20 @@ class DownloadRing(_PinnedRing):
     Args:
         engine: The engine the block is registered with.
         block: The ``Download`` block.
-        count: Elements of ``In`` (the size of the output linked into it).
+        count: Elements a slot holds (the size of ``In``); sets the block's ``Count``. None: the
+            block's ``Count``.
 
     Raises:
         CudapatchError: not a Download block. CudaError: the pinned allocation failed.
     """
 
-    def __init__(self, engine: Any, block: Block, count: int) -> None:
+    def __init__(self, engine: Any, block: Block, count: int | None = None) -> None:
         _check_block(block, "Download")
         dtype = block.description.input("In").dtype  # type: ignore[union-attr]
-        super().__init__(dtype, int(count), DOWNLOAD_SLOTS, 1 + DOWNLOAD_SLOTS, f"DownloadRing of '{block.name}'")
+        if count is not None:
+            block.set("Count", int(count))  # the kernel never writes more than a slot holds
+        count = int(block.get("Count"))
+        super().__init__(dtype, count, DOWNLOAD_SLOTS, 1 + DOWNLOAD_SLOTS, f"DownloadRing of '{block.name}'")
         self.frame = 0  # the block's run whose values ``read`` returned last
         engine.bind(block, "Ring", self.ring_view)
         engine.bind(block, "Control", self.control_view)

@@ -79,8 +79,10 @@ def _download_source(dtype: DType) -> CudaSource:
     code = f"""
 // control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: not complete).
 extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
-                                         /*inout*/ unsigned long long* control, unsigned int n)
+                                         /*inout*/ unsigned long long* control, unsigned int n_in,
+                                         unsigned int capacity)
 {{
+    const unsigned int n = n_in < capacity ? n_in : capacity;  // a slot holds ``capacity`` (the ring's Count)
     __shared__ unsigned long long frame;
     volatile unsigned long long* ctl = control;
     if (threadIdx.x == 0) frame = ctl[0] + 1;
@@ -131,6 +133,7 @@ class Upload(Block):
 class Download(Block):
     """Copies ``In`` every frame into a pinned ring (``cudapatch.engine.transfer.DownloadRing``),
     read on the host a frame or two later with plain loads: no synchronize, no driver call.
+    ``Count``: the elements a slot holds (set it to ``In``'s size; more of ``In`` is left out).
     ``Ring`` and ``Control`` are bound by the ring."""
 
     type_name = "Download"
@@ -141,4 +144,6 @@ class Download(Block):
         b.input("In", k.in_(0), description="the values to read on the host")
         b.input("Ring", k.in_(1), description="the pinned ring (bound by DownloadRing)")
         b.input("Control", k.in_(2), description="the ring's frame words (bound by DownloadRing)")
+        b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1), description="elements a slot holds")
         k.set_count(3, like("In"))
+        k.set_count(4, from_param("Count"))
