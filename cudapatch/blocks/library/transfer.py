@@ -56,8 +56,9 @@ def _upload_source(dtype: DType) -> CudaSource:
     code = f"""
 // control (host-mapped): [0] the newest sequence number the host wrote, [1] the one a frame copies.
 extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long long* control, {t}* out,
-                                       unsigned int n, unsigned int slots)
+                                       unsigned int count, unsigned int slots, unsigned int ring_count)
 {{
+    const unsigned int n = count < ring_count / slots ? count : ring_count / slots;  // a ring made for another Count
     __shared__ unsigned long long seq;
     if (threadIdx.x == 0) {{
         seq = *(volatile unsigned long long*)&control[0];
@@ -66,7 +67,8 @@ extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long 
     __syncthreads();
     if (seq == 0) return;  // nothing written yet: Out keeps what it holds
     const unsigned long long words = (unsigned long long)n * {per} / sizeof({w});
-    const volatile {w}* src = (const volatile {w}*)ring + (seq % slots) * words;
+    const unsigned long long stride = (unsigned long long)(ring_count / slots) * {per} / sizeof({w});
+    const volatile {w}* src = (const volatile {w}*)ring + (seq % slots) * stride;
     {w}* dst = ({w}*)out;
     for (unsigned long long i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
 }}
@@ -88,8 +90,9 @@ extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
     if (threadIdx.x == 0) frame = ctl[0] + 1;
     __syncthreads();
     const unsigned long long words = (unsigned long long)n * {per} / sizeof({w});
+    const unsigned long long stride = (unsigned long long)capacity * {per} / sizeof({w});
     const {w}* src = (const {w}*)in;
-    volatile {w}* slot = (volatile {w}*)ring + (frame % {k}) * words;
+    volatile {w}* slot = (volatile {w}*)ring + (frame % {k}) * stride;
     for (unsigned long long i = threadIdx.x; i < words; i += blockDim.x) slot[i] = src[i];
     __syncthreads();
     if (threadIdx.x == 0) {{
@@ -128,6 +131,7 @@ class Upload(Block):
         b.output("Out", k.out(2), size=from_param("Count"), description="the newest uploaded array")
         k.set_count(3, from_param("Count"))
         k.set_count(4, fixed(UPLOAD_SLOTS))
+        k.set_count(5, like("Ring"))
 
 
 class Download(Block):
