@@ -88,5 +88,5 @@ def test_upload_and_download_plan_as_one_block_kernels_on_their_bound_rings() ->
     assert upload.entry_point == "upload_copy" and upload.grid == 1  # one block: one slot for the whole copy
     assert [a.value for a in upload.args[3:]] == [64, UPLOAD_SLOTS, UPLOAD_SLOTS * 64]
     assert download.entry_point == "download_copy" and download.grid == 1
-    assert [a.value for a in download.args[3:]] == [64, 1024]  # In's count, and what a slot holds (Count)
+    assert [a.value for a in download.args[3:]] == [64, DOWNLOAD_SLOTS * 64]  # In's count, the ring's
     assert upload.index in scale.deps and scale.index in download.deps

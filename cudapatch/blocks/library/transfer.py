@@ -82,9 +82,10 @@ def _download_source(dtype: DType) -> CudaSource:
 // control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: not complete).
 extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
                                          /*inout*/ unsigned long long* control, unsigned int n_in,
-                                         unsigned int capacity)
+                                         unsigned int ring_count)
 {{
-    const unsigned int n = n_in < capacity ? n_in : capacity;  // a slot holds ``capacity`` (the ring's Count)
+    const unsigned int capacity = ring_count / {k};  // a slot: the Count the ring was made for
+    const unsigned int n = n_in < capacity ? n_in : capacity;
     __shared__ unsigned long long frame;
     volatile unsigned long long* ctl = control;
     if (threadIdx.x == 0) frame = ctl[0] + 1;
@@ -150,4 +151,4 @@ class Download(Block):
         b.input("Control", k.in_(2), description="the ring's frame words (bound by DownloadRing)")
         b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1), description="elements a slot holds")
         k.set_count(3, like("In"))
-        k.set_count(4, from_param("Count"))
+        k.set_count(4, like("Ring"))
