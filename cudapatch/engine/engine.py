@@ -55,6 +55,7 @@ from .libraries import LibraryHandles
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
+from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, newest_frame, show_on_blocks
@@ -403,6 +404,13 @@ class Engine:
         self._recovery.recover(exc, culprit)
         self.counters.frames += 1
 
+    def prepare_fault_replay(self) -> None:
+        """Start the process that names a faulting block by replay now, not at the fault: a fault is
+        then attributed without an interpreter start (the isolated engine's child does this). It
+        holds a CUDA context until the fault or ``close``."""
+        if self._recovery.replay_standby is None and not self._closed:
+            self._recovery.replay_standby = ReplayStandby(self.device.ordinal)
+
     def report_fault(self, exc: CudaLaunchError) -> None:
         """Survive a sticky GPU fault that a call outside ``update()`` met first (a synchronize, a
         read, an interop call of the host's): as ``update()`` would, find the faulting block and
@@ -706,6 +714,7 @@ class Engine:
                 self.device.synchronize()
             except CudaLaunchError as exc:  # a fault nobody saw yet: the context is as good as lost
                 faults.mark_lost(f"the GPU context is lost after {exc.name}")
+        self._recovery.close()
         for b in list(self.context.registry):
             self.context.unregister_block(b)
         self.kernels.close()  # first: the builder's thread loads modules into the context
