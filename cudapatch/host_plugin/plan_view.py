@@ -60,7 +60,7 @@ class PlanEngine:
     def plan(self) -> GraphPlan | None:
         """The plan of the patch as it stands; None when validation fails (``errors`` says why)."""
         try:
-            plan = compile_plan(self.context.snapshot(), level=self.profiling)
+            plan = compile_plan(self.context.snapshot(), level=self.profiling, fuse=self.fuse)
         except GraphCompileError as exc:
             self.errors = exc.diagnostics
             return None

@@ -68,3 +68,13 @@ def test_an_unlinked_input_shows_as_not_running(tmp_path: Path, capsys: pytest.C
     assert main(["plan", str(path), "--no-fuse"]) == 0
     out = capsys.readouterr().out
     assert "wave             not running" in out and "required input 'x' is not linked" in out
+
+
+def test_plan_shows_fused_groups(patch_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(patch_file)]) == 0
+    out = capsys.readouterr().out
+    assert "2 nodes (2 kernels)" in out and "fused groups: 1" in out
+    assert "node [1]: wave -> gain -> sum" in out
+    assert "wave: sin(x * Freq) * 0.5 + 0.5" in out and "gain: fma(In, Factor, Offset)" in out
+    assert "wave.Out (fused): 1 x float" in out
+    assert "wave_Freq=6.0" not in out and "Freq=6.0" in out and "Factor=2.0" in out

@@ -17,6 +17,7 @@ from ...kernels.types import DType
 from ..block import Block
 from ..builder import BlockBuilder
 from ..description import KernelSpec, from_param, like
+from .basic import Fusable
 
 __all__ = ["Expression", "DEFAULT_EXPRESSION"]
 
@@ -29,14 +30,15 @@ _RESERVED = {
 }
 
 
-class Expression(Block):
+class Expression(Fusable, Block):
     """``Out`` = the expression in ``Code``, element by element (float).
 
     Names starting with a lower-case letter are inputs (buffers of floats), names starting with an
     upper-case letter Hot scalars (default 1.0). With no input, ``Count`` (default 1024) sets the
     element count. An input of one element is broadcast; see docs/expressions.md for the language,
     its types and its floating-point rules. ``Compiler`` is ``ptx`` (generated PTX, the fast path)
-    or ``nvrtc`` (the same kernel as CUDA C++ through NVRTC).
+    or ``nvrtc`` (the same kernel as CUDA C++ through NVRTC). ``fuse=False`` keeps it out of fused
+    groups (see ``engine/compiler/fusion.py``).
     """
 
     type_name = "Expression"
@@ -63,6 +65,8 @@ class Expression(Block):
         for s, name in enumerate(program.scalars):
             b.scalar(name, k.in_(program.scalar_param(s)), default=1.0)
         k.auto_grid(size, count_param=program.count_param)
+        if self.fuse:
+            k.elementwise(code)
 
     def _check(self, code: str) -> Checked:
         try:
