@@ -30,7 +30,7 @@ def test_no_input_means_a_count_parameter() -> None:
 def test_generated_code_and_tooltip_show_the_kernel() -> None:
     e = Expression(name="wave", Code="x * Gain + 1")
     assert ".entry expression(" in e.generated_code and "wave: x * Gain + 1" in e.generated_code
-    assert "Out = x * Gain + 1" in e.tooltip() and "ptx" in e.tooltip()
+    assert "Out = x * Gain + 1" in e.tooltip() and "generated PTX" in e.tooltip()
     ref = Expression(Code="x * Gain + 1", Compiler="nvrtc")
     assert 'extern "C" __global__ void expression(' in ref.generated_code
 

@@ -188,3 +188,17 @@ def test_declared_expressions_do_what_the_bundled_kernels_do() -> None:
     s, a = Scale(), VectorAdd()
     assert s.description.kernels[0].expression == "fma(In, Factor, Offset)"
     assert a.description.kernels[0].expression == "A + B"
+
+
+def test_tooltips_show_the_fused_group() -> None:
+    from cudapatch.engine.registry import BlockRegistry
+    from cudapatch.engine.stats import show_built
+
+    ctx, blocks, _ = _chain(3)
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    registry: BlockRegistry = ctx.registry
+    show_built(plan, {}, registry)
+    for b in blocks:
+        assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
+    show_built(compile_plan(ctx.snapshot()), {}, registry)
+    assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)

@@ -110,5 +110,5 @@ class Expression(Fusable, Block):
         src = self.source
         if src.program is None:  # a broken live edit: the error is among the block's diagnostics
             return super().tooltip()
-        lines = src.code().count("\n")
-        return f"{super().tooltip()}\n  Out = {self.get('Code').strip()}  ({src.backend}, {lines} lines generated)"
+        # no code generated here: hosts and the overlay ask for tooltips every frame
+        return f"{super().tooltip()}\n  Out = {self.get('Code').strip()}  (generated {src.backend.upper()})"
