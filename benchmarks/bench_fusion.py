@@ -7,7 +7,8 @@
    ≤ 1.2× ``cupy.fuse``.
 2. Expression edit → running: ``set("Code", ...)`` until the new kernel is swapped into the running
    graph, median and p95 over ``--edits`` edits, generated PTX (driver JIT) beside NVRTC of the same
-   kernel (``Compiler="nvrtc"``). Target: ≤ 2 ms median.
+   kernel (``Compiler="nvrtc"``). Target: ≤ 2 ms median. Then the compile step alone per path:
+   generating the PTX, the driver's JIT, nvJitLink, NVRTC.
 3. A Hot change of one scalar: ``set()`` + ``update()`` host time for a member of the fused chain beside
    the same change unfused (target: the same, ≤ 3 µs per patched node).
 
@@ -133,6 +134,41 @@ def bench_edits(edits: int, compiler: str) -> dict:
     }
 
 
+def bench_compile_paths(reps: int = 20) -> dict:
+    """The compile step alone, per path, for the same small expression: generating the PTX text, the
+    driver's JIT of it (``cuModuleLoadData`` + ``cuFuncLoad``), nvJitLink to a cubin, NVRTC of the
+    generated CUDA C++ (medians, ms)."""
+    import hashlib
+
+    from cudapatch.expr import NVRTC_OPTIONS, compile_expression, generate_cuda, generate_ptx, single
+    from cudapatch.kernels._toolchain import link_ptx, nvrtc_compile
+    from cudapatch.kernels.source import KernelImage
+
+    salt = time.time_ns() % 1_000_000
+    gen, jit, link, nvrtc = [], [], [], []
+    with Engine(cache_dir=False) as e:
+        arch = e.device.arch
+        e.device.make_current()  # the modules load into the engine's context, on this thread
+        for i in range(reps):
+            program = single(compile_expression(f"a * sin(x * Freq) + b * {salt}.{i:03d}"))
+            t0 = time.perf_counter_ns()
+            ptx = generate_ptx(program, arch).encode() + b"\0"
+            t1 = time.perf_counter_ns()
+            image = KernelImage(program.descriptor, ptx, "ptx", hashlib.sha256(ptx).hexdigest(), "bench")
+            e.modules.function(image)
+            t2 = time.perf_counter_ns()
+            link_ptx(ptx, name="bench.ptx", arch=arch)
+            t3 = time.perf_counter_ns()
+            nvrtc_compile(generate_cuda(program), name="bench.cu", entry="expression", arch=arch, options=NVRTC_OPTIONS)
+            t4 = time.perf_counter_ns()
+            gen.append((t1 - t0) / 1e6)
+            jit.append((t2 - t1) / 1e6)
+            link.append((t3 - t2) / 1e6)
+            nvrtc.append((t4 - t3) / 1e6)
+    med = statistics.median
+    return {"generate_ms": med(gen), "driver_jit_ms": med(jit), "nvjitlink_ms": med(link), "nvrtc_ms": med(nvrtc)}
+
+
 def bench_hot(n_blocks: int, calls: int = 2000) -> dict:
     x = np.random.default_rng(0).standard_normal(1024).astype(np.float32)
     row = {}
@@ -191,6 +227,12 @@ def main() -> None:
         print(f"   {compiler:<6} median {r['median_ms']:.2f}  p95 {r['p95_ms']:.2f}")
     ptx, nvrtc = report["edits"]
     print(f"   NVRTC / PTX median: {nvrtc['median_ms'] / ptx['median_ms']:.1f}x")
+    paths = bench_compile_paths()
+    report["compile_paths"] = paths
+    print(
+        "   the compile step alone (median ms): generate PTX {generate_ms:.3f}, driver JIT {driver_jit_ms:.2f}, "
+        "nvJitLink {nvjitlink_ms:.2f}, NVRTC {nvrtc_ms:.2f}".format(**paths)
+    )
     r = bench_hot(args.blocks)
     report["hot"] = r
     print("3. Hot change of one scalar, set() + update() host µs (quiet update() beside it)")

@@ -27,11 +27,13 @@ from typing import Any
 
 from ..errors import CudaError, CudapatchError
 from .board import DiagnosticBoard
+from .compiler.fusion import FUSED_KERNEL, regenerate
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
+from .plan import KernelNodePlan
 from .realize import CompiledGraph
 from .resources import DeviceResources
 from .stats import EngineCounters
@@ -207,7 +209,43 @@ class CodeTier:
         if block is None or not 0 <= ki < len(block.description.kernels):
             return False
         self._kernels.source_changed(key, block.description.kernels[ki].source, block.name)
+        self._fused_edit(bid)
         return True
+
+    def _fused(self, block_id: int) -> KernelNodePlan | None:
+        """The fused node of the running graph that ``block_id`` is a member of, if any."""
+        g = self._resources.graph
+        if g is None:
+            return None
+        for node in g.plan.kernel_nodes:
+            if node.kernel == FUSED_KERNEL and block_id in node.source.members:  # type: ignore[attr-defined]
+                return node
+        return None
+
+    def _fused_edit(self, block_id: int) -> None:
+        """A member of a fused group in the running graph has new code: generate the group's kernel
+        again and swap it into the group's node (the member's own kernel compiles as well: a rebuild
+        that splits the group runs it). Nothing when the edit changed the member's names (its
+        re-description rebuilds the graph anyway)."""
+        node = self._fused(block_id)
+        if node is None:
+            return
+        registry = self._context.registry
+        source = regenerate(node.source, {m: registry.get(m) for m in node.source.members})  # type: ignore[arg-type, attr-defined]
+        if source is None:
+            return
+        key = (node.block_id, node.kernel)
+        try:
+            fut = self._kernels.builder.submit(source)
+        except CudapatchError:  # the builder closed: the engine is closing
+            return
+        fut.add_done_callback(lambda f: self._fused_done(key, f))
+
+    def _fused_done(self, key: tuple[int, int], fut: Any) -> None:
+        # On the builder's thread. A failure needs no report here: the member's own compile fails the
+        # same way and says so on the block.
+        if not fut.cancelled() and fut.exception() is None:
+            self._kernels.ready.append(KernelOutcome("swap", key, fut.result()))
 
     def swap(self, o: KernelOutcome) -> bool:
         """Swap ``o``'s recompiled function into the running graph in place; False where it cannot be
@@ -252,6 +290,8 @@ class CodeTier:
                 continue
             if o.action == "swap":
                 if self.swap(o):
+                    continue
+                if self._fused(o.key[0]) is not None:  # a fused member's own kernel: the group's is swapped
                     continue
             elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
                 self._refresh(o.key[0])

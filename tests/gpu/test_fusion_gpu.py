@@ -77,10 +77,19 @@ def test_code_edit_of_a_member_regenerates_the_fused_kernel(rng: np.random.Gener
         s = e.add(Scale(name="s", Factor=1.0, Offset=1.0))
         e.bind(ex, "x", x)
         e.connect(ex, "Out", s, "In")
-        run_until(e, lambda: s.debug.state is BlockState.OK)
+        run_until(e, lambda: s.debug.state is BlockState.OK and len(e.graph.plan.kernel_nodes) == 1)
         np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(2) + np.float32(1))
-        ex.set("Code", "x * 3")
-        run_until(e, lambda: np.array_equal(e.read(s, "Out"), x * np.float32(3) + np.float32(1)), timeout=20)
+        graph, rebuilds = e.graph, e.counters.rebuilds
+        ex.set("Code", "x * 3")  # same names: the group's kernel is generated again and swapped in (Code tier)
+        run_until(e, lambda: e.counters.code_swaps >= 1, timeout=20)
+        e.update()
+        np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(3) + np.float32(1))
+        assert e.graph is graph and e.counters.rebuilds == rebuilds
+        ex.set("Code", "x * 3 + y")  # a new input: re-described, rebuilt, fused again
+        e.bind(ex, "y", x)
+        run_until(e, lambda: e.counters.rebuilds > rebuilds and s.debug.state is BlockState.OK, timeout=20)
+        e.update()
+        np.testing.assert_array_equal(e.read(s, "Out"), (x * np.float32(3) + x) + np.float32(1))
         assert len(e.graph.plan.kernel_nodes) == 1
 
 

@@ -202,3 +202,28 @@ def test_tooltips_show_the_fused_group() -> None:
         assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
     show_built(compile_plan(ctx.snapshot()), {}, registry)
     assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)
+
+
+def test_regenerate_takes_a_members_new_code_with_the_same_descriptor() -> None:
+    from cudapatch.engine.compiler.fusion import regenerate
+
+    ctx, externals = Context(), {}
+    e = ctx.register_block(Expression(name="e", Code="x * Gain"))
+    s = ctx.register_block(Scale(name="s", Factor=2.0))
+    _bind(ctx, e, "x", np.arange(8, dtype=np.float32), externals)
+    ctx.connect(e, "Out", s, "In")
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.kernel_nodes
+    old = node.source
+    assert isinstance(old, FusedSource)
+    e.set("Code", "x * Gain + 1")  # same names
+    new = regenerate(old, {e.id: e, s.id: s})
+    assert new is not None and new.members == old.members and new.program.descriptor == old.program.descriptor
+    assert new != old and "x * Gain + 1" in new.program.summary()
+    # what the regenerated kernel computes is what a fresh plan of the edited patch computes
+    snap = ctx.snapshot()
+    fresh = compile_plan(snap, fuse=True)
+    assert fresh.kernel_nodes[0].source == new
+    e.set("Code", "x * Gain + y")  # a new input: no in-place swap
+    assert regenerate(old, {e.id: e, s.id: s}) is None
+    assert regenerate(old, {s.id: s}) is None  # a member removed

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ...blocks.description import KernelSpec
 from ...expr import ExpressionError, Program, ProgramSource, Stage, compile_expression
@@ -98,7 +98,7 @@ def _declared(text: str, names: dict[str, NameKind]) -> Checked | None:
     return _DECLARED[key]
 
 
-def elementwise_member(b: BlockSnapshot) -> Member | None:
+def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
     """``b`` as a fusion member, or None when it is not elementwise (see the module docstring)."""
     d = b.description
     if len(d.kernels) != 1 or len(d.outputs) != 1 or d.internal_links:
@@ -305,3 +305,22 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     grid = max(1, -(-group.count // desc.block_size))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
     return _new(NodeDraft, (KernelNodePlan, head, (), reads, [out]))
+
+
+def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:
+    """``source`` with every member's expression as its block describes it now (``members``: block
+    id → the block), for a Code edit of a member: the same inputs, scalars and bindings, so the same
+    descriptor and the running node can take the new kernel in place. None when a member is no
+    longer elementwise or uses other names (the graph must be rebuilt)."""
+    old = source.program
+    if old is None:
+        return None
+    stages = []
+    for bid, stage in zip(source.members, old.stages, strict=True):
+        block = members.get(bid)
+        m = elementwise_member(block) if block is not None else None
+        if m is None or set(m.expr.inputs) | set(m.expr.scalars) != set(stage.bind):
+            return None
+        stages.append(Stage(m.expr, stage.bind, stage.label))
+    program = Program(old.inputs, old.scalars, old.outputs, tuple(stages))
+    return FusedSource(program.key, source.backend, source.name, program, members=source.members)
