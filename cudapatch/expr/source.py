@@ -28,6 +28,7 @@ from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
 from .ptx_gen import generate_ptx
+from .syntax import Binary, Call, Name, Node, Unary
 
 __all__ = ["Backend", "ProgramSource", "BACKENDS"]
 
@@ -90,6 +91,27 @@ class ProgramSource(KernelSource):
             raise self.broken
         return generate_ptx(self.program, arch) if self.backend == "ptx" else generate_cuda(self.program)
 
+    def check_counts(self, counts: dict[str, int], values: object = None) -> str | None:
+        """What is wrong with these input lengths (port name → elements), or None. An input needs as
+        many elements as the first input (which sets the launch) or one (broadcast); the message
+        names the column where the expression first uses the input. The graph compiler asks before
+        the block runs (a block whose inputs do not fit does not run)."""
+        program = self.program
+        if program is None or len(program.stages) != 1 or not program.inputs:
+            return None
+        first = program.inputs[0]
+        n = counts.get(first)
+        for name in program.inputs[1:]:
+            c = counts.get(name)
+            if n is None or c is None or c in (n, 1):
+                continue
+            col = _first_use(program.stages[0].expr.root, name)
+            return (
+                f"input '{name}' has {c} elements but '{first}' (the first input, which sets the output's "
+                f"length) has {n}: give '{name}' {n} elements, or 1 to broadcast it (column {col})"
+            )
+        return None
+
     def cache_key(self, arch: str) -> str:
         tool = toolchain_version() if self.backend == "nvrtc" else ""
         return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool)
@@ -109,3 +131,20 @@ class ProgramSource(KernelSource):
             text, name=f"{self.name}.cu", entry=desc.entry_point, arch=arch, options=NVRTC_OPTIONS
         )
         return KernelImage(desc, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), self.name, symbol=symbol)
+
+
+def _first_use(root: Node, name: str) -> int:
+    """The column where ``name`` first appears in the tree (leftmost)."""
+    best = None
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Name) and node.id == name:
+            best = node.col if best is None else min(best, node.col)
+        elif isinstance(node, Binary):
+            stack += [node.left, node.right]
+        elif isinstance(node, Unary):
+            stack.append(node.operand)
+        elif isinstance(node, Call):
+            stack += list(node.args)
+    return best or 1

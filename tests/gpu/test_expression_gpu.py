@@ -136,3 +136,16 @@ def test_new_names_rebuild_with_new_ports(live_engine: Engine, rng: np.random.Ge
     run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.rebuilds >= 2)
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + y * np.float32(0.5))
+
+
+def test_inputs_of_other_lengths_are_an_error_on_the_block(engine: Engine, rng: np.random.Generator) -> None:
+    block = engine.add(Expression(name="ex", Code="x * 2 + b"))
+    engine.bind(block, "x", rng.standard_normal(100).astype(np.float32))
+    engine.bind(block, "b", rng.standard_normal(7).astype(np.float32))
+    engine.update()
+    (diag,) = [d for d in engine.diagnostics(block) if d.code == "input-size"]
+    assert diag.severity == "error" and "(column 9)" in diag.message and "'b' has 7 elements" in diag.message
+    engine.bind(block, "b", np.array([0.5], np.float32))  # one element: broadcast, and it runs
+    engine.update()
+    assert not engine.diagnostics(block)
+    assert engine.read(block, "Out").shape == (100,)

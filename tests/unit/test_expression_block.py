@@ -124,3 +124,24 @@ def test_the_plan_sizes_the_output_like_the_first_input_and_fills_the_counts() -
     assert (x_count.kind, x_count.value) == ("const", 100) and (c_count.kind, c_count.value) == ("const", 1)
     assert node.args[program.count_param].value == 100
     assert node.args[program.scalar_param(0)].kind == "scalar"
+
+
+def test_inputs_of_other_lengths_are_an_error_with_the_column() -> None:
+    ctx = Context()
+    src = ctx.register_block(Fill(name="src", Count=100))
+    odd = ctx.register_block(Fill(name="odd", Count=10))
+    e = ctx.register_block(Expression(name="e", Code="x * 2 + sin(b)"))
+    after = ctx.register_block(Expression(name="after", Code="v + 1"))
+    ctx.connect(src, "Out", e, "x")
+    ctx.connect(odd, "Out", e, "b")
+    ctx.connect(e, "Out", after, "v")
+    plan = compile_plan(ctx.snapshot())
+    assert e.id in plan.skipped and after.id in plan.skipped  # and what reads it
+    (diag,) = [d for d in plan.diagnostics if d.block_id == e.id]
+    assert diag.severity == "error" and diag.code == "input-size"
+    assert "input 'b' has 10 elements but 'x'" in diag.message and "(column 13)" in diag.message
+    ctx.disconnect(odd, "Out", e, "b")
+    one = ctx.register_block(Fill(name="one", Count=1))
+    ctx.connect(one, "Out", e, "b")  # one element: broadcast
+    plan = compile_plan(ctx.snapshot())
+    assert e.id in plan.block_order and after.id in plan.block_order
