@@ -83,6 +83,16 @@ class Checked:
     def type_of(self, node: Node) -> Type:
         return self.types[id(node)]
 
+    def __reduce__(self) -> tuple:
+        # ``types`` is keyed by node identity, which a pickle does not keep: an unpickled expression is
+        # parsed and checked again from its text (descriptions travel to an isolated engine's child).
+        return (_rebuild, (self.text, self.inputs, self.scalars))
+
+
+def _rebuild(text: str, inputs: tuple[str, ...], scalars: tuple[str, ...]) -> Checked:
+    names: dict[str, NameKind] = {**dict.fromkeys(inputs, "input"), **dict.fromkeys(scalars, "scalar")}
+    return compile_expression(text, names=names)
+
 
 def _kind(name: str, names: Mapping[str, NameKind] | None) -> NameKind | None:
     if names is not None:

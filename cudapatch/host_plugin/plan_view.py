@@ -139,7 +139,8 @@ def format_plan(engine: PlanEngine, plan: GraphPlan | None) -> str:
                 else:
                     args.append(f"{a.value}" if a.kind == "const" else a.kind)
             owner = names.get(n.block_id, str(n.block_id))
-            lines.append(f"  [{n.index}] kernel {n.entry_point} ({owner}) grid {n.grid}x{n.block} ({', '.join(args)})")
+            kind = "fused kernel" if getattr(n.source, "members", ()) else "kernel"
+            lines.append(f"  [{n.index}] {kind} {n.entry_point} ({owner}) grid {n.grid}x{n.block} ({', '.join(args)})")
         elif isinstance(n, CapturedNodePlan):
             lines.append(f"  [{n.index}] captured {n.entry_point} ({names.get(n.block_id, n.block_id)})")
         elif isinstance(n, MemsetNodePlan):

@@ -145,3 +145,27 @@ def test_inputs_of_other_lengths_are_an_error_with_the_column() -> None:
     ctx.connect(one, "Out", e, "b")  # one element: broadcast
     plan = compile_plan(ctx.snapshot())
     assert e.id in plan.block_order and after.id in plan.block_order
+
+
+def test_descriptions_survive_a_pickle_as_an_isolated_engine_sends_them() -> None:
+    import pickle
+
+    from cudapatch import Scale
+    from cudapatch.engine.compiler.fusion import FusedSource
+
+    e = Expression(name="e", Code="a * sin(x * Freq) + where(index % 2 == 0, b, -b)")
+    again = pickle.loads(pickle.dumps(e.description))
+    assert again == e.description
+    src = again.kernels[0].source
+    assert src.code() == e.generated_code and src.describe() == e.source.describe()
+    ctx = Context()
+    ctx.register_block(e)
+    s = ctx.register_block(Scale(name="s"))
+    for port in ("a", "x", "b"):
+        ctx.connect(ctx.register_block(Fill(name=f"f{port}", Count=16)), "Out", e, port)
+    ctx.connect(e, "Out", s, "In")
+    fused = [
+        n.source for n in compile_plan(ctx.snapshot(), fuse=True).kernel_nodes if isinstance(n.source, FusedSource)
+    ]
+    (one,) = fused
+    assert pickle.loads(pickle.dumps(one)).code() == one.code()
