@@ -434,6 +434,7 @@ class Engine:
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
     def _settle_compiles(self) -> None:
+        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
         self._code.apply(self.kernels.collect(wait=True))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
@@ -452,6 +453,7 @@ class Engine:
                     self._worker.wait()
                     self._finish_build()
                 while True:
+                    self._code.settle_fused(timeout)
                     self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
                         self._apply_changes()

@@ -109,3 +109,20 @@ def test_a_fused_intermediate_cannot_be_read_and_fuse_false_keeps_it(rng: np.ran
             e.read(a, "Out")
         np.testing.assert_array_equal(e.read(kept, "Out"), ((x * np.float32(2)) * np.float32(3)) * np.float32(5))
         assert len(e.graph.plan.kernel_nodes) == 3  # a+b fused, kept alone, c alone
+
+
+def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(
+    fused_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = fused_engine
+    x = rng.standard_normal(4096).astype(np.float32)
+    ex = e.add(Expression(name="ex", Code="x * 2"))
+    s = e.add(Scale(name="s", Factor=1.0, Offset=1.0))
+    e.bind(ex, "x", x)
+    e.connect(ex, "Out", s, "In")
+    e.update()
+    graph, swaps = e.graph, e.counters.code_swaps
+    ex.set("Code", "x * 5")
+    e.update()  # waits for the regenerated group kernel, swaps it in, launches it
+    np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(5) + np.float32(1))
+    assert e.graph is graph and e.counters.code_swaps == swaps + 1
