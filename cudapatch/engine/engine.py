@@ -89,6 +89,10 @@ class Engine:
             kernel fault is pinned on its block in the frame it happens (development only: slow).
         isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
             returned): a GPU fault ends only the child, which restarts without the faulting block.
+        fuse: Fuse chains and trees of elementwise blocks (Expression, Scale, VectorAdd, plugin blocks
+            that declare an expression) whose intermediates nothing else reads into one generated
+            kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
+            ``output()``/``read()`` of it fails.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -119,6 +123,7 @@ class Engine:
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
+        fuse: bool = False,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -169,6 +174,7 @@ class Engine:
             counters=self.counters,
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
+            fuse=fuse,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -436,6 +442,7 @@ class Engine:
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
     def _settle_compiles(self) -> None:
+        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
         self._code.apply(self.kernels.collect(wait=True))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
@@ -454,6 +461,7 @@ class Engine:
                     self._worker.wait()
                     self._finish_build()
                 while True:
+                    self._code.settle_fused(timeout)
                     self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
                         self._apply_changes()
@@ -598,6 +606,13 @@ class Engine:
         if buf is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
+            if g is not None and block.id in g.plan.block_order:
+                raise CudapatchError(
+                    "this output is fused into the next block's kernel and held in no buffer: make the block "
+                    "with fuse=False, or the engine with fuse=False, to read it",
+                    block=block.name,
+                    port=port,
+                )
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
         return buf
 
