@@ -270,3 +270,13 @@ def test_phases_alternate_and_arm_init_nodes_only_when_asked() -> None:
     ph3 = Phases(plan, ("e0", "e1"), ["init-node"], fresh=set())
     ph3.continue_from(ph)
     assert ph3.phase == ph.phase
+
+
+def test_a_fused_chain_inside_a_loop_reads_and_writes_the_pair() -> None:
+    c, d, f, a, s = _loop()
+    plan = compile_plan(c.snapshot(), fuse=True)  # a (VectorAdd) fuses into s (Scale): one kernel
+    (dp,) = plan.delays
+    (fused,) = [n for n in plan.nodes if isinstance(n, KernelNodePlan) and n.block_id == s.id]
+    refs = {arg.ref for arg in fused.args if arg.kind == "buffer"}
+    assert {dp.previous, dp.current} <= refs and dp.current == plan.outputs[(s.id, "Out")]
+    assert not [n for n in plan.nodes if isinstance(n, KernelNodePlan) and n.block_id == a.id]

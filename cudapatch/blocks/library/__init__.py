@@ -2,6 +2,7 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .expression import DEFAULT_EXPRESSION, Expression
 from .feedback import FrameDelay
 from .fft import FFT
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
@@ -27,6 +28,7 @@ BUILTIN_BLOCKS = (
     AppendFilter,
     CustomKernel,
     KernelFile,
+    Expression,
     FrameDelay,
     Upload,
     Download,
@@ -47,6 +49,8 @@ __all__ = [
     "Random",
     "SpMV",
     "DEFAULT_CUSTOM_CODE",
+    "DEFAULT_EXPRESSION",
+    "Expression",
     "Emitter",
     "Forces",
     "Integrate",

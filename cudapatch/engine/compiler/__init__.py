@@ -12,6 +12,8 @@ in its own module and tested on its own:
    makes (outputs, internal links) with their element counts.
 3b. ``delays``: each FrameDelay's pair of buffers (its Out, and the value linked into its In),
    checked (sizes, sources); errors stop here.
+3c. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+   kernel; their intermediates need no buffer.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
@@ -31,6 +33,7 @@ from ..profiling import ProfilingLevel
 from .delays import delays
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
+from .fusion import fusion
 from .memory import memory
 from .nodes import nodes
 from .order import order
@@ -43,6 +46,7 @@ __all__ = [
     "compile_plan",
     "delays",
     "edges",
+    "fusion",
     "memory",
     "nodes",
     "order",
@@ -58,6 +62,8 @@ def compile_plan(
     kernel_status: KernelStatus | None = None,
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
+    *,
+    fuse: bool = False,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -69,6 +75,7 @@ def compile_plan(
         level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
+        fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -80,6 +87,7 @@ def compile_plan(
     sizes(draft)
     delays(draft)
     draft.raise_errors()
+    fusion(draft, fuse=fuse)
     memory(draft)
     nodes(draft)
     edges(draft)

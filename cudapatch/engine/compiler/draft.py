@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ...blocks.description import SizeRule
 from ...errors import GraphCompileError
@@ -124,6 +124,8 @@ class PlanDraft:
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     # delays: (FrameDelay block id, value its Out reads, value its In gets or None) of each running delay
     delays: list[tuple[int, int, int | None]] = field(default_factory=list)
+    # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
+    fusion: Any = None
     # memory: the buffer that holds each value; append counters
     buffers: list[BufferPlan] = field(default_factory=list)
     value_buffer: list[int] = field(default_factory=list)
