@@ -83,3 +83,5 @@ def test_the_game_of_life_patch_file_loads_and_plans_its_loop() -> None:
     life = adapter.block("life")
     assert dp.current == engine.plan.outputs[(life.id, "next")]
     assert engine.plan.buffers[dp.previous].count == 65536
+    paint = adapter.block("paint")
+    assert engine.plan.buffers[engine.plan.outputs[(paint.id, "rgba")]].count == 256 * 256
