@@ -40,6 +40,8 @@ from .engine import (
     EngineStats,
     GpuBuffer,
     GraphPlan,
+    Probe,
+    ProbeStats,
     ProfilingLevel,
     compile_plan,
 )
@@ -100,6 +102,8 @@ __all__ = [
     "DiagnosticCode",
     "Engine",
     "EngineStats",
+    "Probe",
+    "ProbeStats",
     "Fill",
     "GpuBuffer",
     "GraphCompileError",

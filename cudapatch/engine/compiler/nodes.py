@@ -18,6 +18,7 @@ from ...blocks.description import KernelSpec
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
+from .probes import add_probes, probe_requests
 
 __all__ = ["nodes"]
 
@@ -44,6 +45,7 @@ def nodes(draft: PlanDraft) -> None:
     if draft.counters:  # zeroed before anything appends
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
     value_buffer = draft.value_buffer
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     for sized in draft.sized.values():
         b = sized.block
         if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
@@ -59,6 +61,8 @@ def nodes(draft: PlanDraft) -> None:
             block_nodes[b.id] = (first,)
         elif len(drafts) > first:
             block_nodes[b.id] = tuple(range(first, len(drafts)))
+        if probes and b.id in probes:
+            add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(
