@@ -107,6 +107,10 @@ class EditorPanel:
         self._refusal = ""
         self._code_draft: tuple[str, str] | None = None
         self._geometry: dict[str, _Geometry] = {}
+        self._rects: dict[str, tuple[float, float, float, float]] = {}  # op -> canvas rectangle, last known
+        self._placed_version = -1
+        self._vis_key: Any = None
+        self._vis: tuple[set[str], set[str], list[Any]] = (set(), set(), [])
         self._labels: dict[str, tuple] = {}  # op -> per-version strings and sizes (see ``_node_labels``)
         self._labels_version = -1
         self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
@@ -205,42 +209,57 @@ class EditorPanel:
         self, nodes: dict[str, NodeView], links: list[Any], view: tuple[float, float, float, float]
     ) -> tuple[set[str], set[str], list[Any]]:
         """What this frame submits: nodes drawn in full (inside ``view``, or never measured), nodes
-        drawn as stubs (an end of a visible wire), and the wires whose bounding box crosses ``view``."""
-        ed, imgui = self._ed, self._imgui
+        drawn as stubs (an end of a visible wire), and the wires whose bounding box crosses ``view``.
+
+        Worked out again only when something it depends on moved: the view (pan, zoom, resize), the
+        patch (``version``), a drawn node's rectangle, or a drag (which may move selected nodes that
+        are not drawn); otherwise the last frame's answer stands."""
+        imgui, ed = self._imgui, self._ed
+        version = self.model.version
+        dragging = imgui.is_mouse_dragging(0)
+        key = (tuple(round(v) for v in view), version)
+        if key == self._vis_key and not dragging:
+            return self._vis
+        rects, geometry, node_ids = self._rects, self._geometry, self._node_ids
+        if version != self._placed_version:  # positions change only with the patch (a move is an edit)
+            placed = self._placed
+            for op, v in nodes.items():
+                if placed.get(op) != v.position:  # first time, or moved by undo / the file
+                    nid = self._id(node_ids, op)
+                    ed.set_node_position(ed.NodeId(nid), imgui.ImVec2(*v.position))
+                    placed[op] = v.position
+                    g = geometry.get(op)
+                    w, h = g.size if g is not None else (_NODE_WIDTH, 100.0)
+                    rects[op] = (v.position[0], v.position[1], v.position[0] + w, v.position[1] + h)
+            self._placed_version = version
+        if dragging:  # selected nodes move together, drawn or not: ask the editor where they are
+            for op, r in rects.items():
+                if op in nodes:
+                    at = ed.get_node_position(ed.NodeId(node_ids[op]))
+                    rects[op] = (at.x, at.y, at.x + r[2] - r[0], at.y + r[3] - r[1])
         x0, y0, x1, y1 = view
-        rects: dict[str, tuple[float, float, float, float]] = {}
         full: set[str] = set()
-        geometry, placed, node_ids = self._geometry, self._placed, self._node_ids
-        for op, v in nodes.items():
-            nid = self._id(node_ids, op)
-            if placed.get(op) != v.position:  # first time, or moved by undo / the file
-                ed.set_node_position(ed.NodeId(nid), imgui.ImVec2(*v.position))
-                placed[op] = v.position
-            g = geometry.get(op)
-            if g is None:
-                full.add(op)  # never measured: drawn once to learn its size
-                rects[op] = (v.position[0], v.position[1], v.position[0] + _NODE_WIDTH, v.position[1] + 100.0)
-                continue
-            at = ed.get_node_position(ed.NodeId(nid))
-            r = rects[op] = (at.x, at.y, at.x + g.size[0], at.y + g.size[1])
-            if r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0:
-                full.add(op)
+        for op in nodes:
+            r = rects[op]
+            if op not in geometry or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0):
+                full.add(op)  # visible, or never measured (drawn once to learn its size)
         stubs: set[str] = set()
         wires = []
         for link in links:
-            s, d = link.src, link.dst
-            if s in full and d in full:
+            src, dst = link.src, link.dst
+            if src in full and dst in full:
                 wires.append(link)
                 continue
-            rs, rd = rects.get(s), rects.get(d)
+            rs, rd = rects.get(src), rects.get(dst)
             if rs is None or rd is None:
                 continue
             if min(rs[0], rd[0]) < x1 and max(rs[2], rd[2]) > x0 and min(rs[1], rd[1]) < y1 and max(rs[3], rd[3]) > y0:
                 wires.append(link)
-                for op in (s, d):
+                for op in (src, dst):
                     if op not in full:
                         stubs.add(op)
-        return full, stubs, wires
+        self._vis_key, self._vis = key, (full, stubs, wires)
+        return self._vis
 
     # -- parts ------------------------------------------------------------------------------------------
     def _toolbar(self) -> None:
@@ -302,6 +321,10 @@ class EditorPanel:
         ed.end_node()
         pos, size = ed.get_node_position(nid), ed.get_node_size(nid)
         self._geometry[op] = _Geometry((content.x, content.y), (size.x, size.y), pins)
+        rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
+        if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
+            self._rects[op] = rect
+            self._vis_key = None
         a, b = ed.canvas_to_screen(pos), ed.canvas_to_screen(imgui.ImVec2(pos.x + size.x, pos.y + size.y))
         layout.nodes[op] = (a.x, a.y, b.x, b.y)
         title = ed.canvas_to_screen(origin)
