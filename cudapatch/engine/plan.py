@@ -271,6 +271,9 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
       their end inside (``griddepcontrol.wait``) and read the timer right after it.
     - A kernel that only waits for the graph's start stamp launches once that stamp has begun
       (``launch_order``): the start time is taken, and nothing the kernel reads comes from it.
+    - A probe hangs on the kernel writing its buffer by a ``programmatic`` edge (it waits inside, like
+      the publish node), so a probe at the end of a chain costs the frame its run time, not also a
+      launch latency.
 
     Edges from memsets and captured library calls stay plain, as do stamps on the path (a block's
     own start stamp), which the work waits for.
@@ -287,6 +290,8 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
             isinstance(n, StampNodePlan) and n.deps and waited_for.get(n.index, set()) <= publish
         ):
             ports: dict[int, EdgePort] = {d: "programmatic" for d in n.deps if isinstance(nodes[d], launched)}
+        elif isinstance(n, ProbeNodePlan):
+            ports = {d: "programmatic" for d in n.deps if isinstance(nodes[d], KernelNodePlan)}
         elif isinstance(n, KernelNodePlan) and len(n.deps) == 1:
             first = nodes[n.deps[0]]
             ports = {first.index: "launch_order"} if isinstance(first, StampNodePlan) and first.stamp == 0 else {}

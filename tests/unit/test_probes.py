@@ -76,6 +76,7 @@ def test_a_probe_reads_the_wire_right_after_its_producer_and_the_graph_publishes
     assert p.index not in _kernel(plan, s2).deps  # a side branch: the chain does not wait for it
     publish = plan.nodes[-1]
     assert isinstance(publish, PublishNodePlan) and p.index in publish.deps and publish.end_stamp is None
+    assert programmatic_edges(plan.nodes)[p.index] == {_kernel(plan, s1).index: "programmatic"}
 
 
 def test_probing_an_input_probes_the_output_linked_into_it():
@@ -160,7 +161,9 @@ def test_profiling_stamps_measure_the_block_without_its_probe_and_publish_waits_
     assert stamp.deps == (k.index,)  # the block's end stamp does not wait for the probe
     publish = plan.nodes[-1]
     assert p.index in publish.deps
-    assert programmatic_edges(plan.nodes)[publish.index][p.index] == "programmatic"
+    edges = programmatic_edges(plan.nodes)
+    assert edges[publish.index][p.index] == "programmatic"  # publish waits for it inside
+    assert edges[p.index] == {k.index: "programmatic"}  # and so does the probe for its producer
 
 
 def test_a_new_probe_needs_a_new_graph_and_an_unchanged_one_patches_warm():
