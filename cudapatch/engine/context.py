@@ -293,7 +293,8 @@ class Context:
     # -- probes -------------------------------------------------------------------------------
     def add_probe(self, block: Block, port: str, shape: tuple[int, int] | None = None) -> tuple[int, str]:
         """Probe the wire that leaves output ``port`` (an input: the output linked into it). A new probe
-        is a structure edit (Cold on the next update, built on the build thread).
+        is a structure edit (Cold on the next update, built on the build thread). ``shape``
+        ``(height, width)`` makes it an image; without one, a shape given before stays.
 
         Returns:
             The probed ``(block_id, output port)``.
@@ -311,6 +312,8 @@ class Context:
             if link is None:
                 raise LinkError("only wires are probed: no link feeds this input", block=block.name, port=port)
             key = (link.src, link.src_port)
+        if shape is None and key in self.probes:
+            shape = self.probes[key]  # probed again without a shape (a wire selected): the given one stays
         if key not in self.probes or self.probes[key] != shape:
             self.probes[key] = shape
             self.dirty.mark_structure()

@@ -368,11 +368,16 @@ class ProbeSet:
             del self._probes[probe.key]
             self._context.remove_probe(probe.key)
 
+    def _live(self) -> list[Probe]:
+        # A removed block took its probes from the patch: their handles are left, reading None.
+        probed = self._context.probes
+        return [p for k, p in self._probes.items() if k in probed]
+
     def __iter__(self) -> Any:
-        return iter(tuple(self._probes.values()))
+        return iter(self._live())
 
     def __len__(self) -> int:
-        return len(self._probes)
+        return len(self._live())
 
     def running(self, key: tuple[int, str]) -> bool:
         g = self._graph()

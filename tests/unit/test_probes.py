@@ -109,7 +109,10 @@ def test_adding_and_removing_a_probe_is_a_structure_edit_and_a_removed_block_tak
     assert not c.dirty.structure
     assert c.remove_probe((s1.id, "Out")) and c.dirty.structure
     assert not c.remove_probe((s1.id, "Out"))
-    c.add_probe(s2, "Out")
+    c.add_probe(s2, "Out", (4, 256))
+    c.dirty.clear_structure()
+    c.add_probe(s2, "Out")  # probed again without a shape (a selected wire): the image stays
+    assert c.probes == {(s2.id, "Out"): (4, 256)} and not c.dirty.structure
     c.unregister_block(s2)
     assert c.probes == {} and compile_plan(c.snapshot()).probes == ()
 
@@ -267,7 +270,10 @@ def test_the_probe_set_gives_one_handle_per_output_and_closing_it_removes_the_pr
     assert p.is_closed and c.probes == {}
     engine.update()
     assert engine.plan.probes == ()
-    assert engine.probe(fill, "Out") is not p
+    q = engine.probe(fill, "Out")
+    assert q is not p and len(engine._probes) == 1
+    engine.remove(fill)  # the block takes its probe along; the handle is left, reading None
+    assert len(engine._probes) == 0 and list(engine._probes) == [] and q.stats is None
 
 
 def test_the_probe_set_reads_stats_from_the_running_graph():
