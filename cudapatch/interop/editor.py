@@ -50,6 +50,9 @@ _NODE_WIDTH = 200.0
 _INT_LIMIT = 2**30 - 1
 _MARGIN = 40.0  # canvas units around the visible area that count as visible (pins stick out of nodes)
 _THUMB_PX = 6.0  # screen pixels per thumbnail pixel
+#: Zoomed out beyond this (canvas units per screen pixel), nodes are drawn compact: title and pins, no
+#: parameter widgets or pin labels (unreadable at that size, and most of a node's cost).
+_COMPACT_ZOOM = 1.6
 
 
 @dataclass
@@ -125,6 +128,11 @@ class EditorPanel:
         #: Operators fully drawn / drawn as stubs in the last frame (what culling left in).
         self.drawn: set[str] = set()
         self.stubs: set[str] = set()
+        #: Whether the last frame drew nodes compact (zoomed out beyond ``_COMPACT_ZOOM``).
+        self.compact = False
+        self._fit_in = 0  # frames until ``fit_all`` moves the view
+        self._to_screen = (0.0, 0.0, 1.0)
+        self._pin_box = imgui.ImVec2(_NODE_WIDTH, 12.0)
 
     # -- ids: stable per operator name for the panel's life ------------------------------------------------
     def _id(self, table: dict, key: Any, back: dict | None = None) -> int:
@@ -174,9 +182,12 @@ class EditorPanel:
         a = ed.screen_to_canvas(win_at)
         b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
         full, stubs, wires = self._visible(nodes, links, (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN))
+        compact = self.compact = ed.get_current_zoom() > _COMPACT_ZOOM
+        o, u = ed.canvas_to_screen(imgui.ImVec2(0, 0)), ed.canvas_to_screen(imgui.ImVec2(1, 0))
+        self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
         for op, view in nodes.items():
             if op in full:
-                self._node(view, layout)
+                self._node(view, layout, compact)
             elif op in stubs:
                 self._stub(view)
         probes = model.probes
@@ -198,6 +209,10 @@ class EditorPanel:
         if imgui.is_mouse_released(0):
             self._store_moves(nodes)
         ed.end()
+        if self._fit_in:
+            self._fit_in -= 1
+            if not self._fit_in:
+                ed.navigate_to_content(0.0)
         self.layout = layout
         self.drawn, self.stubs = full, stubs
         imgui.end()
@@ -232,6 +247,9 @@ class EditorPanel:
                     w, h = g.size if g is not None else (_NODE_WIDTH, 100.0)
                     rects[op] = (v.position[0], v.position[1], v.position[0] + w, v.position[1] + h)
             self._placed_version = version
+        if self._fit_in:  # the editor fits what it was given this frame: give it every node
+            self._vis_key = None
+            return set(nodes), set(), list(links)
         if dragging:  # selected nodes move together, drawn or not: ask the editor where they are
             for op, r in rects.items():
                 if op in nodes:
@@ -285,7 +303,12 @@ class EditorPanel:
         labels = self._labels[view.name] = (ins, tuple(outs))
         return labels
 
-    def _node(self, view: NodeView, layout: EditorLayout) -> None:
+    def fit_all(self) -> None:
+        """Move the view to show every node (as the F key does): every node is drawn for 3 frames (the
+        editor measures new nodes over two and fits only the nodes drawn), then the view moves."""
+        self._fit_in = 3
+
+    def _node(self, view: NodeView, layout: EditorLayout, compact: bool = False) -> None:
         imgui, ed = self._imgui, self._ed
         op = view.name
         nid = ed.NodeId(self._node_ids[op])
@@ -297,24 +320,26 @@ class EditorPanel:
         state = "Bypassed" if view.bypassed else view.state
         color = self._colors.get(state, self._white)
         imgui.text_colored(color, op)
-        imgui.same_line()
-        imgui.text_disabled(view.type)
-        imgui.text(f"{state}  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else state)
-        for port, (count, capacity) in view.append.items():
+        if not compact:
+            imgui.same_line()
+            imgui.text_disabled(view.type)
+            imgui.text(f"{state}  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else state)
+        for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
                 count / capacity if capacity else 0.0, imgui.ImVec2(_NODE_WIDTH, 0), f"{port} {count}/{capacity}"
             )
-        if view.message and state != "OK":
+        if view.message and state != "OK" and not compact:
             imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH)
             imgui.text_colored(color, view.message[:300])
             imgui.pop_text_wrap_pos()
         pins: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
         for port, label in ins:
-            pins[(port, "in")] = self._pin(op, port, "in", label, None, origin, layout)
+            pins[(port, "in")] = self._pin(op, port, "in", None if compact else label, None, origin, layout)
         for port, label, pad in outs:
-            pins[(port, "out")] = self._pin(op, port, "out", label, pad, origin, layout)
-        for param in view.params:
-            self._param(view, param)
+            pins[(port, "out")] = self._pin(op, port, "out", None if compact else label, pad, origin, layout)
+        if not compact:
+            for param in view.params:
+                self._param(view, param)
         imgui.end_group()
         content = imgui.get_item_rect_size()
         imgui.pop_id()
@@ -325,10 +350,9 @@ class EditorPanel:
         if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
             self._rects[op] = rect
             self._vis_key = None
-        a, b = ed.canvas_to_screen(pos), ed.canvas_to_screen(imgui.ImVec2(pos.x + size.x, pos.y + size.y))
-        layout.nodes[op] = (a.x, a.y, b.x, b.y)
-        title = ed.canvas_to_screen(origin)
-        layout.titles[op] = (title.x, title.y)
+        ox, oy, k = self._to_screen
+        layout.nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
+        layout.titles[op] = (ox + origin.x * k, oy + origin.y * k)
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
@@ -349,22 +373,25 @@ class EditorPanel:
         ed.end_node()
 
     def _pin(
-        self, op: str, port: str, direction: str, label: str, pad: Any, origin: Any, layout: EditorLayout
+        self, op: str, port: str, direction: str, label: str | None, pad: Any, origin: Any, layout: EditorLayout
     ) -> tuple[float, float, float, float, float]:
         imgui, ed = self._imgui, self._ed
         key = (op, port, direction)
         pid = self._id(self._pin_ids, key, self._pins_by_id)
         ed.begin_pin(ed.PinId(pid), ed.PinKind.input if direction == "in" else ed.PinKind.output)
-        if pad is not None:  # an output: right-aligned
-            imgui.dummy(pad)
-            imgui.same_line()
-        imgui.text(label)
+        if label is None:  # compact: the pin's place, no text
+            imgui.dummy(self._pin_box)
+        else:
+            if pad is not None:  # an output: right-aligned
+                imgui.dummy(pad)
+                imgui.same_line()
+            imgui.text(label)
         lo, hi = imgui.get_item_rect_min(), imgui.get_item_rect_max()
         x = lo.x if direction == "in" else hi.x
         ed.pin_pivot_rect(imgui.ImVec2(x, lo.y), imgui.ImVec2(x, hi.y))
         ed.end_pin()
-        at = ed.canvas_to_screen(imgui.ImVec2(x, (lo.y + hi.y) * 0.5))
-        layout.pins[key] = (at.x, at.y)
+        sx, sy, k = self._to_screen
+        layout.pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
         ox, oy = origin.x, origin.y
         return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
 
