@@ -26,6 +26,7 @@ from cudapatch.engine.warm import Refusal, WarmRefusal, decide_warm_patch
 from cudapatch.errors import LinkError
 from cudapatch.kernels.types import DType
 from tests.unit.plan_engine import PlanOnlyEngine
+from tests.unit.test_lifecycle import doubles  # noqa: F401 - the fake driver, for the readback ring
 
 #: Writes its one pointer in place: a ``through`` output after the kernel.
 BUMP = """\
@@ -288,3 +289,28 @@ def test_the_probe_set_reads_stats_from_the_running_graph():
     probes = ProbeSet(c, lambda: g)
     p = probes.add(s1, "Out")
     assert p.stats == ("stats of", (s1.id, "Out")) and len(probes) == 1
+
+
+def test_the_readback_ring_brings_probe_records_back_after_the_counters(doubles):  # noqa: F811 - the fixture
+    from cudapatch.engine.readback import ReadbackRing
+
+    data = np.array([1.5, -2.0, np.nan, 4.0], np.float32)
+    record = _record(data)
+    ring = ReadbackRing(0xD000, 3, stamps=2, frames_ptr=0xD100, probe_words=len(record))
+    try:
+        assert ring.words == 2 + 2 + len(record)  # 3 uint32 counters take 2 words
+        # What the publish kernel writes for the graph's first frame: stamps, counters, probe records.
+        values = np.zeros(ring.words, np.uint64)
+        values[:2] = [111, 222]
+        values[2:4].view(np.uint32)[:3] = [7, 8, 9]
+        values[4:] = record
+        slot = ring._ring[1 % 3]
+        slot[2 : 2 + ring.words] = values
+        slot[1] = 1
+        ring.record(None, 0)
+        assert ring.poll()
+        assert list(ring.latest_stamps) == [111, 222] and list(ring.latest) == [7, 8, 9]
+        st = decode_probe(ring.latest_probes, frame=ring.latest_frame, age=1)
+        assert (st.minimum, st.maximum, st.nan, st.values, st.frame) == (-2.0, 4.0, 1, 4, 0)
+    finally:
+        ring.close()
