@@ -158,8 +158,9 @@ class GraphBuilder:
                 parts.owned.append(buf)
 
     def _readback(self, parts: GraphParts) -> int:
-        """One readback block per graph: timestamps (uint64), then append counters (uint32), then the
-        frame count, so a single async copy per frame brings them all back through the ring.
+        """One readback block per graph: timestamps (uint64), then append counters (uint32), then probe
+        records (uint64 words), then the frame count, so the publish node brings them all back through
+        the ring in one copy per frame. Probes also get their scratch (zeroed once, here).
 
         Returns:
             The device address of the timestamp slots (0 without readback).
