@@ -314,3 +314,18 @@ def test_the_readback_ring_brings_probe_records_back_after_the_counters(doubles)
         assert (st.minimum, st.maximum, st.nan, st.values, st.frame) == (-2.0, 4.0, 1, 4, 0)
     finally:
         ring.close()
+
+
+def test_a_probed_wire_is_not_fused_away_and_a_fused_groups_output_is_probed_after_its_node():
+    c, (fill, s1, s2, s3) = _chain(4)
+    c.add_probe(s1, "Out")  # s1 -> s2 would fuse; the probe reads s1's value, so it keeps its buffer
+    plan = compile_plan(c.snapshot(), fuse=True)
+    (p,) = _probes(plan)
+    assert p.buffer == plan.outputs[(s1.id, "Out")] and plan.buffers[p.buffer].count == 1024
+    assert plan.block_nodes[s2.id] == plan.block_nodes[s3.id]  # s2 and s3 still fuse
+    c.remove_probe((s1.id, "Out"))
+    c.add_probe(s3, "Out")  # the group's output
+    plan = compile_plan(c.snapshot(), fuse=True)
+    (p,) = _probes(plan)
+    (fused,) = set(plan.block_nodes[s1.id]) | set(plan.block_nodes[s3.id])
+    assert p.deps == (fused,) and p.buffer == plan.outputs[(s3.id, "Out")]

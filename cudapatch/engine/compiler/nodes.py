@@ -18,6 +18,7 @@ from ...blocks.description import KernelSpec
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
+from .fusion import fused_node
 from .probes import add_probes, probe_requests
 
 __all__ = ["nodes"]
@@ -46,8 +47,17 @@ def nodes(draft: PlanDraft) -> None:
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
     value_buffer = draft.value_buffer
     probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
+    fused = draft.fusion
     for sized in draft.sized.values():
         b = sized.block
+        if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
+            group = fused.groups.get(b.id)
+            if group is not None:
+                block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
+                drafts.append(fused_node(draft, group, len(drafts)))
+                if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                    add_probes(draft, sized, probes[b.id])
+            continue
         if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
             for vi in sized.made:
                 bi = value_buffer[vi]
