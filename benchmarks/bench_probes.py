@@ -6,7 +6,8 @@ One engine, one run: the probes are added and closed between rounds (each a rebu
 the timed frames), so both sides run on the same buffers and the same GPU state. GPU time per frame comes
 from events around 200 frames, the median of the rounds. Run at the default 1,024 elements (the chain of
 tiny kernels of ``bench_engine.py``, where the probes' launch overhead shows most) and at 1M elements
-(where they read real data).
+(where they read real data). Fusion stays off (the engine's default): a probe keeps the value it reads
+from being fused away, so with fusion on the two sides would run different kernels.
 
 Usage: ``python benchmarks/bench_probes.py [--blocks 100] [--probes 10] [--elements 1024 1048576]``.
 """
