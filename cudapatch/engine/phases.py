@@ -29,9 +29,9 @@ from typing import Any
 
 from ..kernels._driver import check, driver
 from .buffers import GpuBuffer
-from .nodes import KernelNode, RuntimeNode, arg_value
+from .nodes import KernelNode, RuntimeNode, arg_value, probe_launch
 from .params import ParamStorage
-from .plan import GraphPlan, KernelNodePlan, MemsetNodePlan
+from .plan import GraphPlan, KernelNodePlan, MemsetNodePlan, ProbeNodePlan
 
 __all__ = ["Phases", "lending_keys", "phase_nodes", "second_phase"]
 
@@ -135,11 +135,15 @@ def second_phase(
     bindings: Mapping[tuple[int, str], Any],
     counters_ptr: int,
     context: Any,
+    *,
+    probes: Any = None,
 ) -> None:
     """Patch ``exec1`` (a second instantiation of the plan's graph) into phase 1: every kernel and
     memset node touching a delay's pair gets the other buffer of the pair. A kernel node keeps its
     phase-1 parameter storage as ``KernelNode.alt``, which Hot/Warm/Code updates write beside the
-    phase-0 one. (Disabling the init nodes is ``CompiledGraph``'s part.)
+    phase-0 one; a probe on a pair's wire reads the other buffer (``probes``: the build's
+    ``NodeBuild``, which keeps the new packed launch alive). (Disabling the init nodes is the
+    caller's part.)
 
     Raises:
         CudaError: a driver call failed.
@@ -161,6 +165,12 @@ def second_phase(
             (err,) = d.cuGraphExecKernelNodeSetParams(exec1, handles[node.index], alt.params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=node.entry_point)
+        elif isinstance(node, ProbeNodePlan) and node.buffer in swaps and probes is not None:
+            launch = probe_launch(probes, node, swapped[node.buffer].ptr)
+            probes.launches.append(launch)
+            (err,) = d.cuGraphExecKernelNodeSetParams(exec1, handles[node.index], launch.params)
+            if err:
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel="probe")
         elif isinstance(node, MemsetNodePlan) and node.buffer is not None and node.buffer in swaps:
             buf = swapped[node.buffer]
             mp = d.CUDA_MEMSET_NODE_PARAMS()

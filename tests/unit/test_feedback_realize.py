@@ -34,6 +34,9 @@ class PhaseDriver(RecordingDriver):
         self._rec("enabled", exec_, node, on)
         return (OK,)
 
+    def cuMemsetD8Async(self, *a):  # noqa: N802 - the probes' scratch words are zeroed at the build
+        return (OK,)
+
     def cuGraphExecMemsetNodeSetParams(self, exec_, node, mp, ctx):  # noqa: N802
         self._rec("set_memset", exec_, node, int(mp.dst))
         return (OK,)
@@ -201,4 +204,18 @@ def test_a_node_by_node_replay_follows_the_phases(rec) -> None:
     dp = plan.delays[0]
     assert nodes[dn] is None and nodes[sn].store is g._nodes[sn].alt
     assert buffers[dp.previous] is g.buffers[dp.current] and buffers[dp.current] is g.buffers[dp.previous]
+    g.close()
+
+
+def test_a_probe_on_a_wire_inside_the_loop_reads_the_other_buffer_in_phase_one(rec) -> None:
+    ctx, delay, scale = _loop()
+    ctx.add_probe(scale, "Out")
+    plan = compile_plan(ctx.snapshot())
+    (probe,) = [n for n in plan.nodes if type(n).__name__ == "ProbeNodePlan"]
+    assert probe.buffer == plan.delays[0].current
+    g = _realize(ctx, plan, BufferPool(), probe_function=3, publish_function=2)
+    exec1 = g._phases.execs[1]
+    added = [c for c in rec.calls if c[0] == "add_kernel"]
+    handle = added[probe.index][1]
+    assert ("set_params", exec1, handle) in rec.calls
     g.close()
