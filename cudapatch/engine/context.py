@@ -23,6 +23,7 @@ from ..blocks.parameter import BlockParameter
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
 from .registry import BlockRegistry
@@ -68,6 +69,8 @@ class PatchSnapshot:
     blocks: tuple[BlockSnapshot, ...]
     links: tuple[Link, ...]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+    #: The composites flattened into ``blocks`` (``engine/composites.py``); empty without any.
+    composites: tuple[CompositeInfo, ...] = ()
 
 
 class Context:
@@ -289,7 +292,11 @@ class Context:
 
     # -- for the compiler -----------------------------------------------------------------------
     def snapshot(self) -> PatchSnapshot:
-        """Freeze the patch for the compiler."""
+        """Freeze the patch for the compiler; composites are flattened into their inner blocks."""
+        if self.registry.composites:
+            return flatten_snapshot(
+                self.id, self.registry, tuple(self.connections), self.bindings, PatchSnapshot, BlockSnapshot
+            )
         blocks = tuple(
             BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
             for b in self.registry

@@ -23,6 +23,7 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -148,6 +149,16 @@ class TimingPair(NamedTuple):
     end: int
 
 
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
 NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
@@ -170,6 +181,7 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        children: Groups of nodes realized as one child-graph node each.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -187,6 +199,7 @@ class GraphPlan:
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:

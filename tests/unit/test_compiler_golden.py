@@ -412,6 +412,8 @@ def dump(plan: GraphPlan) -> list[str]:
     table: dict[object, int] = {}
     for f in dataclasses.fields(plan):
         value = getattr(plan, f.name)
+        if f.name == "children" and not value:  # composites' child graphs: none in these cases
+            continue
         if isinstance(value, dict):
             lines.extend(f"{f.name} {canon(k)} -> {canon(v)}" for k, v in value.items())
         elif isinstance(value, tuple) and f.name in ("nodes", "buffers", "diagnostics", "timings"):
