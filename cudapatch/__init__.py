@@ -15,6 +15,8 @@ from .blocks import (
     BlockDescription,
     BlockState,
     CallDescriptor,
+    Composite,
+    CompositeBuilder,
     CustomKernel,
     Fill,
     KernelFile,
@@ -74,6 +76,8 @@ except PackageNotFoundError:  # running from a source checkout that is not insta
 
 __all__ = [
     "CallDescriptor",
+    "Composite",
+    "CompositeBuilder",
     "LibraryCallError",
     "LibraryScope",
     "buffer_in",

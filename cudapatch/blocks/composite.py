@@ -126,12 +126,17 @@ class CompositeBuilder:
         self._links: list[InnerLink] = []
         self._exposures: dict[str, Exposure] = {}
         self._text_params: list[ParamSpec] = []
+        #: Run the inner blocks as one child-graph node.
         self.child_graph = False
+        #: The type name the description carries (None: the composite class's ``type_name``).
+        self.type_name: str | None = None
 
-    def error(self, message: str, *, line: int | None = None, inner: str | None = None, **ctx: Any) -> CudapatchError:
+    def error(
+        self, message: str, *, line: int | None = None, inner: str | None = None, file: str | None = None, **ctx: Any
+    ) -> CudapatchError:
         """An error naming the composite (and ``inner``, the inner block), with the file and line."""
         where = f"composite '{self.composite}'" + (f", operator '{inner}'" if inner else "")
-        return CudapatchError(f"{where}: {message}", block=self.composite, file=self.file, line=line, **ctx)
+        return CudapatchError(f"{where}: {message}", block=self.composite, file=file or self.file, line=line, **ctx)
 
     # -- building -------------------------------------------------------------------------------
     def add(self, name: str, block: Block, *, line: int | None = None) -> Block:
@@ -277,7 +282,8 @@ class CompositeBuilder:
                     inner=op,
                 )
         if len(set(kinds)) != 1:
-            raise self.error(f"exposed '{e.name}' mixes {' and '.join(sorted(set(kinds)))}s", line=e.line)
+            both = " and ".join(sorted(set(kinds)))
+            raise self.error(f"exposed '{e.name}' names {both} targets (one kind per name)", line=e.line)
         kind = kinds[0]
         if kind == "output" and len(e.targets) != 1:
             raise self.error(f"exposed output '{e.name}' must name exactly one inner output", line=e.line)
@@ -363,7 +369,7 @@ class Composite(Block):
         if self._child_graph_override is not None:
             c.child_graph = bool(self._child_graph_override)
         layout = c.commit()
-        desc = c.describe(self.type_name, layout)
+        desc = c.describe(c.type_name or self.type_name, layout)
         self.layout = layout
         return desc
 

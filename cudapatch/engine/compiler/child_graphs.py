@@ -2,12 +2,13 @@
 ``realize`` puts inside one CUDA child-graph node.
 
 The group is the composite's nodes, plus the profiling nodes (timestamps) and zero-fill memsets that
-lie between them (a block's start stamp waits for the block before it and is waited for by the
-block's kernels, so it must be inside). A group can be realized only if no other block's work lies
-between its nodes: a child-graph node runs as one unit, so a block outside that reads one inner
-output and feeds another inner input would be a cycle. Then, and for a composite holding captured
-library calls (whose re-capture replaces a child graph of the running graph, which is supported for
-top-level nodes only), the composite runs flattened with a ``child-graph`` warning saying why.
+lie between them, and the timestamps that wait only for its nodes (a block's end stamp: inside, it
+reads the time the block ends, not the time the whole child graph does). A group can be realized
+only if no other block's work lies between its nodes: a child-graph node runs as one unit, so a
+block outside that reads one inner output and feeds another inner input would be a cycle. Then,
+and for a composite holding captured library calls (whose re-capture replaces a child graph of the
+running graph, done for top-level nodes only), the composite runs flattened with a ``child-graph``
+warning saying why.
 Nested child-graph composites are part of the outermost one's group.
 """
 
@@ -48,7 +49,10 @@ def child_graphs(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
                 Diagnostic("warning", c.top, DiagnosticCode.CHILD_GRAPH, f"'{c.name}' runs flattened: {why}")
             )
             continue
-        groups.append(ChildGraphPlan(c.id, c.name, tuple(sorted(members | why))))
+        group = members | why
+        # A block's end stamp waits only for the block's work: inside, it reads the time that work ends.
+        group |= {i for m in members for i in dependents.get(m, ()) if _stamp_on(nodes[i], group)}
+        groups.append(ChildGraphPlan(c.id, c.name, tuple(sorted(group))))
     return replace(plan, children=tuple(groups), diagnostics=plan.diagnostics + tuple(warnings))
 
 
@@ -76,6 +80,10 @@ def _refusal(
         who = names.get(owner.get(i, -1), "another block")
         return f"'{who}' reads one of its outputs and feeds one of its inputs, so it cannot run as one node"
     return between
+
+
+def _stamp_on(node: object, group: set[int]) -> bool:
+    return isinstance(node, StampNodePlan) and bool(node.deps) and set(node.deps) <= group
 
 
 def _reach(start: set[int], step) -> set[int]:  # type: ignore[no-untyped-def]
