@@ -4,8 +4,8 @@ A host (TouchDesigner callbacks, the standalone preview driven by a patch file, 
 adapter when its user edits the network (a composite, ``core.Composite`` with a ``Path``, is an
 operator like any other: created, deleted, linked and set the same way); the adapter turns each
 call into block and engine edits that only mark the engine dirty. ``EngineOperator.cook()`` runs
-``Engine.update()`` once per frame, which applies everything with the cheapest tier. Errors are precise (operator, port, parameter) and
-leave the previous state in place.
+``Engine.update()`` once per frame, which applies everything with the cheapest tier. Errors are
+precise (operator, port, parameter) and leave the previous state in place.
 """
 
 from __future__ import annotations
