@@ -74,11 +74,12 @@ def _units(plan: GraphPlan, group_of: dict[int, int]) -> list[tuple[str, int]]:
 
 
 def _unique(handles: Iterable[Any]) -> list[Any]:
+    """``handles`` without repeats: every node of a group stands for the one child handle object."""
     seen: set[int] = set()
     out = []
     for h in handles:
-        if int(h) not in seen:
-            seen.add(int(h))
+        if id(h) not in seen:
+            seen.add(id(h))
             out.append(h)
     return out
 
