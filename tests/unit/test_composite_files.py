@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cudapatch.engine import ExternalBinding
 from cudapatch.errors import CudapatchError, PatchFileError, PluginError
 from cudapatch.host_plugin import (
     HostAdapter,
@@ -20,6 +21,7 @@ from cudapatch.host_plugin import (
     parse_patch,
 )
 from cudapatch.host_plugin.registry import BlockTypeRegistry
+from cudapatch.kernels.types import DType
 
 from .plan_engine import PlanOnlyEngine
 
@@ -253,3 +255,50 @@ def test_a_plugin_composite_needs_a_real_file_and_a_qualified_name(tmp_path) -> 
     _write(tmp_path, **{"blur.toml": BLUR})
     with pytest.raises(PluginError, match="must look like 'package.Type'"):
         registry.add_composite(tmp_path / "blur.toml", name="Blur")
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "composites"
+
+
+def test_the_example_composite_and_its_patch_load(registry) -> None:
+    patch = load_patch(EXAMPLES / "patch.toml", registry=registry)
+    assert patch.operators["smooth"].type == "core.Composite"
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, registry, search_paths=[EXAMPLES])
+    smooth = adapter.create("smooth", "core.Composite", {"Path": "smooth.toml", "Gain": 2.0})
+    assert [p.name for p in smooth.description.params] == ["Weight", "Gain", "Path"]
+    assert smooth.get("Weight") == pytest.approx(1 / 3) and not smooth.is_child_graph
+    engine.context.bind_input(smooth, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
+    engine.update()
+    assert engine.errors == ()
+    assert [b.name for b in engine.context.snapshot().blocks] == ["smooth/pass1", "smooth/pass2", "smooth/gain"]
+    assert len(engine.plan.scalar_slots[(smooth.id, "Weight")]) == 2
+
+
+def test_an_edited_composite_file_is_re_read_and_a_broken_one_keeps_running(tmp_path, registry) -> None:
+    from cudapatch.host_plugin.hosts.composite_reload import CompositeReloader
+
+    _write(tmp_path, **{"blur.toml": BLUR})
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, registry, search_paths=[tmp_path])
+    blur = adapter.create("b", "core.Composite", {"Path": "blur.toml", "Gain": 3.0})
+    engine.context.bind_input(blur, "In", ExternalBinding(0xA000, 100, DType.FLOAT32))
+    reloader = CompositeReloader(adapter, clock=lambda: 0.0)
+    assert reloader.poll(force=True) == 0  # the baseline
+    engine.update()
+    engine.context.dirty.clear_structure()
+    _write(
+        tmp_path,
+        **{"blur.toml": BLUR.replace('Gain = ["h.Factor", "v.Factor"]', 'Gain = "v.Factor"\nBias = "h.Offset"')},
+    )
+    assert reloader.poll(force=True) == 1 and reloader.reloads == 1
+    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "Path"] and blur.get("Gain") == 3.0
+    assert engine.context.dirty.structure  # the engine rebuilds with the new inner blocks
+    engine.update()
+    assert engine.errors == () and len(engine.plan.scalar_slots[(blur.id, "Gain")]) == 1
+    _write(tmp_path, **{"blur.toml": "[operators.h\n"})
+    assert reloader.poll(force=True) == 0
+    (err,) = reloader.errors
+    assert "TOML syntax error" in err.message and err.file.endswith("blur.toml")
+    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "Path"]  # as it was
+    assert reloader.poll(force=True) == 0 and len(reloader.errors) == 1  # reported once

@@ -251,3 +251,12 @@ def test_plans_without_composites_have_no_children() -> None:
     ctx.bind_input(s, "In", ExternalBinding(0xA000, 8, DType.FLOAT32))
     plan = compile_plan(ctx.snapshot(), level=ProfilingLevel.PER_BLOCK)
     assert plan.children == () and ctx.snapshot().composites == ()
+
+
+def test_a_composite_gets_a_gpu_time_span_over_its_blocks() -> None:
+    e, _, t, _ = _chain(TwoScales(name="t"))
+    e.set_profiling("PerBlock")
+    e.update()
+    pairs = {p.key: p for p in e.plan.timings if p.kind == "block"}
+    a, b = pairs[t.inner("a").id], pairs[t.inner("b").id]
+    assert (pairs[t.id].start, pairs[t.id].end) == (a.start, b.end)

@@ -8,7 +8,8 @@ files under the composite's keys:
 - the scalar slots of every inner parameter an exposed parameter sets: a Hot edit of the composite's
   ``Radius`` patches the inner kernels' slots in place, with no rebuild;
 - the binding slots and planned counts of the inner inputs an exposed input feeds (Warm rebinds);
-- the composite in ``block_order`` when any of its blocks runs (its state is OK then).
+- the composite in ``block_order`` when any of its blocks runs (its state is OK then);
+- its GPU time at PerBlock and up: from the start of its first block to the end of its last.
 
 Diagnostics of inner blocks go on the registered composite holding them, naming the inner block
 (its qualified name is in the message already) and the composite file and line that define it.
@@ -20,7 +21,7 @@ from dataclasses import replace
 
 from ..context import PatchSnapshot
 from ..diagnostics import Diagnostic
-from ..plan import GraphPlan
+from ..plan import GraphPlan, TimingPair
 from .draft import PlanDraft
 
 __all__ = ["attribute_diagnostics", "composite_keys"]
@@ -84,6 +85,7 @@ def composite_keys(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
     return replace(
         plan,
         block_order=tuple(order),
+        timings=plan.timings + _spans(plan, snap),
         diagnostics=tuple(attribute(snap, plan.diagnostics)),
         outputs=outputs,
         appends=appends,
@@ -91,3 +93,17 @@ def composite_keys(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
         binding_slots=binding_slots,
         binding_counts=binding_counts,
     )
+
+
+def _spans(plan: GraphPlan, snap: PatchSnapshot) -> tuple[TimingPair, ...]:
+    """A composite's GPU time: from the start of its first block that runs to the end of its last."""
+    pairs = {p.key: p for p in plan.timings if p.kind == "block"}
+    if not pairs:
+        return ()
+    rank = {bid: i for i, bid in enumerate(plan.block_order)}
+    out = []
+    for c in snap.composites:
+        timed = sorted((rank[b], pairs[b]) for b in c.members if b in pairs and b in rank)
+        if timed:
+            out.append(TimingPair("block", c.id, timed[0][1].start, timed[-1][1].end))
+    return tuple(out)
