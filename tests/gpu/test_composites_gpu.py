@@ -197,3 +197,24 @@ def test_a_broken_composite_edit_keeps_the_running_graph(
     engine.update()
     assert engine.graph is graph and list(adapter.operators()) == ["smooth"]
     np.testing.assert_array_equal(engine.read(adapter.block("smooth"), "Out"), before)
+
+
+def test_an_isolated_engine_runs_a_composite_as_a_normal_one_does(registry, folder: Path, rng) -> None:
+    x = _rand(rng, 8192)
+    results = []
+    with Engine(wait_for_compile=True) as normal, Engine(isolated=True, wait_for_compile=True) as iso:
+        for e in (normal, iso):
+            comp = e.add(_smooth(registry, folder, "smooth", Gain=1.5))
+            e.bind(comp, "In", x)
+            e.wait_ready()
+            e.update()
+            first = e.read(comp, "Out")
+            comp.set("Gain", 0.5)  # Hot: the isolated host sends the inner Scale's key to its child
+            comp.set("Weight", 0.2)
+            e.update()
+            results.append((first, e.read(comp, "Out")))
+    (n1, n2), (i1, i2) = results
+    np.testing.assert_array_equal(n1, i1)
+    np.testing.assert_array_equal(n2, i2)
+    w = np.float32(0.2)
+    np.testing.assert_allclose(n2, _box3(_box3(x, w), w) * np.float32(0.5), rtol=1e-6, atol=1e-6)
