@@ -373,6 +373,15 @@ class Composite(Block):
         self.layout = layout
         return desc
 
+    def _make_params(self, old: dict[str, Any]) -> None:
+        super()._make_params(old)
+        # Text parameters given at construction already shaped this description: holding their values
+        # now spares the re-composition (a file read per level of nesting) that setting them would do.
+        for name, text in self._texts.items():
+            p = self.params.get(name)
+            if p is not None and p.spec.kind == "text" and p.value != text:
+                p.set(text)
+
     def inner_blocks(self) -> Iterator[tuple[str, Block]]:
         """Every leaf block inside, at any depth, with its name relative to this composite (``h``,
         ``inner/h``)."""

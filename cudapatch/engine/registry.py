@@ -34,6 +34,9 @@ class BlockRegistry:
             raise CudapatchError("block is already registered", block=block.name)
         if any(b.name == block.name for b in self._blocks.values()):
             raise CudapatchError("another block already has this name", block=block.name)
+        if self.composites and self.owner(block.id) is not None:
+            comp = self.owner(block.id)[0]  # type: ignore[index]
+            raise CudapatchError(f"block is inside composite '{comp.name}': it runs as part of it", block=block.name)
         self._blocks[block.id] = block
         if isinstance(block, Composite):
             self.composites[block.id] = block

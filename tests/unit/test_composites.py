@@ -260,3 +260,30 @@ def test_a_composite_gets_a_gpu_time_span_over_its_blocks() -> None:
     pairs = {p.key: p for p in e.plan.timings if p.kind == "block"}
     a, b = pairs[t.inner("a").id], pairs[t.inner("b").id]
     assert (pairs[t.id].start, pairs[t.id].end) == (a.start, b.end)
+
+
+def test_an_inner_block_cannot_be_registered_on_its_own() -> None:
+    ctx = Context()
+    t = ctx.register_block(TwoScales(name="t"))
+    with pytest.raises(CudapatchError, match="inside composite 't'"):
+        ctx.register_block(t.inner("a"))
+    with pytest.raises(CudapatchError, match="must not be registered"):
+
+        class Wraps(Composite):
+            def compose(self, c: CompositeBuilder) -> None:
+                c.add("s", ctx.registry.by_name("s"))
+
+        ctx.register_block(Scale(name="s"))
+        Wraps(name="w")
+
+
+def test_a_composite_is_composed_once_when_made() -> None:
+    made = []
+
+    class Counted(TwoScales):
+        def compose(self, c: CompositeBuilder) -> None:
+            made.append(c.text("Path"))
+            super().compose(c)
+
+    Counted(name="c", Path="x")
+    assert made == ["x"]
