@@ -218,3 +218,33 @@ def test_an_isolated_engine_runs_a_composite_as_a_normal_one_does(registry, fold
     np.testing.assert_array_equal(n2, i2)
     w = np.float32(0.2)
     np.testing.assert_allclose(n2, _box3(_box3(x, w), w) * np.float32(0.5), rtol=1e-6, atol=1e-6)
+
+
+def test_the_standalone_host_applies_composite_file_edits_while_running(folder: Path) -> None:
+    from cudapatch.host_plugin.hosts.standalone import StandaloneHost
+
+    patch = folder / "patch.toml"
+    patch.write_text(
+        'links = ["fill.Out -> smooth.In"]\n\n[operators.fill]\ntype = "core.Fill"\nCount = 4096\nValue = 1.5\n\n'
+        '[operators.smooth]\ntype = "core.Composite"\nPath = "smooth.toml"\nGain = 2.0\n'
+    )
+    comp_file = folder / "smooth.toml"
+    original = comp_file.read_text()
+    with StandaloneHost(patch) as host:
+        eng = host.engine
+        eng.wait_ready()
+        eng.update()
+        smooth = host.adapter.block("smooth")
+        np.testing.assert_allclose(eng.read(smooth, "Out"), 3.0, rtol=1e-5)  # 1.5 * (3 w)^2 * 2, w = 1/3
+        rebuilds = eng.counters.rebuilds
+        comp_file.write_text(original.replace('type = "core.Scale"', 'type = "core.Scale"\nOffset = 1.0'))
+        assert host.poll_patch(force=True)
+        eng.wait_ready()
+        eng.update()
+        np.testing.assert_allclose(eng.read(smooth, "Out"), 4.0, rtol=1e-5)
+        assert eng.counters.rebuilds > rebuilds and smooth.get("Gain") == 2.0  # the patch's value stays
+        comp_file.write_text("[operators.h\n")  # broken: reported, the composite keeps running
+        assert not host.poll_patch(force=True)
+        assert host.reload_errors and host.reload_errors[-1].file.endswith("smooth.toml")
+        eng.update()
+        np.testing.assert_allclose(eng.read(smooth, "Out"), 4.0, rtol=1e-5)
