@@ -66,7 +66,7 @@ class CompositeInfo:
 
 def flatten_snapshot(
     context_id: int,
-    blocks: Iterable[Block],
+    blocks: Iterable[Any],
     links: Iterable[Link],
     bindings: Mapping[Key, Any],
     snapshot_type: Any,
@@ -76,7 +76,8 @@ def flatten_snapshot(
 
     Args:
         context_id: The Context's id (each leaf block snapshot carries it).
-        blocks: The registered blocks, in registration order.
+        blocks: The registered blocks in registration order, each as a ``BlockSnapshot`` already made
+            or as the block (composites always).
         links: The registered links.
         bindings: External bindings by ``(block id, port)``.
         snapshot_type / block_type: ``PatchSnapshot`` and ``BlockSnapshot`` (passed in: the context
@@ -88,7 +89,9 @@ def flatten_snapshot(
     flat = _Flattener(context_id, block_type)
     exposed: dict[int, dict[str, tuple[Key, ...]]] = {}
     for b in blocks:
-        if isinstance(b, Composite) and b.layout is not None:
+        if isinstance(b, block_type):  # frozen already (the Context keeps unchanged blocks' snapshots)
+            flat.blocks.append(b)
+        elif isinstance(b, Composite) and b.layout is not None:
             exposed[b.id] = flat.expand(b, b.name, {}, top=b.id)
         else:
             flat.leaf(b, b.name, {})
