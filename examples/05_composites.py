@@ -6,8 +6,8 @@ two blur kernels from a ``.cu`` file and a Scale, that exposes one input, one ou
 parameters. A host creates it by file like any operator (``core.Composite`` with a ``Path``); the
 engine flattens it, so its kernels sit in the one CUDA graph beside everything else, named
 ``smooth/pass1``, ``smooth/pass2`` and ``smooth/gain``. Setting an exposed parameter (``Weight`` sets
-both blur passes) is a Hot update: no rebuild. ``--child-graph`` runs the three kernels as one CUDA
-child-graph node instead.
+both blur passes) is a Hot update: no rebuild. ``--child-graph`` sets its ``ChildGraph`` parameter:
+the three kernels run as one CUDA child-graph node instead.
 
 What you should see: a line per reported frame with the parameters and the tier counters (no
 rebuild while it runs, Hot updates each frame), the composite's tooltip, and ``OK: matches NumPy``.
@@ -53,14 +53,11 @@ def main(argv: list[str] | None = None) -> int:
 
     x = np.random.default_rng().standard_normal(args.elements).astype(np.float32)
     registry = PluginHost().registry
-    folder = composites_folder()
     with Engine() as engine:
-        if args.child_graph:  # the same file, its [composite] child_graph overridden for this block
-            kind = registry.get("core.Composite").cls
-            smooth = engine.add(kind(name="smooth", child_graph=True, Path=str(folder / "smooth.toml"), Gain=2.0))
-        else:  # as a host creates it: by file, relative to its search paths (a patch's own folder first)
-            adapter = HostAdapter(engine, registry, search_paths=[folder])
-            smooth = adapter.create("smooth", "core.Composite", {"Path": "smooth.toml", "Gain": 2.0})
+        # As a host creates it: by file, relative to its search paths (a patch's own folder first).
+        adapter = HostAdapter(engine, registry, search_paths=[composites_folder()])
+        params = {"Path": "smooth.toml", "Gain": 2.0, "ChildGraph": int(args.child_graph)}
+        smooth = adapter.create("smooth", "core.Composite", params)
         engine.bind(smooth, "In", x)
         engine.wait_ready()  # the blur kernel compiles in the background; a script waits for it once
         print(f"device: {engine.device.name}")

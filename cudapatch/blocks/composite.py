@@ -8,7 +8,8 @@ The engine flattens it when it freezes the patch (``engine/composites.py``): the
 inner blocks under qualified names (``blur1/h``), links into and out of the composite go to the
 inner ports, and the plan also files the inner kernels' parameter slots under the composite's own
 parameter, so a Hot edit of an exposed parameter patches the inner kernels in place (no rebuild).
-With ``child_graph=True`` the inner blocks' nodes become one CUDA child-graph node.
+With its ``ChildGraph`` parameter set to 1 (a rebuild) the inner blocks' nodes become one CUDA
+child-graph node.
 
 A composite is described in Python (subclass, implement ``compose``) or by a TOML file in the
 patch-file format with an ``[expose]`` table (``host_plugin/composite_file.py``)::
@@ -35,13 +36,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 from ..errors import CudapatchError
+from ..kernels.types import DType
 from .block import Block
 from .builder import BlockBuilder
 from .description import BlockDescription, ParamSpec, PortSpec
 
-__all__ = ["Composite", "CompositeBuilder", "CompositeDescription", "CompositeLayout", "Exposure", "InnerLink"]
+__all__ = [
+    "CHILD_GRAPH",
+    "Composite",
+    "CompositeBuilder",
+    "CompositeDescription",
+    "CompositeLayout",
+    "Exposure",
+    "InnerLink",
+]
 
 ExposureKind = Literal["input", "output", "param"]
+#: Every composite's own parameter choosing how it runs: 1 as one child-graph node, 0 flattened.
+CHILD_GRAPH = "ChildGraph"
 
 
 @dataclass(frozen=True)
@@ -317,13 +329,24 @@ class CompositeBuilder:
                 structural = any(blocks[o].description.param(n).structural for o, n in e.targets)  # type: ignore[union-attr]
                 default = blocks[op].params[name].value
                 params.append(replace(ps, name=e.name, pins=(), structural=structural, default=default))
+        if CHILD_GRAPH in layout.exposures or any(p.name == CHILD_GRAPH for p in self._text_params):
+            raise self.error(f"'{CHILD_GRAPH}' is the composite's own parameter: expose another name")
+        mode = ParamSpec(
+            CHILD_GRAPH,
+            DType.UINT32,
+            int(layout.child_graph),
+            0,
+            1,
+            structural=True,
+            description="1: the inner blocks run as one CUDA child-graph node (a rebuild); 0: flattened",
+        )
         inner = tuple((n, b.id, b.description) for n, b in blocks.items())
         return CompositeDescription(
             type_name=type_name,
             kernels=(),
             inputs=tuple(inputs),
             outputs=tuple(outputs),
-            params=tuple(params) + tuple(self._text_params),
+            params=tuple(params) + (mode,) + tuple(self._text_params),
             inner=inner,
             child_graph=layout.child_graph,
         )
@@ -334,8 +357,8 @@ class Composite(Block):
 
     Args:
         name: Instance name.
-        child_graph: Run the inner blocks as one CUDA child-graph node (default: the class's
-            ``child_graph``, or what the composite file says).
+        child_graph: The default of its ``ChildGraph`` parameter: run the inner blocks as one CUDA
+            child-graph node (default: the class's ``child_graph``, or what the composite file says).
         **params: Initial values of exposed parameters (text parameters such as ``Path`` first).
 
     Raises:
@@ -410,8 +433,10 @@ class Composite(Block):
 
     @property
     def is_child_graph(self) -> bool:
-        """Whether the inner blocks run as one child-graph node."""
-        return self.layout is not None and self.layout.child_graph
+        """Whether the inner blocks run as one child-graph node: the ``ChildGraph`` parameter (its
+        default from ``child_graph``, the class's or the composite file's)."""
+        p = self.params.get(CHILD_GRAPH)
+        return bool(p.value) if p is not None else False
 
     def tooltip(self) -> str:
         head = super().tooltip()

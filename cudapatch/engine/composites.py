@@ -166,7 +166,7 @@ class _Flattener:
                 comp.id,
                 name,
                 layout.file,
-                layout.child_graph,
+                comp.is_child_graph,
                 top,
                 members,
                 {n: k for n, k in exposed.items() if kinds[n] == "input"},

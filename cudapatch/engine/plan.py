@@ -231,6 +231,7 @@ class GraphPlan:
                 lines.append(
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
                 )
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 

@@ -115,7 +115,7 @@ def test_a_patch_uses_a_composite_by_file(tmp_path, registry) -> None:
 def test_the_patch_checks_the_exposed_names_before_anything_is_built(tmp_path, registry) -> None:
     _write(tmp_path, **{"blur.toml": BLUR})
     text = PATCH.replace("Gain = 3.0", "Gian = 3.0")
-    with pytest.raises(PatchFileError, match=r"has no parameter 'Gian' \(it has: Gain, Path\)") as info:
+    with pytest.raises(PatchFileError, match=r"has no parameter 'Gian' \(it has: Gain, ChildGraph, Path\)") as info:
         parse_patch(text, path=tmp_path / "patch.toml", registry=registry)
     assert info.value.line == 11
     text = PATCH.replace("blur1.Out -> tail.In", "blur1.Output -> tail.In")
@@ -266,7 +266,7 @@ def test_the_example_composite_and_its_patch_load(registry) -> None:
     engine = PlanOnlyEngine()
     adapter = HostAdapter(engine, registry, search_paths=[EXAMPLES])
     smooth = adapter.create("smooth", "core.Composite", {"Path": "smooth.toml", "Gain": 2.0})
-    assert [p.name for p in smooth.description.params] == ["Weight", "Gain", "Path"]
+    assert [p.name for p in smooth.description.params] == ["Weight", "Gain", "ChildGraph", "Path"]
     assert smooth.get("Weight") == pytest.approx(1 / 3) and not smooth.is_child_graph
     engine.context.bind_input(smooth, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
     engine.update()
@@ -292,7 +292,9 @@ def test_an_edited_composite_file_is_re_read_and_a_broken_one_keeps_running(tmp_
         **{"blur.toml": BLUR.replace('Gain = ["h.Factor", "v.Factor"]', 'Gain = "v.Factor"\nBias = "h.Offset"')},
     )
     assert reloader.poll(force=True) == 1 and reloader.reloads == 1
-    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "Path"] and blur.get("Gain") == 3.0
+    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "ChildGraph", "Path"] and blur.get(
+        "Gain"
+    ) == 3.0
     assert engine.context.dirty.structure  # the engine rebuilds with the new inner blocks
     engine.update()
     assert engine.errors == () and len(engine.plan.scalar_slots[(blur.id, "Gain")]) == 1
@@ -300,5 +302,19 @@ def test_an_edited_composite_file_is_re_read_and_a_broken_one_keeps_running(tmp_
     assert reloader.poll(force=True) == 0
     (err,) = reloader.errors
     assert "TOML syntax error" in err.message and err.file.endswith("blur.toml")
-    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "Path"]  # as it was
+    assert [p.name for p in blur.description.params] == ["Gain", "Bias", "ChildGraph", "Path"]  # as it was
     assert reloader.poll(force=True) == 0 and len(reloader.errors) == 1  # reported once
+
+
+def test_a_patch_asks_for_a_child_graph_per_operator_and_a_file_sets_the_default(tmp_path, registry) -> None:
+    text = PATCH.replace("Gain = 3.0", "Gain = 3.0\nChildGraph = 1")
+    engine, adapter = _load(_write(tmp_path, **{"blur.toml": BLUR, "patch.toml": text}), registry)
+    engine.update()
+    blur = adapter.block("blur1")
+    assert blur.is_child_graph and [c.name for c in engine.plan.children] == ["blur1"]
+    child_file = BLUR.replace('name = "Blur"', 'name = "Blur"\nchild_graph = true')
+    _write(tmp_path, **{"blur.toml": child_file})
+    other = adapter.create("b2", "core.Composite", {"Path": "blur.toml"})
+    assert other.get("ChildGraph") == 1 and other.is_child_graph
+    adapter.set_param("b2", "ChildGraph", "0")  # a host's text for the switch
+    assert not other.is_child_graph

@@ -58,7 +58,8 @@ def test_a_composite_is_one_block_with_what_it_exposes() -> None:
     t = TwoScales(name="t")
     d = t.description
     assert [p.name for p in d.inputs] == ["In"] and [p.name for p in d.outputs] == ["Out"]
-    assert [p.name for p in d.params] == ["Gain"] and d.params[0].default == 2.0  # the first target's value
+    assert [p.name for p in d.params] == ["Gain", "ChildGraph"] and d.params[0].default == 2.0  # the first target's
+    assert d.params[1].structural and t.get("ChildGraph") == 0
     assert d.kernels == () and [n for n, _ in t.inner_blocks()] == ["a", "b"]
     assert "2 blocks" in str(t)
 
@@ -287,3 +288,22 @@ def test_a_composite_is_composed_once_when_made() -> None:
 
     Counted(name="c", Path="x")
     assert made == ["x"]
+
+
+def test_the_child_graph_parameter_switches_the_mode_with_a_rebuild() -> None:
+    e, _, t, _ = _chain(TwoScales(name="t"))
+    e.update()
+    assert e.plan.children == () and not t.is_child_graph
+    e.context.dirty.clear_structure()
+    t.set("ChildGraph", 1)
+    assert e.context.dirty.structure  # structural: the next build groups the nodes
+    e.update()
+    assert t.is_child_graph and [c.block_id for c in e.plan.children] == [t.id]
+    with pytest.raises(CudapatchError, match="ChildGraph"):
+
+        class Clash(Composite):
+            def compose(self, c: CompositeBuilder) -> None:
+                c.add("a", Scale())
+                c.expose("ChildGraph", "a.Factor")
+
+        Clash(name="clash")

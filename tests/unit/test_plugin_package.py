@@ -79,7 +79,11 @@ def test_the_plugin_ships_a_composite_as_a_file(plugin_path):
     bt = host.registry.get("example.Chorus")
     assert bt.origin == "example" and bt.version == "0.1.0"
     assert ("out", "Out", "float[]") in bt.ports
-    assert [p[0] for p in bt.params] == ["Count", "Frequency", "Detune"] and ("Detune", "float", 3.1) in bt.params
+    assert [p[0] for p in bt.params] == ["Count", "Frequency", "Detune", "ChildGraph"] and (
+        "Detune",
+        "float",
+        3.1,
+    ) in bt.params
     patch = parse_patch('[operators.c]\ntype = "example.Chorus"\nDetune = 3.3\n', registry=host.registry)
     assert patch.operators["c"].params == {"Detune": 3.3}
     engine = PlanOnlyEngine()
