@@ -248,3 +248,22 @@ def test_the_standalone_host_applies_composite_file_edits_while_running(folder: 
         assert host.reload_errors and host.reload_errors[-1].file.endswith("smooth.toml")
         eng.update()
         np.testing.assert_allclose(eng.read(smooth, "Out"), 4.0, rtol=1e-5)
+
+
+def test_switching_child_graph_on_rebuilds_and_computes_the_same(
+    engine: Engine, registry, folder: Path, rng: np.random.Generator
+) -> None:
+    x = _rand(rng, 50_000)
+    comp = engine.add(_smooth(registry, folder, "smooth", Gain=0.75))
+    engine.bind(comp, "In", x)
+    engine.update()
+    flat = engine.read(comp, "Out")
+    rebuilds = engine.counters.rebuilds
+    comp.set("ChildGraph", 1)
+    engine.update()
+    assert engine.counters.rebuilds == rebuilds + 1 and len(engine.graph.plan.children) == 1
+    np.testing.assert_array_equal(engine.read(comp, "Out"), flat)
+    comp.set("Gain", 1.5)  # Hot, through the child node
+    engine.update()
+    np.testing.assert_array_equal(engine.read(comp, "Out"), flat * np.float32(2.0))
+    assert engine.counters.rebuilds == rebuilds + 1

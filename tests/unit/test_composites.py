@@ -307,3 +307,19 @@ def test_the_child_graph_parameter_switches_the_mode_with_a_rebuild() -> None:
                 c.expose("ChildGraph", "a.Factor")
 
         Clash(name="clash")
+
+
+def test_switching_child_graph_is_never_patched_in_place() -> None:
+    from cudapatch.engine.warm import Refusal, WarmRefusal, decide_warm_patch
+
+    ctx = Context()
+    t = ctx.register_block(TwoScales(name="t"))
+    ctx.bind_input(t, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
+    flat = compile_plan(ctx.snapshot())
+    t.set("ChildGraph", 1)
+    grouped = compile_plan(ctx.snapshot())
+    assert grouped.nodes == flat.nodes and grouped.children and not flat.children
+    capacities = [b.count * b.dtype.itemsize for b in flat.buffers]
+    result = decide_warm_patch(flat, grouped, ctx.snapshot().bindings, capacities=capacities)
+    assert isinstance(result, WarmRefusal) and result.reason is Refusal.CHILD_GRAPHS
+    assert not isinstance(decide_warm_patch(flat, flat, ctx.snapshot().bindings, capacities=capacities), WarmRefusal)
