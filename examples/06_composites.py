@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""05 — composite blocks: a sub-patch file used as one block, its exposed parameters edited Hot.
+"""06 — composite blocks: a sub-patch file used as one block, its exposed parameters edited Hot.
 
 What it teaches: a composite file (``examples/composites/smooth.toml``) is a small patch of its own,
 two blur kernels from a ``.cu`` file and a Scale, that exposes one input, one output and two
@@ -12,7 +12,7 @@ the three kernels run as one CUDA child-graph node instead.
 What you should see: a line per reported frame with the parameters and the tier counters (no
 rebuild while it runs, Hot updates each frame), the composite's tooltip, and ``OK: matches NumPy``.
 
-Run: ``python examples/05_composites.py [--headless] [--frames N] [--child-graph]`` (needs a CUDA
+Run: ``python examples/06_composites.py [--headless] [--frames N] [--child-graph]`` (needs a CUDA
 GPU). The patch ``examples/composites/patch.toml`` uses the same composite: ``cudapatch run`` it.
 """
 
