@@ -33,7 +33,7 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "Composite",
     "CompositeBuilder",
     "CustomKernel",
+    "Expression",
     "Fill",
     "InternalLink",
     "KernelFile",
