@@ -323,3 +323,15 @@ def test_switching_child_graph_is_never_patched_in_place() -> None:
     result = decide_warm_patch(flat, grouped, ctx.snapshot().bindings, capacities=capacities)
     assert isinstance(result, WarmRefusal) and result.reason is Refusal.CHILD_GRAPHS
     assert not isinstance(decide_warm_patch(flat, flat, ctx.snapshot().bindings, capacities=capacities), WarmRefusal)
+
+
+def test_fused_inner_blocks_keep_the_exposed_parameter_hot() -> None:
+    ctx = Context()
+    t = ctx.register_block(TwoScales(name="t"))
+    ctx.bind_input(t, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    kernels = [n for n in plan.nodes if isinstance(n, KernelNodePlan)]
+    assert len(kernels) == 1  # a.Out feeds only b: the two Scales are one generated kernel
+    slots = plan.scalar_slots[(t.id, "Gain")]
+    assert len(slots) == 2 and {ni for ni, _ in slots} == {kernels[0].index}
+    assert plan.outputs[(t.id, "Out")] == plan.outputs[(t.inner("b").id, "Out")]
