@@ -267,3 +267,23 @@ def test_switching_child_graph_on_rebuilds_and_computes_the_same(
     engine.update()
     np.testing.assert_array_equal(engine.read(comp, "Out"), flat * np.float32(2.0))
     assert engine.counters.rebuilds == rebuilds + 1
+
+
+@pytest.mark.parametrize("child_graph", [0, 1], ids=["flattened", "child-graph"])
+def test_a_fused_composite_equals_the_unfused_one(rng: np.random.Generator, child_graph: int) -> None:
+    x = _rand(rng, 20_000)
+    out = []
+    for fuse in (False, True):
+        with Engine(wait_for_compile=True, fuse=fuse) as e:
+            two = e.add(TwoScales(name="two", Gain=1.25, ChildGraph=child_graph))
+            e.bind(two, "In", x)
+            e.update()
+            first = e.read(two, "Out")
+            rebuilds = e.counters.rebuilds
+            two.set("Gain", -0.5)  # Hot: both members' slots in the fused kernel
+            e.update()
+            out.append((first, e.read(two, "Out")))
+            assert e.counters.rebuilds == rebuilds
+    (a1, a2), (b1, b2) = out
+    np.testing.assert_array_equal(a1, b1)
+    np.testing.assert_array_equal(a2, b2)
