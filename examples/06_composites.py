@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.bind(smooth, "In", x)
         engine.wait_ready()  # the blur kernel compiles in the background; a script waits for it once
         print(f"device: {engine.device.name}")
-        print(f"{smooth.name} runs as: {', '.join(name for name, _ in smooth.inner_blocks())}")
+        print(f"{smooth.name} runs as: {', '.join(f'{smooth.name}/{n}' for n, _ in smooth.inner_blocks())}")
 
         weight, gain = np.float32(1 / 3), np.float32(2.0)
         rebuilds = engine.counters.rebuilds
