@@ -99,7 +99,8 @@ class CompositeLayout:
         exposures: Outer name → what it stands for.
         file: The composite file, if it came from one.
         lines: Inner block's local name → its line in ``file``.
-        child_graph: Whether the inner blocks run as one child-graph node.
+        child_graph: The default of the composite's ``ChildGraph`` parameter (run the inner blocks
+            as one child-graph node).
     """
 
     blocks: dict[str, Block]
@@ -366,7 +367,7 @@ class Composite(Block):
     """
 
     type_name: ClassVar[str] = "Composite"
-    #: Default for ``child_graph``.
+    #: Default of the ``ChildGraph`` parameter (the ``child_graph`` argument overrides it).
     child_graph: ClassVar[bool] = False
 
     def __init__(self, *, name: str | None = None, child_graph: bool | None = None, **params: Any) -> None:
