@@ -17,7 +17,7 @@ Pure: no driver call, tested without a GPU.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..blocks.block import Block
@@ -51,6 +51,7 @@ class CompositeInfo:
         top: Id of the registered composite it sits in (its own id at the top level).
         members: Leaf block id → ``Member``, at any depth.
         inputs / outputs / params: Outer name → the leaf ``(block id, port or parameter)`` keys.
+        probed: Its exposed outputs probed on the composite (``Engine.probe(composite, port)``).
     """
 
     id: int
@@ -62,6 +63,7 @@ class CompositeInfo:
     inputs: dict[str, tuple[Key, ...]] = field(compare=False)
     outputs: dict[str, tuple[Key, ...]] = field(compare=False)
     params: dict[str, tuple[Key, ...]] = field(compare=False)
+    probed: tuple[str, ...] = ()
 
 
 def flatten_snapshot(
@@ -69,6 +71,7 @@ def flatten_snapshot(
     blocks: Iterable[Any],
     links: Iterable[Link],
     bindings: Mapping[Key, Any],
+    probes: tuple[tuple[Key, Any], ...],
     snapshot_type: Any,
     block_type: Any,
 ) -> Any:
@@ -80,6 +83,7 @@ def flatten_snapshot(
             or as the block (composites always).
         links: The registered links.
         bindings: External bindings by ``(block id, port)``.
+        probes: Probed outputs ``((block id, port), shape)``: a composite's go to its inner output.
         snapshot_type / block_type: ``PatchSnapshot`` and ``BlockSnapshot`` (passed in: the context
             module imports this one).
 
@@ -105,12 +109,23 @@ def flatten_snapshot(
     for (bid, port), binding in bindings.items():
         for key in exposed[bid].get(port, ()) if bid in exposed else ((bid, port),):
             out_bindings[key] = binding
+    out_probes: dict[Key, Any] = {}
+    probed: dict[int, list[str]] = {}
+    for (bid, port), shape in probes:
+        if bid in exposed:
+            for key in exposed[bid].get(port, ())[:1]:
+                out_probes.setdefault(key, shape)
+                probed.setdefault(bid, []).append(port)
+        else:
+            out_probes[(bid, port)] = shape
+    infos = tuple(replace(c, probed=tuple(probed[c.id])) if c.id in probed else c for c in flat.infos)
     return snapshot_type(
         context_id,
         tuple(flat.blocks),
         tuple(flat.links) + tuple(out_links),
         out_bindings,
-        composites=tuple(flat.infos),
+        tuple(out_probes.items()),
+        composites=infos,
     )
 
 

@@ -9,7 +9,8 @@ files under the composite's keys:
   ``Radius`` patches the inner kernels' slots in place, with no rebuild;
 - the binding slots and planned counts of the inner inputs an exposed input feeds (Warm rebinds);
 - the composite in ``block_order`` when any of its blocks runs (its state is OK then);
-- its GPU time at PerBlock and up: from the start of its first block to the end of its last.
+- its GPU time at PerBlock and up: from the start of its first block to the end of its last;
+- a probe given on one of its outputs, under the composite's key.
 
 Diagnostics of inner blocks go on the registered composite holding them, naming the inner block
 (its qualified name is in the message already) and the composite file and line that define it.
@@ -82,8 +83,14 @@ def composite_keys(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
                 binding_counts[(c.id, name)] = counts[0]
         if c.top == c.id and running & c.members.keys():
             order.append(c.id)
+    probes = plan.probes
+    for c in snap.composites:  # a probe given on the composite reads as the composite's
+        for name in c.probed:
+            leaf = c.outputs[name][0]
+            probes = tuple((c.id, name) if k == leaf else k for k in probes)
     return replace(
         plan,
+        probes=probes,
         block_order=tuple(order),
         timings=plan.timings + _spans(plan, snap),
         diagnostics=tuple(attribute(snap, plan.diagnostics)),
