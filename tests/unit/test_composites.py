@@ -335,3 +335,15 @@ def test_fused_inner_blocks_keep_the_exposed_parameter_hot() -> None:
     slots = plan.scalar_slots[(t.id, "Gain")]
     assert len(slots) == 2 and {ni for ni, _ in slots} == {kernels[0].index}
     assert plan.outputs[(t.id, "Out")] == plan.outputs[(t.inner("b").id, "Out")]
+
+
+def test_a_probe_on_a_composites_output_reads_as_the_composites() -> None:
+    ctx = Context()
+    t = ctx.register_block(TwoScales(name="t"))
+    ctx.bind_input(t, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
+    key = ctx.add_probe(t, "Out")
+    assert key == (t.id, "Out")
+    snap = ctx.snapshot()
+    assert [k for k, _ in snap.probes] == [(t.inner("b").id, "Out")]  # the compiler probes the inner output
+    plan = compile_plan(snap)
+    assert plan.probes == ((t.id, "Out"),)  # ... and the host reads it under the composite's key
