@@ -287,3 +287,21 @@ def test_a_fused_composite_equals_the_unfused_one(rng: np.random.Generator, chil
     (a1, a2), (b1, b2) = out
     np.testing.assert_array_equal(a1, b1)
     np.testing.assert_array_equal(a2, b2)
+
+
+@pytest.mark.parametrize("child_graph", [0, 1], ids=["flattened", "child-graph"])
+def test_a_probe_on_a_composites_output(
+    engine: Engine, registry, folder: Path, rng: np.random.Generator, child_graph: int
+) -> None:
+    x = _rand(rng, 10_000)
+    comp = engine.add(_smooth(registry, folder, "smooth", Gain=1.5, ChildGraph=child_graph))
+    engine.bind(comp, "In", x)
+    probe = engine.probe(comp, "Out")
+    engine.update()
+    run_until(engine, lambda: probe.stats is not None, timeout=10)
+    out = engine.read(comp, "Out")
+    st = probe.stats
+    assert st.values == x.size and st.nan == 0 and st.inf == 0
+    assert st.minimum == pytest.approx(float(out.min()), rel=1e-6) and st.maximum == pytest.approx(
+        float(out.max()), rel=1e-6
+    )
