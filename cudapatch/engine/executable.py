@@ -31,6 +31,7 @@ from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
+from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
@@ -253,16 +254,24 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_, exec1 = self._set_params, self._exec, self._exec1
+        inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
                     self._calls.recapture(exec_, kn)
+                continue
+            if kn.child is not None:  # inside a composite's child graph: patched through it, below
+                inside = [kn] if inside is None else [*inside, kn]
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
                 (err,) = set_params(exec1, kn.handle, kn.alt_params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+        if inside is not None:
+            commit_child_nodes(exec_, inside)
+            if exec1 is not None:  # a child graph touches no delay pair (child_graphs): the same for both phases
+                commit_child_nodes(exec1, inside)
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []

@@ -23,6 +23,7 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
     "DelayPlan",
     "StampNodePlan",
     "GraphPlan",
@@ -180,6 +181,16 @@ class TimingPair(NamedTuple):
     end: int
 
 
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
 class DelayPlan(NamedTuple):
     """A running ``FrameDelay`` (see ``compiler/delays.py``).
 
@@ -226,6 +237,7 @@ class GraphPlan:
         block_nodes: block id → its node indices.
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
+        children: Groups of nodes realized as one child-graph node each.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -245,6 +257,7 @@ class GraphPlan:
     stamp_count: int = 0
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
     delays: tuple[DelayPlan, ...] = ()
 
     @property
@@ -289,6 +302,7 @@ class GraphPlan:
                 lines.append(
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
                 )
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 

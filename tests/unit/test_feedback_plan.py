@@ -280,3 +280,26 @@ def test_a_fused_chain_inside_a_loop_reads_and_writes_the_pair() -> None:
     refs = {arg.ref for arg in fused.args if arg.kind == "buffer"}
     assert {dp.previous, dp.current} <= refs and dp.current == plan.outputs[(s.id, "Out")]
     assert not [n for n in plan.nodes if isinstance(n, KernelNodePlan) and n.block_id == a.id]
+
+
+def test_a_composite_holding_a_delay_loop_runs_flattened_even_when_asked_for_a_child_graph() -> None:
+    from cudapatch import Composite, CompositeBuilder
+
+    class Echo(Composite):
+        type_name = "Echo"
+
+        def compose(self, c: CompositeBuilder) -> None:
+            c.add("delay", FrameDelay(Count=64, Fill=1.0))
+            c.add("decay", Scale(Factor=0.5))
+            c.link("delay.Out", "decay.In")
+            c.link("decay.Out", "delay.In")
+            c.expose("Out", "decay.Out")
+
+    for child_graph in (False, True):
+        echo = Echo(name="echo", child_graph=child_graph)
+        c = _ctx(echo)
+        plan = compile_plan(c.snapshot())
+        (dp,) = plan.delays
+        assert dp.current is not None and plan.children == ()
+        if child_graph:
+            assert any("FrameDelay" in d.message and "flattened" in d.message for d in plan.diagnostics)
