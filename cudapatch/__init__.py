@@ -20,6 +20,7 @@ from .blocks import (
     KernelFile,
     LibraryScope,
     Scale,
+    Shape,
     VectorAdd,
     buffer_in,
     buffer_inout,
@@ -30,6 +31,7 @@ from .blocks import (
     from_param,
     host_scalar,
     like,
+    shape_of,
 )
 from .engine import (
     AppendBuffer,
@@ -124,4 +126,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

@@ -29,11 +29,13 @@ from .description import (
     fixed,
     from_param,
     like,
+    shape_of,
 )
 from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
+from .shape import Shape
 
 __all__ = [
     "CallDescriptor",
@@ -73,4 +75,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]
