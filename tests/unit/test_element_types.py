@@ -217,3 +217,49 @@ def test_numba_refuses_bfloat16_and_bad_block_sizes_clearly() -> None:
         NumbaSource(_nb, ("float32[:]", "float32[:]", "uint32"), block_size=(64, 32)).describe()
     desc = NumbaSource(_nb, ("float32[:]", "float32[:]", "uint32"), block_size=(16, 16)).describe()
     assert desc.block_dims == (16, 16) and desc.block_size == 256
+
+
+# -- GL formats and the preview's choice -------------------------------------------------------------
+def test_each_image_element_type_has_a_texture_texel_for_texel() -> None:
+    from cudapatch.interop.formats import TEXTURE_FORMATS, texture_format_for
+
+    expect = {
+        DType.UCHAR4: "rgba8",
+        DType.UINT32: "rgba8",
+        DType.FLOAT4: "rgba32f",
+        DType.FLOAT32: "r32f",
+        DType.FLOAT16: "r16f",
+        DType.UINT8: "r8",
+        DType.UINT16: "r16",
+        DType.FLOAT2: "rg32f",
+    }
+    for dtype, name in expect.items():
+        fmt = texture_format_for(dtype)
+        assert fmt is not None and fmt.name == name and fmt.texel_bytes == dtype.itemsize, dtype
+    assert texture_format_for(DType.UINT8, 4).name == "rgba8" and texture_format_for(DType.FLOAT16, 4).name == "rgba16f"
+    for dtype in (DType.FLOAT3, DType.FLOAT64, DType.BFLOAT16, DType.INT8):
+        assert texture_format_for(dtype) is None
+    assert len({f.internal for f in TEXTURE_FORMATS.values()}) == len(TEXTURE_FORMATS)
+
+
+def test_the_preview_sizes_an_image_from_the_output_shape() -> None:
+    from cudapatch import Shape
+    from cudapatch.errors import InteropError
+    from cudapatch.interop.preview import _image_spec
+    from tests.unit.shape_blocks import Copy, Ramp2D
+
+    class _Engine:  # what _image_spec asks of the engine: the running graph's output shape
+        def __init__(self, shape: Shape) -> None:
+            self.shape = shape
+
+        def output_shape(self, block, port):  # noqa: ANN001, ANN201
+            return self.shape
+
+    ramp = Ramp2D(name="ramp")
+    assert _image_spec(_Engine(Shape.of(480, 640)), (ramp, "Out")) == (ramp, "Out", 640, 480, "r32f")
+    assert _image_spec(_Engine(Shape.flat(9)), (ramp, "Out", 3, 3))[2:] == (3, 3, "r32f")
+    with pytest.raises(InteropError, match="has shape 1000; show a 2-D output"):
+        _image_spec(_Engine(Shape.flat(1000)), (ramp, "Out"))
+    bf = Copy(name="bf", Type="bfloat16")
+    with pytest.raises(InteropError, match="holds bfloat16, which no GL texture shows"):
+        _image_spec(_Engine(Shape.of(4, 4)), (bf, "Out"))
