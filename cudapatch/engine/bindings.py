@@ -18,12 +18,21 @@ __all__ = ["binding_from_cai", "upload_host_array", "DeviceArray"]
 
 class DeviceArray:
     """Raw device memory (a mapped GL buffer, a host application's allocation) as a
-    ``__cuda_array_interface__`` that ``Engine.bind`` accepts: ``count`` elements of ``dtype``.
+    ``__cuda_array_interface__`` that ``Engine.bind`` accepts: ``count`` elements of ``dtype``
+    (with ``shape``, a ``Shape`` of that count, the array has its axes).
     It owns nothing: whoever gave the pointer keeps the memory alive while it is bound."""
 
-    def __init__(self, ptr: int, count: int, dtype: DType) -> None:
+    def __init__(self, ptr: int, count: int, dtype: DType, *, shape: Any = None) -> None:
+        if shape is not None and shape.count == count:  # a Shape: the array has its axes
+            dims = (
+                shape.dims
+                + ((shape.channels,) if shape.channels > 1 else ())
+                + ((dtype.lanes,) if dtype.lanes > 1 else ())
+            )
+        else:
+            dims = (count * dtype.lanes,)
         self.__cuda_array_interface__ = {
-            "shape": (count * dtype.lanes,),
+            "shape": dims,
             "typestr": np.dtype(dtype.base).str,
             "data": (int(ptr), False),
             "version": 3,

@@ -263,3 +263,23 @@ def test_the_preview_sizes_an_image_from_the_output_shape() -> None:
     bf = Copy(name="bf", Type="bfloat16")
     with pytest.raises(InteropError, match="holds bfloat16, which no GL texture shows"):
         _image_spec(_Engine(Shape.of(4, 4)), (bf, "Out"))
+
+
+def test_gl_writers_spell_every_element_type_for_cuda() -> None:
+    from cudapatch.interop.gl_writers import _element
+
+    builtin = {"float", "double", "int", "float2", "float3", "float4", "double2", "int2", "int4", "uint4", "uchar4"}
+    for dtype in DType:
+        spelled = _element(dtype)
+        assert spelled in builtin or spelled.split()[0] in ("unsigned", "signed", "long", "short"), (dtype, spelled)
+
+
+def test_a_device_array_keeps_a_shape_for_the_isolated_child() -> None:
+    from cudapatch import Shape
+    from cudapatch.engine.bindings import DeviceArray, binding_from_cai
+
+    arr = DeviceArray(0x1000, 480 * 640, DType.FLOAT4, shape=Shape.of(480, 640))
+    assert arr.__cuda_array_interface__["shape"] == (480, 640, 4)
+    assert binding_from_cai(arr, DType.FLOAT4, "b", "In").shape == Shape.of(480, 640)
+    flat = DeviceArray(0x1000, 100, DType.FLOAT32)
+    assert flat.__cuda_array_interface__["shape"] == (100,)
