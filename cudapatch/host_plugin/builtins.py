@@ -10,6 +10,8 @@ from ..blocks.library import (
     GEMM,
     GEMV,
     AppendFilter,
+    Blur,
+    ColorMap,
     CustomKernel,
     Emitter,
     Fill,
@@ -17,9 +19,13 @@ from ..blocks.library import (
     Integrate,
     KernelFile,
     LUSolve,
+    Mix,
+    Pattern,
     Random,
+    Resample,
     Scale,
     SpMV,
+    Threshold,
     ToPoints,
     VectorAdd,
 )
@@ -47,6 +53,12 @@ BUILTIN_TYPES = (
     ("linalg.SpMV", SpMV),
     ("signal.FFT", FFT),
     ("signal.Random", Random),
+    ("image.Pattern", Pattern),
+    ("image.Blur", Blur),
+    ("image.Resample", Resample),
+    ("image.Threshold", Threshold),
+    ("image.ColorMap", ColorMap),
+    ("image.Mix", Mix),
 )
 
 

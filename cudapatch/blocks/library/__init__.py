@@ -3,6 +3,7 @@
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .fft import FFT
+from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
 from .particles import (
@@ -18,10 +19,27 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS, *LIBRARY_BLOCKS)
+BUILTIN_BLOCKS = (
+    VectorAdd,
+    Scale,
+    Fill,
+    AppendFilter,
+    CustomKernel,
+    KernelFile,
+    *PARTICLE_BLOCKS,
+    *LIBRARY_BLOCKS,
+    *IMAGE_BLOCKS,
+)
 
 __all__ = [
     "BUILTIN_BLOCKS",
+    "IMAGE_BLOCKS",
+    "Blur",
+    "ColorMap",
+    "Mix",
+    "Pattern",
+    "Resample",
+    "Threshold",
     "FFT",
     "GEMM",
     "GEMV",
