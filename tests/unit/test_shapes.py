@@ -313,3 +313,54 @@ def test_numpy_reference_of_the_ramp_is_what_the_gpu_test_checks() -> None:
     h, w = 3, 4
     ref = np.arange(w)[None, :] + 1000.0 * np.arange(h)[:, None]
     assert ref.shape == (h, w) and ref[2, 3] == 2003.0
+
+
+# -- the image blocks -------------------------------------------------------------------------------
+def test_an_image_chain_plans_with_2d_launches_and_shapes() -> None:
+    from cudapatch.blocks.library import Blur, ColorMap, Mix, Pattern, Resample, Threshold
+
+    src = Pattern(name="src", Width=1920, Height=1080)
+    blur, small = Blur(name="blur", Radius=6), Resample(name="small", Width=640, Height=360)
+    thr, cmap, mix = Threshold(name="thr"), ColorMap(name="cmap"), Mix(name="mix", Amount=0.25)
+    c = _ctx(src, blur, small, thr, cmap, mix)
+    c.connect(src, "Out", blur, "In")
+    c.connect(blur, "Out", small, "In")
+    c.connect(small, "Out", thr, "In")
+    c.connect(small, "Out", cmap, "In")
+    c.connect(thr, "Out", mix, "A")
+    c.connect(cmap, "Out", mix, "B")
+    plan = compile_plan(c.snapshot())
+    assert not plan.diagnostics and not plan.skipped
+    assert plan.shapes[(blur.id, "Out")] == Shape.of(1080, 1920)
+    assert all(plan.shapes[(b.id, "Out")] == Shape.of(360, 640) for b in (small, thr, cmap, mix))
+    weights, h, v = _kernel_nodes(plan, blur)
+    assert (weights.grid, weights.yz) == (1, (1, 1, 1, 1))
+    assert (h.grid, h.block, h.yz) == (120, 16, (68, 1, 16, 1)) and v.yz == h.yz
+    assert [a.value for a in h.args if a.kind == "const"] == [1920, 1080]
+    (rs,) = _kernel_nodes(plan, small)
+    assert [a.value for a in rs.args if a.kind == "const"] == [1920, 1080, 640, 360]  # in, then out axes
+    assert {b.label: b.dtype for b in plan.buffers if b.block_id == blur.id} == {
+        "Out": DType.UCHAR4,
+        "internal0": DType.UCHAR4,  # the horizontal pass
+        "internal1": DType.FLOAT32,  # the weights
+    }
+
+
+def test_mix_refuses_images_of_other_shapes() -> None:
+    from cudapatch.blocks.library import Mix, Pattern
+
+    a, b = Pattern(name="a", Width=64, Height=32), Pattern(name="b", Width=32, Height=64)
+    mix = Mix(name="mix")
+    c = _ctx(a, b, mix)
+    c.connect(a, "Out", mix, "A")
+    c.connect(b, "Out", mix, "B")
+    d = _diag(compile_plan(c.snapshot()), mix)
+    assert d.code == "input-shape" and "input 'B' has shape 64x32 but needs 32x64" in d.message
+
+
+def test_image_blocks_take_rgba32f_and_refuse_other_formats() -> None:
+    from cudapatch.blocks.library import Blur
+
+    assert Blur(name="f", Format="rgba32f").description.input("In").dtype is DType.FLOAT4
+    with pytest.raises(CudapatchError, match="unknown pixel format 'rgb565'"):
+        Blur(name="bad", Format="rgb565")
