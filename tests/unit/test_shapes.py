@@ -287,7 +287,11 @@ def test_a_new_shape_of_the_same_size_is_structural() -> None:
     g = Gain2D(name="g")
     c = _ctx(g)
     _bind(c, g, "In", Shape.of(10, 20))
+    c.dirty.clear_structure()
+    _bind(c, g, "In", Shape.of(10, 20))  # the same shape again: no rebuild
+    assert c.dirty.tier != "structure"
     _bind(c, g, "In", Shape.of(20, 10))
+    assert c.dirty.tier == "structure"
     plan = compile_plan(c.snapshot())
     (node,) = _kernel_nodes(plan, g)
     assert (node.grid, node.yz[0]) == (1, 2)  # width 10 -> 1 block, height 20 -> 2 blocks
