@@ -485,7 +485,10 @@ class BlockBuilder:
                     if kernels[ref.kernel].descriptor.parameters[ref.param].direction != "in":
                         grids = []  # state updated in place (a counter, particles): its own size rules
                         break
-                    grid = kernels[ref.kernel]._grid
+                    k = kernels[ref.kernel]
+                    grid = k._grid
+                    if grid is not None and k._dims == 1 and not grid.flat_only:
+                        grid = grid.at("count")  # a 1-D launch reads elements: any axes of that many do
                     if grid is not None and grid not in grids:
                         grids.append(grid)
                 needs = tuple(grids)

@@ -66,8 +66,8 @@ class SizeRule:
 
     Shapes: ``like`` with no arithmetic keeps the input's shape; ``dims`` (ints or parameter names,
     outermost first) and ``channels`` make one; every other rule gives a flat ``(n,)``. ``axis``
-    (``width``, ``height``, ``depth``, ``channels``) turns the rule into one number of that shape:
-    how kernels get their width and height parameters filled.
+    (``width``, ``height``, ``depth``, ``channels``, ``count``) turns the rule into one number of
+    that shape: how kernels get their width and height parameters filled.
     """
 
     like: str | None = None
@@ -94,8 +94,8 @@ class SizeRule:
             raise ValueError("a shape has at most 3 axes")
         if self.channels < 1:
             raise ValueError("a shape needs at least 1 channel")
-        if self.axis is not None and self.axis not in ("width", "height", "depth", "channels"):
-            raise ValueError(f"axis must be width, height, depth or channels, got {self.axis!r}")
+        if self.axis is not None and self.axis not in ("width", "height", "depth", "channels", "count"):
+            raise ValueError(f"axis must be width, height, depth, channels or count, got {self.axis!r}")
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -117,7 +117,8 @@ class SizeRule:
         return not self.dims and self.fn is None and not self.keeps_shape and self.axis is None
 
     def at(self, axis: str) -> SizeRule:
-        """This rule's shape reduced to one axis (``width``, ``height``, ``depth`` or ``channels``)."""
+        """This rule's shape reduced to one number: an axis (``width``, ``height``, ``depth``,
+        ``channels``) or the element ``count``."""
         return replace(self, axis=axis)
 
     def resolve(self, like_count: int | None, values: Mapping[str, object]) -> int:

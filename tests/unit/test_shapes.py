@@ -245,7 +245,8 @@ class Lookup(Block):
 
 def test_needs_none_opts_an_input_out_and_needs_a_rule_sets_it() -> None:
     lut = Lookup(name="lut")
-    assert lut.description.input("Table").needs == () and lut.description.input("In").needs == (like("In"),)
+    assert lut.description.input("Table").needs == ()
+    assert lut.description.input("In").needs == (like("In").at("count"),)  # a 1-D launch: elements only
     c = _ctx(lut)
     _bind(c, lut, "In", None, 100_000)
     _bind(c, lut, "Table", None, 16)
@@ -368,3 +369,65 @@ def test_image_blocks_take_rgba32f_and_refuse_other_formats() -> None:
     assert Blur(name="f", Format="rgba32f").description.input("In").dtype is DType.FLOAT4
     with pytest.raises(CudapatchError, match="unknown pixel format 'rgb565'"):
         Blur(name="bad", Format="rgb565")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_image_patches_keep_shapes_and_counts_consistent(seed: int) -> None:
+    """Seeded random patches of 2-D and flat blocks, with random bound shapes: every running block's
+    outputs have buffers of their shape's count, every launch covers its shape, and a block is
+    refused exactly when an input is shorter than its launch or a 2-D launch meets flat data."""
+    import random
+
+    rng = random.Random(seed)
+    c = Context()
+    sources: dict[tuple[int, str], object] = {}  # (block, input) -> (src block, port) or a bound Shape
+    blocks: list[Block] = []
+    for i in range(24):
+        kind = rng.choice(["gain", "scale", "add", "add"])
+        blk: Block = {"gain": Gain2D, "scale": Scale, "add": VectorAdd}[kind](name=f"b{i}")
+        c.register_block(blk)
+        for port in blk.description.inputs:
+            if blocks and rng.random() < 0.7:
+                src = rng.choice(blocks)
+                sp = src.description.outputs[0].name
+                c.connect(src, sp, blk, port.name)
+                sources[(blk.id, port.name)] = (src, sp)
+            else:
+                h, w = rng.choice([(4, 8), (8, 4), (4, 4), (16, 2)])
+                shape = Shape.of(h, w) if rng.random() < 0.8 else None
+                _bind(c, blk, port.name, shape, h * w)
+                sources[(blk.id, port.name)] = shape or Shape.flat(h * w)
+        blocks.append(blk)
+    plan = compile_plan(c.snapshot())
+    shapes: dict[int, Shape] = {}
+    errors = {d.block_id: d.code for d in plan.diagnostics if d.severity == "error"}
+    for blk in blocks:  # in registration order, which is a topological order here
+        ins = {}
+        for port in blk.description.inputs:
+            src = sources[(blk.id, port.name)]
+            ins[port.name] = src if isinstance(src, Shape) else shapes.get(src[0].id)  # type: ignore[index]
+        if any(v is None for v in ins.values()):  # reads a block that is not running
+            assert blk.id in plan.skipped and blk.id not in errors
+            continue
+        if isinstance(blk, VectorAdd):
+            expect = "input-short" if ins["B"].count < ins["A"].count else None
+        elif isinstance(blk, Gain2D):
+            expect = "shape-unresolved" if ins["In"].ndim != 2 else None
+        else:
+            expect = None
+        assert errors.get(blk.id) == expect, (blk.name, ins, plan.diagnostics)
+        if expect is not None:
+            assert blk.id in plan.skipped and not _kernel_nodes(plan, blk)
+            continue
+        (port,) = blk.description.outputs
+        buf = plan.buffers[plan.outputs[(blk.id, port.name)]]
+        shape = plan.shapes.get((blk.id, port.name), Shape.flat(buf.count))
+        first = ins["A"] if "A" in ins else ins["In"]
+        assert shape == first and buf.count == shape.count  # like("In") / like("A") keep the shape
+        shapes[blk.id] = shape
+        (node,) = _kernel_nodes(plan, blk)
+        gy, _gz, by, _bz = node.yz
+        if isinstance(blk, Gain2D):  # a 2-D launch covers the image's axes
+            assert node.grid * node.block >= shape.width and gy * by >= shape.height
+        else:
+            assert node.yz == (1, 1, 1, 1) and node.grid * node.block >= shape.count

@@ -118,8 +118,9 @@ def check_inputs(
 ) -> tuple[str, str] | None:
     """The first input of a block that does not cover what its kernels read, as ``(code, message)``.
 
-    Each input's ``needs`` rules (by default the grids of the kernels it feeds) must fit: at least
-    as many elements as the rule's count, and, when both are 2-D or 3-D, the same axes. Unbound
+    Each input's ``needs`` rules (by default the grids of the kernels it feeds; of a 1-D launch only
+    its count) must fit: at least as many elements as the rule's count, and, when both are 2-D or
+    3-D, the same axes. Unbound
     optional inputs are not checked (the kernel receives a null pointer and must test it).
 
     Raises:
@@ -135,8 +136,10 @@ def check_inputs(
         have = src.shape
         for rule in needs:
             if rule.like == port.name and rule.keeps_shape:
-                continue  # a launch over this very input covers it by construction
+                continue  # a launch over this very input covers it by construction (``at("count")`` too)
             want = resolve_shape(rule, inputs, params)
+            if rule.axis == "count":  # a 1-D launch's need: named as its grid rule
+                rule = replace(rule, axis=None)
             if have.count < want.count:
                 return "input-short", (
                     f"input '{port.name}' holds {have.count} elements{_axes(have)} but needs {want.count}"
