@@ -33,7 +33,7 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 from .shape import Shape
 
@@ -57,6 +57,7 @@ __all__ = [
     "BlockParameter",
     "BlockState",
     "CustomKernel",
+    "Expression",
     "Fill",
     "InternalLink",
     "KernelFile",

@@ -71,6 +71,7 @@ class KernelHandle:
         self._grid: SizeRule | None = None
         self._dims = 1
         self._counts: list[tuple[int, SizeRule]] = []
+        self._expression: str | None = None
 
     @property
     def entry_point(self) -> str:
@@ -184,9 +185,24 @@ class KernelHandle:
             if axis in _AUTO_AXES and PinRef(self.index, i) not in bound and not p.is_pointer and p.dtype in _INTS:
                 self.set_count(i, self._grid.at(axis))
 
+    def elementwise(self, expression: str) -> KernelHandle:
+        """Declare what this kernel computes per element, as an expression over the block's input
+        ports and scalar parameters (``"fma(In, Factor, Offset)"``), so the graph compiler may fuse
+        the block with elementwise neighbours into one generated kernel. The block must have one
+        kernel, one float output as long as its launch, and float inputs and scalars; the fused
+        result equals this kernel's only if the expression does exactly what the kernel does (the
+        same operations in the same order: see docs/expressions.md)."""
+        self._expression = expression
+        return self
+
     def spec(self) -> KernelSpec | CapturedSpec:
         return KernelSpec(
-            source=self.source, descriptor=self.descriptor, grid=self._grid, counts=tuple(self._counts), dims=self._dims
+            source=self.source,
+            descriptor=self.descriptor,
+            grid=self._grid,
+            counts=tuple(self._counts),
+            expression=self._expression,
+            dims=self._dims,
         )
 
 

@@ -201,6 +201,9 @@ class KernelSpec:
         counts: ``(param index, rule)`` pairs: that ``uint`` parameter receives the resolved count.
         dims: Launch axes: 1 (one thread per element of the grid rule's count), 2 or 3 (one thread
             per position of its shape, which must have that many axes).
+        expression: What the kernel computes per element, in the expression language, over the
+            block's input ports and scalars (``KernelHandle.elementwise``): the compiler may fuse
+            it with its neighbours (see ``engine/compiler/fusion.py``). None: never fused.
     """
 
     source: KernelSource
@@ -208,6 +211,7 @@ class KernelSpec:
     grid: SizeRule | None
     counts: tuple[tuple[int, SizeRule], ...]
     dims: int = 1
+    expression: str | None = None
 
 
 class PinType(NamedTuple):

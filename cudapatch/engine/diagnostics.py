@@ -36,6 +36,7 @@ class DiagnosticCode(str, Enum):
     SHAPE_UNRESOLVED = "shape-unresolved"  # a size rule or launch whose shape cannot be found
     INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
     INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
+    INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight

@@ -2,6 +2,7 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .expression import DEFAULT_EXPRESSION, Expression
 from .fft import FFT
 from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
@@ -26,6 +27,7 @@ BUILTIN_BLOCKS = (
     AppendFilter,
     CustomKernel,
     KernelFile,
+    Expression,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
     *IMAGE_BLOCKS,
@@ -48,6 +50,8 @@ __all__ = [
     "Random",
     "SpMV",
     "DEFAULT_CUSTOM_CODE",
+    "DEFAULT_EXPRESSION",
+    "Expression",
     "Emitter",
     "Forces",
     "Integrate",
