@@ -116,6 +116,11 @@ class SizeRule:
         """Whether the rule always gives a 1-D count (the rules that existed before shapes)."""
         return not self.dims and self.fn is None and not self.keeps_shape and self.axis is None
 
+    @cached_property
+    def whole(self) -> SizeRule:
+        """The rule without its ``axis``: the whole shape an axis rule reads one number of (made once)."""
+        return replace(self, axis=None) if self.axis is not None else self
+
     def at(self, axis: str) -> SizeRule:
         """This rule's shape reduced to one number: an axis (``width``, ``height``, ``depth``,
         ``channels``) or the element ``count``."""

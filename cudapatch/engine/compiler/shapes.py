@@ -16,15 +16,15 @@ never launches), the way a captured call's ``library-shape`` refusal is.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...blocks.description import KernelSpec, SizeRule
 from ...blocks.shape import Shape
+from .draft import resolve_count
 
 if TYPE_CHECKING:
     from ...blocks.description import BlockDescription
-    from .draft import Source
+    from .draft import Source  # noqa: F401 - annotations only
 
 __all__ = ["ShapeError", "Launch", "check_inputs", "launch_of", "resolve_shape"]
 
@@ -45,7 +45,7 @@ def resolve_shape(rule: SizeRule, inputs: Mapping[str, Source], params: Mapping[
         ShapeError: the rule cannot be resolved.
     """
     if rule.axis is not None:
-        whole = resolve_shape(replace(rule, axis=None), inputs, params)
+        whole = resolve_shape(rule.whole, inputs, params)
         return _new(Shape, (((whole.axis(rule.axis)),), 1))
     if rule.fn is not None:
         src = inputs[rule.like] if rule.like is not None else None
@@ -65,8 +65,6 @@ def resolve_shape(rule: SizeRule, inputs: Mapping[str, Source], params: Mapping[
     if rule.keeps_shape:
         src = inputs[rule.like]  # type: ignore[index]
         return src.shape
-    from .draft import resolve_count  # the flat rules, inlined there for speed
-
     return _new(Shape, ((resolve_count(rule, inputs, params),), 1))
 
 
@@ -137,9 +135,11 @@ def check_inputs(
         for rule in needs:
             if rule.like == port.name and rule.keeps_shape:
                 continue  # a launch over this very input covers it by construction (``at("count")`` too)
+            if rule.axis == "count":  # a 1-D launch's need: elements only, named as its grid rule
+                rule = rule.whole
+                if src.count >= resolve_count(rule, inputs, params):
+                    continue  # the common case, decided on counts alone
             want = resolve_shape(rule, inputs, params)
-            if rule.axis == "count":  # a 1-D launch's need: named as its grid rule
-                rule = replace(rule, axis=None)
             if have.count < want.count:
                 return "input-short", (
                     f"input '{port.name}' holds {have.count} elements{_axes(have)} but needs {want.count}"

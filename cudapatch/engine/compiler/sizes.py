@@ -109,13 +109,15 @@ def _launches(b: BlockSnapshot, inputs: dict[str, Source]) -> tuple:
             out.append(None)
             continue
         for _pi, rule in ks.counts:
-            if not rule.flat_only:  # flat rules cannot fail; axes and computed ones can
+            if rule.fn is not None or rule.dims or rule.axis is not None:  # the rules that can fail
                 resolve_shape(rule, inputs, params)
         grid = ks.grid
         if grid is None:
             out.append(launch_of(ks, None))
-        elif ks.dims == 1 and grid.flat_only:
-            out.append(launch_of(ks, flat(resolve_count(grid, inputs, params))))
+        elif ks.dims == 1:  # elements: the count is all it takes (no Shape made, the common case)
+            block = ks.descriptor.launch_block(1)
+            n = resolve_count(grid, inputs, params)
+            out.append(((max(1, -(-n // block[0])), 1, 1), block))
         else:
             out.append(launch_of(ks, resolve_shape(grid, inputs, params)))
     return tuple(out)
@@ -159,6 +161,10 @@ def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source], 
             if rule.flat_only:  # type: ignore[union-attr]
                 n = resolve_count(rule, inputs, params)  # type: ignore[arg-type]
                 sized.append((n, None))
+            elif rule.keeps_shape:  # type: ignore[union-attr]  # like("In"): the input's count and shape
+                src = inputs[rule.like]  # type: ignore[index, union-attr]
+                dims, channels = src.shape
+                sized.append((src.count, src.shape if len(dims) > 1 or channels > 1 else None))
             else:
                 shape = resolve_shape(rule, inputs, params)  # type: ignore[arg-type]
                 sized.append((shape.count, shape if shape.ndim > 1 or shape.channels > 1 else None))
