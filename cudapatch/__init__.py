@@ -43,6 +43,8 @@ from .engine import (
     EngineStats,
     GpuBuffer,
     GraphPlan,
+    Probe,
+    ProbeStats,
     ProfilingLevel,
     compile_plan,
 )
@@ -104,6 +106,8 @@ __all__ = [
     "DiagnosticCode",
     "Engine",
     "EngineStats",
+    "Probe",
+    "ProbeStats",
     "Fill",
     "GpuBuffer",
     "GraphCompileError",

@@ -431,3 +431,15 @@ def test_random_image_patches_keep_shapes_and_counts_consistent(seed: int) -> No
             assert node.grid * node.block >= shape.width and gy * by >= shape.height
         else:
             assert node.yz == (1, 1, 1, 1) and node.grid * node.block >= shape.count
+
+
+def test_a_probe_on_a_2d_output_reads_it_as_an_image_by_its_shape() -> None:
+    from cudapatch.engine.plan import ProbeNodePlan
+
+    g = Gain2D(name="g")  # no Width/Height parameters: only the planned shape says it is an image
+    c = _ctx(g)
+    _bind(c, g, "In", Shape.of(48, 80))
+    c.add_probe(g, "Out")
+    plan = compile_plan(c.snapshot())
+    (probe,) = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    assert (probe.width, probe.height, probe.channels) == (80, 48, 1)
