@@ -44,7 +44,7 @@ __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -52,6 +52,8 @@ class KernelNode:
         self.slots = store.slots
         self.handle = handle
         self.plan = plan
+        #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
+        self.child: Any = None
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""

@@ -23,6 +23,7 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -181,6 +182,16 @@ class TimingPair(NamedTuple):
     end: int
 
 
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
 NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ProbeNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
@@ -207,6 +218,7 @@ class GraphPlan:
             their buffer's count).
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
+        children: Groups of nodes realized as one child-graph node each.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -227,6 +239,7 @@ class GraphPlan:
     stamp_count: int = 0
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -261,6 +274,7 @@ class GraphPlan:
                 gy, gz, by, bz = n.yz
                 grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
                 lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 
