@@ -25,6 +25,7 @@ from .blocks import (
     KernelFile,
     LibraryScope,
     Scale,
+    Shape,
     Upload,
     VectorAdd,
     buffer_in,
@@ -36,6 +37,7 @@ from .blocks import (
     from_param,
     host_scalar,
     like,
+    shape_of,
 )
 from .engine import (
     AppendBuffer,
@@ -144,4 +146,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

@@ -30,6 +30,7 @@ from .description import (
     fixed,
     from_param,
     like,
+    shape_of,
 )
 from .host import BlockHost
 from .libraries import LibraryScope
@@ -47,6 +48,7 @@ from .library import (
     VectorAdd,
 )
 from .parameter import BlockParameter, coerce_scalar
+from .shape import Shape
 
 __all__ = [
     "CallDescriptor",
@@ -92,4 +94,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

@@ -36,6 +36,10 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Shapes (errors: the block never launches; ``engine.compiler.shapes``).
+    SHAPE_UNRESOLVED = "shape-unresolved"  # a size rule or launch whose shape cannot be found
+    INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
+    INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)

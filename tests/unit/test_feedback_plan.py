@@ -146,10 +146,10 @@ def test_init_sets_the_delay_size_and_count_is_used_without_it() -> None:
 
 
 def test_feedback_with_another_size_is_an_error_on_the_delay() -> None:
-    d, f, a, s = FrameDelay(name="d"), Fill(name="f", Count=64), VectorAdd(name="a"), Scale(name="s")
+    d, f, a, s = FrameDelay(name="d"), Fill(name="f", Count=32), VectorAdd(name="a"), Scale(name="s")
     c = _ctx(d, f, a, s)
-    c.bind_input(d, "Init", ExternalBinding(0x7000_0000, 32, DType.FLOAT32))  # Out holds 32
-    c.connect(f, "Out", a, "A")  # Sum is sized like A: 64
+    c.bind_input(d, "Init", ExternalBinding(0x7000_0000, 64, DType.FLOAT32))  # Out holds 64
+    c.connect(f, "Out", a, "A")  # Sum is sized like A: 32
     c.connect(d, "Out", a, "B")
     c.connect(a, "Sum", s, "In")
     c.connect(s, "Out", d, "In")
@@ -157,7 +157,7 @@ def test_feedback_with_another_size_is_an_error_on_the_delay() -> None:
         (
             d.id,
             "delay-mismatch",
-            "FrameDelay 'd': feedback size mismatch: 'In' gets 64 elements from 's.Out', 'Out' holds 32 "
+            "FrameDelay 'd': feedback size mismatch: 'In' gets 32 elements from 's.Out', 'Out' holds 64 "
             "(Init's count, or Count)",
         )
     ]

@@ -5,6 +5,7 @@ from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_si
 from .expression import DEFAULT_EXPRESSION, Expression
 from .feedback import FrameDelay
 from .fft import FFT
+from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
 from .particles import (
@@ -34,10 +35,18 @@ BUILTIN_BLOCKS = (
     Download,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
+    *IMAGE_BLOCKS,
 )
 
 __all__ = [
     "BUILTIN_BLOCKS",
+    "IMAGE_BLOCKS",
+    "Blur",
+    "ColorMap",
+    "Mix",
+    "Pattern",
+    "Resample",
+    "Threshold",
     "FFT",
     "FrameDelay",
     "Download",
