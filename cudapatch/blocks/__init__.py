@@ -34,6 +34,7 @@ from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
+from .regions import For, If, Region, RegionDescription, While
 
 __all__ = [
     "CallDescriptor",
@@ -56,6 +57,11 @@ __all__ = [
     "BlockState",
     "CustomKernel",
     "Fill",
+    "For",
+    "If",
+    "Region",
+    "RegionDescription",
+    "While",
     "InternalLink",
     "KernelFile",
     "KernelHandle",

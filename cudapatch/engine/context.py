@@ -20,6 +20,7 @@ from ..blocks.block import Block, check_block
 from ..blocks.description import BlockDescription
 from ..blocks.host import ParamListener
 from ..blocks.parameter import BlockParameter
+from ..blocks.regions import Region, accepts_condition
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
@@ -68,6 +69,8 @@ class PatchSnapshot:
     blocks: tuple[BlockSnapshot, ...]
     links: tuple[Link, ...]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+    #: Block id -> the region block it is placed in (blocks at the top level are absent).
+    parents: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 class Context:
@@ -87,6 +90,8 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
+        self.parents: dict[int, int] = {}
         self._code_listener = code_listener
 
     @property
@@ -119,6 +124,13 @@ class Context:
         self.connections.remove_block(block.id)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
+        parents = self.parents
+        outer = parents.pop(block.id, None)
+        for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
+            if outer is None:
+                del parents[child]
+            else:
+                parents[child] = outer
         block.detach(self)
         self.dirty.mark_structure()
 
@@ -223,7 +235,7 @@ class Context:
                 raise LinkError("is an output; links end at an input", block=dst.name, port=dst_port)
             known = ", ".join(p.name for p in dst.inputs) or "none"
             raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
-        if out.dtype != inp.dtype:
+        if out.dtype != inp.dtype and not accepts_condition(dst.description, dst_port, out.dtype):
             raise LinkError(
                 f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to "
                 f"{dst.name}.{dst_port} ({inp.dtype.c_name}): element types differ",
@@ -248,6 +260,32 @@ class Context:
         if removed:
             self.dirty.mark_structure()
         return removed
+
+    # -- regions ------------------------------------------------------------------------------
+    def place(self, block: Block, region: Block | None) -> None:
+        """Put ``block`` inside ``region`` (an ``If``, ``While`` or ``For`` of this engine), or back at
+        the top level with None (Cold on the next update). Links stay as they are.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or it is ``block`` itself or
+                inside it (a region cannot contain itself).
+        """
+        self._owned(block, "placed")
+        if region is None:
+            if self.parents.pop(block.id, None) is not None:
+                self.dirty.mark_structure()
+            return
+        self._owned(region, "region")
+        if not isinstance(region, Region):
+            raise CudapatchError(f"'{region.name}' is not a region (If, While, For)", block=block.name)
+        r: int | None = region.id
+        while r is not None:
+            if r == block.id:
+                raise CudapatchError(f"region '{region.name}' cannot be placed inside itself", block=block.name)
+            r = self.parents.get(r)
+        if self.parents.get(block.id) != region.id:
+            self.parents[block.id] = region.id
+            self.dirty.mark_structure()
 
     # -- external bindings ----------------------------------------------------------------------
     def bind_input(self, block: Block, port: str, binding: ExternalBinding) -> None:
@@ -294,4 +332,4 @@ class Context:
             BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
             for b in self.registry
         )
-        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings))
+        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings), dict(self.parents))

@@ -32,6 +32,11 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Regions (If, While, For).
+    REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch
+    REGION_MAX = "region-max"  # a While without Max; per frame (warning): a While ran Max iterations
+    REGION_CONDITION = "region-condition"  # no Condition, or one from a block that cannot decide it
+    REGION_NOT_RUNNING = "region-not-running"  # left out: its condition's block or its region does not run
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight

@@ -154,6 +154,7 @@ class CompiledGraph(HandleOwner):
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
+        self._body_fallback = False  # region body nodes patched through cuGraphExecUpdate (see _commit)
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -219,6 +220,7 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_ = self._set_params, self._exec
+        whole = False
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
@@ -226,7 +228,32 @@ class CompiledGraph(HandleOwner):
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if kn.body is None:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                whole = self._body_node_fallback(kn, err)
+        if whole:
+            self._update_whole()
+
+    def _body_node_fallback(self, kn: KernelNode, err: Any) -> bool:
+        """A node inside a region's body that the driver would not patch in the executable by itself:
+        write its parameters into the graph it was instantiated from instead, for ``_update_whole``.
+        (The CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes a node of
+        a conditional body; where it does, this never runs.)"""
+        if not self._body_fallback:
+            log.info("a region body's node is updated through cuGraphExecUpdate (driver said %s)", err)
+            self._body_fallback = True
+        check(
+            driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
+            "cuGraphKernelNodeSetParams",
+            kernel=kn.plan.entry_point,
+        )
+        return True
+
+    def _update_whole(self) -> None:
+        """Apply the graph's node parameters to the executable in one ``cuGraphExecUpdate`` (same
+        topology: a parameter update, no re-instantiation)."""
+        result = driver().cuGraphExecUpdate(self._exec, self._parts.graph)
+        check(result[:1], "cuGraphExecUpdate")
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []

@@ -28,6 +28,7 @@ from .params import PackedLaunch, ParamStorage, StoreLoans
 from .plan import (
     Arg,
     CapturedNodePlan,
+    ConditionalNodePlan,
     KernelNodePlan,
     MemsetNodePlan,
     NodePlan,
@@ -42,7 +43,7 @@ __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "body")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -50,6 +51,7 @@ class KernelNode:
         self.slots = store.slots
         self.handle = handle
         self.plan = plan
+        self.body: Any = None  # the region body graph holding the node (None: the top-level graph)
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""
@@ -97,6 +99,10 @@ class NodeBuild:
         stamp_function / publish_function: The engine's timestamp and publish kernels, when loaded.
         occupancy: Filled with ``(block_id, kernel) -> occupancy`` when not None (DeepAsync and up).
         launches: Keeps the packed arguments of the fixed kernels alive with the graph.
+        root: The top-level ``CUgraph`` (regions' conditional handles belong to it); ``graph`` is the
+            graph the next node goes into: the root or a region's body.
+        handles: Conditional node index -> its handle's value (the set-condition kernels' argument).
+        bodies: Conditional node index -> its body ``CUgraph`` (owned by the node).
     """
 
     graph: Any
@@ -116,9 +122,14 @@ class NodeBuild:
     publish_function: Any = None
     occupancy: dict[tuple[int, int], float] | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
+    root: Any = None
+    handles: dict[int, int] = field(default_factory=dict)
+    bodies: dict[int, Any] = field(default_factory=dict)
 
     def value(self, a: Arg) -> Any:
-        """``arg_value`` of ``a`` in this graph."""
+        """``arg_value`` of ``a`` in this graph (a region's handle: the value made for its conditional node)."""
+        if a.kind == "handle":
+            return self.handles[a.ref]  # type: ignore[index]
         return arg_value(a, self.buffers, self.bindings, self.counters_ptr)
 
 
@@ -200,6 +211,37 @@ def _add_publish(b: NodeBuild, node: PublishNodePlan, deps: list[Any]) -> tuple[
     return _add_fixed(b, PackedLaunch(b.publish_function, values, threads=PUBLISH_THREADS), deps)
 
 
+def _add_conditional(b: NodeBuild, node: ConditionalNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    """A region: a conditional node (IF, or WHILE for While and For) with one body graph, which the
+    builder fills with the nodes the plan scopes to it. The handle is created on the top-level graph
+    (valid for conditional nodes in it and in its children) with no default: the region's
+    set-condition kernel, placed before the node, sets it every launch."""
+    d = driver()
+    name = b.names.get(node.block_id)
+    root = b.root if b.root is not None else b.graph
+    handle = check(
+        d.cuGraphConditionalHandleCreate(root, b.device.context, 0, 0), "cuGraphConditionalHandleCreate", block=name
+    )
+    cond = d.CUDA_CONDITIONAL_NODE_PARAMS()
+    cond.handle = handle
+    kinds = d.CUgraphConditionalNodeType
+    cond.type = kinds.CU_GRAPH_COND_TYPE_IF if node.kind == "if" else kinds.CU_GRAPH_COND_TYPE_WHILE
+    cond.size = 1
+    cond.ctx = b.device.context
+    params = d.CUgraphNodeParams()
+    params.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional = cond
+    try:  # cuda-bindings 13: (graph, deps, edge data, count, params); 12: without edge data
+        result = d.cuGraphAddNode(b.graph, deps, None, len(deps), params)
+    except TypeError:
+        result = d.cuGraphAddNode(b.graph, deps, len(deps), params)
+    h = check(result, "cuGraphAddNode (conditional)", block=name)
+    # The body graph is on the struct the call filled (``params``), not on ``cond``, the copy given in.
+    b.bodies[node.index] = params.conditional.phGraph_out[0]
+    b.handles[node.index] = int(handle)
+    return h, None
+
+
 #: Plan node type -> the function adding it to a graph. New node kinds register here.
 NODE_KINDS: dict[type, AddNode] = {
     KernelNodePlan: _add_kernel,
@@ -207,6 +249,7 @@ NODE_KINDS: dict[type, AddNode] = {
     CapturedNodePlan: _add_captured,
     StampNodePlan: _add_stamp,
     PublishNodePlan: _add_publish,
+    ConditionalNodePlan: _add_conditional,
 }
 
 

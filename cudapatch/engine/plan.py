@@ -23,6 +23,8 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ConditionalNodePlan",
+    "RegionPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -34,7 +36,7 @@ __all__ = [
     "programmatic_edges",
 ]
 
-ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null"]
+ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null", "handle"]
 
 
 class Arg(NamedTuple):
@@ -138,6 +140,36 @@ class PublishNodePlan(NamedTuple):
     end_stamp: int | None = None
 
 
+class ConditionalNodePlan(NamedTuple):
+    """A region (``If``, ``While``, ``For``): a CUDA conditional node whose body graph holds the nodes
+    that ``GraphPlan.scopes`` maps to this node's index. ``kind`` is ``if`` or ``while`` (a ``For`` is
+    a while over a device counter). Its handle is set on the device by the region's set-condition
+    kernels (``KernelNodePlan`` of the region block whose ``handle`` argument names this node)."""
+
+    index: int
+    block_id: int
+    kind: str
+    deps: tuple[int, ...] = ()
+    kernel: int = -1  # never a kernel of the block: here so profiling can time it like one
+
+
+class RegionPlan(NamedTuple):
+    """What the engine needs to know of one region at run time.
+
+    Attributes:
+        kind: ``if``, ``while`` or ``for``.
+        node: Index of its conditional node.
+        counter: Index of its iteration counter among the plan's counters (While and For), read back
+            through the readback ring like an append count; None for an If.
+        limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
+    """
+
+    kind: str
+    node: int
+    counter: int | None = None
+    limit: str | None = None
+
+
 class TimingPair(NamedTuple):
     """A measured span: ``kind`` is ``graph``, ``block`` (key: block id) or ``kernel`` (key:
     ``(block id, kernel index)``), between timestamp slots ``start`` and ``end``."""
@@ -148,7 +180,7 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan]
+NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ConditionalNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -170,6 +202,9 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        scopes: node index → index of the conditional node whose body graph holds it (nodes of the
+            top-level graph are absent). A body's nodes follow their conditional node, contiguously.
+        regions: region block id → ``RegionPlan``.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -187,6 +222,8 @@ class GraphPlan:
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    scopes: dict[int, int] = field(default_factory=dict, compare=False)
+    regions: dict[int, RegionPlan] = field(default_factory=dict, compare=False)
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -212,6 +249,8 @@ class GraphPlan:
             elif isinstance(n, PublishNodePlan):
                 stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
                 lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
+            elif isinstance(n, ConditionalNodePlan):
+                lines.append(f"  [{n.index}] {n.kind} region block={n.block_id} deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:

@@ -187,16 +187,23 @@ class GraphBuilder:
             occupancy=parts.occupancy if self.occupancy else None,
             launches=parts.launches,
         )
+        build.root = parts.graph
         timed = plan.stamp_count or plan.counters  # the graphs with profiling or readback nodes
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
+        scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:
+            # A region's body nodes go into its conditional node's body graph (made just before them).
+            graph = bodies[scopes[node.index]] if scopes and node.index in scopes else parts.graph
+            build.graph = graph
             special = edges.get(node.index)
             deps = [handles[i] for i in node.deps if not special or i not in special]
             h, runtime = add_node(build, node, deps)
+            if runtime is not None and scopes and node.index in scopes and hasattr(runtime, "body"):
+                runtime.body = graph
             parts.nodes.append(runtime)
             if special:
-                _add_programmatic(parts.graph, h, [(handles[i], port) for i, port in special.items()])
+                _add_programmatic(graph, h, [(handles[i], port) for i, port in special.items()])
             handles.append(h)
 
 

@@ -14,7 +14,10 @@ in its own module and tested on its own:
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
 7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
 
-The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
+A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
+stamps (``regions.py``): bodies become the body graphs of conditional nodes.
+
+The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
 sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
 """
 
@@ -30,6 +33,17 @@ from .edges import edges
 from .memory import memory
 from .nodes import nodes
 from .order import order
+from .regions import (
+    check_regions,
+    has_regions,
+    order_regions,
+    region_counters,
+    region_edges,
+    region_nodes,
+    region_publish,
+    region_stamps,
+    size_regions,
+)
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
@@ -59,6 +73,8 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted)
     validate(draft)
+    if has_regions(draft):
+        return _compile_regions(draft)
     order(draft)
     draft.raise_errors()
     sizes(draft)
@@ -67,4 +83,19 @@ def compile_plan(
     edges(draft)
     stamps(draft)
     publish(draft)
+    return draft.plan()
+
+
+def _compile_regions(draft: PlanDraft) -> GraphPlan:
+    """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``)."""
+    check_regions(draft)
+    order_regions(draft)
+    draft.raise_errors()
+    size_regions(draft)
+    memory(draft)
+    region_counters(draft)
+    region_nodes(draft)
+    region_edges(draft)
+    region_stamps(draft)
+    region_publish(draft)
     return draft.plan()
