@@ -10,15 +10,15 @@ runtime headers do not declare it for NVRTC, so the source declares it itself.
 Which kernel goes where (``compiler/regions.py`` places them):
 
 - before an ``If``: ``region_if4``/``region_if1`` read the one-element condition (4- or 1-byte);
-- before a ``For``/``While``: ``region_begin`` runs the body when its limit (``Count``/``Max``) is
-  not zero;
+- before a ``For``/``While``: ``region_begin`` zeroes the iteration counter and runs the body when
+  its limit (``Count``/``Max``) is not zero;
 - last in a ``For`` body: ``region_for_step`` counts the iteration and goes on while it is below
   ``Count``;
 - last in a ``While`` body: ``region_while_step4``/``1`` count the iteration and go on while the
   condition holds and the count is below ``Max``.
 
-The iteration counter is one of the graph's append counters: zeroed by the graph's first node each
-launch and published through the readback ring, so the host reads iteration counts without a stall.
+The iteration counter is one of the graph's append counters, published through the readback ring, so
+the host reads iteration counts without a stall (a nested loop's is that of its last run).
 The limits are ordinary scalar arguments: a Hot edit of ``Count`` or ``Max`` patches them in place.
 """
 
@@ -46,8 +46,9 @@ extern "C" __global__ void region_if1(unsigned long long handle, const unsigned 
     cudaGraphSetConditional(handle, *condition != 0u);
 }
 
-extern "C" __global__ void region_begin(unsigned long long handle, unsigned int limit)
+extern "C" __global__ void region_begin(unsigned long long handle, unsigned int* counter, unsigned int limit)
 {
+    *counter = 0u;  // a loop nested in another starts counting again each time it is reached
     cudaGraphSetConditional(handle, limit != 0u);
 }
 

@@ -23,6 +23,7 @@ from ..blocks.library import (
     ToPoints,
     VectorAdd,
 )
+from ..blocks.regions import For, If, While
 from . import hookimpl
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ BUILTIN_TYPES = (
     ("linalg.SpMV", SpMV),
     ("signal.FFT", FFT),
     ("signal.Random", Random),
+    ("core.If", If),
+    ("core.While", While),
+    ("core.For", For),
 )
 
 

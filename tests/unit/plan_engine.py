@@ -18,8 +18,14 @@ class PlanOnlyEngine:
         self.profiling = ProfilingLevel.NONE
         self.updates = 0
 
-    def add(self, block):
-        return self.context.register_block(block)
+    def add(self, block, *, region=None):
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block, region):
+        self.context.place(block, region)
 
     def remove(self, block):
         self.context.unregister_block(block)

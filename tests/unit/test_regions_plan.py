@@ -49,6 +49,7 @@ def test_a_while_is_a_conditional_node_whose_body_follows_it() -> None:
     assert cond.kind == "while"
     begin, stepk = _by_block(plan, w.id)
     assert begin.entry_point == "region_begin" and begin.index == cond.index - 1
+    assert begin.deps == (0,)  # it zeroes the iteration counter: after the counters' memset
     assert stepk.entry_point == "region_while_step4"
     body = {i for i, p in plan.scopes.items() if p == cond.index}
     assert body == {_by_block(plan, step.id)[0].index, _by_block(plan, chk.id)[0].index, stepk.index}

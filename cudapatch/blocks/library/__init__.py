@@ -1,5 +1,6 @@
 """Built-in block types."""
 
+from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .fft import FFT
@@ -18,7 +19,19 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS, *LIBRARY_BLOCKS)
+#: Regions: blocks holding blocks, run conditionally or repeatedly on the GPU (``blocks.regions``).
+REGION_BLOCKS = (If, While, For)
+BUILTIN_BLOCKS = (
+    VectorAdd,
+    Scale,
+    Fill,
+    AppendFilter,
+    CustomKernel,
+    KernelFile,
+    *PARTICLE_BLOCKS,
+    *LIBRARY_BLOCKS,
+    *REGION_BLOCKS,
+)
 
 __all__ = [
     "BUILTIN_BLOCKS",
@@ -26,6 +39,7 @@ __all__ = [
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",
+    "REGION_BLOCKS",
     "LUSolve",
     "Random",
     "SpMV",

@@ -310,10 +310,15 @@ def region_nodes(draft: PlanDraft) -> None:
         if kind == "if":
             arg, res, size = _condition_arg(draft, rid)
             drafts.append(_region_kernel_draft(draft, begin, rid, f"region_if{size}", [handle, arg], [res], [token]))
-        else:
+        else:  # zeroes the iteration counter (a nested loop counts from 0 each time it is reached)
             limit = "Max" if kind == "while" else "Count"
-            args = [handle, _new(Arg, ("scalar", DType.UINT32, False, (rid, limit), values[limit]))]
-            drafts.append(_region_kernel_draft(draft, begin, rid, "region_begin", args, [], [token]))
+            ci = counter_of[rid]
+            args = [
+                handle,
+                _new(Arg, ("counter", DType.UINT32, True, ci, None)),
+                _new(Arg, ("scalar", DType.UINT32, False, (rid, limit), values[limit])),
+            ]
+            drafts.append(_region_kernel_draft(draft, begin, rid, "region_begin", args, [], [token, -1 - ci]))
         cond = len(drafts)
         head = (cond, rid, "if" if kind == "if" else "while")
         drafts.append(_new(NodeDraft, (ConditionalNodePlan, head, (-1,), [token], [])))
@@ -347,7 +352,9 @@ def region_edges(draft: PlanDraft) -> None:
     n = len(drafts)
     reads: list[set] = [set(d.reads) for d in drafts]
     writes: list[set] = [set(d.writes) for d in drafts]
-    counter_user = [i in draft.counter_users or any(isinstance(r, int) and r < 0 for r in reads[i]) for i in range(n)]
+    counter_user = [
+        i in draft.counter_users or any(isinstance(r, int) and r < 0 for r in (*reads[i], *writes[i])) for i in range(n)
+    ]
     for i in range(n - 1, -1, -1):  # a body's nodes follow their conditional node: fold them in backwards
         p = scopes.get(i)
         if p is not None:
