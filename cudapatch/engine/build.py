@@ -245,6 +245,7 @@ class GraphBuilds:
                 libraries=res.libraries,
                 publish_function=publish_function,
                 lend_stores=not job.off_thread or out.realize_on_frame,
+                upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)

@@ -313,3 +313,15 @@ def test_a_warm_build_is_decided_on_the_build_thread_and_applied_as_decided(engi
     assert engine.graph is g and engine.last_build.tier == "warm-resize"
     assert g.decided is not None  # the frame thread did not decide again
     assert [b.count for b in g.plan.buffers][0] == 512
+
+
+def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: Engine, realizer: Realizer) -> None:
+    _, scale = _chain(engine)
+    _landed(engine)
+    first = engine.graph
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    _landed(engine)
+    assert first.retired
+    engine.connect(scale, "Out", engine.add(Scale(name="three")), "In")
+    _landed(engine)
+    assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
