@@ -47,6 +47,7 @@ class Refusal(str, Enum):
     KERNEL_NODE = "kernel-node"  #: a kernel's identity, edges, block size, shared memory or argument sources changed
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
+    REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,8 @@ def decide_warm_patch(
         return _refuse(Refusal.BUFFER_COUNT, None, f"{len(old.buffers)} -> {len(new.buffers)} buffers")
     if new.counters != old.counters:
         return _refuse(Refusal.COUNTERS, None, "the append counters differ")
+    if new.scopes != old.scopes:
+        return _refuse(Refusal.REGIONS, None, "nodes moved into or out of a region's body")
     if new.scalar_slots != old.scalar_slots:
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:

@@ -271,3 +271,20 @@ def test_a_placement_in_a_block_that_is_no_region_is_an_error_on_the_block() -> 
     with pytest.raises(GraphCompileError) as ei:
         compile_plan(snap)
     assert (after.id, "region-parent") in _codes(ei.value)
+
+
+def test_moving_a_block_between_regions_is_refused_as_a_warm_patch() -> None:
+    from cudapatch.engine.warm import Refusal, WarmRefusal, decide_warm_patch
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    first = c.register_block(For(name="First", Count=2))
+    second = c.register_block(For(name="Second", Count=3))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, first)
+    c.connect(src, "Out", a, "In")
+    before = compile_plan(c.snapshot())
+    c.place(a, second)
+    after = compile_plan(c.snapshot())
+    decision = decide_warm_patch(before, after, {}, capacities=[1 << 20] * len(before.buffers))
+    assert isinstance(decision, WarmRefusal) and decision.reason is Refusal.REGIONS
