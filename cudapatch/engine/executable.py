@@ -154,7 +154,7 @@ class CompiledGraph(HandleOwner):
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
-        self._body_fallback = False  # region body nodes patched through cuGraphExecUpdate (see _commit)
+        self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -230,30 +230,35 @@ class CompiledGraph(HandleOwner):
             if err:
                 if kn.body is None:
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-                whole = self._body_node_fallback(kn, err)
+                if not self._body_fallback:
+                    self._start_body_fallback(err)
+                whole = True
+            if self._body_fallback:  # the graph it was instantiated from follows every update
+                self._set_template(kn)
         if whole:
-            self._update_whole()
+            result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
+            check(result[:1], "cuGraphExecUpdate")
 
-    def _body_node_fallback(self, kn: KernelNode, err: Any) -> bool:
-        """A node inside a region's body that the driver would not patch in the executable by itself:
-        write its parameters into the graph it was instantiated from instead, for ``_update_whole``.
-        (The CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes a node of
-        a conditional body; where it does, this never runs.)"""
-        if not self._body_fallback:
-            log.info("a region body's node is updated through cuGraphExecUpdate (driver said %s)", err)
-            self._body_fallback = True
+    def _start_body_fallback(self, err: Any) -> None:
+        """The driver would not patch a node inside a region's body in the executable by itself (the
+        CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes one; where it
+        does, this never runs). From now on every kernel node's parameters are also written into the
+        graph the executable was instantiated from, and a body node's update applies that graph with
+        one ``cuGraphExecUpdate``; first, every kernel node's current values go there, so the update
+        reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
+        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
+        self._body_fallback = True
+        for kn in self._nodes:
+            if isinstance(kn, KernelNode):
+                self._set_template(kn)
+
+    @staticmethod
+    def _set_template(kn: KernelNode) -> None:
         check(
             driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
             "cuGraphKernelNodeSetParams",
             kernel=kn.plan.entry_point,
         )
-        return True
-
-    def _update_whole(self) -> None:
-        """Apply the graph's node parameters to the executable in one ``cuGraphExecUpdate`` (same
-        topology: a parameter update, no re-instantiation)."""
-        result = driver().cuGraphExecUpdate(self._exec, self._parts.graph)
-        check(result[:1], "cuGraphExecUpdate")
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []

@@ -37,7 +37,7 @@ from .plan import (
 )
 from .readback import PUBLISH_THREADS, ReadbackRing
 
-__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value"]
+__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value", "make_conditions"]
 
 
 class KernelNode:
@@ -102,6 +102,7 @@ class NodeBuild:
         root: The top-level ``CUgraph`` (regions' conditional handles belong to it); ``graph`` is the
             graph the next node goes into: the root or a region's body.
         handles: Conditional node index -> its handle's value (the set-condition kernels' argument).
+        conditions: Conditional node index -> its ``CUgraphConditionalHandle`` (``make_conditions``).
         bodies: Conditional node index -> its body ``CUgraph`` (owned by the node).
     """
 
@@ -124,6 +125,7 @@ class NodeBuild:
     launches: list[PackedLaunch] = field(default_factory=list)
     root: Any = None
     handles: dict[int, int] = field(default_factory=dict)
+    conditions: dict[int, Any] = field(default_factory=dict)
     bodies: dict[int, Any] = field(default_factory=dict)
 
     def value(self, a: Arg) -> Any:
@@ -213,15 +215,10 @@ def _add_publish(b: NodeBuild, node: PublishNodePlan, deps: list[Any]) -> tuple[
 
 def _add_conditional(b: NodeBuild, node: ConditionalNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
     """A region: a conditional node (IF, or WHILE for While and For) with one body graph, which the
-    builder fills with the nodes the plan scopes to it. The handle is created on the top-level graph
-    (valid for conditional nodes in it and in its children) with no default: the region's
-    set-condition kernel, placed before the node, sets it every launch."""
+    builder fills with the nodes the plan scopes to it; its handle comes from ``make_conditions``."""
     d = driver()
     name = b.names.get(node.block_id)
-    root = b.root if b.root is not None else b.graph
-    handle = check(
-        d.cuGraphConditionalHandleCreate(root, b.device.context, 0, 0), "cuGraphConditionalHandleCreate", block=name
-    )
+    handle = b.conditions[node.index]
     cond = d.CUDA_CONDITIONAL_NODE_PARAMS()
     cond.handle = handle
     kinds = d.CUgraphConditionalNodeType
@@ -238,8 +235,28 @@ def _add_conditional(b: NodeBuild, node: ConditionalNodePlan, deps: list[Any]) -
     h = check(result, "cuGraphAddNode (conditional)", block=name)
     # The body graph is on the struct the call filled (``params``), not on ``cond``, the copy given in.
     b.bodies[node.index] = params.conditional.phGraph_out[0]
-    b.handles[node.index] = int(handle)
     return h, None
+
+
+def make_conditions(b: NodeBuild, nodes: Sequence[NodePlan]) -> None:
+    """Create the conditional handle of every region before any node is added: the set-condition
+    kernel that precedes a conditional node takes its handle's value as an argument. Handles belong
+    to the top-level graph (valid for conditional nodes in it and in its children); no default
+    value: a set-condition kernel sets each one every launch.
+
+    Raises:
+        CudaError: the driver refused a handle.
+    """
+    d = driver()
+    for node in nodes:
+        if isinstance(node, ConditionalNodePlan):
+            handle = check(
+                d.cuGraphConditionalHandleCreate(b.root, b.device.context, 0, 0),
+                "cuGraphConditionalHandleCreate",
+                block=b.names.get(node.block_id),
+            )
+            b.conditions[node.index] = handle
+            b.handles[node.index] = int(handle)
 
 
 #: Plan node type -> the function adding it to a graph. New node kinds register here.

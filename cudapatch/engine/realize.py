@@ -27,7 +27,7 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
 from .libraries import LibraryHandles
-from .nodes import NodeBuild, add_node
+from .nodes import NodeBuild, add_node, make_conditions
 from .params import StoreLoans
 from .plan import GraphPlan, programmatic_edges
 from .readback import ReadbackRing
@@ -200,6 +200,8 @@ class GraphBuilder:
             launches=parts.launches,
         )
         build.root = parts.graph
+        if plan.regions:
+            make_conditions(build, plan.nodes)
         timed = plan.stamp_count or plan.counters  # the graphs with profiling or readback nodes
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
         scopes, bodies = plan.scopes, build.bodies

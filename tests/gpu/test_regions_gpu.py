@@ -196,3 +196,14 @@ def test_a_kernel_file_body_reads_the_while_condition_from_the_example_kernels(e
         engine.connect(s, sp, t, tp)
     _frame(engine, sb, "u")
     assert engine.iterations(solve) == 3  # tol 0 never converges in 3: Max stops it
+
+
+def test_the_driver_patches_nodes_inside_a_body_directly(engine: Engine) -> None:
+    """A finding, not a requirement: whether ``cuGraphExecKernelNodeSetParams`` takes a node of a
+    conditional body (if this fails, Hot edits inside bodies go through the cuGraphExecUpdate fallback,
+    which the other tests check for results)."""
+    _, loop, add = _for_patch(engine, 3)
+    _frame(engine, add, "x")
+    add.set("step", 2.0)
+    np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 7.0, np.float32))
+    assert engine.graph._body_fallback is False
