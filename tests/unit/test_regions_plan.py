@@ -288,3 +288,22 @@ def test_moving_a_block_between_regions_is_refused_as_a_warm_patch() -> None:
     after = compile_plan(c.snapshot())
     decision = decide_warm_patch(before, after, {}, capacities=[1 << 20] * len(before.buffers))
     assert isinstance(decision, WarmRefusal) and decision.reason is Refusal.REGIONS
+
+
+def test_a_bound_condition_is_a_warm_binding_slot_of_the_set_condition_kernel() -> None:
+    from cudapatch.engine import ExternalBinding
+    from cudapatch.kernels.types import DType
+
+    c = Context()
+    r = c.register_block(If(name="Maybe"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    body = c.register_block(Scale(name="Body"))
+    c.place(body, r)
+    c.bind_input(chk, "in", ExternalBinding(0xA000, 16, DType.FLOAT32))
+    c.bind_input(body, "In", ExternalBinding(0xB000, 16, DType.FLOAT32))
+    c.connect(chk, "more", r, "Condition")
+    plan = compile_plan(c.snapshot())
+    (begin,) = _by_block(plan, r.id)
+    assert begin.args[1].kind == "buffer"  # made by Check: a planned buffer
+    (slot,) = plan.binding_slots[(body.id, "In")]
+    assert plan.scopes[slot[0]] == _by_block(plan, r.id, ConditionalNodePlan)[0].index  # a body node's slot

@@ -260,11 +260,12 @@ def _region_kernel_draft(
     draft: PlanDraft, index: int, rid: int, entry: str, args: list[Arg], reads: list, writes: list
 ) -> NodeDraft:
     source, desc = region_kernel(entry)
-    scalar_slots = draft.scalar_slots
     for ai, a in enumerate(args):
-        if a.kind == "scalar":
-            slots = scalar_slots.get(a.ref)  # type: ignore[arg-type]
-            scalar_slots[a.ref] = ((index, ai),) if slots is None else (*slots, (index, ai))  # type: ignore[index]
+        # Hot edits of Count/Max and Warm rebinds of a bound condition patch these slots too
+        table = draft.scalar_slots if a.kind == "scalar" else draft.binding_slots if a.kind == "external" else None
+        if table is not None:
+            slots = table.get(a.ref)  # type: ignore[arg-type]
+            table[a.ref] = ((index, ai),) if slots is None else (*slots, (index, ai))  # type: ignore[index]
     head = (index, rid, REGION_ENTRIES[entry], source, desc, 1, 1, 0, tuple(args))
     return _new(NodeDraft, (KernelNodePlan, head, (), reads, writes))
 
