@@ -32,7 +32,7 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 from .regions import For, If, Region, RegionDescription, While
 
@@ -56,6 +56,7 @@ __all__ = [
     "BlockParameter",
     "BlockState",
     "CustomKernel",
+    "Expression",
     "Fill",
     "For",
     "If",

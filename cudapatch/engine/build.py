@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .compiler import compile_plan
+from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
@@ -133,6 +134,8 @@ class GraphBuilds:
         counters: Rebuilds, failed rebuilds, Warm resizes, patched nodes, re-captures are counted here.
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
+        fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
+            and loaded by the build itself, on the build thread.
     """
 
     def __init__(
@@ -146,7 +149,9 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
+        fuse: bool = False,
     ) -> None:
+        self._fuse = fuse
         self._context = context
         self._kernels = kernels
         self._resources = resources
@@ -207,10 +212,13 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled)
+            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse)
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
+        if self._fuse and not self._load_fused(out):
+            return out
+        functions = out.functions
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -221,6 +229,25 @@ class GraphBuilds:
             return out
         self._realize(out)
         return out
+
+    def _load_fused(self, out: BuildOutcome) -> bool:
+        """Generate and load the kernel of every fused group of ``out.plan`` (here, on the build's
+        thread: the PTX is written in microseconds and the driver JITs it in about a millisecond),
+        adding their functions to ``out.functions``. False (with a diagnostic on the group's last
+        block) when one does not load."""
+        assert out.plan is not None
+        fused = [n for n in out.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+        if not fused:
+            return True
+        functions = dict(out.functions)
+        for node in fused:
+            try:
+                functions[(node.block_id, node.kernel)] = self._kernels.builder.build(node.source).function
+            except (KernelLoadError, CudaError) as exc:
+                out.diagnostics = (Diagnostic("error", node.block_id, DiagnosticCode.REALIZE, str(exc)),)
+                return False
+        out.functions = functions
+        return True
 
     def _realize(self, out: BuildOutcome) -> None:
         job, snap, plan = out.job, out.job.snap, out.plan

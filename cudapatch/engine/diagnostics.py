@@ -32,6 +32,7 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Regions (If, While, For).
     REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch
     REGION_MAX = "region-max"  # a While without Max; per frame (warning): a While ran Max iterations

@@ -82,6 +82,7 @@ class _Server:
             wait_for_compile=cfg.wait_for_compile,
             watch_files=cfg.watch_files,
         )
+        engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 

@@ -3,6 +3,7 @@
 from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .expression import DEFAULT_EXPRESSION, Expression
 from .fft import FFT
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
@@ -28,6 +29,7 @@ BUILTIN_BLOCKS = (
     AppendFilter,
     CustomKernel,
     KernelFile,
+    Expression,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
     *REGION_BLOCKS,
@@ -44,6 +46,8 @@ __all__ = [
     "Random",
     "SpMV",
     "DEFAULT_CUSTOM_CODE",
+    "DEFAULT_EXPRESSION",
+    "Expression",
     "Emitter",
     "Forces",
     "Integrate",

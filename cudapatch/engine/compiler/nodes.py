@@ -18,6 +18,7 @@ from ...blocks.description import KernelSpec
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
+from .fusion import fused_node
 
 __all__ = ["block_nodes", "counters_memset", "node_env", "nodes"]
 
@@ -59,6 +60,13 @@ def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple) -> None:
     """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``."""
     drafts = draft.drafts
     b = sized.block
+    fused = draft.fusion
+    if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
+        group = fused.groups.get(b.id)
+        if group is not None:
+            draft.block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
+            drafts.append(fused_node(draft, group, len(drafts)))
+        return
     faulted = draft.faulted
     if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
         value_buffer = draft.value_buffer
