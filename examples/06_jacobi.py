@@ -10,8 +10,9 @@ inside the loop: changing it patches the running graph, no rebuild.
 
 The patch: ``Zero`` (u = 0, a fresh solve every frame) and ``Source`` (f = 1) before the region;
 inside ``Solve``: ``SweepA`` (u → half), ``SweepB`` (half → u, in place) and ``Decide`` (more = some
-cell moved by more than ``tol``), whose ``more`` is the While's Condition. The same patch as a file:
-``examples/06_jacobi.toml`` (``cudapatch run examples/06_jacobi.toml --headless``).
+cell moved by more than ``tol``), whose ``more`` is the While's Condition. The same patch as a file,
+with a ``Colorize`` block after the region drawing u in the preview: ``examples/06_jacobi.toml``
+(``cudapatch run examples/06_jacobi.toml``).
 
 What you should see: lines like ``frame   0: 1702 iterations (tol 1e-06) ...``, fewer iterations
 after the tolerance is raised half way, ending with ``OK: matches NumPy (bit for bit, same
