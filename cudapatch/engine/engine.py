@@ -55,7 +55,7 @@ from .libraries import LibraryHandles
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
-from .region_stats import region_iterations, region_warnings
+from .region_stats import region_iterations, region_warnings, show_iterations
 from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources, close_graphs
@@ -703,6 +703,8 @@ class Engine:
                 diagnostics=self._board.current,
             )
         show_on_blocks(stats, registry)
+        if g is not None and g.plan.regions:
+            show_iterations(g, registry)  # "Iterations: 1702/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 

@@ -13,7 +13,7 @@ from typing import Any
 from .diagnostics import Diagnostic, DiagnosticCode
 from .registry import BlockRegistry
 
-__all__ = ["region_iterations", "region_warnings"]
+__all__ = ["region_iterations", "region_warnings", "show_iterations"]
 
 
 def region_iterations(graph: Any, region_id: int) -> int | None:
@@ -48,3 +48,17 @@ def region_warnings(graph: Any, blocks: BlockRegistry) -> tuple[Diagnostic, ...]
                 )
             )
     return tuple(out)
+
+
+def show_iterations(graph: Any, blocks: BlockRegistry) -> None:
+    """Put each loop's iterations of the frame read into its tooltip, as ``Iterations: n/limit``
+    (``Count`` for a For, ``Max`` for a While), at every profiling level."""
+    if graph is None or graph.readback is None:
+        return
+    for rid, rp in graph.plan.regions.items():
+        b = blocks.get(rid)
+        if b is None or rp.counter is None or rp.limit is None:
+            continue
+        n = graph.readback.value(rp.counter)
+        if n is not None:
+            b.debug.append_fill = {**b.debug.append_fill, "Iterations": (n, int(b.get(rp.limit)))}

@@ -151,6 +151,7 @@ def test_profiling_shows_a_regions_time(engine: Engine) -> None:
     engine.synchronize()
     stats = engine.stats()
     assert loop.debug.gpu_ms is not None and loop.debug.gpu_ms > 0
+    assert "Iterations: 50/50" in str(loop)
     assert stats.gpu_ms is not None and loop.debug.gpu_ms <= stats.gpu_ms
 
 
