@@ -137,7 +137,10 @@ class HostAdapter:
         """
         block = self.block(op_id)
         region = self.block(region_op) if region_op is not None else None
-        self.engine.place(block, region)
+        place = getattr(self.engine, "place", None)
+        if place is None:
+            raise CudapatchError(f"this engine ({type(self.engine).__name__}) runs no regions", block=op_id)
+        place(block, region)
         if region_op is None:
             self._regions.pop(op_id, None)
         else:

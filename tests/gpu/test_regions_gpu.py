@@ -165,9 +165,12 @@ def test_the_jacobi_example_solve_matches_numpy_bit_for_bit() -> None:
 
 @pytest.mark.gl  # the standalone host renders (EGL) even when headless
 def test_the_jacobi_patch_runs_in_the_standalone_host(tmp_path: Path) -> None:
+    import os
     import subprocess
     import sys
 
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     out = subprocess.run(
         [sys.executable, "-m", "cudapatch", "run", str(ROOT / "examples" / "06_jacobi.toml"), "--headless"]
         + ["--frames", "5", "--out", str(tmp_path)],
@@ -175,6 +178,7 @@ def test_the_jacobi_patch_runs_in_the_standalone_host(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         cwd=tmp_path,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
