@@ -156,7 +156,7 @@ def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[An
     err, h = driver().cuGraphAddKernelNode(b.graph, deps, len(deps), store.params)
     if err:
         check((err,), "cuGraphAddKernelNode", block=b.names.get(node.block_id), kernel=node.entry_point)
-    if b.occupancy is not None:
+    if b.occupancy is not None and node.kernel >= 0:  # not a region's one-thread set-condition kernel
         b.occupancy[(node.block_id, node.kernel)] = _occupancy(fn, node, b.device)
     return h, KernelNode(store, h, node)
 

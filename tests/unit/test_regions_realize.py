@@ -183,3 +183,24 @@ def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch
     assert len(rec.memsets) == 2  # the counters' memset at the top, A's zero-fill in the body
     assert str(rec.memsets[0]) == str(rec.root) and str(rec.memsets[1]) != str(rec.root)
     g.close()
+
+
+def test_set_condition_kernels_are_left_out_of_occupancy(monkeypatch) -> None:
+    rec = _install(monkeypatch, RegionDriver())
+    rec.cuOccupancyMaxActiveBlocksPerMultiprocessor = lambda fn, block, shared: (OK, 8)  # type: ignore[attr-defined]
+    ctx, w, step, chk = _while_patch()
+    plan = compile_plan(ctx.snapshot())
+    snap = ctx.snapshot()
+    functions = {(n.block_id, n.kernel): 1 for n in plan.nodes if isinstance(n, KernelNodePlan)}
+    g = realize(
+        plan,
+        device=_Device(),
+        pool=BufferPool(),
+        bindings=snap.bindings,
+        functions=functions,
+        occupancy=True,
+        publish_function=3,
+    )  # type: ignore[arg-type]
+    # the region's kernels are no kernel of a block's description: occupancy warnings could not name them
+    assert {(step.id, 0), (chk.id, 0)} <= set(g.occupancy) and all(bid != w.id for bid, _ in g.occupancy)
+    g.close()
