@@ -44,6 +44,8 @@ from .engine import (
     EngineStats,
     GpuBuffer,
     GraphPlan,
+    Probe,
+    ProbeStats,
     ProfilingLevel,
     compile_plan,
 )
@@ -105,6 +107,8 @@ __all__ = [
     "DiagnosticCode",
     "Engine",
     "EngineStats",
+    "Probe",
+    "ProbeStats",
     "Fill",
     "For",
     "If",

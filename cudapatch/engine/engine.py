@@ -52,6 +52,7 @@ from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
+from .probes import Probe, ProbeSet
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
@@ -190,6 +191,7 @@ class Engine:
         self._worker = BuildWorker(lambda: self.resources.device.make_current())
         self.background_builds = background_builds
         self._dirty = self.context.dirty
+        self._probes = ProbeSet(self.context, lambda: self.resources.graph)
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
         self._closed = False
@@ -311,6 +313,25 @@ class Engine:
             binding = self.resources.upload(block.id, port, array, want, block.name)
         self._faults.input_bound(block.id, port)
         self.context.bind_input(block, port, binding)
+
+    def probe(self, block: Block, port: str, *, shape: tuple[int, int] | None = None) -> Probe:
+        """Probe a wire: min, max, mean and NaN/Inf counts of output ``port`` (an input: the output linked
+        into it), computed by a probe node inside the graph and read back through the readback ring.
+        ``probe.stats`` is the newest completed frame's (with its frame number); reading it never waits.
+        ``shape`` ``(height, width)`` makes it an image with a thumbnail (see ``engine.probes``).
+
+        Adding or closing a probe is a structure edit: built on the build thread while the running graph
+        keeps launching. The same output probed twice gives the same ``Probe``.
+
+        Raises:
+            LinkError: unknown port, an unlinked input, or another engine's block.
+        """
+        return self._probes.add(block, port, shape)
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """The open probes."""
+        return tuple(self._probes)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.

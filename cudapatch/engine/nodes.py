@@ -32,9 +32,11 @@ from .plan import (
     KernelNodePlan,
     MemsetNodePlan,
     NodePlan,
+    ProbeNodePlan,
     PublishNodePlan,
     StampNodePlan,
 )
+from .probes import PROBE_SCRATCH_WORDS, PROBE_THREADS
 from .readback import PUBLISH_THREADS, ReadbackRing
 
 __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value", "make_conditions"]
@@ -97,6 +99,9 @@ class NodeBuild:
         readback: The graph's readback ring (None without counters and stamps).
         counters_ptr: Device address of the append counters; stamps_ptr: of the timestamp slots.
         stamp_function / publish_function: The engine's timestamp and publish kernels, when loaded.
+        probe_function: The probe kernel (``engine/probes.py``), when the plan has probes.
+        probes_ptr: Device address of the probe records in the readback block; probe_scratch_ptr: of
+            the probes' scratch (partial results and finished-block counters).
         occupancy: Filled with ``(block_id, kernel) -> occupancy`` when not None (DeepAsync and up).
         launches: Keeps the packed arguments of the fixed kernels alive with the graph.
         root: The top-level ``CUgraph`` (regions' conditional handles belong to it); ``graph`` is the
@@ -121,6 +126,9 @@ class NodeBuild:
     stamps_ptr: int = 0
     stamp_function: Any = None
     publish_function: Any = None
+    probe_function: Any = None
+    probes_ptr: int = 0
+    probe_scratch_ptr: int = 0
     occupancy: dict[tuple[int, int], float] | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
     root: Any = None
@@ -259,6 +267,23 @@ def make_conditions(b: NodeBuild, nodes: Sequence[NodePlan]) -> None:
             b.handles[node.index] = int(handle)
 
 
+def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    if b.probe_function is None or not b.probes_ptr:
+        raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
+    # probe(data, n, kind, out, width, height, channels, scratch): see engine/probes.py
+    values = (
+        c_uint64(b.buffers[node.buffer].ptr),
+        c_uint64(node.values),
+        c_uint32(node.kind),
+        c_uint64(b.probes_ptr + 8 * node.offset),
+        c_uint32(node.width),
+        c_uint32(node.height),
+        c_uint32(node.channels),
+        c_uint64(b.probe_scratch_ptr + 8 * PROBE_SCRATCH_WORDS * node.probe),
+    )
+    return _add_fixed(b, PackedLaunch(b.probe_function, values, threads=PROBE_THREADS, grid=node.grid), deps)
+
+
 #: Plan node type -> the function adding it to a graph. New node kinds register here.
 NODE_KINDS: dict[type, AddNode] = {
     KernelNodePlan: _add_kernel,
@@ -267,6 +292,7 @@ NODE_KINDS: dict[type, AddNode] = {
     StampNodePlan: _add_stamp,
     PublishNodePlan: _add_publish,
     ConditionalNodePlan: _add_conditional,
+    ProbeNodePlan: _add_probe,
 }
 
 

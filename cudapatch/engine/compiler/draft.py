@@ -149,6 +149,9 @@ class PlanDraft:
     # stamps: measured spans and timestamp slots
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    # probes (placed by the nodes phase, see ``probes.py``): each probe's (block, port), readback words
+    probe_keys: list[tuple[int, str]] = field(default_factory=list)
+    probe_words: int = 0
 
     def __post_init__(self) -> None:
         self.blocks = {b.id: b for b in self.snap.blocks}
@@ -189,4 +192,6 @@ class PlanDraft:
             stamp_count=self.stamp_count,
             scopes=self.scopes,
             regions=self.regions,
+            probes=tuple(self.probe_keys),
+            probe_words=self.probe_words,
         )

@@ -19,6 +19,7 @@ from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
+from .probes import add_probes, probe_requests
 
 __all__ = ["block_nodes", "counters_memset", "node_env", "nodes"]
 
@@ -33,8 +34,9 @@ def nodes(draft: PlanDraft) -> None:
     ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
     env = node_env(draft)
     counters_memset(draft)
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     for sized in draft.sized.values():
-        block_nodes(draft, sized, env)
+        block_nodes(draft, sized, env, probes)
 
 
 def node_env(draft: PlanDraft) -> tuple:
@@ -56,8 +58,9 @@ def counters_memset(draft: PlanDraft) -> None:
         draft.drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
 
 
-def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple) -> None:
-    """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``."""
+def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | None = None) -> None:
+    """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``;
+    ``probes`` (``probe_requests``): probe nodes right after the block that makes a probed value."""
     drafts = draft.drafts
     b = sized.block
     fused = draft.fusion
@@ -66,6 +69,8 @@ def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple) -> None:
         if group is not None:
             draft.block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
             drafts.append(fused_node(draft, group, len(drafts)))
+            if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                add_probes(draft, sized, probes[b.id])
         return
     faulted = draft.faulted
     if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
@@ -82,6 +87,8 @@ def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple) -> None:
         draft.block_nodes[b.id] = (first,)
     elif len(drafts) > first:
         draft.block_nodes[b.id] = tuple(range(first, len(drafts)))
+    if probes and b.id in probes:
+        add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(
