@@ -14,8 +14,8 @@ cell moved by more than ``tol``), whose ``more`` is the While's Condition. The s
 with a ``Colorize`` block after the region drawing u in the preview: ``examples/06_jacobi.toml``
 (``cudapatch run examples/06_jacobi.toml``).
 
-What you should see: lines like ``frame   0: 1702 iterations (tol 1e-06) ...``, fewer iterations
-after the tolerance is raised half way, ending with ``OK: matches NumPy (bit for bit, same
+What you should see: lines like ``frame  20:  1860 iterations (tol 1e-06) ...``, 934
+after the tolerance is raised to 1e-5 half way, ending with ``OK: matches NumPy (bit for bit, same
 iterations)``.
 
 Run: ``python examples/06_jacobi.py [--headless] [--frames N] [--size N]`` (needs a CUDA GPU).

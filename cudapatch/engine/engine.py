@@ -725,7 +725,7 @@ class Engine:
             )
         show_on_blocks(stats, registry)
         if g is not None and g.plan.regions:
-            show_iterations(g, registry)  # "Iterations: 1702/20000" in a loop's tooltip
+            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 
