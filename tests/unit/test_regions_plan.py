@@ -307,3 +307,51 @@ def test_a_bound_condition_is_a_warm_binding_slot_of_the_set_condition_kernel() 
     assert begin.args[1].kind == "buffer"  # made by Check: a planned buffer
     (slot,) = plan.binding_slots[(body.id, "In")]
     assert plan.scopes[slot[0]] == _by_block(plan, r.id, ConditionalNodePlan)[0].index  # a body node's slot
+
+
+@pytest.mark.parametrize("level", list(ProfilingLevel))
+def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel) -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=3))
+    w = c.register_block(While(name="Inner", Max=9))
+    a = c.register_block(Scale(name="A"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    b = c.register_block(Scale(name="B"))
+    after = c.register_block(Scale(name="After"))
+    c.place(w, outer)
+    c.place(a, w)
+    c.place(chk, w)
+    c.place(b, outer)
+    c.connect(src, "Out", a, "In")
+    c.connect(a, "Out", chk, "in")
+    c.connect(chk, "more", w, "Condition")
+    c.connect(a, "Out", b, "In")
+    c.connect(b, "Out", after, "In")
+    plan = compile_plan(c.snapshot(), level=level)
+    conds = {n.block_id: n for n in plan.nodes if isinstance(n, ConditionalNodePlan)}
+    assert plan.scopes[conds[w.id].index] == conds[outer.id].index
+    for n in plan.nodes:
+        assert plan.nodes[n.index] is n
+        for d in n.deps:
+            assert d < n.index and plan.scopes.get(d) == plan.scopes.get(n.index), (n, d)
+        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
+            assert plan.nodes[n.args[0].ref] is conds[n.block_id]
+        if n.index in plan.scopes:  # a body node sits after its conditional node, before the next top-level one
+            assert plan.scopes[n.index] < n.index
+    for (bid, _), slots in plan.scalar_slots.items():
+        for ni, _ in slots:
+            assert plan.nodes[ni].block_id == bid
+    for rid, rp in plan.regions.items():
+        assert plan.nodes[rp.node] is conds[rid]
+        inside = set()  # every node of its body, nested bodies included: right after it, contiguous
+        for i in plan.scopes:
+            p = i
+            while p in plan.scopes:
+                p = plan.scopes[p]
+                if p == rp.node:
+                    inside.add(i)
+        assert sorted(inside) == list(range(rp.node + 1, rp.node + 1 + len(inside)))
+    body_blocks = {plan.nodes[i].block_id for i in plan.scopes if hasattr(plan.nodes[i], "block_id")}
+    assert {a.id, chk.id, b.id, w.id, outer.id} >= body_blocks >= {a.id, chk.id, b.id}
+    assert after.id not in body_blocks and src.id not in body_blocks
