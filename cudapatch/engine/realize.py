@@ -228,12 +228,15 @@ class GraphBuilder:
         handles: list[Any] = []
         for node in plan.nodes:
             # A region's body nodes go into its conditional node's body graph (made just before them).
-            graph = bodies[scopes[node.index]] if scopes and node.index in scopes else parts.graph
+            in_body = bool(scopes) and node.index in scopes
+            graph = bodies[scopes[node.index]] if in_body else parts.graph
             build.graph = graph
-            special = edges.get(node.index)
+            # Programmatic edges only in the top-level graph: the conditional-body rules name node
+            # types, not edge types, and nothing measured them there (a probe in a body waits plainly).
+            special = None if in_body else edges.get(node.index)
             deps = [handles[i] for i in node.deps if not special or i not in special]
             h, runtime = add_node(build, node, deps)
-            if runtime is not None and scopes and node.index in scopes and hasattr(runtime, "body"):
+            if runtime is not None and in_body and hasattr(runtime, "body"):
                 runtime.body = graph
             parts.nodes.append(runtime)
             if special:

@@ -355,3 +355,21 @@ def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel) -> No
     body_blocks = {plan.nodes[i].block_id for i in plan.scopes if hasattr(plan.nodes[i], "block_id")}
     assert {a.id, chk.id, b.id, w.id, outer.id} >= body_blocks >= {a.id, chk.id, b.id}
     assert after.id not in body_blocks and src.id not in body_blocks
+
+
+def test_a_probe_on_a_wire_inside_a_body_is_a_node_of_the_body() -> None:
+    from cudapatch.engine.plan import ProbeNodePlan
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=4))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, loop)
+    c.connect(src, "Out", a, "In")
+    c.add_probe(a, "Out")
+    plan = compile_plan(c.snapshot())
+    (probe,) = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    cond = _by_block(plan, loop.id, ConditionalNodePlan)[0]
+    assert plan.scopes[probe.index] == cond.index and probe.deps == (_by_block(plan, a.id)[0].index,)
+    publish = plan.nodes[-1]
+    assert isinstance(publish, PublishNodePlan) and probe.index not in publish.deps and plan.probe_words

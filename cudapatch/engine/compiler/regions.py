@@ -36,6 +36,7 @@ from ..region_kernels import REGION_ENTRIES, region_kernel
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .nodes import block_nodes, counters_memset, node_env
 from .order import topological_order
+from .probes import probe_requests
 from .sizes import sizes
 from .stamps import place_stamps
 
@@ -285,6 +286,7 @@ def region_nodes(draft: PlanDraft) -> None:
     """The nodes phase for a patch with regions (see the module docstring, step 5)."""
     env = node_env(draft)
     counters_memset(draft)
+    probes = probe_requests(draft)  # a probe in a body reads its value after each iteration (the last one shows)
     drafts, scopes, sized = draft.drafts, draft.scopes, draft.sized
     counter_of = {k[0]: ci for ci, k in enumerate(draft.counters) if k[1] == "Iterations" and k[0] in draft.units}
     u64 = DType.UINT64
@@ -295,7 +297,7 @@ def region_nodes(draft: PlanDraft) -> None:
                 continue
             first = len(drafts)
             if u not in draft.units:
-                block_nodes(draft, sized[u], env)
+                block_nodes(draft, sized[u], env, probes)
             else:
                 _region(u)
             if scope_node is not None:
@@ -451,7 +453,7 @@ def region_publish(draft: PlanDraft) -> None:
     """The publish node, after the top-level sinks only (a node in a body cannot be waited for from
     the top-level graph; its conditional node is)."""
     nodes, scopes = draft.nodes, draft.scopes
-    if draft.counters or draft.stamp_count:
+    if draft.counters or draft.stamp_count or draft.probe_words:
         used = {dep for n in nodes if n.index not in scopes for dep in n.deps}
         sinks = tuple(n.index for n in nodes if n.index not in used and n.index not in scopes)
         nodes.append(PublishNodePlan(len(nodes), sinks, 1 if draft.stamp_count else None))
