@@ -15,6 +15,8 @@ from .blocks import (
     BlockDescription,
     BlockState,
     CallDescriptor,
+    Composite,
+    CompositeBuilder,
     CustomKernel,
     Expression,
     Fill,
@@ -80,6 +82,8 @@ except PackageNotFoundError:  # running from a source checkout that is not insta
 
 __all__ = [
     "CallDescriptor",
+    "Composite",
+    "CompositeBuilder",
     "LibraryCallError",
     "LibraryScope",
     "buffer_in",

@@ -16,6 +16,7 @@ from .captured import (
     device_scalar,
     host_scalar,
 )
+from .composite import Composite, CompositeBuilder
 from .description import (
     BlockDescription,
     InternalLink,
@@ -55,6 +56,8 @@ __all__ = [
     "BlockHost",
     "BlockParameter",
     "BlockState",
+    "Composite",
+    "CompositeBuilder",
     "CustomKernel",
     "Expression",
     "Fill",

@@ -24,6 +24,7 @@ from ..blocks.regions import Region, accepts_condition
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
 from .registry import BlockRegistry
@@ -72,6 +73,8 @@ class PatchSnapshot:
     #: Probed outputs: ``((block_id, port), shape or None)``, ``shape`` an ``(height, width)`` given by
     #: the user (see ``engine/probes.py``).
     probes: tuple[tuple[tuple[int, str], tuple[int, int] | None], ...] = ()
+    #: The composites flattened into ``blocks`` (``engine/composites.py``); empty without any.
+    composites: tuple[CompositeInfo, ...] = ()
     #: Block id -> the region block it is placed in (blocks at the top level are absent).
     parents: dict[int, int] = field(default_factory=dict, compare=False)
 
@@ -380,16 +383,36 @@ class Context:
     # -- for the compiler -----------------------------------------------------------------------
     def snapshot(self) -> PatchSnapshot:
         """Freeze the patch for the compiler. A block whose values, name and description did not change
-        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written)."""
-        frozen, cid = self._frozen, self.id
-        blocks = []
+        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written);
+        composites are flattened into their inner blocks, afresh each time (``engine/composites.py``)."""
+        frozen, cid, composites = self._frozen, self.id, self.registry.composites
+        blocks: list[Any] = []
         for b in self.registry:
+            if b.id in composites:
+                blocks.append(b)
+                continue
             s = frozen.get(b.id)
             if s is None or s.description is not b.description or s.name != b.name:
                 s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
                 frozen[b.id] = s
             blocks.append(s)
         probes = tuple(self.probes.items())
-        return PatchSnapshot(
-            cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, dict(self.parents)
-        )
+        parents = dict(self.parents)
+        if composites:
+            snap = flatten_snapshot(
+                cid, blocks, tuple(self.connections), self.bindings, probes, PatchSnapshot, BlockSnapshot
+            )
+            return replace(snap, parents=_place_members(parents, snap.composites)) if parents else snap
+        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, parents=parents)
+
+
+def _place_members(parents: dict[int, int], composites: tuple[CompositeInfo, ...]) -> dict[int, int]:
+    """Placements after flattening: a composite placed in a region puts its leaf blocks there (the
+    flattened patch has no composite block to place)."""
+    out = dict(parents)
+    for c in composites:
+        region = parents.get(c.id)
+        if region is not None:
+            for leaf in c.members:
+                out.setdefault(leaf, region)
+    return out

@@ -46,6 +46,7 @@ class DiagnosticCode(str, Enum):
     LIBRARY_CALL = "library-call"  # a captured library call failed to capture
     REALIZE = "realize"  # a driver call failed while building the graph
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
+    CHILD_GRAPH = "child-graph"  # a composite asked for a child graph and runs flattened instead (why)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
     GPU_LOST = "gpu-lost"  # CUDA refuses the process after a fault: restart it

@@ -31,6 +31,7 @@ from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
+from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
@@ -226,10 +227,14 @@ class CompiledGraph(HandleOwner):
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_ = self._set_params, self._exec
         whole = False
+        inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
                     self._calls.recapture(exec_, kn)
+                continue
+            if kn.child is not None:  # inside a composite's child graph: patched through it, below
+                inside = [kn] if inside is None else [*inside, kn]
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
@@ -240,6 +245,8 @@ class CompiledGraph(HandleOwner):
                 whole = True
             if self._body_fallback:  # the graph it was instantiated from follows every update
                 self._set_template(kn)
+        if inside is not None:
+            commit_child_nodes(exec_, inside)
         if whole:
             result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
             check(result[:1], "cuGraphExecUpdate")

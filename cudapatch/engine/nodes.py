@@ -45,7 +45,7 @@ __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan", "body")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -53,6 +53,8 @@ class KernelNode:
         self.slots = store.slots
         self.handle = handle
         self.plan = plan
+        #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
+        self.child: Any = None
         self.body: Any = None  # the region body graph holding the node (None: the top-level graph)
 
     def launch_alone(self, stream: Any) -> Any:

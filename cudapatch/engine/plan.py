@@ -23,6 +23,7 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
     "ConditionalNodePlan",
     "RegionPlan",
     "StampNodePlan",
@@ -211,6 +212,16 @@ class TimingPair(NamedTuple):
     end: int
 
 
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
 NodePlan = Union[
     KernelNodePlan,
     CapturedNodePlan,
@@ -246,6 +257,7 @@ class GraphPlan:
         regions: region block id → ``RegionPlan``.
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
+        children: Groups of nodes realized as one child-graph node each.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -267,6 +279,7 @@ class GraphPlan:
     regions: dict[int, RegionPlan] = field(default_factory=dict, compare=False)
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -303,6 +316,7 @@ class GraphPlan:
                 lines.append(
                     f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
                 )
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .captured_calls import CapturedCalls, DeviceScalars
+from .child_graphs import add_grouped_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
@@ -224,6 +225,9 @@ class GraphBuilder:
             make_conditions(build, plan.nodes)
         timed = plan.stamp_count or plan.counters or plan.probes  # the graphs with profiling or readback nodes
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
+        if plan.children:  # composites realized as child-graph nodes
+            parts.nodes.extend(add_grouped_nodes(build, plan, edges, _add_programmatic))
+            return
         scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:

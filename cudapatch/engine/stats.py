@@ -132,6 +132,8 @@ def append_warnings(appends: Mapping[tuple[int, str], Any], blocks: BlockRegistr
     """
     out = []
     for (bid, port), ab in appends.items():
+        if bid in blocks.composites:
+            continue  # a composite's exposed append output: the inner block's own key warns (on the composite)
         b = blocks.get(bid)
         count = ab.count if b is not None else None
         if count is None:

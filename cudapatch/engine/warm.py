@@ -47,6 +47,7 @@ class Refusal(str, Enum):
     KERNEL_NODE = "kernel-node"  #: a kernel's identity, edges, block size, shared memory or argument sources changed
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
+    CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
     REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
 
 
@@ -145,6 +146,8 @@ def decide_warm_patch(
         return _refuse(Refusal.NODE_COUNT, None, f"{len(old.nodes)} -> {len(new.nodes)} nodes")
     if len(new.buffers) != len(old.buffers):
         return _refuse(Refusal.BUFFER_COUNT, None, f"{len(old.buffers)} -> {len(new.buffers)} buffers")
+    if new.children != old.children:
+        return _refuse(Refusal.CHILD_GRAPHS, None, "the nodes grouped into child-graph nodes differ")
     if new.counters != old.counters:
         return _refuse(Refusal.COUNTERS, None, "the append counters differ")
     if new.scopes != old.scopes:

@@ -26,6 +26,7 @@ from ..blocks.library import (
 )
 from ..blocks.regions import For, If, While
 from . import hookimpl
+from .composite_file import composite_type
 
 if TYPE_CHECKING:
     from .registry import BlockTypeRegistry
@@ -60,3 +61,5 @@ BUILTIN_TYPES = (
 def cudapatch_register_blocks(registry: BlockTypeRegistry) -> None:
     for name, cls in BUILTIN_TYPES:
         registry.add(cls, name=name, version=__version__)
+    # A composite file named by its Path; its inner types come from this registry.
+    registry.add(composite_type(registry), name="core.Composite", version=__version__)

@@ -407,7 +407,7 @@ def canon(x: object, table: dict[object, int] | None = None) -> str:
 
 #: Plan fields of features the recorded patches do not use: shown only when set, so adding such a
 #: feature leaves the golden plans as they were recorded.
-WHEN_USED = {"probes": (), "probe_words": 0}
+WHEN_USED = {"probes": (), "probe_words": 0, "children": ()}
 
 
 def dump(plan: GraphPlan) -> list[str]:

@@ -373,3 +373,23 @@ def test_a_probe_on_a_wire_inside_a_body_is_a_node_of_the_body() -> None:
     assert plan.scopes[probe.index] == cond.index and probe.deps == (_by_block(plan, a.id)[0].index,)
     publish = plan.nodes[-1]
     assert isinstance(publish, PublishNodePlan) and probe.index not in publish.deps and plan.probe_words
+
+
+def test_a_composite_placed_in_a_region_runs_its_blocks_in_the_body() -> None:
+    from tests.unit.test_composites import TwoScales
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=2))
+    t = c.register_block(TwoScales(name="t"))
+    after = c.register_block(Scale(name="After"))
+    c.place(t, loop)
+    c.connect(src, "Out", t, "In")
+    c.connect(t, "Out", after, "In")
+    plan = compile_plan(c.snapshot())
+    cond = _by_block(plan, loop.id, ConditionalNodePlan)[0]
+    inner = {t.inner("a").id, t.inner("b").id}
+    body = {plan.nodes[i].block_id for i, p in plan.scopes.items() if p == cond.index}
+    assert inner <= body and after.id not in body
+    assert plan.scalar_slots[(t.id, "Gain")]  # Hot slots filed under the composite, as without regions
+    assert _by_block(plan, after.id)[0].deps == (cond.index,)

@@ -15,6 +15,9 @@ in its own module and tested on its own:
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
 7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+8. ``composites``: a flattened composite's outputs, parameter and binding slots filed under the
+   composite's own keys, its inner blocks' diagnostics put on it; its nodes grouped into one
+   child-graph node when it asks for one (``child_graphs``).
 
 A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
 stamps (``regions.py``): bodies become the body graphs of conditional nodes.
@@ -30,6 +33,8 @@ from collections.abc import Mapping
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
+from .child_graphs import child_graphs
+from .composites import attribute_diagnostics, composite_keys
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
@@ -94,6 +99,7 @@ def compile_plan(
     if has_regions(draft):
         return _compile_regions(draft)
     order(draft)
+    attribute_diagnostics(draft)
     draft.raise_errors()
     sizes(draft)
     fusion(draft, fuse=fuse)
@@ -102,7 +108,7 @@ def compile_plan(
     edges(draft)
     stamps(draft)
     publish(draft)
-    return draft.plan()
+    return child_graphs(composite_keys(draft.plan(), snap), snap)
 
 
 def _compile_regions(draft: PlanDraft) -> GraphPlan:
@@ -118,4 +124,4 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     region_edges(draft)
     region_stamps(draft)
     region_publish(draft)
-    return draft.plan()
+    return composite_keys(draft.plan(), draft.snap)

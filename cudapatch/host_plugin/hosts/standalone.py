@@ -26,6 +26,7 @@ from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
 from ..manager import PluginHost
 from ..patch import Patch, apply_patch, load_patch, parse_patch
+from .composite_reload import CompositeReloader
 from .live_reload import PATCH_POLL_S, PatchReloader
 
 __all__ = ["StandaloneHost", "demo_patch_text", "RESTART_ENV", "MAX_RESTARTS", "PATCH_POLL_S", "take_restart_state"]
@@ -95,6 +96,8 @@ class StandaloneHost:
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
         apply_patch(self.adapter, patch)
+        self._composites = CompositeReloader(self.adapter)  # composite files are edited live too
+        self._composites.poll(force=True)  # their files as they are now: the baseline
         if profiling is not None:
             self.engine.set_profiling(profiling)
         self.plugins.engine_started(self.engine)
@@ -113,8 +116,9 @@ class StandaloneHost:
 
     @property
     def reload_errors(self) -> list[PatchFileError]:
-        """Every edit of the patch file that was refused (the last good patch kept running)."""
-        return self._reloader.errors
+        """Every edit of the patch file, or of a composite file it uses, that was refused (the last
+        good patch kept running)."""
+        return self._reloader.errors + self._composites.errors
 
     @property
     def status(self) -> str:
@@ -128,10 +132,12 @@ class StandaloneHost:
         return counts
 
     def poll_patch(self, *, force: bool = False) -> bool:
-        """Reload the patch file if it changed (checked at most every 0.25 s). Returns whether an edit
-        was applied. An edit that fails in any way is logged, kept in ``reload_errors`` and shown in
-        ``status``; the old patch stays. An edit that empties the patch is held for a moment."""
-        return self._reloader.poll(force=force)
+        """Reload the patch file if it changed, and the composite files its operators use (checked at
+        most every 0.25 s). Returns whether an edit was applied. An edit that fails in any way is
+        logged, kept in ``reload_errors`` and shown in ``status``; the old patch stays. An edit that
+        empties the patch is held for a moment."""
+        applied = self._reloader.poll(force=force)
+        return self._composites.poll(force=force) > 0 or applied
 
     def open_editor(self) -> Any:
         """The node editor's model of this patch (made once): its edits go through the adapter and are
