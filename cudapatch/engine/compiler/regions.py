@@ -2,7 +2,7 @@
 conditional nodes whose bodies are the graphs of their blocks.
 
 A patch with regions compiles through these in place of ``order``, ``nodes``, ``edges`` and
-``stamps`` (``compile_plan`` picks them when the snapshot places any block in a region):
+``stamps`` (``compile_plan`` picks them when the patch has a region block; it fuses nothing then):
 
 1. ``check_regions``: every placement names a region of the patch; a ``While`` has ``Max``; an
    ``If``/``While`` has a ``Condition`` from a valid source (an ``If``: a block outside its body,
@@ -18,11 +18,13 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
    the readback ring brings the counts back without a stall (``RegionPlan.counter``).
 5. ``region_nodes``: per scope, in order, each block's nodes; each region a set-condition kernel,
    its conditional node, its body's nodes (``draft.scopes`` maps them to the conditional node) and,
-   for loops, the step kernel ending the body. ``Max``/``Count`` are scalar slots: Hot.
+   for loops, the step kernel in the body (after the condition's block; the condition is read when
+   the body is done). ``Max``/``Count`` are scalar slots: Hot.
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
-7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a region counts as one
-   block (its time is the time of its conditional node); nodes inside bodies are not stamped.
+7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
+   region counts as one block (its set-condition kernel and conditional node); nodes inside bodies
+   are not stamped. The publish node waits for the top-level sinks.
 """
 
 from __future__ import annotations
