@@ -25,6 +25,7 @@ from .blocks import (
     KernelFile,
     LibraryScope,
     Scale,
+    Shape,
     VectorAdd,
     While,
     buffer_in,
@@ -36,6 +37,7 @@ from .blocks import (
     from_param,
     host_scalar,
     like,
+    shape_of,
 )
 from .engine import (
     AppendBuffer,
@@ -140,4 +142,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

@@ -30,12 +30,14 @@ from .description import (
     fixed,
     from_param,
     like,
+    shape_of,
 )
 from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 from .regions import For, If, Region, RegionDescription, While
+from .shape import Shape
 
 __all__ = [
     "CallDescriptor",
@@ -83,4 +85,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

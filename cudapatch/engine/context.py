@@ -43,12 +43,14 @@ class ExternalBinding:
         count: Element count.
         dtype: Element type.
         owner: The object that owns the memory; kept alive while bound.
+        shape: Its ``Shape`` when the array had 2 or more axes (None: flat, ``(count,)``).
     """
 
     ptr: int
     count: int
     dtype: DType
     owner: Any = field(default=None, compare=False, repr=False)
+    shape: Any = None
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ class Context:
         key = (block.id, port)
         old = self.bindings.get(key)
         self.bindings[key] = binding
-        if old is not None and old.count == binding.count:
+        if old is not None and old.count == binding.count and old.shape == binding.shape:
             if old.ptr != binding.ptr:
                 self.dirty.mark_binding(block.id, port, binding)
         else:

@@ -32,6 +32,10 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Shapes (errors: the block never launches; ``engine.compiler.shapes``).
+    SHAPE_UNRESOLVED = "shape-unresolved"  # a size rule or launch whose shape cannot be found
+    INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
+    INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Regions (If, While, For).
     REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch

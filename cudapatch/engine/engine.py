@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.block import Block
+from ..blocks.shape import Shape
 from ..errors import (
     BindingError,
     CudaError,
@@ -659,7 +660,8 @@ class Engine:
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host. **Synchronizes** (by design): not for the frame path.
 
-        Append outputs return only the elements written in the last frame.
+        Append outputs return only the elements written in the last frame; 2-D and 3-D outputs come
+        shaped ``(h, w)`` / ``(d, h, w)`` (then channels, then vector lanes).
 
         Raises:
             CudapatchError: not compiled or no such output.
@@ -676,7 +678,21 @@ class Engine:
             words = g.counters.download().view(np.uint32)
             raw = int(words[2 * g.plan.stamp_count + ab.counter_index])
             return data[: min(raw, ab.capacity)]
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        if shape is not None:  # a 2-D/3-D output reads as an image or volume: (h, w[, channels][, lanes])
+            data = data.reshape(shape.dims + ((shape.channels,) if shape.channels > 1 else ()) + data.shape[1:])
         return data
+
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the running graph (``(count,)`` for flat outputs).
+
+        Raises:
+            CudapatchError: not compiled or no such output.
+        """
+        buf = self.output(block, port)
+        g = self.resources.graph
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        return shape if shape is not None else Shape.flat(buf.count)
 
     def append_buffer(self, block: Block, port: str) -> AppendBuffer:
         """The append buffer of an append output; its ``count`` is from the last completed frame.

@@ -423,6 +423,10 @@ class CompiledGraph(HandleOwner):
             if kn.params.gridDimX != kp.plan.grid:
                 kn.params.gridDimX = kp.plan.grid
                 changed = True
+            gy, gz = kp.plan.yz[0], kp.plan.yz[1]
+            if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
+                kn.params.gridDimY, kn.params.gridDimZ = gy, gz
+                changed = True
             if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
                 kn.params.func = kp.function
                 changed = True

@@ -150,12 +150,13 @@ AddNode = Callable[[NodeBuild, Any, list[Any]], tuple[Any, RuntimeNode]]
 
 def _occupancy(fn: Any, node: KernelNodePlan, device: DeviceContext) -> float:
     """Fraction of an SM's thread slots this kernel can keep busy (the occupancy API, at build time)."""
+    threads = node.block * node.yz[2] * node.yz[3]  # a 2-D/3-D block's threads: x * y * z
     blocks = check(
-        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, node.block, node.shared_bytes),
+        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, node.shared_bytes),
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         kernel=node.entry_point,
     )
-    return min(1.0, int(blocks) * node.block / device.max_threads_per_multiprocessor)
+    return min(1.0, int(blocks) * threads / device.max_threads_per_multiprocessor)
 
 
 def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:

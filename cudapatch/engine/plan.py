@@ -11,7 +11,7 @@ times cheaper to build and hash than frozen dataclasses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
@@ -85,6 +85,8 @@ class KernelNodePlan(NamedTuple):
     shared_bytes: int
     args: tuple[Arg, ...]
     deps: tuple[int, ...]
+    #: 2-D/3-D launches: ``(grid y, grid z, block y, block z)``; ``grid`` and ``block`` are the x axis.
+    yz: tuple[int, int, int, int] = (1, 1, 1, 1)
 
     @property
     def entry_point(self) -> str:
@@ -255,6 +257,8 @@ class GraphPlan:
         scopes: node index → index of the conditional node whose body graph holds it (nodes of the
             top-level graph are absent). A body's nodes follow their conditional node, contiguously.
         regions: region block id → ``RegionPlan``.
+        shapes: ``(block_id, port)`` → the Shape of each output that is not flat (1-D outputs hold
+            their buffer's count).
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
         children: Groups of nodes realized as one child-graph node each.
@@ -272,6 +276,7 @@ class GraphPlan:
     binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
     binding_counts: dict[tuple[int, str], int] = field(compare=False)
     block_nodes: dict[int, tuple[int, ...]] = field(compare=False)
+    shapes: dict[tuple[int, str], Any] = field(default_factory=dict, compare=False)
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
@@ -313,9 +318,9 @@ class GraphPlan:
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:
-                lines.append(
-                    f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
-                )
+                gy, gz, by, bz = n.yz
+                grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
+                lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
         lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 

@@ -191,12 +191,13 @@ def decide_warm_patch(
                 return _refuse(Refusal.FIXED_NODE, i, f"{type(n).__name__} node {i} changed")
             continue
         cur = c
-        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.shared_bytes) != (
+        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.yz[2:], n.shared_bytes) != (
             cur.block_id,
             cur.kernel,
             cur.descriptor,
             cur.deps,
             cur.block,
+            cur.yz[2:],
             cur.shared_bytes,
         ) or not _same_sources(n, cur):
             return _refuse(Refusal.KERNEL_NODE, i, f"kernel '{n.entry_point}' (node {i}) changed")

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..blocks.block import Block, BlockState
+from ..blocks.shape import shape_from_array
 from ..engine.bindings import binding_from_cai
 from ..engine.context import Context, ExternalBinding
 from ..engine.diagnostics import Diagnostic, DiagnosticCode
@@ -133,7 +134,7 @@ class _CudaHostSide:
             return InputHandle(binding.count, binding.dtype, array=binding.owner)
         self.device.make_current()
         handle, offset = export_device_memory(binding.ptr)
-        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset)
+        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset, shape=binding.shape)
 
     def import_output(self, h: Any) -> Any:
         from .ipc import SharedOutput
@@ -440,10 +441,11 @@ class IsolatedEngine:
             binding = binding_from_cai(array, want, block.name, port)
         else:
             host = np.ascontiguousarray(array)
-            if host.dtype != want.base:
+            if not want.accepts(host.dtype):
                 why = f"host array of {host.dtype} bound to a {want.c_name} port"
                 raise BindingError(why, block=block.name, port=port)
-            binding = ExternalBinding(0, host.size // want.lanes, want, owner=host)
+            shape = shape_from_array(host.shape, want.lanes) if host.ndim > 1 else None
+            binding = ExternalBinding(0, host.size // want.lanes, want, owner=host, shape=shape)
         key = (block.id, port)
         old = self.context.bindings.get(key)
         self.context.bind_input(block, port, binding)

@@ -8,7 +8,10 @@ in its own module and tested on its own:
 2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
-   makes (outputs, internal links) with their element counts.
+   makes (outputs, internal links) with their element counts and shapes. Shape propagation lives
+   here (``shapes``): each kernel's 1-/2-/3-D launch from its grid's shape, and the check that every
+   input covers what the launches read (a short or mis-shaped input, a shape that does not resolve:
+   an error on the block, which never launches).
 3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
@@ -23,7 +26,7 @@ A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ord
 stamps (``regions.py``): bodies become the body graphs of conditional nodes.
 
 The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
-sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
+sizes (done), fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations

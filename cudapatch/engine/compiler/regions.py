@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 _new = tuple.__new__
+_ONE_THREAD = ((1, 1, 1, 1),)  # KernelNodePlan.yz of a one-thread launch
 
 
 def has_regions(draft: PlanDraft) -> bool:
@@ -213,6 +214,7 @@ def size_regions(draft: PlanDraft) -> None:
         # again from the start, with those left out (values, ports and warnings are made anew)
         draft.warnings[:] = warnings_before
         draft.sized, draft.skipped, draft.values, draft.ports, draft.binding_counts = {}, [], [], {}, {}
+        draft.shapes = {}
     draft.warnings.extend(region_warnings)
     for rid in _regions_in_order(draft):
         if rid in draft.left_out:
@@ -220,7 +222,7 @@ def size_regions(draft: PlanDraft) -> None:
             continue
         lk = draft.incoming.get((rid, CONDITION))
         inputs = {CONDITION: draft.sized[lk.src].outputs[lk.src_port]} if lk is not None else {}
-        draft.sized[rid] = _new(BlockSizes, (draft.blocks[rid], inputs, {}, (), range(0)))
+        draft.sized[rid] = BlockSizes(draft.blocks[rid], inputs, {}, (), range(0), ())  # no kernels
 
 
 def _regions_in_order(draft: PlanDraft) -> list[int]:
@@ -270,7 +272,7 @@ def _region_kernel_draft(
             slots = table.get(a.ref)  # type: ignore[arg-type]
             table[a.ref] = ((index, ai),) if slots is None else (*slots, (index, ai))  # type: ignore[index]
     head = (index, rid, REGION_ENTRIES[entry], source, desc, 1, 1, 0, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, (), reads, writes))
+    return _new(NodeDraft, (KernelNodePlan, head, _ONE_THREAD, reads, writes))
 
 
 def _condition_arg(draft: PlanDraft, rid: int) -> tuple[Arg, object, int]:

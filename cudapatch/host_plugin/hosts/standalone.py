@@ -161,11 +161,20 @@ class StandaloneHost:
         if "points" in pv:
             op, port = pv["points"].split(".", 1)
             points = (self.adapter.block(op), port)
+        self.engine.wait_ready()
         if "image" in pv:
             op, port = pv["image"].split(".", 1)
-            w, h = pv.get("size", (512, 512))
-            image = (self.adapter.block(op), port, int(w), int(h))
-        self.engine.wait_ready()
+            image = (self.adapter.block(op), port)
+            if "size" in pv:
+                w, h = pv["size"]
+                image = (*image, int(w), int(h))
+            else:  # a 2-D output shows at its own size; anything else at the old default
+                try:
+                    shape = self.engine.output_shape(image[0], port)
+                except (CudapatchError, AttributeError):  # not running, or an engine without shapes
+                    shape = None
+                if shape is None or shape.ndim != 2:
+                    image = (*image, 512, 512)
         model = self.open_editor() if editor else None
         self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay, editor=model)
         return self.preview
