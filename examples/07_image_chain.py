@@ -9,7 +9,7 @@ What you should see: moving colour waves and a bright spot, blurred, shrunk, col
 luminance and mixed with a hard threshold of itself (in the window; with ``--out DIR`` also as PNG
 files); the overlay with GPU time per block; and finally ``OK: 640x360 image, rebuilds 1``.
 
-Run: ``python examples/05_image_chain.py [--headless] [--frames N] [--out DIR]`` (needs a CUDA GPU;
+Run: ``python examples/07_image_chain.py [--headless] [--frames N] [--out DIR]`` (needs a CUDA GPU;
 the window needs a display, ``--headless`` renders with EGL instead).
 """
 
