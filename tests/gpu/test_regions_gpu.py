@@ -156,7 +156,7 @@ def test_profiling_shows_a_regions_time(engine: Engine) -> None:
 
 
 def test_the_jacobi_example_solve_matches_numpy_bit_for_bit() -> None:
-    spec = importlib.util.spec_from_file_location("jacobi_example", ROOT / "examples" / "06_jacobi.py")
+    spec = importlib.util.spec_from_file_location("jacobi_example", ROOT / "examples" / "08_jacobi.py")
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)
@@ -172,7 +172,7 @@ def test_the_jacobi_patch_runs_in_the_standalone_host(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     out = subprocess.run(
-        [sys.executable, "-m", "cudapatch", "run", str(ROOT / "examples" / "06_jacobi.toml"), "--headless"]
+        [sys.executable, "-m", "cudapatch", "run", str(ROOT / "examples" / "08_jacobi.toml"), "--headless"]
         + ["--frames", "5", "--out", str(tmp_path)],
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_pat
 from .plan_engine import PlanOnlyEngine
 
 REG = PluginHost().registry
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "06_jacobi.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "08_jacobi.toml"
 
 FOR_PATCH = """\
 links = ["Src.Out -> Step.In"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""06 — a Poisson solver in a While region: Jacobi iterations until the update is below a tolerance.
+"""08 — a Poisson solver in a While region: Jacobi iterations until the update is below a tolerance.
 
 What it teaches: a ``While`` region holds blocks and runs them again and again inside the one CUDA
 graph of the frame, as long as a block in it says so (its ``Condition``): the GPU decides, the host
@@ -11,14 +11,14 @@ inside the loop: changing it patches the running graph, no rebuild.
 The patch: ``Zero`` (u = 0, a fresh solve every frame) and ``Source`` (f = 1) before the region;
 inside ``Solve``: ``SweepA`` (u → half), ``SweepB`` (half → u, in place) and ``Decide`` (more = some
 cell moved by more than ``tol``), whose ``more`` is the While's Condition. The same patch as a file,
-with a ``Colorize`` block after the region drawing u in the preview: ``examples/06_jacobi.toml``
-(``cudapatch run examples/06_jacobi.toml``).
+with a ``Colorize`` block after the region drawing u in the preview: ``examples/08_jacobi.toml``
+(``cudapatch run examples/08_jacobi.toml``).
 
 What you should see: lines like ``frame  20:  1860 iterations (tol 1e-06) ...``, 934
 after the tolerance is raised to 1e-5 half way, ending with ``OK: matches NumPy (bit for bit, same
 iterations)``.
 
-Run: ``python examples/06_jacobi.py [--headless] [--frames N] [--size N]`` (needs a CUDA GPU).
+Run: ``python examples/08_jacobi.py [--headless] [--frames N] [--size N]`` (needs a CUDA GPU).
 """
 
 from __future__ import annotations
