@@ -48,6 +48,7 @@ from .library import (
     VectorAdd,
 )
 from .parameter import BlockParameter, coerce_scalar
+from .regions import For, If, Region, RegionDescription, While
 from .shape import Shape
 
 __all__ = [
@@ -74,6 +75,11 @@ __all__ = [
     "CustomKernel",
     "Expression",
     "Fill",
+    "For",
+    "If",
+    "Region",
+    "RegionDescription",
+    "While",
     "FrameDelay",
     "Download",
     "Upload",

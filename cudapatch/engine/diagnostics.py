@@ -32,6 +32,7 @@ class DiagnosticCode(str, Enum):
     DELAY_MISMATCH = "delay-mismatch"  # In's size or source does not fit the delay: an error on it
     DELAY_CAPTURED = "delay-captured"  # a library call reads or writes a delay's alternating buffers
     DELAY_OPEN = "delay-open"  # warning: nothing computes In (Out keeps its start value)
+    DELAY_REGION = "delay-region"  # a FrameDelay in a patch with If/While/For regions (not supported yet)
     # Blocks left out of the graph (warnings unless the cause is an error of the block itself).
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
@@ -41,6 +42,11 @@ class DiagnosticCode(str, Enum):
     INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
     INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
+    # Regions (If, While, For).
+    REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch
+    REGION_MAX = "region-max"  # a While without Max; per frame (warning): a While ran Max iterations
+    REGION_CONDITION = "region-condition"  # no Condition, or one from a block that cannot decide it
+    REGION_NOT_RUNNING = "region-not-running"  # left out: its condition's block or its region does not run
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight

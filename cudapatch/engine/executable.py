@@ -174,6 +174,7 @@ class CompiledGraph(HandleOwner):
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
+        self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -254,6 +255,7 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_, exec1 = self._set_params, self._exec, self._exec1
+        whole = False
         inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
@@ -267,11 +269,46 @@ class CompiledGraph(HandleOwner):
             if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
                 (err,) = set_params(exec1, kn.handle, kn.alt_params)
             if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if kn.body is None:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if not self._body_fallback:
+                    self._start_body_fallback(err)
+                whole = True
+            if self._body_fallback:  # the graph it was instantiated from follows every update
+                self._set_template(kn)
         if inside is not None:
             commit_child_nodes(exec_, inside)
             if exec1 is not None:  # a child graph touches no delay pair (child_graphs): the same for both phases
                 commit_child_nodes(exec1, inside)
+        if whole:
+            result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
+            check(result[:1], "cuGraphExecUpdate")
+            if exec1 is not None:  # the second phase too, then its own pointers again (the template is phase 0)
+                check(driver().cuGraphExecUpdate(exec1, self._parts.graph)[:1], "cuGraphExecUpdate")
+                for node in self._nodes:
+                    if isinstance(node, KernelNode) and node.alt is not None:
+                        check(set_params(exec1, node.handle, node.alt_params), "cuGraphExecKernelNodeSetParams")
+
+    def _start_body_fallback(self, err: Any) -> None:
+        """The driver would not patch a node inside a region's body in the executable by itself (the
+        CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes one; where it
+        does, this never runs). From now on every kernel node's parameters are also written into the
+        graph the executable was instantiated from, and a body node's update applies that graph with
+        one ``cuGraphExecUpdate``; first, every kernel node's current values go there, so the update
+        reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
+        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
+        self._body_fallback = True
+        for kn in self._nodes:
+            if isinstance(kn, KernelNode):
+                self._set_template(kn)
+
+    @staticmethod
+    def _set_template(kn: KernelNode) -> None:
+        check(
+            driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
+            "cuGraphKernelNodeSetParams",
+            kernel=kn.plan.entry_point,
+        )
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []

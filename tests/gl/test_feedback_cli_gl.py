@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_cli_runs_the_game_of_life_patch_file(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    patch = ROOT / "examples" / "08_game_of_life.toml"
+    patch = ROOT / "examples" / "09_game_of_life.toml"
     cmd = [sys.executable, "-m", "cudapatch", "run", str(patch), "--headless", "--frames", "60"]
     out = subprocess.run(
         cmd + ["--out", str(tmp_path), "--no-overlay"], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT

@@ -171,7 +171,7 @@ def test_a_delay_that_no_longer_fits_is_an_error_and_the_last_graph_keeps_runnin
 
 
 def test_game_of_life_matches_numpy_bit_for_bit(engine: Engine, rng: np.random.Generator) -> None:
-    spec = importlib.util.spec_from_file_location("game_of_life", ROOT / "examples" / "08_game_of_life.py")
+    spec = importlib.util.spec_from_file_location("game_of_life", ROOT / "examples" / "09_game_of_life.py")
     life_example = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(life_example)  # type: ignore[union-attr]
     w, h = 96, 64  # not square: rows and columns kept apart

@@ -73,7 +73,7 @@ def test_the_game_of_life_patch_file_loads_and_plans_its_loop() -> None:
 
     from cudapatch.host_plugin import load_patch
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "08_game_of_life.toml"
+    path = Path(__file__).resolve().parents[2] / "examples" / "09_game_of_life.toml"
     engine = PlanOnlyEngine()
     adapter = HostAdapter(engine, REG)
     apply_patch(adapter, load_patch(path, registry=REG))

@@ -303,3 +303,15 @@ def test_a_composite_holding_a_delay_loop_runs_flattened_even_when_asked_for_a_c
         assert dp.current is not None and plan.children == ()
         if child_graph:
             assert any("FrameDelay" in d.message and "flattened" in d.message for d in plan.diagnostics)
+
+
+def test_a_delay_in_a_patch_with_regions_is_an_error_on_the_delay_for_now() -> None:
+    from cudapatch import For
+
+    c, d, f, a, s = _loop()
+    steps = c.register_block(For(name="Steps", Count=4))
+    other = c.register_block(Scale(name="other"))
+    c.place(other, steps)
+    c.connect(f, "Out", other, "In")
+    errors = _errors(c)
+    assert (d.id, "delay-region") in [(e[0], e[1]) for e in errors]

@@ -1,5 +1,6 @@
 """Built-in block types."""
 
+from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .expression import DEFAULT_EXPRESSION, Expression
@@ -22,6 +23,8 @@ from .transfer import Download, Upload
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
+#: Regions: blocks holding blocks, run conditionally or repeatedly on the GPU (``blocks.regions``).
+REGION_BLOCKS = (If, While, For)
 BUILTIN_BLOCKS = (
     VectorAdd,
     Scale,
@@ -36,6 +39,7 @@ BUILTIN_BLOCKS = (
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
     *IMAGE_BLOCKS,
+    *REGION_BLOCKS,
 )
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",
+    "REGION_BLOCKS",
     "LUSolve",
     "Random",
     "SpMV",

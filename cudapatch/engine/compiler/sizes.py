@@ -40,9 +40,9 @@ def sizes(draft: PlanDraft) -> None:
         b = blocks[bid]
         d = b.description
         inputs: dict[str, Source] = {}
-        skip_reason = None
+        skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
         feedback = d.feedback_inputs if d.feedback else ()
-        for port in d.inputs:
+        for port in () if skip_reason else d.inputs:
             if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
                 continue
             key = (bid, port.name)
@@ -74,7 +74,7 @@ def sizes(draft: PlanDraft) -> None:
             else:
                 inputs[port.name] = _NULL
         severity: Severity = "warning"
-        code = "input-unlinked"
+        code = "region-not-running" if bid in draft.left_out else "input-unlinked"
         if skip_reason is None:
             problem = _kernels_not_ready(b, inputs, kernel_status)
             if problem is not None:

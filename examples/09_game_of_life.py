@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""08 — Game of Life: feedback through a FrameDelay, one generation per frame, inside one CUDA graph.
+"""09 — Game of Life: feedback through a FrameDelay, one generation per frame, inside one CUDA graph.
 
 What it teaches: a link cycle is allowed when it passes through a ``FrameDelay``, whose ``Out`` is
 the previous frame's ``In`` (two buffers that swap roles every frame, no copy, no host work per
 delay); ``Init`` is written on the first frame and again after ``reset()`` (a Hot edit, no
 rebuild); a ``Download`` block hands the host a copy of the grid a frame or two later without
-ever waiting for the GPU. The same patch as a file: ``examples/08_game_of_life.toml`` (``cudapatch
-run examples/08_game_of_life.toml``).
+ever waiting for the GPU. The same patch as a file: ``examples/09_game_of_life.toml`` (``cudapatch
+run examples/09_game_of_life.toml``).
 
 What you should see: a line every 20 frames with the live cell count of the newest downloaded
 generation, e.g. ``frame  20: generation 19 downloaded, 14873 alive``, and at the end ``OK: N
 generations match NumPy bit for bit``.
 
-Run: ``python examples/08_game_of_life.py [--headless] [--frames N]`` (needs a CUDA GPU; this
+Run: ``python examples/09_game_of_life.py [--headless] [--frames N]`` (needs a CUDA GPU; this
 example never opens a window).
 """
 
