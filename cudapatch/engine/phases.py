@@ -165,6 +165,8 @@ def second_phase(
             (err,) = d.cuGraphExecKernelNodeSetParams(exec1, handles[node.index], alt.params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=node.entry_point)
+        elif handles[node.index] is None:  # a node added inside a child graph (the plan has none touching a pair)
+            continue
         elif isinstance(node, ProbeNodePlan) and node.buffer in swaps and probes is not None:
             launch = probe_launch(probes, node, swapped[node.buffer].ptr)
             probes.launches.append(launch)

@@ -272,7 +272,9 @@ class GraphBuilder:
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
         if plan.children:  # composites realized as child-graph nodes
             parts.nodes.extend(add_grouped_nodes(build, plan, edges, _add_programmatic))
-            return
+            self._build = build
+            # Kernel nodes' handles (what a FrameDelay's second phase patches; no group holds a delay's nodes).
+            return [getattr(n, "handle", None) for n in parts.nodes]
         scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:
