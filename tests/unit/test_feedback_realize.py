@@ -219,3 +219,39 @@ def test_a_probe_on_a_wire_inside_the_loop_reads_the_other_buffer_in_phase_one(r
     handle = added[probe.index][1]
     assert ("set_params", exec1, handle) in rec.calls
     g.close()
+
+
+def test_a_child_graph_composite_beside_a_loop_is_patched_in_both_phases(monkeypatch) -> None:
+    from cudapatch import Composite
+
+    from .test_realize_recorded import ChildGraphDriver
+
+    class Driver(ChildGraphDriver, PhaseDriver):
+        def cuGraphExecChildGraphNodeSetParams(self, exec_, node, graph):  # noqa: N802
+            self._rec("child_params", exec_, node)
+            return (OK,)
+
+    class Pair(Composite):
+        child_graph = True
+
+        def compose(self, c) -> None:
+            c.add("a", Scale(Factor=2.0))
+            c.expose("In", "a.In")
+            c.expose("Out", "a.Out")
+            c.expose("Gain", "a.Factor")
+
+    fake = Driver()
+    monkeypatch.setattr(driver_module, "_driver", fake)
+    ctx, delay, scale = _loop()
+    pair = ctx.register_block(Pair(name="pair"))
+    ctx.bind_input(pair, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot())
+    assert len(plan.children) == 1 and len(plan.delays) == 1
+    g = _realize(ctx, plan, BufferPool())
+    g.adopt(None)
+    exec0, exec1 = g._phases.execs
+    assert _node(g, plan, scale).alt is not None
+    fake.calls.clear()
+    g.update_scalars({(pair.inner("a").id, "Factor"): 5.0})
+    assert {c[1] for c in fake.calls if c[0] == "child_params"} == {exec0, exec1}
+    g.close()
