@@ -32,7 +32,7 @@ class DiagnosticCode(str, Enum):
     DELAY_MISMATCH = "delay-mismatch"  # In's size or source does not fit the delay: an error on it
     DELAY_CAPTURED = "delay-captured"  # a library call reads or writes a delay's alternating buffers
     DELAY_OPEN = "delay-open"  # warning: nothing computes In (Out keeps its start value)
-    DELAY_REGION = "delay-region"  # a FrameDelay in a patch with If/While/For regions (not supported yet)
+    DELAY_REGION = "delay-region"  # a FrameDelay in a region whose Init is made inside that region
     # Blocks left out of the graph (warnings unless the cause is an error of the block itself).
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault

@@ -169,7 +169,8 @@ class CompiledGraph(HandleOwner):
         self._nodes = parts.nodes
         self._exec = exec_
         self._phases = phases
-        self._exec1 = phases.execs[1] if phases is not None else None  # patched beside ``_exec``
+        # patched beside ``_exec``; none where every delay is carried by a copy node (both phases are ``exec_``)
+        self._exec1 = phases.execs[1] if phases is not None and phases.execs[1] is not exec_ else None
         self._calls.second = self._exec1
         self.timing = dict(timing)
         self.instantiations = 1

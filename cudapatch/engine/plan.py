@@ -239,12 +239,15 @@ class DelayPlan(NamedTuple):
         previous: Buffer index ``Out`` reads in phase 0.
         current: Buffer index ``In``'s block writes in phase 0; None when nothing feeds the delay
             (``Out`` keeps its start value, nothing alternates).
+        copy: In a patch with regions: the node copying ``current`` into ``previous`` last in the
+            delay's scope (``engine/delay_copy.py``); such a delay does not alternate. None otherwise.
     """
 
     block_id: int
     node: int | None
     previous: int
     current: int | None
+    copy: int | None = None
 
 
 NodePlan = Union[
@@ -315,7 +318,7 @@ class GraphPlan:
         """Buffer index -> the buffer it stands for in phase 1 (both ways), for every delay that alternates."""
         out: dict[int, int] = {}
         for dp in self.delays:
-            if dp.current is not None:
+            if dp.current is not None and dp.copy is None:
                 out[dp.previous], out[dp.current] = dp.current, dp.previous
         return out
 

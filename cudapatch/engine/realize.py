@@ -129,8 +129,9 @@ class GraphBuilder:
             exec_ = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
             phases = None
             if self.plan.delays:  # FrameDelay feedback: a second executable with the pairs swapped
-                exec1 = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
-                phases = self._phases(parts, handles, (exec_, exec1), fresh)
+                if self.plan.swaps:  # delays carried by copy nodes (a patch with regions) need no second one
+                    exec1 = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
+                phases = self._phases(parts, handles, (exec_, exec_ if exec1 is None else exec1), fresh)
             t3 = time.perf_counter()
             if self.upload_stream is not None:
                 # The first launch of a new executable graph uploads it, on the launching thread: 0.3 s
@@ -172,9 +173,10 @@ class GraphBuilder:
         )
         set_enabled = driver().cuGraphNodeSetEnabled
         inits = [handles[dp.node] if dp.node is not None else None for dp in plan.delays]
+        both = execs if execs[1] is not execs[0] else execs[:1]  # one executable where delays are copied
         for h in inits:
             if h is not None:
-                for ex in execs:
+                for ex in both:
                     check(set_enabled(ex, h, 0), "cuGraphNodeSetEnabled")
         return Phases(plan, execs, inits, fresh)
 

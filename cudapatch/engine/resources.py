@@ -185,7 +185,8 @@ class DeviceResources:
 
     def region_functions(self, plan: GraphPlan, builder: KernelBuilder) -> dict[tuple[int, int], Any]:
         """``(region block id, kernel index)`` -> the loaded set-condition kernel of every region node
-        of ``plan`` (``region_kernels``; built at the first plan with regions, cached on disk).
+        of ``plan`` (``region_kernels``; built at the first plan with regions, cached on disk), and
+        ``(delay block id, kernel index)`` -> the copy kernel of each FrameDelay's copy node (``delay_copy``).
 
         Raises:
             KernelLoadError: a compile or module load failed.
@@ -194,15 +195,19 @@ class DeviceResources:
             return {}
         from .region_kernels import REGION_ENTRIES, region_kernel  # only patches with regions need them
 
+        from .delay_copy import COPY_ENTRIES, copy_kernel  # FrameDelays in such a patch: their copy nodes
+
         index = {v: k for k, v in REGION_ENTRIES.items()}
+        copies = {v: k for k, v in COPY_ENTRIES.items()}
         out: dict[tuple[int, int], Any] = {}
         for n in plan.kernel_nodes:
-            entry = index.get(n.kernel) if n.block_id in plan.regions else None
+            entry = index.get(n.kernel) if n.block_id in plan.regions else copies.get(n.kernel)
             if entry is None:
                 continue
             fn = self._region_functions.get(entry)
             if fn is None:
-                fn = self._region_functions[entry] = builder.build(region_kernel(entry)[0]).function
+                source = (region_kernel if n.block_id in plan.regions else copy_kernel)(entry)[0]
+                fn = self._region_functions[entry] = builder.build(source).function
             out[(n.block_id, n.kernel)] = fn
         return out
 

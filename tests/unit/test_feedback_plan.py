@@ -305,7 +305,7 @@ def test_a_composite_holding_a_delay_loop_runs_flattened_even_when_asked_for_a_c
             assert any("FrameDelay" in d.message and "flattened" in d.message for d in plan.diagnostics)
 
 
-def test_a_delay_in_a_patch_with_regions_is_an_error_on_the_delay_for_now() -> None:
+def test_a_delay_in_a_patch_with_regions_is_carried_by_a_copy_node() -> None:
     from cudapatch import For
 
     c, d, f, a, s = _loop()
@@ -313,5 +313,6 @@ def test_a_delay_in_a_patch_with_regions_is_an_error_on_the_delay_for_now() -> N
     other = c.register_block(Scale(name="other"))
     c.place(other, steps)
     c.connect(f, "Out", other, "In")
-    errors = _errors(c)
-    assert (d.id, "delay-region") in [(e[0], e[1]) for e in errors]
+    plan = compile_plan(c.snapshot())
+    (dp,) = plan.delays
+    assert dp.copy is not None and plan.swaps == {}  # one executable; see test_region_delays_plan.py

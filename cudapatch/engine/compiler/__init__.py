@@ -48,6 +48,7 @@ from .fusion import fusion
 from .memory import memory
 from .nodes import nodes
 from .order import order
+from .region_delays import check_region_delays
 from .regions import (
     check_regions,
     has_regions,
@@ -125,14 +126,12 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
     here: a fused group must not span a body and the graph around it (not planned yet)."""
     check_regions(draft)
-    for b in draft.snap.blocks:  # FrameDelay ping-pong inside bodies is the next step (docs/architecture.md)
-        if b.description.feedback:
-            draft.error(
-                b.id, "delay-region", f"FrameDelay '{b.name}': a patch with If/While/For regions takes no delay yet"
-            )
     order_regions(draft)
     draft.raise_errors()
     size_regions(draft)
+    delays(draft)  # carried by copy nodes here, not by two phases (``region_delays.py``)
+    check_region_delays(draft)
+    draft.raise_errors()
     memory(draft)
     region_counters(draft)
     region_nodes(draft)

@@ -146,6 +146,8 @@ class PlanDraft:
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     # delays: (FrameDelay block id, value its Out reads, value its In gets or None) of each running delay
     delays: list[tuple[int, int, int | None]] = field(default_factory=list)
+    # regions: delays carried by a copy node, the last of their block's nodes (``region_delays.py``)
+    copied_delays: set[int] = field(default_factory=set)
     # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
     fusion: Any = None
     # memory: the buffer that holds each value; append counters
@@ -223,6 +225,7 @@ class PlanDraft:
                 block_nodes[bid][0] if bid in block_nodes else None,  # a faulted delay has no init kernel
                 vb[prev],
                 vb[cur] if cur is not None else None,
+                block_nodes[bid][-1] if bid in self.copied_delays else None,
             )
             for bid, prev, cur in self.delays
         )

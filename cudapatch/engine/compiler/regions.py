@@ -37,8 +37,9 @@ from ..plan import Arg, ConditionalNodePlan, KernelNodePlan, PublishNodePlan, Re
 from ..region_kernels import REGION_ENTRIES, region_kernel
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .nodes import block_nodes, counters_memset, node_env
-from .order import topological_order
+from .order import same_frame_links, topological_order
 from .probes import probe_requests
+from .region_delays import delay_copies, delay_inits, delays_in_bodies
 from .sizes import sizes
 from .stamps import place_stamps
 
@@ -164,11 +165,12 @@ def order_regions(draft: PlanDraft) -> None:
     rank = {b.id: i for i, b in enumerate(draft.snap.blocks)}
     blocks = draft.blocks
     ordered: dict[int | None, list[int]] = {}
+    frame_links = same_frame_links(draft)
     for scope, members in draft.units.items():
         members = sorted(members, key=rank.__getitem__)
         member_set = set(members)
         edges: set[tuple[int, int]] = set()
-        for lk in draft.links:
+        for lk in frame_links:  # a link into a FrameDelay's In closes no cycle
             s, d = _unit(draft, lk.src, scope), _unit(draft, lk.dst, scope)
             if s is not None and d is not None and s != d and s in member_set and d in member_set:
                 edges.add((s, d))
@@ -295,10 +297,14 @@ def region_nodes(draft: PlanDraft) -> None:
     counter_of = {k[0]: ci for ci, k in enumerate(draft.counters) if k[1] == "Iterations" and k[0] in draft.units}
     u64 = DType.UINT64
 
+    inside = delays_in_bodies(draft)  # FrameDelays in bodies: init before the region, copy in the body
+
     def walk(scope_node: int | None, scope: int | None) -> None:
         for u in draft.units.get(scope, ()):
-            if u not in sized:
+            if u not in sized or u in inside:
                 continue
+            if scope is None and u in draft.units and inside:
+                delay_inits(draft, u, env, probes, inside)
             first = len(drafts)
             if u not in draft.units:
                 block_nodes(draft, sized[u], env, probes)
@@ -307,6 +313,8 @@ def region_nodes(draft: PlanDraft) -> None:
             if scope_node is not None:
                 for i in range(first, len(drafts)):
                     scopes.setdefault(i, scope_node)
+        if draft.delays:
+            delay_copies(draft, scope, scope_node)
 
     def _region(rid: int) -> None:
         kind = _kind(draft, rid)
