@@ -193,9 +193,8 @@ class DeviceResources:
         """
         if not plan.regions:
             return {}
-        from .region_kernels import REGION_ENTRIES, region_kernel  # only patches with regions need them
-
         from .delay_copy import COPY_ENTRIES, copy_kernel  # FrameDelays in such a patch: their copy nodes
+        from .region_kernels import REGION_ENTRIES, region_kernel  # only patches with regions need them
 
         index = {v: k for k, v in REGION_ENTRIES.items()}
         copies = {v: k for k, v in COPY_ENTRIES.items()}

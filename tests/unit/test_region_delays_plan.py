@@ -169,3 +169,30 @@ def test_realize_instantiates_once_and_arms_the_init_node_for_the_first_launch(m
     g.launch(0)
     assert rec.calls[0] == ("enabled", g.handle, init.handle, 1)
     g.close()
+
+
+def test_the_reaction_diffusion_patch_file_plans_its_delay_inside_the_for() -> None:
+    from pathlib import Path
+
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch
+
+    from .plan_engine import PlanOnlyEngine
+
+    registry = PluginHost().registry
+    path = Path(__file__).resolve().parents[2] / "examples" / "10_reaction_diffusion.toml"
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, registry)
+    apply_patch(adapter, load_patch(path, registry=registry))
+    engine.update()
+    assert engine.errors == ()
+    plan = engine.plan
+    (dp,) = plan.delays
+    loop, step = adapter.block("Steps"), adapter.block("step")
+    cond = plan.regions[loop.id].node
+    assert plan.scopes[dp.copy] == cond and dp.node not in plan.scopes
+    assert dp.current == plan.outputs[(step.id, "next")]
+    assert plan.buffers[dp.previous].count == 1024 * 1024
+    copy = plan.nodes[dp.copy]
+    assert copy.entry_point == "delay_copy4" and copy.args[2].value == 2 * 1024 * 1024  # float2: two words
+    paint = adapter.block("paint")
+    assert plan.buffers[plan.outputs[(paint.id, "rgba")]].count == 1024 * 1024
