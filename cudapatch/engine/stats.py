@@ -55,6 +55,7 @@ class EngineCounters:
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
+    kernel_upgrades: int = 0  # optimised builds swapped in after a quick one (an Expression edit)
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
     faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)

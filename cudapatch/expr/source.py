@@ -9,6 +9,14 @@ Two back ends, chosen per source:
 - ``nvrtc``: the same kernel as CUDA C++ (``cuda_gen``) compiled by NVRTC to a cubin, 20-40 ms: the
   reference the PTX path is checked against, bit for bit.
 
+**Live first, optimised next.** The driver's JIT of even a one-line kernel costs milliseconds at
+its default level (measured ~6 ms on the H200 host). A ``quick`` source (what an ``Expression``
+block and a fused group's regenerated kernel use) has the driver JIT its PTX at
+``QUICK_JIT_LEVEL``, so an edit runs as soon as possible; once it runs, ``upgrade()`` names the
+same PTX at the default level, which the engine compiles in the background and swaps in through the
+Code tier as well (``KernelTracker``, ``CodeTier``). Both builds give the same bits: the PTX fixes
+every rounding (see ``ptx_gen``), a JIT level only schedules instructions.
+
 A source built from an expression that does not compile (``broken``) keeps the descriptor of the
 kernel it replaces and fails in ``compile`` with the ``ExpressionError``: a live edit with a typo
 becomes a compile error on the block, with its column, while the previous kernel keeps running.
@@ -16,6 +24,7 @@ becomes a compile error on the block, with its column, while the previous kernel
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,10 +39,15 @@ from .program import GENERATOR_VERSION, Program
 from .ptx_gen import generate_ptx
 from .syntax import Binary, Call, Name, Node, Unary
 
-__all__ = ["Backend", "ProgramSource", "BACKENDS"]
+__all__ = ["Backend", "Jit", "ProgramSource", "BACKENDS", "QUICK_JIT_LEVEL"]
 
 Backend = Literal["ptx", "nvrtc"]
 BACKENDS: tuple[Backend, ...] = ("ptx", "nvrtc")
+#: ``quick``: JIT at ``QUICK_JIT_LEVEL`` and upgrade later; ``full``: the driver's default level.
+Jit = Literal["quick", "full"]
+#: ``CU_JIT_OPTIMIZATION_LEVEL`` of a quick build. ``benchmarks/probes/probe_expression_jit.py``
+#: measures every level's JIT time; 0 does the least work.
+QUICK_JIT_LEVEL = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,8 @@ class ProgramSource(KernelSource):
         program: The program (None for a broken source).
         broken: The error a broken source fails with.
         broken_descriptor: The descriptor a broken source pretends to have (the running kernel's).
+        jit: ``quick`` (PTX only): JIT at ``QUICK_JIT_LEVEL``, then ``upgrade()``; ``full``: the
+            driver's default level at once.
     """
 
     key: str
@@ -58,11 +74,20 @@ class ProgramSource(KernelSource):
     program: Program | None = field(default=None, compare=False, hash=False, repr=False)
     broken: ExpressionError | None = field(default=None, compare=False, hash=False, repr=False)
     broken_descriptor: KernelDescriptor | None = field(default=None, compare=False, hash=False, repr=False)
+    jit: Jit = "full"
 
     @classmethod
-    def of(cls, program: Program, *, backend: Backend = "ptx", name: str = "expression") -> ProgramSource:
-        """The source of ``program``."""
-        return cls(program.key, backend, name, program)
+    def of(
+        cls, program: Program, *, backend: Backend = "ptx", name: str = "expression", jit: Jit = "full"
+    ) -> ProgramSource:
+        """The source of ``program`` (``jit`` applies to the ``ptx`` back end only)."""
+        return cls(program.key, backend, name, program, jit=jit if backend == "ptx" else "full")
+
+    def upgrade(self) -> ProgramSource | None:
+        """The same kernel JITted at the driver's default level, for a quick source (else None)."""
+        if self.jit != "quick" or self.backend != "ptx" or self.program is None:
+            return None
+        return dataclasses.replace(self, jit="full")
 
     @classmethod
     def failing(cls, error: ExpressionError, descriptor: KernelDescriptor, *, name: str) -> ProgramSource:
@@ -114,10 +139,11 @@ class ProgramSource(KernelSource):
 
     def cache_key(self, arch: str) -> str:
         tool = toolchain_version() if self.backend == "nvrtc" else ""
-        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool)
+        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit)
 
     def compile(self, arch: str) -> KernelImage:
-        """PTX text (the driver JITs it at load) or an NVRTC cubin.
+        """PTX text (the driver JITs it at load, at ``QUICK_JIT_LEVEL`` for a quick source) or an
+        NVRTC cubin.
 
         Raises:
             ExpressionError: a broken source. KernelCompileError: NVRTC failed (a generator bug).
@@ -126,7 +152,11 @@ class ProgramSource(KernelSource):
         desc = self.describe()
         if self.backend == "ptx":
             image = text.encode() + b"\0"  # the driver wants NUL-terminated PTX
-            return KernelImage(desc, image, "ptx", hashlib.sha256(image).hexdigest(), self.name)
+            key = hashlib.sha256(image).hexdigest()
+            if self.jit == "quick":  # another module than the optimised build of the same text
+                level = QUICK_JIT_LEVEL
+                return KernelImage(desc, image, "ptx", f"{key}-O{level}", self.name, jit_level=level)
+            return KernelImage(desc, image, "ptx", key, self.name)
         cubin, symbol, _log = nvrtc_compile(
             text, name=f"{self.name}.cu", entry=desc.entry_point, arch=arch, options=NVRTC_OPTIONS
         )

@@ -156,3 +156,30 @@ def test_inputs_of_other_lengths_are_an_error_on_the_block(engine: Engine, rng: 
     engine.update()
     assert not engine.diagnostics(block)
     assert engine.read(block, "Out").shape == (100,)
+
+
+def test_an_edit_runs_its_quick_build_then_the_optimised_one_with_the_same_bits(
+    live_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = live_engine
+    x = rng.standard_normal(1 << 16).astype(np.float32)
+    block = e.add(Expression(name="ex", Code="sin(x * Gain) + fma(x, 0.5, Gain)", Gain=2.0))
+    e.bind(block, "x", x)
+    key = (block.id, 0)
+
+    def level() -> object:
+        running = e.kernels.running(key)
+        return "none" if running is None else running.image.jit_level
+
+    run_until(e, lambda: block.debug.state is BlockState.OK and level() is None)  # the optimised build runs
+    graph, swaps, upgrades = e.graph, e.counters.code_swaps, e.counters.kernel_upgrades
+    block.set("Code", "sin(x * Gain) + fma(x, 0.25, Gain)")
+    run_until(e, lambda: e.counters.code_swaps == swaps + 1)
+    e.update()
+    first = e.read(block, "Out")
+    run_until(e, lambda: e.counters.kernel_upgrades == upgrades + 1 and level() is None)
+    e.update()
+    assert e.graph is graph  # both went in through the Code tier
+    np.testing.assert_array_equal(e.read(block, "Out"), first)  # the JIT level changes no bit
+    expected = evaluate(block.source.program, {"x": x}, {"Gain": 2.0}, dtype=np.float64)["Out"]
+    np.testing.assert_allclose(first, expected, atol=2e-5)

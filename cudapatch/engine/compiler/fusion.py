@@ -310,8 +310,9 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
 def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:
     """``source`` with every member's expression as its block describes it now (``members``: block
     id → the block), for a Code edit of a member: the same inputs, scalars and bindings, so the same
-    descriptor and the running node can take the new kernel in place. None when a member is no
-    longer elementwise or uses other names (the graph must be rebuilt)."""
+    descriptor and the running node can take the new kernel in place. A quick source (JITted at a low
+    level; its ``upgrade()`` is the optimised build). None when a member is no longer elementwise or
+    uses other names (the graph must be rebuilt)."""
     old = source.program
     if old is None:
         return None
@@ -323,4 +324,5 @@ def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | No
             return None
         stages.append(Stage(m.expr, stage.bind, stage.label))
     program = Program(old.inputs, old.scalars, old.outputs, tuple(stages))
-    return FusedSource(program.key, source.backend, source.name, program, members=source.members)
+    # quick: the edit runs at once; the Code tier swaps in the optimised build (``upgrade``) next
+    return FusedSource(program.key, source.backend, source.name, program, jit="quick", members=source.members)
