@@ -281,7 +281,7 @@ def main() -> None:
             f"{elements:>10} {fused:>9.4f} {unfused:>9.4f} {cupy_ms:>11} {calls_ms:>11} {unfused / fused:>13.1f}x "
             f"{vs_cupy:>11} {r['bitwise_equal']}"
         )
-    print(f"2. Expression edit -> running, {args.edits} edits (ms): live = it runs, optimised = its optimised build runs")
+    print(f"2. Expression edit -> running, {args.edits} edits (ms): live = it runs, optimised = its optimised build")
     for compiler in ("ptx", "nvrtc"):
         r = bench_edits(args.edits, compiler)
         report["edits"].append(r)
