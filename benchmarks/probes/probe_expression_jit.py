@@ -12,8 +12,9 @@ A. JIT time (ms, median of ``--reps``) of generated PTX for a 1-, 10- and 100-op
 B. GPU time (µs per kernel, from events around one CUDA graph of ``--launches`` captured launches,
    so no host launch cost counts) of the 100-op kernel over ``--elements`` floats: as generated at
    each JIT level; with the scalars baked in as immediates; read from a ``.const`` array; read
-   from a ``.global`` array; from NVRTC; each at 128/256/512/1024 threads per block, with its
-   registers and occupancy. A 1-op kernel gives the memory floor. ``bitwise`` compares the output
+   from a ``.global`` array; with 2, 4 and 8 elements per thread (``generate_ptx(per_thread=...)``,
+   what fused groups of 2^18 elements and more use); from NVRTC; each at 128/256/512/1024 threads
+   per block, with its registers and occupancy. A 1-op kernel gives the memory floor. ``bitwise`` compares the output
    with the generated kernel's at the default level.
 
 Usage: ``python benchmarks/probes/probe_expression_jit.py [--dry-run] [--reps 7] [--elements N]``.
@@ -41,6 +42,7 @@ from cudapatch.expr.ptx_gen import f32_hex  # noqa: E402
 SIZES = (1, 10, 100)
 LEVELS = (0, 1, 2, 3, 4)
 BLOCKS = (128, 256, 512, 1024)
+PER_THREAD = (2, 4, 8)
 ENTRY = "expression"
 
 
@@ -114,6 +116,8 @@ def build_all(arch: str) -> dict[str, str]:
     out["chain100_imm"] = immediate_variant(base, p100, chain_scalars(100))
     out["chain100_const"] = array_variant(base, p100, "const")
     out["chain100_global"] = array_variant(base, p100, "global")
+    for k in PER_THREAD:
+        out[f"chain100_x{k}"] = generate_ptx(p100, arch, per_thread=k)
     return out
 
 
@@ -337,10 +341,10 @@ class Gpu:
         types = (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, *([ctypes.c_float] * len(values)), ctypes.c_uint32)
         return vals, types
 
-    def time_us(self, fn, block: int, params: tuple) -> float:
+    def time_us(self, fn, block: int, params: tuple, per_thread: int = 1) -> float:
         """µs per kernel: one graph of ``launches`` captured launches, events around it, median of 5."""
         d = self.d
-        grid = -(-self.n // block)
+        grid = -(-self.n // (block * per_thread))
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         ok(d.cuStreamBeginCapture(self.stream, mode))
         for _ in range(self.launches):
@@ -382,10 +386,12 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
     vals100 = chain_scalars(100)
     p100 = chain_program(100)
     base100 = generate_ptx(p100, jit.arch)
-    variants: list[tuple[str, object, tuple]] = []  # (name, CUfunction, params)
+    variants: list[tuple[str, object, tuple, int]] = []  # (name, CUfunction, params, elements per thread)
     handles = []
 
-    def add_module(name: str, ptx: str, opts: dict | None, ops: int = 100, array: str | None = None) -> None:
+    def add_module(
+        name: str, ptx: str, opts: dict | None, ops: int = 100, array: str | None = None, per_thread: int = 1
+    ) -> None:
         mod, fn = jit.module(ptx.encode() + b"\0", opts)
         handles.append(mod)
         values = vals100 if ops == 100 else chain_scalars(ops)
@@ -394,7 +400,7 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
             host = gpu.np.asarray(values, gpu.np.float32)
             assert size == host.nbytes
             ok(d.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes))
-        variants.append((name, fn, gpu.args(ops, values)))
+        variants.append((name, fn, gpu.args(ops, values), per_thread))
 
     level = d.CUjit_option.CU_JIT_OPTIMIZATION_LEVEL
     add_module("1-op (memory floor)", generate_ptx(chain_program(1), jit.arch), None, ops=1)
@@ -405,11 +411,13 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
     add_module("100-op immediates", immediate_variant(base100, p100, vals100), None)
     add_module("100-op .const array", array_variant(base100, p100, "const"), None, array="const")
     add_module("100-op .global array", array_variant(base100, p100, "global"), None, array="global")
+    for k in PER_THREAD:
+        add_module(f"100-op {k}/thread", generate_ptx(p100, jit.arch, per_thread=k), None, per_thread=k)
     try:
         cubin, lowered = jit.nvrtc(generate_cuda(p100))
         mod = ok(d.cuModuleLoadData(cubin))
         handles.append(mod)
-        variants.append(("100-op NVRTC", ok(d.cuModuleGetFunction(mod, lowered.encode())), gpu.args(100, vals100)))
+        variants.append(("100-op NVRTC", ok(d.cuModuleGetFunction(mod, lowered.encode())), gpu.args(100, vals100), 1))
         for extra in (("--ptxas-options=-O3",), ("--extra-device-vectorization",)):
             try:
                 cubin, lowered = jit.nvrtc(generate_cuda(p100), extra)
@@ -423,6 +431,7 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
                     f"100-op NVRTC {' '.join(extra)}",
                     ok(d.cuModuleGetFunction(mod, lowered.encode())),
                     gpu.args(100, vals100),
+                    1,
                 )
             )
     except Exception as exc:
@@ -433,11 +442,11 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
     )
     print(f"{'kernel':<30}" + "".join(f"{f'block {b}':>26}" for b in BLOCKS) + "  bitwise")
     reference = None
-    for name, fn, params in variants:
+    for name, fn, params, per_thread in variants:
         cells = []
         same = "-"
         for b in BLOCKS:
-            us = gpu.time_us(fn, b, params)
+            us = gpu.time_us(fn, b, params, per_thread)
             cells.append(f"{us:7.2f} ({moved / us / 1e3:5.0f}) {gpu.info(fn, b)}")
         if name.startswith("100-op"):
             got = gpu.result()

@@ -66,6 +66,8 @@ class ProgramSource(KernelSource):
         broken_descriptor: The descriptor a broken source pretends to have (the running kernel's).
         jit: ``quick`` (PTX only): JIT at ``QUICK_JIT_LEVEL``, then ``upgrade()``; ``full``: the
             driver's default level at once.
+        per_thread: Elements per thread (PTX only, see ``generate_ptx``): the launch must cover
+            ``count / per_thread`` threads (the fusion phase sets both for fused groups).
     """
 
     key: str
@@ -75,6 +77,7 @@ class ProgramSource(KernelSource):
     broken: ExpressionError | None = field(default=None, compare=False, hash=False, repr=False)
     broken_descriptor: KernelDescriptor | None = field(default=None, compare=False, hash=False, repr=False)
     jit: Jit = "full"
+    per_thread: int = 1
 
     @classmethod
     def of(
@@ -82,6 +85,10 @@ class ProgramSource(KernelSource):
     ) -> ProgramSource:
         """The source of ``program`` (``jit`` applies to the ``ptx`` back end only)."""
         return cls(program.key, backend, name, program, jit=jit if backend == "ptx" else "full")
+
+    def __post_init__(self) -> None:
+        if self.per_thread != 1 and self.backend != "ptx":
+            raise ValueError("only the ptx back end computes several elements per thread")
 
     def upgrade(self) -> ProgramSource | None:
         """The same kernel JITted at the driver's default level, for a quick source (else None)."""
@@ -114,7 +121,9 @@ class ProgramSource(KernelSource):
         if self.program is None:
             assert self.broken is not None
             raise self.broken
-        return generate_ptx(self.program, arch) if self.backend == "ptx" else generate_cuda(self.program)
+        if self.backend == "ptx":
+            return generate_ptx(self.program, arch, per_thread=self.per_thread)
+        return generate_cuda(self.program)
 
     def check_counts(self, counts: dict[str, int], values: object = None) -> str | None:
         """What is wrong with these input lengths (port name → elements), or None. An input needs as
@@ -139,7 +148,7 @@ class ProgramSource(KernelSource):
 
     def cache_key(self, arch: str) -> str:
         tool = toolchain_version() if self.backend == "nvrtc" else ""
-        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit)
+        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread))
 
     def compile(self, arch: str) -> KernelImage:
         """PTX text (the driver JITs it at load, at ``QUICK_JIT_LEVEL`` for a quick source) or an

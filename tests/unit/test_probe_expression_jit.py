@@ -36,7 +36,15 @@ def test_arguments(probe) -> None:
 
 def test_variants_keep_the_signature_and_replace_every_scalar_load(probe) -> None:
     built = probe.build_all("sm_90")
-    assert set(built) == {"chain1", "chain10", "chain100", "chain100_imm", "chain100_const", "chain100_global"}
+    assert set(built) == {
+        "chain1",
+        "chain10",
+        "chain100",
+        "chain100_imm",
+        "chain100_const",
+        "chain100_global",
+        *(f"chain100_x{k}" for k in probe.PER_THREAD),
+    }
     base = parse_ptx(built["chain100"]).entries["expression"].params
     for name in ("chain100_imm", "chain100_const", "chain100_global"):
         text = built[name]
@@ -74,6 +82,6 @@ def test_dry_run_writes_the_variants(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "every PTX variant built" in done.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{n}.ptx" for n in ("chain1", "chain10", "chain100", "chain100_imm", "chain100_const", "chain100_global")
-    )
+    names = ("chain1", "chain10", "chain100", "chain100_imm", "chain100_const", "chain100_global")
+    names += ("chain100_x2", "chain100_x4", "chain100_x8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.ptx" for n in names)
