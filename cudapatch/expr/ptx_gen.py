@@ -1,8 +1,8 @@
 """PTX text generated straight from a program, with no compiler in between.
 
-This is the fast path of an edit: generating the text takes microseconds and the driver's JIT of a
-kernel this small takes about a millisecond (``cuModuleLoadData``), where NVRTC takes 20-40 ms
-(DESIGN.md §10). ``cuda_gen.py`` writes the same kernel as CUDA C++ for NVRTC, as the reference.
+This is the fast path of an edit: generating the text takes microseconds, leaving the driver's JIT
+(``cuModuleLoadDataEx``, milliseconds; at a low level first, see ``source.py``) as the only compile.
+``cuda_gen.py`` writes the same kernel as CUDA C++ for NVRTC, as the reference.
 
 Floating-point rules (the same in both): every ``+ - * /`` is its own correctly rounded instruction
 with an explicit rounding mode (``add.rn``, ``mul.rn`` ...), which ptxas never contracts into an FMA;
