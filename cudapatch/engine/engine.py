@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.block import Block
+from ..blocks.shape import Shape
 from ..errors import (
     BindingError,
     CudaError,
@@ -52,9 +53,11 @@ from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
+from .probes import Probe, ProbeSet
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
+from .region_stats import region_iterations, region_warnings, show_iterations
 from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources, close_graphs
@@ -189,6 +192,7 @@ class Engine:
         self._worker = BuildWorker(lambda: self.resources.device.make_current())
         self.background_builds = background_builds
         self._dirty = self.context.dirty
+        self._probes = ProbeSet(self.context, lambda: self.resources.graph)
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
         self._closed = False
@@ -234,10 +238,28 @@ class Engine:
         return self.resources.modules
 
     # -- patch editing (cheap: only marks dirty) ---------------------------------------------------
-    def add(self, block: Block) -> Block:
-        """Register ``block`` with this engine (Cold on the next update). Returns it."""
+    def add(self, block: Block, *, region: Block | None = None) -> Block:
+        """Register ``block`` with this engine (Cold on the next update), inside ``region`` (an ``If``,
+        ``While`` or ``For`` added before) if given. Returns it.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine.
+        """
         self._faults.patch_edited()
-        return self.context.register_block(block)
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block: Block, region: Block | None) -> None:
+        """Move ``block`` into ``region`` (an ``If``, ``While`` or ``For``), or to the top level with
+        None (Cold on the next update); its links stay. See ``cudapatch.blocks.regions``.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or is ``block`` or inside it.
+        """
+        self._faults.patch_edited()
+        self.context.place(block, region)
 
     def remove(self, block: Block) -> None:
         """Unregister ``block``, dropping its links (Cold on the next update)."""
@@ -292,6 +314,25 @@ class Engine:
             binding = self.resources.upload(block.id, port, array, want, block.name)
         self._faults.input_bound(block.id, port)
         self.context.bind_input(block, port, binding)
+
+    def probe(self, block: Block, port: str, *, shape: tuple[int, int] | None = None) -> Probe:
+        """Probe a wire: min, max, mean and NaN/Inf counts of output ``port`` (an input: the output linked
+        into it), computed by a probe node inside the graph and read back through the readback ring.
+        ``probe.stats`` is the newest completed frame's (with its frame number); reading it never waits.
+        ``shape`` ``(height, width)`` makes it an image with a thumbnail (see ``engine.probes``).
+
+        Adding or closing a probe is a structure edit: built on the build thread while the running graph
+        keeps launching. The same output probed twice gives the same ``Probe``.
+
+        Raises:
+            LinkError: unknown port, an unlinked input, or another engine's block.
+        """
+        return self._probes.add(block, port, shape)
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """The open probes."""
+        return tuple(self._probes)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
@@ -619,7 +660,8 @@ class Engine:
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host. **Synchronizes** (by design): not for the frame path.
 
-        Append outputs return only the elements written in the last frame.
+        Append outputs return only the elements written in the last frame; 2-D and 3-D outputs come
+        shaped ``(h, w)`` / ``(d, h, w)`` (then channels, then vector lanes).
 
         Raises:
             CudapatchError: not compiled or no such output.
@@ -636,7 +678,21 @@ class Engine:
             words = g.counters.download().view(np.uint32)
             raw = int(words[2 * g.plan.stamp_count + ab.counter_index])
             return data[: min(raw, ab.capacity)]
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        if shape is not None:  # a 2-D/3-D output reads as an image or volume: (h, w[, channels][, lanes])
+            data = data.reshape(shape.dims + ((shape.channels,) if shape.channels > 1 else ()) + data.shape[1:])
         return data
+
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the running graph (``(count,)`` for flat outputs).
+
+        Raises:
+            CudapatchError: not compiled or no such output.
+        """
+        buf = self.output(block, port)
+        g = self.resources.graph
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        return shape if shape is not None else Shape.flat(buf.count)
 
     def append_buffer(self, block: Block, port: str) -> AppendBuffer:
         """The append buffer of an append output; its ``count`` is from the last completed frame.
@@ -649,6 +705,12 @@ class Engine:
         if ab is None:
             raise CudapatchError("no running append output of this name", block=block.name, port=port)
         return ab
+
+    def iterations(self, region: Block) -> int | None:
+        """The iterations a ``While`` or ``For`` ran in the newest completed frame, read from the
+        readback ring without waiting (None before a frame completed, or for an If). Its age is the
+        ring's (``stats().age``): a frame or two behind the last ``update()``."""
+        return region_iterations(self.resources.graph, region.id)
 
     def stats(self) -> EngineStats:
         """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
@@ -666,6 +728,8 @@ class Engine:
         registry = self.context.registry
         with newest_frame(g) as reading:
             full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+            if g is not None and reading.frame is not None and g.plan.regions:
+                full += region_warnings(g, registry)
             self._board.frame_warnings(full)
             stats = collect_stats(
                 level=self.profiling,
@@ -676,6 +740,8 @@ class Engine:
                 diagnostics=self._board.current,
             )
         show_on_blocks(stats, registry)
+        if g is not None and g.plan.regions:
+            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 

@@ -31,11 +31,13 @@ from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
+from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import PackedLaunch, ParamStorage, read_slot, write_slot
-from .plan import GraphPlan
+from .plan import GraphPlan, ProbeNodePlan
+from .probes import ProbeStats, decode_probe, record_words
 from .readback import ReadbackRing
 from .replay import replay_by_block
 from .warm import WarmPatch, WarmRefusal, decide_warm_patch
@@ -59,6 +61,7 @@ class GraphParts:
         readback: The ring the readback block is copied into each frame, if any.
         appends: ``(block_id, port)`` -> the append buffer of an append output.
         counters_ptr: Device address of the append counters (0 without).
+        probes_ptr / probe_scratch_ptr: Device addresses of the probe records and the probes' scratch.
         nodes: The runtime node of each plan node (None where nothing is patched later).
         scalars: Device-scalar slots of the captured calls.
         launches: Packed arguments of the timestamp and publish nodes.
@@ -74,6 +77,8 @@ class GraphParts:
     readback: ReadbackRing | None = None
     appends: dict[tuple[int, str], AppendBuffer] = field(default_factory=dict)
     counters_ptr: int = 0
+    probes_ptr: int = 0
+    probe_scratch_ptr: int = 0
     nodes: list[RuntimeNode] = field(default_factory=list)
     scalars: DeviceScalars | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
@@ -154,6 +159,7 @@ class CompiledGraph(HandleOwner):
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
+        self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -161,6 +167,7 @@ class CompiledGraph(HandleOwner):
             if isinstance(n, KernelNode):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
+        self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
@@ -219,14 +226,51 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_ = self._set_params, self._exec
+        whole = False
+        inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
                     self._calls.recapture(exec_, kn)
                 continue
+            if kn.child is not None:  # inside a composite's child graph: patched through it, below
+                inside = [kn] if inside is None else [*inside, kn]
+                continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if kn.body is None:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if not self._body_fallback:
+                    self._start_body_fallback(err)
+                whole = True
+            if self._body_fallback:  # the graph it was instantiated from follows every update
+                self._set_template(kn)
+        if inside is not None:
+            commit_child_nodes(exec_, inside)
+        if whole:
+            result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
+            check(result[:1], "cuGraphExecUpdate")
+
+    def _start_body_fallback(self, err: Any) -> None:
+        """The driver would not patch a node inside a region's body in the executable by itself (the
+        CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes one; where it
+        does, this never runs). From now on every kernel node's parameters are also written into the
+        graph the executable was instantiated from, and a body node's update applies that graph with
+        one ``cuGraphExecUpdate``; first, every kernel node's current values go there, so the update
+        reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
+        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
+        self._body_fallback = True
+        for kn in self._nodes:
+            if isinstance(kn, KernelNode):
+                self._set_template(kn)
+
+    @staticmethod
+    def _set_template(kn: KernelNode) -> None:
+        check(
+            driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
+            "cuGraphKernelNodeSetParams",
+            kernel=kn.plan.entry_point,
+        )
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []
@@ -379,6 +423,10 @@ class CompiledGraph(HandleOwner):
             if kn.params.gridDimX != kp.plan.grid:
                 kn.params.gridDimX = kp.plan.grid
                 changed = True
+            gy, gz = kp.plan.yz[0], kp.plan.yz[1]
+            if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
+                kn.params.gridDimY, kn.params.gridDimZ = gy, gz
+                changed = True
             if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
                 kn.params.func = kp.function
                 changed = True
@@ -441,6 +489,21 @@ class CompiledGraph(HandleOwner):
         """The buffer of output ``port`` of ``block_id``, or None if not in this graph."""
         bi = self.plan.outputs.get((block_id, port))
         return None if bi is None else self.buffers[bi]
+
+    def probe_stats(self, key: tuple[int, str]) -> ProbeStats | None:
+        """The newest published statistics of the probe on ``(block_id, port)`` (plain loads from the
+        readback ring, no driver call), or None: not probed in this graph, or no frame completed yet."""
+        n = self._probe_nodes.get(key)
+        rb = self.readback
+        if n is None or rb is None or self._closed:
+            return None
+        if not rb.frozen:
+            rb.poll()
+        frame = rb.latest_frame
+        if frame is None:
+            return None
+        words = rb.latest_probes[n.offset : n.offset + record_words(n.thumb_w, n.thumb_h)]
+        return decode_probe(words, frame=frame, age=rb.current_frame - frame + 1, thumb=(n.thumb_w, n.thumb_h))
 
     def node_arg(self, node_index: int, arg: int) -> Any:
         """Current value in a node's parameter slot (for tests and debugging)."""

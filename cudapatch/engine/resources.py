@@ -33,15 +33,17 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .libraries import LibraryHandles
 from .plan import GraphPlan
+from .probes import PROBE_SOURCE
 from .readback import PUBLISH_SOURCE, STAMP_SOURCE
 from .realize import CompiledGraph
 
-__all__ = ["DeviceResources", "PUBLISH_KERNEL", "STAMP_KERNEL"]
+__all__ = ["DeviceResources", "PROBE_KERNEL", "PUBLISH_KERNEL", "STAMP_KERNEL"]
 
 log = logging.getLogger("cudapatch.engine")
 
 PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
 STAMP_KERNEL = CudaSource(code=STAMP_SOURCE, name="stamp.cu")
+PROBE_KERNEL = CudaSource(code=PROBE_SOURCE, name="probe.cu")
 
 
 class SharedPool(BufferPool):
@@ -95,6 +97,8 @@ class DeviceResources:
         self._dropped: list[tuple[float, GpuBuffer]] = []  # (perf_counter at the removal, buffer)
         self._stamp_function: Any = None
         self._publish_function: Any = None
+        self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
+        self._probe_function: Any = None
         self._closed = False
 
     # -- graphs -------------------------------------------------------------------------------------
@@ -175,9 +179,42 @@ class DeviceResources:
         """
         if plan.stamp_count and self._stamp_function is None:
             self._stamp_function = builder.build(STAMP_KERNEL).function
-        if (plan.stamp_count or plan.counters) and self._publish_function is None:
+        if (plan.stamp_count or plan.counters or plan.probes) and self._publish_function is None:
             self._publish_function = builder.build(PUBLISH_KERNEL).function
         return self._stamp_function, self._publish_function
+
+    def region_functions(self, plan: GraphPlan, builder: KernelBuilder) -> dict[tuple[int, int], Any]:
+        """``(region block id, kernel index)`` -> the loaded set-condition kernel of every region node
+        of ``plan`` (``region_kernels``; built at the first plan with regions, cached on disk).
+
+        Raises:
+            KernelLoadError: a compile or module load failed.
+        """
+        if not plan.regions:
+            return {}
+        from .region_kernels import REGION_ENTRIES, region_kernel  # only patches with regions need them
+
+        index = {v: k for k, v in REGION_ENTRIES.items()}
+        out: dict[tuple[int, int], Any] = {}
+        for n in plan.kernel_nodes:
+            entry = index.get(n.kernel) if n.block_id in plan.regions else None
+            if entry is None:
+                continue
+            fn = self._region_functions.get(entry)
+            if fn is None:
+                fn = self._region_functions[entry] = builder.build(region_kernel(entry)[0]).function
+            out[(n.block_id, n.kernel)] = fn
+        return out
+
+    def probe_function(self, plan: GraphPlan, builder: KernelBuilder) -> Any:
+        """The probe kernel (``engine/probes.py``) when ``plan`` has probes, built at the first such plan.
+
+        Raises:
+            KernelLoadError: a compile or module load failed.
+        """
+        if plan.probes and self._probe_function is None:
+            self._probe_function = builder.build(PROBE_KERNEL).function
+        return self._probe_function
 
     def upload(self, block_id: int, port: str, array: Any, dtype: DType, block_name: str) -> ExternalBinding:
         """Copy a host array into the buffer kept for ``(block_id, port)`` (reused while the size stays).
@@ -210,7 +247,8 @@ class DeviceResources:
         self.pool.abandon()
         self._uploads.clear()
         self._dropped.clear()
-        self._stamp_function = self._publish_function = None
+        self._stamp_function = self._publish_function = self._probe_function = None
+        self._region_functions = {}
 
     def reset(self) -> None:
         """After a sticky fault: forget everything the dead context owned without touching it, reset
