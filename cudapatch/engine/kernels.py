@@ -196,10 +196,11 @@ class KernelTracker:
 
     def _upgraded(self, key: Key, slot: _Slot, quick: CompiledKernel, fut: Future) -> None:
         """The optimised build of ``quick`` is done: it replaces ``quick`` wherever that still runs."""
-        # On the builder's thread. A failed upgrade leaves the quick build running: it is correct.
+        # On the builder's thread. A failed upgrade (or one the closing builder drops) leaves the quick
+        # build running: it computes the same bits, so nothing is reported on the block.
         if fut.cancelled() or fut.exception() is not None:
             if not fut.cancelled():
-                log.warning("optimised build of %s failed, the quick one runs on: %s", slot.block_name, fut.exception())
+                log.debug("optimised build of %s failed, the quick one runs on: %s", slot.block_name, fut.exception())
             return
         better: CompiledKernel = fut.result()
         with self._lock:
