@@ -198,9 +198,9 @@ class Jit:
             nvjitlink.add_data(h, nvjitlink.InputType.PTX, ptx, len(ptx), "probe.ptx")
             nvjitlink.complete(h)
             size = nvjitlink.get_linked_cubin_size(h)
-            cubin = bytes(size)
+            cubin = bytearray(size)
             nvjitlink.get_linked_cubin(h, cubin)
-            return cubin
+            return bytes(cubin)
         finally:
             nvjitlink.destroy(h)
 
