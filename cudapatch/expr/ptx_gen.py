@@ -15,12 +15,13 @@ steps and use the hardware approximation (``sin.approx``); ``exp``, ``log`` and 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
 
 from .check import Type
 from .program import Program, Stage
 from .syntax import Binary, Call, Name, Node, Num, Unary
 
-__all__ = ["generate_ptx", "ptx_version_for"]
+__all__ = ["Layout", "generate_ptx", "ptx_layout", "ptx_version_for"]
 
 _F_OPS = {"+": "add.rn.f32", "-": "sub.rn.f32", "*": "mul.rn.f32", "/": "div.rn.f32"}
 _I_OPS = {
@@ -271,6 +272,32 @@ class _Values:
         raise AssertionError(f)
 
 
+@dataclass
+class Layout:
+    """Where the generated kernel keeps what (one element per thread), for ``bytecode.py``.
+
+    Attributes:
+        index: Register of the element index. count: Register of the element count.
+        inputs: Register of each input's value. scalars: Register of each scalar.
+        outputs: Register stored to each output.
+        body: The instructions that compute the outputs from those registers (PTX lines).
+    """
+
+    index: str = ""
+    count: str = ""
+    inputs: list[str] = field(default_factory=list)
+    scalars: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+
+
+def ptx_layout(program: Program) -> Layout:
+    """The registers and body instructions of ``generate_ptx(program)`` (one element per thread)."""
+    layout = Layout()
+    _generate(program, "sm_90", 1, layout)
+    return layout
+
+
 def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) -> str:
     """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``).
 
@@ -280,6 +307,10 @@ def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) 
     clamped into the buffers, stores predicated), so ptxas interleaves them and each scalar it loads
     into a register (an ``LDC`` per scalar and thread on sm_90) serves ``per_thread`` elements.
     """
+    return _generate(program, arch, per_thread, None)
+
+
+def _generate(program: Program, arch: str, per_thread: int, layout: Layout | None) -> str:
     if per_thread < 1:
         raise ValueError(f"per_thread must be at least 1, got {per_thread}")
     # prefixed: a user's name may be a PTX opcode or reserved word ("ret", "WARP_SZ")
@@ -341,12 +372,20 @@ def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) 
         em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")
         for env in envs:
             env[("scalar", s)] = value
+    body_start = len(em.lines)
     for j, stage in enumerate(program.stages):
         em.comment(f"{stage.label or f'stage {j}'}: {stage.expr.text.strip()}")
         for env, at_k in zip(envs, indices, strict=True):
             vals = _Values(em, stage, env, at_k, count)
             reg = vals.emit(stage.expr.root)
             env[("stage", j)] = vals.as_float(reg, stage.expr.type_of(stage.expr.root))
+    if layout is not None:
+        env = envs[0]
+        layout.index, layout.count = index, count
+        layout.inputs = [env[("input", i)] for i in range(len(program.inputs))]
+        layout.scalars = [env[("scalar", s)] for s in range(len(program.scalars))]
+        layout.outputs = [env[("stage", j)] for _, j in program.outputs]
+        layout.body = [ln.strip().rstrip(";") for ln in em.lines[body_start:] if not ln.strip().startswith("//")]
     offs = []
     for at_k in indices:
         off = em.reg("rd")

@@ -11,11 +11,13 @@ Two back ends, chosen per source:
 
 **Live first, optimised next.** The driver's JIT of even a one-line kernel costs milliseconds at
 its default level (measured ~6 ms on the H200 host). A ``quick`` source (what an ``Expression``
-block and a fused group's regenerated kernel use) has the driver JIT its PTX at
-``QUICK_JIT_LEVEL``, so an edit runs as soon as possible; once it runs, ``upgrade()`` names the
-same PTX at the default level, which the engine compiles in the background and swaps in through the
-Code tier as well (``KernelTracker``, ``CodeTier``). Both builds give the same bits: the PTX fixes
-every rounding (see ``ptx_gen``), a JIT level only schedules instructions.
+block and a fused group's regenerated kernel use) is built so an edit runs as soon as possible: as
+the program in a copy of a precompiled interpreter kernel (``bytecode.py``: no compiler at all)
+where the interpreter can run it and has been compiled for its signature, else as its PTX JITted at
+``QUICK_JIT_LEVEL``. Once it runs, ``upgrade()`` names the same PTX at the default level, which the
+engine compiles in the background and swaps in through the Code tier as well (``KernelTracker``,
+``CodeTier``). All give the same bits: the PTX fixes every rounding (see ``ptx_gen``), a JIT level
+only schedules instructions, and the interpreter runs each of its instructions as that instruction.
 
 A source built from an expression that does not compile (``broken``) keeps the descriptor of the
 kernel it replaces and fails in ``compile`` with the ``ExpressionError``: a live edit with a typo
@@ -33,6 +35,7 @@ from ..kernels._toolchain import nvrtc_compile, toolchain_version
 from ..kernels.cache import cache_key
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
+from .bytecode import INTERPRETERS, assemble, patch_program
 from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
@@ -151,14 +154,19 @@ class ProgramSource(KernelSource):
         return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread))
 
     def compile(self, arch: str) -> KernelImage:
-        """PTX text (the driver JITs it at load, at ``QUICK_JIT_LEVEL`` for a quick source) or an
-        NVRTC cubin.
+        """PTX text (the driver JITs it at load) or an NVRTC cubin. A quick source is, where it can be,
+        the interpreter's cubin holding the program (``bytecode.py``: nothing to JIT), else PTX the
+        driver JITs at ``QUICK_JIT_LEVEL``.
 
         Raises:
             ExpressionError: a broken source. KernelCompileError: NVRTC failed (a generator bug).
         """
         text = self.code(arch)
         desc = self.describe()
+        if self.jit == "quick" and self.backend == "ptx":
+            interpreted = self._interpreted(arch)
+            if interpreted is not None:
+                return interpreted
         if self.backend == "ptx":
             image = text.encode() + b"\0"  # the driver wants NUL-terminated PTX
             key = hashlib.sha256(image).hexdigest()
@@ -170,6 +178,23 @@ class ProgramSource(KernelSource):
             text, name=f"{self.name}.cu", entry=desc.entry_point, arch=arch, options=NVRTC_OPTIONS
         )
         return KernelImage(desc, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), self.name, symbol=symbol)
+
+    def _interpreted(self, arch: str) -> KernelImage | None:
+        """The program in a copy of the interpreter's cubin, or None (the interpreter cannot run it, or
+        is still compiling: the first quick build of a signature starts that and JITs its PTX)."""
+        program = self.program
+        if program is None or self.per_thread != 1:
+            return None
+        code = assemble(program)
+        if code is None:
+            return None
+        found = INTERPRETERS.get(len(program.inputs), len(program.scalars), arch)
+        if found is None:
+            return None
+        cubin, symbol = found
+        image = patch_program(cubin, code)
+        key = hashlib.sha256(image).hexdigest()
+        return KernelImage(self.describe(), image, "cubin", key, f"{self.name} (interpreted)", symbol=symbol)
 
 
 def _first_use(root: Node, name: str) -> int:

@@ -42,7 +42,10 @@ def _program(text: str = "x * Gain + 0.5"):
     return single(compile_expression(text))
 
 
-def test_a_quick_source_jits_at_the_quick_level_and_upgrades_to_the_same_text() -> None:
+def test_a_quick_source_jits_at_the_quick_level_and_upgrades_to_the_same_text(monkeypatch) -> None:
+    from cudapatch.expr.bytecode import INTERPRETERS
+
+    monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)  # the interpreter is not compiled yet
     quick = ProgramSource.of(_program(), jit="quick")
     full = quick.upgrade()
     assert full is not None and full.jit == "full" and full.upgrade() is None
