@@ -185,3 +185,33 @@ def test_an_edit_runs_its_quick_build_then_the_optimised_one_with_the_same_bits(
     np.testing.assert_array_equal(e.read(block, "Out"), first)  # the JIT level changes no bit
     expected = evaluate(block.source.program, {"x": x}, {"Gain": 2.0}, dtype=np.float64)["Out"]
     np.testing.assert_allclose(first, expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("code", [*EXACT, *(c for c, _ in APPROX)])
+def test_the_interpreter_gives_the_generated_kernels_bits(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """An edit's quick build run by the bytecode interpreter (no JIT) against the same program's PTX."""
+    from cudapatch.expr import ProgramSource, compile_expression, single
+    from cudapatch.expr.bytecode import INTERPRETERS
+
+    monkeypatch.setattr(ProgramSource, "upgrade", lambda self: None)  # keep the first build running
+    data = _inputs(rng, 50_001)
+    data["b"] = data["b"][:1]  # broadcast
+    program = single(compile_expression(code))
+    results, kinds = [], []
+    for interpreted in (True, False):
+        with Engine(wait_for_compile=True, cache_dir=False) as e:
+            if interpreted:
+                found = INTERPRETERS.get(len(program.inputs), len(program.scalars), e.device.arch, wait=True)
+                assert found is not None, "the interpreter did not compile"
+            else:
+                monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)
+            block = _expression(e, code, data, Hi=0.75, Freq=3.0)
+            e.update()
+            running = e.kernels.running((block.id, 0))
+            assert running is not None
+            kinds.append(running.image.kind)
+            results.append(e.read(block, "Out"))
+    assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
+    np.testing.assert_array_equal(results[0], results[1])
