@@ -9,7 +9,8 @@
    around one CUDA graph of 200 calls captured on a CuPy stream (``cupy graph``: GPU time only, as
    ours is); the ratio ``fused/cupy`` is taken against the graph.
 2. Expression edit → running: ``set("Code", ...)`` until the new kernel is swapped into the running
-   graph (``live``: the quick build, JITted at a low level), and until its optimised build is swapped
+   graph (``live``: the quick build, the bytecode interpreter where it can run the program, else the
+   PTX JITted at a low level), and until its optimised build is swapped
    in after it (``optimised``), median and p95 over ``--edits`` edits; generated PTX beside NVRTC of the
    same kernel (``Compiler="nvrtc"``: one build, no upgrade). Target: ``live`` ≤ 2 ms median. Then the
    compile step alone per path: generating the PTX, the driver's JIT at the quick level and at the
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
+from cudapatch.expr.bytecode import INTERPRETERS, assemble, patch_program  # noqa: E402
 from cudapatch.kernels._driver import check  # noqa: E402
 
 
@@ -151,6 +153,8 @@ def bench_edits(edits: int, compiler: str) -> dict:
         block = e.add(Expression(Code="x * Gain + 0.5", Gain=2.0, Compiler=compiler))
         e.bind(block, "x", x)
         e.wait_ready()
+        if compiler == "ptx":  # what a live host has once the block's first build has run a while
+            INTERPRETERS.get(1, 1, e.device.arch, wait=True)
         upgrades = block.source.upgrade() is not None
         deadline = time.monotonic() + 2.0
         while upgrades and e.counters.kernel_upgrades == 0 and time.monotonic() < deadline:
@@ -193,12 +197,22 @@ def bench_compile_paths(reps: int = 20) -> dict:
     salt = time.time_ns() % 1_000_000
     from cudapatch.expr.source import QUICK_JIT_LEVEL
 
-    gen, quick, jit, link, nvrtc = [], [], [], [], []
+    gen, quick, jit, link, nvrtc, interp = [], [], [], [], [], []
     with Engine(cache_dir=False) as e:
         arch = e.device.arch
         e.device.make_current()  # the modules load into the engine's context, on this thread
         for i in range(reps):
             program = single(compile_expression(f"a * sin(x * Freq) + b * {salt}.{i:03d}"))
+            if i == 0:
+                ti = time.perf_counter_ns()
+                cubin, symbol = INTERPRETERS.get(3, 1, arch, wait=True) or (b"", "")
+                interp_compile_ms = (time.perf_counter_ns() - ti) / 1e6
+            if cubin:  # the interpreted quick build: bytecode into a copy of the cubin, load it
+                ti = time.perf_counter_ns()
+                image = patch_program(cubin, assemble(program))  # type: ignore[arg-type]
+                key = hashlib.sha256(image).hexdigest()
+                e.modules.function(KernelImage(program.descriptor, image, "cubin", key, "bench", symbol=symbol))
+                interp.append((time.perf_counter_ns() - ti) / 1e6)
             t0 = time.perf_counter_ns()
             ptx = generate_ptx(program, arch).encode() + b"\0"
             t1 = time.perf_counter_ns()
@@ -226,6 +240,8 @@ def bench_compile_paths(reps: int = 20) -> dict:
         "nvjitlink_ms": med(link),
         "nvrtc_ms": med(nvrtc),
         "quick_level": QUICK_JIT_LEVEL,
+        "interpreted_ms": med(interp) if interp else None,
+        "interpreter_compile_ms": interp_compile_ms,
     }
 
 
@@ -300,6 +316,12 @@ def main() -> None:
         "   the compile step alone (median ms): generate PTX {generate_ms:.3f}, driver JIT at level {quick_level} "
         "{quick_jit_ms:.2f}, at the default {driver_jit_ms:.2f}, nvJitLink {nvjitlink_ms:.2f}, "
         "NVRTC {nvrtc_ms:.2f}".format(**paths)
+    )
+    interpreted = paths["interpreted_ms"]
+    print(
+        "   interpreted quick build (bytecode into the interpreter's cubin + load): "
+        + ("-" if interpreted is None else f"{interpreted:.3f}")
+        + f"; the interpreter's NVRTC compile, once per signature: {paths['interpreter_compile_ms']:.1f}"
     )
     r = bench_hot(args.blocks)
     report["hot"] = r
