@@ -7,15 +7,18 @@ A. JIT time (ms, median of ``--reps``) of generated PTX for a 1-, 10- and 100-op
    ``cuModuleLoadData``; ``cuModuleLoadDataEx`` with ``CU_JIT_OPTIMIZATION_LEVEL`` 0-4, with
    ``CU_JIT_CACHE_MODE`` and with ``CU_JIT_TARGET``; ``cuLibraryLoadData``; nvJitLink ``-O0``/
    ``-O3`` (link, then load of the cubin, each); NVRTC of the generated CUDA C++ to a cubin.
-   Every row includes ``cuModuleGetFunction`` + ``cuFuncLoad`` (what the engine does). The same
+   Every row includes ``cuModuleGetFunction`` + ``cuFuncLoad`` (what the engine does). The last row
+   is the interpreted quick build (``cudapatch/expr/bytecode.py``: the program written into a copy
+   of the precompiled interpreter's cubin, then loaded; n/a where the interpreter cannot run it). The same
    paths run again in a child process with ``CUDA_CACHE_DISABLE=1`` (the driver's disk cache off).
 B. GPU time (µs per kernel, from events around one CUDA graph of ``--launches`` captured launches,
    so no host launch cost counts) of the 100-op kernel over ``--elements`` floats: as generated at
    each JIT level; with the scalars baked in as immediates; read from a ``.const`` array; read
    from a ``.global`` array; with 2, 4 and 8 elements per thread (``generate_ptx(per_thread=...)``,
    what fused groups of 2^18 elements and more use); from NVRTC; each at 128/256/512/1024 threads
-   per block, with its registers and occupancy. A 1-op kernel gives the memory floor. ``bitwise`` compares the output
-   with the generated kernel's at the default level.
+   per block, with its registers and occupancy. A 1-op kernel gives the memory floor; the 1- and
+   10-op programs also run on the bytecode interpreter. ``bitwise`` compares each output with the
+   first row's of as many ops (the generated kernel at the driver's default level).
 
 Usage: ``python benchmarks/probes/probe_expression_jit.py [--dry-run] [--reps 7] [--elements N]``.
 ``--dry-run`` builds every PTX variant (and writes them to ``--ptx-dir`` if given) without a GPU.
@@ -37,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cudapatch.expr import NVRTC_OPTIONS, Program, Stage, compile_expression, generate_cuda, generate_ptx  # noqa: E402
+from cudapatch.expr.bytecode import INTERPRETERS, assemble, patch_program  # noqa: E402
 from cudapatch.expr.ptx_gen import f32_hex  # noqa: E402
 
 SIZES = (1, 10, 100)
@@ -315,6 +319,26 @@ def part_a(jit: Jit, reps: int, salt0: int) -> None:
             if times:
                 cells.append(f"{statistics.median(times):>7.2f};{min(times):<4.1f}")
         print(f"{name:<26}" + "".join(f"{c:>12}" for c in cells))
+    cells = []
+    for k in SIZES:  # the interpreted quick build: bytecode into the interpreter's cubin, load it
+        program = programs[k]
+        if assemble(program) is None:
+            cells.append(f"{'n/a':>12}")
+            continue
+        found = INTERPRETERS.get(len(program.inputs), len(program.scalars), jit.arch, wait=True)
+        if found is None:
+            cells.append(f"{'err':>12}")
+            continue
+        cubin, _symbol = found
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter_ns()
+            image = patch_program(cubin, assemble(program))  # type: ignore[arg-type]
+            mod, _fn = jit.module(image)
+            times.append((time.perf_counter_ns() - t) / 1e6)
+            jit.unload(mod)
+        cells.append(f"{statistics.median(times):>7.2f};{min(times):<4.1f}")
+    print(f"{'interpreter (no JIT)':<26}" + "".join(f"{c:>12}" for c in cells))
 
 
 class Gpu:
@@ -405,6 +429,14 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
     level = d.CUjit_option.CU_JIT_OPTIMIZATION_LEVEL
     add_module("1-op (memory floor)", generate_ptx(chain_program(1), jit.arch), None, ops=1)
     add_module("10-op", generate_ptx(chain_program(10), jit.arch), None, ops=10)
+    for k in (1, 10):  # the bytecode interpreter an edit runs on until its optimised kernel lands
+        program = chain_program(k)
+        found = INTERPRETERS.get(1, 2 * k, jit.arch, wait=True)
+        if found is not None:
+            mod = ok(d.cuModuleLoadData(patch_program(found[0], assemble(program))))  # type: ignore[arg-type]
+            handles.append(mod)
+            fn = ok(d.cuModuleGetFunction(mod, found[1].encode()))
+            variants.append((f"{k}-op interpreted", fn, gpu.args(k, chain_scalars(k)), 1))
     add_module("100-op default", base100, None)
     for lv in LEVELS:
         add_module(f"100-op O{lv}", base100, {level: lv})
@@ -441,18 +473,19 @@ def part_b(jit: Jit, elements: int, launches: int) -> None:
         f"{elements} floats, {launches} launches per graph, {gpu.sms} SMs; cells: µs per kernel (GB/s) regs threads/SM"
     )
     print(f"{'kernel':<30}" + "".join(f"{f'block {b}':>26}" for b in BLOCKS) + "  bitwise")
-    reference = None
+    reference: dict[int, bytes] = {}
     for name, fn, params, per_thread in variants:
         cells = []
         same = "-"
         for b in BLOCKS:
             us = gpu.time_us(fn, b, params, per_thread)
             cells.append(f"{us:7.2f} ({moved / us / 1e3:5.0f}) {gpu.info(fn, b)}")
-        if name.startswith("100-op"):
-            got = gpu.result()
-            if reference is None:
-                reference = got
-            same = str(got == reference)
+        ops = int(name.split("-")[0])  # compared with the first kernel of as many ops
+        got = gpu.result()
+        if ops not in reference:
+            reference[ops] = got
+        else:
+            same = str(got == reference[ops])
         print(f"{name:<30}" + "".join(f"{c:>26}" for c in cells) + f"  {same}")
     for h in handles:
         jit.unload(h)
