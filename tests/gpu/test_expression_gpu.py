@@ -167,11 +167,11 @@ def test_an_edit_runs_its_quick_build_then_the_optimised_one_with_the_same_bits(
     e.bind(block, "x", x)
     key = (block.id, 0)
 
-    def level() -> object:
+    def optimised() -> bool:  # the build that runs is the upgrade (not the interpreter, not JIT level 0)
         running = e.kernels.running(key)
-        return "none" if running is None else running.image.jit_level
+        return running is not None and running.source.jit == "full"
 
-    run_until(e, lambda: block.debug.state is BlockState.OK and level() is None)  # the optimised build runs
+    run_until(e, lambda: block.debug.state is BlockState.OK and optimised())
     for _ in range(3):
         e.update()  # an optimised build swapped on the frame thread is counted there
     graph, swaps, upgrades = e.graph, e.counters.code_swaps, e.counters.kernel_upgrades
@@ -179,7 +179,7 @@ def test_an_edit_runs_its_quick_build_then_the_optimised_one_with_the_same_bits(
     run_until(e, lambda: e.counters.code_swaps == swaps + 1)
     e.update()
     first = e.read(block, "Out")
-    run_until(e, lambda: e.counters.kernel_upgrades >= upgrades + 1 and level() is None)  # the edit's, optimised
+    run_until(e, lambda: e.counters.kernel_upgrades >= upgrades + 1 and optimised())  # the edit's, optimised
     e.update()
     assert e.graph is graph  # both went in through the Code tier
     np.testing.assert_array_equal(e.read(block, "Out"), first)  # the JIT level changes no bit
