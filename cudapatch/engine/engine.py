@@ -57,7 +57,15 @@ from .realize import CompiledGraph
 from .recovery import Recovery
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources
-from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, newest_frame, show_on_blocks
+from .stats import (
+    BuildTiming,
+    EngineCounters,
+    append_warnings,
+    collect_stats,
+    log_build,
+    newest_frame,
+    show_on_blocks,
+)
 from .tiers import CodeTier, ParamTier
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
@@ -538,20 +546,9 @@ class Engine:
         self._dirty.mark_structure()
 
     def _log_build(self) -> None:
-        t = self.last_build
         g = self.resources.graph
-        if t.tier == "deferred" or g is None:
-            return
-        blocks = len(g.plan.block_order)
-        log.info(
-            "%s build: %.1f ms (plan %.1f, realize %.1f), %d of %d blocks running",
-            t.tier,
-            t.total_ms,
-            t.compile_ms,
-            t.realize_ms,
-            blocks,
-            len(self.context.registry),
-        )
+        if g is not None:
+            log_build(log, self.last_build, len(g.plan.block_order), len(self.context.registry))
 
     # -- reading results ----------------------------------------------------------------------------
     @property

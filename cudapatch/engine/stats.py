@@ -12,6 +12,7 @@ never on the frame path.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "collect_stats",
     "FrameReading",
     "frame_times",
+    "log_build",
     "newest_frame",
     "occupancy_warnings",
     "show_built",
@@ -70,6 +72,23 @@ class BuildTiming:
     compile_ms: float = 0.0  # snapshot + compile_plan
     realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
     total_ms: float = 0.0  # compile to swap-in (excludes reap)
+
+
+def log_build(logger: logging.Logger, t: BuildTiming, running: int, total: int) -> None:
+    """The one INFO line of a build that changed the running graph: its tier, host time and how many
+    of the patch's blocks run (what is left out, and why, is on the blocks). A deferred build (a
+    running block's kernel is compiling) changed nothing: no line."""
+    if t.tier in ("", "deferred"):
+        return
+    logger.info(
+        "%s build: %.1f ms (plan %.1f, realize %.1f), %d of %d blocks running",
+        t.tier,
+        t.total_ms,
+        t.compile_ms,
+        t.realize_ms,
+        running,
+        total,
+    )
 
 
 @dataclass(frozen=True)

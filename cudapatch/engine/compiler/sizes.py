@@ -38,12 +38,14 @@ def sizes(draft: PlanDraft) -> None:
         d = b.description
         inputs: dict[str, Source] = {}
         skip_reason = None
+        code = "input-unlinked"
         for port in d.inputs:
             key = (bid, port.name)
             lk = incoming.get(key)
             if lk is not None:
                 if lk.src in skipped:
                     skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
+                    code = "input-not-running"  # one summary log line per build (``DiagnosticLog``)
                     break
                 if faulted and lk.src in faulted:
                     warnings.append(
@@ -67,7 +69,6 @@ def sizes(draft: PlanDraft) -> None:
             else:
                 inputs[port.name] = _NULL
         severity: Severity = "warning"
-        code = "input-unlinked"
         if skip_reason is None:
             problem = _kernels_not_ready(b, inputs, kernel_status)
             if problem is not None:
