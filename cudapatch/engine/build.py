@@ -128,6 +128,7 @@ class GraphBuilds:
         counters: Rebuilds, failed rebuilds, Warm resizes, patched nodes, re-captures are counted here.
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
+        bypass: Applies the blocks' ``enabled`` flags to each graph a build swaps in or patches.
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
+        bypass: Callable[[CompiledGraph], None] | None = None,
     ) -> None:
         self._context = context
         self._kernels = kernels
@@ -150,6 +152,7 @@ class GraphBuilds:
         self._counters = counters
         self._timing = timing
         self._settle_compiles = settle_compiles
+        self._bypass = bypass
         self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
 
     # -- the two halves ----------------------------------------------------------------------------
@@ -372,6 +375,8 @@ class GraphBuilds:
     def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob) -> None:
         if not job.off_thread:
             self._context.dirty.clear_structure()  # the snapshot held every pending change
+        if self._bypass is not None:  # before its first launch: bypassed blocks stay off
+            self._bypass(graph)
         registry = self._context.registry
         show_built(plan, graph.appends, registry)
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

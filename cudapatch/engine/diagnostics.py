@@ -42,6 +42,7 @@ class DiagnosticCode(str, Enum):
     LIBRARY_CALL = "library-call"  # a captured library call failed to capture
     REALIZE = "realize"  # a driver call failed while building the graph
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
+    BYPASS = "bypass"  # warning: a bypassed block's nodes cannot be turned off in place (it keeps running)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
     GPU_LOST = "gpu-lost"  # CUDA refuses the process after a fault: restart it

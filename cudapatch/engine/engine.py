@@ -66,7 +66,7 @@ from .stats import (
     newest_frame,
     show_on_blocks,
 )
-from .tiers import CodeTier, ParamTier
+from .tiers import BypassTier, CodeTier, ParamTier
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
@@ -167,6 +167,7 @@ class Engine:
             graph_lock=self._graph_lock,
         )
         self._params = ParamTier(dirty=self.context.dirty, board=self._board, counters=self.counters)
+        self._bypass = BypassTier(context=self.context, board=self._board, counters=self.counters)
         self._builds = GraphBuilds(
             context=self.context,
             kernels=self.kernels,
@@ -176,6 +177,7 @@ class Engine:
             counters=self.counters,
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
+            bypass=self._bypass.apply,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -361,8 +363,10 @@ class Engine:
         if dirty.any:
             try:
                 if dirty.only_params and res.graph is not None and not res.retiring:
-                    if self._params.apply(res.graph):  # a re-capture only a new graph can hold
-                        self._apply_changes()
+                    if dirty.bypass:
+                        self._bypass.apply(res.graph)
+                    if (dirty.params or dirty.bindings) and self._params.apply(res.graph):
+                        self._apply_changes()  # a re-capture only a new graph can hold
                 else:
                     self._apply_changes()
             except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
@@ -490,6 +494,8 @@ class Engine:
             # else: a build is in flight; this edit and any others coalesce into the next one
         dirty.forget_code_and_captured()
         g = self.resources.graph
+        if dirty.bypass:
+            self._bypass.apply(g)  # no graph yet: the build applies the flags to the graph it makes
         if g is None:
             self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
         elif (dirty.params or dirty.bindings) and self._params.apply(g) and not worker.busy:

@@ -8,6 +8,8 @@ public update method, cheapest first:
 - Warm: ``update_bindings`` points kernels at new input addresses; ``update_grid`` changes a grid;
   ``try_patch`` applies a whole new plan in place when ``warm.decide_warm_patch`` accepts it.
 - Code: ``swap_function`` puts a recompiled ``CUfunction`` into every node of a kernel.
+- Bypass: ``set_bypass`` turns nodes off and on (``cuGraphNodeSetEnabled``) and points readers of a
+  bypassed output at its input (``bypass.plan_bypass`` decides).
 - Recapture: captured library calls whose host-side arguments changed are captured again
   (``captured_calls.CapturedCalls``).
 
@@ -30,6 +32,7 @@ from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
+from .bypass import NO_BYPASS, BypassPlan
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
 from .context import ExternalBinding
 from .device import DeviceContext
@@ -163,6 +166,10 @@ class CompiledGraph(HandleOwner):
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
+        #: The bypass applied now (``set_bypass``), and the redirected slots that read a binding: a
+        #: Warm rebind of that binding writes them too.
+        self.bypass: BypassPlan = NO_BYPASS
+        self._redirect_targets: dict[tuple[int, str], list] = {}
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
@@ -272,7 +279,10 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        return self._patch(self._binding_targets, changes)
+        n = self._patch(self._binding_targets, changes)
+        if self._redirect_targets:  # readers of a bypassed output that read this binding instead
+            n += self._patch(self._redirect_targets, changes)
+        return n
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:
         """Hot update of one scalar; see ``update_scalars``.
@@ -364,6 +374,54 @@ class CompiledGraph(HandleOwner):
         self.plan = plan
         return len(touched) + recaptured
 
+    def set_bypass(self, bp: BypassPlan) -> int:
+        """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.
+        Nodes leaving it are enabled and their readers read what the plan says again; nodes joining
+        it are disabled (``cuGraphNodeSetEnabled``: kernel nodes only) and the readers it redirects
+        read the input instead. Visible from the next launch; nothing is re-instantiated.
+
+        Returns:
+            The number of nodes enabled, disabled or patched.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        old, nodes = self.bypass, self._nodes
+        set_enabled, exec_ = driver().cuGraphNodeSetEnabled, self._exec
+        changed = 0
+        for ni, on in [(i, 1) for i in old.disabled - bp.disabled] + [(i, 0) for i in bp.disabled - old.disabled]:
+            kn = nodes[ni]
+            if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
+                continue
+            check(set_enabled(exec_, kn.handle, on), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
+            changed += 1
+        touched: list[Any] = []
+        redirects = bp.redirects
+        for (ni, ai), res in list(old.redirects.items()) + list(redirects.items()):
+            kn = nodes[ni]
+            if (ni, ai) in redirects:
+                res = redirects[(ni, ai)]
+                ptr = self.buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
+            else:  # no longer redirected: what the plan says
+                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
+            if read_slot(kn.slots[ai]) != ptr:
+                write_slot(kn.slots[ai], ptr)
+                if kn not in touched:
+                    touched.append(kn)
+        self._commit(touched)
+        self._redirect_targets = {}
+        for (ni, ai), res in redirects.items():
+            if not isinstance(res, int):
+                self._redirect_targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))  # type: ignore[union-attr]
+        self.bypass = bp
+        return changed + len(touched)
+
+    def _binding_ptr(self, key: Any) -> int:
+        # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm
+        # rebind writes them all).
+        kn, slot = self._binding_targets[key][0]
+        return int(read_slot(slot))
+
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
         """Code tier: put a recompiled ``function`` into every node of kernel ``key`` (block id, kernel
         index), in place, if its parameter layout is the one the nodes were built with.
@@ -412,6 +470,9 @@ class CompiledGraph(HandleOwner):
     # -- access ---------------------------------------------------------------------------------
     def output(self, block_id: int, port: str) -> GpuBuffer | None:
         """The buffer of output ``port`` of ``block_id``, or None if not in this graph."""
+        res = self.bypass.outputs.get((block_id, port))
+        if isinstance(res, int):  # a bypassed output: what its readers read
+            return self.buffers[res]
         bi = self.plan.outputs.get((block_id, port))
         return None if bi is None else self.buffers[bi]
 

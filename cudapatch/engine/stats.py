@@ -56,6 +56,7 @@ class EngineCounters:
     hot_updates: int = 0
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    bypass_updates: int = 0  # ``enabled`` flags applied to the running graph (nodes off/on, readers redirected)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
