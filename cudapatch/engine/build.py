@@ -2,7 +2,8 @@
 
 A build snapshots the patch (pure data), resolves every kernel (its compiled function, or why it
 cannot run yet), and compiles a ``GraphPlan``. If only counts, grids or pointers changed, the plan is
-patched into the running executable graph (Warm resize, no instantiation); otherwise it is realized
+patched into the running executable graph (Warm resize, no instantiation; a buffer that must grow
+is reallocated from the pool and its kernels pointed at it); otherwise it is realized
 into a new ``CompiledGraph`` that ``DeviceResources.install`` swaps in at this frame boundary. A
 failed build keeps the old graph running and puts its errors on the blocks (``DiagnosticBoard``); a
 library call that fails to capture leaves its block out (``FaultState``) and the rest is built.
@@ -303,7 +304,7 @@ class GraphBuilds:
                 self._cold_next = True
                 self._context.dirty.mark_structure()
                 return False
-            recaptures = g.recaptures
+            recaptures, reallocations = g.recaptures, g.reallocations
             try:
                 patched = g.try_patch(plan, out.bindings, out.functions)
             except CudaError as exc:
@@ -319,6 +320,7 @@ class GraphBuilds:
             self._counters.warm_resizes += 1
             self._counters.nodes_patched += patched
             self._counters.recaptures += g.recaptures - recaptures
+            self._counters.growths += g.reallocations - reallocations
             self._done(g, plan, job)
             return True
         graph = out.graph
@@ -326,6 +328,7 @@ class GraphBuilds:
         res.install(graph)
         res.free_dropped(job.started)
         self._counters.rebuilds += 1
+        self._counters.instantiations += graph.instantiations
         self._done(graph, plan, job)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
         return True

@@ -156,6 +156,8 @@ class CompiledGraph(HandleOwner):
         self._exec = exec_
         self.timing = dict(timing)
         self.instantiations = 1
+        #: Buffers moved to a larger pool block by ``try_patch`` (growth without a new graph).
+        self.reallocations = 0
         self.warm_refusal: WarmRefusal | None = None
         self._closed = False
         self._retire_event: Any = None
@@ -319,7 +321,8 @@ class CompiledGraph(HandleOwner):
     ) -> int | None:
         """Warm resize: adopt ``plan`` in place if ``warm.decide_warm_patch`` accepts it (it differs
         from the current one only in element counts, grids, external pointers, values and same-layout
-        kernel functions, and every buffer still fits its allocation). ``warm_refusal`` says why not.
+        kernel functions; a buffer that outgrew its allocation is reallocated from the pool, with
+        headroom, and its kernels are pointed at it). ``warm_refusal`` says why not.
 
         Returns:
             The number of nodes patched, or None if the plan needs a Cold rebuild.
@@ -349,6 +352,14 @@ class CompiledGraph(HandleOwner):
         )
         if recaptured is None:
             return None
+        # Buffers that outgrew their allocation move to a larger pool block; only kernel nodes hold
+        # their address (the decision refuses otherwise), and those are written below.
+        grown = set()
+        for bi, nbytes in decision.grow:
+            self.buffers[bi].reallocate(nbytes)
+            grown.add(bi)
+        self.reallocations += len(grown)
+        buffers = self.buffers
         # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
         touched = []
         for kp in decision.kernels:
@@ -359,6 +370,11 @@ class CompiledGraph(HandleOwner):
                 if read_slot(slots[ai]) != value:
                     write_slot(slots[ai], value)
                     changed = True
+            if grown:
+                for ai, a in enumerate(kp.plan.args):
+                    if a.kind == "buffer" and a.ref in grown:
+                        write_slot(slots[ai], buffers[a.ref].ptr)  # type: ignore[index]
+                        changed = True
             if kn.params.gridDimX != kp.plan.grid:
                 kn.params.gridDimX = kp.plan.grid
                 changed = True

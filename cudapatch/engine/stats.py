@@ -52,10 +52,12 @@ class EngineCounters:
 
     frames: int = 0
     rebuilds: int = 0
+    instantiations: int = 0  # executable graphs instantiated for the graphs swapped in (cuGraphInstantiate)
     failed_rebuilds: int = 0
     hot_updates: int = 0
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    growths: int = 0  # buffers reallocated larger by a Warm resize (a bound input grew: no new graph)
     bypass_updates: int = 0  # ``enabled`` flags applied to the running graph (nodes off/on, readers redirected)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)

@@ -21,7 +21,6 @@ from cudapatch import DType, KernelLoadError, Scale, compile_plan
 from cudapatch.engine import Context, ExternalBinding, realize
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.engine.warm import Refusal
 
 OK = real.CUresult.CUDA_SUCCESS
 
@@ -204,13 +203,22 @@ def test_hot_and_warm_updates_patch_only_the_nodes_they_change(rec, patch) -> No
     assert g.try_patch(compile_plan(snap), snap.bindings) == 3
     assert sorted(rec.calls) == sorted(("set_params", node[100 + b.id], 2) for b in (s0, s1, s2))
     assert [b.count for b in g.buffers] == [300, 300, 300] and g.warm_refusal is None
-    # A larger one than was allocated: refused, nothing called, nothing changed.
+    # A larger one than was allocated: the buffers move to larger pool blocks (with headroom) and every
+    # node reading or writing them is pointed at them, in place: no new graph.
     rec.calls.clear()
+    old_ptrs = {b.ptr for b in g.buffers}
     ctx.bind_input(s0, "In", ExternalBinding(0xC000, 5000, DType.FLOAT32))
     snap = ctx.snapshot()
-    assert g.try_patch(compile_plan(snap), snap.bindings) is None
-    assert rec.calls == [] and g.warm_refusal is not None and g.warm_refusal.reason is Refusal.BUFFER_CAPACITY
-    assert [b.count for b in g.buffers] == [300, 300, 300]
+    grown = compile_plan(snap)
+    assert g.try_patch(grown, snap.bindings) == 3
+    assert sorted(rec.calls) == sorted(("set_params", node[100 + b.id], 20) for b in (s0, s1, s2))  # 5000 / 256
+    assert g.reallocations == 3 and g.instantiations == 1 and g.warm_refusal is None
+    assert [b.count for b in g.buffers] == [5000, 5000, 5000] and all(b.capacity_bytes >= 30_000 for b in g.buffers)
+    assert not old_ptrs & {b.ptr for b in g.buffers} and pool.in_use_bytes == sum(b.capacity_bytes for b in g.buffers)
+    for n in grown.kernel_nodes:
+        for ai, a in enumerate(n.args):
+            if a.kind == "buffer":
+                assert g.node_arg(n.index, ai) == g.buffers[a.ref].ptr
     g.close()
 
 
