@@ -117,6 +117,10 @@ class BuildOutcome:
                 g.abandon()
 
 
+def _compiling(status: Mapping[tuple[int, int], tuple[Any, str, str]]) -> list[tuple[int, int]]:
+    return [k for k, (_, code, _) in status.items() if code == DiagnosticCode.KERNEL_COMPILING]
+
+
 class GraphBuilds:
     """Builds the running graph of one engine.
 
@@ -187,9 +191,12 @@ class GraphBuilds:
         t0 = job.started
         snap = job.snap
         functions, status = resolved if resolved is not None else self._kernels.resolve(snap)
-        if job.off_thread and status:
-            compiling = [k for k, (_, code, _) in status.items() if code == DiagnosticCode.KERNEL_COMPILING]
-            if compiling:  # off the frame thread, a cached kernel is worth waiting for: it runs in this build
+        if status:
+            compiling = _compiling(status)
+            if compiling and self._kernels.take_cached(compiling):  # compiled before: it runs in this build
+                functions, status = self._kernels.resolve(snap)
+                compiling = _compiling(status)
+            if job.off_thread and compiling:  # off the frame thread, a compile about to land is worth a wait
                 self._kernels.await_compiles(compiling, COMPILE_WAIT_S)
                 functions, status = self._kernels.resolve(snap)
         out = BuildOutcome(job, functions=functions)

@@ -96,6 +96,9 @@ class FakeBuilder:
     def build(self, source: Any) -> Any:
         return self.submit(source).result()
 
+    def build_cached(self, source: Any) -> Any:
+        return None  # nothing is cached: every kernel goes through ``submit``
+
     def unpaced(self) -> nullcontext:
         return nullcontext()
 
