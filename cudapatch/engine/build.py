@@ -248,6 +248,8 @@ class GraphBuilds:
                 libraries=res.libraries,
                 publish_function=publish_function,
                 lend_stores=not job.off_thread or out.realize_on_frame,
+                # On the frame thread the running executable may take the new graph (same topology).
+                update_previous=not job.off_thread or out.realize_on_frame,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)
@@ -336,6 +338,7 @@ class GraphBuilds:
         res.free_dropped(job.started)
         self._counters.rebuilds += 1
         self._counters.instantiations += graph.instantiations
+        self._counters.exec_updates += graph.exec_updates
         self._done(graph, plan, job)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
         return True

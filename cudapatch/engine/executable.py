@@ -66,6 +66,7 @@ class GraphParts:
         scalars: Device-scalar slots of the captured calls.
         launches: Packed arguments of the timestamp and publish nodes.
         graph: The ``CUgraph``.
+        handles: The graph node of each plan node, in insertion order.
         occupancy: ``(block_id, kernel)`` -> occupancy, measured at DeepAsync and up.
     """
 
@@ -81,7 +82,24 @@ class GraphParts:
     scalars: DeviceScalars | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
     graph: Any = None
+    handles: list[Any] = field(default_factory=list)
     occupancy: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def take_over(self, graph: Any, handles: list[Any]) -> None:
+        """Use ``graph`` (the one another executable was instantiated from, now updated with this
+        build's graph by ``cuGraphExecUpdate``) in place of the graph built here: nodes are addressed
+        by its node handles from now on (paired by insertion order), and the graph built here, whose
+        parameters the update copied, is destroyed.
+
+        Raises:
+            CudaError: cuGraphDestroy failed.
+        """
+        own, self.graph = self.graph, graph
+        for node, handle in zip(self.nodes, handles, strict=True):
+            if node is not None:
+                node.handle = handle
+        self.handles = list(handles)
+        check(driver().cuGraphDestroy(own), "cuGraphDestroy")
 
     def release(self) -> None:
         """Free everything (the executable must be destroyed first); idempotent.
@@ -133,13 +151,17 @@ class CompiledGraph(HandleOwner):
         appends: ``(block_id, port)`` -> append buffer.
         occupancy: ``(block_id, kernel)`` -> occupancy (DeepAsync and up).
         timing: Host ms the build spent on buffers, nodes and instantiation.
-        instantiations: How often a graph was instantiated for this object (1: patches never re-instantiate).
+        instantiations: How often a graph was instantiated for this object (1: patches never re-instantiate;
+            0: it took over the previous graph's executable with ``cuGraphExecUpdate``).
         warm_refusal: Why ``warm.decide_warm_patch`` refused the last ``try_patch``'s plan (None when it
             accepted it, also if a re-capture then failed: ``try_patch`` returned None for that).
     """
 
-    def __init__(self, plan: GraphPlan, parts: GraphParts, exec_: Any, *, timing: Mapping[str, float]) -> None:
-        """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this)."""
+    def __init__(
+        self, plan: GraphPlan, parts: GraphParts, exec_: Any, *, timing: Mapping[str, float], updated: bool = False
+    ) -> None:
+        """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this;
+        ``updated``: ``exec_`` is the previous graph's, updated with ``cuGraphExecUpdate``)."""
         d = driver()
         self.plan = plan
         self._parts = parts
@@ -155,7 +177,9 @@ class CompiledGraph(HandleOwner):
         self._nodes = parts.nodes
         self._exec = exec_
         self.timing = dict(timing)
-        self.instantiations = 1
+        self.instantiations = 0 if updated else 1
+        #: 1 when this graph runs in the previous graph's executable, updated with ``cuGraphExecUpdate``.
+        self.exec_updates = 1 if updated else 0
         #: Buffers moved to a larger pool block by ``try_patch`` (growth without a new graph).
         self.reallocations = 0
         self.warm_refusal: WarmRefusal | None = None
@@ -202,6 +226,35 @@ class CompiledGraph(HandleOwner):
                 mine.add(id(buf))
         if previous is not None:
             previous.disown(self._owned)
+
+    def exec_update(self, graph: Any) -> tuple[Any, Any, list[Any]] | None:
+        """Update this graph's executable with ``graph`` (``cuGraphExecUpdate``: same topology and
+        insertion order, checked by ``warm.same_topology``) and hand the executable over: returns
+        ``(executable, the graph it was instantiated from, that graph's node handles)`` for the new
+        ``CompiledGraph``, which addresses nodes through those handles from now on (``GraphParts.take_over``).
+        This graph keeps running nothing of its own afterwards: ``retire`` and ``close`` leave the
+        executable alone. Frame thread only, between launches. Nodes a bypass turned off are turned
+        on again (the new graph starts with none off).
+
+        Returns:
+            None when the driver refuses the update (it then changed nothing: instantiate instead).
+
+        Raises:
+            CudaError: another driver failure.
+        """
+        d = driver()
+        err, _info = d.cuGraphExecUpdate(self._exec, graph)
+        if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            return None
+        check((err,), "cuGraphExecUpdate")
+        exec_, self._exec = self._exec, None
+        handles = self._parts.handles
+        for ni in self.bypass.disabled:
+            check(d.cuGraphNodeSetEnabled(exec_, handles[ni], 1), "cuGraphNodeSetEnabled")
+        self.bypass = NO_BYPASS
+        original, self._parts.graph = self._parts.graph, None
+        self._finalizer.detach()
+        return exec_, original, list(handles)
 
     def disown(self, buffers: Iterable[GpuBuffer]) -> None:
         """Stop owning ``buffers`` (a newer graph adopted them): ``retire`` and ``close`` leave them alone."""

@@ -53,6 +53,7 @@ class EngineCounters:
     frames: int = 0
     rebuilds: int = 0
     instantiations: int = 0  # executable graphs instantiated for the graphs swapped in (cuGraphInstantiate)
+    exec_updates: int = 0  # Cold builds the running executable took in place instead (cuGraphExecUpdate)
     failed_rebuilds: int = 0
     hot_updates: int = 0
     warm_updates: int = 0

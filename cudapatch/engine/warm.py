@@ -33,7 +33,20 @@ from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan
 if TYPE_CHECKING:
     from .context import ExternalBinding
 
-__all__ = ["KernelPatch", "Refusal", "WarmPatch", "WarmRefusal", "decide_warm_patch", "grown_bytes"]
+__all__ = ["KernelPatch", "Refusal", "WarmPatch", "WarmRefusal", "decide_warm_patch", "grown_bytes", "same_topology"]
+
+
+def same_topology(old: GraphPlan, new: GraphPlan) -> bool:
+    """Whether a graph realized from ``new`` has the topology of one realized from ``old``: the same
+    node kinds in the same insertion order with the same edges, the condition under which
+    ``cuGraphExecUpdate`` may take the new graph into the executable of the old one (the driver
+    decides the rest: a kernel node's function may change within its context, a child graph must
+    keep its own topology). Tried before instantiating a Cold build made on the frame thread:
+    0.06 / 0.56 / 5.7 ms against 0.59 / 6.4 / 91 ms for chains of 100 / 1,000 / 10,000 kernel nodes
+    (H100, DESIGN.md §9)."""
+    if len(old.nodes) != len(new.nodes) or old.level is not new.level:
+        return False
+    return all(type(a) is type(b) and a.deps == b.deps for a, b in zip(old.nodes, new.nodes, strict=True))
 
 
 def grown_bytes(need: int) -> int:

@@ -74,7 +74,9 @@ class RecordingDriver:
         return (OK,)
 
     def cuGraphCreate(self, flags):  # noqa: N802
-        return OK, self._handle("graph")
+        h = self._handle("graph")
+        self._rec("create_graph", h)
+        return OK, h
 
     def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
         h = self._handle("kernel")
@@ -100,6 +102,18 @@ class RecordingDriver:
 
     def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
         self._rec("set_params", node, kp.gridDimX)
+        return (OK,)
+
+    refuse_update = False
+
+    def cuGraphExecUpdate(self, exec_, graph):  # noqa: N802
+        self._rec("exec_update", exec_, graph)
+        if self.refuse_update:
+            return real.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, None
+        return OK, None
+
+    def cuGraphNodeSetEnabled(self, exec_, node, on):  # noqa: N802
+        self._rec("set_enabled", exec_, node, on)
         return (OK,)
 
     def cuGraphExecDestroy(self, exec_):  # noqa: N802
@@ -248,3 +262,42 @@ def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None
     assert pool.in_use_bytes == in_use  # the buffers are g2's now
     g2.close()
     assert pool.in_use_bytes == 0
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, patch, refused: bool) -> None:
+    ctx, (s0, s1, s2) = patch
+    pool = BufferPool()
+    plan = compile_plan(ctx.snapshot())
+    old = _realize(ctx, plan, pool)
+    old.adopt(None)
+    old_exec = old.handle
+    (old_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
+    original = [c[1] for c in rec.calls if c[0] == "add_kernel"]
+    rec.calls.clear()
+    rec.refuse_update = refused
+    # Other functions for every kernel: what a Warm patch does not take when their layout changed.
+    functions = {(b.id, 0): 200 + b.id for b in (s0, s1, s2)}
+    new = _realize(ctx, plan, pool, previous=old, update_previous=True, functions=functions)
+    names = rec.names()
+    (built_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
+    built = [c[1] for c in rec.calls if c[0] == "add_kernel"]
+    assert names.count("exec_update") == 1 and names.index("exec_update") > names.index("add_kernel")
+    assert ("exec_update", old_exec, built_graph) in rec.calls
+    if refused:  # the driver changed nothing: instantiate; the old graph keeps its executable
+        assert ("instantiate", built_graph) in rec.calls and (new.instantiations, new.exec_updates) == (1, 0)
+        assert new.handle != old_exec and old.handle == old_exec
+        old.close()
+        assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls
+    else:
+        assert "instantiate" not in names and (new.instantiations, new.exec_updates) == (0, 1)
+        assert new.handle == old_exec and old.handle is None
+        assert [c for c in rec.calls if c[0] == "destroy_graph"] == [("destroy_graph", built_graph)]
+        rec.calls.clear()
+        assert new.update_scalars({(s1.id, "Factor"): 9.0}) == 1
+        (call,) = rec.calls
+        assert call[0] == "set_params" and call[1] == original[1] and call[1] not in built  # the executable's nodes
+        old.close()  # it runs nothing any more: neither its executable nor its graph is destroyed
+        assert not [c for c in rec.calls if c[0] in ("destroy_exec", "destroy_graph")]
+        new.close()
+        assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls

@@ -30,7 +30,15 @@ from cudapatch import (
 from cudapatch.engine import Context, ExternalBinding, KernelNodePlan, MemsetNodePlan
 from cudapatch.engine.plan import CapturedNodePlan, GraphPlan
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.engine.warm import KernelPatch, Refusal, WarmPatch, WarmRefusal, decide_warm_patch, grown_bytes
+from cudapatch.engine.warm import (
+    KernelPatch,
+    Refusal,
+    WarmPatch,
+    WarmRefusal,
+    decide_warm_patch,
+    grown_bytes,
+    same_topology,
+)
 
 
 def _axpy(stream, pointers, scalars, libs):  # never called here: plans only
@@ -353,3 +361,16 @@ def test_rules_are_checked_plan_wide_first() -> None:
     ctx.connect(s, "Out", add, "B")
     new = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("PerKernel"))
     _refused(_decide(old, new, ctx), Refusal.PROFILING_LEVEL)
+
+
+def test_the_same_topology_is_what_cuGraphExecUpdate_may_take(chain) -> None:  # noqa: N802
+    ctx, s1, s2 = chain
+    old = compile_plan(ctx.snapshot())
+    assert same_topology(old, old)
+    s1.set("Factor", 9.0)
+    _bind(ctx, s1, "In", 100_000)  # values, counts and grids differ: the topology does not
+    assert same_topology(old, compile_plan(ctx.snapshot()))
+    ctx.disconnect(s1, "Out", s2, "In")
+    _bind(ctx, s2, "In", 1000)  # the same nodes, one edge fewer
+    assert not same_topology(old, compile_plan(ctx.snapshot()))
+    assert not same_topology(old, compile_plan(ctx.snapshot(), level=ProfilingLevel.PER_BLOCK))
