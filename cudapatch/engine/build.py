@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .compiler import compile_plan
+from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
@@ -37,7 +38,7 @@ from .profiling import ProfilingLevel
 from .realize import CompiledGraph, realize
 from .resources import DeviceResources
 from .stats import BuildTiming, EngineCounters, occupancy_warnings, show_built
-from .warm import WarmRefusal, decide_warm_patch
+from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
 __all__ = ["BuildJob", "BuildOutcome", "GraphBuilds"]
 
@@ -90,6 +91,9 @@ class BuildOutcome:
         realize_on_frame: The plan is realized at ``finish`` (it captures library calls).
         compile_ms: Snapshot to plan.
         realize_ms: Buffers, nodes and instantiation.
+        warm: The Warm patch decided on the build thread against ``warm_base`` (trimmed to the nodes
+            that change), so that ``finish`` does not decide again on the frame thread.
+        warm_base: The running graph's plan the decision compared with.
     """
 
     job: BuildJob
@@ -102,6 +106,8 @@ class BuildOutcome:
     realize_on_frame: bool = False
     compile_ms: float = 0.0
     realize_ms: float = 0.0
+    warm: WarmPatch | None = None
+    warm_base: GraphPlan | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -134,6 +140,8 @@ class GraphBuilds:
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
         bypass: Applies the blocks' ``enabled`` flags to each graph a build swaps in or patches.
+        fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
+            and loaded by the build itself, on the build thread.
     """
 
     def __init__(
@@ -148,7 +156,9 @@ class GraphBuilds:
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
         bypass: Callable[[CompiledGraph], None] | None = None,
+        fuse: bool = False,
     ) -> None:
+        self._fuse = fuse
         self._context = context
         self._kernels = kernels
         self._resources = resources
@@ -213,12 +223,15 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled)
+            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse)
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
+        if self._fuse and not self._load_fused(out):
+            return out
+        functions = out.functions
         out.compile_ms = (time.perf_counter() - t0) * 1e3
-        if g is not None and not job.cold and self._warm_candidate(g, out.plan, snap.bindings, functions):
+        if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
         if job.off_thread and out.plan.captured_nodes:
             # Library calls are captured with the engine's library handles, which Recapture updates of
@@ -227,6 +240,25 @@ class GraphBuilds:
             return out
         self._realize(out)
         return out
+
+    def _load_fused(self, out: BuildOutcome) -> bool:
+        """Generate and load the kernel of every fused group of ``out.plan`` (here, on the build's
+        thread: the PTX is written in microseconds and the driver JITs it in about a millisecond),
+        adding their functions to ``out.functions``. False (with a diagnostic on the group's last
+        block) when one does not load."""
+        assert out.plan is not None
+        fused = [n for n in out.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+        if not fused:
+            return True
+        functions = dict(out.functions)
+        for node in fused:
+            try:
+                functions[(node.block_id, node.kernel)] = self._kernels.builder.build(node.source).function
+            except (KernelLoadError, CudaError) as exc:
+                out.diagnostics = (Diagnostic("error", node.block_id, DiagnosticCode.REALIZE, str(exc)),)
+                return False
+        out.functions = functions
+        return True
 
     def _realize(self, out: BuildOutcome) -> None:
         job, snap, plan = out.job, out.job.snap, out.plan
@@ -250,6 +282,7 @@ class GraphBuilds:
                 lend_stores=not job.off_thread or out.realize_on_frame,
                 # On the frame thread the running executable may take the new graph (same topology).
                 update_previous=not job.off_thread or out.realize_on_frame,
+                upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)
@@ -265,13 +298,20 @@ class GraphBuilds:
         out.realize_ms = (time.perf_counter() - t1) * 1e3
 
     def _warm_candidate(
-        self, g: CompiledGraph, plan: GraphPlan, bindings: Mapping[tuple[int, str], ExternalBinding], functions: Any
+        self, g: CompiledGraph, out: BuildOutcome, bindings: Mapping[tuple[int, str], ExternalBinding], functions: Any
     ) -> bool:
         # The pure Warm decision against the running graph (its plan and allocations change only at
-        # ``finish``, on the frame thread); ``try_patch`` decides again when it applies the plan.
+        # ``finish``, on the frame thread, so it holds while ``g.plan`` is this plan). Off the frame
+        # thread it is kept, trimmed to the nodes that change: the frame thread then writes only those.
+        assert out.plan is not None
+        base = g.plan
         capacities = [b.capacity_bytes for b in g.buffers]
-        decision = decide_warm_patch(g.plan, plan, bindings, capacities=capacities, functions=functions)
-        return not isinstance(decision, WarmRefusal)
+        decision = decide_warm_patch(base, out.plan, bindings, capacities=capacities, functions=functions)
+        if isinstance(decision, WarmRefusal):
+            return False
+        if out.job.off_thread and not out.plan.captured_nodes:  # re-captures decide with the stale set: at finish
+            out.warm, out.warm_base = g.trim_patch(decision), base
+        return True
 
     def finish(self, out: BuildOutcome) -> bool:
         """Apply a prepared build at a frame boundary (frame thread): patch the running graph in place,
@@ -315,7 +355,8 @@ class GraphBuilds:
                 return False
             recaptures, reallocations = g.recaptures, g.reallocations
             try:
-                patched = g.try_patch(plan, out.bindings, out.functions)
+                decided = out.warm if out.warm_base is g.plan else None
+                patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
             except CudaError as exc:
                 return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
             if patched is None:  # refused now (a re-capture changed its topology): realize next build

@@ -51,13 +51,11 @@ from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
 from .profiling import ProfilingLevel
 from .recovery import Recovery
+from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources
 from .results import EngineResults
-from .stats import (
-    BuildTiming,
-    EngineCounters,
-)
+from .stats import BuildTiming, EngineCounters
 from .structure import StructureTier
 from .tiers import BypassTier, CodeTier, ParamTier
 
@@ -89,6 +87,10 @@ class Engine(PatchEditing, EngineResults):
             kernel fault is pinned on its block in the frame it happens (development only: slow).
         isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
             returned): a GPU fault ends only the child, which restarts without the faulting block.
+        fuse: Fuse chains and trees of elementwise blocks (Expression, Scale, VectorAdd, plugin blocks
+            that declare an expression) whose intermediates nothing else reads into one generated
+            kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
+            ``output()``/``read()`` of it fails.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -119,6 +121,7 @@ class Engine(PatchEditing, EngineResults):
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
+        fuse: bool = False,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -171,6 +174,7 @@ class Engine(PatchEditing, EngineResults):
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
             bypass=self._bypass.apply,
+            fuse=fuse,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -333,6 +337,13 @@ class Engine(PatchEditing, EngineResults):
         self._recovery.recover(exc, culprit)
         self.counters.frames += 1
 
+    def prepare_fault_replay(self) -> None:
+        """Start the process that names a faulting block by replay now, not at the fault: a fault is
+        then attributed without an interpreter start (the isolated engine's child does this). It
+        holds a CUDA context until the fault or ``close``."""
+        if self._recovery.replay_standby is None and not self._closed:
+            self._recovery.replay_standby = ReplayStandby(self.device.ordinal)
+
     def report_fault(self, exc: CudaLaunchError) -> None:
         """Survive a sticky GPU fault that a call outside ``update()`` met first (a synchronize, a
         read, an interop call of the host's): as ``update()`` would, find the faulting block and
@@ -358,6 +369,7 @@ class Engine(PatchEditing, EngineResults):
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
     def _settle_compiles(self) -> None:
+        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
         self._code.apply(self.kernels.collect(wait=True))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
@@ -376,6 +388,7 @@ class Engine(PatchEditing, EngineResults):
                     self._worker.wait()
                     self._structure.finish()
                 while True:
+                    self._code.settle_fused(timeout)
                     self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
                         self._apply_changes()
@@ -389,7 +402,8 @@ class Engine(PatchEditing, EngineResults):
         """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (start a
         build, or build now: ``structure.py``), then Bypass and Hot/Warm on the graph that runs now."""
         structure, dirty = self._structure, self._dirty
-        structure.reap()
+        # A build about to start closes the idle retired graphs on its own thread.
+        structure.reap(graphs=not (dirty.structure and self._builds_off_thread))
         if dirty.code:
             self._code.submit(dirty.take_code())
             if self.wait_for_compile:
@@ -406,6 +420,10 @@ class Engine(PatchEditing, EngineResults):
             self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
         elif (dirty.params or dirty.bindings) and self._params.apply(g) and not structure.building:
             self._apply_changes()  # a re-capture only a new graph can hold
+
+    @property
+    def _builds_off_thread(self) -> bool:
+        return self.background_builds and not self.wait_for_compile
 
     @property
     def building(self) -> bool:
@@ -438,6 +456,7 @@ class Engine(PatchEditing, EngineResults):
                 self.device.synchronize()
             except CudaLaunchError as exc:  # a fault nobody saw yet: the context is as good as lost
                 faults.mark_lost(f"the GPU context is lost after {exc.name}")
+        self._recovery.close()
         for b in list(self.context.registry):
             self.context.unregister_block(b)
         self.kernels.close()  # first: the builder's thread loads modules into the context

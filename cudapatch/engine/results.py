@@ -69,6 +69,13 @@ class EngineResults:
         if buf is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
+            if g is not None and block.id in g.plan.block_order:
+                raise CudapatchError(
+                    "this output is fused into the next block's kernel and held in no buffer: make the block "
+                    "with fuse=False, or the engine with fuse=False, to read it",
+                    block=block.name,
+                    port=port,
+                )
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
         return buf
 

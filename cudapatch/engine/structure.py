@@ -21,7 +21,7 @@ from .build import BuildOutcome, GraphBuilds
 from .build_thread import BuildWorker
 from .context import Context
 from .profiling import ProfilingLevel
-from .resources import DeviceResources
+from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, log_build
 from .tiers import CodeTier, ParamTier
 
@@ -67,15 +67,17 @@ class StructureTier:
         """A build runs on the build thread."""
         return self._worker.busy
 
-    def reap(self) -> None:
-        """Close retired graphs the GPU is done with, unless a build in flight may borrow from them.
+    def reap(self, *, graphs: bool = True) -> None:
+        """Close retired graphs the GPU is done with, unless a build in flight may borrow from them
+        (``graphs=False``: only the other retired things; a build about to start closes the idle
+        graphs on its own thread).
 
         Raises:
             CudaError: closing a graph failed.
         """
         if not self._worker.busy:
             t0 = time.perf_counter()
-            self._resources.reap()
+            self._resources.reap(graphs=graphs)
             self._timing.reap_ms = (time.perf_counter() - t0) * 1e3
 
     def apply(self, level: ProfilingLevel, *, here: bool, wait_for_compile: bool) -> bool:
@@ -108,7 +110,13 @@ class StructureTier:
         self._params.begin_carry()
         self._code.begin_carry()
         builds = self._builds
-        self._worker.submit(lambda: builds.prepare(job))
+        idle = self._resources.take_idle()
+
+        def build() -> BuildOutcome:
+            close_graphs(idle)  # the retired graphs the GPU is done with: closed off the frame thread
+            return builds.prepare(job)
+
+        self._worker.submit(build)
 
     def finish(self) -> None:
         """Apply the build the build thread finished (at a frame boundary): swap in the new graph or

@@ -6,6 +6,7 @@ test_fault_gpu, test_profiling_gpu)."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import Any
@@ -123,7 +124,7 @@ class FakeGraph:
         self.instantiations, self.reallocations, self.exec_updates = 1, 0, 0
         self.launches, self.scalars, self.swaps = 0, [], []
         self.closed = self.abandoned = self.retired = False
-        self.buffers = [_Allocation(0) for _ in plan.buffers]  # nothing fits: every structure edit is Cold
+        self.buffers = [_Allocation(0) for _ in plan.buffers]  # nothing fits, try_patch refuses: every edit is Cold
 
     def launch(self, stream: Any) -> None:
         if FakeGraph.fault:
@@ -141,7 +142,7 @@ class FakeGraph:
         self.swaps.append(key)
         return True
 
-    def try_patch(self, plan: Any, bindings: Any, functions: Any) -> int | None:
+    def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         return None  # always Cold
 
     def adopt(self, previous: Any) -> None:
@@ -155,6 +156,7 @@ class FakeGraph:
 
     def close(self) -> None:
         self.closed = True
+        self.closed_on = threading.current_thread().name
 
     def abandon(self) -> None:
         self.abandoned = True

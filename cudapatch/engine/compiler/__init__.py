@@ -9,6 +9,8 @@ in its own module and tested on its own:
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts.
+3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+   kernel; their intermediates need no buffer.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
@@ -27,6 +29,7 @@ from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
+from .fusion import fusion
 from .memory import memory
 from .nodes import nodes
 from .order import order
@@ -34,7 +37,19 @@ from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
-__all__ = ["PlanDraft", "compile_plan", "edges", "memory", "nodes", "order", "publish", "sizes", "stamps", "validate"]
+__all__ = [
+    "PlanDraft",
+    "compile_plan",
+    "edges",
+    "fusion",
+    "memory",
+    "nodes",
+    "order",
+    "publish",
+    "sizes",
+    "stamps",
+    "validate",
+]
 
 
 def compile_plan(
@@ -42,6 +57,8 @@ def compile_plan(
     kernel_status: KernelStatus | None = None,
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
+    *,
+    fuse: bool = False,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -53,6 +70,7 @@ def compile_plan(
         level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
+        fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -62,6 +80,7 @@ def compile_plan(
     order(draft)
     draft.raise_errors()
     sizes(draft)
+    fusion(draft, fuse=fuse)
     memory(draft)
     nodes(draft)
     edges(draft)
