@@ -44,6 +44,12 @@ class DirtyTracker:
         self.bypass = True
         self.any = True
 
+    def take_bypass(self) -> bool:
+        """Return and clear the pending bypass change."""
+        bypass, self.bypass = self.bypass, False
+        self._recompute()
+        return bypass
+
     def mark_param(self, block_id: int, name: str, param: Any = None) -> None:
         self.params[(block_id, name)] = param
         self.any = True

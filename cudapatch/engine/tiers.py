@@ -371,7 +371,7 @@ class BypassTier:
         Raises:
             CudaError: a driver call failed.
         """
-        self._context.dirty.bypass = False
+        self._context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
         bypassed = self._context.bypassed
         if g is None or (not bypassed and self._bypassing is not g and not self._refused):
             return  # the common case, after every build: nothing bypassed, nothing to undo
