@@ -41,6 +41,8 @@ from .engine import (
     EngineStats,
     GpuBuffer,
     GraphPlan,
+    Probe,
+    ProbeStats,
     ProfilingLevel,
     compile_plan,
 )
@@ -102,6 +104,8 @@ __all__ = [
     "DiagnosticCode",
     "Engine",
     "EngineStats",
+    "Probe",
+    "ProbeStats",
     "Fill",
     "GpuBuffer",
     "GraphCompileError",

@@ -267,6 +267,7 @@ class GraphBuilds:
         t1 = time.perf_counter()
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
+            probe_function = res.probe_function(plan, self._kernels.builder)
             out.graph = realize(
                 plan,
                 device=res.device,
@@ -282,6 +283,7 @@ class GraphBuilds:
                 lend_stores=not job.off_thread or out.realize_on_frame,
                 # On the frame thread the running executable may take the new graph (same topology).
                 update_previous=not job.off_thread or out.realize_on_frame,
+                probe_function=probe_function,
                 upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:

@@ -68,6 +68,9 @@ class PatchSnapshot:
     blocks: tuple[BlockSnapshot, ...]
     links: tuple[Link, ...]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+    #: Probed outputs: ``((block_id, port), shape or None)``, ``shape`` an ``(height, width)`` given by
+    #: the user (see ``engine/probes.py``).
+    probes: tuple[tuple[tuple[int, str], tuple[int, int] | None], ...] = ()
 
 
 class Context:
@@ -89,6 +92,8 @@ class Context:
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
         self.bypassed: set[int] = set()
+        #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
+        self.probes: dict[tuple[int, str], tuple[int, int] | None] = {}
         # Each block's last snapshot, dropped when its values or description change: a build freezes
         # only what changed (freezing all of a 10,000-block patch took 18 ms of the frame thread).
         self._frozen: dict[int, BlockSnapshot] = {}
@@ -128,6 +133,8 @@ class Context:
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.bypassed.discard(block.id)
+        for key in [k for k in self.probes if k[0] == block.id]:
+            del self.probes[key]
         block.detach(self)
         self.dirty.mark_structure()
 
@@ -305,6 +312,42 @@ class Context:
         self.dirty.mark_structure()
         return True
 
+    # -- probes -------------------------------------------------------------------------------
+    def add_probe(self, block: Block, port: str, shape: tuple[int, int] | None = None) -> tuple[int, str]:
+        """Probe the wire that leaves output ``port`` (an input: the output linked into it). A new probe
+        is a structure edit (Cold on the next update, built on the build thread). ``shape``
+        ``(height, width)`` makes it an image; without one, a shape given before stays.
+
+        Returns:
+            The probed ``(block_id, output port)``.
+
+        Raises:
+            LinkError: unknown port, an input that no link feeds, or another engine's block.
+        """
+        self._owned(block, "probed")
+        key = (block.id, port)
+        if block.description.output(port) is None:
+            if block.description.input(port) is None:
+                known = ", ".join(p.name for p in (*block.outputs, *block.inputs)) or "none"
+                raise LinkError(f"unknown port (ports: {known})", block=block.name, port=port)
+            link = next((lk for lk in self.connections if (lk.dst, lk.dst_port) == key), None)
+            if link is None:
+                raise LinkError("only wires are probed: no link feeds this input", block=block.name, port=port)
+            key = (link.src, link.src_port)
+        if shape is None and key in self.probes:
+            shape = self.probes[key]  # probed again without a shape (a wire selected): the given one stays
+        if key not in self.probes or self.probes[key] != shape:
+            self.probes[key] = shape
+            self.dirty.mark_structure()
+        return key
+
+    def remove_probe(self, key: tuple[int, str]) -> bool:
+        """Stop probing ``(block_id, output port)`` (Cold on the next update); returns whether it was probed."""
+        if self.probes.pop(key, False) is False:
+            return False
+        self.dirty.mark_structure()
+        return True
+
     def mark_structure_dirty(self) -> None:
         """Force a Cold rebuild on the next update."""
         self.dirty.mark_structure()
@@ -321,4 +364,5 @@ class Context:
                 s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
                 frozen[b.id] = s
             blocks.append(s)
-        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings))
+        probes = tuple(self.probes.items())
+        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes)

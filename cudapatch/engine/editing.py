@@ -15,6 +15,7 @@ from ..kernels.types import DType
 from .bindings import binding_from_cai
 from .buffers import GpuBuffer
 from .context import ExternalBinding
+from .probes import Probe, ProbeSet
 from .profiling import ProfilingLevel
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class PatchEditing:
     _dirty: DirtyTracker
     _structure: StructureTier
     _frame_hooks: tuple[Any, ...]
+    _probes: ProbeSet
 
     def add(self, block: Block) -> Block:
         """Register ``block`` with this engine (Cold on the next update). Returns it."""
@@ -98,6 +100,25 @@ class PatchEditing:
             binding = self.resources.upload(block.id, port, array, want, block.name)
         self._faults.input_bound(block.id, port)
         self.context.bind_input(block, port, binding)
+
+    def probe(self, block: Block, port: str, *, shape: tuple[int, int] | None = None) -> Probe:
+        """Probe a wire: min, max, mean and NaN/Inf counts of output ``port`` (an input: the output linked
+        into it), computed by a probe node inside the graph and read back through the readback ring.
+        ``probe.stats`` is the newest completed frame's (with its frame number); reading it never waits.
+        ``shape`` ``(height, width)`` makes it an image with a thumbnail (see ``engine.probes``).
+
+        Adding or closing a probe is a structure edit: built on the build thread while the running graph
+        keeps launching. The same output probed twice gives the same ``Probe``.
+
+        Raises:
+            LinkError: unknown port, an unlinked input, or another engine's block.
+        """
+        return self._probes.add(block, port, shape)
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """The open probes."""
+        return tuple(self._probes)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.

@@ -49,6 +49,7 @@ from .editing import PatchEditing
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
+from .probes import ProbeSet
 from .profiling import ProfilingLevel
 from .recovery import Recovery
 from .replay import ReplayStandby
@@ -198,6 +199,7 @@ class Engine(PatchEditing, EngineResults):
         )
         self.background_builds = background_builds
         self._dirty = self.context.dirty
+        self._probes = ProbeSet(self.context, lambda: self.resources.graph)
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
         self._closed = False

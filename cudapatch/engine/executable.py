@@ -38,7 +38,8 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import PackedLaunch, ParamStorage, read_slot, write_slot
-from .plan import GraphPlan
+from .plan import GraphPlan, ProbeNodePlan
+from .probes import ProbeStats, decode_probe, record_words
 from .readback import ReadbackRing
 from .replay import replay_by_block
 from .warm import WarmPatch, WarmRefusal, decide_warm_patch
@@ -62,6 +63,7 @@ class GraphParts:
         readback: The ring the readback block is copied into each frame, if any.
         appends: ``(block_id, port)`` -> the append buffer of an append output.
         counters_ptr: Device address of the append counters (0 without).
+        probes_ptr / probe_scratch_ptr: Device addresses of the probe records and the probes' scratch.
         nodes: The runtime node of each plan node (None where nothing is patched later).
         scalars: Device-scalar slots of the captured calls.
         launches: Packed arguments of the timestamp and publish nodes.
@@ -78,6 +80,8 @@ class GraphParts:
     readback: ReadbackRing | None = None
     appends: dict[tuple[int, str], AppendBuffer] = field(default_factory=dict)
     counters_ptr: int = 0
+    probes_ptr: int = 0
+    probe_scratch_ptr: int = 0
     nodes: list[RuntimeNode] = field(default_factory=list)
     scalars: DeviceScalars | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
@@ -190,6 +194,7 @@ class CompiledGraph(HandleOwner):
             if isinstance(n, KernelNode):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
+        self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
         #: The bypass applied now (``set_bypass``), and the redirected slots that read a binding: a
@@ -572,6 +577,21 @@ class CompiledGraph(HandleOwner):
             return self.buffers[res]
         bi = self.plan.outputs.get((block_id, port))
         return None if bi is None else self.buffers[bi]
+
+    def probe_stats(self, key: tuple[int, str]) -> ProbeStats | None:
+        """The newest published statistics of the probe on ``(block_id, port)`` (plain loads from the
+        readback ring, no driver call), or None: not probed in this graph, or no frame completed yet."""
+        n = self._probe_nodes.get(key)
+        rb = self.readback
+        if n is None or rb is None or self._closed:
+            return None
+        if not rb.frozen:
+            rb.poll()
+        frame = rb.latest_frame
+        if frame is None:
+            return None
+        words = rb.latest_probes[n.offset : n.offset + record_words(n.thumb_w, n.thumb_h)]
+        return decode_probe(words, frame=frame, age=rb.current_frame - frame + 1, thumb=(n.thumb_w, n.thumb_h))
 
     def node_arg(self, node_index: int, arg: int) -> Any:
         """Current value in a node's parameter slot (for tests and debugging)."""

@@ -164,20 +164,21 @@ class PackedLaunch:
 
     __slots__ = ("values", "pointers", "params")
 
-    def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1) -> None:
-        """Pack the arguments of a one-block launch of ``function``.
+    def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1, grid: int = 1) -> None:
+        """Pack the arguments of a launch of ``function`` (one block unless ``grid`` says more).
 
         Args:
             function: The loaded ``CUfunction``.
             values: ctypes values (``c_uint64(...)``, ``c_uint32(...)``), one per kernel parameter.
-            threads: Threads of the single block the kernel runs as.
+            threads: Threads per block.
+            grid: Blocks (a probe's reduction).
         """
         d = driver()
         self.values = tuple(values)
         self.pointers = (ctypes.c_void_p * max(len(self.values), 1))(*[ctypes.addressof(v) for v in self.values])
         kp = d.CUDA_KERNEL_NODE_PARAMS()
         kp.func = function
-        kp.gridDimX, kp.gridDimY, kp.gridDimZ = 1, 1, 1
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = grid, 1, 1
         kp.blockDimX, kp.blockDimY, kp.blockDimZ = threads, 1, 1
         kp.sharedMemBytes = 0
         kp.kernelParams = ctypes.addressof(self.pointers)

@@ -28,6 +28,7 @@ __all__ = [
     "KernelNodePlan",
     "MemsetNodePlan",
     "NodePlan",
+    "ProbeNodePlan",
     "PublishNodePlan",
     "Slot",
     "TimingPair",
@@ -138,6 +139,36 @@ class PublishNodePlan(NamedTuple):
     end_stamp: int | None = None
 
 
+class ProbeNodePlan(NamedTuple):
+    """Statistics of one probed wire (``engine/probes.py``): a reduction kernel reading buffer
+    ``buffer`` right after the block that makes it, writing min, max, sum, finite/NaN/Inf counts (and
+    a ``thumb_w`` x ``thumb_h`` thumbnail of a ``height`` x ``width`` image) into the readback block at
+    ``offset`` words past the append counters. A side branch: only writers of the same buffer after
+    it (in-place consumers) and the publish node wait for it.
+
+    Attributes:
+        probe: Its index in ``GraphPlan.probes``.
+        values: Scalars read: elements x lanes.
+        kind: The element kind code of the probe kernel (``probes.PROBE_KINDS``).
+        grid: Thread blocks of the reduction.
+        width / height / channels: The image the buffer holds (0: not known to be 2-D).
+    """
+
+    index: int
+    probe: int
+    buffer: int
+    values: int
+    kind: int
+    grid: int
+    offset: int
+    deps: tuple[int, ...] = ()
+    width: int = 0
+    height: int = 0
+    channels: int = 0
+    thumb_w: int = 0
+    thumb_h: int = 0
+
+
 class TimingPair(NamedTuple):
     """A measured span: ``kind`` is ``graph``, ``block`` (key: block id) or ``kernel`` (key:
     ``(block id, kernel index)``), between timestamp slots ``start`` and ``end``."""
@@ -148,7 +179,7 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan]
+NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ProbeNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -170,6 +201,8 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
+        probe_words: uint64 words the probes write into the readback block (after the counters).
     """
 
     nodes: tuple[NodePlan, ...]
@@ -187,6 +220,8 @@ class GraphPlan:
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    probes: tuple[tuple[int, str], ...] = ()
+    probe_words: int = 0
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -212,6 +247,9 @@ class GraphPlan:
             elif isinstance(n, PublishNodePlan):
                 stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
                 lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
+            elif isinstance(n, ProbeNodePlan):
+                bid, port = self.probes[n.probe]
+                lines.append(f"  [{n.index}] probe {bid}.{port} buffer={n.buffer} grid={n.grid} deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:
@@ -233,6 +271,9 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
       their end inside (``griddepcontrol.wait``) and read the timer right after it.
     - A kernel that only waits for the graph's start stamp launches once that stamp has begun
       (``launch_order``): the start time is taken, and nothing the kernel reads comes from it.
+    - A probe hangs on the kernel writing its buffer by a ``programmatic`` edge (it waits inside, like
+      the publish node), so a probe at the end of a chain costs the frame its run time, not also a
+      launch latency.
 
     Edges from memsets and captured library calls stay plain, as do stamps on the path (a block's
     own start stamp), which the work waits for.
@@ -242,13 +283,15 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
         for dep in n.deps:
             waited_for.setdefault(dep, set()).add(n.index)
     publish = {n.index for n in nodes if isinstance(n, PublishNodePlan)}
-    launched = (KernelNodePlan, StampNodePlan)
+    launched = (KernelNodePlan, StampNodePlan, ProbeNodePlan)
     edges: dict[int, dict[int, EdgePort]] = {}
     for n in nodes:
         if isinstance(n, PublishNodePlan) or (
             isinstance(n, StampNodePlan) and n.deps and waited_for.get(n.index, set()) <= publish
         ):
             ports: dict[int, EdgePort] = {d: "programmatic" for d in n.deps if isinstance(nodes[d], launched)}
+        elif isinstance(n, ProbeNodePlan):
+            ports = {d: "programmatic" for d in n.deps if isinstance(nodes[d], KernelNodePlan)}
         elif isinstance(n, KernelNodePlan) and len(n.deps) == 1:
             first = nodes[n.deps[0]]
             ports = {first.index: "launch_order"} if isinstance(first, StampNodePlan) and first.stamp == 0 else {}

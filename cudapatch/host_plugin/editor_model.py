@@ -18,6 +18,8 @@ model knows nothing of imgui, so everything here is tested without a display or 
   memory; ``status`` says so and the next successful write saves it. An edit made outside (another
   editor) is applied by the reloader as before; the model then reads the file again and clears its
   history (its snapshots describe a file that no longer exists).
+- **Probes.** ``probe(op, port)`` puts a probe on the wires leaving an output (``WireProbes``,
+  ``engine.probe``); ``refresh`` takes their newest statistics into ``probes.latest`` each frame.
 - **Undo/redo** keep the patch text before and after each edit (``max_history``, 256 by default).
   Undo makes the running patch match the older text through ``apply_patch``, which again changes
   only what differs; renames are undone by renaming back.
@@ -39,6 +41,7 @@ from ..errors import CudapatchError, PatchFileError
 from .adapter import HostAdapter
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
+from .wire_probes import WireProbes
 
 __all__ = ["EditorModel", "ActionResult", "NodeView", "PinView", "ParamView", "LinkView", "auto_layout"]
 
@@ -210,6 +213,8 @@ class EditorModel:
         self._links: list[LinkView] | None = None
         self._views_version = -1
         self._bypassed: set[str] = set()  # operators this model bypassed through the adapter
+        #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
+        self.probes = WireProbes(adapter)
         for op in self.doc.bypassed():  # the file's bypass flags take effect when the editor opens
             if op in adapter.operators():
                 self._set_bypass(op, True)
@@ -258,6 +263,7 @@ class EditorModel:
             views[op] = view
         self._views = views
         self._links = [self._link_view(*key) for key in link_keys]
+        self.probes.sync(views)
         self._views_version = self.version
 
     def _value(self, op: str, block: Any, spec: Any) -> Any:
@@ -286,6 +292,8 @@ class EditorModel:
         """Take each node's state, message, GPU time and append fill from ``stats`` (``engine.stats()``;
         None: the adapter's diagnostics only). One pass over the blocks: cheap enough every frame."""
         views = self.nodes()
+        if self.probes:
+            self.probes.refresh()
         if stats is None:
             for view in views.values():
                 diags = self.adapter.diagnostics(view.name)
@@ -303,6 +311,22 @@ class EditorModel:
                 view.code_errors = _code_errors(b.message)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
+
+    def probe(self, op: str, port: str) -> ActionResult:
+        """Probe the wires leaving output ``port`` of ``op``: their statistics come in ``probes.latest``
+        from the next frames on (not an edit of the patch: nothing is written or undone)."""
+        if op not in self.nodes():
+            return self._refuse(f"unknown operator '{op}'")
+        problem = self.probes.add(op, port)
+        if problem is not None:
+            return self._refuse(f"cannot probe {op}.{port}: {problem}")
+        return ActionResult(True, f"probing {op}.{port}")
+
+    def unprobe(self, op: str, port: str) -> ActionResult:
+        """Remove the probe on ``op.port``."""
+        if not self.probes.remove(op, port):
+            return ActionResult(False, f"{op}.{port} is not probed")
+        return ActionResult(True, f"probe on {op}.{port} removed")
 
     def link_problem(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
         """Why a wire from ``src.src_port`` to ``dst.dst_port`` would be refused, checked without
@@ -582,6 +606,7 @@ class EditorModel:
 
     def _rename(self, old: str, new: str) -> None:
         self.adapter.rename(old, new)
+        self.probes.renamed(old, new)
         if old in self._bypassed:  # the flag stays on the block; the name it goes by changed
             self._bypassed.discard(old)
             self._bypassed.add(new)

@@ -142,6 +142,9 @@ class PlanDraft:
     # stamps: measured spans and timestamp slots
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    # probes (placed by the nodes phase, see ``probes.py``): each probe's (block, port), readback words
+    probe_keys: list[tuple[int, str]] = field(default_factory=list)
+    probe_words: int = 0
 
     def __post_init__(self) -> None:
         self.blocks = {b.id: b for b in self.snap.blocks}
@@ -180,4 +183,6 @@ class PlanDraft:
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            probes=tuple(self.probe_keys),
+            probe_words=self.probe_words,
         )

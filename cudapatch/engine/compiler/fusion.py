@@ -189,6 +189,8 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
     for lk in draft.links:
         key = (lk.src, lk.src_port)
         readers[key] = readers.get(key, 0) + 1
+    for key, _ in draft.snap.probes:  # a probe reads the value too: it keeps its buffer
+        readers[key] = readers.get(key, 0) + 1
     consumer: dict[int, int] = {}  # member → the member it fuses into
     for bid, m in members.items():
         n = sized[bid].outputs[m.output].count

@@ -19,6 +19,7 @@ from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
+from .probes import add_probes, probe_requests
 
 __all__ = ["nodes"]
 
@@ -45,6 +46,7 @@ def nodes(draft: PlanDraft) -> None:
     if draft.counters:  # zeroed before anything appends
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
     value_buffer = draft.value_buffer
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     fused = draft.fusion
     for sized in draft.sized.values():
         b = sized.block
@@ -53,6 +55,8 @@ def nodes(draft: PlanDraft) -> None:
             if group is not None:
                 block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
                 drafts.append(fused_node(draft, group, len(drafts)))
+                if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                    add_probes(draft, sized, probes[b.id])
             continue
         if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
             for vi in sized.made:
@@ -67,6 +71,8 @@ def nodes(draft: PlanDraft) -> None:
             block_nodes[b.id] = (first,)
         elif len(drafts) > first:
             block_nodes[b.id] = tuple(range(first, len(drafts)))
+        if probes and b.id in probes:
+            add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(
