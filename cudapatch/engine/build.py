@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
+from .bypass import BypassIndex
 from .compiler import compile_plan
 from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
@@ -108,6 +109,7 @@ class BuildOutcome:
     realize_ms: float = 0.0
     warm: WarmPatch | None = None
     warm_base: GraphPlan | None = None
+    bypass_index: BypassIndex | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -155,7 +157,7 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
-        bypass: Callable[[CompiledGraph], None] | None = None,
+        bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
         fuse: bool = False,
     ) -> None:
         self._fuse = fuse
@@ -230,6 +232,8 @@ class GraphBuilds:
         if self._fuse and not self._load_fused(out):
             return out
         functions = out.functions
+        if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
+            out.bypass_index = BypassIndex(out.plan)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -373,7 +377,7 @@ class GraphBuilds:
             self._counters.nodes_patched += patched
             self._counters.recaptures += g.recaptures - recaptures
             self._counters.growths += g.reallocations - reallocations
-            self._done(g, plan, job)
+            self._done(g, plan, job, out.bypass_index)
             return True
         graph = out.graph
         timing.realize_ms = out.realize_ms
@@ -382,7 +386,7 @@ class GraphBuilds:
         self._counters.rebuilds += 1
         self._counters.instantiations += graph.instantiations
         self._counters.exec_updates += graph.exec_updates
-        self._done(graph, plan, job)
+        self._done(graph, plan, job, out.bypass_index)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
         return True
 
@@ -428,11 +432,11 @@ class GraphBuilds:
         self._board.build_failed(diags)
         return False
 
-    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob) -> None:
+    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob, index: BypassIndex | None) -> None:
         if not job.off_thread:
             self._context.dirty.clear_structure()  # the snapshot held every pending change
         if self._bypass is not None:  # before its first launch: bypassed blocks stay off
-            self._bypass(graph)
+            self._bypass(graph, index)
         registry = self._context.registry
         show_built(plan, graph.appends, registry)
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

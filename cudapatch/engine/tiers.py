@@ -364,14 +364,18 @@ class BypassTier:
         self._refused: set[int] = set()
         self._bypassing: CompiledGraph | None = None  # the graph with nodes off or readers redirected
 
-    def apply(self, g: CompiledGraph | None) -> None:
+    def apply(self, g: CompiledGraph | None, index: BypassIndex | None = None) -> None:
         """Make the running graph ``g`` match the blocks' ``enabled`` flags (an edit frame, or right
         after a build swapped ``g`` in or patched it). Nothing to do while no block is or was bypassed.
+        ``index``: the ``BypassIndex`` of ``g``'s plan, made by the build on its own thread (else it is
+        made here at the first bypass of the plan).
 
         Raises:
             CudaError: a driver call failed.
         """
         self._context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
+        if g is not None and index is not None and index.plan is g.plan:
+            self._index = index
         bypassed = self._context.bypassed
         if g is None or (not bypassed and self._bypassing is not g and not self._refused):
             return  # the common case, after every build: nothing bypassed, nothing to undo
