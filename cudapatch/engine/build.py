@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .bypass import BypassIndex
-from .compiler import compile_plan
+from .compiler import NodeCache, compile_plan
 from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
@@ -170,6 +170,9 @@ class GraphBuilds:
         self._timing = timing
         self._settle_compiles = settle_compiles
         self._bypass = bypass
+        # The node drafts of the last plan (incremental planning): builds run one at a time, on
+        # whichever thread, so one cache serves them all.
+        self._plans = NodeCache()
         self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
 
     # -- the two halves ----------------------------------------------------------------------------
@@ -225,7 +228,7 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse)
+            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse, cache=self._plans)
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out

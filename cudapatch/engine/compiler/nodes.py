@@ -20,6 +20,7 @@ from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
 from .probes import add_probes, probe_requests
+from .reuse import NodeCache, replay_slots, signature
 
 __all__ = ["nodes"]
 
@@ -29,9 +30,10 @@ _NO_TAIL: tuple = ()
 _COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
 
 
-def nodes(draft: PlanDraft) -> None:
+def nodes(draft: PlanDraft, cache: NodeCache | None = None) -> None:
     """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
-    ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
+    ``scalar_slots``, ``binding_slots`` and ``block_nodes``. With ``cache``, the drafts of blocks
+    nothing changed for are taken from the last plan (``reuse.py``)."""
     drafts, faulted, block_nodes = draft.drafts, draft.faulted, draft.block_nodes
     # What _work_node reads and fills, handed over as one tuple: unpacked once per node, not looked
     # up as attributes for every argument (a 100-block rebuild fills about a thousand arguments).
@@ -65,8 +67,17 @@ def nodes(draft: PlanDraft) -> None:
             continue
         d = b.description
         first = len(drafts)
-        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
-            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+        sig = signature(sized, value_buffer, draft.value_counter, draft.buffers) if cache is not None else None
+        reused = cache.take(sized, first, sig) if cache is not None else None  # type: ignore[arg-type]
+        if reused is not None:
+            for nd in reused:
+                replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+            drafts.extend(reused)
+        else:
+            for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
+                drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+            if cache is not None:
+                cache.put(sized, first, sig, tuple(drafts[first:]))  # type: ignore[arg-type]
         if len(drafts) == first + 1:
             block_nodes[b.id] = (first,)
         elif len(drafts) > first:
