@@ -16,6 +16,7 @@ from .captured import (
     device_scalar,
     host_scalar,
 )
+from .composite import Composite, CompositeBuilder
 from .description import (
     BlockDescription,
     InternalLink,
@@ -29,11 +30,14 @@ from .description import (
     fixed,
     from_param,
     like,
+    shape_of,
 )
 from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
+from .regions import For, If, Region, RegionDescription, While
+from .shape import Shape
 
 __all__ = [
     "CallDescriptor",
@@ -54,9 +58,16 @@ __all__ = [
     "BlockHost",
     "BlockParameter",
     "BlockState",
+    "Composite",
+    "CompositeBuilder",
     "CustomKernel",
     "Expression",
     "Fill",
+    "For",
+    "If",
+    "Region",
+    "RegionDescription",
+    "While",
     "InternalLink",
     "KernelFile",
     "KernelHandle",
@@ -74,4 +85,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

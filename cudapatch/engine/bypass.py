@@ -80,6 +80,8 @@ class BypassIndex:
         #: block id -> its nodes are child graphs (library calls): the driver cannot disable them
         self.captured_blocks: set[int] = set()
         self.outputs: dict[int, list[tuple[str, int]]] = {}
+        #: nodes inside a region's body or a composite's child graph: not disabled one by one
+        self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
         #: block id -> its place in the plan's topological order (a decision sorts only what it bypasses)
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
         for n in plan.nodes:
@@ -136,6 +138,8 @@ def plan_bypass(index: BypassIndex, bypassed: Collection[int]) -> BypassPlan:
     for bid in running:  # every node off first: a redirect is judged against what still runs
         if bid in index.captured_blocks:
             refused[bid] = "its library call is a child-graph node, which the driver cannot disable"
+        elif index.nested and not index.nested.isdisjoint(block_nodes.get(bid, ())):
+            refused[bid] = "it runs inside a region's body or a composite's child graph"
         else:
             disabled.update(block_nodes.get(bid, ()))
     for bid in running:

@@ -20,9 +20,11 @@ from ..blocks.block import Block, check_block
 from ..blocks.description import BlockDescription
 from ..blocks.host import ParamListener
 from ..blocks.parameter import BlockParameter
+from ..blocks.regions import Region, accepts_condition
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
 from .registry import BlockRegistry
@@ -41,12 +43,14 @@ class ExternalBinding:
         count: Element count.
         dtype: Element type.
         owner: The object that owns the memory; kept alive while bound.
+        shape: Its ``Shape`` when the array had 2 or more axes (None: flat, ``(count,)``).
     """
 
     ptr: int
     count: int
     dtype: DType
     owner: Any = field(default=None, compare=False, repr=False)
+    shape: Any = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ class PatchSnapshot:
     #: Probed outputs: ``((block_id, port), shape or None)``, ``shape`` an ``(height, width)`` given by
     #: the user (see ``engine/probes.py``).
     probes: tuple[tuple[tuple[int, str], tuple[int, int] | None], ...] = ()
+    #: The composites flattened into ``blocks`` (``engine/composites.py``); empty without any.
+    composites: tuple[CompositeInfo, ...] = ()
+    #: Block id -> the region block it is placed in (blocks at the top level are absent).
+    parents: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 class Context:
@@ -92,6 +100,8 @@ class Context:
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
         self.bypassed: set[int] = set()
+        #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
+        self.parents: dict[int, int] = {}
         #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
         self.probes: dict[tuple[int, str], tuple[int, int] | None] = {}
         # Each block's last snapshot, dropped when its values or description change: a build freezes
@@ -133,6 +143,13 @@ class Context:
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.bypassed.discard(block.id)
+        parents = self.parents
+        outer = parents.pop(block.id, None)
+        for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
+            if outer is None:
+                del parents[child]
+            else:
+                parents[child] = outer
         for key in [k for k in self.probes if k[0] == block.id]:
             del self.probes[key]
         block.detach(self)
@@ -252,7 +269,7 @@ class Context:
                 raise LinkError("is an output; links end at an input", block=dst.name, port=dst_port)
             known = ", ".join(p.name for p in dst.inputs) or "none"
             raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
-        if out.dtype != inp.dtype:
+        if out.dtype != inp.dtype and not accepts_condition(dst.description, dst_port, out.dtype):
             raise LinkError(
                 f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to "
                 f"{dst.name}.{dst_port} ({inp.dtype.c_name}): element types differ",
@@ -278,6 +295,32 @@ class Context:
             self.dirty.mark_structure()
         return removed
 
+    # -- regions ------------------------------------------------------------------------------
+    def place(self, block: Block, region: Block | None) -> None:
+        """Put ``block`` inside ``region`` (an ``If``, ``While`` or ``For`` of this engine), or back at
+        the top level with None (Cold on the next update). Links stay as they are.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or it is ``block`` itself or
+                inside it (a region cannot contain itself).
+        """
+        self._owned(block, "placed")
+        if region is None:
+            if self.parents.pop(block.id, None) is not None:
+                self.dirty.mark_structure()
+            return
+        self._owned(region, "region")
+        if not isinstance(region, Region):
+            raise CudapatchError(f"'{region.name}' is not a region (If, While, For)", block=block.name)
+        r: int | None = region.id
+        while r is not None:
+            if r == block.id:
+                raise CudapatchError(f"region '{region.name}' cannot be placed inside itself", block=block.name)
+            r = self.parents.get(r)
+        if self.parents.get(block.id) != region.id:
+            self.parents[block.id] = region.id
+            self.dirty.mark_structure()
+
     # -- external bindings ----------------------------------------------------------------------
     def bind_input(self, block: Block, port: str, binding: ExternalBinding) -> None:
         """Bind external device memory to an input port. Same size and type as before: Warm; otherwise Cold.
@@ -299,7 +342,7 @@ class Context:
         key = (block.id, port)
         old = self.bindings.get(key)
         self.bindings[key] = binding
-        if old is not None and old.count == binding.count:
+        if old is not None and old.count == binding.count and old.shape == binding.shape:
             if old.ptr != binding.ptr:
                 self.dirty.mark_binding(block.id, port, binding)
         else:
@@ -355,14 +398,36 @@ class Context:
     # -- for the compiler -----------------------------------------------------------------------
     def snapshot(self) -> PatchSnapshot:
         """Freeze the patch for the compiler. A block whose values, name and description did not change
-        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written)."""
-        frozen, cid = self._frozen, self.id
-        blocks = []
+        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written);
+        composites are flattened into their inner blocks, afresh each time (``engine/composites.py``)."""
+        frozen, cid, composites = self._frozen, self.id, self.registry.composites
+        blocks: list[Any] = []
         for b in self.registry:
+            if b.id in composites:
+                blocks.append(b)
+                continue
             s = frozen.get(b.id)
             if s is None or s.description is not b.description or s.name != b.name:
                 s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
                 frozen[b.id] = s
             blocks.append(s)
         probes = tuple(self.probes.items())
-        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes)
+        parents = dict(self.parents)
+        if composites:
+            snap = flatten_snapshot(
+                cid, blocks, tuple(self.connections), self.bindings, probes, PatchSnapshot, BlockSnapshot
+            )
+            return replace(snap, parents=_place_members(parents, snap.composites)) if parents else snap
+        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, parents=parents)
+
+
+def _place_members(parents: dict[int, int], composites: tuple[CompositeInfo, ...]) -> dict[int, int]:
+    """Placements after flattening: a composite placed in a region puts its leaf blocks there (the
+    flattened patch has no composite block to place)."""
+    out = dict(parents)
+    for c in composites:
+        region = parents.get(c.id)
+        if region is not None:
+            for leaf in c.members:
+                out.setdefault(leaf, region)
+    return out

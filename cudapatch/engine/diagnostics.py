@@ -34,7 +34,16 @@ class DiagnosticCode(str, Enum):
     INPUT_NOT_RUNNING = "input-not-running"  # an input comes from a block that is not running
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Shapes (errors: the block never launches; ``engine.compiler.shapes``).
+    SHAPE_UNRESOLVED = "shape-unresolved"  # a size rule or launch whose shape cannot be found
+    INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
+    INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
+    # Regions (If, While, For).
+    REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch
+    REGION_MAX = "region-max"  # a While without Max; per frame (warning): a While ran Max iterations
+    REGION_CONDITION = "region-condition"  # no Condition, or one from a block that cannot decide it
+    REGION_NOT_RUNNING = "region-not-running"  # left out: its condition's block or its region does not run
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight
@@ -44,6 +53,7 @@ class DiagnosticCode(str, Enum):
     REALIZE = "realize"  # a driver call failed while building the graph
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
     BYPASS = "bypass"  # warning: a bypassed block's nodes cannot be turned off in place (it keeps running)
+    CHILD_GRAPH = "child-graph"  # a composite asked for a child graph and runs flattened instead (why)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
     GPU_LOST = "gpu-lost"  # CUDA refuses the process after a fault: restart it

@@ -42,10 +42,28 @@ class PatchEditing:
     _frame_hooks: tuple[Any, ...]
     _probes: ProbeSet
 
-    def add(self, block: Block) -> Block:
-        """Register ``block`` with this engine (Cold on the next update). Returns it."""
+    def add(self, block: Block, *, region: Block | None = None) -> Block:
+        """Register ``block`` with this engine (Cold on the next update), inside ``region`` (an ``If``,
+        ``While`` or ``For`` added before) if given. Returns it.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine.
+        """
         self._faults.patch_edited()
-        return self.context.register_block(block)
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block: Block, region: Block | None) -> None:
+        """Move ``block`` into ``region`` (an ``If``, ``While`` or ``For``), or to the top level with
+        None (Cold on the next update); its links stay. See ``cudapatch.blocks.regions``.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or is ``block`` or inside it.
+        """
+        self._faults.patch_edited()
+        self.context.place(block, region)
 
     def remove(self, block: Block) -> None:
         """Unregister ``block``, dropping its links (Cold on the next update)."""

@@ -11,7 +11,7 @@ times cheaper to build and hash than frozen dataclasses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
@@ -23,6 +23,9 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
+    "ConditionalNodePlan",
+    "RegionPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -35,7 +38,7 @@ __all__ = [
     "programmatic_edges",
 ]
 
-ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null"]
+ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null", "handle"]
 
 
 class Arg(NamedTuple):
@@ -82,6 +85,8 @@ class KernelNodePlan(NamedTuple):
     shared_bytes: int
     args: tuple[Arg, ...]
     deps: tuple[int, ...]
+    #: 2-D/3-D launches: ``(grid y, grid z, block y, block z)``; ``grid`` and ``block`` are the x axis.
+    yz: tuple[int, int, int, int] = (1, 1, 1, 1)
 
     @property
     def entry_point(self) -> str:
@@ -139,6 +144,36 @@ class PublishNodePlan(NamedTuple):
     end_stamp: int | None = None
 
 
+class ConditionalNodePlan(NamedTuple):
+    """A region (``If``, ``While``, ``For``): a CUDA conditional node whose body graph holds the nodes
+    that ``GraphPlan.scopes`` maps to this node's index. ``kind`` is ``if`` or ``while`` (a ``For`` is
+    a while over a device counter). Its handle is set on the device by the region's set-condition
+    kernels (``KernelNodePlan`` of the region block whose ``handle`` argument names this node)."""
+
+    index: int
+    block_id: int
+    kind: str
+    deps: tuple[int, ...] = ()
+    kernel: int = -1  # never a kernel of the block: here so profiling can time it like one
+
+
+class RegionPlan(NamedTuple):
+    """What the engine needs to know of one region at run time.
+
+    Attributes:
+        kind: ``if``, ``while`` or ``for``.
+        node: Index of its conditional node.
+        counter: Index of its iteration counter among the plan's counters (While and For), read back
+            through the readback ring like an append count; None for an If.
+        limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
+    """
+
+    kind: str
+    node: int
+    counter: int | None = None
+    limit: str | None = None
+
+
 class ProbeNodePlan(NamedTuple):
     """Statistics of one probed wire (``engine/probes.py``): a reduction kernel reading buffer
     ``buffer`` right after the block that makes it, writing min, max, sum, finite/NaN/Inf counts (and
@@ -179,7 +214,25 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ProbeNodePlan]
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
+NodePlan = Union[
+    KernelNodePlan,
+    CapturedNodePlan,
+    MemsetNodePlan,
+    StampNodePlan,
+    PublishNodePlan,
+    ProbeNodePlan,
+    ConditionalNodePlan,
+]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -201,8 +254,14 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        scopes: node index → index of the conditional node whose body graph holds it (nodes of the
+            top-level graph are absent). A body's nodes follow their conditional node, contiguously.
+        regions: region block id → ``RegionPlan``.
+        shapes: ``(block_id, port)`` → the Shape of each output that is not flat (1-D outputs hold
+            their buffer's count).
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
+        children: Groups of nodes realized as one child-graph node each.
     """
 
     nodes: tuple[NodePlan, ...]
@@ -217,11 +276,15 @@ class GraphPlan:
     binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
     binding_counts: dict[tuple[int, str], int] = field(compare=False)
     block_nodes: dict[int, tuple[int, ...]] = field(compare=False)
+    shapes: dict[tuple[int, str], Any] = field(default_factory=dict, compare=False)
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    scopes: dict[int, int] = field(default_factory=dict, compare=False)
+    regions: dict[int, RegionPlan] = field(default_factory=dict, compare=False)
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:
@@ -247,15 +310,18 @@ class GraphPlan:
             elif isinstance(n, PublishNodePlan):
                 stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
                 lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
+            elif isinstance(n, ConditionalNodePlan):
+                lines.append(f"  [{n.index}] {n.kind} region block={n.block_id} deps={list(n.deps)}")
             elif isinstance(n, ProbeNodePlan):
                 bid, port = self.probes[n.probe]
                 lines.append(f"  [{n.index}] probe {bid}.{port} buffer={n.buffer} grid={n.grid} deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:
-                lines.append(
-                    f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
-                )
+                gy, gz, by, bz = n.yz
+                grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
+                lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 

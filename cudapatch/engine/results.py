@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..blocks.block import Block
+from ..blocks.shape import Shape
 from ..errors import CudapatchError
 from .buffers import AppendBuffer, GpuBuffer
 from .diagnostics import Diagnostic
 from .profiling import EngineStats, ProfilingLevel
+from .region_stats import region_iterations, region_warnings, show_iterations
 from .stats import append_warnings, collect_stats, newest_frame, show_on_blocks
 
 if TYPE_CHECKING:
@@ -82,7 +84,8 @@ class EngineResults:
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host. **Synchronizes** (by design): not for the frame path.
 
-        Append outputs return only the elements written in the last frame.
+        Append outputs return only the elements written in the last frame; 2-D and 3-D outputs come
+        shaped ``(h, w)`` / ``(d, h, w)`` (then channels, then vector lanes).
 
         Raises:
             CudapatchError: not compiled or no such output.
@@ -99,7 +102,27 @@ class EngineResults:
             words = g.counters.download().view(np.uint32)
             raw = int(words[2 * g.plan.stamp_count + ab.counter_index])
             return data[: min(raw, ab.capacity)]
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        if shape is not None:  # a 2-D/3-D output reads as an image or volume: (h, w[, channels][, lanes])
+            data = data.reshape(shape.dims + ((shape.channels,) if shape.channels > 1 else ()) + data.shape[1:])
         return data
+
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the running graph (``(count,)`` for flat outputs).
+
+        Raises:
+            CudapatchError: not compiled or no such output.
+        """
+        buf = self.output(block, port)
+        g = self.resources.graph
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        return shape if shape is not None else Shape.flat(buf.count)
+
+    def iterations(self, region: Block) -> int | None:
+        """The iterations a ``While`` or ``For`` ran in the newest completed frame, read from the
+        readback ring without waiting (None before a frame completed, or for an If). Its age is the
+        ring's (``stats().age``): a frame or two behind the last ``update()``."""
+        return region_iterations(self.resources.graph, region.id)
 
     def append_buffer(self, block: Block, port: str) -> AppendBuffer:
         """The append buffer of an append output; its ``count`` is from the last completed frame.
@@ -129,6 +152,8 @@ class EngineResults:
         registry = self.context.registry
         with newest_frame(g) as reading:
             full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+            if g is not None and reading.frame is not None and g.plan.regions:
+                full += region_warnings(g, registry)
             self._board.frame_warnings(full)
             stats = collect_stats(
                 level=self.profiling,
@@ -139,6 +164,8 @@ class EngineResults:
                 diagnostics=self._board.current,
             )
         show_on_blocks(stats, registry)
+        if g is not None and g.plan.regions:
+            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 

@@ -155,6 +155,8 @@ def append_warnings(appends: Mapping[tuple[int, str], Any], blocks: BlockRegistr
     """
     out = []
     for (bid, port), ab in appends.items():
+        if bid in blocks.composites:
+            continue  # a composite's exposed append output: the inner block's own key warns (on the composite)
         b = blocks.get(bid)
         count = ab.count if b is not None else None
         if count is None:
@@ -261,6 +263,9 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     sizes: dict[int, dict[str, int]] = {}
     for (bid, port), bi in plan.outputs.items():
         sizes.setdefault(bid, {})[port] = plan.buffers[bi].count
+    shapes: dict[int, dict[str, Any]] = {}
+    for (bid, port), shape in plan.shapes.items():
+        shapes.setdefault(bid, {})[port] = shape
     by_block: dict[int, dict[str, Any]] = {}
     for (bid, port), ab in appends.items():
         by_block.setdefault(bid, {})[port] = ab
@@ -268,6 +273,7 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     for b in blocks:
         b.debug.append = by_block.get(b.id, {})
         b.debug.sizes = sizes.get(b.id, {})
+        b.debug.shapes = shapes.get(b.id, {})
         b.debug.fused = fused.get(b.id, "")
         b.debug.gpu_ms = None
         b.debug.append_fill = {}

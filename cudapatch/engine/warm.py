@@ -46,6 +46,10 @@ def same_topology(old: GraphPlan, new: GraphPlan) -> bool:
     (H100, DESIGN.md §9)."""
     if len(old.nodes) != len(new.nodes) or old.level is not new.level:
         return False
+    if old.scopes or new.scopes or old.children or new.children:
+        # Nodes in conditional bodies and composites' child graphs are patched through the graph the
+        # executable was instantiated from (a whole-graph update from it): that graph must stay its own.
+        return False
     return all(type(a) is type(b) and a.deps == b.deps for a, b in zip(old.nodes, new.nodes, strict=True))
 
 
@@ -74,6 +78,8 @@ class Refusal(str, Enum):
     KERNEL_NODE = "kernel-node"  #: a kernel's identity, edges, block size, shared memory or argument sources changed
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
+    CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
+    REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
 
 
 @dataclass(frozen=True)
@@ -175,8 +181,12 @@ def decide_warm_patch(
         return _refuse(Refusal.NODE_COUNT, None, f"{len(old.nodes)} -> {len(new.nodes)} nodes")
     if len(new.buffers) != len(old.buffers):
         return _refuse(Refusal.BUFFER_COUNT, None, f"{len(old.buffers)} -> {len(new.buffers)} buffers")
+    if new.children != old.children:
+        return _refuse(Refusal.CHILD_GRAPHS, None, "the nodes grouped into child-graph nodes differ")
     if new.counters != old.counters:
         return _refuse(Refusal.COUNTERS, None, "the append counters differ")
+    if new.scopes != old.scopes:
+        return _refuse(Refusal.REGIONS, None, "nodes moved into or out of a region's body")
     if new.scalar_slots != old.scalar_slots:
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:
@@ -225,12 +235,13 @@ def decide_warm_patch(
                 )
             continue
         cur = c
-        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.shared_bytes) != (
+        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.yz[2:], n.shared_bytes) != (
             cur.block_id,
             cur.kernel,
             cur.descriptor,
             cur.deps,
             cur.block,
+            cur.yz[2:],
             cur.shared_bytes,
         ) or not _same_sources(n, cur):
             return _refuse(Refusal.KERNEL_NODE, i, f"kernel '{n.entry_point}' (node {i}) changed")

@@ -1,10 +1,11 @@
 """``HostAdapter``: host operators ⇄ passive blocks, and the one ``EngineOperator`` a host cooks.
 
 A host (TouchDesigner callbacks, the standalone preview driven by a patch file, an app) calls the
-adapter when its user edits the network; the adapter turns each call into block and engine edits
-that only mark the engine dirty. ``EngineOperator.cook()`` runs ``Engine.update()`` once per frame,
-which applies everything with the cheapest tier. Errors are precise (operator, port, parameter) and
-leave the previous state in place.
+adapter when its user edits the network (a composite, ``core.Composite`` with a ``Path``, is an
+operator like any other: created, deleted, linked and set the same way); the adapter turns each
+call into block and engine edits that only mark the engine dirty. ``EngineOperator.cook()`` runs
+``Engine.update()`` once per frame, which applies everything with the cheapest tier. Errors are
+precise (operator, port, parameter) and leave the previous state in place.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
+from ..blocks.composite import Composite
 from ..engine.diagnostics import Diagnostic
 from ..errors import CudapatchError, LinkError, ParameterError
 from .coerce import check_param, coerce_host_value
@@ -55,6 +57,7 @@ class HostAdapter:
         self._ops: dict[str, Block] = {}
         self._types: dict[str, BlockType] = {}
         self._links: list[OperatorLink] = []
+        self._regions: dict[str, str] = {}  # operator id -> the region operator holding it
         self.engine_operator = EngineOperator(self)
 
     # -- queries -----------------------------------------------------------------------------------
@@ -77,9 +80,18 @@ class HostAdapter:
     def links(self) -> tuple[OperatorLink, ...]:
         return tuple(self._links)
 
+    def regions(self) -> dict[str, str]:
+        """Operator id → the region operator (``If``, ``While``, ``For``) holding it; top-level ones are absent."""
+        return dict(self._regions)
+
     def operators_by_block(self) -> dict[int, str]:
-        """Block id → operator id, for routing the engine's per-block results to operators."""
-        return {b.id: op for op, b in self._ops.items()}
+        """Block id → operator id, for routing the engine's per-block results to operators. The inner
+        blocks of a composite route to the composite's operator."""
+        out = {b.id: op for op, b in self._ops.items()}
+        for op, b in self._ops.items():
+            if isinstance(b, Composite):
+                out.update((inner.id, op) for _, inner in b.inner_blocks())
+        return out
 
     # -- structure (Cold on the next cook) ------------------------------------------------------------
     def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None) -> Block:
@@ -96,7 +108,10 @@ class HostAdapter:
         scalars = {name for name, kind, _ in bt.params if kind != "text"}
         # Text parameters (code, paths) shape the description, so they go to the constructor.
         texts = {k: self.resolve_text(k, v) for k, v in params.items() if isinstance(v, str) and k not in scalars}
-        block = bt.create(op_id, **texts)
+        if issubclass(bt.cls, Composite):
+            block, texts = self._create_composite(op_id, bt, texts)
+        else:
+            block = bt.create(op_id, **texts)
         for name, value in params.items():
             if name not in texts:
                 self._set(block, name, value)
@@ -105,6 +120,21 @@ class HostAdapter:
         self._types[op_id] = bt
         log.debug("created %s as %s", op_id, bt.name)
         return block
+
+    @staticmethod
+    def _create_composite(op_id: str, bt: BlockType, texts: dict[str, str]) -> tuple[Block, dict[str, str]]:
+        """A composite's parameters are known once its file is read: a host's text for one of its
+        number parameters (``"0.5"``) is a value set after creation, and only its text parameters
+        (``Path``, exposed ones) go to the constructor. Returns the block and those texts."""
+        declared = {name for name, kind, _ in bt.params if kind == "text"}
+        given = {k: v for k, v in texts.items() if k in declared}
+        block = bt.create(op_id, **given)
+        exposed = {k: v for k, v in texts.items() if k not in declared and k in block.params}
+        exposed = {k: v for k, v in exposed.items() if block.params[k].spec.kind == "text"}
+        if exposed:  # an exposed text parameter (an inner kernel's Code) shapes the composite too
+            given.update(exposed)
+            block = bt.create(op_id, **given)
+        return block, given
 
     def resolve_text(self, name: str, value: str) -> str:
         """The value text parameter ``name`` gets from the host's ``value``: a relative kernel file
@@ -122,8 +152,27 @@ class HostAdapter:
                 return str(candidate)
         return value  # the block reports the missing file with its path
 
+    def place(self, op_id: str, region_op: str | None) -> None:
+        """Put operator ``op_id`` inside region operator ``region_op`` (an ``If``, ``While`` or
+        ``For``: in TouchDesigner, a COMP holding block COMPs), or at the top level with None
+        (Cold on the next cook).
+
+        Raises:
+            CudapatchError: unknown operator, ``region_op`` is no region, or it would hold itself.
+        """
+        block = self.block(op_id)
+        region = self.block(region_op) if region_op is not None else None
+        place = getattr(self.engine, "place", None)
+        if place is None:
+            raise CudapatchError(f"this engine ({type(self.engine).__name__}) runs no regions", block=op_id)
+        place(block, region)
+        if region_op is None:
+            self._regions.pop(op_id, None)
+        else:
+            self._regions[op_id] = region_op
+
     def delete(self, op_id: str) -> None:
-        """Remove operator ``op_id`` and its links.
+        """Remove operator ``op_id`` and its links (a region's operators move to the region around it).
 
         Raises:
             CudapatchError: unknown operator.
@@ -133,6 +182,12 @@ class HostAdapter:
         self.engine.remove(block)
         del self._ops[op_id]
         del self._types[op_id]
+        outer = self._regions.pop(op_id, None)
+        for child in [c for c, r in self._regions.items() if r == op_id]:
+            if outer is None:
+                del self._regions[child]
+            else:
+                self._regions[child] = outer
 
     def rename(self, op_id: str, new_id: str) -> None:
         """Rename an operator (its block, links and messages follow).
@@ -152,6 +207,7 @@ class HostAdapter:
             )
             for lk in self._links
         ]
+        self._regions = {(new_id if c == op_id else c): (new_id if r == op_id else r) for c, r in self._regions.items()}
 
     def connect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> None:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
@@ -191,6 +247,8 @@ class HostAdapter:
         new = bt.create(op_id, **texts)  # fails before anything changes
         values = {n: p.value for n, p in old.params.items() if p.spec.kind != "text"}
         links = [lk for lk in self._links if op_id in (lk.src, lk.dst)]
+        region = self._regions.get(op_id)
+        held = [c for c, r in self._regions.items() if r == op_id]  # a swapped region keeps its operators
         self.delete(op_id)
         for name, value in values.items():
             if name in new.params and new.params[name].spec.kind != "text":
@@ -201,6 +259,12 @@ class HostAdapter:
         self.engine.add(new)
         self._ops[op_id] = new
         self._types[op_id] = bt
+        for child, where in [(op_id, region), *((c, op_id) for c in held)]:
+            if where is not None:
+                try:
+                    self.place(child, where)
+                except CudapatchError as exc:  # the new type is no region: its operators stay where they are
+                    log.warning("hot swap of '%s': %s stays out of it: %s", op_id, child, exc)
         for lk in links:
             try:
                 self.connect(lk.src, lk.src_port, lk.dst, lk.dst_port)

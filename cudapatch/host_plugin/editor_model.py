@@ -131,10 +131,19 @@ class LinkView:
     type: str = ""
     count: int | None = None
     nbytes: int | None = None
+    shape: str = ""  # "1080x1920" for 2-D/3-D data, "" for flat data or before the graph has it
 
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.src, self.src_port, self.dst, self.dst_port)
+
+    @property
+    def size_text(self) -> str:
+        """Shape, element type and bytes, for the wire's tooltip (``float4 1080x1920, 33,177,600 bytes``)."""
+        if self.count is None:
+            return f"{self.type}  not built yet"
+        dims = f" {self.shape}" if self.shape else ""
+        return f"{self.type}{dims}  {self.count:,} elements, {self.nbytes:,} bytes"
 
     def __str__(self) -> str:
         return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
@@ -146,6 +155,15 @@ class _Edit:
     before: str
     after: str
     rename: tuple[str, str] | None = None
+
+
+def _shape_text(engine: Any, block: Any, port: str) -> str:
+    """The output's shape as text when it has 2 or 3 axes (or channels), else ""."""
+    g = getattr(getattr(engine, "resources", None), "graph", None)
+    plan = g.plan if g is not None else getattr(engine, "plan", None)
+    shapes = getattr(plan, "shapes", None) or {}
+    shape = shapes.get((block.id, port))
+    return str(shape) if shape is not None else ""
 
 
 def auto_layout(ops: list[str], links: list[tuple[str, str, str, str]]) -> dict[str, tuple[float, float]]:
@@ -232,6 +250,23 @@ class EditorModel:
         self.nodes()
         return self._links  # type: ignore[return-value]
 
+    def port_text(self, op: str, port: str, direction: str) -> str:
+        """A pin's tooltip: element type, shape and bytes of what it carries (an input: what its wire
+        brings), then its description."""
+        if direction == "out":
+            view = self._link_view(op, port, "", "")
+        else:
+            view = next((lk for lk in self.links() if lk.dst == op and lk.dst_port == port), None)
+            if view is None:
+                spec = self.adapter.block(op).description.input(port)
+                return f"{spec.pin_type if spec is not None else ''}  not linked" + (
+                    f"\n{spec.description}" if spec is not None and spec.description else ""
+                )
+        spec = self.adapter.block(op).description
+        p = spec.output(port) if direction == "out" else spec.input(port)
+        about = f"\n{p.description}" if p is not None and p.description else ""
+        return f"{op}.{port}\n{view.size_text}{about}"
+
     def _build_views(self) -> None:
         adapter = self.adapter
         ops = adapter.operators()
@@ -286,7 +321,9 @@ class EditorModel:
             if index is not None and port is not None:
                 count = int(plan.buffers[index].count)
                 nbytes = count * port.dtype.itemsize
-        return LinkView(src, src_port, dst, dst_port, str(port.pin_type) if port is not None else "", count, nbytes)
+        shape = _shape_text(engine, block, src_port)
+        kind = str(port.pin_type) if port is not None else ""
+        return LinkView(src, src_port, dst, dst_port, kind, count, nbytes, shape)
 
     def refresh(self, stats: Any = None) -> None:
         """Take each node's state, message, GPU time and append fill from ``stats`` (``engine.stats()``;

@@ -3,7 +3,7 @@
 Every operator is a node (title coloured by its state, type, GPU time, append fill, diagnostic
 text), its ports are pins, its parameters are widgets chosen by ``ParamView.widget`` (sliders with the
 declared ranges, checkboxes, enums, colour pickers, a multi-line ``Code`` editor with compile errors
-listed at their line). Wires show dtype, element count and bytes on hover. Dragging from a pin to
+listed at their line). Wires and pins show dtype, shape, element count and bytes on hover. Dragging from a pin to
 a pin connects (a refused link turns red and shows the reason), Delete removes the selection, the
 node menu renames and bypasses, the background menu opens the block browser (every registered
 type, grouped by package, with its docstring). Ctrl+Z / Ctrl+Y undo and redo; F2 shows or hides
@@ -498,10 +498,11 @@ class EditorPanel:
             key = self._links_by_id.get(hovered.id())
             link = next((lk for lk in model.links() if lk.key == key), None)
             if link is not None:
-                size = f"{link.count:,} elements, {link.nbytes:,} bytes" if link.count is not None else "not built yet"
                 probe = model.probes.latest.get((link.src, link.src_port), False)
                 seen = "" if probe is False else f"\n{probe}" if probe is not None else "\nprobe: no frame yet"
-                self._tooltip(f"{link}\n{link.type}  {size}{seen}")
+                self._tooltip(f"{link}\n{link.size_text}{seen}")
+        elif (pin := ed.get_hovered_pin()) and (where := self._pins_by_id.get(pin.id())) is not None:
+            self._tooltip(model.port_text(*where))  # shape, element type and bytes of what the pin carries
 
     def _menus(self) -> None:
         imgui, ed, model = self._imgui, self._ed, self.model

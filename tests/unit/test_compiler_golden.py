@@ -394,7 +394,9 @@ def canon(x: object, table: dict[object, int] | None = None) -> str:
     if isinstance(x, Arg):
         return f"{x.kind} {x.dtype.c_name}{'*' if x.is_pointer else ''} {canon(x.ref)} {canon(x.value)}"
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        fields = ", ".join(f"{f}={canon(v, table)}" for f, v in zip(x._fields, x, strict=True))
+        fields = ", ".join(
+            f"{f}={canon(v, table)}" for f, v in zip(x._fields, x, strict=True) if _QUIET.get(f, _NOT) != v
+        )
         return f"{type(x).__name__}({fields})"
     if isinstance(x, (tuple, list)):
         return "(" + ", ".join(canon(v, table) for v in x) + ")"
@@ -405,9 +407,13 @@ def canon(x: object, table: dict[object, int] | None = None) -> str:
     raise TypeError(f"no canonical form for {type(x).__name__}")
 
 
+_NOT = object()
+#: Fields added after the golden file was first recorded, left out where they hold their default (a
+#: 1-D launch), so plans that do not use them read as they always did.
+_QUIET: dict[str, object] = {"yz": (1, 1, 1, 1)}
 #: Plan fields of features the recorded patches do not use: shown only when set, so adding such a
 #: feature leaves the golden plans as they were recorded.
-WHEN_USED = {"probes": (), "probe_words": 0}
+WHEN_USED = {"probes": (), "probe_words": 0, "children": ()}
 
 
 def dump(plan: GraphPlan) -> list[str]:

@@ -1,9 +1,11 @@
 """Built-in block types."""
 
+from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .expression import DEFAULT_EXPRESSION, Expression
 from .fft import FFT
+from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
 from .particles import (
@@ -19,6 +21,8 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
+#: Regions: blocks holding blocks, run conditionally or repeatedly on the GPU (``blocks.regions``).
+REGION_BLOCKS = (If, While, For)
 BUILTIN_BLOCKS = (
     VectorAdd,
     Scale,
@@ -29,14 +33,24 @@ BUILTIN_BLOCKS = (
     Expression,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
+    *IMAGE_BLOCKS,
+    *REGION_BLOCKS,
 )
 
 __all__ = [
     "BUILTIN_BLOCKS",
+    "IMAGE_BLOCKS",
+    "Blur",
+    "ColorMap",
+    "Mix",
+    "Pattern",
+    "Resample",
+    "Threshold",
     "FFT",
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",
+    "REGION_BLOCKS",
     "LUSolve",
     "Random",
     "SpMV",

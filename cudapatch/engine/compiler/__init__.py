@@ -8,16 +8,25 @@ in its own module and tested on its own:
 2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
-   makes (outputs, internal links) with their element counts.
+   makes (outputs, internal links) with their element counts and shapes. Shape propagation lives
+   here (``shapes``): each kernel's 1-/2-/3-D launch from its grid's shape, and the check that every
+   input covers what the launches read (a short or mis-shaped input, a shape that does not resolve:
+   an error on the block, which never launches).
 3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
 7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+8. ``composites``: a flattened composite's outputs, parameter and binding slots filed under the
+   composite's own keys, its inner blocks' diagnostics put on it; its nodes grouped into one
+   child-graph node when it asks for one (``child_graphs``).
 
-The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
-sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
+A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
+stamps (``regions.py``): bodies become the body graphs of conditional nodes.
+
+The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
+sizes (done), fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations
@@ -27,12 +36,25 @@ from collections.abc import Mapping
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
+from .child_graphs import child_graphs
+from .composites import attribute_diagnostics, composite_keys
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
 from .memory import memory
 from .nodes import nodes
 from .order import order
+from .regions import (
+    check_regions,
+    has_regions,
+    order_regions,
+    region_counters,
+    region_edges,
+    region_nodes,
+    region_publish,
+    region_stamps,
+    size_regions,
+)
 from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
@@ -82,7 +104,10 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted)
     validate(draft)
+    if has_regions(draft):
+        return _compile_regions(draft)
     order(draft)
+    attribute_diagnostics(draft)
     draft.raise_errors()
     sizes(draft)
     fusion(draft, fuse=fuse)
@@ -95,4 +120,20 @@ def compile_plan(
     edges(draft)
     stamps(draft)
     publish(draft)
-    return draft.plan()
+    return child_graphs(composite_keys(draft.plan(), snap), snap)
+
+
+def _compile_regions(draft: PlanDraft) -> GraphPlan:
+    """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
+    here: a fused group must not span a body and the graph around it (not planned yet)."""
+    check_regions(draft)
+    order_regions(draft)
+    draft.raise_errors()
+    size_regions(draft)
+    memory(draft)
+    region_counters(draft)
+    region_nodes(draft)
+    region_edges(draft)
+    region_stamps(draft)
+    region_publish(draft)
+    return composite_keys(draft.plan(), draft.snap)

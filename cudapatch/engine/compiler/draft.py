@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from ...blocks.description import SizeRule
+from ...blocks.shape import Shape
 from ...errors import GraphCompileError
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
@@ -38,11 +39,13 @@ class Source(NamedTuple):
             key) or ``null`` (an optional input left unbound).
         ref: See ``kind``.
         count: Element count.
+        shape: Its shape (``(count,)`` for flat data).
     """
 
     kind: Literal["value", "external", "null"]
     ref: object
     count: int
+    shape: Shape
 
 
 class BlockSizes(NamedTuple):
@@ -54,6 +57,7 @@ class BlockSizes(NamedTuple):
         outputs: Output port → what it carries (a value it makes, or a ``through`` port's input).
         internal: The value index of each internal link.
         made: Indices of the values the block makes: its outputs in port order, then its internal links.
+        launches: Per kernel, its grid and block sizes (``shapes.Launch``; None for a captured call).
     """
 
     block: BlockSnapshot
@@ -61,6 +65,7 @@ class BlockSizes(NamedTuple):
     outputs: dict[str, Source]
     internal: tuple[int, ...]
     made: range
+    launches: tuple = ()
 
 
 class NodeDraft(NamedTuple):
@@ -79,16 +84,25 @@ class NodeDraft(NamedTuple):
 
 
 def resolve_count(rule: SizeRule, inputs: Mapping[str, Source], params: Mapping[str, object]) -> int:
-    """The element count ``rule`` gives for a block with these input sources and parameter values."""
-    if rule.fn is None:  # the common rules inline: a rebuild resolves thousands
-        if rule.like is not None:
-            n = inputs[rule.like].count
-        elif rule.param is not None:
-            n = int(params[rule.param])  # type: ignore[call-overload]
-        else:
-            n = int(rule.fixed)  # type: ignore[arg-type]
-        return max(0, n // rule.divide * rule.scale + rule.extra)
-    return rule.resolve(inputs[rule.like].count if rule.like is not None else None, params)
+    """The element count ``rule`` gives for a block with these input sources and parameter values
+    (for rules with axes, the count of their shape, or the one axis they name).
+
+    Raises:
+        ShapeError: a rule with axes cannot be resolved (the sizes phase checks every rule of a block
+            before the block runs, so later phases do not meet this).
+    """
+    if rule.dims or rule.axis is not None or rule.fn is not None:
+        from .shapes import resolve_shape
+
+        return resolve_shape(rule, inputs, params).count
+    # The common rules inline: a rebuild resolves thousands.
+    if rule.like is not None:
+        n = inputs[rule.like].count
+    elif rule.param is not None:
+        n = int(params[rule.param])  # type: ignore[call-overload]
+    else:
+        n = int(rule.fixed)  # type: ignore[arg-type]
+    return max(0, n // rule.divide * rule.scale + rule.extra)
 
 
 @dataclass(eq=False, slots=True)
@@ -109,6 +123,13 @@ class PlanDraft:
     blocks: dict[int, BlockSnapshot] = field(init=False)
     errors: list[Diagnostic] = field(default_factory=list)  # any error stops compile_plan after ordering
     warnings: list[Diagnostic] = field(default_factory=list)
+    # regions (``regions.py``): which region holds each block, the blocks left out with their region,
+    # the order of each scope's blocks and regions (None: the top level), the region of each node
+    parents: dict[int, int] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)
+    units: dict[int | None, list[int]] = field(default_factory=dict)
+    scopes: dict[int, int] = field(default_factory=dict)
+    regions: dict = field(default_factory=dict)  # region block id -> RegionPlan
     # validate: the links that make sense, and the one link into each linked input
     links: list[Link] = field(default_factory=list)
     incoming: dict[tuple[int, str], Link] = field(default_factory=dict)
@@ -121,6 +142,7 @@ class PlanDraft:
     # the BufferPlan it needs on its own; memory decides which buffers actually hold them.
     values: list[BufferPlan] = field(default_factory=list)
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
+    shapes: dict[tuple[int, str], Shape] = field(default_factory=dict)  # (block, output port) → shape, if not flat
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
     fusion: Any = None
@@ -180,9 +202,12 @@ class PlanDraft:
             binding_slots=self.binding_slots,
             binding_counts=self.binding_counts,
             block_nodes=self.block_nodes,
+            shapes=self.shapes,
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            scopes=self.scopes,
+            regions=self.regions,
             probes=tuple(self.probe_keys),
             probe_words=self.probe_words,
         )

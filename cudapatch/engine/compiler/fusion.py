@@ -306,7 +306,7 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     desc = program.descriptor
     grid = max(1, -(-group.count // desc.block_size))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, (), reads, [out]))
+    return _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
 
 
 def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:

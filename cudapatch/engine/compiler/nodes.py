@@ -1,6 +1,7 @@
 """The nodes phase: the graph nodes each running block becomes, with every kernel argument's source.
 
-Per block, in order: a kernel node per kernel (grid from its grid rule), a captured child-graph
+Per block, in order: a kernel node per kernel (grid and block per axis, as the sizes phase found
+them from its grid rule's shape), a captured child-graph
 node per library call, or, for a block that faulted on the GPU, a memset zeroing the buffer of
 each value it makes instead of its kernels. When the plan has append counters, one memset zeroing them all
 comes first.
@@ -22,11 +23,12 @@ from .fusion import fused_node
 from .probes import add_probes, probe_requests
 from .reuse import NodeCache, replay_slots, signature
 
-__all__ = ["nodes"]
+__all__ = ["block_nodes", "counters_memset", "node_env", "nodes"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
 _SIZE_ROLES = ("itemsize", "stride0")
 _NO_TAIL: tuple = ()
+_FLAT = ((1, 1, 1, 1),)  # KernelNodePlan.yz of a 1-D launch
 _COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
 
 
@@ -34,10 +36,17 @@ def nodes(draft: PlanDraft, cache: NodeCache | None = None) -> None:
     """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
     ``scalar_slots``, ``binding_slots`` and ``block_nodes``. With ``cache``, the drafts of blocks
     nothing changed for are taken from the last plan (``reuse.py``)."""
-    drafts, faulted, block_nodes = draft.drafts, draft.faulted, draft.block_nodes
-    # What _work_node reads and fills, handed over as one tuple: unpacked once per node, not looked
-    # up as attributes for every argument (a 100-block rebuild fills about a thousand arguments).
-    env = (
+    env = node_env(draft)
+    counters_memset(draft)
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
+    for sized in draft.sized.values():
+        block_nodes(draft, sized, env, probes, cache)
+
+
+def node_env(draft: PlanDraft) -> tuple:
+    """What ``block_nodes`` reads and fills, handed over as one tuple: unpacked once per node, not looked
+    up as attributes for every argument (a 100-block rebuild fills about a thousand arguments)."""
+    return (
         draft.value_buffer,
         draft.value_counter,
         draft.buffers,
@@ -45,45 +54,57 @@ def nodes(draft: PlanDraft, cache: NodeCache | None = None) -> None:
         draft.binding_slots,
         draft.counter_users,
     )
+
+
+def counters_memset(draft: PlanDraft) -> None:
+    """The memset zeroing every append counter, first (node 0), when the plan has counters."""
     if draft.counters:  # zeroed before anything appends
-        drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
-    value_buffer = draft.value_buffer
-    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
+        draft.drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
+
+
+def block_nodes(
+    draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | None = None, cache: NodeCache | None = None
+) -> None:
+    """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``;
+    ``probes`` (``probe_requests``): probe nodes right after the block that makes a probed value;
+    ``cache``: reuse the block's drafts of the last plan where nothing they depend on changed."""
+    drafts = draft.drafts
+    b = sized.block
     fused = draft.fusion
-    for sized in draft.sized.values():
-        b = sized.block
-        if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
-            group = fused.groups.get(b.id)
-            if group is not None:
-                block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
-                drafts.append(fused_node(draft, group, len(drafts)))
-                if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
-                    add_probes(draft, sized, probes[b.id])
-            continue
-        if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
-            for vi in sized.made:
-                bi = value_buffer[vi]
-                drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
-            continue
-        d = b.description
-        first = len(drafts)
-        sig = signature(sized, value_buffer, draft.value_counter, draft.buffers) if cache is not None else None
-        reused = cache.take(sized, first, sig) if cache is not None else None  # type: ignore[arg-type]
-        if reused is not None:
-            for nd in reused:
-                replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
-            drafts.extend(reused)
-        else:
-            for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
-                drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
-            if cache is not None:
-                cache.put(sized, first, sig, tuple(drafts[first:]))  # type: ignore[arg-type]
-        if len(drafts) == first + 1:
-            block_nodes[b.id] = (first,)
-        elif len(drafts) > first:
-            block_nodes[b.id] = tuple(range(first, len(drafts)))
-        if probes and b.id in probes:
-            add_probes(draft, sized, probes[b.id])
+    if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
+        group = fused.groups.get(b.id)
+        if group is not None:
+            draft.block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
+            drafts.append(fused_node(draft, group, len(drafts)))
+            if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                add_probes(draft, sized, probes[b.id])
+        return
+    faulted = draft.faulted
+    if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
+        value_buffer = draft.value_buffer
+        for vi in sized.made:
+            bi = value_buffer[vi]
+            drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
+        return
+    d = b.description
+    first = len(drafts)
+    sig = signature(sized, draft.value_buffer, draft.value_counter, draft.buffers) if cache is not None else ()
+    reused = cache.take(sized, first, sig) if cache is not None else None
+    if reused is not None:
+        for nd in reused:
+            replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+        drafts.extend(reused)
+    else:
+        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
+            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+        if cache is not None:
+            cache.put(sized, first, sig, tuple(drafts[first:]))
+    if len(drafts) == first + 1:
+        draft.block_nodes[b.id] = (first,)
+    elif len(drafts) > first:
+        draft.block_nodes[b.id] = tuple(range(first, len(drafts)))
+    if probes and b.id in probes:
+        add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(
@@ -154,10 +175,10 @@ def _work_node(
             writes.append(res)
     if ks.source is None:  # a captured library call: a child-graph node
         return _new(NodeDraft, (CapturedNodePlan, (index, bid, ki, ks, desc, tuple(args)), _NO_TAIL, reads, writes))
-    n = resolve_count(ks.grid, sources, params) if ks.grid is not None else 1
-    grid = max(1, -(-n // desc.block_size))
-    head = (index, bid, ki, ks.source, desc, grid, desc.block_size, desc.shared_memory_bytes, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, _NO_TAIL, reads, writes))
+    (gx, gy, gz), (bx, by, bz) = sized.launches[ki]  # found by the sizes phase from the grid's shape
+    head = (index, bid, ki, ks.source, desc, gx, bx, desc.shared_memory_bytes, tuple(args))
+    tail = _FLAT if gy == gz == by == bz == 1 else ((gy, gz, by, bz),)  # always given: _new skips defaults
+    return _new(NodeDraft, (KernelNodePlan, head, tail, reads, writes))
 
 
 def _expand(args: list[Arg], arg: Arg, group: tuple[str, ...], count: int, dtype: DType) -> int:

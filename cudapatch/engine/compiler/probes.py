@@ -72,7 +72,9 @@ def add_probes(draft: PlanDraft, sized: BlockSizes, ports: list[tuple[str, Shape
             continue
         values = buf.count * buf.dtype.lanes
         readers = [draft.blocks[lk.dst].values for lk in draft.links if lk.src == b.id and lk.src_port == port]
-        image = image_shape(values, given, [b.values, *readers])
+        dims = src.shape.dims  # a 2-D output is an image by its shape, unless the probe was given one
+        planned = (dims[0], dims[1]) if len(dims) == 2 else None
+        image = image_shape(values, given if given is not None else planned, [b.values, *readers])
         h, w, c = image if image is not None else (0, 0, 0)
         tw, th = min(w, THUMB), min(h, THUMB)
         head = (len(drafts), len(draft.probe_keys), bi, values, kind, probe_grid(values), draft.probe_words)
