@@ -136,7 +136,9 @@ def plan_bypass(index: BypassIndex, bypassed: Collection[int]) -> BypassPlan:
     through: dict[Resource, Resource] = {}  # a bypassed output -> what its readers read instead
     outputs: dict[tuple[int, str], Resource] = {}
     for bid in running:  # every node off first: a redirect is judged against what still runs
-        if bid in index.captured_blocks:
+        if plan.delays:  # two executables alternate; turning nodes off in both is not done yet
+            refused[bid] = "the patch has FrameDelay feedback (two executables take turns)"
+        elif bid in index.captured_blocks:
             refused[bid] = "its library call is a child-graph node, which the driver cannot disable"
         elif index.nested and not index.nested.isdisjoint(block_nodes.get(bid, ())):
             refused[bid] = "it runs inside a region's body or a composite's child graph"

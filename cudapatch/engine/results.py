@@ -62,6 +62,8 @@ class EngineResults:
 
     def output(self, block: Block, port: str) -> GpuBuffer:
         """The device buffer of an output (valid until the next rebuild; view it with CuPy for no copy).
+        A value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one
+        the frame launched last wrote (take it again each frame).
 
         Raises:
             CudapatchError: the block is not compiled or has no such output.

@@ -46,9 +46,10 @@ def same_topology(old: GraphPlan, new: GraphPlan) -> bool:
     (H100, DESIGN.md §9)."""
     if len(old.nodes) != len(new.nodes) or old.level is not new.level:
         return False
-    if old.scopes or new.scopes or old.children or new.children:
+    if old.scopes or new.scopes or old.children or new.children or old.delays or new.delays:
         # Nodes in conditional bodies and composites' child graphs are patched through the graph the
         # executable was instantiated from (a whole-graph update from it): that graph must stay its own.
+        # FrameDelays run two executables of one graph, both made at the build.
         return False
     return all(type(a) is type(b) and a.deps == b.deps for a, b in zip(old.nodes, new.nodes, strict=True))
 
@@ -80,6 +81,7 @@ class Refusal(str, Enum):
     UNBOUND = "unbound-input"  #: an external argument has no binding
     CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
     REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
+    DELAYS = "delays"  #: the FrameDelays or the sizes of their buffers changed (their state starts again)
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,10 @@ def decide_warm_patch(
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:
         return _refuse(Refusal.BINDING_SLOTS, None, "the bound inputs map to other argument slots")
+    pairs = [i for dp in new.delays for i in (dp.previous, dp.current) if i is not None]
+    if new.delays != old.delays or any(new.buffers[i].count != old.buffers[i].count for i in pairs):
+        # a resized delay writes its start value again: a new graph, with its init armed
+        return _refuse(Refusal.DELAYS, None, "the FrameDelays or their sizes changed")
     grow: list[tuple[int, int]] = []
     for nb, ob, capacity in zip(new.buffers, old.buffers, capacities, strict=True):
         if nb[:4] != ob[:4] or nb.append != ob.append:  # (index, block_id, label, dtype) and the append role
@@ -199,6 +205,9 @@ def decide_warm_patch(
         need = nb.count * nb.dtype.itemsize
         if need > capacity:
             grow.append((nb.index, grown_bytes(need)))
+    if grow and new.delays:  # two executables hold the addresses: growth in place is not done there yet
+        bi = grow[0][0]
+        return _refuse(Refusal.BUFFER_CAPACITY, bi, f"buffer {bi} outgrew its allocation in a patch with FrameDelays")
     grown = {bi for bi, _ in grow}
     kernels: list[KernelPatch] = []
     calls: list[CapturedNodePlan] = []
