@@ -161,12 +161,12 @@ class ProgramSource(KernelSource):
         Raises:
             ExpressionError: a broken source. KernelCompileError: NVRTC failed (a generator bug).
         """
-        text = self.code(arch)
-        desc = self.describe()
         if self.jit == "quick" and self.backend == "ptx":
             interpreted = self._interpreted(arch)
             if interpreted is not None:
                 return interpreted
+        text = self.code(arch)
+        desc = self.describe()
         if self.backend == "ptx":
             image = text.encode() + b"\0"  # the driver wants NUL-terminated PTX
             key = hashlib.sha256(image).hexdigest()
