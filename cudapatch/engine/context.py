@@ -99,6 +99,8 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
+        self.bypassed: set[int] = set()
         #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
         self.parents: dict[int, int] = {}
         #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
@@ -128,6 +130,8 @@ class Context:
             raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
         block.attach(self)
+        if not block.enabled:
+            self.bypassed.add(block.id)
         self.dirty.mark_structure()
         return block
 
@@ -139,6 +143,7 @@ class Context:
         self._frozen.pop(block.id, None)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
+        self.bypassed.discard(block.id)
         parents = self.parents
         outer = parents.pop(block.id, None)
         for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
@@ -192,6 +197,14 @@ class Context:
                         self._code_changed((block.id, ki))
                 return
         self.on_structure_changed(block)
+
+    def on_enabled_changed(self, block: Block) -> None:
+        """``block.enabled`` changed: the Bypass tier turns its nodes off or on at the next update."""
+        if block.enabled:
+            self.bypassed.discard(block.id)
+        else:
+            self.bypassed.add(block.id)
+        self.dirty.mark_bypass()
 
     def on_code_changed(self, block: Block, kernel: int, new_source: KernelSource | None = None) -> None:
         """Kernel ``kernel`` of ``block`` has new code: recompile it in the background and swap it into

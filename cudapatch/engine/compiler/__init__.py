@@ -60,11 +60,13 @@ from .regions import (
     region_stamps,
     size_regions,
 )
+from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
 __all__ = [
+    "NodeCache",
     "PlanDraft",
     "compile_plan",
     "delays",
@@ -87,6 +89,7 @@ def compile_plan(
     faulted: Mapping[int, str] | None = None,
     *,
     fuse: bool = False,
+    cache: NodeCache | None = None,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -99,6 +102,8 @@ def compile_plan(
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
         fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
+        cache: Reuse the node drafts of blocks an edit did not touch (``reuse.NodeCache``: one per
+            engine, one plan at a time); the plan is the same as without it.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -115,7 +120,11 @@ def compile_plan(
     draft.raise_errors()
     fusion(draft, fuse=fuse)
     memory(draft)
-    nodes(draft)
+    if cache is not None:
+        cache.begin()
+    nodes(draft, cache)
+    if cache is not None:
+        cache.end()
     edges(draft)
     stamps(draft)
     publish(draft)
