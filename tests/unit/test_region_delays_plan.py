@@ -196,3 +196,22 @@ def test_the_reaction_diffusion_patch_file_plans_its_delay_inside_the_for() -> N
     assert copy.entry_point == "delay_copy4" and copy.args[2].value == 2 * 1024 * 1024  # float2: two words
     paint = adapter.block("paint")
     assert plan.buffers[plan.outputs[(paint.id, "rgba")]].count == 1024 * 1024
+
+
+@pytest.mark.parametrize("level", ["PerBlock", "PerKernel"])
+def test_profiling_stamps_keep_the_copy_and_init_nodes_where_they_belong(level: str) -> None:
+    from cudapatch.engine.profiling import ProfilingLevel
+
+    c, loop, d, s, r = _body()
+    top = c.register_block(FrameDelay(name="top", Count=64))  # a top-level delay beside the loop
+    twice = c.register_block(Scale(name="twice", Factor=2.0))
+    c.connect(top, "Out", twice, "In")
+    c.connect(twice, "Out", top, "In")
+    plan = compile_plan(c.snapshot(), level=ProfilingLevel.parse(level))
+    cond = plan.regions[loop.id].node
+    inner, outer = sorted(plan.delays, key=lambda dp: dp.block_id != d.id)
+    for dp in (inner, outer):
+        assert plan.nodes[dp.copy].entry_point == "delay_copy4"
+        assert plan.nodes[dp.node].entry_point == "frame_delay_init" and dp.node not in plan.scopes
+    assert plan.scopes[inner.copy] == cond and outer.copy not in plan.scopes
+    assert _nodes(plan, twice.id)[0].index in plan.nodes[outer.copy].deps

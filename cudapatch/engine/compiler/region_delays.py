@@ -28,7 +28,7 @@ from ..plan import Arg, KernelNodePlan
 from .draft import NodeDraft, PlanDraft
 from .nodes import block_nodes
 
-__all__ = ["check_region_delays", "delay_copies", "delay_inits", "delays_in_bodies"]
+__all__ = ["check_region_delays", "copy_nodes", "delay_copies", "delay_inits", "delays_in_bodies"]
 
 _new = tuple.__new__
 _FLAT = ((1, 1, 1, 1),)
@@ -109,3 +109,9 @@ def delay_copies(draft: PlanDraft, scope: int | None, scope_node: int | None) ->
             draft.scopes[index] = scope_node
         draft.block_nodes[bid] = (*draft.block_nodes[bid], index)
         draft.copied_delays.add(bid)
+
+
+def copy_nodes(draft: PlanDraft) -> set[int]:
+    """The indices of the delays' copy nodes (profiling leaves them untimed: a top-level delay's copy
+    is far from its init kernel, and a block's timed nodes must be contiguous)."""
+    return {draft.block_nodes[bid][-1] for bid in draft.copied_delays}

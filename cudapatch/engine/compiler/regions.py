@@ -33,13 +33,13 @@ from ...blocks.regions import CONDITION, RegionDescription
 from ...kernels.types import DType
 from ..connections import Link
 from ..diagnostics import Diagnostic
-from ..plan import Arg, ConditionalNodePlan, KernelNodePlan, PublishNodePlan, RegionPlan
+from ..plan import Arg, ConditionalNodePlan, KernelNodePlan, MemsetNodePlan, PublishNodePlan, RegionPlan
 from ..region_kernels import REGION_ENTRIES, region_kernel
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .nodes import block_nodes, counters_memset, node_env
 from .order import same_frame_links, topological_order
 from .probes import probe_requests
-from .region_delays import delay_copies, delay_inits, delays_in_bodies
+from .region_delays import copy_nodes, delay_copies, delay_inits, delays_in_bodies
 from .sizes import sizes
 from .stamps import place_stamps
 
@@ -411,10 +411,13 @@ def region_stamps(draft: PlanDraft) -> None:
     # ``place_stamps`` times kernel and captured nodes: a conditional node stands in as a kernel node of
     # its region while stamps are placed, and is put back after. It sees the top level numbered 0..k-1.
     pos = {n.index: i for i, n in enumerate(top)}
+    copies = copy_nodes(draft)  # a top-level delay's copy comes long after its init: not timed (a memset stands in)
     local = [
         (
             KernelNodePlan(i, n.block_id, -1, None, None, 0, 0, 0, (), ())  # type: ignore[arg-type]
             if isinstance(n, ConditionalNodePlan)
+            else MemsetNodePlan(i, 0)
+            if n.index in copies
             else n
         )._replace(index=i, deps=tuple(pos[d] for d in n.deps))
         for i, n in enumerate(top)
@@ -431,7 +434,7 @@ def region_stamps(draft: PlanDraft) -> None:
     for pn in placed:
         li = local_of.get(pn.index)
         node = pn if li is None else top[li]
-        if li is not None and not isinstance(node, ConditionalNodePlan):
+        if li is not None and not isinstance(node, ConditionalNodePlan) and node.index not in copies:
             node = pn
         pmap[pn.index] = len(final)
         final.append(node._replace(index=len(final), deps=tuple(pmap[d] for d in pn.deps)))
