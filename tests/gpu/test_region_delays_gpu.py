@@ -102,3 +102,21 @@ def test_a_top_level_delay_beside_a_region(engine: Engine, rng: np.random.Genera
         engine.update()
         state = (state + b) * np.float32(0.5)  # both iterations halve the same sum
         np.testing.assert_array_equal(engine.read(halve, "Out"), state, err_msg=f"frame {frame}")
+
+
+def test_a_library_call_in_a_body_reads_and_writes_a_delay(engine: Engine, rng: np.random.Generator) -> None:
+    from cudapatch.blocks.library import FFT
+
+    n = 64
+    x0 = rng.standard_normal((n, 2)).astype(np.float32)  # 64 complex values as float2
+    loop = engine.add(For(name="Twice", Count=2))
+    delay = engine.add(FrameDelay(name="delay", Type="float2"), region=loop)
+    fft = engine.add(FFT(name="fft", Kind="C2C", Nx=n), region=loop)  # forward, unnormalized
+    engine.bind(delay, "Init", x0)
+    engine.connect(delay, "Out", fft, "In")
+    engine.connect(fft, "Out", delay, "In")  # the capture keeps its pointers: they never swap here
+    engine.update()
+    z0 = x0[:, 0] + 1j * x0[:, 1]
+    want = np.fft.fft(np.fft.fft(z0))  # = n * z0[-k mod n]
+    got = engine.read(fft, "Out").reshape(n, 2)
+    np.testing.assert_allclose(got[:, 0] + 1j * got[:, 1], want, rtol=0, atol=1e-3 * n)

@@ -215,3 +215,20 @@ def test_profiling_stamps_keep_the_copy_and_init_nodes_where_they_belong(level: 
         assert plan.nodes[dp.node].entry_point == "frame_delay_init" and dp.node not in plan.scopes
     assert plan.scopes[inner.copy] == cond and outer.copy not in plan.scopes
     assert _nodes(plan, twice.id)[0].index in plan.nodes[outer.copy].deps
+
+
+def test_a_library_call_may_touch_a_delay_carried_by_a_copy() -> None:
+    from cudapatch.blocks.library import FFT
+
+    c = Context()
+    loop = c.register_block(For(name="Steps", Count=3))
+    d = c.register_block(FrameDelay(name="d", Type="float2", Count=64))
+    fft = c.register_block(FFT(name="fft", Kind="C2C", Nx=64))
+    c.place(d, loop)
+    c.place(fft, loop)
+    c.connect(d, "Out", fft, "In")
+    c.connect(fft, "Out", d, "In")  # an error outside regions (delay-captured): the pointers alternate there
+    plan = compile_plan(c.snapshot())
+    (dp,) = plan.delays
+    assert plan.scopes[dp.copy] == plan.regions[loop.id].node
+    assert plan.nodes[dp.copy].entry_point == "delay_copy4" and plan.nodes[dp.copy].args[2].value == 128

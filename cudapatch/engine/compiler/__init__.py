@@ -138,7 +138,7 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     order_regions(draft)
     draft.raise_errors()
     size_regions(draft)
-    delays(draft)  # carried by copy nodes here, not by two phases (``region_delays.py``)
+    delays(draft, alternating=False)  # carried by copy nodes here, not by two phases (``region_delays.py``)
     check_region_delays(draft)
     draft.raise_errors()
     memory(draft)

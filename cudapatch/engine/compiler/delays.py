@@ -24,8 +24,10 @@ from .draft import PlanDraft
 __all__ = ["delays"]
 
 
-def delays(draft: PlanDraft) -> None:
-    """Fill ``draft.delays`` with ``(block_id, previous value, current value or None)``; record errors."""
+def delays(draft: PlanDraft, *, alternating: bool = True) -> None:
+    """Fill ``draft.delays`` with ``(block_id, previous value, current value or None)``; record errors.
+    ``alternating=False`` (a patch with regions: delays carried by copy nodes, ``region_delays.py``):
+    the pointers never swap, so a library call may read or write a pair."""
     sized, incoming, values = draft.sized, draft.incoming, draft.values
     found = [(bid, s) for bid, s in sized.items() if s.block.description.feedback]
     if not found:
@@ -77,6 +79,8 @@ def delays(draft: PlanDraft) -> None:
                 continue
             paired[src.ref] = name
             draft.delays.append((bid, prev.ref, src.ref))
+    if not alternating:
+        return
     swapped = {v for _, p, c in draft.delays for v in (p, c) if v is not None}
     for s in sized.values():
         calls = [ks for ks in s.block.description.kernels if isinstance(ks, CapturedSpec)]
