@@ -232,3 +232,45 @@ def test_a_library_call_may_touch_a_delay_carried_by_a_copy() -> None:
     (dp,) = plan.delays
     assert plan.scopes[dp.copy] == plan.regions[loop.id].node
     assert plan.nodes[dp.copy].entry_point == "delay_copy4" and plan.nodes[dp.copy].args[2].value == 128
+
+
+def test_the_reaction_diffusion_example_patch_plans_and_its_numpy_reference_runs() -> None:
+    """The Python example's patch, as it builds it (planned here, no GPU), and its reference step."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    from cudapatch import CustomKernel
+    from cudapatch.engine import ExternalBinding
+    from cudapatch.kernels.types import DType
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "10_reaction_diffusion.py"
+    spec = importlib.util.spec_from_file_location("rd_example", path)
+    ex = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(ex)  # type: ignore[union-attr]
+    h = w = 64
+    c = Context()
+    loop = c.register_block(For(name="Steps", Count=10))
+    field = c.register_block(FrameDelay(name="field", Type="float2"))
+    step = c.register_block(CustomKernel(name="step", Code=ex.GRAY_SCOTT, width=w, height=h, **ex.PARAMS))
+    paint = c.register_block(CustomKernel(name="paint", Code=ex.PAINT))
+    c.place(field, loop)
+    c.place(step, loop)
+    c.bind_input(field, "Init", ExternalBinding(0x7000_0000, h * w, DType.FLOAT2))
+    c.connect(field, "Out", step, "s")
+    c.connect(step, "next", field, "In")
+    c.connect(step, "next", paint, "s")
+    plan = compile_plan(c.snapshot())
+    (dp,) = plan.delays
+    assert plan.scopes[dp.copy] == plan.regions[loop.id].node and plan.buffers[dp.previous].count == h * w
+    assert plan.nodes[dp.copy].args[2].value == 2 * h * w
+    (k,) = _nodes(plan, step.id)
+    assert k.grid * k.block >= h * w
+    # The reference: a uniform field stays uniform; the seed reacts where the square is.
+    seed = ex.seed_field(h, w)
+    assert seed.shape == (h * w, 2) and seed.dtype == np.float32
+    out = ex.gray_scott(seed, h, w, 3)
+    assert out.shape == seed.shape and out.dtype == np.float32 and np.isfinite(out).all()
+    flat = np.tile(np.float32([1.0, 0.0]), (h * w, 1))
+    np.testing.assert_array_equal(ex.gray_scott(flat, h, w, 5), flat)
