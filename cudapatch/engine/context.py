@@ -1,7 +1,8 @@
 """Context: the engine's model of the patch (blocks, links, external bindings) and its dirty state.
 
 All of this is pure Python: it is what the graph compiler reads. Edits validate immediately
-(unknown port, incompatible pins, cycle, another engine's block → ``LinkError``) and only mark dirty;
+(unknown port, incompatible pins, a cycle not passing through a FrameDelay, another engine's block →
+``LinkError``) and only mark dirty;
 the engine applies them on its next ``update()``.
 
 A registered block sees its Context only as a ``BlockHost`` (``cudapatch.blocks.host``): the
@@ -98,6 +99,8 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
+        self.bypassed: set[int] = set()
         #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
         self.parents: dict[int, int] = {}
         #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
@@ -127,6 +130,8 @@ class Context:
             raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
         block.attach(self)
+        if not block.enabled:
+            self.bypassed.add(block.id)
         self.dirty.mark_structure()
         return block
 
@@ -138,6 +143,7 @@ class Context:
         self._frozen.pop(block.id, None)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
+        self.bypassed.discard(block.id)
         parents = self.parents
         outer = parents.pop(block.id, None)
         for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
@@ -191,6 +197,14 @@ class Context:
                         self._code_changed((block.id, ki))
                 return
         self.on_structure_changed(block)
+
+    def on_enabled_changed(self, block: Block) -> None:
+        """``block.enabled`` changed: the Bypass tier turns its nodes off or on at the next update."""
+        if block.enabled:
+            self.bypassed.discard(block.id)
+        else:
+            self.bypassed.add(block.id)
+        self.dirty.mark_bypass()
 
     def on_code_changed(self, block: Block, kernel: int, new_source: KernelSource | None = None) -> None:
         """Kernel ``kernel`` of ``block`` has new code: recompile it in the background and swap it into
@@ -263,9 +277,12 @@ class Context:
                 block=dst.name,
                 port=dst_port,
             )
-        if self.connections.reaches(dst.id, src.id):
+        if dst_port not in dst.description.feedback_inputs and self.connections.reaches(
+            dst.id, src.id, cut=self._feedback_inputs()
+        ):
             raise LinkError(
-                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle",
+                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle; "
+                "a loop must pass through a FrameDelay",
                 block=dst.name,
                 port=dst_port,
             )
@@ -274,6 +291,10 @@ class Context:
         if old != link:
             self.dirty.mark_structure()
         return link
+
+    def _feedback_inputs(self) -> set[tuple[int, str]]:
+        """``(block_id, port)`` of every input read one frame late (a FrameDelay's ``In``)."""
+        return {(b.id, p) for b in self.registry if b.description.feedback for p in b.description.feedback_inputs}
 
     def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
         """Remove a link; returns whether it existed."""

@@ -213,7 +213,8 @@ class HostAdapter:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
 
         Raises:
-            LinkError: unknown operator or port, incompatible types, a second link into one input, a cycle.
+            LinkError: unknown operator or port, incompatible types, a second link into one input, a cycle
+                that does not pass through a FrameDelay's ``In``.
         """
         try:
             src, dst = self.block(src_op), self.block(dst_op)
@@ -292,6 +293,24 @@ class HostAdapter:
             check_param(block, name)
         spec = p.spec  # type: ignore[union-attr]
         block.set(name, coerce_host_value(spec, value))
+
+    def set_bypass(self, op_id: str, on: bool) -> None:
+        """Bypass operator ``op_id`` (``on``) or let it run again, without a rebuild: its kernels are
+        turned off in the running graph and its readers read its input of the same type and size
+        (else its output's last values); see ``Block.enabled``. Visible from the next cook.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        self.block(op_id).enabled = not on
+
+    def bypassed(self, op_id: str) -> bool:
+        """Whether operator ``op_id`` is bypassed.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        return not self.block(op_id).enabled
 
     # -- per operator, for the host's nodes ----------------------------------------------------------
     def tooltip(self, op_id: str) -> str:

@@ -413,7 +413,7 @@ _NOT = object()
 _QUIET: dict[str, object] = {"yz": (1, 1, 1, 1)}
 #: Plan fields of features the recorded patches do not use: shown only when set, so adding such a
 #: feature leaves the golden plans as they were recorded.
-WHEN_USED = {"probes": (), "probe_words": 0, "children": ()}
+WHEN_USED = {"probes": (), "probe_words": 0, "children": (), "delays": ()}
 
 
 def dump(plan: GraphPlan) -> list[str]:
@@ -474,7 +474,8 @@ def test_the_golden_file_covers_every_case_and_level(golden: dict[str, list[str]
         "MemsetNodePlan(",
         "StampNodePlan(",
         "PublishNodePlan(",
-        *(f", {c}, " for c in ("input-unlinked", "input-faulted", "library-shape", "kernel-compiling")),
+        *(f", {c}, " for c in ("input-unlinked", "input-not-running", "input-faulted", "library-shape")),
+        ", kernel-compiling, ",
         *(f", {c}, " for c in ("cross-engine", "unknown-port", "duplicate-link", "cycle", "type-mismatch")),
         "buffer=",
         "groups=[7, 7, 7, 1, 1]",

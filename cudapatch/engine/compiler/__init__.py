@@ -5,14 +5,17 @@ in its own module and tested on its own:
 
 1. ``validate``: links that make sense (unknown port, type mismatch, duplicate link, another
    engine's block → errors).
-2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
+2. ``order``: topological order of the blocks (a cycle that does not pass through a FrameDelay →
+   errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts and shapes. Shape propagation lives
    here (``shapes``): each kernel's 1-/2-/3-D launch from its grid's shape, and the check that every
    input covers what the launches read (a short or mis-shaped input, a shape that does not resolve:
    an error on the block, which never launches).
-3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+3b. ``delays``: each FrameDelay's pair of buffers (its Out, and the value linked into its In),
+   checked (sizes, sources); errors stop here.
+3c. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: the buffer that holds each value (today one each), append counters.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
@@ -38,6 +41,7 @@ from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
 from .child_graphs import child_graphs
 from .composites import attribute_diagnostics, composite_keys
+from .delays import delays
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
@@ -55,13 +59,16 @@ from .regions import (
     region_stamps,
     size_regions,
 )
+from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
 __all__ = [
+    "NodeCache",
     "PlanDraft",
     "compile_plan",
+    "delays",
     "edges",
     "fusion",
     "memory",
@@ -81,6 +88,7 @@ def compile_plan(
     faulted: Mapping[int, str] | None = None,
     *,
     fuse: bool = False,
+    cache: NodeCache | None = None,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -93,6 +101,8 @@ def compile_plan(
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
         fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
+        cache: Reuse the node drafts of blocks an edit did not touch (``reuse.NodeCache``: one per
+            engine, one plan at a time); the plan is the same as without it.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
@@ -105,9 +115,15 @@ def compile_plan(
     attribute_diagnostics(draft)
     draft.raise_errors()
     sizes(draft)
+    delays(draft)
+    draft.raise_errors()
     fusion(draft, fuse=fuse)
     memory(draft)
-    nodes(draft)
+    if cache is not None:
+        cache.begin()
+    nodes(draft, cache)
+    if cache is not None:
+        cache.end()
     edges(draft)
     stamps(draft)
     publish(draft)
@@ -118,6 +134,11 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
     here: a fused group must not span a body and the graph around it (not planned yet)."""
     check_regions(draft)
+    for b in draft.snap.blocks:  # FrameDelay ping-pong inside bodies is the next step (docs/architecture.md)
+        if b.description.feedback:
+            draft.error(
+                b.id, "delay-region", f"FrameDelay '{b.name}': a patch with If/While/For regions takes no delay yet"
+            )
     order_regions(draft)
     draft.raise_errors()
     size_regions(draft)
