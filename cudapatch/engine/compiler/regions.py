@@ -19,7 +19,10 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
 5. ``region_nodes``: per scope, in order, each block's nodes; each region a set-condition kernel,
    its conditional node, its body's nodes (``draft.scopes`` maps them to the conditional node) and,
    for loops, the step kernel in the body (after the condition's block; the condition is read when
-   the body is done). ``Max``/``Count`` are scalar slots: Hot.
+   the body is done). ``Max``/``Count`` are scalar slots: Hot. A loop with ``Unroll`` U > 1 is a
+   main conditional node over U copies of its body and a tail one of one copy (``region_nodes``);
+   a nested region's set-condition kernel is in its parent's body, so it sets the handle (and zeroes
+   the counter) every time the parent body reaches it.
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
 7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
