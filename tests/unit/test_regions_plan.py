@@ -604,3 +604,27 @@ def test_unroll_one_keeps_one_conditional_node_and_the_step_kernels() -> None:
     (cond,) = _by_block(plan, f.id, ConditionalNodePlan)
     assert _region_kernels(plan, f.id) == [("region_begin", None), ("region_for_step", cond.index)]
     assert len(_by_block(plan, step.id)) == 1
+
+
+def test_a_fault_replay_runs_each_body_block_once_however_unrolled() -> None:
+    from cudapatch.engine.replay import replayed_nodes
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=5, Unroll=2))
+    inner = c.register_block(For(name="Inner", Count=5, Unroll=3))
+    a = c.register_block(Scale(name="A"))
+    b = c.register_block(Scale(name="B"))
+    after = c.register_block(Scale(name="After"))
+    c.place(inner, outer)
+    c.place(a, inner)
+    c.place(b, outer)
+    c.connect(src, "Out", a, "In")
+    c.connect(a, "Out", b, "In")
+    c.connect(b, "Out", after, "In")
+    plan = compile_plan(c.snapshot())
+    run = replayed_nodes(plan)
+    assert run == sorted(run)
+    work = [plan.nodes[i].block_id for i in run if isinstance(plan.nodes[i], KernelNodePlan)]
+    assert [w for w in work if w not in (outer.id, inner.id)] == [src.id, a.id, b.id, after.id]
+    assert len(_by_block(plan, a.id)) == 3 * 4  # in the plan: 2 + 1 outer copies, each with 3 + 1 of A
