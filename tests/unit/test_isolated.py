@@ -524,6 +524,8 @@ def test_a_bypass_goes_to_the_child_as_one_edit_and_with_every_whole_patch(iso):
     assert patch.engine.context.bypassed == {mirrored[s2.id].id}
     patch.apply([SetBypassed(frozenset())])
     assert mirrored[s2.id].enabled and patch.engine.context.bypassed == set()
+
+
 def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_them():
     from cudapatch import Composite
 

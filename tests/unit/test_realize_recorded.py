@@ -301,6 +301,8 @@ def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, p
         assert not [c for c in rec.calls if c[0] in ("destroy_exec", "destroy_graph")]
         new.close()
         assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls
+
+
 class ChildGraphDriver(RecordingDriver):
     """Also records child-graph nodes, the graph each node goes into, and updates through child graphs."""
 
