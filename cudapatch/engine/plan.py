@@ -167,12 +167,16 @@ class RegionPlan(NamedTuple):
         counter: Index of its iteration counter among the plan's counters (While and For), read back
             through the readback ring like an append count; None for an If.
         limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
+        unroll: Copies of the body in one iteration of the conditional node ``node`` (``Unroll``).
+        tail: With ``unroll`` > 1, the conditional node running the iterations left, one copy each.
     """
 
     kind: str
     node: int
     counter: int | None = None
     limit: str | None = None
+    unroll: int = 1
+    tail: int | None = None
 
 
 class ProbeNodePlan(NamedTuple):
