@@ -254,8 +254,13 @@ class BlockBuilder:
         self._shape_params.update(shape_params)
         return handle
 
-    def input(self, name: str, *pins: KernelPin, required: bool = True, description: str = "") -> str:
-        """A buffer input port feeding one or more kernel pointer parameters (same element type)."""
+    def input(
+        self, name: str, *pins: KernelPin, required: bool = True, description: str = "", keep: bool = False
+    ) -> str:
+        """A buffer input port feeding one or more kernel pointer parameters (same element type).
+
+        ``keep=True``: the value linked in keeps a buffer of its own (never reused by other values,
+        so it still holds this frame's data when the next frame starts)."""
         self._check_name(name)
         if not pins:
             raise self.error(f"input '{name}' needs at least one kernel pin")
@@ -264,16 +269,36 @@ class BlockBuilder:
             self._bind(pin, f"input '{name}'")
         self._inputs.append(
             PortSpec(
-                name, "in", "buffer", dtype, tuple(p.ref for p in pins), required=required, description=description
+                name,
+                "in",
+                "buffer",
+                dtype,
+                tuple(p.ref for p in pins),
+                required=required,
+                description=description,
+                keep=keep,
             )
         )
         return name
 
-    def output(self, name: str, pin: KernelPin, *more: KernelPin, size: SizeRule | int, description: str = "") -> str:
+    def output(
+        self,
+        name: str,
+        pin: KernelPin,
+        *more: KernelPin,
+        size: SizeRule | int,
+        description: str = "",
+        keep: bool = False,
+    ) -> str:
         """A buffer output port written by ``pin`` (an ``out()`` pin); ``size`` is its element count.
 
         ``more`` pins (of this or other kernels of the block) get the same buffer: kernels that
-        build one output in steps run in the order they were added."""
+        build one output in steps run in the order they were added.
+
+        ``keep=True`` pins the output to a buffer of its own: the engine never lets another value
+        reuse it, so it keeps its data after the frame and across frames (state such as a frame
+        delay's, or a kernel that reads what it wrote last frame). Outputs nothing in the graph
+        reads, append outputs and ``inout`` pins are kept anyway."""
         self._check_name(name)
         pins = (pin, *more)
         if any(p.direction != "out" for p in pins):
@@ -283,7 +308,9 @@ class BlockBuilder:
             self._bind(p, f"output '{name}'")
         rule = fixed(size) if isinstance(size, int) else size
         self._outputs.append(
-            PortSpec(name, "out", "buffer", dtype, tuple(p.ref for p in pins), size=rule, description=description)
+            PortSpec(
+                name, "out", "buffer", dtype, tuple(p.ref for p in pins), size=rule, description=description, keep=keep
+            )
         )
         return name
 

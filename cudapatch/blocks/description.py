@@ -171,6 +171,9 @@ class PortSpec:
         size: For outputs, the element count (capacity for append outputs).
         required: For inputs, whether the block can run without it.
         description: Text for tooltips.
+        keep: Pin the buffer to this port's value: never shared with other values (buffer reuse).
+            On an output: its data stays readable after the frame and across frames (a FrameDelay's
+            state, a result a host reads). On an input: the value it reads is kept.
     """
 
     name: str
@@ -182,6 +185,7 @@ class PortSpec:
     size: SizeRule | None = None
     required: bool = True
     description: str = ""
+    keep: bool = False
 
     @property
     def pin_type(self) -> PinType:

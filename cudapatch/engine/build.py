@@ -128,6 +128,7 @@ class GraphBuilds:
         counters: Rebuilds, failed rebuilds, Warm resizes, patched nodes, re-captures are counted here.
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
+        reuse_buffers: Let values with disjoint lifetimes share buffers (``compiler.memory``).
     """
 
     def __init__(
@@ -141,7 +142,9 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
+        reuse_buffers: bool = True,
     ) -> None:
+        self.reuse_buffers = reuse_buffers
         self._context = context
         self._kernels = kernels
         self._resources = resources
@@ -202,7 +205,7 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled)
+            out.plan = compile_plan(snap, status, job.level, job.disabled, reuse=self.reuse_buffers)
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out

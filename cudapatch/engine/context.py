@@ -62,12 +62,14 @@ class BlockSnapshot:
 
 @dataclass(frozen=True)
 class PatchSnapshot:
-    """The whole patch, frozen for the compiler."""
+    """The whole patch, frozen for the compiler. ``kept``: the ``(block_id, port)`` the host asked to
+    keep in a buffer of their own (``Context.keep``)."""
 
     context_id: int
     blocks: tuple[BlockSnapshot, ...]
     links: tuple[Link, ...]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+    kept: frozenset[tuple[int, str]] = frozenset()
 
 
 class Context:
@@ -87,6 +89,7 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
         self._code_listener = code_listener
 
     @property
@@ -119,6 +122,7 @@ class Context:
         self.connections.remove_block(block.id)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
+        self.kept -= {k for k in self.kept if k[0] == block.id}
         block.detach(self)
         self.dirty.mark_structure()
 
@@ -283,6 +287,33 @@ class Context:
         self.dirty.mark_structure()
         return True
 
+    # -- buffer reuse -----------------------------------------------------------------------------
+    def keep(self, block: Block, port: str, keep: bool = True, *, rebuild: bool = True) -> bool:
+        """Keep port ``port`` of ``block`` in a buffer of its own (or, ``keep=False``, let it share
+        again): its value is never in a buffer other values reuse, so it can be read after a frame.
+        ``rebuild=False`` records it for the next build without asking for one.
+
+        Returns:
+            Whether anything changed.
+
+        Raises:
+            CudapatchError: the block has no such port.
+        """
+        self._owned(block, "kept")
+        d = block.description
+        if d.output(port) is None and d.input(port) is None:
+            raise CudapatchError("no such port", block=block.name, port=port)
+        key = (block.id, port)
+        if (key in self.kept) == keep:
+            return False
+        if keep:
+            self.kept.add(key)
+        else:
+            self.kept.discard(key)
+        if rebuild:
+            self.dirty.mark_structure()
+        return True
+
     def mark_structure_dirty(self) -> None:
         """Force a Cold rebuild on the next update."""
         self.dirty.mark_structure()
@@ -294,4 +325,4 @@ class Context:
             BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
             for b in self.registry
         )
-        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings))
+        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings), frozenset(self.kept))

@@ -88,6 +88,8 @@ class Engine:
             kernel fault is pinned on its block in the frame it happens (development only: slow).
         isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
             returned): a GPU fault ends only the child, which restarts without the faulting block.
+        reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
+            and docs/architecture.md, memory phase). False: every output has a buffer of its own.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -118,6 +120,7 @@ class Engine:
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
+        reuse_buffers: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -168,6 +171,7 @@ class Engine:
             counters=self.counters,
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
+            reuse_buffers=reuse_buffers,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -285,6 +289,17 @@ class Engine:
             binding = self.resources.upload(block.id, port, array, want, block.name)
         self._faults.input_bound(block.id, port)
         self.context.bind_input(block, port, binding)
+
+    def keep(self, block: Block, port: str, keep: bool = True) -> None:
+        """Keep an output (or the value an input reads) in a buffer of its own: buffer reuse never
+        lets another value overwrite it, so it can be read after each frame (Cold on the next update
+        if that changes the plan). ``output`` and ``read`` keep what they are asked for by
+        themselves; ``keep=False`` lets a port share again.
+
+        Raises:
+            CudapatchError: the block has no such port.
+        """
+        self.context.keep(block, port, keep)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
@@ -568,17 +583,42 @@ class Engine:
         self.device.make_current()
         self.device.synchronize()
 
-    def output(self, block: Block, port: str) -> GpuBuffer:
+    def output(self, block: Block, port: str, *, keep: bool = True) -> GpuBuffer:
         """The device buffer of an output (valid until the next rebuild; view it with CuPy for no copy).
 
+        The output is kept in a buffer of its own from then on (``keep``), so the view stays valid and
+        its data stays readable: buffer reuse never lets another value overwrite it. If the running
+        graph already lets a later value overwrite it, this raises, and the next ``update()`` builds
+        the graph that keeps it (call ``keep`` before the first update to avoid that). ``keep=False``
+        only looks (sizes for a tooltip): the output may stay shared.
+
         Raises:
-            CudapatchError: the block is not compiled or has no such output.
+            CudapatchError: the block is not compiled, has no such output, or (once) its buffer is
+                reused by a later output in the running graph.
         """
         g = self.resources.graph
+        if keep and block.description.output(port) is not None:
+            overwritten = g is not None and g.overwritten(block.id, port)
+            self.context.keep(block, port, rebuild=overwritten)  # later builds keep it; now, only if needed
+            if overwritten:
+                raise CudapatchError(
+                    "this output shares its buffer with outputs written after it in the frame (buffer reuse), "
+                    "so its data is gone by the end of the frame; it is kept in its own buffer from the next "
+                    "update() on (to keep it from the start: engine.keep(block, port) before the first "
+                    "update, keep=True on the port, or Engine(reuse_buffers=False))",
+                    block=block.name,
+                    port=port,
+                )
         buf = g.output(block.id, port) if g is not None else None
         if buf is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
+            if g is not None and g.overwritten(block.id, port):
+                raise CudapatchError(
+                    "this output shares its buffer with outputs written after it in the frame (buffer reuse)",
+                    block=block.name,
+                    port=port,
+                )
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
         return buf
 

@@ -411,9 +411,28 @@ class CompiledGraph(HandleOwner):
 
     # -- access ---------------------------------------------------------------------------------
     def output(self, block_id: int, port: str) -> GpuBuffer | None:
-        """The buffer of output ``port`` of ``block_id``, or None if not in this graph."""
-        bi = self.plan.outputs.get((block_id, port))
-        return None if bi is None else self.buffers[bi]
+        """The buffer of output ``port`` of ``block_id``, or None if not in this graph, or if its value
+        is in a buffer a later value of the frame overwrites (``overwritten``). A value that shares
+        its buffer but is the last one in it comes as a typed view of that buffer."""
+        key = (block_id, port)
+        bi = self.plan.outputs.get(key)
+        if bi is None:
+            return None
+        mem = self.plan.memory
+        if mem is None or not mem.shared(bi):
+            return self.buffers[bi]
+        vi = mem.ports[key]
+        if mem.overwritten(vi):
+            return None
+        v = mem.values[vi]
+        return self.buffers[bi].view(v.dtype, v.count)
+
+    def overwritten(self, block_id: int, port: str) -> bool:
+        """Whether output ``port`` of ``block_id`` shares its buffer with a value written after it in
+        the frame (buffer reuse): then its data is gone by the end of the frame."""
+        mem = self.plan.memory
+        vi = mem.ports.get((block_id, port)) if mem is not None else None
+        return vi is not None and mem.overwritten(vi)  # type: ignore[union-attr]
 
     def node_arg(self, node_index: int, arg: int) -> Any:
         """Current value in a node's parameter slot (for tests and debugging)."""

@@ -17,6 +17,7 @@ from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .diagnostics import Diagnostic
+from .memory_plan import MemoryPlan
 from .profiling import ProfilingLevel
 
 __all__ = [
@@ -170,6 +171,7 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        memory: Which values share which buffers, and which are pinned (None: a plan made by hand).
     """
 
     nodes: tuple[NodePlan, ...]
@@ -187,6 +189,7 @@ class GraphPlan:
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    memory: MemoryPlan | None = field(default=None, compare=False)
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:

@@ -233,8 +233,9 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
     numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
     sizes: dict[int, dict[str, int]] = {}
-    for (bid, port), bi in plan.outputs.items():
-        sizes.setdefault(bid, {})[port] = plan.buffers[bi].count
+    mem = plan.memory
+    for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
+        sizes.setdefault(bid, {})[port] = mem.values[mem.ports[(bid, port)]].count if mem else plan.buffers[bi].count
     by_block: dict[int, dict[str, Any]] = {}
     for (bid, port), ab in appends.items():
         by_block.setdefault(bid, {})[port] = ab

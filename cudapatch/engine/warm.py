@@ -41,6 +41,7 @@ class Refusal(str, Enum):
     BINDING_SLOTS = "binding-slots"  #: Warm-rebind targets moved
     BUFFER_LAYOUT = "buffer-layout"  #: a buffer belongs to another block or port, has another type or append role
     BUFFER_CAPACITY = "buffer-capacity"  #: a buffer outgrew its allocation
+    SHARING = "sharing"  #: values share buffers differently (buffer reuse decided otherwise)
     NODE_KIND = "node-kind"  #: a node became another kind of node
     CAPTURED_CALL = "captured-call"  #: a captured call's identity, edges or argument sources changed
     STALE_CAPTURE = "stale-capture"  #: the running capture of a call needs a new graph already
@@ -150,6 +151,11 @@ def decide_warm_patch(
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:
         return _refuse(Refusal.BINDING_SLOTS, None, "the bound inputs map to other argument slots")
+    nm, om = new.memory, old.memory
+    if nm is not None and om is not None and nm.value_buffer != om.value_buffer:
+        # the resize changed which values take turns in which buffer (e.g. best fit by size chose
+        # another buffer): the new sharing needs new buffers for the values, so a Cold rebuild.
+        return _refuse(Refusal.SHARING, None, "values share buffers differently")
     for nb, ob, capacity in zip(new.buffers, old.buffers, capacities, strict=True):
         if nb[:4] != ob[:4] or nb.append != ob.append:  # (index, block_id, label, dtype) and the append role
             what = f"buffer {nb.index} is now {nb.label!r} of block {nb.block_id}"

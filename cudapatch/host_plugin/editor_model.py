@@ -272,7 +272,7 @@ class EditorModel:
         count = nbytes = None
         engine = self.adapter.engine
         try:
-            buf = engine.output(block, src_port)
+            buf = engine.output(block, src_port, keep=False)  # a tooltip only looks: the wire may stay shared
             count, nbytes = int(buf.count), int(buf.nbytes)
         except (CudapatchError, AttributeError):
             plan = getattr(engine, "plan", None)  # an engine that only plans (tests) knows the sizes too

@@ -9,13 +9,15 @@ in its own module and tested on its own:
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts.
-4. ``memory``: the buffer that holds each value (today one each), append counters.
+4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
-7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+7. ``share``: values whose lifetimes do not overlap under those dependencies share a buffer
+   (``liveness``); the nodes' buffer arguments are renumbered, no edge is added.
+8. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
 
 The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
-sizes, fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
+sizes, fusion before memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations
@@ -27,14 +29,26 @@ from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
-from .memory import memory
+from .memory import memory, share
 from .nodes import nodes
 from .order import order
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
-__all__ = ["PlanDraft", "compile_plan", "edges", "memory", "nodes", "order", "publish", "sizes", "stamps", "validate"]
+__all__ = [
+    "PlanDraft",
+    "compile_plan",
+    "edges",
+    "memory",
+    "nodes",
+    "order",
+    "publish",
+    "share",
+    "sizes",
+    "stamps",
+    "validate",
+]
 
 
 def compile_plan(
@@ -42,6 +56,8 @@ def compile_plan(
     kernel_status: KernelStatus | None = None,
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
+    *,
+    reuse: bool = True,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -53,11 +69,13 @@ def compile_plan(
         level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
+        reuse: Let values whose lifetimes do not overlap share buffers (``memory``, ``share``); False gives
+            every value its own buffer.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
     """
-    draft = PlanDraft(snap, kernel_status, level, faulted)
+    draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
     order(draft)
     draft.raise_errors()
@@ -65,6 +83,7 @@ def compile_plan(
     memory(draft)
     nodes(draft)
     edges(draft)
+    share(draft)
     stamps(draft)
     publish(draft)
     return draft.plan()
