@@ -36,7 +36,7 @@ from .profiling import ProfilingLevel
 from .realize import CompiledGraph, realize
 from .resources import DeviceResources
 from .stats import BuildTiming, EngineCounters, occupancy_warnings, show_built
-from .warm import WarmRefusal, decide_warm_patch
+from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
 __all__ = ["BuildJob", "BuildOutcome", "GraphBuilds"]
 
@@ -89,6 +89,9 @@ class BuildOutcome:
         realize_on_frame: The plan is realized at ``finish`` (it captures library calls).
         compile_ms: Snapshot to plan.
         realize_ms: Buffers, nodes and instantiation.
+        warm: The Warm patch decided on the build thread against ``warm_base`` (trimmed to the nodes
+            that change), so that ``finish`` does not decide again on the frame thread.
+        warm_base: The running graph's plan the decision compared with.
     """
 
     job: BuildJob
@@ -101,6 +104,8 @@ class BuildOutcome:
     realize_on_frame: bool = False
     compile_ms: float = 0.0
     realize_ms: float = 0.0
+    warm: WarmPatch | None = None
+    warm_base: GraphPlan | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -210,7 +215,7 @@ class GraphBuilds:
             out.diagnostics = tuple(exc.diagnostics)
             return out
         out.compile_ms = (time.perf_counter() - t0) * 1e3
-        if g is not None and not job.cold and self._warm_candidate(g, out.plan, snap.bindings, functions):
+        if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
         if job.off_thread and out.plan.captured_nodes:
             # Library calls are captured with the engine's library handles, which Recapture updates of
@@ -240,6 +245,7 @@ class GraphBuilds:
                 libraries=res.libraries,
                 publish_function=publish_function,
                 lend_stores=not job.off_thread or out.realize_on_frame,
+                upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)
@@ -255,13 +261,20 @@ class GraphBuilds:
         out.realize_ms = (time.perf_counter() - t1) * 1e3
 
     def _warm_candidate(
-        self, g: CompiledGraph, plan: GraphPlan, bindings: Mapping[tuple[int, str], ExternalBinding], functions: Any
+        self, g: CompiledGraph, out: BuildOutcome, bindings: Mapping[tuple[int, str], ExternalBinding], functions: Any
     ) -> bool:
         # The pure Warm decision against the running graph (its plan and allocations change only at
-        # ``finish``, on the frame thread); ``try_patch`` decides again when it applies the plan.
+        # ``finish``, on the frame thread, so it holds while ``g.plan`` is this plan). Off the frame
+        # thread it is kept, trimmed to the nodes that change: the frame thread then writes only those.
+        assert out.plan is not None
+        base = g.plan
         capacities = [b.capacity_bytes for b in g.buffers]
-        decision = decide_warm_patch(g.plan, plan, bindings, capacities=capacities, functions=functions)
-        return not isinstance(decision, WarmRefusal)
+        decision = decide_warm_patch(base, out.plan, bindings, capacities=capacities, functions=functions)
+        if isinstance(decision, WarmRefusal):
+            return False
+        if out.job.off_thread and not out.plan.captured_nodes:  # re-captures decide with the stale set: at finish
+            out.warm, out.warm_base = g.trim_patch(decision), base
+        return True
 
     def finish(self, out: BuildOutcome) -> bool:
         """Apply a prepared build at a frame boundary (frame thread): patch the running graph in place,
@@ -305,7 +318,8 @@ class GraphBuilds:
                 return False
             recaptures = g.recaptures
             try:
-                patched = g.try_patch(plan, out.bindings, out.functions)
+                decided = out.warm if out.warm_base is g.plan else None
+                patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
             except CudaError as exc:
                 return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
             if patched is None:  # refused now (a re-capture changed its topology): realize next build

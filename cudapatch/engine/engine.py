@@ -56,7 +56,7 @@ from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
-from .resources import DeviceResources
+from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, newest_frame, show_on_blocks
 from .tiers import CodeTier, ParamTier
 
@@ -474,11 +474,12 @@ class Engine:
         """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (start a
         build, or build now: Cold or Warm resize), then Hot/Warm on the graph that runs now."""
         worker = self._worker
+        dirty = self._dirty
         if not worker.busy:  # a build in flight may borrow from retired graphs' pool blocks: later
             t0 = time.perf_counter()
-            self.resources.reap()
+            # A build about to start closes the idle retired graphs on its own thread.
+            self.resources.reap(graphs=not (dirty.structure and self._builds_off_thread))
             self.last_build.reap_ms = (time.perf_counter() - t0) * 1e3
-        dirty = self._dirty
         if dirty.code:
             self._code.submit(dirty.take_code())
             if self.wait_for_compile:
@@ -492,7 +493,7 @@ class Engine:
                     self._log_build()
                     return
                 dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
-            elif not worker.busy:
+            elif not worker.busy:  # (``_builds_off_thread``)
                 self._start_build()
             # else: a build is in flight; this edit and any others coalesce into the next one
         dirty.forget_code_and_captured()
@@ -517,7 +518,17 @@ class Engine:
         self._params.begin_carry()
         self._code.begin_carry()
         builds = self._builds
-        self._worker.submit(lambda: builds.prepare(job))
+        idle = self.resources.take_idle()
+
+        def build() -> BuildOutcome:
+            close_graphs(idle)
+            return builds.prepare(job)
+
+        self._worker.submit(build)
+
+    @property
+    def _builds_off_thread(self) -> bool:
+        return self.background_builds and not self.wait_for_compile
 
     def _finish_build(self) -> None:
         """Apply the build the build thread finished (frame thread, at a frame boundary): swap in the

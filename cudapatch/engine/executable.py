@@ -38,7 +38,7 @@ from .params import PackedLaunch, ParamStorage, read_slot, write_slot
 from .plan import GraphPlan
 from .readback import ReadbackRing
 from .replay import replay_by_block
-from .warm import WarmRefusal, decide_warm_patch
+from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
 __all__ = ["CompiledGraph", "GraphParts"]
 
@@ -301,15 +301,38 @@ class CompiledGraph(HandleOwner):
         kn.params.gridDimX = max(1, int(grid))
         self._commit((kn,))
 
+    def trim_patch(self, decision: WarmPatch) -> WarmPatch:
+        """``decision`` without the kernel nodes it would leave as they are: same plan node, no external
+        pointer, same function. Runs on the build thread, so that the frame thread writes only what
+        changes (every node of a 10,000-block patch took tens of milliseconds there). Node functions
+        change on the frame thread only by Code swaps, which a build re-applies when it lands.
+        """
+        nodes = self._nodes
+        keep = []
+        for kp in decision.kernels:
+            kn = nodes[kp.index]
+            if (
+                kp.plan != kn.plan  # type: ignore[union-attr]
+                or any(a.kind == "external" for a in kp.plan.args)
+                or (kp.function is not None and int(kp.function) != int(kn.params.func))  # type: ignore[union-attr]
+            ):
+                keep.append(kp)
+        return WarmPatch(tuple(keep), decision.calls, decision.counts)
+
     def try_patch(
         self,
         plan: GraphPlan,
         bindings: dict[tuple[int, str], ExternalBinding],
         functions: Mapping[tuple[int, int], Any] | None = None,
+        *,
+        decided: WarmPatch | None = None,
     ) -> int | None:
         """Warm resize: adopt ``plan`` in place if ``warm.decide_warm_patch`` accepts it (it differs
         from the current one only in element counts, grids, external pointers, values and same-layout
         kernel functions, and every buffer still fits its allocation). ``warm_refusal`` says why not.
+
+        ``decided``: the decision already taken against this graph's current plan (on the build
+        thread, see ``trim_patch``): it is applied without deciding again.
 
         Returns:
             The number of nodes patched, or None if the plan needs a Cold rebuild.
@@ -317,13 +340,17 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        decision = decide_warm_patch(
-            self.plan,
-            plan,
-            bindings,
-            capacities=[b.capacity_bytes for b in self.buffers],
-            stale=self._calls.stale_nodes(),
-            functions=functions,
+        decision = (
+            decided
+            if decided is not None
+            else decide_warm_patch(
+                self.plan,
+                plan,
+                bindings,
+                capacities=[b.capacity_bytes for b in self.buffers],
+                stale=self._calls.stale_nodes(),
+                functions=functions,
+            )
         )
         if isinstance(decision, WarmRefusal):
             self.warm_refusal = decision

@@ -41,6 +41,15 @@ def _until_built(e: Engine, timeout: float = 30.0) -> int:
     return frames
 
 
+def _pump_until_started(e: Engine, started: threading.Event, timeout: float = 30.0) -> None:
+    """Run frames, as a host does, until the build thread is inside ``realize`` (the frame that
+    queues the build may be the one after the edit, when the edit's kernel resolves first)."""
+    deadline = time.monotonic() + timeout
+    while not started.wait(0.002):
+        assert time.monotonic() < deadline, "no build started"
+        e.update()
+
+
 def _slow_realize(monkeypatch: pytest.MonkeyPatch, started: threading.Event, gate: threading.Event) -> None:
     real = build_module.realize
 
@@ -65,8 +74,8 @@ def test_hot_values_set_during_a_build_land_in_the_new_graph(
     _slow_realize(monkeypatch, started, gate)
     b = live.add(Scale(name="b", Factor=1.0))
     live.connect(a, "Out", b, "In")
-    live.update()
-    assert started.wait(30.0) and live.building
+    _pump_until_started(live, started)
+    assert live.building
     old = live.graph
     a.set("Factor", 5.0)  # Hot, on the running graph, and carried to the one being built
     live.update()
@@ -119,8 +128,7 @@ def test_close_during_a_build_ends_cleanly(
     started, gate = threading.Event(), threading.Event()
     _slow_realize(monkeypatch, started, gate)
     live.connect(a, "Out", live.add(Scale(name="b")), "In")
-    live.update()
-    assert started.wait(30.0)
+    _pump_until_started(live, started)
     threading.Timer(0.05, gate.set).start()
     in_use = live.pool.in_use_bytes
     live.close()

@@ -6,6 +6,7 @@ test_fault_gpu, test_profiling_gpu)."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import Any
@@ -151,6 +152,7 @@ class FakeGraph:
 
     def close(self) -> None:
         self.closed = True
+        self.closed_on = threading.current_thread().name
 
     def abandon(self) -> None:
         self.abandoned = True

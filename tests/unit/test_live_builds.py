@@ -31,9 +31,13 @@ class LiveGraph(FakeGraph):
         super().__init__(plan, **kw)
         self.buffers = [type("Alloc", (), {"capacity_bytes": 1 << 30})() for _ in plan.buffers]
 
-    def try_patch(self, plan: Any, bindings: Any, functions: Any) -> int | None:
+    def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         self.plan = plan
+        self.decided = decided
         return 0
+
+    def trim_patch(self, decision: Any) -> Any:
+        return decision
 
 
 class Realizer:
@@ -280,3 +284,44 @@ def test_a_kernel_swapped_in_during_a_build_is_swapped_into_the_new_graph(engine
     engine.update()
     new = engine.graph
     assert new is not old and new.swaps == [(ck.id, 0)]  # type: ignore[union-attr]
+
+
+def test_a_build_runs_with_a_short_gil_switch_interval_and_restores_it() -> None:
+    import sys
+
+    from cudapatch.engine.build_thread import BUILD_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    w = BuildWorker(lambda: None)
+    try:
+        w.submit(lambda: seen.append(sys.getswitchinterval()))
+        assert w.wait(5.0)
+        w.take()
+    finally:
+        w.close(5.0)
+    assert seen == [pytest.approx(min(before, BUILD_SWITCH_INTERVAL_S))]
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_a_warm_build_is_decided_on_the_build_thread_and_applied_as_decided(engine: Engine, realizer: Realizer) -> None:
+    fill, _ = _chain(engine)
+    _landed(engine)
+    g = engine.graph
+    fill.set("Count", 512)  # a size edit: a Warm resize of the running graph
+    _landed(engine)
+    assert engine.graph is g and engine.last_build.tier == "warm-resize"
+    assert g.decided is not None  # the frame thread did not decide again
+    assert [b.count for b in g.plan.buffers][0] == 512
+
+
+def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: Engine, realizer: Realizer) -> None:
+    _, scale = _chain(engine)
+    _landed(engine)
+    first = engine.graph
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    _landed(engine)
+    assert first.retired
+    engine.connect(scale, "Out", engine.add(Scale(name="three")), "In")
+    _landed(engine)
+    assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
