@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
+from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .compiler import compile_plan
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
@@ -230,6 +230,7 @@ class GraphBuilds:
         assert plan is not None
         res = self._resources
         t1 = time.perf_counter()
+        names = {b.id: b.name for b in snap.blocks}
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
             out.graph = realize(
@@ -238,7 +239,7 @@ class GraphBuilds:
                 pool=res.pool,
                 functions=out.functions,
                 bindings=snap.bindings,
-                block_names={b.id: b.name for b in snap.blocks},
+                block_names=names,
                 previous=job.previous,
                 occupancy=job.level.at_least(ProfilingLevel.DEEP_ASYNC),
                 stamp_function=stamp_function,
@@ -254,6 +255,10 @@ class GraphBuilds:
                 out.call_failure = (tried, str(exc))
             else:
                 out.diagnostics = (Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, str(exc)),)
+            return
+        except CudaOutOfMemoryError as exc:  # the memory check before realize, or an allocation that failed
+            bid = self._block_id(snap, exc)
+            out.diagnostics = (Diagnostic("error", bid, DiagnosticCode.OUT_OF_MEMORY, str(exc)),)
             return
         except (KernelLoadError, CudaError) as exc:
             out.diagnostics = (Diagnostic("error", self._block_id(snap, exc), DiagnosticCode.REALIZE, str(exc)),)

@@ -39,6 +39,7 @@ class DiagnosticCode(str, Enum):
     # Building and running the graph.
     LIBRARY_CALL = "library-call"  # a captured library call failed to capture
     REALIZE = "realize"  # a driver call failed while building the graph
+    OUT_OF_MEMORY = "out-of-memory"  # the patch needs more device memory than is free: not built
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import CudaOutOfMemoryError
 from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
@@ -27,6 +28,7 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
 from .libraries import LibraryHandles
+from .memory_check import device_free_bytes, lends, memory_shortfall
 from .nodes import NodeBuild, add_node
 from .params import StoreLoans
 from .plan import GraphPlan, programmatic_edges
@@ -95,6 +97,8 @@ class GraphBuilder:
         """Make the driver objects and instantiate the graph.
 
         Raises:
+            CudaOutOfMemoryError: the plan needs more new device memory than is free (checked before
+                anything is allocated: ``memory_check``), or an allocation failed.
             KernelLoadError: a kernel has no function (``.block`` names the block).
             LibraryCallError: a library call failed or cannot be captured (``.block`` names the block).
             CudaError: a driver call failed (nothing is leaked, ``previous`` is untouched).
@@ -106,12 +110,14 @@ class GraphBuilder:
         # failure restores what was touched.
         # Parameter storage is lent only by a graph the frame thread is not patching meanwhile: a build on
         # the build thread would rewrite the slots a Hot update of the running graph sends to the driver.
+        lent = prev.lendable_buffers() if prev is not None else {}
+        self._check_memory(lent)  # before anything is allocated or borrowed
         loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {})
         parts = GraphParts(self.device, CapturedCalls(self.libraries))
         exec_: Any = None
         t0 = time.perf_counter()
         try:
-            self._buffers(parts, prev.lendable_buffers() if prev is not None else {})
+            self._buffers(parts, lent)
             stamps_ptr = self._readback(parts)
             parts.scalars = DeviceScalars(self.plan.nodes, self.pool, self.device)
             if parts.scalars.buffer is not None:
@@ -141,13 +147,25 @@ class GraphBuilder:
             parts.release()
             raise
 
+    def _check_memory(self, lent: dict[tuple[int, str], GpuBuffer]) -> None:
+        short = memory_shortfall(
+            self.plan,
+            free_bytes=device_free_bytes(),
+            idle_bytes=self.pool.idle_bytes,
+            lent={key: (buf.dtype, buf.capacity_bytes) for key, buf in lent.items()},
+            names=self.names,
+        )
+        if short is not None:
+            block = self.names.get(short.block_id) if short.block_id is not None else None
+            raise CudaOutOfMemoryError(short.message(self.names), name="CUDA_ERROR_OUT_OF_MEMORY", block=block)
+
     def _buffers(self, parts: GraphParts, lent: dict[tuple[int, str], GpuBuffer]) -> None:
         """One buffer per planned buffer: the previous graph's allocation where it fits (borrowed until
         ``adopt``), else a new one from the pool."""
         stream = self.device.stream
         for b in self.plan.buffers:
             old = lent.pop((b.block_id, b.label), None)
-            if old is not None and old.dtype is b.dtype and b.count * b.dtype.itemsize <= old.capacity_bytes:
+            if old is not None and lends(b, old.dtype, old.capacity_bytes):
                 parts.buffers.append(old)
             else:
                 buf = GpuBuffer(self.pool, b.dtype, b.count, stream=stream)
