@@ -3,6 +3,7 @@
 cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH] [--isolated] [--editor]
 cudapatch blocks
 cudapatch check
+cudapatch plan PATCH [--no-fuse]
 """
 
 from __future__ import annotations
@@ -135,6 +136,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .errors import CudapatchError
+    from .host_plugin.plan_view import format_plan, plan_patch
+
+    try:
+        engine, plan = plan_patch(args.patch, fuse=not args.no_fuse)
+    except CudapatchError as exc:
+        print(f"cudapatch: {exc}", file=sys.stderr)
+        return 2
+    print(format_plan(engine, plan))
+    return 0 if plan is not None else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``cudapatch`` console script."""
     parser = argparse.ArgumentParser(prog="cudapatch", description="CUDA blocks in one live CUDA graph")
@@ -158,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=cmd_run)
     sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)
     sub.add_parser("check", help="preflight: driver, GPU, libraries, GL").set_defaults(func=cmd_check)
+    plan = sub.add_parser("plan", help="print the compiled plan of a patch file (no GPU needed)")
+    plan.add_argument("patch", type=Path, help="a .toml patch file")
+    plan.add_argument("--no-fuse", action="store_true", help="plan without fusing elementwise blocks")
+    plan.set_defaults(func=cmd_plan)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what a restart after a GPU fault runs again
     _setup_logging(args.verbose)

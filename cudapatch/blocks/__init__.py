@@ -32,7 +32,7 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Fill, KernelFile, Scale, VectorAdd
+from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "BlockParameter",
     "BlockState",
     "CustomKernel",
+    "Expression",
     "Fill",
     "InternalLink",
     "KernelFile",

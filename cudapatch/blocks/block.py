@@ -47,6 +47,7 @@ class BlockDebugInfo:
     gpu_ms: float | None = None  # GPU time in the last reported frame (PerBlock and above)
     append_fill: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (count, capacity), Deep levels
     sizes: dict[str, int] = field(default_factory=dict)  # output port -> element count
+    fused: str = ""  # the fused group this block runs in ("a -> b -> c"), empty when it runs alone
 
 
 class Block:
@@ -288,6 +289,8 @@ class Block:
         if d.gpu_ms is not None:
             head += f", {d.gpu_ms:.2f}ms"
         lines = [head] + [f"  {port}: {count}/{cap}" for port, (count, cap) in d.append_fill.items()]
+        if d.fused:
+            lines.append(f"  fused: {d.fused}")
         return "\n".join(lines)
 
     def port(self, name: str) -> PortHandle:

@@ -65,6 +65,7 @@ class KernelHandle:
         self.descriptor = descriptor if descriptor is not None else source.describe()  # type: ignore[union-attr]
         self._grid: SizeRule | None = None
         self._counts: list[tuple[int, SizeRule]] = []
+        self._expression: str | None = None
 
     @property
     def entry_point(self) -> str:
@@ -128,8 +129,24 @@ class KernelHandle:
         self._counts.append((pin.index, fixed(rule) if isinstance(rule, int) else rule))
         return self
 
+    def elementwise(self, expression: str) -> KernelHandle:
+        """Declare what this kernel computes per element, as an expression over the block's input
+        ports and scalar parameters (``"fma(In, Factor, Offset)"``), so the graph compiler may fuse
+        the block with elementwise neighbours into one generated kernel. The block must have one
+        kernel, one float output as long as its launch, and float inputs and scalars; the fused
+        result equals this kernel's only if the expression does exactly what the kernel does (the
+        same operations in the same order: see docs/expressions.md)."""
+        self._expression = expression
+        return self
+
     def spec(self) -> KernelSpec | CapturedSpec:
-        return KernelSpec(source=self.source, descriptor=self.descriptor, grid=self._grid, counts=tuple(self._counts))
+        return KernelSpec(
+            source=self.source,
+            descriptor=self.descriptor,
+            grid=self._grid,
+            counts=tuple(self._counts),
+            expression=self._expression,
+        )
 
 
 class CapturedHandle(KernelHandle):

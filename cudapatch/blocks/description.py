@@ -137,12 +137,16 @@ class KernelSpec:
         descriptor: What ``source.describe()`` returned (parameters, block size).
         grid: One thread per element of this count; ``None`` launches a single block.
         counts: ``(param index, rule)`` pairs: that ``uint`` parameter receives the resolved count.
+        expression: What the kernel computes per element, in the expression language, over the
+            block's input ports and scalars (``KernelHandle.elementwise``): the compiler may fuse
+            it with its neighbours (see ``engine/compiler/fusion.py``). None: never fused.
     """
 
     source: KernelSource
     descriptor: KernelDescriptor
     grid: SizeRule | None
     counts: tuple[tuple[int, SizeRule], ...]
+    expression: str | None = None
 
 
 class PinType(NamedTuple):

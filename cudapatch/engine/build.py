@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .compiler import compile_plan
+from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
@@ -134,6 +135,8 @@ class GraphBuilds:
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
         reuse_buffers: Let values with disjoint lifetimes share buffers (``compiler.memory``).
+        fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
+            and loaded by the build itself, on the build thread.
     """
 
     def __init__(
@@ -147,8 +150,10 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
+        fuse: bool = False,
         reuse_buffers: bool = True,
     ) -> None:
+        self._fuse = fuse
         self.reuse_buffers = reuse_buffers
         self._context = context
         self._kernels = kernels
@@ -210,10 +215,13 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled, reuse=self.reuse_buffers)
+            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse, reuse=self.reuse_buffers)
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
+        if self._fuse and not self._load_fused(out):
+            return out
+        functions = out.functions
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -224,6 +232,25 @@ class GraphBuilds:
             return out
         self._realize(out)
         return out
+
+    def _load_fused(self, out: BuildOutcome) -> bool:
+        """Generate and load the kernel of every fused group of ``out.plan`` (here, on the build's
+        thread: the PTX is written in microseconds and the driver JITs it in about a millisecond),
+        adding their functions to ``out.functions``. False (with a diagnostic on the group's last
+        block) when one does not load."""
+        assert out.plan is not None
+        fused = [n for n in out.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+        if not fused:
+            return True
+        functions = dict(out.functions)
+        for node in fused:
+            try:
+                functions[(node.block_id, node.kernel)] = self._kernels.builder.build(node.source).function
+            except (KernelLoadError, CudaError) as exc:
+                out.diagnostics = (Diagnostic("error", node.block_id, DiagnosticCode.REALIZE, str(exc)),)
+                return False
+        out.functions = functions
+        return True
 
     def _realize(self, out: BuildOutcome) -> None:
         job, snap, plan = out.job, out.job.snap, out.plan

@@ -90,6 +90,9 @@ class Context:
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
+        # Each block's last snapshot, dropped when its values or description change: a build freezes
+        # only what changed (freezing all of a 10,000-block patch took 18 ms of the frame thread).
+        self._frozen: dict[int, BlockSnapshot] = {}
         self._code_listener = code_listener
 
     @property
@@ -120,6 +123,7 @@ class Context:
         if not self.registry.remove(block):
             return
         self.connections.remove_block(block.id)
+        self._frozen.pop(block.id, None)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.kept -= {k for k in self.kept if k[0] == block.id}
@@ -129,9 +133,10 @@ class Context:
     def param_listener(self, block: Block) -> ParamListener:
         """The listener ``block`` subscribes to its scalar parameters (``BlockHost``): a change marks
         the parameter dirty (Hot), or the structure when sizes depend on it (Cold)."""
-        dirty, block_id = self.dirty, block.id  # bound once: this runs on every Hot edit
+        dirty, block_id, frozen = self.dirty, block.id, self._frozen  # bound once: this runs on every Hot edit
 
         def listener(param: BlockParameter) -> None:
+            frozen.pop(block_id, None)
             if param.spec.structural:
                 dirty.mark_structure()
             else:
@@ -144,6 +149,7 @@ class Context:
         p = block.params.get(name)
         if p is None:
             return
+        self._frozen.pop(block.id, None)
         if p.spec.structural:
             self.dirty.mark_structure()
         else:
@@ -153,6 +159,7 @@ class Context:
         """A block was re-described (``Block.refresh``). If only kernel code changed and every kernel
         keeps its descriptor, that is a Code-tier change; otherwise drop links to ports that no
         longer exist and rebuild."""
+        self._frozen.pop(block.id, None)
         new = block.description
         if len(new.kernels) == len(old.kernels):
             same_code = replace(
@@ -174,6 +181,7 @@ class Context:
             CudapatchError: unknown kernel, or the new source's signature differs (re-describe the block
                 instead); KernelLoadError: the new source cannot be read.
         """
+        self._frozen.pop(block.id, None)
         kernels = block.description.kernels
         if not 0 <= kernel < len(kernels):
             raise CudapatchError(f"block has {len(kernels)} kernels; there is no kernel {kernel}", block=block.name)
@@ -189,6 +197,7 @@ class Context:
 
     def on_structure_changed(self, block: Block) -> None:
         """A block's description changed: drop links to ports that no longer fit, rebuild."""
+        self._frozen.pop(block.id, None)
         d = block.description
         for lk in list(self.connections):
             if lk.src == block.id and d.output(lk.src_port) is None:
@@ -320,9 +329,14 @@ class Context:
 
     # -- for the compiler -----------------------------------------------------------------------
     def snapshot(self) -> PatchSnapshot:
-        """Freeze the patch for the compiler."""
-        blocks = tuple(
-            BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
-            for b in self.registry
-        )
-        return PatchSnapshot(self.id, blocks, tuple(self.connections), dict(self.bindings), frozenset(self.kept))
+        """Freeze the patch for the compiler. A block whose values, name and description did not change
+        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written)."""
+        frozen, cid = self._frozen, self.id
+        blocks = []
+        for b in self.registry:
+            s = frozen.get(b.id)
+            if s is None or s.description is not b.description or s.name != b.name:
+                s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
+                frozen[b.id] = s
+            blocks.append(s)
+        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), frozenset(self.kept))

@@ -32,6 +32,7 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight

@@ -55,6 +55,7 @@ from .libraries import LibraryHandles
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
+from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, EngineCounters, append_warnings, collect_stats, newest_frame, show_on_blocks
@@ -88,6 +89,10 @@ class Engine:
             kernel fault is pinned on its block in the frame it happens (development only: slow).
         isolated: Run the engine in a child process (``cudapatch.isolated.IsolatedEngine`` is
             returned): a GPU fault ends only the child, which restarts without the faulting block.
+        fuse: Fuse chains and trees of elementwise blocks (Expression, Scale, VectorAdd, plugin blocks
+            that declare an expression) whose intermediates nothing else reads into one generated
+            kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
+            ``output()``/``read()`` of it fails.
         reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
 
@@ -120,6 +125,7 @@ class Engine:
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
+        fuse: bool = False,
         reuse_buffers: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
@@ -171,6 +177,7 @@ class Engine:
             counters=self.counters,
             timing=self.last_build,
             settle_compiles=self._settle_compiles,
+            fuse=fuse,
             reuse_buffers=reuse_buffers,
         )
         self._recovery = Recovery(
@@ -418,6 +425,13 @@ class Engine:
         self._recovery.recover(exc, culprit)
         self.counters.frames += 1
 
+    def prepare_fault_replay(self) -> None:
+        """Start the process that names a faulting block by replay now, not at the fault: a fault is
+        then attributed without an interpreter start (the isolated engine's child does this). It
+        holds a CUDA context until the fault or ``close``."""
+        if self._recovery.replay_standby is None and not self._closed:
+            self._recovery.replay_standby = ReplayStandby(self.device.ordinal)
+
     def report_fault(self, exc: CudaLaunchError) -> None:
         """Survive a sticky GPU fault that a call outside ``update()`` met first (a synchronize, a
         read, an interop call of the host's): as ``update()`` would, find the faulting block and
@@ -443,6 +457,7 @@ class Engine:
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
     def _settle_compiles(self) -> None:
+        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
         self._code.apply(self.kernels.collect(wait=True))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
@@ -461,6 +476,7 @@ class Engine:
                     self._worker.wait()
                     self._finish_build()
                 while True:
+                    self._code.settle_fused(timeout)
                     self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
                     if self._dirty.any:
                         self._apply_changes()
@@ -630,6 +646,13 @@ class Engine:
                     block=block.name,
                     port=port,
                 )
+            if g is not None and block.id in g.plan.block_order:
+                raise CudapatchError(
+                    "this output is fused into the next block's kernel and held in no buffer: make the block "
+                    "with fuse=False, or the engine with fuse=False, to read it",
+                    block=block.name,
+                    port=port,
+                )
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
         return buf
 
@@ -746,6 +769,7 @@ class Engine:
                 self.device.synchronize()
             except CudaLaunchError as exc:  # a fault nobody saw yet: the context is as good as lost
                 faults.mark_lost(f"the GPU context is lost after {exc.name}")
+        self._recovery.close()
         for b in list(self.context.registry):
             self.context.unregister_block(b)
         self.kernels.close()  # first: the builder's thread loads modules into the context

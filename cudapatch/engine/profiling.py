@@ -86,6 +86,7 @@ class BlockStats:
     gpu_ms: float | None
     kernels: tuple[KernelStats, ...] = ()
     append: dict[str, AppendStats] = field(default_factory=dict)
+    fused: str = ""  # the fused group the block runs in ("a -> b -> c"), empty when it runs alone
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import CudaError
-from .replay import attribute_in_child
+from .replay import ReplayStandby, attribute_in_child
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -70,6 +70,14 @@ class Recovery:
         self._board = board
         self._counters = counters
         self._cache_dir: str | bool = False if cache_dir is None else str(cache_dir)
+        #: A replay process started ahead (``Engine.prepare_fault_replay``); used by the next fault.
+        self.replay_standby: ReplayStandby | None = None
+
+    def close(self) -> None:
+        """End the replay process started ahead, if any."""
+        standby, self.replay_standby = self.replay_standby, None
+        if standby is not None:
+            standby.close()
 
     def recover(self, exc: CudaError, culprit: int | None = None) -> int | None:
         """Survive a sticky fault: find the faulting block (unless given), disable it, and try to
@@ -117,7 +125,10 @@ class Recovery:
         if culprit is None:
             # Before touching anything: the snapshot is pure data, and the child has a fresh context.
             device = self._resources.device.ordinal
-            culprit, detail = attribute_in_child(self._context.snapshot(), device=device, cache_dir=self._cache_dir)
+            standby, self.replay_standby = self.replay_standby, None
+            culprit, detail = attribute_in_child(
+                self._context.snapshot(), device=device, cache_dir=self._cache_dir, standby=standby
+            )
         if culprit is None:
             log.warning("the faulting block was not found (%s)", detail)
             return None, ""

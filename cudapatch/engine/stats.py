@@ -204,7 +204,10 @@ def collect_stats(
             KernelStats(k.descriptor.entry_point, kernel_ms.get((b.id, ki)), occupancy.get((b.id, ki)))
             for ki, k in enumerate(b.description.kernels)
         )
-        rows.append(BlockStats(b.id, b.name, b.debug.state.value, b.debug.message, block_ms.get(b.id), kernels, append))
+        debug = b.debug
+        rows.append(
+            BlockStats(b.id, b.name, debug.state.value, debug.message, block_ms.get(b.id), kernels, append, debug.fused)
+        )
     return EngineStats(
         level=level,
         frame=frame,
@@ -239,8 +242,21 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     by_block: dict[int, dict[str, Any]] = {}
     for (bid, port), ab in appends.items():
         by_block.setdefault(bid, {})[port] = ab
+    fused = _fused_groups(plan, blocks)
     for b in blocks:
         b.debug.append = by_block.get(b.id, {})
         b.debug.sizes = sizes.get(b.id, {})
+        b.debug.fused = fused.get(b.id, "")
         b.debug.gpu_ms = None
         b.debug.append_fill = {}
+
+
+def _fused_groups(plan: GraphPlan, blocks: BlockRegistry) -> dict[int, str]:
+    """Block id → its fused group as ``"a -> b -> c"``, for the blocks that run in a fused kernel."""
+    out: dict[int, str] = {}
+    for node in plan.kernel_nodes:
+        members = getattr(node.source, "members", ())
+        if members:
+            text = " -> ".join(b.name if (b := blocks.get(m)) is not None else str(m) for m in members)
+            out.update(dict.fromkeys(members, text))
+    return out

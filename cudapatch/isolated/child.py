@@ -83,6 +83,7 @@ class _Server:
             watch_files=cfg.watch_files,
             reuse_buffers=False,  # the host maps every output through IPC: none may be overwritten by another
         )
+        engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 
@@ -207,6 +208,24 @@ def _detach_stdio() -> tuple[int, int]:
     return proto_in, proto_out
 
 
+_WARM: list[Any] = []
+
+
+def _warm_up(device: str | None) -> None:
+    """Before ``start`` arrives: import the engine and make the device's context, so that a child
+    kept in reserve starts serving at once (a failure here is met again, and reported, at start)."""
+    try:
+        from ..engine.engine import Engine  # noqa: F401  (the import is the work)
+
+        if device is not None:
+            from ..engine.device import DeviceContext
+
+            # Held for the process's life: the engine retains the same primary context again, at no cost.
+            _WARM.append(DeviceContext(int(device)))
+    except Exception:  # noqa: BLE001  (no driver, no device: the engine says so properly at start)
+        pass
+
+
 def main() -> int:
     """Serve the host until it closes our stdin or says ``close``; the exit status."""
     import faulthandler
@@ -217,6 +236,7 @@ def main() -> int:
     proto_in, proto_out = _detach_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when the child ends
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck child is
+    _warm_up(os.environ.pop("CUDAPATCH_ISOLATED_DEVICE", None))
     first = _read_message(proto_in)
     if first is None or first[0] != "start":
         return 2

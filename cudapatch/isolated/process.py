@@ -36,14 +36,17 @@ class EngineProcess:
     Args:
         python: The interpreter (a Python of the host's version with cudapatch importable).
         pass_fds: Descriptors the child inherits (the frame word).
+        device: The device whose context the child makes while it waits for ``start``.
 
     Raises:
         OSError: the interpreter cannot be started.
     """
 
-    def __init__(self, python: str, pass_fds: tuple[int, ...] = ()) -> None:
+    def __init__(self, python: str, pass_fds: tuple[int, ...] = (), device: int | None = None) -> None:
         env = dict(os.environ)
         env["CUDAPATCH_ISOLATED_PATH"] = json.dumps(_host_path())
+        if device is not None:
+            env["CUDAPATCH_ISOLATED_DEVICE"] = str(device)
         self.proc = subprocess.Popen(
             [python, "-c", BOOTSTRAP],
             stdin=subprocess.PIPE,
@@ -69,6 +72,11 @@ class EngineProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        """The process has not ended (a reserve child may have, e.g. killed from outside)."""
+        return self.proc.poll() is None
 
     def send(self, message: Any) -> None:
         """Queue ``message`` and write what the pipe takes now (never blocks)."""

@@ -139,3 +139,20 @@ def test_snapshot_is_a_copy() -> None:
     snap = c.snapshot()
     s.set("Factor", 5.0)
     assert snap.blocks[0].values["Factor"] == 2.0 and snap.context_id == c.id
+
+
+def test_a_snapshot_refreezes_only_the_blocks_that_changed() -> None:
+    from cudapatch import Scale
+    from cudapatch.engine.context import Context
+
+    ctx = Context()
+    a, b, c = (ctx.register_block(Scale(name=n, Factor=1.0)) for n in "abc")
+    first = {s.id: s for s in ctx.snapshot().blocks}
+    a.set("Factor", 2.0)  # a Hot value
+    b.name = "bee"  # a rename (the host adapter's)
+    second = {s.id: s for s in ctx.snapshot().blocks}
+    assert second[c.id] is first[c.id]
+    assert second[a.id] is not first[a.id] and second[a.id].values["Factor"] == 2.0
+    assert second[b.id].name == "bee"
+    ctx.unregister_block(c)
+    assert [s.id for s in ctx.snapshot().blocks] == [a.id, b.id]

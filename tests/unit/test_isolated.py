@@ -4,6 +4,7 @@ the host-side ``IsolatedEngine`` driven against a fake child and a fake GPU side
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -461,3 +462,40 @@ def test_a_lagging_child_gets_at_most_three_frames_ahead_and_the_rest_are_droppe
     iso.gpu.lagging, iso.gpu.done = False, iso._frame  # it catches up: frames flow again
     iso.update()
     assert iso.gpu.calls[-1] == ("wait", iso._frame)
+
+
+def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(monkeypatch) -> None:
+    from cudapatch.isolated import host as host_module
+    from cudapatch.isolated.protocol import StartConfig
+
+    spawned: list[Any] = []
+
+    class Proc:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+            self.alive, self.closed = True, False
+
+        def send(self, m: Any) -> None:
+            self.sent.append(m)
+
+        def close(self, timeout: float = 5.0) -> str:
+            self.closed = True
+            return "exited"
+
+    def spawn(self: Any, fds: tuple[int, ...], device: int) -> Proc:
+        spawned.append(Proc())
+        return spawned[-1]
+
+    monkeypatch.setattr(host_module._ProcessLauncher, "_spawn", spawn)
+    launcher = host_module._ProcessLauncher("python3", standby=True)
+    cfg = StartConfig(device=0, name="e", cache_dir=None, wait_for_compile=False, watch_files=False, frame_word_fd=7)
+    first = launcher(cfg)
+    assert len(spawned) == 2 and first is spawned[0] and first.sent[0][0] == "start" and not spawned[1].sent
+    second = launcher(cfg)  # a restart: the reserve, already started, gets the start message
+    assert second is spawned[1] and second.sent[0][0] == "start" and len(spawned) == 3
+    spawned[2].alive = False  # the reserve died meanwhile: a fresh child instead
+    third = launcher(cfg)
+    assert third is spawned[3] and spawned[2].closed and len(spawned) == 5
+    launcher.close()
+    assert spawned[4].closed
+    assert not host_module._ProcessLauncher("python3", standby=False)._standby

@@ -21,7 +21,8 @@ PACKAGE = Path(cudapatch.__file__).parent
 
 #: Subpackage -> the subpackages none of its modules may import.
 FORBIDDEN = {
-    "kernels": ("blocks", "engine", "host_plugin", "interop"),
+    "kernels": ("blocks", "engine", "host_plugin", "interop", "expr"),
+    "expr": ("blocks", "engine", "host_plugin", "interop"),
     "blocks": ("engine", "host_plugin", "interop"),
     "engine": ("host_plugin", "interop"),
 }

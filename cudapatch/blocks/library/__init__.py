@@ -2,6 +2,7 @@
 
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
+from .expression import DEFAULT_EXPRESSION, Expression
 from .fft import FFT
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
@@ -18,7 +19,17 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
-BUILTIN_BLOCKS = (VectorAdd, Scale, Fill, AppendFilter, CustomKernel, KernelFile, *PARTICLE_BLOCKS, *LIBRARY_BLOCKS)
+BUILTIN_BLOCKS = (
+    VectorAdd,
+    Scale,
+    Fill,
+    AppendFilter,
+    CustomKernel,
+    KernelFile,
+    Expression,
+    *PARTICLE_BLOCKS,
+    *LIBRARY_BLOCKS,
+)
 
 __all__ = [
     "BUILTIN_BLOCKS",
@@ -30,6 +41,8 @@ __all__ = [
     "Random",
     "SpMV",
     "DEFAULT_CUSTOM_CODE",
+    "DEFAULT_EXPRESSION",
+    "Expression",
     "Emitter",
     "Forces",
     "Integrate",

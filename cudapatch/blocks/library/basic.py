@@ -8,10 +8,19 @@ from ..block import Block
 from ..builder import BlockBuilder
 from ..description import from_param, like
 
-__all__ = ["VectorAdd", "Scale", "Fill", "AppendFilter"]
+__all__ = ["VectorAdd", "Scale", "Fill", "AppendFilter", "Fusable"]
 
 
-class VectorAdd(Block):
+class Fusable:
+    """Mixin of elementwise blocks: ``fuse=False`` keeps the block out of fused groups (its kernel
+    runs on its own node, its output has its own buffer)."""
+
+    def __init__(self, *args: object, fuse: bool = True, **kwargs: object) -> None:
+        self.fuse = fuse  # read by describe(), which Block.__init__ runs
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+
+
+class VectorAdd(Fusable, Block):
     """``Sum = A + B`` element-wise (float). Output size is A's."""
 
     type_name = "VectorAdd"
@@ -22,9 +31,11 @@ class VectorAdd(Block):
         b.input("B", k.in_(1))
         b.output("Sum", k.out(2), size=like("A"))
         k.auto_grid(like("A"), count_param=3)
+        if self.fuse:
+            k.elementwise("A + B")  # vector_add.ptx: add.f32, round to nearest, as the fused add.rn
 
 
-class Scale(Block):
+class Scale(Fusable, Block):
     """``Out = In * Factor + Offset`` element-wise (float). Factor and Offset are Hot parameters."""
 
     type_name = "Scale"
@@ -36,6 +47,8 @@ class Scale(Block):
         b.scalar("Factor", k.in_(2), default=1.0)
         b.scalar("Offset", k.in_(3), default=0.0)
         k.auto_grid(like("In"), count_param=4)
+        if self.fuse:
+            k.elementwise("fma(In, Factor, Offset)")  # scale.ptx has fma.rn.f32: so has the fused kernel
 
 
 class Fill(Block):

@@ -9,6 +9,8 @@ in its own module and tested on its own:
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts.
+3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+   kernel; their intermediates need no buffer.
 4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
@@ -29,6 +31,7 @@ from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
+from .fusion import fusion
 from .memory import memory, share
 from .nodes import nodes
 from .order import order
@@ -40,6 +43,7 @@ __all__ = [
     "PlanDraft",
     "compile_plan",
     "edges",
+    "fusion",
     "memory",
     "nodes",
     "order",
@@ -57,6 +61,7 @@ def compile_plan(
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
     *,
+    fuse: bool = False,
     reuse: bool = True,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
@@ -69,6 +74,7 @@ def compile_plan(
         level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
+        fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
         reuse: Let values whose lifetimes do not overlap share buffers (``memory``, ``share``); False gives
             every value its own buffer.
 
@@ -80,6 +86,7 @@ def compile_plan(
     order(draft)
     draft.raise_errors()
     sizes(draft)
+    fusion(draft, fuse=fuse)
     memory(draft)
     nodes(draft)
     edges(draft)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ...blocks.description import SizeRule
 from ...errors import GraphCompileError
@@ -125,6 +125,8 @@ class PlanDraft:
     values: list[BufferPlan] = field(default_factory=list)
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
+    # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
+    fusion: Any = None
     # memory: the buffer that holds each value; append counters
     buffers: list[BufferPlan] = field(default_factory=list)
     value_buffer: list[int] = field(default_factory=list)

@@ -18,6 +18,7 @@ from ...blocks.description import KernelSpec
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
+from .fusion import fused_node
 
 __all__ = ["nodes"]
 
@@ -44,8 +45,15 @@ def nodes(draft: PlanDraft) -> None:
     if draft.counters:  # zeroed before anything appends
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
     value_buffer = draft.value_buffer
+    fused = draft.fusion
     for sized in draft.sized.values():
         b = sized.block
+        if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
+            group = fused.groups.get(b.id)
+            if group is not None:
+                block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
+                drafts.append(fused_node(draft, group, len(drafts)))
+            continue
         if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
             for vi in sized.made:
                 bi = value_buffer[vi]

@@ -92,11 +92,14 @@ def _kernels_not_ready(
             if status is not None:
                 return status
     for ks in kernels:
-        check = ks.validate if ks.source is None else None  # a captured call checks its input shapes
+        if ks.source is None:  # a captured call checks its input shapes
+            check, code = ks.validate, "library-shape"
+        else:  # a generated kernel checks its inputs' lengths (``ProgramSource.check_counts``)
+            check, code = getattr(ks.source, "check_counts", None), "input-size"
         if check is not None:
             problem = check({name: src.count for name, src in inputs.items()}, b.values)
             if problem:
-                return "error", "library-shape", f"'{ks.descriptor.entry_point}': {problem}"
+                return "error", code, f"'{ks.descriptor.entry_point}': {problem}"
     return None
 
 

@@ -1,0 +1,114 @@
+"""The ``Expression`` block: a line of math as a kernel, live while the patch runs.
+
+``Expression(Code="a * sin(x * Freq) + b")``: lower-case names are input ports, capitalised names
+Hot scalars (``Freq``), the output ``Out`` is as long as the first input. The kernel is generated
+(PTX, see ``cudapatch.expr``), so an edit that keeps the names goes live through the Code tier in
+about a millisecond plus the driver's JIT; an edit that changes them re-describes the block (new
+ports, a rebuild). An edit that does not compile becomes a compile error on the block, with its
+column, and the previous kernel keeps running. See docs/expressions.md.
+"""
+
+from __future__ import annotations
+
+from ...expr import BACKENDS, ExpressionError, ProgramSource, compile_expression, single
+from ...expr.check import Checked
+from ...kernels.source import KernelSource
+from ...kernels.types import DType
+from ..block import Block
+from ..builder import BlockBuilder
+from ..description import KernelSpec, from_param, like
+from .basic import Fusable
+
+__all__ = ["Expression", "DEFAULT_EXPRESSION"]
+
+DEFAULT_EXPRESSION = "x * Gain"
+_RESERVED = {
+    "Out": "the output port",
+    "Code": "the Code parameter",
+    "Compiler": "the Compiler parameter",
+    "Count": "the Count parameter (the element count when there is no input)",
+}
+
+
+class Expression(Fusable, Block):
+    """``Out`` = the expression in ``Code``, element by element (float).
+
+    Names starting with a lower-case letter are inputs (buffers of floats), names starting with an
+    upper-case letter Hot scalars (default 1.0). With no input, ``Count`` (default 1024) sets the
+    element count. An input of one element is broadcast; see docs/expressions.md for the language,
+    its types and its floating-point rules. ``Compiler`` is ``ptx`` (generated PTX, the fast path)
+    or ``nvrtc`` (the same kernel as CUDA C++ through NVRTC). ``fuse=False`` keeps it out of fused
+    groups (see ``engine/compiler/fusion.py``).
+    """
+
+    type_name = "Expression"
+
+    def describe(self, b: BlockBuilder) -> None:
+        code = b.text("Code", default=DEFAULT_EXPRESSION, description="the expression, e.g. a * sin(x * Freq) + b")
+        backend = b.text("Compiler", default="ptx", description="ptx (fast edits) or nvrtc (CUDA C++ reference)")
+        if backend not in BACKENDS:
+            raise ExpressionError(
+                f"Compiler must be one of {', '.join(BACKENDS)}, got {backend!r}", block=self.name, param="Compiler"
+            )
+        checked = self._check(code)
+        program = single(checked, output="Out", label=self.name)
+        k = b.add_kernel(ProgramSource.of(program, backend=backend, name=self.name))  # type: ignore[arg-type]
+        for i, name in enumerate(program.inputs):
+            b.input(name, k.in_(program.input_param(i)), description="floats; one element is broadcast")
+            k.set_count(program.input_param(i) + 1, like(name))
+        if program.inputs:
+            size = like(program.inputs[0])
+        else:
+            b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1))
+            size = from_param("Count")
+        b.output("Out", k.out(program.output_param(0)), size=size, description=code.strip())
+        for s, name in enumerate(program.scalars):
+            b.scalar(name, k.in_(program.scalar_param(s)), default=1.0)
+        k.auto_grid(size, count_param=program.count_param)
+        if self.fuse:
+            k.elementwise(code)
+
+    def _check(self, code: str) -> Checked:
+        try:
+            return compile_expression(code, reserved=_RESERVED)
+        except ExpressionError as exc:
+            exc.block, exc.param = self.name, "Code"
+            raise
+
+    def text_source(self, name: str, text: str) -> tuple[int, KernelSource] | None:
+        # Only Code edits are kernel-only: a new Compiler re-describes the block.
+        if name != "Code":
+            return None
+        spec = self.description.kernels[0]
+        assert isinstance(spec, KernelSpec) and isinstance(spec.source, ProgramSource)
+        try:
+            checked = self._check(text)
+        except ExpressionError as exc:
+            # Compiles to this error on the engine's builder: shown on the block, the old kernel runs on.
+            return 0, ProgramSource.failing(exc, spec.descriptor, name=self.name)
+        program = single(checked, output="Out", label=self.name)
+        return 0, ProgramSource.of(program, backend=spec.source.backend, name=self.name)
+
+    # -- display ----------------------------------------------------------------------------------
+    @property
+    def source(self) -> ProgramSource:
+        """The kernel source of the running expression (``generated_code`` shows its code)."""
+        src = self.description.kernels[0].source
+        assert isinstance(src, ProgramSource)
+        return src
+
+    @property
+    def generated_code(self) -> str:
+        """The code generated for the current expression: PTX (``Compiler=ptx``, for sm_90) or CUDA C++.
+
+        Raises:
+            ExpressionError: the current ``Code`` does not compile.
+        """
+        return self.source.code()
+
+    def tooltip(self) -> str:
+        src = self.source
+        if src.program is None:  # a broken live edit: the error is among the block's diagnostics
+            return super().tooltip()
+        # no code generated here: hosts and the overlay ask for tooltips every frame
+        return f"{super().tooltip()}\n  Out = {self.get('Code').strip()}  (generated {src.backend.upper()})"

@@ -1,0 +1,326 @@
+"""The fusion phase: chains and trees of elementwise blocks become one generated kernel.
+
+A block is elementwise when its one kernel says what it computes per element in the expression
+language: an ``Expression`` block (its code), or a block whose describe called
+``KernelHandle.elementwise`` (``Scale``: ``fma(In, Factor, Offset)``, ``VectorAdd``: ``A + B``). Such
+a block fuses into the block reading its output when that link is the output's only reader (no
+other block, GL writer, delay or probe reads it) and both run over the same element count. A group
+is the block nobody fuses into (its sink) with everything fused into it, transitively: a chain or a
+tree. Its kernel (``FusedSource``, generated PTX) evaluates the members in order and writes only the
+sink's output; the intermediates get no memory traffic (their values keep a one-element placeholder
+buffer and no output port, so nothing can read them).
+
+Each member's Hot scalars keep a parameter slot of their own in the fused node (``scalar_slots``
+keyed by the member's ``(block id, name)``), so a Hot edit patches the fused node as it would have
+patched the member's. Results equal the unfused ones bit for bit: every member's value is rounded
+to a float exactly as its stored output would be, and the code generator never contracts
+operations (see ``cudapatch/expr/ptx_gen.py``).
+
+Nothing fuses when the profiling level times blocks or kernels (PerBlock and up: each needs its
+own node), for blocks disabled by a GPU fault, or when ``compile_plan(fuse=False)``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ...blocks.description import KernelSpec
+from ...expr import ExpressionError, Program, ProgramSource, Stage, compile_expression
+from ...expr.check import Checked, NameKind
+from ...kernels.types import DType
+from ..context import BlockSnapshot
+from ..plan import Arg, BufferPlan, KernelNodePlan
+from ..profiling import ProfilingLevel
+from .draft import NodeDraft, PlanDraft, Source
+
+__all__ = [
+    "FUSED_KERNEL",
+    "FusedGroup",
+    "FusedSource",
+    "Fusion",
+    "Member",
+    "elementwise_member",
+    "fusion",
+    "fused_node",
+]
+
+#: The kernel index of a fused node (its ``block_id`` is the group's sink): no block has kernel -1,
+#: so the fused kernel's function never mixes with the sink's own.
+FUSED_KERNEL = -1
+
+#: Kernel arguments a fused node may take: the 4 KB every driver accepts (a group of a thousand
+#: scalars would need the 32 KB newer drivers allow); a bigger group runs unfused.
+MAX_PARAM_BYTES = 4096
+
+_new = tuple.__new__
+_F32 = DType.FLOAT32
+
+
+@dataclass(frozen=True)
+class FusedSource(ProgramSource):
+    """The generated kernel of a fused group; ``members`` are the block ids, in evaluation order."""
+
+    members: tuple[int, ...] = field(default=(), compare=False, hash=False)
+
+
+class Member(NamedTuple):
+    """An elementwise block as the fusion phase sees it.
+
+    Attributes:
+        block_id: The block.
+        expr: What it computes per element.
+        inputs: Expression input name → the block's input port.
+        scalars: Expression scalar name → the block's parameter.
+        output: Its output port.
+    """
+
+    block_id: int
+    expr: Checked
+    inputs: dict[str, str]
+    scalars: dict[str, str]
+    output: str
+
+
+_DECLARED: dict[tuple[str, tuple[tuple[str, str], ...]], Checked | None] = {}
+
+
+def _declared(text: str, names: dict[str, NameKind]) -> Checked | None:
+    key = (text, tuple(sorted(names.items())))
+    if key not in _DECLARED:
+        if len(_DECLARED) > 256:
+            _DECLARED.clear()
+        try:
+            _DECLARED[key] = compile_expression(text, names=names)
+        except ExpressionError:  # a plugin's declaration that does not fit its ports: it runs unfused
+            _DECLARED[key] = None
+    return _DECLARED[key]
+
+
+def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
+    """``b`` as a fusion member, or None when it is not elementwise (see the module docstring)."""
+    d = b.description
+    if len(d.kernels) != 1 or len(d.outputs) != 1 or d.internal_links:
+        return None
+    ks = d.kernels[0]
+    if not isinstance(ks, KernelSpec) or ks.expression is None:
+        return None
+    out = d.outputs[0]
+    if (
+        out.kind != "buffer"
+        or out.dtype is not _F32
+        or any(p.kind != "buffer" or p.dtype is not _F32 for p in d.inputs)
+    ):
+        return None
+    scalars = {p.name for p in d.params if p.kind == "scalar" and p.pins}
+    src = ks.source
+    if isinstance(src, ProgramSource):  # an Expression block: its own program, names are its ports
+        program = src.program
+        if program is None or len(program.stages) != 1:
+            return None
+        expr = program.stages[0].expr
+    else:
+        names: dict[str, NameKind] = {p.name: "input" for p in d.inputs}
+        names.update(dict.fromkeys(scalars, "scalar"))
+        found = _declared(ks.expression, names)
+        if found is None:
+            return None
+        expr = found
+    if any(d.param(s) is None or d.param(s).dtype is not _F32 for s in expr.scalars):  # type: ignore[union-attr]
+        return None
+    return Member(b.id, expr, {n: n for n in expr.inputs}, {n: n for n in expr.scalars}, out.name)
+
+
+@dataclass(eq=False)
+class FusedGroup:
+    """One fused kernel: its members (sink last), program, source and what feeds it.
+
+    Attributes:
+        sink: The block whose output the kernel writes.
+        members: Block ids in evaluation order.
+        program: The generated program.
+        source: Its kernel source.
+        inputs: The source of each program input (a value or an external binding).
+        scalars: ``(block id, parameter)`` of each program scalar.
+        count: Elements of the launch.
+    """
+
+    sink: int
+    members: tuple[int, ...]
+    program: Program
+    source: FusedSource
+    inputs: tuple[Source, ...]
+    scalars: tuple[tuple[int, str], ...]
+    count: int
+
+
+@dataclass(eq=False)
+class Fusion:
+    """The fusion phase's result: groups by sink, and each member's sink."""
+
+    groups: dict[int, FusedGroup] = field(default_factory=dict)
+    member_of: dict[int, int] = field(default_factory=dict)
+
+
+def _ident(text: str) -> str:
+    out = re.sub(r"\W", "_", text, flags=re.ASCII)
+    return out if out and not out[0].isdigit() else f"b{out}"
+
+
+def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
+    """Fill ``draft.fusion`` with the fused groups of the blocks that run (after ``sizes``); make the
+    intermediates' values one-element placeholders without an output port."""
+    draft.fusion = None
+    if not fuse or draft.level.at_least(ProfilingLevel.PER_BLOCK):
+        return
+    faulted = draft.faulted or {}
+    sized = draft.sized
+    members: dict[int, Member] = {}
+    for bid, s in sized.items():
+        if bid in faulted:
+            continue
+        m = elementwise_member(s.block)
+        if m is not None and all(s.inputs[p].kind != "null" for p in m.inputs.values()):
+            members[bid] = m
+    if len(members) < 2:
+        return
+    readers: dict[tuple[int, str], int] = {}
+    for lk in draft.links:
+        key = (lk.src, lk.src_port)
+        readers[key] = readers.get(key, 0) + 1
+    consumer: dict[int, int] = {}  # member → the member it fuses into
+    for bid, m in members.items():
+        n = sized[bid].outputs[m.output].count
+        for port in m.inputs.values():
+            lk = draft.incoming.get((bid, port))
+            if lk is None or lk.src not in members or lk.src in consumer:
+                continue
+            up = members[lk.src]
+            if lk.src_port == up.output and readers.get((lk.src, lk.src_port)) == 1:
+                if sized[lk.src].outputs[up.output].count == n:
+                    consumer[lk.src] = bid
+    if not consumer:
+        return
+    groups: dict[int, list[int]] = {}
+    for bid in sized:  # topological order: a member's group is known before it is needed
+        if bid not in members:
+            continue
+        sink = bid
+        while sink in consumer:
+            sink = consumer[sink]
+        groups.setdefault(sink, []).append(bid)
+    result = Fusion()
+    for sink, ids in groups.items():
+        if len(ids) < 2:
+            continue
+        group = _group(draft, sink, [members[b] for b in ids])
+        if _param_bytes(group) > MAX_PARAM_BYTES:  # the launch would not take its arguments: run unfused
+            continue
+        result.groups[sink] = group
+        for b in ids:
+            result.member_of[b] = sink
+        for b in ids[:-1]:  # the intermediates: nothing reads them outside the kernel
+            m = members[b]
+            vi = sized[b].outputs[m.output].ref
+            assert isinstance(vi, int)
+            v = draft.values[vi]
+            draft.values[vi] = _new(BufferPlan, (vi, b, f"{v.label} (fused)", v.dtype, 1, False))
+            draft.ports.pop((b, m.output), None)
+    draft.fusion = result if result.groups else None
+
+
+def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
+    sized, blocks = draft.sized, draft.blocks
+    stage_of: dict[int, int] = {}
+    input_of: dict[tuple[str, object], int] = {}
+    inputs: list[Source] = []
+    input_names: list[str] = []
+    scalar_keys: list[tuple[int, str]] = []
+    scalar_names: list[str] = []
+    stages: list[Stage] = []
+    for j, m in enumerate(members):
+        s = sized[m.block_id]
+        label = _ident(blocks[m.block_id].name)
+        bind: dict = {}
+        for name, port in m.inputs.items():
+            lk = draft.incoming.get((m.block_id, port))
+            if lk is not None and lk.src in stage_of:
+                bind[name] = ("stage", stage_of[lk.src])
+                continue
+            src = s.inputs[port]
+            key = (src.kind, src.ref)
+            k = input_of.get(key)
+            if k is None:
+                k = input_of[key] = len(inputs)
+                inputs.append(src)
+                input_names.append(f"{label}_{port}")
+            bind[name] = ("input", k)
+        for name, param in m.scalars.items():
+            bind[name] = ("scalar", len(scalar_keys))
+            scalar_keys.append((m.block_id, param))
+            scalar_names.append(f"{label}_{param}")
+        stages.append(Stage(m.expr, bind, blocks[m.block_id].name))
+        stage_of[m.block_id] = j
+    last = members[-1]
+    program = Program(tuple(input_names), tuple(scalar_names), (("Out", len(stages) - 1),), tuple(stages))
+    ids = tuple(m.block_id for m in members)
+    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, members=ids)
+    count = sized[sink].outputs[last.output].count
+    return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
+
+
+def _param_bytes(group: FusedGroup) -> int:
+    return 16 * len(group.inputs) + 8 + 4 * len(group.scalars) + 4  # pointer + count (aligned), out, scalars, n
+
+
+def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
+    """The kernel node of ``group`` at node ``index``, recording its Hot and Warm slots."""
+    program, value_buffer = group.program, draft.value_buffer
+    scalar_slots, binding_slots = draft.scalar_slots, draft.binding_slots
+    args: list[Arg] = []
+    reads: list[object] = []
+    u32 = DType.UINT32
+    for src in group.inputs:
+        if src.kind == "value":
+            res: object = value_buffer[src.ref]  # type: ignore[index]
+            args.append(_new(Arg, ("buffer", _F32, True, res, None)))
+        else:  # an external binding: a Warm rebind patches this slot
+            res = src.ref
+            slots = binding_slots.get(res)  # type: ignore[call-overload]
+            binding_slots[res] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))  # type: ignore[index]
+            args.append(_new(Arg, ("external", _F32, True, res, None)))
+        reads.append(res)
+        args.append(_new(Arg, ("const", u32, False, None, src.count)))
+    sink = draft.sized[group.sink]
+    out_port = draft.blocks[group.sink].description.outputs[0].name
+    out = value_buffer[sink.outputs[out_port].ref]  # type: ignore[index]
+    args.append(_new(Arg, ("buffer", _F32, True, out, None)))
+    for key in group.scalars:
+        slots = scalar_slots.get(key)
+        scalar_slots[key] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))
+        args.append(_new(Arg, ("scalar", _F32, False, key, draft.blocks[key[0]].values[key[1]])))
+    args.append(_new(Arg, ("const", u32, False, None, group.count)))
+    desc = program.descriptor
+    grid = max(1, -(-group.count // desc.block_size))
+    head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
+    return _new(NodeDraft, (KernelNodePlan, head, (), reads, [out]))
+
+
+def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:
+    """``source`` with every member's expression as its block describes it now (``members``: block
+    id → the block), for a Code edit of a member: the same inputs, scalars and bindings, so the same
+    descriptor and the running node can take the new kernel in place. None when a member is no
+    longer elementwise or uses other names (the graph must be rebuilt)."""
+    old = source.program
+    if old is None:
+        return None
+    stages = []
+    for bid, stage in zip(source.members, old.stages, strict=True):
+        block = members.get(bid)
+        m = elementwise_member(block) if block is not None else None
+        if m is None or set(m.expr.inputs) | set(m.expr.scalars) != set(stage.bind):
+            return None
+        stages.append(Stage(m.expr, stage.bind, stage.label))
+    program = Program(old.inputs, old.scalars, old.outputs, tuple(stages))
+    return FusedSource(program.key, source.backend, source.name, program, members=source.members)

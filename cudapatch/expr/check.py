@@ -1,0 +1,259 @@
+"""Names and types of an expression: which names are inputs, Hot scalars and built-ins, and the type
+of every node.
+
+Types (three, all 32 bits):
+
+- ``float`` (f32): float literals (``1.5``, ``2e3``), inputs, Hot scalars, ``pi``, every math function.
+- ``int`` (i32): integer literals (``3``), ``index`` (this element's index), ``count`` (the element
+  count), ``int(x)`` (truncates toward zero).
+- ``bool``: comparisons, ``and``, ``or``, ``not``; only ``where``'s condition and the logical
+  operators take one.
+
+Rules: ``+ - *`` and unary ``-`` keep ``int`` when every operand is ``int``, else compute in
+``float`` (an ``int`` operand is converted). ``/`` and ``**`` always give ``float``. ``% & | ^ << >> ~``
+take ``int`` only. ``min``, ``max``, ``abs``, ``clamp`` and ``where`` keep ``int`` when all their
+values are ``int``. The result is stored as ``float``; a ``bool`` result is an error.
+
+Names: where the caller does not declare them, a name starting with an upper-case letter is a Hot
+scalar (``Freq``), any other an input buffer (``x``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ExpressionError
+from .syntax import Binary, Call, Name, Node, Num, Unary, parse, start
+
+__all__ = ["Checked", "FUNCTIONS", "BUILTIN_NAMES", "Type", "check", "compile_expression"]
+
+Type = Literal["float", "int", "bool"]
+NameKind = Literal["input", "scalar"]
+
+#: Functions: name → (number of arguments, what the result is: "float" or "same" (int if all int)).
+FUNCTIONS: dict[str, tuple[int, str]] = {
+    "sin": (1, "float"),
+    "cos": (1, "float"),
+    "tan": (1, "float"),
+    "exp": (1, "float"),
+    "log": (1, "float"),
+    "pow": (2, "float"),
+    "sqrt": (1, "float"),
+    "abs": (1, "same"),
+    "floor": (1, "float"),
+    "fract": (1, "float"),
+    "min": (2, "same"),
+    "max": (2, "same"),
+    "clamp": (3, "same"),
+    "mix": (3, "float"),
+    "step": (2, "float"),
+    "smoothstep": (3, "float"),
+    "where": (3, "same"),
+    "fma": (3, "float"),
+    "int": (1, "int"),
+    "float": (1, "float"),
+}
+#: Names with a meaning of their own: the element index, the element count, and pi.
+BUILTIN_NAMES: dict[str, Type] = {"index": "int", "count": "int", "pi": "float"}
+
+_INT_ONLY = {"%", "&", "|", "^", "<<", ">>", "~"}
+_COMPARE = {"<", "<=", ">", ">=", "==", "!="}
+
+
+@dataclass(frozen=True, eq=False)
+class Checked:
+    """A parsed and typed expression.
+
+    Attributes:
+        text: The expression as written.
+        root: Its tree.
+        inputs: Input buffer names, in order of first use.
+        scalars: Hot scalar names, in order of first use.
+        types: ``id(node)`` → its type, for every node of ``root``.
+    """
+
+    text: str
+    root: Node
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+    types: dict[int, Type] = field(repr=False)
+
+    def type_of(self, node: Node) -> Type:
+        return self.types[id(node)]
+
+    def __reduce__(self) -> tuple:
+        # ``types`` is keyed by node identity, which a pickle does not keep: an unpickled expression is
+        # parsed and checked again from its text (descriptions travel to an isolated engine's child).
+        return (_rebuild, (self.text, self.inputs, self.scalars))
+
+
+def _rebuild(text: str, inputs: tuple[str, ...], scalars: tuple[str, ...]) -> Checked:
+    names: dict[str, NameKind] = {**dict.fromkeys(inputs, "input"), **dict.fromkeys(scalars, "scalar")}
+    return compile_expression(text, names=names)
+
+
+def _kind(name: str, names: Mapping[str, NameKind] | None) -> NameKind | None:
+    if names is not None:
+        return names.get(name)
+    return "scalar" if name[0].isupper() else "input"
+
+
+def _known(names: Mapping[str, NameKind] | None) -> str:
+    known = sorted(set(names or ()) | set(BUILTIN_NAMES))
+    return ", ".join(known)
+
+
+class _Checker:
+    def __init__(self, names: Mapping[str, NameKind] | None, reserved: Mapping[str, str]) -> None:
+        self.names = names
+        self.reserved = reserved
+        self.inputs: dict[str, None] = {}
+        self.scalars: dict[str, None] = {}
+        self.types: dict[int, Type] = {}
+
+    def visit(self, node: Node) -> Type:
+        t = self._visit(node)
+        self.types[id(node)] = t
+        return t
+
+    def _visit(self, node: Node) -> Type:
+        if isinstance(node, Num):
+            return "int" if node.is_int else "float"
+        if isinstance(node, Name):
+            return self._name(node)
+        if isinstance(node, Unary):
+            t = self.visit(node.operand)
+            if node.op == "not":
+                self._want_bool(node.operand, t, "not")
+                return "bool"
+            self._want_number(node.operand, t, node.op)
+            if node.op == "~" and t != "int":
+                raise self._int_only(node, node.operand, "~")
+            return t
+        if isinstance(node, Binary):
+            return self._binary(node)
+        if isinstance(node, Call):
+            return self._call(node)
+        raise AssertionError(node)
+
+    def _name(self, node: Name) -> Type:
+        n = node.id
+        if n in FUNCTIONS:
+            raise ExpressionError(f"'{n}' is a function: call it, as in {n}(x)", column=node.col)
+        if n in self.reserved:
+            raise ExpressionError(f"the name '{n}' is taken by {self.reserved[n]}: rename it", column=node.col)
+        builtin = BUILTIN_NAMES.get(n)
+        if builtin is not None:
+            return builtin
+        kind = _kind(n, self.names)
+        if kind is None:
+            raise ExpressionError(f"unknown name '{n}' (known: {_known(self.names)})", column=node.col)
+        (self.inputs if kind == "input" else self.scalars)[n] = None
+        return "float"
+
+    @staticmethod
+    def _want_number(operand: Node, t: Type, op: str) -> None:
+        if t == "bool":
+            raise ExpressionError(
+                f"'{op}' takes numbers, and this is true/false: use where(cond, a, b) to choose a number",
+                column=start(operand),
+            )
+
+    @staticmethod
+    def _want_bool(operand: Node, t: Type, op: str) -> None:
+        if t != "bool":
+            raise ExpressionError(f"'{op}' takes true/false (a comparison), and this is a {t}", column=start(operand))
+
+    @staticmethod
+    def _int_only(node: Node, operand: Node, op: str) -> ExpressionError:
+        return ExpressionError(
+            f"'{op}' takes integers, and this is a float: convert it with int(x), or use floor/fract",
+            column=start(operand),
+        )
+
+    def _binary(self, node: Binary) -> Type:
+        lt, rt = self.visit(node.left), self.visit(node.right)
+        op = node.op
+        if op in ("and", "or"):
+            self._want_bool(node.left, lt, op)
+            self._want_bool(node.right, rt, op)
+            return "bool"
+        self._want_number(node.left, lt, op)
+        self._want_number(node.right, rt, op)
+        if op in _COMPARE:
+            return "bool"
+        if op in _INT_ONLY:
+            for side, t in ((node.left, lt), (node.right, rt)):
+                if t != "int":
+                    raise self._int_only(node, side, op)
+            return "int"
+        if op in ("/", "**"):
+            return "float"
+        return "int" if lt == rt == "int" else "float"
+
+    def _call(self, node: Call) -> Type:
+        spec = FUNCTIONS.get(node.func)
+        if spec is None:
+            if node.func in BUILTIN_NAMES or (self.names is not None and node.func in self.names):
+                raise ExpressionError(f"'{node.func}' is a value, not a function", column=node.col)
+            known = ", ".join(sorted(FUNCTIONS))
+            raise ExpressionError(f"unknown function '{node.func}' (known: {known})", column=node.col)
+        arity, result = spec
+        if len(node.args) != arity:
+            s = "" if arity == 1 else "s"
+            raise ExpressionError(f"{node.func}() takes {arity} argument{s}, got {len(node.args)}", column=node.col)
+        types = [self.visit(a) for a in node.args]
+        values = list(zip(node.args, types, strict=True))
+        if node.func == "where":
+            self._want_bool(node.args[0], types[0], "where's condition")
+            values = values[1:]
+        for a, t in values:
+            self._want_number(a, t, f"{node.func}()")
+        if result == "same":
+            return "int" if all(t == "int" for _, t in values) else "float"
+        return result  # type: ignore[return-value]
+
+
+def check(
+    root: Node,
+    text: str = "",
+    *,
+    names: Mapping[str, NameKind] | None = None,
+    reserved: Mapping[str, str] | None = None,
+) -> Checked:
+    """Resolve names and types of a parsed expression.
+
+    Args:
+        root: The parsed tree.
+        text: The text it came from (kept for messages and generated code).
+        names: The names allowed, as ``input`` or ``scalar``; None: by case (``Freq`` a Hot scalar,
+            ``x`` an input).
+        reserved: Names that must not be used, with what holds them (``"the output port"``).
+
+    Raises:
+        ExpressionError: an unknown name or function, a wrong argument count, a type error, a
+            reserved name, a true/false result; with the column.
+    """
+    c = _Checker(names, reserved or {})
+    t = c.visit(root)
+    if t == "bool":
+        raise ExpressionError(
+            "the result is true/false: write where(cond, 1.0, 0.0) to make it a number", column=root.col
+        )
+    return Checked(text, root, tuple(c.inputs), tuple(c.scalars), c.types)
+
+
+def compile_expression(
+    text: str,
+    *,
+    names: Mapping[str, NameKind] | None = None,
+    reserved: Mapping[str, str] | None = None,
+) -> Checked:
+    """``parse`` then ``check`` (see there).
+
+    Raises:
+        ExpressionError: with the column.
+    """
+    return check(parse(text), text, names=names, reserved=reserved)

@@ -1,0 +1,140 @@
+"""A kernel program: one or more typed expressions ("stages") evaluated per element, the shape both
+an Expression block and a fused group of elementwise blocks compile to.
+
+Each stage is a checked expression whose names are bound to a kernel input buffer, a Hot scalar
+parameter or an earlier stage's value. Some stages are stored to output buffers. A stage's value is
+always a ``float`` (an ``int`` result is converted), exactly as it would be stored between two
+unfused kernels, so fusing never changes a result.
+
+The kernel's parameters, in order: per input buffer a ``const float*`` and its element count
+(``uint``), then one ``float*`` per output, one ``float`` per Hot scalar, and the element count
+``n`` of the launch. An input with as many elements as the launch is read element by element; an
+input of one element is broadcast (every element reads it); a shorter input repeats its last
+element, so no thread ever reads past a buffer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from ..kernels.descriptor import KernelDescriptor, KernelParamDescriptor
+from ..kernels.types import DType
+from .check import Checked
+
+__all__ = ["Program", "Stage", "Ref", "single", "GENERATOR_VERSION", "BLOCK_SIZE"]
+
+#: Part of every cache key: bump when the generated code changes for the same program.
+GENERATOR_VERSION = "1"
+#: Threads per block of generated kernels.
+BLOCK_SIZE = 256
+#: The entry point of every generated kernel: the same across edits, so an edit that keeps the names
+#: keeps the descriptor and goes live through the Code tier.
+ENTRY = "expression"
+
+Ref = tuple[Literal["input", "scalar", "stage"], int]
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One expression of a program and where each of its names comes from.
+
+    Attributes:
+        expr: The checked expression.
+        bind: Each input and scalar name of ``expr`` → ``("input", i)``, ``("scalar", i)`` or
+            ``("stage", j)`` (an earlier stage's value).
+        label: Who this stage is (a block name), for comments in the generated code.
+    """
+
+    expr: Checked
+    bind: Mapping[str, Ref]
+    label: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """Stages evaluated per element; see the module docstring for the kernel's parameters.
+
+    Attributes:
+        inputs: Names of the input buffers (parameter names in the generated code).
+        scalars: Names of the Hot scalars.
+        outputs: ``(name, stage index)`` per output buffer.
+        stages: In evaluation order.
+    """
+
+    inputs: tuple[str, ...]
+    scalars: tuple[str, ...]
+    outputs: tuple[tuple[str, int], ...]
+    stages: tuple[Stage, ...]
+
+    @cached_property
+    def param_names(self) -> tuple[str, ...]:
+        """C identifiers of every kernel parameter, unique, in order."""
+        taken: set[str] = set()
+
+        def fresh(base: str) -> str:
+            name = base
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            return name
+
+        names = []
+        for i in self.inputs:
+            names += [fresh(i), fresh(f"{i}_count")]
+        names += [fresh(o) for o, _ in self.outputs]
+        names += [fresh(s) for s in self.scalars]
+        names.append(fresh("n"))
+        return tuple(names)
+
+    @cached_property
+    def descriptor(self) -> KernelDescriptor:
+        """The kernel's descriptor (see the module docstring)."""
+        names = iter(self.param_names)
+        params: list[KernelParamDescriptor] = []
+        for _ in self.inputs:
+            params.append(KernelParamDescriptor(next(names), DType.FLOAT32, True, "in"))
+            params.append(KernelParamDescriptor(next(names), DType.UINT32, False, "in"))
+        for _ in self.outputs:
+            params.append(KernelParamDescriptor(next(names), DType.FLOAT32, True, "out"))
+        for _ in self.scalars:
+            params.append(KernelParamDescriptor(next(names), DType.FLOAT32, False, "in"))
+        params.append(KernelParamDescriptor(next(names), DType.UINT32, False, "in"))
+        return KernelDescriptor(ENTRY, tuple(params), block_size=BLOCK_SIZE)
+
+    def input_param(self, i: int) -> int:
+        """Descriptor index of input ``i``'s pointer (its count follows)."""
+        return 2 * i
+
+    def output_param(self, o: int) -> int:
+        return 2 * len(self.inputs) + o
+
+    def scalar_param(self, s: int) -> int:
+        return 2 * len(self.inputs) + len(self.outputs) + s
+
+    @property
+    def count_param(self) -> int:
+        return 2 * len(self.inputs) + len(self.outputs) + len(self.scalars)
+
+    @cached_property
+    def key(self) -> str:
+        """Content hash: the same program text and bindings give the same key."""
+        h = hashlib.sha256(GENERATOR_VERSION.encode())
+        h.update(repr((self.inputs, self.scalars, self.outputs)).encode())
+        for st in self.stages:
+            h.update(b"\0" + st.expr.text.encode() + b"\0" + repr(sorted(st.bind.items())).encode())
+        return h.hexdigest()
+
+    def summary(self) -> str:
+        """One line per stage: ``label: text``."""
+        return "\n".join(f"{st.label or f'stage {j}'}: {st.expr.text.strip()}" for j, st in enumerate(self.stages))
+
+
+def single(expr: Checked, *, output: str = "Out", label: str = "") -> Program:
+    """The program of one expression: its inputs, its scalars, one output."""
+    bind: dict[str, Ref] = {n: ("input", i) for i, n in enumerate(expr.inputs)}
+    bind.update({n: ("scalar", i) for i, n in enumerate(expr.scalars)})
+    return Program(expr.inputs, expr.scalars, ((output, 0),), (Stage(expr, bind, label),))

@@ -1,0 +1,347 @@
+"""PTX text generated straight from a program, with no compiler in between.
+
+This is the fast path of an edit: generating the text takes microseconds and the driver's JIT of a
+kernel this small takes about a millisecond (``cuModuleLoadData``), where NVRTC takes 20-40 ms
+(DESIGN.md §10). ``cuda_gen.py`` writes the same kernel as CUDA C++ for NVRTC, as the reference.
+
+Floating-point rules (the same in both): every ``+ - * /`` is its own correctly rounded instruction
+with an explicit rounding mode (``add.rn``, ``mul.rn`` ...), which ptxas never contracts into an FMA;
+``fma(a, b, c)`` is the only fused multiply-add. ``sqrt`` and ``/`` are IEEE (``sqrt.rn``,
+``div.rn``). Denormals are kept (no ``.ftz``). ``sin``/``cos`` reduce their argument by 2π in two
+steps and use the hardware approximation (``sin.approx``); ``exp``, ``log`` and ``pow`` use
+``ex2.approx``/``lg2.approx`` (``pow(x, y)`` = 2^(y·log2 x): NaN for x < 0, as in GLSL).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .check import Type
+from .program import Program, Stage
+from .syntax import Binary, Call, Name, Node, Num, Unary
+
+__all__ = ["generate_ptx", "ptx_version_for"]
+
+_F_OPS = {"+": "add.rn.f32", "-": "sub.rn.f32", "*": "mul.rn.f32", "/": "div.rn.f32"}
+_I_OPS = {
+    "+": "add.s32",
+    "-": "sub.s32",
+    "*": "mul.lo.s32",
+    "%": "rem.s32",
+    "&": "and.b32",
+    "|": "or.b32",
+    "^": "xor.b32",
+    "<<": "shl.b32",
+    ">>": "shr.s32",
+}
+# setp comparisons: ordered for float (NaN compares false) except != (unordered: NaN != x is true, as in C)
+_F_CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "neu"}
+_I_CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+
+TWO_PI_HI = 6.28125  # 2π split in two: k·HI is exact for |k| < 2^15, so the reduction loses nothing there
+TWO_PI_LO = 0.0019353071795864769
+INV_TWO_PI = 0.15915494309189535
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+PI = 3.141592653589793
+
+
+def f32_hex(value: float) -> str:
+    """A float as PTX's exact single-precision literal (``0f3F800000``)."""
+    return f"0f{struct.unpack('<I', struct.pack('<f', value))[0]:08X}"
+
+
+def ptx_version_for(arch: str) -> str:
+    """The lowest PTX ISA that targets ``arch`` (``sm_90`` → 7.8), so older drivers load it."""
+    try:
+        sm = int(arch.removeprefix("sm_").removeprefix("compute_").rstrip("af"))
+    except ValueError:
+        sm = 90
+    if sm >= 120:
+        return "8.7"
+    if sm >= 100:
+        return "8.6"
+    return "7.8"
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.counts = {"f": 0, "r": 0, "p": 0, "rd": 0}
+
+    def reg(self, kind: str) -> str:
+        self.counts[kind] += 1
+        return f"%{kind}{self.counts[kind]}"
+
+    def op(self, text: str) -> None:
+        self.lines.append("\t" + text + ";")
+
+    def comment(self, text: str) -> None:
+        self.lines.append("\t// " + text.replace("\n", " "))
+
+
+class _Values:
+    """Registers of one stage's nodes, typed."""
+
+    def __init__(self, em: _Emitter, stage: Stage, env: dict[tuple[str, int], str], index: str, count: str) -> None:
+        self.em = em
+        self.stage = stage
+        self.env = env
+        self.index = index
+        self.count = count
+
+    def type_of(self, node: Node) -> Type:
+        return self.stage.expr.type_of(node)
+
+    def as_float(self, reg: str, t: Type) -> str:
+        if t == "float":
+            return reg
+        out = self.em.reg("f")
+        self.em.op(f"cvt.rn.f32.s32 {out}, {reg}")
+        return out
+
+    def const(self, value: float) -> str:
+        out = self.em.reg("f")
+        self.em.op(f"mov.f32 {out}, {f32_hex(value)}")
+        return out
+
+    def f2(self, op: str, a: str, b: str) -> str:
+        out = self.em.reg("f")
+        self.em.op(f"{op} {out}, {a}, {b}")
+        return out
+
+    def f1(self, op: str, a: str) -> str:
+        out = self.em.reg("f")
+        self.em.op(f"{op} {out}, {a}")
+        return out
+
+    def emit(self, node: Node) -> str:
+        t = self.type_of(node)
+        em = self.em
+        if isinstance(node, Num):
+            if t == "int":
+                out = em.reg("r")
+                em.op(f"mov.s32 {out}, {int(node.value)}")
+                return out
+            return self.const(float(node.value))
+        if isinstance(node, Name):
+            if node.id == "index":
+                return self.index
+            if node.id == "count":
+                return self.count
+            if node.id == "pi":
+                return self.const(PI)
+            return self.env[self.stage.bind[node.id]]
+        if isinstance(node, Unary):
+            a = self.emit(node.operand)
+            if node.op == "+":
+                return a
+            if node.op == "not":
+                out = em.reg("p")
+                em.op(f"not.pred {out}, {a}")
+                return out
+            if node.op == "~":
+                out = em.reg("r")
+                em.op(f"not.b32 {out}, {a}")
+                return out
+            if t == "int":
+                out = em.reg("r")
+                em.op(f"neg.s32 {out}, {a}")
+                return out
+            return self.f1("neg.f32", a)
+        if isinstance(node, Binary):
+            return self._binary(node, t)
+        if isinstance(node, Call):
+            return self._call(node, t)
+        raise AssertionError(node)
+
+    def _binary(self, node: Binary, t: Type) -> str:
+        em = self.em
+        lt, rt = self.type_of(node.left), self.type_of(node.right)
+        a, b = self.emit(node.left), self.emit(node.right)
+        op = node.op
+        if op in ("and", "or"):
+            out = em.reg("p")
+            em.op(f"{op}.pred {out}, {a}, {b}")
+            return out
+        if op in _F_CMP:
+            out = em.reg("p")
+            if lt == rt == "int":
+                em.op(f"setp.{_I_CMP[op]}.s32 {out}, {a}, {b}")
+            else:
+                em.op(f"setp.{_F_CMP[op]}.f32 {out}, {self.as_float(a, lt)}, {self.as_float(b, rt)}")
+            return out
+        if op == "**":
+            return self._pow(self.as_float(a, lt), self.as_float(b, rt))
+        if t == "int":
+            out = em.reg("r")
+            em.op(f"{_I_OPS[op]} {out}, {a}, {b}")
+            return out
+        return self.f2(_F_OPS[op], self.as_float(a, lt), self.as_float(b, rt))
+
+    def _pow(self, x: str, y: str) -> str:
+        return self.f1("ex2.approx.f32", self.f2("mul.rn.f32", y, self.f1("lg2.approx.f32", x)))
+
+    def _reduce(self, x: str) -> str:
+        # r = x - k·2π with k = round(x / 2π), 2π in two parts (Cody-Waite): sin.approx is accurate on [-π, π]
+        k = self.f1("cvt.rni.f32.f32", self.f2("mul.rn.f32", x, self.const(INV_TWO_PI)))
+        em = self.em
+        r1 = em.reg("f")
+        em.op(f"fma.rn.f32 {r1}, {k}, {self.const(-TWO_PI_HI)}, {x}")
+        r2 = em.reg("f")
+        em.op(f"fma.rn.f32 {r2}, {k}, {self.const(-TWO_PI_LO)}, {r1}")
+        return r2
+
+    def _call(self, node: Call, t: Type) -> str:
+        em = self.em
+        f = node.func
+        types = [self.type_of(a) for a in node.args]
+        regs = [self.emit(a) for a in node.args]
+        if f == "where":
+            out = em.reg("r" if t == "int" else "f")
+            a = regs[1] if t == "int" else self.as_float(regs[1], types[1])
+            b = regs[2] if t == "int" else self.as_float(regs[2], types[2])
+            em.op(f"selp.{'s32' if t == 'int' else 'f32'} {out}, {a}, {b}, {regs[0]}")
+            return out
+        if f == "int":
+            if types[0] == "int":
+                return regs[0]
+            out = em.reg("r")
+            em.op(f"cvt.rzi.s32.f32 {out}, {regs[0]}")
+            return out
+        if t == "int":  # abs, min, max, clamp of ints
+            if f == "abs":
+                out = em.reg("r")
+                em.op(f"abs.s32 {out}, {regs[0]}")
+                return out
+            if f in ("min", "max"):
+                out = em.reg("r")
+                em.op(f"{f}.s32 {out}, {regs[0]}, {regs[1]}")
+                return out
+            lo = em.reg("r")
+            em.op(f"max.s32 {lo}, {regs[0]}, {regs[1]}")
+            out = em.reg("r")
+            em.op(f"min.s32 {out}, {lo}, {regs[2]}")
+            return out
+        x = [self.as_float(r, ty) for r, ty in zip(regs, types, strict=True)]
+        if f == "float":
+            return x[0]
+        if f == "sin":
+            return self.f1("sin.approx.f32", self._reduce(x[0]))
+        if f == "cos":
+            return self.f1("cos.approx.f32", self._reduce(x[0]))
+        if f == "tan":
+            r = self._reduce(x[0])
+            return self.f2("div.rn.f32", self.f1("sin.approx.f32", r), self.f1("cos.approx.f32", r))
+        if f == "exp":
+            return self.f1("ex2.approx.f32", self.f2("mul.rn.f32", x[0], self.const(LOG2_E)))
+        if f == "log":
+            return self.f2("mul.rn.f32", self.f1("lg2.approx.f32", x[0]), self.const(LN_2))
+        if f == "pow":
+            return self._pow(x[0], x[1])
+        if f == "sqrt":
+            return self.f1("sqrt.rn.f32", x[0])
+        if f == "abs":
+            return self.f1("abs.f32", x[0])
+        if f == "floor":
+            return self.f1("cvt.rmi.f32.f32", x[0])
+        if f == "fract":
+            return self.f2("sub.rn.f32", x[0], self.f1("cvt.rmi.f32.f32", x[0]))
+        if f in ("min", "max"):
+            return self.f2(f"{f}.f32", x[0], x[1])
+        if f == "clamp":
+            return self.f2("min.f32", self.f2("max.f32", x[0], x[1]), x[2])
+        if f == "mix":  # a + (b - a)·t
+            return self.f2("add.rn.f32", x[0], self.f2("mul.rn.f32", self.f2("sub.rn.f32", x[1], x[0]), x[2]))
+        if f == "step":  # x < edge ? 0 : 1
+            p = em.reg("p")
+            em.op(f"setp.lt.f32 {p}, {x[1]}, {x[0]}")
+            out = em.reg("f")
+            em.op(f"selp.f32 {out}, {f32_hex(0.0)}, {f32_hex(1.0)}, {p}")
+            return out
+        if f == "smoothstep":  # t = clamp((x - e0) / (e1 - e0), 0, 1); t·t·(3 - 2t)
+            q = self.f2("div.rn.f32", self.f2("sub.rn.f32", x[2], x[0]), self.f2("sub.rn.f32", x[1], x[0]))
+            c = self.f2("min.f32", self.f2("max.f32", q, self.const(0.0)), self.const(1.0))
+            poly = self.f2("sub.rn.f32", self.const(3.0), self.f2("mul.rn.f32", self.const(2.0), c))
+            return self.f2("mul.rn.f32", self.f2("mul.rn.f32", c, c), poly)
+        if f == "fma":
+            out = em.reg("f")
+            em.op(f"fma.rn.f32 {out}, {x[0]}, {x[1]}, {x[2]}")
+            return out
+        raise AssertionError(f)
+
+
+def generate_ptx(program: Program, arch: str = "sm_90") -> str:
+    """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``)."""
+    # prefixed: a user's name may be a PTX opcode or reserved word ("ret", "WARP_SZ")
+    names = tuple(f"p_{name}" for name in program.param_names)
+    desc = program.descriptor
+    em = _Emitter()
+    params = []
+    for i, p in enumerate(desc.parameters):
+        kind = "u64" if p.is_pointer else ("f32" if p.dtype.base.kind == "f" else "u32")
+        params.append(f"\t.param .{kind} {names[i]}")
+    idx_r = [em.reg("r") for _ in range(3)]
+    em.op(f"mov.u32 {idx_r[0]}, %ctaid.x")
+    em.op(f"mov.u32 {idx_r[1]}, %ntid.x")
+    em.op(f"mov.u32 {idx_r[2]}, %tid.x")
+    index = em.reg("r")
+    em.op(f"mad.lo.s32 {index}, {idx_r[0]}, {idx_r[1]}, {idx_r[2]}")
+    count = em.reg("r")
+    em.op(f"ld.param.u32 {count}, [{names[program.count_param]}]")
+    done = em.reg("p")
+    em.op(f"setp.ge.u32 {done}, {index}, {count}")
+    em.op(f"@{done} bra $L_done")
+    env: dict[tuple[str, int], str] = {}
+    for i, name in enumerate(program.inputs):
+        em.comment(f"input {name}: element min(index, {name}_count - 1)")
+        base, cnt = program.input_param(i), program.input_param(i) + 1
+        ptr, n_in, last, at = em.reg("rd"), em.reg("r"), em.reg("r"), em.reg("r")
+        em.op(f"ld.param.u64 {ptr}, [{names[base]}]")
+        em.op(f"ld.param.u32 {n_in}, [{names[cnt]}]")
+        em.op(f"sub.s32 {last}, {n_in}, 1")
+        em.op(f"min.u32 {at}, {index}, {last}")
+        gptr, off, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
+        em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
+        em.op(f"mul.wide.u32 {off}, {at}, 4")
+        em.op(f"add.s64 {addr}, {gptr}, {off}")
+        value = em.reg("f")
+        # a plain ld.global, not .nc: the pool may give an input and an output of one kernel the same memory
+        em.op(f"ld.global.f32 {value}, [{addr}]")
+        env[("input", i)] = value
+    for s in range(len(program.scalars)):
+        value = em.reg("f")
+        em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")
+        env[("scalar", s)] = value
+    for j, stage in enumerate(program.stages):
+        em.comment(f"{stage.label or f'stage {j}'}: {stage.expr.text.strip()}")
+        vals = _Values(em, stage, env, index, count)
+        reg = vals.emit(stage.expr.root)
+        env[("stage", j)] = vals.as_float(reg, stage.expr.type_of(stage.expr.root))
+    off = em.reg("rd")
+    em.op(f"mul.wide.u32 {off}, {index}, 4")
+    for o, (_, j) in enumerate(program.outputs):
+        ptr, gptr, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
+        em.op(f"ld.param.u64 {ptr}, [{names[program.output_param(o)]}]")
+        em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
+        em.op(f"add.s64 {addr}, {gptr}, {off}")
+        em.op(f"st.global.f32 [{addr}], {env[('stage', j)]}")
+    c = em.counts
+    head = [
+        "// Generated by cudapatch.expr from:",
+        *(f"//   {line}" for line in program.summary().splitlines()),
+        f".version {ptx_version_for(arch)}",
+        f".target {arch}",
+        ".address_size 64",
+        "",
+        f".visible .entry {desc.entry_point}(",
+        ",\n".join(params),
+        ")",
+        "{",
+        f"\t.reg .pred %p<{c['p'] + 1}>;",
+        f"\t.reg .f32 %f<{c['f'] + 1}>;",
+        f"\t.reg .b32 %r<{c['r'] + 1}>;",
+        f"\t.reg .b64 %rd<{c['rd'] + 1}>;",
+        "",
+    ]
+    return "\n".join([*head, *em.lines, "$L_done:", "\tret;", "}", ""])

@@ -1,0 +1,158 @@
+"""The Expression block on a real GPU: results against NumPy (float64, and the f32 interpreter bit
+for bit where only correctly rounded operations are used), the PTX path against the NVRTC path bit
+for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, and name changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudapatch import BlockState, Engine, Expression
+from cudapatch.expr import evaluate
+
+from .conftest import run_until
+
+pytestmark = pytest.mark.gpu
+
+# Expressions of correctly rounded operations only: the kernel's bits are the f32 interpreter's.
+EXACT = [
+    "a * x + b",
+    "fma(a, x, b) - a / (abs(x) + 1) + sqrt(abs(b))",
+    "clamp(x, -0.5, Hi) + mix(a, b, 0.25) + floor(x * 3) + fract(x) + step(0, x) + smoothstep(-1, 1, b)",
+    "where(x > a and not (b < 0), x, -a) + float(index % 7) + int(x * 10) + min(a, b) + max(x, b)",
+]
+# Expressions with the hardware approximations: compared with float64 NumPy within a tolerance.
+APPROX = [
+    ("a * sin(x * Freq) + b", lambda a, x, b, f: a * np.sin(x * f) + b),
+    ("cos(x * 4) + exp(x) + log(abs(a) + 1)", lambda a, x, b, f: np.cos(x * 4) + np.exp(x) + np.log(np.abs(a) + 1)),
+    # tan(x / 4) stays far from its poles for normal x, where an argument's rounding would be magnified
+    ("pow(abs(x) + 0.5, 1.5) + tan(x * 0.25)", lambda a, x, b, f: (np.abs(x) + 0.5) ** 1.5 + np.tan(x * 0.25)),
+]
+
+
+def _inputs(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    return {k: rng.standard_normal(n).astype(np.float32) for k in ("a", "x", "b")}
+
+
+def _expression(e: Engine, code: str, data: dict[str, np.ndarray], **kw: object) -> Expression:
+    """An Expression of ``code`` reading ``data`` by port name; of the scalars in ``kw``, those it has."""
+    compiler = str(kw.pop("Compiler", "ptx"))
+    block = e.add(Expression(Code=code, Compiler=compiler))
+    for name, value in kw.items():
+        if name in block.params:
+            block.set(name, value)
+    for port in block.inputs:
+        e.bind(block, port.name, data[port.name])
+    return block
+
+
+@pytest.mark.parametrize("code", EXACT)
+def test_correctly_rounded_expressions_equal_the_f32_interpreter_bitwise(
+    engine: Engine, rng: np.random.Generator, code: str
+) -> None:
+    data = _inputs(rng, 100_003)
+    block = _expression(engine, code, data, Hi=0.75)
+    engine.update()
+    engine.synchronize()
+    got = engine.read(block, "Out")
+    program = block.source.program
+    assert program is not None
+    scalars = {name: block.get(name) for name in program.scalars}
+    np.testing.assert_array_equal(got, evaluate(program, data, scalars)["Out"])
+    if code in EXACT[:2]:  # no floor, int or comparison, whose f32 and f64 answers part at the edges
+        ref64 = evaluate(program, data, scalars, dtype=np.float64)["Out"]
+        np.testing.assert_allclose(got, ref64, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("code", "ref"), APPROX)
+def test_approximated_functions_against_float64(engine: Engine, rng: np.random.Generator, code: str, ref) -> None:
+    data = _inputs(rng, 65_536)
+    block = _expression(engine, code, data, Freq=3.0)
+    engine.update()
+    got = engine.read(block, "Out").astype(np.float64)
+    a, x, b = (data[k].astype(np.float64) for k in ("a", "x", "b"))
+    np.testing.assert_allclose(got, ref(a, x, b, 3.0), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("code", [*EXACT, *(c for c, _ in APPROX)])
+def test_ptx_and_nvrtc_paths_give_the_same_bits(engine: Engine, rng: np.random.Generator, code: str) -> None:
+    data = _inputs(rng, 10_000)
+    fast = _expression(engine, code, data, Hi=0.5, Freq=2.0)
+    ref = _expression(engine, code, data, Hi=0.5, Freq=2.0, Compiler="nvrtc")
+    engine.update()
+    np.testing.assert_array_equal(engine.read(fast, "Out"), engine.read(ref, "Out"))
+
+
+def test_one_element_inputs_broadcast_and_no_input_uses_count(engine: Engine, rng: np.random.Generator) -> None:
+    x = rng.standard_normal(5000).astype(np.float32)
+    block = engine.add(Expression(Code="x * c + Offset", Offset=0.25))
+    engine.bind(block, "x", x)
+    engine.bind(block, "c", np.array([3.0], np.float32))
+    ramp = engine.add(Expression(Code="index * Step", Count=777, Step=0.5))
+    engine.update()
+    np.testing.assert_array_equal(engine.read(block, "Out"), x * np.float32(3.0) + np.float32(0.25))
+    np.testing.assert_array_equal(engine.read(ramp, "Out"), np.arange(777, dtype=np.float32) * np.float32(0.5))
+
+
+def test_hot_scalar_changes_without_rebuild(engine: Engine, rng: np.random.Generator) -> None:
+    x = rng.standard_normal(4096).astype(np.float32)
+    block = engine.add(Expression(Code="x * Gain", Gain=2.0))
+    engine.bind(block, "x", x)
+    engine.update()
+    rebuilds = engine.counters.rebuilds
+    block.set("Gain", -3.0)
+    engine.update()
+    np.testing.assert_array_equal(engine.read(block, "Out"), x * np.float32(-3.0))
+    assert engine.counters.rebuilds == rebuilds and engine.counters.hot_updates >= 1
+
+
+def test_code_edit_swaps_in_place_and_bad_edit_keeps_the_kernel(live_engine: Engine, rng: np.random.Generator) -> None:
+    e = live_engine
+    x = rng.standard_normal(2048).astype(np.float32)
+    block = e.add(Expression(name="ex", Code="x * Gain", Gain=2.0))
+    e.bind(block, "x", x)
+    run_until(e, lambda: block.debug.state is BlockState.OK)
+    graph, rebuilds = e.graph, e.counters.rebuilds
+    block.set("Code", "x * Gain + 1")
+    run_until(e, lambda: e.counters.code_swaps == 1)
+    e.update()
+    assert e.graph is graph and e.counters.rebuilds == rebuilds
+    np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + np.float32(1.0))
+    block.set("Code", "x * (Gain + ")  # half-typed
+    run_until(e, lambda: block.debug.state is BlockState.ERROR)
+    diag = next(d for d in e.diagnostics(block) if d.code == "kernel-compile")
+    assert "column 12" in diag.message and "keeps running" in diag.message
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + np.float32(1.0))
+    block.set("Code", "x * (Gain + 1)")
+    run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.code_swaps == 2)
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(3.0))
+    assert not e.diagnostics(block)
+
+
+def test_new_names_rebuild_with_new_ports(live_engine: Engine, rng: np.random.Generator) -> None:
+    e = live_engine
+    x, y = (rng.standard_normal(300).astype(np.float32) for _ in range(2))
+    block = e.add(Expression(Code="x * Gain", Gain=2.0))
+    e.bind(block, "x", x)
+    run_until(e, lambda: block.debug.state is BlockState.OK)
+    block.set("Code", "x * Gain + y * Bias")
+    block.set("Bias", 0.5)
+    e.bind(block, "y", y)
+    run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.rebuilds >= 2)
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + y * np.float32(0.5))
+
+
+def test_inputs_of_other_lengths_are_an_error_on_the_block(engine: Engine, rng: np.random.Generator) -> None:
+    block = engine.add(Expression(name="ex", Code="x * 2 + b"))
+    engine.bind(block, "x", rng.standard_normal(100).astype(np.float32))
+    engine.bind(block, "b", rng.standard_normal(7).astype(np.float32))
+    engine.update()
+    (diag,) = [d for d in engine.diagnostics(block) if d.code == "input-size"]
+    assert diag.severity == "error" and "(column 9)" in diag.message and "'b' has 7 elements" in diag.message
+    engine.bind(block, "b", np.array([0.5], np.float32))  # one element: broadcast, and it runs
+    engine.update()
+    assert not engine.diagnostics(block)
+    assert engine.read(block, "Out").shape == (100,)

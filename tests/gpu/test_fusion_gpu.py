@@ -1,0 +1,128 @@
+"""Fusion on a real GPU: fused chains and trees give the unfused results bit for bit, Hot edits of a
+member's scalar patch the fused node, a member's Code edit regenerates the fused kernel, and a
+fused intermediate cannot be read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from cudapatch import BlockState, CudapatchError, Engine, Expression, Scale, VectorAdd
+from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+
+from .conftest import run_until
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def fused_engine() -> Iterator[Engine]:
+    e = Engine(wait_for_compile=True, fuse=True)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def _patch(e: Engine, x: np.ndarray, y: np.ndarray, *, fuse: bool) -> tuple[list, object]:
+    """x → Scale → Expression(+ y) → Scale → VectorAdd(+ x): a chain with a second input, one sink."""
+    s1 = e.add(Scale(Factor=1.7, Offset=-0.3, fuse=fuse))
+    ex = e.add(Expression(Code="sin(a * Freq) * b + a / (1 + b * b)", Freq=2.5, fuse=fuse))
+    s2 = e.add(Scale(Factor=0.9, Offset=0.1, fuse=fuse))
+    add = e.add(VectorAdd(fuse=fuse))
+    e.bind(s1, "In", x)
+    e.bind(ex, "b", y)
+    e.bind(add, "B", x)
+    e.connect(s1, "Out", ex, "a")
+    e.connect(ex, "Out", s2, "In")
+    e.connect(s2, "Out", add, "A")
+    return [s1, ex, s2, add], add
+
+
+def test_fused_chain_equals_unfused_bitwise(fused_engine: Engine, rng: np.random.Generator) -> None:
+    e = fused_engine
+    x, y = (rng.standard_normal(1 << 20).astype(np.float32) for _ in range(2))
+    fused, fused_sink = _patch(e, x, y, fuse=True)
+    _, plain_sink = _patch(e, x, y, fuse=False)  # the same blocks, each on its own node
+    e.update()
+    nodes = e.graph.plan.kernel_nodes
+    assert len(nodes) == 1 + 4 and sum(n.kernel == FUSED_KERNEL for n in nodes) == 1
+    assert all(e.graph.plan.block_nodes[b.id] == e.graph.plan.block_nodes[fused_sink.id] for b in fused)
+    np.testing.assert_array_equal(e.read(fused_sink, "Sum"), e.read(plain_sink, "Sum"))
+
+
+def test_hot_edit_of_a_member_patches_the_fused_node(fused_engine: Engine, rng: np.random.Generator) -> None:
+    e = fused_engine
+    x = rng.standard_normal(10_000).astype(np.float32)
+    a = e.add(Scale(name="a", Factor=2.0, Offset=0.0))
+    b = e.add(Scale(name="b", Factor=3.0, Offset=1.0))
+    e.bind(a, "In", x)
+    e.connect(a, "Out", b, "In")
+    e.update()
+    rebuilds = e.counters.rebuilds
+    a.set("Factor", -1.0)
+    b.set("Offset", 0.5)
+    e.update()
+    assert e.counters.rebuilds == rebuilds and e.counters.hot_updates >= 2
+    ref = ((-x).astype(np.float64) * 3.0 + 0.5).astype(np.float32)  # fma(fma(x, -1, 0), 3, 0.5): one rounding each
+    np.testing.assert_array_equal(e.read(b, "Out"), ref)
+
+
+def test_code_edit_of_a_member_regenerates_the_fused_kernel(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(4096).astype(np.float32)
+    with Engine(fuse=True) as e:
+        ex = e.add(Expression(name="ex", Code="x * 2"))
+        s = e.add(Scale(name="s", Factor=1.0, Offset=1.0))
+        e.bind(ex, "x", x)
+        e.connect(ex, "Out", s, "In")
+        run_until(e, lambda: s.debug.state is BlockState.OK and len(e.graph.plan.kernel_nodes) == 1)
+        np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(2) + np.float32(1))
+        graph, rebuilds = e.graph, e.counters.rebuilds
+        ex.set("Code", "x * 3")  # same names: the group's kernel is generated again and swapped in (Code tier)
+        run_until(e, lambda: e.counters.code_swaps >= 1, timeout=20)
+        e.update()
+        np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(3) + np.float32(1))
+        assert e.graph is graph and e.counters.rebuilds == rebuilds
+        ex.set("Code", "x * 3 + y")  # a new input: re-described, rebuilt, fused again
+        e.bind(ex, "y", x)
+        run_until(e, lambda: e.counters.rebuilds > rebuilds and s.debug.state is BlockState.OK, timeout=20)
+        e.update()
+        np.testing.assert_array_equal(e.read(s, "Out"), (x * np.float32(3) + x) + np.float32(1))
+        assert len(e.graph.plan.kernel_nodes) == 1
+
+
+def test_a_fused_intermediate_cannot_be_read_and_fuse_false_keeps_it(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(512).astype(np.float32)
+    with Engine(wait_for_compile=True, fuse=True) as e:
+        a = e.add(Scale(name="a", Factor=2.0))
+        b = e.add(Scale(name="b", Factor=3.0))
+        kept = e.add(Scale(name="kept", Factor=5.0, fuse=False))
+        c = e.add(Scale(name="c", Factor=7.0))
+        e.bind(a, "In", x)
+        e.connect(a, "Out", b, "In")
+        e.connect(b, "Out", kept, "In")
+        e.connect(kept, "Out", c, "In")
+        e.update()
+        with pytest.raises(CudapatchError, match="fused into the next block"):
+            e.read(a, "Out")
+        np.testing.assert_array_equal(e.read(kept, "Out"), ((x * np.float32(2)) * np.float32(3)) * np.float32(5))
+        assert len(e.graph.plan.kernel_nodes) == 3  # a+b fused, kept alone, c alone
+
+
+def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(
+    fused_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = fused_engine
+    x = rng.standard_normal(4096).astype(np.float32)
+    ex = e.add(Expression(name="ex", Code="x * 2"))
+    s = e.add(Scale(name="s", Factor=1.0, Offset=1.0))
+    e.bind(ex, "x", x)
+    e.connect(ex, "Out", s, "In")
+    e.update()
+    graph, swaps = e.graph, e.counters.code_swaps
+    ex.set("Code", "x * 5")
+    e.update()  # waits for the regenerated group kernel, swaps it in, launches it
+    np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(5) + np.float32(1))
+    assert e.graph is graph and e.counters.code_swaps == swaps + 1

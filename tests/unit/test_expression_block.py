@@ -1,0 +1,171 @@
+"""The Expression block without a GPU: ports from names, sizes, edits that go to the Code tier,
+edits that re-describe, and bad input that keeps the running kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudapatch import Expression
+from cudapatch.blocks.library import BUILTIN_BLOCKS, Fill
+from cudapatch.engine import Context, compile_plan
+from cudapatch.expr import ExpressionError, ProgramSource
+from cudapatch.kernels.types import DType
+
+
+def test_names_make_ports_and_hot_scalars() -> None:
+    e = Expression(Code="a * sin(x * Freq) + b", Freq=2.5)
+    assert [p.name for p in e.inputs] == ["a", "x", "b"]
+    assert [p.name for p in e.outputs] == ["Out"] and e.outputs[0].dtype is DType.FLOAT32
+    assert e.get("Freq") == 2.5 and e.description.param("Freq").kind == "scalar"  # type: ignore[union-attr]
+    assert not e.description.param("Freq").structural  # type: ignore[union-attr]
+    assert Expression in BUILTIN_BLOCKS
+
+
+def test_no_input_means_a_count_parameter() -> None:
+    e = Expression(Code="sin(index * Step)", Count=64)
+    assert e.inputs == () and e.get("Count") == 64
+    assert e.description.param("Count").structural  # type: ignore[union-attr]
+
+
+def test_generated_code_and_tooltip_show_the_kernel() -> None:
+    e = Expression(name="wave", Code="x * Gain + 1")
+    assert ".entry expression(" in e.generated_code and "wave: x * Gain + 1" in e.generated_code
+    assert "Out = x * Gain + 1" in e.tooltip() and "generated PTX" in e.tooltip()
+    ref = Expression(Code="x * Gain + 1", Compiler="nvrtc")
+    assert 'extern "C" __global__ void expression(' in ref.generated_code
+
+
+@pytest.mark.parametrize(
+    ("code", "column", "words"),
+    [
+        ("x * (Gain +", 12, "ends too early"),
+        ("x * sinn(Gain)", 5, "unknown function"),
+        ("x % 2", 1, "takes integers"),
+        ("x + Out", 5, "output port"),
+        ("Code * x", 1, "Code parameter"),
+    ],
+)
+def test_bad_code_at_construction_raises_with_the_column(code: str, column: int, words: str) -> None:
+    with pytest.raises(ExpressionError) as info:
+        Expression(name="e", Code=code)
+    assert info.value.column == column and words in info.value.message
+    assert info.value.block == "e" and info.value.param == "Code"
+
+
+def test_bad_compiler_is_refused() -> None:
+    with pytest.raises(ExpressionError, match="Compiler must be one of ptx, nvrtc"):
+        Expression(Compiler="clang")
+
+
+def _registered(code: str) -> tuple[Context, Expression, list[tuple[int, int]]]:
+    swaps: list[tuple[int, int]] = []
+
+    def listener(key: tuple[int, int]) -> bool:
+        swaps.append(key)
+        return True
+
+    ctx = Context(code_listener=listener)
+    src = ctx.register_block(Fill(name="src", Count=100))
+    e = ctx.register_block(Expression(name="e", Code=code))
+    ctx.connect(src, "Out", e, "x")
+    ctx.dirty.structure = False
+    return ctx, e, swaps  # type: ignore[return-value]
+
+
+def test_an_edit_with_the_same_names_goes_to_the_code_tier() -> None:
+    ctx, e, swaps = _registered("x * Gain")
+    before = e.description
+    e.set("Code", "x * Gain + 0.5")
+    assert swaps == [(e.id, 0)] and not ctx.dirty.structure
+    src = e.description.kernels[0].source
+    assert isinstance(src, ProgramSource) and src.program is not None
+    assert "x * Gain + 0.5" in src.program.summary()
+    assert e.description.inputs == before.inputs and e.get("Code") == "x * Gain + 0.5"
+
+
+def test_an_edit_with_new_names_re_describes_and_rebuilds() -> None:
+    ctx, e, swaps = _registered("x * Gain")
+    e.set("Code", "x * Gain + y * Bias")
+    assert swaps == [] and ctx.dirty.structure
+    assert [p.name for p in e.inputs] == ["x", "y"] and "Bias" in e.params
+
+
+def test_a_bad_live_edit_becomes_a_compile_error_and_the_old_kernel_stays_described() -> None:
+    ctx, e, swaps = _registered("x * Gain")
+    good = e.description.kernels[0].descriptor
+    e.set("Code", "x * (Gain +")  # a keystroke in the middle of typing
+    assert swaps == [(e.id, 0)] and not ctx.dirty.structure  # to the builder, which fails it
+    src = e.description.kernels[0].source
+    assert isinstance(src, ProgramSource) and src.program is None
+    assert src.describe() == good
+    with pytest.raises(ExpressionError) as info:
+        src.compile("sm_90")
+    assert info.value.column == 12 and info.value.block == "e"
+    assert "ends too early" in str(info.value)
+    e.set("Code", "x * (Gain + 1)")  # fixed: a good kernel goes in by the Code tier again
+    assert swaps[-1] == (e.id, 0) and e.description.kernels[0].source.program is not None  # type: ignore[union-attr]
+
+
+def test_the_plan_sizes_the_output_like_the_first_input_and_fills_the_counts() -> None:
+    ctx = Context()
+    src = ctx.register_block(Fill(name="src", Count=100))
+    one = ctx.register_block(Fill(name="one", Count=1))
+    e = ctx.register_block(Expression(name="e", Code="x * c + Gain"))
+    ctx.connect(src, "Out", e, "x")
+    ctx.connect(one, "Out", e, "c")
+    plan = compile_plan(ctx.snapshot())
+    (node,) = [n for n in plan.kernel_nodes if n.block_id == e.id]
+    assert node.grid * node.block >= 100
+    (out,) = [v for v in plan.buffers if v.block_id == e.id]
+    assert out.count == 100
+    program = e.source.program
+    assert program is not None
+    x_count, c_count = node.args[program.input_param(0) + 1], node.args[program.input_param(1) + 1]
+    assert (x_count.kind, x_count.value) == ("const", 100) and (c_count.kind, c_count.value) == ("const", 1)
+    assert node.args[program.count_param].value == 100
+    assert node.args[program.scalar_param(0)].kind == "scalar"
+
+
+def test_inputs_of_other_lengths_are_an_error_with_the_column() -> None:
+    ctx = Context()
+    src = ctx.register_block(Fill(name="src", Count=100))
+    odd = ctx.register_block(Fill(name="odd", Count=10))
+    e = ctx.register_block(Expression(name="e", Code="x * 2 + sin(b)"))
+    after = ctx.register_block(Expression(name="after", Code="v + 1"))
+    ctx.connect(src, "Out", e, "x")
+    ctx.connect(odd, "Out", e, "b")
+    ctx.connect(e, "Out", after, "v")
+    plan = compile_plan(ctx.snapshot())
+    assert e.id in plan.skipped and after.id in plan.skipped  # and what reads it
+    (diag,) = [d for d in plan.diagnostics if d.block_id == e.id]
+    assert diag.severity == "error" and diag.code == "input-size"
+    assert "input 'b' has 10 elements but 'x'" in diag.message and "(column 13)" in diag.message
+    ctx.disconnect(odd, "Out", e, "b")
+    one = ctx.register_block(Fill(name="one", Count=1))
+    ctx.connect(one, "Out", e, "b")  # one element: broadcast
+    plan = compile_plan(ctx.snapshot())
+    assert e.id in plan.block_order and after.id in plan.block_order
+
+
+def test_descriptions_survive_a_pickle_as_an_isolated_engine_sends_them() -> None:
+    import pickle
+
+    from cudapatch import Scale
+    from cudapatch.engine.compiler.fusion import FusedSource
+
+    e = Expression(name="e", Code="a * sin(x * Freq) + where(index % 2 == 0, b, -b)")
+    again = pickle.loads(pickle.dumps(e.description))
+    assert again == e.description
+    src = again.kernels[0].source
+    assert src.code() == e.generated_code and src.describe() == e.source.describe()
+    ctx = Context()
+    ctx.register_block(e)
+    s = ctx.register_block(Scale(name="s"))
+    for port in ("a", "x", "b"):
+        ctx.connect(ctx.register_block(Fill(name=f"f{port}", Count=16)), "Out", e, port)
+    ctx.connect(e, "Out", s, "In")
+    fused = [
+        n.source for n in compile_plan(ctx.snapshot(), fuse=True).kernel_nodes if isinstance(n.source, FusedSource)
+    ]
+    (one,) = fused
+    assert pickle.loads(pickle.dumps(one)).code() == one.code()

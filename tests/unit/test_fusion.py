@@ -1,0 +1,229 @@
+"""The fusion phase without a GPU: which blocks fuse, what the fused node holds (Hot slots, inputs,
+one output), and, over random chains and trees, that the fused plan computes bit for bit what the
+unfused plan computes (NumPy interpreter of both plans)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudapatch import Expression, Scale, VectorAdd
+from cudapatch.blocks.library import AppendFilter
+from cudapatch.engine import Context, compile_plan
+from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource, elementwise_member
+from cudapatch.engine.context import ExternalBinding
+from cudapatch.engine.profiling import ProfilingLevel
+from cudapatch.kernels.types import DType
+
+from .plan_interp import run_plan
+
+_ptr = iter(range(0x10000, 1 << 40, 0x10000))
+
+
+def _bind(ctx: Context, block, port: str, data: np.ndarray, externals: dict) -> None:
+    ctx.bind_input(block, port, ExternalBinding(next(_ptr), data.size, DType.FLOAT32))
+    externals[(block.id, port)] = data
+
+
+def _chain(n_blocks: int, count: int = 1000) -> tuple[Context, list, dict]:
+    ctx, externals = Context(), {}
+    blocks = [ctx.register_block(Scale(name=f"s{i}", Factor=1.0 + i / 10, Offset=0.5)) for i in range(n_blocks)]
+    _bind(ctx, blocks[0], "In", np.linspace(-1, 1, count, dtype=np.float32), externals)
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        ctx.connect(a, "Out", b, "In")
+    return ctx, blocks, externals
+
+
+def test_a_chain_becomes_one_node_with_a_slot_per_scalar() -> None:
+    ctx, blocks, _ = _chain(6)
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.kernel_nodes
+    assert node.kernel == FUSED_KERNEL and node.block_id == blocks[-1].id
+    assert isinstance(node.source, FusedSource) and node.source.members == tuple(b.id for b in blocks)
+    assert all(plan.block_nodes[b.id] == (0,) for b in blocks)
+    for b in blocks:
+        for name in ("Factor", "Offset"):
+            ((ni, ai),) = plan.scalar_slots[(b.id, name)]
+            assert ni == 0 and node.args[ai].kind == "scalar" and node.args[ai].ref == (b.id, name)
+    assert (blocks[-1].id, "Out") in plan.outputs and (blocks[0].id, "Out") not in plan.outputs
+    assert sum(buf.count for buf in plan.buffers) == 1000 + 5  # the sink's output, five placeholders
+    assert "fused" in plan.buffers[0].label
+    assert len(compile_plan(ctx.snapshot()).kernel_nodes) == 6  # fuse=False: as before
+
+
+def test_an_output_with_two_readers_ends_a_group() -> None:
+    ctx, blocks, _ = _chain(4)
+    extra = ctx.register_block(Scale(name="tap"))
+    ctx.connect(blocks[1], "Out", extra, "In")  # s1's output is read twice: it must be stored
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    groups = [n.source.members for n in plan.kernel_nodes if isinstance(n.source, FusedSource)]
+    ids = [b.id for b in blocks]
+    assert sorted(groups) == sorted([tuple(ids[:2]), tuple(ids[2:])])
+    assert (ids[1], "Out") in plan.outputs and len(plan.kernel_nodes) == 3
+
+
+def test_non_elementwise_blocks_opt_outs_and_profiling_stop_fusion() -> None:
+    ctx, blocks, _ = _chain(3)
+    keep = ctx.register_block(AppendFilter(name="keep"))
+    ctx.connect(blocks[-1], "Out", keep, "In")
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    assert len(plan.kernel_nodes) == 2  # the chain fused, the append filter apart
+    assert len(compile_plan(ctx.snapshot(), level=ProfilingLevel.PER_BLOCK, fuse=True).kernel_nodes) == 4
+    ctx2, _, _ = _chain(1)
+    solo = ctx2.register_block(Scale(name="solo", fuse=False))
+    first = next(b for b in ctx2.registry if b.name == "s0")
+    ctx2.connect(first, "Out", solo, "In")
+    assert len(compile_plan(ctx2.snapshot(), fuse=True).kernel_nodes) == 2
+    assert elementwise_member(next(b for b in ctx2.snapshot().blocks if b.name == "solo")) is None
+
+
+def test_different_counts_do_not_fuse() -> None:
+    ctx, externals = Context(), {}
+    e = ctx.register_block(Expression(name="e", Code="x * 2"))
+    add = ctx.register_block(VectorAdd(name="add"))
+    _bind(ctx, e, "x", np.ones(10, np.float32), externals)
+    _bind(ctx, add, "A", np.ones(20, np.float32), externals)  # the launch is 20, e makes 10
+    ctx.connect(e, "Out", add, "B")
+    assert len(compile_plan(ctx.snapshot(), fuse=True).kernel_nodes) == 2
+
+
+_UNARY = [
+    "{a} * {S} + 0.25",
+    "sin({a}) * {S}",
+    "fma({a}, {S}, {S2})",
+    "abs({a}) - {S}",
+    "sqrt(abs({a}))",
+    "{a} / (1 + {S} * {S})",
+]
+_BINARY = [
+    "{a} + {b}",
+    "{a} * {b} - {S}",
+    "min({a}, {b}) + max({a}, {S})",
+    "mix({a}, {b}, 0.3)",
+    "where({a} > {b}, {a}, {b} * {S})",
+]
+
+
+def _random_patch(rng: np.random.Generator, count: int) -> tuple[Context, dict, list]:
+    """Random trees and chains of Scale, VectorAdd and Expression blocks over a few bound inputs;
+    some outputs read twice (they must stay stored)."""
+    ctx, externals = Context(), {}
+    produced: list[tuple[object, str]] = []  # (block, output port) that later blocks may read
+    blocks = []
+    for i in range(int(rng.integers(2, 14))):
+        kind = rng.choice(["scale", "add", "expr1", "expr2"])
+        if kind == "scale":
+            b = ctx.register_block(Scale(name=f"b{i}", Factor=float(rng.normal()), Offset=float(rng.normal())))
+            ports = ["In"]
+        elif kind == "add":
+            b = ctx.register_block(VectorAdd(name=f"b{i}"))
+            ports = ["A", "B"]
+        else:
+            template = rng.choice(_UNARY if kind == "expr1" else _BINARY)
+            code = template.format(a="x", b="y", S="Gain", S2="Bias")
+            b = ctx.register_block(Expression(name=f"b{i}", Code=code))
+            for s in b.source.program.scalars:  # type: ignore[union-attr]
+                b.set(s, float(rng.normal()))
+            ports = [p.name for p in b.inputs]
+        for port in ports:
+            if produced and rng.random() < 0.8:
+                src, out = produced[int(rng.integers(len(produced)))]
+                ctx.connect(src, out, b, port)
+            else:
+                _bind(ctx, b, port, rng.standard_normal(count).astype(np.float32), externals)
+        produced.append((b, b.outputs[0].name))
+        blocks.append(b)
+    return ctx, externals, blocks
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_fused_plans_compute_what_unfused_plans_compute(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    count = int(rng.choice([1, 7, 256, 1000]))
+    ctx, externals, blocks = _random_patch(rng, count)
+    snap = ctx.snapshot()
+    plain = compile_plan(snap, reuse=False)  # every intermediate is compared: none may be overwritten
+    fused = compile_plan(snap, fuse=True, reuse=False)
+    assert len(fused.kernel_nodes) <= len(plain.kernel_nodes)
+    got_plain = run_plan(plain, snap, externals)
+    got_fused = run_plan(fused, snap, externals)
+    for port, bi in fused.outputs.items():  # every output that still has a buffer: bit for bit
+        np.testing.assert_array_equal(got_fused[bi], got_plain[plain.outputs[port]], err_msg=str(port))
+    for port in plain.outputs.keys() - fused.outputs.keys():  # fused away: read by exactly one fused block
+        assert sum(1 for lk in ctx.connections if (lk.src, lk.src_port) == port) == 1
+    sinks = {b.id for b in blocks if not any(lk.src == b.id for lk in ctx.connections)}
+    assert {bid for bid, _ in fused.outputs} >= sinks
+
+
+def test_random_fused_kernels_assemble_with_ptxas(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) is not installed")
+    for seed in range(8):
+        rng = np.random.default_rng(100 + seed)
+        ctx, _, _ = _random_patch(rng, 64)
+        plan = compile_plan(ctx.snapshot(), fuse=True)
+        for node in plan.kernel_nodes:
+            if isinstance(node.source, FusedSource):
+                path = tmp_path / f"f{seed}_{node.index}.ptx"
+                path.write_text(node.source.code("sm_90"))
+                done = subprocess.run(
+                    [ptxas, "-arch=sm_90", str(path), "-o", str(path.with_suffix(".cubin"))], capture_output=True
+                )
+                assert done.returncode == 0, done.stderr.decode()
+
+
+def test_declared_expressions_do_what_the_bundled_kernels_do() -> None:
+    # The interpreter runs the declaration for both plans, so this is where a declaration that does not
+    # match its kernel would show: the one arithmetic instruction of each bundled kernel.
+    from cudapatch.kernels.source import bundled_kernel
+
+    scale = bundled_kernel("scale").ptx_path.read_text()
+    add = bundled_kernel("vector_add").ptx_path.read_text()
+    assert scale.count("fma.rn.f32") == 1 and "mul.f32" not in scale and "add.f32" not in scale
+    assert add.count("add.f32") == 1 and "fma" not in add
+    s, a = Scale(), VectorAdd()
+    assert s.description.kernels[0].expression == "fma(In, Factor, Offset)"
+    assert a.description.kernels[0].expression == "A + B"
+
+
+def test_tooltips_show_the_fused_group() -> None:
+    from cudapatch.engine.registry import BlockRegistry
+    from cudapatch.engine.stats import show_built
+
+    ctx, blocks, _ = _chain(3)
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    registry: BlockRegistry = ctx.registry
+    show_built(plan, {}, registry)
+    for b in blocks:
+        assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
+    show_built(compile_plan(ctx.snapshot()), {}, registry)
+    assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)
+
+
+def test_regenerate_takes_a_members_new_code_with_the_same_descriptor() -> None:
+    from cudapatch.engine.compiler.fusion import regenerate
+
+    ctx, externals = Context(), {}
+    e = ctx.register_block(Expression(name="e", Code="x * Gain"))
+    s = ctx.register_block(Scale(name="s", Factor=2.0))
+    _bind(ctx, e, "x", np.arange(8, dtype=np.float32), externals)
+    ctx.connect(e, "Out", s, "In")
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.kernel_nodes
+    old = node.source
+    assert isinstance(old, FusedSource)
+    e.set("Code", "x * Gain + 1")  # same names
+    new = regenerate(old, {e.id: e, s.id: s})
+    assert new is not None and new.members == old.members and new.program.descriptor == old.program.descriptor
+    assert new != old and "x * Gain + 1" in new.program.summary()
+    # what the regenerated kernel computes is what a fresh plan of the edited patch computes
+    snap = ctx.snapshot()
+    fresh = compile_plan(snap, fuse=True)
+    assert fresh.kernel_nodes[0].source == new
+    e.set("Code", "x * Gain + y")  # a new input: no in-place swap
+    assert regenerate(old, {e.id: e, s.id: s}) is None
+    assert regenerate(old, {s.id: s}) is None  # a member removed
