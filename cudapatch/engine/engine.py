@@ -742,7 +742,16 @@ class Engine:
             f"{launch}"
             f"  Profiling: {self.profiling}\n"
             f"  Pool: {self.pool.in_use_bytes * mb:.1f} MB / {self.pool.total_allocated_bytes * mb:.1f} MB"
+            f"{self._reuse_line(g, mb)}"
         )
+
+    @staticmethod
+    def _reuse_line(g: CompiledGraph | None, mb: float) -> str:
+        """What buffer reuse saves in the running graph (empty when nothing shares)."""
+        mem = g.plan.memory if g is not None else None
+        if mem is None or not mem.buffer_values():
+            return ""
+        return f"\n  Buffers: {g.plan.total_buffer_bytes * mb:.1f} MB for {mem.logical_bytes * mb:.1f} MB of outputs"  # type: ignore[union-attr]
 
     def __repr__(self) -> str:
         blocks = len(self.context.registry)

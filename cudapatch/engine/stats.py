@@ -218,7 +218,14 @@ def collect_stats(
         pool_in_use_bytes=pool.in_use_bytes,
         pool_total_bytes=pool.total_allocated_bytes,
         diagnostics=diagnostics,
+        buffer_bytes=graph.plan.total_buffer_bytes if graph is not None else 0,
+        value_bytes=_value_bytes(graph.plan) if graph is not None else 0,
     )
+
+
+def _value_bytes(plan: GraphPlan) -> int:
+    """Bytes of the plan's values, each in a buffer of its own (without buffer reuse)."""
+    return plan.memory.logical_bytes if plan.memory is not None else plan.total_buffer_bytes
 
 
 def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:

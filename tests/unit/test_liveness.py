@@ -457,3 +457,22 @@ def test_a_long_chain_and_diamonds_compute_the_same_with_reuse() -> None:
     assert len(plan.buffers) < len(plain.buffers) // 3
     got = run_plan(plan, snap, externals)[plan.outputs[(top.id, "Out")]][:500]
     np.testing.assert_array_equal(got, run_plan(plain, snap, externals)[plain.outputs[(top.id, "Out")]])
+
+
+def test_stats_and_the_engine_line_show_what_reuse_saves() -> None:
+    from types import SimpleNamespace
+
+    from cudapatch.engine.engine import Engine
+    from cudapatch.engine.stats import FrameReading, collect_stats
+
+    c, _ = _chain(9, count=1000)
+    plan = compile_plan(c.snapshot())
+    graph = SimpleNamespace(plan=plan, occupancy={}, kernel_count=10)
+    pool = SimpleNamespace(in_use_bytes=0, total_allocated_bytes=0)
+    stats = collect_stats(
+        level=ProfilingLevel.NONE, blocks=c.registry, graph=graph, reading=FrameReading(), pool=pool, diagnostics=()
+    )
+    assert (stats.buffer_bytes, stats.value_bytes) == (3 * 4000, 10 * 4000)
+    assert Engine._reuse_line(graph, 1 / 2**20) == "\n  Buffers: 0.0 MB for 0.0 MB of outputs"  # type: ignore[arg-type]
+    plain = SimpleNamespace(plan=compile_plan(c.snapshot(), reuse=False))
+    assert Engine._reuse_line(plain, 1.0) == ""  # type: ignore[arg-type]
