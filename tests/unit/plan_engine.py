@@ -30,6 +30,9 @@ class PlanOnlyEngine:
     def disconnect(self, src, src_port, dst, dst_port):
         return self.context.disconnect(src, src_port, dst, dst_port)
 
+    def keep(self, block, port, keep=True):
+        self.context.keep(block, port, keep)
+
     def set_profiling(self, level):
         self.profiling = ProfilingLevel.parse(level)
 

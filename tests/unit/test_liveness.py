@@ -476,3 +476,76 @@ def test_stats_and_the_engine_line_show_what_reuse_saves() -> None:
     assert Engine._reuse_line(graph, 1 / 2**20) == "\n  Buffers: 0.0 MB for 0.0 MB of outputs"  # type: ignore[arg-type]
     plain = SimpleNamespace(plan=compile_plan(c.snapshot(), reuse=False))
     assert Engine._reuse_line(plain, 1.0) == ""  # type: ignore[arg-type]
+
+
+# -- the patch file: [engine] keep and reuse_buffers ---------------------------------------------------
+_CHAIN_PATCH = """
+links = ["a.Out -> b.In", "b.Out -> c.In", "c.Out -> d.In", "d.Out -> e.In"]
+
+[engine]
+keep = ["b.Out"]
+reuse_buffers = true
+
+[operators.a]
+type = "core.Fill"
+Count = 1000
+[operators.b]
+type = "core.Scale"
+[operators.c]
+type = "core.Scale"
+[operators.d]
+type = "core.Scale"
+[operators.e]
+type = "core.Scale"
+"""
+
+
+def test_the_patch_file_keeps_ports_and_lets_them_go() -> None:
+    from cudapatch.host_plugin.adapter import HostAdapter
+    from cudapatch.host_plugin.patch import apply_patch, parse_patch
+    from tests.unit.plan_engine import PlanOnlyEngine
+    from tests.unit.test_patch_file import REG
+
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, REG)
+    first = parse_patch(_CHAIN_PATCH, registry=REG)
+    apply_patch(adapter, first)
+    engine.update()
+    b = adapter.block("b")
+    mem = engine.plan.memory
+    assert (mem.ports[(b.id, "Out")], PinReason.KEEP) in mem.pinned
+    second = parse_patch(_CHAIN_PATCH.replace('keep = ["b.Out"]', "keep = []"), registry=REG)
+    apply_patch(adapter, second, first)
+    engine.update()
+    assert engine.plan.memory.shared(engine.plan.outputs[(b.id, "Out")])
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "words"),
+    [
+        ('keep = ["b.Out"]', 'keep = "b.Out"', 5, 'a list of "operator.Port" strings'),
+        ('keep = ["b.Out"]', 'keep = ["b"]', 5, 'a list of "operator.Port" strings'),
+        ("reuse_buffers = true", "reuse_buffers = 1", 6, "write true or false"),
+    ],
+)
+def test_bad_engine_keep_settings_name_the_line(old: str, new: str, line: int, words: str) -> None:
+    from cudapatch.errors import PatchFileError
+    from cudapatch.host_plugin.patch import parse_patch
+    from tests.unit.test_patch_file import REG
+
+    with pytest.raises(PatchFileError) as err:
+        parse_patch(_CHAIN_PATCH.replace(old, new), path="p.toml", registry=REG)
+    assert err.value.line == line and words in err.value.message
+
+
+def test_keeping_an_unknown_operator_is_an_error_on_the_line() -> None:
+    from cudapatch.errors import PatchFileError
+    from cudapatch.host_plugin.adapter import HostAdapter
+    from cudapatch.host_plugin.patch import apply_patch, parse_patch
+    from tests.unit.plan_engine import PlanOnlyEngine
+    from tests.unit.test_patch_file import REG
+
+    patch = parse_patch(_CHAIN_PATCH.replace('"b.Out"', '"zz.Out"'), path="p.toml", registry=REG)
+    with pytest.raises(PatchFileError, match="no operator 'zz'") as err:
+        apply_patch(HostAdapter(PlanOnlyEngine(), REG), patch)
+    assert err.value.line == 5
