@@ -15,12 +15,15 @@ from .blocks import (
     BlockDescription,
     BlockState,
     CallDescriptor,
+    Composite,
+    CompositeBuilder,
     CustomKernel,
     Expression,
     Fill,
     KernelFile,
     LibraryScope,
     Scale,
+    Shape,
     VectorAdd,
     buffer_in,
     buffer_inout,
@@ -31,6 +34,7 @@ from .blocks import (
     from_param,
     host_scalar,
     like,
+    shape_of,
 )
 from .engine import (
     AppendBuffer,
@@ -41,6 +45,8 @@ from .engine import (
     EngineStats,
     GpuBuffer,
     GraphPlan,
+    Probe,
+    ProbeStats,
     ProfilingLevel,
     compile_plan,
 )
@@ -75,6 +81,8 @@ except PackageNotFoundError:  # running from a source checkout that is not insta
 
 __all__ = [
     "CallDescriptor",
+    "Composite",
+    "CompositeBuilder",
     "LibraryCallError",
     "LibraryScope",
     "buffer_in",
@@ -102,6 +110,8 @@ __all__ = [
     "DiagnosticCode",
     "Engine",
     "EngineStats",
+    "Probe",
+    "ProbeStats",
     "Fill",
     "GpuBuffer",
     "GraphCompileError",
@@ -126,4 +136,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

@@ -16,6 +16,7 @@ from .captured import (
     device_scalar,
     host_scalar,
 )
+from .composite import Composite, CompositeBuilder
 from .description import (
     BlockDescription,
     InternalLink,
@@ -29,11 +30,13 @@ from .description import (
     fixed,
     from_param,
     like,
+    shape_of,
 )
 from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
+from .shape import Shape
 
 __all__ = [
     "CallDescriptor",
@@ -54,6 +57,8 @@ __all__ = [
     "BlockHost",
     "BlockParameter",
     "BlockState",
+    "Composite",
+    "CompositeBuilder",
     "CustomKernel",
     "Expression",
     "Fill",
@@ -74,4 +79,6 @@ __all__ = [
     "fixed",
     "from_param",
     "like",
+    "shape_of",
+    "Shape",
 ]

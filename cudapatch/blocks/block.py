@@ -47,6 +47,7 @@ class BlockDebugInfo:
     gpu_ms: float | None = None  # GPU time in the last reported frame (PerBlock and above)
     append_fill: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (count, capacity), Deep levels
     sizes: dict[str, int] = field(default_factory=dict)  # output port -> element count
+    shapes: dict[str, Any] = field(default_factory=dict)  # output port -> Shape, for 2-D/3-D outputs
     fused: str = ""  # the fused group this block runs in ("a -> b -> c"), empty when it runs alone
 
 
@@ -327,7 +328,11 @@ class PortHandle:
         spec = self.block.description.input(self.name) or self.block.description.output(self.name)
         assert spec is not None
         n = d.sizes.get(self.name)
-        return f"{self.name}: {spec.dtype.c_name}[{'?' if n is None else n}]"
+        if n is None:
+            return f"{self.name}: {spec.dtype.c_name}[?]"
+        shape = d.shapes.get(self.name)
+        dims = f"[{n}]" if shape is None else f" {shape}"
+        return f"{self.name}: {spec.dtype.c_name}{dims}, {n * spec.dtype.itemsize:,} bytes"
 
 
 def check_block(obj: object) -> Block:

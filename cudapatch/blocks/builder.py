@@ -15,7 +15,7 @@ Example (the built-in vector add)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,11 @@ from .description import (
 )
 
 __all__ = ["BlockBuilder", "CapturedHandle", "KernelHandle", "KernelPin"]
+
+_INTS = (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64)
+_SHAPE_AXES = ("width", "height", "depth", "channels")
+_AUTO_AXES = ("width", "height", "depth")  # parameter names commit fills from the grid's shape
+_LAUNCH = "launch"  # input(needs=...) default: cover the launches of the kernels the input feeds
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class KernelHandle:
         # No compilation here: the engine compiles in the background.
         self.descriptor = descriptor if descriptor is not None else source.describe()  # type: ignore[union-attr]
         self._grid: SizeRule | None = None
+        self._dims = 1
         self._counts: list[tuple[int, SizeRule]] = []
         self._expression: str | None = None
 
@@ -104,15 +110,36 @@ class KernelHandle:
         """Output pin for parameter ``i`` (index or name; a written pointer)."""
         return self._pin(i, "out")
 
-    def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
-        """Launch one thread per element: grid = ceil(count / blockSize of the sidecar).
+    def auto_grid(
+        self, elements: SizeRule | int, *, count_param: int | str | None = None, dims: int | None = None
+    ) -> KernelHandle:
+        """Launch one thread per element: grid = ceil(count / blockSize of the sidecar); with
+        ``dims`` 2 or 3, one thread per position of the rule's 2-D or 3-D shape, grid and block per
+        axis (x along the last axis; 16x16 and 8x8x8 threads unless the kernel gives ``blockSize`` per
+        axis).
+
+        Unbound integer parameters named ``width``, ``height`` and ``depth`` receive those axes of
+        the shape (``commit`` binds them).
 
         Args:
-            elements: The element count rule.
-            count_param: Index of a ``uint``/``int`` parameter that receives the count.
+            elements: The element count (or shape) rule.
+            count_param: Index or name of a ``uint``/``int`` parameter that receives the count.
+            dims: Launch axes: 1, 2 or 3 (default: as many as the kernel's per-axis ``blockSize``
+                has, else 1).
         """
         rule = fixed(elements) if isinstance(elements, int) else elements
+        axes = len(self.descriptor.block_dims)
+        if dims is None:
+            dims = max(1, axes)
+        if dims not in (1, 2, 3):
+            raise self._builder.error(f"auto_grid of '{self.entry_point}': dims must be 1, 2 or 3, got {dims!r}")
+        if axes > 1 and axes != dims:
+            raise self._builder.error(
+                f"auto_grid of '{self.entry_point}': a {dims}-D launch, but the kernel's blockSize has {axes} axes "
+                f"{list(self.descriptor.block_dims)}"
+            )
         self._grid = rule
+        self._dims = dims
         if count_param is not None:
             self.set_count(count_param, rule)
         return self
@@ -120,7 +147,7 @@ class KernelHandle:
     def set_count(self, param: int | str, rule: SizeRule | int) -> KernelHandle:
         """Fill integer parameter ``param`` with a resolved element count (a size, a capacity)."""
         pin = self.in_(param)
-        if pin.param.is_pointer or pin.param.dtype not in (DType.UINT32, DType.INT32, DType.UINT64, DType.INT64):
+        if pin.param.is_pointer or pin.param.dtype not in _INTS:
             raise self._builder.error(
                 f"parameter {param} ('{pin.param.name}') of kernel '{self.entry_point}' "
                 "must be an integer to hold a count"
@@ -128,6 +155,35 @@ class KernelHandle:
         self._builder._bind(pin, "count")
         self._counts.append((pin.index, fixed(rule) if isinstance(rule, int) else rule))
         return self
+
+    def set_shape_params(self, rule: SizeRule | None = None, **params: int | str) -> KernelHandle:
+        """Fill integer parameters with axes of ``rule``'s shape (default: the grid's), e.g.
+        ``k.set_shape_params(width="w", height="h")``; keys are ``width``, ``height``, ``depth``,
+        ``channels``, ``count``."""
+        base = rule if rule is not None else self._grid
+        if base is None:
+            raise self._builder.error(f"set_shape_params of '{self.entry_point}': call auto_grid first or give a rule")
+        for axis, param in params.items():
+            if axis == "count":
+                self.set_count(param, base)
+                continue
+            if axis not in _SHAPE_AXES:
+                raise self._builder.error(
+                    f"set_shape_params of '{self.entry_point}': unknown axis '{axis}' "
+                    f"(use {', '.join(_SHAPE_AXES)}, count)"
+                )
+            self.set_count(param, base.at(axis))
+        return self
+
+    def _bind_shape_names(self) -> None:
+        """Bind unbound integer parameters named width/height/depth to the grid's axes (at commit)."""
+        if self._grid is None:
+            return
+        bound = self._builder._bound
+        for i, p in enumerate(self.descriptor.parameters):
+            axis = p.name.lower()
+            if axis in _AUTO_AXES and PinRef(self.index, i) not in bound and not p.is_pointer and p.dtype in _INTS:
+                self.set_count(i, self._grid.at(axis))
 
     def elementwise(self, expression: str) -> KernelHandle:
         """Declare what this kernel computes per element, as an expression over the block's input
@@ -146,6 +202,7 @@ class KernelHandle:
             grid=self._grid,
             counts=tuple(self._counts),
             expression=self._expression,
+            dims=self._dims,
         )
 
 
@@ -167,7 +224,9 @@ class CapturedHandle(KernelHandle):
         self.prepare = prepare
         self.validate = validate
 
-    def auto_grid(self, elements: SizeRule | int, *, count_param: int | None = None) -> KernelHandle:
+    def auto_grid(
+        self, elements: SizeRule | int, *, count_param: int | str | None = None, dims: int | None = None
+    ) -> KernelHandle:
         raise self._builder.error(f"'{self.entry_point}' is a captured library call: it has no grid")
 
     def spec(self) -> CapturedSpec:
@@ -197,6 +256,7 @@ class BlockBuilder:
         self._links: list[InternalLink] = []
         self._bound: dict[PinRef, str] = {}
         self._shape_params: set[str] = set()  # parameters a captured call's validate reads
+        self._needs: dict[str, tuple[SizeRule, ...]] = {}  # inputs with needs= given
         self._committed: BlockDescription | None = None
 
     def error(self, message: str) -> CudapatchError:
@@ -272,12 +332,26 @@ class BlockBuilder:
         return handle
 
     def input(
-        self, name: str, *pins: KernelPin, required: bool = True, description: str = "", keep: bool = False
+        self,
+        name: str,
+        *pins: KernelPin,
+        required: bool = True,
+        description: str = "",
+        needs: SizeRule | int | str | None = _LAUNCH,
+        keep: bool = False,
     ) -> str:
         """A buffer input port feeding one or more kernel pointer parameters (same element type).
 
+        ``needs`` is what its data must cover before the block may launch (checked when the graph is
+        planned; a shorter or other-shaped input is an error on the block, which then never
+        launches): by default, for read-only (``const``) inputs, the launches of the kernels it feeds
+        (at least the grid's element
+        count; its axes, for 2-D/3-D inputs and grids), a size rule, or None for no check (a lookup
+        table the kernel indexes by its own bounds).
+
         ``keep=True``: the value linked in keeps a buffer of its own (never reused by other values,
-        so it still holds this frame's data when the next frame starts)."""
+        so it still holds this frame's data when the next frame starts).
+        """
         self._check_name(name)
         if not pins:
             raise self.error(f"input '{name}' needs at least one kernel pin")
@@ -296,6 +370,10 @@ class BlockBuilder:
                 keep=keep,
             )
         )
+        if isinstance(needs, str) and needs != _LAUNCH:
+            raise self.error(f"input '{name}': needs= takes a size rule, a count or None, not {needs!r}")
+        if needs != _LAUNCH:
+            self._needs[name] = () if needs is None else (fixed(needs) if isinstance(needs, int) else needs,)  # type: ignore[assignment]
         return name
 
     def output(
@@ -437,6 +515,28 @@ class BlockBuilder:
         rule = fixed(size) if isinstance(size, int) else size
         self._links.append(InternalLink(src.ref, tuple(d.ref for d in dst), rule, dtype))
 
+    def _input_needs(self) -> tuple[PortSpec, ...]:
+        """The input ports with ``needs`` filled: as given, or the grids of the kernels each feeds."""
+        kernels = {k.index: k for k in self._kernels}
+        out = []
+        for port in self._inputs:
+            needs = self._needs.get(port.name)
+            if needs is None:
+                grids: list[SizeRule] = []
+                for ref in port.pins:
+                    if kernels[ref.kernel].descriptor.parameters[ref.param].direction != "in":
+                        grids = []  # state updated in place (a counter, particles): its own size rules
+                        break
+                    k = kernels[ref.kernel]
+                    grid = k._grid
+                    if grid is not None and k._dims == 1 and not grid.flat_only:
+                        grid = grid.at("count")  # a 1-D launch reads elements: any axes of that many do
+                    if grid is not None and grid not in grids:
+                        grids.append(grid)
+                needs = tuple(grids)
+            out.append(replace(port, needs=needs) if needs else port)
+        return tuple(out)
+
     def _pins_dtype(self, name: str, pins: tuple[KernelPin, ...], *, pointer: bool) -> DType:
         dtypes = set()
         for pin in pins:
@@ -459,6 +559,9 @@ class BlockBuilder:
         """
         if self._committed is not None:
             return self._committed
+        for k in self._kernels:
+            k._bind_shape_names()
+        inputs_with_needs = self._input_needs()
         rules: list[tuple[str, SizeRule]] = []
         for port in self._outputs:
             if port.kind != "through":
@@ -469,6 +572,8 @@ class BlockBuilder:
             if k._grid is not None:
                 rules.append((f"grid of '{k.entry_point}'", k._grid))
             rules.extend((f"count of '{k.entry_point}'", r) for _, r in k._counts)
+        for port in inputs_with_needs:
+            rules.extend((f"needs of input '{port.name}'", r) for r in port.needs)
         inputs = {p.name for p in self._inputs}
         params = {p.name: p for p in self._params}
         structural: set[str] = set()
@@ -496,7 +601,7 @@ class BlockBuilder:
         self._committed = BlockDescription(
             type_name=self.type_name,
             kernels=tuple(k.spec() for k in self._kernels),
-            inputs=tuple(self._inputs),
+            inputs=inputs_with_needs,
             outputs=tuple(self._outputs),
             params=param_specs,
             internal_links=tuple(self._links),

@@ -8,8 +8,9 @@ Kernels and pins are referred to by their index in the block, not by handle obje
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
+from math import prod
 from typing import TYPE_CHECKING, Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
@@ -26,6 +27,7 @@ __all__ = [
     "from_param",
     "fixed",
     "computed",
+    "shape_of",
     "KernelSpec",
     "PortSpec",
     "ParamSpec",
@@ -49,16 +51,23 @@ class PinRef(NamedTuple):
 
 @dataclass(frozen=True)
 class SizeRule:
-    """How an element count is found: like an input port, from a scalar parameter, or fixed.
+    """How an element count, and the shape around it, is found: like an input port, from a scalar
+    parameter, fixed, computed, or from axes (``shape_of``).
 
-    Exactly one of ``like``, ``param``, ``fixed`` is set, or ``fn`` (with ``like`` optional). The
-    count ``n`` becomes ``n // divide * scale + extra``: ``scale`` for several elements per item
+    Exactly one of ``like``, ``param``, ``fixed``, ``dims`` is set, or ``fn`` (with ``like`` optional).
+    The count ``n`` becomes ``n // divide * scale + extra``: ``scale`` for several elements per item
     (3 floats per particle), ``extra`` for a header in front, ``divide`` to get items back from a
     buffer that holds several elements per item.
 
     ``fn`` computes ``n`` from several values: ``fn(count, params)`` with the element count of
     input ``like`` (None without one) and ``{name: int value}`` of the parameters in ``uses``
-    (which become structural). Use a module-level function: the rule compares by identity.
+    (which become structural). It may return a ``Shape`` or a tuple of axes instead of a count.
+    Use a module-level function: the rule compares by identity.
+
+    Shapes: ``like`` with no arithmetic keeps the input's shape; ``dims`` (ints or parameter names,
+    outermost first) and ``channels`` make one; every other rule gives a flat ``(n,)``. ``axis``
+    (``width``, ``height``, ``depth``, ``channels``, ``count``) turns the rule into one number of
+    that shape: how kernels get their width and height parameters filled.
     """
 
     like: str | None = None
@@ -67,27 +76,65 @@ class SizeRule:
     scale: int = 1
     extra: int = 0
     divide: int = 1
-    fn: Callable[[int | None, Mapping[str, int]], int] | None = None
+    fn: Callable[[int | None, Mapping[str, int]], object] | None = None
     uses: tuple[str, ...] = ()
+    dims: tuple[int | str, ...] = ()
+    channels: int = 1
+    axis: str | None = None
 
     def __post_init__(self) -> None:
         if self.fn is not None:
-            if self.param is not None or self.fixed is not None:
-                raise ValueError("a computed SizeRule takes like= and uses=, not param= or fixed=")
-        elif sum(x is not None for x in (self.like, self.param, self.fixed)) != 1:
-            raise ValueError("a SizeRule needs exactly one of like=, param=, fixed=")
+            if self.param is not None or self.fixed is not None or self.dims:
+                raise ValueError("a computed SizeRule takes like= and uses=, not param=, fixed= or dims=")
+        elif sum(x is not None for x in (self.like, self.param, self.fixed, self.dims or None)) != 1:
+            raise ValueError("a SizeRule needs exactly one of like=, param=, fixed=, dims=")
         if self.divide < 1:
             raise ValueError("a SizeRule's divide must be at least 1")
+        if len(self.dims) > 3:
+            raise ValueError("a shape has at most 3 axes")
+        if self.channels < 1:
+            raise ValueError("a shape needs at least 1 channel")
+        if self.axis is not None and self.axis not in ("width", "height", "depth", "channels", "count"):
+            raise ValueError(f"axis must be width, height, depth, channels or count, got {self.axis!r}")
 
     @property
     def params(self) -> tuple[str, ...]:
         """The scalar parameters this rule reads (they are structural)."""
-        return self.uses if self.fn is not None else ((self.param,) if self.param is not None else ())
+        if self.fn is not None:
+            return self.uses
+        if self.dims:
+            return tuple(d for d in self.dims if isinstance(d, str))
+        return (self.param,) if self.param is not None else ()
+
+    @cached_property  # read for every rule of every block on each rebuild
+    def keeps_shape(self) -> bool:
+        """Whether the rule passes its ``like`` input's shape on (no arithmetic on the count)."""
+        return self.like is not None and self.fn is None and self.scale == 1 and self.divide == 1 and not self.extra
+
+    @cached_property
+    def flat_only(self) -> bool:
+        """Whether the rule always gives a 1-D count (the rules that existed before shapes)."""
+        return not self.dims and self.fn is None and not self.keeps_shape and self.axis is None
+
+    @cached_property
+    def whole(self) -> SizeRule:
+        """The rule without its ``axis``: the whole shape an axis rule reads one number of (made once)."""
+        return replace(self, axis=None) if self.axis is not None else self
+
+    def at(self, axis: str) -> SizeRule:
+        """This rule's shape reduced to one number: an axis (``width``, ``height``, ``depth``,
+        ``channels``) or the element ``count``."""
+        return replace(self, axis=axis)
 
     def resolve(self, like_count: int | None, values: Mapping[str, object]) -> int:
         """The element count, given the ``like`` input's count and the block's parameter values."""
         if self.fn is not None:
-            n = int(self.fn(like_count, {p: int(values[p]) for p in self.uses}))  # type: ignore[call-overload]
+            got = self.fn(like_count, {p: int(values[p]) for p in self.uses})  # type: ignore[call-overload]
+            if isinstance(got, tuple):
+                got = prod(got[0]) * got[1] if got and isinstance(got[0], tuple) else prod(got)
+            n = int(got)  # type: ignore[call-overload]
+        elif self.dims:
+            n = prod(int(values[d]) if isinstance(d, str) else d for d in self.dims) * self.channels  # type: ignore
         elif self.like is not None:
             n = int(like_count or 0)
         elif self.param is not None:
@@ -99,15 +146,22 @@ class SizeRule:
     def __str__(self) -> str:
         if self.fn is not None:
             args = ", ".join(([f"like '{self.like}'"] if self.like else []) + [f"'{p}'" for p in self.uses])
-            return f"{getattr(self.fn, '__name__', 'computed')}({args})"
-        base = f"like '{self.like}'" if self.like else (f"parameter '{self.param}'" if self.param else str(self.fixed))
+            base = f"{getattr(self.fn, '__name__', 'computed')}({args})"
+        elif self.dims:
+            base = "shape (" + ", ".join(f"'{d}'" if isinstance(d, str) else str(d) for d in self.dims) + ")"
+            base = base if self.channels == 1 else f"{base} x{self.channels} channels"
+        else:
+            param = f"parameter '{self.param}'" if self.param else str(self.fixed)
+            base = f"like '{self.like}'" if self.like else param
         base = base if self.divide == 1 else f"{base} / {self.divide}"
         base = base if self.scale == 1 else f"{base} x{self.scale}"
-        return base if not self.extra else f"{base} + {self.extra}"
+        base = base if not self.extra else f"{base} + {self.extra}"
+        return base if self.axis is None else f"{self.axis} of {base}"
 
 
 def like(port: str, scale: int = 1, *, divide: int = 1, extra: int = 0) -> SizeRule:
-    """Element count of input port ``port`` (``// divide * scale + extra``)."""
+    """Element count of input port ``port`` (``// divide * scale + extra``); with no arithmetic the
+    input's shape too."""
     return SizeRule(like=port, scale=scale, divide=divide, extra=extra)
 
 
@@ -117,15 +171,28 @@ def from_param(name: str, scale: int = 1, extra: int = 0) -> SizeRule:
     return SizeRule(param=name, scale=scale, extra=extra)
 
 
-def computed(fn: Callable[[int | None, Mapping[str, int]], int], *params: str, like: str | None = None) -> SizeRule:
+def computed(fn: Callable[[int | None, Mapping[str, int]], object], *params: str, like: str | None = None) -> SizeRule:
     """An element count computed by ``fn(count of input like (or None), {param: value})`` from
-    several parameters (which become structural), e.g. ``computed(rows_times_cols, "M", "N")``."""
+    several parameters (which become structural), e.g. ``computed(rows_times_cols, "M", "N")``.
+    ``fn`` may return a ``Shape`` or a tuple of axes (outermost first) to give a shape."""
     return SizeRule(like=like, fn=fn, uses=tuple(params))
 
 
 def fixed(count: int) -> SizeRule:
     """A fixed element count."""
     return SizeRule(fixed=int(count))
+
+
+def shape_of(*dims: int | str, channels: int = 1) -> SizeRule:
+    """A shape from axes, outermost first: each an int or the name of an integer parameter (which
+    becomes structural), e.g. ``shape_of("Height", "Width")`` or ``shape_of(64, 64, 64)``.
+
+    Raises:
+        ValueError: no axis or more than three.
+    """
+    if not 1 <= len(dims) <= 3:
+        raise ValueError(f"shape_of takes 1 to 3 axes, got {len(dims)}")
+    return SizeRule(dims=tuple(d if isinstance(d, str) else int(d) for d in dims), channels=int(channels))
 
 
 @dataclass(frozen=True)
@@ -137,6 +204,8 @@ class KernelSpec:
         descriptor: What ``source.describe()`` returned (parameters, block size).
         grid: One thread per element of this count; ``None`` launches a single block.
         counts: ``(param index, rule)`` pairs: that ``uint`` parameter receives the resolved count.
+        dims: Launch axes: 1 (one thread per element of the grid rule's count), 2 or 3 (one thread
+            per position of its shape, which must have that many axes).
         expression: What the kernel computes per element, in the expression language, over the
             block's input ports and scalars (``KernelHandle.elementwise``): the compiler may fuse
             it with its neighbours (see ``engine/compiler/fusion.py``). None: never fused.
@@ -146,6 +215,7 @@ class KernelSpec:
     descriptor: KernelDescriptor
     grid: SizeRule | None
     counts: tuple[tuple[int, SizeRule], ...]
+    dims: int = 1
     expression: str | None = None
 
 
@@ -175,6 +245,8 @@ class PortSpec:
         size: For outputs, the element count (capacity for append outputs).
         required: For inputs, whether the block can run without it.
         description: Text for tooltips.
+        needs: For inputs, what the data must cover before the block may launch: each rule's count
+            (and, for 2-D/3-D rules, its axes). By default the launches of the kernels it feeds.
         keep: Pin the buffer to this port's value: never shared with other values (buffer reuse).
             On an output: its data stays readable after the frame and across frames (a FrameDelay's
             state, a result a host reads). On an input: the value it reads is kept.
@@ -189,6 +261,7 @@ class PortSpec:
     size: SizeRule | None = None
     required: bool = True
     description: str = ""
+    needs: tuple[SizeRule, ...] = ()
     keep: bool = False
 
     @property

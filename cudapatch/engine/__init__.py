@@ -8,7 +8,8 @@ from .device import DeviceContext
 from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .engine import Engine, EngineCounters
-from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, StampNodePlan, TimingPair
+from .plan import Arg, BufferPlan, GraphPlan, KernelNodePlan, MemsetNodePlan, ProbeNodePlan, StampNodePlan, TimingPair
+from .probes import Probe, ProbeSet, ProbeStats
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
 from .readback import ReadbackRing
 from .realize import CompiledGraph, realize
@@ -44,6 +45,10 @@ __all__ = [
     "Link",
     "MemsetNodePlan",
     "PatchSnapshot",
+    "Probe",
+    "ProbeNodePlan",
+    "ProbeSet",
+    "ProbeStats",
     "ReadbackRing",
     "compile_plan",
     "realize",

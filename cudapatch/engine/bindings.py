@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks.shape import shape_from_array
 from ..errors import BindingError
 from ..kernels.types import DType
 from .buffers import BufferPool, GpuBuffer
@@ -17,12 +18,21 @@ __all__ = ["binding_from_cai", "upload_host_array", "DeviceArray"]
 
 class DeviceArray:
     """Raw device memory (a mapped GL buffer, a host application's allocation) as a
-    ``__cuda_array_interface__`` that ``Engine.bind`` accepts: ``count`` elements of ``dtype``.
+    ``__cuda_array_interface__`` that ``Engine.bind`` accepts: ``count`` elements of ``dtype``
+    (with ``shape``, a ``Shape`` of that count, the array has its axes).
     It owns nothing: whoever gave the pointer keeps the memory alive while it is bound."""
 
-    def __init__(self, ptr: int, count: int, dtype: DType) -> None:
+    def __init__(self, ptr: int, count: int, dtype: DType, *, shape: Any = None) -> None:
+        if shape is not None and shape.count == count:  # a Shape: the array has its axes
+            dims = (
+                shape.dims
+                + ((shape.channels,) if shape.channels > 1 else ())
+                + ((dtype.lanes,) if dtype.lanes > 1 else ())
+            )
+        else:
+            dims = (count * dtype.lanes,)
         self.__cuda_array_interface__ = {
-            "shape": (count * dtype.lanes,),
+            "shape": dims,
             "typestr": np.dtype(dtype.base).str,
             "data": (int(ptr), False),
             "version": 3,
@@ -46,7 +56,7 @@ def upload_host_array(
         CudaError: the upload failed.
     """
     host = np.ascontiguousarray(array)
-    if host.dtype != want.base:
+    if not want.accepts(host.dtype):
         raise BindingError(f"host array of {host.dtype} bound to a {want.c_name} port", block=block, port=key[1])
     count = host.size // want.lanes
     buf = owned.get(key)
@@ -55,8 +65,9 @@ def upload_host_array(
             buf.close()
         buf = GpuBuffer(pool, want, count, stream=stream)
         owned[key] = buf
-    buf.upload(host)
-    return ExternalBinding(buf.ptr, count, want, owner=buf)
+    buf.upload(host.view(want.base) if host.dtype != want.base else host)
+    shape = shape_from_array(host.shape, want.lanes) if host.ndim > 1 else None
+    return ExternalBinding(buf.ptr, count, want, owner=buf, shape=shape)
 
 
 _TYPESTR_CACHE: dict[str, np.dtype] = {}
@@ -73,7 +84,7 @@ def binding_from_cai(array: Any, want: DType, block: str, port: str) -> External
             dt = _TYPESTR_CACHE[typestr] = np.dtype(typestr)
         except TypeError:
             raise BindingError(f"unsupported array type '{typestr}'", block=block, port=port) from None
-    if dt != want.base:
+    if dt != want.base and not want.accepts(dt):
         raise BindingError(f"array of {dt} bound to a {want.c_name} port", block=block, port=port)
     size = math.prod(shape)
     strides = cai.get("strides")
@@ -85,4 +96,5 @@ def binding_from_cai(array: Any, want: DType, block: str, port: str) -> External
             acc *= n
     if size % want.lanes:
         raise BindingError(f"array of {size} values is not a whole number of {want.c_name}", block=block, port=port)
-    return ExternalBinding(int(cai["data"][0]), size // want.lanes, want, owner=array)
+    shape_ = shape_from_array(shape, want.lanes) if len(shape) > 1 else None
+    return ExternalBinding(int(cai["data"][0]), size // want.lanes, want, owner=array, shape=shape_)

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from ..blocks.block import BlockState
+from ..blocks.block import Block, BlockState
 from .diagnostics import Diagnostic, DiagnosticLog
 from .faults import FaultState
 from .registry import BlockRegistry
@@ -147,7 +147,7 @@ class DiagnosticBoard:
             b.debug.state = BlockState.OK if b.id in running else BlockState.NOT_COMPILED
             b.debug.message = ""
         for d in diags:
-            b = self._blocks.get(d.block_id) if d.block_id is not None else None
+            b = self._shown_on(d.block_id)
             if b is None:
                 continue
             if d.severity == "error":
@@ -157,6 +157,16 @@ class DiagnosticBoard:
             if not b.debug.message or d.severity == "error":
                 b.debug.message = d.message.splitlines()[0]
 
+    def _shown_on(self, block_id: int | None) -> Block | None:
+        """The registered block showing ``block_id``'s diagnostics: itself, or the composite holding it."""
+        b = self._blocks.get(block_id) if block_id is not None else None
+        if b is None or b in self._blocks:
+            return b
+        found = self._blocks.owner(block_id)  # type: ignore[arg-type]
+        return found[0] if found is not None else None
+
     def of_block(self, block_id: int) -> tuple[Diagnostic, ...]:
-        """The published diagnostics of one block."""
-        return tuple(d for d in self.current if d.block_id == block_id)
+        """The published diagnostics of one block (a composite's include its inner blocks')."""
+        comp = self._blocks.composites.get(block_id)
+        ids = {block_id} | ({b.id for _, b in comp.inner_blocks()} if comp is not None else set())
+        return tuple(d for d in self.current if d.block_id in ids)

@@ -260,6 +260,7 @@ class GraphBuilds:
         names = {b.id: b.name for b in snap.blocks}
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
+            probe_function = res.probe_function(plan, self._kernels.builder)
             out.graph = realize(
                 plan,
                 device=res.device,
@@ -273,6 +274,7 @@ class GraphBuilds:
                 libraries=res.libraries,
                 publish_function=publish_function,
                 lend_stores=not job.off_thread or out.realize_on_frame,
+                probe_function=probe_function,
                 upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:

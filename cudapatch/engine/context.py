@@ -23,6 +23,7 @@ from ..blocks.parameter import BlockParameter
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
 from .registry import BlockRegistry
@@ -41,12 +42,14 @@ class ExternalBinding:
         count: Element count.
         dtype: Element type.
         owner: The object that owns the memory; kept alive while bound.
+        shape: Its ``Shape`` when the array had 2 or more axes (None: flat, ``(count,)``).
     """
 
     ptr: int
     count: int
     dtype: DType
     owner: Any = field(default=None, compare=False, repr=False)
+    shape: Any = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class PatchSnapshot:
     blocks: tuple[BlockSnapshot, ...]
     links: tuple[Link, ...]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
+    #: Probed outputs: ``((block_id, port), shape or None)``, ``shape`` an ``(height, width)`` given by
+    #: the user (see ``engine/probes.py``).
+    probes: tuple[tuple[tuple[int, str], tuple[int, int] | None], ...] = ()
+    #: The composites flattened into ``blocks`` (``engine/composites.py``); empty without any.
+    composites: tuple[CompositeInfo, ...] = ()
     kept: frozenset[tuple[int, str]] = frozenset()
 
 
@@ -90,6 +98,8 @@ class Context:
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
+        #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
+        self.probes: dict[tuple[int, str], tuple[int, int] | None] = {}
         # Each block's last snapshot, dropped when its values or description change: a build freezes
         # only what changed (freezing all of a 10,000-block patch took 18 ms of the frame thread).
         self._frozen: dict[int, BlockSnapshot] = {}
@@ -127,6 +137,8 @@ class Context:
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.kept -= {k for k in self.kept if k[0] == block.id}
+        for key in [k for k in self.probes if k[0] == block.id]:
+            del self.probes[key]
         block.detach(self)
         self.dirty.mark_structure()
 
@@ -283,7 +295,7 @@ class Context:
         key = (block.id, port)
         old = self.bindings.get(key)
         self.bindings[key] = binding
-        if old is not None and old.count == binding.count:
+        if old is not None and old.count == binding.count and old.shape == binding.shape:
             if old.ptr != binding.ptr:
                 self.dirty.mark_binding(block.id, port, binding)
         else:
@@ -323,6 +335,42 @@ class Context:
             self.dirty.mark_structure()
         return True
 
+    # -- probes -------------------------------------------------------------------------------
+    def add_probe(self, block: Block, port: str, shape: tuple[int, int] | None = None) -> tuple[int, str]:
+        """Probe the wire that leaves output ``port`` (an input: the output linked into it). A new probe
+        is a structure edit (Cold on the next update, built on the build thread). ``shape``
+        ``(height, width)`` makes it an image; without one, a shape given before stays.
+
+        Returns:
+            The probed ``(block_id, output port)``.
+
+        Raises:
+            LinkError: unknown port, an input that no link feeds, or another engine's block.
+        """
+        self._owned(block, "probed")
+        key = (block.id, port)
+        if block.description.output(port) is None:
+            if block.description.input(port) is None:
+                known = ", ".join(p.name for p in (*block.outputs, *block.inputs)) or "none"
+                raise LinkError(f"unknown port (ports: {known})", block=block.name, port=port)
+            link = next((lk for lk in self.connections if (lk.dst, lk.dst_port) == key), None)
+            if link is None:
+                raise LinkError("only wires are probed: no link feeds this input", block=block.name, port=port)
+            key = (link.src, link.src_port)
+        if shape is None and key in self.probes:
+            shape = self.probes[key]  # probed again without a shape (a wire selected): the given one stays
+        if key not in self.probes or self.probes[key] != shape:
+            self.probes[key] = shape
+            self.dirty.mark_structure()
+        return key
+
+    def remove_probe(self, key: tuple[int, str]) -> bool:
+        """Stop probing ``(block_id, output port)`` (Cold on the next update); returns whether it was probed."""
+        if self.probes.pop(key, False) is False:
+            return False
+        self.dirty.mark_structure()
+        return True
+
     def mark_structure_dirty(self) -> None:
         """Force a Cold rebuild on the next update."""
         self.dirty.mark_structure()
@@ -330,13 +378,34 @@ class Context:
     # -- for the compiler -----------------------------------------------------------------------
     def snapshot(self) -> PatchSnapshot:
         """Freeze the patch for the compiler. A block whose values, name and description did not change
-        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written)."""
-        frozen, cid = self._frozen, self.id
-        blocks = []
+        since the last snapshot keeps its frozen ``BlockSnapshot`` (its ``values`` are never written);
+        composites are flattened into their inner blocks, afresh each time (``engine/composites.py``)."""
+        frozen, cid, composites = self._frozen, self.id, self.registry.composites
+        blocks: list[Any] = []
         for b in self.registry:
+            if b.id in composites:
+                blocks.append(b)
+                continue
             s = frozen.get(b.id)
             if s is None or s.description is not b.description or s.name != b.name:
                 s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
                 frozen[b.id] = s
             blocks.append(s)
-        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), frozenset(self.kept))
+        probes = tuple(self.probes.items())
+        if composites:
+            snap = flatten_snapshot(
+                cid, blocks, tuple(self.connections), self.bindings, probes, PatchSnapshot, BlockSnapshot
+            )
+            return replace(snap, kept=_kept_inside(self.kept, snap.composites)) if self.kept else snap
+        return PatchSnapshot(
+            cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, kept=frozenset(self.kept)
+        )
+
+
+def _kept_inside(kept: set[tuple[int, str]], composites: tuple[Any, ...]) -> frozenset[tuple[int, str]]:
+    """Kept ports with a composite's exposed ports replaced by the inner ports they stand for."""
+    exposed = {(c.id, port): keys for c in composites for port, keys in (*c.outputs.items(), *c.inputs.items())}
+    out: set[tuple[int, str]] = set()
+    for key in kept:
+        out.update(exposed.get(key, (key,)))
+    return frozenset(out)

@@ -32,6 +32,10 @@ class DiagnosticCode(str, Enum):
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
+    # Shapes (errors: the block never launches; ``engine.compiler.shapes``).
+    SHAPE_UNRESOLVED = "shape-unresolved"  # a size rule or launch whose shape cannot be found
+    INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
+    INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
@@ -42,6 +46,7 @@ class DiagnosticCode(str, Enum):
     REALIZE = "realize"  # a driver call failed while building the graph
     OUT_OF_MEMORY = "out-of-memory"  # the patch needs more device memory than is free: not built
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
+    CHILD_GRAPH = "child-graph"  # a composite asked for a child graph and runs flattened instead (why)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
     GPU_LOST = "gpu-lost"  # CUDA refuses the process after a fault: restart it

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..blocks.block import Block
+from ..blocks.shape import Shape
 from ..errors import (
     BindingError,
     CudaError,
@@ -52,6 +53,7 @@ from .diagnostics import Diagnostic, DiagnosticCode
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
 from .libraries import LibraryHandles
+from .probes import Probe, ProbeSet
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
@@ -193,6 +195,7 @@ class Engine:
         self._worker = BuildWorker(lambda: self.resources.device.make_current())
         self.background_builds = background_builds
         self._dirty = self.context.dirty
+        self._probes = ProbeSet(self.context, lambda: self.resources.graph)
         self._frame_hooks: tuple[Any, ...] = ()
         self._last_gpu_ms: float | None = None
         self._closed = False
@@ -307,6 +310,25 @@ class Engine:
             CudapatchError: the block has no such port.
         """
         self.context.keep(block, port, keep)
+
+    def probe(self, block: Block, port: str, *, shape: tuple[int, int] | None = None) -> Probe:
+        """Probe a wire: min, max, mean and NaN/Inf counts of output ``port`` (an input: the output linked
+        into it), computed by a probe node inside the graph and read back through the readback ring.
+        ``probe.stats`` is the newest completed frame's (with its frame number); reading it never waits.
+        ``shape`` ``(height, width)`` makes it an image with a thumbnail (see ``engine.probes``).
+
+        Adding or closing a probe is a structure edit: built on the build thread while the running graph
+        keeps launching. The same output probed twice gives the same ``Probe``.
+
+        Raises:
+            LinkError: unknown port, an unlinked input, or another engine's block.
+        """
+        return self._probes.add(block, port, shape)
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        """The open probes."""
+        return tuple(self._probes)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
@@ -659,7 +681,8 @@ class Engine:
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host. **Synchronizes** (by design): not for the frame path.
 
-        Append outputs return only the elements written in the last frame.
+        Append outputs return only the elements written in the last frame; 2-D and 3-D outputs come
+        shaped ``(h, w)`` / ``(d, h, w)`` (then channels, then vector lanes).
 
         Raises:
             CudapatchError: not compiled or no such output.
@@ -676,7 +699,21 @@ class Engine:
             words = g.counters.download().view(np.uint32)
             raw = int(words[2 * g.plan.stamp_count + ab.counter_index])
             return data[: min(raw, ab.capacity)]
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        if shape is not None:  # a 2-D/3-D output reads as an image or volume: (h, w[, channels][, lanes])
+            data = data.reshape(shape.dims + ((shape.channels,) if shape.channels > 1 else ()) + data.shape[1:])
         return data
+
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the running graph (``(count,)`` for flat outputs).
+
+        Raises:
+            CudapatchError: not compiled or no such output.
+        """
+        buf = self.output(block, port)
+        g = self.resources.graph
+        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
+        return shape if shape is not None else Shape.flat(buf.count)
 
     def append_buffer(self, block: Block, port: str) -> AppendBuffer:
         """The append buffer of an append output; its ``count`` is from the last completed frame.

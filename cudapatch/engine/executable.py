@@ -31,11 +31,13 @@ from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
+from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import PackedLaunch, ParamStorage, read_slot, write_slot
-from .plan import GraphPlan
+from .plan import GraphPlan, ProbeNodePlan
+from .probes import ProbeStats, decode_probe, record_words
 from .readback import ReadbackRing
 from .replay import replay_by_block
 from .warm import WarmPatch, WarmRefusal, decide_warm_patch
@@ -59,6 +61,7 @@ class GraphParts:
         readback: The ring the readback block is copied into each frame, if any.
         appends: ``(block_id, port)`` -> the append buffer of an append output.
         counters_ptr: Device address of the append counters (0 without).
+        probes_ptr / probe_scratch_ptr: Device addresses of the probe records and the probes' scratch.
         nodes: The runtime node of each plan node (None where nothing is patched later).
         scalars: Device-scalar slots of the captured calls.
         launches: Packed arguments of the timestamp and publish nodes.
@@ -74,6 +77,8 @@ class GraphParts:
     readback: ReadbackRing | None = None
     appends: dict[tuple[int, str], AppendBuffer] = field(default_factory=dict)
     counters_ptr: int = 0
+    probes_ptr: int = 0
+    probe_scratch_ptr: int = 0
     nodes: list[RuntimeNode] = field(default_factory=list)
     scalars: DeviceScalars | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
@@ -161,6 +166,7 @@ class CompiledGraph(HandleOwner):
             if isinstance(n, KernelNode):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
         # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
+        self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
@@ -219,14 +225,20 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_ = self._set_params, self._exec
+        inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
                     self._calls.recapture(exec_, kn)
                 continue
+            if kn.child is not None:  # inside a composite's child graph: patched through it, below
+                inside = [kn] if inside is None else [*inside, kn]
+                continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+        if inside is not None:
+            commit_child_nodes(exec_, inside)
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []
@@ -379,6 +391,10 @@ class CompiledGraph(HandleOwner):
             if kn.params.gridDimX != kp.plan.grid:
                 kn.params.gridDimX = kp.plan.grid
                 changed = True
+            gy, gz = kp.plan.yz[0], kp.plan.yz[1]
+            if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
+                kn.params.gridDimY, kn.params.gridDimZ = gy, gz
+                changed = True
             if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
                 kn.params.func = kp.function
                 changed = True
@@ -448,8 +464,8 @@ class CompiledGraph(HandleOwner):
         mem = self.plan.memory
         if mem is None or not mem.shared(bi):
             return self.buffers[bi]
-        vi = mem.ports[key]
-        if mem.overwritten(vi):
+        vi = mem.ports.get(key)
+        if vi is None or mem.overwritten(vi):
             return None
         v = mem.values[vi]
         return self.buffers[bi].view(v.dtype, v.count)
@@ -460,6 +476,21 @@ class CompiledGraph(HandleOwner):
         mem = self.plan.memory
         vi = mem.ports.get((block_id, port)) if mem is not None else None
         return vi is not None and mem.overwritten(vi)  # type: ignore[union-attr]
+
+    def probe_stats(self, key: tuple[int, str]) -> ProbeStats | None:
+        """The newest published statistics of the probe on ``(block_id, port)`` (plain loads from the
+        readback ring, no driver call), or None: not probed in this graph, or no frame completed yet."""
+        n = self._probe_nodes.get(key)
+        rb = self.readback
+        if n is None or rb is None or self._closed:
+            return None
+        if not rb.frozen:
+            rb.poll()
+        frame = rb.latest_frame
+        if frame is None:
+            return None
+        words = rb.latest_probes[n.offset : n.offset + record_words(n.thumb_w, n.thumb_h)]
+        return decode_probe(words, frame=frame, age=rb.current_frame - frame + 1, thumb=(n.thumb_w, n.thumb_h))
 
     def node_arg(self, node_index: int, arg: int) -> Any:
         """Current value in a node's parameter slot (for tests and debugging)."""

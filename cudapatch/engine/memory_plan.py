@@ -29,6 +29,7 @@ class PinReason:
     SINK = "sink"  #: nothing in the graph reads it: it is a result (the host, GL or a probe reads it)
     KEEP = "keep"  #: asked for: ``keep=True`` on the port, ``Engine.keep`` or ``Engine.output``, the patch file
     APPEND = "append"  #: append output: its count and data are read back
+    PROBE = "probe"  #: a probe node reads it beside the graph's work (``Engine.probe``)
     IN_PLACE = "in-place"  #: modified in place (``through`` port, ``inout`` pin) or kept across frames
     LIBRARY = "library"  #: written by a captured library call (which may read it: cuBLAS beta, saxpy)
 

@@ -31,9 +31,11 @@ from .plan import (
     KernelNodePlan,
     MemsetNodePlan,
     NodePlan,
+    ProbeNodePlan,
     PublishNodePlan,
     StampNodePlan,
 )
+from .probes import PROBE_SCRATCH_WORDS, PROBE_THREADS
 from .readback import PUBLISH_THREADS, ReadbackRing
 
 __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value"]
@@ -42,7 +44,7 @@ __all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -50,6 +52,8 @@ class KernelNode:
         self.slots = store.slots
         self.handle = handle
         self.plan = plan
+        #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
+        self.child: Any = None
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""
@@ -95,6 +99,9 @@ class NodeBuild:
         readback: The graph's readback ring (None without counters and stamps).
         counters_ptr: Device address of the append counters; stamps_ptr: of the timestamp slots.
         stamp_function / publish_function: The engine's timestamp and publish kernels, when loaded.
+        probe_function: The probe kernel (``engine/probes.py``), when the plan has probes.
+        probes_ptr: Device address of the probe records in the readback block; probe_scratch_ptr: of
+            the probes' scratch (partial results and finished-block counters).
         occupancy: Filled with ``(block_id, kernel) -> occupancy`` when not None (DeepAsync and up).
         launches: Keeps the packed arguments of the fixed kernels alive with the graph.
     """
@@ -114,6 +121,9 @@ class NodeBuild:
     stamps_ptr: int = 0
     stamp_function: Any = None
     publish_function: Any = None
+    probe_function: Any = None
+    probes_ptr: int = 0
+    probe_scratch_ptr: int = 0
     occupancy: dict[tuple[int, int], float] | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
 
@@ -127,12 +137,13 @@ AddNode = Callable[[NodeBuild, Any, list[Any]], tuple[Any, RuntimeNode]]
 
 def _occupancy(fn: Any, node: KernelNodePlan, device: DeviceContext) -> float:
     """Fraction of an SM's thread slots this kernel can keep busy (the occupancy API, at build time)."""
+    threads = node.block * node.yz[2] * node.yz[3]  # a 2-D/3-D block's threads: x * y * z
     blocks = check(
-        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, node.block, node.shared_bytes),
+        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, node.shared_bytes),
         "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         kernel=node.entry_point,
     )
-    return min(1.0, int(blocks) * node.block / device.max_threads_per_multiprocessor)
+    return min(1.0, int(blocks) * threads / device.max_threads_per_multiprocessor)
 
 
 def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
@@ -200,6 +211,23 @@ def _add_publish(b: NodeBuild, node: PublishNodePlan, deps: list[Any]) -> tuple[
     return _add_fixed(b, PackedLaunch(b.publish_function, values, threads=PUBLISH_THREADS), deps)
 
 
+def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    if b.probe_function is None or not b.probes_ptr:
+        raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
+    # probe(data, n, kind, out, width, height, channels, scratch): see engine/probes.py
+    values = (
+        c_uint64(b.buffers[node.buffer].ptr),
+        c_uint64(node.values),
+        c_uint32(node.kind),
+        c_uint64(b.probes_ptr + 8 * node.offset),
+        c_uint32(node.width),
+        c_uint32(node.height),
+        c_uint32(node.channels),
+        c_uint64(b.probe_scratch_ptr + 8 * PROBE_SCRATCH_WORDS * node.probe),
+    )
+    return _add_fixed(b, PackedLaunch(b.probe_function, values, threads=PROBE_THREADS, grid=node.grid), deps)
+
+
 #: Plan node type -> the function adding it to a graph. New node kinds register here.
 NODE_KINDS: dict[type, AddNode] = {
     KernelNodePlan: _add_kernel,
@@ -207,6 +235,7 @@ NODE_KINDS: dict[type, AddNode] = {
     CapturedNodePlan: _add_captured,
     StampNodePlan: _add_stamp,
     PublishNodePlan: _add_publish,
+    ProbeNodePlan: _add_probe,
 }
 
 

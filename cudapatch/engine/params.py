@@ -26,7 +26,7 @@ from .plan import KernelNodePlan
 __all__ = ["PackedLaunch", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
 
 #: What ``ParamStorage.backup`` returns: the argument bytes, function address, grid, block and shared memory.
-Backup = tuple[bytes, int, int, int, int]
+Backup = tuple[bytes, int, int, int, int, tuple[int, int, int, int]]
 
 
 def write_slot(slot: Any, value: Any) -> None:
@@ -81,7 +81,6 @@ class ParamStorage:
                 slot = (p.dtype.ctype * p.dtype.lanes).from_buffer(self.storage, o)
             self.slots.append(slot)
         kp = d.CUDA_KERNEL_NODE_PARAMS()
-        kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = 1, 1, 1, 1
         kp.kernelParams = ctypes.addressof(self.pointers) if offsets else 0
         kp.extra = 0
         self.params = kp
@@ -99,26 +98,39 @@ class ParamStorage:
         kp.func = function
         kp.gridDimX = node.grid
         kp.blockDimX = node.block
+        kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = node.yz
         kp.sharedMemBytes = node.shared_bytes
 
     def backup(self) -> Backup:
         """A copy of everything ``load`` writes, for ``restore``."""
         kp = self.params
         # int(): the struct's ``func`` getter returns a view of the field, which the next load rewrites.
-        return bytes(self.storage), int(kp.func), kp.gridDimX, kp.blockDimX, kp.sharedMemBytes
+        yz = (kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ)
+        return bytes(self.storage), int(kp.func), kp.gridDimX, kp.blockDimX, kp.sharedMemBytes, yz
 
     def restore(self, saved: Backup) -> None:
         """Put back what ``backup`` returned (a failed rebuild leaves the running graph's values intact)."""
-        raw, func, grid, block, shared = saved
+        raw, func, grid, block, shared, yz = saved
         ctypes.memmove(self.storage, raw, len(raw))
         kp = self.params
         kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes = func, grid, block, shared
+        kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = yz
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself on ``stream`` (fault replay); returns the driver's error code."""
         kp = self.params
         return driver().cuLaunchKernel(
-            kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, kp.sharedMemBytes, stream, kp.kernelParams, 0
+            kp.func,
+            kp.gridDimX,
+            kp.gridDimY,
+            kp.gridDimZ,
+            kp.blockDimX,
+            kp.blockDimY,
+            kp.blockDimZ,
+            kp.sharedMemBytes,
+            stream,
+            kp.kernelParams,
+            0,
         )[0]
 
 
@@ -164,20 +176,21 @@ class PackedLaunch:
 
     __slots__ = ("values", "pointers", "params")
 
-    def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1) -> None:
-        """Pack the arguments of a one-block launch of ``function``.
+    def __init__(self, function: Any, values: Sequence[Any], *, threads: int = 1, grid: int = 1) -> None:
+        """Pack the arguments of a launch of ``function`` (one block unless ``grid`` says more).
 
         Args:
             function: The loaded ``CUfunction``.
             values: ctypes values (``c_uint64(...)``, ``c_uint32(...)``), one per kernel parameter.
-            threads: Threads of the single block the kernel runs as.
+            threads: Threads per block.
+            grid: Blocks (a probe's reduction).
         """
         d = driver()
         self.values = tuple(values)
         self.pointers = (ctypes.c_void_p * max(len(self.values), 1))(*[ctypes.addressof(v) for v in self.values])
         kp = d.CUDA_KERNEL_NODE_PARAMS()
         kp.func = function
-        kp.gridDimX, kp.gridDimY, kp.gridDimZ = 1, 1, 1
+        kp.gridDimX, kp.gridDimY, kp.gridDimZ = grid, 1, 1
         kp.blockDimX, kp.blockDimY, kp.blockDimZ = threads, 1, 1
         kp.sharedMemBytes = 0
         kp.kernelParams = ctypes.addressof(self.pointers)

@@ -11,7 +11,7 @@ times cheaper to build and hash than frozen dataclasses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple, Union
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
@@ -24,11 +24,13 @@ __all__ = [
     "Arg",
     "BufferPlan",
     "CapturedNodePlan",
+    "ChildGraphPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
     "MemsetNodePlan",
     "NodePlan",
+    "ProbeNodePlan",
     "PublishNodePlan",
     "Slot",
     "TimingPair",
@@ -82,6 +84,8 @@ class KernelNodePlan(NamedTuple):
     shared_bytes: int
     args: tuple[Arg, ...]
     deps: tuple[int, ...]
+    #: 2-D/3-D launches: ``(grid y, grid z, block y, block z)``; ``grid`` and ``block`` are the x axis.
+    yz: tuple[int, int, int, int] = (1, 1, 1, 1)
 
     @property
     def entry_point(self) -> str:
@@ -139,6 +143,36 @@ class PublishNodePlan(NamedTuple):
     end_stamp: int | None = None
 
 
+class ProbeNodePlan(NamedTuple):
+    """Statistics of one probed wire (``engine/probes.py``): a reduction kernel reading buffer
+    ``buffer`` right after the block that makes it, writing min, max, sum, finite/NaN/Inf counts (and
+    a ``thumb_w`` x ``thumb_h`` thumbnail of a ``height`` x ``width`` image) into the readback block at
+    ``offset`` words past the append counters. A side branch: only writers of the same buffer after
+    it (in-place consumers) and the publish node wait for it.
+
+    Attributes:
+        probe: Its index in ``GraphPlan.probes``.
+        values: Scalars read: elements x lanes.
+        kind: The element kind code of the probe kernel (``probes.PROBE_KINDS``).
+        grid: Thread blocks of the reduction.
+        width / height / channels: The image the buffer holds (0: not known to be 2-D).
+    """
+
+    index: int
+    probe: int
+    buffer: int
+    values: int
+    kind: int
+    grid: int
+    offset: int
+    deps: tuple[int, ...] = ()
+    width: int = 0
+    height: int = 0
+    channels: int = 0
+    thumb_w: int = 0
+    thumb_h: int = 0
+
+
 class TimingPair(NamedTuple):
     """A measured span: ``kind`` is ``graph``, ``block`` (key: block id) or ``kernel`` (key:
     ``(block id, kernel index)``), between timestamp slots ``start`` and ``end``."""
@@ -149,7 +183,17 @@ class TimingPair(NamedTuple):
     end: int
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan]
+class ChildGraphPlan(NamedTuple):
+    """Plan nodes realized inside one CUDA child-graph node (a composite with ``child_graph``): the
+    nodes keep their indices, slots and stats; ``realize`` adds them to the child's graph, with the
+    edges among them, and hangs the child node on every dependency they have outside it."""
+
+    block_id: int  # the composite
+    name: str
+    nodes: tuple[int, ...]  # in plan order
+
+
+NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ProbeNodePlan]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -171,6 +215,11 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        shapes: ``(block_id, port)`` → the Shape of each output that is not flat (1-D outputs hold
+            their buffer's count).
+        probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
+        probe_words: uint64 words the probes write into the readback block (after the counters).
+        children: Groups of nodes realized as one child-graph node each.
         memory: Which values share which buffers, and which are pinned (None: a plan made by hand).
     """
 
@@ -186,9 +235,13 @@ class GraphPlan:
     binding_slots: dict[tuple[int, str], tuple[Slot, ...]] = field(compare=False)
     binding_counts: dict[tuple[int, str], int] = field(compare=False)
     block_nodes: dict[int, tuple[int, ...]] = field(compare=False)
+    shapes: dict[tuple[int, str], Any] = field(default_factory=dict, compare=False)
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    probes: tuple[tuple[int, str], ...] = ()
+    probe_words: int = 0
+    children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
     memory: MemoryPlan | None = field(default=None, compare=False)
 
     @property
@@ -215,12 +268,16 @@ class GraphPlan:
             elif isinstance(n, PublishNodePlan):
                 stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
                 lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
+            elif isinstance(n, ProbeNodePlan):
+                bid, port = self.probes[n.probe]
+                lines.append(f"  [{n.index}] probe {bid}.{port} buffer={n.buffer} grid={n.grid} deps={list(n.deps)}")
             elif isinstance(n, CapturedNodePlan):
                 lines.append(f"  [{n.index}] captured {n.entry_point} block={n.block_id} deps={list(n.deps)}")
             else:
-                lines.append(
-                    f"  [{n.index}] {n.entry_point} block={n.block_id} grid={n.grid}x{n.block} deps={list(n.deps)}"
-                )
+                gy, gz, by, bz = n.yz
+                grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
+                lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
+        lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
         return "\n".join(lines)
 
 
@@ -236,6 +293,9 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
       their end inside (``griddepcontrol.wait``) and read the timer right after it.
     - A kernel that only waits for the graph's start stamp launches once that stamp has begun
       (``launch_order``): the start time is taken, and nothing the kernel reads comes from it.
+    - A probe hangs on the kernel writing its buffer by a ``programmatic`` edge (it waits inside, like
+      the publish node), so a probe at the end of a chain costs the frame its run time, not also a
+      launch latency.
 
     Edges from memsets and captured library calls stay plain, as do stamps on the path (a block's
     own start stamp), which the work waits for.
@@ -245,13 +305,15 @@ def programmatic_edges(nodes: tuple[NodePlan, ...] | list[NodePlan]) -> dict[int
         for dep in n.deps:
             waited_for.setdefault(dep, set()).add(n.index)
     publish = {n.index for n in nodes if isinstance(n, PublishNodePlan)}
-    launched = (KernelNodePlan, StampNodePlan)
+    launched = (KernelNodePlan, StampNodePlan, ProbeNodePlan)
     edges: dict[int, dict[int, EdgePort]] = {}
     for n in nodes:
         if isinstance(n, PublishNodePlan) or (
             isinstance(n, StampNodePlan) and n.deps and waited_for.get(n.index, set()) <= publish
         ):
             ports: dict[int, EdgePort] = {d: "programmatic" for d in n.deps if isinstance(nodes[d], launched)}
+        elif isinstance(n, ProbeNodePlan):
+            ports = {d: "programmatic" for d in n.deps if isinstance(nodes[d], KernelNodePlan)}
         elif isinstance(n, KernelNodePlan) and len(n.deps) == 1:
             first = nodes[n.deps[0]]
             ports = {first.index: "launch_order"} if isinstance(first, StampNodePlan) and first.stamp == 0 else {}

@@ -1,5 +1,6 @@
 """A ring of 3 in-flight frames for reading small device values without stalling: profiling
-timestamps (uint64) and append counters (uint32), which the graph keeps in one device block.
+timestamps (uint64), append counters (uint32) and probe records (uint64 words, ``engine/probes.py``),
+which the graph keeps in one device block.
 
 The graph itself publishes that block into mapped pinned host memory as its last node, so reading
 it costs the frame no driver call (see ``ReadbackRing``).
@@ -91,8 +92,9 @@ def newest_published(frames: list[int], latest: int) -> int | None:
 
 class ReadbackRing(HandleOwner):
     """Asynchronous readback, 3 frames deep, of ``stamps`` uint64 timestamps followed by ``count``
-    uint32 counters that the graph keeps in one device block at ``device_ptr``; ``frames_ptr`` is 8
-    device bytes where the graph counts the frames it published.
+    uint32 counters (padded to a whole uint64 word) and ``probe_words`` uint64 words of probe records,
+    that the graph keeps in one device block at ``device_ptr``; ``frames_ptr`` is 8 device bytes where
+    the graph counts the frames it published.
 
     The graph's last node (the ``publish`` kernel, see ``publish_args``) writes the block into the
     ring in mapped pinned host memory; ``poll`` reads the newest complete slot with plain loads and
@@ -107,16 +109,28 @@ class ReadbackRing(HandleOwner):
         CudaError: the pinned or device allocation failed.
     """
 
-    def __init__(self, device_ptr: int, count: int, *, stamps: int = 0, frames_ptr: int, stream: Any = None) -> None:
+    def __init__(
+        self,
+        device_ptr: int,
+        count: int,
+        *,
+        stamps: int = 0,
+        frames_ptr: int,
+        stream: Any = None,
+        probe_words: int = 0,
+    ) -> None:
         d = driver()
         self.device_ptr = device_ptr
         self.count = count
         self.stamps = stamps
-        self.nbytes = 8 * stamps + 4 * count
-        self.words = (self.nbytes + 7) // 8
+        self.nbytes = 8 * stamps + 4 * count  # timestamps and counters
+        self.probe_words = probe_words
+        self._probes_at = stamps + (count + 1) // 2  # the probe records' first word
+        self.words = self._probes_at + probe_words
         self.slot_words = 2 + max(self.words, 1)
         self.latest = np.zeros(count, dtype=np.uint32)
         self.latest_stamps = np.zeros(stamps, dtype=np.uint64)
+        self.latest_probes = np.zeros(probe_words, dtype=np.uint64)
         self.latest_frame: int | None = None
         self.current_frame = 0
         self._published = 0  # the device frame number of the values held
@@ -182,6 +196,8 @@ class ReadbackRing(HandleOwner):
             raw = row[2 : 2 + self.words].view(np.uint8)[: self.nbytes]
             self.latest_stamps[:] = raw[: 8 * self.stamps].view(np.uint64)
             self.latest[:] = raw[8 * self.stamps :].view(np.uint32)
+            if self.probe_words:
+                self.latest_probes[:] = row[2 + self._probes_at : 2 + self.words]
             # Device frame numbers count this graph's launches: map back to engine frames.
             self.latest_frame = self.current_frame - (self._launched - frame)
             self._published = frame

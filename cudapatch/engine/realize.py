@@ -24,6 +24,7 @@ from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .captured_calls import CapturedCalls, DeviceScalars
+from .child_graphs import add_grouped_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
@@ -32,6 +33,7 @@ from .memory_check import device_free_bytes, lends, memory_shortfall
 from .nodes import NodeBuild, add_node
 from .params import StoreLoans
 from .plan import GraphPlan, programmatic_edges
+from .probes import PROBE_SCRATCH_WORDS
 from .readback import ReadbackRing
 
 __all__ = ["CompiledGraph", "GraphBuilder", "realize"]
@@ -77,9 +79,11 @@ class GraphBuilder:
         libraries: LibraryHandles | None = None,
         publish_function: Any = None,
         lend_stores: bool = True,
+        probe_function: Any = None,
         upload_stream: Any = None,
     ) -> None:
         self.plan = plan
+        self.probe_function = probe_function
         self.lend_stores = lend_stores
         self.upload_stream = upload_stream
         self.device = device
@@ -173,23 +177,37 @@ class GraphBuilder:
                 parts.owned.append(buf)
 
     def _readback(self, parts: GraphParts) -> int:
-        """One readback block per graph: timestamps (uint64), then append counters (uint32), then the
-        frame count, so a single async copy per frame brings them all back through the ring.
+        """One readback block per graph: timestamps (uint64), then append counters (uint32), then probe
+        records (uint64 words), then the frame count, so the publish node brings them all back through
+        the ring in one copy per frame. Probes also get their scratch (zeroed once, here).
 
         Returns:
             The device address of the timestamp slots (0 without readback).
         """
         plan = self.plan
-        n_stamps, n_counters = plan.stamp_count, len(plan.counters)
-        if not (n_stamps or n_counters):
+        n_stamps, n_counters, n_probe = plan.stamp_count, len(plan.counters), plan.probe_words
+        if not (n_stamps or n_counters or n_probe):
             return 0
-        words = n_stamps + (n_counters + 1) // 2
+        words = n_stamps + (n_counters + 1) // 2 + n_probe
         parts.counters = block = GpuBuffer(self.pool, DType.UINT64, words + 1, stream=self.device.stream)  # +1: frames
         parts.owned.append(block)
         parts.counters_ptr = counters_ptr = block.ptr + 8 * n_stamps
         parts.readback = ReadbackRing(
-            block.ptr, n_counters, stamps=n_stamps, frames_ptr=block.ptr + 8 * words, stream=self.device.stream
+            block.ptr,
+            n_counters,
+            stamps=n_stamps,
+            frames_ptr=block.ptr + 8 * words,
+            stream=self.device.stream,
+            probe_words=n_probe,
         )
+        if plan.probes:
+            parts.probes_ptr = block.ptr + 8 * (words - n_probe)
+            # Each probe's finished-blocks counter starts at 0 (its last block resets it every frame).
+            scratch_words = PROBE_SCRATCH_WORDS * len(plan.probes)
+            scratch = GpuBuffer(self.pool, DType.UINT64, scratch_words, stream=self.device.stream)
+            parts.owned.append(scratch)
+            scratch.fill_bytes(0)  # on the engine stream: ordered before the graph's first launch
+            parts.probe_scratch_ptr = scratch.ptr
         for key, (bi, ci) in plan.appends.items():
             parts.appends[key] = AppendBuffer(parts.buffers[bi], counters_ptr + 4 * ci, ci, parts.readback)
         return block.ptr
@@ -214,11 +232,17 @@ class GraphBuilder:
             stamps_ptr=stamps_ptr,
             stamp_function=self.stamp_function,
             publish_function=self.publish_function,
+            probe_function=self.probe_function,
+            probes_ptr=parts.probes_ptr,
+            probe_scratch_ptr=parts.probe_scratch_ptr,
             occupancy=parts.occupancy if self.occupancy else None,
             launches=parts.launches,
         )
-        timed = plan.stamp_count or plan.counters  # the graphs with profiling or readback nodes
+        timed = plan.stamp_count or plan.counters or plan.probes  # the graphs with profiling or readback nodes
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
+        if plan.children:  # composites realized as child-graph nodes
+            parts.nodes.extend(add_grouped_nodes(build, plan, edges, _add_programmatic))
+            return
         handles: list[Any] = []
         for node in plan.nodes:
             special = edges.get(node.index)
@@ -244,6 +268,7 @@ def realize(
     libraries: LibraryHandles | None = None,
     publish_function: Any = None,
     lend_stores: bool = True,
+    probe_function: Any = None,
     upload_stream: Any = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
@@ -255,6 +280,7 @@ def realize(
 
     ``functions`` maps ``(block_id, kernel index)`` to the loaded ``CUfunction`` (from the engine's
     background builder). ``libraries`` (the engine's ``LibraryHandles``) captures library calls.
+    ``probe_function`` is the probe kernel, for a plan with probes.
     ``upload_stream``: upload the executable graph to the device on this stream (``cuGraphUpload``)
     here, so that its first launch (on the frame thread, on the same stream) does not do it.
 
@@ -276,5 +302,6 @@ def realize(
         libraries=libraries,
         publish_function=publish_function,
         lend_stores=lend_stores,
+        probe_function=probe_function,
         upload_stream=upload_stream,
     ).build()

@@ -1,10 +1,16 @@
-"""BlockRegistry: the blocks of one engine, in registration order."""
+"""BlockRegistry: the blocks of one engine, in registration order.
+
+A registered composite's inner blocks are not registered themselves, yet the engine meets their ids
+(kernels, faults, diagnostics of the flattened patch): ``get`` finds them too, and ``owner`` says
+which registered composite shows what happens to them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from ..blocks.block import Block
+from ..blocks.composite import Composite
 from ..errors import CudapatchError
 
 __all__ = ["BlockRegistry"]
@@ -15,6 +21,8 @@ class BlockRegistry:
 
     def __init__(self) -> None:
         self._blocks: dict[int, Block] = {}
+        #: The registered composites, by id (the Context flattens them when it freezes the patch).
+        self.composites: dict[int, Composite] = {}
 
     def add(self, block: Block) -> None:
         """Add ``block``.
@@ -26,14 +34,34 @@ class BlockRegistry:
             raise CudapatchError("block is already registered", block=block.name)
         if any(b.name == block.name for b in self._blocks.values()):
             raise CudapatchError("another block already has this name", block=block.name)
+        if self.composites and self.owner(block.id) is not None:
+            comp = self.owner(block.id)[0]  # type: ignore[index]
+            raise CudapatchError(f"block is inside composite '{comp.name}': it runs as part of it", block=block.name)
         self._blocks[block.id] = block
+        if isinstance(block, Composite):
+            self.composites[block.id] = block
 
     def remove(self, block: Block) -> bool:
         """Remove ``block``; returns whether it was there."""
+        self.composites.pop(block.id, None)
         return self._blocks.pop(block.id, None) is not None
 
     def get(self, block_id: int) -> Block | None:
-        return self._blocks.get(block_id)
+        """The registered block ``block_id``, or an inner block of a registered composite."""
+        b = self._blocks.get(block_id)
+        if b is None and self.composites:
+            found = self.owner(block_id)
+            return found[2] if found is not None else None
+        return b
+
+    def owner(self, block_id: int) -> tuple[Composite, str, Block] | None:
+        """For an inner block of a registered composite: ``(composite, qualified name, inner block)``,
+        else None."""
+        for comp in self.composites.values():
+            for name, inner in comp.inner_blocks():
+                if inner.id == block_id:
+                    return comp, f"{comp.name}/{name}", inner
+        return None
 
     def by_name(self, name: str) -> Block | None:
         return next((b for b in self._blocks.values() if b.name == name), None)

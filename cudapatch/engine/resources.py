@@ -33,15 +33,17 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .libraries import LibraryHandles
 from .plan import GraphPlan
+from .probes import PROBE_SOURCE
 from .readback import PUBLISH_SOURCE, STAMP_SOURCE
 from .realize import CompiledGraph
 
-__all__ = ["DeviceResources", "PUBLISH_KERNEL", "STAMP_KERNEL"]
+__all__ = ["DeviceResources", "PROBE_KERNEL", "PUBLISH_KERNEL", "STAMP_KERNEL"]
 
 log = logging.getLogger("cudapatch.engine")
 
 PUBLISH_KERNEL = CudaSource(code=PUBLISH_SOURCE, name="publish.cu")
 STAMP_KERNEL = CudaSource(code=STAMP_SOURCE, name="stamp.cu")
+PROBE_KERNEL = CudaSource(code=PROBE_SOURCE, name="probe.cu")
 
 
 class SharedPool(BufferPool):
@@ -95,6 +97,7 @@ class DeviceResources:
         self._dropped: list[tuple[float, GpuBuffer]] = []  # (perf_counter at the removal, buffer)
         self._stamp_function: Any = None
         self._publish_function: Any = None
+        self._probe_function: Any = None
         self._closed = False
 
     # -- graphs -------------------------------------------------------------------------------------
@@ -175,9 +178,19 @@ class DeviceResources:
         """
         if plan.stamp_count and self._stamp_function is None:
             self._stamp_function = builder.build(STAMP_KERNEL).function
-        if (plan.stamp_count or plan.counters) and self._publish_function is None:
+        if (plan.stamp_count or plan.counters or plan.probes) and self._publish_function is None:
             self._publish_function = builder.build(PUBLISH_KERNEL).function
         return self._stamp_function, self._publish_function
+
+    def probe_function(self, plan: GraphPlan, builder: KernelBuilder) -> Any:
+        """The probe kernel (``engine/probes.py``) when ``plan`` has probes, built at the first such plan.
+
+        Raises:
+            KernelLoadError: a compile or module load failed.
+        """
+        if plan.probes and self._probe_function is None:
+            self._probe_function = builder.build(PROBE_KERNEL).function
+        return self._probe_function
 
     def upload(self, block_id: int, port: str, array: Any, dtype: DType, block_name: str) -> ExternalBinding:
         """Copy a host array into the buffer kept for ``(block_id, port)`` (reused while the size stays).
@@ -210,7 +223,7 @@ class DeviceResources:
         self.pool.abandon()
         self._uploads.clear()
         self._dropped.clear()
-        self._stamp_function = self._publish_function = None
+        self._stamp_function = self._publish_function = self._probe_function = None
 
     def reset(self) -> None:
         """After a sticky fault: forget everything the dead context owned without touching it, reset

@@ -132,6 +132,8 @@ def append_warnings(appends: Mapping[tuple[int, str], Any], blocks: BlockRegistr
     """
     out = []
     for (bid, port), ab in appends.items():
+        if bid in blocks.composites:
+            continue  # a composite's exposed append output: the inner block's own key warns (on the composite)
         b = blocks.get(bid)
         count = ab.count if b is not None else None
         if count is None:
@@ -245,7 +247,11 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     sizes: dict[int, dict[str, int]] = {}
     mem = plan.memory
     for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
-        sizes.setdefault(bid, {})[port] = mem.values[mem.ports[(bid, port)]].count if mem else plan.buffers[bi].count
+        vi = mem.ports.get((bid, port)) if mem is not None else None
+        sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
+    shapes: dict[int, dict[str, Any]] = {}
+    for (bid, port), shape in plan.shapes.items():
+        shapes.setdefault(bid, {})[port] = shape
     by_block: dict[int, dict[str, Any]] = {}
     for (bid, port), ab in appends.items():
         by_block.setdefault(bid, {})[port] = ab
@@ -253,6 +259,7 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     for b in blocks:
         b.debug.append = by_block.get(b.id, {})
         b.debug.sizes = sizes.get(b.id, {})
+        b.debug.shapes = shapes.get(b.id, {})
         b.debug.fused = fused.get(b.id, "")
         b.debug.gpu_ms = None
         b.debug.append_fill = {}

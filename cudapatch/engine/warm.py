@@ -48,6 +48,7 @@ class Refusal(str, Enum):
     KERNEL_NODE = "kernel-node"  #: a kernel's identity, edges, block size, shared memory or argument sources changed
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
+    CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ def decide_warm_patch(
         return _refuse(Refusal.NODE_COUNT, None, f"{len(old.nodes)} -> {len(new.nodes)} nodes")
     if len(new.buffers) != len(old.buffers):
         return _refuse(Refusal.BUFFER_COUNT, None, f"{len(old.buffers)} -> {len(new.buffers)} buffers")
+    if new.children != old.children:
+        return _refuse(Refusal.CHILD_GRAPHS, None, "the nodes grouped into child-graph nodes differ")
     if new.counters != old.counters:
         return _refuse(Refusal.COUNTERS, None, "the append counters differ")
     if new.scalar_slots != old.scalar_slots:
@@ -191,12 +194,13 @@ def decide_warm_patch(
                 return _refuse(Refusal.FIXED_NODE, i, f"{type(n).__name__} node {i} changed")
             continue
         cur = c
-        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.shared_bytes) != (
+        if (n.block_id, n.kernel, n.descriptor, n.deps, n.block, n.yz[2:], n.shared_bytes) != (
             cur.block_id,
             cur.kernel,
             cur.descriptor,
             cur.deps,
             cur.block,
+            cur.yz[2:],
             cur.shared_bytes,
         ) or not _same_sources(n, cur):
             return _refuse(Refusal.KERNEL_NODE, i, f"kernel '{n.entry_point}' (node {i}) changed")

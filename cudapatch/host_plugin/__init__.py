@@ -11,6 +11,7 @@ NAME = "cudapatch"
 hookimpl = pluggy.HookimplMarker(NAME)
 
 from .adapter import EngineOperator, HostAdapter  # noqa: E402 - hookimpl must exist before plugins import it
+from .composite_file import FileComposite, load_composite_file, parse_composite  # noqa: E402
 from .manager import PluginHost, make_plugin_manager  # noqa: E402
 from .patch import Patch, apply_patch, load_patch, parse_patch  # noqa: E402
 from .registry import BlockType, BlockTypeRegistry  # noqa: E402
@@ -20,12 +21,15 @@ __all__ = [
     "BlockType",
     "BlockTypeRegistry",
     "EngineOperator",
+    "FileComposite",
     "HostAdapter",
     "Patch",
     "PluginHost",
     "apply_patch",
     "hookimpl",
+    "load_composite_file",
     "load_patch",
     "make_plugin_manager",
+    "parse_composite",
     "parse_patch",
 ]

@@ -1,10 +1,11 @@
 """``HostAdapter``: host operators ⇄ passive blocks, and the one ``EngineOperator`` a host cooks.
 
 A host (TouchDesigner callbacks, the standalone preview driven by a patch file, an app) calls the
-adapter when its user edits the network; the adapter turns each call into block and engine edits
-that only mark the engine dirty. ``EngineOperator.cook()`` runs ``Engine.update()`` once per frame,
-which applies everything with the cheapest tier. Errors are precise (operator, port, parameter) and
-leave the previous state in place.
+adapter when its user edits the network (a composite, ``core.Composite`` with a ``Path``, is an
+operator like any other: created, deleted, linked and set the same way); the adapter turns each
+call into block and engine edits that only mark the engine dirty. ``EngineOperator.cook()`` runs
+``Engine.update()`` once per frame, which applies everything with the cheapest tier. Errors are
+precise (operator, port, parameter) and leave the previous state in place.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
+from ..blocks.composite import Composite
 from ..engine.diagnostics import Diagnostic
 from ..errors import CudapatchError, LinkError, ParameterError
 from .coerce import check_param, coerce_host_value
@@ -78,8 +80,13 @@ class HostAdapter:
         return tuple(self._links)
 
     def operators_by_block(self) -> dict[int, str]:
-        """Block id → operator id, for routing the engine's per-block results to operators."""
-        return {b.id: op for op, b in self._ops.items()}
+        """Block id → operator id, for routing the engine's per-block results to operators. The inner
+        blocks of a composite route to the composite's operator."""
+        out = {b.id: op for op, b in self._ops.items()}
+        for op, b in self._ops.items():
+            if isinstance(b, Composite):
+                out.update((inner.id, op) for _, inner in b.inner_blocks())
+        return out
 
     # -- structure (Cold on the next cook) ------------------------------------------------------------
     def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None) -> Block:
@@ -96,7 +103,10 @@ class HostAdapter:
         scalars = {name for name, kind, _ in bt.params if kind != "text"}
         # Text parameters (code, paths) shape the description, so they go to the constructor.
         texts = {k: self.resolve_text(k, v) for k, v in params.items() if isinstance(v, str) and k not in scalars}
-        block = bt.create(op_id, **texts)
+        if issubclass(bt.cls, Composite):
+            block, texts = self._create_composite(op_id, bt, texts)
+        else:
+            block = bt.create(op_id, **texts)
         for name, value in params.items():
             if name not in texts:
                 self._set(block, name, value)
@@ -105,6 +115,21 @@ class HostAdapter:
         self._types[op_id] = bt
         log.debug("created %s as %s", op_id, bt.name)
         return block
+
+    @staticmethod
+    def _create_composite(op_id: str, bt: BlockType, texts: dict[str, str]) -> tuple[Block, dict[str, str]]:
+        """A composite's parameters are known once its file is read: a host's text for one of its
+        number parameters (``"0.5"``) is a value set after creation, and only its text parameters
+        (``Path``, exposed ones) go to the constructor. Returns the block and those texts."""
+        declared = {name for name, kind, _ in bt.params if kind == "text"}
+        given = {k: v for k, v in texts.items() if k in declared}
+        block = bt.create(op_id, **given)
+        exposed = {k: v for k, v in texts.items() if k not in declared and k in block.params}
+        exposed = {k: v for k, v in exposed.items() if block.params[k].spec.kind == "text"}
+        if exposed:  # an exposed text parameter (an inner kernel's Code) shapes the composite too
+            given.update(exposed)
+            block = bt.create(op_id, **given)
+        return block, given
 
     def resolve_text(self, name: str, value: str) -> str:
         """The value text parameter ``name`` gets from the host's ``value``: a relative kernel file

@@ -10,6 +10,8 @@ from ..blocks.library import (
     GEMM,
     GEMV,
     AppendFilter,
+    Blur,
+    ColorMap,
     CustomKernel,
     Emitter,
     Expression,
@@ -18,13 +20,18 @@ from ..blocks.library import (
     Integrate,
     KernelFile,
     LUSolve,
+    Mix,
+    Pattern,
     Random,
+    Resample,
     Scale,
     SpMV,
+    Threshold,
     ToPoints,
     VectorAdd,
 )
 from . import hookimpl
+from .composite_file import composite_type
 
 if TYPE_CHECKING:
     from .registry import BlockTypeRegistry
@@ -49,6 +56,12 @@ BUILTIN_TYPES = (
     ("linalg.SpMV", SpMV),
     ("signal.FFT", FFT),
     ("signal.Random", Random),
+    ("image.Pattern", Pattern),
+    ("image.Blur", Blur),
+    ("image.Resample", Resample),
+    ("image.Threshold", Threshold),
+    ("image.ColorMap", ColorMap),
+    ("image.Mix", Mix),
 )
 
 
@@ -56,3 +69,5 @@ BUILTIN_TYPES = (
 def cudapatch_register_blocks(registry: BlockTypeRegistry) -> None:
     for name, cls in BUILTIN_TYPES:
         registry.add(cls, name=name, version=__version__)
+    # A composite file named by its Path; its inner types come from this registry.
+    registry.add(composite_type(registry), name="core.Composite", version=__version__)

@@ -18,6 +18,8 @@ model knows nothing of imgui, so everything here is tested without a display or 
   memory; ``status`` says so and the next successful write saves it. An edit made outside (another
   editor) is applied by the reloader as before; the model then reads the file again and clears its
   history (its snapshots describe a file that no longer exists).
+- **Probes.** ``probe(op, port)`` puts a probe on the wires leaving an output (``WireProbes``,
+  ``engine.probe``); ``refresh`` takes their newest statistics into ``probes.latest`` each frame.
 - **Undo/redo** keep the patch text before and after each edit (``max_history``, 256 by default).
   Undo makes the running patch match the older text through ``apply_patch``, which again changes
   only what differs; renames are undone by renaming back.
@@ -39,6 +41,7 @@ from ..errors import CudapatchError, PatchFileError
 from .adapter import HostAdapter
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
+from .wire_probes import WireProbes
 
 __all__ = ["EditorModel", "ActionResult", "NodeView", "PinView", "ParamView", "LinkView", "auto_layout"]
 
@@ -128,10 +131,19 @@ class LinkView:
     type: str = ""
     count: int | None = None
     nbytes: int | None = None
+    shape: str = ""  # "1080x1920" for 2-D/3-D data, "" for flat data or before the graph has it
 
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.src, self.src_port, self.dst, self.dst_port)
+
+    @property
+    def size_text(self) -> str:
+        """Shape, element type and bytes, for the wire's tooltip (``float4 1080x1920, 33,177,600 bytes``)."""
+        if self.count is None:
+            return f"{self.type}  not built yet"
+        dims = f" {self.shape}" if self.shape else ""
+        return f"{self.type}{dims}  {self.count:,} elements, {self.nbytes:,} bytes"
 
     def __str__(self) -> str:
         return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
@@ -143,6 +155,15 @@ class _Edit:
     before: str
     after: str
     rename: tuple[str, str] | None = None
+
+
+def _shape_text(engine: Any, block: Any, port: str) -> str:
+    """The output's shape as text when it has 2 or 3 axes (or channels), else ""."""
+    g = getattr(getattr(engine, "resources", None), "graph", None)
+    plan = g.plan if g is not None else getattr(engine, "plan", None)
+    shapes = getattr(plan, "shapes", None) or {}
+    shape = shapes.get((block.id, port))
+    return str(shape) if shape is not None else ""
 
 
 def auto_layout(ops: list[str], links: list[tuple[str, str, str, str]]) -> dict[str, tuple[float, float]]:
@@ -210,6 +231,8 @@ class EditorModel:
         self._links: list[LinkView] | None = None
         self._views_version = -1
         self._bypassed: set[str] = set()  # operators this model bypassed through the adapter
+        #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
+        self.probes = WireProbes(adapter)
         for op in self.doc.bypassed():  # the file's bypass flags take effect when the editor opens
             if op in adapter.operators():
                 self._set_bypass(op, True)
@@ -226,6 +249,23 @@ class EditorModel:
         """Wires, with element type, count and bytes where the graph has the buffer."""
         self.nodes()
         return self._links  # type: ignore[return-value]
+
+    def port_text(self, op: str, port: str, direction: str) -> str:
+        """A pin's tooltip: element type, shape and bytes of what it carries (an input: what its wire
+        brings), then its description."""
+        if direction == "out":
+            view = self._link_view(op, port, "", "")
+        else:
+            view = next((lk for lk in self.links() if lk.dst == op and lk.dst_port == port), None)
+            if view is None:
+                spec = self.adapter.block(op).description.input(port)
+                return f"{spec.pin_type if spec is not None else ''}  not linked" + (
+                    f"\n{spec.description}" if spec is not None and spec.description else ""
+                )
+        spec = self.adapter.block(op).description
+        p = spec.output(port) if direction == "out" else spec.input(port)
+        about = f"\n{p.description}" if p is not None and p.description else ""
+        return f"{op}.{port}\n{view.size_text}{about}"
 
     def _build_views(self) -> None:
         adapter = self.adapter
@@ -258,6 +298,7 @@ class EditorModel:
             views[op] = view
         self._views = views
         self._links = [self._link_view(*key) for key in link_keys]
+        self.probes.sync(views)
         self._views_version = self.version
 
     def _value(self, op: str, block: Any, spec: Any) -> Any:
@@ -275,17 +316,25 @@ class EditorModel:
             buf = engine.output(block, src_port, keep=False)  # a tooltip only looks: the wire may stay shared
             count, nbytes = int(buf.count), int(buf.nbytes)
         except (CudapatchError, AttributeError):
-            plan = getattr(engine, "plan", None)  # an engine that only plans (tests) knows the sizes too
+            # An engine that only plans (tests) knows the sizes too, and so does the running graph's plan
+            # of an output whose buffer a later output reuses (buffer reuse).
+            plan = getattr(engine, "plan", None) or getattr(getattr(engine, "graph", None), "plan", None)
             index = plan.outputs.get((block.id, src_port)) if plan is not None else None
             if index is not None and port is not None:
-                count = int(plan.buffers[index].count)
+                mem = getattr(plan, "memory", None)
+                vi = mem.ports.get((block.id, src_port)) if mem is not None else None
+                count = int(mem.values[vi].count if vi is not None else plan.buffers[index].count)
                 nbytes = count * port.dtype.itemsize
-        return LinkView(src, src_port, dst, dst_port, str(port.pin_type) if port is not None else "", count, nbytes)
+        shape = _shape_text(engine, block, src_port)
+        kind = str(port.pin_type) if port is not None else ""
+        return LinkView(src, src_port, dst, dst_port, kind, count, nbytes, shape)
 
     def refresh(self, stats: Any = None) -> None:
         """Take each node's state, message, GPU time and append fill from ``stats`` (``engine.stats()``;
         None: the adapter's diagnostics only). One pass over the blocks: cheap enough every frame."""
         views = self.nodes()
+        if self.probes:
+            self.probes.refresh()
         if stats is None:
             for view in views.values():
                 diags = self.adapter.diagnostics(view.name)
@@ -303,6 +352,22 @@ class EditorModel:
                 view.code_errors = _code_errors(b.message)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
+
+    def probe(self, op: str, port: str) -> ActionResult:
+        """Probe the wires leaving output ``port`` of ``op``: their statistics come in ``probes.latest``
+        from the next frames on (not an edit of the patch: nothing is written or undone)."""
+        if op not in self.nodes():
+            return self._refuse(f"unknown operator '{op}'")
+        problem = self.probes.add(op, port)
+        if problem is not None:
+            return self._refuse(f"cannot probe {op}.{port}: {problem}")
+        return ActionResult(True, f"probing {op}.{port}")
+
+    def unprobe(self, op: str, port: str) -> ActionResult:
+        """Remove the probe on ``op.port``."""
+        if not self.probes.remove(op, port):
+            return ActionResult(False, f"{op}.{port} is not probed")
+        return ActionResult(True, f"probe on {op}.{port} removed")
 
     def link_problem(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
         """Why a wire from ``src.src_port`` to ``dst.dst_port`` would be refused, checked without
@@ -582,6 +647,7 @@ class EditorModel:
 
     def _rename(self, old: str, new: str) -> None:
         self.adapter.rename(old, new)
+        self.probes.renamed(old, new)
         if old in self._bypassed:  # the flag stays on the block; the name it goes by changed
             self._bypassed.discard(old)
             self._bypassed.add(new)

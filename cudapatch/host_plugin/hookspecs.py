@@ -42,8 +42,10 @@ def cudapatch_register_blocks(registry: BlockTypeRegistry) -> None:
     Called once when the plugin manager is built, for every plugin. Call
     ``registry.add(BlockClass, name="package.Type", version="1.0")`` for each type; the registry
     checks the class (it must describe itself without errors) and refuses a name that is already
-    taken, naming both plugins. A plugin that raises here is reported with its name and skipped;
-    the other plugins still load.
+    taken, naming both plugins. A sub-patch shipped as a composite file becomes a type with
+    ``registry.add_composite(path, name="package.Type")`` (read once every plugin has registered,
+    so it may use any plugin's types; see ``host_plugin/composite_file.py``). A plugin that raises
+    here is reported with its name and skipped; the other plugins still load.
 
     Args:
         registry: Where block types are registered.

@@ -104,6 +104,9 @@ class PluginHost:
                 )
                 self.errors.append(err)
                 log.error("%s", err)
+        for err in registry.finish():  # composite files, once every plugin's types are there
+            self.errors.append(err)
+            log.error("%s", err)
         return registry
 
     def kernel_search_paths(self) -> list[Path]:

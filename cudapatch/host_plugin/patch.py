@@ -164,9 +164,16 @@ class _Lines:
         return self.key(names[0]) if names else None
 
 
-def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTypeRegistry | None = None) -> Patch:
+def parse_patch(
+    text: str,
+    *,
+    path: str | Path | None = None,
+    registry: BlockTypeRegistry | None = None,
+    extra_keys: frozenset[str] = frozenset(),
+) -> Patch:
     """Parse and validate patch text. With ``registry``, operator types, parameters (names and
-    values) and link ports are checked too.
+    values) and link ports are checked too. ``extra_keys``: top-level tables a caller reads itself
+    (a composite file's ``[composite]`` and ``[expose]``).
 
     Raises:
         PatchFileError: with ``file`` and ``line`` of the first problem.
@@ -192,9 +199,9 @@ def parse_patch(text: str, *, path: str | Path | None = None, registry: BlockTyp
         return PatchFileError(msg, file=file, line=line, **ctx)
 
     for key in data:
-        if key not in TOP_KEYS:
+        if key not in TOP_KEYS and key not in extra_keys:
             raise fail(
-                f"unknown key {short_repr(key)} (use: {', '.join(sorted(TOP_KEYS))})",
+                f"unknown key {short_repr(key)} (use: {', '.join(sorted(TOP_KEYS | extra_keys))})",
                 lines.key(key) or lines.table(key),
             )
     patch = Patch(Path(path) if path is not None else None, text=text)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
@@ -47,6 +48,7 @@ class BlockTypeRegistry:
     def __init__(self) -> None:
         self._types: dict[str, BlockType] = {}
         self.current_origin = "?"
+        self._pending: list[str] = []  # composite types whose ports are read by ``finish``
 
     @contextmanager
     def registering(self, origin: str) -> Iterator[BlockTypeRegistry]:
@@ -93,17 +95,62 @@ class BlockTypeRegistry:
         except (CudapatchError, TypeError, ValueError) as exc:
             raise PluginError(f"plugin '{origin}': block type '{name}' does not describe itself: {exc}") from exc
         else:
-            ports = tuple(("in", p.name, str(p.pin_type)) for p in desc.inputs) + tuple(
-                ("out", p.name, str(p.pin_type)) for p in desc.outputs
-            )
-            params = tuple(
-                (p.name, "text" if p.kind == "text" else p.dtype.c_name, p.default)  # type: ignore[union-attr]
-                for p in desc.params
-            )
+            ports, params = _ports(desc), _params(desc)
         text = doc or inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
         bt = BlockType(name, cls, version, origin, text, ports, params)
         self._types[name] = bt
         return bt
+
+    def add_composite(self, path: str | Path, *, name: str, version: str = "0", doc: str = "") -> BlockType:
+        """Register the composite file ``path`` as block type ``name`` (``package.Type``): a plugin
+        shipping a sub-patch as a block (``host_plugin/composite_file.py`` has the format). Its inner
+        types may come from plugins registered later: the file is read by ``finish``, which the
+        plugin host calls once every plugin has registered.
+
+        Raises:
+            PluginError: a name that is not ``package.Type``, a duplicate, or no such file.
+        """
+        from .composite_file import composite_type  # composite files are patch files: patch.py imports this module
+
+        origin = self.current_origin
+        parts = name.split(".")
+        if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+            raise PluginError(f"plugin '{origin}': block type name '{name}' must look like 'package.Type'")
+        if name in self._types:
+            other = self._types[name].origin
+            raise PluginError(f"block type '{name}' from plugin '{origin}' is already registered by plugin '{other}'")
+        if not Path(path).is_file():
+            raise PluginError(f"plugin '{origin}': composite file '{path}' of block type '{name}' does not exist")
+        cls = composite_type(self, path=path, name=parts[-1])
+        bt = BlockType(name, cls, version, origin, doc or f"Composite from {Path(path).name}.")
+        self._types[name] = bt
+        self._pending.append(name)
+        return bt
+
+    def finish(self) -> list[PluginError]:
+        """Read the composite files registered since the last call: their exposed ports and parameters
+        become the types' ``ports`` and ``params``. A composite that does not load is removed.
+
+        Returns:
+            One ``PluginError`` per removed type, naming the plugin, the file and the line.
+        """
+        errors = []
+        pending, self._pending = self._pending, []
+        for name in pending:
+            bt = self._types.get(name)
+            if bt is None:
+                continue
+            try:
+                desc = bt.cls(name=name.rsplit(".", 1)[-1]).description
+            except CudapatchError as exc:
+                del self._types[name]
+                where = f" ({exc.file}{'' if exc.line is None else f':{exc.line}'})" if exc.file else ""
+                errors.append(
+                    PluginError(f"plugin '{bt.origin}': composite type '{name}' does not load: {exc.message}{where}")
+                )
+                continue
+            self._types[name] = replace(bt, ports=_ports(desc), params=_params(desc))
+        return errors
 
     def get(self, name: str) -> BlockType:
         """The type called ``name``; an unqualified ``Type`` works when exactly one package has it.
@@ -133,3 +180,16 @@ class BlockTypeRegistry:
 
     def __repr__(self) -> str:
         return f"<BlockTypeRegistry {len(self._types)} types>"
+
+
+def _ports(desc: Any) -> tuple[tuple[str, str, str], ...]:
+    return tuple(("in", p.name, str(p.pin_type)) for p in desc.inputs) + tuple(
+        ("out", p.name, str(p.pin_type)) for p in desc.outputs
+    )
+
+
+def _params(desc: Any) -> tuple[tuple[str, str, Any], ...]:
+    return tuple(
+        (p.name, "text" if p.kind == "text" else p.dtype.c_name, p.default)  # type: ignore[union-attr]
+        for p in desc.params
+    )

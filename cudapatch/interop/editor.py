@@ -3,11 +3,22 @@
 Every operator is a node (title coloured by its state, type, GPU time, append fill, diagnostic
 text), its ports are pins, its parameters are widgets chosen by ``ParamView.widget`` (sliders with the
 declared ranges, checkboxes, enums, colour pickers, a multi-line ``Code`` editor with compile errors
-listed at their line). Wires show dtype, element count and bytes on hover. Dragging from a pin to
+listed at their line). Wires and pins show dtype, shape, element count and bytes on hover. Dragging from a pin to
 a pin connects (a refused link turns red and shows the reason), Delete removes the selection, the
 node menu renames and bypasses, the background menu opens the block browser (every registered
 type, grouped by package, with its docstring). Ctrl+Z / Ctrl+Y undo and redo; F2 shows or hides
 the panel (F1 stays the overlay).
+
+Selecting a wire probes it (``EditorModel.probe``, a probe node in the graph): a window shows its
+min, max, mean and NaN/Inf counts (and a thumbnail for an image) from the newest completed frame;
+a probed wire is drawn orange, and red while its buffer holds a NaN or an Inf. The wire's menu
+removes the probe.
+
+**Cost.** Only what the panel's window shows is drawn: a node whose last measured rectangle is
+outside the visible canvas is not submitted at all, or, when a drawn wire ends at it, submitted as
+a stub of the same size holding only its pins at their measured places. Labels and colours are
+made once per patch version, not per frame. (``benchmarks/bench_editor.py``: the CPU time per frame
+of a 100-node patch, ≤ 1 ms.)
 
 The panel calls only the model's actions and draws inside the overlay's imgui frame
 (``Overlay(panels=[panel.draw])``). Per frame it reads views the model rebuilds only after edits;
@@ -23,7 +34,7 @@ from typing import Any
 
 from ..host_plugin.editor_model import EditorModel, NodeView, ParamView
 
-__all__ = ["EditorPanel", "EditorLayout", "STATE_COLORS", "LINK_COLOR", "REFUSED_COLOR"]
+__all__ = ["EditorPanel", "EditorLayout", "STATE_COLORS", "LINK_COLOR", "PROBE_COLOR", "REFUSED_COLOR"]
 
 STATE_COLORS = {
     "OK": (0.45, 0.85, 0.45, 1.0),
@@ -33,9 +44,25 @@ STATE_COLORS = {
     "Bypassed": (0.55, 0.55, 0.6, 1.0),
 }
 LINK_COLOR = (0.3, 0.75, 1.0, 1.0)  # wires (the GL tests look for it)
-REFUSED_COLOR = (1.0, 0.25, 0.25, 1.0)
+REFUSED_COLOR = (1.0, 0.25, 0.25, 1.0)  # a refused link, and a probed wire carrying NaN or Inf
+PROBE_COLOR = (1.0, 0.6, 0.15, 1.0)  # a probed wire
 _NODE_WIDTH = 200.0
 _INT_LIMIT = 2**30 - 1
+_MARGIN = 40.0  # canvas units around the visible area that count as visible (pins stick out of nodes)
+_THUMB_PX = 6.0  # screen pixels per thumbnail pixel
+#: Zoomed out beyond this (canvas units per screen pixel), nodes are drawn compact: title and pins, no
+#: parameter widgets or pin labels (unreadable at that size, and most of a node's cost).
+_COMPACT_ZOOM = 1.6
+
+
+@dataclass
+class _Geometry:
+    """Where a node's parts were, measured at its last full draw, relative to its content's origin
+    (canvas units): what a stub needs to stand in for it, and what culling tests."""
+
+    content: tuple[float, float]  # content size
+    size: tuple[float, float]  # node size (content and padding)
+    pins: dict[tuple[str, str], tuple[float, float, float, float, float]]  # (port, dir) -> x0, y0, x1, y1, pivot x
 
 
 @dataclass
@@ -82,6 +109,30 @@ class EditorPanel:
         self._rename_text = ""
         self._refusal = ""
         self._code_draft: tuple[str, str] | None = None
+        self._geometry: dict[str, _Geometry] = {}
+        self._rects: dict[str, tuple[float, float, float, float]] = {}  # op -> canvas rectangle, last known
+        self._placed_version = -1
+        self._vis_key: Any = None
+        self._vis: tuple[set[str], set[str], list[Any]] = (set(), set(), [])
+        self._labels: dict[str, tuple] = {}  # op -> per-version strings and sizes (see ``_node_labels``)
+        self._labels_version = -1
+        self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
+        self._white = imgui.ImVec4(1, 1, 1, 1)
+        self._link_colors = {
+            "plain": (imgui.ImVec4(*LINK_COLOR), 2.5),
+            "probed": (imgui.ImVec4(*PROBE_COLOR), 3.5),
+            "bad": (imgui.ImVec4(*REFUSED_COLOR), 4.0),
+        }
+        self._wire: tuple[str, str, str, str] | None = None  # the selected wire, whose probe is shown
+        self._menu_link: tuple[str, str, str, str] | None = None
+        #: Operators fully drawn / drawn as stubs in the last frame (what culling left in).
+        self.drawn: set[str] = set()
+        self.stubs: set[str] = set()
+        #: Whether the last frame drew nodes compact (zoomed out beyond ``_COMPACT_ZOOM``).
+        self.compact = False
+        self._fit_in = 0  # frames until ``fit_all`` moves the view
+        self._to_screen = (0.0, 0.0, 1.0)
+        self._pin_box = imgui.ImVec2(_NODE_WIDTH, 12.0)
 
     # -- ids: stable per operator name for the panel's life ------------------------------------------------
     def _id(self, table: dict, key: Any, back: dict | None = None) -> int:
@@ -119,28 +170,114 @@ class EditorPanel:
         imgui.set_next_window_bg_alpha(0.9)
         imgui.begin("Patch  (F2)")
         self._toolbar()
+        win_at, win_size = imgui.get_window_pos(), imgui.get_window_size()
         ed.set_current_editor(self._ctx)
         ed.begin("patch")
         layout = EditorLayout()
         nodes = model.nodes()
-        for view in nodes.values():
-            self._node(view, layout)
-        for link in model.links():
-            key = link.key
-            lid = self._id(self._link_ids, key, self._links_by_id)
-            a = self._pin_ids.get((link.src, link.src_port, "out"))
-            b = self._pin_ids.get((link.dst, link.dst_port, "in"))
-            if a is not None and b is not None:
-                ed.link(ed.LinkId(lid), ed.PinId(a), ed.PinId(b), imgui.ImVec4(*LINK_COLOR), 2.5)
+        links = model.links()
+        if self._labels_version != model.version:
+            self._labels = {}
+            self._labels_version = model.version
+        a = ed.screen_to_canvas(win_at)
+        b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
+        full, stubs, wires = self._visible(nodes, links, (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN))
+        compact = self.compact = ed.get_current_zoom() > _COMPACT_ZOOM
+        o, u = ed.canvas_to_screen(imgui.ImVec2(0, 0)), ed.canvas_to_screen(imgui.ImVec2(1, 0))
+        self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
+        for op, view in nodes.items():
+            if op in full:
+                self._node(view, layout, compact)
+            elif op in stubs:
+                self._stub(view)
+        probes = model.probes
+        link_colors, pin_ids = self._link_colors, self._pin_ids
+        for link in wires:
+            lid = self._id(self._link_ids, link.key, self._links_by_id)
+            src = pin_ids.get((link.src, link.src_port, "out"))
+            dst = pin_ids.get((link.dst, link.dst_port, "in"))
+            if src is not None and dst is not None:
+                probed = (link.src, link.src_port) in probes
+                color, width = link_colors[
+                    ("bad" if probes.bad(link.src, link.src_port) else "probed") if probed else "plain"
+                ]
+                ed.link(ed.LinkId(lid), ed.PinId(src), ed.PinId(dst), color, width)
         self._create_and_delete()
         self._menus()
+        if ed.has_selection_changed():
+            self._selected_wire()
         if imgui.is_mouse_released(0):
             self._store_moves(nodes)
         ed.end()
+        if self._fit_in:
+            self._fit_in -= 1
+            if not self._fit_in:
+                ed.navigate_to_content(0.0)
         self.layout = layout
+        self.drawn, self.stubs = full, stubs
         imgui.end()
+        self._probe_window()
         if not imgui.is_any_item_active():
             model.end_live()  # a drag ended: its values become one edit, written once
+
+    def _visible(
+        self, nodes: dict[str, NodeView], links: list[Any], view: tuple[float, float, float, float]
+    ) -> tuple[set[str], set[str], list[Any]]:
+        """What this frame submits: nodes drawn in full (inside ``view``, or never measured), nodes
+        drawn as stubs (an end of a visible wire), and the wires whose bounding box crosses ``view``.
+
+        Worked out again only when something it depends on moved: the view (pan, zoom, resize), the
+        patch (``version``), a drawn node's rectangle, or a drag (which may move selected nodes that
+        are not drawn); otherwise the last frame's answer stands."""
+        imgui, ed = self._imgui, self._ed
+        version = self.model.version
+        dragging = imgui.is_mouse_dragging(0)
+        key = (tuple(round(v) for v in view), version)
+        if key == self._vis_key and not dragging:
+            return self._vis
+        rects, geometry, node_ids = self._rects, self._geometry, self._node_ids
+        if version != self._placed_version:  # positions change only with the patch (a move is an edit)
+            placed = self._placed
+            for op, v in nodes.items():
+                if placed.get(op) != v.position:  # first time, or moved by undo / the file
+                    nid = self._id(node_ids, op)
+                    ed.set_node_position(ed.NodeId(nid), imgui.ImVec2(*v.position))
+                    placed[op] = v.position
+                    g = geometry.get(op)
+                    w, h = g.size if g is not None else (_NODE_WIDTH, 100.0)
+                    rects[op] = (v.position[0], v.position[1], v.position[0] + w, v.position[1] + h)
+            self._placed_version = version
+        if self._fit_in:  # the editor fits what it was given this frame: give it every node
+            self._vis_key = None
+            return set(nodes), set(), list(links)
+        if dragging:  # selected nodes move together, drawn or not: ask the editor where they are
+            for op, r in rects.items():
+                if op in nodes:
+                    at = ed.get_node_position(ed.NodeId(node_ids[op]))
+                    rects[op] = (at.x, at.y, at.x + r[2] - r[0], at.y + r[3] - r[1])
+        x0, y0, x1, y1 = view
+        full: set[str] = set()
+        for op in nodes:
+            r = rects[op]
+            if op not in geometry or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0):
+                full.add(op)  # visible, or never measured (drawn once to learn its size)
+        stubs: set[str] = set()
+        wires = []
+        for link in links:
+            src, dst = link.src, link.dst
+            if src in full and dst in full:
+                wires.append(link)
+                continue
+            rs, rd = rects.get(src), rects.get(dst)
+            if rs is None or rd is None:
+                continue
+            if min(rs[0], rd[0]) < x1 and max(rs[2], rd[2]) > x0 and min(rs[1], rd[1]) < y1 and max(rs[3], rd[3]) > y0:
+                wires.append(link)
+                for op in (src, dst):
+                    if op not in full:
+                        stubs.add(op)
+        self._vis_key, self._vis = key, (full, stubs, wires)
+        return self._vis
 
     # -- parts ------------------------------------------------------------------------------------------
     def _toolbar(self) -> None:
@@ -154,58 +291,109 @@ class EditorPanel:
         color = (0.95, 0.65, 0.2, 1.0) if model.unsaved or self._refusal else (0.7, 0.7, 0.7, 1.0)
         imgui.text_colored(imgui.ImVec4(*color), self._refusal or model.status)
 
-    def _node(self, view: NodeView, layout: EditorLayout) -> None:
+    def _node_labels(self, view: NodeView) -> tuple:
+        """The pin labels of ``view`` (and the padding that right-aligns an output's), made once per
+        patch version: formatting and measuring text every frame cost more than drawing it."""
+        imgui = self._imgui
+        ins = tuple((p.name, f"> {p.name}  {p.type}") for p in view.inputs)
+        outs = []
+        for p in view.outputs:
+            label = f"{p.type}  {p.name} >"
+            outs.append((p.name, label, imgui.ImVec2(max(0.0, _NODE_WIDTH - imgui.calc_text_size(label).x), 0)))
+        labels = self._labels[view.name] = (ins, tuple(outs))
+        return labels
+
+    def fit_all(self) -> None:
+        """Move the view to show every node (as the F key does): every node is drawn for 3 frames (the
+        editor measures new nodes over two and fits only the nodes drawn), then the view moves."""
+        self._fit_in = 3
+
+    def _node(self, view: NodeView, layout: EditorLayout, compact: bool = False) -> None:
         imgui, ed = self._imgui, self._ed
-        nid = self._id(self._node_ids, view.name)
-        if self._placed.get(view.name) != view.position:  # first time, or moved by undo / the file
-            ed.set_node_position(ed.NodeId(nid), imgui.ImVec2(*view.position))
-            self._placed[view.name] = view.position
-        ed.begin_node(ed.NodeId(nid))
-        imgui.push_id(view.name)
+        op = view.name
+        nid = ed.NodeId(self._node_ids[op])
+        ins, outs = self._labels.get(op) or self._node_labels(view)
+        ed.begin_node(nid)
+        imgui.push_id(op)
+        origin = imgui.get_cursor_screen_pos()  # widgets inside the editor are placed in canvas units
+        imgui.begin_group()
         state = "Bypassed" if view.bypassed else view.state
-        title_at = imgui.get_cursor_screen_pos()
-        imgui.text_colored(imgui.ImVec4(*STATE_COLORS.get(state, (1, 1, 1, 1))), view.name)
-        imgui.same_line()
-        imgui.text_disabled(view.type)
-        gpu = f"  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else ""
-        imgui.text(f"{state}{gpu}")
-        for port, (count, capacity) in view.append.items():
+        color = self._colors.get(state, self._white)
+        imgui.text_colored(color, op)
+        if not compact:
+            imgui.same_line()
+            imgui.text_disabled(view.type)
+            imgui.text(f"{state}  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else state)
+        for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
                 count / capacity if capacity else 0.0, imgui.ImVec2(_NODE_WIDTH, 0), f"{port} {count}/{capacity}"
             )
-        if view.message and state != "OK":
+        if view.message and state != "OK" and not compact:
             imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH)
-            imgui.text_colored(imgui.ImVec4(*STATE_COLORS.get(state, (1, 1, 1, 1))), view.message[:300])
+            imgui.text_colored(color, view.message[:300])
             imgui.pop_text_wrap_pos()
-        for pin in view.inputs:
-            self._pin(view.name, pin.name, "in", f"> {pin.name}  {pin.type}", layout)
-        for pin in view.outputs:
-            self._pin(view.name, pin.name, "out", f"{pin.type}  {pin.name} >", layout)
-        for param in view.params:
-            self._param(view, param)
+        pins: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
+        for port, label in ins:
+            pins[(port, "in")] = self._pin(op, port, "in", None if compact else label, None, origin, layout)
+        for port, label, pad in outs:
+            pins[(port, "out")] = self._pin(op, port, "out", None if compact else label, pad, origin, layout)
+        if not compact:
+            for param in view.params:
+                self._param(view, param)
+        imgui.end_group()
+        content = imgui.get_item_rect_size()
         imgui.pop_id()
         ed.end_node()
-        pos, size = ed.get_node_position(ed.NodeId(nid)), ed.get_node_size(ed.NodeId(nid))
-        a, b = ed.canvas_to_screen(pos), ed.canvas_to_screen(imgui.ImVec2(pos.x + size.x, pos.y + size.y))
-        layout.nodes[view.name] = (a.x, a.y, b.x, b.y)
-        title = ed.canvas_to_screen(title_at)  # widgets inside the editor are placed in canvas units
-        layout.titles[view.name] = (title.x, title.y)
+        pos, size = ed.get_node_position(nid), ed.get_node_size(nid)
+        self._geometry[op] = _Geometry((content.x, content.y), (size.x, size.y), pins)
+        rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
+        if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
+            self._rects[op] = rect
+            self._vis_key = None
+        ox, oy, k = self._to_screen
+        layout.nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
+        layout.titles[op] = (ox + origin.x * k, oy + origin.y * k)
 
-    def _pin(self, op: str, port: str, direction: str, label: str, layout: EditorLayout) -> None:
+    def _stub(self, view: NodeView) -> None:
+        """A node outside the visible area that a visible wire ends at: its measured size and its pins at
+        their measured places, nothing else (so the wire is drawn to where the pin is)."""
+        imgui, ed = self._imgui, self._ed
+        op = view.name
+        g = self._geometry[op]
+        ed.begin_node(ed.NodeId(self._node_ids[op]))
+        o = imgui.get_cursor_screen_pos()
+        imgui.dummy(imgui.ImVec2(*g.content))
+        vec, pin_ids, back = imgui.ImVec2, self._pin_ids, self._pins_by_id
+        for (port, direction), (x0, y0, x1, y1, px) in g.pins.items():
+            pid = self._id(pin_ids, (op, port, direction), back)
+            ed.begin_pin(ed.PinId(pid), ed.PinKind.input if direction == "in" else ed.PinKind.output)
+            ed.pin_rect(vec(o.x + x0, o.y + y0), vec(o.x + x1, o.y + y1))
+            ed.pin_pivot_rect(vec(o.x + px, o.y + y0), vec(o.x + px, o.y + y1))
+            ed.end_pin()
+        ed.end_node()
+
+    def _pin(
+        self, op: str, port: str, direction: str, label: str | None, pad: Any, origin: Any, layout: EditorLayout
+    ) -> tuple[float, float, float, float, float]:
         imgui, ed = self._imgui, self._ed
         key = (op, port, direction)
         pid = self._id(self._pin_ids, key, self._pins_by_id)
         ed.begin_pin(ed.PinId(pid), ed.PinKind.input if direction == "in" else ed.PinKind.output)
-        if direction == "out":
-            imgui.dummy(imgui.ImVec2(max(0.0, _NODE_WIDTH - imgui.calc_text_size(label).x), 0))
-            imgui.same_line()
-        imgui.text(label)
+        if label is None:  # compact: the pin's place, no text
+            imgui.dummy(self._pin_box)
+        else:
+            if pad is not None:  # an output: right-aligned
+                imgui.dummy(pad)
+                imgui.same_line()
+            imgui.text(label)
         lo, hi = imgui.get_item_rect_min(), imgui.get_item_rect_max()
         x = lo.x if direction == "in" else hi.x
         ed.pin_pivot_rect(imgui.ImVec2(x, lo.y), imgui.ImVec2(x, hi.y))
         ed.end_pin()
-        at = ed.canvas_to_screen(imgui.ImVec2(x, (lo.y + hi.y) * 0.5))
-        layout.pins[key] = (at.x, at.y)
+        sx, sy, k = self._to_screen
+        layout.pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
+        ox, oy = origin.x, origin.y
+        return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
 
     def _param(self, view: NodeView, p: ParamView) -> None:
         imgui, model = self._imgui, self.model
@@ -310,8 +498,11 @@ class EditorPanel:
             key = self._links_by_id.get(hovered.id())
             link = next((lk for lk in model.links() if lk.key == key), None)
             if link is not None:
-                size = f"{link.count:,} elements, {link.nbytes:,} bytes" if link.count is not None else "not built yet"
-                self._tooltip(f"{link}\n{link.type}  {size}")
+                probe = model.probes.latest.get((link.src, link.src_port), False)
+                seen = "" if probe is False else f"\n{probe}" if probe is not None else "\nprobe: no frame yet"
+                self._tooltip(f"{link}\n{link.size_text}{seen}")
+        elif (pin := ed.get_hovered_pin()) and (where := self._pins_by_id.get(pin.id())) is not None:
+            self._tooltip(model.port_text(*where))  # shape, element type and bytes of what the pin carries
 
     def _menus(self) -> None:
         imgui, ed, model = self._imgui, self._ed, self.model
@@ -324,6 +515,22 @@ class EditorPanel:
         elif ed.show_background_context_menu():
             self._new_at = _xy(ed.get_mouse_pos_on_canvas())
             imgui.open_popup("Add block")
+        link = ed.LinkId()
+        if ed.show_link_context_menu(link):
+            self._menu_link = self._links_by_id.get(link.id())
+            imgui.open_popup("Wire")
+        if imgui.begin_popup("Wire"):
+            key = self._menu_link
+            if key is not None:
+                src, port = key[0], key[1]
+                imgui.text(f"{src}.{port} -> {key[2]}.{key[3]}")
+                if (src, port) in model.probes:
+                    if imgui.menu_item("Remove probe", "", False)[0]:
+                        self._report(model.unprobe(src, port))
+                elif imgui.menu_item("Probe", "", False)[0]:
+                    self._report(model.probe(src, port))
+                    self._wire = key
+            imgui.end_popup()
         if imgui.begin_popup("Node"):
             op = self._menu_op
             view = model.nodes().get(op)
@@ -363,6 +570,59 @@ class EditorPanel:
                     if imgui.is_item_hovered() and bt.doc:
                         imgui.set_tooltip(f"{bt.name} (from {bt.origin})\n{bt.doc}")
                 imgui.tree_pop()
+
+    def _selected_wire(self) -> None:
+        """The selection changed: a selected wire is probed and its statistics shown."""
+        self._wire = None
+        for lid in self._ed.get_selected_links():
+            key = self._links_by_id.get(lid.id())
+            if key is not None:
+                self._report(self.model.probe(key[0], key[1]))
+                self._wire = key
+                return
+
+    def _probe_window(self) -> None:
+        """The selected wire's probe: statistics of the newest completed frame, a thumbnail for an image."""
+        key = self._wire
+        if key is None or (key[0], key[1]) not in self.model.probes:
+            return
+        imgui = self._imgui
+        src, port = key[0], key[1]
+        st = self.model.probes.latest.get((src, port))
+        imgui.set_next_window_bg_alpha(0.9)
+        imgui.begin(f"Probe {src}.{port}###probe", None, imgui.WindowFlags_.always_auto_resize)
+        if st is None:
+            imgui.text("waiting for the first frame with the probe")
+        else:
+            bad = self._link_colors["bad"][0]
+            if st.minimum is None:
+                imgui.text("no finite value")
+            else:
+                imgui.text(f"min  {st.minimum:.6g}\nmax  {st.maximum:.6g}\nmean {st.mean:.6g}")
+            imgui.text_colored(bad, f"NaN {st.nan:,}  Inf {st.inf:,}") if st.bad else imgui.text("NaN 0  Inf 0")
+            imgui.text_disabled(f"{st.values:,} values, frame {st.frame}")
+            if st.thumbnail is not None:
+                self._thumbnail(st.thumbnail)
+        if imgui.button("Remove probe"):
+            self._report(self.model.unprobe(src, port))
+        imgui.end()
+
+    def _thumbnail(self, image: Any) -> None:
+        """A probe's thumbnail (uint8: 0 not finite, drawn red; 1..255 grey levels) as filled rectangles."""
+        imgui = self._imgui
+        h, w = image.shape
+        at = imgui.get_cursor_screen_pos()
+        draw = imgui.get_window_draw_list()
+        red = imgui.get_color_u32(imgui.ImVec4(*REFUSED_COLOR))
+        k = _THUMB_PX
+        for y in range(h):
+            row = image[y]
+            for x in range(w):
+                v = int(row[x])
+                c = red if v == 0 else imgui.get_color_u32(imgui.ImVec4(v / 255, v / 255, v / 255, 1.0))
+                x0, y0 = at.x + x * k, at.y + y * k
+                draw.add_rect_filled(imgui.ImVec2(x0, y0), imgui.ImVec2(x0 + k, y0 + k), c)
+        imgui.dummy(imgui.ImVec2(w * k, h * k))
 
     def _store_moves(self, nodes: dict[str, NodeView]) -> None:
         """After a mouse release: nodes the user dragged get their new position written to the file."""

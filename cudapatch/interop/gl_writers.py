@@ -72,7 +72,17 @@ extern "C" __global__ void gl_ring_copy(const ELEMENT* in, unsigned int n, const
 """
 
 
-_CUDA_SPELLING = {"uint": "unsigned int", "long": "long long", "ulong": "unsigned long long", "uchar": "unsigned char"}
+_CUDA_SPELLING = {
+    "uint": "unsigned int",
+    "long": "long long",
+    "ulong": "unsigned long long",
+    "uchar": "unsigned char",
+    "char": "signed char",
+    "ushort": "unsigned short",
+    # The writers copy bits: 16-bit floats travel as unsigned short, so no fp16/bf16 header is needed.
+    "half": "unsigned short",
+    "bfloat16": "unsigned short",
+}
 
 
 def _element(dtype: DType) -> str:

@@ -1,7 +1,9 @@
 """The preview: an engine's point output and/or image output drawn every frame, with the overlay.
 
 ``Preview(engine, context, points=(block, "Points"))`` draws the points a ToPoints-style block
-writes; ``image=(block, port, width, height)`` shows an RGBA8 image output as a texture. Each
+writes; ``image=(block, port)`` shows a 2-D output as a texture of its element type (RGBA8 for
+``uchar4`` and packed ``uint``, RGBA32F for ``float4``, grey for ``float``/``half``/``uchar`` ...),
+``image=(block, port, width, height)`` any output of that many texels. Each
 ``frame()`` runs ``engine.update()`` (which maps the GL resources, launches, copies and unmaps on
 the engine's stream, never waiting), then draws with GL and presents. With an ``EglContext`` the
 same frames render headless and ``run(out_dir=...)`` writes them as PNG files.
@@ -22,11 +24,44 @@ from ..errors import CudaLaunchError, InteropError
 from ._gl import gl
 from .bridge import GlBridge
 from .context import GlContext
+from .formats import texture_format_for
 from .png import write_png
 from .render import PointRenderer, TextureRenderer, orbit_camera
 from .shared import SharedBuffer, SharedTexture2D
 
 __all__ = ["Preview", "PreviewReport"]
+
+
+def _image_spec(engine: Any, image: tuple) -> tuple[Block, str, int, int, str]:
+    """``(block, port, width, height, texture format)`` of the image to show: the size as given, or
+    the output's 2-D shape; the format from its element type (``formats.texture_format_for``).
+
+    Raises:
+        InteropError: no size and no 2-D shape, or an element type no texture holds.
+    """
+    block, port = image[0], image[1]
+    spec = block.description.output(port)
+    if spec is None:
+        raise InteropError(f"Preview: '{block.name}' has no output '{port}'")
+    channels = 1
+    if len(image) >= 4:
+        w, h = int(image[2]), int(image[3])
+    else:
+        shape = engine.output_shape(block, port)  # the running graph's: call after engine.wait_ready()
+        if shape.ndim != 2:
+            raise InteropError(
+                f"Preview: output '{block.name}.{port}' has shape {shape}; show a 2-D output or give width, height"
+            )
+        h, w, channels = shape.height, shape.width, shape.channels
+    fmt = texture_format_for(spec.dtype, channels)
+    if fmt is None:
+        raise InteropError(
+            f"Preview: output '{block.name}.{port}' holds {spec.dtype.c_name}"
+            f"{f' x{channels}' if channels > 1 else ''}, which no GL texture shows texel for texel "
+            "(use uchar4, uint (packed RGBA8), float, float2, float4, half, uchar or ushort)"
+        )
+    return block, port, w, h, fmt.name
+
 
 log = logging.getLogger("cudapatch.interop")
 
@@ -73,7 +108,7 @@ class Preview:
         editor: Any = None,
     ) -> None:
         if points is None and image is None:
-            raise InteropError("Preview: give points=(block, port) and/or image=(block, port, width, height)")
+            raise InteropError("Preview: give points=(block, port) and/or image=(block, port[, width, height])")
         self.engine = engine
         self.context = context
         self.points = points
@@ -99,9 +134,10 @@ class Preview:
         self._texture_renderer: TextureRenderer | None = None
         self._image: Any = None
         if image is not None:
-            block, port, w, h = image
+            block, port, w, h, fmt = _image_spec(engine, image)
+            self.image = (block, port, w, h)
             label = f"{block.name}.{port}"
-            if self.zero_map:  # CUDA writes a ring of imported buffers, a GL compute shader copies the newest
+            if self.zero_map and fmt == "rgba8":  # CUDA writes a ring of imported buffers, GL copies the newest
                 from .imported import ImportedImage
 
                 try:
@@ -114,7 +150,7 @@ class Preview:
                     log.warning("preview: %s; the image goes through register + map instead", exc)
             if self._image is None:
                 # surface_ldst: written by surface stores, 2.4x faster than a copy into the array
-                self._texture = SharedTexture2D.create(w, h, format="rgba8", flags="surface_ldst", label=label)
+                self._texture = SharedTexture2D.create(w, h, format=fmt, flags="surface_ldst", label=label)
                 self.bridge.show_texture(block, port, self._texture)
             self._texture_renderer = TextureRenderer()
         self.overlay = None

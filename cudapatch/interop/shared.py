@@ -22,6 +22,7 @@ from .._lifecycle import HandleOwner
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from ._gl import check_gl, gl
+from .formats import TEXTURE_FORMATS
 
 __all__ = ["RegisterFlags", "SharedBuffer", "SharedTexture2D", "BufferMapping", "TextureMapping", "ResourceGroup"]
 
@@ -34,12 +35,10 @@ _FLAG_NAMES = {
     "write_discard": "CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD",
     "surface_ldst": "CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST",
 }
-# Texture formats: GL internal format -> (name, bytes per texel, GL format, GL type)
-_TEXTURE_FORMATS = {
-    0x8058: ("rgba8", 4, 0x1908, 0x1401),  # GL_RGBA8, GL_RGBA, GL_UNSIGNED_BYTE
-    0x8814: ("rgba32f", 16, 0x1908, 0x1406),  # GL_RGBA32F, GL_RGBA, GL_FLOAT
-    0x822E: ("r32f", 4, 0x1903, 0x1406),  # GL_R32F, GL_RED, GL_FLOAT
-}
+# Texture formats: GL internal format -> (name, bytes per texel, GL format, GL type) (see formats.py)
+_TEXTURE_FORMATS = {f.internal: (f.name, f.texel_bytes, f.gl_format, f.gl_type) for f in TEXTURE_FORMATS.values()}
+_SINGLE_CHANNEL = {f.internal for f in TEXTURE_FORMATS.values() if f.channels == 1}
+_SWIZZLE_G, _SWIZZLE_B = 0x8E43, 0x8E44  # GL_TEXTURE_SWIZZLE_G/B
 _FORMAT_BY_NAME = {v[0]: k for k, v in _TEXTURE_FORMATS.items()}
 
 
@@ -352,6 +351,9 @@ class SharedTexture2D(_SharedResource):
         GL.glTexImage2D(GL.GL_TEXTURE_2D, 0, internal, width, height, 0, gl_format, gl_type, None)
         GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MIN_FILTER, GL.GL_LINEAR)
         GL.glTexParameteri(GL.GL_TEXTURE_2D, GL.GL_TEXTURE_MAG_FILTER, GL.GL_LINEAR)
+        if internal in _SINGLE_CHANNEL:  # shown grey: red into green and blue
+            GL.glTexParameteri(GL.GL_TEXTURE_2D, _SWIZZLE_G, GL.GL_RED)
+            GL.glTexParameteri(GL.GL_TEXTURE_2D, _SWIZZLE_B, GL.GL_RED)
         GL.glBindTexture(GL.GL_TEXTURE_2D, 0)
         check_gl(f"creating {label} ({width}x{height} {format})")
         try:

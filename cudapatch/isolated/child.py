@@ -90,7 +90,7 @@ class _Server:
         def import_input(h: Any) -> Any:
             if h.array is not None:
                 return h.array  # a host array: the engine copies it into a buffer of its own
-            return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype)
+            return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, shape=h.shape)
 
         self.patch = ChildPatch(engine, import_input)
         self._graph: Any = None

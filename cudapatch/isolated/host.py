@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..blocks.block import Block, BlockState
+from ..blocks.shape import shape_from_array
 from ..engine.bindings import binding_from_cai
 from ..engine.context import Context, ExternalBinding
 from ..engine.diagnostics import Diagnostic, DiagnosticCode
@@ -45,6 +46,9 @@ from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
 
 __all__ = ["IsolatedEngine", "HostSide", "ChildLike"]
+
+# Which state of a composite's inner blocks it shows: the worst.
+_STATE_RANK = {"NotCompiled": 0, "OK": 1, "Warning": 2, "Error": 3}
 
 log = logging.getLogger("cudapatch.isolated")
 
@@ -130,7 +134,7 @@ class _CudaHostSide:
             return InputHandle(binding.count, binding.dtype, array=binding.owner)
         self.device.make_current()
         handle, offset = export_device_memory(binding.ptr)
-        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset)
+        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset, shape=binding.shape)
 
     def import_output(self, h: Any) -> Any:
         from .ipc import SharedOutput
@@ -371,9 +375,16 @@ class IsolatedEngine:
             st = states.get(b.id)
             if st is not None:
                 b.debug.state, b.debug.message = BlockState(st[0]), st[1]
+        registry = self.context.registry
+        for comp in registry.composites.values():  # the child ran its inner blocks: show the worst state
+            inner = [states[b.id] for _, b in comp.inner_blocks() if b.id in states]
+            if inner:
+                st = max(inner, key=lambda s: _STATE_RANK.get(s[0], 0))
+                comp.debug.state, comp.debug.message = BlockState(st[0]), st[1]
         for d in diags:  # a fault report has no states: the errors say enough
             if d.block_id is not None and d.severity == "error":
-                b = self.context.registry.get(d.block_id)
+                owner = registry.owner(d.block_id) if registry.composites else None
+                b = owner[0] if owner is not None else registry.get(d.block_id)
                 if b is not None:
                     b.debug.state, b.debug.message = BlockState.ERROR, d.message.splitlines()[0]
 
@@ -430,10 +441,11 @@ class IsolatedEngine:
             binding = binding_from_cai(array, want, block.name, port)
         else:
             host = np.ascontiguousarray(array)
-            if host.dtype != want.base:
+            if not want.accepts(host.dtype):
                 why = f"host array of {host.dtype} bound to a {want.c_name} port"
                 raise BindingError(why, block=block.name, port=port)
-            binding = ExternalBinding(0, host.size // want.lanes, want, owner=host)
+            shape = shape_from_array(host.shape, want.lanes) if host.ndim > 1 else None
+            binding = ExternalBinding(0, host.size // want.lanes, want, owner=host, shape=shape)
         key = (block.id, port)
         old = self.context.bindings.get(key)
         self.context.bind_input(block, port, binding)
@@ -471,11 +483,12 @@ class IsolatedEngine:
             if dirty.only_params:
                 params, bindings = dirty.take_params()
                 mirror = self._mirror
-                hot = tuple((bid, name, p.value) for (bid, name), p in params.items())
+                leaf = mirror.leaf_keys  # a composite's exposed names stand for its inner blocks'
+                hot = tuple((bid, name, p.value) for key, p in params.items() for bid, name in leaf(key))
                 for bid, name, value in hot:
                     mirror.note_value(bid, name, value)
                 if bindings:
-                    edits = [mirror.bind(k, b) for k, b in bindings.items()]
+                    edits = [mirror.bind(lk, b) for k, b in bindings.items() for lk in leaf(k)]
                     child.send(("edits", [e for e in edits if e is not None]))
                 self.counters.hot_updates += len(hot)
             else:
@@ -552,7 +565,7 @@ class IsolatedEngine:
         Raises:
             CudapatchError: the block is not running in the child's graph, or has no such output.
         """
-        key = (block.id, port)
+        key = self._mirror.leaf_keys((block.id, port))[0]  # a composite's output: its inner block's
         buf = self._outputs.get(key)
         if buf is not None:
             return buf
@@ -572,7 +585,8 @@ class IsolatedEngine:
         written in the last frame). Raises: CudapatchError."""
         if block.description.output(port) is None:
             raise CudapatchError("no such output port", block=block.name, port=port)
-        return self._request("read", block.id, port)
+        bid, name = self._mirror.leaf_keys((block.id, port))[0]
+        return self._request("read", bid, name)
 
     def stats(self) -> Any:
         """``EngineStats`` of the child's newest completed frame (waits for the child)."""

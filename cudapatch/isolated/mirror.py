@@ -152,12 +152,20 @@ class PatchMirror:
         self._blocks: dict[int, tuple[str, Any, dict[str, Any]]] = {}  # id -> (name, description, values)
         self._links: set[tuple[int, str, int, str]] = set()
         self._bindings: dict[tuple[int, str], tuple[int, int, Any, int]] = {}  # key -> (ptr, count, dtype, owner id)
+        # A composite's exposed names -> its inner blocks' keys: the child has only the inner blocks.
+        self._aliases: dict[tuple[int, str], tuple[tuple[int, str], ...]] = {}
 
     def diff(self, snap: Any) -> list[Edit]:
         """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``), in an order
         the child can apply one by one: removals, blocks, values, links, bindings. Records ``snap``
         as sent."""
         edits: list[Edit] = []
+        self._aliases = {
+            (c.id, name): keys
+            for c in getattr(snap, "composites", ())
+            for table in (c.params, c.inputs, c.outputs)
+            for name, keys in table.items()
+        }
         new_blocks = {b.id: b for b in snap.blocks}
         for bid in [b for b in self._blocks if b not in new_blocks]:
             edits.append(RemoveBlock(bid))  # its links and bindings go with it in the child
@@ -202,6 +210,12 @@ class PatchMirror:
             return None
         self._bindings[key] = token
         return Bind(key[0], key[1], self._export(binding))
+
+    def leaf_keys(self, key: tuple[int, str]) -> tuple[tuple[int, str], ...]:
+        """The ``(block id, port or parameter)`` keys of the child that ``key`` stands for: a composite's
+        exposed name becomes its inner blocks' (the snapshot the child got is flattened); any other key
+        is itself."""
+        return self._aliases.get(key, (key,))
 
     def note_value(self, block_id: int, name: str, value: Any) -> None:
         """A Hot value went to the child with a frame: the next diff need not send it again."""

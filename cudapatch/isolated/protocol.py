@@ -105,6 +105,7 @@ class InputHandle:
     handle: bytes = b""
     offset: int = 0
     array: Any = None
+    shape: Any = None  # the binding's Shape (2-D/3-D data), so the child launches over the same axes
 
 
 def diag_record(d: Any, to_host: dict[int, int]) -> DiagRecord:

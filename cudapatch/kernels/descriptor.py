@@ -12,7 +12,8 @@ The sidecar format is VL.CudaGraph's, so kernels written for it load unchanged::
       ]
     }
 
-Our own optional keys: ``description`` (text for tooltips and ``cudapatch blocks``).
+Our own optional keys: ``description`` (text for tooltips and ``cudapatch blocks``); ``blockSize``
+may also be given per axis, ``[16, 16]`` or ``[8, 8, 8]`` (x first), for 2-D and 3-D launches.
 
 A sidecar is user input: it is read through ``_files`` (regular files of at most 1 MiB, UTF-8), and
 every way it can be wrong is a ``SidecarError`` naming the file and line, found in time linear in
@@ -40,6 +41,7 @@ __all__ = [
     "KernelDescriptor",
     "NUMBA_ARRAY_ROLES",
     "MAX_BLOCK_SIZE",
+    "DEFAULT_BLOCK_DIMS",
     "MAX_SHARED_MEMORY_BYTES",
     "check_launch_settings",
     "is_identifier",
@@ -56,6 +58,8 @@ _ENTRY_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")  # PTX allows $ in entry n
 
 #: Threads per block: CUDA's limit on every architecture cudapatch supports.
 MAX_BLOCK_SIZE = 1024
+#: Threads per block of 2-D and 3-D launches whose kernel gives no per-axis ``blockSize``.
+DEFAULT_BLOCK_DIMS: dict[int, tuple[int, ...]] = {2: (16, 16), 3: (8, 8, 8)}
 #: Dynamic shared memory per block: 227 KiB, the most any GPU grants (H100's opt-in maximum).
 MAX_SHARED_MEMORY_BYTES = 227 * 1024
 
@@ -65,10 +69,29 @@ def is_identifier(name: object) -> bool:
     return isinstance(name, str) and _IDENTIFIER.fullmatch(name) is not None
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def check_launch_settings(block_size: object, shared: object) -> tuple[str, str] | None:
     """What is wrong with a kernel's ``blockSize`` and ``sharedMemoryBytes``: the key and a message
-    (None: nothing). The same rules hold for sidecars and for ``// cudapatch:`` lines in CUDA C++."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+    (None: nothing). The same rules hold for sidecars and for ``// cudapatch:`` lines in CUDA C++.
+
+    ``blockSize`` is a number of threads, or one per axis (``[16, 16]``, ``[8, 8, 8]``: x first,
+    like CUDA's ``dim3``) whose product is the number of threads."""
+    if isinstance(block_size, (list, tuple)):
+        if not 1 <= len(block_size) <= 3 or not all(_is_int(v) and v >= 1 for v in block_size):
+            return "blockSize", (
+                f"'blockSize' per axis must be 1 to 3 integers of at least 1 (x, y, z), got {short_repr(block_size)}"
+            )
+        threads = 1
+        for v in block_size:
+            threads *= v
+        if threads > MAX_BLOCK_SIZE:
+            return "blockSize", (
+                f"'blockSize' {short_repr(list(block_size))} is {threads} threads: a block has at most {MAX_BLOCK_SIZE}"
+            )
+    elif not _is_int(block_size) or not 1 <= block_size <= MAX_BLOCK_SIZE:  # type: ignore[operator]
         return "blockSize", f"'blockSize' must be an integer in 1..{MAX_BLOCK_SIZE}, got {short_repr(block_size)}"
     if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_SHARED_MEMORY_BYTES:
         return "sharedMemoryBytes", (
@@ -134,9 +157,11 @@ class KernelDescriptor:
     Attributes:
         entry_point: Name of the ``.entry`` in the module.
         parameters: The parameters in order.
-        block_size: Threads per block (1-D) used for auto grids.
+        block_size: Threads per block used for auto grids (the product of ``block_dims`` when set).
         shared_memory_bytes: Dynamic shared memory per block.
         description: Optional text for tooltips.
+        block_dims: Threads per block along each axis (x first), when the sidecar gave them per axis;
+            empty for a single number. 2-D/3-D launches without it use ``DEFAULT_BLOCK_DIMS``.
     """
 
     entry_point: str
@@ -145,6 +170,19 @@ class KernelDescriptor:
     shared_memory_bytes: int = 0
     description: str = ""
     abi: tuple[AbiSlot, ...] = ()  # empty: one "value" slot per parameter
+    block_dims: tuple[int, ...] = ()
+
+    def launch_block(self, dims: int) -> tuple[int, int, int]:
+        """Threads per block ``(x, y, z)`` for a launch over ``dims`` axes: the per-axis
+        ``blockSize`` when given (padded with 1s), else ``block_size`` for 1-D and
+        ``DEFAULT_BLOCK_DIMS`` (16x16, 8x8x8) for 2-D and 3-D."""
+        if self.block_dims:
+            bd = self.block_dims
+        elif dims == 1:
+            bd = (self.block_size,)
+        else:
+            bd = DEFAULT_BLOCK_DIMS[dims]
+        return (bd[0], bd[1] if len(bd) > 1 else 1, bd[2] if len(bd) > 2 else 1)
 
     @cached_property
     def slots(self) -> tuple[AbiSlot, ...]:
@@ -297,6 +335,12 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
         except KeyError:
             raise SidecarError(f"{where}: unknown type {short_repr(type_name)}", file=file, line=line) from None
         is_pointer: Any = raw.get("isPointer", ptr_from_type)
+        if dtype is DType.BFLOAT16 and not ptr_from_type:
+            raise SidecarError(
+                f"{where}: bfloat16 is a buffer type ('bfloat16*'); pass a by-value scalar as float",
+                file=file,
+                line=line,
+            )
         if not isinstance(is_pointer, bool):
             raise SidecarError(f"{where}: 'isPointer' must be true or false", file=file, line=line)
         if is_pointer != ptr_from_type:
@@ -322,17 +366,28 @@ def parse_sidecar(text: str, *, file: str = "<sidecar>") -> KernelDescriptor:
     return KernelDescriptor(
         entry_point=entry,
         parameters=tuple(params),
-        block_size=block_size,
+        block_size=_threads(block_size),
         shared_memory_bytes=shared,
         description=description,
+        block_dims=tuple(block_size) if isinstance(block_size, list) else (),
     )
+
+
+def _threads(block_size: int | list[int] | tuple[int, ...]) -> int:
+    """Threads per block of a checked ``blockSize`` (a number, or one per axis)."""
+    if isinstance(block_size, int):
+        return block_size
+    n = 1
+    for v in block_size:
+        n *= v
+    return n
 
 
 def descriptor_to_json(desc: KernelDescriptor) -> str:
     """Write a descriptor back as sidecar JSON (used by the kernel build script)."""
     out: dict[str, Any] = {
         "entryPoint": desc.entry_point,
-        "blockSize": desc.block_size,
+        "blockSize": list(desc.block_dims) if desc.block_dims else desc.block_size,
         "sharedMemoryBytes": desc.shared_memory_bytes,
     }
     if desc.description:

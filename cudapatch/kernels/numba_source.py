@@ -13,12 +13,13 @@ import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 from ..errors import KernelCompileError, KernelLoadError
 from ._toolchain import link_ptx, toolchain_version
 from .cache import cache_key
-from .descriptor import NUMBA_ARRAY_ROLES, AbiSlot, KernelDescriptor, KernelParamDescriptor
+from .descriptor import NUMBA_ARRAY_ROLES, AbiSlot, KernelDescriptor, KernelParamDescriptor, check_launch_settings
 from .ptx import check_signature, parse_ptx
 from .source import KernelImage, KernelSource
 from .types import DType
@@ -33,6 +34,10 @@ _SCALARS = {
     "int64": DType.INT64,
     "uint64": DType.UINT64,
     "uint8": DType.UINT8,
+    "int8": DType.INT8,
+    "int16": DType.INT16,
+    "uint16": DType.UINT16,
+    "float16": DType.FLOAT16,
 }
 _ARRAY_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*:\s*(?:(?::\s*1)|)\s*\]\s*$")
 _NUMBA_LOCATION = re.compile(r'File "([^"]+)", line (\d+)')
@@ -53,7 +58,10 @@ def _parse_argtype(t: Any, where: str) -> tuple[DType, bool]:
             base, is_array = str(t), False
     dtype = _SCALARS.get(base)
     if dtype is None:
-        raise KernelLoadError(f"{where}: unsupported type '{t}' (use {', '.join(_SCALARS)} or 1-D arrays of them)")
+        hint = " (Numba has no bfloat16: pass the bits as uint16)" if "bfloat16" in base else ""
+        raise KernelLoadError(
+            f"{where}: unsupported type '{t}'{hint} (use {', '.join(_SCALARS)} or 1-D arrays of them)"
+        )
     return dtype, is_array
 
 
@@ -89,17 +97,20 @@ class NumbaSource(KernelSource):
         func: The kernel body (``numba.cuda.grid(1)`` and friends inside), not yet ``@cuda.jit``-ed.
         argtypes: One type per argument: Numba types or strings (``"float32[:]"``, ``"int32"``).
         outputs: Names of array arguments the kernel writes (the others are inputs).
-        block_size: Threads per block for auto grids.
+        block_size: Threads per block for auto grids, or one number per axis (``(16, 16)``, x first)
+            for 2-D and 3-D launches.
     """
 
     func: Callable[..., Any]
     argtypes: tuple[Any, ...]
     outputs: tuple[str, ...] = ()
-    block_size: int = 256
+    block_size: int | tuple[int, ...] = 256
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argtypes", tuple(self.argtypes))
         object.__setattr__(self, "outputs", tuple(self.outputs))
+        if isinstance(self.block_size, list):
+            object.__setattr__(self, "block_size", tuple(self.block_size))
 
     @property
     def debug_name(self) -> str:
@@ -145,10 +156,15 @@ class NumbaSource(KernelSource):
                 slots.extend(AbiSlot(i, role, 8, 8) for role in NUMBA_ARRAY_ROLES)
             else:
                 slots.append(AbiSlot(i, "value", dtype.itemsize, dtype.alignment))
+        launch = check_launch_settings(self.block_size, 0)
+        if launch is not None:
+            raise KernelLoadError(f"{self.debug_name}: {launch[1]}", file=self._file())
+        dims = tuple(self.block_size) if isinstance(self.block_size, tuple) else ()
         return KernelDescriptor(
             entry_point=getattr(self.func, "__name__", "kernel"),
             parameters=tuple(params),
-            block_size=self.block_size,
+            block_size=prod(dims) if dims else self.block_size,  # type: ignore[arg-type]
+            block_dims=dims,
             abi=tuple(slots),
         )
 

@@ -1,8 +1,9 @@
 """Kernel descriptors read from CUDA C++ source: the ``__global__`` signature is the contract.
 
 ``const T*`` parameters are inputs, ``T*`` outputs, ``/*inout*/ T*`` both, by-value parameters are
-inputs. ``// cudapatch: key=value`` comment lines set ``blockSize``, ``sharedMemoryBytes`` and
-``description``. Used for NVRTC sources, the custom kernel block and the bundled-kernel build script.
+inputs. ``// cudapatch: key=value`` comment lines set ``blockSize`` (threads, or per axis:
+``16x16``, ``8x8x8``), ``sharedMemoryBytes`` and ``description``. Used for NVRTC sources, the custom
+kernel block and the bundled-kernel build script.
 
 The text comes from a user (a ``.cu`` file, a CustomKernel's Code field, edited on the frame
 thread), so reading it is linear whatever it holds: comments are stripped in one pass, no pattern
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from math import prod
 
 from ..errors import KernelCompileError
 from ._text import MAX_KERNEL_PARAMETERS, LineIndex, short_repr, strip_c_comments
 from .descriptor import KernelDescriptor, KernelParamDescriptor, check_launch_settings
-from .types import parse_type_name
+from .types import DType, parse_type_name
 
 __all__ = ["describe_cuda_source", "find_entry_points"]
 
@@ -29,6 +31,7 @@ _SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*\)\s+)?void\s+([
 # (a lazy ".*?" before "\s*$" is quadratic on a line of spaces).
 _META = re.compile(r"^[ \t]*//[ \t]*cudapatch:[ \t]*(\w+)[ \t]*=([^\n]*)", re.MULTILINE)
 _INT_SETTING = re.compile(r"[+-]?\d{1,9}")
+_AXES_SETTING = re.compile(r"[+-]?\d{1,9}(?:[ \t]*[x,][ \t]*[+-]?\d{1,9}){1,2}")  # 16x16, 8,8,8
 _SETTINGS = {"blockSize", "sharedMemoryBytes", "description"}
 _MAX_DECL = 4096  # characters in one parameter declaration (a bound on any pattern's work)
 # The type and the name are separated by a "*" or by spaces, never by nothing: a pattern where both
@@ -50,7 +53,7 @@ def find_entry_points(text: str) -> list[str]:
     return [m.group(1) for m in _SIG.finditer(_strip_comments_keep_inout(text)[0])]
 
 
-def _settings(text: str, file: str) -> tuple[int, int, str]:
+def _settings(text: str, file: str) -> tuple[int | list[int], int, str]:
     """``blockSize``, ``sharedMemoryBytes`` and ``description`` from ``// cudapatch:`` lines, checked
     as a sidecar's are."""
     lines: LineIndex | None = None
@@ -66,16 +69,19 @@ def _settings(text: str, file: str) -> tuple[int, int, str]:
     for key, (_value, pos) in values.items():
         if key not in _SETTINGS:
             raise fail(f"unknown key '{key}' (use: {', '.join(sorted(_SETTINGS))})", pos)
-    numbers = {}
+    numbers: dict[str, int | list[int]] = {}
     for key, default in (("blockSize", 256), ("sharedMemoryBytes", 0)):
         value, pos = values.get(key, (str(default), 0))
+        if key == "blockSize" and _AXES_SETTING.fullmatch(value):  # per axis, x first: 16x16 or 8,8,8
+            numbers[key] = [int(v) for v in re.split(r"[x,]", value.replace(" ", "").replace("\t", ""))]
+            continue
         if not _INT_SETTING.fullmatch(value):
             raise fail(f"{key}={short_repr(value)} is not an integer", pos)
         numbers[key] = int(value)
     launch = check_launch_settings(numbers["blockSize"], numbers["sharedMemoryBytes"])
     if launch is not None:
         raise fail(launch[1], values[launch[0]][1])
-    return numbers["blockSize"], numbers["sharedMemoryBytes"], values.get("description", ("", 0))[0]
+    return numbers["blockSize"], numbers["sharedMemoryBytes"], values.get("description", ("", 0))[0]  # type: ignore
 
 
 @lru_cache(maxsize=64)  # an edit describes new code twice: to decide its tier, and to swap it
@@ -131,19 +137,29 @@ def describe_cuda_source(text: str, entry: str | None = None, *, file: str = "<s
             except KeyError:
                 raise KernelCompileError(
                     f"parameter '{pname}' has type '{ctype}', which cudapatch cannot bind "
-                    "(use float/double/int/uint/long/ulong/uchar or float2/3/4, int2/4, uint4, or pointers to them)",
+                    "(use float/double/half/int/uint/long/ulong/char/uchar/short/ushort, float2/3/4, int2/4, "
+                    "uint4, uchar4, or pointers to them; __nv_bfloat16 pointers)",
                     file=file,
                     line=line,
                     kernel=name,
                 ) from None
             is_ptr = bool(star)
+            if dtype is DType.BFLOAT16 and not is_ptr:
+                raise KernelCompileError(
+                    f"parameter '{pname}': bfloat16 is a buffer type; pass a by-value scalar as float",
+                    file=file,
+                    line=line,
+                    kernel=name,
+                )
             direction = "in" if (not is_ptr or const) else ("inout" if inout else "out")
             params.append(KernelParamDescriptor(name=pname, dtype=dtype, is_pointer=is_ptr, direction=direction))
     block_size, shared, description = _settings(text, file)
+    dims = tuple(block_size) if isinstance(block_size, list) else ()
     return KernelDescriptor(
         entry_point=name,
         parameters=tuple(params),
-        block_size=block_size,
+        block_size=prod(dims) if dims else block_size,  # type: ignore[arg-type]
+        block_dims=dims,
         shared_memory_bytes=shared,
         description=description,
     )

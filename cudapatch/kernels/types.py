@@ -11,6 +11,34 @@ from enum import Enum
 
 import numpy as np
 
+
+class c_half(ctypes.Structure):  # noqa: N801 - named like the ctypes types it sits beside
+    """A float16 parameter slot: 16 bits, read and written as a Python float (``.value``)."""
+
+    _fields_ = [("bits", ctypes.c_uint16)]
+
+    @property
+    def value(self) -> float:
+        return float(np.array(self.bits, np.uint16).view(np.float16))
+
+    @value.setter
+    def value(self, v: float) -> None:
+        self.bits = int(np.array(v, np.float16).view(np.uint16))
+
+
+def bfloat16_bits(values: object) -> np.ndarray:
+    """Float values as bfloat16 bit patterns (uint16), rounded to nearest even: what to upload to a
+    ``bfloat16`` port from NumPy, which has no bfloat16 type."""
+    f = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = f + (0x7FFF + ((f >> 16) & 1))
+    return (rounded >> 16).astype(np.uint16)
+
+
+def bfloat16_values(bits: object) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as float32 values (exact)."""
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 _CTYPES: dict[str, type] = {
     "float32": ctypes.c_float,
     "float64": ctypes.c_double,
@@ -19,15 +47,22 @@ _CTYPES: dict[str, type] = {
     "int64": ctypes.c_int64,
     "uint64": ctypes.c_uint64,
     "uint8": ctypes.c_uint8,
+    "int8": ctypes.c_int8,
+    "int16": ctypes.c_int16,
+    "uint16": ctypes.c_uint16,
+    "float16": c_half,
 }
 
-__all__ = ["DType", "parse_type_name"]
+__all__ = ["DType", "bfloat16_bits", "bfloat16_values", "c_half", "parse_type_name"]
 
 
 class DType(Enum):
     """Element type of a buffer, port or scalar parameter.
 
     Each value is ``(c_name, numpy base type, lanes)``: ``float3`` is three float32 lanes, 12 bytes.
+    ``bfloat16`` has no NumPy type: its lanes are stored, bound and read back as uint16 bit patterns
+    (``bfloat16_bits`` / ``bfloat16_values`` convert; int16 arrays, e.g. a PyTorch bfloat16 tensor
+    viewed as int16, bind too). It is a buffer type only: no by-value bfloat16 kernel parameters.
     """
 
     FLOAT32 = ("float", "float32", 1)
@@ -44,6 +79,12 @@ class DType(Enum):
     INT2 = ("int2", "int32", 2)
     INT4 = ("int4", "int32", 4)
     UINT4 = ("uint4", "uint32", 4)
+    INT8 = ("char", "int8", 1)
+    INT16 = ("short", "int16", 1)
+    UINT16 = ("ushort", "uint16", 1)
+    FLOAT16 = ("half", "float16", 1)
+    BFLOAT16 = ("bfloat16", "uint16", 1)  # after UINT16: from_numpy(uint16) is UINT16
+    UCHAR4 = ("uchar4", "uint8", 4)
 
     # Members carry plain attributes, set once here: Enum properties cost ~1 µs per access, and a
     # Cold rebuild reads them thousands of times.
@@ -55,6 +96,14 @@ class DType(Enum):
         # CUDA aligns float3 like float (4), float4 to 16, float2 to 8.
         self.alignment: int = self.base.itemsize if lanes == 3 else self.itemsize
         self.ctype: type = _CTYPES[base]  #: ctypes type of one lane.
+        #: NumPy dtypes besides ``base`` that bind to this type (raw bits of bfloat16 as int16).
+        self.also: tuple[np.dtype, ...] = (np.dtype("int16"),) if c_name == "bfloat16" else ()
+        #: Whether the lanes are floating point (``base.kind`` says uint16 for bfloat16's bits).
+        self.is_float: bool = self.base.kind == "f" or c_name == "bfloat16"
+
+    def accepts(self, dtype: np.dtype) -> bool:
+        """Whether an array of NumPy ``dtype`` binds to a port of this type (lane type match)."""
+        return dtype == self.base or dtype in self.also
 
     @property
     def numpy(self) -> np.dtype:
@@ -113,6 +162,24 @@ _ALIASES.update(
         "uint8_t": DType.UINT8,
         "byte": DType.UINT8,
         "uint4": DType.UINT4,
+        "int8": DType.INT8,
+        "int8_t": DType.INT8,
+        "signed char": DType.INT8,
+        "schar": DType.INT8,
+        "int16": DType.INT16,
+        "int16_t": DType.INT16,
+        "short int": DType.INT16,
+        "signed short": DType.INT16,
+        "uint16": DType.UINT16,
+        "uint16_t": DType.UINT16,
+        "unsigned short": DType.UINT16,
+        "unsigned short int": DType.UINT16,
+        "float16": DType.FLOAT16,
+        "f16": DType.FLOAT16,
+        "__half": DType.FLOAT16,
+        "bf16": DType.BFLOAT16,
+        "__nv_bfloat16": DType.BFLOAT16,
+        "nv_bfloat16": DType.BFLOAT16,
         "cufftComplex": DType.FLOAT2,
         "cuComplex": DType.FLOAT2,
         "cufftDoubleComplex": DType.DOUBLE2,

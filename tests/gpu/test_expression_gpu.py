@@ -121,7 +121,7 @@ def test_code_edit_swaps_in_place_and_bad_edit_keeps_the_kernel(live_engine: Eng
     block.set("Code", "x * (Gain + ")  # half-typed
     run_until(e, lambda: block.debug.state is BlockState.ERROR)
     diag = next(d for d in e.diagnostics(block) if d.code == "kernel-compile")
-    assert "column 12" in diag.message and "keeps running" in diag.message
+    assert "column 13" in diag.message and "keeps running" in diag.message
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + np.float32(1.0))
     block.set("Code", "x * (Gain + 1)")

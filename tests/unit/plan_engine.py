@@ -6,6 +6,7 @@ cover the same flows on a real ``Engine``.)"""
 from __future__ import annotations
 
 from cudapatch.engine import Context, compile_plan
+from cudapatch.engine.probes import ProbeSet
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import GraphCompileError
 
@@ -17,6 +18,7 @@ class PlanOnlyEngine:
         self.errors = ()
         self.profiling = ProfilingLevel.NONE
         self.updates = 0
+        self._probes = ProbeSet(self.context, lambda: None)  # no graph runs: stats stay None
 
     def add(self, block):
         return self.context.register_block(block)
@@ -32,6 +34,9 @@ class PlanOnlyEngine:
 
     def keep(self, block, port, keep=True):
         self.context.keep(block, port, keep)
+
+    def probe(self, block, port, *, shape=None):
+        return self._probes.add(block, port, shape)
 
     def set_profiling(self, level):
         self.profiling = ProfilingLevel.parse(level)

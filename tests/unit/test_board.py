@@ -45,7 +45,7 @@ def test_codes_are_strings_for_hosts() -> None:
     same = Diagnostic("error", 1, DiagnosticCode.GPU_FAULT, "boom")
     assert d == same and hash(d) == hash(same) and Diagnostic("error", 1, "gpu-fault", "boom") in {same}
     assert Diagnostic("info", None, "my-host-code", "x").code == "my-host-code"  # a host's own code stays text
-    assert len(DiagnosticCode) == 21 and all(c.value == str(c) for c in DiagnosticCode)
+    assert len(DiagnosticCode) == 25 and all(c.value == str(c) for c in DiagnosticCode)
 
 
 def test_a_build_sets_states_and_a_failed_build_keeps_the_running_set(patch) -> None:  # noqa: ANN001
@@ -97,3 +97,26 @@ def test_an_engine_error_and_each_new_diagnostic_is_logged_once(patch, caplog) -
         board.frame_warnings((Diagnostic("warning", fill.id, "append-full", "full"),))
     assert [r.getMessage() for r in caplog.records] == ["CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "full"]
     assert fill.debug.state is BlockState.WARNING and board.of_block(fill.id)[0].code == "append-full"
+
+
+def test_an_inner_blocks_diagnostics_show_on_its_composite() -> None:
+    from cudapatch import Composite
+
+    class Pair(Composite):
+        def compose(self, c) -> None:
+            c.add("a", Scale())
+            c.expose("In", "a.In")
+
+    c = Context()
+    pair = c.register_block(Pair(name="pair"))
+    compiles = Compiles()
+    board = DiagnosticBoard(
+        c.registry, kernels=compiles, faults=FaultState(), logger=logging.getLogger("cudapatch.test")
+    )
+    inner = pair.inner("a")
+    board.build_done((), running=[inner.id, pair.id])
+    assert pair.debug.state is BlockState.OK
+    compiles.set(Diagnostic("error", inner.id, DiagnosticCode.KERNEL_COMPILE, "kernel 'scale' of 'pair/a': boom"))
+    board.refresh()
+    assert pair.debug.state is BlockState.ERROR and "boom" in pair.debug.message
+    assert [d.block_id for d in board.of_block(pair.id)] == [inner.id]

@@ -73,7 +73,7 @@ class Case:
             tuple(dataclasses.replace(b, id=ids[b.id], context_id=0) for b in snap.blocks),
             tuple(Link(ids[lk.src], lk.src_port, ids[lk.dst], lk.dst_port) for lk in snap.links),
             {(ids[k[0]], k[1]): v for k, v in snap.bindings.items()},
-            frozenset((ids[k[0]], k[1]) for k in snap.kept),
+            kept=frozenset((ids[k[0]], k[1]) for k in snap.kept),
         )
         by_name = {b.name: b.id for b in self.snap.blocks}
         self.status = status(by_name) if status else None
@@ -403,7 +403,9 @@ def canon(x: object, table: dict[object, int] | None = None) -> str:
     if isinstance(x, Arg):
         return f"{x.kind} {x.dtype.c_name}{'*' if x.is_pointer else ''} {canon(x.ref)} {canon(x.value)}"
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        fields = ", ".join(f"{f}={canon(v, table)}" for f, v in zip(x._fields, x, strict=True))
+        fields = ", ".join(
+            f"{f}={canon(v, table)}" for f, v in zip(x._fields, x, strict=True) if _QUIET.get(f, _NOT) != v
+        )
         return f"{type(x).__name__}({fields})"
     if isinstance(x, (tuple, list)):
         return "(" + ", ".join(canon(v, table) for v in x) + ")"
@@ -414,6 +416,15 @@ def canon(x: object, table: dict[object, int] | None = None) -> str:
     raise TypeError(f"no canonical form for {type(x).__name__}")
 
 
+_NOT = object()
+#: Fields added after the golden file was first recorded, left out where they hold their default (a
+#: 1-D launch), so plans that do not use them read as they always did.
+_QUIET: dict[str, object] = {"yz": (1, 1, 1, 1)}
+#: Plan fields of features the recorded patches do not use: shown only when set, so adding such a
+#: feature leaves the golden plans as they were recorded.
+WHEN_USED = {"probes": (), "probe_words": 0, "children": ()}
+
+
 def dump(plan: GraphPlan) -> list[str]:
     """Every field of ``plan``, one line per node, buffer, diagnostic, timing and dict entry, then the
     kernel descriptors and captured specs the nodes name by number."""
@@ -421,6 +432,8 @@ def dump(plan: GraphPlan) -> list[str]:
     table: dict[object, int] = {}
     for f in dataclasses.fields(plan):
         value = getattr(plan, f.name)
+        if f.name in WHEN_USED and value == WHEN_USED[f.name]:
+            continue
         if isinstance(value, MemoryPlan):
             lines.append(f"memory reuse={value.reuse} value_buffer={canon(value.value_buffer)}")
             lines.extend(f"memory pinned {vi} {why}" for vi, why in value.pinned)

@@ -25,6 +25,7 @@ from cudapatch.engine.compiler import (
 )
 from cudapatch.engine.compiler.draft import NodeDraft, Source, resolve_count
 from cudapatch.engine.compiler.order import topological_order
+from cudapatch.engine.compiler.shapes import flat
 from cudapatch.engine.compiler.stamps import place_stamps
 from cudapatch.engine.plan import (
     BufferPlan,
@@ -140,7 +141,7 @@ def test_order_fills_the_order_and_records_a_cycle_error_per_block() -> None:
 
 # -- sizes ------------------------------------------------------------------------------------------
 def test_resolve_count_covers_every_rule() -> None:
-    inputs = {"A": Source("external", (1, "A"), 100)}
+    inputs = {"A": Source("external", (1, "A"), 100, flat(100))}
     values = {"N": 7, "M": 3}
     assert resolve_count(like("A"), inputs, values) == 100
     assert resolve_count(like("A", 3, divide=2, extra=1), inputs, values) == 151  # 100 // 2 * 3 + 1
@@ -168,9 +169,10 @@ def test_sizes_follow_links_bindings_and_size_rules() -> None:
         BufferPlan(3, two.id, "Out", DType.FLOAT32, 64, False),
         BufferPlan(4, two.id, "internal0", DType.FLOAT32, 64, False),
     ]
-    assert draft.sized[f.id].outputs == {"Out": Source("value", 0, 300)} and draft.sized[f.id].made == range(0, 1)
-    assert draft.sized[s.id].inputs == {"In": Source("value", 0, 300)}
-    assert draft.sized[add.id].inputs["B"] == Source("external", (add.id, "B"), 300)
+    assert draft.sized[f.id].outputs == {"Out": Source("value", 0, 300, flat(300))}
+    assert draft.sized[f.id].made == range(0, 1)
+    assert draft.sized[s.id].inputs == {"In": Source("value", 0, 300, flat(300))}
+    assert draft.sized[add.id].inputs["B"] == Source("external", (add.id, "B"), 300, flat(300))
     assert draft.sized[two.id].internal == (4,) and draft.sized[two.id].made == range(3, 5)
     assert draft.ports == {(f.id, "Out"): 0, (s.id, "Out"): 1, (add.id, "Sum"): 2, (two.id, "Out"): 3}
     assert draft.binding_counts == {(add.id, "B"): 300, (two.id, "In"): 64}
@@ -184,7 +186,7 @@ def test_sizes_pass_a_through_port_its_input_value() -> None:
     draft = _upto(sizes, c.snapshot())
     sizes(draft)
     state = draft.sized[e.id].outputs["Particles"]
-    assert state == Source("value", 0, 4 * 10 + 2) and draft.values[0].dtype is DType.FLOAT4
+    assert state == Source("value", 0, 4 * 10 + 2, flat(4 * 10 + 2)) and draft.values[0].dtype is DType.FLOAT4
     assert draft.sized[fo.id].outputs["Particles"] is state and draft.sized[t.id].inputs["Particles"] is state
     assert draft.sized[fo.id].made == range(1, 1)  # a through port makes no value
     assert draft.ports == {(e.id, "Particles"): 0, (fo.id, "Particles"): 0, (t.id, "Points"): 1}
@@ -399,7 +401,7 @@ def test_edges_finish_nodes_of_every_kind() -> None:
     edges(draft)
     assert [type(n) for n in draft.nodes] == [KernelNodePlan] * 3
     assert [n.deps for n in draft.nodes] == [(), (0,), (1,)]
-    assert [n[:-1] for n in draft.nodes] == [d.head for d in draft.drafts]
+    assert [n[:-2] for n in draft.nodes] == [d.head for d in draft.drafts]  # all but deps and yz
 
 
 # -- stamps and publish -----------------------------------------------------------------------------

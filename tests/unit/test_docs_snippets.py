@@ -1,6 +1,6 @@
-"""The snippets in README.md and docs/*.md: every TOML snippet loads as a patch, every Python snippet
-compiles, imports only what exists, uses no name it does not define and imports nothing it leaves
-unused. (Running the Python snippets needs a GPU: that is a GPU test's job.)"""
+"""The snippets in README.md and docs/*.md: every TOML snippet loads as a patch (or a composite
+file), every Python snippet compiles, imports only what exists, uses no name it does not define and
+imports nothing it leaves unused. (Running the Python snippets needs a GPU: that is a GPU test's job.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from cudapatch.host_plugin import PluginHost, parse_patch
+from cudapatch.host_plugin import PluginHost, parse_composite, parse_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -47,7 +47,10 @@ def test_readme_is_short():
 
 @pytest.mark.parametrize(("where", "text"), TOML, ids=[w for w, _ in TOML])
 def test_toml_snippets_load_as_patches(where, text):
-    patch = parse_patch(text, path=where, registry=PluginHost().registry)
+    if "[expose]" in text:  # a composite file (docs/composites.md): a patch with what it exposes
+        patch = parse_composite(text, path=where, registry=PluginHost().registry).patch
+    else:
+        patch = parse_patch(text, path=where, registry=PluginHost().registry)
     assert patch.operators
 
 

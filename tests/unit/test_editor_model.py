@@ -289,3 +289,19 @@ def test_auto_layout_columns_follow_the_links():
 def test_the_patch_loader_accepts_the_editor_table():
     p = parse_patch(PATCH + '\n[editor]\nbypassed = ["fill"]\n\n[editor.positions]\nfill = [1.0, 2.0]\n', registry=REG)
     assert set(p.operators) == {"fill", "scale", "add"}
+
+
+def test_wire_and_pin_tooltips_show_type_shape_and_bytes(tmp_path):
+    from cudapatch.host_plugin.editor_model import LinkView
+
+    _, adapter, _, model = _open(tmp_path)
+    adapter.engine.update()
+    model.version += 1
+    (link,) = model.links()
+    assert link.shape == "" and link.size_text == "float[]  128 elements, 512 bytes"
+    assert model.port_text("fill", "Out", "out").startswith("fill.Out\nfloat[]  128 elements, 512 bytes")
+    assert model.port_text("scale", "In", "in").startswith("scale.In\nfloat[]  128 elements, 512 bytes")
+    assert model.port_text("add", "A", "in").startswith("float[]  not linked")
+    image = LinkView("cam", "Out", "blur", "In", "uchar4[]", 1080 * 1920, 1080 * 1920 * 4, "1080x1920")
+    assert image.size_text == "uchar4[] 1080x1920  2,073,600 elements, 8,294,400 bytes"
+    assert LinkView("a", "b", "c", "d", "float[]").size_text == "float[]  not built yet"

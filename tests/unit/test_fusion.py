@@ -81,8 +81,8 @@ def test_different_counts_do_not_fuse() -> None:
     ctx, externals = Context(), {}
     e = ctx.register_block(Expression(name="e", Code="x * 2"))
     add = ctx.register_block(VectorAdd(name="add"))
-    _bind(ctx, e, "x", np.ones(10, np.float32), externals)
-    _bind(ctx, add, "A", np.ones(20, np.float32), externals)  # the launch is 20, e makes 10
+    _bind(ctx, e, "x", np.ones(30, np.float32), externals)
+    _bind(ctx, add, "A", np.ones(20, np.float32), externals)  # the launch is 20, e makes 30 (fewer: input-short)
     ctx.connect(e, "Out", add, "B")
     assert len(compile_plan(ctx.snapshot(), fuse=True).kernel_nodes) == 2
 

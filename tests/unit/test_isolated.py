@@ -499,3 +499,28 @@ def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(
     launcher.close()
     assert spawned[4].closed
     assert not host_module._ProcessLauncher("python3", standby=False)._standby
+
+
+def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_them():
+    from cudapatch import Composite
+
+    class Pair(Composite):
+        def compose(self, c) -> None:
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale())
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+            c.expose("Gain", "a.Factor", "b.Factor")
+
+    host = Context()
+    f, pair = host.register_block(Fill(name="f", Count=64)), host.register_block(Pair(name="pair"))
+    host.connect(f, "Out", pair, "In")
+    mirror, child = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
+    child.apply(pickle.loads(pickle.dumps(mirror.diff(host.snapshot()))))
+    _same_patch(host, child)
+    a, b = pair.inner("a"), pair.inner("b")
+    assert {blk.name for blk in child.engine.context.registry} == {"f", "pair/a", "pair/b"}
+    assert mirror.leaf_keys((pair.id, "Gain")) == ((a.id, "Factor"), (b.id, "Factor"))
+    assert mirror.leaf_keys((pair.id, "Out")) == ((b.id, "Out"),)
+    assert mirror.leaf_keys((f.id, "Out")) == ((f.id, "Out"),)

@@ -355,18 +355,18 @@ def test_a_resize_that_keeps_the_sharing_is_warm() -> None:
 
 
 class Take(Block):
-    """A Scale whose output has ``Count`` elements (a size that is not its input's)."""
+    """A Scale writing ``Count`` elements whatever its input holds (a size that is not its input's)."""
 
     type_name = "Take"
 
     def describe(self, b: BlockBuilder) -> None:
         k = b.add_kernel(bundled_kernel("scale"))
-        b.input("In", k.in_(0))
+        b.input("In", k.in_(0), needs=None)
         b.scalar("Count", dtype=DType.UINT32, default=1000)
         b.output("Out", k.out(1), size=from_param("Count"))
         b.scalar("Factor", k.in_(2), default=1.0)
         b.scalar("Offset", k.in_(3), default=0.0)
-        k.auto_grid(like("In"), count_param=4)
+        k.auto_grid(from_param("Count"), count_param=4)
 
 
 def test_a_resize_that_changes_the_sharing_is_cold() -> None:
@@ -374,16 +374,18 @@ def test_a_resize_that_changes_the_sharing_is_cold() -> None:
     # 200; once y holds 2000, y's buffer fits t better: another sharing, so a Cold rebuild.
     c = Context()
     x, y = c.register_block(Fill(name="x", Count=5000)), c.register_block(Fill(name="y", Count=200))
-    j, t, t2 = (
-        c.register_block(VectorAdd(name="j")),
-        c.register_block(Take(name="t")),
-        c.register_block(Scale(name="t2")),
-    )
-    c.connect(x, "Out", j, "A")
-    c.connect(y, "Out", j, "B")
+    jx, jy = c.register_block(Take(name="jx", Count=10)), c.register_block(Take(name="jy", Count=10))
+    j, t = c.register_block(VectorAdd(name="j")), c.register_block(Take(name="t"))
+    t2 = c.register_block(Scale(name="t2"))
+    c.connect(x, "Out", jx, "In")
+    c.connect(y, "Out", jy, "In")
+    c.connect(jx, "Out", j, "A")
+    c.connect(jy, "Out", j, "B")
     c.connect(j, "Sum", t, "In")
     c.connect(t, "Out", t2, "In")
+    c.keep(j, "Sum")  # j takes no released buffer: t chooses between x's and y's
     old = compile_plan(c.snapshot())
+    assert not old.diagnostics
     vx, vt = old.memory.ports[(x.id, "Out")], old.memory.ports[(t.id, "Out")]
     assert old.memory.value_buffer[vx] == old.memory.value_buffer[vt]
     y.set("Count", 2000)

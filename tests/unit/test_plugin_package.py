@@ -70,6 +70,31 @@ def test_the_example_patch_loads(plugin_path):
     assert patch.operators["wave"].type == "example.Wave" and patch.links
 
 
+def test_the_plugin_ships_a_composite_as_a_file(plugin_path):
+    from cudapatch.host_plugin import HostAdapter
+    from tests.unit.plan_engine import PlanOnlyEngine
+
+    host = PluginHost()
+    assert host.errors == []
+    bt = host.registry.get("example.Chorus")
+    assert bt.origin == "example" and bt.version == "0.1.0"
+    assert ("out", "Out", "float[]") in bt.ports
+    assert [p[0] for p in bt.params] == ["Count", "Frequency", "Detune", "ChildGraph"] and (
+        "Detune",
+        "float",
+        3.1,
+    ) in bt.params
+    patch = parse_patch('[operators.c]\ntype = "example.Chorus"\nDetune = 3.3\n', registry=host.registry)
+    assert patch.operators["c"].params == {"Detune": 3.3}
+    engine = PlanOnlyEngine()
+    chorus = HostAdapter(engine, host.registry).create("c", "example.Chorus", {"Count": 256, "Detune": 3.3})
+    engine.update()
+    assert engine.errors == ()
+    assert [b.name for b in engine.context.snapshot().blocks] == ["c/a", "c/b", "c/sum"]
+    sizes = {b.count for b in engine.plan.buffers}
+    assert sizes == {256} and (chorus.id, "Out") in engine.plan.outputs
+
+
 def test_cli_lists_the_plugin_block(plugin_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([plugin_path, str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
@@ -82,6 +107,7 @@ def test_cli_lists_the_plugin_block(plugin_path):
     )
     assert out.returncode == 0, out.stderr
     assert "example.Wave  (v0.1.0, from example)" in out.stdout and "par Frequency: float = 1.0" in out.stdout
+    assert "example.Chorus  (v0.1.0, from example)" in out.stdout
 
 
 def test_disabling_the_plugin_by_name(plugin_path, monkeypatch):

@@ -119,7 +119,11 @@ def test_tooltip_formats() -> None:
     assert str(s) == "Emitter: OK, 0.42ms\n  Particles: 45231/100000"
     assert str(s.port("Out")) == "Out: float[?]"
     s.debug.sizes = {"Out": 1000}
-    assert str(s.port("Out")) == "Out: float[1000]"
+    assert str(s.port("Out")) == "Out: float[1000], 4,000 bytes"
+    from cudapatch import Shape
+
+    s.debug.sizes, s.debug.shapes = {"Out": 1080 * 1920}, {"Out": Shape.of(1080, 1920)}
+    assert str(s.port("Out")) == "Out: float 1080x1920, 8,294,400 bytes"
     k = AppendFilter(name="k")
     k.debug.append_fill = {"Kept": (3, 64)}
     assert str(k.port("Kept")) == "Kept: 3/64"

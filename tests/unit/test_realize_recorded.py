@@ -244,3 +244,80 @@ def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None
     assert pool.in_use_bytes == in_use  # the buffers are g2's now
     g2.close()
     assert pool.in_use_bytes == 0
+
+
+class ChildGraphDriver(RecordingDriver):
+    """Also records child-graph nodes, the graph each node goes into, and updates through child graphs."""
+
+    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
+        ok, h = super().cuGraphAddKernelNode(graph, deps, n, kp)
+        self.calls[-1] = (*self.calls[-1], graph)
+        return ok, h
+
+    def cuGraphAddChildGraphNode(self, graph, deps, n, child):  # noqa: N802
+        h = self._handle("child")
+        self._rec("add_child", h, tuple(deps), graph, child)
+        return OK, h
+
+    def cuGraphChildGraphNodeGetGraph(self, node):  # noqa: N802
+        return OK, f"embedded-{node}"
+
+    def cuGraphKernelNodeSetParams(self, node, kp):  # noqa: N802
+        self._rec("template_params", node)
+        return (OK,)
+
+    def cuGraphExecChildGraphNodeSetParams(self, exec_, node, graph):  # noqa: N802
+        self._rec("child_params", node, graph)
+        return (OK,)
+
+
+def test_a_child_graph_composite_is_one_node_whose_kernels_update_through_it(monkeypatch) -> None:
+    from cudapatch import Composite
+
+    class Pair(Composite):
+        child_graph = True
+
+        def compose(self, c) -> None:
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale(Factor=3.0))
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+            c.expose("Gain", "a.Factor", "b.Factor")
+
+    fake = ChildGraphDriver()
+    monkeypatch.setattr(driver_module, "_driver", fake)
+    ctx = Context()
+    pair = ctx.register_block(Pair(name="pair"))
+    tail = ctx.register_block(Scale(name="tail"))
+    ctx.connect(pair, "Out", tail, "In")
+    ctx.bind_input(pair, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot())
+    (group,) = plan.children
+    g = _realize(ctx, plan, BufferPool())
+    g.adopt(None)
+    (child,) = [c for c in fake.calls if c[0] == "add_child"]
+    kernels = {c[3]: c for c in fake.calls if c[0] == "add_kernel"}  # function -> call
+    a, b = pair.inner("a"), pair.inner("b")
+    ka, kb, kt = kernels[100 + a.id], kernels[100 + b.id], kernels[100 + tail.id]
+    # The inner kernels go into the child's embedded graph, chained there; the tail waits for the child.
+    assert ka[5] == kb[5] == f"embedded-{child[1]}" and ka[2] == () and kb[2] == (ka[1],)
+    assert child[2] == () and kt[2] == (child[1],) and kt[5] == child[3] is not None and kt[5] != ka[5]
+    assert fake.names().count("destroy_graph") == 1  # the empty graph the child node copied
+    # A Hot edit of the exposed Gain patches both inner nodes through the child node, once.
+    fake.calls.clear()
+    assert g.update_scalars({(pair.id, "Gain"): 4.0}) == 2
+    assert fake.calls == [
+        ("template_params", ka[1]),
+        ("template_params", kb[1]),
+        ("child_params", child[1], f"embedded-{child[1]}"),
+    ]
+    assert g.node_arg(plan.block_nodes[b.id][0], 2) == 4.0
+    # The tail, outside, is patched as always; a Warm rebind of the composite's input reaches 'a'.
+    fake.calls.clear()
+    g.update_scalars({(tail.id, "Factor"): 0.5})
+    assert fake.calls == [("set_params", kt[1], 4)]
+    fake.calls.clear()
+    assert g.update_pointer(pair.id, "In", 0xB000) == 1
+    assert [c[0] for c in fake.calls] == ["template_params", "child_params"]
+    g.close()

@@ -4,6 +4,7 @@ from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .expression import DEFAULT_EXPRESSION, Expression
 from .fft import FFT
+from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
 from .noise import Random
 from .particles import (
@@ -29,10 +30,18 @@ BUILTIN_BLOCKS = (
     Expression,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
+    *IMAGE_BLOCKS,
 )
 
 __all__ = [
     "BUILTIN_BLOCKS",
+    "IMAGE_BLOCKS",
+    "Blur",
+    "ColorMap",
+    "Mix",
+    "Pattern",
+    "Resample",
+    "Threshold",
     "FFT",
     "GEMM",
     "GEMV",

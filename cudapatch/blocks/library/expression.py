@@ -54,7 +54,8 @@ class Expression(Fusable, Block):
         program = single(checked, output="Out", label=self.name)
         k = b.add_kernel(ProgramSource.of(program, backend=backend, name=self.name))  # type: ignore[arg-type]
         for i, name in enumerate(program.inputs):
-            b.input(name, k.in_(program.input_param(i)), description="floats; one element is broadcast")
+            # needs=None: the expression's own broadcasting rule checks lengths (input-size), not the launch's
+            b.input(name, k.in_(program.input_param(i)), description="floats; one element is broadcast", needs=None)
             k.set_count(program.input_param(i) + 1, like(name))
         if program.inputs:
             size = like(program.inputs[0])

@@ -8,7 +8,10 @@ in its own module and tested on its own:
 2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
-   makes (outputs, internal links) with their element counts.
+   makes (outputs, internal links) with their element counts and shapes. Shape propagation lives
+   here (``shapes``): each kernel's 1-/2-/3-D launch from its grid's shape, and the check that every
+   input covers what the launches read (a short or mis-shaped input, a shape that does not resolve:
+   an error on the block, which never launches).
 3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
@@ -17,9 +20,12 @@ in its own module and tested on its own:
 7. ``share``: values whose lifetimes do not overlap under those dependencies share a buffer
    (``liveness``); the nodes' buffer arguments are renumbered, no edge is added.
 8. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+9. ``composites``: a flattened composite's outputs, parameter and binding slots filed under the
+   composite's own keys, its inner blocks' diagnostics put on it; its nodes grouped into one
+   child-graph node when it asks for one (``child_graphs``).
 
 The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
-sizes, fusion before memory. ``PlanDraft.plan()`` freezes the result.
+sizes (done), fusion before memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from collections.abc import Mapping
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
+from .child_graphs import child_graphs
+from .composites import attribute_diagnostics, composite_keys
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
@@ -84,6 +92,7 @@ def compile_plan(
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
     order(draft)
+    attribute_diagnostics(draft)
     draft.raise_errors()
     sizes(draft)
     fusion(draft, fuse=fuse)
@@ -93,4 +102,4 @@ def compile_plan(
     share(draft)
     stamps(draft)
     publish(draft)
-    return draft.plan()
+    return child_graphs(composite_keys(draft.plan(), snap), snap)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from ...blocks.description import SizeRule
+from ...blocks.shape import Shape
 from ...errors import GraphCompileError
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
@@ -39,11 +40,13 @@ class Source(NamedTuple):
             key) or ``null`` (an optional input left unbound).
         ref: See ``kind``.
         count: Element count.
+        shape: Its shape (``(count,)`` for flat data).
     """
 
     kind: Literal["value", "external", "null"]
     ref: object
     count: int
+    shape: Shape
 
 
 class BlockSizes(NamedTuple):
@@ -55,6 +58,7 @@ class BlockSizes(NamedTuple):
         outputs: Output port → what it carries (a value it makes, or a ``through`` port's input).
         internal: The value index of each internal link.
         made: Indices of the values the block makes: its outputs in port order, then its internal links.
+        launches: Per kernel, its grid and block sizes (``shapes.Launch``; None for a captured call).
     """
 
     block: BlockSnapshot
@@ -62,6 +66,7 @@ class BlockSizes(NamedTuple):
     outputs: dict[str, Source]
     internal: tuple[int, ...]
     made: range
+    launches: tuple = ()
 
 
 class NodeDraft(NamedTuple):
@@ -80,16 +85,25 @@ class NodeDraft(NamedTuple):
 
 
 def resolve_count(rule: SizeRule, inputs: Mapping[str, Source], params: Mapping[str, object]) -> int:
-    """The element count ``rule`` gives for a block with these input sources and parameter values."""
-    if rule.fn is None:  # the common rules inline: a rebuild resolves thousands
-        if rule.like is not None:
-            n = inputs[rule.like].count
-        elif rule.param is not None:
-            n = int(params[rule.param])  # type: ignore[call-overload]
-        else:
-            n = int(rule.fixed)  # type: ignore[arg-type]
-        return max(0, n // rule.divide * rule.scale + rule.extra)
-    return rule.resolve(inputs[rule.like].count if rule.like is not None else None, params)
+    """The element count ``rule`` gives for a block with these input sources and parameter values
+    (for rules with axes, the count of their shape, or the one axis they name).
+
+    Raises:
+        ShapeError: a rule with axes cannot be resolved (the sizes phase checks every rule of a block
+            before the block runs, so later phases do not meet this).
+    """
+    if rule.dims or rule.axis is not None or rule.fn is not None:
+        from .shapes import resolve_shape
+
+        return resolve_shape(rule, inputs, params).count
+    # The common rules inline: a rebuild resolves thousands.
+    if rule.like is not None:
+        n = inputs[rule.like].count
+    elif rule.param is not None:
+        n = int(params[rule.param])  # type: ignore[call-overload]
+    else:
+        n = int(rule.fixed)  # type: ignore[arg-type]
+    return max(0, n // rule.divide * rule.scale + rule.extra)
 
 
 @dataclass(eq=False, slots=True)
@@ -124,6 +138,7 @@ class PlanDraft:
     # the BufferPlan it needs on its own; memory decides which buffers actually hold them.
     values: list[BufferPlan] = field(default_factory=list)
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
+    shapes: dict[tuple[int, str], Shape] = field(default_factory=dict)  # (block, output port) → shape, if not flat
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
     fusion: Any = None
@@ -146,6 +161,9 @@ class PlanDraft:
     # stamps: measured spans and timestamp slots
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    # probes (placed by the nodes phase, see ``probes.py``): each probe's (block, port), readback words
+    probe_keys: list[tuple[int, str]] = field(default_factory=list)
+    probe_words: int = 0
 
     def __post_init__(self) -> None:
         self.blocks = {b.id: b for b in self.snap.blocks}
@@ -181,8 +199,11 @@ class PlanDraft:
             binding_slots=self.binding_slots,
             binding_counts=self.binding_counts,
             block_nodes=self.block_nodes,
+            shapes=self.shapes,
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            probes=tuple(self.probe_keys),
+            probe_words=self.probe_words,
             memory=self.memory,
         )

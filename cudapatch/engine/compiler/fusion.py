@@ -189,6 +189,8 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
     for lk in draft.links:
         key = (lk.src, lk.src_port)
         readers[key] = readers.get(key, 0) + 1
+    for key, _ in draft.snap.probes:  # a probe reads the value too: it keeps its buffer
+        readers[key] = readers.get(key, 0) + 1
     consumer: dict[int, int] = {}  # member → the member it fuses into
     for bid, m in members.items():
         n = sized[bid].outputs[m.output].count
@@ -304,7 +306,7 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     desc = program.descriptor
     grid = max(1, -(-group.count // desc.block_size))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, (), reads, [out]))
+    return _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
 
 
 def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:

@@ -12,7 +12,7 @@ buffer of the value it carries.
 
 Pinned (``memory_plan.PinReason``), so never shared:
 
-- results: values nothing in the graph reads (the host, GL, a probe read them);
+- results: values nothing in the graph reads (the host, GL read them); probed values;
 - kept: ``keep=True`` on the port (a FrameDelay's state, a block that wants its output readable),
   ``Engine.keep`` / ``Engine.output`` (the host reads it), ``keep`` in the patch file; a kept input
   keeps the value it reads;
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ...kernels.types import DType
 from ..memory_plan import MemoryPlan, PinReason
-from ..plan import Arg, BufferPlan, MemsetNodePlan
+from ..plan import Arg, BufferPlan
 from .draft import PlanDraft
 from .liveness import Lifetime, ancestors, assign_buffers
 
@@ -82,8 +82,8 @@ def share(draft: PlanDraft) -> None:
                     t = touch[a.ref]  # type: ignore[index]
                     if not t or t[-1] != i:
                         t.append(i)
-        elif type(n) is MemsetNodePlan and n.buffer is not None:
-            touch[n.buffer].append(i)
+        elif getattr(n, "buffer", None) is not None:  # a memset zeroing a faulted block's output, a probe
+            touch[n.buffer].append(i)  # type: ignore[union-attr]
     pinned = {vi for vi, _ in mem.pinned}
     lifetimes = [
         Lifetime(tuple(t), v.count * v.dtype.itemsize, v.index in pinned) for v, t in zip(values, touch, strict=True)
@@ -107,8 +107,8 @@ def share(draft: PlanDraft) -> None:
                     for a in args
                 )
                 nodes[i] = n._replace(args=new_args)
-        elif type(n) is MemsetNodePlan and n.buffer is not None:
-            nodes[i] = n._replace(buffer=value_buffer[n.buffer])
+        elif getattr(n, "buffer", None) is not None:
+            nodes[i] = n._replace(buffer=value_buffer[n.buffer])  # type: ignore[union-attr]
     draft.outputs = {port: value_buffer[vi] for port, vi in draft.ports.items()}
     for key, (vi, ci) in draft.appends.items():
         draft.appends[key] = (value_buffer[vi], ci)
@@ -178,6 +178,10 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
                 pinned.setdefault(vi, PinReason.IN_PLACE)
             elif kernels[link.src.kernel].source is None:
                 pinned.setdefault(vi, PinReason.LIBRARY)
+    for key, _shape in draft.snap.probes:  # a probe node reads it beside the graph's work
+        vi = draft.ports.get(key)
+        if vi is not None:
+            pinned.setdefault(vi, PinReason.PROBE)
     internal = {vi for sized in draft.sized.values() for vi in sized.internal}
     for vi in range(len(draft.values)):
         if vi not in read and vi not in internal:

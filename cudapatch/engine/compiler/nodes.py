@@ -1,6 +1,7 @@
 """The nodes phase: the graph nodes each running block becomes, with every kernel argument's source.
 
-Per block, in order: a kernel node per kernel (grid from its grid rule), a captured child-graph
+Per block, in order: a kernel node per kernel (grid and block per axis, as the sizes phase found
+them from its grid rule's shape), a captured child-graph
 node per library call, or, for a block that faulted on the GPU, a memset zeroing the buffer of
 each value it makes instead of its kernels. When the plan has append counters, one memset zeroing them all
 comes first.
@@ -19,12 +20,14 @@ from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
+from .probes import add_probes, probe_requests
 
 __all__ = ["nodes"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
 _SIZE_ROLES = ("itemsize", "stride0")
 _NO_TAIL: tuple = ()
+_FLAT = ((1, 1, 1, 1),)  # KernelNodePlan.yz of a 1-D launch
 _COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
 
 
@@ -45,6 +48,7 @@ def nodes(draft: PlanDraft) -> None:
     if draft.counters:  # zeroed before anything appends
         drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
     value_buffer = draft.value_buffer
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     fused = draft.fusion
     for sized in draft.sized.values():
         b = sized.block
@@ -53,6 +57,8 @@ def nodes(draft: PlanDraft) -> None:
             if group is not None:
                 block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
                 drafts.append(fused_node(draft, group, len(drafts)))
+                if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                    add_probes(draft, sized, probes[b.id])
             continue
         if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
             for vi in sized.made:
@@ -67,6 +73,8 @@ def nodes(draft: PlanDraft) -> None:
             block_nodes[b.id] = (first,)
         elif len(drafts) > first:
             block_nodes[b.id] = tuple(range(first, len(drafts)))
+        if probes and b.id in probes:
+            add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(
@@ -138,10 +146,10 @@ def _work_node(
             writes.append(res)
     if ks.source is None:  # a captured library call: a child-graph node
         return _new(NodeDraft, (CapturedNodePlan, (index, bid, ki, ks, desc, tuple(args)), _NO_TAIL, reads, writes))
-    n = resolve_count(ks.grid, sources, params) if ks.grid is not None else 1
-    grid = max(1, -(-n // desc.block_size))
-    head = (index, bid, ki, ks.source, desc, grid, desc.block_size, desc.shared_memory_bytes, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, _NO_TAIL, reads, writes))
+    (gx, gy, gz), (bx, by, bz) = sized.launches[ki]  # found by the sizes phase from the grid's shape
+    head = (index, bid, ki, ks.source, desc, gx, bx, desc.shared_memory_bytes, tuple(args))
+    tail = _FLAT if gy == gz == by == bz == 1 else ((gy, gz, by, bz),)  # always given: _new skips defaults
+    return _new(NodeDraft, (KernelNodePlan, head, tail, reads, writes))
 
 
 def _expand(args: list[Arg], arg: Arg, group: tuple[str, ...], count: int, dtype: DType) -> int:

@@ -8,9 +8,11 @@ still compiling, or failed with no earlier version), or when a captured call rej
 counts (``library-shape``). Blocks reading a block that faulted on the GPU run, warned that they
 read zeros.
 
-Counts flow downstream from output size rules (``like`` an input, from a parameter, fixed or
-computed); a ``through`` output carries its input's value on unchanged. This is the room where
-shape propagation grows: today a value is an element count.
+Counts and shapes flow downstream from output size rules (``like`` an input, from a parameter,
+fixed, computed, ``shape_of`` axes; see ``shapes``); a ``through`` output carries its input's value
+on unchanged. Before a block is accepted, every rule it has must resolve (else ``shape-unresolved``),
+each kernel's launch is found from its grid's shape, and each input must cover what those launches
+read (else ``input-short`` / ``input-shape``): errors on the block, which then never launches.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from ..context import BlockSnapshot
 from ..diagnostics import Diagnostic, Severity
 from ..plan import BufferPlan
 from .draft import BlockSizes, KernelStatus, PlanDraft, Source, resolve_count
+from .shapes import ShapeError, check_inputs, flat, launch_of, resolve_shape
 
 __all__ = ["sizes"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
-_NULL = Source("null", None, 0)
+_NULL = Source("null", None, 0, flat(0))
 
 
 def sizes(draft: PlanDraft) -> None:
@@ -59,7 +62,8 @@ def sizes(draft: PlanDraft) -> None:
                 continue
             binding = bindings.get(key)
             if binding is not None:
-                inputs[port.name] = _new(Source, ("external", key, binding.count))
+                shape = binding.shape or flat(binding.count)
+                inputs[port.name] = _new(Source, ("external", key, binding.count, shape))
                 binding_counts[key] = binding.count
             elif port.required:
                 skip_reason = f"required input '{port.name}' is not linked"
@@ -72,12 +76,51 @@ def sizes(draft: PlanDraft) -> None:
             problem = _kernels_not_ready(b, inputs, kernel_status)
             if problem is not None:
                 severity, code, skip_reason = problem
-        if skip_reason is not None:
-            warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
-            skipped.add(bid)
-            draft.skipped.append(bid)
+        launches: tuple = ()
+        if skip_reason is None:
+            try:
+                launches = _launches(b, inputs)
+                problem = check_inputs(d, inputs, b.values)
+            except ShapeError as exc:
+                problem = ("shape-unresolved", str(exc))
+            if problem is not None:
+                severity, code, skip_reason = "error", problem[0], problem[1]
+        if skip_reason is None:
+            try:
+                sized[bid] = _make_values(draft, b, inputs, launches)
+                continue
+            except ShapeError as exc:
+                severity, code, skip_reason = "error", "shape-unresolved", str(exc)
+        warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
+        skipped.add(bid)
+        draft.skipped.append(bid)
+
+
+def _launches(b: BlockSnapshot, inputs: dict[str, Source]) -> tuple:
+    """Each kernel's launch (None for captured calls), after checking its count rules resolve.
+
+    Raises:
+        ShapeError: a grid or count rule that cannot be resolved, or a launch over too few axes.
+    """
+    out = []
+    params = b.values
+    for ks in b.description.kernels:
+        if ks.source is None:  # a captured call: no grid
+            out.append(None)
             continue
-        sized[bid] = _make_values(draft, b, inputs)
+        for _pi, rule in ks.counts:
+            if rule.fn is not None or rule.dims or rule.axis is not None:  # the rules that can fail
+                resolve_shape(rule, inputs, params)
+        grid = ks.grid
+        if grid is None:
+            out.append(launch_of(ks, None))
+        elif ks.dims == 1:  # elements: the count is all it takes (no Shape made, the common case)
+            block = ks.descriptor.launch_block(1)
+            n = resolve_count(grid, inputs, params)
+            out.append(((max(1, -(-n // block[0])), 1, 1), block))
+        else:
+            out.append(launch_of(ks, resolve_shape(grid, inputs, params)))
+    return tuple(out)
 
 
 def _kernels_not_ready(
@@ -97,17 +140,37 @@ def _kernels_not_ready(
         else:  # a generated kernel checks its inputs' lengths (``ProgramSource.check_counts``)
             check, code = getattr(ks.source, "check_counts", None), "input-size"
         if check is not None:
-            problem = check({name: src.count for name, src in inputs.items()}, b.values)
+            problem = check({name: src.count for name, src in inputs.items()}, b.values)  # type: ignore[misc]
             if problem:
                 return "error", code, f"'{ks.descriptor.entry_point}': {problem}"
     return None
 
 
-def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source]) -> BlockSizes:
-    """The values block ``b`` makes (its outputs in port order, then its internal links), sized."""
+def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source], launches: tuple) -> BlockSizes:
+    """The values block ``b`` makes (its outputs in port order, then its internal links), sized.
+
+    Raises:
+        ShapeError: an output's or internal link's rule cannot be resolved (nothing is recorded then).
+    """
     d, bid, params = b.description, b.id, b.values
-    values, ports = draft.values, draft.ports
+    values, ports, shapes = draft.values, draft.ports, draft.shapes
+    sized: list[tuple] = []  # resolved first, recorded after: a rule that fails leaves no trace
+    for port in d.outputs:
+        if port.kind != "through":
+            rule = port.size
+            if rule.flat_only:  # type: ignore[union-attr]
+                n = resolve_count(rule, inputs, params)  # type: ignore[arg-type]
+                sized.append((n, None))
+            elif rule.keeps_shape:  # type: ignore[union-attr]  # like("In"): the input's count and shape
+                src = inputs[rule.like]  # type: ignore[index, union-attr]
+                dims, channels = src.shape
+                sized.append((src.count, src.shape if len(dims) > 1 or channels > 1 else None))
+            else:
+                shape = resolve_shape(rule, inputs, params)  # type: ignore[arg-type]
+                sized.append((shape.count, shape if shape.ndim > 1 or shape.channels > 1 else None))
+    link_counts = [resolve_count(link.size, inputs, params) for link in d.internal_links]
     first = len(values)
+    made = iter(sized)
     outputs: dict[str, Source] = {}
     for port in d.outputs:
         if port.kind == "through":  # the input's buffer, modified in place, flows on
@@ -115,15 +178,18 @@ def _make_values(draft: PlanDraft, b: BlockSnapshot, inputs: dict[str, Source]) 
             if src.kind == "value":
                 ports[(bid, port.name)] = src.ref  # type: ignore[assignment]
             continue
-        count = resolve_count(port.size, inputs, params)  # type: ignore[arg-type]
+        count, shape = next(made)
         vi = len(values)
         values.append(_new(BufferPlan, (vi, bid, port.name, port.dtype, count, port.kind == "append")))
-        outputs[port.name] = _new(Source, ("value", vi, count))
+        if shape is None:
+            shape = flat(count)
+        else:
+            shapes[(bid, port.name)] = shape
+        outputs[port.name] = _new(Source, ("value", vi, count, shape))
         ports[(bid, port.name)] = vi
     internal: tuple[int, ...] = ()
     if d.internal_links:
         internal = tuple(range(len(values), len(values) + len(d.internal_links)))
         for i, link in enumerate(d.internal_links):
-            count = resolve_count(link.size, inputs, params)
-            values.append(_new(BufferPlan, (len(values), bid, f"internal{i}", link.dtype, count, False)))
-    return _new(BlockSizes, (b, inputs, outputs, internal, range(first, len(values))))
+            values.append(_new(BufferPlan, (len(values), bid, f"internal{i}", link.dtype, link_counts[i], False)))
+    return _new(BlockSizes, (b, inputs, outputs, internal, range(first, len(values)), launches))

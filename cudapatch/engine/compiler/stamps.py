@@ -31,9 +31,9 @@ def stamps(draft: PlanDraft) -> None:
 
 
 def publish(draft: PlanDraft) -> None:
-    """End the graph with a publish node when it has readback values (append counters, stamps)."""
+    """End the graph with a publish node when it has readback values (append counters, stamps, probes)."""
     nodes = draft.nodes
-    if draft.counters or draft.stamp_count:
+    if draft.counters or draft.stamp_count or draft.probe_words:
         used = {dep for n in nodes for dep in n.deps}
         sinks = tuple(n.index for n in nodes if n.index not in used)
         nodes.append(PublishNodePlan(len(nodes), sinks, 1 if draft.stamp_count else None))

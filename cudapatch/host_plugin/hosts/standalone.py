@@ -26,6 +26,7 @@ from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
 from ..manager import PluginHost
 from ..patch import Patch, apply_patch, load_patch, parse_patch
+from .composite_reload import CompositeReloader
 from .live_reload import PATCH_POLL_S, PatchReloader
 
 __all__ = ["StandaloneHost", "demo_patch_text", "RESTART_ENV", "MAX_RESTARTS", "PATCH_POLL_S", "take_restart_state"]
@@ -96,6 +97,8 @@ class StandaloneHost:
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
         apply_patch(self.adapter, patch)
+        self._composites = CompositeReloader(self.adapter)  # composite files are edited live too
+        self._composites.poll(force=True)  # their files as they are now: the baseline
         if profiling is not None:
             self.engine.set_profiling(profiling)
         self.plugins.engine_started(self.engine)
@@ -114,8 +117,9 @@ class StandaloneHost:
 
     @property
     def reload_errors(self) -> list[PatchFileError]:
-        """Every edit of the patch file that was refused (the last good patch kept running)."""
-        return self._reloader.errors
+        """Every edit of the patch file, or of a composite file it uses, that was refused (the last
+        good patch kept running)."""
+        return self._reloader.errors + self._composites.errors
 
     @property
     def status(self) -> str:
@@ -129,10 +133,12 @@ class StandaloneHost:
         return counts
 
     def poll_patch(self, *, force: bool = False) -> bool:
-        """Reload the patch file if it changed (checked at most every 0.25 s). Returns whether an edit
-        was applied. An edit that fails in any way is logged, kept in ``reload_errors`` and shown in
-        ``status``; the old patch stays. An edit that empties the patch is held for a moment."""
-        return self._reloader.poll(force=force)
+        """Reload the patch file if it changed, and the composite files its operators use (checked at
+        most every 0.25 s). Returns whether an edit was applied. An edit that fails in any way is
+        logged, kept in ``reload_errors`` and shown in ``status``; the old patch stays. An edit that
+        empties the patch is held for a moment."""
+        applied = self._reloader.poll(force=force)
+        return self._composites.poll(force=force) > 0 or applied
 
     def open_editor(self) -> Any:
         """The node editor's model of this patch (made once): its edits go through the adapter and are
@@ -156,11 +162,20 @@ class StandaloneHost:
         if "points" in pv:
             op, port = pv["points"].split(".", 1)
             points = (self.adapter.block(op), port)
+        self.engine.wait_ready()
         if "image" in pv:
             op, port = pv["image"].split(".", 1)
-            w, h = pv.get("size", (512, 512))
-            image = (self.adapter.block(op), port, int(w), int(h))
-        self.engine.wait_ready()
+            image = (self.adapter.block(op), port)
+            if "size" in pv:
+                w, h = pv["size"]
+                image = (*image, int(w), int(h))
+            else:  # a 2-D output shows at its own size; anything else at the old default
+                try:
+                    shape = self.engine.output_shape(image[0], port)
+                except (CudapatchError, AttributeError):  # not running, or an engine without shapes
+                    shape = None
+                if shape is None or shape.ndim != 2:
+                    image = (*image, 512, 512)
         model = self.open_editor() if editor else None
         self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay, editor=model)
         return self.preview

@@ -1,4 +1,5 @@
-"""An example cudapatch plugin: registers ``example.Wave``, a sine wave generator block."""
+"""An example cudapatch plugin: registers ``example.Wave``, a sine wave generator block, and
+``example.Chorus``, a composite of two waves shipped as a file (``chorus.toml``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from cudapatch.kernels.cuda_source import CudaSource
 
 __version__ = "0.1.0"
 KERNEL = Path(__file__).with_name("wave.cu")
+CHORUS = Path(__file__).with_name("chorus.toml")
 
 
 class Wave(Block):
@@ -30,3 +32,5 @@ class Wave(Block):
 @hookimpl
 def cudapatch_register_blocks(registry):
     registry.add(Wave, name="example.Wave", version=__version__)
+    # A sub-patch as a block type: its file is read once every plugin has registered its types.
+    registry.add_composite(CHORUS, name="example.Chorus", version=__version__)

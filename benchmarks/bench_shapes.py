@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Shapes cost nothing per frame: a clean ``update()`` of an image patch (2-D launches, shapes and input
+checks on every block) beside a bare ``cuGraphLaunch`` of the same executable graph, and beside the
+same chain over flat data, all in one run.
+
+The checks run when a graph is planned (Cold rebuilds), never per frame: ``update()`` with nothing dirty
+stays one graph launch. The plan-time cost is printed too: ``compile_plan`` of the image patch beside
+the flat one (same blocks, same count).
+
+Prints a table (ours, peer, ratio) and writes ``shapes.json`` to ``$RESULTS_DIR`` when set.
+Usage: ``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--height 1080]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cuda.bindings import driver as d  # noqa: E402
+
+from cudapatch import Engine, Scale  # noqa: E402
+from cudapatch.engine import compile_plan  # noqa: E402
+from tests.unit.shape_blocks import Gain2D  # noqa: E402
+
+
+def host_median(fn, calls: int, sync, every: int = 50) -> float:
+    """Median host time of ``fn`` in µs; syncs every ``every`` calls so a full launch queue never blocks."""
+    times = []
+    for i in range(calls):
+        if i % every == 0:
+            sync()
+        t = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t)
+    sync()
+    return statistics.median(times) / 1e3
+
+
+def build(eng: Engine, nb: int, data: np.ndarray, image: bool) -> list:
+    """A chain of ``nb`` blocks over ``data``: Gain2D blocks (2-D launches) for an image, Scale blocks
+    for flat data; either way every block's input is checked against its launch when planned."""
+    make = (lambda i: Gain2D(name=f"g{i}", Gain=1.0001)) if image else (lambda i: Scale(name=f"s{i}", Factor=1.0001))
+    blocks = [eng.add(make(i)) for i in range(nb)]
+    port_in, port_out = "In", "Out"
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        eng.connect(a, port_out, b, port_in)
+    eng.bind(blocks[0], port_in, data)
+    eng.wait_ready()
+    eng.update()
+    eng.synchronize()
+    return blocks
+
+
+def plan_ms(eng: Engine, repeats: int = 20) -> float:
+    snap = eng.context.snapshot()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter_ns()
+        compile_plan(snap)
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times) / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=100)
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    args = ap.parse_args()
+    logging.getLogger("cudapatch").setLevel(logging.ERROR)
+    rng = np.random.default_rng(0)
+    img = rng.standard_normal((args.height, args.width)).astype(np.float32)
+    rows: list[tuple[str, float, str, float]] = []
+
+    for label, data, image in (("image (2-D)", img, True), ("flat (1-D)", img.ravel(), False)):
+        eng = Engine(wait_for_compile=True)
+        blocks = build(eng, args.blocks, data, image)
+        stream, sync, gexec = eng.device.stream, eng.device.synchronize, eng.graph.handle
+        kinds = {n.yz != (1, 1, 1, 1) for n in eng.graph.plan.kernel_nodes}
+        assert kinds == {image}, f"{label}: expected {'2-D' if image else '1-D'} launches"
+        ours = host_median(eng.update, 3000, sync)
+        bare = host_median(lambda g=gexec, s=stream: d.cuGraphLaunch(g, s), 3000, sync)
+        rows.append((f"{label}: update() host µs, nothing dirty", ours, "bare cuGraphLaunch µs", bare))
+        rows.append((f"{label}: compile_plan ms ({args.blocks} blocks)", plan_ms(eng), "-", 0.0))
+        got = eng.read(blocks[-1], "Out")
+        ref = img.astype(np.float64) * 1.0001**args.blocks
+        err = float(np.max(np.abs(got.reshape(img.shape) - ref)) / np.max(np.abs(ref)))
+        print(f"{label}: {eng.device.name}, {args.blocks} blocks over {args.height}x{args.width}; rel. error {err:.2e}")
+        eng.close()
+
+    print(f"{'measure':52} {'ours':>10} {'peer':>24} {'peer val':>10} {'ratio':>8}")
+    out = []
+    for name, ours, peer, peer_val in rows:
+        ratio = f"{ours / peer_val:.2f}" if peer_val else "-"
+        pv = f"{peer_val:.2f}" if peer_val else "-"
+        print(f"{name:52} {ours:10.2f} {peer:>24} {pv:>10} {ratio:>8}")
+        out.append({"measure": name, "ours": ours, "peer": peer, "peer_value": peer_val})
+    image_update, flat_update = rows[0][1], rows[2][1]
+    print(f"clean update(), image patch / flat patch: {image_update / flat_update:.2f}x (target: 1.0, nothing added)")
+    results = os.environ.get("RESULTS_DIR")
+    if results:
+        Path(results, "shapes.json").write_text(json.dumps({"rows": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
