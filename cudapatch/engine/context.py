@@ -320,8 +320,10 @@ class Context:
         Raises:
             CudapatchError: the block has no such port.
         """
-        self._owned(block, "kept")
-        d = block.description
+        check_block(block)
+        if block.context is not None and block.context is not self:
+            raise CudapatchError("block belongs to another engine", block=block.name)
+        d = block.description  # an inner block of a composite has no context of its own: kept by its id
         if d.output(port) is None and d.input(port) is None:
             raise CudapatchError("no such port", block=block.name, port=port)
         key = (block.id, port)

@@ -551,3 +551,39 @@ def test_keeping_an_unknown_operator_is_an_error_on_the_line() -> None:
     with pytest.raises(PatchFileError, match="no operator 'zz'") as err:
         apply_patch(HostAdapter(PlanOnlyEngine(), REG), patch)
     assert err.value.line == 5
+
+
+def test_inner_blocks_of_composites_and_strangers() -> None:
+    from cudapatch.engine import Context as Ctx
+
+    c, blocks = _chain(3)
+    loose = Scale(name="loose")  # not registered (as the inner blocks of a composite): kept by its id
+    assert c.keep(loose, "Out") and (loose.id, "Out") in c.snapshot().kept
+    other = Ctx()
+    stranger = other.register_block(Scale(name="stranger"))
+    with pytest.raises(Exception, match="another engine"):
+        c.keep(stranger, "Out")
+    with pytest.raises(Exception, match="no such port"):
+        c.keep(blocks[0], "Nope")
+
+
+def test_a_kept_composite_port_keeps_the_inner_output_and_reads_as_the_composite() -> None:
+    from tests.unit.test_composites import TwoScales
+
+    c = Context()
+    head = c.register_block(Fill(name="head", Count=1000))
+    s0 = c.register_block(Scale(name="s0"))
+    two = c.register_block(TwoScales(name="two"))
+    tail = c.register_block(Scale(name="tail"))
+    t2 = c.register_block(Scale(name="t2"))
+    c.connect(head, "Out", s0, "In")
+    c.connect(s0, "Out", two, "In")
+    c.connect(two, "Out", tail, "In")
+    c.connect(tail, "Out", t2, "In")
+    plan = compile_plan(c.snapshot())
+    assert (two.id, "Out") in plan.memory.ports  # the composite's key reaches the memory plan
+    assert plan.memory.shared(plan.outputs[(two.id, "Out")])
+    c.keep(two, "Out")
+    plan = compile_plan(c.snapshot())
+    vi = plan.memory.ports[(two.id, "Out")]
+    assert (vi, PinReason.KEEP) in plan.memory.pinned and not plan.memory.shared(plan.outputs[(two.id, "Out")])
