@@ -36,6 +36,7 @@ from .host import BlockHost
 from .libraries import LibraryScope
 from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
 from .parameter import BlockParameter, coerce_scalar
+from .regions import For, If, Region, RegionDescription, While
 from .shape import Shape
 
 __all__ = [
@@ -62,6 +63,11 @@ __all__ = [
     "CustomKernel",
     "Expression",
     "Fill",
+    "For",
+    "If",
+    "Region",
+    "RegionDescription",
+    "While",
     "InternalLink",
     "KernelFile",
     "KernelHandle",

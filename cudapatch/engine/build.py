@@ -260,12 +260,15 @@ class GraphBuilds:
         names = {b.id: b.name for b in snap.blocks}
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
+            functions = out.functions
+            if plan.regions:  # the regions' set-condition kernels, beside the blocks' own
+                functions = {**functions, **res.region_functions(plan, self._kernels.builder)}
             probe_function = res.probe_function(plan, self._kernels.builder)
             out.graph = realize(
                 plan,
                 device=res.device,
                 pool=res.pool,
-                functions=out.functions,
+                functions=functions,
                 bindings=snap.bindings,
                 block_names=names,
                 previous=job.previous,

@@ -20,6 +20,7 @@ from ..blocks.block import Block, check_block
 from ..blocks.description import BlockDescription
 from ..blocks.host import ParamListener
 from ..blocks.parameter import BlockParameter
+from ..blocks.regions import Region, accepts_condition
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
@@ -77,6 +78,8 @@ class PatchSnapshot:
     probes: tuple[tuple[tuple[int, str], tuple[int, int] | None], ...] = ()
     #: The composites flattened into ``blocks`` (``engine/composites.py``); empty without any.
     composites: tuple[CompositeInfo, ...] = ()
+    #: Block id -> the region block it is placed in (blocks at the top level are absent).
+    parents: dict[int, int] = field(default_factory=dict, compare=False)
     kept: frozenset[tuple[int, str]] = frozenset()
 
 
@@ -97,6 +100,8 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
+        self.parents: dict[int, int] = {}
         self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
         #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
         self.probes: dict[tuple[int, str], tuple[int, int] | None] = {}
@@ -137,6 +142,13 @@ class Context:
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.kept -= {k for k in self.kept if k[0] == block.id}
+        parents = self.parents
+        outer = parents.pop(block.id, None)
+        for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
+            if outer is None:
+                del parents[child]
+            else:
+                parents[child] = outer
         for key in [k for k in self.probes if k[0] == block.id]:
             del self.probes[key]
         block.detach(self)
@@ -248,7 +260,7 @@ class Context:
                 raise LinkError("is an output; links end at an input", block=dst.name, port=dst_port)
             known = ", ".join(p.name for p in dst.inputs) or "none"
             raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
-        if out.dtype != inp.dtype:
+        if out.dtype != inp.dtype and not accepts_condition(dst.description, dst_port, out.dtype):
             raise LinkError(
                 f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to "
                 f"{dst.name}.{dst_port} ({inp.dtype.c_name}): element types differ",
@@ -273,6 +285,32 @@ class Context:
         if removed:
             self.dirty.mark_structure()
         return removed
+
+    # -- regions ------------------------------------------------------------------------------
+    def place(self, block: Block, region: Block | None) -> None:
+        """Put ``block`` inside ``region`` (an ``If``, ``While`` or ``For`` of this engine), or back at
+        the top level with None (Cold on the next update). Links stay as they are.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or it is ``block`` itself or
+                inside it (a region cannot contain itself).
+        """
+        self._owned(block, "placed")
+        if region is None:
+            if self.parents.pop(block.id, None) is not None:
+                self.dirty.mark_structure()
+            return
+        self._owned(region, "region")
+        if not isinstance(region, Region):
+            raise CudapatchError(f"'{region.name}' is not a region (If, While, For)", block=block.name)
+        r: int | None = region.id
+        while r is not None:
+            if r == block.id:
+                raise CudapatchError(f"region '{region.name}' cannot be placed inside itself", block=block.name)
+            r = self.parents.get(r)
+        if self.parents.get(block.id) != region.id:
+            self.parents[block.id] = region.id
+            self.dirty.mark_structure()
 
     # -- external bindings ----------------------------------------------------------------------
     def bind_input(self, block: Block, port: str, binding: ExternalBinding) -> None:
@@ -394,14 +432,35 @@ class Context:
                 frozen[b.id] = s
             blocks.append(s)
         probes = tuple(self.probes.items())
+        parents = dict(self.parents)
         if composites:
             snap = flatten_snapshot(
                 cid, blocks, tuple(self.connections), self.bindings, probes, PatchSnapshot, BlockSnapshot
             )
+            if parents:
+                snap = replace(snap, parents=_place_members(parents, snap.composites))
             return replace(snap, kept=_kept_inside(self.kept, snap.composites)) if self.kept else snap
         return PatchSnapshot(
-            cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, kept=frozenset(self.kept)
+            cid,
+            tuple(blocks),
+            tuple(self.connections),
+            dict(self.bindings),
+            probes,
+            parents=parents,
+            kept=frozenset(self.kept),
         )
+
+
+def _place_members(parents: dict[int, int], composites: tuple[CompositeInfo, ...]) -> dict[int, int]:
+    """Placements after flattening: a composite placed in a region puts its leaf blocks there (the
+    flattened patch has no composite block to place)."""
+    out = dict(parents)
+    for c in composites:
+        region = parents.get(c.id)
+        if region is not None:
+            for leaf in c.members:
+                out.setdefault(leaf, region)
+    return out
 
 
 def _kept_inside(kept: set[tuple[int, str]], composites: tuple[Any, ...]) -> frozenset[tuple[int, str]]:

@@ -37,6 +37,11 @@ class DiagnosticCode(str, Enum):
     INPUT_SHORT = "input-short"  # an input holds fewer elements than a kernel's launch reads
     INPUT_SHAPE = "input-shape"  # an input's axes differ from those a 2-D/3-D launch reads
     INPUT_SIZE = "input-size"  # an input's length fits no broadcasting rule of the kernel (an Expression's)
+    # Regions (If, While, For).
+    REGION_PARENT = "region-parent"  # a block placed in something that is not a region of the patch
+    REGION_MAX = "region-max"  # a While without Max; per frame (warning): a While ran Max iterations
+    REGION_CONDITION = "region-condition"  # no Condition, or one from a block that cannot decide it
+    REGION_NOT_RUNNING = "region-not-running"  # left out: its condition's block or its region does not run
     # Kernels.
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight

@@ -57,6 +57,7 @@ from .probes import Probe, ProbeSet
 from .profiling import EngineStats, ProfilingLevel
 from .realize import CompiledGraph
 from .recovery import Recovery
+from .region_stats import region_iterations, region_warnings, show_iterations
 from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources, close_graphs
@@ -241,10 +242,28 @@ class Engine:
         return self.resources.modules
 
     # -- patch editing (cheap: only marks dirty) ---------------------------------------------------
-    def add(self, block: Block) -> Block:
-        """Register ``block`` with this engine (Cold on the next update). Returns it."""
+    def add(self, block: Block, *, region: Block | None = None) -> Block:
+        """Register ``block`` with this engine (Cold on the next update), inside ``region`` (an ``If``,
+        ``While`` or ``For`` added before) if given. Returns it.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine.
+        """
         self._faults.patch_edited()
-        return self.context.register_block(block)
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block: Block, region: Block | None) -> None:
+        """Move ``block`` into ``region`` (an ``If``, ``While`` or ``For``), or to the top level with
+        None (Cold on the next update); its links stay. See ``cudapatch.blocks.regions``.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or is ``block`` or inside it.
+        """
+        self._faults.patch_edited()
+        self.context.place(block, region)
 
     def remove(self, block: Block) -> None:
         """Unregister ``block``, dropping its links (Cold on the next update)."""
@@ -727,6 +746,12 @@ class Engine:
             raise CudapatchError("no running append output of this name", block=block.name, port=port)
         return ab
 
+    def iterations(self, region: Block) -> int | None:
+        """The iterations a ``While`` or ``For`` ran in the newest completed frame, read from the
+        readback ring without waiting (None before a frame completed, or for an If). Its age is the
+        ring's (``stats().age``): a frame or two behind the last ``update()``."""
+        return region_iterations(self.resources.graph, region.id)
+
     def stats(self) -> EngineStats:
         """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
         frame, read without waiting. Taking that frame also sets its per-frame warnings (append outputs
@@ -743,6 +768,8 @@ class Engine:
         registry = self.context.registry
         with newest_frame(g) as reading:
             full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+            if g is not None and reading.frame is not None and g.plan.regions:
+                full += region_warnings(g, registry)
             self._board.frame_warnings(full)
             stats = collect_stats(
                 level=self.profiling,
@@ -753,6 +780,8 @@ class Engine:
                 diagnostics=self._board.current,
             )
         show_on_blocks(stats, registry)
+        if g is not None and g.plan.regions:
+            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 

@@ -159,6 +159,7 @@ class CompiledGraph(HandleOwner):
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
+        self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -225,6 +226,7 @@ class CompiledGraph(HandleOwner):
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_ = self._set_params, self._exec
+        whole = False
         inside: list[KernelNode] | None = None
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
@@ -236,9 +238,39 @@ class CompiledGraph(HandleOwner):
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if err:
-                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if kn.body is None:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                if not self._body_fallback:
+                    self._start_body_fallback(err)
+                whole = True
+            if self._body_fallback:  # the graph it was instantiated from follows every update
+                self._set_template(kn)
         if inside is not None:
             commit_child_nodes(exec_, inside)
+        if whole:
+            result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
+            check(result[:1], "cuGraphExecUpdate")
+
+    def _start_body_fallback(self, err: Any) -> None:
+        """The driver would not patch a node inside a region's body in the executable by itself (the
+        CUDA documentation does not say whether ``cuGraphExecKernelNodeSetParams`` takes one; where it
+        does, this never runs). From now on every kernel node's parameters are also written into the
+        graph the executable was instantiated from, and a body node's update applies that graph with
+        one ``cuGraphExecUpdate``; first, every kernel node's current values go there, so the update
+        reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
+        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
+        self._body_fallback = True
+        for kn in self._nodes:
+            if isinstance(kn, KernelNode):
+                self._set_template(kn)
+
+    @staticmethod
+    def _set_template(kn: KernelNode) -> None:
+        check(
+            driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
+            "cuGraphKernelNodeSetParams",
+            kernel=kn.plan.entry_point,
+        )
 
     def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
         touched: list[Any] = []

@@ -28,6 +28,7 @@ from .params import PackedLaunch, ParamStorage, StoreLoans
 from .plan import (
     Arg,
     CapturedNodePlan,
+    ConditionalNodePlan,
     KernelNodePlan,
     MemsetNodePlan,
     NodePlan,
@@ -38,13 +39,13 @@ from .plan import (
 from .probes import PROBE_SCRATCH_WORDS, PROBE_THREADS
 from .readback import PUBLISH_THREADS, ReadbackRing
 
-__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value"]
+__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value", "make_conditions"]
 
 
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan", "child")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -54,6 +55,7 @@ class KernelNode:
         self.plan = plan
         #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
         self.child: Any = None
+        self.body: Any = None  # the region body graph holding the node (None: the top-level graph)
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""
@@ -104,6 +106,11 @@ class NodeBuild:
             the probes' scratch (partial results and finished-block counters).
         occupancy: Filled with ``(block_id, kernel) -> occupancy`` when not None (DeepAsync and up).
         launches: Keeps the packed arguments of the fixed kernels alive with the graph.
+        root: The top-level ``CUgraph`` (regions' conditional handles belong to it); ``graph`` is the
+            graph the next node goes into: the root or a region's body.
+        handles: Conditional node index -> its handle's value (the set-condition kernels' argument).
+        conditions: Conditional node index -> its ``CUgraphConditionalHandle`` (``make_conditions``).
+        bodies: Conditional node index -> its body ``CUgraph`` (owned by the node).
     """
 
     graph: Any
@@ -126,9 +133,15 @@ class NodeBuild:
     probe_scratch_ptr: int = 0
     occupancy: dict[tuple[int, int], float] | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
+    root: Any = None
+    handles: dict[int, int] = field(default_factory=dict)
+    conditions: dict[int, Any] = field(default_factory=dict)
+    bodies: dict[int, Any] = field(default_factory=dict)
 
     def value(self, a: Arg) -> Any:
-        """``arg_value`` of ``a`` in this graph."""
+        """``arg_value`` of ``a`` in this graph (a region's handle: the value made for its conditional node)."""
+        if a.kind == "handle":
+            return self.handles[a.ref]  # type: ignore[index]
         return arg_value(a, self.buffers, self.bindings, self.counters_ptr)
 
 
@@ -154,7 +167,7 @@ def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[An
     err, h = driver().cuGraphAddKernelNode(b.graph, deps, len(deps), store.params)
     if err:
         check((err,), "cuGraphAddKernelNode", block=b.names.get(node.block_id), kernel=node.entry_point)
-    if b.occupancy is not None:
+    if b.occupancy is not None and node.kernel >= 0:  # not a region's one-thread set-condition kernel
         b.occupancy[(node.block_id, node.kernel)] = _occupancy(fn, node, b.device)
     return h, KernelNode(store, h, node)
 
@@ -211,6 +224,52 @@ def _add_publish(b: NodeBuild, node: PublishNodePlan, deps: list[Any]) -> tuple[
     return _add_fixed(b, PackedLaunch(b.publish_function, values, threads=PUBLISH_THREADS), deps)
 
 
+def _add_conditional(b: NodeBuild, node: ConditionalNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    """A region: a conditional node (IF, or WHILE for While and For) with one body graph, which the
+    builder fills with the nodes the plan scopes to it; its handle comes from ``make_conditions``."""
+    d = driver()
+    name = b.names.get(node.block_id)
+    handle = b.conditions[node.index]
+    cond = d.CUDA_CONDITIONAL_NODE_PARAMS()
+    cond.handle = handle
+    kinds = d.CUgraphConditionalNodeType
+    cond.type = kinds.CU_GRAPH_COND_TYPE_IF if node.kind == "if" else kinds.CU_GRAPH_COND_TYPE_WHILE
+    cond.size = 1
+    cond.ctx = b.device.context
+    params = d.CUgraphNodeParams()
+    params.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional = cond
+    try:  # cuda-bindings 13: (graph, deps, edge data, count, params); 12: without edge data
+        result = d.cuGraphAddNode(b.graph, deps, None, len(deps), params)
+    except TypeError:
+        result = d.cuGraphAddNode(b.graph, deps, len(deps), params)
+    h = check(result, "cuGraphAddNode (conditional)", block=name)
+    # The body graph is on the struct the call filled (``params``), not on ``cond``, the copy given in.
+    b.bodies[node.index] = params.conditional.phGraph_out[0]
+    return h, None
+
+
+def make_conditions(b: NodeBuild, nodes: Sequence[NodePlan]) -> None:
+    """Create the conditional handle of every region before any node is added: the set-condition
+    kernel that precedes a conditional node takes its handle's value as an argument. Handles belong
+    to the top-level graph (valid for conditional nodes in it and in its children); no default
+    value: a set-condition kernel sets each one every launch.
+
+    Raises:
+        CudaError: the driver refused a handle.
+    """
+    d = driver()
+    for node in nodes:
+        if isinstance(node, ConditionalNodePlan):
+            handle = check(
+                d.cuGraphConditionalHandleCreate(b.root, b.device.context, 0, 0),
+                "cuGraphConditionalHandleCreate",
+                block=b.names.get(node.block_id),
+            )
+            b.conditions[node.index] = handle
+            b.handles[node.index] = int(handle)
+
+
 def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
     if b.probe_function is None or not b.probes_ptr:
         raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
@@ -235,6 +294,7 @@ NODE_KINDS: dict[type, AddNode] = {
     CapturedNodePlan: _add_captured,
     StampNodePlan: _add_stamp,
     PublishNodePlan: _add_publish,
+    ConditionalNodePlan: _add_conditional,
     ProbeNodePlan: _add_probe,
 }
 

@@ -25,6 +25,8 @@ __all__ = [
     "BufferPlan",
     "CapturedNodePlan",
     "ChildGraphPlan",
+    "ConditionalNodePlan",
+    "RegionPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -37,7 +39,7 @@ __all__ = [
     "programmatic_edges",
 ]
 
-ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null"]
+ArgKind = Literal["buffer", "external", "scalar", "device", "const", "counter", "null", "handle"]
 
 
 class Arg(NamedTuple):
@@ -143,6 +145,36 @@ class PublishNodePlan(NamedTuple):
     end_stamp: int | None = None
 
 
+class ConditionalNodePlan(NamedTuple):
+    """A region (``If``, ``While``, ``For``): a CUDA conditional node whose body graph holds the nodes
+    that ``GraphPlan.scopes`` maps to this node's index. ``kind`` is ``if`` or ``while`` (a ``For`` is
+    a while over a device counter). Its handle is set on the device by the region's set-condition
+    kernels (``KernelNodePlan`` of the region block whose ``handle`` argument names this node)."""
+
+    index: int
+    block_id: int
+    kind: str
+    deps: tuple[int, ...] = ()
+    kernel: int = -1  # never a kernel of the block: here so profiling can time it like one
+
+
+class RegionPlan(NamedTuple):
+    """What the engine needs to know of one region at run time.
+
+    Attributes:
+        kind: ``if``, ``while`` or ``for``.
+        node: Index of its conditional node.
+        counter: Index of its iteration counter among the plan's counters (While and For), read back
+            through the readback ring like an append count; None for an If.
+        limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
+    """
+
+    kind: str
+    node: int
+    counter: int | None = None
+    limit: str | None = None
+
+
 class ProbeNodePlan(NamedTuple):
     """Statistics of one probed wire (``engine/probes.py``): a reduction kernel reading buffer
     ``buffer`` right after the block that makes it, writing min, max, sum, finite/NaN/Inf counts (and
@@ -193,7 +225,15 @@ class ChildGraphPlan(NamedTuple):
     nodes: tuple[int, ...]  # in plan order
 
 
-NodePlan = Union[KernelNodePlan, CapturedNodePlan, MemsetNodePlan, StampNodePlan, PublishNodePlan, ProbeNodePlan]
+NodePlan = Union[
+    KernelNodePlan,
+    CapturedNodePlan,
+    MemsetNodePlan,
+    StampNodePlan,
+    PublishNodePlan,
+    ProbeNodePlan,
+    ConditionalNodePlan,
+]
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 
@@ -215,6 +255,9 @@ class GraphPlan:
         binding_slots: ``(block_id, port)`` → kernel argument slots to patch on a Warm rebind.
         binding_counts: ``(block_id, port)`` → element count the plan was sized for.
         block_nodes: block id → its node indices.
+        scopes: node index → index of the conditional node whose body graph holds it (nodes of the
+            top-level graph are absent). A body's nodes follow their conditional node, contiguously.
+        regions: region block id → ``RegionPlan``.
         shapes: ``(block_id, port)`` → the Shape of each output that is not flat (1-D outputs hold
             their buffer's count).
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
@@ -239,6 +282,8 @@ class GraphPlan:
     level: ProfilingLevel = ProfilingLevel.NONE
     timings: tuple[TimingPair, ...] = ()
     stamp_count: int = 0
+    scopes: dict[int, int] = field(default_factory=dict, compare=False)
+    regions: dict[int, RegionPlan] = field(default_factory=dict, compare=False)
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
     children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
@@ -268,6 +313,8 @@ class GraphPlan:
             elif isinstance(n, PublishNodePlan):
                 stamp = "" if n.end_stamp is None else f" (end stamp {n.end_stamp})"
                 lines.append(f"  [{n.index}] publish readback{stamp} deps={list(n.deps)}")
+            elif isinstance(n, ConditionalNodePlan):
+                lines.append(f"  [{n.index}] {n.kind} region block={n.block_id} deps={list(n.deps)}")
             elif isinstance(n, ProbeNodePlan):
                 bid, port = self.probes[n.probe]
                 lines.append(f"  [{n.index}] probe {bid}.{port} buffer={n.buffer} grid={n.grid} deps={list(n.deps)}")

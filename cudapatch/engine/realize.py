@@ -30,7 +30,7 @@ from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
 from .libraries import LibraryHandles
 from .memory_check import device_free_bytes, lends, memory_shortfall
-from .nodes import NodeBuild, add_node
+from .nodes import NodeBuild, add_node, make_conditions
 from .params import StoreLoans
 from .plan import GraphPlan, programmatic_edges
 from .probes import PROBE_SCRATCH_WORDS
@@ -238,19 +238,31 @@ class GraphBuilder:
             occupancy=parts.occupancy if self.occupancy else None,
             launches=parts.launches,
         )
+        build.root = parts.graph
+        if plan.regions:
+            make_conditions(build, plan.nodes)
         timed = plan.stamp_count or plan.counters or plan.probes  # the graphs with profiling or readback nodes
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
         if plan.children:  # composites realized as child-graph nodes
             parts.nodes.extend(add_grouped_nodes(build, plan, edges, _add_programmatic))
             return
+        scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:
-            special = edges.get(node.index)
+            # A region's body nodes go into its conditional node's body graph (made just before them).
+            in_body = bool(scopes) and node.index in scopes
+            graph = bodies[scopes[node.index]] if in_body else parts.graph
+            build.graph = graph
+            # Programmatic edges only in the top-level graph: the conditional-body rules name node
+            # types, not edge types, and nothing measured them there (a probe in a body waits plainly).
+            special = None if in_body else edges.get(node.index)
             deps = [handles[i] for i in node.deps if not special or i not in special]
             h, runtime = add_node(build, node, deps)
+            if runtime is not None and in_body and hasattr(runtime, "body"):
+                runtime.body = graph
             parts.nodes.append(runtime)
             if special:
-                _add_programmatic(parts.graph, h, [(handles[i], port) for i, port in special.items()])
+                _add_programmatic(graph, h, [(handles[i], port) for i, port in special.items()])
             handles.append(h)
 
 

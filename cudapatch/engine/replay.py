@@ -52,6 +52,7 @@ def replay_by_block(
     """
     d = driver()
     plan_nodes = plan.nodes
+    regions = plan.regions
     last = len(plan_nodes) - 1
     for i, node in enumerate(plan_nodes):
         if isinstance(node, MemsetNodePlan):
@@ -64,6 +65,8 @@ def replay_by_block(
         n = nodes[i]
         if n is None:
             continue
+        if regions and node.block_id in regions:  # type: ignore[union-attr]
+            continue  # a region's set-condition kernel: only meaningful inside its graph (bodies run once here)
         err = n.launch_alone(stream)
         last_of_block = i == last or getattr(plan_nodes[i + 1], "block_id", None) != node.block_id  # type: ignore[union-attr]
         if err or last_of_block:

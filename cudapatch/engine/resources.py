@@ -97,6 +97,7 @@ class DeviceResources:
         self._dropped: list[tuple[float, GpuBuffer]] = []  # (perf_counter at the removal, buffer)
         self._stamp_function: Any = None
         self._publish_function: Any = None
+        self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
         self._probe_function: Any = None
         self._closed = False
 
@@ -182,6 +183,29 @@ class DeviceResources:
             self._publish_function = builder.build(PUBLISH_KERNEL).function
         return self._stamp_function, self._publish_function
 
+    def region_functions(self, plan: GraphPlan, builder: KernelBuilder) -> dict[tuple[int, int], Any]:
+        """``(region block id, kernel index)`` -> the loaded set-condition kernel of every region node
+        of ``plan`` (``region_kernels``; built at the first plan with regions, cached on disk).
+
+        Raises:
+            KernelLoadError: a compile or module load failed.
+        """
+        if not plan.regions:
+            return {}
+        from .region_kernels import REGION_ENTRIES, region_kernel  # only patches with regions need them
+
+        index = {v: k for k, v in REGION_ENTRIES.items()}
+        out: dict[tuple[int, int], Any] = {}
+        for n in plan.kernel_nodes:
+            entry = index.get(n.kernel) if n.block_id in plan.regions else None
+            if entry is None:
+                continue
+            fn = self._region_functions.get(entry)
+            if fn is None:
+                fn = self._region_functions[entry] = builder.build(region_kernel(entry)[0]).function
+            out[(n.block_id, n.kernel)] = fn
+        return out
+
     def probe_function(self, plan: GraphPlan, builder: KernelBuilder) -> Any:
         """The probe kernel (``engine/probes.py``) when ``plan`` has probes, built at the first such plan.
 
@@ -224,6 +248,7 @@ class DeviceResources:
         self._uploads.clear()
         self._dropped.clear()
         self._stamp_function = self._publish_function = self._probe_function = None
+        self._region_functions = {}
 
     def reset(self) -> None:
         """After a sticky fault: forget everything the dead context owned without touching it, reset

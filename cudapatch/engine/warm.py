@@ -49,6 +49,7 @@ class Refusal(str, Enum):
     FIXED_NODE = "fixed-node"  #: a memset, timestamp or publish node changed
     UNBOUND = "unbound-input"  #: an external argument has no binding
     CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
+    REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def decide_warm_patch(
         return _refuse(Refusal.CHILD_GRAPHS, None, "the nodes grouped into child-graph nodes differ")
     if new.counters != old.counters:
         return _refuse(Refusal.COUNTERS, None, "the append counters differ")
+    if new.scopes != old.scopes:
+        return _refuse(Refusal.REGIONS, None, "nodes moved into or out of a region's body")
     if new.scalar_slots != old.scalar_slots:
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:

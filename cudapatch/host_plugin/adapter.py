@@ -57,6 +57,7 @@ class HostAdapter:
         self._ops: dict[str, Block] = {}
         self._types: dict[str, BlockType] = {}
         self._links: list[OperatorLink] = []
+        self._regions: dict[str, str] = {}  # operator id -> the region operator holding it
         self.engine_operator = EngineOperator(self)
 
     # -- queries -----------------------------------------------------------------------------------
@@ -78,6 +79,10 @@ class HostAdapter:
 
     def links(self) -> tuple[OperatorLink, ...]:
         return tuple(self._links)
+
+    def regions(self) -> dict[str, str]:
+        """Operator id → the region operator (``If``, ``While``, ``For``) holding it; top-level ones are absent."""
+        return dict(self._regions)
 
     def operators_by_block(self) -> dict[int, str]:
         """Block id → operator id, for routing the engine's per-block results to operators. The inner
@@ -147,8 +152,27 @@ class HostAdapter:
                 return str(candidate)
         return value  # the block reports the missing file with its path
 
+    def place(self, op_id: str, region_op: str | None) -> None:
+        """Put operator ``op_id`` inside region operator ``region_op`` (an ``If``, ``While`` or
+        ``For``: in TouchDesigner, a COMP holding block COMPs), or at the top level with None
+        (Cold on the next cook).
+
+        Raises:
+            CudapatchError: unknown operator, ``region_op`` is no region, or it would hold itself.
+        """
+        block = self.block(op_id)
+        region = self.block(region_op) if region_op is not None else None
+        place = getattr(self.engine, "place", None)
+        if place is None:
+            raise CudapatchError(f"this engine ({type(self.engine).__name__}) runs no regions", block=op_id)
+        place(block, region)
+        if region_op is None:
+            self._regions.pop(op_id, None)
+        else:
+            self._regions[op_id] = region_op
+
     def delete(self, op_id: str) -> None:
-        """Remove operator ``op_id`` and its links.
+        """Remove operator ``op_id`` and its links (a region's operators move to the region around it).
 
         Raises:
             CudapatchError: unknown operator.
@@ -158,6 +182,12 @@ class HostAdapter:
         self.engine.remove(block)
         del self._ops[op_id]
         del self._types[op_id]
+        outer = self._regions.pop(op_id, None)
+        for child in [c for c, r in self._regions.items() if r == op_id]:
+            if outer is None:
+                del self._regions[child]
+            else:
+                self._regions[child] = outer
 
     def rename(self, op_id: str, new_id: str) -> None:
         """Rename an operator (its block, links and messages follow).
@@ -177,6 +207,7 @@ class HostAdapter:
             )
             for lk in self._links
         ]
+        self._regions = {(new_id if c == op_id else c): (new_id if r == op_id else r) for c, r in self._regions.items()}
 
     def connect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> None:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
@@ -216,6 +247,8 @@ class HostAdapter:
         new = bt.create(op_id, **texts)  # fails before anything changes
         values = {n: p.value for n, p in old.params.items() if p.spec.kind != "text"}
         links = [lk for lk in self._links if op_id in (lk.src, lk.dst)]
+        region = self._regions.get(op_id)
+        held = [c for c, r in self._regions.items() if r == op_id]  # a swapped region keeps its operators
         self.delete(op_id)
         for name, value in values.items():
             if name in new.params and new.params[name].spec.kind != "text":
@@ -226,6 +259,12 @@ class HostAdapter:
         self.engine.add(new)
         self._ops[op_id] = new
         self._types[op_id] = bt
+        for child, where in [(op_id, region), *((c, op_id) for c in held)]:
+            if where is not None:
+                try:
+                    self.place(child, where)
+                except CudapatchError as exc:  # the new type is no region: its operators stay where they are
+                    log.warning("hot swap of '%s': %s stays out of it: %s", op_id, child, exc)
         for lk in links:
             try:
                 self.connect(lk.src, lk.src_port, lk.dst, lk.dst_port)

@@ -30,6 +30,7 @@ from ..blocks.library import (
     ToPoints,
     VectorAdd,
 )
+from ..blocks.regions import For, If, While
 from . import hookimpl
 from .composite_file import composite_type
 
@@ -62,6 +63,9 @@ BUILTIN_TYPES = (
     ("image.Threshold", Threshold),
     ("image.ColorMap", ColorMap),
     ("image.Mix", Mix),
+    ("core.If", If),
+    ("core.While", While),
+    ("core.For", For),
 )
 
 

@@ -14,6 +14,15 @@ Format::
     [operators.forces]
     type = "particles.Forces"
 
+    [operators.solve]
+    type = "While"                # a region: If, While (Max required) or For (Count)
+    Max = 500
+
+    [operators.step]
+    type = "KernelFile"
+    Path = "step.cu"
+    region = "solve"              # inside the region: runs in its body, on the GPU, per iteration
+
     links = ["emit.Particles -> forces.Particles"]   # top-level, before the tables, or [patch] links
 
     [preview]
@@ -81,6 +90,7 @@ class OperatorSpec:
     type: str
     params: dict[str, Any]
     line: int | None = None
+    region: str | None = None  # the region operator (If, While, For) holding it
 
 
 @dataclass(frozen=True)
@@ -223,16 +233,24 @@ def parse_patch(
         type_name = body.pop("type", None)
         if not isinstance(type_name, str):
             raise fail(f"operator '{name}' needs type = \"package.Type\"", line, block=name)
+        region = body.pop("region", None)
+        if region is not None and not isinstance(region, str):
+            raise fail(
+                f"operator '{name}': region = {short_repr(region)}: write the name of an If, While or For operator",
+                lines.key("region", line),
+                block=name,
+            )
         path_value = body.get("Path")
         if isinstance(path_value, str):
             try:
                 check_path_text(path_value, what="kernel file", error=PatchFileError)
             except PatchFileError as exc:
                 raise fail(exc.message, lines.key("Path", line), block=name, param="Path") from None
-        spec = OperatorSpec(name, type_name, body, line)
+        spec = OperatorSpec(name, type_name, body, line, region)
         if registry is not None:
             shapes[name] = _check_operator(spec, registry, lines, fail, base=patch.path)
         patch.operators[name] = spec
+    _check_regions(patch, registry, lines, fail)
 
     raw_links = data.get("links", [])
     if not isinstance(raw_links, list):
@@ -291,6 +309,39 @@ def parse_patch(
                 )
     patch.preview = dict(preview)
     return patch
+
+
+def _check_regions(patch: Patch, registry: BlockTypeRegistry | None, lines: _Lines, fail: Any) -> None:
+    """Each ``region = "name"`` names an operator of the patch that is a region (with ``registry``),
+    and no region holds itself."""
+    from ..blocks.regions import Region
+
+    ops = patch.operators
+    for name, spec in ops.items():
+        if spec.region is None:
+            continue
+        line = lines.key("region", spec.line)
+        holder = ops.get(spec.region)
+        if holder is None:
+            raise fail(f"operator '{name}': region '{spec.region}' is not an operator of this patch", line, block=name)
+        if registry is not None:
+            try:
+                is_region = issubclass(registry.get(holder.type).cls, Region)
+            except CudapatchError:
+                is_region = True  # an unknown type is reported at its own operator
+            if not is_region:
+                raise fail(
+                    f"operator '{name}': '{spec.region}' ({holder.type}) is not a region: use an If, While or For",
+                    line,
+                    block=name,
+                )
+        seen, cur = {name}, spec.region
+        while cur is not None:
+            if cur in seen:
+                raise fail(f"operator '{name}': region '{spec.region}' holds itself", line, block=name)
+            seen.add(cur)
+            nxt = ops.get(cur)
+            cur = nxt.region if nxt is not None else None
 
 
 def _check_engine(engine: dict[str, Any], lines: _Lines, fail: Any) -> None:
@@ -424,14 +475,15 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
     raises before the running patch is touched.
 
     Returns:
-        Counts of what changed: ``created``, ``deleted``, ``swapped``, ``params``, ``links``.
+        Counts of what changed: ``created``, ``deleted``, ``swapped``, ``params``, ``links``, ``regions``
+        (operators placed in or out of a region).
 
     Raises:
         PatchFileError: a value or link the blocks refuse, with the file and line.
     """
     file = str(new.path) if new.path else "<patch>"
     old_ops = old.operators if old is not None else {}
-    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0}
+    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0, "regions": 0}
     # 1. validate: every new or changed operator must build, every value must be accepted
     for name, spec in new.operators.items():
         try:
@@ -470,7 +522,16 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             _apply_operator(adapter, name, spec, old_ops.get(name), counts)
         except CudapatchError as exc:  # refused after the probe passed (a file changed meanwhile ...)
             raise _at_operator(exc, file, spec.line, name) from None
-    # 4. add new links (a swapped operator had its links restored by hot_swap)
+    # 4. regions: put each operator in the region the file names (or back at the top level)
+    placed = adapter.regions()
+    for name, spec in new.operators.items():
+        if placed.get(name) != spec.region:
+            try:
+                adapter.place(name, spec.region)
+            except CudapatchError as exc:
+                raise _at_operator(exc, file, _Lines(new.text).key("region", spec.line), name) from None
+            counts["regions"] += 1
+    # 5. add new links (a swapped operator had its links restored by hot_swap)
     existing = {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()}
     for key, lk in new_links.items():
         if key not in existing:

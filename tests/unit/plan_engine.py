@@ -20,8 +20,14 @@ class PlanOnlyEngine:
         self.updates = 0
         self._probes = ProbeSet(self.context, lambda: None)  # no graph runs: stats stay None
 
-    def add(self, block):
-        return self.context.register_block(block)
+    def add(self, block, *, region=None):
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block, region):
+        self.context.place(block, region)
 
     def remove(self, block):
         self.context.unregister_block(block)

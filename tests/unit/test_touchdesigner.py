@@ -86,3 +86,20 @@ def test_engine_top_after_a_lost_engine_shows_why_and_copies_nothing(td):
     op = scriptTOP("/p/engine")
     top.onCook(op)
     assert op.errors == [f"engine: {td.engine.lost}"] and not op.copies
+
+
+def test_a_block_comp_inside_a_region_comp_runs_in_its_body(td):
+    src = BlockOperatorExt(COMP("/p/src"), td, "core.Fill")
+    step = BlockOperatorExt(COMP("/p/loop/step"), td, "core.Scale")  # made before its region COMP
+    loop = BlockOperatorExt(COMP("/p/loop"), td, "core.For")
+    inner = BlockOperatorExt(COMP("/p/loop/inner"), td, "core.Scale")  # made after it
+    step.Link(src, "Out", "In")
+    inner.Link(step, "Out", "In")
+    assert td.adapter.regions() == {"/p/loop/step": "/p/loop", "/p/loop/inner": "/p/loop"}
+    td.adapter.engine_operator.cook()
+    plan = td.engine.plan
+    assert plan.regions[loop.block.id].kind == "for"
+    scoped = {plan.nodes[i].block_id for i in plan.scopes}
+    assert {step.block.id, inner.block.id} <= scoped and src.block.id not in scoped
+    nested = BlockOperatorExt(COMP("/p/src/child"), td, "core.Scale")  # inside a plain block COMP: top level
+    assert "/p/src/child" not in td.adapter.regions() and not nested.ownerComp.errors

@@ -1,5 +1,6 @@
 """Built-in block types."""
 
+from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .expression import DEFAULT_EXPRESSION, Expression
@@ -20,6 +21,8 @@ from .particles import (
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
+#: Regions: blocks holding blocks, run conditionally or repeatedly on the GPU (``blocks.regions``).
+REGION_BLOCKS = (If, While, For)
 BUILTIN_BLOCKS = (
     VectorAdd,
     Scale,
@@ -31,6 +34,7 @@ BUILTIN_BLOCKS = (
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
     *IMAGE_BLOCKS,
+    *REGION_BLOCKS,
 )
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",
+    "REGION_BLOCKS",
     "LUSolve",
     "Random",
     "SpMV",

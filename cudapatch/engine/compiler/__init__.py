@@ -24,7 +24,11 @@ in its own module and tested on its own:
    composite's own keys, its inner blocks' diagnostics put on it; its nodes grouped into one
    child-graph node when it asks for one (``child_graphs``).
 
-The phases DESIGN.md §10 adds go into this sequence: regions and delays after ordering, shapes in
+A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
+stamps (``regions.py``): bodies become the body graphs of conditional nodes. Its values keep a buffer
+each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
+
+The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
 sizes (done), fusion before memory. ``PlanDraft.plan()`` freezes the result.
 """
 
@@ -43,6 +47,17 @@ from .fusion import fusion
 from .memory import memory, share
 from .nodes import nodes
 from .order import order
+from .regions import (
+    check_regions,
+    has_regions,
+    order_regions,
+    region_counters,
+    region_edges,
+    region_nodes,
+    region_publish,
+    region_stamps,
+    size_regions,
+)
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
@@ -91,6 +106,8 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
+    if has_regions(draft):
+        return _compile_regions(draft)
     order(draft)
     attribute_diagnostics(draft)
     draft.raise_errors()
@@ -103,3 +120,19 @@ def compile_plan(
     stamps(draft)
     publish(draft)
     return child_graphs(composite_keys(draft.plan(), snap), snap)
+
+
+def _compile_regions(draft: PlanDraft) -> GraphPlan:
+    """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
+    here: a fused group must not span a body and the graph around it (not planned yet)."""
+    check_regions(draft)
+    order_regions(draft)
+    draft.raise_errors()
+    size_regions(draft)
+    memory(draft)
+    region_counters(draft)
+    region_nodes(draft)
+    region_edges(draft)
+    region_stamps(draft)
+    region_publish(draft)
+    return composite_keys(draft.plan(), draft.snap)

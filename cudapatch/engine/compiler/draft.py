@@ -126,6 +126,13 @@ class PlanDraft:
     blocks: dict[int, BlockSnapshot] = field(init=False)
     errors: list[Diagnostic] = field(default_factory=list)  # any error stops compile_plan after ordering
     warnings: list[Diagnostic] = field(default_factory=list)
+    # regions (``regions.py``): which region holds each block, the blocks left out with their region,
+    # the order of each scope's blocks and regions (None: the top level), the region of each node
+    parents: dict[int, int] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)
+    units: dict[int | None, list[int]] = field(default_factory=dict)
+    scopes: dict[int, int] = field(default_factory=dict)
+    regions: dict = field(default_factory=dict)  # region block id -> RegionPlan
     # validate: the links that make sense, and the one link into each linked input
     links: list[Link] = field(default_factory=list)
     incoming: dict[tuple[int, str], Link] = field(default_factory=dict)
@@ -203,6 +210,8 @@ class PlanDraft:
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            scopes=self.scopes,
+            regions=self.regions,
             probes=tuple(self.probe_keys),
             probe_words=self.probe_words,
             memory=self.memory,

@@ -22,7 +22,7 @@ from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
 from .probes import add_probes, probe_requests
 
-__all__ = ["nodes"]
+__all__ = ["block_nodes", "counters_memset", "node_env", "nodes"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
 _SIZE_ROLES = ("itemsize", "stride0")
@@ -34,10 +34,17 @@ _COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
 def nodes(draft: PlanDraft) -> None:
     """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
     ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
-    drafts, faulted, block_nodes = draft.drafts, draft.faulted, draft.block_nodes
-    # What _work_node reads and fills, handed over as one tuple: unpacked once per node, not looked
-    # up as attributes for every argument (a 100-block rebuild fills about a thousand arguments).
-    env = (
+    env = node_env(draft)
+    counters_memset(draft)
+    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
+    for sized in draft.sized.values():
+        block_nodes(draft, sized, env, probes)
+
+
+def node_env(draft: PlanDraft) -> tuple:
+    """What ``block_nodes`` reads and fills, handed over as one tuple: unpacked once per node, not looked
+    up as attributes for every argument (a 100-block rebuild fills about a thousand arguments)."""
+    return (
         draft.value_buffer,
         draft.value_counter,
         draft.values,
@@ -45,36 +52,45 @@ def nodes(draft: PlanDraft) -> None:
         draft.binding_slots,
         draft.counter_users,
     )
+
+
+def counters_memset(draft: PlanDraft) -> None:
+    """The memset zeroing every append counter, first (node 0), when the plan has counters."""
     if draft.counters:  # zeroed before anything appends
-        drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
-    value_buffer = draft.value_buffer
-    probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
+        draft.drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
+
+
+def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | None = None) -> None:
+    """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``;
+    ``probes`` (``probe_requests``): probe nodes right after the block that makes a probed value."""
+    drafts = draft.drafts
+    b = sized.block
     fused = draft.fusion
-    for sized in draft.sized.values():
-        b = sized.block
-        if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
-            group = fused.groups.get(b.id)
-            if group is not None:
-                block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
-                drafts.append(fused_node(draft, group, len(drafts)))
-                if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
-                    add_probes(draft, sized, probes[b.id])
-            continue
-        if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
-            for vi in sized.made:
-                bi = value_buffer[vi]
-                drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
-            continue
-        d = b.description
-        first = len(drafts)
-        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
-            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
-        if len(drafts) == first + 1:
-            block_nodes[b.id] = (first,)
-        elif len(drafts) > first:
-            block_nodes[b.id] = tuple(range(first, len(drafts)))
-        if probes and b.id in probes:
-            add_probes(draft, sized, probes[b.id])
+    if fused is not None and b.id in fused.member_of:  # one node for the group, at its sink
+        group = fused.groups.get(b.id)
+        if group is not None:
+            draft.block_nodes.update(dict.fromkeys(group.members, (len(drafts),)))
+            drafts.append(fused_node(draft, group, len(drafts)))
+            if probes and b.id in probes:  # the sink's output (probed intermediates are never fused)
+                add_probes(draft, sized, probes[b.id])
+        return
+    faulted = draft.faulted
+    if faulted and b.id in faulted:  # no kernels: the values it makes read as zeros
+        value_buffer = draft.value_buffer
+        for vi in sized.made:
+            bi = value_buffer[vi]
+            drafts.append(_new(NodeDraft, (MemsetNodePlan, (len(drafts), 0), (bi,), [], [bi])))
+        return
+    d = b.description
+    first = len(drafts)
+    for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
+        drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+    if len(drafts) == first + 1:
+        draft.block_nodes[b.id] = (first,)
+    elif len(drafts) > first:
+        draft.block_nodes[b.id] = tuple(range(first, len(drafts)))
+    if probes and b.id in probes:
+        add_probes(draft, sized, probes[b.id])
 
 
 def _work_node(

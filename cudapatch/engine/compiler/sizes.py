@@ -40,8 +40,8 @@ def sizes(draft: PlanDraft) -> None:
         b = blocks[bid]
         d = b.description
         inputs: dict[str, Source] = {}
-        skip_reason = None
-        for port in d.inputs:
+        skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
+        for port in () if skip_reason else d.inputs:
             key = (bid, port.name)
             lk = incoming.get(key)
             if lk is not None:
@@ -71,7 +71,7 @@ def sizes(draft: PlanDraft) -> None:
             else:
                 inputs[port.name] = _NULL
         severity: Severity = "warning"
-        code = "input-unlinked"
+        code = "region-not-running" if bid in draft.left_out else "input-unlinked"
         if skip_reason is None:
             problem = _kernels_not_ready(b, inputs, kernel_status)
             if problem is not None:

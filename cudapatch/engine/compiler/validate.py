@@ -8,6 +8,7 @@ blocks and ports; the links that pass become the patch's edges for the phases af
 
 from __future__ import annotations
 
+from ...blocks.regions import accepts_condition
 from .draft import PlanDraft
 
 __all__ = ["validate"]
@@ -39,7 +40,7 @@ def validate(draft: PlanDraft) -> None:
         if inp is None:
             err(dst.id, "unknown-port", f"block '{dst.name}' has no input port '{lk.dst_port}'")
             continue
-        if out.dtype != inp.dtype:
+        if out.dtype != inp.dtype and not accepts_condition(dst.description, lk.dst_port, out.dtype):
             err(
                 dst.id,
                 "type-mismatch",

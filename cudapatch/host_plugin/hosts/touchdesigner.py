@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ...blocks.regions import Region
 from ...engine.bindings import DeviceArray
 from ...errors import CudapatchError
 from ..adapter import HostAdapter
@@ -96,7 +97,8 @@ class BlockOperatorExt:
     """Extension of a Base COMP that stands for one block.
 
     Creating it creates the block (operator id: the COMP's path) and a custom parameter page with
-    one parameter per block parameter. Forward ``onValueChange`` of a Parameter Execute DAT to
+    one parameter per block parameter. A block COMP inside a region COMP (If, While, For) runs in
+    the region's body. Forward ``onValueChange`` of a Parameter Execute DAT to
     ``OnParValueChange``, and call ``Link``/``Unlink`` when the network's wires change.
 
     Args:
@@ -113,6 +115,24 @@ class BlockOperatorExt:
         self.block = host.adapter.create(self.op_id, host.block_type_for(ownerComp, block_type))
         self._par_to_param: dict[str, tuple[str, int]] = {}  # TD par name -> (block param, component)
         self._build_page()
+        self._place_by_path()
+
+    def _place_by_path(self) -> None:
+        """A block COMP directly inside a region COMP (``core.If``, ``core.While``, ``core.For``) runs
+        in that region's body: the network's nesting is the patch's (by operator path, so whichever
+        of the two COMPs TouchDesigner initializes first, the placement is made). A placement the
+        engine refuses is an error on the COMP."""
+        adapter = self.host.adapter
+        ops = adapter.operators()
+        parent = self.op_id.rsplit("/", 1)[0]
+        pairs = [(self.op_id, parent)] if parent in ops and isinstance(adapter.block(parent), Region) else []
+        if isinstance(self.block, Region):
+            pairs += [(c, self.op_id) for c in ops if c != self.op_id and c.rsplit("/", 1)[0] == self.op_id]
+        for child, region in pairs:
+            try:
+                adapter.place(child, region)
+            except CudapatchError as exc:
+                self.ownerComp.addError(str(exc))
 
     def _build_page(self) -> None:
         comp = self.ownerComp

@@ -1,0 +1,114 @@
+"""Regions: ``If``, ``While`` and ``For``, blocks that hold other blocks and run them conditionally
+or repeatedly on the GPU, inside the one graph of the frame.
+
+A region is a block with no kernels of its own. The engine places blocks inside it
+(``engine.add(block, region=r)``); its body becomes the body graph of a CUDA conditional node, and
+the decision is taken on the device by a tiny set-condition kernel, so a loop costs the host nothing
+per iteration:
+
+- ``If``: runs its body once when its ``Condition`` input (a one-element int, uint or uchar buffer
+  made by a block *before* the region) is non-zero.
+- ``While``: runs its body, then again while ``Condition`` (made by a block *in* the body, re-read
+  after every iteration) is non-zero, at most ``Max`` times per frame. A While without ``Max`` is an
+  error: a condition that never turns false would hang the GPU. The body runs at least once.
+- ``For``: runs its body ``Count`` times per frame. ``Count`` is a Hot parameter: changing it patches
+  the running graph, no rebuild.
+
+Regions nest. ``Max`` and ``Count`` are Hot, like any scalar parameter.
+
+Nothing here imports the engine: the description says what the region is
+(``RegionDescription.kind``); the compiler makes its nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from ..kernels.types import DType
+from .block import Block
+from .description import BlockDescription, ParamSpec, PortSpec
+
+__all__ = ["CONDITION_DTYPES", "For", "If", "Region", "RegionDescription", "RegionKind", "While", "accepts_condition"]
+
+RegionKind = Literal["if", "while", "for"]
+
+#: Element types a region's ``Condition`` input takes: read as "non-zero is true".
+CONDITION_DTYPES = (DType.INT32, DType.UINT32, DType.UINT8)
+CONDITION = "Condition"
+_UINT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class RegionDescription(BlockDescription):
+    """The description of a region block: no kernels; ``kind`` says which region it is."""
+
+    kind: RegionKind = "if"
+
+
+def accepts_condition(description: BlockDescription, port: str, dtype: DType) -> bool:
+    """Whether ``port`` of ``description`` is a region's ``Condition`` input that takes ``dtype``
+    (any of ``CONDITION_DTYPES``: the port is declared int, but uint and uchar (bool) link too)."""
+    return isinstance(description, RegionDescription) and port == CONDITION and dtype in CONDITION_DTYPES
+
+
+class Region(Block):
+    """Base of ``If``, ``While`` and ``For``. Subclasses set ``kind``."""
+
+    kind: ClassVar[RegionKind] = "if"
+    type_name = "Region"
+
+    def describe(self, b: object) -> None:  # regions are described by ``_describe``: no builder, no kernels
+        raise NotImplementedError
+
+    def _describe(self) -> BlockDescription:
+        inputs: tuple[PortSpec, ...] = ()
+        params: tuple[ParamSpec, ...] = ()
+        if self.kind != "for":
+            when = "before the If" if self.kind == "if" else "in the While's body (re-read after every iteration)"
+            inputs = (
+                PortSpec(
+                    CONDITION,
+                    "in",
+                    "buffer",
+                    DType.INT32,
+                    (),
+                    description=f"one int, uint or uchar: non-zero runs the body; made by a block {when}",
+                ),
+            )
+        if self.kind == "while":
+            params = (
+                ParamSpec(
+                    "Max",
+                    DType.UINT32,
+                    0,
+                    0,
+                    _UINT_MAX,
+                    description="most iterations per frame (required: 0 is an error)",
+                ),
+            )
+        elif self.kind == "for":
+            params = (ParamSpec("Count", DType.UINT32, 1, 0, _UINT_MAX, description="iterations per frame (Hot)"),)
+        return RegionDescription(self.type_name, (), inputs, (), params, kind=self.kind)
+
+
+class If(Region):
+    """Runs the blocks inside it when ``Condition`` (made before the region) is non-zero."""
+
+    kind = "if"
+    type_name = "If"
+
+
+class While(Region):
+    """Runs the blocks inside it, then again while ``Condition`` (made inside it) is non-zero, at most
+    ``Max`` times a frame (required)."""
+
+    kind = "while"
+    type_name = "While"
+
+
+class For(Region):
+    """Runs the blocks inside it ``Count`` times a frame (Hot)."""
+
+    kind = "for"
+    type_name = "For"

@@ -1,0 +1,469 @@
+"""The regions phases: ``If``/``While``/``For`` blocks holding other blocks, planned as CUDA
+conditional nodes whose bodies are the graphs of their blocks.
+
+A patch with regions compiles through these in place of ``order``, ``nodes``, ``edges`` and
+``stamps`` (``compile_plan`` picks them when the patch has a region block; it fuses nothing then):
+
+1. ``check_regions``: every placement names a region of the patch; a ``While`` has ``Max``; an
+   ``If``/``While`` has a ``Condition`` from a valid source (an ``If``: a block outside its body,
+   which runs before it; a ``While``: a block inside its body, re-read after each iteration).
+   Each problem is an error on the region (or the placed block), so the last working graph keeps running.
+2. ``order_regions``: each scope (the top level, every region's body) is ordered on its own, with
+   every region inside it collapsed to one unit: a link from or to a block inside a region orders
+   the region as a whole. A cycle through a region is an error naming the blocks and regions on it.
+   ``draft.order`` lists the blocks (not the regions) so that a body's blocks are contiguous.
+3. ``size_regions``: the sizes phase, then: a region whose condition's block is not running is left
+   out with its whole body (sizes runs again with them left out: rare, and only on such a patch).
+4. ``region_counters``: one iteration counter per ``While``/``For`` among the append counters, so
+   the readback ring brings the counts back without a stall (``RegionPlan.counter``).
+5. ``region_nodes``: per scope, in order, each block's nodes; each region a set-condition kernel,
+   its conditional node, its body's nodes (``draft.scopes`` maps them to the conditional node) and,
+   for loops, the step kernel in the body (after the condition's block; the condition is read when
+   the body is done). ``Max``/``Count`` are scalar slots: Hot.
+6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
+   reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
+7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
+   region counts as one block (its set-condition kernel and conditional node); nodes inside bodies
+   are not stamped. The publish node waits for the top-level sinks.
+"""
+
+from __future__ import annotations
+
+from ...blocks.regions import CONDITION, RegionDescription
+from ...kernels.types import DType
+from ..connections import Link
+from ..diagnostics import Diagnostic
+from ..plan import Arg, ConditionalNodePlan, KernelNodePlan, PublishNodePlan, RegionPlan
+from ..region_kernels import REGION_ENTRIES, region_kernel
+from .draft import BlockSizes, NodeDraft, PlanDraft
+from .nodes import block_nodes, counters_memset, node_env
+from .order import topological_order
+from .probes import probe_requests
+from .sizes import sizes
+from .stamps import place_stamps
+
+__all__ = [
+    "check_regions",
+    "has_regions",
+    "order_regions",
+    "region_counters",
+    "region_edges",
+    "region_nodes",
+    "region_publish",
+    "region_stamps",
+    "size_regions",
+]
+
+_new = tuple.__new__
+_ONE_THREAD = ((1, 1, 1, 1),)  # KernelNodePlan.yz of a one-thread launch
+
+
+def has_regions(draft: PlanDraft) -> bool:
+    """Whether the patch has a region block (the region phases apply)."""
+    return any(isinstance(b.description, RegionDescription) for b in draft.snap.blocks)
+
+
+def _kind(draft: PlanDraft, rid: int) -> str:
+    return draft.blocks[rid].description.kind  # type: ignore[no-any-return]
+
+
+def _inside(draft: PlanDraft, bid: int, rid: int) -> bool:
+    """Whether block ``bid`` is inside region ``rid`` (at any depth)."""
+    parents = draft.parents
+    r = parents.get(bid)
+    while r is not None:
+        if r == rid:
+            return True
+        r = parents.get(r)
+    return False
+
+
+def check_regions(draft: PlanDraft) -> None:
+    """Fill ``draft.parents`` (valid placements) and ``units`` (scope -> members, unordered); record an
+    error for every placement, ``Max`` and condition that cannot work."""
+    blocks = draft.blocks
+    regions = {bid for bid, b in blocks.items() if isinstance(b.description, RegionDescription)}
+    parents = draft.parents
+    for bid, rid in draft.snap.parents.items():
+        if bid not in blocks:
+            continue
+        if rid not in regions:
+            where = f"'{blocks[rid].name}', which is not a region" if rid in blocks else "a region not in this engine"
+            draft.error(bid, "region-parent", f"block '{blocks[bid].name}' is placed in {where}")
+            continue
+        parents[bid] = rid
+    for rid in regions:  # a region inside itself (a hand-made snapshot; Context.place refuses it)
+        seen = {rid}
+        r = parents.get(rid)
+        while r is not None:
+            if r in seen:
+                draft.error(rid, "region-parent", f"region '{blocks[rid].name}' is placed inside itself")
+                parents.pop(rid, None)
+                break
+            seen.add(r)
+            r = parents.get(r)
+    units: dict[int | None, list[int]] = {None: []}
+    for rid in regions:
+        units[rid] = []
+    for b in draft.snap.blocks:
+        units[parents.get(b.id)].append(b.id)
+    draft.units = units
+    for rid in regions:
+        _check_region(draft, rid)
+
+
+def _check_region(draft: PlanDraft, rid: int) -> None:
+    b = draft.blocks[rid]
+    kind = b.description.kind
+    name = f"{b.description.type_name} '{b.name}'"
+    if kind == "while" and not b.values.get("Max"):
+        draft.error(
+            rid,
+            "region-max",
+            f"{name} needs Max, the most iterations per frame (a guard against a condition that never turns false)",
+        )
+    if kind == "for":
+        return
+    lk = draft.incoming.get((rid, CONDITION))
+    if lk is None:
+        made = "before it" if kind == "if" else "inside it"
+        draft.error(rid, "region-condition", f"{name} needs a Condition: link a one-element output of a block {made}")
+        return
+    src = draft.blocks[lk.src]
+    if kind == "if" and (lk.src == rid or _inside(draft, lk.src, rid)):
+        draft.error(
+            rid,
+            "region-condition",
+            f"the Condition of {name} comes from '{src.name}', inside its body: an If decides before its body runs, "
+            "so the condition must be made by a block before the region",
+        )
+    elif kind == "while" and not _inside(draft, lk.src, rid):
+        draft.error(
+            rid,
+            "region-condition",
+            f"the Condition of {name} comes from '{src.name}', outside its body: a While re-reads its condition "
+            "after every iteration, so it must be made by a block inside the region",
+        )
+
+
+def _unit(draft: PlanDraft, bid: int, scope: int | None) -> int | None:
+    """The member of ``scope`` that is ``bid`` or holds it, or None if ``bid`` is not in ``scope``."""
+    parents = draft.parents
+    cur: int | None = bid
+    while cur is not None:
+        p = parents.get(cur)
+        if p == scope:
+            return cur
+        cur = p
+    return None
+
+
+def order_regions(draft: PlanDraft) -> None:
+    """Order each scope with its regions collapsed; fill ``draft.order`` (blocks only, each body's
+    blocks together) and replace ``draft.units`` by the ordered members; record ``cycle`` errors."""
+    rank = {b.id: i for i, b in enumerate(draft.snap.blocks)}
+    blocks = draft.blocks
+    ordered: dict[int | None, list[int]] = {}
+    for scope, members in draft.units.items():
+        members = sorted(members, key=rank.__getitem__)
+        member_set = set(members)
+        edges: set[tuple[int, int]] = set()
+        for lk in draft.links:
+            s, d = _unit(draft, lk.src, scope), _unit(draft, lk.dst, scope)
+            if s is not None and d is not None and s != d and s in member_set and d in member_set:
+                edges.add((s, d))
+        order, cyclic = topological_order(members, [Link(s, "", d, "") for s, d in sorted(edges)])
+        if cyclic:
+            names = ", ".join(blocks[b].name for b in cyclic)
+            for b in cyclic:
+                draft.error(b, "cycle", f"block '{blocks[b].name}' is part of a cycle ({names})")
+        ordered[scope] = order
+    draft.units = ordered
+    out: list[int] = []
+
+    def walk(scope: int | None) -> None:
+        for u in ordered.get(scope, ()):
+            if u in ordered:  # a region: its body's blocks follow
+                walk(u)
+            else:
+                out.append(u)
+
+    walk(None)
+    draft.order = out
+
+
+def size_regions(draft: PlanDraft) -> None:
+    """The sizes phase, leaving out regions whose condition's block does not run (with their bodies);
+    running regions join ``draft.sized`` with their condition as their one input."""
+    warnings_before = list(draft.warnings)
+    region_warnings: list[Diagnostic] = []
+    while True:
+        sizes(draft)
+        gone = _regions_not_running(draft)
+        if not gone:
+            break
+        for rid, reason in gone.items():
+            draft.left_out[rid] = reason
+            name = draft.blocks[rid].name
+            region_warnings.append(
+                Diagnostic("warning", rid, "region-not-running", f"region '{name}' is not running: {reason}")
+            )
+            for bid in draft.order:
+                if _inside(draft, bid, rid):
+                    draft.left_out.setdefault(bid, f"its region '{draft.blocks[rid].name}' is not running")
+        # again from the start, with those left out (values, ports and warnings are made anew)
+        draft.warnings[:] = warnings_before
+        draft.sized, draft.skipped, draft.values, draft.ports, draft.binding_counts = {}, [], [], {}, {}
+        draft.shapes = {}
+    draft.warnings.extend(region_warnings)
+    for rid in _regions_in_order(draft):
+        if rid in draft.left_out:
+            draft.skipped.append(rid)
+            continue
+        lk = draft.incoming.get((rid, CONDITION))
+        inputs = {CONDITION: draft.sized[lk.src].outputs[lk.src_port]} if lk is not None else {}
+        draft.sized[rid] = BlockSizes(draft.blocks[rid], inputs, {}, (), range(0), ())  # no kernels
+
+
+def _regions_in_order(draft: PlanDraft) -> list[int]:
+    out: list[int] = []
+
+    def walk(scope: int | None) -> None:
+        for u in draft.units.get(scope, ()):
+            if u in draft.units:
+                out.append(u)
+                walk(u)
+
+    walk(None)
+    return out
+
+
+def _regions_not_running(draft: PlanDraft) -> dict[int, str]:
+    gone: dict[int, str] = {}
+    for rid in _regions_in_order(draft):
+        if rid in draft.left_out:
+            continue
+        parent = draft.parents.get(rid)
+        if parent is not None and (parent in gone or parent in draft.left_out):
+            gone[rid] = f"its region '{draft.blocks[parent].name}' is not running"
+            continue
+        lk = draft.incoming.get((rid, CONDITION))
+        if lk is not None and lk.src not in draft.sized:
+            gone[rid] = f"its Condition comes from '{draft.blocks[lk.src].name}', which is not running"
+    return gone
+
+
+def region_counters(draft: PlanDraft) -> None:
+    """One iteration counter per running ``While``/``For``, after the append counters (memory phase)."""
+    for rid in _regions_in_order(draft):
+        if rid not in draft.sized or _kind(draft, rid) == "if":
+            continue
+        draft.counters.append((rid, "Iterations"))
+
+
+def _region_kernel_draft(
+    draft: PlanDraft, index: int, rid: int, entry: str, args: list[Arg], reads: list, writes: list
+) -> NodeDraft:
+    source, desc = region_kernel(entry)
+    for ai, a in enumerate(args):
+        # Hot edits of Count/Max and Warm rebinds of a bound condition patch these slots too
+        table = draft.scalar_slots if a.kind == "scalar" else draft.binding_slots if a.kind == "external" else None
+        if table is not None:
+            slots = table.get(a.ref)  # type: ignore[arg-type]
+            table[a.ref] = ((index, ai),) if slots is None else (*slots, (index, ai))  # type: ignore[index]
+    head = (index, rid, REGION_ENTRIES[entry], source, desc, 1, 1, 0, tuple(args))
+    return _new(NodeDraft, (KernelNodePlan, head, _ONE_THREAD, reads, writes))
+
+
+def _condition_arg(draft: PlanDraft, rid: int) -> tuple[Arg, object, int]:
+    """The condition's argument, the resource it reads and its element size (1 or 4 bytes)."""
+    src = draft.sized[rid].inputs[CONDITION]
+    lk = draft.incoming[(rid, CONDITION)]
+    dtype = draft.blocks[lk.src].description.output(lk.src_port).dtype
+    if src.kind == "value":
+        bi = draft.value_buffer[src.ref]  # type: ignore[index]
+        return _new(Arg, ("buffer", dtype, True, bi, None)), bi, dtype.itemsize
+    return _new(Arg, ("external", dtype, True, src.ref, None)), src.ref, dtype.itemsize
+
+
+def region_nodes(draft: PlanDraft) -> None:
+    """The nodes phase for a patch with regions (see the module docstring, step 5)."""
+    env = node_env(draft)
+    counters_memset(draft)
+    probes = probe_requests(draft)  # a probe in a body reads its value after each iteration (the last one shows)
+    drafts, scopes, sized = draft.drafts, draft.scopes, draft.sized
+    counter_of = {k[0]: ci for ci, k in enumerate(draft.counters) if k[1] == "Iterations" and k[0] in draft.units}
+    u64 = DType.UINT64
+
+    def walk(scope_node: int | None, scope: int | None) -> None:
+        for u in draft.units.get(scope, ()):
+            if u not in sized:
+                continue
+            first = len(drafts)
+            if u not in draft.units:
+                block_nodes(draft, sized[u], env, probes)
+            else:
+                _region(u)
+            if scope_node is not None:
+                for i in range(first, len(drafts)):
+                    scopes.setdefault(i, scope_node)
+
+    def _region(rid: int) -> None:
+        kind = _kind(draft, rid)
+        values = draft.blocks[rid].values
+        token = ("region", rid)  # the begin kernel "writes" the handle the conditional node "reads"
+        begin = len(drafts)
+        handle = _new(Arg, ("handle", u64, False, begin + 1, None))
+        if kind == "if":
+            arg, res, size = _condition_arg(draft, rid)
+            drafts.append(_region_kernel_draft(draft, begin, rid, f"region_if{size}", [handle, arg], [res], [token]))
+        else:  # zeroes the iteration counter (a nested loop counts from 0 each time it is reached)
+            limit = "Max" if kind == "while" else "Count"
+            ci = counter_of[rid]
+            args = [
+                handle,
+                _new(Arg, ("counter", DType.UINT32, True, ci, None)),
+                _new(Arg, ("scalar", DType.UINT32, False, (rid, limit), values[limit])),
+            ]
+            drafts.append(_region_kernel_draft(draft, begin, rid, "region_begin", args, [], [token, -1 - ci]))
+        cond = len(drafts)
+        head = (cond, rid, "if" if kind == "if" else "while")
+        drafts.append(_new(NodeDraft, (ConditionalNodePlan, head, (-1,), [token], [])))
+        walk(cond, rid)
+        nodes = [begin, cond]
+        if kind != "if":
+            ci = counter_of[rid]
+            counter = _new(Arg, ("counter", DType.UINT32, True, ci, None))
+            step = len(drafts)
+            if kind == "for":
+                limit_arg = _new(Arg, ("scalar", DType.UINT32, False, (rid, "Count"), values["Count"]))
+                args, reads, entry = [handle, counter, limit_arg], [-1 - ci], "region_for_step"
+            else:
+                arg, res, size = _condition_arg(draft, rid)
+                limit_arg = _new(Arg, ("scalar", DType.UINT32, False, (rid, "Max"), values["Max"]))
+                args, reads, entry = [handle, arg, counter, limit_arg], [res, -1 - ci], f"region_while_step{size}"
+            drafts.append(_region_kernel_draft(draft, step, rid, entry, args, reads, [-1 - ci]))
+            scopes[step] = cond
+            nodes.append(step)
+            draft.regions[rid] = RegionPlan(kind, cond, ci, limit_arg.ref[1])  # type: ignore[index]
+        else:
+            draft.regions[rid] = RegionPlan(kind, cond)
+        draft.block_nodes[rid] = tuple(nodes)
+
+    walk(None, None)
+
+
+def region_edges(draft: PlanDraft) -> None:
+    """The edges phase for a patch with regions (see the module docstring, step 6)."""
+    drafts, scopes = draft.drafts, draft.scopes
+    n = len(drafts)
+    reads: list[set] = [set(d.reads) for d in drafts]
+    writes: list[set] = [set(d.writes) for d in drafts]
+    counter_user = [
+        i in draft.counter_users or any(isinstance(r, int) and r < 0 for r in (*reads[i], *writes[i])) for i in range(n)
+    ]
+    for i in range(n - 1, -1, -1):  # a body's nodes follow their conditional node: fold them in backwards
+        p = scopes.get(i)
+        if p is not None:
+            reads[p] |= reads[i]
+            writes[p] |= writes[i]
+            counter_user[p] = counter_user[p] or counter_user[i]
+    state: dict[int | None, tuple[dict, dict]] = {}
+    out = draft.nodes
+    for i, (cls, head, tail, _, _) in enumerate(drafts):
+        scope = scopes.get(i)
+        last_writer, readers = state.setdefault(scope, ({}, {}))
+        deps: set[int] = set()
+        for r in reads[i]:
+            w = last_writer.get(r)
+            if w is not None:
+                deps.add(w)
+        for r in writes[i]:
+            w = last_writer.get(r)
+            if w is not None:
+                deps.add(w)
+            deps.update(readers.get(r, ()))
+        for r in reads[i]:
+            readers.setdefault(r, set()).add(i)
+        for r in writes[i]:
+            last_writer[r] = i
+            readers.pop(r, None)
+        if scope is None and counter_user[i] and i != 0 and draft.counters:
+            deps.add(0)  # the counters' memset, in the top-level graph
+        deps.discard(i)
+        out.append(_new(cls, (*head, tuple(sorted(deps)), *tail)))
+
+
+def region_stamps(draft: PlanDraft) -> None:
+    """Profiling stamps for a patch with regions (see the module docstring, step 7)."""
+    if not draft.level.timed:
+        return
+    nodes, scopes = draft.nodes, draft.scopes
+    top = [n for n in nodes if n.index not in scopes]
+    # ``place_stamps`` times kernel and captured nodes: a conditional node stands in as a kernel node of
+    # its region while stamps are placed, and is put back after. It sees the top level numbered 0..k-1.
+    pos = {n.index: i for i, n in enumerate(top)}
+    local = [
+        (
+            KernelNodePlan(i, n.block_id, -1, None, None, 0, 0, 0, (), ())  # type: ignore[arg-type]
+            if isinstance(n, ConditionalNodePlan)
+            else n
+        )._replace(index=i, deps=tuple(pos[d] for d in n.deps))
+        for i, n in enumerate(top)
+    ]
+    placed, remap_local, timings, count = place_stamps(local, draft.level)
+    local_of = {new: li for li, new in remap_local.items()}
+    body: dict[int, list] = {}
+    for n in nodes:
+        if n.index in scopes:
+            body.setdefault(_top_of(scopes, n.index), []).append(n)
+    final: list = []
+    pmap: dict[int, int] = {}  # index in ``placed`` -> index in ``final``
+    remap: dict[int, int] = {}  # index before -> index in ``final``
+    for pn in placed:
+        li = local_of.get(pn.index)
+        node = pn if li is None else top[li]
+        if li is not None and not isinstance(node, ConditionalNodePlan):
+            node = pn
+        pmap[pn.index] = len(final)
+        final.append(node._replace(index=len(final), deps=tuple(pmap[d] for d in pn.deps)))
+        if li is not None:
+            old = top[li].index
+            remap[old] = len(final) - 1
+            for bn in body.get(old, ()):  # its body follows the conditional node
+                remap[bn.index] = len(final)
+                final.append(bn)
+    for i, n in enumerate(final):
+        if n.index in scopes and remap.get(n.index) == i:
+            final[i] = n._replace(index=i, deps=tuple(remap[d] for d in n.deps))
+    draft.nodes = final
+    draft.timings, draft.stamp_count = timings, count
+    draft.scopes = {remap[i]: remap[p] for i, p in scopes.items()}
+    for slots in (draft.scalar_slots, draft.binding_slots):
+        for k, v in slots.items():
+            slots[k] = tuple([(remap[ni], ai) for ni, ai in v])
+    for k, v in draft.block_nodes.items():
+        draft.block_nodes[k] = tuple([remap[i] for i in v])
+    for rid, rp in draft.regions.items():
+        draft.regions[rid] = rp._replace(node=remap[rp.node])
+    nodes = draft.nodes
+    for i, n in enumerate(nodes):  # each set-condition kernel's handle names its conditional node
+        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
+            a = n.args[0]
+            nodes[i] = n._replace(args=(a._replace(ref=remap[a.ref]), *n.args[1:]))
+
+
+def region_publish(draft: PlanDraft) -> None:
+    """The publish node, after the top-level sinks only (a node in a body cannot be waited for from
+    the top-level graph; its conditional node is)."""
+    nodes, scopes = draft.nodes, draft.scopes
+    if draft.counters or draft.stamp_count or draft.probe_words:
+        used = {dep for n in nodes if n.index not in scopes for dep in n.deps}
+        sinks = tuple(n.index for n in nodes if n.index not in used and n.index not in scopes)
+        nodes.append(PublishNodePlan(len(nodes), sinks, 1 if draft.stamp_count else None))
+
+
+def _top_of(scopes: dict[int, int], i: int) -> int:
+    while i in scopes:
+        i = scopes[i]
+    return i

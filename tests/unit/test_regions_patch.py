@@ -1,0 +1,115 @@
+"""Regions in patch files and the host adapter (no GPU): operators placed in If/While/For operators
+with ``region = "name"``, checked with file and line, applied as placements, kept across edits,
+renames, deletions and hot swaps; the Jacobi example's patch plans to a While with its body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cudapatch.engine.plan import ConditionalNodePlan
+from cudapatch.errors import CudapatchError, PatchFileError
+from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch, parse_patch
+
+from .plan_engine import PlanOnlyEngine
+
+REG = PluginHost().registry
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "08_jacobi.toml"
+
+FOR_PATCH = """\
+links = ["Src.Out -> Step.In"]
+
+[operators.Src]
+type = "Fill"
+Count = 64
+
+[operators.Steps]
+type = "For"
+Count = 8
+
+[operators.Step]
+type = "Scale"
+region = "Steps"
+Factor = 0.5
+"""
+
+
+def _adapter() -> tuple[HostAdapter, PlanOnlyEngine]:
+    eng = PlanOnlyEngine()
+    return HostAdapter(eng, REG), eng
+
+
+def test_the_jacobi_example_patch_plans_a_while_with_its_body() -> None:
+    patch = load_patch(EXAMPLE, registry=REG)
+    assert {n for n, s in patch.operators.items() if s.region == "Solve"} == {"SweepA", "SweepB", "Decide"}
+    adapter, eng = _adapter()
+    adapter.search_paths.append(EXAMPLE.parent)
+    counts = apply_patch(adapter, patch)
+    assert counts["regions"] == 3 and adapter.regions() == {"SweepA": "Solve", "SweepB": "Solve", "Decide": "Solve"}
+    eng.update()
+    assert eng.errors == ()
+    plan = eng.plan
+    (cond,) = [n for n in plan.nodes if isinstance(n, ConditionalNodePlan)]
+    solve = adapter.block("Solve")
+    assert cond.block_id == solve.id and cond.kind == "while"
+    body = {plan.nodes[i].block_id for i, p in plan.scopes.items() if p == cond.index}
+    assert body == {adapter.block(n).id for n in ("SweepA", "SweepB", "Decide")} | {solve.id}
+    assert plan.regions[solve.id].limit == "Max"
+
+
+def test_a_region_key_is_checked_with_its_line() -> None:
+    bad_type = FOR_PATCH.replace('type = "For"', 'type = "Fill"')
+    with pytest.raises(PatchFileError) as ei:
+        parse_patch(bad_type, path="p.toml", registry=REG)
+    assert "is not a region" in ei.value.message and ei.value.line == 13
+    missing = FOR_PATCH.replace('region = "Steps"', 'region = "Nope"')
+    with pytest.raises(PatchFileError) as ei:
+        parse_patch(missing, path="p.toml", registry=REG)
+    assert "'Nope' is not an operator" in ei.value.message and ei.value.line == 13
+    not_text = FOR_PATCH.replace('region = "Steps"', "region = 3")
+    with pytest.raises(PatchFileError) as ei:
+        parse_patch(not_text, path="p.toml", registry=REG)
+    assert ei.value.line == 13
+    itself = FOR_PATCH.replace('type = "For"\nCount = 8', 'type = "For"\nCount = 8\nregion = "Steps"')
+    with pytest.raises(PatchFileError, match="holds itself"):
+        parse_patch(itself, path="p.toml", registry=REG)
+
+
+def test_editing_the_region_key_moves_the_operator() -> None:
+    adapter, eng = _adapter()
+    first = parse_patch(FOR_PATCH, registry=REG)
+    apply_patch(adapter, first)
+    assert adapter.regions() == {"Step": "Steps"}
+    second = parse_patch(FOR_PATCH.replace('region = "Steps"\n', ""), registry=REG)
+    counts = apply_patch(adapter, second, first)
+    assert counts["regions"] == 1 and adapter.regions() == {}
+    assert eng.context.snapshot().parents == {}
+    counts = apply_patch(adapter, first, second)
+    assert adapter.regions() == {"Step": "Steps"}
+    assert eng.context.snapshot().parents == {adapter.block("Step").id: adapter.block("Steps").id}
+
+
+def test_the_adapter_keeps_placements_across_rename_hot_swap_and_delete() -> None:
+    adapter, eng = _adapter()
+    apply_patch(adapter, parse_patch(FOR_PATCH, registry=REG))
+    adapter.rename("Steps", "Loop")
+    assert adapter.regions() == {"Step": "Loop"}
+    new = adapter.hot_swap("Step", "core.VectorAdd")  # the swapped block stays in the region
+    assert eng.context.snapshot().parents[new.id] == adapter.block("Loop").id
+    loop = adapter.hot_swap("Loop", "core.While")  # a swapped region keeps its operators
+    assert eng.context.snapshot().parents[new.id] == loop.id
+    adapter.delete("Loop")
+    assert adapter.regions() == {} and eng.context.snapshot().parents == {}
+    with pytest.raises(CudapatchError, match="not a region"):
+        adapter.place("Step", "Src")
+
+
+def test_a_while_without_max_in_a_patch_is_an_error_on_the_region() -> None:
+    text = EXAMPLE.read_text().replace("Max = 20000", "")
+    adapter, eng = _adapter()
+    adapter.search_paths.append(EXAMPLE.parent)
+    apply_patch(adapter, parse_patch(text, path=EXAMPLE, registry=REG))
+    eng.update()
+    solve = adapter.block("Solve")
+    assert any(d.block_id == solve.id and d.code == "region-max" for d in eng.errors)

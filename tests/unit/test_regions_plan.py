@@ -1,0 +1,395 @@
+"""Planning of If/While/For regions (no GPU): placements, conditions, Max, scopes, dependencies,
+Hot slots of Count and Max, iteration counters, nesting, cycles and profiling stamps."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudapatch import CustomKernel, Fill, For, If, Scale, While
+from cudapatch.engine import Context, compile_plan
+from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan, PublishNodePlan, StampNodePlan
+from cudapatch.engine.profiling import ProfilingLevel
+from cudapatch.errors import CudapatchError, GraphCompileError, LinkError
+
+CHECK = """extern "C" __global__ void check(const float* in, int* more, float level, unsigned int n)
+{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+CHECK_U8 = """extern "C" __global__ void check8(const float* in, unsigned char* more, float level, unsigned int n)
+{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+CHECK_F = """extern "C" __global__ void checkf(const float* in, float* more, unsigned int n) { }"""
+
+
+def _while(max_: int = 100) -> tuple[Context, Fill, While, Scale, CustomKernel, Scale]:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=256))
+    w = c.register_block(While(name="Solve", Max=max_))
+    step = c.register_block(Scale(name="Step"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    after = c.register_block(Scale(name="After"))
+    c.place(step, w)
+    c.place(chk, w)
+    c.connect(src, "Out", step, "In")
+    c.connect(step, "Out", chk, "in")
+    c.connect(chk, "more", w, "Condition")
+    c.connect(step, "Out", after, "In")
+    return c, src, w, step, chk, after
+
+
+def _codes(exc: GraphCompileError) -> set[tuple[int | None, str]]:
+    return {(d.block_id, d.code) for d in exc.diagnostics if d.severity == "error"}
+
+
+def _by_block(plan, block_id: int, cls=KernelNodePlan):
+    return [n for n in plan.nodes if isinstance(n, cls) and n.block_id == block_id]
+
+
+def test_a_while_is_a_conditional_node_whose_body_follows_it() -> None:
+    c, src, w, step, chk, after = _while()
+    plan = compile_plan(c.snapshot())
+    (cond,) = _by_block(plan, w.id, ConditionalNodePlan)
+    assert cond.kind == "while"
+    begin, stepk = _by_block(plan, w.id)
+    assert begin.entry_point == "region_begin" and begin.index == cond.index - 1
+    assert begin.deps == (0,)  # it zeroes the iteration counter: after the counters' memset
+    assert stepk.entry_point == "region_while_step4"
+    body = {i for i, p in plan.scopes.items() if p == cond.index}
+    assert body == {_by_block(plan, step.id)[0].index, _by_block(plan, chk.id)[0].index, stepk.index}
+    assert body == set(range(cond.index + 1, cond.index + 1 + len(body)))  # contiguous, right after it
+    # The conditional node waits for the begin kernel, the counters' memset and what the body reads.
+    fill = _by_block(plan, src.id)[0]
+    assert set(cond.deps) == {0, begin.index, fill.index}
+    # Inside the body, dependencies stay inside: the body's first kernel is a root of the body graph.
+    assert _by_block(plan, step.id)[0].deps == ()
+    assert stepk.deps == (_by_block(plan, chk.id)[0].index,)
+    # A block after the region waits for the conditional node, never for a node in its body.
+    assert _by_block(plan, after.id)[0].deps == (cond.index,)
+    publish = plan.nodes[-1]
+    assert isinstance(publish, PublishNodePlan) and all(d not in plan.scopes for d in publish.deps)
+    assert plan.block_order.count(w.id) == 1
+
+
+def test_the_handle_argument_names_the_conditional_node_and_max_is_hot() -> None:
+    c, _, w, *_ = _while(max_=7)
+    plan = compile_plan(c.snapshot())
+    cond = _by_block(plan, w.id, ConditionalNodePlan)[0]
+    for k in _by_block(plan, w.id):
+        assert k.args[0].kind == "handle" and k.args[0].ref == cond.index
+        assert (k.grid, k.block) == (1, 1)
+    slots = plan.scalar_slots[(w.id, "Max")]
+    assert len(slots) == 2  # the begin and the step kernel: one Hot edit patches both
+    for ni, ai in slots:
+        assert plan.nodes[ni].args[ai].value == 7
+    region = plan.regions[w.id]
+    assert (region.kind, region.node, region.limit) == ("while", cond.index, "Max")
+    assert plan.counters[region.counter] == (w.id, "Iterations")
+    step = _by_block(plan, w.id)[1]
+    assert any(a.kind == "counter" and a.ref == region.counter for a in step.args)
+
+
+def test_a_while_without_max_is_an_error_on_the_region() -> None:
+    c, _, w, *_ = _while(max_=0)
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(c.snapshot())
+    assert (w.id, "region-max") in _codes(ei.value)
+    assert "needs Max" in str(ei.value)
+
+
+def test_a_while_condition_from_outside_its_body_is_an_error() -> None:
+    c, src, w, step, chk, after = _while()
+    c.place(chk, None)  # the condition's block leaves the body
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(c.snapshot())
+    assert (w.id, "region-condition") in _codes(ei.value)
+    assert "outside its body" in str(ei.value) and "'Check'" in str(ei.value)
+
+
+def test_an_if_condition_from_inside_its_body_is_an_error_and_one_is_required() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=16))
+    r = c.register_block(If(name="Maybe"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    c.place(chk, r)
+    c.connect(src, "Out", chk, "in")
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(c.snapshot())
+    assert (r.id, "region-condition") in _codes(ei.value) and "needs a Condition" in str(ei.value)
+    c.connect(chk, "more", r, "Condition")
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(c.snapshot())
+    assert (r.id, "region-condition") in _codes(ei.value) and "inside its body" in str(ei.value)
+
+
+def test_an_if_reads_its_condition_before_the_node_by_element_size() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=16))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK_U8))
+    r = c.register_block(If(name="Maybe"))
+    body = c.register_block(Scale(name="Body"))
+    c.place(body, r)
+    c.connect(src, "Out", chk, "in")
+    c.connect(chk, "more", r, "Condition")  # uchar (bool) links to the int Condition
+    c.connect(src, "Out", body, "In")
+    plan = compile_plan(c.snapshot())
+    (begin,) = _by_block(plan, r.id)
+    assert begin.entry_point == "region_if1"
+    cond = _by_block(plan, r.id, ConditionalNodePlan)[0]
+    assert cond.kind == "if" and begin.index in cond.deps
+    assert _by_block(plan, chk.id)[0].index in begin.deps  # the decision waits for the condition's block
+    assert plan.regions[r.id].counter is None and not plan.counters
+
+
+def test_condition_links_take_int_uint_and_uchar_but_not_float() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=16))
+    r = c.register_block(If(name="Maybe"))
+    bad = c.register_block(CustomKernel(name="F", Code=CHECK_F))
+    c.connect(src, "Out", bad, "in")
+    with pytest.raises(LinkError, match="element types differ"):
+        c.connect(bad, "more", r, "Condition")
+
+
+def test_a_for_has_a_hot_count_in_both_of_its_kernels() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    f = c.register_block(For(name="Steps", Count=12))
+    step = c.register_block(Scale(name="Step"))
+    c.place(step, f)
+    c.connect(src, "Out", step, "In")
+    plan = compile_plan(c.snapshot())
+    begin, stepk = _by_block(plan, f.id)
+    assert (begin.entry_point, stepk.entry_point) == ("region_begin", "region_for_step")
+    slots = plan.scalar_slots[(f.id, "Count")]
+    assert {ni for ni, _ in slots} == {begin.index, stepk.index}
+    assert all(plan.nodes[ni].args[ai].value == 12 for ni, ai in slots)
+    assert plan.regions[f.id].limit == "Count"
+    assert not f.description.params[0].structural  # Hot: no rebuild
+    assert stepk.deps == ()  # it only counts: it runs beside the body's kernels
+
+
+def test_regions_nest_and_each_body_depends_only_inside_itself() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=3))
+    inner = c.register_block(For(name="Inner", Count=5))
+    a = c.register_block(Scale(name="A"))
+    b = c.register_block(Scale(name="B"))
+    c.place(inner, outer)
+    c.place(a, outer)
+    c.place(b, inner)
+    c.connect(src, "Out", a, "In")
+    c.connect(a, "Out", b, "In")
+    plan = compile_plan(c.snapshot())
+    oc = _by_block(plan, outer.id, ConditionalNodePlan)[0]
+    ic = _by_block(plan, inner.id, ConditionalNodePlan)[0]
+    assert plan.scopes[ic.index] == oc.index
+    bk = _by_block(plan, b.id)[0]
+    assert plan.scopes[bk.index] == ic.index
+    ak = _by_block(plan, a.id)[0]
+    assert plan.scopes[ak.index] == oc.index
+    # The inner region as a whole waits for A (its body reads A's output); B has no dependency.
+    assert ak.index in ic.deps and bk.deps == ()
+    for n in plan.nodes:
+        for d in n.deps:
+            assert plan.scopes.get(d) == plan.scopes.get(n.index), (n, d)
+
+
+def test_a_cycle_through_a_region_is_an_error() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=16))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    r = c.register_block(If(name="Maybe"))
+    body = c.register_block(Scale(name="Body"))
+    c.place(body, r)
+    c.connect(src, "Out", body, "In")
+    c.connect(body, "Out", chk, "in")  # the condition is made from the If's own output
+    c.connect(chk, "more", r, "Condition")
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(c.snapshot())
+    codes = _codes(ei.value)
+    assert (r.id, "cycle") in codes and (chk.id, "cycle") in codes
+
+
+def test_a_region_whose_condition_block_does_not_run_is_left_out_with_its_body() -> None:
+    c = Context()
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))  # its input is not linked
+    r = c.register_block(If(name="Maybe"))
+    src = c.register_block(Fill(name="Src", Count=16))
+    body = c.register_block(Scale(name="Body"))
+    reader = c.register_block(Scale(name="Reader"))
+    c.place(body, r)
+    c.connect(chk, "more", r, "Condition")
+    c.connect(src, "Out", body, "In")
+    c.connect(body, "Out", reader, "In")
+    plan = compile_plan(c.snapshot())
+    assert {chk.id, r.id, body.id, reader.id} <= set(plan.skipped)
+    assert src.id in plan.block_order and not any(isinstance(n, ConditionalNodePlan) for n in plan.nodes)
+    assert any(d.block_id == r.id and d.code == "region-not-running" for d in plan.diagnostics)
+    assert any(d.block_id == body.id and "its region 'Maybe'" in d.message for d in plan.diagnostics)
+
+
+def test_profiling_times_a_region_as_one_block_and_leaves_bodies_unstamped() -> None:
+    c, src, w, step, chk, after = _while()
+    for level in (ProfilingLevel.PER_BLOCK, ProfilingLevel.PER_KERNEL):
+        plan = compile_plan(c.snapshot(), level=level)
+        assert any(t.kind == "block" and t.key == w.id for t in plan.timings)
+        cond = _by_block(plan, w.id, ConditionalNodePlan)[0]
+        assert all(not isinstance(plan.nodes[i], StampNodePlan) for i in plan.scopes)
+        body = [i for i, p in plan.scopes.items() if p == cond.index]
+        assert sorted(body) == list(range(cond.index + 1, cond.index + 1 + len(body)))
+        for n in plan.nodes:
+            assert n.index == plan.nodes.index(n)
+            for d in n.deps:
+                assert d < n.index and plan.scopes.get(d) == plan.scopes.get(n.index)
+        for k in _by_block(plan, w.id):
+            assert k.args[0].ref == cond.index
+        assert plan.regions[w.id].node == cond.index
+        for (bid, _), slots in plan.scalar_slots.items():
+            for ni, _ in slots:
+                assert plan.nodes[ni].block_id == bid
+
+
+def test_place_refuses_what_is_not_a_region_and_a_region_inside_itself() -> None:
+    c = Context()
+    a = c.register_block(Scale(name="A"))
+    outer = c.register_block(For(name="Outer"))
+    inner = c.register_block(For(name="Inner"))
+    with pytest.raises(CudapatchError, match="not a region"):
+        c.place(outer, a)
+    c.place(inner, outer)
+    with pytest.raises(CudapatchError, match="inside itself"):
+        c.place(outer, inner)
+    with pytest.raises(CudapatchError, match="inside itself"):
+        c.place(outer, outer)
+    c.place(a, inner)
+    c.unregister_block(inner)  # its blocks move to the region that held it
+    assert c.snapshot().parents == {a.id: outer.id}
+
+
+def test_a_placement_in_a_block_that_is_no_region_is_an_error_on_the_block() -> None:
+    c, src, w, step, chk, after = _while()
+    snap = c.snapshot()
+    snap.parents[after.id] = src.id  # a hand-made snapshot (Context.place refuses this)
+    with pytest.raises(GraphCompileError) as ei:
+        compile_plan(snap)
+    assert (after.id, "region-parent") in _codes(ei.value)
+
+
+def test_moving_a_block_between_regions_is_refused_as_a_warm_patch() -> None:
+    from cudapatch.engine.warm import Refusal, WarmRefusal, decide_warm_patch
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    first = c.register_block(For(name="First", Count=2))
+    second = c.register_block(For(name="Second", Count=3))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, first)
+    c.connect(src, "Out", a, "In")
+    before = compile_plan(c.snapshot())
+    c.place(a, second)
+    after = compile_plan(c.snapshot())
+    decision = decide_warm_patch(before, after, {}, capacities=[1 << 20] * len(before.buffers))
+    assert isinstance(decision, WarmRefusal) and decision.reason is Refusal.REGIONS
+
+
+def test_a_bound_condition_is_a_warm_binding_slot_of_the_set_condition_kernel() -> None:
+    from cudapatch.engine import ExternalBinding
+    from cudapatch.kernels.types import DType
+
+    c = Context()
+    r = c.register_block(If(name="Maybe"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    body = c.register_block(Scale(name="Body"))
+    c.place(body, r)
+    c.bind_input(chk, "in", ExternalBinding(0xA000, 16, DType.FLOAT32))
+    c.bind_input(body, "In", ExternalBinding(0xB000, 16, DType.FLOAT32))
+    c.connect(chk, "more", r, "Condition")
+    plan = compile_plan(c.snapshot())
+    (begin,) = _by_block(plan, r.id)
+    assert begin.args[1].kind == "buffer"  # made by Check: a planned buffer
+    (slot,) = plan.binding_slots[(body.id, "In")]
+    assert plan.scopes[slot[0]] == _by_block(plan, r.id, ConditionalNodePlan)[0].index  # a body node's slot
+
+
+@pytest.mark.parametrize("level", list(ProfilingLevel))
+def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel) -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=3))
+    w = c.register_block(While(name="Inner", Max=9))
+    a = c.register_block(Scale(name="A"))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    b = c.register_block(Scale(name="B"))
+    after = c.register_block(Scale(name="After"))
+    c.place(w, outer)
+    c.place(a, w)
+    c.place(chk, w)
+    c.place(b, outer)
+    c.connect(src, "Out", a, "In")
+    c.connect(a, "Out", chk, "in")
+    c.connect(chk, "more", w, "Condition")
+    c.connect(a, "Out", b, "In")
+    c.connect(b, "Out", after, "In")
+    plan = compile_plan(c.snapshot(), level=level)
+    conds = {n.block_id: n for n in plan.nodes if isinstance(n, ConditionalNodePlan)}
+    assert plan.scopes[conds[w.id].index] == conds[outer.id].index
+    for n in plan.nodes:
+        assert plan.nodes[n.index] is n
+        for d in n.deps:
+            assert d < n.index and plan.scopes.get(d) == plan.scopes.get(n.index), (n, d)
+        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
+            assert plan.nodes[n.args[0].ref] is conds[n.block_id]
+        if n.index in plan.scopes:  # a body node sits after its conditional node, before the next top-level one
+            assert plan.scopes[n.index] < n.index
+    for (bid, _), slots in plan.scalar_slots.items():
+        for ni, _ in slots:
+            assert plan.nodes[ni].block_id == bid
+    for rid, rp in plan.regions.items():
+        assert plan.nodes[rp.node] is conds[rid]
+        inside = set()  # every node of its body, nested bodies included: right after it, contiguous
+        for i in plan.scopes:
+            p = i
+            while p in plan.scopes:
+                p = plan.scopes[p]
+                if p == rp.node:
+                    inside.add(i)
+        assert sorted(inside) == list(range(rp.node + 1, rp.node + 1 + len(inside)))
+    body_blocks = {plan.nodes[i].block_id for i in plan.scopes if hasattr(plan.nodes[i], "block_id")}
+    assert {a.id, chk.id, b.id, w.id, outer.id} >= body_blocks >= {a.id, chk.id, b.id}
+    assert after.id not in body_blocks and src.id not in body_blocks
+
+
+def test_a_probe_on_a_wire_inside_a_body_is_a_node_of_the_body() -> None:
+    from cudapatch.engine.plan import ProbeNodePlan
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=4))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, loop)
+    c.connect(src, "Out", a, "In")
+    c.add_probe(a, "Out")
+    plan = compile_plan(c.snapshot())
+    (probe,) = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    cond = _by_block(plan, loop.id, ConditionalNodePlan)[0]
+    assert plan.scopes[probe.index] == cond.index and probe.deps == (_by_block(plan, a.id)[0].index,)
+    publish = plan.nodes[-1]
+    assert isinstance(publish, PublishNodePlan) and probe.index not in publish.deps and plan.probe_words
+
+
+def test_a_composite_placed_in_a_region_runs_its_blocks_in_the_body() -> None:
+    from tests.unit.test_composites import TwoScales
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=2))
+    t = c.register_block(TwoScales(name="t"))
+    after = c.register_block(Scale(name="After"))
+    c.place(t, loop)
+    c.connect(src, "Out", t, "In")
+    c.connect(t, "Out", after, "In")
+    plan = compile_plan(c.snapshot())
+    cond = _by_block(plan, loop.id, ConditionalNodePlan)[0]
+    inner = {t.inner("a").id, t.inner("b").id}
+    body = {plan.nodes[i].block_id for i, p in plan.scopes.items() if p == cond.index}
+    assert inner <= body and after.id not in body
+    assert plan.scalar_slots[(t.id, "Gain")]  # Hot slots filed under the composite, as without regions
+    assert _by_block(plan, after.id)[0].deps == (cond.index,)

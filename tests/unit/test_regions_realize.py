@@ -1,0 +1,206 @@
+"""Realizing regions against the recording stand-in for the driver (no GPU): a conditional node per
+region with its handle made on the top-level graph, body nodes added to the node's body graph,
+set-condition kernels getting the handle's value, Hot updates of body nodes, and the fallback
+through ``cuGraphExecUpdate`` when the driver refuses to patch a body node in the executable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cuda.bindings import driver as real
+
+import cudapatch.kernels._driver as driver_module
+from cudapatch import CustomKernel, Fill, For, Scale, While, compile_plan
+from cudapatch.engine import Context, realize
+from cudapatch.engine.buffers import BufferPool
+from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan
+
+from .test_realize_recorded import OK, RecordingDriver, _Device
+
+CHECK = """extern "C" __global__ void check(const float* in, int* more, float level, unsigned int n)
+{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+
+
+class RegionDriver(RecordingDriver):
+    """Records which graph each node goes into; conditional handles are numbered from 7000."""
+
+    def __init__(self, refuse_body_updates: bool = False) -> None:
+        super().__init__()
+        self.refuse = refuse_body_updates
+        self.body_nodes: set[str] = set()
+        self.graph_of: dict[str, Any] = {}
+
+    def cuGraphConditionalHandleCreate(self, graph, ctx, default, flags):  # noqa: N802
+        self._rec("handle", graph, default, flags)
+        return OK, real.CUgraphConditionalHandle(7000 + len(self.calls))
+
+    def cuGraphAddNode(self, graph, deps, data, n, params):  # noqa: N802
+        h = self._handle("cond")
+        c = params.conditional
+        self._rec("add_conditional", h, graph, tuple(deps), int(c.handle), c.type, c.size)
+        self.graph_of[h] = graph
+        return OK, h
+
+    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
+        out = super().cuGraphAddKernelNode(graph, deps, n, kp)
+        self.graph_of[out[1]] = graph
+        if str(graph) != str(self.root):
+            self.body_nodes.add(out[1])
+        return out
+
+    def cuGraphCreate(self, flags):  # noqa: N802
+        out = super().cuGraphCreate(flags)
+        self.root = out[1]
+        return out
+
+    def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
+        if self.refuse and node in self.body_nodes:
+            self._rec("set_params_refused", node)
+            return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
+        return super().cuGraphExecKernelNodeSetParams(exec_, node, kp)
+
+    def cuGraphKernelNodeSetParams(self, node, kp):  # noqa: N802
+        self._rec("template_params", node)
+        return (OK,)
+
+    def cuGraphExecUpdate(self, exec_, graph):  # noqa: N802
+        self._rec("exec_update", exec_, graph)
+        return OK, None
+
+
+def _install(monkeypatch, fake: RegionDriver) -> RegionDriver:
+    monkeypatch.setattr(driver_module, "_driver", fake)
+    return fake
+
+
+def _while_patch() -> tuple[Context, While, Scale, CustomKernel]:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=256))
+    w = c.register_block(While(name="Solve", Max=50))
+    step = c.register_block(Scale(name="Step", Factor=0.5))
+    chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
+    c.place(step, w)
+    c.place(chk, w)
+    c.connect(src, "Out", step, "In")
+    c.connect(step, "Out", chk, "in")
+    c.connect(chk, "more", w, "Condition")
+    return c, w, step, chk
+
+
+def _realize(ctx: Context, plan, pool: BufferPool):
+    snap = ctx.snapshot()
+    functions: dict[tuple[int, int], Any] = {}
+    for n in plan.nodes:
+        if isinstance(n, KernelNodePlan):
+            functions[(n.block_id, n.kernel)] = 100 + n.block_id * 10 + (n.kernel % 10)
+    names = {b.id: b.name for b in snap.blocks}
+    return realize(
+        plan,
+        device=_Device(),
+        pool=pool,
+        bindings=snap.bindings,
+        block_names=names,
+        functions=functions,
+        publish_function=3,
+    )  # type: ignore[arg-type]
+
+
+def test_a_region_becomes_a_conditional_node_with_its_body_in_the_body_graph(monkeypatch) -> None:
+    rec = _install(monkeypatch, RegionDriver())
+    ctx, w, step, chk = _while_patch()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, BufferPool())
+    (handle_call,) = [c for c in rec.calls if c[0] == "handle"]
+    assert str(handle_call[1]) == str(rec.root)  # the handle belongs to the top-level graph
+    (cond_call,) = [c for c in rec.calls if c[0] == "add_conditional"]
+    assert cond_call[5] == real.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE and cond_call[6] == 1
+    handle_value = cond_call[4]
+    assert handle_value >= 7000 and handle_call[2:] == (0, 0)  # no default: set every launch
+    kernels = [c for c in rec.calls if c[0] == "add_kernel"]
+    in_body = {c[1] for c in kernels if c[1] in rec.body_nodes}
+    cond = next(n for n in plan.nodes if isinstance(n, ConditionalNodePlan))
+    body_plan = [i for i, p in plan.scopes.items() if p == cond.index]
+    assert len(in_body) == len(body_plan) == 3  # Step, Check and the step kernel
+    # The set-condition kernels carry the conditional handle's value in their first argument.
+    for n in plan.nodes:
+        if isinstance(n, KernelNodePlan) and n.block_id == w.id:
+            assert g.node_arg(n.index, 0) == handle_value
+    g.close()
+
+
+def test_hot_updates_of_body_nodes_patch_the_executable(monkeypatch) -> None:
+    rec = _install(monkeypatch, RegionDriver())
+    ctx, w, step, chk = _while_patch()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, BufferPool())
+    rec.calls.clear()
+    assert g.update_scalars({(step.id, "Factor"): 0.25, (w.id, "Max"): 9}) == 3  # Step, begin, step kernel
+    assert [c[0] for c in rec.calls] == ["set_params"] * 3
+    (slot,) = plan.scalar_slots[(step.id, "Factor")]
+    assert g.node_arg(*slot) == 0.25
+    assert all(g.node_arg(*s) == 9 for s in plan.scalar_slots[(w.id, "Max")])
+    g.close()
+
+
+def test_a_refused_body_update_goes_through_the_template_and_one_exec_update(monkeypatch) -> None:
+    rec = _install(monkeypatch, RegionDriver(refuse_body_updates=True))
+    ctx, w, step, chk = _while_patch()
+    plan = compile_plan(ctx.snapshot())
+    g = _realize(ctx, plan, BufferPool())
+    kernel_nodes = len(plan.kernel_nodes)
+    rec.calls.clear()
+    g.update_scalars({(step.id, "Factor"): 0.25})
+    names = [c[0] for c in rec.calls]
+    assert names[0] == "set_params_refused" and names[-1] == "exec_update"
+    # every kernel node's current values go to the template first, so the update reverts nothing
+    assert names.count("template_params") == kernel_nodes + 1
+    rec.calls.clear()
+    g.update_scalars({(step.id, "Offset"): 1.0})  # from now on: straight to the template
+    assert [c[0] for c in rec.calls] == ["set_params_refused", "template_params", "exec_update"]
+    g.close()
+
+
+@pytest.mark.parametrize("count", [0, 5])
+def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch, count: int) -> None:
+    rec = _install(monkeypatch, RegionDriver())
+    rec.memsets: list[Any] = []
+    orig = rec.cuGraphAddMemsetNode
+
+    def memset(graph, deps, n, mp, ctx):  # noqa: ANN001
+        rec.memsets.append(graph)
+        return orig(graph, deps, n, mp, ctx)
+
+    rec.cuGraphAddMemsetNode = memset  # type: ignore[method-assign]
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=count))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, loop)
+    c.connect(src, "Out", a, "In")
+    plan = compile_plan(c.snapshot(), faulted={a.id: "illegal address"})
+    g = _realize(c, plan, BufferPool())
+    assert len(rec.memsets) == 2  # the counters' memset at the top, A's zero-fill in the body
+    assert str(rec.memsets[0]) == str(rec.root) and str(rec.memsets[1]) != str(rec.root)
+    g.close()
+
+
+def test_set_condition_kernels_are_left_out_of_occupancy(monkeypatch) -> None:
+    rec = _install(monkeypatch, RegionDriver())
+    rec.cuOccupancyMaxActiveBlocksPerMultiprocessor = lambda fn, block, shared: (OK, 8)  # type: ignore[attr-defined]
+    ctx, w, step, chk = _while_patch()
+    plan = compile_plan(ctx.snapshot())
+    snap = ctx.snapshot()
+    functions = {(n.block_id, n.kernel): 1 for n in plan.nodes if isinstance(n, KernelNodePlan)}
+    g = realize(
+        plan,
+        device=_Device(),
+        pool=BufferPool(),
+        bindings=snap.bindings,
+        functions=functions,
+        occupancy=True,
+        publish_function=3,
+    )  # type: ignore[arg-type]
+    # the region's kernels are no kernel of a block's description: occupancy warnings could not name them
+    assert {(step.id, 0), (chk.id, 0)} <= set(g.occupancy) and all(bid != w.id for bid, _ in g.occupancy)
+    g.close()
