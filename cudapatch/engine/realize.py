@@ -110,12 +110,12 @@ class GraphBuilder:
         d = driver()
         self.device.make_current()
         prev = self.previous
+        lent = prev.lendable_buffers() if prev is not None else {}
+        self._check_memory(lent)  # before anything is allocated or borrowed
         # What the previous graph lends: nothing of it is modified unless this graph is built; a
         # failure restores what was touched.
         # Parameter storage is lent only by a graph the frame thread is not patching meanwhile: a build on
         # the build thread would rewrite the slots a Hot update of the running graph sends to the driver.
-        lent = prev.lendable_buffers() if prev is not None else {}
-        self._check_memory(lent)  # before anything is allocated or borrowed
         loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {})
         parts = GraphParts(self.device, CapturedCalls(self.libraries))
         exec_: Any = None

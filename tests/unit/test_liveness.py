@@ -587,3 +587,22 @@ def test_a_kept_composite_port_keeps_the_inner_output_and_reads_as_the_composite
     plan = compile_plan(c.snapshot())
     vi = plan.memory.ports[(two.id, "Out")]
     assert (vi, PinReason.KEEP) in plan.memory.pinned and not plan.memory.shared(plan.outputs[(two.id, "Out")])
+
+
+def test_a_patch_with_regions_keeps_a_buffer_per_value() -> None:
+    from pathlib import Path
+
+    from cudapatch.host_plugin.adapter import HostAdapter
+    from cudapatch.host_plugin.patch import apply_patch, load_patch
+    from tests.unit.plan_engine import PlanOnlyEngine
+    from tests.unit.test_patch_file import REG
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "08_jacobi.toml"
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, REG)
+    adapter.search_paths.append(example.parent)
+    apply_patch(adapter, load_patch(example, registry=REG))
+    engine.update()
+    mem = engine.plan.memory
+    assert engine.errors == () and mem is not None
+    assert mem.value_buffer == tuple(range(len(mem.values))) and engine.plan.buffers == mem.values
