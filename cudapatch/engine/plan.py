@@ -325,6 +325,14 @@ class GraphPlan:
                 grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
                 lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
         lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
+        mem = self.memory
+        if mem is not None and mem.buffer_values():  # buffer reuse: which values take turns in which buffer
+            mb = 1 / 2**20
+            lines.append(
+                f"  buffers: {self.total_buffer_bytes * mb:.1f} MB for {mem.logical_bytes * mb:.1f} MB of values "
+                f"({len(self.buffers)} buffers, {len(mem.values)} values)"
+            )
+            lines.append(mem.describe())
         return "\n".join(lines)
 
 

@@ -606,3 +606,11 @@ def test_a_patch_with_regions_keeps_a_buffer_per_value() -> None:
     mem = engine.plan.memory
     assert engine.errors == () and mem is not None
     assert mem.value_buffer == tuple(range(len(mem.values))) and engine.plan.buffers == mem.values
+
+
+def test_the_plan_listing_shows_the_sharing() -> None:
+    c, _ = _chain(5, count=1024)
+    text = compile_plan(c.snapshot()).describe()
+    assert "buffers: 0.0 MB for 0.0 MB of values (3 buffers, 6 values)" in text
+    assert "  buffer 0: " in text and ".Out" in text
+    assert "buffers:" not in compile_plan(c.snapshot(), reuse=False).describe()
