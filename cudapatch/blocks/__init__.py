@@ -34,7 +34,19 @@ from .description import (
 )
 from .host import BlockHost
 from .libraries import LibraryScope
-from .library import BUILTIN_BLOCKS, AppendFilter, CustomKernel, Expression, Fill, KernelFile, Scale, VectorAdd
+from .library import (
+    BUILTIN_BLOCKS,
+    AppendFilter,
+    CustomKernel,
+    Download,
+    Expression,
+    Fill,
+    FrameDelay,
+    KernelFile,
+    Scale,
+    Upload,
+    VectorAdd,
+)
 from .parameter import BlockParameter, coerce_scalar
 from .regions import For, If, Region, RegionDescription, While
 from .shape import Shape
@@ -68,6 +80,9 @@ __all__ = [
     "Region",
     "RegionDescription",
     "While",
+    "FrameDelay",
+    "Download",
+    "Upload",
     "InternalLink",
     "KernelFile",
     "KernelHandle",

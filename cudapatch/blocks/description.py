@@ -313,6 +313,9 @@ class BlockDescription:
     outputs: tuple[PortSpec, ...]
     params: tuple[ParamSpec, ...]
     internal_links: tuple[InternalLink, ...] = ()
+    #: ``(input, output)`` pairs: the input's value comes out of the output one frame later (a
+    #: ``FrameDelay``). A link into such an input is the one link allowed to close a cycle.
+    feedback: tuple[tuple[str, str], ...] = ()
 
     # Lookups by name; cached_property writes the instance __dict__ directly, so it works on a frozen
     # dataclass and is not part of equality.
@@ -349,6 +352,11 @@ class BlockDescription:
                 roles[PinRef(ki, pi)] = ("count", rule)
             out.append(tuple(roles[PinRef(ki, pi)] for pi in range(len(ks.descriptor.parameters))))
         return tuple(out)
+
+    @cached_property
+    def feedback_inputs(self) -> frozenset[str]:
+        """The inputs read one frame late (see ``feedback``): links into them do not order blocks."""
+        return frozenset(i for i, _ in self.feedback)
 
     def input(self, name: str) -> PortSpec | None:
         """The input port called ``name``, or None."""

@@ -14,8 +14,11 @@ from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, Profil
 from .readback import ReadbackRing
 from .realize import CompiledGraph, realize
 from .registry import BlockRegistry
+from .transfer import DownloadRing, UploadRing
 
 __all__ = [
+    "DownloadRing",
+    "UploadRing",
     "AppendBuffer",
     "AppendStats",
     "BlockStats",

@@ -276,6 +276,8 @@ class CapturedCalls:
         self.recaptures = 0
         self.errors: dict[int, LibraryCallError] = {}
         self.stale = False
+        #: The second executable of a graph with FrameDelays (``phases.py``): a re-capture goes into both.
+        self.second: Any = None
 
     def add(self, call: CapturedCall) -> None:
         """Own ``call`` from now on (``release`` destroys its captured graph)."""
@@ -317,6 +319,8 @@ class CapturedCalls:
             self.errors[bid] = exc
             return False
         (err,) = d.cuGraphExecChildGraphNodeSetParams(exec_, call.handle, child)
+        if not err and self.second is not None:  # the second phase of a graph with FrameDelays
+            (err,) = d.cuGraphExecChildGraphNodeSetParams(self.second, call.handle, child)
         if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
             destroy_graph(child)
             self.stale = call.stale = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 __all__ = ["Link", "ConnectionGraph"]
@@ -52,8 +52,9 @@ class ConnectionGraph:
     def links_from(self, block_id: int) -> list[Link]:
         return [lk for lk in self._by_input.values() if lk.src == block_id]
 
-    def reaches(self, start: int, target: int) -> bool:
-        """True if ``target`` is downstream of (or equal to) ``start``."""
+    def reaches(self, start: int, target: int, *, cut: Collection[tuple[int, str]] = ()) -> bool:
+        """True if ``target`` is downstream of (or equal to) ``start`` within one frame: links into
+        the inputs in ``cut`` (``(block_id, port)``: feedback inputs, read a frame late) are not followed."""
         seen, stack = set(), [start]
         while stack:
             b = stack.pop()
@@ -62,7 +63,11 @@ class ConnectionGraph:
             if b in seen:
                 continue
             seen.add(b)
-            stack.extend(lk.dst for lk in self._by_input.values() if lk.src == b)
+            stack.extend(
+                lk.dst
+                for lk in self._by_input.values()
+                if lk.src == b and (not cut or (lk.dst, lk.dst_port) not in cut)
+            )
         return False
 
     def __iter__(self) -> Iterator[Link]:

@@ -1,7 +1,8 @@
 """Context: the engine's model of the patch (blocks, links, external bindings) and its dirty state.
 
 All of this is pure Python: it is what the graph compiler reads. Edits validate immediately
-(unknown port, incompatible pins, cycle, another engine's block → ``LinkError``) and only mark dirty;
+(unknown port, incompatible pins, a cycle not passing through a FrameDelay, another engine's block →
+``LinkError``) and only mark dirty;
 the engine applies them on its next ``update()``.
 
 A registered block sees its Context only as a ``BlockHost`` (``cudapatch.blocks.host``): the
@@ -267,9 +268,12 @@ class Context:
                 block=dst.name,
                 port=dst_port,
             )
-        if self.connections.reaches(dst.id, src.id):
+        if dst_port not in dst.description.feedback_inputs and self.connections.reaches(
+            dst.id, src.id, cut=self._feedback_inputs()
+        ):
             raise LinkError(
-                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle",
+                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle; "
+                "a loop must pass through a FrameDelay",
                 block=dst.name,
                 port=dst_port,
             )
@@ -278,6 +282,10 @@ class Context:
         if old != link:
             self.dirty.mark_structure()
         return link
+
+    def _feedback_inputs(self) -> set[tuple[int, str]]:
+        """``(block_id, port)`` of every input read one frame late (a FrameDelay's ``In``)."""
+        return {(b.id, p) for b in self.registry if b.description.feedback for p in b.description.feedback_inputs}
 
     def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
         """Remove a link; returns whether it existed."""

@@ -27,7 +27,12 @@ class DiagnosticCode(str, Enum):
     UNKNOWN_PORT = "unknown-port"
     TYPE_MISMATCH = "type-mismatch"  # a link between ports of different element types
     DUPLICATE_LINK = "duplicate-link"  # two links into one input
-    CYCLE = "cycle"
+    CYCLE = "cycle"  # a loop that does not pass through a FrameDelay (each block of it, naming the loop)
+    # FrameDelay feedback (``compiler/delays.py``).
+    DELAY_MISMATCH = "delay-mismatch"  # In's size or source does not fit the delay: an error on it
+    DELAY_CAPTURED = "delay-captured"  # a library call reads or writes a delay's alternating buffers
+    DELAY_OPEN = "delay-open"  # warning: nothing computes In (Out keeps its start value)
+    DELAY_REGION = "delay-region"  # a FrameDelay in a patch with If/While/For regions (not supported yet)
     # Blocks left out of the graph (warnings unless the cause is an error of the block itself).
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault

@@ -653,6 +653,8 @@ class Engine:
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> GpuBuffer:
         """The device buffer of an output (valid until the next rebuild; view it with CuPy for no copy).
+        A value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one
+        the frame launched last wrote (take it again each frame).
 
         The output is kept in a buffer of its own from then on (``keep``), so the view stays valid and
         its data stays readable: buffer reuse never lets another value overwrite it. If the running

@@ -36,6 +36,7 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import PackedLaunch, ParamStorage, read_slot, write_slot
+from .phases import Phases, lending_keys, phase_nodes
 from .plan import GraphPlan, ProbeNodePlan
 from .probes import ProbeStats, decode_probe, record_words
 from .readback import ReadbackRing
@@ -114,9 +115,11 @@ class GraphParts:
         self.graph = None
 
 
-def _release_graph(d: Any, exec_: Any, graph: Any) -> None:
+def _release_graph(d: Any, exec_: Any, graph: Any, exec1: Any = None) -> None:
     try:
         d.cuGraphExecDestroy(exec_)
+        if exec1 is not None:
+            d.cuGraphExecDestroy(exec1)
         d.cuGraphDestroy(graph)
     except Exception:
         pass
@@ -140,8 +143,17 @@ class CompiledGraph(HandleOwner):
             accepted it, also if a re-capture then failed: ``try_patch`` returned None for that).
     """
 
-    def __init__(self, plan: GraphPlan, parts: GraphParts, exec_: Any, *, timing: Mapping[str, float]) -> None:
-        """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this)."""
+    def __init__(
+        self,
+        plan: GraphPlan,
+        parts: GraphParts,
+        exec_: Any,
+        *,
+        timing: Mapping[str, float],
+        phases: Phases | None = None,
+    ) -> None:
+        """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this);
+        with FrameDelays, ``phases`` holds ``exec_`` and its second-phase twin (``phases.py``)."""
         d = driver()
         self.plan = plan
         self._parts = parts
@@ -156,6 +168,9 @@ class CompiledGraph(HandleOwner):
         self._counters_ptr = parts.counters_ptr
         self._nodes = parts.nodes
         self._exec = exec_
+        self._phases = phases
+        self._exec1 = phases.execs[1] if phases is not None else None  # patched beside ``_exec``
+        self._calls.second = self._exec1
         self.timing = dict(timing)
         self.instantiations = 1
         self.warm_refusal: WarmRefusal | None = None
@@ -173,16 +188,24 @@ class CompiledGraph(HandleOwner):
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
-        self._finalizer = weakref.finalize(self, _release_graph, d, exec_, parts.graph)
+        self._finalizer = weakref.finalize(self, _release_graph, d, exec_, parts.graph, self._exec1)
 
     def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
         nodes = self._nodes
-        return {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
+        out = {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
+        if self._phases is not None:  # the second phase's storage gets every value too
+            for key, v in slots.items():
+                alts = [(nodes[ni], getattr(nodes[ni], "alt", None), ai) for ni, ai in v]  # captured calls have none
+                out[key] += [(kn, alt.slots[ai]) for kn, alt, ai in alts if alt is not None]
+        return out
 
     # -- handing over from the previous graph -------------------------------------------------------
     def lendable_buffers(self) -> dict[tuple[int, str], GpuBuffer]:
         """``(block_id, label)`` -> buffer: the allocations a rebuild may reuse, so pointers (and views
-        users hold) stay stable across it. Nothing changes hands until the new graph's ``adopt``."""
+        users hold) stay stable across it. Nothing changes hands until the new graph's ``adopt``.
+        A FrameDelay's pair is keyed by the delay (``phases.lending_keys``)."""
+        if self.plan.delays:
+            return dict(zip(lending_keys(self.plan), self.buffers, strict=True))
         return {(bp.block_id, bp.label): buf for bp, buf in zip(self.plan.buffers, self.buffers, strict=True)}
 
     def lendable_stores(self) -> dict[tuple[int, int], ParamStorage]:
@@ -200,6 +223,8 @@ class CompiledGraph(HandleOwner):
                 mine.add(id(buf))
         if previous is not None:
             previous.disown(self._owned)
+        if self._phases is not None:  # delays whose pair was handed over read the value written last
+            self._phases.continue_from(previous._phases if previous is not None else None)
 
     def disown(self, buffers: Iterable[GpuBuffer]) -> None:
         """Stop owning ``buffers`` (a newer graph adopted them): ``retire`` and ``close`` leave them alone."""
@@ -219,13 +244,17 @@ class CompiledGraph(HandleOwner):
             CudaLaunchError: a kernel of an earlier launch faulted (the context is lost).
             CudaError: the launch was rejected.
         """
-        (err,) = self._launch(self._exec, stream)
+        phases = self._phases
+        if phases is None:
+            (err,) = self._launch(self._exec, stream)
+        else:  # FrameDelay feedback: this frame's phase; the same few operations at any number of delays
+            err = phases.launch(self._launch, stream)
         if err:
             check((err,), "cuGraphLaunch")
 
     # -- Hot / Warm updates -----------------------------------------------------------------------
     def _commit(self, touched: Iterable[Any]) -> None:
-        set_params, exec_ = self._set_params, self._exec
+        set_params, exec_, exec1 = self._set_params, self._exec, self._exec1
         whole = False
         inside: list[KernelNode] | None = None
         for kn in touched:
@@ -237,6 +266,8 @@ class CompiledGraph(HandleOwner):
                 inside = [kn] if inside is None else [*inside, kn]
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
+            if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
+                (err,) = set_params(exec1, kn.handle, kn.alt_params)
             if err:
                 if kn.body is None:
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
@@ -247,9 +278,16 @@ class CompiledGraph(HandleOwner):
                 self._set_template(kn)
         if inside is not None:
             commit_child_nodes(exec_, inside)
+            if exec1 is not None:  # a child graph touches no delay pair (child_graphs): the same for both phases
+                commit_child_nodes(exec1, inside)
         if whole:
             result = driver().cuGraphExecUpdate(exec_, self._parts.graph)  # same topology: no re-instantiation
             check(result[:1], "cuGraphExecUpdate")
+            if exec1 is not None:  # the second phase too, then its own pointers again (the template is phase 0)
+                check(driver().cuGraphExecUpdate(exec1, self._parts.graph)[:1], "cuGraphExecUpdate")
+                for node in self._nodes:
+                    if isinstance(node, KernelNode) and node.alt is not None:
+                        check(set_params(exec1, node.handle, node.alt_params), "cuGraphExecKernelNodeSetParams")
 
     def _start_body_fallback(self, err: Any) -> None:
         """The driver would not patch a node inside a region's body in the executable by itself (the
@@ -302,6 +340,8 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
+        if self._phases is not None:  # a FrameDelay's Reset arms its init node for the next launch
+            self._phases.reset(changes)
         return self._patch(self._scalar_targets, changes)
 
     def update_bindings(self, changes: Mapping[tuple[int, str], Any]) -> int:
@@ -342,7 +382,7 @@ class CompiledGraph(HandleOwner):
             CudapatchError: the node is not a kernel node.
         """
         kn = self._kernel(node_index)
-        kn.params.gridDimX = max(1, int(grid))
+        kn.params.gridDimX = kn.alt_params.gridDimX = max(1, int(grid))
         self._commit((kn,))
 
     def trim_patch(self, decision: WarmPatch) -> WarmPatch:
@@ -416,19 +456,22 @@ class CompiledGraph(HandleOwner):
             kn: KernelNode = nodes[kp.index]  # type: ignore[assignment]
             changed = False
             slots = kn.slots
+            alt = kn.alt.slots if kn.alt is not None else None  # the second phase's storage (FrameDelays)
             for ai, value in kp.writes:
                 if read_slot(slots[ai]) != value:
                     write_slot(slots[ai], value)
+                    if alt is not None:
+                        write_slot(alt[ai], value)
                     changed = True
             if kn.params.gridDimX != kp.plan.grid:
-                kn.params.gridDimX = kp.plan.grid
+                kn.params.gridDimX = kn.alt_params.gridDimX = kp.plan.grid
                 changed = True
             gy, gz = kp.plan.yz[0], kp.plan.yz[1]
             if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
                 kn.params.gridDimY, kn.params.gridDimZ = gy, gz
                 changed = True
             if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
-                kn.params.func = kp.function
+                kn.params.func = kn.alt_params.func = kp.function
                 changed = True
             kn.plan = kp.plan
             if changed:
@@ -453,7 +496,7 @@ class CompiledGraph(HandleOwner):
         if not nodes or any(n.plan.descriptor != descriptor for n in nodes):
             return False
         for n in nodes:
-            n.params.func = function
+            n.params.func = n.alt_params.func = function
         self._commit(nodes)
         return True
 
@@ -494,13 +537,15 @@ class CompiledGraph(HandleOwner):
         if bi is None:
             return None
         mem = self.plan.memory
-        if mem is None or not mem.shared(bi):
-            return self.buffers[bi]
-        vi = mem.ports.get(key)
-        if vi is None or mem.overwritten(vi):
-            return None
-        v = mem.values[vi]
-        return self.buffers[bi].view(v.dtype, v.count)
+        if mem is not None and mem.shared(bi):  # a FrameDelay's buffers are never shared
+            vi = mem.ports.get(key)
+            if vi is None or mem.overwritten(vi):
+                return None
+            v = mem.values[vi]
+            return self.buffers[bi].view(v.dtype, v.count)
+        if self._phases is not None:  # a FrameDelay's pair: the buffer of the frame launched last
+            bi = self._phases.physical(bi)
+        return self.buffers[bi]
 
     def overwritten(self, block_id: int, port: str) -> bool:
         """Whether output ``port`` of ``block_id`` shares its buffer with a value written after it in
@@ -548,17 +593,27 @@ class CompiledGraph(HandleOwner):
         first block whose kernels fault, or None. Used after a sticky fault, on a fresh context,
         and every frame with ``debug_launch``.
 
+        With FrameDelays, the frame's phase is replayed (phase 1: the nodes' second storages and the
+        pairs swapped for memsets), init nodes only where armed, and the phase flips as a launch does.
+
         Raises:
             CudaError: a failure that is not a kernel fault.
         """
-        return replay_by_block(self.plan, self._nodes, self.buffers, self._counters_ptr, stream)
+        ph = self._phases
+        if ph is None:
+            return replay_by_block(self.plan, self._nodes, self.buffers, self._counters_ptr, stream)
+        nodes, buffers = phase_nodes(self.plan, self._nodes, self.buffers, ph)
+        culprit = replay_by_block(self.plan, nodes, buffers, self._counters_ptr, stream)
+        ph.pending = set()
+        ph.phase ^= 1
+        return culprit
 
     def abandon(self) -> None:
         """Forget every driver object without destroying it: the context was reset under them."""
         self._closed = True
         self._finalizer.detach()
         self._parts.abandon()
-        self._exec = self._retire_event = None
+        self._exec = self._exec1 = self._retire_event = None
 
     # -- teardown -------------------------------------------------------------------------------
     def retire(self, stream: Any) -> None:
@@ -596,6 +651,9 @@ class CompiledGraph(HandleOwner):
         self._device.make_current()
         self._finalizer.detach()
         d = driver()
+        if self._exec1 is not None:
+            exec1, self._exec1 = self._exec1, None
+            check(d.cuGraphExecDestroy(exec1), "cuGraphExecDestroy")
         if self._exec is not None:
             exec_, self._exec = self._exec, None
             check(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")

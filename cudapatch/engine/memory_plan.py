@@ -30,6 +30,7 @@ class PinReason:
     KEEP = "keep"  #: asked for: ``keep=True`` on the port, ``Engine.keep`` or ``Engine.output``, the patch file
     APPEND = "append"  #: append output: its count and data are read back
     PROBE = "probe"  #: a probe node reads it beside the graph's work (``Engine.probe``)
+    DELAY = "delay"  #: a FrameDelay's pair: read in the next frame, the two buffers alternate
     IN_PLACE = "in-place"  #: modified in place (``through`` port, ``inout`` pin) or kept across frames
     LIBRARY = "library"  #: written by a captured library call (which may read it: cuBLAS beta, saxpy)
 

@@ -39,13 +39,22 @@ from .plan import (
 from .probes import PROBE_SCRATCH_WORDS, PROBE_THREADS
 from .readback import PUBLISH_THREADS, ReadbackRing
 
-__all__ = ["NODE_KINDS", "KernelNode", "NodeBuild", "RuntimeNode", "add_node", "arg_value", "make_conditions"]
+__all__ = [
+    "NODE_KINDS",
+    "KernelNode",
+    "NodeBuild",
+    "RuntimeNode",
+    "add_node",
+    "arg_value",
+    "make_conditions",
+    "probe_launch",
+]
 
 
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body", "alt", "alt_params")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -56,6 +65,15 @@ class KernelNode:
         #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
         self.child: Any = None
         self.body: Any = None  # the region body graph holding the node (None: the top-level graph)
+        #: The storage of this node in a graph's second phase (FrameDelay feedback: other pair
+        #: pointers), or None; ``alt_params`` is what the second executable is patched with.
+        self.alt: ParamStorage | None = None
+        self.alt_params = store.params
+
+    def set_alt(self, alt: ParamStorage) -> None:
+        """Give the node its second-phase storage (``phases.second_phase``)."""
+        self.alt = alt
+        self.alt_params = alt.params
 
     def launch_alone(self, stream: Any) -> Any:
         """Launch this kernel by itself (fault replay); returns the driver's error code."""
@@ -273,9 +291,14 @@ def make_conditions(b: NodeBuild, nodes: Sequence[NodePlan]) -> None:
 def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
     if b.probe_function is None or not b.probes_ptr:
         raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
+
+
+def probe_launch(b: NodeBuild, node: ProbeNodePlan, data: int) -> PackedLaunch:
+    """The packed launch of a probe node reading ``data`` (a FrameDelay's second phase probes the
+    other buffer of a pair)."""
     # probe(data, n, kind, out, width, height, channels, scratch): see engine/probes.py
     values = (
-        c_uint64(b.buffers[node.buffer].ptr),
+        c_uint64(data),
         c_uint64(node.values),
         c_uint32(node.kind),
         c_uint64(b.probes_ptr + 8 * node.offset),
@@ -284,7 +307,13 @@ def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any,
         c_uint32(node.channels),
         c_uint64(b.probe_scratch_ptr + 8 * PROBE_SCRATCH_WORDS * node.probe),
     )
-    return _add_fixed(b, PackedLaunch(b.probe_function, values, threads=PROBE_THREADS, grid=node.grid), deps)
+    return PackedLaunch(b.probe_function, values, threads=PROBE_THREADS, grid=node.grid)
+
+
+def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
+    if b.probe_function is None or not b.probes_ptr:
+        raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
+    return _add_fixed(b, probe_launch(b, node, b.buffers[node.buffer].ptr), deps)
 
 
 #: Plan node type -> the function adding it to a graph. New node kinds register here.

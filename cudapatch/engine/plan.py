@@ -27,6 +27,7 @@ __all__ = [
     "ChildGraphPlan",
     "ConditionalNodePlan",
     "RegionPlan",
+    "DelayPlan",
     "StampNodePlan",
     "GraphPlan",
     "KernelNodePlan",
@@ -225,6 +226,28 @@ class ChildGraphPlan(NamedTuple):
     nodes: tuple[int, ...]  # in plan order
 
 
+class DelayPlan(NamedTuple):
+    """A running ``FrameDelay`` (see ``compiler/delays.py``).
+
+    In the plan as compiled (phase 0) the block computing the delay's ``In`` writes buffer
+    ``current`` and the readers of its ``Out`` read buffer ``previous``; the executable graph's
+    phase 1 swaps the two pointers in every node, and the phases alternate frame by frame.
+
+    Attributes:
+        block_id: The delay.
+        node: Its init kernel node (writes the start value into ``previous``; enabled only on the
+            first frame and after a reset), or None when the block faulted.
+        previous: Buffer index ``Out`` reads in phase 0.
+        current: Buffer index ``In``'s block writes in phase 0; None when nothing feeds the delay
+            (``Out`` keeps its start value, nothing alternates).
+    """
+
+    block_id: int
+    node: int | None
+    previous: int
+    current: int | None
+
+
 NodePlan = Union[
     KernelNodePlan,
     CapturedNodePlan,
@@ -287,7 +310,17 @@ class GraphPlan:
     probes: tuple[tuple[int, str], ...] = ()
     probe_words: int = 0
     children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
+    delays: tuple[DelayPlan, ...] = ()
     memory: MemoryPlan | None = field(default=None, compare=False)
+
+    @property
+    def swaps(self) -> dict[int, int]:
+        """Buffer index -> the buffer it stands for in phase 1 (both ways), for every delay that alternates."""
+        out: dict[int, int] = {}
+        for dp in self.delays:
+            if dp.current is not None:
+                out[dp.previous], out[dp.current] = dp.current, dp.previous
+        return out
 
     @property
     def kernel_nodes(self) -> tuple[KernelNodePlan, ...]:

@@ -32,6 +32,7 @@ from .libraries import LibraryHandles
 from .memory_check import device_free_bytes, lends, memory_shortfall
 from .nodes import NodeBuild, add_node, make_conditions
 from .params import StoreLoans
+from .phases import Phases, lending_keys, second_phase
 from .plan import GraphPlan, programmatic_edges
 from .probes import PROBE_SCRATCH_WORDS
 from .readback import ReadbackRing
@@ -119,23 +120,30 @@ class GraphBuilder:
         loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {})
         parts = GraphParts(self.device, CapturedCalls(self.libraries))
         exec_: Any = None
+        exec1: Any = None
         t0 = time.perf_counter()
         try:
-            self._buffers(parts, lent)
+            fresh = self._buffers(parts, lent)
             stamps_ptr = self._readback(parts)
             parts.scalars = DeviceScalars(self.plan.nodes, self.pool, self.device)
             if parts.scalars.buffer is not None:
                 parts.owned.append(parts.scalars.buffer)
             t1 = time.perf_counter()
             parts.graph = check(d.cuGraphCreate(0), "cuGraphCreate")
-            self._nodes(parts, loans, stamps_ptr)
+            handles = self._nodes(parts, loans, stamps_ptr)
             t2 = time.perf_counter()
             exec_ = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
+            phases = None
+            if self.plan.delays:  # FrameDelay feedback: a second executable with the pairs swapped
+                exec1 = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
+                phases = self._phases(parts, handles, (exec_, exec1), fresh)
             t3 = time.perf_counter()
             if self.upload_stream is not None:
                 # The first launch of a new executable graph uploads it, on the launching thread: 0.3 s
                 # for 10,000 nodes (measured on the H200 host). Here, it is the build thread's time.
-                check(d.cuGraphUpload(exec_, self.upload_stream), "cuGraphUpload")
+                for ex in (exec_, exec1):
+                    if ex is not None:
+                        check(d.cuGraphUpload(ex, self.upload_stream), "cuGraphUpload")
             t4 = time.perf_counter()
             timing = {
                 "buffers_ms": (t1 - t0) * 1e3,
@@ -143,11 +151,12 @@ class GraphBuilder:
                 "instantiate_ms": (t3 - t2) * 1e3,
                 "upload_ms": (t4 - t3) * 1e3,
             }
-            return CompiledGraph(self.plan, parts, exec_, timing=timing)
+            return CompiledGraph(self.plan, parts, exec_, timing=timing, phases=phases)
         except BaseException:
             loans.restore()  # the previous graph keeps running with its values intact
-            if exec_ is not None:
-                d.cuGraphExecDestroy(exec_)
+            for ex in (exec_, exec1):
+                if ex is not None:
+                    d.cuGraphExecDestroy(ex)
             parts.release()
             raise
 
@@ -163,18 +172,54 @@ class GraphBuilder:
             block = self.names.get(short.block_id) if short.block_id is not None else None
             raise CudaOutOfMemoryError(short.message(self.names), name="CUDA_ERROR_OUT_OF_MEMORY", block=block)
 
-    def _buffers(self, parts: GraphParts, lent: dict[tuple[int, str], GpuBuffer]) -> None:
+    def _phases(self, parts: GraphParts, handles: list[Any], execs: tuple[Any, Any], fresh: set[int]) -> Phases:
+        """Patch the second executable into phase 1 and disable every init node in both (see
+        ``phases.py``); the delays in ``fresh`` write their start value at the first launch."""
+        plan = self.plan
+        second_phase(
+            plan,
+            execs[1],
+            handles,
+            parts.nodes,
+            self.functions,
+            parts.buffers,
+            self.bindings,
+            parts.counters_ptr,
+            self.device.context,
+            probes=self._build,
+        )
+        set_enabled = driver().cuGraphNodeSetEnabled
+        inits = [handles[dp.node] if dp.node is not None else None for dp in plan.delays]
+        for h in inits:
+            if h is not None:
+                for ex in execs:
+                    check(set_enabled(ex, h, 0), "cuGraphNodeSetEnabled")
+        return Phases(plan, execs, inits, fresh)
+
+    def _buffers(self, parts: GraphParts, lent: dict[tuple[int, str], GpuBuffer]) -> set[int]:
         """One buffer per planned buffer: the previous graph's allocation where it fits (borrowed until
-        ``adopt``), else a new one from the pool."""
+        ``adopt``), else a new one from the pool.
+
+        Returns:
+            The delays (indices into ``plan.delays``) whose state is new: a buffer of the pair was
+            allocated here or changed its element count, so the start value must be written.
+        """
         stream = self.device.stream
-        for b in self.plan.buffers:
-            old = lent.pop((b.block_id, b.label), None)
+        plan = self.plan
+        keys = lending_keys(plan) if plan.delays else None
+        new: set[int] = set()
+        for b in plan.buffers:
+            old = lent.pop(keys[b.index] if keys is not None else (b.block_id, b.label), None)
             if old is not None and lends(b, old.dtype, old.capacity_bytes):
                 parts.buffers.append(old)
+                if old.count != b.count:
+                    new.add(b.index)
             else:
                 buf = GpuBuffer(self.pool, b.dtype, b.count, stream=stream)
                 parts.buffers.append(buf)
                 parts.owned.append(buf)
+                new.add(b.index)
+        return {i for i, dp in enumerate(plan.delays) if dp.previous in new or dp.current in new}
 
     def _readback(self, parts: GraphParts) -> int:
         """One readback block per graph: timestamps (uint64), then append counters (uint32), then probe
@@ -212,9 +257,9 @@ class GraphBuilder:
             parts.appends[key] = AppendBuffer(parts.buffers[bi], counters_ptr + 4 * ci, ci, parts.readback)
         return block.ptr
 
-    def _nodes(self, parts: GraphParts, loans: StoreLoans, stamps_ptr: int) -> None:
+    def _nodes(self, parts: GraphParts, loans: StoreLoans, stamps_ptr: int) -> list[Any]:
         """Add every plan node through its kind, then its programmatic edges (profiling nodes on GPUs
-        that have them: see ``plan.programmatic_edges``)."""
+        that have them: see ``plan.programmatic_edges``). Returns the node handles, by plan index."""
         plan = self.plan
         build = NodeBuild(
             graph=parts.graph,
@@ -245,7 +290,9 @@ class GraphBuilder:
         edges = programmatic_edges(plan.nodes) if timed and programmatic_enabled(self.device) else {}
         if plan.children:  # composites realized as child-graph nodes
             parts.nodes.extend(add_grouped_nodes(build, plan, edges, _add_programmatic))
-            return
+            self._build = build
+            # Kernel nodes' handles (what a FrameDelay's second phase patches; no group holds a delay's nodes).
+            return [getattr(n, "handle", None) for n in parts.nodes]
         scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:
@@ -264,6 +311,8 @@ class GraphBuilder:
             if special:
                 _add_programmatic(graph, h, [(handles[i], port) for i, port in special.items()])
             handles.append(h)
+        self._build = build  # a FrameDelay's second phase makes its probes' launches with it
+        return handles
 
 
 def realize(

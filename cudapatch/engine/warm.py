@@ -50,6 +50,7 @@ class Refusal(str, Enum):
     UNBOUND = "unbound-input"  #: an external argument has no binding
     CHILD_GRAPHS = "child-graphs"  #: nodes moved into or out of a composite's child-graph node
     REGIONS = "regions"  #: a node moved into or out of a region's body (another graph holds it)
+    DELAYS = "delays"  #: the FrameDelays or the sizes of their buffers changed (their state starts again)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,10 @@ def decide_warm_patch(
         # the resize changed which values take turns in which buffer (e.g. best fit by size chose
         # another buffer): the new sharing needs new buffers for the values, so a Cold rebuild.
         return _refuse(Refusal.SHARING, None, "values share buffers differently")
+    pairs = [i for dp in new.delays for i in (dp.previous, dp.current) if i is not None]
+    if new.delays != old.delays or any(new.buffers[i].count != old.buffers[i].count for i in pairs):
+        # a resized delay writes its start value again: a new graph, with its init armed
+        return _refuse(Refusal.DELAYS, None, "the FrameDelays or their sizes changed")
     for nb, ob, capacity in zip(new.buffers, old.buffers, capacities, strict=True):
         if nb[:4] != ob[:4] or nb.append != ob.append:  # (index, block_id, label, dtype) and the append role
             what = f"buffer {nb.index} is now {nb.label!r} of block {nb.block_id}"

@@ -213,7 +213,8 @@ class HostAdapter:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
 
         Raises:
-            LinkError: unknown operator or port, incompatible types, a second link into one input, a cycle.
+            LinkError: unknown operator or port, incompatible types, a second link into one input, a cycle
+                that does not pass through a FrameDelay's ``In``.
         """
         try:
             src, dst = self.block(src_op), self.block(dst_op)

@@ -422,7 +422,7 @@ _NOT = object()
 _QUIET: dict[str, object] = {"yz": (1, 1, 1, 1)}
 #: Plan fields of features the recorded patches do not use: shown only when set, so adding such a
 #: feature leaves the golden plans as they were recorded.
-WHEN_USED = {"probes": (), "probe_words": 0, "children": ()}
+WHEN_USED = {"probes": (), "probe_words": 0, "children": (), "delays": ()}
 
 
 def dump(plan: GraphPlan) -> list[str]:

@@ -136,7 +136,7 @@ def test_order_fills_the_order_and_records_a_cycle_error_per_block() -> None:
     order(draft)
     assert draft.order == [f.id]
     assert [(d.block_id, d.code) for d in draft.errors] == [(s1.id, "cycle"), (s2.id, "cycle")]
-    assert "part of a cycle (s1, s2)" in draft.errors[0].message
+    assert "part of a cycle ('s1' -> 's2' -> 's1')" in draft.errors[0].message
 
 
 # -- sizes ------------------------------------------------------------------------------------------

@@ -614,3 +614,33 @@ def test_the_plan_listing_shows_the_sharing() -> None:
     assert "buffers: 0.0 MB for 0.0 MB of values (3 buffers, 6 values)" in text
     assert "  buffer 0: " in text and ".Out" in text
     assert "buffers:" not in compile_plan(c.snapshot(), reuse=False).describe()
+
+
+def test_a_frame_delays_pair_is_pinned_and_the_loop_around_it_may_share() -> None:
+    from cudapatch import FrameDelay
+
+    d = FrameDelay(name="d", Count=256)
+    f, a, s1, s2, s3 = (
+        Fill(name="f", Count=256),
+        VectorAdd(name="a"),
+        Scale(name="s1"),
+        Scale(name="s2"),
+        Scale(name="s3"),
+    )
+    c = Context()
+    for b in (d, f, a, s1, s2, s3):
+        c.register_block(b)
+    c.connect(d, "Out", a, "A")
+    c.connect(f, "Out", a, "B")
+    c.connect(a, "Sum", s1, "In")
+    c.connect(s1, "Out", s2, "In")
+    c.connect(s2, "Out", s3, "In")
+    c.connect(s3, "Out", d, "In")
+    plan = compile_plan(c.snapshot())
+    mem = plan.memory
+    why = dict(mem.pinned)
+    (dp,) = plan.delays
+    assert why[mem.ports[(d.id, "Out")]] == PinReason.DELAY and why[mem.ports[(s3.id, "Out")]] == PinReason.DELAY
+    assert not mem.shared(dp.previous) and not mem.shared(dp.current)
+    assert mem.buffer_values()  # the values inside the loop take turns in shared buffers
+    assert plan.buffers[dp.previous].label == "Out" and plan.buffers[dp.previous].block_id == d.id

@@ -4,6 +4,7 @@ from ..regions import For, If, While
 from .basic import AppendFilter, Fill, Scale, VectorAdd
 from .custom import DEFAULT_CUSTOM_CODE, CustomKernel, KernelFile, ports_from_signature
 from .expression import DEFAULT_EXPRESSION, Expression
+from .feedback import FrameDelay
 from .fft import FFT
 from .image import IMAGE_BLOCKS, Blur, ColorMap, Mix, Pattern, Resample, Threshold
 from .linalg import GEMM, GEMV, LINALG_BLOCKS, LUSolve, SpMV
@@ -18,6 +19,7 @@ from .particles import (
     particle_capacity,
     read_particles,
 )
+from .transfer import Download, Upload
 
 #: Blocks made of captured library calls (cuBLAS, cuSOLVER, cuSPARSE, cuFFT, cuRAND).
 LIBRARY_BLOCKS = (*LINALG_BLOCKS, FFT, Random)
@@ -31,6 +33,9 @@ BUILTIN_BLOCKS = (
     CustomKernel,
     KernelFile,
     Expression,
+    FrameDelay,
+    Upload,
+    Download,
     *PARTICLE_BLOCKS,
     *LIBRARY_BLOCKS,
     *IMAGE_BLOCKS,
@@ -47,6 +52,9 @@ __all__ = [
     "Resample",
     "Threshold",
     "FFT",
+    "FrameDelay",
+    "Download",
+    "Upload",
     "GEMM",
     "GEMV",
     "LIBRARY_BLOCKS",

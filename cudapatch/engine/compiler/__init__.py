@@ -5,14 +5,17 @@ in its own module and tested on its own:
 
 1. ``validate``: links that make sense (unknown port, type mismatch, duplicate link, another
    engine's block → errors).
-2. ``order``: topological order of the blocks (a cycle → errors). Errors stop here, all at once.
+2. ``order``: topological order of the blocks (a cycle that does not pass through a FrameDelay →
+   errors). Errors stop here, all at once.
 3. ``sizes``: per block, where each input comes from, whether the block runs (a missing input, a
    kernel not ready, a rejected library shape leave it out with a warning), and the values it
    makes (outputs, internal links) with their element counts and shapes. Shape propagation lives
    here (``shapes``): each kernel's 1-/2-/3-D launch from its grid's shape, and the check that every
    input covers what the launches read (a short or mis-shaped input, a shape that does not resolve:
    an error on the block, which never launches).
-3b. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+3b. ``delays``: each FrameDelay's pair of buffers (its Out, and the value linked into its In),
+   checked (sizes, sources); errors stop here.
+3c. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
@@ -41,6 +44,7 @@ from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
 from .child_graphs import child_graphs
 from .composites import attribute_diagnostics, composite_keys
+from .delays import delays
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
@@ -65,6 +69,7 @@ from .validate import validate
 __all__ = [
     "PlanDraft",
     "compile_plan",
+    "delays",
     "edges",
     "fusion",
     "memory",
@@ -112,6 +117,8 @@ def compile_plan(
     attribute_diagnostics(draft)
     draft.raise_errors()
     sizes(draft)
+    delays(draft)
+    draft.raise_errors()
     fusion(draft, fuse=fuse)
     memory(draft)
     nodes(draft)
@@ -126,6 +133,11 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
     here: a fused group must not span a body and the graph around it (not planned yet)."""
     check_regions(draft)
+    for b in draft.snap.blocks:  # FrameDelay ping-pong inside bodies is the next step (docs/architecture.md)
+        if b.description.feedback:
+            draft.error(
+                b.id, "delay-region", f"FrameDelay '{b.name}': a patch with If/While/For regions takes no delay yet"
+            )
     order_regions(draft)
     draft.raise_errors()
     size_regions(draft)

@@ -6,9 +6,10 @@ lie between them, and the timestamps that wait only for its nodes (a block's end
 reads the time the block ends, not the time the whole child graph does). A group can be realized
 only if no other block's work lies between its nodes: a child-graph node runs as one unit, so a
 block outside that reads one inner output and feeds another inner input would be a cycle. Then,
-and for a composite holding captured library calls (whose re-capture replaces a child graph of the
-running graph, done for top-level nodes only), the composite runs flattened with a ``child-graph``
-warning saying why.
+for a composite holding captured library calls (whose re-capture replaces a child graph of the
+running graph, done for top-level nodes only), and for one holding a FrameDelay or using a delay's
+buffers (the two phases patch those nodes one by one: ``engine/phases.py``), the composite runs
+flattened with a ``child-graph`` warning saying why.
 Nested child-graph composites are part of the outermost one's group.
 """
 
@@ -68,6 +69,8 @@ def _refusal(
     for i in members:
         if isinstance(nodes[i], CapturedNodePlan):
             return f"it holds a library call ('{nodes[i].entry_point}'), which is re-captured only outside child graphs"
+    if plan.delays and _touches_delays(plan, members):
+        return "it holds a FrameDelay or uses one's buffers, which alternate every frame outside child graphs only"
     after = _reach(members, lambda i: dependents.get(i, ()))
     before = _reach(members, lambda i: nodes[i].deps)
     between = (after & before) - members
@@ -80,6 +83,21 @@ def _refusal(
         who = names.get(owner.get(i, -1), "another block")
         return f"'{who}' reads one of its outputs and feeds one of its inputs, so it cannot run as one node"
     return between
+
+
+def _touches_delays(plan: GraphPlan, members: set[int]) -> bool:
+    """Whether a node of ``members`` is a delay's init node or reads or writes a delay's pair: the two
+    phases patch those nodes one by one in the executable graphs (``engine/phases.py``)."""
+    if {dp.node for dp in plan.delays} & members:
+        return True
+    swaps = plan.swaps
+    for i in members:
+        n = plan.nodes[i]
+        if any(a.kind == "buffer" and a.ref in swaps for a in getattr(n, "args", ())):
+            return True
+        if getattr(n, "buffer", None) in swaps:
+            return True
+    return False
 
 
 def _stamp_on(node: object, group: set[int]) -> bool:

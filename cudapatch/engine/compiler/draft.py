@@ -22,7 +22,7 @@ from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
 from ..diagnostics import Diagnostic, Severity
 from ..memory_plan import MemoryPlan
-from ..plan import BufferPlan, GraphPlan, NodePlan, Slot, TimingPair
+from ..plan import BufferPlan, DelayPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
 
 __all__ = ["BlockSizes", "KernelStatus", "NodeDraft", "PlanDraft", "Source", "resolve_count"]
@@ -147,6 +147,8 @@ class PlanDraft:
     ports: dict[tuple[int, str], int] = field(default_factory=dict)  # (block, output port) → value index
     shapes: dict[tuple[int, str], Shape] = field(default_factory=dict)  # (block, output port) → shape, if not flat
     binding_counts: dict[tuple[int, str], int] = field(default_factory=dict)
+    # delays: (FrameDelay block id, value its Out reads, value its In gets or None) of each running delay
+    delays: list[tuple[int, int, int | None]] = field(default_factory=list)
     # fusion: fused groups of elementwise blocks (a ``fusion.Fusion``), None when nothing fused
     fusion: Any = None
     # memory: the buffer that holds each value; append counters
@@ -210,9 +212,22 @@ class PlanDraft:
             level=self.level,
             timings=self.timings,
             stamp_count=self.stamp_count,
+            delays=self._delay_plans(),
             scopes=self.scopes,
             regions=self.regions,
             probes=tuple(self.probe_keys),
             probe_words=self.probe_words,
             memory=self.memory,
+        )
+
+    def _delay_plans(self) -> tuple[DelayPlan, ...]:
+        vb, block_nodes = self.value_buffer, self.block_nodes
+        return tuple(
+            DelayPlan(
+                bid,
+                block_nodes[bid][0] if bid in block_nodes else None,  # a faulted delay has no init kernel
+                vb[prev],
+                vb[cur] if cur is not None else None,
+            )
+            for bid, prev, cur in self.delays
         )

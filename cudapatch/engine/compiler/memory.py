@@ -19,7 +19,8 @@ Pinned (``memory_plan.PinReason``), so never shared:
 - append outputs (counts and data are read back);
 - values modified in place or read before written: a ``through`` port's value, any value bound to
   an ``inout`` pin (state kept across frames, like the particle emitter's);
-- values written by captured library calls (cuBLAS with beta, saxpy read their output).
+- values written by captured library calls (cuBLAS with beta, saxpy read their output);
+- a FrameDelay's pair: its ``Out`` and the value linked into its ``In`` (they alternate every frame).
 
 Shared buffers are raw bytes (``uint8``), as large as their largest value, labelled ``shared<k>``
 (block -1); buffers are numbered in the order of their first value.
@@ -182,6 +183,10 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
         vi = draft.ports.get(key)
         if vi is not None:
             pinned.setdefault(vi, PinReason.PROBE)
+    for _bid, previous, current in draft.delays:  # a FrameDelay's pair lives on into the next frame
+        for vi in (previous, current):
+            if vi is not None:
+                pinned.setdefault(vi, PinReason.DELAY)
     internal = {vi for sized in draft.sized.values() for vi in sized.internal}
     for vi in range(len(draft.values)):
         if vi not in read and vi not in internal:

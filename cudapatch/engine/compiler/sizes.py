@@ -41,7 +41,10 @@ def sizes(draft: PlanDraft) -> None:
         d = b.description
         inputs: dict[str, Source] = {}
         skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
+        feedback = d.feedback_inputs if d.feedback else ()
         for port in () if skip_reason else d.inputs:
+            if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
+                continue
             key = (bid, port.name)
             lk = incoming.get(key)
             if lk is not None:
