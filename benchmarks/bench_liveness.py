@@ -7,6 +7,12 @@ until it is live, against the quiet median (target ≤ max(1 ms, 3× quiet)), an
 live (target ≤ 3 at 100 and 1,000 blocks, ≤ 500 ms at 10,000). Peer: a bare ``cuGraphLaunch`` of
 the same executable graph, measured in the same run (target: quiet ``update()`` ≤ 1.5× it).
 
+Then, on the same chain: bypass a block in the middle and turn it back on, 50 times (the host time
+of ``enabled = False`` plus the ``update()`` that applies it, beside a quiet ``update()``; target
+≤ 10 µs of host time, 0 instantiations; the first toggle after a build is listed apart), and
+grow the bound input to twice its size (slowest ``update()`` until the chain runs at the new size,
+frames until live, instantiations: target none, the buffers are reallocated in place).
+
 Usage: ``python benchmarks/bench_liveness.py [--sizes 100 1000 10000] [--elements 1024]``.
 Writes ``liveness.json`` to ``$RESULTS_DIR`` when set.
 """
@@ -106,7 +112,61 @@ def bench_size(n: int, elements: int) -> list[tuple[str, float, str, float, str]
         worst, frames, secs = until_live(e, lambda: e.graph is not None and tail.id not in e.graph.plan.block_order)
         rows.append((f"{n}: remove block, slowest update() µs", worst, "budget µs", budget, f"{secs * 1e3:.0f} ms"))
         rows.append((f"{n}: instantiations for 4 edits", e.counters.rebuilds - instantiations, "edits", 4, ""))
+        rows += bench_bypass(e, blocks[n // 2], quiet)
+        rows += bench_growth(e, blocks, elements, budget)
     return rows
+
+
+def _graphs_made(e: Engine) -> int:
+    c = e.counters
+    return c.instantiations + c.exec_updates
+
+
+def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> list[tuple[str, float, str, float, str]]:
+    """Host time of a bypass toggle: the flag set plus the ``update()`` that applies it."""
+    n = len(e.blocks)
+    made, updates = _graphs_made(e), e.counters.bypass_updates
+    e.synchronize()
+    times = []
+    for i in range(2 * toggles):
+        t = time.perf_counter_ns()
+        block.enabled = i % 2 == 1  # off, on, off, ...
+        e.update()
+        times.append((time.perf_counter_ns() - t) / 1e3)
+        if i % 20 == 19:
+            e.synchronize()
+    e.synchronize()
+    first, rest = times[0], statistics.median(times[1:])
+    assert e.counters.bypass_updates - updates == 2 * toggles
+    return [
+        (f"{n}: bypass toggle + update() µs (median)", rest, "quiet update() µs", quiet, "target ≤ 10 µs more"),
+        (f"{n}: first bypass after a build µs", first, "quiet update() µs", quiet, "the build indexed the plan"),
+        (f"{n}: instantiations for {2 * toggles} toggles", _graphs_made(e) - made, "toggles", 2 * toggles, "target 0"),
+    ]
+
+
+def bench_growth(e: Engine, blocks: list, elements: int, budget: float) -> list[tuple[str, float, str, float, str]]:
+    """Grow the chain's bound input to twice its size while frames run at 60 fps."""
+    n = len(blocks)
+    made, growths = _graphs_made(e), e.counters.growths
+    big = np.random.default_rng(2).standard_normal(2 * elements).astype(np.float32)
+    e.bind(blocks[0], "In", big)
+    last = blocks[-1]
+
+    def grown() -> bool:
+        g = e.graph
+        return (
+            g is not None
+            and g.plan.outputs.get((last.id, "Out")) is not None
+            and e.output(last, "Out").count == 2 * elements
+        )
+
+    worst, frames, secs = until_live(e, grown)
+    note = f"live in {frames} frames, {e.counters.growths - growths} buffers grown"
+    return [
+        (f"{n}: grow input 2x, slowest update() µs", worst, "budget µs", budget, note),
+        (f"{n}: instantiations for the growth", _graphs_made(e) - made, "edits", 1, "target 0"),
+    ]
 
 
 def main() -> None:

@@ -72,6 +72,7 @@ class Block:
         self.name: str = name or f"{self.type_name}{self.id}"
         self.debug = BlockDebugInfo()
         self._host: BlockHost | None = None
+        self._enabled = True
         self._listener: ParamListener | None = None  # the host's, subscribed to every scalar parameter
         # Text parameters feed describe() itself, so string values given here are known before it runs.
         self._texts: dict[str, str] = {k: v for k, v in params.items() if isinstance(v, str)}
@@ -221,6 +222,22 @@ class Block:
         return self.description.outputs
 
     @property
+    def enabled(self) -> bool:
+        """Whether the block runs. ``False`` bypasses it without a rebuild: its kernels are turned off
+        in the running graph, and blocks reading an output of it read its input of the same type
+        and size instead, else the output's last values. Visible from the next update."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        on = bool(on)
+        if on == self._enabled:
+            return
+        self._enabled = on
+        if self._host is not None:
+            self._host.on_enabled_changed(self)
+
+    @property
     def context(self) -> BlockHost | None:
         """The engine context this block is registered with, if any."""
         return self._host
@@ -284,7 +301,7 @@ class Block:
     def tooltip(self) -> str:
         """The tooltip text (DESIGN.md §6): ``Name: OK``, with GPU time and append fill when known."""
         d = self.debug
-        head = f"{self.name}: {d.state.value}"
+        head = f"{self.name}: {d.state.value}" + ("" if self._enabled else " (bypassed)")
         if d.message:
             head += f": {d.message}"
         if d.gpu_ms is not None:

@@ -1,8 +1,8 @@
 """BlockHost: what a block needs from the context it is registered with, as a typed protocol.
 
 Blocks are passive (DESIGN.md §3), yet a registered block must tell its host about edits that
-only the block sees: a scalar set (Hot), a re-description (Cold, or Code when only kernel code
-changed), a text edit that swaps one kernel's code in place (Code), and ``close()``. This
+only the block sees: a scalar set (Hot), a bypass (``enabled``), a re-description (Cold, or Code
+when only kernel code changed), a text edit that swaps one kernel's code in place (Code), and ``close()``. This
 protocol is that whole conversation, seen from the block. The engine's ``Context`` implements it;
 the block never imports the engine, so ``blocks`` depends on ``kernels`` only and a test can host
 a block with any object that has these methods.
@@ -41,6 +41,10 @@ class BlockHost(Protocol):
     def on_description_changed(self, block: Block, old: BlockDescription) -> None:
         """``block`` re-described itself (``Block.refresh``) and ``old`` is what it was: Code tier
         when only kernel code changed, else drop links that no longer fit and rebuild."""
+        ...
+
+    def on_enabled_changed(self, block: Block) -> None:
+        """``block.enabled`` changed (a bypass): turn its work off or on without a rebuild."""
         ...
 
     def on_code_changed(self, block: Block, kernel: int, new_source: KernelSource | None = None) -> None:

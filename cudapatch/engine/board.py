@@ -58,7 +58,7 @@ class DiagnosticBoard:
         self._blocks = blocks
         self._kernels = kernels
         self._faults = faults
-        self._log = DiagnosticLog(logger)
+        self._log = DiagnosticLog(logger, names=lambda bid: b.name if (b := blocks.get(bid)) is not None else None)
         self._build: tuple[Diagnostic, ...] = ()
         self._recapture: tuple[Diagnostic, ...] = ()
         self._block_errors: dict[tuple[int, str], Diagnostic] = {}

@@ -241,6 +241,23 @@ class GpuBuffer(HandleOwner):
             "stream": int(self._stream) or None,
         }
 
+    def reallocate(self, nbytes: int) -> None:
+        """Move the buffer to another pool block of at least ``nbytes`` (a Warm resize growing it); the
+        contents are not kept and ``ptr`` changes. The old block goes back to the pool at once: work
+        launched before on the engine stream still uses it, and pool reuse is ordered after it by
+        that same stream.
+
+        Raises:
+            CudaOutOfMemoryError: no memory for the new block (the buffer keeps the old one).
+            CudapatchError: the buffer is closed.
+        """
+        self._check_open()
+        new = self._pool.acquire(max(1, int(nbytes)))
+        self._finalizer.detach()
+        self._pool.release(self._alloc)
+        self._alloc = new
+        self._finalizer = weakref.finalize(self, self._pool.release, new)
+
     def upload(self, array: Any) -> None:
         """Copy a host array into the buffer (blocks until done).
 

@@ -2,7 +2,8 @@
 
 A build snapshots the patch (pure data), resolves every kernel (its compiled function, or why it
 cannot run yet), and compiles a ``GraphPlan``. If only counts, grids or pointers changed, the plan is
-patched into the running executable graph (Warm resize, no instantiation); otherwise it is realized
+patched into the running executable graph (Warm resize, no instantiation; a buffer that must grow
+is reallocated from the pool and its kernels pointed at it); otherwise it is realized
 into a new ``CompiledGraph`` that ``DeviceResources.install`` swaps in at this frame boundary. A
 failed build keeps the old graph running and puts its errors on the blocks (``DiagnosticBoard``); a
 library call that fails to capture leaves its block out (``FaultState``) and the rest is built.
@@ -26,7 +27,8 @@ from typing import Any
 
 from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
-from .compiler import compile_plan
+from .bypass import BypassIndex
+from .compiler import NodeCache, compile_plan
 from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
@@ -107,6 +109,7 @@ class BuildOutcome:
     realize_ms: float = 0.0
     warm: WarmPatch | None = None
     warm_base: GraphPlan | None = None
+    bypass_index: BypassIndex | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -122,6 +125,10 @@ class BuildOutcome:
                 g.abandon()
 
 
+def _compiling(status: Mapping[tuple[int, int], tuple[Any, str, str]]) -> list[tuple[int, int]]:
+    return [k for k, (_, code, _) in status.items() if code == DiagnosticCode.KERNEL_COMPILING]
+
+
 class GraphBuilds:
     """Builds the running graph of one engine.
 
@@ -135,6 +142,7 @@ class GraphBuilds:
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
         reuse_buffers: Let values with disjoint lifetimes share buffers (``compiler.memory``).
+        bypass: Applies the blocks' ``enabled`` flags to each graph a build swaps in or patches.
         fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
             and loaded by the build itself, on the build thread.
     """
@@ -150,6 +158,7 @@ class GraphBuilds:
         counters: EngineCounters,
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
+        bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
         fuse: bool = False,
         reuse_buffers: bool = True,
     ) -> None:
@@ -163,6 +172,10 @@ class GraphBuilds:
         self._counters = counters
         self._timing = timing
         self._settle_compiles = settle_compiles
+        self._bypass = bypass
+        # The node drafts of the last plan (incremental planning): builds run one at a time, on
+        # whichever thread, so one cache serves them all.
+        self._plans = NodeCache()
         self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
 
     # -- the two halves ----------------------------------------------------------------------------
@@ -196,9 +209,12 @@ class GraphBuilds:
         t0 = job.started
         snap = job.snap
         functions, status = resolved if resolved is not None else self._kernels.resolve(snap)
-        if job.off_thread and status:
-            compiling = [k for k, (_, code, _) in status.items() if code == DiagnosticCode.KERNEL_COMPILING]
-            if compiling:  # off the frame thread, a cached kernel is worth waiting for: it runs in this build
+        if status:
+            compiling = _compiling(status)
+            if compiling and self._kernels.take_cached(compiling):  # compiled before: it runs in this build
+                functions, status = self._kernels.resolve(snap)
+                compiling = _compiling(status)
+            if job.off_thread and compiling:  # off the frame thread, a compile about to land is worth a wait
                 self._kernels.await_compiles(compiling, COMPILE_WAIT_S)
                 functions, status = self._kernels.resolve(snap)
         out = BuildOutcome(job, functions=functions)
@@ -215,13 +231,23 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse, reuse=self.reuse_buffers)
+            out.plan = compile_plan(
+                snap,
+                status,
+                job.level,
+                job.disabled,
+                fuse=self._fuse,
+                cache=self._plans,
+                reuse=self.reuse_buffers,
+            )
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
         if self._fuse and not self._load_fused(out):
             return out
         functions = out.functions
+        if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
+            out.bypass_index = BypassIndex(out.plan)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -277,6 +303,8 @@ class GraphBuilds:
                 libraries=res.libraries,
                 publish_function=publish_function,
                 lend_stores=not job.off_thread or out.realize_on_frame,
+                # On the frame thread the running executable may take the new graph (same topology).
+                update_previous=not job.off_thread or out.realize_on_frame,
                 probe_function=probe_function,
                 upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
             )
@@ -353,7 +381,7 @@ class GraphBuilds:
                 self._cold_next = True
                 self._context.dirty.mark_structure()
                 return False
-            recaptures = g.recaptures
+            recaptures, reallocations = g.recaptures, g.reallocations
             try:
                 decided = out.warm if out.warm_base is g.plan else None
                 patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
@@ -370,14 +398,17 @@ class GraphBuilds:
             self._counters.warm_resizes += 1
             self._counters.nodes_patched += patched
             self._counters.recaptures += g.recaptures - recaptures
-            self._done(g, plan, job)
+            self._counters.growths += g.reallocations - reallocations
+            self._done(g, plan, job, out.bypass_index)
             return True
         graph = out.graph
         timing.realize_ms = out.realize_ms
         res.install(graph)
         res.free_dropped(job.started)
         self._counters.rebuilds += 1
-        self._done(graph, plan, job)
+        self._counters.instantiations += graph.instantiations
+        self._counters.exec_updates += graph.exec_updates
+        self._done(graph, plan, job, out.bypass_index)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
         return True
 
@@ -423,9 +454,11 @@ class GraphBuilds:
         self._board.build_failed(diags)
         return False
 
-    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob) -> None:
+    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob, index: BypassIndex | None) -> None:
         if not job.off_thread:
             self._context.dirty.clear_structure()  # the snapshot held every pending change
+        if self._bypass is not None:  # before its first launch: bypassed blocks stay off
+            self._bypass(graph, index)
         registry = self._context.registry
         show_built(plan, graph.appends, registry)
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

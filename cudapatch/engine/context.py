@@ -82,6 +82,9 @@ class PatchSnapshot:
     #: Block id -> the region block it is placed in (blocks at the top level are absent).
     parents: dict[int, int] = field(default_factory=dict, compare=False)
     kept: frozenset[tuple[int, str]] = frozenset()
+    #: Blocks bypassed (``enabled`` off): their values keep buffers of their own (buffer reuse), so
+    #: readers redirected past them, or reading their last output, read no other block's data.
+    bypassed: frozenset[int] = frozenset()
 
 
 class Context:
@@ -101,6 +104,8 @@ class Context:
         self.connections = ConnectionGraph()
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
+        #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
+        self.bypassed: set[int] = set()
         #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
         self.parents: dict[int, int] = {}
         self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
@@ -131,6 +136,8 @@ class Context:
             raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
         block.attach(self)
+        if not block.enabled:
+            self.bypassed.add(block.id)
         self.dirty.mark_structure()
         return block
 
@@ -143,6 +150,7 @@ class Context:
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
         self.kept -= {k for k in self.kept if k[0] == block.id}
+        self.bypassed.discard(block.id)
         parents = self.parents
         outer = parents.pop(block.id, None)
         for child in [c for c, r in parents.items() if r == block.id]:  # a removed region's blocks move out
@@ -196,6 +204,14 @@ class Context:
                         self._code_changed((block.id, ki))
                 return
         self.on_structure_changed(block)
+
+    def on_enabled_changed(self, block: Block) -> None:
+        """``block.enabled`` changed: the Bypass tier turns its nodes off or on at the next update."""
+        if block.enabled:
+            self.bypassed.discard(block.id)
+        else:
+            self.bypassed.add(block.id)
+        self.dirty.mark_bypass()
 
     def on_code_changed(self, block: Block, kernel: int, new_source: KernelSource | None = None) -> None:
         """Kernel ``kernel`` of ``block`` has new code: recompile it in the background and swap it into
@@ -447,7 +463,8 @@ class Context:
             )
             if parents:
                 snap = replace(snap, parents=_place_members(parents, snap.composites))
-            return replace(snap, kept=_kept_inside(self.kept, snap.composites)) if self.kept else snap
+            snap = replace(snap, kept=_kept_inside(self.kept, snap.composites)) if self.kept else snap
+            return replace(snap, bypassed=frozenset(self.bypassed)) if self.bypassed else snap
         return PatchSnapshot(
             cid,
             tuple(blocks),
@@ -456,6 +473,7 @@ class Context:
             probes,
             parents=parents,
             kept=frozenset(self.kept),
+            bypassed=frozenset(self.bypassed),
         )
 
 

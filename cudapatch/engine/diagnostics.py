@@ -8,11 +8,12 @@ by the plain string keeps working, while code inside cudapatch names them and a 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-__all__ = ["Diagnostic", "DiagnosticCode", "DiagnosticLog", "Severity"]
+__all__ = ["SUMMARISED", "Diagnostic", "DiagnosticCode", "DiagnosticLog", "Severity"]
 
 Severity = Literal["error", "warning", "info"]
 _LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
@@ -35,6 +36,7 @@ class DiagnosticCode(str, Enum):
     DELAY_REGION = "delay-region"  # a FrameDelay in a patch with If/While/For regions (not supported yet)
     # Blocks left out of the graph (warnings unless the cause is an error of the block itself).
     INPUT_UNLINKED = "input-unlinked"  # a required input has no link and no binding
+    INPUT_NOT_RUNNING = "input-not-running"  # an input comes from a block that is not running
     INPUT_FAULTED = "input-faulted"  # an input reads zeros from a block disabled by a GPU fault
     LIBRARY_SHAPE = "library-shape"  # a captured call refuses its input sizes
     # Shapes (errors: the block never launches; ``engine.compiler.shapes``).
@@ -56,6 +58,7 @@ class DiagnosticCode(str, Enum):
     REALIZE = "realize"  # a driver call failed while building the graph
     OUT_OF_MEMORY = "out-of-memory"  # the patch needs more device memory than is free: not built
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
+    BYPASS = "bypass"  # warning: a bypassed block's nodes cannot be turned off in place (it keeps running)
     CHILD_GRAPH = "child-graph"  # a composite asked for a child graph and runs flattened instead (why)
     # Sticky GPU faults (``engine.recovery``).
     GPU_FAULT = "gpu-fault"  # this block's kernel faulted: disabled until its code changes
@@ -102,19 +105,48 @@ class Diagnostic:
         return f"{self.severity}: {self.message}"
 
 
-class DiagnosticLog:
-    """Logs each distinct diagnostic once (no log spam when the same problem persists every frame)."""
+#: Codes logged as one summary line per publish instead of one line each: the blocks downstream of
+#: one that is not running (80 lines at the start of a 100-operator patch whose kernels compile).
+#: Each block still carries its own diagnostic.
+SUMMARISED = frozenset({DiagnosticCode.INPUT_NOT_RUNNING})
+_NAMED_IN_SUMMARY = 8  # block names a summary line lists before "and N more"
 
-    def __init__(self, logger: logging.Logger) -> None:
+
+class DiagnosticLog:
+    """Logs each distinct diagnostic once (no log spam when the same problem persists every frame);
+    the new diagnostics of a ``SUMMARISED`` code become one line together."""
+
+    def __init__(self, logger: logging.Logger, names: Callable[[int], str | None] | None = None) -> None:
         self._logger = logger
+        self._names = names or (lambda block_id: None)
         self._seen: set[Diagnostic] = set()
 
     def emit(self, diags: tuple[Diagnostic, ...] | list[Diagnostic]) -> None:
         """Log every diagnostic not logged since it was last forgotten."""
+        quiet: list[Diagnostic] = []
         for d in diags:
             if d not in self._seen:
                 self._seen.add(d)
-                self._logger.log(_LEVELS[d.severity], "%s", d.message)
+                if d.code in SUMMARISED:
+                    quiet.append(d)
+                else:
+                    self._logger.log(_LEVELS[d.severity], "%s", d.message)
+        if quiet:
+            self._summarise(quiet)
+
+    def _summarise(self, diags: list[Diagnostic]) -> None:
+        names = [self._names(d.block_id) if d.block_id is not None else None for d in diags]
+        shown = [f"'{n}'" for n in names if n][:_NAMED_IN_SUMMARY]
+        more = len(diags) - len(shown)
+        listed = ", ".join(shown) + (f" and {more} more" if shown and more else "")
+        level = max(_LEVELS[d.severity] for d in diags)
+        blocks = "1 block is" if len(diags) == 1 else f"{len(diags)} blocks are"
+        self._logger.log(
+            level,
+            "%s not running: an input comes from a block that is not running%s (details on each block)",
+            blocks,
+            f" ({listed})" if listed else "",
+        )
 
     def forget(self, keep: set[Diagnostic]) -> None:
         """Forget resolved diagnostics so they are logged again if they come back."""

@@ -15,7 +15,7 @@ class DirtyTracker:
     applies every pending change.
     """
 
-    __slots__ = ("structure", "code", "captured", "params", "bindings", "any")
+    __slots__ = ("structure", "code", "captured", "params", "bindings", "bypass", "any")
 
     def __init__(self) -> None:
         self.structure = True
@@ -25,6 +25,7 @@ class DirtyTracker:
         # no lookups: the Hot tier's whole budget is a few microseconds.
         self.params: dict[tuple[int, str], Any] = {}
         self.bindings: dict[tuple[int, str], Any] = {}
+        self.bypass = False  # a block's ``enabled`` flag changed (the Bypass tier: nodes off or on)
         self.any = True
 
     def mark_structure(self) -> None:
@@ -38,6 +39,16 @@ class DirtyTracker:
     def mark_captured(self, key: Any) -> None:
         self.captured.add(key)
         self.any = True
+
+    def mark_bypass(self) -> None:
+        self.bypass = True
+        self.any = True
+
+    def take_bypass(self) -> bool:
+        """Return and clear the pending bypass change."""
+        bypass, self.bypass = self.bypass, False
+        self._recompute()
+        return bypass
 
     def mark_param(self, block_id: int, name: str, param: Any = None) -> None:
         self.params[(block_id, name)] = param
@@ -61,7 +72,7 @@ class DirtyTracker:
             return "code"
         if self.captured:
             return "captured"
-        if self.params or self.bindings:
+        if self.params or self.bindings or self.bypass:
             return "params"
         return "clean"
 
@@ -72,6 +83,7 @@ class DirtyTracker:
         self.captured.clear()
         self.params.clear()
         self.bindings.clear()
+        self.bypass = False  # a build applies the bypass flags to the graph it makes
         self.any = False
 
     def take_code(self) -> set[Any]:
@@ -101,4 +113,4 @@ class DirtyTracker:
         return params, bindings
 
     def _recompute(self) -> None:
-        self.any = bool(self.structure or self.code or self.captured or self.params or self.bindings)
+        self.any = bool(self.structure or self.code or self.captured or self.params or self.bindings or self.bypass)

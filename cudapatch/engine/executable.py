@@ -8,6 +8,8 @@ public update method, cheapest first:
 - Warm: ``update_bindings`` points kernels at new input addresses; ``update_grid`` changes a grid;
   ``try_patch`` applies a whole new plan in place when ``warm.decide_warm_patch`` accepts it.
 - Code: ``swap_function`` puts a recompiled ``CUfunction`` into every node of a kernel.
+- Bypass: ``set_bypass`` turns nodes off and on (``cuGraphNodeSetEnabled``) and points readers of a
+  bypassed output at its input (``bypass.plan_bypass`` decides).
 - Recapture: captured library calls whose host-side arguments changed are captured again
   (``captured_calls.CapturedCalls``).
 
@@ -30,6 +32,7 @@ from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
+from .bypass import NO_BYPASS, BypassPlan
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
 from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
@@ -67,6 +70,7 @@ class GraphParts:
         scalars: Device-scalar slots of the captured calls.
         launches: Packed arguments of the timestamp and publish nodes.
         graph: The ``CUgraph``.
+        handles: The graph node of each plan node, in insertion order.
         occupancy: ``(block_id, kernel)`` -> occupancy, measured at DeepAsync and up.
     """
 
@@ -84,7 +88,24 @@ class GraphParts:
     scalars: DeviceScalars | None = None
     launches: list[PackedLaunch] = field(default_factory=list)
     graph: Any = None
+    handles: list[Any] = field(default_factory=list)
     occupancy: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def take_over(self, graph: Any, handles: list[Any]) -> None:
+        """Use ``graph`` (the one another executable was instantiated from, now updated with this
+        build's graph by ``cuGraphExecUpdate``) in place of the graph built here: nodes are addressed
+        by its node handles from now on (paired by insertion order), and the graph built here, whose
+        parameters the update copied, is destroyed (a failure is logged: the executable already runs
+        this build's graph, so nothing may undo the take-over now).
+        """
+        own, self.graph = self.graph, graph
+        for node, handle in zip(self.nodes, handles, strict=True):
+            if node is not None:
+                node.handle = handle
+        self.handles = list(handles)
+        (err,) = driver().cuGraphDestroy(own)
+        if err:  # the executable runs already: a leaked template graph is logged, never fatal here
+            log.warning("cuGraphDestroy of a graph taken over by cuGraphExecUpdate failed: %s", err)
 
     def release(self) -> None:
         """Free everything (the executable must be destroyed first); idempotent.
@@ -138,7 +159,8 @@ class CompiledGraph(HandleOwner):
         appends: ``(block_id, port)`` -> append buffer.
         occupancy: ``(block_id, kernel)`` -> occupancy (DeepAsync and up).
         timing: Host ms the build spent on buffers, nodes and instantiation.
-        instantiations: How often a graph was instantiated for this object (1: patches never re-instantiate).
+        instantiations: How often a graph was instantiated for this object (1: patches never re-instantiate;
+            0: it took over the previous graph's executable with ``cuGraphExecUpdate``).
         warm_refusal: Why ``warm.decide_warm_patch`` refused the last ``try_patch``'s plan (None when it
             accepted it, also if a re-capture then failed: ``try_patch`` returned None for that).
     """
@@ -151,9 +173,11 @@ class CompiledGraph(HandleOwner):
         *,
         timing: Mapping[str, float],
         phases: Phases | None = None,
+        updated: bool = False,
     ) -> None:
         """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this);
-        with FrameDelays, ``phases`` holds ``exec_`` and its second-phase twin (``phases.py``)."""
+        with FrameDelays, ``phases`` holds ``exec_`` and its second-phase twin (``phases.py``);
+        ``updated``: ``exec_`` is the previous graph's, updated with ``cuGraphExecUpdate``."""
         d = driver()
         self.plan = plan
         self._parts = parts
@@ -172,7 +196,11 @@ class CompiledGraph(HandleOwner):
         self._exec1 = phases.execs[1] if phases is not None else None  # patched beside ``_exec``
         self._calls.second = self._exec1
         self.timing = dict(timing)
-        self.instantiations = 1
+        self.instantiations = 0 if updated else 1
+        #: 1 when this graph runs in the previous graph's executable, updated with ``cuGraphExecUpdate``.
+        self.exec_updates = 1 if updated else 0
+        #: Buffers moved to a larger pool block by ``try_patch`` (growth without a new graph).
+        self.reallocations = 0
         self.warm_refusal: WarmRefusal | None = None
         self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         self._closed = False
@@ -185,6 +213,10 @@ class CompiledGraph(HandleOwner):
         self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
+        #: The bypass applied now (``set_bypass``), and the redirected slots that read a binding: a
+        #: Warm rebind of that binding writes them too.
+        self.bypass: BypassPlan = NO_BYPASS
+        self._redirect_targets: dict[tuple[int, str], list] = {}
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
@@ -225,6 +257,35 @@ class CompiledGraph(HandleOwner):
             previous.disown(self._owned)
         if self._phases is not None:  # delays whose pair was handed over read the value written last
             self._phases.continue_from(previous._phases if previous is not None else None)
+
+    def exec_update(self, graph: Any) -> tuple[Any, Any, list[Any]] | None:
+        """Update this graph's executable with ``graph`` (``cuGraphExecUpdate``: same topology and
+        insertion order, checked by ``warm.same_topology``) and hand the executable over: returns
+        ``(executable, the graph it was instantiated from, that graph's node handles)`` for the new
+        ``CompiledGraph``, which addresses nodes through those handles from now on (``GraphParts.take_over``).
+        This graph keeps running nothing of its own afterwards: ``retire`` and ``close`` leave the
+        executable alone. Frame thread only, between launches. Nodes a bypass turned off are turned
+        on again (the new graph starts with none off).
+
+        Returns:
+            None when the driver refuses the update (it then changed nothing: instantiate instead).
+
+        Raises:
+            CudaError: another driver failure.
+        """
+        d = driver()
+        err, _info = d.cuGraphExecUpdate(self._exec, graph)
+        if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            return None
+        check((err,), "cuGraphExecUpdate")
+        exec_, self._exec = self._exec, None
+        handles = self._parts.handles
+        for ni in self.bypass.disabled:
+            check(d.cuGraphNodeSetEnabled(exec_, handles[ni], 1), "cuGraphNodeSetEnabled")
+        self.bypass = NO_BYPASS
+        original, self._parts.graph = self._parts.graph, None
+        self._finalizer.detach()
+        return exec_, original, list(handles)
 
     def disown(self, buffers: Iterable[GpuBuffer]) -> None:
         """Stop owning ``buffers`` (a newer graph adopted them): ``retire`` and ``close`` leave them alone."""
@@ -356,7 +417,10 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        return self._patch(self._binding_targets, changes)
+        n = self._patch(self._binding_targets, changes)
+        if self._redirect_targets:  # readers of a bypassed output that read this binding instead
+            n += self._patch(self._redirect_targets, changes)
+        return n
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:
         """Hot update of one scalar; see ``update_scalars``.
@@ -387,21 +451,22 @@ class CompiledGraph(HandleOwner):
 
     def trim_patch(self, decision: WarmPatch) -> WarmPatch:
         """``decision`` without the kernel nodes it would leave as they are: same plan node, no external
-        pointer, same function. Runs on the build thread, so that the frame thread writes only what
-        changes (every node of a 10,000-block patch took tens of milliseconds there). Node functions
+        pointer, no buffer that grows, same function. Runs on the build thread, so that the frame thread
+        writes only what changes (every node of a 10,000-block patch took tens of milliseconds there). Node functions
         change on the frame thread only by Code swaps, which a build re-applies when it lands.
         """
         nodes = self._nodes
+        grown = {bi for bi, _ in decision.grow}
         keep = []
         for kp in decision.kernels:
             kn = nodes[kp.index]
             if (
                 kp.plan != kn.plan  # type: ignore[union-attr]
-                or any(a.kind == "external" for a in kp.plan.args)
+                or any(a.kind == "external" or (a.kind == "buffer" and a.ref in grown) for a in kp.plan.args)
                 or (kp.function is not None and int(kp.function) != int(kn.params.func))  # type: ignore[union-attr]
             ):
                 keep.append(kp)
-        return WarmPatch(tuple(keep), decision.calls, decision.counts)
+        return WarmPatch(tuple(keep), decision.calls, decision.counts, decision.grow)
 
     def try_patch(
         self,
@@ -413,7 +478,8 @@ class CompiledGraph(HandleOwner):
     ) -> int | None:
         """Warm resize: adopt ``plan`` in place if ``warm.decide_warm_patch`` accepts it (it differs
         from the current one only in element counts, grids, external pointers, values and same-layout
-        kernel functions, and every buffer still fits its allocation). ``warm_refusal`` says why not.
+        kernel functions; a buffer that outgrew its allocation is reallocated from the pool, with
+        headroom, and its kernels are pointed at it). ``warm_refusal`` says why not.
 
         ``decided``: the decision already taken against this graph's current plan (on the build
         thread, see ``trim_patch``): it is applied without deciding again.
@@ -450,6 +516,14 @@ class CompiledGraph(HandleOwner):
         )
         if recaptured is None:
             return None
+        # Buffers that outgrew their allocation move to a larger pool block; only kernel nodes hold
+        # their address (the decision refuses otherwise), and those are written below.
+        grown = set()
+        for bi, nbytes in decision.grow:
+            self.buffers[bi].reallocate(nbytes)
+            grown.add(bi)
+        self.reallocations += len(grown)
+        buffers = self.buffers
         # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
         touched = []
         for kp in decision.kernels:
@@ -463,6 +537,11 @@ class CompiledGraph(HandleOwner):
                     if alt is not None:
                         write_slot(alt[ai], value)
                     changed = True
+            if grown:
+                for ai, a in enumerate(kp.plan.args):
+                    if a.kind == "buffer" and a.ref in grown:
+                        write_slot(slots[ai], buffers[a.ref].ptr)  # type: ignore[index]
+                        changed = True
             if kn.params.gridDimX != kp.plan.grid:
                 kn.params.gridDimX = kn.alt_params.gridDimX = kp.plan.grid
                 changed = True
@@ -481,6 +560,54 @@ class CompiledGraph(HandleOwner):
         self._commit(touched)
         self.plan = plan
         return len(touched) + recaptured
+
+    def set_bypass(self, bp: BypassPlan) -> int:
+        """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.
+        Nodes leaving it are enabled and their readers read what the plan says again; nodes joining
+        it are disabled (``cuGraphNodeSetEnabled``: kernel nodes only) and the readers it redirects
+        read the input instead. Visible from the next launch; nothing is re-instantiated.
+
+        Returns:
+            The number of nodes enabled, disabled or patched.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        old, nodes = self.bypass, self._nodes
+        set_enabled, exec_ = driver().cuGraphNodeSetEnabled, self._exec
+        changed = 0
+        for ni, on in [(i, 1) for i in old.disabled - bp.disabled] + [(i, 0) for i in bp.disabled - old.disabled]:
+            kn = nodes[ni]
+            if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
+                continue
+            check(set_enabled(exec_, kn.handle, on), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
+            changed += 1
+        touched: list[Any] = []
+        redirects = bp.redirects
+        for (ni, ai), res in list(old.redirects.items()) + list(redirects.items()):
+            kn = nodes[ni]
+            if (ni, ai) in redirects:
+                res = redirects[(ni, ai)]
+                ptr = self.buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
+            else:  # no longer redirected: what the plan says
+                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
+            if read_slot(kn.slots[ai]) != ptr:
+                write_slot(kn.slots[ai], ptr)
+                if kn not in touched:
+                    touched.append(kn)
+        self._commit(touched)
+        self._redirect_targets = {}
+        for (ni, ai), res in redirects.items():
+            if not isinstance(res, int):
+                self._redirect_targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))  # type: ignore[union-attr]
+        self.bypass = bp
+        return changed + len(touched)
+
+    def _binding_ptr(self, key: Any) -> int:
+        # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm
+        # rebind writes them all).
+        kn, slot = self._binding_targets[key][0]
+        return int(read_slot(slot))
 
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
         """Code tier: put a recompiled ``function`` into every node of kernel ``key`` (block id, kernel
@@ -532,6 +659,9 @@ class CompiledGraph(HandleOwner):
         """The buffer of output ``port`` of ``block_id``, or None if not in this graph, or if its value
         is in a buffer a later value of the frame overwrites (``overwritten``). A value that shares
         its buffer but is the last one in it comes as a typed view of that buffer."""
+        res = self.bypass.outputs.get((block_id, port))
+        if isinstance(res, int):  # a bypassed output: what its readers read
+            return self.buffers[res]
         key = (block_id, port)
         bi = self.plan.outputs.get(key)
         if bi is None:

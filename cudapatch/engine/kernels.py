@@ -139,6 +139,38 @@ class KernelTracker:
         if futures:
             wait_futures(futures, timeout=timeout)
 
+    def take_cached(self, keys: Iterable[Key]) -> int:
+        """For kernels waiting for a compile (``keys``) whose source is in the memory or disk cache:
+        load them on the calling thread now and settle them as if the builder had (its later result
+        for the same request is then ignored). A build calls this so that a kernel compiled before
+        runs in the first build that includes it. Returns how many were taken; an outcome the frame
+        thread must act on (a swap into the running graph) is queued in ``ready``.
+        """
+        taken = 0
+        with self._lock:
+            for key in keys:
+                slot = self._slots.get(key)
+                if slot is None or slot.future is None:
+                    continue
+                try:
+                    compiled = self.builder.build_cached(slot.source)
+                except CudapatchError:  # the builder's own attempt reports it
+                    continue
+                if compiled is None:
+                    continue
+                slot.future = None  # supersedes the request in flight (``_finished`` ignores its result)
+                if key in self.pending:
+                    self.pending.remove(key)
+                done: Future = Future()
+                done.set_result(compiled)
+                outcome = self._settle(key, slot, done)
+                if outcome.action in ("swap", "refresh"):
+                    self.ready.append(outcome)
+                taken += 1
+            if taken and not self.pending:
+                self._fast_switch(False)
+        return taken
+
     def flush(self) -> None:
         """Hand queued compile requests to the builder. The engine calls this after the frame's launch;
         a build on the build thread calls it under the tracker's lock (``await_compiles``)."""

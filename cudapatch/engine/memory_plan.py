@@ -14,13 +14,14 @@ says which values the host cannot read back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .plan import BufferPlan
 
-__all__ = ["MemoryPlan", "PinReason"]
+__all__ = ["MemoryPlan", "PinReason", "shares_with_others"]
 
 
 class PinReason:
@@ -31,6 +32,7 @@ class PinReason:
     APPEND = "append"  #: append output: its count and data are read back
     PROBE = "probe"  #: a probe node reads it beside the graph's work (``Engine.probe``)
     DELAY = "delay"  #: a FrameDelay's pair: read in the next frame, the two buffers alternate
+    BYPASS = "bypass"  #: read or made by a bypassed block (its readers read its input or last output)
     IN_PLACE = "in-place"  #: modified in place (``through`` port, ``inout`` pin) or kept across frames
     LIBRARY = "library"  #: written by a captured library call (which may read it: cuBLAS beta, saxpy)
 
@@ -88,3 +90,23 @@ class MemoryPlan:
             )
             lines.append(f"  buffer {b}: {who}")
         return "\n".join(lines)
+
+
+def shares_with_others(plan: Any, blocks: Iterable[int]) -> set[int]:
+    """Those of ``blocks`` whose nodes read or write a buffer several values share in ``plan`` (a
+    ``GraphPlan``): bypassing one would have its readers read another block's data."""
+    mem = plan.memory
+    if mem is None or not mem.buffer_values():
+        return set()
+    shared = set(mem.buffer_values())
+    out = set()
+    for bid in blocks:
+        for ni in plan.block_nodes.get(bid, ()):
+            n = plan.nodes[ni]
+            used = [a.ref for a in getattr(n, "args", ()) if a.kind == "buffer"]
+            if getattr(n, "buffer", None) is not None:
+                used.append(n.buffer)
+            if any(bi in shared for bi in used):
+                out.add(bid)
+                break
+    return out

@@ -12,6 +12,7 @@ never on the frame path.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "collect_stats",
     "FrameReading",
     "frame_times",
+    "log_build",
     "newest_frame",
     "occupancy_warnings",
     "show_built",
@@ -50,10 +52,14 @@ class EngineCounters:
 
     frames: int = 0
     rebuilds: int = 0
+    instantiations: int = 0  # executable graphs instantiated for the graphs swapped in (cuGraphInstantiate)
+    exec_updates: int = 0  # Cold builds the running executable took in place instead (cuGraphExecUpdate)
     failed_rebuilds: int = 0
     hot_updates: int = 0
     warm_updates: int = 0
     warm_resizes: int = 0  # structure edits applied in place (counts/grids changed, buffers still fit)
+    growths: int = 0  # buffers reallocated larger by a Warm resize (a bound input grew: no new graph)
+    bypass_updates: int = 0  # ``enabled`` flags applied to the running graph (nodes off/on, readers redirected)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
@@ -70,6 +76,23 @@ class BuildTiming:
     compile_ms: float = 0.0  # snapshot + compile_plan
     realize_ms: float = 0.0  # buffers, kernel nodes, instantiate
     total_ms: float = 0.0  # compile to swap-in (excludes reap)
+
+
+def log_build(logger: logging.Logger, t: BuildTiming, running: int, total: int) -> None:
+    """The one INFO line of a build that changed the running graph: its tier, host time and how many
+    of the patch's blocks run (what is left out, and why, is on the blocks). A deferred build (a
+    running block's kernel is compiling) changed nothing: no line."""
+    if t.tier in ("", "deferred"):
+        return
+    logger.info(
+        "%s build: %.1f ms (plan %.1f, realize %.1f), %d of %d blocks running",
+        t.tier,
+        t.total_ms,
+        t.compile_ms,
+        t.realize_ms,
+        running,
+        total,
+    )
 
 
 @dataclass(frozen=True)

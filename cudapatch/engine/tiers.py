@@ -16,6 +16,10 @@ compile, a new layout, a block to re-describe) becomes a structure change: the C
 
 ``swap`` is the one place a swap is applied and counted.
 
+``BypassTier``: a block's ``enabled`` flag turns its nodes off or on in the running graph and points
+its readers at its input (``bypass.plan_bypass`` decides, ``CompiledGraph.set_bypass`` applies);
+after every build, the new graph gets the flags as they are.
+
 What neither can do in place becomes a structure change: the Cold tier (``build.py``).
 """
 
@@ -28,18 +32,20 @@ from typing import Any
 
 from ..errors import CudaError, CudapatchError
 from .board import DiagnosticBoard
+from .bypass import BypassIndex, plan_bypass
 from .compiler.fusion import FUSED_KERNEL, regenerate
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
+from .memory_plan import shares_with_others
 from .plan import KernelNodePlan
 from .realize import CompiledGraph
 from .resources import DeviceResources
 from .stats import EngineCounters
 
-__all__ = ["CodeTier", "ParamTier"]
+__all__ = ["BypassTier", "CodeTier", "ParamTier"]
 
 
 class ParamTier:
@@ -102,7 +108,7 @@ class ParamTier:
         params, bindings = dirty.params, dirty.bindings
         dirty.params, dirty.bindings = {}, {}
         # An edit waiting for the build in flight stays pending.
-        dirty.any = bool(dirty.structure or dirty.code or dirty.captured)
+        dirty.any = bool(dirty.structure or dirty.code or dirty.captured or dirty.bypass)
         if self._carried is not None:
             self.carry(params, bindings)
         c = self._counters
@@ -340,3 +346,59 @@ class CodeTier:
         """No swap between frames from now on (the engine is closing); idempotent. Take the graph
         lock afterwards to wait for one that began before."""
         self._closed = True
+
+
+class BypassTier:
+    """The Bypass tier of one engine.
+
+    Args:
+        context: The patch (``context.bypassed``: the blocks whose ``enabled`` flag is off).
+        board: Takes a warning for a bypassed block whose nodes cannot be turned off.
+        counters: ``bypass_updates`` is counted here.
+    """
+
+    def __init__(self, *, context: Context, board: DiagnosticBoard, counters: EngineCounters) -> None:
+        self._context = context
+        self._board = board
+        self._counters = counters
+        self._index: BypassIndex | None = None  # of the running graph's plan, made at the first bypass
+        self._refused: set[int] = set()
+        self._bypassing: CompiledGraph | None = None  # the graph with nodes off or readers redirected
+
+    def apply(self, g: CompiledGraph | None, index: BypassIndex | None = None) -> None:
+        """Make the running graph ``g`` match the blocks' ``enabled`` flags (an edit frame, or right
+        after a build swapped ``g`` in or patched it). Nothing to do while no block is or was bypassed.
+        ``index``: the ``BypassIndex`` of ``g``'s plan, made by the build on its own thread (else it is
+        made here at the first bypass of the plan).
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        self._context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
+        if g is not None and index is not None and index.plan is g.plan:
+            self._index = index
+        bypassed = self._context.bypassed
+        if g is None or (not bypassed and self._bypassing is not g and not self._refused):
+            return  # the common case, after every build: nothing bypassed, nothing to undo
+        shared = shares_with_others(g.plan, bypassed)
+        if shared:
+            # Buffer reuse gave these blocks' values to other blocks too: bypassed now, their readers
+            # would read another block's data. They keep running until a rebuild pins their values
+            # (the snapshot carries ``bypassed``), then the bypass applies.
+            self._context.dirty.mark_structure()
+            bypassed = bypassed - shared
+        index = self._index
+        if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
+            index = self._index = BypassIndex(g.plan)
+        bp = plan_bypass(index, bypassed)
+        self._counters.nodes_patched += g.set_bypass(bp)
+        self._counters.bypass_updates += 1
+        self._bypassing = None if bp.empty else g
+        if set(bp.refused) != self._refused:
+            for bid in self._refused - set(bp.refused):
+                self._board.clear_block_error(bid, DiagnosticCode.BYPASS)
+            for bid, why in bp.refused.items():
+                name = b.name if (b := self._context.registry.get(bid)) is not None else bid
+                message = f"block '{name}' is not bypassed: {why} (it keeps running)"
+                self._board.set_block_error(Diagnostic("warning", bid, DiagnosticCode.BYPASS, message))
+            self._refused = set(bp.refused)

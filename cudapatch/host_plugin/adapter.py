@@ -294,6 +294,24 @@ class HostAdapter:
         spec = p.spec  # type: ignore[union-attr]
         block.set(name, coerce_host_value(spec, value))
 
+    def set_bypass(self, op_id: str, on: bool) -> None:
+        """Bypass operator ``op_id`` (``on``) or let it run again, without a rebuild: its kernels are
+        turned off in the running graph and its readers read its input of the same type and size
+        (else its output's last values); see ``Block.enabled``. Visible from the next cook.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        self.block(op_id).enabled = not on
+
+    def bypassed(self, op_id: str) -> bool:
+        """Whether operator ``op_id`` is bypassed.
+
+        Raises:
+            CudapatchError: unknown operator.
+        """
+        return not self.block(op_id).enabled
+
     # -- per operator, for the host's nodes ----------------------------------------------------------
     def tooltip(self, op_id: str) -> str:
         """What the host shows on the operator (``str(block)``)."""

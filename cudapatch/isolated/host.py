@@ -41,7 +41,7 @@ from ..engine.profiling import ProfilingLevel
 from ..engine.stats import BuildTiming, EngineCounters
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
-from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetProfiling
+from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
 
@@ -490,6 +490,8 @@ class IsolatedEngine:
                 if bindings:
                     edits = [mirror.bind(lk, b) for k, b in bindings.items() for lk in leaf(k)]
                     child.send(("edits", [e for e in edits if e is not None]))
+                if dirty.take_bypass():  # the child's Bypass tier turns the nodes off: no rebuild there
+                    child.send(("edits", [SetBypassed(frozenset(self.context.bypassed))]))
                 self.counters.hot_updates += len(hot)
             else:
                 self._send_structure(child)
@@ -517,6 +519,7 @@ class IsolatedEngine:
         ids = self._mirror.block_ids
         edits += [Disable(bid, why) for bid, why in self.policy.disabled.items() if bid in ids]
         edits.append(SetProfiling(self.profiling.value if hasattr(self.profiling, "value") else str(self.profiling)))
+        edits.append(SetBypassed(frozenset(self.context.bypassed)))
         child.send(("edits", edits))
         self._dirty.clear_structure()
         self.counters.rebuilds += 1

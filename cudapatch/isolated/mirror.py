@@ -38,6 +38,7 @@ __all__ = [
     "Unbind",
     "Disable",
     "SetProfiling",
+    "SetBypassed",
     "Edit",
     "PatchMirror",
     "ChildPatch",
@@ -120,6 +121,13 @@ class SetProfiling:
     level: str
 
 
+@dataclass(frozen=True)
+class SetBypassed:
+    """The host blocks whose ``enabled`` flag is off, all of them (the child turns the rest on)."""
+
+    ids: frozenset[int]
+
+
 Edit = (
     AddBlock
     | RemoveBlock
@@ -132,6 +140,7 @@ Edit = (
     | Unbind
     | Disable
     | SetProfiling
+    | SetBypassed
 )
 
 
@@ -321,6 +330,9 @@ class ChildPatch:
                     e.disable(b, ed.reason)
             elif isinstance(ed, SetProfiling):
                 e.set_profiling(ed.level)
+            elif isinstance(ed, SetBypassed):  # the Bypass tier of the child's engine applies them
+                for bid, b in self.blocks.items():
+                    b.enabled = bid not in ed.ids
             else:  # pragma: no cover - a message of another version
                 raise TypeError(f"unknown edit {ed!r}")
 

@@ -235,6 +235,23 @@ class KernelBuilder:
         function = self.modules.function(image)
         return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
 
+    def build_cached(self, source: KernelSource) -> CompiledKernel | None:
+        """``source`` loaded on the calling thread if it is in the memory or disk cache, else None (no
+        compile is started). A build uses it so that a kernel compiled before runs in that build,
+        without waiting for the next frame to wake the service thread.
+
+        Raises:
+            KernelLoadError: the cached image cannot be loaded.
+        """
+        t0 = time.perf_counter()
+        hit = self._cached(source)
+        if hit is None:
+            return None
+        image, origin = hit
+        self._make_current()
+        function = self.modules.function(image)
+        return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
+
     def _cached(self, source: KernelSource) -> tuple[KernelImage, Literal["memory", "disk"]] | None:
         key = source.cache_key(self.arch)
         hit = self.cache.get(key)

@@ -75,10 +75,10 @@ def test_warm_rebind_with_cupy_arrays(engine: Engine, rng: np.random.Generator) 
     np.testing.assert_array_equal(cp.asnumpy(view), engine.read(add, "Sum"))
     big_a, big_b = cp.asarray(_rand(rng, 4 * n)), cp.asarray(_rand(rng, 4 * n))
     cp.cuda.get_current_stream().synchronize()
-    engine.bind(add, "A", big_a)  # four times the size: the output no longer fits, Cold
+    engine.bind(add, "A", big_a)  # four times the size: the output grows in place (Warm), no new graph
     engine.bind(add, "B", big_b)
     engine.update()
-    assert engine.counters.rebuilds == rebuilds + 1
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds and engine.counters.growths == 1
     np.testing.assert_allclose(engine.read(add, "Sum"), cp.asnumpy(big_a + big_b), rtol=1e-6)
 
 
@@ -108,9 +108,9 @@ def test_warm_resize_when_counts_change_within_capacity(engine: Engine, rng: np.
     f.set("Count", 4000)
     engine.update()
     assert engine.counters.rebuilds == rebuilds and engine.read(f, "Out").shape == (4000,)
-    f.set("Count", 40_000)  # beyond the allocation: Cold
+    f.set("Count", 40_000)  # beyond the allocation: reallocated from the pool, still no new graph
     engine.update()
-    assert engine.counters.rebuilds == rebuilds + 1
+    assert engine.counters.rebuilds == rebuilds and engine.counters.growths == 1
     np.testing.assert_array_equal(engine.read(f, "Out"), np.full(40_000, 1.5, np.float32))
 
 
@@ -376,3 +376,28 @@ def test_compile_error_keeps_the_old_graph_running(engine: Engine, rng: np.rando
     s.set("Factor", 5.0)
     engine.update()  # the old graph still runs and still takes Hot edits
     np.testing.assert_allclose(engine.read(s, "Out"), x.astype(np.float64) * 5.0, rtol=1e-6)
+
+
+def test_a_bound_input_growing_twice_over_reallocates_without_a_new_graph(
+    engine: Engine, rng: np.random.Generator
+) -> None:
+    n = 30_000
+    s1 = engine.add(Scale(name="s1", Factor=2.0))
+    s2 = engine.add(Scale(name="s2", Factor=-0.5, Offset=1.0))
+    engine.connect(s1, "Out", s2, "In")
+    engine.bind(s1, "In", _rand(rng, n))
+    engine.update()
+    graph, c = engine.graph, engine.counters
+    instantiations, rebuilds = c.instantiations, c.rebuilds
+    for m in (2 * n, 4 * n, 3 * n):  # 2x, 2x again (beyond the headroom), then smaller: fits
+        x = _rand(rng, m)
+        engine.bind(s1, "In", x)  # a host array of another size: uploaded into a new engine buffer
+        engine.update()
+        engine.output(s2, "Out").fill_bytes(0xFF)  # poison: every element must be written by the next frame
+        engine.update()
+        out = engine.read(s2, "Out")
+        assert out.shape == (m,)
+        np.testing.assert_allclose(out, x.astype(np.float64) * 2 * -0.5 + 1.0, rtol=1e-6, atol=1e-6)
+    assert engine.graph is graph and graph.instantiations == 1
+    assert (c.instantiations, c.rebuilds) == (instantiations, rebuilds)
+    assert c.growths == 4 and c.warm_resizes == 3  # two buffers grew twice; 3n fits the 4n allocation

@@ -212,6 +212,7 @@ def test_sizes_leave_out_blocks_and_say_why() -> None:
         "input-unlinked",
         "block 'lone' is not running: required input 'In' is not linked",
     )
+    assert found[after.id][1] == "input-not-running"
     assert found[after.id][2].endswith("input 'In' comes from 'lone', which is not running")
     assert found[waiting.id] == ("info", "kernel-compiling", "block 'waiting' is not running: compiling 'scale'")
     assert found[gemm.id][:2] == ("error", "library-shape") and "input 'B' has 5 elements" in found[gemm.id][2]

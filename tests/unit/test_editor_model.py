@@ -171,7 +171,7 @@ def test_refusals_give_the_reason_and_change_nothing(tmp_path):
     assert not model.create("core.Nope")
     r = model.set_param("fill", "Count", -3)
     assert not r and "Count" in r.message
-    assert not model.bypass("fill")  # this engine has no Bypass tier
+    assert not model.bypass("nope") and "unknown operator" in model.status
     assert _state(adapter) == before and path.read_text() == text
 
 

@@ -97,6 +97,9 @@ class FakeBuilder:
     def build(self, source: Any) -> Any:
         return self.submit(source).result()
 
+    def build_cached(self, source: Any) -> Any:
+        return None  # nothing is cached: every kernel goes through ``submit``
+
     def unpaced(self) -> nullcontext:
         return nullcontext()
 
@@ -118,9 +121,10 @@ class FakeGraph:
         self.plan, self.readback, self.appends, self.occupancy = plan, None, {}, {}
         self.kernel_count = sum(1 for n in plan.nodes if hasattr(n, "descriptor"))
         self.recaptures, self.call_errors, self.stale, self.counters = 0, {}, False, None
-        self.launches, self.scalars, self.swaps = 0, [], []
+        self.instantiations, self.reallocations, self.exec_updates = 1, 0, 0
+        self.launches, self.scalars, self.swaps, self.bypasses = 0, [], [], []
         self.closed = self.abandoned = self.retired = False
-        self.buffers = [_Allocation(0) for _ in plan.buffers]  # nothing fits: every structure edit is Cold
+        self.buffers = [_Allocation(0) for _ in plan.buffers]  # nothing fits, try_patch refuses: every edit is Cold
 
     def launch(self, stream: Any) -> None:
         if FakeGraph.fault:
@@ -138,7 +142,7 @@ class FakeGraph:
         self.swaps.append(key)
         return True
 
-    def try_patch(self, plan: Any, bindings: Any, functions: Any) -> int | None:
+    def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         return None  # always Cold
 
     def adopt(self, previous: Any) -> None:
@@ -159,6 +163,10 @@ class FakeGraph:
 
     def output(self, block_id: int, port: str) -> None:
         return None
+
+    def set_bypass(self, bp: Any) -> int:
+        self.bypasses.append(bp)
+        return len(bp.disabled) + len(bp.redirects)
 
 
 @pytest.fixture
@@ -286,3 +294,32 @@ def test_disable_and_remove(engine: Engine) -> None:
     engine.remove(scale)
     engine.update()
     assert not engine.diagnostics() and engine.graph is not None and scale.id not in engine.graph.plan.block_order
+
+
+def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_swaps_in(engine: Engine) -> None:
+    fill, scale = _chain(engine)
+    after = engine.add(Scale(name="after"))
+    engine.connect(scale, "Out", after, "In")
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and g.bypasses == []  # nothing bypassed: a build does not call it
+    scale.enabled = False
+    engine.update()
+    (bp,) = g.bypasses
+    scale_out, fill_out = g.plan.outputs[(scale.id, "Out")], g.plan.outputs[(fill.id, "Out")]
+    assert bp.disabled == set(g.plan.block_nodes[scale.id]) and set(bp.redirects.values()) == {fill_out}
+    assert bp.outputs == {(scale.id, "Out"): fill_out} and scale_out != fill_out
+    assert engine.graph is g and engine.counters.bypass_updates == 1 and engine.counters.rebuilds == 1
+    assert g.launches == 1 and "(bypassed)" in str(scale) and not engine.context.dirty.any  # clean again
+    engine.update()  # clean: no bypass work
+    assert len(g.bypasses) == 1
+    engine.add(Scale(name="more"))  # Cold: each new graph gets the bypass before its first launch
+    engine.wait_ready()
+    g2 = engine.graph
+    assert g2 is not g and g2.launches == 0 and g2.bypasses and g2.bypasses[-1].disabled == bp.disabled
+    scale.enabled = True
+    engine.update()
+    assert engine.graph is g2 and g2.bypasses[-1].empty and g2.launches == 1
+    engine.add(Scale(name="again"))
+    engine.wait_ready()
+    assert engine.graph is not g2 and engine.graph.bypasses == []  # nothing bypassed: nothing to apply

@@ -501,6 +501,31 @@ def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(
     assert not host_module._ProcessLauncher("python3", standby=False)._standby
 
 
+def test_a_bypass_goes_to_the_child_as_one_edit_and_with_every_whole_patch(iso):
+    from cudapatch.isolated.mirror import SetBypassed
+
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    assert SetBypassed(frozenset()) in child.sent[0][1]  # the whole patch carries the flags
+    s.enabled = False
+    iso.update()
+    assert child.sent[-2] == ("edits", [SetBypassed(frozenset({s.id}))]) and child.sent[-1][0] == "frame"
+    assert not iso._dirty.any and iso.counters.rebuilds == 1  # no structure sent for it
+    iso.update()
+    assert child.sent[-2][0] == "frame"  # nothing more to say
+    host = Context()
+    for b in (f2 := Fill(name="f2"), s2 := Scale(name="s2")):
+        host.register_block(b)
+    mirror, patch = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
+    patch.apply(mirror.diff(host.snapshot()) + [SetBypassed(frozenset({s2.id}))])
+    mirrored = {patch.to_host[b.id]: b for b in patch.engine.context.registry}
+    assert not mirrored[s2.id].enabled and mirrored[f2.id].enabled
+    assert patch.engine.context.bypassed == {mirrored[s2.id].id}
+    patch.apply([SetBypassed(frozenset())])
+    assert mirrored[s2.id].enabled and patch.engine.context.bypassed == set()
+
+
 def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_them():
     from cudapatch import Composite
 

@@ -96,3 +96,44 @@ def test_signature_change_asks_for_a_refresh_and_stale_results_are_dropped() -> 
     # a block removed from the patch is forgotten, with its diagnostics
     c.unregister_block(ck)
     assert t.resolve(c.snapshot()) == ({}, {}) and not t._slots
+
+
+class CachingBuilder(FinishedBuilder):
+    """Sources it was told are cached load at once on the caller's thread; others stay in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached: set[str] = set()
+        self.in_flight: list[Future] = []
+
+    def submit(self, source: CudaSource) -> Future:
+        self.requests.append(source)
+        f: Future = Future()
+        self.in_flight.append(f)
+        return f
+
+    def build_cached(self, source: CudaSource) -> CompiledKernel | None:
+        if source.code not in self.cached:
+            return None
+        return CompiledKernel(
+            source, KernelImage(source.describe(), b"", "cubin", "key", "k.cu"), object(), "memory", 0.0
+        )
+
+
+def test_a_cached_kernel_is_taken_by_the_build_and_the_builders_late_result_is_ignored() -> None:
+    b = CachingBuilder()
+    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
+    c = Context()
+    hit = c.register_block(CustomKernel(name="hit", Code=GAIN))
+    miss = c.register_block(CustomKernel(name="miss", Code=GAIN.replace("gain;", "gain * 3.0f;")))
+    b.cached.add(GAIN)
+    functions, status = t.resolve(c.snapshot())
+    assert set(status) == {(hit.id, 0), (miss.id, 0)}
+    t.flush()
+    assert t.take_cached(list(status)) == 1  # the miss keeps compiling
+    functions, status = t.resolve(c.snapshot())
+    assert set(functions) == {(hit.id, 0)} and set(status) == {(miss.id, 0)} and t.pending == [(miss.id, 0)]
+    late = CompiledKernel(hit.description.kernels[0].source, None, object(), "memory", 0.0)  # type: ignore[arg-type]
+    b.in_flight[0].set_result(late)  # the builder's own answer for the request the build took over
+    assert t.collect() == [] and t.resolve(c.snapshot())[0][(hit.id, 0)] is functions[(hit.id, 0)]
+    assert t.take_cached([(hit.id, 0)]) == 0  # nothing in flight for it any more

@@ -348,10 +348,10 @@ def test_a_resize_that_keeps_the_sharing_is_warm() -> None:
     patch = decide_warm_patch(old, new, {}, capacities=_capacities(old))
     assert isinstance(patch, WarmPatch)
     assert patch.counts[0] == 900 * 4  # a shared buffer's count is its bytes
-    blocks[0].set("Count", 4000)  # outgrows the shared buffers: a Cold rebuild allocates bigger ones
+    blocks[0].set("Count", 4000)  # outgrows the shared buffers: they grow in place (new allocations)
     grown = compile_plan(c.snapshot())
-    refusal = decide_warm_patch(old, grown, {}, capacities=_capacities(old))
-    assert isinstance(refusal, WarmRefusal) and refusal.reason is Refusal.BUFFER_CAPACITY
+    patch = decide_warm_patch(old, grown, {}, capacities=_capacities(old))
+    assert isinstance(patch, WarmPatch) and {bi for bi, _ in patch.grow} == {0, 1, 2}
 
 
 class Take(Block):
@@ -644,3 +644,18 @@ def test_a_frame_delays_pair_is_pinned_and_the_loop_around_it_may_share() -> Non
     assert not mem.shared(dp.previous) and not mem.shared(dp.current)
     assert mem.buffer_values()  # the values inside the loop take turns in shared buffers
     assert plan.buffers[dp.previous].label == "Out" and plan.buffers[dp.previous].block_id == d.id
+
+
+def test_a_bypassed_block_keeps_its_values_out_of_shared_buffers() -> None:
+    from cudapatch.engine.memory_plan import shares_with_others
+
+    c, blocks = _chain(8)
+    plan = compile_plan(c.snapshot())
+    mid = blocks[4]
+    assert shares_with_others(plan, {mid.id}) == {mid.id}  # bypassing it now would read other data
+    c.bypassed.add(mid.id)  # as Context does when a block's enabled flag goes off
+    plan = compile_plan(c.snapshot())
+    why = dict(plan.memory.pinned)
+    assert why[plan.memory.ports[(mid.id, "Out")]] == PinReason.BYPASS
+    assert why[plan.memory.ports[(blocks[3].id, "Out")]] == PinReason.BYPASS  # its input
+    assert shares_with_others(plan, {mid.id}) == set() and plan.memory.buffer_values()  # the rest still shares

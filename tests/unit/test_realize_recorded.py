@@ -21,7 +21,6 @@ from cudapatch import DType, KernelLoadError, Scale, compile_plan
 from cudapatch.engine import Context, ExternalBinding, realize
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.engine.warm import Refusal
 
 OK = real.CUresult.CUDA_SUCCESS
 
@@ -79,7 +78,9 @@ class RecordingDriver:
         return (OK,)
 
     def cuGraphCreate(self, flags):  # noqa: N802
-        return OK, self._handle("graph")
+        h = self._handle("graph")
+        self._rec("create_graph", h)
+        return OK, h
 
     def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
         h = self._handle("kernel")
@@ -105,6 +106,18 @@ class RecordingDriver:
 
     def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
         self._rec("set_params", node, kp.gridDimX)
+        return (OK,)
+
+    refuse_update = False
+
+    def cuGraphExecUpdate(self, exec_, graph):  # noqa: N802
+        self._rec("exec_update", exec_, graph)
+        if self.refuse_update:
+            return real.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, None
+        return OK, None
+
+    def cuGraphNodeSetEnabled(self, exec_, node, on):  # noqa: N802
+        self._rec("set_enabled", exec_, node, on)
         return (OK,)
 
     def cuGraphExecDestroy(self, exec_):  # noqa: N802
@@ -208,13 +221,22 @@ def test_hot_and_warm_updates_patch_only_the_nodes_they_change(rec, patch) -> No
     assert g.try_patch(compile_plan(snap), snap.bindings) == 3
     assert sorted(rec.calls) == sorted(("set_params", node[100 + b.id], 2) for b in (s0, s1, s2))
     assert [b.count for b in g.buffers] == [300, 300, 300] and g.warm_refusal is None
-    # A larger one than was allocated: refused, nothing called, nothing changed.
+    # A larger one than was allocated: the buffers move to larger pool blocks (with headroom) and every
+    # node reading or writing them is pointed at them, in place: no new graph.
     rec.calls.clear()
+    old_ptrs = {b.ptr for b in g.buffers}
     ctx.bind_input(s0, "In", ExternalBinding(0xC000, 5000, DType.FLOAT32))
     snap = ctx.snapshot()
-    assert g.try_patch(compile_plan(snap), snap.bindings) is None
-    assert rec.calls == [] and g.warm_refusal is not None and g.warm_refusal.reason is Refusal.BUFFER_CAPACITY
-    assert [b.count for b in g.buffers] == [300, 300, 300]
+    grown = compile_plan(snap)
+    assert g.try_patch(grown, snap.bindings) == 3
+    assert sorted(rec.calls) == sorted(("set_params", node[100 + b.id], 20) for b in (s0, s1, s2))  # 5000 / 256
+    assert g.reallocations == 3 and g.instantiations == 1 and g.warm_refusal is None
+    assert [b.count for b in g.buffers] == [5000, 5000, 5000] and all(b.capacity_bytes >= 30_000 for b in g.buffers)
+    assert not old_ptrs & {b.ptr for b in g.buffers} and pool.in_use_bytes == sum(b.capacity_bytes for b in g.buffers)
+    for n in grown.kernel_nodes:
+        for ai, a in enumerate(n.args):
+            if a.kind == "buffer":
+                assert g.node_arg(n.index, ai) == g.buffers[a.ref].ptr
     g.close()
 
 
@@ -244,6 +266,45 @@ def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None
     assert pool.in_use_bytes == in_use  # the buffers are g2's now
     g2.close()
     assert pool.in_use_bytes == 0
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, patch, refused: bool) -> None:
+    ctx, (s0, s1, s2) = patch
+    pool = BufferPool()
+    plan = compile_plan(ctx.snapshot())
+    old = _realize(ctx, plan, pool)
+    old.adopt(None)
+    old_exec = old.handle
+    (old_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
+    original = [c[1] for c in rec.calls if c[0] == "add_kernel"]
+    rec.calls.clear()
+    rec.refuse_update = refused
+    # Other functions for every kernel: what a Warm patch does not take when their layout changed.
+    functions = {(b.id, 0): 200 + b.id for b in (s0, s1, s2)}
+    new = _realize(ctx, plan, pool, previous=old, update_previous=True, functions=functions)
+    names = rec.names()
+    (built_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
+    built = [c[1] for c in rec.calls if c[0] == "add_kernel"]
+    assert names.count("exec_update") == 1 and names.index("exec_update") > names.index("add_kernel")
+    assert ("exec_update", old_exec, built_graph) in rec.calls
+    if refused:  # the driver changed nothing: instantiate; the old graph keeps its executable
+        assert ("instantiate", built_graph) in rec.calls and (new.instantiations, new.exec_updates) == (1, 0)
+        assert new.handle != old_exec and old.handle == old_exec
+        old.close()
+        assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls
+    else:
+        assert "instantiate" not in names and (new.instantiations, new.exec_updates) == (0, 1)
+        assert new.handle == old_exec and old.handle is None
+        assert [c for c in rec.calls if c[0] == "destroy_graph"] == [("destroy_graph", built_graph)]
+        rec.calls.clear()
+        assert new.update_scalars({(s1.id, "Factor"): 9.0}) == 1
+        (call,) = rec.calls
+        assert call[0] == "set_params" and call[1] == original[1] and call[1] not in built  # the executable's nodes
+        old.close()  # it runs nothing any more: neither its executable nor its graph is destroyed
+        assert not [c for c in rec.calls if c[0] in ("destroy_exec", "destroy_graph")]
+        new.close()
+        assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls
 
 
 class ChildGraphDriver(RecordingDriver):

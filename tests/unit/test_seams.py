@@ -69,6 +69,9 @@ class RecordingHost:
     def on_code_changed(self, block: Block, kernel: int, new_source: Any = None) -> None:
         self.events.append(("code", block.name, kernel))
 
+    def on_enabled_changed(self, block: Block) -> None:
+        self.events.append(("enabled", block.name, block.enabled))
+
     def unregister_block(self, block: Block) -> None:
         self.events.append(("unregister", block.name))
         block.detach(self)

@@ -144,7 +144,7 @@ def test_a_2d_launch_over_a_flat_input_is_an_error_on_the_block() -> None:
     d = _diag(plan, g)
     assert d.severity == "error" and d.code == "shape-unresolved"
     assert "'gain2d' launches over 2 axes" in d.message and "(1-D)" in d.message and "'g'" in d.message
-    assert _diag(plan, after).code == "input-unlinked"  # the usual warning downstream
+    assert _diag(plan, after).code == "input-not-running"  # the usual warning downstream
 
 
 EMPTY_RAMP = r"""extern "C" __global__ void ramp(float* out, unsigned int width, unsigned int height) {}"""

@@ -30,7 +30,15 @@ from cudapatch import (
 from cudapatch.engine import Context, ExternalBinding, KernelNodePlan, MemsetNodePlan
 from cudapatch.engine.plan import CapturedNodePlan, GraphPlan
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.engine.warm import KernelPatch, Refusal, WarmPatch, WarmRefusal, decide_warm_patch
+from cudapatch.engine.warm import (
+    KernelPatch,
+    Refusal,
+    WarmPatch,
+    WarmRefusal,
+    decide_warm_patch,
+    grown_bytes,
+    same_topology,
+)
 
 
 def _axpy(stream, pointers, scalars, libs):  # never called here: plans only
@@ -226,12 +234,27 @@ def test_a_buffer_of_another_type_or_role_needs_a_new_graph(chain) -> None:
     _refused(_decide(old, dataclasses.replace(old, buffers=appending), ctx), Refusal.BUFFER_LAYOUT, index=0)
 
 
-def test_a_buffer_outgrowing_its_allocation_needs_a_new_graph(chain) -> None:
-    ctx, s1, _ = chain
+def test_a_buffer_outgrowing_its_allocation_is_reallocated_and_its_kernels_repointed(chain) -> None:
+    ctx, s1, s2 = chain
+    old = compile_plan(ctx.snapshot())
+    _bind(ctx, s1, "In", 2000)  # twice the size
+    result = _decide(old, compile_plan(ctx.snapshot()), ctx)
+    assert isinstance(result, WarmPatch)
+    assert result.grow == ((0, grown_bytes(8000)), (1, grown_bytes(8000))) and grown_bytes(8000) == 12_000
+    assert {kp.index for kp in result.kernels} == {_node(old, s1).index, _node(old, s2).index}
+    assert result.counts == (2000, 2000)
+    within = _decide(old, compile_plan(ctx.snapshot()), ctx, capacities=[8192, 8192])
+    assert isinstance(within, WarmPatch) and within.grow == ()
+
+
+def test_growth_of_a_buffer_a_library_call_holds_needs_a_new_graph(chain) -> None:
+    ctx, s1, s2 = chain
+    a = ctx.register_block(Axpy(name="a"))
+    ctx.connect(s2, "Out", a, "X")
     old = compile_plan(ctx.snapshot())
     _bind(ctx, s1, "In", 1001)
-    refusal = _refused(_decide(old, compile_plan(ctx.snapshot()), ctx), Refusal.BUFFER_CAPACITY, index=0)
-    assert "4004" in refusal.detail and "4000" in refusal.detail
+    refusal = _refused(_decide(old, compile_plan(ctx.snapshot()), ctx), Refusal.BUFFER_CAPACITY)
+    assert "captured call" in refusal.detail and "4004" in refusal.detail
 
 
 def test_a_node_of_another_kind_needs_a_new_graph(chain) -> None:
@@ -338,3 +361,16 @@ def test_rules_are_checked_plan_wide_first() -> None:
     ctx.connect(s, "Out", add, "B")
     new = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("PerKernel"))
     _refused(_decide(old, new, ctx), Refusal.PROFILING_LEVEL)
+
+
+def test_the_same_topology_is_what_cuGraphExecUpdate_may_take(chain) -> None:  # noqa: N802
+    ctx, s1, s2 = chain
+    old = compile_plan(ctx.snapshot())
+    assert same_topology(old, old)
+    s1.set("Factor", 9.0)
+    _bind(ctx, s1, "In", 100_000)  # values, counts and grids differ: the topology does not
+    assert same_topology(old, compile_plan(ctx.snapshot()))
+    ctx.disconnect(s1, "Out", s2, "In")
+    _bind(ctx, s2, "In", 1000)  # the same nodes, one edge fewer
+    assert not same_topology(old, compile_plan(ctx.snapshot()))
+    assert not same_topology(old, compile_plan(ctx.snapshot(), level=ProfilingLevel.PER_BLOCK))

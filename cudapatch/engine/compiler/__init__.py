@@ -62,11 +62,13 @@ from .regions import (
     region_stamps,
     size_regions,
 )
+from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
 from .validate import validate
 
 __all__ = [
+    "NodeCache",
     "PlanDraft",
     "compile_plan",
     "delays",
@@ -90,6 +92,7 @@ def compile_plan(
     faulted: Mapping[int, str] | None = None,
     *,
     fuse: bool = False,
+    cache: NodeCache | None = None,
     reuse: bool = True,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
@@ -103,6 +106,8 @@ def compile_plan(
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
         fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
+        cache: Reuse the node drafts of blocks an edit did not touch (``reuse.NodeCache``: one per
+            engine, one plan at a time); the plan is the same as without it.
         reuse: Let values whose lifetimes do not overlap share buffers (``memory``, ``share``); False gives
             every value its own buffer.
 
@@ -121,7 +126,11 @@ def compile_plan(
     draft.raise_errors()
     fusion(draft, fuse=fuse)
     memory(draft)
-    nodes(draft)
+    if cache is not None:
+        cache.begin()
+    nodes(draft, cache)
+    if cache is not None:
+        cache.end()
     edges(draft)
     share(draft)
     stamps(draft)

@@ -20,7 +20,9 @@ Pinned (``memory_plan.PinReason``), so never shared:
 - values modified in place or read before written: a ``through`` port's value, any value bound to
   an ``inout`` pin (state kept across frames, like the particle emitter's);
 - values written by captured library calls (cuBLAS with beta, saxpy read their output);
-- a FrameDelay's pair: its ``Out`` and the value linked into its ``In`` (they alternate every frame).
+- a FrameDelay's pair: its ``Out`` and the value linked into its ``In`` (they alternate every frame);
+- every value a bypassed block reads or makes (its readers may read its input instead, or its last
+  output: see ``engine/bypass.py``).
 
 Shared buffers are raw bytes (``uint8``), as large as their largest value, labelled ``shared<k>``
 (block -1); buffers are numbered in the order of their first value.
@@ -183,6 +185,15 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
         vi = draft.ports.get(key)
         if vi is not None:
             pinned.setdefault(vi, PinReason.PROBE)
+    bypassed = draft.snap.bypassed
+    for bid in bypassed:  # readers may be redirected to its inputs, or read its last outputs
+        sized = draft.sized.get(bid)
+        if sized is not None:
+            for src in (*sized.inputs.values(), *sized.outputs.values()):
+                if src.kind == "value":
+                    pinned.setdefault(src.ref, PinReason.BYPASS)  # type: ignore[arg-type]
+            for vi in sized.internal:
+                pinned.setdefault(vi, PinReason.BYPASS)
     for _bid, previous, current in draft.delays:  # a FrameDelay's pair lives on into the next frame
         for vi in (previous, current):
             if vi is not None:

@@ -21,6 +21,7 @@ from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
 from .fusion import fused_node
 from .probes import add_probes, probe_requests
+from .reuse import NodeCache, replay_slots, signature
 
 __all__ = ["block_nodes", "counters_memset", "node_env", "nodes"]
 
@@ -31,14 +32,15 @@ _FLAT = ((1, 1, 1, 1),)  # KernelNodePlan.yz of a 1-D launch
 _COUNTERS = (None,)  # MemsetNodePlan.buffer of the counters' memset: no buffer
 
 
-def nodes(draft: PlanDraft) -> None:
+def nodes(draft: PlanDraft, cache: NodeCache | None = None) -> None:
     """Fill ``draft.drafts`` (nodes in launch order, deps still open), ``counter_users``,
-    ``scalar_slots``, ``binding_slots`` and ``block_nodes``."""
+    ``scalar_slots``, ``binding_slots`` and ``block_nodes``. With ``cache``, the drafts of blocks
+    nothing changed for are taken from the last plan (``reuse.py``)."""
     env = node_env(draft)
     counters_memset(draft)
     probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     for sized in draft.sized.values():
-        block_nodes(draft, sized, env, probes)
+        block_nodes(draft, sized, env, probes, cache)
 
 
 def node_env(draft: PlanDraft) -> tuple:
@@ -60,9 +62,12 @@ def counters_memset(draft: PlanDraft) -> None:
         draft.drafts.append(_new(NodeDraft, (MemsetNodePlan, (0, len(draft.counters)), _COUNTERS, [], [])))
 
 
-def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | None = None) -> None:
+def block_nodes(
+    draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | None = None, cache: NodeCache | None = None
+) -> None:
     """Append the nodes of one running block to ``draft.drafts`` and record them in ``block_nodes``;
-    ``probes`` (``probe_requests``): probe nodes right after the block that makes a probed value."""
+    ``probes`` (``probe_requests``): probe nodes right after the block that makes a probed value;
+    ``cache``: reuse the block's drafts of the last plan where nothing they depend on changed."""
     drafts = draft.drafts
     b = sized.block
     fused = draft.fusion
@@ -83,8 +88,17 @@ def block_nodes(draft: PlanDraft, sized: BlockSizes, env: tuple, probes: dict | 
         return
     d = b.description
     first = len(drafts)
-    for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
-        drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+    sig = signature(sized, draft.value_buffer, draft.value_counter, draft.buffers) if cache is not None else ()
+    reused = cache.take(sized, first, sig) if cache is not None else None
+    if reused is not None:
+        for nd in reused:
+            replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+        drafts.extend(reused)
+    else:
+        for ki, (ks, roles) in enumerate(zip(d.kernels, d.kernel_roles, strict=False)):
+            drafts.append(_work_node(len(drafts), ki, ks, roles, sized, env))
+        if cache is not None:
+            cache.put(sized, first, sig, tuple(drafts[first:]))
     if len(drafts) == first + 1:
         draft.block_nodes[b.id] = (first,)
     elif len(drafts) > first:

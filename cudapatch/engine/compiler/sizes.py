@@ -41,6 +41,7 @@ def sizes(draft: PlanDraft) -> None:
         d = b.description
         inputs: dict[str, Source] = {}
         skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
+        cascade = False  # left out because an upstream block is: one summary log line per build
         feedback = d.feedback_inputs if d.feedback else ()
         for port in () if skip_reason else d.inputs:
             if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
@@ -50,6 +51,7 @@ def sizes(draft: PlanDraft) -> None:
             if lk is not None:
                 if lk.src in skipped:
                     skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
+                    cascade = True
                     break
                 if faulted and lk.src in faulted:
                     warnings.append(
@@ -74,7 +76,7 @@ def sizes(draft: PlanDraft) -> None:
             else:
                 inputs[port.name] = _NULL
         severity: Severity = "warning"
-        code = "region-not-running" if bid in draft.left_out else "input-unlinked"
+        code = "region-not-running" if bid in draft.left_out else "input-not-running" if cascade else "input-unlinked"
         if skip_reason is None:
             problem = _kernels_not_ready(b, inputs, kernel_status)
             if problem is not None:

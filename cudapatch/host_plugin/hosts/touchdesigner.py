@@ -16,6 +16,8 @@ API used (TouchDesigner 2023.11+):
   valid only while that object is alive, so the binding holds it for as long as the engine uses it
   (dropping it early is a known cause of crashes in community components).
 - ``OP.addError(msg)``, ``OP.addWarning(msg)``: shown on the operator for this cook.
+- ``OP.bypass``: the operator's Bypass flag; an OP Execute DAT's ``onFlagChange(changeOp, flag)``
+  reports its changes (forwarded to ``BlockOperatorExt.OnFlagChange``).
 
 Nothing here imports ``td``: the TouchDesigner objects are passed in, so the module is importable
 (and testable) outside TouchDesigner.
@@ -115,6 +117,8 @@ class BlockOperatorExt:
         self.block = host.adapter.create(self.op_id, host.block_type_for(ownerComp, block_type))
         self._par_to_param: dict[str, tuple[str, int]] = {}  # TD par name -> (block param, component)
         self._build_page()
+        if getattr(ownerComp, "bypass", False) is True:  # created bypassed
+            host.adapter.set_bypass(self.op_id, True)
         self._place_by_path()
 
     def _place_by_path(self) -> None:
@@ -175,6 +179,12 @@ class BlockOperatorExt:
         except CudapatchError as exc:
             self.ownerComp.addError(str(exc))
             par.val = prev if prev is not None else par.val
+
+    def OnFlagChange(self, flag: str = "bypass") -> None:
+        """Forward the COMP's Bypass flag to the block (call from an OP Execute DAT's ``onFlagChange``):
+        a bypassed block's kernels are turned off without a rebuild and its readers read its input."""
+        if flag == "bypass":
+            self.host.adapter.set_bypass(self.op_id, bool(self.ownerComp.bypass))
 
     def Link(self, src_ext: BlockOperatorExt, src_port: str, dst_port: str) -> None:
         """Link ``src_ext``'s output ``src_port`` to this block's input ``dst_port``."""

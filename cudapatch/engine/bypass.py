@@ -1,0 +1,188 @@
+"""The Bypass decision: which nodes of the running graph to turn off, and what their readers read.
+
+``block.enabled = False`` (a host's Bypass flag) takes a block out of the frame without a rebuild:
+its nodes are disabled in the executable graph with ``cuGraphNodeSetEnabled`` (1.8 µs a node at
+every graph size, measured on the H100, DESIGN.md §9), and where one of its outputs has an input
+of the same element type and count, the nodes reading that output read the input instead (a Warm
+pointer patch). Elsewhere the readers read the output's last values.
+
+The driver can disable kernel, memset and memcpy nodes only (``cuGraphNodeSetEnabled``); a block
+with a captured library call (a child-graph node) keeps running, and the decision says why.
+
+A redirect is made only where it cannot race: no enabled node may write the output (an in-place
+reader would then write into another block's buffer) nor the input it reads instead (a reader of
+the input would no longer be ordered after it), and every reader is a kernel node (a captured
+call reads its pointers at capture). An append output is never redirected: its count lives in a
+counter. Chains of bypassed blocks resolve to the first input that runs.
+
+Pure: a ``GraphPlan`` and the set of bypassed block ids in, a ``BypassPlan`` out. ``BypassIndex``
+reads the plan once (readers and writers of every buffer and binding; a build on the build thread
+makes it there, about 2.4 µs a node on the CPU machine), so a toggle costs what the bypassed blocks
+touch, not the size of the patch. Tested without a GPU (``tests/unit/test_bypass.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable
+from dataclasses import dataclass, field
+
+from ..kernels.types import DType
+from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan, Slot
+
+__all__ = ["BypassIndex", "BypassPlan", "Resource", "plan_bypass"]
+
+#: A planned buffer (its index) or an external binding (its ``(block_id, port)`` key).
+Resource = Hashable
+
+
+@dataclass(frozen=True)
+class BypassPlan:
+    """What bypassing a set of blocks does to the graph running a plan.
+
+    Attributes:
+        disabled: Node indices to disable (every node of every bypassed block that can be).
+        redirects: ``(node index, argument index)`` -> the resource that argument reads instead of a
+            bypassed block's output.
+        outputs: ``(block_id, port)`` of a bypassed output -> the resource it passes on.
+        refused: Bypassed block id -> why its nodes keep running.
+    """
+
+    disabled: frozenset[int] = frozenset()
+    redirects: dict[Slot, Resource] = field(default_factory=dict)
+    outputs: dict[tuple[int, str], Resource] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.disabled or self.redirects)
+
+
+NO_BYPASS = BypassPlan()
+
+
+class BypassIndex:
+    """Who reads and writes what in one plan, and each block's candidate inputs and outputs.
+
+    Args:
+        plan: The plan of the running graph (an index belongs to one plan).
+    """
+
+    def __init__(self, plan: GraphPlan) -> None:
+        self.plan = plan
+        #: resource -> ``(node, arg)`` of every kernel argument that only reads it
+        self.readers: dict[Resource, list[Slot]] = {}
+        #: resource -> nodes that write it (an ``out`` or ``inout`` parameter)
+        self.writers: dict[Resource, set[int]] = {}
+        #: resource -> captured-call nodes that read it (they cannot be redirected)
+        self.captured_readers: dict[Resource, set[int]] = {}
+        #: block id -> what its nodes read (``in`` parameters), in argument order, with element type
+        self.inputs: dict[int, list[tuple[Resource, DType]]] = {}
+        #: block id -> its nodes are child graphs (library calls): the driver cannot disable them
+        self.captured_blocks: set[int] = set()
+        self.outputs: dict[int, list[tuple[str, int]]] = {}
+        #: nodes inside a region's body or a composite's child graph: not disabled one by one
+        self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
+        #: block id -> its place in the plan's topological order (a decision sorts only what it bypasses)
+        self.position = {bid: i for i, bid in enumerate(plan.block_order)}
+        for n in plan.nodes:
+            if isinstance(n, KernelNodePlan):
+                self._add(n, captured=False)
+            elif isinstance(n, CapturedNodePlan):
+                self._add(n, captured=True)
+                self.captured_blocks.add(n.block_id)
+        buffers = plan.buffers
+        for (bid, port), bi in plan.outputs.items():
+            if buffers[bi].block_id == bid:  # a ``through`` output names its input's buffer: nothing to pass on
+                self.outputs.setdefault(bid, []).append((port, bi))
+
+    def _add(self, n: KernelNodePlan | CapturedNodePlan, *, captured: bool) -> None:
+        slots, params = n.descriptor.slots, n.descriptor.parameters
+        inputs = self.inputs.setdefault(n.block_id, [])
+        for ai, a in enumerate(n.args):
+            if not a.is_pointer or a.kind not in ("buffer", "external"):
+                continue
+            res: Resource = a.ref
+            direction = params[slots[ai].param].direction if ai < len(slots) else "inout"
+            if direction != "in":
+                self.writers.setdefault(res, set()).add(n.index)
+                continue
+            if captured:
+                self.captured_readers.setdefault(res, set()).add(n.index)
+            else:
+                self.readers.setdefault(res, []).append((n.index, ai))
+            inputs.append((res, a.dtype))
+
+    def count(self, res: Resource) -> int | None:
+        """Element count of a buffer or a binding in the plan."""
+        if isinstance(res, int):
+            return self.plan.buffers[res].count
+        return self.plan.binding_counts.get(res)  # type: ignore[call-overload]
+
+
+def plan_bypass(index: BypassIndex, bypassed: Collection[int]) -> BypassPlan:
+    """Decide what bypassing ``bypassed`` (block ids) does to the graph running ``index.plan``.
+
+    Returns:
+        The ``BypassPlan``; ``NO_BYPASS`` when no bypassed block runs in the plan.
+    """
+    plan = index.plan
+    position = index.position  # topological order: chains resolve forwards
+    running = sorted((bid for bid in bypassed if bid in position), key=position.__getitem__)
+    if not running:
+        return NO_BYPASS
+    block_nodes, buffers = plan.block_nodes, plan.buffers
+    disabled: set[int] = set()
+    refused: dict[int, str] = {}
+    through: dict[Resource, Resource] = {}  # a bypassed output -> what its readers read instead
+    outputs: dict[tuple[int, str], Resource] = {}
+    for bid in running:  # every node off first: a redirect is judged against what still runs
+        if plan.delays:  # two executables alternate; turning nodes off in both is not done yet
+            refused[bid] = "the patch has FrameDelay feedback (two executables take turns)"
+        elif bid in index.captured_blocks:
+            refused[bid] = "its library call is a child-graph node, which the driver cannot disable"
+        elif index.nested and not index.nested.isdisjoint(block_nodes.get(bid, ())):
+            refused[bid] = "it runs inside a region's body or a composite's child graph"
+        else:
+            disabled.update(block_nodes.get(bid, ()))
+    for bid in running:
+        if bid in refused:
+            continue
+        own = {bi for _, bi in index.outputs.get(bid, ())}
+        for port, bo in index.outputs.get(bid, ()):
+            out = buffers[bo]
+            if out.append:
+                continue
+            src = _same_size_input(index, bid, own, out.dtype, out.count)
+            if src is None:
+                continue
+            src = through.get(src, src)  # an upstream bypassed block passes its own input on
+            if _redirect_safe(index, bo, src, disabled):
+                through[bo] = src
+                outputs[(bid, port)] = src
+    redirects: dict[Slot, Resource] = {}
+    for bo, src in through.items():
+        for slot in index.readers.get(bo, ()):
+            if slot[0] not in disabled:
+                redirects[slot] = src
+    return BypassPlan(frozenset(disabled), redirects, outputs, refused)
+
+
+def _same_size_input(index: BypassIndex, bid: int, own: set[int], dtype: DType, count: int) -> Resource | None:
+    """The first input of block ``bid`` (argument order) of ``dtype`` and ``count`` elements."""
+    for res, dt in index.inputs.get(bid, ()):
+        if res not in own and dt == dtype and index.count(res) == count:
+            return res
+    return None
+
+
+def _redirect_safe(index: BypassIndex, out: Resource, src: Resource, disabled: set[int]) -> bool:
+    """Whether readers of ``out`` may read ``src`` instead: no enabled node writes either of them
+    except ``src``'s producer, and no captured call reads ``out``."""
+    if index.captured_readers.get(out):
+        return False
+    if any(ni not in disabled for ni in index.writers.get(out, ())):
+        return False
+    producer = index.plan.buffers[src].block_id if isinstance(src, int) else None
+    block_nodes = index.plan.block_nodes
+    made_by = set(block_nodes.get(producer, ())) if producer is not None else set()
+    return all(ni in disabled or ni in made_by for ni in index.writers.get(src, ()))

@@ -1,0 +1,163 @@
+"""StructureTier: when and where a structure edit is built, and how its outcome reaches the frame.
+
+A structure edit (a block added or removed, a link, a size) needs a build (``build.py``: Warm resize,
+growth, ``cuGraphExecUpdate`` or Cold). A live engine hands it to the ``BuildWorker``
+(``build_thread.py``) and keeps launching the running graph; the frame thread takes the outcome at a
+frame boundary (``finish``), and edits made meanwhile coalesce into the next build. Scripts
+(``wait_for_compile``) and ``Engine(background_builds=False)`` build in the edit frame instead.
+While a build runs, the Hot and Code tiers remember what they apply to the running graph
+(``begin_carry``), and ``finish`` re-applies it to the new graph before it launches.
+
+Frame thread only: every method here runs inside ``Engine.update`` (or ``wait_ready``, ``close``,
+fault recovery) under the engine's graph lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .build import BuildOutcome, GraphBuilds
+from .build_thread import BuildWorker
+from .context import Context
+from .profiling import ProfilingLevel
+from .resources import DeviceResources, close_graphs
+from .stats import BuildTiming, log_build
+from .tiers import CodeTier, ParamTier
+
+__all__ = ["StructureTier"]
+
+log = logging.getLogger("cudapatch.engine")
+
+
+class StructureTier:
+    """The structure edits of one engine.
+
+    Args:
+        builds: Prepares and applies builds.
+        worker: The build thread.
+        params: The Hot/Warm tier (its values set during a build are carried to the new graph).
+        code: The Code tier (its swaps during a build are carried to the new graph).
+        resources: The running graph, and the retired graphs reaped between builds.
+        context: The patch and its dirty tracker.
+        timing: Where the last build spent its host time.
+    """
+
+    def __init__(
+        self,
+        *,
+        builds: GraphBuilds,
+        worker: BuildWorker,
+        params: ParamTier,
+        code: CodeTier,
+        resources: DeviceResources,
+        context: Context,
+        timing: BuildTiming,
+    ) -> None:
+        self._builds = builds
+        self._worker = worker
+        self._params = params
+        self._code = code
+        self._resources = resources
+        self._context = context
+        self._timing = timing
+
+    @property
+    def building(self) -> bool:
+        """A build runs on the build thread."""
+        return self._worker.busy
+
+    def reap(self, *, graphs: bool = True) -> None:
+        """Close retired graphs the GPU is done with, unless a build in flight may borrow from them
+        (``graphs=False``: only the other retired things; a build about to start closes the idle
+        graphs on its own thread).
+
+        Raises:
+            CudaError: closing a graph failed.
+        """
+        if not self._worker.busy:
+            t0 = time.perf_counter()
+            self._resources.reap(graphs=graphs)
+            self._timing.reap_ms = (time.perf_counter() - t0) * 1e3
+
+    def apply(self, level: ProfilingLevel, *, here: bool, wait_for_compile: bool) -> bool:
+        """The structure edit pending: start a build on the build thread, or (``here``) build it now.
+        With a build in flight, the edit waits and coalesces into the next one.
+
+        Returns:
+            True when a build made here applied every pending change (nothing else to do this frame).
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        worker, dirty = self._worker, self._context.dirty
+        if here:
+            if worker.busy:  # switched to building here while one was in flight: take it first
+                worker.wait()
+                self.finish()
+            if self._builds.rebuild(level, wait_for_compile=wait_for_compile):
+                self.log()
+                return True
+            dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
+        elif not worker.busy:
+            self.start(level)
+        return False
+
+    def start(self, level: ProfilingLevel) -> None:
+        """Freeze the patch and hand the build to the build thread (in an edit frame)."""
+        job = self._builds.job(level, off_thread=True)
+        self._context.dirty.defer_structure()  # taken: edits from now on mark it again and coalesce
+        self._params.begin_carry()
+        self._code.begin_carry()
+        builds = self._builds
+        idle = self._resources.take_idle()
+
+        def build() -> BuildOutcome:
+            close_graphs(idle)  # the retired graphs the GPU is done with: closed off the frame thread
+            return builds.prepare(job)
+
+        self._worker.submit(build)
+
+    def finish(self) -> None:
+        """Apply the build the build thread finished (at a frame boundary): swap in the new graph or
+        patch the running one, re-apply the Hot values and Code swaps made meanwhile; a failed build
+        keeps the running graph and puts its errors on the blocks.
+
+        Raises:
+            CudaError: a driver call failed.
+        """
+        try:
+            out: BuildOutcome = self._worker.take()
+            ok = self._builds.finish(out)
+        except BaseException:
+            self._params.end_carry(None)
+            self._code.end_carry(None)
+            raise
+        g = self._resources.graph if ok else None
+        self._code.end_carry(g)  # kernels recompiled during the build: their new functions, then values
+        self._params.end_carry(g)
+        if ok:
+            self.log()
+
+    def drop(self) -> None:
+        """Wait for the build in flight and throw its outcome away (closing, or a fault resets the
+        context); the patch is marked to build again."""
+        worker = self._worker
+        if not worker.busy:
+            return
+        worker.wait()
+        try:
+            out: BuildOutcome = worker.take()
+        except Exception as exc:  # nobody will use it: say so, and go on
+            log.warning("a build in flight failed while the engine dropped it: %s", exc)
+        else:
+            out.discard()
+        self._params.end_carry(None)
+        self._code.end_carry(None)
+        self._context.dirty.mark_structure()
+
+    def log(self) -> None:
+        """The one INFO line of the build just applied."""
+        g = self._resources.graph
+        if g is not None:
+            log_build(log, self._timing, len(g.plan.block_order), len(self._context.registry))

@@ -1,0 +1,108 @@
+"""Bypass on a real GPU: ``block.enabled = False`` turns the block's kernels off in the running graph
+(``cuGraphNodeSetEnabled``) and its readers read its input, from the next frame, with no new graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cudapatch import DType, Engine, Fill, Scale
+from cudapatch.engine.buffers import GpuBuffer
+
+pytestmark = pytest.mark.gpu
+
+
+def _rand(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.standard_normal(n).astype(np.float32)
+
+
+def _chain(engine: Engine, x: np.ndarray) -> tuple[Scale, Scale]:
+    s1 = engine.add(Scale(name="s1", Factor=2.0))
+    s2 = engine.add(Scale(name="s2", Factor=3.0))
+    engine.connect(s1, "Out", s2, "In")
+    engine.bind(s1, "In", x)
+    engine.update()
+    return s1, s2
+
+
+def test_bypass_reads_the_input_next_frame_without_a_new_graph(engine: Engine, rng: np.random.Generator) -> None:
+    x = _rand(rng, 10_007)
+    s1, s2 = _chain(engine, x)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
+    graph, c = engine.graph, engine.counters
+    rebuilds, resizes = c.rebuilds, c.warm_resizes
+    engine.output(s2, "Out").fill_bytes(0xFF)  # poison: the bypassed frame must write every element
+    s1.enabled = False
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 3, rtol=1e-6)  # s2 reads x itself
+    s1.enabled, s2.enabled = True, False  # the last block: its output is s1's, as its readers would read
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 2, rtol=1e-6)
+    s2.enabled = True
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
+    assert engine.graph is graph and graph.instantiations == 1
+    assert (c.rebuilds, c.warm_resizes) == (rebuilds, resizes) and c.bypass_updates == 3
+
+
+def test_a_bypassed_block_without_an_input_leaves_its_last_values(engine: Engine) -> None:
+    f = engine.add(Fill(name="f", Count=4096, Value=1.5))
+    s = engine.add(Scale(name="s", Factor=2.0))
+    engine.connect(f, "Out", s, "In")
+    engine.update()
+    rebuilds = engine.counters.rebuilds
+    f.enabled = False
+    f.set("Value", 7.0)  # a Hot edit of a block that is off: nothing writes it
+    engine.update()
+    np.testing.assert_array_equal(engine.read(s, "Out"), np.full(4096, 3.0, np.float32))
+    f.enabled = True
+    engine.update()
+    np.testing.assert_array_equal(engine.read(s, "Out"), np.full(4096, 14.0, np.float32))
+    assert engine.counters.rebuilds == rebuilds
+
+
+def test_bypass_outlives_a_cold_rebuild_and_follows_a_warm_rebind(engine: Engine, rng: np.random.Generator) -> None:
+    n = 5000
+    x = _rand(rng, n)
+    s1, s2 = _chain(engine, x)
+    s1.enabled = False
+    engine.update()
+    extra = engine.add(Scale(name="extra", Factor=10.0))  # Cold: a new graph, s1 still off in it
+    engine.connect(s2, "Out", extra, "In")
+    rebuilds = engine.counters.rebuilds
+    engine.update()
+    assert engine.counters.rebuilds == rebuilds + 1
+    np.testing.assert_allclose(engine.read(extra, "Out"), x.astype(np.float64) * 30, rtol=1e-6)
+    y = _rand(rng, n)
+    with GpuBuffer(engine.pool, DType.FLOAT32, n, stream=engine.stream) as buf:
+        buf.upload(y)
+        engine.bind(s1, "In", buf)  # another pointer, same size: Warm; s2 reads it in place of s1's output
+        engine.update()
+        assert engine.counters.rebuilds == rebuilds + 1
+        np.testing.assert_allclose(engine.read(extra, "Out"), y.astype(np.float64) * 30, rtol=1e-6)
+        s1.enabled = True
+        engine.update()
+        np.testing.assert_allclose(engine.read(extra, "Out"), y.astype(np.float64) * 60, rtol=1e-6)
+        engine.synchronize()
+
+
+def test_bypass_through_the_host_adapter(engine: Engine, rng: np.random.Generator) -> None:
+    from cudapatch.host_plugin import PluginHost
+    from cudapatch.host_plugin.adapter import HostAdapter
+
+    adapter = HostAdapter(engine, PluginHost().registry)
+    f = adapter.create("f", "core.Fill", {"Count": 1024, "Value": 2.0})
+    adapter.create("s", "core.Scale", {"Factor": 5.0})
+    adapter.connect("f", "Out", "s", "In")
+    adapter.create("t", "core.Scale", {"Factor": 0.5})
+    adapter.connect("s", "Out", "t", "In")
+    engine.update()
+    rebuilds = engine.counters.rebuilds
+    adapter.set_bypass("s", True)
+    engine.update()
+    np.testing.assert_array_equal(engine.read(adapter.block("t"), "Out"), np.full(1024, 1.0, np.float32))
+    adapter.set_bypass("s", False)
+    engine.update()
+    np.testing.assert_array_equal(engine.read(adapter.block("t"), "Out"), np.full(1024, 5.0, np.float32))
+    assert engine.counters.rebuilds == rebuilds and f.enabled

@@ -1,0 +1,131 @@
+"""Incremental planning without a GPU: a plan made with the ``NodeCache`` (the node drafts of blocks an
+edit did not touch, taken from the last plan) equals a full re-plan, over random edit sequences."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cudapatch import AppendFilter, DType, Fill, Scale, VectorAdd, compile_plan
+from cudapatch.blocks.library import FFT
+from cudapatch.engine import Context, ExternalBinding
+from cudapatch.engine.compiler import NodeCache
+from cudapatch.engine.profiling import ProfilingLevel
+from cudapatch.errors import CudapatchError
+
+DICTS = ("outputs", "appends", "scalar_slots", "binding_slots", "binding_counts", "block_nodes")
+
+
+def _same(a, b) -> None:
+    assert a == b  # nodes, buffers, counters, order, skipped, diagnostics, level, timings
+    for name in DICTS:  # the fields a GraphPlan does not compare
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def _chain(n: int) -> tuple[Context, list[Scale]]:
+    c = Context()
+    blocks = [c.register_block(Scale(name=f"s{i}", Factor=1.0 + i)) for i in range(n)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        c.connect(a, "Out", b, "In")
+    c.bind_input(blocks[0], "In", ExternalBinding(0x1000, 1024, DType.FLOAT32))
+    return c, blocks
+
+
+def test_an_edit_at_the_end_of_a_chain_replans_one_block() -> None:
+    c, blocks = _chain(50)
+    cache = NodeCache()
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert (cache.hits, cache.misses) == (0, 50)
+    tail = c.register_block(Scale(name="tail"))
+    c.connect(blocks[-1], "Out", tail, "In")
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert (cache.hits, cache.misses) == (50, 51)
+    blocks[10].set("Factor", 9.0)  # a Hot value lives in the plan's arguments: that block is made anew
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert (cache.hits, cache.misses) == (100, 52)
+
+
+def test_an_edit_in_the_middle_replans_the_blocks_whose_nodes_moved() -> None:
+    c, blocks = _chain(20)
+    cache = NodeCache()
+    compile_plan(c.snapshot(), cache=cache)
+    c.unregister_block(blocks[5])  # the rest of the chain no longer runs; then it runs again
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    c.connect(blocks[4], "Out", blocks[6], "In")
+    hits = cache.hits
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert cache.hits - hits == 5  # s0..s4 kept their nodes
+
+
+def _random_edit(c: Context, rng: random.Random, made: list) -> None:
+    blocks = list(c.registry)
+    kind = rng.choice(["add", "add", "connect", "connect", "disconnect", "remove", "hot", "size", "bind", "bind"])
+    if kind == "add" or not blocks:
+        cls = rng.choice([Scale, Scale, Fill, VectorAdd, AppendFilter])
+        b = cls(name=f"b{len(made)}")
+        made.append(b)
+        c.register_block(b)
+    elif kind == "connect":
+        src, dst = rng.choice(blocks), rng.choice(blocks)
+        outs, ins = src.description.outputs, dst.description.inputs
+        if outs and ins:
+            try:
+                c.connect(src, rng.choice(outs).name, dst, rng.choice(ins).name)
+            except CudapatchError:
+                pass  # a cycle, a linked input, other element types: refused, nothing changed
+    elif kind == "disconnect":
+        links = list(c.connections)
+        if links:
+            lk = rng.choice(links)
+            c.disconnect(c.registry.get(lk.src), lk.src_port, c.registry.get(lk.dst), lk.dst_port)
+    elif kind == "remove":
+        c.unregister_block(rng.choice(blocks))
+    elif kind == "hot":
+        b = rng.choice(blocks)
+        scalars = [p for p in b.params.values() if p.spec.kind == "scalar" and not p.spec.structural]
+        if scalars:
+            p = rng.choice(scalars)
+            if p.spec.dtype.lanes == 1 and p.spec.dtype.base.kind == "f":
+                b.set(p.name, rng.uniform(0.0, 1.0))
+    elif kind == "size":
+        fills = [b for b in blocks if isinstance(b, Fill)]
+        if fills:
+            rng.choice(fills).set("Count", rng.choice([64, 128, 1000]))
+    else:
+        b = rng.choice(blocks)
+        ins = [p for p in b.description.inputs if p.dtype == DType.FLOAT32]
+        if ins:
+            try:
+                c.bind_input(
+                    b,
+                    rng.choice(ins).name,
+                    ExternalBinding(0x2000 * rng.randint(1, 4), rng.choice([64, 100, 1000]), DType.FLOAT32),
+                )
+            except CudapatchError:
+                pass  # a linked input
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_plan_with_reuse_equals_a_full_replan_over_random_edits(seed: int) -> None:
+    rng = random.Random(seed)
+    c, made, cache = Context(), [], NodeCache()
+    faulted: dict[int, str] = {}
+    for step in range(60):
+        _random_edit(c, rng, made)
+        if step % 17 == 16 and c.registry:  # now and then a block faulted on the GPU, or a profiling level
+            faulted = {rng.choice(list(c.registry)).id: "faulted"}
+        level = ProfilingLevel.PER_BLOCK if step % 13 == 12 else ProfilingLevel.NONE
+        snap = c.snapshot()
+        _same(compile_plan(snap, None, level, faulted, cache=cache), compile_plan(snap, None, level, faulted))
+    assert cache.hits > 0
+
+
+def test_library_calls_are_reused_too() -> None:
+    c = Context()
+    fft = c.register_block(FFT(name="fft", Nx=8))
+    c.bind_input(fft, "In", ExternalBinding(0x3000, 16, fft.description.input("In").dtype))
+    cache = NodeCache()
+    compile_plan(c.snapshot(), cache=cache)
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert cache.hits == 1
