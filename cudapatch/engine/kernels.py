@@ -7,7 +7,9 @@ finished compiles into outcomes for the engine: swap a function in place (Code t
 
 Compiles finish on the builder's service thread, between frames. A swap is done right there by
 the engine's ``swapper`` when it can take the graph without waiting for the frame thread; every
-other outcome waits in ``ready`` for the next ``Engine.update()``.
+other outcome waits in ``ready`` for the next ``Engine.update()``. A compiled kernel whose source
+names an ``upgrade()`` (an Expression's kernel, JITted fast so that an edit runs at once) has that
+optimised build compiled next and swapped in the same way (an ``upgrade`` outcome).
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class _Slot:
 class KernelOutcome:
     """What a finished compile asks of the engine."""
 
-    action: Literal["swap", "swapped", "rebuild", "refresh"]  # swapped: done between frames; republish
+    # swapped: done between frames; republish. upgrade: an optimised build of the running kernel (a
+    # swap where the kernel runs; nothing, never a rebuild, where it does not)
+    action: Literal["swap", "swapped", "rebuild", "refresh", "upgrade"]
     key: Key
     compiled: CompiledKernel | None = None
 
@@ -205,7 +209,40 @@ class KernelTracker:
                     self.ready.append(KernelOutcome("swapped", key, outcome.compiled))
             else:
                 self.ready.append(outcome)
+            if outcome.compiled is not None:
+                self._upgrade(key, slot, outcome.compiled)
         _forward(result, proxy)  # last: whoever waits on the proxy finds the outcome queued
+
+    def _upgrade(self, key: Key, slot: _Slot, compiled: CompiledKernel) -> None:
+        """``compiled`` runs (or is about to): compile its source's ``upgrade()`` (an optimised build of
+        the same kernel) and swap that in the same way, unless a newer compile of the kernel lands
+        first. Same descriptor, so always a swap."""
+        better = compiled.source.upgrade()
+        if better is None:
+            return
+        try:
+            fut = self.builder.submit(better)
+        except KernelLoadError:  # the builder closed: the engine is closing
+            return
+        fut.add_done_callback(lambda f: self._upgraded(key, slot, compiled, f))
+
+    def _upgraded(self, key: Key, slot: _Slot, quick: CompiledKernel, fut: Future) -> None:
+        """The optimised build of ``quick`` is done: it replaces ``quick`` wherever that still runs."""
+        # On the builder's thread. A failed upgrade (or one the closing builder drops) leaves the quick
+        # build running: it computes the same bits, so nothing is reported on the block.
+        if fut.cancelled() or fut.exception() is not None:
+            if not fut.cancelled():
+                log.debug("optimised build of %s failed, the quick one runs on: %s", slot.block_name, fut.exception())
+            return
+        better: CompiledKernel = fut.result()
+        with self._lock:
+            current = self._slots.get(key)  # a later edit's slot keeps the running build as its fallback
+            if current is None or current.good is not quick:  # a newer compile runs: this one is out of date
+                return
+            current.good = better
+        outcome = KernelOutcome("upgrade", key, better)
+        if self.swapper is None or not self.swapper(outcome):
+            self.ready.append(outcome)
 
     def _settle(self, key: Key, slot: _Slot, fut: Future) -> KernelOutcome:
         if fut.cancelled():
@@ -355,6 +392,12 @@ class KernelTracker:
         elif not on and self._saved_switch is not None:
             sys.setswitchinterval(self._saved_switch)
             self._saved_switch = None
+
+    def running(self, key: Key) -> CompiledKernel | None:
+        """The last good build of a kernel (what runs, or will at the next swap or build), or None."""
+        with self._lock:
+            slot = self._slots.get(key)
+            return None if slot is None else slot.good
 
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         """Compile errors that persist until the kernel compiles again."""

@@ -1,8 +1,8 @@
 """PTX text generated straight from a program, with no compiler in between.
 
-This is the fast path of an edit: generating the text takes microseconds and the driver's JIT of a
-kernel this small takes about a millisecond (``cuModuleLoadData``), where NVRTC takes 20-40 ms
-(DESIGN.md §10). ``cuda_gen.py`` writes the same kernel as CUDA C++ for NVRTC, as the reference.
+This is the fast path of an edit: generating the text takes microseconds, leaving the driver's JIT
+(``cuModuleLoadDataEx``, milliseconds; at a low level first, see ``source.py``) as the only compile.
+``cuda_gen.py`` writes the same kernel as CUDA C++ for NVRTC, as the reference.
 
 Floating-point rules (the same in both): every ``+ - * /`` is its own correctly rounded instruction
 with an explicit rounding mode (``add.rn``, ``mul.rn`` ...), which ptxas never contracts into an FMA;
@@ -15,12 +15,13 @@ steps and use the hardware approximation (``sin.approx``); ``exp``, ``log`` and 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass, field
 
 from .check import Type
 from .program import Program, Stage
 from .syntax import Binary, Call, Name, Node, Num, Unary
 
-__all__ = ["generate_ptx", "ptx_version_for"]
+__all__ = ["Layout", "generate_ptx", "ptx_layout", "ptx_version_for"]
 
 _F_OPS = {"+": "add.rn.f32", "-": "sub.rn.f32", "*": "mul.rn.f32", "/": "div.rn.f32"}
 _I_OPS = {
@@ -271,8 +272,47 @@ class _Values:
         raise AssertionError(f)
 
 
-def generate_ptx(program: Program, arch: str = "sm_90") -> str:
-    """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``)."""
+@dataclass
+class Layout:
+    """Where the generated kernel keeps what (one element per thread), for ``bytecode.py``.
+
+    Attributes:
+        index: Register of the element index. count: Register of the element count.
+        inputs: Register of each input's value. scalars: Register of each scalar.
+        outputs: Register stored to each output.
+        body: The instructions that compute the outputs from those registers (PTX lines).
+    """
+
+    index: str = ""
+    count: str = ""
+    inputs: list[str] = field(default_factory=list)
+    scalars: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+
+
+def ptx_layout(program: Program) -> Layout:
+    """The registers and body instructions of ``generate_ptx(program)`` (one element per thread)."""
+    layout = Layout()
+    _generate(program, "sm_90", 1, layout)
+    return layout
+
+
+def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) -> str:
+    """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``).
+
+    ``per_thread`` > 1: each thread computes that many elements, ``blockDim.x`` apart (block ``b``
+    covers ``b·blockDim.x·per_thread`` onwards, so every access stays coalesced), and the launch needs
+    ``per_thread`` times fewer threads. The elements are independent chains in one basic block (loads
+    clamped into the buffers, stores predicated), so ptxas interleaves them and each scalar it loads
+    into a register (an ``LDC`` per scalar and thread on sm_90) serves ``per_thread`` elements.
+    """
+    return _generate(program, arch, per_thread, None)
+
+
+def _generate(program: Program, arch: str, per_thread: int, layout: Layout | None) -> str:
+    if per_thread < 1:
+        raise ValueError(f"per_thread must be at least 1, got {per_thread}")
     # prefixed: a user's name may be a PTX opcode or reserved word ("ret", "WARP_SZ")
     names = tuple(f"p_{name}" for name in program.param_names)
     desc = program.descriptor
@@ -286,46 +326,79 @@ def generate_ptx(program: Program, arch: str = "sm_90") -> str:
     em.op(f"mov.u32 {idx_r[1]}, %ntid.x")
     em.op(f"mov.u32 {idx_r[2]}, %tid.x")
     index = em.reg("r")
-    em.op(f"mad.lo.s32 {index}, {idx_r[0]}, {idx_r[1]}, {idx_r[2]}")
+    if per_thread == 1:
+        em.op(f"mad.lo.s32 {index}, {idx_r[0]}, {idx_r[1]}, {idx_r[2]}")
+    else:
+        span = em.reg("r")
+        em.op(f"mul.lo.s32 {span}, {idx_r[1]}, {per_thread}")
+        em.op(f"mad.lo.s32 {index}, {idx_r[0]}, {span}, {idx_r[2]}")
     count = em.reg("r")
     em.op(f"ld.param.u32 {count}, [{names[program.count_param]}]")
     done = em.reg("p")
     em.op(f"setp.ge.u32 {done}, {index}, {count}")
     em.op(f"@{done} bra $L_done")
-    env: dict[tuple[str, int], str] = {}
+    indices, inside = [index], [""]  # element k of this thread, and the guard of its store
+    for k in range(1, per_thread):
+        at_k = em.reg("r")
+        em.op(f"mad.lo.s32 {at_k}, {idx_r[1]}, {k}, {index}")
+        p = em.reg("p")
+        em.op(f"setp.lt.u32 {p}, {at_k}, {count}")
+        indices.append(at_k)
+        inside.append(f"@{p} ")
+    envs: list[dict[tuple[str, int], str]] = [{} for _ in indices]
     for i, name in enumerate(program.inputs):
         em.comment(f"input {name}: element min(index, {name}_count - 1)")
         base, cnt = program.input_param(i), program.input_param(i) + 1
-        ptr, n_in, last, at = em.reg("rd"), em.reg("r"), em.reg("r"), em.reg("r")
+        ptr, n_in, last = em.reg("rd"), em.reg("r"), em.reg("r")
         em.op(f"ld.param.u64 {ptr}, [{names[base]}]")
         em.op(f"ld.param.u32 {n_in}, [{names[cnt]}]")
         em.op(f"sub.s32 {last}, {n_in}, 1")
-        em.op(f"min.u32 {at}, {index}, {last}")
-        gptr, off, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
-        em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
-        em.op(f"mul.wide.u32 {off}, {at}, 4")
-        em.op(f"add.s64 {addr}, {gptr}, {off}")
-        value = em.reg("f")
-        # a plain ld.global, not .nc: the pool may give an input and an output of one kernel the same memory
-        em.op(f"ld.global.f32 {value}, [{addr}]")
-        env[("input", i)] = value
+        for k, at_k in enumerate(indices):
+            at = em.reg("r")
+            em.op(f"min.u32 {at}, {at_k}, {last}")
+            if k == 0:
+                gptr = em.reg("rd")
+            off, addr = em.reg("rd"), em.reg("rd")
+            if k == 0:
+                em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
+            em.op(f"mul.wide.u32 {off}, {at}, 4")
+            em.op(f"add.s64 {addr}, {gptr}, {off}")
+            value = em.reg("f")
+            # a plain ld.global, not .nc: the pool may give an input and an output of one kernel the same memory
+            em.op(f"ld.global.f32 {value}, [{addr}]")
+            envs[k][("input", i)] = value
     for s in range(len(program.scalars)):
         value = em.reg("f")
         em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")
-        env[("scalar", s)] = value
+        for env in envs:
+            env[("scalar", s)] = value
+    body_start = len(em.lines)
     for j, stage in enumerate(program.stages):
         em.comment(f"{stage.label or f'stage {j}'}: {stage.expr.text.strip()}")
-        vals = _Values(em, stage, env, index, count)
-        reg = vals.emit(stage.expr.root)
-        env[("stage", j)] = vals.as_float(reg, stage.expr.type_of(stage.expr.root))
-    off = em.reg("rd")
-    em.op(f"mul.wide.u32 {off}, {index}, 4")
+        for env, at_k in zip(envs, indices, strict=True):
+            vals = _Values(em, stage, env, at_k, count)
+            reg = vals.emit(stage.expr.root)
+            env[("stage", j)] = vals.as_float(reg, stage.expr.type_of(stage.expr.root))
+    if layout is not None:
+        env = envs[0]
+        layout.index, layout.count = index, count
+        layout.inputs = [env[("input", i)] for i in range(len(program.inputs))]
+        layout.scalars = [env[("scalar", s)] for s in range(len(program.scalars))]
+        layout.outputs = [env[("stage", j)] for _, j in program.outputs]
+        layout.body = [ln.strip().rstrip(";") for ln in em.lines[body_start:] if not ln.strip().startswith("//")]
+    offs = []
+    for at_k in indices:
+        off = em.reg("rd")
+        em.op(f"mul.wide.u32 {off}, {at_k}, 4")
+        offs.append(off)
     for o, (_, j) in enumerate(program.outputs):
-        ptr, gptr, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
+        ptr, gptr = em.reg("rd"), em.reg("rd")
         em.op(f"ld.param.u64 {ptr}, [{names[program.output_param(o)]}]")
         em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
-        em.op(f"add.s64 {addr}, {gptr}, {off}")
-        em.op(f"st.global.f32 [{addr}], {env[('stage', j)]}")
+        for env, off, guard in zip(envs, offs, inside, strict=True):
+            addr = em.reg("rd")
+            em.op(f"add.s64 {addr}, {gptr}, {off}")
+            em.op(f"{guard}st.global.f32 [{addr}], {env[('stage', j)]}")
     c = em.counts
     head = [
         "// Generated by cudapatch.expr from:",

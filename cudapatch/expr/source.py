@@ -9,6 +9,16 @@ Two back ends, chosen per source:
 - ``nvrtc``: the same kernel as CUDA C++ (``cuda_gen``) compiled by NVRTC to a cubin, 20-40 ms: the
   reference the PTX path is checked against, bit for bit.
 
+**Live first, optimised next.** The driver's JIT of even a one-line kernel costs milliseconds at
+its default level (measured ~6 ms on the H200 host). A ``quick`` source (what an ``Expression``
+block and a fused group's regenerated kernel use) is built so an edit runs as soon as possible: as
+the program in a copy of a precompiled interpreter kernel (``bytecode.py``: no compiler at all)
+where the interpreter can run it and has been compiled for its signature, else as its PTX JITted at
+``QUICK_JIT_LEVEL``. Once it runs, ``upgrade()`` names the same PTX at the default level, which the
+engine compiles in the background and swaps in through the Code tier as well (``KernelTracker``,
+``CodeTier``). All give the same bits: the PTX fixes every rounding (see ``ptx_gen``), a JIT level
+only schedules instructions, and the interpreter runs each of its instructions as that instruction.
+
 A source built from an expression that does not compile (``broken``) keeps the descriptor of the
 kernel it replaces and fails in ``compile`` with the ``ExpressionError``: a live edit with a typo
 becomes a compile error on the block, with its column, while the previous kernel keeps running.
@@ -16,6 +26,7 @@ becomes a compile error on the block, with its column, while the previous kernel
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,16 +35,22 @@ from ..kernels._toolchain import nvrtc_compile, toolchain_version
 from ..kernels.cache import cache_key
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
+from .bytecode import INTERPRETERS, assemble, patch_program
 from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
 from .ptx_gen import generate_ptx
 from .syntax import Binary, Call, Name, Node, Unary
 
-__all__ = ["Backend", "ProgramSource", "BACKENDS"]
+__all__ = ["Backend", "Jit", "ProgramSource", "BACKENDS", "QUICK_JIT_LEVEL"]
 
 Backend = Literal["ptx", "nvrtc"]
 BACKENDS: tuple[Backend, ...] = ("ptx", "nvrtc")
+#: ``quick``: JIT at ``QUICK_JIT_LEVEL`` and upgrade later; ``full``: the driver's default level.
+Jit = Literal["quick", "full"]
+#: ``CU_JIT_OPTIMIZATION_LEVEL`` of a quick build. ``benchmarks/probes/probe_expression_jit.py``
+#: measures every level's JIT time; 0 does the least work.
+QUICK_JIT_LEVEL = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,10 @@ class ProgramSource(KernelSource):
         program: The program (None for a broken source).
         broken: The error a broken source fails with.
         broken_descriptor: The descriptor a broken source pretends to have (the running kernel's).
+        jit: ``quick`` (PTX only): JIT at ``QUICK_JIT_LEVEL``, then ``upgrade()``; ``full``: the
+            driver's default level at once.
+        per_thread: Elements per thread (PTX only, see ``generate_ptx``): the launch must cover
+            ``count / per_thread`` threads (the fusion phase sets both for fused groups).
     """
 
     key: str
@@ -58,11 +79,25 @@ class ProgramSource(KernelSource):
     program: Program | None = field(default=None, compare=False, hash=False, repr=False)
     broken: ExpressionError | None = field(default=None, compare=False, hash=False, repr=False)
     broken_descriptor: KernelDescriptor | None = field(default=None, compare=False, hash=False, repr=False)
+    jit: Jit = "full"
+    per_thread: int = 1
 
     @classmethod
-    def of(cls, program: Program, *, backend: Backend = "ptx", name: str = "expression") -> ProgramSource:
-        """The source of ``program``."""
-        return cls(program.key, backend, name, program)
+    def of(
+        cls, program: Program, *, backend: Backend = "ptx", name: str = "expression", jit: Jit = "full"
+    ) -> ProgramSource:
+        """The source of ``program`` (``jit`` applies to the ``ptx`` back end only)."""
+        return cls(program.key, backend, name, program, jit=jit if backend == "ptx" else "full")
+
+    def __post_init__(self) -> None:
+        if self.per_thread != 1 and self.backend != "ptx":
+            raise ValueError("only the ptx back end computes several elements per thread")
+
+    def upgrade(self) -> ProgramSource | None:
+        """The same kernel JITted at the driver's default level, for a quick source (else None)."""
+        if self.jit != "quick" or self.backend != "ptx" or self.program is None:
+            return None
+        return dataclasses.replace(self, jit="full")
 
     @classmethod
     def failing(cls, error: ExpressionError, descriptor: KernelDescriptor, *, name: str) -> ProgramSource:
@@ -89,7 +124,9 @@ class ProgramSource(KernelSource):
         if self.program is None:
             assert self.broken is not None
             raise self.broken
-        return generate_ptx(self.program, arch) if self.backend == "ptx" else generate_cuda(self.program)
+        if self.backend == "ptx":
+            return generate_ptx(self.program, arch, per_thread=self.per_thread)
+        return generate_cuda(self.program)
 
     def check_counts(self, counts: dict[str, int], values: object = None) -> str | None:
         """What is wrong with these input lengths (port name → elements), or None. An input needs as
@@ -114,23 +151,50 @@ class ProgramSource(KernelSource):
 
     def cache_key(self, arch: str) -> str:
         tool = toolchain_version() if self.backend == "nvrtc" else ""
-        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool)
+        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread))
 
     def compile(self, arch: str) -> KernelImage:
-        """PTX text (the driver JITs it at load) or an NVRTC cubin.
+        """PTX text (the driver JITs it at load) or an NVRTC cubin. A quick source is, where it can be,
+        the interpreter's cubin holding the program (``bytecode.py``: nothing to JIT), else PTX the
+        driver JITs at ``QUICK_JIT_LEVEL``.
 
         Raises:
             ExpressionError: a broken source. KernelCompileError: NVRTC failed (a generator bug).
         """
+        if self.jit == "quick" and self.backend == "ptx":
+            interpreted = self._interpreted(arch)
+            if interpreted is not None:
+                return interpreted
         text = self.code(arch)
         desc = self.describe()
         if self.backend == "ptx":
             image = text.encode() + b"\0"  # the driver wants NUL-terminated PTX
-            return KernelImage(desc, image, "ptx", hashlib.sha256(image).hexdigest(), self.name)
+            key = hashlib.sha256(image).hexdigest()
+            if self.jit == "quick":  # another module than the optimised build of the same text
+                level = QUICK_JIT_LEVEL
+                return KernelImage(desc, image, "ptx", f"{key}-O{level}", self.name, jit_level=level)
+            return KernelImage(desc, image, "ptx", key, self.name)
         cubin, symbol, _log = nvrtc_compile(
             text, name=f"{self.name}.cu", entry=desc.entry_point, arch=arch, options=NVRTC_OPTIONS
         )
         return KernelImage(desc, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), self.name, symbol=symbol)
+
+    def _interpreted(self, arch: str) -> KernelImage | None:
+        """The program in a copy of the interpreter's cubin, or None (the interpreter cannot run it, or
+        is still compiling: the first quick build of a signature starts that and JITs its PTX)."""
+        program = self.program
+        if program is None or self.per_thread != 1:
+            return None
+        code = assemble(program)
+        if code is None:
+            return None
+        found = INTERPRETERS.get(len(program.inputs), len(program.scalars), arch)
+        if found is None:
+            return None
+        cubin, symbol = found
+        image = patch_program(cubin, code)
+        key = hashlib.sha256(image).hexdigest()
+        return KernelImage(self.describe(), image, "cubin", key, f"{self.name} (interpreted)", symbol=symbol)
 
 
 def _first_use(root: Node, name: str) -> int:

@@ -265,11 +265,12 @@ class KernelBuilder:
             meta.get("sha", key),
             meta.get("name", source.debug_name),
             symbol=meta.get("symbol", ""),
+            jit_level=meta.get("jit_level"),
         )
         return image, hit.level
 
     def _store(self, source: KernelSource, image: KernelImage) -> None:
-        meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key}
+        meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key, "jit_level": image.jit_level}
         self.cache.put(source.cache_key(self.arch), image.image, meta)
 
     def _compile(self, source: KernelSource) -> KernelImage:

@@ -23,6 +23,15 @@ class _Entry:
     functions: dict[str, Any]
 
 
+def _load(image: KernelImage) -> Any:
+    """``cuModuleLoadData``, or ``cuModuleLoadDataEx`` at the image's JIT level (ignored for a cubin)."""
+    d = driver()
+    if image.jit_level is None:
+        return check(d.cuModuleLoadData(image.image), "cuModuleLoadData")
+    opt = d.CUjit_option.CU_JIT_OPTIMIZATION_LEVEL
+    return check(d.cuModuleLoadDataEx(image.image, 1, [opt], [image.jit_level]), "cuModuleLoadDataEx")
+
+
 class ModuleCache(HandleOwner):
     """Modules loaded into one CUDA context, keyed by ``(image content hash, device key)``.
 
@@ -63,7 +72,7 @@ class ModuleCache(HandleOwner):
             if entry is None:
                 self.misses += 1
                 try:
-                    module = check(driver().cuModuleLoadData(image.image), "cuModuleLoadData")
+                    module = _load(image)
                 except CudaError as exc:
                     hint = ""
                     if exc.name == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION":

@@ -37,6 +37,8 @@ class KernelImage:
         key: Content hash of ``image`` (hex), part of the module-cache key.
         debug_name: Where it came from, for messages (a file path or a label).
         symbol: The entry point's name in the module (mangled for C++ and Numba kernels).
+        jit_level: For PTX: the driver's JIT optimisation level (``CU_JIT_OPTIMIZATION_LEVEL``, 0-4);
+            None for the driver's default (4, the most optimised).
     """
 
     descriptor: KernelDescriptor
@@ -45,6 +47,7 @@ class KernelImage:
     key: str
     debug_name: str = field(compare=False)
     symbol: str = ""
+    jit_level: int | None = None
 
     @property
     def entry_symbol(self) -> str:
@@ -91,6 +94,12 @@ class KernelSource:
     def watched_files(self) -> tuple[Path, ...]:
         """Files whose change should recompile this source (empty for in-memory sources)."""
         return ()
+
+    def upgrade(self) -> KernelSource | None:
+        """A better build of the same kernel (same descriptor, same results) to compile once this one
+        runs and swap in through the Code tier, or None. A source built fast so that an edit is live
+        at once (``ProgramSource`` at a low JIT level) names its optimised build here."""
+        return None
 
     @property
     def portable(self) -> bool:

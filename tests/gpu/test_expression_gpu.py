@@ -156,3 +156,62 @@ def test_inputs_of_other_lengths_are_an_error_on_the_block(engine: Engine, rng: 
     engine.update()
     assert not engine.diagnostics(block)
     assert engine.read(block, "Out").shape == (100,)
+
+
+def test_an_edit_runs_its_quick_build_then_the_optimised_one_with_the_same_bits(
+    live_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = live_engine
+    x = rng.standard_normal(1 << 16).astype(np.float32)
+    block = e.add(Expression(name="ex", Code="sin(x * Gain) + fma(x, 0.5, Gain)", Gain=2.0))
+    e.bind(block, "x", x)
+    key = (block.id, 0)
+
+    def optimised() -> bool:  # the build that runs is the upgrade (not the interpreter, not JIT level 0)
+        running = e.kernels.running(key)
+        return running is not None and running.source.jit == "full"
+
+    run_until(e, lambda: block.debug.state is BlockState.OK and optimised())
+    for _ in range(3):
+        e.update()  # an optimised build swapped on the frame thread is counted there
+    graph, swaps, upgrades = e.graph, e.counters.code_swaps, e.counters.kernel_upgrades
+    block.set("Code", "sin(x * Gain) + fma(x, 0.25, Gain)")
+    run_until(e, lambda: e.counters.code_swaps == swaps + 1)
+    e.update()
+    first = e.read(block, "Out")
+    run_until(e, lambda: e.counters.kernel_upgrades >= upgrades + 1 and optimised())  # the edit's, optimised
+    e.update()
+    assert e.graph is graph  # both went in through the Code tier
+    np.testing.assert_array_equal(e.read(block, "Out"), first)  # the JIT level changes no bit
+    expected = evaluate(block.source.program, {"x": x}, {"Gain": 2.0}, dtype=np.float64)["Out"]
+    np.testing.assert_allclose(first, expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("code", [*EXACT, *(c for c, _ in APPROX)])
+def test_the_interpreter_gives_the_generated_kernels_bits(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """An edit's quick build run by the bytecode interpreter (no JIT) against the same program's PTX."""
+    from cudapatch.expr import ProgramSource, compile_expression, single
+    from cudapatch.expr.bytecode import INTERPRETERS
+
+    monkeypatch.setattr(ProgramSource, "upgrade", lambda self: None)  # keep the first build running
+    data = _inputs(rng, 50_001)
+    data["b"] = data["b"][:1]  # broadcast
+    program = single(compile_expression(code))
+    results, kinds = [], []
+    for interpreted in (True, False):
+        with Engine(wait_for_compile=True, cache_dir=False) as e:
+            if interpreted:
+                found = INTERPRETERS.get(len(program.inputs), len(program.scalars), e.device.arch, wait=True)
+                assert found is not None, "the interpreter did not compile"
+            else:
+                monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)
+            block = _expression(e, code, data, Hi=0.75, Freq=3.0)
+            e.update()
+            running = e.kernels.running((block.id, 0))
+            assert running is not None
+            kinds.append(running.image.kind)
+            results.append(e.read(block, "Out"))
+    assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
+    np.testing.assert_array_equal(results[0], results[1])

@@ -126,3 +126,27 @@ def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(
     e.update()  # waits for the regenerated group kernel, swaps it in, launches it
     np.testing.assert_array_equal(e.read(s, "Out"), x * np.float32(5) + np.float32(1))
     assert e.graph is graph and e.counters.code_swaps == swaps + 1
+
+
+def test_several_elements_per_thread_cover_an_odd_count_bitwise(fused_engine: Engine, rng: np.random.Generator) -> None:
+    from cudapatch.engine.compiler.fusion import FUSED_PER_THREAD, FUSED_PER_THREAD_FROM
+
+    e = fused_engine
+    n = FUSED_PER_THREAD_FROM + 37  # the last block covers 37 elements: the other threads' stores are masked
+    x = rng.standard_normal(n).astype(np.float32)
+
+    def chain(fuse: bool) -> object:
+        s = e.add(Scale(Factor=1.1, Offset=0.2, fuse=fuse))
+        ex = e.add(Expression(Code="a * Gain + float(index % 5)", Gain=0.75, fuse=fuse))  # uses the element index
+        e.bind(s, "In", x)
+        e.connect(s, "Out", ex, "a")
+        return ex
+
+    fused, plain = chain(True), chain(False)
+    e.update()
+    (node,) = [k for k in e.graph.plan.kernel_nodes if k.kernel == FUSED_KERNEL]
+    assert node.source.per_thread == FUSED_PER_THREAD
+    got = e.read(fused, "Out")
+    np.testing.assert_array_equal(got, e.read(plain, "Out"))
+    expected = (x * np.float32(1.1) + np.float32(0.2)) * np.float32(0.75) + (np.arange(n) % 5).astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

@@ -296,6 +296,48 @@ def test_disable_and_remove(engine: Engine) -> None:
     assert not engine.diagnostics() and engine.graph is not None and scale.id not in engine.graph.plan.block_order
 
 
+def test_an_expression_edit_runs_its_quick_build_then_swaps_in_the_optimised_one(engine: Engine) -> None:
+    from cudapatch import Expression
+
+    fill = engine.add(Fill(name="fill", Count=256))
+    ex = engine.add(Expression(name="ex", Code="x * Gain"))
+    engine.connect(fill, "Out", ex, "x")
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and ex.id in g.plan.block_order
+    swaps, upgrades = engine.counters.code_swaps, engine.counters.kernel_upgrades
+    ex.set("Code", "x * Gain + 1.5")  # same names: the Code tier, quick build first
+    assert engine.counters.code_swaps == swaps + 1 and engine.counters.kernel_upgrades == upgrades + 1
+    assert g.swaps[-2:] == [(ex.id, 0), (ex.id, 0)]  # the quick build, then its optimised build
+    engine.update()
+    assert engine.graph is g and engine.counters.rebuilds == 1  # neither asked for a rebuild
+
+
+def test_a_fused_members_edit_swaps_the_groups_quick_kernel_then_its_optimised_one(engine: Engine) -> None:
+    from cudapatch import Expression
+    from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+
+    e = Engine(cache_dir=False, watch_files=False, background_builds=False, fuse=True)
+    try:
+        fill = e.add(Fill(name="fill", Count=256))
+        ex = e.add(Expression(name="ex", Code="x * Gain"))
+        sc = e.add(Scale(name="sc"))
+        e.connect(fill, "Out", ex, "x")
+        e.connect(ex, "Out", sc, "In")
+        e.wait_ready()
+        g = e.graph
+        assert isinstance(g, FakeGraph)
+        (node,) = [n for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+        assert node.source.jit == "full"  # a build makes the optimised kernel at once
+        ex.set("Code", "x * Gain + 1.5")
+        e.update()
+        key = (sc.id, FUSED_KERNEL)
+        assert g.swaps.count(key) == 2 and e.counters.kernel_upgrades >= 1  # quick, then optimised
+        assert e.graph is g and e.counters.rebuilds == 1
+    finally:
+        e.close()
+
+
 def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_swaps_in(engine: Engine) -> None:
     fill, scale = _chain(engine)
     after = engine.add(Scale(name="after"))

@@ -194,3 +194,23 @@ def test_every_function_is_generated() -> None:
     for text in EXPRESSIONS:
         covered |= {f for f in FUNCTIONS if f + "(" in text}
     assert covered == set(FUNCTIONS)
+
+
+@pytest.mark.parametrize("per_thread", [2, 4])
+def test_several_elements_per_thread_keep_the_signature_and_assemble(per_thread: int, tmp_path: Path) -> None:
+    program = single(compile_expression("a * sin(x * Freq) + b + float(index) + where(x > b, a, b)"))
+    one = generate_ptx(program)
+    assert generate_ptx(program, per_thread=1) == one
+    text = generate_ptx(program, per_thread=per_thread)
+    assert parse_ptx(text).entries["expression"].params == parse_ptx(one).entries["expression"].params
+    assert text.count("st.global.f32") == per_thread and text.count("@%p") >= per_thread  # guarded stores
+    assert text.count("ld.param.f32") == one.count("ld.param.f32")  # each scalar loaded once per thread
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) is not installed")
+    path = tmp_path / "k.ptx"
+    path.write_text(text)
+    done = subprocess.run([ptxas, "-arch=sm_90", str(path), "-o", str(tmp_path / "k.cubin")], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    with pytest.raises(ValueError):
+        generate_ptx(program, per_thread=0)

@@ -223,7 +223,25 @@ def test_regenerate_takes_a_members_new_code_with_the_same_descriptor() -> None:
     # what the regenerated kernel computes is what a fresh plan of the edited patch computes
     snap = ctx.snapshot()
     fresh = compile_plan(snap, fuse=True)
-    assert fresh.kernel_nodes[0].source == new
+    # the regenerated kernel goes live at a quick JIT level; its upgrade is what a build would make
+    assert new.jit == "quick" and fresh.kernel_nodes[0].source == new.upgrade()
     e.set("Code", "x * Gain + y")  # a new input: no in-place swap
     assert regenerate(old, {e.id: e, s.id: s}) is None
     assert regenerate(old, {s.id: s}) is None  # a member removed
+
+
+def test_a_large_group_computes_several_elements_per_thread_on_a_smaller_grid() -> None:
+    from cudapatch.engine.compiler.fusion import FUSED_PER_THREAD, FUSED_PER_THREAD_FROM, regenerate
+
+    small = compile_plan(_chain(3, count=FUSED_PER_THREAD_FROM - 1)[0].snapshot(), fuse=True).kernel_nodes[0]
+    assert small.source.per_thread == 1 and small.grid == -(-(FUSED_PER_THREAD_FROM - 1) // small.block)
+    n = FUSED_PER_THREAD_FROM + 37
+    ctx, blocks, _ = _chain(3, count=n)
+    (node,) = compile_plan(ctx.snapshot(), fuse=True).kernel_nodes
+    assert node.source.per_thread == FUSED_PER_THREAD > 1
+    assert node.grid == -(-n // (node.block * FUSED_PER_THREAD))  # every element has one thread
+    assert (node.grid - 1) * node.block * FUSED_PER_THREAD < n <= node.grid * node.block * FUSED_PER_THREAD
+    assert f"mul.lo.s32 %r5, %r2, {FUSED_PER_THREAD}" in node.source.code()
+    blocks[1].set("Factor", 3.0)  # a regenerated kernel keeps the layout the node was launched with
+    again = regenerate(node.source, {b.id: b for b in blocks})
+    assert again is not None and again.per_thread == FUSED_PER_THREAD

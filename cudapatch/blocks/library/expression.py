@@ -52,7 +52,8 @@ class Expression(Fusable, Block):
             )
         checked = self._check(code)
         program = single(checked, output="Out", label=self.name)
-        k = b.add_kernel(ProgramSource.of(program, backend=backend, name=self.name))  # type: ignore[arg-type]
+        # quick: an edit runs at once, the optimised build follows (ProgramSource.upgrade)
+        k = b.add_kernel(ProgramSource.of(program, backend=backend, name=self.name, jit="quick"))  # type: ignore[arg-type]
         for i, name in enumerate(program.inputs):
             # needs=None: the expression's own broadcasting rule checks lengths (input-size), not the launch's
             b.input(name, k.in_(program.input_param(i)), description="floats; one element is broadcast", needs=None)
@@ -88,7 +89,7 @@ class Expression(Fusable, Block):
             # Compiles to this error on the engine's builder: shown on the block, the old kernel runs on.
             return 0, ProgramSource.failing(exc, spec.descriptor, name=self.name)
         program = single(checked, output="Out", label=self.name)
-        return 0, ProgramSource.of(program, backend=spec.source.backend, name=self.name)
+        return 0, ProgramSource.of(program, backend=spec.source.backend, name=self.name, jit="quick")
 
     # -- display ----------------------------------------------------------------------------------
     @property

@@ -50,6 +50,14 @@ __all__ = [
 #: so the fused kernel's function never mixes with the sink's own.
 FUSED_KERNEL = -1
 
+#: Elements each thread of a fused kernel computes once a group has ``FUSED_PER_THREAD_FROM`` elements
+#: or more (``generate_ptx(per_thread=...)``). On sm_90 ptxas loads every scalar into a register with
+#: an ``LDC`` per thread: a 100-block chain issues 100 of them per element with one thread per
+#: element, a quarter of that with four (benchmarks/probes/probe_expression_jit.py measures both).
+#: Below the threshold a launch has fewer threads than the GPU holds, so more threads win.
+FUSED_PER_THREAD = 4
+FUSED_PER_THREAD_FROM = 1 << 18
+
 #: Kernel arguments a fused node may take: the 4 KB every driver accepts (a group of a thousand
 #: scalars would need the 32 KB newer drivers allow); a bigger group runs unfused.
 MAX_PARAM_BYTES = 4096
@@ -267,8 +275,9 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
     last = members[-1]
     program = Program(tuple(input_names), tuple(scalar_names), (("Out", len(stages) - 1),), tuple(stages))
     ids = tuple(m.block_id for m in members)
-    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, members=ids)
     count = sized[sink].outputs[last.output].count
+    per_thread = FUSED_PER_THREAD if count >= FUSED_PER_THREAD_FROM else 1
+    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, per_thread=per_thread, members=ids)
     return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
 
 
@@ -304,7 +313,7 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
         args.append(_new(Arg, ("scalar", _F32, False, key, draft.blocks[key[0]].values[key[1]])))
     args.append(_new(Arg, ("const", u32, False, None, group.count)))
     desc = program.descriptor
-    grid = max(1, -(-group.count // desc.block_size))
+    grid = max(1, -(-group.count // (desc.block_size * group.source.per_thread)))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
     return _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
 
@@ -312,8 +321,9 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
 def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:
     """``source`` with every member's expression as its block describes it now (``members``: block
     id → the block), for a Code edit of a member: the same inputs, scalars and bindings, so the same
-    descriptor and the running node can take the new kernel in place. None when a member is no
-    longer elementwise or uses other names (the graph must be rebuilt)."""
+    descriptor and the running node can take the new kernel in place. A quick source (JITted at a low
+    level; its ``upgrade()`` is the optimised build). None when a member is no longer elementwise or
+    uses other names (the graph must be rebuilt)."""
     old = source.program
     if old is None:
         return None
@@ -325,4 +335,13 @@ def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | No
             return None
         stages.append(Stage(m.expr, stage.bind, stage.label))
     program = Program(old.inputs, old.scalars, old.outputs, tuple(stages))
-    return FusedSource(program.key, source.backend, source.name, program, members=source.members)
+    # quick: the edit runs at once; the Code tier swaps in the optimised build (``upgrade``) next
+    return FusedSource(
+        program.key,
+        source.backend,
+        source.name,
+        program,
+        jit="quick",
+        per_thread=source.per_thread,
+        members=source.members,
+    )
