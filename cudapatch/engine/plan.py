@@ -17,6 +17,7 @@ from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .diagnostics import Diagnostic
+from .memory_plan import MemoryPlan
 from .profiling import ProfilingLevel
 
 __all__ = [
@@ -289,6 +290,7 @@ class GraphPlan:
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
         children: Groups of nodes realized as one child-graph node each.
+        memory: Which values share which buffers, and which are pinned (None: a plan made by hand).
     """
 
     nodes: tuple[NodePlan, ...]
@@ -313,6 +315,7 @@ class GraphPlan:
     probe_words: int = 0
     children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
     delays: tuple[DelayPlan, ...] = ()
+    memory: MemoryPlan | None = field(default=None, compare=False)
 
     @property
     def swaps(self) -> dict[int, int]:
@@ -359,6 +362,14 @@ class GraphPlan:
                 grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
                 lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
         lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
+        mem = self.memory
+        if mem is not None and mem.buffer_values():  # buffer reuse: which values take turns in which buffer
+            mb = 1 / 2**20
+            lines.append(
+                f"  buffers: {self.total_buffer_bytes * mb:.1f} MB for {mem.logical_bytes * mb:.1f} MB of values "
+                f"({len(self.buffers)} buffers, {len(mem.values)} values)"
+            )
+            lines.append(mem.describe())
         return "\n".join(lines)
 
 
