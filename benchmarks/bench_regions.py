@@ -2,6 +2,9 @@
 """Regions on the GPU: a While and a For inside the frame's graph beside host loops doing the same
 work, in the same run, with the same kernels (``examples/jacobi/*.cu``).
 
+Each region runs at ``Unroll`` 1 and at its default (a For: 8; a While: 1, and 8 beside it, which
+may run up to 7 iterations past convergence: the iterations printed are the ones run).
+
 1. Jacobi While, time to converge: one ``update()`` runs the While (``SweepA``, ``SweepB``,
    ``Decide``) until ``Decide`` says stop; the peer is a host loop launching a CuPy-captured graph of
    one iteration and reading ``more`` back (a synchronizing copy) after each. At 1,000 iterations
@@ -30,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from cudapatch import Engine, Fill, For, KernelFile, While  # noqa: E402
+from cudapatch.blocks.regions import FOR_UNROLL, WHILE_UNROLL  # noqa: E402
 
 KERNELS = ROOT / "examples" / "jacobi"
 
@@ -142,52 +146,58 @@ def main() -> None:
     nx = args.size
     rows: dict[str, float] = {}
 
-    # 1. While: time to converge, ours beside the host loop
+    # 1. While: time to converge, ours beside the host loop, at Unroll 1 (the default: exact) and 8
     for label, tol, max_iter in (("1000 iterations", 0.0, 1000), ("to tol 1e-6", 1e-6, 100_000)):
-        with Engine(name="regions-bench", wait_for_compile=True) as engine:
-            solve = engine.add(While(name="Solve", Max=max_iter))
-            _jacobi(engine, nx, solve, tol=tol)
-            engine.wait_ready()
-            ours = _frame_ms(engine, args.frames)
-            its = engine.iterations(solve)
         peer = CupyJacobi(nx, tol)
         peer.converge(max_iter)  # warm up
         t0 = time.perf_counter()
         peer_its = peer.converge(max_iter)
         theirs = (time.perf_counter() - t0) * 1e3
         key = label.replace(" ", "_")
-        rows[f"while_{key}_ms"], rows[f"host_loop_{key}_ms"] = ours, theirs
-        print(
-            f"Jacobi While {label:16s}: ours {ours:8.2f} ms ({its} its)   host loop {theirs:8.2f} ms ({peer_its} its)"
-            f"   {theirs / ours:5.1f}x  (target >= 3x)"
-        )
+        rows[f"host_loop_{key}_ms"] = theirs
+        for unroll in sorted({WHILE_UNROLL, 1, 8}):
+            with Engine(name="regions-bench", wait_for_compile=True) as engine:
+                solve = engine.add(While(name="Solve", Max=max_iter, Unroll=unroll))
+                _jacobi(engine, nx, solve, tol=tol)
+                engine.wait_ready()
+                ours = _frame_ms(engine, args.frames)
+                its = engine.iterations(solve)
+            rows[f"while_{key}_unroll{unroll}_ms"] = ours
+            tag = " (default)" if unroll == WHILE_UNROLL else ""
+            print(
+                f"Jacobi While {label:16s} Unroll {unroll}{tag:10s}: ours {ours:8.2f} ms ({its} its)   "
+                f"host loop {theirs:8.2f} ms ({peer_its} its)   {theirs / ours:5.1f}x  (target >= 3x)"
+            )
 
-    # 2. For: steps per second, ours beside a host loop of graph launches
+    # 2. For: steps per second, ours beside a host loop of graph launches, at Unroll 1 and the default
     count = 1000
-    with Engine(name="regions-bench", wait_for_compile=True) as engine:
-        loop = engine.add(For(name="Steps", Count=count))
-        _jacobi(engine, nx, loop, tol=None)
-        engine.wait_ready()
-        ours = _frame_ms(engine, args.frames)
-        # 3. host time per frame, whatever the count (the For's count is Hot: no rebuild between)
-        host = {}
-        for c in (1, 100, 10_000):
-            loop.set("Count", c)
-            engine.update()
-            host[c] = _update_us(engine, n=200 if c == 10_000 else 2000)
     peer = CupyJacobi(nx, 0.0)
     peer.steps(count)
     t0 = time.perf_counter()
     peer.steps(count)
     theirs = (time.perf_counter() - t0) * 1e3
-    rows["for_steps_per_s"], rows["host_loop_steps_per_s"] = count / ours * 1e3, count / theirs * 1e3
-    print(
-        f"For {count} steps                : ours {count / ours * 1e3:10.0f} steps/s   host loop of launches "
-        f"{count / theirs * 1e3:10.0f} steps/s   {theirs / ours:5.1f}x"
-    )
-    for c, us in host.items():
-        rows[f"update_us_count_{c}"] = us
-        print(f"update() host time, For Count={c:<6d}: {us:7.2f} µs")
+    rows["host_loop_steps_per_s"] = count / theirs * 1e3
+    host: dict[tuple[int, int], float] = {}
+    for unroll in sorted({1, FOR_UNROLL}):
+        with Engine(name="regions-bench", wait_for_compile=True) as engine:
+            loop = engine.add(For(name="Steps", Count=count, Unroll=unroll))
+            _jacobi(engine, nx, loop, tol=None)
+            engine.wait_ready()
+            ours = _frame_ms(engine, args.frames)
+            # 3. host time per frame, whatever the count (the For's count is Hot: no rebuild between)
+            for c in (1, 100, 10_000):
+                loop.set("Count", c)
+                engine.update()
+                host[(unroll, c)] = _update_us(engine, n=200 if c == 10_000 else 2000)
+        rows[f"for_unroll{unroll}_steps_per_s"] = count / ours * 1e3
+        tag = " (default)" if unroll == FOR_UNROLL else ""
+        print(
+            f"For {count} steps Unroll {unroll}{tag:10s}: ours {count / ours * 1e3:10.0f} steps/s   host loop of "
+            f"launches {count / theirs * 1e3:10.0f} steps/s   {theirs / ours:5.1f}x"
+        )
+    for (unroll, c), us in host.items():
+        rows[f"update_us_unroll{unroll}_count_{c}"] = us
+        print(f"update() host time, For Unroll={unroll} Count={c:<6d}: {us:7.2f} µs")
     out = os.environ.get("RESULTS_DIR")
     if out:
         Path(out, "regions.json").write_text(json.dumps(rows, indent=1))

@@ -32,7 +32,14 @@ import numpy as np
 from cudapatch import Engine, Fill, KernelFile, While
 from cudapatch._examples import example_main
 
-KERNELS = Path(__file__).resolve().parent / "jacobi"
+
+def kernels_folder() -> Path:
+    """``examples/jacobi``: beside this file, or under the working directory for a copy elsewhere."""
+    here = Path(__file__).resolve().parent / "jacobi"
+    return here if here.is_dir() else Path.cwd() / "examples" / "jacobi"
+
+
+KERNELS = kernels_folder()
 
 
 def jacobi_numpy(nx: int, f: np.ndarray, h2: float, tol: float, max_iter: int) -> tuple[np.ndarray, int]:

@@ -338,6 +338,7 @@ class BlockBuilder:
         required: bool = True,
         description: str = "",
         needs: SizeRule | int | str | None = _LAUNCH,
+        keep: bool = False,
     ) -> str:
         """A buffer input port feeding one or more kernel pointer parameters (same element type).
 
@@ -347,6 +348,9 @@ class BlockBuilder:
         (at least the grid's element
         count; its axes, for 2-D/3-D inputs and grids), a size rule, or None for no check (a lookup
         table the kernel indexes by its own bounds).
+
+        ``keep=True``: the value linked in keeps a buffer of its own (never reused by other values,
+        so it still holds this frame's data when the next frame starts).
         """
         self._check_name(name)
         if not pins:
@@ -356,7 +360,14 @@ class BlockBuilder:
             self._bind(pin, f"input '{name}'")
         self._inputs.append(
             PortSpec(
-                name, "in", "buffer", dtype, tuple(p.ref for p in pins), required=required, description=description
+                name,
+                "in",
+                "buffer",
+                dtype,
+                tuple(p.ref for p in pins),
+                required=required,
+                description=description,
+                keep=keep,
             )
         )
         if isinstance(needs, str) and needs != _LAUNCH:
@@ -365,11 +376,24 @@ class BlockBuilder:
             self._needs[name] = () if needs is None else (fixed(needs) if isinstance(needs, int) else needs,)  # type: ignore[assignment]
         return name
 
-    def output(self, name: str, pin: KernelPin, *more: KernelPin, size: SizeRule | int, description: str = "") -> str:
+    def output(
+        self,
+        name: str,
+        pin: KernelPin,
+        *more: KernelPin,
+        size: SizeRule | int,
+        description: str = "",
+        keep: bool = False,
+    ) -> str:
         """A buffer output port written by ``pin`` (an ``out()`` pin); ``size`` is its element count.
 
         ``more`` pins (of this or other kernels of the block) get the same buffer: kernels that
-        build one output in steps run in the order they were added."""
+        build one output in steps run in the order they were added.
+
+        ``keep=True`` pins the output to a buffer of its own: the engine never lets another value
+        reuse it, so it keeps its data after the frame and across frames (state such as a frame
+        delay's, or a kernel that reads what it wrote last frame). Outputs nothing in the graph
+        reads, append outputs and ``inout`` pins are kept anyway."""
         self._check_name(name)
         pins = (pin, *more)
         if any(p.direction != "out" for p in pins):
@@ -379,7 +403,9 @@ class BlockBuilder:
             self._bind(p, f"output '{name}'")
         rule = fixed(size) if isinstance(size, int) else size
         self._outputs.append(
-            PortSpec(name, "out", "buffer", dtype, tuple(p.ref for p in pins), size=rule, description=description)
+            PortSpec(
+                name, "out", "buffer", dtype, tuple(p.ref for p in pins), size=rule, description=description, keep=keep
+            )
         )
         return name
 

@@ -247,6 +247,9 @@ class PortSpec:
         description: Text for tooltips.
         needs: For inputs, what the data must cover before the block may launch: each rule's count
             (and, for 2-D/3-D rules, its axes). By default the launches of the kernels it feeds.
+        keep: Pin the buffer to this port's value: never shared with other values (buffer reuse).
+            On an output: its data stays readable after the frame and across frames (a FrameDelay's
+            state, a result a host reads). On an input: the value it reads is kept.
     """
 
     name: str
@@ -259,6 +262,7 @@ class PortSpec:
     required: bool = True
     description: str = ""
     needs: tuple[SizeRule, ...] = ()
+    keep: bool = False
 
     @property
     def pin_type(self) -> PinType:

@@ -163,6 +163,10 @@ class BufferPool(HandleOwner):
         )
 
 
+def _no_release() -> None:
+    """A view's finalizer: the memory belongs to the buffer it views."""
+
+
 class GpuBuffer(HandleOwner):
     """A typed device buffer from a ``BufferPool``.
 
@@ -185,6 +189,21 @@ class GpuBuffer(HandleOwner):
         self._stream = stream
         self._alloc = pool.acquire(max(1, self.count * dtype.itemsize))
         self._finalizer = weakref.finalize(self, pool.release, self._alloc)
+
+    def view(self, dtype: DType, count: int) -> GpuBuffer:
+        """A typed window on this buffer's memory (``count`` elements of ``dtype`` from its start),
+        owning nothing: valid while this buffer is. A value in a buffer several values share is read
+        through one (see ``memory_plan``).
+
+        Raises:
+            BindingError: the window is larger than the allocation.
+        """
+        if count * dtype.itemsize > self.capacity_bytes:
+            raise BindingError(f"a view of {count * dtype.itemsize} bytes on a buffer of {self.capacity_bytes}")
+        v = GpuBuffer.__new__(GpuBuffer)
+        v.dtype, v.count, v._pool, v._stream, v._alloc = dtype, int(count), self._pool, self._stream, self._alloc
+        v._finalizer = weakref.finalize(v, _no_release)
+        return v
 
     @property
     def ptr(self) -> int:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CudaError, GraphCompileError, KernelLoadError, LibraryCallError
+from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
 from .bypass import BypassIndex
 from .compiler import NodeCache, compile_plan
@@ -141,6 +141,7 @@ class GraphBuilds:
         counters: Rebuilds, failed rebuilds, Warm resizes, patched nodes, re-captures are counted here.
         timing: Where the last build spent its host time.
         settle_compiles: Waits for every compile in flight and applies the outcomes (the Code tier).
+        reuse_buffers: Let values with disjoint lifetimes share buffers (``compiler.memory``).
         bypass: Applies the blocks' ``enabled`` flags to each graph a build swaps in or patches.
         fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
             and loaded by the build itself, on the build thread.
@@ -159,8 +160,10 @@ class GraphBuilds:
         settle_compiles: Callable[[], None],
         bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
         fuse: bool = False,
+        reuse_buffers: bool = True,
     ) -> None:
         self._fuse = fuse
+        self.reuse_buffers = reuse_buffers
         self._context = context
         self._kernels = kernels
         self._resources = resources
@@ -228,7 +231,15 @@ class GraphBuilds:
         if job.call_failures:
             status = {**status, **job.call_failures}
         try:
-            out.plan = compile_plan(snap, status, job.level, job.disabled, fuse=self._fuse, cache=self._plans)
+            out.plan = compile_plan(
+                snap,
+                status,
+                job.level,
+                job.disabled,
+                fuse=self._fuse,
+                cache=self._plans,
+                reuse=self.reuse_buffers,
+            )
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
@@ -272,6 +283,7 @@ class GraphBuilds:
         assert plan is not None
         res = self._resources
         t1 = time.perf_counter()
+        names = {b.id: b.name for b in snap.blocks}
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
             functions = out.functions
@@ -284,7 +296,7 @@ class GraphBuilds:
                 pool=res.pool,
                 functions=functions,
                 bindings=snap.bindings,
-                block_names={b.id: b.name for b in snap.blocks},
+                block_names=names,
                 previous=job.previous,
                 occupancy=job.level.at_least(ProfilingLevel.DEEP_ASYNC),
                 stamp_function=stamp_function,
@@ -303,6 +315,10 @@ class GraphBuilds:
                 out.call_failure = (tried, str(exc))
             else:
                 out.diagnostics = (Diagnostic("error", bid, DiagnosticCode.LIBRARY_CALL, str(exc)),)
+            return
+        except CudaOutOfMemoryError as exc:  # the memory check before realize, or an allocation that failed
+            bid = self._block_id(snap, exc)
+            out.diagnostics = (Diagnostic("error", bid, DiagnosticCode.OUT_OF_MEMORY, str(exc)),)
             return
         except (KernelLoadError, CudaError) as exc:
             out.diagnostics = (Diagnostic("error", self._block_id(snap, exc), DiagnosticCode.REALIZE, str(exc)),)

@@ -67,7 +67,8 @@ class BlockSnapshot:
 
 @dataclass(frozen=True)
 class PatchSnapshot:
-    """The whole patch, frozen for the compiler."""
+    """The whole patch, frozen for the compiler. ``kept``: the ``(block_id, port)`` the host asked to
+    keep in a buffer of their own (``Context.keep``)."""
 
     context_id: int
     blocks: tuple[BlockSnapshot, ...]
@@ -80,6 +81,10 @@ class PatchSnapshot:
     composites: tuple[CompositeInfo, ...] = ()
     #: Block id -> the region block it is placed in (blocks at the top level are absent).
     parents: dict[int, int] = field(default_factory=dict, compare=False)
+    kept: frozenset[tuple[int, str]] = frozenset()
+    #: Blocks bypassed (``enabled`` off): their values keep buffers of their own (buffer reuse), so
+    #: readers redirected past them, or reading their last output, read no other block's data.
+    bypassed: frozenset[int] = frozenset()
 
 
 class Context:
@@ -103,6 +108,7 @@ class Context:
         self.bypassed: set[int] = set()
         #: Block id -> the region it is placed in (``place``); top-level blocks are absent.
         self.parents: dict[int, int] = {}
+        self.kept: set[tuple[int, str]] = set()  # ports the host reads: never in a shared buffer
         #: Probed outputs (``engine/probes.py``): ``(block_id, port)`` -> the ``(height, width)`` given, or None.
         self.probes: dict[tuple[int, str], tuple[int, int] | None] = {}
         # Each block's last snapshot, dropped when its values or description change: a build freezes
@@ -143,6 +149,7 @@ class Context:
         self._frozen.pop(block.id, None)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
+        self.kept -= {k for k in self.kept if k[0] == block.id}
         self.bypassed.discard(block.id)
         parents = self.parents
         outer = parents.pop(block.id, None)
@@ -363,6 +370,35 @@ class Context:
         self.dirty.mark_structure()
         return True
 
+    # -- buffer reuse -----------------------------------------------------------------------------
+    def keep(self, block: Block, port: str, keep: bool = True, *, rebuild: bool = True) -> bool:
+        """Keep port ``port`` of ``block`` in a buffer of its own (or, ``keep=False``, let it share
+        again): its value is never in a buffer other values reuse, so it can be read after a frame.
+        ``rebuild=False`` records it for the next build without asking for one.
+
+        Returns:
+            Whether anything changed.
+
+        Raises:
+            CudapatchError: the block has no such port.
+        """
+        check_block(block)
+        if block.context is not None and block.context is not self:
+            raise CudapatchError("block belongs to another engine", block=block.name)
+        d = block.description  # an inner block of a composite has no context of its own: kept by its id
+        if d.output(port) is None and d.input(port) is None:
+            raise CudapatchError("no such port", block=block.name, port=port)
+        key = (block.id, port)
+        if (key in self.kept) == keep:
+            return False
+        if keep:
+            self.kept.add(key)
+        else:
+            self.kept.discard(key)
+        if rebuild:
+            self.dirty.mark_structure()
+        return True
+
     # -- probes -------------------------------------------------------------------------------
     def add_probe(self, block: Block, port: str, shape: tuple[int, int] | None = None) -> tuple[int, str]:
         """Probe the wire that leaves output ``port`` (an input: the output linked into it). A new probe
@@ -425,8 +461,20 @@ class Context:
             snap = flatten_snapshot(
                 cid, blocks, tuple(self.connections), self.bindings, probes, PatchSnapshot, BlockSnapshot
             )
-            return replace(snap, parents=_place_members(parents, snap.composites)) if parents else snap
-        return PatchSnapshot(cid, tuple(blocks), tuple(self.connections), dict(self.bindings), probes, parents=parents)
+            if parents:
+                snap = replace(snap, parents=_place_members(parents, snap.composites))
+            snap = replace(snap, kept=_kept_inside(self.kept, snap.composites)) if self.kept else snap
+            return replace(snap, bypassed=frozenset(self.bypassed)) if self.bypassed else snap
+        return PatchSnapshot(
+            cid,
+            tuple(blocks),
+            tuple(self.connections),
+            dict(self.bindings),
+            probes,
+            parents=parents,
+            kept=frozenset(self.kept),
+            bypassed=frozenset(self.bypassed),
+        )
 
 
 def _place_members(parents: dict[int, int], composites: tuple[CompositeInfo, ...]) -> dict[int, int]:
@@ -439,3 +487,12 @@ def _place_members(parents: dict[int, int], composites: tuple[CompositeInfo, ...
             for leaf in c.members:
                 out.setdefault(leaf, region)
     return out
+
+
+def _kept_inside(kept: set[tuple[int, str]], composites: tuple[Any, ...]) -> frozenset[tuple[int, str]]:
+    """Kept ports with a composite's exposed ports replaced by the inner ports they stand for."""
+    exposed = {(c.id, port): keys for c in composites for port, keys in (*c.outputs.items(), *c.inputs.items())}
+    out: set[tuple[int, str]] = set()
+    for key in kept:
+        out.update(exposed.get(key, (key,)))
+    return frozenset(out)

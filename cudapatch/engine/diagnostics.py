@@ -56,6 +56,7 @@ class DiagnosticCode(str, Enum):
     # Building and running the graph.
     LIBRARY_CALL = "library-call"  # a captured library call failed to capture
     REALIZE = "realize"  # a driver call failed while building the graph
+    OUT_OF_MEMORY = "out-of-memory"  # the patch needs more device memory than is free: not built
     LAUNCH = "launch"  # the graph launch failed (not a sticky fault)
     BYPASS = "bypass"  # warning: a bypassed block's nodes cannot be turned off in place (it keeps running)
     CHILD_GRAPH = "child-graph"  # a composite asked for a child graph and runs flattened instead (why)

@@ -138,6 +138,17 @@ class PatchEditing:
         """The open probes."""
         return tuple(self._probes)
 
+    def keep(self, block: Block, port: str, keep: bool = True) -> None:
+        """Keep an output (or the value an input reads) in a buffer of its own: buffer reuse never
+        lets another value overwrite it, so it can be read after each frame (Cold on the next update
+        if that changes the plan). ``output`` and ``read`` keep what they are asked for by
+        themselves; ``keep=False`` lets a port share again.
+
+        Raises:
+            CudapatchError: the block has no such port.
+        """
+        self.context.keep(block, port, keep)
+
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
 

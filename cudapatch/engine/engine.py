@@ -92,6 +92,8 @@ class Engine(PatchEditing, EngineResults):
             that declare an expression) whose intermediates nothing else reads into one generated
             kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
             ``output()``/``read()`` of it fails.
+        reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
+            and docs/architecture.md, memory phase). False: every output has a buffer of its own.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -123,6 +125,7 @@ class Engine(PatchEditing, EngineResults):
         debug_launch: bool = False,
         background_builds: bool = True,
         fuse: bool = False,
+        reuse_buffers: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -176,6 +179,7 @@ class Engine(PatchEditing, EngineResults):
             settle_compiles=self._settle_compiles,
             bypass=self._bypass.apply,
             fuse=fuse,
+            reuse_buffers=reuse_buffers,
         )
         self._recovery = Recovery(
             context=self.context,

@@ -657,16 +657,33 @@ class CompiledGraph(HandleOwner):
 
     # -- access ---------------------------------------------------------------------------------
     def output(self, block_id: int, port: str) -> GpuBuffer | None:
-        """The buffer of output ``port`` of ``block_id``, or None if not in this graph."""
+        """The buffer of output ``port`` of ``block_id``, or None if not in this graph, or if its value
+        is in a buffer a later value of the frame overwrites (``overwritten``). A value that shares
+        its buffer but is the last one in it comes as a typed view of that buffer."""
         res = self.bypass.outputs.get((block_id, port))
         if isinstance(res, int):  # a bypassed output: what its readers read
             return self.buffers[res]
-        bi = self.plan.outputs.get((block_id, port))
+        key = (block_id, port)
+        bi = self.plan.outputs.get(key)
         if bi is None:
             return None
+        mem = self.plan.memory
+        if mem is not None and mem.shared(bi):  # a FrameDelay's buffers are never shared
+            vi = mem.ports.get(key)
+            if vi is None or mem.overwritten(vi):
+                return None
+            v = mem.values[vi]
+            return self.buffers[bi].view(v.dtype, v.count)
         if self._phases is not None:  # a FrameDelay's pair: the buffer of the frame launched last
             bi = self._phases.physical(bi)
         return self.buffers[bi]
+
+    def overwritten(self, block_id: int, port: str) -> bool:
+        """Whether output ``port`` of ``block_id`` shares its buffer with a value written after it in
+        the frame (buffer reuse): then its data is gone by the end of the frame."""
+        mem = self.plan.memory
+        vi = mem.ports.get((block_id, port)) if mem is not None else None
+        return vi is not None and mem.overwritten(vi)  # type: ignore[union-attr]
 
     def probe_stats(self, key: tuple[int, str]) -> ProbeStats | None:
         """The newest published statistics of the probe on ``(block_id, port)`` (plain loads from the

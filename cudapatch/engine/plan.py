@@ -17,6 +17,7 @@ from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
 from .diagnostics import Diagnostic
+from .memory_plan import MemoryPlan
 from .profiling import ProfilingLevel
 
 __all__ = [
@@ -167,12 +168,16 @@ class RegionPlan(NamedTuple):
         counter: Index of its iteration counter among the plan's counters (While and For), read back
             through the readback ring like an append count; None for an If.
         limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
+        unroll: Copies of the body in one iteration of the conditional node ``node`` (``Unroll``).
+        tail: With ``unroll`` > 1, the conditional node running the iterations left, one copy each.
     """
 
     kind: str
     node: int
     counter: int | None = None
     limit: str | None = None
+    unroll: int = 1
+    tail: int | None = None
 
 
 class ProbeNodePlan(NamedTuple):
@@ -240,7 +245,8 @@ class DelayPlan(NamedTuple):
         current: Buffer index ``In``'s block writes in phase 0; None when nothing feeds the delay
             (``Out`` keeps its start value, nothing alternates).
         copy: In a patch with regions: the node copying ``current`` into ``previous`` last in the
-            delay's scope (``engine/delay_copy.py``); such a delay does not alternate. None otherwise.
+            delay's scope (``engine/delay_copy.py``; the last one where an unrolled loop has one per
+            copy of its body); such a delay does not alternate. None otherwise.
     """
 
     block_id: int
@@ -288,6 +294,7 @@ class GraphPlan:
         probes: ``(block_id, output port)`` of each probe node, by its ``probe`` index.
         probe_words: uint64 words the probes write into the readback block (after the counters).
         children: Groups of nodes realized as one child-graph node each.
+        memory: Which values share which buffers, and which are pinned (None: a plan made by hand).
     """
 
     nodes: tuple[NodePlan, ...]
@@ -312,6 +319,7 @@ class GraphPlan:
     probe_words: int = 0
     children: tuple[ChildGraphPlan, ...] = ()  # composites realized as child-graph nodes
     delays: tuple[DelayPlan, ...] = ()
+    memory: MemoryPlan | None = field(default=None, compare=False)
 
     @property
     def swaps(self) -> dict[int, int]:
@@ -358,6 +366,14 @@ class GraphPlan:
                 grid = f"{n.grid}x{n.block}" if n.yz == (1, 1, 1, 1) else f"({n.grid},{gy},{gz})x({n.block},{by},{bz})"
                 lines.append(f"  [{n.index}] {n.entry_point} block={n.block_id} grid={grid} deps={list(n.deps)}")
         lines.extend(f"  child graph '{c.name}' (block {c.block_id}): nodes {list(c.nodes)}" for c in self.children)
+        mem = self.memory
+        if mem is not None and mem.buffer_values():  # buffer reuse: which values take turns in which buffer
+            mb = 1 / 2**20
+            lines.append(
+                f"  buffers: {self.total_buffer_bytes * mb:.1f} MB for {mem.logical_bytes * mb:.1f} MB of values "
+                f"({len(self.buffers)} buffers, {len(mem.values)} values)"
+            )
+            lines.append(mem.describe())
         return "\n".join(lines)
 
 

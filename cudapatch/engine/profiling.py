@@ -103,3 +103,7 @@ class EngineStats:
     pool_in_use_bytes: int
     pool_total_bytes: int
     diagnostics: tuple = ()
+    #: Device bytes of the running graph's buffers, and of its outputs were each in a buffer of its own
+    #: (their ratio is what buffer reuse saves).
+    buffer_bytes: int = 0
+    value_bytes: int = 0

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import CudaOutOfMemoryError
 from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
@@ -30,6 +31,7 @@ from .context import ExternalBinding
 from .device import DeviceContext
 from .executable import CompiledGraph, GraphParts
 from .libraries import LibraryHandles
+from .memory_check import device_free_bytes, lends, memory_shortfall
 from .nodes import NodeBuild, add_node, make_conditions
 from .params import StoreLoans
 from .phases import Phases, lending_keys, second_phase
@@ -105,6 +107,8 @@ class GraphBuilder:
         """Make the driver objects and instantiate the graph.
 
         Raises:
+            CudaOutOfMemoryError: the plan needs more new device memory than is free (checked before
+                anything is allocated: ``memory_check``), or an allocation failed.
             KernelLoadError: a kernel has no function (``.block`` names the block).
             LibraryCallError: a library call failed or cannot be captured (``.block`` names the block).
             CudaError: a driver call failed (nothing is leaked, ``previous`` is untouched).
@@ -112,6 +116,8 @@ class GraphBuilder:
         d = driver()
         self.device.make_current()
         prev = self.previous
+        lent = prev.lendable_buffers() if prev is not None else {}
+        self._check_memory(lent)  # before anything is allocated or borrowed
         # What the previous graph lends: nothing of it is modified unless this graph is built; a
         # failure restores what was touched.
         # Parameter storage is lent only by a graph the frame thread is not patching meanwhile: a build on
@@ -122,7 +128,7 @@ class GraphBuilder:
         exec1: Any = None
         t0 = time.perf_counter()
         try:
-            fresh = self._buffers(parts, prev.lendable_buffers() if prev is not None else {})
+            fresh = self._buffers(parts, lent)
             stamps_ptr = self._readback(parts)
             parts.scalars = DeviceScalars(self.plan.nodes, self.pool, self.device)
             if parts.scalars.buffer is not None:
@@ -167,6 +173,18 @@ class GraphBuilder:
             parts.release()
             raise
 
+    def _check_memory(self, lent: dict[tuple[int, str], GpuBuffer]) -> None:
+        short = memory_shortfall(
+            self.plan,
+            free_bytes=device_free_bytes(),
+            idle_bytes=self.pool.idle_bytes,
+            lent={key: (buf.dtype, buf.capacity_bytes) for key, buf in lent.items()},
+            names=self.names,
+        )
+        if short is not None:
+            block = self.names.get(short.block_id) if short.block_id is not None else None
+            raise CudaOutOfMemoryError(short.message(self.names), name="CUDA_ERROR_OUT_OF_MEMORY", block=block)
+
     def _phases(self, parts: GraphParts, handles: list[Any], execs: tuple[Any, Any], fresh: set[int]) -> Phases:
         """Patch the second executable into phase 1 and disable every init node in both (see
         ``phases.py``); the delays in ``fresh`` write their start value at the first launch."""
@@ -206,7 +224,7 @@ class GraphBuilder:
         new: set[int] = set()
         for b in plan.buffers:
             old = lent.pop(keys[b.index] if keys is not None else (b.block_id, b.label), None)
-            if old is not None and old.dtype is b.dtype and b.count * b.dtype.itemsize <= old.capacity_bytes:
+            if old is not None and lends(b, old.dtype, old.capacity_bytes):
                 parts.buffers.append(old)
                 if old.count != b.count:
                     new.add(b.index)

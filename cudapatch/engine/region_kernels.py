@@ -17,6 +17,11 @@ Which kernel goes where (``compiler/regions.py`` places them):
 - last in a ``While`` body: ``region_while_step4``/``1`` count the iteration and go on while the
   condition holds and the count is below ``Max``.
 
+With ``Unroll`` U > 1 a loop is a main WHILE over U copies of its body (``region_begin_n``,
+``region_*_step_n``: the count goes up by U a pass) and a tail WHILE of one copy for the rest
+(``region_*_tail`` sets its handle between the two, then the one-step kernels above): see
+``compiler/regions.py``.
+
 The iteration counter is one of the graph's append counters, published through the readback ring, so
 the host reads iteration counts without a stall (a nested loop's is that of its last run).
 The limits are ordinary scalar arguments: a Hot edit of ``Count`` or ``Max`` patches them in place.
@@ -76,6 +81,65 @@ extern "C" __global__ void region_while_step1(unsigned long long handle, const u
 }
 """
 
+#: Unrolled loops (``Unroll`` U > 1, ``compiler/regions.py``): a main WHILE whose body holds U copies
+#: of the region's blocks, then a tail WHILE of one copy for what is left, each with its own handle.
+#: A kernel sets only the handle of a conditional node in its own graph (before the node) or of the
+#: node whose body it is in (the canonical loop), never a sibling's from inside another body: so the
+#: tail's handle is set by ``region_*_tail``, between the two conditional nodes.
+REGION_SOURCE += r"""
+extern "C" __global__ void region_begin_n(unsigned long long handle, unsigned int* counter, unsigned int limit,
+                                          unsigned int unroll)
+{
+    *counter = 0u;
+    cudaGraphSetConditional(handle, limit >= unroll);  // a whole pass of U copies fits below the limit
+}
+
+extern "C" __global__ void region_for_step_n(unsigned long long handle, unsigned int* counter, unsigned int count,
+                                             unsigned int unroll)
+{
+    const unsigned int n = *counter + unroll;
+    *counter = n;
+    cudaGraphSetConditional(handle, n <= count && count - n >= unroll);
+}
+
+extern "C" __global__ void region_for_tail(unsigned long long handle, const unsigned int* counter, unsigned int count)
+{
+    cudaGraphSetConditional(handle, *counter < count);
+}
+
+extern "C" __global__ void region_while_step_n4(unsigned long long handle, const unsigned int* condition,
+                                                unsigned int* counter, unsigned int max, unsigned int unroll)
+{
+    const unsigned int n = *counter + unroll;
+    *counter = n;
+    cudaGraphSetConditional(handle, *condition != 0u && n <= max && max - n >= unroll);
+}
+
+extern "C" __global__ void region_while_step_n1(unsigned long long handle, const unsigned char* condition,
+                                                unsigned int* counter, unsigned int max, unsigned int unroll)
+{
+    const unsigned int n = *counter + unroll;
+    *counter = n;
+    cudaGraphSetConditional(handle, *condition != 0u && n <= max && max - n >= unroll);
+}
+
+// After the main loop: the tail runs while iterations are left below Max and the condition holds;
+// with no iteration run yet (Max below U) it runs once regardless, as a While always does.
+extern "C" __global__ void region_while_tail4(unsigned long long handle, const unsigned int* condition,
+                                              const unsigned int* counter, unsigned int max)
+{
+    const unsigned int n = *counter;
+    cudaGraphSetConditional(handle, n < max && (n == 0u || *condition != 0u));
+}
+
+extern "C" __global__ void region_while_tail1(unsigned long long handle, const unsigned char* condition,
+                                              const unsigned int* counter, unsigned int max)
+{
+    const unsigned int n = *counter;
+    cudaGraphSetConditional(handle, n < max && (n == 0u || *condition != 0u));
+}
+"""
+
 #: Entry point -> the kernel index region nodes use in ``(block_id, kernel)`` keys: negative, so they
 #: never meet a block's own kernels (the region block has none) in the functions map.
 REGION_ENTRIES = {
@@ -85,6 +149,13 @@ REGION_ENTRIES = {
     "region_for_step": -5,
     "region_while_step4": -6,
     "region_while_step1": -7,
+    "region_begin_n": -8,
+    "region_for_step_n": -9,
+    "region_for_tail": -10,
+    "region_while_step_n4": -11,
+    "region_while_step_n1": -12,
+    "region_while_tail4": -13,
+    "region_while_tail1": -14,
 }
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from ..errors import CudaLaunchError
 from ..kernels._driver import check, driver, error_from_code
-from .plan import GraphPlan, MemsetNodePlan
+from .plan import GraphPlan, MemsetNodePlan, WorkNode
 
-__all__ = ["ReplayStandby", "attribute_in_child", "main", "replay_by_block"]
+__all__ = ["ReplayStandby", "attribute_in_child", "main", "replay_by_block", "replayed_nodes"]
 
 TIMEOUT_S = 120.0
 
@@ -53,8 +53,9 @@ def replay_by_block(
     d = driver()
     plan_nodes = plan.nodes
     regions = plan.regions
-    last = len(plan_nodes) - 1
-    for i, node in enumerate(plan_nodes):
+    order = replayed_nodes(plan)
+    for pos, i in enumerate(order):
+        node = plan_nodes[i]
         if isinstance(node, MemsetNodePlan):
             if node.buffer is not None:
                 buf = buffers[node.buffer]
@@ -68,7 +69,8 @@ def replay_by_block(
         if regions and node.block_id in regions:  # type: ignore[union-attr]
             continue  # a region's set-condition kernel: only meaningful inside its graph (bodies run once here)
         err = n.launch_alone(stream)
-        last_of_block = i == last or getattr(plan_nodes[i + 1], "block_id", None) != node.block_id  # type: ignore[union-attr]
+        after = plan_nodes[order[pos + 1]] if pos + 1 < len(order) else None
+        last_of_block = after is None or getattr(after, "block_id", None) != node.block_id  # type: ignore[union-attr]
         if err or last_of_block:
             err = err or d.cuStreamSynchronize(stream)[0]
             if err:
@@ -77,6 +79,23 @@ def replay_by_block(
                     return node.block_id  # type: ignore[union-attr]
                 raise e
     return None
+
+
+def replayed_nodes(plan: GraphPlan) -> list[int]:
+    """The plan nodes a replay launches, in order: every node, except that a body's work runs once:
+    the copies of a block's kernel that an unrolled loop makes (``Unroll``), after the first, are
+    left out."""
+    scopes = plan.scopes
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for i, n in enumerate(plan.nodes):
+        if scopes and i in scopes and isinstance(n, WorkNode):
+            key = (n.block_id, n.kernel)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(i)
+    return out
 
 
 def _portable(snap: Any) -> Any:

@@ -60,19 +60,44 @@ class EngineResults:
         self.device.make_current()
         self.device.synchronize()
 
-    def output(self, block: Block, port: str) -> GpuBuffer:
+    def output(self, block: Block, port: str, *, keep: bool = True) -> GpuBuffer:
         """The device buffer of an output (valid until the next rebuild; view it with CuPy for no copy).
         A value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one
         the frame launched last wrote (take it again each frame).
 
+        The output is kept in a buffer of its own from then on (``keep``), so the view stays valid and
+        its data stays readable: buffer reuse never lets another value overwrite it. If the running
+        graph already lets a later value overwrite it, this raises, and the next ``update()`` builds
+        the graph that keeps it (call ``keep`` before the first update to avoid that). ``keep=False``
+        only looks (sizes for a tooltip): the output may stay shared.
+
         Raises:
-            CudapatchError: the block is not compiled or has no such output.
+            CudapatchError: the block is not compiled, has no such output, or (once) its buffer is
+                reused by a later output in the running graph.
         """
         g = self.resources.graph
+        if keep and block.description.output(port) is not None:
+            overwritten = g is not None and g.overwritten(block.id, port)
+            self.context.keep(block, port, rebuild=overwritten)  # later builds keep it; now, only if needed
+            if overwritten:
+                raise CudapatchError(
+                    "this output shares its buffer with outputs written after it in the frame (buffer reuse), "
+                    "so its data is gone by the end of the frame; it is kept in its own buffer from the next "
+                    "update() on (to keep it from the start: engine.keep(block, port) before the first "
+                    "update, keep=True on the port, or Engine(reuse_buffers=False))",
+                    block=block.name,
+                    port=port,
+                )
         buf = g.output(block.id, port) if g is not None else None
         if buf is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
+            if g is not None and g.overwritten(block.id, port):
+                raise CudapatchError(
+                    "this output shares its buffer with outputs written after it in the frame (buffer reuse)",
+                    block=block.name,
+                    port=port,
+                )
             if g is not None and block.id in g.plan.block_order:
                 raise CudapatchError(
                     "this output is fused into the next block's kernel and held in no buffer: make the block "
@@ -195,4 +220,13 @@ class EngineResults:
             f"{launch}"
             f"  Profiling: {self.profiling}\n"
             f"  Pool: {pool.in_use_bytes * mb:.1f} MB / {pool.total_allocated_bytes * mb:.1f} MB"
+            f"{self._reuse_line(g, mb)}"
         )
+
+    @staticmethod
+    def _reuse_line(g: CompiledGraph | None, mb: float) -> str:
+        """What buffer reuse saves in the running graph (empty when nothing shares)."""
+        mem = g.plan.memory if g is not None else None
+        if mem is None or not mem.buffer_values():
+            return ""
+        return f"\n  Buffers: {g.plan.total_buffer_bytes * mb:.1f} MB for {mem.logical_bytes * mb:.1f} MB of outputs"  # type: ignore[union-attr]

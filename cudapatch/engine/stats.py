@@ -244,7 +244,14 @@ def collect_stats(
         pool_in_use_bytes=pool.in_use_bytes,
         pool_total_bytes=pool.total_allocated_bytes,
         diagnostics=diagnostics,
+        buffer_bytes=graph.plan.total_buffer_bytes if graph is not None else 0,
+        value_bytes=_value_bytes(graph.plan) if graph is not None else 0,
     )
+
+
+def _value_bytes(plan: GraphPlan) -> int:
+    """Bytes of the plan's values, each in a buffer of its own (without buffer reuse)."""
+    return plan.memory.logical_bytes if plan.memory is not None else plan.total_buffer_bytes
 
 
 def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:
@@ -262,8 +269,10 @@ def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
     numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
     sizes: dict[int, dict[str, int]] = {}
-    for (bid, port), bi in plan.outputs.items():
-        sizes.setdefault(bid, {})[port] = plan.buffers[bi].count
+    mem = plan.memory
+    for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
+        vi = mem.ports.get((bid, port)) if mem is not None else None
+        sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
     shapes: dict[int, dict[str, Any]] = {}
     for (bid, port), shape in plan.shapes.items():
         shapes.setdefault(bid, {})[port] = shape

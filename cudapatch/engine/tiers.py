@@ -40,6 +40,7 @@ from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
+from .memory_plan import shares_with_others
 from .plan import KernelNodePlan
 from .realize import CompiledGraph
 from .resources import DeviceResources
@@ -404,6 +405,13 @@ class BypassTier:
         bypassed = self._context.bypassed
         if g is None or (not bypassed and self._bypassing is not g and not self._refused):
             return  # the common case, after every build: nothing bypassed, nothing to undo
+        shared = shares_with_others(g.plan, bypassed)
+        if shared:
+            # Buffer reuse gave these blocks' values to other blocks too: bypassed now, their readers
+            # would read another block's data. They keep running until a rebuild pins their values
+            # (the snapshot carries ``bypassed``), then the bypass applies.
+            self._context.dirty.mark_structure()
+            bypassed = bypassed - shared
         index = self._index
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
             index = self._index = BypassIndex(g.plan)

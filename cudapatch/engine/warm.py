@@ -73,6 +73,7 @@ class Refusal(str, Enum):
     BUFFER_CAPACITY = (
         "buffer-capacity"  #: a buffer outgrew its allocation, and a captured call or memset holds its address
     )
+    SHARING = "sharing"  #: values share buffers differently (buffer reuse decided otherwise)
     NODE_KIND = "node-kind"  #: a node became another kind of node
     CAPTURED_CALL = "captured-call"  #: a captured call's identity, edges or argument sources changed
     STALE_CAPTURE = "stale-capture"  #: the running capture of a call needs a new graph already
@@ -193,6 +194,11 @@ def decide_warm_patch(
         return _refuse(Refusal.SCALAR_SLOTS, None, "the scalar parameters map to other argument slots")
     if new.binding_slots != old.binding_slots:
         return _refuse(Refusal.BINDING_SLOTS, None, "the bound inputs map to other argument slots")
+    nm, om = new.memory, old.memory
+    if nm is not None and om is not None and nm.value_buffer != om.value_buffer:
+        # the resize changed which values take turns in which buffer (e.g. best fit by size chose
+        # another buffer): the new sharing needs new buffers for the values, so a Cold rebuild.
+        return _refuse(Refusal.SHARING, None, "values share buffers differently")
     pairs = [i for dp in new.delays for i in (dp.previous, dp.current) if i is not None]
     if new.delays != old.delays or any(new.buffers[i].count != old.buffers[i].count for i in pairs):
         # a resized delay writes its start value again: a new graph, with its init armed

@@ -106,6 +106,14 @@ class ProgramSource(KernelSource):
         return cls(key, "ptx", name, None, error, descriptor)
 
     @property
+    def portable(self) -> bool:
+        """Generated PTX is built here, not in a compiler process: no compiler runs (0.1 ms of Python),
+        and the interpreter's cubin is compiled once per signature in this process, so a quick build
+        finds it (in a compiler process it was never ready: every edit JITted its PTX, 6 ms on the
+        H200 host). NVRTC builds go to a compiler process as every NVRTC compile does."""
+        return self.backend != "ptx"
+
+    @property
     def debug_name(self) -> str:
         return self.name
 

@@ -313,13 +313,17 @@ class EditorModel:
         count = nbytes = None
         engine = self.adapter.engine
         try:
-            buf = engine.output(block, src_port)
+            buf = engine.output(block, src_port, keep=False)  # a tooltip only looks: the wire may stay shared
             count, nbytes = int(buf.count), int(buf.nbytes)
         except (CudapatchError, AttributeError):
-            plan = getattr(engine, "plan", None)  # an engine that only plans (tests) knows the sizes too
+            # An engine that only plans (tests) knows the sizes too, and so does the running graph's plan
+            # of an output whose buffer a later output reuses (buffer reuse).
+            plan = getattr(engine, "plan", None) or getattr(getattr(engine, "graph", None), "plan", None)
             index = plan.outputs.get((block.id, src_port)) if plan is not None else None
             if index is not None and port is not None:
-                count = int(plan.buffers[index].count)
+                mem = getattr(plan, "memory", None)
+                vi = mem.ports.get((block.id, src_port)) if mem is not None else None
+                count = int(mem.values[vi].count if vi is not None else plan.buffers[index].count)
                 nbytes = count * port.dtype.itemsize
         shape = _shape_text(engine, block, src_port)
         kind = str(port.pin_type) if port is not None else ""

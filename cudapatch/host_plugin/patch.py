@@ -68,9 +68,10 @@ else:  # pragma: no cover - 3.10
 
 __all__ = ["Patch", "OperatorSpec", "LinkSpec", "parse_patch", "load_patch", "apply_patch", "ENGINE_KEYS"]
 
-ENGINE_KEYS = {"profiling", "device", "name"}
+ENGINE_KEYS = {"profiling", "device", "name", "reuse_buffers", "keep"}
 PREVIEW_KEYS = {"points", "image", "size"}
 TOP_KEYS = {"engine", "operators", "links", "preview", "editor"}  # [editor]: node positions, bypass (patch_writer)
+_PORT = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")  # [engine] keep = ["op.Port", ...]
 _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")
 # Patterns run on every line of user text, so none may backtrack over a line: a table header's name is
 # stripped in Python (a lazy name before "[ \t]*\]" is quadratic on "[" and spaces), and a string that
@@ -363,6 +364,12 @@ def _check_engine(engine: dict[str, Any], lines: _Lines, fail: Any) -> None:
                 raise fail(f"device = {short_repr(value)}: write a CUDA device number (0 for the first GPU)", line)
         elif key == "name" and not isinstance(value, str):
             raise fail(f"name = {short_repr(value)}: the engine's name must be text", line)
+        elif key == "reuse_buffers" and not isinstance(value, bool):
+            raise fail(f"reuse_buffers = {short_repr(value)}: write true or false", line)
+        elif key == "keep" and (
+            not isinstance(value, list) or not all(isinstance(v, str) and _PORT.match(v) for v in value)
+        ):
+            raise fail(f'keep = {short_repr(value)}: write a list of "operator.Port" strings', line)
 
 
 @dataclass(frozen=True)
@@ -535,7 +542,34 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             counts["links"] += 1
     if "profiling" in new.engine:
         adapter.engine.set_profiling(new.profiling)
+    _apply_keep(adapter, new, old, file)
     return counts
+
+
+def _apply_keep(adapter: HostAdapter, new: Patch, old: Patch | None, file: str) -> None:
+    """``[engine] keep``: the outputs kept in buffers of their own (buffer reuse never shares them)."""
+    keep = getattr(adapter.engine, "keep", None)
+    if keep is None:  # an engine without buffer reuse (isolated: its outputs are never shared)
+        return
+    wanted = {_port(v) for v in new.engine.get("keep", [])}
+    before = {_port(v) for v in old.engine.get("keep", [])} if old is not None else set()
+    line = _Lines(new.text).key("keep", _Lines(new.text).table("engine"))
+    for op, port in sorted(wanted):
+        if op not in adapter.operators():
+            raise PatchFileError(f"keep: no operator '{op}'", file=file, line=line)
+        try:
+            keep(adapter.block(op), port)
+        except CudapatchError as exc:
+            raise PatchFileError(f"keep: {exc.message}", file=file, line=line) from None
+    for op, port in sorted(before - wanted):
+        if op in adapter.operators():
+            keep(adapter.block(op), port, False)
+
+
+def _port(text: str) -> tuple[str, str]:
+    m = _PORT.match(text)
+    assert m is not None  # parse_patch checked it
+    return m.group(1), m.group(2)
 
 
 def _at_operator(exc: CudapatchError, file: str, line: int | None, name: str) -> PatchFileError:

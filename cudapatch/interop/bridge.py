@@ -193,6 +193,9 @@ class GlBridge:
         spec = desc.output(port) if kind == "output" else desc.input(port)
         if spec is None:
             raise InteropError(f"GlBridge: block '{block.name}' has no {kind} port '{port}'")
+        keep = getattr(self.engine, "keep", None)
+        if kind == "output" and keep is not None:
+            keep(block, port)  # GL reads it after the frame: buffer reuse must not give its memory to another output
         return spec
 
     def _regroup(self) -> None:

@@ -193,6 +193,10 @@ class Overlay(HandleOwner):
         gpu = f"{stats.gpu_ms:.3f} ms" if stats.gpu_ms is not None else "-"
         pool = f"{stats.pool_in_use_bytes / 2**20:.0f} MB / {stats.pool_total_bytes / 2**20:.0f} MB"
         imgui.text(f"{len(stats.blocks)} blocks, {stats.kernels} kernels   GPU {gpu}   Pool {pool}")
+        if stats.value_bytes > stats.buffer_bytes:  # buffer reuse: outputs share memory
+            imgui.text(
+                f"Buffers {stats.buffer_bytes / 2**20:.0f} MB for {stats.value_bytes / 2**20:.0f} MB of outputs (reuse)"
+            )
         levels = [lv.value for lv in ProfilingLevel]
         current = levels.index(stats.level.value)
         changed, picked = imgui.combo("Profiling", current, levels)

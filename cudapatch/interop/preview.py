@@ -113,6 +113,9 @@ class Preview:
         self.context = context
         self.points = points
         self.image = image
+        keep = getattr(engine, "keep", None)
+        if points is not None and keep is not None:
+            keep(*points)  # drawn after the frame: its own buffer (buffer reuse), never another output's
         self.orbit = orbit
         self.background = background
         self.frames = 0

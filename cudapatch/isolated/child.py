@@ -81,6 +81,7 @@ class _Server:
             cache_dir=cfg.cache_dir,
             wait_for_compile=cfg.wait_for_compile,
             watch_files=cfg.watch_files,
+            reuse_buffers=False,  # the host maps every output through IPC: none may be overwritten by another
         )
         engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None

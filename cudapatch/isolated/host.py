@@ -561,8 +561,9 @@ class IsolatedEngine:
         self._poll()
         self._gpu.synchronize()
 
-    def output(self, block: Block, port: str) -> Any:
+    def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
         """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
+        ``keep`` is accepted as ``Engine.output`` takes it; the child never shares output buffers.
 
         Raises:
             CudapatchError: the block is not running in the child's graph, or has no such output.

@@ -212,3 +212,97 @@ def test_the_driver_patches_nodes_inside_a_body_directly(engine: Engine) -> None
     add.set("step", 2.0)
     np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 7.0, np.float32))
     assert engine.graph._body_fallback is False
+
+
+@pytest.mark.parametrize("unroll", [4, 8])
+def test_an_unrolled_for_runs_exactly_count_iterations(engine: Engine, unroll: int) -> None:
+    """Count // Unroll passes of the main loop, the rest in the tail: every count is exact, and Count
+    stays Hot across main-only, tail-only and both."""
+    start = engine.add(Fill(name="Start", Count=1000, Value=1.0))
+    loop = engine.add(For(name="Loop", Count=1, Unroll=unroll))
+    add = engine.add(CustomKernel(name="Add", Code=ADD, step=0.5), region=loop)
+    engine.connect(start, "Out", add, "x")
+    _frame(engine, add, "x")
+    graph, rebuilds = engine.graph, engine.counters.rebuilds
+    for count in (0, 3, unroll, 2 * unroll, 2 * unroll + 3, 41):
+        loop.set("Count", count)
+        np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 1.0 + count * 0.5, np.float32))
+        assert engine.iterations(loop) == count
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds
+
+
+def test_an_unrolled_while_checks_once_per_pass_counts_what_ran_and_never_passes_max(engine: Engine) -> None:
+    start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
+    solve = engine.add(While(name="Halving", Max=100, Unroll=4))
+    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=solve)
+    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=solve)
+    engine.connect(start, "Out", halve, "x")
+    engine.connect(halve, "x", check, "in")
+    engine.connect(check, "more", solve, "Condition")
+    # 10 halvings reach 1.0; the condition is read after each pass of 4: 12 run (1024 / 2**12)
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 0.25, np.float32))
+    assert engine.iterations(solve) == 12
+    engine.stats()
+    assert not [d for d in engine.diagnostics(solve) if d.code == "region-max"]
+    rebuilds = engine.counters.rebuilds
+    solve.set("Max", 6)  # one pass of 4, then the tail one at a time up to Max
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 16.0, np.float32))
+    assert engine.iterations(solve) == 6
+    engine.stats()
+    assert any(d.code == "region-max" for d in engine.diagnostics(solve))
+    solve.set("Max", 3)  # below one pass: the tail alone, from the first iteration
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 128.0, np.float32))
+    assert engine.iterations(solve) == 3
+    assert engine.counters.rebuilds == rebuilds
+
+
+def test_hot_warm_and_code_edits_reach_every_copy_of_an_unrolled_body(engine: Engine, rng: np.random.Generator) -> None:
+    start = engine.add(Fill(name="Start", Count=1000, Value=1.0))
+    loop = engine.add(For(name="Loop", Count=10, Unroll=4))  # 2 passes of 4 copies, then 2 in the tail
+    add = engine.add(CustomKernel(name="Add", Code=ADD, step=0.5), region=loop)
+    engine.connect(start, "Out", add, "x")
+    np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 6.0, np.float32))
+    graph, rebuilds = engine.graph, engine.counters.rebuilds
+    add.set("step", 0.25)  # Hot: five nodes (four copies and the tail's)
+    np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 3.5, np.float32))
+    add.set("Code", ADD_TWICE)  # Code: swapped into every copy
+    engine.wait_ready()
+    np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 6.0, np.float32))
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds
+    # Warm: a rebound input reaches every copy
+    loop2 = engine.add(For(name="Loop2", Count=5, Unroll=3))
+    scale = engine.add(Scale(name="S", Factor=2.0), region=loop2)
+    a, b = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
+    engine.bind(scale, "In", a)
+    np.testing.assert_allclose(_frame(engine, scale, "Out"), a * 2.0, rtol=1e-6)
+    graph = engine.graph
+    other = GpuBuffer(engine.pool, scale.description.input("In").dtype, 512, stream=engine.stream)
+    try:
+        other.upload(b)
+        engine.bind(scale, "In", other)
+        np.testing.assert_allclose(_frame(engine, scale, "Out"), b * 2.0, rtol=1e-6)
+        assert engine.graph is graph
+    finally:
+        engine.remove(scale)
+        engine.update()
+        engine.synchronize()
+        other.close()
+
+
+def test_an_unrolled_while_nested_in_an_unrolled_for_restarts_on_every_entry(engine: Engine) -> None:
+    """The inner While's handle and counter are set by its begin kernel in each copy of the outer
+    body (two in the outer's main body, one in its tail), so each outer iteration halves a fresh 1024:
+    10 halvings reach 1.0, read after each pass of 8, so 16 run (1024 / 2**16)."""
+    outer = engine.add(For(name="Outer", Count=3, Unroll=2))
+    reset = engine.add(Fill(name="Reset", Count=256, Value=1024.0), region=outer)
+    inner = engine.add(While(name="Halving", Max=100, Unroll=8), region=outer)
+    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=inner)
+    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=inner)
+    engine.connect(reset, "Out", halve, "x")
+    engine.connect(halve, "x", check, "in")
+    engine.connect(check, "more", inner, "Condition")
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 1.0 / 64.0, np.float32))
+    assert (engine.iterations(outer), engine.iterations(inner)) == (3, 16)
+    inner.set("Max", 12)  # Hot in all three copies: a pass of 8, then the tail stops exactly at 1.0
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+    assert engine.iterations(inner) == 10

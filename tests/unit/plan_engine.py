@@ -38,6 +38,9 @@ class PlanOnlyEngine:
     def disconnect(self, src, src_port, dst, dst_port):
         return self.context.disconnect(src, src_port, dst, dst_port)
 
+    def keep(self, block, port, keep=True):
+        self.context.keep(block, port, keep)
+
     def probe(self, block, port, *, shape=None):
         return self._probes.add(block, port, shape)
 

@@ -29,9 +29,11 @@ def _array(a: Arg, buffers: dict[int, np.ndarray], externals: Mapping[tuple[int,
 def run_plan(
     plan: GraphPlan, snap: PatchSnapshot, externals: Mapping[tuple[int, str], np.ndarray]
 ) -> dict[int, np.ndarray]:
-    """Run every kernel node of ``plan`` in order; returns the buffers by plan index."""
+    """Run every kernel node of ``plan`` in order; returns the buffers by plan index (a value in a
+    buffer it shares is its first ``count`` elements there)."""
     blocks = {b.id: b for b in snap.blocks}
-    buffers = {b.index: np.full(b.count, np.nan, np.float32) for b in plan.buffers}  # poisoned
+    # poisoned; a buffer several values share (buffer reuse) holds raw bytes: as many floats as fit
+    buffers = {b.index: np.full(-(-b.count * b.dtype.itemsize // 4), np.nan, np.float32) for b in plan.buffers}
     for node in plan.nodes:
         if not isinstance(node, KernelNodePlan):
             continue
@@ -53,7 +55,7 @@ def run_plan(
             ins = [_array(by_role[("input", member.inputs[name])], buffers, externals) for name in program.inputs]
             scalars = [by_role[("scalar", member.scalars[name])].value for name in program.scalars]
             out = by_role[("output", member.output)]
-            n = buffers[out.ref].size  # type: ignore[index]
+            n = next(a.value for (role, _), a in zip(roles, node.args, strict=True) if role == "count")
         result = evaluate(program, ins, scalars, n)["Out"]  # type: ignore[arg-type]
         buffers[out.ref][:n] = result  # type: ignore[index]
     return buffers

@@ -39,6 +39,7 @@ def _chain(c: Context, *blocks) -> None:
 
 
 def _decide(c: Context, *bypassed):
+    c.bypassed.update(b.id for b in bypassed)  # as the engine plans them: their values in buffers of their own
     plan = compile_plan(c.snapshot())
     return plan, plan_bypass(BypassIndex(plan), {b.id for b in bypassed})
 

@@ -39,6 +39,7 @@ from cudapatch.blocks.captured import CapturedSpec
 from cudapatch.blocks.library import FFT, GEMM, Emitter, Forces, Integrate, LUSolve, Random, ToPoints
 from cudapatch.engine import Arg, Context, ExternalBinding, GraphPlan, Link, PatchSnapshot
 from cudapatch.engine.diagnostics import Diagnostic
+from cudapatch.engine.memory_plan import MemoryPlan
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import GraphCompileError
 from cudapatch.kernels.descriptor import KernelDescriptor
@@ -60,7 +61,9 @@ class Case:
         status: Callable[[dict[str, int]], dict] | None = None,
         faulted: Callable[[dict[str, int]], dict] | None = None,
         edit: Callable[[PatchSnapshot, dict[str, int]], PatchSnapshot] | None = None,
+        reuse: bool = True,
     ) -> None:
+        self.reuse = reuse
         snap = ctx.snapshot()
         ids = {b.id: i + 1 for i, b in enumerate(snap.blocks)}
         for b in snap.blocks:  # an automatic name carries the global block id: not reproducible
@@ -70,6 +73,7 @@ class Case:
             tuple(dataclasses.replace(b, id=ids[b.id], context_id=0) for b in snap.blocks),
             tuple(Link(ids[lk.src], lk.src_port, ids[lk.dst], lk.dst_port) for lk in snap.links),
             {(ids[k[0]], k[1]): v for k, v in snap.bindings.items()},
+            kept=frozenset((ids[k[0]], k[1]) for k in snap.kept),
         )
         by_name = {b.name: b.id for b in self.snap.blocks}
         self.status = status(by_name) if status else None
@@ -78,7 +82,7 @@ class Case:
             self.snap = edit(self.snap, by_name)
 
     def compile(self, fn: Callable[..., GraphPlan], level: ProfilingLevel) -> GraphPlan:
-        return fn(self.snap, self.status, level, self.faulted)
+        return fn(self.snap, self.status, level, self.faulted, reuse=self.reuse)
 
 
 def _ctx(*blocks: Block) -> Context:
@@ -308,14 +312,17 @@ def random_dag(seed: int = 17, n: int = 32) -> Case:
     return Case(c)
 
 
-def big_chain() -> Case:
+def big_chain(*, keep: tuple[int, ...] = (), reuse: bool = True) -> Case:
+    """24 blocks after a Fill: with buffer reuse, the intermediates take turns in two buffers."""
     c = Context()
     prev = c.register_block(Fill(name="head", Count=2048))
     for i in range(24):
         s = c.register_block(Scale(name=f"s{i}"))
         c.connect(prev, "Out", s, "In")
+        if i in keep:
+            c.keep(s, "Out")
         prev = s
-    return Case(c)
+    return Case(c, reuse=reuse)
 
 
 def _errors(edit: Callable[[PatchSnapshot, dict[str, int]], PatchSnapshot]) -> Callable[[], Case]:
@@ -349,6 +356,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "random_dag": random_dag,
     "random_dag_2": lambda: random_dag(seed=2024, n=20),
     "big_chain": big_chain,
+    "big_chain_kept": lambda: big_chain(keep=(3, 10)),
+    "big_chain_no_reuse": lambda: big_chain(reuse=False),
     "error_unknown_ports": _errors(
         lambda snap, ids: _links(snap, Link(ids["f"], "Nope", ids["s"], "In"), Link(ids["f"], "Out", ids["s"], "No"))
     ),
@@ -425,7 +434,12 @@ def dump(plan: GraphPlan) -> list[str]:
         value = getattr(plan, f.name)
         if f.name in WHEN_USED and value == WHEN_USED[f.name]:
             continue
-        if isinstance(value, dict):
+        if isinstance(value, MemoryPlan):
+            lines.append(f"memory reuse={value.reuse} value_buffer={canon(value.value_buffer)}")
+            lines.extend(f"memory pinned {vi} {why}" for vi, why in value.pinned)
+            if value.values != plan.buffers:  # shared buffers: the values are not the buffers
+                lines.extend(f"memory values[{i}] {canon(v)}" for i, v in enumerate(value.values))
+        elif isinstance(value, dict):
             lines.extend(f"{f.name} {canon(k)} -> {canon(v)}" for k, v in value.items())
         elif isinstance(value, tuple) and f.name in ("nodes", "buffers", "diagnostics", "timings"):
             lines.extend(f"{f.name}[{i}] {canon(v, table)}" for i, v in enumerate(value))

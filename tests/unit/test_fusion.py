@@ -142,8 +142,8 @@ def test_fused_plans_compute_what_unfused_plans_compute(seed: int) -> None:
     count = int(rng.choice([1, 7, 256, 1000]))
     ctx, externals, blocks = _random_patch(rng, count)
     snap = ctx.snapshot()
-    plain = compile_plan(snap)
-    fused = compile_plan(snap, fuse=True)
+    plain = compile_plan(snap, reuse=False)  # every intermediate is compared: none may be overwritten
+    fused = compile_plan(snap, fuse=True, reuse=False)
     assert len(fused.kernel_nodes) <= len(plain.kernel_nodes)
     got_plain = run_plan(plain, snap, externals)
     got_fused = run_plan(fused, snap, externals)

@@ -121,3 +121,20 @@ def test_a_linked_inout_pointer_is_written_in_the_linked_buffer_and_read_after()
     assert sorted((plan.buffers[i].block_id, plan.buffers[i].label) for i in range(len(plan.buffers))) == sorted(
         [(src.id, "Out"), (zero.id, "c"), (block.id, "out"), (after.id, "Seen")]
     )
+
+
+def test_a_kernel_with_only_inout_pointers_launches_over_its_first_inout_input():
+    """``n`` is the length of the memory written in place (never the ``Count`` default, which would
+    run a 1024-thread launch past a shorter buffer into whatever lies after it)."""
+    add = CustomKernel(
+        name="add",
+        Code='extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n) { }',
+    )
+    assert "Count" not in {p.name for p in add.description.params}
+    src = Fill(name="src", Count=300, Value=0.0)
+    c = _ctx(src, add)
+    c.connect(src, "Out", add, "x")
+    plan = compile_plan(c.snapshot())
+    node = _node(plan, add)
+    assert node.args[2].kind == "const" and node.args[2].value == 300
+    assert node.grid * node.block >= 300 and (node.grid - 1) * node.block < 300

@@ -32,6 +32,7 @@ class RecordingDriver:
         self.calls: list[tuple[Any, ...]] = []
         self._ids = itertools.count(1)
         self._keep: list[Any] = []
+        self.free = 80 << 30  # what cuMemGetInfo reports free (the memory check before a build)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("cu"):
@@ -58,6 +59,9 @@ class RecordingDriver:
 
     def cuMemFree(self, p):  # noqa: N802
         return (OK,)
+
+    def cuMemGetInfo(self):  # noqa: N802
+        return OK, self.free, 80 << 30
 
     def cuMemHostAlloc(self, n, flags):  # noqa: N802
         buf = ctypes.create_string_buffer(n)

@@ -15,10 +15,10 @@ from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan
 from cudapatch.errors import GraphCompileError
 
 
-def _body(count: int = 64, steps: int = 8):
+def _body(count: int = 64, steps: int = 8, unroll: int = 1):
     """For(Count=steps) holding d (FrameDelay) -> s (Scale) -> d.In; r (Scale) after the loop reads s."""
     c = Context()
-    loop = c.register_block(For(name="Steps", Count=steps))
+    loop = c.register_block(For(name="Steps", Count=steps, Unroll=unroll))
     d = c.register_block(FrameDelay(name="d", Count=count, Fill=0.0))
     s = c.register_block(Scale(name="s", Factor=0.5, Offset=1.0))
     r = c.register_block(Scale(name="r"))
@@ -89,7 +89,7 @@ def test_a_top_level_delay_beside_a_region_gets_its_copy_last_in_the_top_level_g
     d = c.register_block(FrameDelay(name="d", Count=32))
     f = c.register_block(Fill(name="f", Count=32))
     a = c.register_block(VectorAdd(name="a"))
-    loop = c.register_block(For(name="Steps", Count=2))
+    loop = c.register_block(For(name="Steps", Count=2, Unroll=1))
     s = c.register_block(Scale(name="s"))
     c.place(s, loop)
     c.connect(d, "Out", a, "A")
@@ -117,7 +117,7 @@ def test_an_init_made_inside_the_loop_is_an_error_on_the_delay() -> None:
 
 def test_a_delay_in_a_nested_for_carries_per_inner_iteration() -> None:
     c, loop, d, s, r = _body()
-    outer = c.register_block(For(name="Outer", Count=2))
+    outer = c.register_block(For(name="Outer", Count=2, Unroll=1))
     c.place(loop, outer)
     plan = compile_plan(c.snapshot())
     (dp,) = plan.delays
@@ -188,8 +188,8 @@ def test_the_reaction_diffusion_patch_file_plans_its_delay_inside_the_for() -> N
     plan = engine.plan
     (dp,) = plan.delays
     loop, step = adapter.block("Steps"), adapter.block("step")
-    cond = plan.regions[loop.id].node
-    assert plan.scopes[dp.copy] == cond and dp.node not in plan.scopes
+    rp = plan.regions[loop.id]
+    assert plan.scopes[dp.copy] == (rp.tail if rp.unroll > 1 else rp.node) and dp.node not in plan.scopes
     assert dp.current == plan.outputs[(step.id, "next")]
     assert plan.buffers[dp.previous].count == 1024 * 1024
     copy = plan.nodes[dp.copy]
@@ -221,7 +221,7 @@ def test_a_library_call_may_touch_a_delay_carried_by_a_copy() -> None:
     from cudapatch.blocks.library import FFT
 
     c = Context()
-    loop = c.register_block(For(name="Steps", Count=3))
+    loop = c.register_block(For(name="Steps", Count=3, Unroll=1))
     d = c.register_block(FrameDelay(name="d", Type="float2", Count=64))
     fft = c.register_block(FFT(name="fft", Kind="C2C", Nx=64))
     c.place(d, loop)
@@ -251,7 +251,7 @@ def test_the_reaction_diffusion_example_patch_plans_and_its_numpy_reference_runs
     spec.loader.exec_module(ex)  # type: ignore[union-attr]
     h = w = 64
     c = Context()
-    loop = c.register_block(For(name="Steps", Count=10))
+    loop = c.register_block(For(name="Steps", Count=10, Unroll=1))
     field = c.register_block(FrameDelay(name="field", Type="float2"))
     step = c.register_block(CustomKernel(name="step", Code=ex.GRAY_SCOTT, width=w, height=h, **ex.PARAMS))
     paint = c.register_block(CustomKernel(name="paint", Code=ex.PAINT))
@@ -274,3 +274,20 @@ def test_the_reaction_diffusion_example_patch_plans_and_its_numpy_reference_runs
     assert out.shape == seed.shape and out.dtype == np.float32 and np.isfinite(out).all()
     flat = np.tile(np.float32([1.0, 0.0]), (h * w, 1))
     np.testing.assert_array_equal(ex.gray_scott(flat, h, w, 5), flat)
+
+
+def test_an_unrolled_body_has_a_copy_node_at_the_end_of_every_copy_of_the_body() -> None:
+    c, loop, d, s, r = _body(unroll=4)
+    plan = compile_plan(c.snapshot())
+    rp = plan.regions[loop.id]
+    assert rp.unroll == 4 and rp.tail is not None
+    (dp,) = plan.delays
+    init, *copies = _nodes(plan, d.id)
+    scales = _nodes(plan, s.id)
+    assert init.index == dp.node and init.index not in plan.scopes and dp.copy == copies[-1].index
+    assert len(copies) == len(scales) == 5  # 4 in the main body, 1 in the tail
+    assert [plan.scopes[k.index] for k in copies] == [rp.node] * 4 + [rp.tail]
+    for scale, copy in zip(scales, copies, strict=True):  # each copy ends its own copy of the body ...
+        assert scale.index in copy.deps and copy.args[0].ref == dp.current and copy.args[1].ref == dp.previous
+    for copy, scale in zip(copies[:3], scales[1:4], strict=True):  # ... and the next copy reads what it copied
+        assert copy.index in scale.deps

@@ -113,3 +113,16 @@ def test_a_while_without_max_in_a_patch_is_an_error_on_the_region() -> None:
     eng.update()
     solve = adapter.block("Solve")
     assert any(d.block_id == solve.id and d.code == "region-max" for d in eng.errors)
+
+
+def test_a_loops_unroll_comes_from_its_patch_file() -> None:
+    patch = parse_patch(FOR_PATCH.replace("Count = 8\n", "Count = 8\nUnroll = 2\n"), path="p.toml", registry=REG)
+    adapter, eng = _adapter()
+    apply_patch(adapter, patch)
+    eng.update()
+    assert eng.errors == ()
+    plan = eng.plan
+    steps = adapter.block("Steps")
+    rp = plan.regions[steps.id]
+    assert rp.unroll == 2 and rp.tail is not None
+    assert len([n for n in plan.nodes if getattr(n, "block_id", None) == adapter.block("Step").id]) == 3

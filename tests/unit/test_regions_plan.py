@@ -7,7 +7,7 @@ import pytest
 
 from cudapatch import CustomKernel, Fill, For, If, Scale, While
 from cudapatch.engine import Context, compile_plan
-from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan, PublishNodePlan, StampNodePlan
+from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan, ProbeNodePlan, PublishNodePlan, StampNodePlan
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import CudapatchError, GraphCompileError, LinkError
 
@@ -150,7 +150,7 @@ def test_condition_links_take_int_uint_and_uchar_but_not_float() -> None:
 def test_a_for_has_a_hot_count_in_both_of_its_kernels() -> None:
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))
-    f = c.register_block(For(name="Steps", Count=12))
+    f = c.register_block(For(name="Steps", Count=12, Unroll=1))
     step = c.register_block(Scale(name="Step"))
     c.place(step, f)
     c.connect(src, "Out", step, "In")
@@ -309,12 +309,13 @@ def test_a_bound_condition_is_a_warm_binding_slot_of_the_set_condition_kernel() 
     assert plan.scopes[slot[0]] == _by_block(plan, r.id, ConditionalNodePlan)[0].index  # a body node's slot
 
 
+@pytest.mark.parametrize("unroll", [1, 4])
 @pytest.mark.parametrize("level", list(ProfilingLevel))
-def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel) -> None:
+def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel, unroll: int) -> None:
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))
-    outer = c.register_block(For(name="Outer", Count=3))
-    w = c.register_block(While(name="Inner", Max=9))
+    outer = c.register_block(For(name="Outer", Count=3, Unroll=unroll))
+    w = c.register_block(While(name="Inner", Max=9, Unroll=unroll))
     a = c.register_block(Scale(name="A"))
     chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
     b = c.register_block(Scale(name="B"))
@@ -329,29 +330,42 @@ def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel) -> No
     c.connect(a, "Out", b, "In")
     c.connect(b, "Out", after, "In")
     plan = compile_plan(c.snapshot(), level=level)
-    conds = {n.block_id: n for n in plan.nodes if isinstance(n, ConditionalNodePlan)}
-    assert plan.scopes[conds[w.id].index] == conds[outer.id].index
+    conds: dict[int, list] = {}
+    for n in plan.nodes:
+        if isinstance(n, ConditionalNodePlan):
+            conds.setdefault(n.block_id, []).append(n)
+    outer_nodes = {n.index for n in conds[outer.id]}
+    assert all(plan.scopes[n.index] in outer_nodes for n in conds[w.id])
+    # the outer's bodies (main U copies and tail one) each hold the inner loop's conditional nodes
+    assert len(conds[outer.id]) == (1 if unroll == 1 else 2)
+    # unrolled: the inner While is made in each of the outer's U + 1 copies, each a main and a tail node
+    assert len(conds[w.id]) == (1 if unroll == 1 else (unroll + 1) * 2)
     for n in plan.nodes:
         assert plan.nodes[n.index] is n
         for d in n.deps:
             assert d < n.index and plan.scopes.get(d) == plan.scopes.get(n.index), (n, d)
         if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
-            assert plan.nodes[n.args[0].ref] is conds[n.block_id]
+            target = plan.nodes[n.args[0].ref]
+            assert target in conds[n.block_id]
+            # a set-condition kernel sets the handle of a node in its own graph, or of the node it is in
+            assert plan.scopes.get(n.index) in (plan.scopes.get(target.index), target.index)
         if n.index in plan.scopes:  # a body node sits after its conditional node, before the next top-level one
             assert plan.scopes[n.index] < n.index
     for (bid, _), slots in plan.scalar_slots.items():
         for ni, _ in slots:
             assert plan.nodes[ni].block_id == bid
     for rid, rp in plan.regions.items():
-        assert plan.nodes[rp.node] is conds[rid]
+        assert plan.nodes[rp.node] in conds[rid] and rp.unroll == unroll
+        assert (rp.tail is None) == (unroll == 1) and (rp.tail is None or plan.nodes[rp.tail] in conds[rid])
+    for cond in (n for ns in conds.values() for n in ns):
         inside = set()  # every node of its body, nested bodies included: right after it, contiguous
         for i in plan.scopes:
             p = i
             while p in plan.scopes:
                 p = plan.scopes[p]
-                if p == rp.node:
+                if p == cond.index:
                     inside.add(i)
-        assert sorted(inside) == list(range(rp.node + 1, rp.node + 1 + len(inside)))
+        assert sorted(inside) == list(range(cond.index + 1, cond.index + 1 + len(inside)))
     body_blocks = {plan.nodes[i].block_id for i in plan.scopes if hasattr(plan.nodes[i], "block_id")}
     assert {a.id, chk.id, b.id, w.id, outer.id} >= body_blocks >= {a.id, chk.id, b.id}
     assert after.id not in body_blocks and src.id not in body_blocks
@@ -362,7 +376,7 @@ def test_a_probe_on_a_wire_inside_a_body_is_a_node_of_the_body() -> None:
 
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))
-    loop = c.register_block(For(name="Loop", Count=4))
+    loop = c.register_block(For(name="Loop", Count=4, Unroll=1))
     a = c.register_block(Scale(name="A"))
     c.place(a, loop)
     c.connect(src, "Out", a, "In")
@@ -380,7 +394,7 @@ def test_a_composite_placed_in_a_region_runs_its_blocks_in_the_body() -> None:
 
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))
-    loop = c.register_block(For(name="Loop", Count=2))
+    loop = c.register_block(For(name="Loop", Count=2, Unroll=1))
     t = c.register_block(TwoScales(name="t"))
     after = c.register_block(Scale(name="After"))
     c.place(t, loop)
@@ -393,3 +407,224 @@ def test_a_composite_placed_in_a_region_runs_its_blocks_in_the_body() -> None:
     assert inner <= body and after.id not in body
     assert plan.scalar_slots[(t.id, "Gain")]  # Hot slots filed under the composite, as without regions
     assert _by_block(plan, after.id)[0].deps == (cond.index,)
+
+
+def _region_kernels(plan, rid: int) -> list[tuple[str, int | None]]:
+    """``(entry point, scope)`` of the region's set-condition kernels, in node order."""
+    return [(n.entry_point, plan.scopes.get(n.index)) for n in _by_block(plan, rid)]
+
+
+def test_an_unrolled_for_is_a_main_loop_of_copies_and_a_tail_fed_by_one_begin() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    f = c.register_block(For(name="Steps", Count=10, Unroll=4))
+    step = c.register_block(Scale(name="Step"))
+    after = c.register_block(Scale(name="After"))
+    c.place(step, f)
+    c.connect(src, "Out", step, "In")
+    c.connect(step, "Out", after, "In")
+    plan = compile_plan(c.snapshot())
+    rp = plan.regions[f.id]
+    main, tail = plan.nodes[rp.node], plan.nodes[rp.tail]
+    assert (rp.kind, rp.unroll, main.kind, tail.kind) == ("for", 4, "while", "while")
+    assert _region_kernels(plan, f.id) == [
+        ("region_begin_n", None),  # counter = 0; the main loop runs if a pass of 4 fits in Count
+        ("region_for_step_n", main.index),  # counter += 4; again while another pass fits
+        ("region_for_tail", None),  # between the two: the tail runs while iterations are left
+        ("region_for_step", tail.index),  # one at a time up to Count: 10 = 2 * 4 + 2
+    ]
+    begin, step_n, tail_k, step_1 = _by_block(plan, f.id)
+    assert begin.index == main.index - 1 and tail_k.index == tail.index - 1
+    for k, cond in ((begin, main), (step_n, main), (tail_k, tail), (step_1, tail)):
+        assert k.args[0].kind == "handle" and k.args[0].ref == cond.index
+    assert begin.args[3].value == step_n.args[3].value == 4  # the unroll: a constant (Unroll is structural)
+    # The copies: four in the main body, one after the other; one in the tail's body.
+    copies = _by_block(plan, step.id)
+    assert [plan.scopes[n.index] for n in copies] == [main.index] * 4 + [tail.index]
+    assert [n.deps for n in copies[1:4]] == [(copies[0].index,), (copies[1].index,), (copies[2].index,)]
+    assert plan.block_nodes[step.id] == tuple(n.index for n in copies)
+    # Hot: every copy's Factor slot and every set-condition kernel's Count slot
+    assert {ni for ni, _ in plan.scalar_slots[(step.id, "Factor")]} == {n.index for n in copies}
+    assert {ni for ni, _ in plan.scalar_slots[(f.id, "Count")]} == {
+        begin.index,
+        step_n.index,
+        tail_k.index,
+        step_1.index,
+    }
+    assert tail_k.index > main.index and main.index in tail_k.deps and set(tail.deps) >= {main.index, tail_k.index}
+    assert _by_block(plan, after.id)[0].deps == (tail.index,)
+    assert plan.block_nodes[f.id] == (begin.index, main.index, step_n.index, tail_k.index, tail.index, step_1.index)
+    unroll = next(p for p in f.description.params if p.name == "Unroll")
+    assert unroll.structural and unroll.default == 8
+
+
+def test_a_while_is_exact_by_default_and_an_unrolled_one_checks_once_per_pass() -> None:
+    c, src, w, step, chk, after = _while(max_=10)
+    plan = compile_plan(c.snapshot())
+    assert plan.regions[w.id].unroll == 1 and plan.regions[w.id].tail is None  # Unroll 1: no overshoot
+    c2, src, w, step, chk, after = _while(max_=10)
+    w.set("Unroll", 4)
+    plan = compile_plan(c2.snapshot())
+    rp = plan.regions[w.id]
+    main, tail = plan.nodes[rp.node], plan.nodes[rp.tail]
+    assert _region_kernels(plan, w.id) == [
+        ("region_begin_n", None),
+        ("region_while_step_n4", main.index),
+        ("region_while_tail4", None),
+        ("region_while_step4", tail.index),
+    ]
+    checks = _by_block(plan, chk.id)
+    assert [plan.scopes[n.index] for n in checks] == [main.index] * 4 + [tail.index]
+    _, step_n, tail_k, step_1 = _by_block(plan, w.id)
+    assert step_n.deps == (checks[3].index,)  # the condition after the last copy: once per pass
+    assert step_1.deps == (checks[4].index,)
+    more = checks[0].args[1].ref  # Check's output buffer, the condition
+    assert step_n.args[1].ref == tail_k.args[1].ref == step_1.args[1].ref == more
+    assert main.index in tail_k.deps  # it reads the condition and the count the main loop left
+    assert {ni for ni, _ in plan.scalar_slots[(w.id, "Max")]} == {n.index for n in _by_block(plan, w.id)}
+
+
+def _body(plan, cond: int) -> set[int]:
+    """Every node inside conditional node ``cond``'s body, nested bodies included."""
+    out = set()
+    for i in plan.scopes:
+        p = i
+        while p in plan.scopes:
+            p = plan.scopes[p]
+            if p == cond:
+                out.add(i)
+    return out
+
+
+def _region_of(kind: str, name: str):
+    return {"for": lambda: For(name=name, Count=3, Unroll=2), "while": lambda: While(name=name, Max=5, Unroll=2),
+            "if": lambda: If(name=name)}[kind]()  # fmt: skip
+
+
+@pytest.mark.parametrize("inner_kind", ["for", "while", "if"])
+@pytest.mark.parametrize("outer_kind", ["for", "while", "if"])
+def test_every_nesting_sets_the_inner_handle_in_the_parent_body_on_every_entry(
+    outer_kind: str, inner_kind: str
+) -> None:
+    """A handle's value is the one a kernel last set (no default is applied when a parent body runs
+    again): so every conditional node, nested or not, has its set-condition kernel right before it in
+    the same graph, with an edge, and a loop's begin kernel zeroes its counter there on every entry."""
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    gate = c.register_block(CustomKernel(name="Gate", Code=CHECK))  # an If's condition, made before both
+    outer = c.register_block(_region_of(outer_kind, "Outer"))
+    inner = c.register_block(_region_of(inner_kind, "Inner"))
+    a = c.register_block(Scale(name="A"))
+    c.place(inner, outer)
+    c.place(a, inner)
+    c.connect(src, "Out", gate, "in")
+    c.connect(src, "Out", a, "In")
+    for r, kind in ((outer, outer_kind), (inner, inner_kind)):
+        if kind == "if":
+            c.connect(gate, "more", r, "Condition")
+        elif kind == "while":  # made in its body (the outer's: by a check after the inner region)
+            chk = c.register_block(CustomKernel(name=f"Check{r.name}", Code=CHECK))
+            c.place(chk, r)
+            c.connect(a, "Out", chk, "in")
+            c.connect(chk, "more", r, "Condition")
+    plan = compile_plan(c.snapshot())
+    conds = [n for n in plan.nodes if isinstance(n, ConditionalNodePlan)]
+    setters = {}
+    for n in plan.nodes:
+        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
+            setters.setdefault(n.args[0].ref, []).append(n)
+    for cond in conds:
+        scope = plan.scopes.get(cond.index)
+        before = [k for k in setters[cond.index] if plan.scopes.get(k.index) == scope]
+        assert len(before) == 1 and before[0].index in cond.deps, cond  # set right before, in the same graph
+        first = before[0].entry_point
+        kind = plan.regions[cond.block_id].kind
+        if kind == "if":
+            assert first.startswith("region_if")
+        elif first == "region_begin_n":  # a main loop: zeroes the counter each time the parent body reaches it
+            assert before[0].args[1].kind == "counter"
+            assert plan.nodes[cond.index + 1 + len(_body(plan, cond.index))].entry_point.startswith(
+                ("region_for_tail", "region_while_tail")
+            )  # its tail's set-condition kernel follows the main loop in the same graph
+        else:
+            assert first in ("region_for_tail", "region_while_tail4")
+        inside = [k for k in setters[cond.index] if plan.scopes.get(k.index) == cond.index]
+        assert len(inside) == (0 if kind == "if" else 1)  # a loop's step kernel, in its own body
+        if inside:
+            body = [i for i, p in plan.scopes.items() if p == cond.index]
+            assert inside[0].index == max(body)  # last in the body
+    inner_conds = [n for n in conds if n.block_id == inner.id]
+    outer_bodies = {n.index for n in conds if n.block_id == outer.id}
+    assert inner_conds and all(plan.scopes[n.index] in outer_bodies for n in inner_conds)
+
+
+def test_a_probe_in_an_unrolled_body_is_one_record_written_by_the_last_copy_and_the_tail() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    loop = c.register_block(For(name="Loop", Count=7, Unroll=3))
+    a = c.register_block(Scale(name="A"))
+    c.place(a, loop)
+    c.connect(src, "Out", a, "In")
+    c.add_probe(a, "Out")
+    plan = compile_plan(c.snapshot())
+    probes = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    rp = plan.regions[loop.id]
+    copies = _by_block(plan, a.id)
+    assert len(plan.probes) == 1 and len(probes) == 2
+    assert {(p.probe, p.offset) for p in probes} == {(0, 0)}
+    assert [plan.scopes[p.index] for p in probes] == [rp.node, rp.tail]
+    assert [p.deps for p in probes] == [(copies[2].index,), (copies[3].index,)]
+
+
+def test_nested_unrolled_loops_cap_the_copies_of_a_block() -> None:
+    from cudapatch.engine.compiler.regions import MAX_COPIES
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=100, Unroll=8))
+    inner = c.register_block(For(name="Inner", Count=100, Unroll=8))
+    a = c.register_block(Scale(name="A"))
+    c.place(inner, outer)
+    c.place(a, inner)
+    c.connect(src, "Out", a, "In")
+    plan = compile_plan(c.snapshot())
+    assert plan.regions[outer.id].unroll == 8
+    assert plan.regions[inner.id].unroll == MAX_COPIES // 9  # made in 8 + 1 outer copies: 7 more each
+    assert len(_by_block(plan, a.id)) == 9 * (7 + 1)
+
+
+def test_unroll_one_keeps_one_conditional_node_and_the_step_kernels() -> None:
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    f = c.register_block(For(name="Steps", Count=10, Unroll=1))
+    step = c.register_block(Scale(name="Step"))
+    c.place(step, f)
+    c.connect(src, "Out", step, "In")
+    plan = compile_plan(c.snapshot())
+    (cond,) = _by_block(plan, f.id, ConditionalNodePlan)
+    assert _region_kernels(plan, f.id) == [("region_begin", None), ("region_for_step", cond.index)]
+    assert len(_by_block(plan, step.id)) == 1
+
+
+def test_a_fault_replay_runs_each_body_block_once_however_unrolled() -> None:
+    from cudapatch.engine.replay import replayed_nodes
+
+    c = Context()
+    src = c.register_block(Fill(name="Src", Count=64))
+    outer = c.register_block(For(name="Outer", Count=5, Unroll=2))
+    inner = c.register_block(For(name="Inner", Count=5, Unroll=3))
+    a = c.register_block(Scale(name="A"))
+    b = c.register_block(Scale(name="B"))
+    after = c.register_block(Scale(name="After"))
+    c.place(inner, outer)
+    c.place(a, inner)
+    c.place(b, outer)
+    c.connect(src, "Out", a, "In")
+    c.connect(a, "Out", b, "In")
+    c.connect(b, "Out", after, "In")
+    plan = compile_plan(c.snapshot())
+    run = replayed_nodes(plan)
+    assert run == sorted(run)
+    work = [plan.nodes[i].block_id for i in run if isinstance(plan.nodes[i], KernelNodePlan)]
+    assert [w for w in work if w not in (outer.id, inner.id)] == [src.id, a.id, b.id, after.id]
+    assert len(_by_block(plan, a.id)) == 3 * 4  # in the plan: 2 + 1 outer copies, each with 3 + 1 of A

@@ -161,8 +161,9 @@ def test_a_refused_body_update_goes_through_the_template_and_one_exec_update(mon
     g.close()
 
 
+@pytest.mark.parametrize("unroll", [1, 3])
 @pytest.mark.parametrize("count", [0, 5])
-def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch, count: int) -> None:
+def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch, count: int, unroll: int) -> None:
     rec = _install(monkeypatch, RegionDriver())
     rec.memsets: list[Any] = []
     orig = rec.cuGraphAddMemsetNode
@@ -174,14 +175,15 @@ def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch
     rec.cuGraphAddMemsetNode = memset  # type: ignore[method-assign]
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))
-    loop = c.register_block(For(name="Loop", Count=count))
+    loop = c.register_block(For(name="Loop", Count=count, Unroll=unroll))
     a = c.register_block(Scale(name="A"))
     c.place(a, loop)
     c.connect(src, "Out", a, "In")
     plan = compile_plan(c.snapshot(), faulted={a.id: "illegal address"})
     g = _realize(c, plan, BufferPool())
-    assert len(rec.memsets) == 2  # the counters' memset at the top, A's zero-fill in the body
-    assert str(rec.memsets[0]) == str(rec.root) and str(rec.memsets[1]) != str(rec.root)
+    # the counters' memset at the top, A's zero-fill in the body: in each copy (unrolled: U and the tail's)
+    assert len(rec.memsets) == 1 + (1 if unroll == 1 else unroll + 1)
+    assert str(rec.memsets[0]) == str(rec.root) and all(str(m) != str(rec.root) for m in rec.memsets[1:])
     g.close()
 
 
@@ -203,4 +205,37 @@ def test_set_condition_kernels_are_left_out_of_occupancy(monkeypatch) -> None:
     )  # type: ignore[arg-type]
     # the region's kernels are no kernel of a block's description: occupancy warnings could not name them
     assert {(step.id, 0), (chk.id, 0)} <= set(g.occupancy) and all(bid != w.id for bid, _ in g.occupancy)
+    g.close()
+
+
+def test_every_tier_patches_every_copy_of_an_unrolled_body(monkeypatch) -> None:
+    """Hot (scalars), Code (a swapped function) and Warm (a rebound pointer) reach each of the U copies
+    in the main body and the tail's copy; each conditional node gets a handle of its own."""
+    from cudapatch.engine.bindings import ExternalBinding
+    from cudapatch.kernels.types import DType
+
+    rec = _install(monkeypatch, RegionDriver())
+    c = Context()
+    loop = c.register_block(For(name="Loop", Count=10, Unroll=3))
+    step = c.register_block(Scale(name="Step", Factor=0.5))
+    c.place(step, loop)
+    c.bind_input(step, "In", ExternalBinding(0x7100_0000, 256, DType.FLOAT32))
+    plan = compile_plan(c.snapshot())
+    g = _realize(c, plan, BufferPool())
+    handles = [call for call in rec.calls if call[0] == "handle"]
+    conds = [call for call in rec.calls if call[0] == "add_conditional"]
+    assert len(handles) == len(conds) == 2 and len({call[4] for call in conds}) == 2
+    copies = [n.index for n in plan.nodes if isinstance(n, KernelNodePlan) and n.block_id == step.id]
+    assert len(copies) == 4
+    rec.calls.clear()
+    assert g.update_scalars({(step.id, "Factor"): 0.25}) == 4
+    assert all(g.node_arg(*slot) == 0.25 for slot in plan.scalar_slots[(step.id, "Factor")])
+    assert {s[0] for s in plan.scalar_slots[(step.id, "Factor")]} == set(copies)
+    assert g.update_bindings({(step.id, "In"): 0x7200_0000}) == 4
+    assert {s[0] for s in plan.binding_slots[(step.id, "In")]} == set(copies)
+    assert all(g.node_arg(*slot) == 0x7200_0000 for slot in plan.binding_slots[(step.id, "In")])
+    desc = plan.nodes[copies[0]].descriptor
+    rec.calls.clear()
+    assert g.swap_function((step.id, 0), 999, desc)
+    assert [call[0] for call in rec.calls].count("set_params") == 4
     g.close()

@@ -344,7 +344,7 @@ def test_an_image_chain_plans_with_2d_launches_and_shapes() -> None:
     assert [a.value for a in h.args if a.kind == "const"] == [1920, 1080]
     (rs,) = _kernel_nodes(plan, small)
     assert [a.value for a in rs.args if a.kind == "const"] == [1920, 1080, 640, 360]  # in, then out axes
-    assert {b.label: b.dtype for b in plan.buffers if b.block_id == blur.id} == {
+    assert {b.label: b.dtype for b in plan.memory.values if b.block_id == blur.id} == {  # values: buffers may be shared
         "Out": DType.UCHAR4,
         "internal0": DType.UCHAR4,  # the horizontal pass
         "internal1": DType.FLOAT32,  # the weights
@@ -420,7 +420,7 @@ def test_random_image_patches_keep_shapes_and_counts_consistent(seed: int) -> No
             assert blk.id in plan.skipped and not _kernel_nodes(plan, blk)
             continue
         (port,) = blk.description.outputs
-        buf = plan.buffers[plan.outputs[(blk.id, port.name)]]
+        buf = plan.memory.values[plan.memory.ports[(blk.id, port.name)]]  # the value (buffers may be shared)
         shape = plan.shapes.get((blk.id, port.name), Shape.flat(buf.count))
         first = ins["A"] if "A" in ins else ins["In"]
         assert shape == first and buf.count == shape.count  # like("In") / like("A") keep the shape

@@ -30,9 +30,10 @@ _COUNT_NAMES = ("n", "count", "num", "size")
 def ports_from_signature(b: BlockBuilder, source: KernelSource) -> None:
     """Add ``source`` and make one port or scalar per kernel parameter.
 
-    ``const T*`` parameters become inputs, ``T*`` outputs (as many elements as the first input, or
-    ``Count`` when there is none), an integer parameter called ``n``/``count`` receives the element
-    count, and every other by-value parameter becomes a scalar (floats default to 1).
+    ``const T*`` parameters become inputs, ``T*`` outputs (as many elements as the first input, else
+    the first inout pointer, or ``Count`` when there is neither), an integer parameter called
+    ``n``/``count`` receives the element count, and every other by-value parameter becomes a scalar
+    (floats default to 1).
 
     An ``inout`` pointer (``/*inout*/ T*``, or ``"direction": "inout"`` in a sidecar) is an in-place
     port: a required input the user binds or links, passed on as an output of the same name
@@ -52,7 +53,11 @@ def ports_from_signature(b: BlockBuilder, source: KernelSource) -> None:
 
 def _ports(b: BlockBuilder, k: KernelHandle) -> None:
     params = k.descriptor.parameters
-    first_input = next((p.name for p in params if p.is_pointer and p.direction == "in"), None)
+    # The launch follows the first input; a kernel that only reads and writes in place (``/*inout*/``)
+    # follows its first inout pointer, so ``n`` is the length of the memory it writes, never ``Count``.
+    first_input = next((p.name for p in params if p.is_pointer and p.direction == "in"), None) or next(
+        (p.name for p in params if p.is_pointer and p.direction == "inout"), None
+    )
     if first_input is None:
         b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1))
         size = from_param("Count")

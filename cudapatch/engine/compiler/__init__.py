@@ -17,19 +17,22 @@ in its own module and tested on its own:
    checked (sizes, sources); errors stop here.
 3c. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
-4. ``memory``: the buffer that holds each value (today one each), append counters.
+4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
 6. ``edges``: dependencies from buffer hazards (read after write, write after read, write after write).
-7. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
-8. ``composites``: a flattened composite's outputs, parameter and binding slots filed under the
+7. ``share``: values whose lifetimes do not overlap under those dependencies share a buffer
+   (``liveness``); the nodes' buffer arguments are renumbered, no edge is added.
+8. ``stamps`` and ``publish``: profiling timestamps; the node publishing readback values.
+9. ``composites``: a flattened composite's outputs, parameter and binding slots filed under the
    composite's own keys, its inner blocks' diagnostics put on it; its nodes grouped into one
    child-graph node when it asks for one (``child_graphs``).
 
 A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
-stamps (``regions.py``): bodies become the body graphs of conditional nodes.
+stamps (``regions.py``): bodies become the body graphs of conditional nodes. Its values keep a buffer
+each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
 
 The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
-sizes (done), fusion before memory, liveness in memory. ``PlanDraft.plan()`` freezes the result.
+sizes (done), fusion before memory. ``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from .delays import delays
 from .draft import KernelStatus, PlanDraft
 from .edges import edges
 from .fusion import fusion
-from .memory import memory
+from .memory import memory, share
 from .nodes import nodes
 from .order import order
 from .region_delays import check_region_delays
@@ -76,6 +79,7 @@ __all__ = [
     "nodes",
     "order",
     "publish",
+    "share",
     "sizes",
     "stamps",
     "validate",
@@ -90,6 +94,7 @@ def compile_plan(
     *,
     fuse: bool = False,
     cache: NodeCache | None = None,
+    reuse: bool = True,
 ) -> GraphPlan:
     """Compile a patch snapshot into a GraphPlan.
 
@@ -104,11 +109,13 @@ def compile_plan(
         fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
         cache: Reuse the node drafts of blocks an edit did not touch (``reuse.NodeCache``: one per
             engine, one plan at a time); the plan is the same as without it.
+        reuse: Let values whose lifetimes do not overlap share buffers (``memory``, ``share``); False gives
+            every value its own buffer.
 
     Raises:
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
     """
-    draft = PlanDraft(snap, kernel_status, level, faulted)
+    draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
     if has_regions(draft):
         return _compile_regions(draft)
@@ -126,6 +133,7 @@ def compile_plan(
     if cache is not None:
         cache.end()
     edges(draft)
+    share(draft)
     stamps(draft)
     publish(draft)
     return child_graphs(composite_keys(draft.plan(), snap), snap)

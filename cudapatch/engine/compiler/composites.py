@@ -63,11 +63,14 @@ def composite_keys(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
     binding_counts = dict(plan.binding_counts)
     running = set(plan.block_order)
     order = list(plan.block_order)
+    ports = dict(plan.memory.ports) if plan.memory is not None else {}  # buffer reuse: port -> value
     for c in snap.composites:
         for name, keys in c.outputs.items():
             for key in keys[:1]:
                 if key in outputs:
                     outputs[(c.id, name)] = outputs[key]
+                if key in ports:
+                    ports[(c.id, name)] = ports[key]
                 if key in appends:
                     appends[(c.id, name)] = appends[key]
         for name, keys in c.params.items():
@@ -90,6 +93,7 @@ def composite_keys(plan: GraphPlan, snap: PatchSnapshot) -> GraphPlan:
             probes = tuple((c.id, name) if k == leaf else k for k in probes)
     return replace(
         plan,
+        memory=replace(plan.memory, ports=ports) if plan.memory is not None else None,
         probes=probes,
         block_order=tuple(order),
         timings=plan.timings + _spans(plan, snap),

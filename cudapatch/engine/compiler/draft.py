@@ -21,6 +21,7 @@ from ...errors import GraphCompileError
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
 from ..diagnostics import Diagnostic, Severity
+from ..memory_plan import MemoryPlan
 from ..plan import BufferPlan, DelayPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
 
@@ -114,12 +115,14 @@ class PlanDraft:
         kernel_status: Kernels that cannot run yet (see ``compile_plan``).
         level: Profiling level.
         faulted: Blocks whose kernels faulted on the GPU (id → message).
+        reuse: Let values with disjoint lifetimes share buffers (the memory phase).
     """
 
     snap: PatchSnapshot
     kernel_status: KernelStatus | None = None
     level: ProfilingLevel = ProfilingLevel.NONE
     faulted: Mapping[int, str] | None = None
+    reuse: bool = True
     blocks: dict[int, BlockSnapshot] = field(init=False)
     errors: list[Diagnostic] = field(default_factory=list)  # any error stops compile_plan after ordering
     warnings: list[Diagnostic] = field(default_factory=list)
@@ -157,6 +160,7 @@ class PlanDraft:
     value_counter: dict[int, int] = field(default_factory=dict)
     outputs: dict[tuple[int, str], int] = field(default_factory=dict)
     appends: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
+    memory: MemoryPlan | None = None
     # nodes: node drafts in launch order, and the argument slots Hot and Warm edits patch
     drafts: list[NodeDraft] = field(default_factory=list)
     counter_users: set[int] = field(default_factory=set)
@@ -215,6 +219,7 @@ class PlanDraft:
             regions=self.regions,
             probes=tuple(self.probe_keys),
             probe_words=self.probe_words,
+            memory=self.memory,
         )
 
     def _delay_plans(self) -> tuple[DelayPlan, ...]:

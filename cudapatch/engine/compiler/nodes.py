@@ -49,7 +49,7 @@ def node_env(draft: PlanDraft) -> tuple:
     return (
         draft.value_buffer,
         draft.value_counter,
-        draft.buffers,
+        draft.values,
         draft.scalar_slots,
         draft.binding_slots,
         draft.counter_users,
@@ -116,7 +116,7 @@ def _work_node(
     env: tuple,
 ) -> NodeDraft:
     """Kernel ``ki`` of a block as a kernel node, or a captured node for a library call."""
-    value_buffer, value_counter, buffers, scalar_slots, binding_slots, counter_users = env
+    value_buffer, value_counter, values, scalar_slots, binding_slots, counter_users = env
     b, sources = sized.block, sized.inputs
     bid, params = b.id, b.values
     desc = ks.descriptor
@@ -155,9 +155,10 @@ def _work_node(
             count = 1
             counter_users.add(index)
         else:  # output, append data, internal link
-            res = value_buffer[sized.internal[ref] if role == "internal" else sized.outputs[ref].ref]  # type: ignore
+            vi = sized.internal[ref] if role == "internal" else sized.outputs[ref].ref  # type: ignore
+            res = value_buffer[vi]
             arg = _new(Arg, ("buffer", p.dtype, True, res, None))
-            count = buffers[res].count
+            count = values[vi].count  # the value's own count: a shared buffer may be larger
         if expand and len(expand[pi]) > 1:
             si = _expand(args, arg, expand[pi], count, p.dtype)
         else:

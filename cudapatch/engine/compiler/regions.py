@@ -19,7 +19,10 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
 5. ``region_nodes``: per scope, in order, each block's nodes; each region a set-condition kernel,
    its conditional node, its body's nodes (``draft.scopes`` maps them to the conditional node) and,
    for loops, the step kernel in the body (after the condition's block; the condition is read when
-   the body is done). ``Max``/``Count`` are scalar slots: Hot.
+   the body is done). ``Max``/``Count`` are scalar slots: Hot. A loop with ``Unroll`` U > 1 is a
+   main conditional node over U copies of its body and a tail one of one copy (``region_nodes``);
+   a nested region's set-condition kernel is in its parent's body, so it sets the handle (and zeroes
+   the counter) every time the parent body reaches it.
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
 7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
@@ -33,7 +36,15 @@ from ...blocks.regions import CONDITION, RegionDescription
 from ...kernels.types import DType
 from ..connections import Link
 from ..diagnostics import Diagnostic
-from ..plan import Arg, ConditionalNodePlan, KernelNodePlan, MemsetNodePlan, PublishNodePlan, RegionPlan
+from ..plan import (
+    Arg,
+    ConditionalNodePlan,
+    KernelNodePlan,
+    MemsetNodePlan,
+    ProbeNodePlan,
+    PublishNodePlan,
+    RegionPlan,
+)
 from ..region_kernels import REGION_ENTRIES, region_kernel
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .nodes import block_nodes, counters_memset, node_env
@@ -288,77 +299,163 @@ def _condition_arg(draft: PlanDraft, rid: int) -> tuple[Arg, object, int]:
     return _new(Arg, ("external", dtype, True, src.ref, None)), src.ref, dtype.itemsize
 
 
+#: The most copies of one block that unrolled loops make: nested ones multiply (an inner loop's
+#: copies are made in every copy of the outer body), so an inner loop unrolls less where needed.
+MAX_COPIES = 64
+
+
+def _unroll(draft: PlanDraft, rid: int, copies: int) -> int:
+    """A loop's effective ``Unroll`` when its blocks are already made ``copies`` times by the loops
+    around it (1 for a hand-made snapshot without one)."""
+    value = max(1, int(draft.blocks[rid].values.get("Unroll", 1)))  # type: ignore[call-overload]
+    return min(value, max(1, MAX_COPIES // copies))
+
+
 def region_nodes(draft: PlanDraft) -> None:
-    """The nodes phase for a patch with regions (see the module docstring, step 5)."""
+    """The nodes phase for a patch with regions (see the module docstring, step 5).
+
+    A loop with ``Unroll`` U > 1 is two conditional nodes fed by one begin kernel (a set-condition
+    kernel sets only the handle of a node in its own graph, or of the node whose body it is in)::
+
+        begin_n (counter = 0; main runs if a whole pass fits: limit >= U)
+        WHILE main { U copies of the body; step_n (counter += U; again while another pass fits) }
+        tail kernel (the tail runs while iterations are left: For counter < Count; While, also the condition)
+        WHILE tail { one copy of the body; the one-step kernel of U = 1 }
+
+    so a For runs exactly ``Count`` iterations and a While never more than ``Max``; a While checks its
+    condition once per pass (up to U - 1 iterations past the one that turned it false). Every copy is
+    nodes of the same blocks: their Hot and Warm slots, and ``block_nodes``, list every copy, and a Code
+    swap finds them all by ``(block, kernel)``. A probe in a body is one record written by the last copy
+    of the main body and by the tail's copy (the last iteration's value shows). Nested unrolled loops
+    multiply copies: an inner loop unrolls less so that no block has more than ``MAX_COPIES``
+    (``RegionPlan.unroll`` is the unroll used).
+    """
     env = node_env(draft)
     counters_memset(draft)
     probes = probe_requests(draft)  # a probe in a body reads its value after each iteration (the last one shows)
     drafts, scopes, sized = draft.drafts, draft.scopes, draft.sized
     counter_of = {k[0]: ci for ci, k in enumerate(draft.counters) if k[1] == "Iterations" and k[0] in draft.units}
-    u64 = DType.UINT64
+    u64, u32 = DType.UINT64, DType.UINT32
+    made_probes: dict[int, list[NodeDraft]] = {}  # block -> its probe drafts, repeated in later copies
 
-    inside = delays_in_bodies(draft)  # FrameDelays in bodies: init before the region, copy in the body
+    body_delays = delays_in_bodies(draft)  # FrameDelays in bodies: init before the region, a copy per body copy
 
-    def walk(scope_node: int | None, scope: int | None) -> None:
+    def add_block(u: int, mode: str) -> None:
+        """Block ``u``'s nodes; ``mode``: ``make`` its probes, ``repeat`` the ones made, or ``none``."""
+        before = draft.block_nodes.pop(u, ())
+        first = len(drafts)
+        block_nodes(draft, sized[u], env, probes if mode == "make" else None)
+        if mode == "make" and u in probes:
+            made_probes[u] = [d for d in drafts[first:] if d[0] is ProbeNodePlan]
+        elif mode == "repeat":
+            for d in made_probes.get(u, ()):  # the same record (probe index and offset), written again
+                drafts.append(_new(NodeDraft, (ProbeNodePlan, (len(drafts), *d[1][1:]), d[2], d[3], d[4])))
+        if before:
+            draft.block_nodes[u] = before + draft.block_nodes.get(u, ())
+
+    def walk(scope_node: int | None, scope: int | None, mode: str, copies: int) -> None:
         for u in draft.units.get(scope, ()):
-            if u not in sized or u in inside:
+            if u not in sized or u in body_delays:
                 continue
-            if scope is None and u in draft.units and inside:
-                delay_inits(draft, u, env, probes, inside)
+            if scope is None and u in draft.units and body_delays:
+                delay_inits(draft, u, env, probes, body_delays)
             first = len(drafts)
             if u not in draft.units:
-                block_nodes(draft, sized[u], env, probes)
+                add_block(u, mode)
             else:
-                _region(u)
+                before = draft.block_nodes.pop(u, ())
+                _region(u, mode, copies)
+                draft.block_nodes[u] = before + draft.block_nodes[u]
             if scope_node is not None:
                 for i in range(first, len(drafts)):
                     scopes.setdefault(i, scope_node)
         if draft.delays:
             delay_copies(draft, scope, scope_node)
 
-    def _region(rid: int) -> None:
+    def kernel(rid: int, entry: str, args: list[Arg], reads: list, writes: list, scope: int | None = None) -> int:
+        i = len(drafts)
+        drafts.append(_region_kernel_draft(draft, i, rid, entry, args, reads, writes))
+        if scope is not None:
+            scopes[i] = scope
+        return i
+
+    def conditional(rid: int, kind: str, token: object) -> int:
+        i = len(drafts)
+        drafts.append(_new(NodeDraft, (ConditionalNodePlan, (i, rid, kind), (-1,), [token], [])))
+        return i
+
+    def _region(rid: int, mode: str, copies: int) -> None:
         kind = _kind(draft, rid)
         values = draft.blocks[rid].values
-        token = ("region", rid)  # the begin kernel "writes" the handle the conditional node "reads"
         begin = len(drafts)
         handle = _new(Arg, ("handle", u64, False, begin + 1, None))
+        token = ("region", begin + 1)  # the set-condition kernel "writes" the handle its conditional node "reads"
         if kind == "if":
             arg, res, size = _condition_arg(draft, rid)
-            drafts.append(_region_kernel_draft(draft, begin, rid, f"region_if{size}", [handle, arg], [res], [token]))
-        else:  # zeroes the iteration counter (a nested loop counts from 0 each time it is reached)
-            limit = "Max" if kind == "while" else "Count"
-            ci = counter_of[rid]
-            args = [
-                handle,
-                _new(Arg, ("counter", DType.UINT32, True, ci, None)),
-                _new(Arg, ("scalar", DType.UINT32, False, (rid, limit), values[limit])),
-            ]
-            drafts.append(_region_kernel_draft(draft, begin, rid, "region_begin", args, [], [token, -1 - ci]))
-        cond = len(drafts)
-        head = (cond, rid, "if" if kind == "if" else "while")
-        drafts.append(_new(NodeDraft, (ConditionalNodePlan, head, (-1,), [token], [])))
-        walk(cond, rid)
-        nodes = [begin, cond]
-        if kind != "if":
-            ci = counter_of[rid]
-            counter = _new(Arg, ("counter", DType.UINT32, True, ci, None))
-            step = len(drafts)
-            if kind == "for":
-                limit_arg = _new(Arg, ("scalar", DType.UINT32, False, (rid, "Count"), values["Count"]))
-                args, reads, entry = [handle, counter, limit_arg], [-1 - ci], "region_for_step"
-            else:
-                arg, res, size = _condition_arg(draft, rid)
-                limit_arg = _new(Arg, ("scalar", DType.UINT32, False, (rid, "Max"), values["Max"]))
-                args, reads, entry = [handle, arg, counter, limit_arg], [res, -1 - ci], f"region_while_step{size}"
-            drafts.append(_region_kernel_draft(draft, step, rid, entry, args, reads, [-1 - ci]))
-            scopes[step] = cond
-            nodes.append(step)
-            draft.regions[rid] = RegionPlan(kind, cond, ci, limit_arg.ref[1])  # type: ignore[index]
-        else:
+            kernel(rid, f"region_if{size}", [handle, arg], [res], [token])
+            cond = conditional(rid, "if", token)
+            walk(cond, rid, mode, copies)
             draft.regions[rid] = RegionPlan(kind, cond)
+            draft.block_nodes[rid] = (begin, cond)
+            return
+        limit = "Max" if kind == "while" else "Count"
+        ci = counter_of[rid]
+        unroll = _unroll(draft, rid, copies)
+        inside = copies * (unroll + 1) if unroll > 1 else copies  # copies of each block in the body
+        counter = _new(Arg, ("counter", u32, True, ci, None))
+        limit_arg = _new(Arg, ("scalar", u32, False, (rid, limit), values[limit]))
+        unroll_arg = _new(Arg, ("const", u32, False, None, unroll))
+        cres = -1 - ci  # the counter as a resource of the edges phase
+        # begin: zeroes the iteration counter (a nested loop counts from 0 each time it is reached)
+        if unroll == 1:
+            kernel(rid, "region_begin", [handle, counter, limit_arg], [], [token, cres])
+        else:
+            kernel(rid, "region_begin_n", [handle, counter, limit_arg, unroll_arg], [], [token, cres])
+        main = conditional(rid, "while", token)
+        for copy in range(unroll):  # the last copy makes the body's probes
+            walk(main, rid, mode if copy == unroll - 1 else "none", inside)
+        nodes = [begin, main]
+        if unroll == 1:
+            nodes.append(_step(rid, kind, handle, counter, limit_arg, main))
+            draft.regions[rid] = RegionPlan(kind, main, ci, limit)
+            draft.block_nodes[rid] = tuple(nodes)
+            return
+        if kind == "for":
+            args, reads, entry = [handle, counter, limit_arg, unroll_arg], [cres], "region_for_step_n"
+        else:
+            arg, res, size = _condition_arg(draft, rid)
+            args, reads, entry = (
+                [handle, arg, counter, limit_arg, unroll_arg],
+                [res, cres],
+                f"region_while_step_n{size}",
+            )
+        nodes.append(kernel(rid, entry, args, reads, [cres], scope=main))
+        mid = len(drafts)
+        tail_handle = _new(Arg, ("handle", u64, False, mid + 1, None))
+        tail_token = ("region", mid + 1)
+        if kind == "for":
+            kernel(rid, "region_for_tail", [tail_handle, counter, limit_arg], [cres], [tail_token])
+        else:
+            arg, res, size = _condition_arg(draft, rid)
+            kernel(rid, f"region_while_tail{size}", [tail_handle, arg, counter, limit_arg], [res, cres], [tail_token])
+        tail = conditional(rid, "while", tail_token)
+        walk(tail, rid, "none" if mode == "none" else "repeat", inside)
+        nodes += [mid, tail, _step(rid, kind, tail_handle, counter, limit_arg, tail)]
+        draft.regions[rid] = RegionPlan(kind, main, ci, limit, unroll, tail)
         draft.block_nodes[rid] = tuple(nodes)
 
-    walk(None, None)
+    def _step(rid: int, kind: str, handle: Arg, counter: Arg, limit_arg: Arg, cond: int) -> int:
+        """The one-iteration step kernel, last in ``cond``'s body (after the condition's block: the
+        condition is read when the body is done)."""
+        cres = -1 - counter.ref  # type: ignore[operator]
+        if kind == "for":
+            return kernel(rid, "region_for_step", [handle, counter, limit_arg], [cres], [cres], scope=cond)
+        arg, res, size = _condition_arg(draft, rid)
+        return kernel(
+            rid, f"region_while_step{size}", [handle, arg, counter, limit_arg], [res, cres], [cres], scope=cond
+        )
+
+    walk(None, None, "make", 1)
 
 
 def region_edges(draft: PlanDraft) -> None:
@@ -456,7 +553,7 @@ def region_stamps(draft: PlanDraft) -> None:
     for k, v in draft.block_nodes.items():
         draft.block_nodes[k] = tuple([remap[i] for i in v])
     for rid, rp in draft.regions.items():
-        draft.regions[rid] = rp._replace(node=remap[rp.node])
+        draft.regions[rid] = rp._replace(node=remap[rp.node], tail=None if rp.tail is None else remap[rp.tail])
     nodes = draft.nodes
     for i, n in enumerate(nodes):  # each set-condition kernel's handle names its conditional node
         if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":

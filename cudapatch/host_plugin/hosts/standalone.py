@@ -92,7 +92,8 @@ class StandaloneHost:
         )
         self.profiling_override = profiling
         dev = device if device is not None else patch.engine.get("device", 0)  # an int: parse_patch checks
-        self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")), isolated=isolated)
+        options = {} if isolated else {"reuse_buffers": bool(patch.engine.get("reuse_buffers", True))}
+        self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")), isolated=isolated, **options)
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())
         apply_patch(self.adapter, patch)
