@@ -21,9 +21,9 @@ def _steps(x: np.ndarray, n: int) -> np.ndarray:
     return x
 
 
-def _body_patch(engine: Engine, x0: np.ndarray, count: int):
+def _body_patch(engine: Engine, x0: np.ndarray, count: int, unroll: int | None = None):
     """For(Count) { delay -> step (x*a+b) -> delay.In }, Init bound to x0."""
-    loop = engine.add(For(name="Steps", Count=count))
+    loop = engine.add(For(name="Steps", Count=count, **({} if unroll is None else {"Unroll": unroll})))
     delay = engine.add(FrameDelay(name="delay"), region=loop)
     step = engine.add(Scale(name="step", Factor=A, Offset=B), region=loop)
     engine.bind(delay, "Init", x0)
@@ -32,12 +32,13 @@ def _body_patch(engine: Engine, x0: np.ndarray, count: int):
     return loop, delay, step
 
 
+@pytest.mark.parametrize("unroll", [1, 4, None], ids=["unroll1", "unroll4", "default"])
 def test_a_delay_in_a_for_body_equals_n_steps_across_frames_count_changes_and_reset(
-    engine: Engine, rng: np.random.Generator
+    engine: Engine, rng: np.random.Generator, unroll: int | None
 ) -> None:
     n = 100_000
     x0 = (rng.standard_normal(n) * 100).astype(np.float32)
-    loop, delay, step = _body_patch(engine, x0, 7)
+    loop, delay, step = _body_patch(engine, x0, 7, unroll)  # 7 and 13: the main loop and the tail
     state = x0.copy()
     for frame in range(1, 4):  # the state goes on from frame to frame
         engine.update()
