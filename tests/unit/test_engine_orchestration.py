@@ -296,8 +296,13 @@ def test_disable_and_remove(engine: Engine) -> None:
     assert not engine.diagnostics() and engine.graph is not None and scale.id not in engine.graph.plan.block_order
 
 
-def test_an_expression_edit_runs_its_quick_build_then_swaps_in_the_optimised_one(engine: Engine) -> None:
+def test_an_expression_edit_runs_its_quick_build_then_swaps_in_the_optimised_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cudapatch import Expression
+    from cudapatch.engine import kernels as kernels_module
+
+    monkeypatch.setattr(kernels_module, "UPGRADE_AFTER_S", 0)  # the optimised build at once, in this thread
 
     fill = engine.add(Fill(name="fill", Count=256))
     ex = engine.add(Expression(name="ex", Code="x * Gain"))
@@ -313,8 +318,13 @@ def test_an_expression_edit_runs_its_quick_build_then_swaps_in_the_optimised_one
     assert engine.graph is g and engine.counters.rebuilds == 1  # neither asked for a rebuild
 
 
-def test_a_fused_members_edit_swaps_the_groups_quick_kernel_then_its_optimised_one(engine: Engine) -> None:
+def test_a_fused_members_edit_swaps_the_groups_quick_kernel_then_its_optimised_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cudapatch import Expression
+    from cudapatch.engine import kernels as kernels_module
+
+    monkeypatch.setattr(kernels_module, "UPGRADE_AFTER_S", 0)
     from cudapatch.engine.compiler.fusion import FUSED_KERNEL
 
     e = Engine(cache_dir=False, watch_files=False, background_builds=False, fuse=True)
@@ -365,3 +375,27 @@ def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_sw
     engine.add(Scale(name="again"))
     engine.wait_ready()
     assert engine.graph is not g2 and engine.graph.bypasses == []  # nothing bypassed: nothing to apply
+
+
+def test_an_expression_edited_again_before_its_optimised_build_starts_never_builds_the_old_one(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudapatch import Expression
+    from cudapatch.engine import kernels as kernels_module
+
+    timers: list = []
+    monkeypatch.setattr(kernels_module, "after_settling", timers.append)  # the timer, held by the test
+    fill = engine.add(Fill(name="fill", Count=256))
+    ex = engine.add(Expression(name="ex", Code="x * Gain"))
+    engine.connect(fill, "Out", ex, "x")
+    engine.wait_ready()
+    upgrades = engine.counters.kernel_upgrades
+    ex.set("Code", "x * Gain + 1.5")
+    ex.set("Code", "x * Gain + 2.5")  # typed on: the first edit's optimised build is not wanted any more
+    first, second = timers[-2:]
+    first()
+    engine.update()
+    assert engine.counters.kernel_upgrades == upgrades  # skipped: a newer edit runs
+    second()
+    engine.update()
+    assert engine.counters.kernel_upgrades == upgrades + 1

@@ -9,6 +9,8 @@ from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import Any
 
+import pytest
+
 from cudapatch import Expression
 from cudapatch.engine import Context
 from cudapatch.engine.kernels import KernelTracker
@@ -36,6 +38,14 @@ class HeldBuilder:
 
     def unpaced(self) -> nullcontext:
         return nullcontext()
+
+
+@pytest.fixture(autouse=True)
+def _upgrade_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimised build starts when the quick one lands (in the engine it waits for edits to settle)."""
+    from cudapatch.engine import kernels as kernels_module
+
+    monkeypatch.setattr(kernels_module, "UPGRADE_AFTER_S", 0)
 
 
 def _program(text: str = "x * Gain + 0.5"):
