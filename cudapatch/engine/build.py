@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from .board import DiagnosticBoard
+from .built_view import BuiltShower, BuiltView, built_view
 from .bypass import BypassIndex
 from .compiler import NodeCache, compile_plan
 from .compiler.fusion import FUSED_KERNEL
@@ -38,7 +39,7 @@ from .plan import GraphPlan
 from .profiling import ProfilingLevel
 from .realize import CompiledGraph, realize
 from .resources import DeviceResources
-from .stats import BuildTiming, EngineCounters, occupancy_warnings, show_built
+from .stats import BuildTiming, EngineCounters, occupancy_warnings
 from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
 __all__ = ["BuildJob", "BuildOutcome", "GraphBuilds"]
@@ -64,6 +65,7 @@ class BuildJob:
         previous: The graph running when the build started (it lends its allocations).
         off_thread: The build runs beside frames that launch and patch ``previous``.
         cold: Skip the Warm decision (the last one was refused at the swap).
+        shown: What the blocks showed of the last build when the job was taken (``BuiltShower``).
         started: ``time.perf_counter()`` at the start.
     """
 
@@ -74,6 +76,7 @@ class BuildJob:
     previous: CompiledGraph | None
     off_thread: bool = False
     cold: bool = False
+    shown: BuiltView | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -95,6 +98,8 @@ class BuildOutcome:
         warm: The Warm patch decided on the build thread against ``warm_base`` (trimmed to the nodes
             that change), so that ``finish`` does not decide again on the frame thread.
         warm_base: The running graph's plan the decision compared with.
+        bypass_index: The plan's ``BypassIndex`` (a build on the build thread makes it there).
+        view: What the blocks show of the plan, and which blocks changed (``built_view``).
     """
 
     job: BuildJob
@@ -110,6 +115,7 @@ class BuildOutcome:
     warm: WarmPatch | None = None
     warm_base: GraphPlan | None = None
     bypass_index: BypassIndex | None = None
+    view: BuiltView | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -177,6 +183,7 @@ class GraphBuilds:
         # whichever thread, so one cache serves them all.
         self._plans = NodeCache()
         self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
+        self._shower = BuiltShower(context.registry)  # what the blocks show of the builds (frame thread)
 
     # -- the two halves ----------------------------------------------------------------------------
     def job(self, level: ProfilingLevel, *, off_thread: bool = False) -> BuildJob:
@@ -192,6 +199,7 @@ class GraphBuilds:
             self._resources.graph,
             off_thread=off_thread,
             cold=cold,
+            shown=self._shower.shown,
         )
 
     def prepare(self, job: BuildJob, resolved: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> BuildOutcome:
@@ -248,6 +256,8 @@ class GraphBuilds:
         functions = out.functions
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             out.bypass_index = BypassIndex(out.plan)
+        # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
+        out.view = built_view(out.plan, {b.id: b.name for b in snap.blocks}, job.shown)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -399,7 +409,7 @@ class GraphBuilds:
             self._counters.nodes_patched += patched
             self._counters.recaptures += g.recaptures - recaptures
             self._counters.growths += g.reallocations - reallocations
-            self._done(g, plan, job, out.bypass_index)
+            self._done(g, plan, job, out)
             return True
         graph = out.graph
         timing.realize_ms = out.realize_ms
@@ -408,7 +418,7 @@ class GraphBuilds:
         self._counters.rebuilds += 1
         self._counters.instantiations += graph.instantiations
         self._counters.exec_updates += graph.exec_updates
-        self._done(graph, plan, job, out.bypass_index)
+        self._done(graph, plan, job, out)
         timing.tier, timing.total_ms = "cold", (time.perf_counter() - job.started) * 1e3
         return True
 
@@ -454,11 +464,12 @@ class GraphBuilds:
         self._board.build_failed(diags)
         return False
 
-    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob, index: BypassIndex | None) -> None:
+    def _done(self, graph: CompiledGraph, plan: GraphPlan, job: BuildJob, out: BuildOutcome) -> None:
         if not job.off_thread:
             self._context.dirty.clear_structure()  # the snapshot held every pending change
         if self._bypass is not None:  # before its first launch: bypassed blocks stay off
-            self._bypass(graph, index)
+            self._bypass(graph, out.bypass_index)
         registry = self._context.registry
-        show_built(plan, graph.appends, registry)
+        view = out.view if out.view is not None else built_view(plan, {}, None)
+        self._shower.apply(view, graph.appends)
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

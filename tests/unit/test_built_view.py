@@ -1,0 +1,83 @@
+"""The build view (engine/built_view.py): worked out from the plan alone, applied as differences, it
+leaves every block showing what ``stats.show_built`` shows (sizes, shapes, fused group, append
+outputs, GPU numbers cleared), through a sequence of edits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudapatch import AppendFilter, Fill, Scale, compile_plan
+from cudapatch.engine import Context
+from cudapatch.engine.built_view import BuiltShower, built_view
+from cudapatch.engine.stats import show_built
+
+
+def _shown(c: Context, extra: list[Any]) -> dict[int, tuple]:
+    blocks = {b.id: b for b in [*c.registry, *extra]}
+    return {
+        bid: (b.debug.sizes, b.debug.shapes, b.debug.fused, b.debug.append, b.debug.gpu_ms, b.debug.append_fill)
+        for bid, b in blocks.items()
+    }
+
+
+def _both(c: Context, shower: BuiltShower, appends: dict, *, fuse: bool = False, extra: list[Any] = ()) -> None:
+    """Apply the next build both ways: the view (diff) first, then ``show_built``; they must agree."""
+    snap = c.snapshot()
+    plan = compile_plan(snap, fuse=fuse)
+    view = built_view(plan, {b.id: b.name for b in snap.blocks}, shower.shown)
+    shower.apply(view, appends)
+    mine = _shown(c, list(extra))
+    show_built(plan, appends, c.registry)
+    assert mine == _shown(c, list(extra))
+    assert len(view.changed) <= len(c.registry) + len(extra)
+
+
+def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
+    c = Context()
+    shower = BuiltShower(c.registry)
+    f = c.register_block(Fill(name="f", Count=100))
+    chain = [c.register_block(Scale(name=f"s{i}")) for i in range(4)]
+    prev = f
+    for s in chain:
+        c.connect(prev, "Out", s, "In")
+        prev = s
+    k = c.register_block(AppendFilter(name="k", Capacity=50))
+    c.connect(prev, "Out", k, "In")
+    ab = object()
+    _both(c, shower, {(k.id, "Kept"): ab})
+    assert chain[0].debug.sizes == {"Out": 100} and k.debug.append == {"Kept": ab}
+    first = shower.shown
+    _both(c, shower, {(k.id, "Kept"): ab})  # nothing changed: nothing written
+    assert shower.shown is not None and shower.shown.changed == frozenset() and shower.shown.base is first
+    f.set("Count", 200)
+    chain[2].debug.gpu_ms, chain[2].debug.append_fill = 1.5, {"x": (1, 2)}  # a reading shown since
+    _both(c, shower, {})
+    assert shower.shown.changed >= {f.id, chain[0].id} and k.debug.append == {}
+    _both(c, shower, {}, fuse=True)  # fused groups, then gone again
+    assert chain[1].debug.fused
+    chain[1].name = "renamed"
+    _both(c, shower, {}, fuse=True)
+    _both(c, shower, {})
+    gone = chain[3]
+    c.unregister_block(gone)
+    c.connect(chain[2], "Out", k, "In")
+    _both(c, shower, {})
+    c.register_block(gone)  # back, but not wired: not in the build
+    _both(c, shower, {})
+    c.connect(chain[2], "Out", gone, "In")
+    _both(c, shower, {(k.id, "Kept"): ab})
+
+
+def test_a_view_compared_with_another_than_the_one_shown_writes_every_block() -> None:
+    c = Context()
+    shower = BuiltShower(c.registry)
+    f = c.register_block(Fill(name="f", Count=10))
+    s = c.register_block(Scale(name="s"))
+    c.connect(f, "Out", s, "In")
+    stale = built_view(compile_plan(c.snapshot()), {}, None)
+    _both(c, shower, {})
+    f.set("Count", 20)
+    s.debug.sizes = {"Out": -1}
+    view = built_view(compile_plan(c.snapshot()), {}, stale)  # not the view shown
+    shower.apply(view, {})
+    assert s.debug.sizes == {"Out": 20} and f.debug.sizes == {"Out": 20}
