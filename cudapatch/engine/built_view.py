@@ -18,6 +18,7 @@ from typing import Any
 
 from .plan import GraphPlan
 from .registry import BlockRegistry
+from .stats import readings_shown
 
 __all__ = ["BuiltShower", "BuiltView", "built_view"]
 
@@ -90,6 +91,7 @@ class BuiltShower:
         self.shown: BuiltView | None = None
         self._appends: set[int] = set()  # blocks showing append outputs
         self._away: set[int] = set()  # changed while not registered: written when they are again
+        self._readings = -1  # ``readings_shown()`` when the GPU numbers were last cleared
 
     def apply(self, view: BuiltView, appends: Mapping[tuple[int, str], Any]) -> None:
         """Show ``view`` and the new graph's append outputs; clear the old graph's GPU numbers."""
@@ -124,9 +126,11 @@ class BuiltShower:
                 kept.add(bid)  # removed: cleared if it comes back
         self._appends = kept
         self._away = away
-        for b in blocks:  # one cheap loop: the old graph's GPU numbers (``show_on_blocks``) are gone
-            d = b.debug
-            if d.gpu_ms is not None or d.append_fill:
-                d.gpu_ms = None
-                d.append_fill = {}
+        if readings_shown() != self._readings:  # the old graph's GPU numbers (``show_on_blocks``) are gone
+            self._readings = readings_shown()
+            for b in blocks:
+                d = b.debug
+                if d.gpu_ms is not None or d.append_fill:
+                    d.gpu_ms = None
+                    d.append_fill = {}
         self.shown = view

@@ -39,6 +39,7 @@ __all__ = [
     "newest_frame",
     "occupancy_warnings",
     "show_built",
+    "readings_shown",
     "show_on_blocks",
 ]
 
@@ -254,8 +255,18 @@ def _value_bytes(plan: GraphPlan) -> int:
     return plan.memory.logical_bytes if plan.memory is not None else plan.total_buffer_bytes
 
 
+_readings_shown = 0  # bumped by every ``show_on_blocks``: a build clears GPU numbers only if some were shown
+
+
+def readings_shown() -> int:
+    """How many readings ``show_on_blocks`` has copied onto blocks (of any engine) so far."""
+    return _readings_shown
+
+
 def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:
     """Copy a reading onto what ``str(block)`` shows: GPU time, and append fill at the Deep levels."""
+    global _readings_shown
+    _readings_shown += 1
     deep = stats.level.at_least(ProfilingLevel.DEEP_ASYNC)
     for row in stats.blocks:
         b = blocks.get(row.block_id)

@@ -4,12 +4,13 @@ outputs, GPU numbers cleared), through a sequence of edits."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
-from cudapatch import AppendFilter, Fill, Scale, compile_plan
+from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, compile_plan
 from cudapatch.engine import Context
 from cudapatch.engine.built_view import BuiltShower, built_view
-from cudapatch.engine.stats import show_built
+from cudapatch.engine.stats import show_built, show_on_blocks
 
 
 def _shown(c: Context, extra: list[Any]) -> dict[int, tuple]:
@@ -50,7 +51,9 @@ def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
     _both(c, shower, {(k.id, "Kept"): ab})  # nothing changed: nothing written
     assert shower.shown is not None and shower.shown.changed == frozenset() and shower.shown.base is first
     f.set("Count", 200)
-    chain[2].debug.gpu_ms, chain[2].debug.append_fill = 1.5, {"x": (1, 2)}  # a reading shown since
+    row = SimpleNamespace(block_id=chain[2].id, gpu_ms=1.5, append={"x": SimpleNamespace(count=1, capacity=2)})
+    show_on_blocks(SimpleNamespace(level=ProfilingLevel.DEEP_ASYNC, blocks=(row,)), c.registry)  # a reading since
+    assert chain[2].debug.gpu_ms == 1.5 and chain[2].debug.append_fill == {"x": (1, 2)}
     _both(c, shower, {})
     assert shower.shown.changed >= {f.id, chain[0].id} and k.debug.append == {}
     _both(c, shower, {}, fuse=True)  # fused groups, then gone again
