@@ -12,6 +12,7 @@ without a GPU (``tests/unit/test_built_view.py``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from .stats import readings_shown
 
 __all__ = ["BuiltShower", "BuiltView", "built_view"]
 
+_serials = itertools.count()
+
 
 @dataclass(frozen=True)
 class BuiltView:
@@ -31,15 +34,18 @@ class BuiltView:
         sizes: Block id -> output port -> element count.
         shapes: Block id -> output port -> Shape (2-D/3-D outputs).
         groups: Block id -> its fused group, as ``(member id, member name at the snapshot)`` pairs.
-        base: The view this one was compared with (None: compared with nothing).
-        changed: Block ids whose entries differ from ``base``'s (every block in either view when
+        serial: This view's number (views are told apart by it).
+        base: The ``serial`` of the view this one was compared with (None: compared with nothing); a
+            number, not the view, so that views do not keep their predecessors alive.
+        changed: Block ids whose entries differ from the base view's (every block in this view when
             ``base`` is None).
     """
 
     sizes: dict[int, dict[str, int]]
     shapes: dict[int, dict[str, Any]]
     groups: dict[int, tuple[tuple[int, str], ...]]
-    base: BuiltView | None
+    serial: int
+    base: int | None
     changed: frozenset[int]
 
 
@@ -75,7 +81,7 @@ def built_view(plan: GraphPlan, names: Mapping[int, str], base: BuiltView | None
             or shapes.get(bid) != base.shapes.get(bid)
             or groups.get(bid) != base.groups.get(bid)
         )
-    return BuiltView(sizes, shapes, groups, base, changed)
+    return BuiltView(sizes, shapes, groups, next(_serials), base.serial if base is not None else None, changed)
 
 
 class BuiltShower:
@@ -96,7 +102,8 @@ class BuiltShower:
     def apply(self, view: BuiltView, appends: Mapping[tuple[int, str], Any]) -> None:
         """Show ``view`` and the new graph's append outputs; clear the old graph's GPU numbers."""
         blocks = self._blocks
-        if view.base is self.shown:
+        shown = self.shown
+        if shown is not None and view.base == shown.serial or shown is None and view.base is None:
             ids: Any = view.changed | self._away
         else:  # compared with another view than the one shown: every block, as ``show_built`` does
             ids = [b.id for b in blocks]
