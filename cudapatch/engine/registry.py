@@ -23,6 +23,7 @@ class BlockRegistry:
         self._blocks: dict[int, Block] = {}
         #: The registered composites, by id (the Context flattens them when it freezes the patch).
         self.composites: dict[int, Composite] = {}
+        self._added: set[int] = set()  # ids added since ``take_added`` (the board's publish)
 
     def add(self, block: Block) -> None:
         """Add ``block``.
@@ -38,8 +39,15 @@ class BlockRegistry:
             comp = self.owner(block.id)[0]  # type: ignore[index]
             raise CudapatchError(f"block is inside composite '{comp.name}': it runs as part of it", block=block.name)
         self._blocks[block.id] = block
+        self._added.add(block.id)
         if isinstance(block, Composite):
             self.composites[block.id] = block
+
+    def take_added(self) -> set[int]:
+        """The ids of the blocks added since the last call (``DiagnosticBoard.publish`` writes the state
+        of those, and of the blocks whose diagnostics or running state changed, not of every block)."""
+        added, self._added = self._added, set()
+        return added
 
     def remove(self, block: Block) -> bool:
         """Remove ``block``; returns whether it was there."""

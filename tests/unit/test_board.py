@@ -120,3 +120,60 @@ def test_an_inner_blocks_diagnostics_show_on_its_composite() -> None:
     board.refresh()
     assert pair.debug.state is BlockState.ERROR and "boom" in pair.debug.message
     assert [d.block_id for d in board.of_block(pair.id)] == [inner.id]
+
+
+def _every_block(board: DiagnosticBoard, c: Context) -> dict[int, tuple[BlockState, str]]:
+    """What the board's publish set before it wrote only what changed: every registered block's state
+    from the running set and the published diagnostics, in publishing order."""
+    want = {}
+    for b in c.registry:
+        state, message = (BlockState.OK if b.id in board._running else BlockState.NOT_COMPILED), ""
+        for d in board.current:
+            shown = board._shown_on(d.block_id)
+            if shown is not b:
+                continue
+            if d.severity == "error":
+                state = BlockState.ERROR
+            elif d.severity == "warning" and state is BlockState.OK:
+                state = BlockState.WARNING
+            if not message or d.severity == "error":
+                message = d.message.splitlines()[0]
+        want[b.id] = (state, message)
+    return want
+
+
+def test_publishing_writes_only_what_changed_and_every_block_shows_what_a_full_publish_shows() -> None:
+    c = Context()
+    blocks = [c.register_block(Scale(name=f"s{i}")) for i in range(6)]
+    compiles, faults = Compiles(), FaultState()
+    board = DiagnosticBoard(c.registry, kernels=compiles, faults=faults, logger=logging.getLogger("cudapatch.test"))
+
+    def check() -> None:
+        assert {b.id: (b.debug.state, b.debug.message) for b in c.registry} == _every_block(board, c)
+
+    ids = [b.id for b in blocks]
+    board.build_done((), ids[:4])
+    check()
+    warn = Diagnostic("warning", ids[1], DiagnosticCode.LOW_OCCUPANCY, "slow\nmore")
+    err = Diagnostic("error", ids[1], DiagnosticCode.REALIZE, "broken")
+    board.build_done((warn, err, Diagnostic("warning", ids[5], DiagnosticCode.LOW_OCCUPANCY, "idle")), ids[:5])
+    check()
+    assert blocks[1].debug.state is BlockState.ERROR and blocks[1].debug.message == "broken"
+    blocks[0].debug.state = BlockState.ERROR  # written elsewhere: it stops running, so it is written again
+    board.build_done((warn,), ids[1:3])  # 0 and 3, 4 stop running, 5's warning goes
+    check()
+    late = c.register_block(Fill(name="late"))
+    late.debug.state, late.debug.message = BlockState.ERROR, "stale"
+    compiles.set(Diagnostic("error", ids[2], DiagnosticCode.KERNEL_COMPILE, "nvrtc"))
+    board.refresh()  # a new block is written at the next publish
+    check()
+    assert late.debug.state is BlockState.NOT_COMPILED and blocks[2].debug.message == "nvrtc"
+    gone = blocks[3]
+    c.unregister_block(gone)
+    c.register_block(gone)  # removed and added back between two publishes
+    gone.debug.state = BlockState.ERROR
+    board.build_done((), [*ids, late.id])
+    check()
+    board.graph_gone()
+    check()
+    assert all(b.debug.state is not BlockState.OK for b in c.registry)
