@@ -61,6 +61,8 @@ class GraphParts:
         calls: The captured library calls.
         buffers: Device buffers by plan buffer index (some borrowed from the previous graph until ``adopt``).
         owned: The buffers this graph gives back to the pool.
+        borrowed: The previous graph's buffers in ``buffers``, each with the element count this graph
+            gives it at ``adopt`` (the previous graph keeps running with its own until then).
         counters: The readback block (timestamps, then append counters, then the frame count), if any.
         readback: The ring the readback block is copied into each frame, if any.
         appends: ``(block_id, port)`` -> the append buffer of an append output.
@@ -78,6 +80,7 @@ class GraphParts:
     calls: CapturedCalls
     buffers: list[GpuBuffer] = field(default_factory=list)
     owned: list[GpuBuffer] = field(default_factory=list)
+    borrowed: list[tuple[GpuBuffer, int]] = field(default_factory=list)
     counters: GpuBuffer | None = None
     readback: ReadbackRing | None = None
     appends: dict[tuple[int, str], AppendBuffer] = field(default_factory=dict)
@@ -185,6 +188,7 @@ class CompiledGraph(HandleOwner):
         self._calls = parts.calls
         self.buffers = parts.buffers
         self._owned = parts.owned
+        self._borrowed = parts.borrowed
         self.counters = parts.counters
         self.readback = parts.readback
         self.appends = parts.appends
@@ -248,14 +252,14 @@ class CompiledGraph(HandleOwner):
     def adopt(self, previous: CompiledGraph | None) -> None:
         """Take ownership of the buffers borrowed from ``previous`` and set their element counts.
         Call once this graph replaces ``previous`` (before ``previous.retire``)."""
-        mine = {id(b) for b in self._owned}
-        for buf, bp in zip(self.buffers, self.plan.buffers, strict=True):
-            buf.count = bp.count
-            if id(buf) not in mine:
-                self._owned.append(buf)
-                mine.add(id(buf))
-        if previous is not None:
-            previous.disown(self._owned)
+        # Only the borrowed buffers (listed by ``realize``, on the build thread): the ones allocated
+        # for this graph have their counts and are owned already.
+        borrowed, self._borrowed = self._borrowed, []
+        for buf, count in borrowed:
+            buf.count = count
+            self._owned.append(buf)
+        if previous is not None and borrowed:
+            previous.disown(buf for buf, _ in borrowed)
         if self._phases is not None:  # delays whose pair was handed over read the value written last
             self._phases.continue_from(previous._phases if previous is not None else None)
 

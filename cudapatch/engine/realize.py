@@ -226,6 +226,7 @@ class GraphBuilder:
             old = lent.pop(keys[b.index] if keys is not None else (b.block_id, b.label), None)
             if old is not None and lends(b, old.dtype, old.capacity_bytes):
                 parts.buffers.append(old)
+                parts.borrowed.append((old, b.count))
                 if old.count != b.count:
                     new.add(b.index)
             else:

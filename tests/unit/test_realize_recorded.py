@@ -382,3 +382,22 @@ def test_a_child_graph_composite_is_one_node_whose_kernels_update_through_it(mon
     assert g.update_pointer(pair.id, "In", 0xB000) == 1
     assert [c[0] for c in fake.calls] == ["template_params", "child_params"]
     g.close()
+
+
+def test_adopt_takes_over_the_borrowed_buffers_and_gives_them_the_new_counts(rec, patch) -> None:
+    ctx, (s0, _, _) = patch
+    pool = BufferPool()
+    g = _realize(ctx, compile_plan(ctx.snapshot()), pool)
+    g.adopt(None)
+    ctx.bind_input(s0, "In", ExternalBinding(0xA000, 600, DType.FLOAT32))  # smaller: every buffer still fits
+    smaller = compile_plan(ctx.snapshot())
+    g2 = _realize(ctx, smaller, pool, previous=g)
+    assert [b.count for b in g.buffers] == [1000] * len(g.buffers)  # the running graph keeps its counts
+    g2.adopt(g)
+    assert [b.ptr for b in g2.buffers] == [b.ptr for b in g.buffers]
+    assert [b.count for b in g2.buffers] == [bp.count for bp in smaller.buffers] == [600] * len(smaller.buffers)
+    g.retire(0)
+    g.close()
+    assert pool.in_use_bytes > 0  # g2's now
+    g2.close()
+    assert pool.in_use_bytes == 0
