@@ -11,12 +11,18 @@ timer around the swap's parts (``GraphBuilds.finish``, ``_done``, ``show_built``
 starts the build (``GraphBuilds.job``). Target (issue 18): slowest ``update()`` during the edit
 ≤ max(1 ms, 3× quiet); on the GPU machine the driver calls come on top (``bench_liveness.py``).
 
+``update()`` alone misses the time the frame thread waits for the GIL before it gets to call it (the
+build thread holds it through a garbage collection, say), so the slowest gap between frame starts
+beyond the 1 ms pause between frames is printed too, with the cyclic collector's passes that ran
+meanwhile (generation 2 on the build thread: the whole heap, the GIL held throughout).
+
 Usage: ``python benchmarks/bench_swap_cpu.py [--sizes 1000 10000] [--edits 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -86,18 +92,34 @@ def _frames(e: Engine, n: int) -> list[float]:
     return out
 
 
+GAPS: list[float] = []  # frame start to frame start, less the pause between frames (ms)
+COLLECTIONS: list[tuple[int, float]] = []  # (generation, ms) of the cyclic collector's passes
+_gc_start = [0.0]
+
+
+def _gc_callback(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_start[0] = time.perf_counter()
+    else:
+        COLLECTIONS.append((info["generation"], (time.perf_counter() - _gc_start[0]) * 1e3))
+
+
 def _landed(e: Engine) -> list[float]:
-    """``update()`` until the build is swapped in; the milliseconds of each."""
+    """``update()`` until the build is swapped in, 1 ms apart; the milliseconds of each."""
     times = []
     deadline = time.monotonic() + 60.0
+    last = None
     while True:
         t = time.perf_counter()
+        if last is not None:
+            GAPS.append((t - last) * 1e3 - 1.0)
         e.update()
         times.append((time.perf_counter() - t) * 1e3)
         if not (e.building or e.context.dirty.structure):
             return times
         if time.monotonic() > deadline:
             raise RuntimeError("the build never landed")
+        last = time.perf_counter()
         time.sleep(0.001)
 
 
@@ -112,6 +134,9 @@ def bench(n: int, edits: int) -> None:
         _landed(e)
         quiet = statistics.median(_frames(e, 200))
         PHASES.clear()
+        GAPS.clear()
+        COLLECTIONS.clear()
+        gc.callbacks.append(_gc_callback)
         worst, swap = [], []
         for k in range(edits):
             more = e.add(Scale(name=f"more{k}"))
@@ -121,10 +146,16 @@ def bench(n: int, edits: int) -> None:
             swap.append(times[-1])
             e.remove(more)
             _landed(e)
+        gc.callbacks.remove(_gc_callback)
         print(f"\n{n} blocks: quiet update() {quiet * 1e3:.1f} µs; add-block edit over {edits} edits")
         print(f"  slowest update() during an edit: median {statistics.median(worst):.2f} ms, max {max(worst):.2f} ms")
         print(f"  swap frame update():              median {statistics.median(swap):.2f} ms")
         print(f"  target max(1 ms, 3x quiet) = {max(1.0, 3 * quiet):.2f} ms (the driver calls come on top on the GPU)")
+        print(f"  slowest gap between frame starts beyond the 1 ms pause: {max(GAPS):.2f} ms")
+        for gen in (0, 1, 2):
+            ms = [m for g, m in COLLECTIONS if g == gen]
+            if ms:
+                print(f"  gc generation {gen}: {len(ms)} passes, slowest {max(ms):.2f} ms, {sum(ms):.1f} ms in all")
         for label, ms in PHASES.items():
             print(f"  {label:<28} median {statistics.median(ms):7.3f} ms  max {max(ms):7.3f} ms  ({len(ms)} calls)")
     finally:
