@@ -471,5 +471,8 @@ class GraphBuilds:
             self._bypass(graph, out.bypass_index)
         registry = self._context.registry
         view = out.view if out.view is not None else built_view(plan, {}, None)
+        shown = self._shower.shown
         self._shower.apply(view, graph.appends)
+        if shown is not None:
+            self._resources.discard_later(shown)  # freed by the next build, off the frame thread
         self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)

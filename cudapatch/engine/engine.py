@@ -167,7 +167,9 @@ class Engine(PatchEditing, EngineResults):
             graph_lock=self._graph_lock,
         )
         self._params = ParamTier(dirty=self.context.dirty, board=self._board, counters=self.counters)
-        self._bypass = BypassTier(context=self.context, board=self._board, counters=self.counters)
+        self._bypass = BypassTier(
+            context=self.context, board=self._board, counters=self.counters, discard=self.resources.discard_later
+        )
         self._builds = GraphBuilds(
             context=self.context,
             kernels=self.kernels,

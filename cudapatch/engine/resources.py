@@ -95,6 +95,9 @@ class DeviceResources:
         # Uploads of removed blocks that a build in flight (or the graph it makes) may still read: freed
         # when a graph built after the removal is installed.
         self._dropped: list[tuple[float, GpuBuffer]] = []  # (perf_counter at the removal, buffer)
+        # Host objects no longer used that take a while to free (a 10,000-node plan's bypass index:
+        # 2-3 ms): dropped by the next build, on the build thread, not in the frame that replaced them.
+        self._garbage: list[Any] = []
         self._stamp_function: Any = None
         self._publish_function: Any = None
         self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
@@ -138,6 +141,15 @@ class DeviceResources:
     def retiring(self) -> bool:
         """True while a replaced graph is not closed yet."""
         return bool(self._retired)
+
+    def discard_later(self, obj: Any) -> None:
+        """Keep ``obj`` (no longer used) until ``take_garbage``: the next build frees it on its thread."""
+        self._garbage.append(obj)
+
+    def take_garbage(self) -> list[Any]:
+        """Hand over what ``discard_later`` kept, for the caller to drop (frame thread)."""
+        garbage, self._garbage = self._garbage, []
+        return garbage
 
     def take_idle(self) -> list[CompiledGraph]:
         """Hand over the retired graphs the GPU is done with, for the caller to close (a build closes
@@ -291,6 +303,7 @@ class DeviceResources:
         if self._closed:
             return
         self._closed = True
+        self._garbage.clear()
         if self.graph is not None:
             self.graph.close()
             self.graph = None

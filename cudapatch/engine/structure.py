@@ -92,6 +92,7 @@ class StructureTier:
         """
         worker, dirty = self._worker, self._context.dirty
         if here:
+            self._resources.take_garbage()  # freed here: this frame builds anyway
             if worker.busy:  # switched to building here while one was in flight: take it first
                 worker.wait()
                 self.finish()
@@ -111,9 +112,11 @@ class StructureTier:
         self._code.begin_carry()
         builds = self._builds
         idle = self._resources.take_idle()
+        garbage = self._resources.take_garbage()
 
         def build() -> BuildOutcome:
             close_graphs(idle)  # the retired graphs the GPU is done with: closed off the frame thread
+            garbage.clear()  # and what the frame thread no longer uses, freed here
             return builds.prepare(job)
 
         self._worker.submit(build)

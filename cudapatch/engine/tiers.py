@@ -26,7 +26,7 @@ What neither can do in place becomes a structure change: the Cold tier (``build.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
@@ -387,15 +387,30 @@ class BypassTier:
         context: The patch (``context.bypassed``: the blocks whose ``enabled`` flag is off).
         board: Takes a warning for a bypassed block whose nodes cannot be turned off.
         counters: ``bypass_updates`` is counted here.
+        discard: Takes the index of a plan no longer running, to free it off the frame thread
+            (``DeviceResources.discard_later``); None: it is freed where it is replaced.
     """
 
-    def __init__(self, *, context: Context, board: DiagnosticBoard, counters: EngineCounters) -> None:
+    def __init__(
+        self,
+        *,
+        context: Context,
+        board: DiagnosticBoard,
+        counters: EngineCounters,
+        discard: Callable[[Any], None] | None = None,
+    ) -> None:
+        self._discard = discard
         self._context = context
         self._board = board
         self._counters = counters
         self._index: BypassIndex | None = None  # of the running graph's plan, made at the first bypass
         self._refused: set[int] = set()
         self._bypassing: CompiledGraph | None = None  # the graph with nodes off or readers redirected
+
+    def _take_index(self, index: BypassIndex) -> None:
+        old, self._index = self._index, index
+        if old is not None and old is not index and self._discard is not None:
+            self._discard(old)
 
     def apply(self, g: CompiledGraph | None, index: BypassIndex | None = None) -> None:
         """Make the running graph ``g`` match the blocks' ``enabled`` flags (an edit frame, or right
@@ -408,7 +423,7 @@ class BypassTier:
         """
         self._context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
         if g is not None and index is not None and index.plan is g.plan:
-            self._index = index
+            self._take_index(index)
         bypassed = self._context.bypassed
         if g is None or (not bypassed and self._bypassing is not g and not self._refused):
             return  # the common case, after every build: nothing bypassed, nothing to undo
@@ -421,7 +436,8 @@ class BypassTier:
             bypassed = bypassed - shared
         index = self._index
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
-            index = self._index = BypassIndex(g.plan)
+            index = BypassIndex(g.plan)
+            self._take_index(index)
         bp = plan_bypass(index, bypassed)
         self._counters.nodes_patched += g.set_bypass(bp)
         self._counters.bypass_updates += 1

@@ -325,3 +325,21 @@ def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: E
     engine.connect(scale, "Out", engine.add(Scale(name="three")), "In")
     _landed(engine)
     assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
+
+
+def test_what_a_swap_replaced_is_freed_by_the_next_build_on_the_build_thread(engine: Engine) -> None:
+    import weakref
+
+    fill, scale = _chain(engine)
+    _landed(engine)
+    freed: list[str] = []
+    view = engine._builds._shower.shown
+    assert view is not None
+    gone = weakref.ref(view, lambda _: freed.append(threading.current_thread().name))
+    del view
+    more = engine.add(Scale(name="more"))
+    engine.connect(scale, "Out", more, "In")
+    _landed(engine)  # a swap replaced the view; it is kept, and the build after it frees it
+    engine.remove(more)
+    _landed(engine)
+    assert gone() is None and freed == ["cudapatch-build"]
