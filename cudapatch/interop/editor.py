@@ -114,6 +114,7 @@ class EditorPanel:
         self._placed_version = -1
         self._vis_key: Any = None
         self._vis: tuple[set[str], set[str], list[Any]] = (set(), set(), [])
+        self._wire_batch: tuple[list[Any], list[Any]] | None = None  # (wires, their ready-made ids)
         self._labels: dict[str, tuple] = {}  # op -> per-version strings and sizes (see ``_node_labels``)
         self._labels_version = -1
         self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
@@ -190,18 +191,7 @@ class EditorPanel:
                 self._node(view, layout, compact)
             elif op in stubs:
                 self._stub(view)
-        probes = model.probes
-        link_colors, pin_ids = self._link_colors, self._pin_ids
-        for link in wires:
-            lid = self._id(self._link_ids, link.key, self._links_by_id)
-            src = pin_ids.get((link.src, link.src_port, "out"))
-            dst = pin_ids.get((link.dst, link.dst_port, "in"))
-            if src is not None and dst is not None:
-                probed = (link.src, link.src_port) in probes
-                color, width = link_colors[
-                    ("bad" if probes.bad(link.src, link.src_port) else "probed") if probed else "plain"
-                ]
-                ed.link(ed.LinkId(lid), ed.PinId(src), ed.PinId(dst), color, width)
+        self._wires(wires)
         self._create_and_delete()
         self._menus()
         if ed.has_selection_changed():
@@ -278,6 +268,45 @@ class EditorPanel:
                         stubs.add(op)
         self._vis_key, self._vis = key, (full, stubs, wires)
         return self._vis
+
+    def _wires(self, wires: list[Any]) -> None:
+        """Submit the visible wires: their ids are looked up once per culling answer (a batch of
+        ready-made id objects), and only probed wires look up their colour each frame."""
+        ed = self._ed
+        batch = self._wire_batch
+        if batch is None or batch[0] is not wires:
+            batch = self._wire_batch = (wires, self._wire_ids(wires))
+        probes = self.model.probes
+        plain_color, plain_width = self._link_colors["plain"]
+        link = ed.link
+        if not probes:  # nothing probed: every wire in the plain colour
+            for lid, src, dst, _ in batch[1]:
+                link(lid, src, dst, plain_color, plain_width)
+            if len(batch[1]) < len(wires):  # a pin not drawn yet: look again next frame
+                self._wire_batch = None
+            return
+        colors = self._link_colors
+        for lid, src, dst, key in batch[1]:
+            if key in probes:
+                color, width = colors["bad" if probes.bad(*key) else "probed"]
+            else:
+                color, width = plain_color, plain_width
+            link(lid, src, dst, color, width)
+        if len(batch[1]) < len(wires):
+            self._wire_batch = None
+
+    def _wire_ids(self, wires: list[Any]) -> list[tuple[Any, Any, Any, tuple[str, str]]]:
+        """``(LinkId, source PinId, target PinId, (source, port))`` of each wire whose pins exist."""
+        ed, pin_ids = self._ed, self._pin_ids
+        out = []
+        for link in wires:
+            key = (link.src, link.src_port, link.dst, link.dst_port)
+            lid = self._id(self._link_ids, key, self._links_by_id)
+            src = pin_ids.get((link.src, link.src_port, "out"))
+            dst = pin_ids.get((link.dst, link.dst_port, "in"))
+            if src is not None and dst is not None:
+                out.append((ed.LinkId(lid), ed.PinId(src), ed.PinId(dst), (link.src, link.src_port)))
+        return out
 
     # -- parts ------------------------------------------------------------------------------------------
     def _toolbar(self) -> None:
