@@ -117,6 +117,9 @@ class EditorPanel:
         self._wire_batch: tuple[list[Any], list[Any]] | None = None  # (wires, their ready-made ids)
         self._labels: dict[str, tuple] = {}  # op -> per-version strings and sizes (see ``_node_labels``)
         self._labels_version = -1
+        #: op -> what a compact node needs (see ``_compact_node``), once two draws measured it the same.
+        self._compact: dict[str, tuple] = {}
+        self._compact_seen: dict[str, tuple] = {}  # op -> its last compact measurement
         self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
         self._white = imgui.ImVec4(1, 1, 1, 1)
         self._link_colors = {
@@ -178,7 +181,7 @@ class EditorPanel:
         nodes = model.nodes()
         links = model.links()
         if self._labels_version != model.version:
-            self._labels = {}
+            self._labels, self._compact, self._compact_seen = {}, {}, {}
             self._labels_version = model.version
         a = ed.screen_to_canvas(win_at)
         b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
@@ -188,7 +191,10 @@ class EditorPanel:
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
         for op, view in nodes.items():
             if op in full:
-                self._node(view, layout, compact)
+                if compact and op in self._compact:
+                    self._compact_node(view, layout)
+                else:
+                    self._node(view, layout, compact)
             elif op in stubs:
                 self._stub(view)
         self._wires(wires)
@@ -375,6 +381,8 @@ class EditorPanel:
         ed.end_node()
         pos, size = ed.get_node_position(nid), ed.get_node_size(nid)
         self._geometry[op] = _Geometry((content.x, content.y), (size.x, size.y), pins)
+        if compact:
+            self._measured_compact(op, pins, (origin.x - pos.x, origin.y - pos.y), (size.x, size.y), content)
         rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
         if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
             self._rects[op] = rect
@@ -382,6 +390,62 @@ class EditorPanel:
         ox, oy, k = self._to_screen
         layout.nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
         layout.titles[op] = (ox + origin.x * k, oy + origin.y * k)
+
+    def _measured_compact(
+        self,
+        op: str,
+        pins: dict[tuple[str, str], tuple[float, float, float, float, float]],
+        offset: tuple,
+        size: tuple,
+        content: Any,
+    ) -> None:
+        """A compact node was drawn with imgui items and measured: once two draws agree (the editor sizes
+        a new node over two frames), later frames draw it with ``_compact_node`` from these numbers."""
+        seen = (tuple(pins.items()), offset, size)
+        if self._compact_seen.get(op) != seen:
+            self._compact_seen[op] = seen
+            return
+        imgui, ed = self._imgui, self._ed
+        rows = []
+        for (port, direction), (x0, y0, x1, y1, px) in pins.items():
+            pid = ed.PinId(self._id(self._pin_ids, (op, port, direction), self._pins_by_id))
+            kind = ed.PinKind.input if direction == "in" else ed.PinKind.output
+            rows.append(((op, port, direction), pid, kind, x0, y0, x1, y1, px))
+        top = min((r[4] for r in rows), default=0.0)
+        bottom = max((r[6] for r in rows), default=0.0)
+        body = imgui.ImVec2(content.x, bottom - top) if rows else None  # the pin rows' extent, one item
+        self._compact[op] = (ed.NodeId(self._node_ids[op]), body, tuple(rows), offset, size)
+
+    def _compact_node(self, view: NodeView, layout: EditorLayout) -> None:
+        """A node zoomed out (title and pins), drawn from its measured compact geometry: its title, one
+        item as tall as its pin rows, and each pin placed by rectangle, with no per-pin imgui items
+        and no queries of the editor (its rectangle follows from where its content started)."""
+        imgui, ed = self._imgui, self._ed
+        op = view.name
+        nid, body, rows, (dx, dy), (w, h) = self._compact[op]
+        ed.begin_node(nid)
+        o = imgui.get_cursor_screen_pos()
+        imgui.text_colored(self._colors.get("Bypassed" if view.bypassed else view.state, self._white), op)
+        if body is not None:
+            imgui.dummy(body)
+        ox, oy = o.x, o.y
+        sx, sy, k = self._to_screen
+        vec, pins = imgui.ImVec2, layout.pins
+        begin_pin, pin_rect, pivot, end_pin = ed.begin_pin, ed.pin_rect, ed.pin_pivot_rect, ed.end_pin
+        for key, pid, kind, x0, y0, x1, y1, px in rows:
+            begin_pin(pid, kind)
+            pin_rect(vec(ox + x0, oy + y0), vec(ox + x1, oy + y1))
+            pivot(vec(ox + px, oy + y0), vec(ox + px, oy + y1))
+            end_pin()
+            pins[key] = (sx + (ox + px) * k, sy + (oy + (y0 + y1) * 0.5) * k)
+        ed.end_node()
+        x, y = ox - dx, oy - dy
+        rect = (x, y, x + w, y + h)
+        if self._rects.get(op) != rect:  # it moved: what is visible may have changed
+            self._rects[op] = rect
+            self._vis_key = None
+        layout.nodes[op] = (sx + x * k, sy + y * k, sx + (x + w) * k, sy + (y + h) * k)
+        layout.titles[op] = (sx + ox * k, sy + oy * k)
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
