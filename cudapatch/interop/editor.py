@@ -137,6 +137,7 @@ class EditorPanel:
         self._fit_in = 0  # frames until ``fit_all`` moves the view
         self._to_screen = (0.0, 0.0, 1.0)
         self._pin_box = imgui.ImVec2(_NODE_WIDTH, 12.0)
+        self._pivot_in, self._pivot_out = imgui.ImVec2(0.0, 0.5), imgui.ImVec2(1.0, 0.5)
 
     # -- ids: stable per operator name for the panel's life ------------------------------------------------
     def _id(self, table: dict, key: Any, back: dict | None = None) -> int:
@@ -382,7 +383,7 @@ class EditorPanel:
         pos, size = ed.get_node_position(nid), ed.get_node_size(nid)
         self._geometry[op] = _Geometry((content.x, content.y), (size.x, size.y), pins)
         if compact:
-            self._measured_compact(op, pins, (origin.x - pos.x, origin.y - pos.y), (size.x, size.y), content)
+            self._measured_compact(op, pins, (origin.x - pos.x, origin.y - pos.y), (size.x, size.y))
         rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
         if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
             self._rects[op] = rect
@@ -397,7 +398,6 @@ class EditorPanel:
         pins: dict[tuple[str, str], tuple[float, float, float, float, float]],
         offset: tuple,
         size: tuple,
-        content: Any,
     ) -> None:
         """A compact node was drawn with imgui items and measured: once two draws agree (the editor sizes
         a new node over two frames), later frames draw it with ``_compact_node`` from these numbers."""
@@ -405,39 +405,36 @@ class EditorPanel:
         if self._compact_seen.get(op) != seen:
             self._compact_seen[op] = seen
             return
-        imgui, ed = self._imgui, self._ed
+        ed = self._ed
         rows = []
-        for (port, direction), (x0, y0, x1, y1, px) in pins.items():
+        for (port, direction), (_, y0, _, y1, px) in pins.items():
             pid = ed.PinId(self._id(self._pin_ids, (op, port, direction), self._pins_by_id))
-            kind = ed.PinKind.input if direction == "in" else ed.PinKind.output
-            rows.append(((op, port, direction), pid, kind, x0, y0, x1, y1, px))
-        top = min((r[4] for r in rows), default=0.0)
-        bottom = max((r[6] for r in rows), default=0.0)
-        body = imgui.ImVec2(content.x, bottom - top) if rows else None  # the pin rows' extent, one item
-        self._compact[op] = (ed.NodeId(self._node_ids[op]), body, tuple(rows), offset, size)
+            kind, align = (
+                (ed.PinKind.input, self._pivot_in) if direction == "in" else (ed.PinKind.output, self._pivot_out)
+            )
+            rows.append(((op, port, direction), pid, kind, align, px, (y0 + y1) * 0.5))
+        self._compact[op] = (ed.NodeId(self._node_ids[op]), tuple(rows), offset, size)
 
     def _compact_node(self, view: NodeView, layout: EditorLayout) -> None:
-        """A node zoomed out (title and pins), drawn from its measured compact geometry: its title, one
-        item as tall as its pin rows, and each pin placed by rectangle, with no per-pin imgui items
-        and no queries of the editor (its rectangle follows from where its content started)."""
+        """A node zoomed out (title and pins) drawn with what its measured compact draws found: the same
+        items, each pin's wire end set by alignment (no per-frame vectors), no group and no queries of
+        the editor (its rectangle and pin places follow from where its content started)."""
         imgui, ed = self._imgui, self._ed
         op = view.name
-        nid, body, rows, (dx, dy), (w, h) = self._compact[op]
+        nid, rows, (dx, dy), (w, h) = self._compact[op]
         ed.begin_node(nid)
         o = imgui.get_cursor_screen_pos()
         imgui.text_colored(self._colors.get("Bypassed" if view.bypassed else view.state, self._white), op)
-        if body is not None:
-            imgui.dummy(body)
         ox, oy = o.x, o.y
         sx, sy, k = self._to_screen
-        vec, pins = imgui.ImVec2, layout.pins
-        begin_pin, pin_rect, pivot, end_pin = ed.begin_pin, ed.pin_rect, ed.pin_pivot_rect, ed.end_pin
-        for key, pid, kind, x0, y0, x1, y1, px in rows:
+        pins, box = layout.pins, self._pin_box
+        begin_pin, dummy, align_pivot, end_pin = ed.begin_pin, imgui.dummy, ed.pin_pivot_alignment, ed.end_pin
+        for key, pid, kind, align, px, cy in rows:  # the same items as a measured compact draw, in order
             begin_pin(pid, kind)
-            pin_rect(vec(ox + x0, oy + y0), vec(ox + x1, oy + y1))
-            pivot(vec(ox + px, oy + y0), vec(ox + px, oy + y1))
+            dummy(box)
+            align_pivot(align)  # the wire's end: the middle of the pin's outer edge
             end_pin()
-            pins[key] = (sx + (ox + px) * k, sy + (oy + (y0 + y1) * 0.5) * k)
+            pins[key] = (sx + (ox + px) * k, sy + (oy + cy) * k)
         ed.end_node()
         x, y = ox - dx, oy - dy
         rect = (x, y, x + w, y + h)

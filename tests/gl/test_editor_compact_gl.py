@@ -22,6 +22,8 @@ def _chain(n):
     lines = ["[operators.s0]", 'type = "core.Fill"', ""]
     for i in range(1, n):
         lines += [f"[operators.s{i}]", 'type = "core.Scale"', ""]
+    # Zigzag: every wire runs diagonally, so a wire end off its pin moves the wire's middle.
+    lines += ["[editor.positions]"] + [f"s{i} = [{i * 300.0}, {(i % 2) * 400.0}]" for i in range(n)]
     reg = PluginHost().registry
     patch = parse_patch("\n".join(lines), registry=reg)
     adapter = HostAdapter(PlanOnlyEngine(), reg)
@@ -76,7 +78,9 @@ def test_compact_nodes_drawn_from_their_geometry_stay_where_they_were_measured()
         assert x0 <= tx < x1 and y0 <= ty < y1  # (the text itself is a few blurred pixels at this zoom)
     for i in range(n - 1):
         a, b = last.pins[(f"s{i}", "Out", "out")], last.pins[(f"s{i + 1}", "In", "in")]
-        mx, my = (a[0] + b[0]) / 2, (a[1] + b[1]) / 2  # a wire with symmetric tangents passes the middle
-        near = img[max(0, int(my) - 2) : int(my) + 3, max(0, int(mx) - 2) : int(mx) + 3].reshape(-1, 3)
-        # A wire a pixel wide is blended with the background: look for its hue (blue well above red).
-        assert ((near[:, 2] - near[:, 0]) > 60).any(), f"no wire s{i} -> s{i + 1} at {(mx, my)}"
+        # The wire leaves the output to the right and enters the input from the left (horizontal there):
+        # its hue just outside each node, level with the pin.
+        for x, y in ((a[0] + 5, a[1]), (b[0] - 5, b[1])):
+            near = img[int(y) - 2 : int(y) + 3, int(x) - 2 : int(x) + 3].reshape(-1, 3)
+            # A wire a pixel wide is blended with the background: blue well above red.
+            assert ((near[:, 2] - near[:, 0]) > 60).any(), f"no wire s{i} -> s{i + 1} at {(x, y)}"
