@@ -29,7 +29,7 @@ compare with the pixels of the rendered frame.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..host_plugin.editor_model import EditorModel, NodeView, ParamView
@@ -65,14 +65,46 @@ class _Geometry:
     pins: dict[tuple[str, str], tuple[float, float, float, float, float]]  # (port, dir) -> x0, y0, x1, y1, pivot x
 
 
-@dataclass
 class EditorLayout:
     """Where the last frame drew things, in window pixels (top-left origin): node rectangles,
-    title text positions, pin centres (``(op, port, direction)``)."""
+    title text positions, pin centres (``(op, port, direction)``).
 
-    nodes: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    titles: dict[str, tuple[float, float]] = field(default_factory=dict)
-    pins: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    Nodes drawn from their compact geometry are recorded as where their content started and worked out
+    into these tables only when someone reads them (the GL tests): a frame pays one entry per node."""
+
+    def __init__(self, to_screen: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
+        self._nodes: dict[str, tuple[float, float, float, float]] = {}
+        self._titles: dict[str, tuple[float, float]] = {}
+        self._pins: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._to_screen = to_screen  # canvas -> screen: x = sx + cx * k, y = sy + cy * k
+        self._compact: list[tuple[str, float, float, tuple]] = []  # (op, content origin x, y, geometry)
+
+    def _expanded(self) -> EditorLayout:
+        if self._compact:
+            sx, sy, k = self._to_screen
+            for op, ox, oy, (_, rows, (dx, dy), (w, h)) in self._compact:
+                x, y = ox - dx, oy - dy
+                self._nodes[op] = (sx + x * k, sy + y * k, sx + (x + w) * k, sy + (y + h) * k)
+                self._titles[op] = (sx + ox * k, sy + oy * k)
+                for key, _, _, _, px, cy in rows:
+                    self._pins[key] = (sx + (ox + px) * k, sy + (oy + cy) * k)
+            self._compact = []
+        return self
+
+    @property
+    def nodes(self) -> dict[str, tuple[float, float, float, float]]:
+        """Node rectangles ``(x0, y0, x1, y1)`` by operator."""
+        return self._expanded()._nodes
+
+    @property
+    def titles(self) -> dict[str, tuple[float, float]]:
+        """Where each node's title text starts, by operator."""
+        return self._expanded()._titles
+
+    @property
+    def pins(self) -> dict[tuple[str, str, str], tuple[float, float]]:
+        """Pin centres (the wire's end) by ``(op, port, direction)``."""
+        return self._expanded()._pins
 
 
 class EditorPanel:
@@ -120,6 +152,7 @@ class EditorPanel:
         #: op -> what a compact node needs (see ``_compact_node``), once two draws measured it the same.
         self._compact: dict[str, tuple] = {}
         self._compact_seen: dict[str, tuple] = {}  # op -> its last compact measurement
+        self._origins: dict[str, tuple[float, float]] = {}  # op -> content origin of its last compact draw
         self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
         self._white = imgui.ImVec4(1, 1, 1, 1)
         self._link_colors = {
@@ -178,11 +211,11 @@ class EditorPanel:
         win_at, win_size = imgui.get_window_pos(), imgui.get_window_size()
         ed.set_current_editor(self._ctx)
         ed.begin("patch")
-        layout = EditorLayout()
+        layout = EditorLayout(self._to_screen)
         nodes = model.nodes()
         links = model.links()
         if self._labels_version != model.version:
-            self._labels, self._compact, self._compact_seen = {}, {}, {}
+            self._labels, self._compact, self._compact_seen, self._origins = {}, {}, {}, {}
             self._labels_version = model.version
         a = ed.screen_to_canvas(win_at)
         b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
@@ -190,6 +223,7 @@ class EditorPanel:
         compact = self.compact = ed.get_current_zoom() > _COMPACT_ZOOM
         o, u = ed.canvas_to_screen(imgui.ImVec2(0, 0)), ed.canvas_to_screen(imgui.ImVec2(1, 0))
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
+        layout._to_screen = self._to_screen
         for op, view in nodes.items():
             if op in full:
                 if compact and op in self._compact:
@@ -389,8 +423,8 @@ class EditorPanel:
             self._rects[op] = rect
             self._vis_key = None
         ox, oy, k = self._to_screen
-        layout.nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
-        layout.titles[op] = (ox + origin.x * k, oy + origin.y * k)
+        layout._nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
+        layout._titles[op] = (ox + origin.x * k, oy + origin.y * k)
 
     def _measured_compact(
         self,
@@ -421,28 +455,26 @@ class EditorPanel:
         the editor (its rectangle and pin places follow from where its content started)."""
         imgui, ed = self._imgui, self._ed
         op = view.name
-        nid, rows, (dx, dy), (w, h) = self._compact[op]
+        entry = self._compact[op]
+        nid, rows, (dx, dy), (w, h) = entry
         ed.begin_node(nid)
         o = imgui.get_cursor_screen_pos()
         imgui.text_colored(self._colors.get("Bypassed" if view.bypassed else view.state, self._white), op)
-        ox, oy = o.x, o.y
-        sx, sy, k = self._to_screen
-        pins, box = layout.pins, self._pin_box
+        box = self._pin_box
         begin_pin, dummy, align_pivot, end_pin = ed.begin_pin, imgui.dummy, ed.pin_pivot_alignment, ed.end_pin
-        for key, pid, kind, align, px, cy in rows:  # the same items as a measured compact draw, in order
+        for _, pid, kind, align, _, _ in rows:  # the same items as a measured compact draw, in order
             begin_pin(pid, kind)
             dummy(box)
             align_pivot(align)  # the wire's end: the middle of the pin's outer edge
             end_pin()
-            pins[key] = (sx + (ox + px) * k, sy + (oy + cy) * k)
         ed.end_node()
-        x, y = ox - dx, oy - dy
-        rect = (x, y, x + w, y + h)
-        if self._rects.get(op) != rect:  # it moved: what is visible may have changed
-            self._rects[op] = rect
+        ox, oy = o.x, o.y
+        layout._compact.append((op, ox, oy, entry))
+        if self._origins.get(op) != (ox, oy):  # it moved: what is visible may have changed
+            self._origins[op] = (ox, oy)
+            x, y = ox - dx, oy - dy
+            self._rects[op] = (x, y, x + w, y + h)
             self._vis_key = None
-        layout.nodes[op] = (sx + x * k, sy + y * k, sx + (x + w) * k, sy + (y + h) * k)
-        layout.titles[op] = (sx + ox * k, sy + oy * k)
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
@@ -481,7 +513,7 @@ class EditorPanel:
         ed.pin_pivot_rect(imgui.ImVec2(x, lo.y), imgui.ImVec2(x, hi.y))
         ed.end_pin()
         sx, sy, k = self._to_screen
-        layout.pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
+        layout._pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
         ox, oy = origin.x, origin.y
         return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
 
