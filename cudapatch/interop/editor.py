@@ -17,7 +17,9 @@ removes the probe.
 **Cost.** Only what the panel's window shows is drawn: a node whose last measured rectangle is
 outside the visible canvas is not submitted at all, or, when a drawn wire ends at it, submitted as
 a stub of the same size holding only its pins at their measured places. Labels and colours are
-made once per patch version, not per frame. (``benchmarks/bench_editor.py``: the CPU time per frame
+made once per patch version, not per frame. Zoomed out, a compact node measured the same over two
+draws is drawn from that geometry (no group, no per-pin vectors, no editor queries), and the visible
+wires go out from a batch of ready-made ids. (``benchmarks/bench_editor.py``: the CPU time per frame
 of a 100-node patch, ≤ 1 ms.)
 
 The panel calls only the model's actions and draws inside the overlay's imgui frame
