@@ -17,7 +17,9 @@ removes the probe.
 **Cost.** Only what the panel's window shows is drawn: a node whose last measured rectangle is
 outside the visible canvas is not submitted at all, or, when a drawn wire ends at it, submitted as
 a stub of the same size holding only its pins at their measured places. Labels and colours are
-made once per patch version, not per frame. (``benchmarks/bench_editor.py``: the CPU time per frame
+made once per patch version, not per frame. Zoomed out, a compact node measured the same over two
+draws is drawn from that geometry (no group, no per-pin vectors, no editor queries), and the visible
+wires go out from a batch of ready-made ids. (``benchmarks/bench_editor.py``: the CPU time per frame
 of a 100-node patch, ≤ 1 ms.)
 
 The panel calls only the model's actions and draws inside the overlay's imgui frame
@@ -29,7 +31,7 @@ compare with the pixels of the rendered frame.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..host_plugin.editor_model import EditorModel, NodeView, ParamView
@@ -65,14 +67,46 @@ class _Geometry:
     pins: dict[tuple[str, str], tuple[float, float, float, float, float]]  # (port, dir) -> x0, y0, x1, y1, pivot x
 
 
-@dataclass
 class EditorLayout:
     """Where the last frame drew things, in window pixels (top-left origin): node rectangles,
-    title text positions, pin centres (``(op, port, direction)``)."""
+    title text positions, pin centres (``(op, port, direction)``).
 
-    nodes: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    titles: dict[str, tuple[float, float]] = field(default_factory=dict)
-    pins: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    Nodes drawn from their compact geometry are recorded as where their content started and worked out
+    into these tables only when someone reads them (the GL tests): a frame pays one entry per node."""
+
+    def __init__(self, to_screen: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
+        self._nodes: dict[str, tuple[float, float, float, float]] = {}
+        self._titles: dict[str, tuple[float, float]] = {}
+        self._pins: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._to_screen = to_screen  # canvas -> screen: x = sx + cx * k, y = sy + cy * k
+        self._compact: list[tuple[str, float, float, tuple]] = []  # (op, content origin x, y, geometry)
+
+    def _expanded(self) -> EditorLayout:
+        if self._compact:
+            sx, sy, k = self._to_screen
+            for op, ox, oy, (_, rows, (dx, dy), (w, h)) in self._compact:
+                x, y = ox - dx, oy - dy
+                self._nodes[op] = (sx + x * k, sy + y * k, sx + (x + w) * k, sy + (y + h) * k)
+                self._titles[op] = (sx + ox * k, sy + oy * k)
+                for key, _, _, _, px, cy in rows:
+                    self._pins[key] = (sx + (ox + px) * k, sy + (oy + cy) * k)
+            self._compact = []
+        return self
+
+    @property
+    def nodes(self) -> dict[str, tuple[float, float, float, float]]:
+        """Node rectangles ``(x0, y0, x1, y1)`` by operator."""
+        return self._expanded()._nodes
+
+    @property
+    def titles(self) -> dict[str, tuple[float, float]]:
+        """Where each node's title text starts, by operator."""
+        return self._expanded()._titles
+
+    @property
+    def pins(self) -> dict[tuple[str, str, str], tuple[float, float]]:
+        """Pin centres (the wire's end) by ``(op, port, direction)``."""
+        return self._expanded()._pins
 
 
 class EditorPanel:
@@ -114,8 +148,13 @@ class EditorPanel:
         self._placed_version = -1
         self._vis_key: Any = None
         self._vis: tuple[set[str], set[str], list[Any]] = (set(), set(), [])
+        self._wire_batch: tuple[list[Any], list[Any]] | None = None  # (wires, their ready-made ids)
         self._labels: dict[str, tuple] = {}  # op -> per-version strings and sizes (see ``_node_labels``)
         self._labels_version = -1
+        #: op -> what a compact node needs (see ``_compact_node``), once two draws measured it the same.
+        self._compact: dict[str, tuple] = {}
+        self._compact_seen: dict[str, tuple] = {}  # op -> its last compact measurement
+        self._origins: dict[str, tuple[float, float]] = {}  # op -> content origin of its last compact draw
         self._colors = {k: imgui.ImVec4(*v) for k, v in STATE_COLORS.items()}
         self._white = imgui.ImVec4(1, 1, 1, 1)
         self._link_colors = {
@@ -133,6 +172,7 @@ class EditorPanel:
         self._fit_in = 0  # frames until ``fit_all`` moves the view
         self._to_screen = (0.0, 0.0, 1.0)
         self._pin_box = imgui.ImVec2(_NODE_WIDTH, 12.0)
+        self._pivot_in, self._pivot_out = imgui.ImVec2(0.0, 0.5), imgui.ImVec2(1.0, 0.5)
 
     # -- ids: stable per operator name for the panel's life ------------------------------------------------
     def _id(self, table: dict, key: Any, back: dict | None = None) -> int:
@@ -173,11 +213,11 @@ class EditorPanel:
         win_at, win_size = imgui.get_window_pos(), imgui.get_window_size()
         ed.set_current_editor(self._ctx)
         ed.begin("patch")
-        layout = EditorLayout()
+        layout = EditorLayout(self._to_screen)
         nodes = model.nodes()
         links = model.links()
         if self._labels_version != model.version:
-            self._labels = {}
+            self._labels, self._compact, self._compact_seen, self._origins = {}, {}, {}, {}
             self._labels_version = model.version
         a = ed.screen_to_canvas(win_at)
         b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
@@ -185,23 +225,16 @@ class EditorPanel:
         compact = self.compact = ed.get_current_zoom() > _COMPACT_ZOOM
         o, u = ed.canvas_to_screen(imgui.ImVec2(0, 0)), ed.canvas_to_screen(imgui.ImVec2(1, 0))
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
+        layout._to_screen = self._to_screen
         for op, view in nodes.items():
             if op in full:
-                self._node(view, layout, compact)
+                if compact and op in self._compact:
+                    self._compact_node(view, layout)
+                else:
+                    self._node(view, layout, compact)
             elif op in stubs:
                 self._stub(view)
-        probes = model.probes
-        link_colors, pin_ids = self._link_colors, self._pin_ids
-        for link in wires:
-            lid = self._id(self._link_ids, link.key, self._links_by_id)
-            src = pin_ids.get((link.src, link.src_port, "out"))
-            dst = pin_ids.get((link.dst, link.dst_port, "in"))
-            if src is not None and dst is not None:
-                probed = (link.src, link.src_port) in probes
-                color, width = link_colors[
-                    ("bad" if probes.bad(link.src, link.src_port) else "probed") if probed else "plain"
-                ]
-                ed.link(ed.LinkId(lid), ed.PinId(src), ed.PinId(dst), color, width)
+        self._wires(wires)
         self._create_and_delete()
         self._menus()
         if ed.has_selection_changed():
@@ -279,6 +312,45 @@ class EditorPanel:
         self._vis_key, self._vis = key, (full, stubs, wires)
         return self._vis
 
+    def _wires(self, wires: list[Any]) -> None:
+        """Submit the visible wires: their ids are looked up once per culling answer (a batch of
+        ready-made id objects), and only probed wires look up their colour each frame."""
+        ed = self._ed
+        batch = self._wire_batch
+        if batch is None or batch[0] is not wires:
+            batch = self._wire_batch = (wires, self._wire_ids(wires))
+        probes = self.model.probes
+        plain_color, plain_width = self._link_colors["plain"]
+        link = ed.link
+        if not probes:  # nothing probed: every wire in the plain colour
+            for lid, src, dst, _ in batch[1]:
+                link(lid, src, dst, plain_color, plain_width)
+            if len(batch[1]) < len(wires):  # a pin not drawn yet: look again next frame
+                self._wire_batch = None
+            return
+        colors = self._link_colors
+        for lid, src, dst, key in batch[1]:
+            if key in probes:
+                color, width = colors["bad" if probes.bad(*key) else "probed"]
+            else:
+                color, width = plain_color, plain_width
+            link(lid, src, dst, color, width)
+        if len(batch[1]) < len(wires):
+            self._wire_batch = None
+
+    def _wire_ids(self, wires: list[Any]) -> list[tuple[Any, Any, Any, tuple[str, str]]]:
+        """``(LinkId, source PinId, target PinId, (source, port))`` of each wire whose pins exist."""
+        ed, pin_ids = self._ed, self._pin_ids
+        out = []
+        for link in wires:
+            key = (link.src, link.src_port, link.dst, link.dst_port)
+            lid = self._id(self._link_ids, key, self._links_by_id)
+            src = pin_ids.get((link.src, link.src_port, "out"))
+            dst = pin_ids.get((link.dst, link.dst_port, "in"))
+            if src is not None and dst is not None:
+                out.append((ed.LinkId(lid), ed.PinId(src), ed.PinId(dst), (link.src, link.src_port)))
+        return out
+
     # -- parts ------------------------------------------------------------------------------------------
     def _toolbar(self) -> None:
         imgui, model = self._imgui, self.model
@@ -346,13 +418,65 @@ class EditorPanel:
         ed.end_node()
         pos, size = ed.get_node_position(nid), ed.get_node_size(nid)
         self._geometry[op] = _Geometry((content.x, content.y), (size.x, size.y), pins)
+        if compact:
+            self._measured_compact(op, pins, (origin.x - pos.x, origin.y - pos.y), (size.x, size.y))
         rect = (pos.x, pos.y, pos.x + size.x, pos.y + size.y)
         if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
             self._rects[op] = rect
             self._vis_key = None
         ox, oy, k = self._to_screen
-        layout.nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
-        layout.titles[op] = (ox + origin.x * k, oy + origin.y * k)
+        layout._nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
+        layout._titles[op] = (ox + origin.x * k, oy + origin.y * k)
+
+    def _measured_compact(
+        self,
+        op: str,
+        pins: dict[tuple[str, str], tuple[float, float, float, float, float]],
+        offset: tuple,
+        size: tuple,
+    ) -> None:
+        """A compact node was drawn with imgui items and measured: once two draws agree (the editor sizes
+        a new node over two frames), later frames draw it with ``_compact_node`` from these numbers."""
+        seen = (tuple(pins.items()), offset, size)
+        if self._compact_seen.get(op) != seen:
+            self._compact_seen[op] = seen
+            return
+        ed = self._ed
+        rows = []
+        for (port, direction), (_, y0, _, y1, px) in pins.items():
+            pid = ed.PinId(self._id(self._pin_ids, (op, port, direction), self._pins_by_id))
+            kind, align = (
+                (ed.PinKind.input, self._pivot_in) if direction == "in" else (ed.PinKind.output, self._pivot_out)
+            )
+            rows.append(((op, port, direction), pid, kind, align, px, (y0 + y1) * 0.5))
+        self._compact[op] = (ed.NodeId(self._node_ids[op]), tuple(rows), offset, size)
+
+    def _compact_node(self, view: NodeView, layout: EditorLayout) -> None:
+        """A node zoomed out (title and pins) drawn with what its measured compact draws found: the same
+        items, each pin's wire end set by alignment (no per-frame vectors), no group and no queries of
+        the editor (its rectangle and pin places follow from where its content started)."""
+        imgui, ed = self._imgui, self._ed
+        op = view.name
+        entry = self._compact[op]
+        nid, rows, (dx, dy), (w, h) = entry
+        ed.begin_node(nid)
+        o = imgui.get_cursor_screen_pos()
+        imgui.text_colored(self._colors.get("Bypassed" if view.bypassed else view.state, self._white), op)
+        box = self._pin_box
+        begin_pin, dummy, align_pivot, end_pin = ed.begin_pin, imgui.dummy, ed.pin_pivot_alignment, ed.end_pin
+        for _, pid, kind, align, _, _ in rows:  # the same items as a measured compact draw, in order
+            begin_pin(pid, kind)
+            dummy(box)
+            align_pivot(align)  # the wire's end: the middle of the pin's outer edge
+            end_pin()
+        ed.end_node()
+        ox, oy = o.x, o.y
+        layout._compact.append((op, ox, oy, entry))
+        if self._origins.get(op) != (ox, oy):  # it moved: what is visible may have changed
+            self._origins[op] = (ox, oy)
+            x, y = ox - dx, oy - dy
+            self._rects[op] = (x, y, x + w, y + h)
+            self._vis_key = None
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
@@ -391,7 +515,7 @@ class EditorPanel:
         ed.pin_pivot_rect(imgui.ImVec2(x, lo.y), imgui.ImVec2(x, hi.y))
         ed.end_pin()
         sx, sy, k = self._to_screen
-        layout.pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
+        layout._pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
         ox, oy = origin.x, origin.y
         return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
 
