@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _gpu_timing import gpu_ms as gpu_ms_per_frame  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale, bundled_kernel  # noqa: E402
@@ -41,24 +43,6 @@ def host_median(fn, calls: int, sync, every: int = 50) -> float:
         times.append(time.perf_counter_ns() - t)
     sync()
     return statistics.median(times) / 1e3
-
-
-def gpu_ms_per_frame(run_frame, stream, frames: int = 200, repeats: int = 5) -> float:
-    """GPU time per frame (ms) from events around ``frames`` frames; median of ``repeats``."""
-    start = check(d.cuEventCreate(0))
-    end = check(d.cuEventCreate(0))
-    out = []
-    for _ in range(repeats):
-        check(d.cuStreamSynchronize(stream))
-        check(d.cuEventRecord(start, stream))
-        for _ in range(frames):
-            run_frame()
-        check(d.cuEventRecord(end, stream))
-        check(d.cuEventSynchronize(end))
-        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
-    check(d.cuEventDestroy(start))
-    check(d.cuEventDestroy(end))
-    return statistics.median(out)
 
 
 def main() -> None:

@@ -36,29 +36,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cuda.bindings import driver as d  # noqa: E402
+
+from _gpu_timing import gpu_ms  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
 from cudapatch.expr.bytecode import INTERPRETERS, assemble, patch_program  # noqa: E402
-from cudapatch.kernels._driver import check  # noqa: E402
-
-
-def gpu_ms(run, stream, frames: int = 200, repeats: int = 5) -> float:
-    """GPU time per call of ``run`` (ms) from events around ``frames`` calls; median of ``repeats``."""
-    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    out = []
-    for _ in range(repeats):
-        check(d.cuStreamSynchronize(stream))
-        check(d.cuEventRecord(start, stream))
-        for _ in range(frames):
-            run()
-        check(d.cuEventRecord(end, stream))
-        check(d.cuEventSynchronize(end))
-        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
-    check(d.cuEventDestroy(start))
-    check(d.cuEventDestroy(end))
-    return statistics.median(out)
 
 
 def chain(e: Engine, n_blocks: int, x: np.ndarray) -> list[Scale]:

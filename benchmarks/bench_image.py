@@ -17,38 +17,20 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cupy as cp  # noqa: E402
-from cuda.bindings import driver as d  # noqa: E402
+from _gpu_timing import gpu_ms  # noqa: E402
 from cupyx.scipy import ndimage  # noqa: E402
 
 from cudapatch import Engine  # noqa: E402
 from cudapatch.blocks.library import Blur  # noqa: E402
-from cudapatch.kernels._driver import check  # noqa: E402
-
-
-def gpu_ms(run_frame, stream, frames: int = 100, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the GPU time per frame of ``frames`` calls of ``run_frame``."""
-    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    out = []
-    for _ in range(repeats):
-        check(d.cuStreamSynchronize(stream))
-        check(d.cuEventRecord(start, stream))
-        for _ in range(frames):
-            run_frame()
-        check(d.cuEventRecord(end, stream))
-        check(d.cuEventSynchronize(end))
-        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
-    check(d.cuEventDestroy(start))
-    check(d.cuEventDestroy(end))
-    return statistics.median(out)
 
 
 def main() -> None:
@@ -72,7 +54,7 @@ def main() -> None:
             eng.bind(blur, "In", host)
             eng.update()
             eng.synchronize()
-            ours = gpu_ms(eng.update, stream)
+            ours = gpu_ms(eng.update, stream, 100)
             got = eng.read(blur, "Out")
 
             x = cp.asarray(host)
@@ -83,7 +65,7 @@ def main() -> None:
                     return ndimage.gaussian_filter1d(y, args.sigma, axis=0, mode="nearest", truncate=4.0)
 
                 want = cp.asnumpy(peer())
-                theirs = gpu_ms(peer, peer_stream.ptr)
+                theirs = gpu_ms(peer, peer_stream.ptr, 100)
             if fmt == "rgba8":
                 diff = int(np.abs(got.astype(np.int32) - want.astype(np.int32)).max())
             else:

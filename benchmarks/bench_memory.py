@@ -25,29 +25,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _gpu_timing import gpu_ms_samples  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
-from cudapatch.kernels._driver import check  # noqa: E402
-
-
-def gpu_ms_per_frame(run_frame, stream, frames: int = 20, repeats: int = 7) -> list[float]:
-    """GPU time per frame (ms) from events around ``frames`` frames, one value per repeat."""
-    start = check(d.cuEventCreate(0))
-    end = check(d.cuEventCreate(0))
-    out = []
-    for _ in range(repeats):
-        check(d.cuStreamSynchronize(stream))
-        check(d.cuEventRecord(start, stream))
-        for _ in range(frames):
-            run_frame()
-        check(d.cuEventRecord(end, stream))
-        check(d.cuEventSynchronize(end))
-        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
-    check(d.cuEventDestroy(start))
-    check(d.cuEventDestroy(end))
-    return out
 
 
 def build(reuse: bool, image: np.ndarray, factors: list[float]) -> tuple[Engine, list]:
@@ -114,8 +97,8 @@ def main() -> None:
     ours: list[float] = []
     peer: list[float] = []
     for _ in range(3):
-        ours += gpu_ms_per_frame(reuse.update, reuse.stream)
-        peer += gpu_ms_per_frame(plain.update, plain.stream)
+        ours += gpu_ms_samples(reuse.update, reuse.stream, 20, 7)
+        peer += gpu_ms_samples(plain.update, plain.stream, 20, 7)
     rows.append(
         ("GPU ms/frame with reuse", statistics.median(ours), "without reuse ms", statistics.median(peer), "<= 1.05")
     )
@@ -137,7 +120,7 @@ def main() -> None:
         pool = cp.get_default_memory_pool()
         cupy_ms: list[float] = []
         for _ in range(3):
-            cupy_ms += gpu_ms_per_frame(cupy_frame, d.CUstream(stream.ptr))
+            cupy_ms += gpu_ms_samples(cupy_frame, d.CUstream(stream.ptr), 20, 7)
         rows.append(
             ("GPU ms/frame with reuse", statistics.median(ours), "CuPy ops ms", statistics.median(cupy_ms), "info")
         )
