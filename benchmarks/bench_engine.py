@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _gpu_timing import gpu_ms as gpu_ms_per_frame  # noqa: E402
+from _timing import gpu_ms as gpu_ms_per_frame  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale, bundled_kernel  # noqa: E402

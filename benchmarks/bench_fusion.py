@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-from _gpu_timing import gpu_ms  # noqa: E402
+from _timing import gpu_ms  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
 from cudapatch.expr.bytecode import INTERPRETERS, assemble, patch_program  # noqa: E402

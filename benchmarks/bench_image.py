@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cupy as cp  # noqa: E402
-from _gpu_timing import gpu_ms  # noqa: E402
+from _timing import gpu_ms  # noqa: E402
 from cupyx.scipy import ndimage  # noqa: E402
 
 from cudapatch import Engine  # noqa: E402

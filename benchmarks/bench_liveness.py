@@ -30,20 +30,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import update_us  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
-
-
-def quiet_update_us(e: Engine, frames: int = 500) -> float:
-    times = []
-    for i in range(frames):
-        if i % 50 == 0:
-            e.synchronize()
-        t = time.perf_counter_ns()
-        e.update()
-        times.append(time.perf_counter_ns() - t)
-    e.synchronize()
-    return statistics.median(times) / 1e3
 
 
 def bare_launch_us(e: Engine, frames: int = 500) -> float:
@@ -93,7 +84,7 @@ def bench_size(n: int, elements: int) -> list[tuple[str, float, str, float, str]
             blocks.append(b)
         e.wait_ready()
         e.update()
-        quiet = quiet_update_us(e)
+        quiet = update_us(e, 500, 50)
         bare = bare_launch_us(e)
         rows.append((f"{n}: quiet update() µs", quiet, "bare cuGraphLaunch µs", bare, "≤ 1.5×"))
         budget = max(1000.0, 3 * quiet)

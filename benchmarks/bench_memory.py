@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _gpu_timing import gpu_ms_samples  # noqa: E402
+from _timing import gpu_ms_samples  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402

@@ -24,15 +24,16 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _timing import update_us  # noqa: E402
 
 from cudapatch import CustomKernel, Engine, For, FrameDelay  # noqa: E402
 
@@ -70,18 +71,6 @@ def _steps_per_s(run, steps: int, repeats: int = 5) -> float:
         run()
         best = min(best, time.perf_counter() - t0)
     return steps / best
-
-
-def _update_us(engine: Engine, n: int = 1000) -> float:
-    times = []
-    for i in range(n):
-        if i % 10 == 0:
-            engine.synchronize()  # keep the queue short: this measures the host, not a full queue
-        t = time.perf_counter_ns()
-        engine.update()
-        times.append(time.perf_counter_ns() - t)
-    engine.synchronize()
-    return statistics.median(times) / 1e3
 
 
 class CupyPeer:
@@ -157,7 +146,7 @@ def main() -> None:
             loop.set("Count", count)  # Hot
             engine.update()
             engine.synchronize()
-            us = _update_us(engine)
+            us = update_us(engine, 1000, 10)
             rows[f"update_us_count_{count}"] = us
             print(f"  Count {count:4d}: {us:7.2f} us")
     out = os.environ.get("RESULTS_DIR")

@@ -22,15 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _timing import update_us  # noqa: E402
 
 from cudapatch import Engine, Fill, For, KernelFile, While  # noqa: E402
 from cudapatch.blocks.regions import FOR_UNROLL, WHILE_UNROLL  # noqa: E402
@@ -65,18 +66,6 @@ def _frame_ms(engine: Engine, frames: int) -> float:
         engine.update()
     engine.synchronize()
     return (time.perf_counter() - t0) * 1e3 / frames
-
-
-def _update_us(engine: Engine, n: int = 2000) -> float:
-    times = []
-    for i in range(n):
-        if i % 20 == 0:
-            engine.synchronize()  # keep the queue short: this measures the host, not a full queue
-        t = time.perf_counter_ns()
-        engine.update()
-        times.append(time.perf_counter_ns() - t)
-    engine.synchronize()
-    return statistics.median(times) / 1e3
 
 
 class CupyJacobi:
@@ -188,7 +177,7 @@ def main() -> None:
             for c in (1, 100, 10_000):
                 loop.set("Count", c)
                 engine.update()
-                host[(unroll, c)] = _update_us(engine, n=200 if c == 10_000 else 2000)
+                host[(unroll, c)] = update_us(engine, 200 if c == 10_000 else 2000)
         rows[f"for_unroll{unroll}_steps_per_s"] = count / ours * 1e3
         tag = " (default)" if unroll == FOR_UNROLL else ""
         print(

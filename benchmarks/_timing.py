@@ -1,8 +1,9 @@
-"""GPU time of repeated work on a stream, from CUDA events: shared by the benchmarks."""
+"""Timers shared by the benchmarks: GPU time from CUDA events, host time of update()."""
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,3 +35,17 @@ def gpu_ms_samples(run: Callable[[], Any], stream: Any, frames: int = 200, repea
 def gpu_ms(run: Callable[[], Any], stream: Any, frames: int = 200, repeats: int = 5) -> float:
     """The median of ``gpu_ms_samples``."""
     return statistics.median(gpu_ms_samples(run, stream, frames, repeats))
+
+
+def update_us(engine: Any, frames: int = 1000, sync_every: int = 20) -> float:
+    """Median host µs of ``engine.update()``, the stream drained every ``sync_every`` frames (this
+    measures the host, not a full launch queue)."""
+    times = []
+    for i in range(frames):
+        if i % sync_every == 0:
+            engine.synchronize()
+        t = time.perf_counter_ns()
+        engine.update()
+        times.append(time.perf_counter_ns() - t)
+    engine.synchronize()
+    return statistics.median(times) / 1e3
