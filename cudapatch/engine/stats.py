@@ -5,8 +5,8 @@ The numbers come from the readback ring (timestamps and append counters the grap
 host memory, see ``engine.readback``). Everything here reads: ``collect_stats`` builds an
 ``EngineStats`` and changes nothing, and the threshold checks (``append_warnings``,
 ``occupancy_warnings``) return diagnostics for the engine to hand to its ``DiagnosticBoard``.
-``show_built`` and ``show_on_blocks`` are the writers, named as such: they copy a build and a
-reading onto what ``str(block)`` shows. Cost is paid only when someone asks (``Engine.stats()``),
+``show_on_blocks`` is the writer, named as such: it copies a reading onto what ``str(block)``
+shows (a build's part is ``built_view``'s). Cost is paid only when someone asks (``Engine.stats()``),
 never on the frame path.
 """
 
@@ -38,7 +38,6 @@ __all__ = [
     "log_build",
     "newest_frame",
     "occupancy_warnings",
-    "show_built",
     "readings_shown",
     "show_on_blocks",
 ]
@@ -274,38 +273,3 @@ def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:
             continue
         b.debug.gpu_ms = row.gpu_ms
         b.debug.append_fill = {p: (s.count, s.capacity) for p, s in row.append.items()} if deep else {}
-
-
-def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> None:
-    """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
-    numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
-    sizes: dict[int, dict[str, int]] = {}
-    mem = plan.memory
-    for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
-        vi = mem.ports.get((bid, port)) if mem is not None else None
-        sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
-    shapes: dict[int, dict[str, Any]] = {}
-    for (bid, port), shape in plan.shapes.items():
-        shapes.setdefault(bid, {})[port] = shape
-    by_block: dict[int, dict[str, Any]] = {}
-    for (bid, port), ab in appends.items():
-        by_block.setdefault(bid, {})[port] = ab
-    fused = _fused_groups(plan, blocks)
-    for b in blocks:
-        b.debug.append = by_block.get(b.id, {})
-        b.debug.sizes = sizes.get(b.id, {})
-        b.debug.shapes = shapes.get(b.id, {})
-        b.debug.fused = fused.get(b.id, "")
-        b.debug.gpu_ms = None
-        b.debug.append_fill = {}
-
-
-def _fused_groups(plan: GraphPlan, blocks: BlockRegistry) -> dict[int, str]:
-    """Block id → its fused group as ``"a -> b -> c"``, for the blocks that run in a fused kernel."""
-    out: dict[int, str] = {}
-    for node in plan.kernel_nodes:
-        members = getattr(node.source, "members", ())
-        if members:
-            text = " -> ".join(b.name if (b := blocks.get(m)) is not None else str(m) for m in members)
-            out.update(dict.fromkeys(members, text))
-    return out

@@ -1,5 +1,5 @@
 """The build view (engine/built_view.py): worked out from the plan alone, applied as differences, it
-leaves every block showing what ``stats.show_built`` shows (sizes, shapes, fused group, append
+leaves every block showing what ``built_reference.show_built`` shows (sizes, shapes, fused group, append
 outputs, GPU numbers cleared), through a sequence of edits."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from typing import Any
 from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, compile_plan
 from cudapatch.engine import Context
 from cudapatch.engine.built_view import BuiltShower, built_view
-from cudapatch.engine.stats import show_built, show_on_blocks
+from cudapatch.engine.stats import show_on_blocks
+
+from .built_reference import show_built
 
 
 def _shown(c: Context, extra: list[Any]) -> dict[int, tuple]:

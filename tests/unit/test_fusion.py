@@ -191,16 +191,15 @@ def test_declared_expressions_do_what_the_bundled_kernels_do() -> None:
 
 
 def test_tooltips_show_the_fused_group() -> None:
-    from cudapatch.engine.registry import BlockRegistry
-    from cudapatch.engine.stats import show_built
+    from cudapatch.engine.built_view import BuiltShower, built_view
 
     ctx, blocks, _ = _chain(3)
-    plan = compile_plan(ctx.snapshot(), fuse=True)
-    registry: BlockRegistry = ctx.registry
-    show_built(plan, {}, registry)
+    shower = BuiltShower(ctx.registry)
+    names = {b.id: b.name for b in blocks}
+    shower.apply(built_view(compile_plan(ctx.snapshot(), fuse=True), names, shower.shown), {})
     for b in blocks:
         assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
-    show_built(compile_plan(ctx.snapshot()), {}, registry)
+    shower.apply(built_view(compile_plan(ctx.snapshot()), names, shower.shown), {})
     assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, compile_plan
 from cudapatch.blocks import BlockState
 from cudapatch.engine import Context
+from cudapatch.engine.built_view import BuiltShower, built_view
 from cudapatch.engine.plan import TimingPair
 from cudapatch.engine.stats import (
     FrameReading,
@@ -18,7 +19,6 @@ from cudapatch.engine.stats import (
     frame_times,
     newest_frame,
     occupancy_warnings,
-    show_built,
     show_on_blocks,
 )
 
@@ -77,7 +77,7 @@ def test_a_reading_holds_one_frame_and_collecting_changes_nothing() -> None:
     ring.latest_stamps[:] = np.arange(plan.stamp_count, dtype=np.uint64) * 1_000_000
     graph = SimpleNamespace(plan=plan, readback=ring, appends={(k.id, "Kept"): Appends(100, 100)}, occupancy={})
     graph.kernel_count = 2
-    show_built(plan, graph.appends, c.registry)
+    BuiltShower(c.registry).apply(built_view(plan, {b.id: b.name for b in c.registry}, None), graph.appends)
     assert k.debug.append == {"Kept": graph.appends[(k.id, "Kept")]} and k.debug.sizes["Kept"] == 100
     with newest_frame(graph) as reading:
         assert ring.frozen and ring.polls == 1 and reading.frame == 12 and reading.age == 1
