@@ -11,7 +11,6 @@ logged and kept in ``errors``; the composite keeps running as it was.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from ...blocks.composite import Composite
 from ...errors import CudapatchError, PatchFileError
 from ..composite_file import FileComposite
-from .live_reload import PATCH_POLL_S
+from .live_reload import PATCH_POLL_S, file_stamp
 
 __all__ = ["CompositeReloader", "composite_files"]
 
@@ -36,14 +35,6 @@ def composite_files(block: Composite) -> Iterator[Path]:
         for inner in block.layout.blocks.values():
             if isinstance(inner, Composite):
                 yield from composite_files(inner)
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 class CompositeReloader:
@@ -81,7 +72,7 @@ class CompositeReloader:
             if not isinstance(block, Composite):
                 continue
             key = (op, block.id)
-            stamps = {f: _stamp(f) for f in composite_files(block)}
+            stamps = {f: file_stamp(f) for f in composite_files(block)}
             before = self._seen.get(key)
             seen[key] = stamps
             if before is None or before == stamps:
@@ -97,7 +88,7 @@ class CompositeReloader:
                 self.errors.append(err)
                 log.error("composite '%s' not reloaded, it keeps running as it was: %s", op, err)
                 continue
-            seen[key] = {f: _stamp(f) for f in composite_files(block)}  # a nested file may have come or gone
+            seen[key] = {f: file_stamp(f) for f in composite_files(block)}  # a nested file may have come or gone
             done += 1
             log.info("composite '%s' reloaded", op)
         self._seen = seen

@@ -34,7 +34,8 @@ EMPTY_HOLD_S = 1.0
 _Stamp = tuple[int, int, int]
 
 
-def _stamp(path: Path) -> _Stamp | None:
+def file_stamp(path: Path) -> _Stamp | None:
+    """What tells a file's versions apart (mtime, size, inode); None when it cannot be read."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -73,7 +74,7 @@ class PatchReloader:
         self._clock = clock
         self.poll_s = poll_s
         self.empty_hold_s = empty_hold_s
-        self._seen = _stamp(path) if path is not None else None
+        self._seen = file_stamp(path) if path is not None else None
         self._next_poll = 0.0
         self._held_since: float | None = None
         self._held_stamp: _Stamp | None = None
@@ -98,7 +99,7 @@ class PatchReloader:
         if not force and now < self._next_poll:
             return False
         self._next_poll = now + self.poll_s
-        stamp = _stamp(self.path)
+        stamp = file_stamp(self.path)
         changed = stamp != self._seen
         if not changed and not force and not self.held:
             return False
@@ -137,7 +138,7 @@ class PatchReloader:
         it (the node editor's write-back), so the next poll finds no change to apply."""
         self.patch = patch
         if self.path is not None:
-            self._seen = _stamp(self.path)
+            self._seen = file_stamp(self.path)
         self._release()
 
     def _release(self) -> None:
