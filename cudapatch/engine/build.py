@@ -165,7 +165,7 @@ class GraphBuilds:
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
         bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
-        fuse: bool = False,
+        fuse: bool = True,
         reuse_buffers: bool = True,
     ) -> None:
         self._fuse = fuse

@@ -43,6 +43,7 @@ from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
 from .build_thread import BuildWorker
+from .compiler.fusion import in_fused_node
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .editing import PatchEditing
@@ -90,8 +91,10 @@ class Engine(PatchEditing, EngineResults):
             returned): a GPU fault ends only the child, which restarts without the faulting block.
         fuse: Fuse chains and trees of elementwise blocks (Expression, Scale, VectorAdd, plugin blocks
             that declare an expression) whose intermediates nothing else reads into one generated
-            kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
-            ``output()``/``read()`` of it fails.
+            kernel each (docs/expressions.md, "Fusion"). On by default; ``fuse=False`` gives every
+            block its own nodes. An intermediate the host reads stays out of its group:
+            ``keep(block, port)`` (a GL bridge does it) before the first ``update()``; ``output()`` or
+            ``read()`` of a fused intermediate raises once and keeps it from the next ``update()`` on.
         reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
 
@@ -124,7 +127,7 @@ class Engine(PatchEditing, EngineResults):
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
-        fuse: bool = False,
+        fuse: bool = True,
         reuse_buffers: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
@@ -314,6 +317,8 @@ class Engine(PatchEditing, EngineResults):
                 if self.debug_launch:
                     culprit = g.replay(res.stream)  # node by node, a synchronize after each block
                     if culprit is not None:
+                        if in_fused_node(g.plan, culprit):  # a fused kernel: the unfused replay names the member
+                            culprit = None
                         raise CudaLaunchError("a kernel faulted in debug launch", name="CUDA_ERROR_ILLEGAL_ADDRESS")
                 else:
                     try:

@@ -7,7 +7,8 @@ both return CUDA_ERROR_ILLEGAL_ADDRESS; CUDA documents that the process must be 
 cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
 kernel sources, parameter values, links; external inputs become zero-filled buffers of the same
 size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits), realizes the
-plan on a fresh context and launches it node by node with a synchronize after each block
+plan unfused (every block its own nodes, so a fault inside a fused kernel is pinned on the member that
+makes it) on a fresh context and launches it node by node with a synchronize after each block
 (``replay_by_block``, also what ``Engine(debug_launch=True)`` runs every frame). It prints the first
 faulting block's id as JSON. Faults that depend on the external data cannot reproduce.
 """
@@ -224,7 +225,7 @@ def main() -> None:
         for ki, spec in enumerate(b.description.kernels):
             if spec.source is not None:  # captured library calls are captured again by realize
                 functions[(b.id, ki)] = builder.build(spec.source).function
-    plan = compile_plan(snap)
+    plan = compile_plan(snap, fuse=False)  # a block's own nodes: a fault is pinned on it, not on a fused group
     graph = realize(
         plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
         block_names={b.id: b.name for b in snap.blocks}, libraries=LibraryHandles(dev, pool),

@@ -48,7 +48,7 @@ def test_a_chain_becomes_one_node_with_a_slot_per_scalar() -> None:
     assert (blocks[-1].id, "Out") in plan.outputs and (blocks[0].id, "Out") not in plan.outputs
     assert sum(buf.count for buf in plan.buffers) == 1000 + 5  # the sink's output, five placeholders
     assert "fused" in plan.buffers[0].label
-    assert len(compile_plan(ctx.snapshot()).kernel_nodes) == 6  # fuse=False: as before
+    assert len(compile_plan(ctx.snapshot(), fuse=False).kernel_nodes) == 6  # as before fusion
 
 
 def test_an_output_with_two_readers_ends_a_group() -> None:
@@ -142,7 +142,7 @@ def test_fused_plans_compute_what_unfused_plans_compute(seed: int) -> None:
     count = int(rng.choice([1, 7, 256, 1000]))
     ctx, externals, blocks = _random_patch(rng, count)
     snap = ctx.snapshot()
-    plain = compile_plan(snap, reuse=False)  # every intermediate is compared: none may be overwritten
+    plain = compile_plan(snap, fuse=False, reuse=False)  # every intermediate is compared: none may be overwritten
     fused = compile_plan(snap, fuse=True, reuse=False)
     assert len(fused.kernel_nodes) <= len(plain.kernel_nodes)
     got_plain = run_plan(plain, snap, externals)
@@ -199,7 +199,7 @@ def test_tooltips_show_the_fused_group() -> None:
     shower.apply(built_view(compile_plan(ctx.snapshot(), fuse=True), names, shower.shown), {})
     for b in blocks:
         assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
-    shower.apply(built_view(compile_plan(ctx.snapshot()), names, shower.shown), {})
+    shower.apply(built_view(compile_plan(ctx.snapshot(), fuse=False), names, shower.shown), {})
     assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)
 
 

@@ -17,10 +17,12 @@ import pytest
 from cuda.bindings import driver as real
 
 import cudapatch.kernels._driver as driver_module
-from cudapatch import DType, KernelLoadError, Scale, compile_plan
+from cudapatch import DType, KernelLoadError, Scale
 from cudapatch.engine import Context, ExternalBinding, realize
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 OK = real.CUresult.CUDA_SUCCESS
 

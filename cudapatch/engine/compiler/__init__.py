@@ -92,7 +92,7 @@ def compile_plan(
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
     *,
-    fuse: bool = False,
+    fuse: bool = True,
     cache: NodeCache | None = None,
     reuse: bool = True,
 ) -> GraphPlan:
