@@ -449,6 +449,31 @@ def test_reading_a_fused_intermediate_raises_once_and_the_next_build_keeps_it(en
     assert engine.output(mid, "Out") is not None and engine.output(last, "Out") is not None
 
 
+def test_a_fused_kernel_that_does_not_load_leaves_the_patch_running_unfused(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudapatch.engine.compiler.fusion import FusedSource
+    from cudapatch.errors import KernelLoadError
+
+    real = FakeBuilder.build
+
+    def build(self: FakeBuilder, source: Any) -> Any:
+        if isinstance(source, FusedSource):
+            raise KernelLoadError("ptxas: boom")
+        return real(self, source)
+
+    monkeypatch.setattr(FakeBuilder, "build", build)
+    fill, scale = _chain(engine)
+    after = engine.add(Scale(name="after"))
+    engine.connect(scale, "Out", after, "In")
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and set(g.plan.block_order) >= {fill.id, scale.id, after.id}
+    assert len(g.plan.kernel_nodes) == 3  # one node per block, as with fuse=False
+    (warning,) = [d for d in engine.diagnostics(after) if d.code == DiagnosticCode.REALIZE]
+    assert warning.severity == "warning" and "scale -> after" in warning.message and "boom" in warning.message
+
+
 def test_an_expression_edited_again_before_its_optimised_build_starts_never_builds_the_old_one(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
