@@ -39,6 +39,7 @@ from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
+from ..kernels.pacing import FrameGate
 from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
@@ -59,6 +60,9 @@ from .results import EngineResults
 from .stats import BuildTiming, EngineCounters
 from .structure import StructureTier
 from .tiers import BypassTier, CodeTier, ParamTier
+
+#: How long a build waits for the end of a frame before it instantiates anyway (frames stopped coming).
+PACE_TIMEOUT_S = 0.05
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 
@@ -140,6 +144,7 @@ class Engine(PatchEditing, EngineResults):
             paced=True,
         )
         self._gate = builder.gate  # opened after each frame while the builder has work
+        self._build_gate = FrameGate()  # opened after a frame while a build waits to instantiate
         # Held by the frame thread for a whole update(), and by the builder's thread while it swaps a
         # recompiled kernel into the graph between frames: an executable graph takes one caller at a time.
         self._graph_lock = threading.Lock()
@@ -182,6 +187,7 @@ class Engine(PatchEditing, EngineResults):
             bypass=self._bypass.apply,
             fuse=fuse,
             reuse_buffers=reuse_buffers,
+            pace=self._next_frame,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -193,7 +199,7 @@ class Engine(PatchEditing, EngineResults):
             cache_dir=self.kernel_cache.directory,
         )
         #: The thread structure edits are built on (``background_builds``).
-        self._worker = BuildWorker(lambda: self.resources.device.make_current())
+        self._worker = BuildWorker(lambda: self.resources.device.make_current(), gate=self._build_gate)
         self._structure = StructureTier(
             builds=self._builds,
             worker=self._worker,
@@ -275,6 +281,8 @@ class Engine(PatchEditing, EngineResults):
                 self._frame()
         if self._gate.wanted:  # the kernel builder has work: it runs now, between this frame and the next
             self._gate.open()
+        if self._build_gate.wanted:  # a build waits to instantiate: the driver is ours until the next frame
+            self._build_gate.open()
 
     def _frame(self) -> None:
         self.device.make_current()
@@ -334,6 +342,10 @@ class Engine(PatchEditing, EngineResults):
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
+
+    def _next_frame(self) -> None:
+        # The build thread, before it instantiates: wait for the end of a frame (see kernels/pacing.py).
+        self._build_gate.next_frame(PACE_TIMEOUT_S)
 
     def _launch_failed(self, exc: CudaError) -> None:
         if not isinstance(exc, CudaLaunchError):  # a fault is recovered from; a refused launch is reported
