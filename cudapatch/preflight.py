@@ -212,10 +212,12 @@ def _why(exc: Exception, name: str) -> str:
     return f"lib{name} failed to load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
-def _library_fix(name: str) -> str:
+def _library_fix(*names: str) -> str:
+    """The pip command for the ``cuda-toolkit`` wheels that ship ``names`` (and where all five come from)."""
     major = _cuda_major()
     extra = "libs" if major >= 13 else "libs-cu12"
-    return f"pip install \"cuda-toolkit[{_COMPONENTS[name]}]=={major}.*\" (all five libraries: the '{extra}' extra)"
+    components = ",".join(dict.fromkeys(_COMPONENTS[n] for n in names))
+    return f"pip install \"cuda-toolkit[{components}]=={major}.*\" (all five libraries: the '{extra}' extra)"
 
 
 def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:
@@ -228,7 +230,9 @@ def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:
             _load_library(dep)
         except Exception as dep_exc:
             detail = f"{_LABELS[dep]}, a library {label} depends on, is missing: {_why(dep_exc, dep)}"
-            return CheckItem(label, False, detail, _library_fix(dep), optional=True)
+            # pathfinder loads the dependency first, so whether the library itself is there is unknown:
+            # the fix installs both (one that is there already costs pip nothing)
+            return CheckItem(label, False, detail, _library_fix(name, dep), optional=True)
     return CheckItem(label, False, _why(failure, name), _library_fix(name), optional=True)
 
 

@@ -394,7 +394,7 @@ def test_check_on_a_machine_without_the_libraries_says_what_each_misses(monkeypa
         "cuRAND": ("libcurand.so.11 or libcurand.so.10 not found", fix.format("curand")),
         "cuSOLVER": (
             "cuSPARSE, a library cuSOLVER depends on, is missing: libcusparse.so.12 not found",
-            fix.format("cusparse"),
+            fix.format("cusolver,cusparse"),
         ),
         "cuSPARSE": ("libcusparse.so.12 not found", fix.format("cusparse")),
     }
@@ -407,7 +407,7 @@ def test_a_library_cusolver_depends_on_is_named_with_its_fix(monkeypatch: pytest
     solver = items["cuSOLVER"]
     assert not solver.ok and solver.optional
     assert solver.detail == "cuSPARSE, a library cuSOLVER depends on, is missing: libcusparse.so.12 not found"
-    assert solver.fix == "pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+    assert solver.fix == "pip install \"cuda-toolkit[cusolver,cusparse]==13.*\" (all five libraries: the 'libs' extra)"
     assert items["cuSPARSE"].detail == "libcusparse.so.12 not found"
     assert "cuda-toolkit[cusparse]" in items["cuSPARSE"].fix
     assert items["cuBLAS"] == preflight.CheckItem("cuBLAS", True, "/site/nvidia/cu13/lib/libcublas.so", optional=True)
@@ -445,7 +445,7 @@ def test_check_prints_each_library_with_what_is_missing_and_the_fix(
     assert "cuSPARSE, a library cuSOLVER depends on, is missing" in lines[at]
     assert (
         lines[at + 1]
-        == "      fix: pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+        == "      fix: pip install \"cuda-toolkit[cusolver,cusparse]==13.*\" (all five libraries: the 'libs' extra)"
     )
     assert any(line.startswith("!!  driver") for line in lines)
     assert "      fix: install an NVIDIA driver for CUDA 13 (R580 or newer)" in lines
