@@ -44,6 +44,7 @@ from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
 from .build_thread import BuildWorker
+from .collector import CollectorFreeze
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .editing import PatchEditing
@@ -98,6 +99,9 @@ class Engine(PatchEditing, EngineResults):
             ``output()``/``read()`` of it fails.
         reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
+        freeze_collector: After each build, move the objects Python's cyclic collector tracks into its
+            permanent generation (``gc.freeze()``), so its full collections stop scanning the whole
+            patch while frames run (``engine/collector.py``). Process-wide: False leaves it alone.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -130,6 +134,7 @@ class Engine(PatchEditing, EngineResults):
         background_builds: bool = True,
         fuse: bool = False,
         reuse_buffers: bool = True,
+        freeze_collector: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -208,6 +213,7 @@ class Engine(PatchEditing, EngineResults):
             resources=self.resources,
             context=self.context,
             timing=self.last_build,
+            collector=CollectorFreeze(freeze_collector),
         )
         self.background_builds = background_builds
         self._dirty = self.context.dirty
