@@ -309,7 +309,9 @@ class Engine(PatchEditing, EngineResults):
                 if dirty.only_params and res.graph is not None and not res.retiring:
                     if dirty.bypass:
                         self._bypass.apply(res.graph)
-                    if (dirty.params or dirty.bindings) and self._params.apply(res.graph):
+                    if dirty.structure:  # a bypassed block runs in a fused kernel or shared buffers: rebuild now
+                        self._apply_changes()
+                    elif (dirty.params or dirty.bindings) and self._params.apply(res.graph):
                         self._apply_changes()  # a re-capture only a new graph can hold
                 else:
                     self._apply_changes()
@@ -444,6 +446,9 @@ class Engine(PatchEditing, EngineResults):
         g = self.resources.graph
         if dirty.bypass:
             self._bypass.apply(g)  # no graph yet: the build applies the flags to the graph it makes
+            if dirty.structure:  # the graph that takes it out of a fused group (or shared buffers) first
+                self._apply_changes()
+                return
         if g is None:
             self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
         elif (dirty.params or dirty.bindings) and self._params.apply(g) and not structure.building:
