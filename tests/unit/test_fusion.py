@@ -409,3 +409,16 @@ def test_the_fault_replay_plans_every_block_on_its_own_nodes() -> None:
     plan = replay_plan(ctx.snapshot())
     assert not any(in_fused_node(plan, b.id) for b in blocks)
     assert [n.block_id for n in plan.kernel_nodes] == [b.id for b in blocks]
+
+
+def test_a_members_broken_code_edit_leaves_the_group_kernel_as_it_was() -> None:
+    from cudapatch.engine.compiler.fusion import regenerate
+
+    ctx, externals = Context(), {}
+    e = ctx.register_block(Expression(name="e", Code="x * Gain"))
+    s = ctx.register_block(Scale(name="s", Factor=2.0))
+    _bind(ctx, e, "x", np.arange(8, dtype=np.float32), externals)
+    ctx.connect(e, "Out", s, "In")
+    (node,) = compile_plan(ctx.snapshot()).kernel_nodes
+    e.set("Code", "x * (Gain + ")  # half-typed: the error goes on e (its own compile), nothing is swapped
+    assert regenerate(node.source, {e.id: e, s.id: s}) is None
