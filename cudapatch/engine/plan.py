@@ -171,6 +171,8 @@ class RegionPlan(NamedTuple):
         limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
         unroll: Copies of the body in one iteration of the conditional node ``node`` (``Unroll``).
         tail: With ``unroll`` > 1, the conditional node running the iterations left, one copy each.
+        pairs: With FrameDelays carried by ping-pong and ``unroll`` > 2, the conditional node between
+            ``node`` and ``tail`` running what is left two copies at a time (``compiler/region_delays.py``).
     """
 
     kind: str
@@ -179,6 +181,7 @@ class RegionPlan(NamedTuple):
     limit: str | None = None
     unroll: int = 1
     tail: int | None = None
+    pairs: int | None = None
 
 
 class ProbeNodePlan(NamedTuple):
