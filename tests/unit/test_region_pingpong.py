@@ -318,3 +318,60 @@ extern "C" __global__ void use(const float* x, const int* more, float* out, unsi
     c.connect(use, "out", d, "In")  # now the next iteration reads it: made in every copy, and so is chk
     plan = compile_plan(c.snapshot())
     assert len(_nodes(plan, chk.id)) == len(_nodes(plan, use.id)) == 4 + 2 + 1
+
+
+# -- realize (the recording stand-in for the driver) ---------------------------------------------------
+
+
+def test_realize_puts_each_copy_in_its_body_with_the_buffers_swapped(monkeypatch) -> None:
+    from cudapatch.engine.buffers import BufferPool
+
+    from .test_regions_realize import RegionDriver, _install, _realize
+
+    rec = _install(monkeypatch, RegionDriver())
+    c, loop, d, s, r = _for(10, 4)
+    plan = compile_plan(c.snapshot())
+    g = _realize(c, plan, BufferPool())
+    assert rec.names().count("instantiate") == 1 and g._exec1 is None  # one executable: nothing alternates
+    assert len([call for call in rec.calls if call[0] == "add_conditional"]) == 3  # main, pairs, tail
+    (dp,) = plan.delays
+    p, cur = g.buffers[dp.previous].ptr, g.buffers[dp.current].ptr
+    scales = _nodes(plan, s.id)
+    assert [(g.node_arg(k.index, 0), g.node_arg(k.index, 1)) for k in scales] == [(p, cur), (cur, p)] * 3 + [(p, cur)]
+    assert all(g._nodes[k.index].handle in rec.body_nodes for k in scales)
+    sync = g._nodes[dp.copy]
+    assert sync.handle not in rec.body_nodes
+    assert (g.node_arg(dp.copy, 0), g.node_arg(dp.copy, 1), g.node_arg(dp.copy, 2)) == (p, cur, N)
+    g.update_scalars({(loop.id, "Count"): 5})  # Hot: every set-condition kernel's Count slot, the new ones too
+    slots = plan.scalar_slots[(loop.id, "Count")]
+    assert {plan.nodes[ni].entry_point for ni, _ in slots} == {
+        "region_begin_n",
+        "region_for_step_n",
+        "region_for_tail_n",
+        "region_for_tail",
+        "region_for_step",
+    }
+    assert all(g.node_arg(ni, ai) == 5 for ni, ai in slots)
+    g.close()
+
+
+@pytest.mark.parametrize("level", ["Summary", "PerBlock", "PerKernel"])
+def test_profiling_stamps_keep_the_tails_and_the_sync_in_place(level: str) -> None:
+    from cudapatch.engine.profiling import ProfilingLevel
+
+    c, loop, d, s, r = _for(10, 4)
+    plan = compile_plan(c.snapshot(), level=ProfilingLevel.parse(level))
+    rp = plan.regions[loop.id]
+    for node in (rp.node, rp.pairs, rp.tail):
+        assert isinstance(plan.nodes[node], ConditionalNodePlan) and node not in plan.scopes
+    assert [plan.scopes[k.index] for k in _nodes(plan, s.id)] == [rp.node] * 4 + [rp.pairs] * 2 + [rp.tail]
+    (dp,) = plan.delays
+    sync = plan.nodes[dp.copy]
+    assert sync.entry_point == "delay_sync4" and dp.copy not in plan.scopes and rp.tail in sync.deps
+    handles = {
+        n.args[0].ref for n in plan.nodes if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle"
+    }
+    assert handles == {rp.node, rp.pairs, rp.tail}
+    run = _interp(c, plan)
+    run.frame()
+    np.testing.assert_array_equal(run.output(d.id, "Out"), _steps(_x0(), 10))
