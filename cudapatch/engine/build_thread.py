@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..kernels.pacing import FrameGate
+
 __all__ = ["BuildWorker"]
 
 log = logging.getLogger("cudapatch.engine")
@@ -65,10 +67,15 @@ class BuildWorker:
         make_current: Makes the engine's CUDA context current on the calling thread (called on the
             worker's thread before each job).
         name: The thread's name.
+        gate: The gate a job waits at for the end of a frame (``FrameGate.next_frame``); opened when
+            the frame thread itself waits for the job, which then has no frame to wait for.
     """
 
-    def __init__(self, make_current: Callable[[], None], *, name: str = "cudapatch-build") -> None:
+    def __init__(
+        self, make_current: Callable[[], None], *, name: str = "cudapatch-build", gate: FrameGate | None = None
+    ) -> None:
         self._make_current = make_current
+        self._gate = gate
         self._name = name
         self._cv = threading.Condition()
         self._job: Callable[[], Any] | None = None
@@ -116,6 +123,8 @@ class BuildWorker:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job in flight (if any) finished; returns whether none is running now."""
+        if self._gate is not None:
+            self._gate.open()
         with self._cv:
             return self._cv.wait_for(lambda: self._job is None, timeout)
 
