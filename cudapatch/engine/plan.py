@@ -250,7 +250,8 @@ class DelayPlan(NamedTuple):
             (``Out`` keeps its start value, nothing alternates).
         copy: In a patch with regions: the node copying ``current`` into ``previous`` last in the
             delay's scope (``engine/delay_copy.py``; the last one where an unrolled loop has one per
-            copy of its body); such a delay does not alternate. None otherwise.
+            copy of its body), or, in a loop whose copies ping-pong the pair, the sync node after the
+            loop (``compiler/region_delays.py``); such a delay does not alternate. None otherwise.
     """
 
     block_id: int

@@ -205,3 +205,37 @@ def test_a_delay_in_an_outer_loop_read_inside_an_inner_loop(
         for _ in range(count):  # (2x) * 0.5 is exact: one rounding, as on the GPU
             state = (state * np.float32(2.0)) * np.float32(A) + np.float32(B)
         np.testing.assert_array_equal(engine.read(delay, "Out"), state, err_msg=f"Count={count}")
+
+
+@pytest.mark.parametrize("unroll", [1, 2, None], ids=["unroll1", "unroll2", "default"])
+def test_reaction_diffusion_at_odd_and_even_counts_matches_numpy(engine: Engine, unroll: int | None) -> None:
+    """The example's Gray-Scott step (float2, every operation rounded alone) in a For, bit for bit against
+    its NumPy reference over frames of odd and even step counts, and the image block after the loop."""
+    import importlib.util
+    from pathlib import Path
+
+    from cudapatch import CustomKernel
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "10_reaction_diffusion.py"
+    spec = importlib.util.spec_from_file_location("rd_example", path)
+    ex = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(ex)  # type: ignore[union-attr]
+    h = w = 64
+    seed = ex.seed_field(h, w)
+    loop = engine.add(For(name="Steps", Count=7, **({} if unroll is None else {"Unroll": unroll})))
+    field = engine.add(FrameDelay(name="field", Type="float2"), region=loop)
+    step = engine.add(CustomKernel(name="step", Code=ex.GRAY_SCOTT, width=w, height=h, **ex.PARAMS), region=loop)
+    paint = engine.add(CustomKernel(name="paint", Code=ex.PAINT))
+    engine.bind(field, "Init", seed)
+    engine.connect(field, "Out", step, "s")
+    engine.connect(step, "next", field, "In")
+    engine.connect(step, "next", paint, "s")
+    engine.wait_ready()
+    ref = seed
+    for count in (7, 10, 3, 1, 16):
+        loop.set("Count", count)
+        engine.update()
+        ref = ex.gray_scott(ref, h, w, count)
+        np.testing.assert_array_equal(engine.read(step, "next").reshape(h * w, 2), ref, err_msg=f"Count={count}")
+        np.testing.assert_array_equal(engine.read(field, "Out").reshape(h * w, 2), ref, err_msg=f"Count={count}")
+    assert engine.read(paint, "rgba").size == h * w
