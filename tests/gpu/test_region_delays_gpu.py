@@ -46,12 +46,12 @@ def test_a_delay_in_a_for_body_equals_n_steps_across_frames_count_changes_and_re
         engine.update()
         state = _steps(state, 7)
         np.testing.assert_array_equal(engine.read(step, "Out"), state, err_msg=f"frame {frame}")
-        # after the frame, Out holds what the next iteration starts from (the copy ran last)
+        # after the frame, Out holds what the next iteration starts from (the copy or the sync ran last)
         np.testing.assert_array_equal(engine.read(delay, "Out"), state, err_msg=f"frame {frame}")
     assert engine.iterations(loop) == 7
     graph, rebuilds = engine.graph, engine.counters.rebuilds
     assert graph.instantiations == 1
-    for count in (1, 0, 13, 8, 2, 9, 16):  # odd and even: ping-pong ends in either buffer
+    for count in (1, 0, 16, 8, 2, 9, 13):  # odd and even: ping-pong ends in either buffer (13 last: see below)
         loop.set("Count", count)  # Hot: no rebuild
         engine.update()
         state = _steps(state, count)

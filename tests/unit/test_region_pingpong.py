@@ -375,3 +375,26 @@ def test_profiling_stamps_keep_the_tails_and_the_sync_in_place(level: str) -> No
     run = _interp(c, plan)
     run.frame()
     np.testing.assert_array_equal(run.output(d.id, "Out"), _steps(_x0(), 10))
+
+
+def test_a_probe_in_a_body_that_ping_pongs_reads_the_buffer_its_copy_wrote() -> None:
+    from cudapatch.engine.plan import ProbeNodePlan
+
+    c, loop, d, s, r = _for(10, 4)
+    c.add_probe(s, "Out")
+    plan = compile_plan(c.snapshot())
+    rp = plan.regions[loop.id]
+    (dp,) = plan.delays
+    probes = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    # the main body's last copy (odd: writes Out's buffer), both copies of a pair, the tail's one copy
+    assert [(plan.scopes[n.index], n.buffer) for n in probes] == [
+        (rp.node, dp.previous),
+        (rp.pairs, dp.current),
+        (rp.pairs, dp.previous),
+        (rp.tail, dp.current),
+    ]
+    assert len({n.probe for n in probes}) == 1  # one record, written by whichever copy ran last
+    scales = _nodes(plan, s.id)
+    for n in probes:  # right after the copy of s that wrote it
+        writer = max(k.index for k in scales if k.index < n.index)
+        assert writer in n.deps and plan.nodes[writer].args[1].ref == n.buffer

@@ -34,6 +34,8 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from ...blocks.regions import CONDITION, RegionDescription
 from ...kernels.types import DType
 from ..connections import Link
@@ -371,9 +373,9 @@ def region_nodes(draft: PlanDraft) -> None:
 
     carried: set[int] = set()  # delays carried by ping-pong: no copy node
 
-    def walk(scope_node: int | None, scope: int | None, mode: str, copies: int, skip: object = ()) -> None:
+    def walk(scope_node: int | None, scope: int | None, mode: str, copies: int, skip: Container[int] = ()) -> None:
         for u in draft.units.get(scope, ()):
-            if u not in sized or u in body_delays or u in skip:  # type: ignore[operator]
+            if u not in sized or u in body_delays or u in skip:
                 continue
             if scope is None and u in draft.units and body_delays:
                 delay_inits(draft, u, env, probes, body_delays)
@@ -471,9 +473,7 @@ def region_nodes(draft: PlanDraft) -> None:
         )
         draft.block_nodes[rid] = tuple(nodes)
 
-    def body_copy(
-        cond: int, rid: int, mode: str, copies: int, swap: dict[int, int] | None, skip: frozenset[int] | tuple
-    ) -> None:
+    def body_copy(cond: int, rid: int, mode: str, copies: int, swap: dict | None, skip: Container[int]) -> None:
         """One copy of loop ``rid``'s body in conditional node ``cond``; with ``swap``, the delays'
         buffers swapped (the odd copies of a loop that ping-pongs); ``skip``: blocks left out."""
         first = len(drafts)
