@@ -111,9 +111,6 @@ class RegionInterpreter:
         self._run(self.top)
         self.frames += 1
 
-    def reset_delays(self) -> None:
-        self.frames = 0
-
     # -- nodes -------------------------------------------------------------------------------------
 
     def _run(self, indices: list[int]) -> None:
