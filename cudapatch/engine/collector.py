@@ -11,9 +11,11 @@ and the frame thread's next ``update()`` waited for the GIL that long (slowest `
 So after a build is swapped in, the engine moves every tracked object into the collector's
 permanent generation (``gc.freeze()``, constant time): later collections scan only what was made
 since. Objects frozen are never collected as cycles; those that become garbage are still freed by
-reference counting, which is how a replaced plan goes. Cyclic garbage frozen with them would stay, so
-the freeze is undone (``gc.unfreeze()``: the next full collection scans everything once) whenever the
-permanent generation has grown past twice its size after the first freeze plus a margin.
+reference counting, which is how a replaced plan goes (the frozen count stayed at 235,600 over
+repeated 1,000-block builds). Cyclic garbage frozen with them (a host's own, say) would stay, so
+every ``THAW_EVERY`` builds the freeze is undone (``gc.unfreeze()``, constant time too): the next
+full collection scans everything once and frees them. The frozen count is not asked for: CPython
+walks the whole permanent generation to count it (14 ms at 1,000 blocks).
 ``Engine(freeze_collector=False)`` leaves the collector alone (the freeze is process-wide: a host's
 own objects are frozen with the patch's).
 """
@@ -24,9 +26,8 @@ import gc
 
 __all__ = ["CollectorFreeze"]
 
-#: Frozen objects the permanent generation may grow by (beyond twice its first size) before the
-#: freeze is undone, so that cycles frozen by mistake are collected after all.
-GROWTH_MARGIN = 200_000
+#: Builds between two thaws (``gc.unfreeze()``), so that cycles frozen by mistake are collected after all.
+THAW_EVERY = 100
 
 
 class CollectorFreeze:
@@ -38,22 +39,21 @@ class CollectorFreeze:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._base: int | None = None  # frozen objects right after the first freeze of a cycle
-        #: Freezes done, and undone (full collections allowed again).
+        #: Freezes done, and undone (full collections see everything again).
         self.freezes = 0
         self.thaws = 0
+        self._since_thaw = 0
 
     def after_build(self) -> None:
-        """Freeze what the collector tracks now (a new graph was swapped in); undo the freeze once the
-        permanent generation grew past its bound."""
+        """Freeze what the collector tracks now (a build was applied); every ``THAW_EVERY`` builds,
+        undo the freeze instead."""
         if not self.enabled:
+            return
+        if self._since_thaw >= THAW_EVERY:
+            gc.unfreeze()  # the next full collection scans everything once, and frees frozen cycles
+            self.thaws += 1
+            self._since_thaw = 0
             return
         gc.freeze()
         self.freezes += 1
-        frozen = gc.get_freeze_count()
-        if self._base is None:
-            self._base = frozen
-        elif frozen > 2 * self._base + GROWTH_MARGIN:
-            gc.unfreeze()  # the next full collection scans everything once, and frees frozen cycles
-            self._base = None
-            self.thaws += 1
+        self._since_thaw += 1

@@ -43,7 +43,7 @@ from ..kernels.pacing import FrameGate
 from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
-from .build_thread import BuildWorker
+from .build_thread import PACE_TIMEOUT_S, BuildWorker
 from .collector import CollectorFreeze
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
@@ -61,9 +61,6 @@ from .results import EngineResults
 from .stats import BuildTiming, EngineCounters
 from .structure import StructureTier
 from .tiers import BypassTier, CodeTier, ParamTier
-
-#: How long a build waits for the end of a frame before it instantiates anyway (frames stopped coming).
-PACE_TIMEOUT_S = 0.05
 
 __all__ = ["Engine", "EngineCounters", "BuildTiming"]
 

@@ -119,9 +119,13 @@ class StructureTier:
         idle = self._resources.take_idle()
         garbage = self._resources.take_garbage()
 
+        worker = self._worker
+
         def build() -> BuildOutcome:
-            close_graphs(idle)  # the retired graphs the GPU is done with: closed off the frame thread
-            garbage.clear()  # and what the frame thread no longer uses, freed here
+            # The retired graphs the GPU is done with, and what the frame thread no longer uses: freed
+            # off the frame thread, after the build and between two frames (destroying an executable
+            # graph holds the driver's lock, which the frame's launch would wait for).
+            worker.defer(lambda: (close_graphs(idle), garbage.clear()))
             return builds.prepare(job)
 
         self._worker.submit(build)

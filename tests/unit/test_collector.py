@@ -39,16 +39,18 @@ def test_disabled_leaves_the_collector_alone() -> None:
     assert gc.get_freeze_count() == 0
 
 
-def test_the_freeze_is_undone_once_the_frozen_objects_grew_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(collector, "GROWTH_MARGIN", 1000)
+def test_the_freeze_is_undone_every_so_many_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector, "THAW_EVERY", 3)
     c = CollectorFreeze()
-    c.after_build()
-    base = gc.get_freeze_count()
-    garbage = [_Node() for _ in range(base + 2000)]  # frozen cycles that later become garbage
-    c.after_build()
-    assert c.thaws == 1
+    for _ in range(3):
+        c.after_build()
+    garbage = [_Node() for _ in range(1000)]  # frozen cycles that become garbage
+    c.after_build()  # not frozen: thawed
+    assert (c.freezes, c.thaws) == (3, 1)
     assert gc.get_freeze_count() == 0
-    ids = {id(n) for n in garbage[:10]}
+    ids = {id(n) for n in garbage}
     del garbage
-    gc.collect()  # after the thaw a full collection frees them again
+    gc.collect()  # after the thaw a full collection frees them
     assert not ids & {id(o) for o in gc.get_objects() if isinstance(o, _Node)}
+    c.after_build()
+    assert c.freezes == 4
