@@ -398,3 +398,21 @@ def test_a_probe_in_a_body_that_ping_pongs_reads_the_buffer_its_copy_wrote() -> 
     for n in probes:  # right after the copy of s that wrote it
         writer = max(k.index for k in scales if k.index < n.index)
         assert writer in n.deps and plan.nodes[writer].args[1].ref == n.buffer
+
+
+def test_a_library_call_making_in_keeps_the_copies() -> None:
+    """A captured call may read its output before writing it (cuBLAS with beta): ping-pong does not carry it."""
+    from cudapatch.blocks.library import FFT
+
+    c = Context()
+    loop = c.register_block(For(name="Steps", Count=3))  # the default Unroll: 8
+    d = c.register_block(FrameDelay(name="d", Type="float2", Count=64))
+    fft = c.register_block(FFT(name="fft", Kind="C2C", Nx=64))
+    c.place(d, loop)
+    c.place(fft, loop)
+    c.connect(d, "Out", fft, "In")
+    c.connect(fft, "Out", d, "In")
+    plan = compile_plan(c.snapshot())
+    rp = plan.regions[loop.id]
+    (dp,) = plan.delays
+    assert (rp.unroll, rp.pairs) == (8, None) and plan.nodes[dp.copy].entry_point == "delay_copy4"
