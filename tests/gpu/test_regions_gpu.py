@@ -341,4 +341,4 @@ def test_an_unrolled_jacobi_while_makes_decide_once_per_pass_and_matches_numpy(e
     assert exact <= its <= exact + unroll - 1 and its % unroll == 0
     ref, _ = mod.jacobi_numpy(nx, f, h2, -1.0, its)  # a negative tolerance never stops: exactly its iterations
     np.testing.assert_array_equal(u, ref)
-    np.testing.assert_array_equal(engine.read(d, "more"), np.zeros(1, np.int32))
+    assert engine.read(d, "more")[0] == 0  # the last iteration said stop (the output is sized like its input)
