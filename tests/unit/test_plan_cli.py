@@ -134,3 +134,17 @@ def test_the_standalone_host_makes_its_engine_with_the_patchs_fuse_unless_told(
         (False, {"fuse": True, "reuse_buffers": True}),
         (False, {"fuse": False, "reuse_buffers": True}),
     ]
+
+
+def test_plan_shows_region_bodies_under_their_conditional_nodes() -> None:
+    """``cudapatch plan`` on a patch with regions: the reaction-diffusion example's For, unrolled, with
+    its FrameDelay carried by ping-pong (the copies alternate the two buffers) and synced once after."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "10_reaction_diffusion.toml"
+    engine, plan = plan_patch(path, fuse=False)
+    assert plan is not None
+    text = format_plan(engine, plan)
+    assert "while conditional (Steps), body:" in text
+    body = [line for line in text.splitlines() if line.startswith("    [") and "gray_scott" in line]
+    assert len(body) == 8 + 2 + 1  # the main body, the pairs' tail, the tail of one
+    assert "(buf1, buf2," in body[0] and "(buf2, buf1," in body[1]
+    assert "delay_sync4 (field)" in text and "delay_copy" not in text
