@@ -30,8 +30,9 @@
 3. A Hot change of one scalar: ``set()`` + ``update()`` host time for a member of the fused chain beside
    the same change unfused (target: the same, ≤ 3 µs per patched node).
 
-Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50]``. Writes ``fusion.json`` to
-``$RESULTS_DIR`` when set.
+Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50] [--launch-variants]``
+(``--launch-variants``: our fused kernel also at block sizes 64-512 and 1, 2, 4 elements per thread,
+per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
 """
 
 from __future__ import annotations
@@ -71,7 +72,37 @@ def chain(e: Engine, n_blocks: int, x: np.ndarray) -> list[Scale]:
     return blocks
 
 
-def bench_chain(n_blocks: int, elements: int) -> dict:
+def launch_variants(e: Engine, g, node, blocks=(64, 128, 256, 512), per_thread=(1, 2, 4)) -> list[dict]:
+    """Our fused kernel at other launch shapes, each measured per kernel as ``fused kernel`` is: the
+    group's program generated with ``per_thread`` elements per thread (``FusedSource.per_thread``), the
+    same arguments, ``block`` threads per block and the grid that covers the count. What the fusion
+    phase's choice (``FUSED_PER_THREAD``, ``FUSED_PER_THREAD_FROM``, ``BLOCK_SIZE``) is worth at this size."""
+    import dataclasses
+
+    base = g._nodes[node.index].params  # the running node's arguments (kernelParams) are shared by every variant
+    count = node.args[-1].value  # the launch's element count, the node's last argument
+    rows = []
+    for k in per_thread:
+        source = dataclasses.replace(node.source, per_thread=k, jit="full")
+        function = e.kernels.builder.build(source).function
+        for block in blocks:
+            p = d.CUDA_KERNEL_NODE_PARAMS()
+            p.func = function
+            p.gridDimX, p.gridDimY, p.gridDimZ = max(1, -(-count // (block * k))), 1, 1
+            p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
+            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, 0
+            rows.append(
+                {
+                    "per_thread": k,
+                    "block": block,
+                    "grid": p.gridDimX,
+                    "kernel_ms": kernel_graph_ms(p, e.resources.stream),
+                }
+            )
+    return rows
+
+
+def bench_chain(n_blocks: int, elements: int, variants: bool = False) -> dict:
     x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     row: dict = {"blocks": n_blocks, "elements": elements}
     results = {}
@@ -90,7 +121,10 @@ def bench_chain(n_blocks: int, elements: int) -> dict:
                 row["fused_launch"] = {"grid": node.grid, "block": node.block, "per_thread": node.source.per_thread}
                 # The node's CUDA_KERNEL_NODE_PARAMS as the executable graph holds them (no public accessor).
                 row["fused_kernel_ms"] = kernel_graph_ms(g._nodes[node.index].params, stream)
+                e.device.make_current()  # the empty kernel's module loads into the engine's context
                 row["empty_frame_ms"] = empty_frame_ms(e.device.arch, stream)
+                if variants:
+                    row["launch_variants"] = launch_variants(e, g, node)
             results[fuse] = e.read(blocks[-1], "Out")
     row["bitwise_equal"] = bool(np.array_equal(results[True], results[False]))
     try:
@@ -336,6 +370,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=100)
     ap.add_argument("--edits", type=int, default=50)
+    ap.add_argument(
+        "--launch-variants",
+        action="store_true",
+        help="also time our fused kernel at other block sizes and elements per thread",
+    )
     args = ap.parse_args()
     logging.getLogger("cudapatch").setLevel(logging.ERROR)
     report: dict = {"chains": [], "edits": [], "hot": None}
@@ -345,7 +384,7 @@ def main() -> None:
     print("{:>10} {:>9} {:>9} {:>11} {:>12} {:>14} {:>12} bitwise".format(*head))
     rows = []
     for elements in (1024, 1 << 20):
-        r = bench_chain(args.blocks, elements)
+        r = bench_chain(args.blocks, elements, variants=args.launch_variants)
         report["chains"].append(r)
         rows.append(r)
         fused, unfused, frame = r["fused_ms"], r["unfused_ms"], r["cupy_frame_ms"]
@@ -363,6 +402,14 @@ def main() -> None:
             f"{r['elements']:>10} {kernel:>13.4f} {_ms(graph):>11} {_ratio(kernel, graph):>14} "
             f"{_ratio(r['fused_ms'], graph):>17} {_ms(r['cupy_calls_ms']):>11}  {launch}"
         )
+    for r in rows:
+        if "launch_variants" in r:
+            print(
+                f"   our fused kernel at other launch shapes, {r['elements']} elements "
+                "(GPU ms per kernel, 200 in a graph):"
+            )
+            for v in r["launch_variants"]:
+                print("     {per_thread}/thread, block {block:>4}, grid {grid:>6}: {kernel_ms:.4f}".format(**v))
     print(f"2. Expression edit -> running, {args.edits} edits (ms): live = it runs, optimised = its optimised build")
     for compiler in ("ptx", "nvrtc"):
         r = bench_edits(args.edits, compiler)
