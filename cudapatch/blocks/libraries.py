@@ -44,7 +44,7 @@ def nvmath_module(name: str) -> Any:
         return importlib.import_module(f"nvmath.bindings.{name}")
     except ImportError as exc:
         raise LibraryCallError(
-            f"library calls need nvmath-python ({exc}); install it with: pip install 'cudapatch[libs]'"
+            f"library calls need nvmath-python ({exc}): pip install nvmath-python (a dependency of cudapatch)"
         ) from None
 
 
