@@ -170,6 +170,7 @@ def test_cuda12_recipe_installs_what_the_libs_cu12_extra_names():
         name = re.split(r"[\[<>=;~ ]", requirement, maxsplit=1)[0]
         cu12 = {"cuda-bindings": '"cuda-bindings[all]>=12.9,<13"', "cupy-cuda13x": "cupy-cuda12x"}
         assert cu12.get(name, name) in recipe, name
+    assert "tools/build_kernels.py --nvrtc" in recipe  # CUDA 12's nvJitLink refuses the bundled PTX (ISA 9.0)
 
 
 def test_requires_python_matches_the_docs():
