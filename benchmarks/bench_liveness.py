@@ -131,7 +131,7 @@ def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> li
     times = []
     for i in range(2 * toggles):
         t = time.perf_counter_ns()
-        block.enabled = i % 2 == 1  # on, off, on, ... (it starts off)
+        block.enabled = i % 2 == 0  # on, off, on, ... (it starts off)
         e.update()
         times.append((time.perf_counter_ns() - t) / 1e3)
         if i % 20 == 19:

@@ -5,12 +5,15 @@ same run.
 
 1. Steps per second, 1024 x 1024 ``float2``:
    - ours, For: one ``update()`` a frame runs ``For(Count=K)`` around the step, the FrameDelay inside
-     the body (one copy of the field per iteration, ``docs/regions.md``);
+     the body; at the For's default ``Unroll`` (8) the copies of the body alternate the delay's two
+     buffers (ping-pong: one copy of the field a frame, ``docs/regions.md``), at ``Unroll`` 1 a copy
+     kernel carries the field after every step (listed beside it: what ping-pong saves);
    - ours, host loop: the same kernel through a FrameDelay at the top level (two alternating graphs,
      no copy), one step per ``update()``, K updates per K steps: a host loop of graph launches;
    - CuPy, host loop (when CuPy is installed): the same kernel as a ``RawKernel``, one step captured as
      a CUDA graph per direction (ping-pong, no copy), launched K times.
-   The For pays a copy per step and saves K - 1 launches per frame: which wins depends on the grid.
+   The For saves K - 1 launches per frame; at Unroll 1 it pays a copy per step (twice the memory
+   traffic of a step), unrolled one copy a frame.
 2. Host time of ``update()`` with the For at Count 1, 10 and 100: the iterations cost the host
    nothing, so it must not grow with the count.
 
@@ -48,11 +51,12 @@ def _example():
 EX = _example()
 
 
-def _patch(engine: Engine, size: int, count: int | None):
-    """The example's patch: with ``count``, the delay and step inside ``For(Count=count)``; without,
-    at the top level (one step a frame)."""
+def _patch(engine: Engine, size: int, count: int | None, unroll: int | None = None):
+    """The example's patch: with ``count``, the delay and step inside ``For(Count=count)`` (``unroll``:
+    its ``Unroll``, None for the default); without, at the top level (one step a frame)."""
     seed = EX.seed_field(size, size)
-    loop = engine.add(For(name="Steps", Count=count)) if count is not None else None
+    extra = {} if unroll is None else {"Unroll": unroll}
+    loop = engine.add(For(name="Steps", Count=count, **extra)) if count is not None else None
     field = engine.add(FrameDelay(name="field", Type="float2"), region=loop)
     step = engine.add(CustomKernel(name="step", Code=EX.GRAY_SCOTT, width=size, height=size, **EX.PARAMS), region=loop)
     engine.bind(field, "Init", seed)
@@ -120,6 +124,15 @@ def main() -> None:
             engine.synchronize()
 
         rows["ours_for_steps_per_s"] = _steps_per_s(ours_for, k * frames)
+    with Engine(name="rd-for-copy", wait_for_compile=True) as engine:
+        _patch(engine, args.size, k, unroll=1)
+
+        def ours_for_copy() -> None:
+            for _ in range(frames):
+                engine.update()
+            engine.synchronize()
+
+        rows["ours_for_unroll1_copy_steps_per_s"] = _steps_per_s(ours_for_copy, k * frames)
     with Engine(name="rd-host", wait_for_compile=True) as engine:
         _patch(engine, args.size, None)
 
@@ -135,7 +148,13 @@ def main() -> None:
     except ImportError:
         print("CuPy not installed: no CuPy peer")
     base = rows["ours_for_steps_per_s"]
-    for key in ("ours_for_steps_per_s", "ours_host_loop_steps_per_s", "cupy_host_loop_steps_per_s"):
+    keys = (
+        "ours_for_steps_per_s",
+        "ours_for_unroll1_copy_steps_per_s",
+        "ours_host_loop_steps_per_s",
+        "cupy_host_loop_steps_per_s",
+    )
+    for key in keys:
         if key in rows:
             print(f"  {key:32s} {rows[key]:12.0f} steps/s   For / this = {base / rows[key]:.2f}x")  # type: ignore[operator]
 

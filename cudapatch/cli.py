@@ -88,9 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return 1
             stats = host.engine.stats()
             log.info("%d frames in %.2f s (%.0f fps)", report.frames, report.seconds, report.fps)
+            internal = host.preview.bridge.internal_blocks  # the preview's GL writers: marked, not the patch's
             for b in stats.blocks:
                 ms = f"{b.gpu_ms:.3f} ms" if b.gpu_ms is not None else "-"
-                log.info("  %-12s %-9s %s", b.name, b.state, ms)
+                log.info("  %-12s %-9s %s%s", b.name, b.state, ms, "  (internal)" if b.block_id in internal else "")
             for path in report.pngs:
                 print(path)
             errors = [d for d in host.engine.diagnostics() if d.severity == "error"]

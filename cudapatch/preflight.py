@@ -1,8 +1,10 @@
 """``cudapatch check``: what this machine has for cudapatch, and what to fix.
 
 Also the one line a command or an example prints when CUDA cannot be used at all
-(``explain_unavailable``): it names what is missing, the driver cudapatch needs, and points to
-``cudapatch check`` for the rest, instead of a traceback ending in the driver bindings' own text.
+(``explain_unavailable``, ``cuda_unavailable_line``): it names what is missing, the driver cudapatch
+needs, and points to ``cudapatch check`` for the rest, instead of a traceback ending in the driver
+bindings' own text. The words for the driver (``driver_needed``, ``no_driver_message``) live in
+``kernels/_driver.py``, which the engine's own errors use too, so every message names the same version.
 
 Every probe goes through a small loader function (``_load_driver``, ``_load_library``), so the
 tests simulate a machine without a driver or without a library by replacing the loader.
@@ -17,12 +19,17 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["CheckItem", "DRIVER_NEEDED", "explain_unavailable", "preflight"]
+from .kernels._driver import (
+    DRIVER_TOO_OLD,
+    LIBCUDA,
+    bindings_install,
+    bindings_major,
+    driver_needed,
+    driver_too_old_message,
+    no_driver_message,
+)
 
-DRIVER_NEEDED = "an NVIDIA driver for CUDA 13 (R580 or newer)"
-"""The driver the default wheels (cuda-bindings 13, cupy-cuda13x) and the bundled PTX need."""
-
-_LIBCUDA = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+__all__ = ["CheckItem", "cuda_unavailable_line", "explain_unavailable", "preflight"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +70,11 @@ def _import(name: str) -> tuple[bool, str]:
 
 def _cuda_major() -> int:
     """The CUDA major version of the installed cuda-bindings (13 when unknown): picks the wheels a fix names."""
-    text = _version("cuda-bindings") or "13"
-    try:
-        return int(text.split(".")[0])
-    except ValueError:
-        return 13
+    return bindings_major()
 
 
 # -- the driver -----------------------------------------------------------------------------------
-DriverState = Literal["no-bindings", "no-driver", "init-failed", "no-device", "ok"]
+DriverState = Literal["no-bindings", "no-driver", "too-old", "init-failed", "no-device", "ok"]
 
 
 def _load_driver() -> Any:
@@ -90,9 +93,11 @@ def _driver_state() -> tuple[DriverState, str, Any]:
     try:
         (res,) = d.cuInit(0)
     except RuntimeError:  # cuda-bindings raises this when libcuda cannot be loaded: no driver at all
-        return "no-driver", f"{_LIBCUDA} could not be loaded", d
+        return "no-driver", f"{LIBCUDA} could not be loaded", d
     if res == d.CUresult.CUDA_ERROR_NO_DEVICE:
         return "no-device", "the driver reports no CUDA device", d
+    if getattr(res, "name", None) in DRIVER_TOO_OLD:
+        return "too-old", res.name, d
     if res:
         return "init-failed", f"cuInit failed: {getattr(res, 'name', res)}", d
     return "ok", "", d
@@ -100,20 +105,24 @@ def _driver_state() -> tuple[DriverState, str, Any]:
 
 def _driver_items() -> list[CheckItem]:
     state, detail, d = _driver_state()
-    bindings_fix = f"pip install 'cuda-bindings[all]>={_cuda_major()},<{_cuda_major() + 1}'"
-    items = [CheckItem("cuda-bindings", state != "no-bindings", _version("cuda-bindings") or detail, bindings_fix)]
+    major = _cuda_major()
+    bindings = _version("cuda-bindings") or detail
+    items = [CheckItem("cuda-bindings", state != "no-bindings", bindings, bindings_install(major))]
     if state == "no-bindings":
         return items
     if state == "no-driver":
-        return [*items, CheckItem("driver", False, f"not found ({detail})", f"install {DRIVER_NEEDED}")]
+        return [*items, CheckItem("driver", False, f"not found ({detail})", f"install {driver_needed(major)}")]
+    # A driver for CUDA 12 runs the CUDA 12 builds of the wheels: name them as the other way out.
+    update = f"update to {driver_needed(major)}" + (", or use the CUDA 12 wheels (docs/setup.md)" if major > 12 else "")
+    if state == "too-old":
+        return [*items, CheckItem("driver", False, f"too old for cuda-bindings {major} (cuInit: {detail})", update)]
     if state in ("no-device", "init-failed"):
         fix = "this machine needs an NVIDIA GPU" if state == "no-device" else "see `nvidia-smi`; reboot after updates"
         return [*items, CheckItem("driver", False, detail, fix)]
     _, ver = d.cuDriverGetVersion()
     version = f"CUDA {ver // 1000}.{ver % 1000 // 10}"
-    if ver < 1000 * _cuda_major():  # the bindings' major version needs a driver of that CUDA major
-        fix = f"update to {DRIVER_NEEDED}, or use the CUDA 12 wheels (docs/setup.md)"
-        items.append(CheckItem("driver", False, f"{version}: cuda-bindings {_cuda_major()} needs a newer one", fix))
+    if ver < 1000 * major:  # the bindings' major version needs a driver of that CUDA major
+        items.append(CheckItem("driver", False, f"{version}: cuda-bindings {major} needs a newer one", update))
     else:
         items.append(CheckItem("driver", True, version))
     _, n = d.cuDeviceGetCount()
@@ -121,20 +130,40 @@ def _driver_items() -> list[CheckItem]:
     for i in range(n):
         _, dev = d.cuDeviceGet(i)
         _, name = d.cuDeviceGetName(100, dev)
-        _, major = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        _, minor = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        _, cc_major = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, cc_minor = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
         label = name.split(b"\0")[0].decode()
-        items.append(CheckItem(f"gpu {i}", True, f"{label} (sm_{major}{minor})"))
+        items.append(CheckItem(f"gpu {i}", True, f"{label} (sm_{cc_major}{cc_minor})"))
     if n == 0:
         items.append(CheckItem("gpu", False, "no CUDA device", "this machine needs an NVIDIA GPU"))
     return items
 
 
+def cuda_unavailable_line() -> str | None:
+    """Why CUDA cannot be used on this machine, in one line; None when a driver and a device answer.
+
+    Probes the driver (cheap: ``cuInit``), so the line does not depend on the wording of whatever
+    error stopped the program. It names what is missing, the driver cudapatch needs, and points to
+    ``cudapatch check``.
+    """
+    state, detail, _ = _driver_state()
+    major = _cuda_major()
+    if state == "no-bindings":
+        return f"cuda-bindings cannot be imported ({detail}); run `{bindings_install(major)}`, then `cudapatch check`"
+    if state == "no-driver":
+        return no_driver_message(detail, major)
+    if state == "too-old":
+        return driver_too_old_message(detail, major)
+    if state in ("no-device", "init-failed"):
+        return f"{detail}; cudapatch needs an NVIDIA GPU with {driver_needed(major)}. See `cudapatch check`"
+    return None
+
+
 def explain_unavailable(exc: BaseException) -> str:
     """The one line to print when ``exc`` (a ``CudaUnavailableError``) stops a command or script.
 
-    Says what is missing (probed again here, so the line does not depend on the wording of the
-    error), names the driver cudapatch needs, and points to ``cudapatch check``.
+    ``cuda_unavailable_line`` when the probe finds CUDA unusable, else the error's own text (a device
+    ordinal out of range, say) with a pointer to ``cudapatch check``.
 
     Args:
         exc: The error that stopped the program.
@@ -142,17 +171,7 @@ def explain_unavailable(exc: BaseException) -> str:
     Returns:
         One line, without the program's name.
     """
-    state, detail, _ = _driver_state()
-    if state == "no-bindings":
-        return (
-            f"cuda-bindings cannot be imported ({detail}); run `pip install 'cuda-bindings[all]>=13,<14'`, "
-            "then `cudapatch check`"
-        )
-    if state == "no-driver":
-        return f"no NVIDIA driver ({detail}): install {DRIVER_NEEDED}, then run `cudapatch check`"
-    if state in ("no-device", "init-failed"):
-        return f"{detail}; cudapatch needs an NVIDIA GPU with {DRIVER_NEEDED}. See `cudapatch check`"
-    return f"{exc}. See `cudapatch check`"
+    return cuda_unavailable_line() or f"{exc}. See `cudapatch check`"
 
 
 # -- the math libraries ---------------------------------------------------------------------------
@@ -193,10 +212,12 @@ def _why(exc: Exception, name: str) -> str:
     return f"lib{name} failed to load: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
-def _library_fix(name: str) -> str:
+def _library_fix(*names: str) -> str:
+    """The pip command for the ``cuda-toolkit`` wheels that ship ``names`` (and where all five come from)."""
     major = _cuda_major()
     extra = "libs" if major >= 13 else "libs-cu12"
-    return f"pip install \"cuda-toolkit[{_COMPONENTS[name]}]=={major}.*\" (all five libraries: the '{extra}' extra)"
+    components = ",".join(dict.fromkeys(_COMPONENTS[n] for n in names))
+    return f"pip install \"cuda-toolkit[{components}]=={major}.*\" (all five libraries: the '{extra}' extra)"
 
 
 def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:
@@ -209,7 +230,9 @@ def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:
             _load_library(dep)
         except Exception as dep_exc:
             detail = f"{_LABELS[dep]}, a library {label} depends on, is missing: {_why(dep_exc, dep)}"
-            return CheckItem(label, False, detail, _library_fix(dep), optional=True)
+            # pathfinder loads the dependency first, so whether the library itself is there is unknown:
+            # the fix installs both (one that is there already costs pip nothing)
+            return CheckItem(label, False, detail, _library_fix(name, dep), optional=True)
     return CheckItem(label, False, _why(failure, name), _library_fix(name), optional=True)
 
 
@@ -229,7 +252,7 @@ def preflight() -> list[CheckItem]:
     ]
     items.extend(_driver_items())
     ok, err = _import("cuda.bindings.nvrtc")
-    nvrtc_fix = f"pip install 'cuda-bindings[all]>={_cuda_major()},<{_cuda_major() + 1}' (the NVRTC wheel)"
+    nvrtc_fix = f"{bindings_install(_cuda_major())} (the NVRTC wheel)"
     if ok:
         from cuda.bindings import nvrtc
 

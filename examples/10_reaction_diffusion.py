@@ -4,8 +4,10 @@
 What it teaches: a ``FrameDelay`` placed inside a ``For`` body carries the field from one iteration
 to the next and from the last iteration of a frame to the first of the next one; ``Count`` (the
 steps per frame) is a Hot parameter, so changing it patches the running graph; the GPU decides the
-iterations, so the host launches one graph per frame whatever the count. The delay costs one copy
-of the field per iteration (``docs/regions.md``, "Feedback inside a loop"). The kernel rounds every
+iterations, so the host launches one graph per frame whatever the count. The For's body is unrolled
+(``Unroll``, 8 by default) and its copies alternate the delay's two buffers, so no step copies the
+field: one copy after the loop leaves both buffers holding the last step (``docs/regions.md``,
+"Feedback inside a loop"). The kernel rounds every
 operation on its own (``__fmul_rn``, ``__fadd_rn``: no fused multiply-add), so NumPy, doing the same
 operations in the same order in float32, matches it bit for bit. The same patch as a file, with
 the image in the preview: ``cudapatch run examples/10_reaction_diffusion.toml``.

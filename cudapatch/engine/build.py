@@ -151,6 +151,8 @@ class GraphBuilds:
         bypass: Applies the blocks' ``enabled`` flags to each graph a build swaps in or patches.
         fuse: Fuse chains of elementwise blocks (``compiler/fusion.py``); each fused kernel is generated
             and loaded by the build itself, on the build thread.
+        pace: Called by a build on the build thread before it instantiates; returns at the end of a
+            frame (``FrameGate.next_frame``), so the driver's lock is taken between two frames.
     """
 
     def __init__(
@@ -167,7 +169,9 @@ class GraphBuilds:
         bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
         fuse: bool = False,
         reuse_buffers: bool = True,
+        pace: Callable[[], Any] | None = None,
     ) -> None:
+        self._pace = pace
         self._fuse = fuse
         self.reuse_buffers = reuse_buffers
         self._context = context
@@ -317,6 +321,7 @@ class GraphBuilds:
                 update_previous=not job.off_thread or out.realize_on_frame,
                 probe_function=probe_function,
                 upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
+                pace=self._pace if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)

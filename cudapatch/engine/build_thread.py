@@ -20,8 +20,11 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from ..kernels.pacing import FrameGate
 
 __all__ = ["BuildWorker"]
 
@@ -34,6 +37,10 @@ log = logging.getLogger("cudapatch.engine")
 #: a 1,000-block chain (measured on the H200 host). At 0.1 ms a frame waits at most a fraction of a
 #: millisecond, and the build slows by the switches (a few per cent).
 BUILD_SWITCH_INTERVAL_S = 1e-4
+
+#: How long a build waits for the end of a frame before it goes on anyway (frames stopped coming):
+#: before it instantiates (``Engine``'s pace) and before its deferred work (``BuildWorker.defer``).
+PACE_TIMEOUT_S = 0.05
 
 _switch_lock = threading.Lock()
 _switch_users = 0
@@ -65,10 +72,17 @@ class BuildWorker:
         make_current: Makes the engine's CUDA context current on the calling thread (called on the
             worker's thread before each job).
         name: The thread's name.
+        gate: The gate a job waits at for the end of a frame (``FrameGate.next_frame``); opened when
+            the frame thread itself waits for the job, which then has no frame to wait for.
     """
 
-    def __init__(self, make_current: Callable[[], None], *, name: str = "cudapatch-build") -> None:
+    def __init__(
+        self, make_current: Callable[[], None], *, name: str = "cudapatch-build", gate: FrameGate | None = None
+    ) -> None:
         self._make_current = make_current
+        self._gate = gate
+        self._tail: list[Callable[[], Any]] = []  # run after the outcome is out (``defer``)
+        self._tailing = False
         self._name = name
         self._cv = threading.Condition()
         self._job: Callable[[], Any] | None = None
@@ -110,14 +124,48 @@ class BuildWorker:
             except BaseException as exc:  # handed to the frame thread, which raises or reports it
                 outcome = _Raised(exc)
             with self._cv:
+                tail, self._tail = self._tail, []
+                self._tailing = bool(tail)
                 self._job, self._outcome = None, outcome
                 self.done = True  # last: the frame thread takes the outcome once it sees this
+                self._cv.notify_all()
+            if tail:
+                self._run_tail(tail)
+
+    def defer(self, fn: Callable[[], Any]) -> None:
+        """From a job: run ``fn`` once the job's outcome is handed over, after the end of the next
+        frame (driver calls that hold the driver's lock, like destroying retired graphs, then run
+        between two frames and no longer delay the build). ``wait`` and ``close`` wait for it."""
+        self._tail.append(fn)
+
+    def _run_tail(self, tail: list[Callable[[], Any]]) -> None:
+        try:
+            if self._gate is not None:
+                self._gate.next_frame(PACE_TIMEOUT_S)
+            for fn in tail:
+                try:
+                    fn()
+                except Exception as exc:  # nothing waits for it: say so, and go on
+                    log.warning("work deferred after a build failed: %s", exc)
+        finally:
+            with self._cv:
+                self._tailing = False
                 self._cv.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job in flight (if any) finished; returns whether none is running now."""
+
+        def idle() -> bool:
+            return self._job is None and not self._tailing
+
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            return self._cv.wait_for(lambda: self._job is None, timeout)
+            while True:
+                if self._gate is not None:  # a job waiting for a frame has none to wait for now
+                    self._gate.open()
+                left = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
+                if self._cv.wait_for(idle, max(left, 0.0)) or (deadline is not None and time.monotonic() >= deadline):
+                    return idle()
 
     def take(self) -> Any:
         """The finished job's outcome (on the frame thread, after ``done``); the worker is free again.

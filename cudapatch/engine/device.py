@@ -8,7 +8,7 @@ from typing import Any
 
 from .._lifecycle import HandleOwner, note_context_reset
 from ..errors import CudaUnavailableError
-from ..kernels._driver import check, driver
+from ..kernels._driver import DRIVER_TOO_OLD, check, driver, driver_too_old_message, no_driver_message
 
 __all__ = ["DeviceContext"]
 
@@ -38,10 +38,12 @@ class DeviceContext(HandleOwner):
         d = driver()
         try:
             (err,) = d.cuInit(0)
-        except RuntimeError as exc:  # cuda-bindings raises this when libcuda.so cannot be loaded
-            raise CudaUnavailableError(f"no CUDA driver: {exc} (install the NVIDIA driver)") from None
+        except RuntimeError:  # cuda-bindings raises this when libcuda.so cannot be loaded
+            raise CudaUnavailableError(no_driver_message()) from None
         if err == d.CUresult.CUDA_ERROR_NO_DEVICE:
-            raise CudaUnavailableError("the CUDA driver is installed but reports no CUDA device")
+            raise CudaUnavailableError("the NVIDIA driver reports no CUDA device; see `cudapatch check`")
+        if getattr(err, "name", None) in DRIVER_TOO_OLD:
+            raise CudaUnavailableError(driver_too_old_message(err.name))
         if err:
             check((err,), "cuInit")
         count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")

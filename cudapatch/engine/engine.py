@@ -39,10 +39,12 @@ from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
+from ..kernels.pacing import FrameGate
 from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
-from .build_thread import BuildWorker
+from .build_thread import PACE_TIMEOUT_S, BuildWorker
+from .collector import CollectorFreeze
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .editing import PatchEditing
@@ -94,6 +96,9 @@ class Engine(PatchEditing, EngineResults):
             ``output()``/``read()`` of it fails.
         reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
+        freeze_collector: After each build, move the objects Python's cyclic collector tracks into its
+            permanent generation (``gc.freeze()``), so its full collections stop scanning the whole
+            patch while frames run (``engine/collector.py``). Process-wide: False leaves it alone.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -126,6 +131,7 @@ class Engine(PatchEditing, EngineResults):
         background_builds: bool = True,
         fuse: bool = False,
         reuse_buffers: bool = True,
+        freeze_collector: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
         self.resources = DeviceResources(device)
@@ -140,6 +146,7 @@ class Engine(PatchEditing, EngineResults):
             paced=True,
         )
         self._gate = builder.gate  # opened after each frame while the builder has work
+        self._build_gate = FrameGate()  # opened after a frame while a build waits to instantiate
         # Held by the frame thread for a whole update(), and by the builder's thread while it swaps a
         # recompiled kernel into the graph between frames: an executable graph takes one caller at a time.
         self._graph_lock = threading.Lock()
@@ -182,6 +189,7 @@ class Engine(PatchEditing, EngineResults):
             bypass=self._bypass.apply,
             fuse=fuse,
             reuse_buffers=reuse_buffers,
+            pace=self._next_frame,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -193,7 +201,7 @@ class Engine(PatchEditing, EngineResults):
             cache_dir=self.kernel_cache.directory,
         )
         #: The thread structure edits are built on (``background_builds``).
-        self._worker = BuildWorker(lambda: self.resources.device.make_current())
+        self._worker = BuildWorker(lambda: self.resources.device.make_current(), gate=self._build_gate)
         self._structure = StructureTier(
             builds=self._builds,
             worker=self._worker,
@@ -202,6 +210,7 @@ class Engine(PatchEditing, EngineResults):
             resources=self.resources,
             context=self.context,
             timing=self.last_build,
+            collector=CollectorFreeze(freeze_collector),
         )
         self.background_builds = background_builds
         self._dirty = self.context.dirty
@@ -275,6 +284,8 @@ class Engine(PatchEditing, EngineResults):
                 self._frame()
         if self._gate.wanted:  # the kernel builder has work: it runs now, between this frame and the next
             self._gate.open()
+        if self._build_gate.wanted:  # a build waits to instantiate: the driver is ours until the next frame
+            self._build_gate.open()
 
     def _frame(self) -> None:
         self.device.make_current()
@@ -334,6 +345,10 @@ class Engine(PatchEditing, EngineResults):
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
+
+    def _next_frame(self) -> None:
+        # The build thread, before it instantiates: wait for the end of a frame (see kernels/pacing.py).
+        self._build_gate.next_frame(PACE_TIMEOUT_S)
 
     def _launch_failed(self, exc: CudaError) -> None:
         if not isinstance(exc, CudaLaunchError):  # a fault is recovered from; a refused launch is reported

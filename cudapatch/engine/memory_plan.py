@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -61,11 +62,21 @@ class MemoryPlan:
         return sum(v.count * v.dtype.itemsize for v in self.values)
 
     def buffer_values(self) -> dict[int, tuple[int, ...]]:
-        """Buffer index -> its values, in the order they use it (only buffers holding several)."""
+        """Buffer index -> its values, in the order they use it (only buffers holding several).
+        Made once per plan (a bypass toggle asks on the frame thread); do not modify it."""
+        return self._buffer_values
+
+    @cached_property
+    def _buffer_values(self) -> dict[int, tuple[int, ...]]:
         out: dict[int, list[int]] = {}
         for vi, b in enumerate(self.value_buffer):
             out.setdefault(b, []).append(vi)
         return {b: tuple(vs) for b, vs in out.items() if len(vs) > 1}
+
+    @cached_property
+    def shared_buffers(self) -> frozenset[int]:
+        """The buffers several values take turns in."""
+        return frozenset(self._buffer_values)
 
     def shared(self, buffer: int) -> bool:
         """Whether several values take turns in ``buffer``."""
@@ -96,9 +107,9 @@ def shares_with_others(plan: Any, blocks: Iterable[int]) -> set[int]:
     """Those of ``blocks`` whose nodes read or write a buffer several values share in ``plan`` (a
     ``GraphPlan``): bypassing one would have its readers read another block's data."""
     mem = plan.memory
-    if mem is None or not mem.buffer_values():
+    if mem is None or not mem.shared_buffers:
         return set()
-    shared = set(mem.buffer_values())
+    shared = mem.shared_buffers
     out = set()
     for bid in blocks:
         for ni in plan.block_nodes.get(bid, ()):

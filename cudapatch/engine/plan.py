@@ -171,6 +171,8 @@ class RegionPlan(NamedTuple):
         limit: The parameter bounding its iterations (``Max``, ``Count``), None for an If.
         unroll: Copies of the body in one iteration of the conditional node ``node`` (``Unroll``).
         tail: With ``unroll`` > 1, the conditional node running the iterations left, one copy each.
+        pairs: With FrameDelays carried by ping-pong and ``unroll`` > 2, the conditional node between
+            ``node`` and ``tail`` running what is left two copies at a time (``compiler/region_delays.py``).
     """
 
     kind: str
@@ -179,6 +181,7 @@ class RegionPlan(NamedTuple):
     limit: str | None = None
     unroll: int = 1
     tail: int | None = None
+    pairs: int | None = None
 
 
 class ProbeNodePlan(NamedTuple):
@@ -247,7 +250,8 @@ class DelayPlan(NamedTuple):
             (``Out`` keeps its start value, nothing alternates).
         copy: In a patch with regions: the node copying ``current`` into ``previous`` last in the
             delay's scope (``engine/delay_copy.py``; the last one where an unrolled loop has one per
-            copy of its body); such a delay does not alternate. None otherwise.
+            copy of its body), or, in a loop whose copies ping-pong the pair, the sync node after the
+            loop (``compiler/region_delays.py``); such a delay does not alternate. None otherwise.
     """
 
     block_id: int

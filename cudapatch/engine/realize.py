@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import CudaOutOfMemoryError
@@ -86,8 +86,10 @@ class GraphBuilder:
         update_previous: bool = False,
         probe_function: Any = None,
         upload_stream: Any = None,
+        pace: Callable[[], Any] | None = None,
     ) -> None:
         self.plan = plan
+        self.pace = pace
         self.probe_function = probe_function
         self.lend_stores = lend_stores
         self.update_previous = update_previous
@@ -144,6 +146,9 @@ class GraphBuilder:
                 exec_, original, taken_handles = taken
                 parts.take_over(original, taken_handles)
             else:
+                if self.pace is not None:  # the driver's lock taken right after a frame, not during the next
+                    self.pace()
+                    t2 = time.perf_counter()
                 exec_ = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
             phases = None
             if self.plan.delays:  # FrameDelay feedback: a second executable with the pairs swapped
@@ -348,6 +353,7 @@ def realize(
     update_previous: bool = False,
     probe_function: Any = None,
     upload_stream: Any = None,
+    pace: Callable[[], Any] | None = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -367,6 +373,8 @@ def realize(
     ``probe_function`` is the probe kernel, for a plan with probes.
     ``upload_stream``: upload the executable graph to the device on this stream (``cuGraphUpload``)
     here, so that its first launch (on the frame thread, on the same stream) does not do it.
+    ``pace`` (a build off the frame thread): called before the instantiation, it returns at the end
+    of a frame (``FrameGate.next_frame``), so that the driver's lock is taken between two frames.
 
     Raises:
         KernelLoadError: a kernel has no function (``.block`` names the block).
@@ -389,4 +397,5 @@ def realize(
         update_previous=update_previous,
         probe_function=probe_function,
         upload_stream=upload_stream,
+        pace=pace,
     ).build()

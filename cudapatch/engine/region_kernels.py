@@ -140,6 +140,33 @@ extern "C" __global__ void region_while_tail1(unsigned long long handle, const u
 }
 """
 
+#: A loop whose body holds FrameDelays carried by ping-pong (``compiler/region_delays.py``) runs what
+#: its main loop leaves in two tails: one of pairs (two copies of the body, the second with the delays'
+#: buffers swapped) while at least two iterations are left, then one of one copy. The pairs' tail is
+#: entered by these (then stepped by ``region_*_step_n`` with an unroll of 2).
+REGION_SOURCE += r"""
+extern "C" __global__ void region_for_tail_n(unsigned long long handle, const unsigned int* counter,
+                                             unsigned int count, unsigned int unroll)
+{
+    const unsigned int n = *counter;
+    cudaGraphSetConditional(handle, n <= count && count - n >= unroll);
+}
+
+extern "C" __global__ void region_while_tail_n4(unsigned long long handle, const unsigned int* condition,
+                                                const unsigned int* counter, unsigned int max, unsigned int unroll)
+{
+    const unsigned int n = *counter;
+    cudaGraphSetConditional(handle, n <= max && max - n >= unroll && (n == 0u || *condition != 0u));
+}
+
+extern "C" __global__ void region_while_tail_n1(unsigned long long handle, const unsigned char* condition,
+                                                const unsigned int* counter, unsigned int max, unsigned int unroll)
+{
+    const unsigned int n = *counter;
+    cudaGraphSetConditional(handle, n <= max && max - n >= unroll && (n == 0u || *condition != 0u));
+}
+"""
+
 #: Entry point -> the kernel index region nodes use in ``(block_id, kernel)`` keys: negative, so they
 #: never meet a block's own kernels (the region block has none) in the functions map.
 REGION_ENTRIES = {
@@ -156,6 +183,9 @@ REGION_ENTRIES = {
     "region_while_step_n1": -12,
     "region_while_tail4": -13,
     "region_while_tail1": -14,
+    "region_for_tail_n": -15,
+    "region_while_tail_n4": -16,
+    "region_while_tail_n1": -17,
 }
 
 

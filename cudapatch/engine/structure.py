@@ -19,6 +19,7 @@ import time
 
 from .build import BuildOutcome, GraphBuilds
 from .build_thread import BuildWorker
+from .collector import CollectorFreeze
 from .context import Context
 from .profiling import ProfilingLevel
 from .resources import DeviceResources, close_graphs
@@ -41,6 +42,7 @@ class StructureTier:
         resources: The running graph, and the retired graphs reaped between builds.
         context: The patch and its dirty tracker.
         timing: Where the last build spent its host time.
+        collector: Freezes Python's collector after each build swapped in (``collector.py``).
     """
 
     def __init__(
@@ -53,7 +55,9 @@ class StructureTier:
         resources: DeviceResources,
         context: Context,
         timing: BuildTiming,
+        collector: CollectorFreeze | None = None,
     ) -> None:
+        self._collector = collector if collector is not None else CollectorFreeze(False)
         self._builds = builds
         self._worker = worker
         self._params = params
@@ -97,6 +101,7 @@ class StructureTier:
                 worker.wait()
                 self.finish()
             if self._builds.rebuild(level, wait_for_compile=wait_for_compile):
+                self._collector.after_build()
                 self.log()
                 return True
             dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
@@ -114,9 +119,13 @@ class StructureTier:
         idle = self._resources.take_idle()
         garbage = self._resources.take_garbage()
 
+        worker = self._worker
+
         def build() -> BuildOutcome:
-            close_graphs(idle)  # the retired graphs the GPU is done with: closed off the frame thread
-            garbage.clear()  # and what the frame thread no longer uses, freed here
+            # The retired graphs the GPU is done with, and what the frame thread no longer uses: freed
+            # off the frame thread, after the build and between two frames (destroying an executable
+            # graph holds the driver's lock, which the frame's launch would wait for).
+            worker.defer(lambda: (close_graphs(idle), garbage.clear()))
             return builds.prepare(job)
 
         self._worker.submit(build)
@@ -140,6 +149,7 @@ class StructureTier:
         self._code.end_carry(g)  # kernels recompiled during the build: their new functions, then values
         self._params.end_carry(g)
         if ok:
+            self._collector.after_build()
             self.log()
 
     def drop(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..engine import Context, compile_plan
 from ..engine.diagnostics import Diagnostic
-from ..engine.plan import CapturedNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan
+from ..engine.plan import CapturedNodePlan, ConditionalNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan
 from ..engine.profiling import ProfilingLevel
 from ..errors import GraphCompileError
 
@@ -40,6 +40,10 @@ class PlanEngine:
 
     def remove(self, block: Any) -> None:
         self.context.unregister_block(block)
+
+    def place(self, block: Any, region: Any) -> None:
+        """As ``Engine.place``: ``block`` inside ``region`` (an If/While/For), or at the top level with None."""
+        self.context.place(block, region)
 
     def connect(self, src: Any, src_port: str, dst: Any, dst_port: str) -> None:
         self.context.connect(src, src_port, dst, dst_port)
@@ -127,6 +131,11 @@ def format_plan(engine: PlanEngine, plan: GraphPlan | None) -> str:
         lines.append(f"  [{buf.index}] {owner}.{buf.label}: {buf.count} x {buf.dtype.c_name}{kind}")
     lines.append("nodes:")
     for n in plan.nodes:
+        depth, p = 0, n.index
+        while p in plan.scopes:  # a node in a region's body: indented under its conditional node
+            depth, p = depth + 1, plan.scopes[p]
+        if depth:
+            lines.append("  " * depth)  # the node's line is appended to this indent below
         if isinstance(n, KernelNodePlan):
             args = []
             for a in n.args:
@@ -146,8 +155,12 @@ def format_plan(engine: PlanEngine, plan: GraphPlan | None) -> str:
         elif isinstance(n, MemsetNodePlan):
             what = f"buffer {n.buffer}" if n.buffer is not None else f"{n.count} append counters"
             lines.append(f"  [{n.index}] memset {what}")
+        elif isinstance(n, ConditionalNodePlan):
+            lines.append(f"  [{n.index}] {n.kind} conditional ({names.get(n.block_id, n.block_id)}), body:")
         else:
             lines.append(f"  [{n.index}] {type(n).__name__.removesuffix('NodePlan').lower()}")
+        if depth:
+            lines[-2:] = [lines[-2] + lines[-1]]
     edges = [(d, n.index) for n in plan.nodes for d in n.deps]
     lines.append(f"edges: {len(edges)}")
     lines += [f"  [{a}] -> [{b}]" for a, b in edges]

@@ -1,12 +1,12 @@
 """The imgui profiling overlay (imgui-bundle), drawn over the preview or any GL context.
 
-Shows the engine line (blocks, kernels, GPU ms, pool), a profiling level selector that changes the
-engine's level live, a per-block table (state, GPU ms, append fill bar), a frame-time plot (implot)
-and the diagnostics with block names. Internal blocks (the GL writers a preview adds, see
-``GlBridge.internal_blocks``) are listed dimmed and indented under the block whose output they copy,
-so the table reads as the user's patch, with the preview's copies as footnotes (``block_rows``).
-F1 toggles it. It saves and restores the GL state it touches, so it can draw into someone else's
-context.
+Shows the engine line (blocks, internal ones counted apart, kernels, GPU ms, pool), a profiling
+level selector that changes the engine's level live, a per-block table (state, GPU ms, append fill
+bar), a frame-time plot (implot) and the diagnostics with block names. Internal blocks (the GL
+writers a preview adds, see ``GlBridge.internal_blocks``) are listed dimmed and indented under the
+block whose output they copy, so the table reads as the user's patch, with the preview's copies as
+footnotes (``block_rows``). F1 toggles it. It saves and restores the GL state it touches, so it can
+draw into someone else's context.
 
 With a ``GlfwWindow`` it reuses imgui-bundle's ``GlfwRenderer`` (input and frame order); with a
 headless context it uses the same programmable-pipeline renderer with a fixed display size.
@@ -27,7 +27,7 @@ from ..errors import InteropError
 from ._gl import gl
 from .context import GlContext
 
-__all__ = ["Overlay", "block_rows"]
+__all__ = ["Overlay", "block_rows", "engine_line"]
 
 _STATE_COLORS = {
     "OK": (0.45, 0.85, 0.45, 1.0),
@@ -59,6 +59,20 @@ def block_rows(blocks: Sequence[BlockStats], internal: Mapping[int, int]) -> lis
             rows.extend((child, True) for child in under.pop(b.block_id, ()))
     rows.extend((child, True) for children in under.values() for child in children)  # sources not listed
     return rows
+
+
+def engine_line(stats: EngineStats, internal: Mapping[int, int]) -> str:
+    """The panel's first line: the patch's blocks (internal ones counted apart), kernels, GPU time, pool.
+
+    Args:
+        stats: The engine's stats.
+        internal: Internal block id -> the block it copies from (``GlBridge.internal_blocks``).
+    """
+    hidden = sum(1 for b in stats.blocks if b.block_id in internal)
+    blocks = f"{len(stats.blocks) - hidden} blocks" + (f" (+{hidden} internal)" if hidden else "")
+    gpu = f"{stats.gpu_ms:.3f} ms" if stats.gpu_ms is not None else "-"
+    pool = f"{stats.pool_in_use_bytes / 2**20:.0f} MB / {stats.pool_total_bytes / 2**20:.0f} MB"
+    return f"{blocks}, {stats.kernels} kernels   GPU {gpu}   Pool {pool}"
 
 
 def _imgui() -> tuple[Any, Any]:
@@ -190,9 +204,7 @@ class Overlay(HandleOwner):
         imgui.set_next_window_size(imgui.ImVec2(460, 0), imgui.Cond_.first_use_ever)
         imgui.set_next_window_bg_alpha(0.85)
         imgui.begin(f"{title}  (F1)")
-        gpu = f"{stats.gpu_ms:.3f} ms" if stats.gpu_ms is not None else "-"
-        pool = f"{stats.pool_in_use_bytes / 2**20:.0f} MB / {stats.pool_total_bytes / 2**20:.0f} MB"
-        imgui.text(f"{len(stats.blocks)} blocks, {stats.kernels} kernels   GPU {gpu}   Pool {pool}")
+        imgui.text(engine_line(stats, internal))
         if stats.value_bytes > stats.buffer_bytes:  # buffer reuse: outputs share memory
             imgui.text(
                 f"Buffers {stats.buffer_bytes / 2**20:.0f} MB for {stats.value_bytes / 2**20:.0f} MB of outputs (reuse)"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from cudapatch.kernels._driver import driver_needed
+
 from ..conftest import gpu_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,19 +88,26 @@ def test_readme_snippet_runs_from_a_file(code: str, tmp_path: Path) -> None:
     _assert_clean(_run(script, [], cwd=tmp_path))
 
 
+@pytest.mark.parametrize("guard", ["as-written", "no-main-guard"])
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_without_cuda_prints_one_line_and_fails(path: Path) -> None:
+def test_example_without_cuda_prints_one_line_and_fails(path: Path, guard: str, tmp_path: Path) -> None:
     """On a machine without a driver or GPU an example ends in one line naming the driver it
-    needs and ``cudapatch check``, with a non-zero exit status, not a traceback."""
+    needs and ``cudapatch check``, with a non-zero exit status, not a traceback; pasted into a
+    file without its main guard, too."""
     if gpu_unavailable_reason() is None:
         pytest.skip("this machine has CUDA: the example runs (tested above)")
-    out = _run(path, _example_args(path), cwd=ROOT)
+    script = path
+    if guard == "no-main-guard":
+        script = tmp_path / path.name
+        script.write_text(without_main_guard(path.read_text(encoding="utf-8")), encoding="utf-8")
+    out = _run(script, _example_args(path), cwd=ROOT)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stdout + out.stderr
     assert len(lines) == 1 and out.stdout == "", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
     assert lines[0].startswith(f"{path.name}: ") and "`cudapatch check`" in lines[0]
     if gpu_unavailable_reason().startswith("no CUDA driver"):
-        assert "R580 or newer" in lines[0] and lines[0].lower().count("install") == 1
+        assert driver_needed() in lines[0] and lines[0].lower().count("install") == 1  # CUDA 13: R580 or newer
 
 
 def test_examples_have_a_header_and_headless_flags() -> None:

@@ -39,6 +39,10 @@ def test_cli_run_headless_renders_the_demo(tmp_path):
     assert lit.mean() > 0.01, lit.mean()  # the particle cloud
     assert img[..., :3].max() > 200  # bright cores where particles pile up
     assert "300 frames" in out.stderr and "emit" in out.stderr
+    # the preview's GL writer: a stable readable name (no address), marked internal in the summary
+    named = [line for line in out.stderr.splitlines() if "points.Points -> preview" in line]
+    assert any(line.rstrip().endswith("(internal)") for line in named), out.stderr
+    assert "to ring" not in out.stderr and not re.search(r"-> preview \S*[0-9a-f]{8,}", out.stderr), out.stderr
 
 
 FAULTING_PATCH = """

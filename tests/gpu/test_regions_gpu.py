@@ -306,3 +306,39 @@ def test_an_unrolled_while_nested_in_an_unrolled_for_restarts_on_every_entry(eng
     inner.set("Max", 12)  # Hot in all three copies: a pass of 8, then the tail stops exactly at 1.0
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
     assert engine.iterations(inner) == 10
+
+
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+def test_an_unrolled_jacobi_while_makes_decide_once_per_pass_and_matches_numpy(engine: Engine, unroll: int) -> None:
+    """The example's Jacobi solve at ``Unroll`` U: ``Decide`` (read only by the condition) runs in the last
+    copy of each pass; the solve stops within U - 1 iterations past NumPy's, and u is NumPy's after
+    exactly the iterations run, bit for bit."""
+    spec = importlib.util.spec_from_file_location("jacobi_example", ROOT / "examples" / "08_jacobi.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    nx = 32
+    n, h2, tol = nx * nx, (1.0 / (nx - 1)) ** 2, 1e-6
+    zero = engine.add(Fill(name="Zero", Count=n, Value=0.0))
+    src = engine.add(Fill(name="Source", Count=n, Value=1.0))
+    solve = engine.add(While(name="Solve", Max=20000, Unroll=unroll))
+    kernels = ROOT / "examples" / "jacobi"
+    sa = engine.add(KernelFile(kernels / "jacobi_a.cu", name="A", h2=h2, nx=nx), region=solve)
+    sb = engine.add(KernelFile(kernels / "jacobi_b.cu", name="B", h2=h2, nx=nx), region=solve)
+    d = engine.add(KernelFile(kernels / "decide.cu", name="D", tol=tol), region=solve)
+    for s, sp, t, tp in (
+        (zero, "Out", sa, "u"), (zero, "Out", sb, "u"), (src, "Out", sa, "f"), (src, "Out", sb, "f"),
+        (sa, "half", sb, "half"), (sb, "u", d, "u"), (sa, "half", d, "half"), (d, "more", solve, "Condition"),
+    ):  # fmt: skip
+        engine.connect(s, sp, t, tp)
+    engine.wait_ready()
+    u = _frame(engine, sb, "u")
+    its = engine.iterations(solve)
+    plan = engine.graph.plan
+    assert len(plan.block_nodes[d.id]) == 2  # the main body's last copy and the tail's
+    f, t32 = np.ones(n, np.float32), float(np.float32(tol))
+    _, exact = mod.jacobi_numpy(nx, f, h2, t32, 20000)
+    assert exact <= its <= exact + unroll - 1 and its % unroll == 0
+    ref, _ = mod.jacobi_numpy(nx, f, h2, -1.0, its)  # a negative tolerance never stops: exactly its iterations
+    np.testing.assert_array_equal(u, ref)
+    assert engine.read(d, "more")[0] == 0  # the last iteration said stop (the output is sized like its input)

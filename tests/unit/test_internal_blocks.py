@@ -9,10 +9,10 @@ from typing import Any
 
 from cudapatch import Scale, VectorAdd
 from cudapatch.blocks.block import Block
-from cudapatch.engine.profiling import BlockStats
+from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from cudapatch.interop.bridge import GlBridge
 from cudapatch.interop.gl_writers import GlBufferWriter, GlRingWriter, GlSurfaceWriter
-from cudapatch.interop.overlay import block_rows
+from cudapatch.interop.overlay import block_rows, engine_line
 
 
 class StandInEngine:
@@ -112,3 +112,10 @@ def test_block_rows_put_internal_blocks_under_their_source() -> None:
     # a writer listed before its source, and one whose source is not listed (removed this frame)
     orphan = _stats(9, "gone.Out -> preview")
     assert block_rows((writer, orphan, points), {7: 2, 9: 5}) == [(points, False), (writer, True), (orphan, True)]
+
+
+def test_the_engine_line_counts_internal_blocks_apart() -> None:
+    blocks = (_stats(1, "emit"), _stats(2, "points"), _stats(7, "points.Points -> preview"))
+    stats = EngineStats(ProfilingLevel.PER_BLOCK, 10, 2, 0.61, blocks, 5, 12 << 20, 64 << 20)
+    assert engine_line(stats, {}) == "3 blocks, 5 kernels   GPU 0.610 ms   Pool 12 MB / 64 MB"
+    assert engine_line(stats, {7: 2}) == "2 blocks (+1 internal), 5 kernels   GPU 0.610 ms   Pool 12 MB / 64 MB"

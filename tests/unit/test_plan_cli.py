@@ -78,3 +78,17 @@ def test_plan_shows_fused_groups(patch_file: Path, capsys: pytest.CaptureFixture
     assert "wave: sin(x * Freq) * 0.5 + 0.5" in out and "gain: fma(In, Factor, Offset)" in out
     assert "wave.Out (fused): 1 x float" in out and "[1] fused kernel expression (sum) grid 16x256" in out
     assert "wave_Freq=6.0" not in out and "Freq=6.0" in out and "Factor=2.0" in out
+
+
+def test_plan_shows_region_bodies_under_their_conditional_nodes() -> None:
+    """``cudapatch plan`` on a patch with regions: the reaction-diffusion example's For, unrolled, with
+    its FrameDelay carried by ping-pong (the copies alternate the two buffers) and synced once after."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "10_reaction_diffusion.toml"
+    engine, plan = plan_patch(path, fuse=False)
+    assert plan is not None
+    text = format_plan(engine, plan)
+    assert "while conditional (Steps), body:" in text
+    body = [line for line in text.splitlines() if line.startswith("    [") and "gray_scott" in line]
+    assert len(body) == 8 + 2 + 1  # the main body, the pairs' tail, the tail of one
+    assert "(buf1, buf2," in body[0] and "(buf2, buf1," in body[1]
+    assert "delay_sync4 (field)" in text and "delay_copy" not in text

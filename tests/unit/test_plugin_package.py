@@ -4,7 +4,8 @@ The third-party plugin example is found through its entry point: for the tests' 
 source folder and a ``.dist-info`` made from its ``pyproject.toml`` go on ``sys.path`` (and on
 ``PYTHONPATH`` for the CLI), which is all ``importlib.metadata`` needs. The install recipe the docs
 give for TouchDesigner (``pip install --target``) is run on a wheel built from the checkout, into a
-temporary folder.
+temporary folder. The module's last test checks, from a fresh interpreter, that the environment
+still lists what it listed before the first one (no ``example.Wave`` left behind).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -38,6 +40,36 @@ def _dist_info(target: Path) -> Path:
     lines = ["[cudapatch]"] + [f"{k} = {v}" for k, v in project["entry-points"]["cudapatch"].items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return target
+
+
+# What a fresh interpreter of the test environment sees of the example plugin: its distribution,
+# the ``cudapatch`` entry points, and whether ``cudapatch blocks`` would list its block type.
+_PROBE = """
+import importlib.metadata as m, json
+from cudapatch.host_plugin import PluginHost
+names = {(d.metadata["Name"] or "").lower() for d in m.distributions()}
+print(json.dumps({
+    "distribution": "cudapatch-example-plugin" in names,
+    "entry_points": sorted(f"{e.name} = {e.value}" for e in m.entry_points(group="cudapatch")),
+    "wave": "example.Wave" in PluginHost().registry,
+}))
+"""
+
+
+def _environment() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.pop("CUDAPATCH_DISABLE_PLUGINS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT.parent
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def environment_before() -> dict:
+    """The environment as the module's first test finds it."""
+    return _environment()
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +193,14 @@ def test_a_wheel_of_the_checkout_installs_into_a_target_folder(wheel, tmp_path):
     assert out.returncode == 0, out.stderr
     where, size = out.stdout.split()
     assert Path(where).is_relative_to(target) and int(size) > 0
+
+
+def test_the_tests_leave_the_environment_as_they_found_it(environment_before) -> None:
+    """Runs last in this module: nothing above installed the example (or anything else) for good."""
+    after = _environment()
+    assert after == environment_before
+    if environment_before["distribution"]:
+        pytest.skip(
+            "cudapatch-example-plugin was installed before the tests ran: pip uninstall -y cudapatch-example-plugin"
+        )
+    assert not after["wave"] and not any(e.startswith("example = ") for e in after["entry_points"])

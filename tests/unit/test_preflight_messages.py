@@ -1,20 +1,42 @@
-"""What a new user reads when something is missing: ``cudapatch run`` and the examples without a
-driver, and each line of ``cudapatch check``. The failures are simulated by replacing preflight's
-loaders (``_load_driver``, ``_load_library``), so these tests say the same on any machine."""
+"""What a new user reads when something is missing: ``cudapatch run``, the examples and ``Engine()``
+without a driver, and each line of ``cudapatch check``. Most failures are simulated by replacing
+preflight's loaders (``_load_driver``, ``_load_library``) or the engine's driver module, so these
+tests say the same on any machine; the library failures are the strings cuda.pathfinder raised on a
+machine without the libraries, and on a machine without a driver (this one, in CI) the commands also
+run for real in a subprocess."""
 
 from __future__ import annotations
 
+import enum
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from cudapatch import preflight
-from cudapatch._examples import EXIT_NO_CUDA, example_main
+from cudapatch._examples import EXIT_ERROR, EXIT_NO_CUDA, example_main
 from cudapatch.cli import main
-from cudapatch.errors import CudaUnavailableError, KernelLoadError
+from cudapatch.engine import device as device_module
+from cudapatch.errors import CudaError, CudaUnavailableError, InteropError, KernelLoadError
+from cudapatch.kernels._driver import LIBCUDA, driver_needed, no_driver_message
+
+from ..conftest import gpu_unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
+
+
+class CUresult(enum.IntEnum):
+    """The cuInit results these tests need, named like cuda-bindings' enum (whose members have ``.name``)."""
+
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+    CUDA_ERROR_NO_DEVICE = 100
 
 
 def fake_driver(*, init: Any = 0, version: int = 13000, devices: int = 1) -> SimpleNamespace:
@@ -48,6 +70,7 @@ NO_LIBCUDA = RuntimeError('"cuda" is an NVIDIA driver library and can only be fo
 @pytest.fixture
 def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=NO_LIBCUDA))
+    monkeypatch.setattr(preflight, "_cuda_major", lambda: 13)  # the default wheels, whatever is installed
 
 
 def item(items: list[preflight.CheckItem], name: str) -> preflight.CheckItem:
@@ -70,7 +93,7 @@ def test_cudapatch_run_without_a_driver_prints_one_line(
     from cudapatch.host_plugin.hosts import standalone
 
     def no_engine(*args: Any, **kwargs: Any) -> None:  # what Engine() raises on a machine without a driver
-        raise CudaUnavailableError(f"no CUDA driver: {NO_LIBCUDA} (install the NVIDIA driver)")
+        raise CudaUnavailableError(no_driver_message())
 
     monkeypatch.setattr(standalone, "StandaloneHost", no_engine)
     assert main(["run", "--headless", "--frames", "3"]) == 2
@@ -120,6 +143,53 @@ def test_an_example_main_keeps_results_and_other_errors() -> None:
         broken()
 
 
+def test_an_example_main_prints_other_cudapatch_errors_as_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["examples/03_particles.py"])
+
+    @example_main
+    def windowed() -> int:
+        raise InteropError("no display: DISPLAY is unset; run with --headless")
+
+    assert windowed() == EXIT_ERROR != EXIT_NO_CUDA
+    assert capsys.readouterr().err == "03_particles.py: no display: DISPLAY is unset; run with --headless\n"
+
+    @example_main
+    def driver_call() -> int:  # a driver call that failed on a machine with CUDA: a bug, keeps its traceback
+        raise CudaError("CUDA_ERROR_INVALID_VALUE: invalid argument (in cuGraphLaunch)")
+
+    with pytest.raises(CudaError):
+        driver_call()
+
+
+# numba-cuda's own error text on a machine without a driver (numba-cuda 0.30)
+NUMBA_NO_DRIVER = "Error at driver init: \n\nCUDA driver library cannot be found.\n"
+
+
+def _raising_inside(module: str) -> Any:
+    """A function whose frame belongs to ``module``, raising numba's no-driver error as if numba raised it."""
+    scope: dict[str, Any] = {"__name__": module, "text": NUMBA_NO_DRIVER}
+    exec(compile("def call():\n    raise RuntimeError(text)\n", f"{module.replace('.', '/')}.py", "exec"), scope)
+    return scope["call"]
+
+
+def test_an_example_main_explains_a_gpu_library_error_on_a_machine_without_cuda(
+    no_driver: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["examples/04_library_calls.py"])
+    script = example_main(_raising_inside("numba.cuda.cudadrv.driver"))
+    assert script() == EXIT_NO_CUDA
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("04_library_calls.py: no NVIDIA driver") and "R580 or newer" in line
+    # the same error raised by the script itself, or by a GPU library on a machine with CUDA, is not explained away
+    with pytest.raises(RuntimeError, match="driver init"):
+        example_main(_raising_inside("__main__"))()
+    monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver())
+    with pytest.raises(RuntimeError, match="driver init"):
+        script()
+
+
 def test_without_cuda_bindings_the_line_says_what_to_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing() -> None:
         raise ImportError("No module named 'cuda'")
@@ -134,7 +204,7 @@ def test_without_cuda_bindings_the_line_says_what_to_pip_install(monkeypatch: py
 def test_without_a_device_the_line_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=NO_DEVICE))
     line = preflight.explain_unavailable(
-        CudaUnavailableError("the CUDA driver is installed but reports no CUDA device")
+        CudaUnavailableError("the NVIDIA driver reports no CUDA device; see `cudapatch check`")
     )
     assert line.startswith("the driver reports no CUDA device") and "`cudapatch check`" in line
     driver = item(preflight.preflight(), "driver")
@@ -145,6 +215,93 @@ def test_other_unavailable_errors_keep_their_text(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver())
     line = preflight.explain_unavailable(CudaUnavailableError("CUDA device 3 requested but only 1 device(s) present"))
     assert line == "CUDA device 3 requested but only 1 device(s) present. See `cudapatch check`"
+
+
+def test_a_driver_too_old_for_the_bindings_says_which_one_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=CUresult.CUDA_ERROR_INSUFFICIENT_DRIVER))
+    monkeypatch.setattr(preflight, "_cuda_major", lambda: 13)
+    line = preflight.explain_unavailable(CudaUnavailableError("..."))
+    assert line == (
+        "the NVIDIA driver is too old (cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER): update to an NVIDIA driver for "
+        "CUDA 13 (R580 or newer), then run `cudapatch check`"
+    )
+    driver = item(preflight.preflight(), "driver")
+    assert not driver.ok and driver.detail == "too old for cuda-bindings 13 (cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER)"
+    assert (
+        driver.fix
+        == "update to an NVIDIA driver for CUDA 13 (R580 or newer), or use the CUDA 12 wheels (docs/setup.md)"
+    )
+
+
+# -- Engine() itself: what a script of the user's own sees -----------------------------------------
+def test_the_engine_without_a_driver_words_it_as_cudapatch_check_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_module, "driver", lambda: fake_driver(init=NO_LIBCUDA))
+    with pytest.raises(CudaUnavailableError) as info:
+        device_module.DeviceContext()
+    text = str(info.value)
+    assert (
+        text
+        == f"no NVIDIA driver ({LIBCUDA} could not be loaded): install {driver_needed()}, then run `cudapatch check`"
+    )
+    assert text.lower().count("install") == 1 and "Ensure" not in text  # not the bindings' text as well
+    # one source of truth: check's fix and the one line of cudapatch run name the same driver
+    monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=NO_LIBCUDA))
+    assert item(preflight.preflight(), "driver").fix == f"install {driver_needed()}"
+    assert preflight.explain_unavailable(info.value) == text
+
+
+def test_the_engine_with_a_driver_too_old_says_which_one_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_module, "driver", lambda: fake_driver(init=CUresult.CUDA_ERROR_INSUFFICIENT_DRIVER))
+    with pytest.raises(CudaUnavailableError, match="too old .*CUDA_ERROR_INSUFFICIENT_DRIVER.*`cudapatch check`"):
+        device_module.DeviceContext()
+    monkeypatch.setattr(device_module, "driver", lambda: fake_driver(init=CUresult.CUDA_ERROR_NO_DEVICE))
+    with pytest.raises(CudaUnavailableError, match="reports no CUDA device; see `cudapatch check`"):
+        device_module.DeviceContext()
+
+
+def test_the_driver_each_cuda_major_needs() -> None:
+    assert driver_needed(13) == "an NVIDIA driver for CUDA 13 (R580 or newer)"
+    assert driver_needed(12) == "an NVIDIA driver for CUDA 12 (R525 or newer)"
+    assert driver_needed(14) == "an NVIDIA driver for CUDA 14"  # no branch known yet: no number made up
+
+
+def test_with_cuda_12_bindings_the_messages_name_the_cuda_12_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(init=NO_LIBCUDA))
+    monkeypatch.setattr(preflight, "_cuda_major", lambda: 12)
+    assert "install an NVIDIA driver for CUDA 12 (R525 or newer)" in preflight.cuda_unavailable_line()
+    assert item(preflight.preflight(), "driver").fix == "install an NVIDIA driver for CUDA 12 (R525 or newer)"
+    monkeypatch.setattr(preflight, "_load_driver", lambda: fake_driver(version=11080))
+    driver = item(preflight.preflight(), "driver")
+    assert driver.fix == "update to an NVIDIA driver for CUDA 12 (R525 or newer)"  # no "use the CUDA 12 wheels"
+
+
+# -- this machine, for real: without a driver, through the command line ----------------------------
+def _no_driver_here() -> None:
+    reason = gpu_unavailable_reason()
+    if reason is None or not reason.startswith("no CUDA driver"):
+        pytest.skip(f"this machine has a CUDA driver ({reason or 'and a GPU'})")
+
+
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+
+
+def test_cudapatch_run_on_a_machine_without_a_driver() -> None:
+    _no_driver_here()
+    out = _python("-m", "cudapatch", "run", "--headless", "--frames", "3")
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line == f"cudapatch: {no_driver_message(major=13)}" or "cuda-bindings 12" in line
+    assert "R580 or newer" in line and line.lower().count("install") == 1 and "`cudapatch check`" in line
+
+
+def test_engine_on_a_machine_without_a_driver() -> None:
+    _no_driver_here()
+    out = _python("-c", "import cudapatch; cudapatch.Engine()")
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == f"cudapatch.errors.CudaUnavailableError: {no_driver_message()}", out.stderr
 
 
 # -- cudapatch check: the driver lines -------------------------------------------------------------
@@ -198,13 +355,59 @@ def library_items(monkeypatch: pytest.MonkeyPatch, load: Any, major: int = 13) -
     return {i.name: i for i in preflight._library_items()}
 
 
+# What cuda.pathfinder 1.9.1 raised, verbatim, on a machine with cuda-bindings 13 and none of the
+# math libraries (only the NVRTC/nvJitLink wheels in nvidia/cu13/lib): cuSOLVER fails on cuSPARSE,
+# which it loads first, and cuBLAS on cuBLASLt.
+_LISTDIR = (
+    '\n  listdir("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/nvidia/cu13/lib"):\n'
+    "    libcufile.so.0\n    libcufile_rdma.so.1\n    libnvJitLink.so.13\n    libnvfatbin.so.13\n"
+    "    libnvrtc-builtins.so.13.5\n    libnvrtc.so.13\n    libnvvm.so.4"
+)
+PATHFINDER_FAILURES = {
+    name: f'Failure finding "{files}": No such file: {files}, No such file: {files}{_LISTDIR}'
+    for name, files in {
+        "cusolver": "libcusparse.so.12",
+        "cusparse": "libcusparse.so.12",
+        "cublas": "libcublasLt.so.13 or libcublasLt.so.12",
+        "cublasLt": "libcublasLt.so.13 or libcublasLt.so.12",
+        "cufft": "libcufft.so.12 or libcufft.so.11",
+        "curand": "libcurand.so.11 or libcurand.so.10",
+    }.items()
+}
+
+
+def test_check_on_a_machine_without_the_libraries_says_what_each_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load(name: str) -> str:
+        if name in PATHFINDER_FAILURES:
+            raise DynamicLibNotFoundError(PATHFINDER_FAILURES[name])
+        return f"/site/nvidia/cu13/lib/lib{name}.so.13"  # nvJitLink is there
+
+    items = library_items(monkeypatch, load)
+    got = {name: (i.detail, i.fix) for name, i in items.items()}
+    fix = "pip install \"cuda-toolkit[{}]==13.*\" (all five libraries: the 'libs' extra)"
+    assert got == {
+        "cuBLAS": (
+            "cuBLASLt, a library cuBLAS depends on, is missing: libcublasLt.so.13 or libcublasLt.so.12 not found",
+            fix.format("cublas"),
+        ),
+        "cuFFT": ("libcufft.so.12 or libcufft.so.11 not found", fix.format("cufft")),
+        "cuRAND": ("libcurand.so.11 or libcurand.so.10 not found", fix.format("curand")),
+        "cuSOLVER": (
+            "cuSPARSE, a library cuSOLVER depends on, is missing: libcusparse.so.12 not found",
+            fix.format("cusolver,cusparse"),
+        ),
+        "cuSPARSE": ("libcusparse.so.12 not found", fix.format("cusparse")),
+    }
+    assert all(not i.ok and i.optional and "\n" not in i.detail for i in items.values())
+
+
 def test_a_library_cusolver_depends_on_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     # This machine's case: cuSOLVER's own loader fails on libcusparse.so.12, which cuSOLVER loads first.
     items = library_items(monkeypatch, loader({"cusolver": "libcusparse.so.12", "cusparse": "libcusparse.so.12"}))
     solver = items["cuSOLVER"]
     assert not solver.ok and solver.optional
     assert solver.detail == "cuSPARSE, a library cuSOLVER depends on, is missing: libcusparse.so.12 not found"
-    assert solver.fix == "pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+    assert solver.fix == "pip install \"cuda-toolkit[cusolver,cusparse]==13.*\" (all five libraries: the 'libs' extra)"
     assert items["cuSPARSE"].detail == "libcusparse.so.12 not found"
     assert "cuda-toolkit[cusparse]" in items["cuSPARSE"].fix
     assert items["cuBLAS"] == preflight.CheckItem("cuBLAS", True, "/site/nvidia/cu13/lib/libcublas.so", optional=True)
@@ -242,7 +445,7 @@ def test_check_prints_each_library_with_what_is_missing_and_the_fix(
     assert "cuSPARSE, a library cuSOLVER depends on, is missing" in lines[at]
     assert (
         lines[at + 1]
-        == "      fix: pip install \"cuda-toolkit[cusparse]==13.*\" (all five libraries: the 'libs' extra)"
+        == "      fix: pip install \"cuda-toolkit[cusolver,cusparse]==13.*\" (all five libraries: the 'libs' extra)"
     )
     assert any(line.startswith("!!  driver") for line in lines)
     assert "      fix: install an NVIDIA driver for CUDA 13 (R580 or newer)" in lines

@@ -189,11 +189,14 @@ def test_the_reaction_diffusion_patch_file_plans_its_delay_inside_the_for() -> N
     (dp,) = plan.delays
     loop, step = adapter.block("Steps"), adapter.block("step")
     rp = plan.regions[loop.id]
-    assert plan.scopes[dp.copy] == (rp.tail if rp.unroll > 1 else rp.node) and dp.node not in plan.scopes
+    # unrolled (For's default 8): ping-pong, no copy per iteration; one sync after the loop
+    assert rp.unroll == 8 and rp.pairs is not None
+    assert dp.copy not in plan.scopes and dp.node not in plan.scopes
     assert dp.current == plan.outputs[(step.id, "next")]
     assert plan.buffers[dp.previous].count == 1024 * 1024
-    copy = plan.nodes[dp.copy]
-    assert copy.entry_point == "delay_copy4" and copy.args[2].value == 2 * 1024 * 1024  # float2: two words
+    sync = plan.nodes[dp.copy]
+    assert sync.entry_point == "delay_sync4" and sync.args[2].value == 2 * 1024 * 1024  # float2: two words
+    assert not [n for n in plan.nodes if getattr(n, "entry_point", "").startswith("delay_copy")]
     paint = adapter.block("paint")
     assert plan.buffers[plan.outputs[(paint.id, "rgba")]].count == 1024 * 1024
 
@@ -276,18 +279,17 @@ def test_the_reaction_diffusion_example_patch_plans_and_its_numpy_reference_runs
     np.testing.assert_array_equal(ex.gray_scott(flat, h, w, 5), flat)
 
 
-def test_an_unrolled_body_has_a_copy_node_at_the_end_of_every_copy_of_the_body() -> None:
+def test_an_unrolled_body_alternates_the_buffers_instead_of_copying() -> None:
+    """(The buffers of each copy, the tails and the sync: ``test_region_pingpong.py``.)"""
     c, loop, d, s, r = _body(unroll=4)
     plan = compile_plan(c.snapshot())
     rp = plan.regions[loop.id]
-    assert rp.unroll == 4 and rp.tail is not None
+    assert rp.unroll == 4 and rp.tail is not None and rp.pairs is not None
     (dp,) = plan.delays
-    init, *copies = _nodes(plan, d.id)
+    init, sync = _nodes(plan, d.id)
     scales = _nodes(plan, s.id)
-    assert init.index == dp.node and init.index not in plan.scopes and dp.copy == copies[-1].index
-    assert len(copies) == len(scales) == 5  # 4 in the main body, 1 in the tail
-    assert [plan.scopes[k.index] for k in copies] == [rp.node] * 4 + [rp.tail]
-    for scale, copy in zip(scales, copies, strict=True):  # each copy ends its own copy of the body ...
-        assert scale.index in copy.deps and copy.args[0].ref == dp.current and copy.args[1].ref == dp.previous
-    for copy, scale in zip(copies[:3], scales[1:4], strict=True):  # ... and the next copy reads what it copied
-        assert copy.index in scale.deps
+    assert init.index == dp.node and sync.index == dp.copy and sync.entry_point == "delay_sync4"
+    assert len(scales) == 4 + 2 + 1  # 4 in the main body, a pair, one in the tail
+    assert [plan.scopes[k.index] for k in scales] == [rp.node] * 4 + [rp.pairs] * 2 + [rp.tail]
+    for a, b in zip(scales[:3], scales[1:4], strict=True):  # each copy reads what the one before wrote
+        assert a.index in b.deps and b.args[0].ref == a.args[1].ref

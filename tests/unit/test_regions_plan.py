@@ -473,11 +473,17 @@ def test_a_while_is_exact_by_default_and_an_unrolled_one_checks_once_per_pass() 
         ("region_while_tail4", None),
         ("region_while_step4", tail.index),
     ]
+    # Check only computes the condition, read once per pass, and Step only feeds Check and the block after
+    # the loop (nothing carries over from one iteration to the next here): both are made by the main
+    # body's last copy only (``condition_only``); the tail checks after each iteration
+    steps = _by_block(plan, step.id)
+    assert [plan.scopes[n.index] for n in steps] == [main.index, tail.index]
     checks = _by_block(plan, chk.id)
-    assert [plan.scopes[n.index] for n in checks] == [main.index] * 4 + [tail.index]
+    assert [plan.scopes[n.index] for n in checks] == [main.index, tail.index]
+    assert steps[0].index in checks[0].deps and steps[1].index in checks[1].deps
     _, step_n, tail_k, step_1 = _by_block(plan, w.id)
-    assert step_n.deps == (checks[3].index,)  # the condition after the last copy: once per pass
-    assert step_1.deps == (checks[4].index,)
+    assert step_n.deps == (checks[0].index,)  # the condition after the last copy: once per pass
+    assert step_1.deps == (checks[1].index,)
     more = checks[0].args[1].ref  # Check's output buffer, the condition
     assert step_n.args[1].ref == tail_k.args[1].ref == step_1.args[1].ref == more
     assert main.index in tail_k.deps  # it reads the condition and the count the main loop left

@@ -22,7 +22,9 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
    the body is done). ``Max``/``Count`` are scalar slots: Hot. A loop with ``Unroll`` U > 1 is a
    main conditional node over U copies of its body and a tail one of one copy (``region_nodes``);
    a nested region's set-condition kernel is in its parent's body, so it sets the handle (and zeroes
-   the counter) every time the parent body reaches it.
+   the counter) every time the parent body reaches it. FrameDelays in an unrolled loop's body
+   ping-pong between their two buffers (no copy per iteration, one sync after the loop); with
+   ``Unroll`` 1 a copy kernel carries them (``region_delays.py``).
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
 7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
@@ -31,6 +33,8 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
 """
 
 from __future__ import annotations
+
+from collections.abc import Container
 
 from ...blocks.regions import CONDITION, RegionDescription
 from ...kernels.types import DType
@@ -46,11 +50,20 @@ from ..plan import (
     RegionPlan,
 )
 from ..region_kernels import REGION_ENTRIES, region_kernel
+from .condition_only import condition_only
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .nodes import block_nodes, counters_memset, node_env
 from .order import same_frame_links, topological_order
 from .probes import probe_requests
-from .region_delays import copy_nodes, delay_copies, delay_inits, delays_in_bodies
+from .region_delays import (
+    copy_nodes,
+    delay_copies,
+    delay_inits,
+    delay_syncs,
+    delays_in_bodies,
+    pingpong_delays,
+    swap_buffers,
+)
 from .sizes import sizes
 from .stamps import place_stamps
 
@@ -323,7 +336,12 @@ def region_nodes(draft: PlanDraft) -> None:
         WHILE tail { one copy of the body; the one-step kernel of U = 1 }
 
     so a For runs exactly ``Count`` iterations and a While never more than ``Max``; a While checks its
-    condition once per pass (up to U - 1 iterations past the one that turned it false). Every copy is
+    condition once per pass (up to U - 1 iterations past the one that turned it false), and the blocks
+    whose values only the condition reads are made in the last copy of the main body only
+    (``condition_only.py``). A loop holding FrameDelays that ping-pong carries (``region_delays.py``)
+    unrolls by an even U, swaps the delays' buffers in every odd copy, and runs what the main loop
+    leaves in a tail of pairs (``RegionPlan.pairs``; ``region_for_tail_n``/``region_while_tail_n``
+    enter it) before the tail of one copy; one sync kernel per delay follows the loop. Every copy is
     nodes of the same blocks: their Hot and Warm slots, and ``block_nodes``, list every copy, and a Code
     swap finds them all by ``(block, kernel)``. A probe in a body is one record written by the last copy
     of the main body and by the tail's copy (the last iteration's value shows). Nested unrolled loops
@@ -353,9 +371,11 @@ def region_nodes(draft: PlanDraft) -> None:
         if before:
             draft.block_nodes[u] = before + draft.block_nodes.get(u, ())
 
-    def walk(scope_node: int | None, scope: int | None, mode: str, copies: int) -> None:
+    carried: set[int] = set()  # delays carried by ping-pong: no copy node
+
+    def walk(scope_node: int | None, scope: int | None, mode: str, copies: int, skip: Container[int] = ()) -> None:
         for u in draft.units.get(scope, ()):
-            if u not in sized or u in body_delays:
+            if u not in sized or u in body_delays or u in skip:
                 continue
             if scope is None and u in draft.units and body_delays:
                 delay_inits(draft, u, env, probes, body_delays)
@@ -370,7 +390,7 @@ def region_nodes(draft: PlanDraft) -> None:
                 for i in range(first, len(drafts)):
                     scopes.setdefault(i, scope_node)
         if draft.delays:
-            delay_copies(draft, scope, scope_node)
+            delay_copies(draft, scope, scope_node, carried)
 
     def kernel(rid: int, entry: str, args: list[Arg], reads: list, writes: list, scope: int | None = None) -> int:
         i = len(drafts)
@@ -401,48 +421,86 @@ def region_nodes(draft: PlanDraft) -> None:
         limit = "Max" if kind == "while" else "Count"
         ci = counter_of[rid]
         unroll = _unroll(draft, rid, copies)
-        inside = copies * (unroll + 1) if unroll > 1 else copies  # copies of each block in the body
+        pairs = pingpong_delays(draft, rid) if unroll > 1 else []  # delays the copies carry by swapping buffers
+        swap: dict[int, int] = {}
+        for bid, prev, cur in pairs:
+            swap[prev], swap[cur] = cur, prev
+            carried.add(bid)
+        if swap:
+            unroll -= unroll % 2  # whole pairs: each pass ends with the state back where it began
+        # the levels: the main loop, then tails running what it leaves (pairs, then one copy, with ping-pong)
+        levels = [unroll] if unroll == 1 else [unroll, 2, 1] if swap and unroll > 2 else [unroll, 1]
+        skip = condition_only(draft, rid) if kind == "while" and unroll > 1 else frozenset()
+        inside = copies * sum(levels)  # copies of each block in the body
         counter = _new(Arg, ("counter", u32, True, ci, None))
         limit_arg = _new(Arg, ("scalar", u32, False, (rid, limit), values[limit]))
-        unroll_arg = _new(Arg, ("const", u32, False, None, unroll))
         cres = -1 - ci  # the counter as a resource of the edges phase
         # begin: zeroes the iteration counter (a nested loop counts from 0 each time it is reached)
         if unroll == 1:
             kernel(rid, "region_begin", [handle, counter, limit_arg], [], [token, cres])
         else:
+            unroll_arg = _new(Arg, ("const", u32, False, None, unroll))
             kernel(rid, "region_begin_n", [handle, counter, limit_arg, unroll_arg], [], [token, cres])
         main = conditional(rid, "while", token)
-        for copy in range(unroll):  # the last copy makes the body's probes
-            walk(main, rid, mode if copy == unroll - 1 else "none", inside)
-        nodes = [begin, main]
-        if unroll == 1:
-            nodes.append(_step(rid, kind, handle, counter, limit_arg, main))
-            draft.regions[rid] = RegionPlan(kind, main, ci, limit)
-            draft.block_nodes[rid] = tuple(nodes)
-            return
-        if kind == "for":
-            args, reads, entry = [handle, counter, limit_arg, unroll_arg], [cres], "region_for_step_n"
-        else:
-            arg, res, size = _condition_arg(draft, rid)
-            args, reads, entry = (
-                [handle, arg, counter, limit_arg, unroll_arg],
-                [res, cres],
-                f"region_while_step_n{size}",
-            )
-        nodes.append(kernel(rid, entry, args, reads, [cres], scope=main))
-        mid = len(drafts)
-        tail_handle = _new(Arg, ("handle", u64, False, mid + 1, None))
-        tail_token = ("region", mid + 1)
-        if kind == "for":
-            kernel(rid, "region_for_tail", [tail_handle, counter, limit_arg], [cres], [tail_token])
-        else:
-            arg, res, size = _condition_arg(draft, rid)
-            kernel(rid, f"region_while_tail{size}", [tail_handle, arg, counter, limit_arg], [res, cres], [tail_token])
-        tail = conditional(rid, "while", tail_token)
-        walk(tail, rid, "none" if mode == "none" else "repeat", inside)
-        nodes += [mid, tail, _step(rid, kind, tail_handle, counter, limit_arg, tail)]
-        draft.regions[rid] = RegionPlan(kind, main, ci, limit, unroll, tail)
+        for copy in range(unroll):  # the last copy makes the body's probes and computes the condition
+            last = copy == unroll - 1
+            body_copy(main, rid, mode if last else "none", inside, swap if copy % 2 else None, () if last else skip)
+        nodes = [begin, main, _level_step(rid, kind, handle, counter, limit_arg, main, unroll)]
+        tails = []
+        for level in levels[1:]:
+            mid = len(drafts)
+            tail_handle = _new(Arg, ("handle", u64, False, mid + 1, None))
+            tail_token = ("region", mid + 1)
+            level_arg = _new(Arg, ("const", u32, False, None, level))
+            if kind == "for":
+                entry, args, reads = "region_for_tail", [tail_handle, counter, limit_arg], [cres]
+            else:
+                arg, res, size = _condition_arg(draft, rid)
+                entry, args, reads = f"region_while_tail{size}", [tail_handle, arg, counter, limit_arg], [res, cres]
+            if level > 1:  # a tail of pairs: entered while two iterations are left
+                entry = "region_for_tail_n" if kind == "for" else f"region_while_tail_n{entry[-1]}"
+                args.append(level_arg)
+            kernel(rid, entry, args, reads, [tail_token])
+            tail = conditional(rid, "while", tail_token)
+            for copy in range(level):
+                body_copy(tail, rid, "none" if mode == "none" else "repeat", inside, swap if copy % 2 else None, ())
+            nodes += [mid, tail, _level_step(rid, kind, tail_handle, counter, limit_arg, tail, level)]
+            tails.append(tail)
+        if pairs:
+            delay_syncs(draft, pairs, ci)  # after the loop, in the scope around it
+        draft.regions[rid] = RegionPlan(
+            kind, main, ci, limit, unroll, tails[-1] if tails else None, tails[0] if len(tails) > 1 else None
+        )
         draft.block_nodes[rid] = tuple(nodes)
+
+    def body_copy(cond: int, rid: int, mode: str, copies: int, swap: dict | None, skip: Container[int]) -> None:
+        """One copy of loop ``rid``'s body in conditional node ``cond``; with ``swap``, the delays'
+        buffers swapped (the odd copies of a loop that ping-pongs); ``skip``: blocks left out."""
+        first = len(drafts)
+        walk(cond, rid, mode, copies, skip)
+        if swap:
+            swap_buffers(draft, first, swap)
+
+    def _level_step(rid: int, kind: str, handle: Arg, counter: Arg, limit_arg: Arg, cond: int, unroll: int) -> int:
+        """The step kernel last in ``cond``'s body: counts ``unroll`` iterations, goes on while another
+        pass of as many fits (one iteration: ``_step``)."""
+        if unroll == 1:
+            return _step(rid, kind, handle, counter, limit_arg, cond)
+        cres = -1 - counter.ref  # type: ignore[operator]
+        unroll_arg = _new(Arg, ("const", u32, False, None, unroll))
+        if kind == "for":
+            return kernel(
+                rid, "region_for_step_n", [handle, counter, limit_arg, unroll_arg], [cres], [cres], scope=cond
+            )
+        arg, res, size = _condition_arg(draft, rid)
+        return kernel(
+            rid,
+            f"region_while_step_n{size}",
+            [handle, arg, counter, limit_arg, unroll_arg],
+            [res, cres],
+            [cres],
+            scope=cond,
+        )
 
     def _step(rid: int, kind: str, handle: Arg, counter: Arg, limit_arg: Arg, cond: int) -> int:
         """The one-iteration step kernel, last in ``cond``'s body (after the condition's block: the
@@ -553,7 +611,11 @@ def region_stamps(draft: PlanDraft) -> None:
     for k, v in draft.block_nodes.items():
         draft.block_nodes[k] = tuple([remap[i] for i in v])
     for rid, rp in draft.regions.items():
-        draft.regions[rid] = rp._replace(node=remap[rp.node], tail=None if rp.tail is None else remap[rp.tail])
+        draft.regions[rid] = rp._replace(
+            node=remap[rp.node],
+            tail=None if rp.tail is None else remap[rp.tail],
+            pairs=None if rp.pairs is None else remap[rp.pairs],
+        )
     nodes = draft.nodes
     for i, n in enumerate(nodes):  # each set-condition kernel's handle names its conditional node
         if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":

@@ -1,0 +1,59 @@
+"""CollectorFreeze: keeps CPython's full collections from scanning the running patch on every build.
+
+A full collection (generation 2) scans every object the collector tracks while holding the GIL.
+A patch's blocks, snapshots and plan are about 110 tracked objects per block: at 1,000 blocks a full
+collection took 38 ms, at 10,000 blocks 318 ms (H100 host, Python 3.12). CPython runs one when the
+objects that survived into the oldest generation since the last one exceed a quarter of it, and a
+build makes a whole new plan: so nearly every build of a large patch ran one, on the build thread,
+and the frame thread's next ``update()`` waited for the GIL that long (slowest ``update()`` 53 to
+69 ms during a 1,000-block edit).
+
+So after a build is swapped in, the engine moves every tracked object into the collector's
+permanent generation (``gc.freeze()``, constant time): later collections scan only what was made
+since. Objects frozen are never collected as cycles; those that become garbage are still freed by
+reference counting, which is how a replaced plan goes (the frozen count stayed at 235,600 over
+repeated 1,000-block builds). Cyclic garbage frozen with them (a host's own, say) would stay, so
+every ``THAW_EVERY`` builds the freeze is undone (``gc.unfreeze()``, constant time too): the next
+full collection scans everything once and frees them. The frozen count is not asked for: CPython
+walks the whole permanent generation to count it (14 ms at 1,000 blocks).
+``Engine(freeze_collector=False)`` leaves the collector alone (the freeze is process-wide: a host's
+own objects are frozen with the patch's).
+"""
+
+from __future__ import annotations
+
+import gc
+
+__all__ = ["CollectorFreeze"]
+
+#: Builds between two thaws (``gc.unfreeze()``), so that cycles frozen by mistake are collected after all.
+THAW_EVERY = 100
+
+
+class CollectorFreeze:
+    """Freezes the collector's tracked objects after each build the engine swaps in.
+
+    Args:
+        enabled: False: do nothing (``Engine(freeze_collector=False)``).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        #: Freezes done, and undone (full collections see everything again).
+        self.freezes = 0
+        self.thaws = 0
+        self._since_thaw = 0
+
+    def after_build(self) -> None:
+        """Freeze what the collector tracks now (a build was applied); every ``THAW_EVERY`` builds,
+        undo the freeze instead."""
+        if not self.enabled:
+            return
+        if self._since_thaw >= THAW_EVERY:
+            gc.unfreeze()  # the next full collection scans everything once, and frees frozen cycles
+            self.thaws += 1
+            self._since_thaw = 0
+            return
+        gc.freeze()
+        self.freezes += 1
+        self._since_thaw += 1

@@ -1,0 +1,56 @@
+"""CollectorFreeze: the engine's objects leave the collector's full scans after each build."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from cudapatch.engine import collector
+from cudapatch.engine.collector import CollectorFreeze
+
+
+@pytest.fixture(autouse=True)
+def _thawed() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # the rest of the test session collects as usual
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector frees it
+
+
+def test_a_build_freezes_what_the_collector_tracks() -> None:
+    c = CollectorFreeze()
+    kept = [_Node() for _ in range(100)]
+    c.after_build()
+    assert c.freezes == 1
+    assert gc.get_freeze_count() >= len(kept)
+    assert not any(gc.is_tracked(n) and n in gc.get_objects(2) for n in kept[:3])  # out of the full scans
+
+
+def test_disabled_leaves_the_collector_alone() -> None:
+    c = CollectorFreeze(enabled=False)
+    c.after_build()
+    assert c.freezes == 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_freeze_is_undone_every_so_many_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector, "THAW_EVERY", 3)
+    c = CollectorFreeze()
+    for _ in range(3):
+        c.after_build()
+    garbage = [_Node() for _ in range(1000)]  # frozen cycles that become garbage
+    c.after_build()  # not frozen: thawed
+    assert (c.freezes, c.thaws) == (3, 1)
+    assert gc.get_freeze_count() == 0
+    ids = {id(n) for n in garbage}
+    del garbage
+    gc.collect()  # after the thaw a full collection frees them
+    assert not ids & {id(o) for o in gc.get_objects() if isinstance(o, _Node)}
+    c.after_build()
+    assert c.freezes == 4
