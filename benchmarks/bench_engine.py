@@ -56,7 +56,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     rows: list[tuple[str, float, str, float | None, str]] = []
 
-    eng = Engine(wait_for_compile=True)
+    eng = Engine(wait_for_compile=True, fuse=False)  # the raw graph's 100 kernels (fused: bench_fusion.py)
     stream = eng.device.stream
     sync = eng.device.synchronize
     blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001, Offset=0.0)) for i in range(nb)]

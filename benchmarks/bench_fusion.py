@@ -4,10 +4,22 @@
 1. A chain of ``--blocks`` ``Scale`` blocks (``y = a*x + b``) over 1,024 and 1M floats: GPU time per
    frame of the fused graph (one generated kernel), of the unfused graph (one node per block), and of
    ``cupy.fuse`` of the same arithmetic. Targets: fused ≥ 30× faster than unfused at 1,024, ≥ 20× at 1M,
-   ≤ 1.2× ``cupy.fuse``. ``cupy.fuse`` is timed twice: events around 200 calls from Python (``cupy
-   calls``: each call is a Python launch, so small arrays measure the host, not the kernel) and events
-   around one CUDA graph of 200 calls captured on a CuPy stream (``cupy graph``: GPU time only, as
-   ours is); the ratio ``fused/cupy`` is taken against the graph.
+   ≤ 1.2× ``cupy.fuse``. Each side is measured the same way twice (events around the launches, GPU time
+   only, median of 5):
+
+   - **per frame**: one graph launch per frame, 200 frames. Ours is the engine's graph (at profiling
+     level None: the one fused kernel node, nothing else); ``cupy frame`` is one ``cupy.fuse`` call
+     captured into a graph on a CuPy stream, launched once per frame. ``empty frame`` is a graph of one
+     empty kernel (one thread) launched the same way: what a graph launch costs the device before any
+     work, the floor of both.
+   - **per kernel**: 200 launches inside one graph, launched once. ``cupy graph`` is 200 ``cupy.fuse``
+     calls captured into one graph; ``fused kernel`` is 200 copies of the running graph's fused kernel
+     node (the same function, launch shape and arguments) chained in one raw graph.
+
+   The ratio against ``cupy.fuse`` is given both ways (``frame/frame`` and ``kernel/kernel``). Until
+   this run the only ratio was ours per frame against ``cupy graph`` per kernel: at 1,024 floats that
+   charged our side a graph launch per kernel and CuPy's side none. ``cupy calls`` (events around 200
+   calls from Python: each call a Python launch, so small arrays measure the host) stays for reference.
 2. Expression edit → running: ``set("Code", ...)`` until the new kernel is swapped into the running
    graph (``live``: the quick build, the bytecode interpreter where it can run the program, else the
    PTX JITted at a low level), and until its optimised build is swapped
@@ -18,8 +30,9 @@
 3. A Hot change of one scalar: ``set()`` + ``update()`` host time for a member of the fused chain beside
    the same change unfused (target: the same, ≤ 3 µs per patched node).
 
-Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50]``. Writes ``fusion.json`` to
-``$RESULTS_DIR`` when set.
+Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50] [--launch-variants]``
+(``--launch-variants``: our fused kernel also at block sizes 64-512 and 1, 2, 4 elements per thread,
+per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
 """
 
 from __future__ import annotations
@@ -40,9 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 from _timing import gpu_ms  # noqa: E402
+from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
 from cudapatch.expr.bytecode import INTERPRETERS, assemble, patch_program  # noqa: E402
+from cudapatch.expr.ptx_gen import ptx_version_for  # noqa: E402
+from cudapatch.kernels._driver import check  # noqa: E402
 
 
 def chain(e: Engine, n_blocks: int, x: np.ndarray) -> list[Scale]:
@@ -56,7 +72,37 @@ def chain(e: Engine, n_blocks: int, x: np.ndarray) -> list[Scale]:
     return blocks
 
 
-def bench_chain(n_blocks: int, elements: int) -> dict:
+def launch_variants(e: Engine, g, node, blocks=(64, 128, 256, 512), per_thread=(1, 2, 4)) -> list[dict]:
+    """Our fused kernel at other launch shapes, each measured per kernel as ``fused kernel`` is: the
+    group's program generated with ``per_thread`` elements per thread (``FusedSource.per_thread``), the
+    same arguments, ``block`` threads per block and the grid that covers the count. What the fusion
+    phase's choice (``FUSED_PER_THREAD``, ``FUSED_PER_THREAD_FROM``, ``BLOCK_SIZE``) is worth at this size."""
+    import dataclasses
+
+    base = g._nodes[node.index].params  # the running node's arguments (kernelParams) are shared by every variant
+    count = node.args[-1].value  # the launch's element count, the node's last argument
+    rows = []
+    for k in per_thread:
+        source = dataclasses.replace(node.source, per_thread=k, jit="full")
+        function = e.kernels.builder.build(source).function
+        for block in blocks:
+            p = d.CUDA_KERNEL_NODE_PARAMS()
+            p.func = function
+            p.gridDimX, p.gridDimY, p.gridDimZ = max(1, -(-count // (block * k))), 1, 1
+            p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
+            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, 0
+            rows.append(
+                {
+                    "per_thread": k,
+                    "block": block,
+                    "grid": p.gridDimX,
+                    "kernel_ms": kernel_graph_ms(p, e.resources.stream),
+                }
+            )
+    return rows
+
+
+def bench_chain(n_blocks: int, elements: int, variants: bool = False) -> dict:
     x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     row: dict = {"blocks": n_blocks, "elements": elements}
     results = {}
@@ -67,10 +113,18 @@ def bench_chain(n_blocks: int, elements: int) -> dict:
             e.synchronize()
             g = e.graph
             assert g is not None
-            row["fused_nodes" if fuse else "unfused_nodes"] = len(g.plan.kernel_nodes)
-            row["fused_ms" if fuse else "unfused_ms"] = gpu_ms(
-                lambda g=g, s=e.resources.stream: g.launch(s), e.resources.stream
-            )
+            stream = e.resources.stream
+            row["fused_nodes" if fuse else "unfused_nodes"] = len(g.plan.nodes)  # every node the frame launches
+            row["fused_ms" if fuse else "unfused_ms"] = gpu_ms(lambda g=g, s=stream: g.launch(s), stream)
+            if fuse:
+                (node,) = g.plan.nodes  # level None: the fused kernel and nothing else
+                row["fused_launch"] = {"grid": node.grid, "block": node.block, "per_thread": node.source.per_thread}
+                # The node's CUDA_KERNEL_NODE_PARAMS as the executable graph holds them (no public accessor).
+                row["fused_kernel_ms"] = kernel_graph_ms(g._nodes[node.index].params, stream)
+                e.device.make_current()  # the empty kernel's module loads into the engine's context
+                row["empty_frame_ms"] = empty_frame_ms(e.device.arch, stream)
+                if variants:
+                    row["launch_variants"] = launch_variants(e, g, node)
             results[fuse] = e.read(blocks[-1], "Out")
     row["bitwise_equal"] = bool(np.array_equal(results[True], results[False]))
     try:
@@ -90,17 +144,20 @@ def bench_chain(n_blocks: int, elements: int) -> dict:
         stream = cp.cuda.get_current_stream().ptr
         row["cupy_calls_ms"] = gpu_ms(lambda: fused(xd), stream)
         row["cupy_max_abs_diff"] = float(cp.max(cp.abs(out - cp.asarray(results[True]))))
-        row["cupy_fuse_ms"] = cupy_graph_ms(cp, fused, xd)
+        row["cupy_fuse_ms"] = cupy_graph_ms(cp, fused, xd)  # per kernel: 200 calls in one graph
+        row["cupy_frame_ms"] = cupy_graph_ms(cp, fused, xd, calls=1, frames=200)  # per frame: a graph per call
     except ImportError:
-        row["cupy_fuse_ms"] = row["cupy_calls_ms"] = None
+        row["cupy_fuse_ms"] = row["cupy_calls_ms"] = row["cupy_frame_ms"] = None
     return row
 
 
-def cupy_graph_ms(cp, fused, xd, calls: int = 200) -> float | None:
+def cupy_graph_ms(cp, fused, xd, calls: int = 200, frames: int = 1) -> float | None:
     """GPU ms per call of ``fused(xd)``: ``calls`` calls captured into one CUDA graph on a CuPy stream,
-    events around its launch (median of 5), so no Python launch cost counts. Each call allocates its
-    output from CuPy's pool; the warm-up leaves a free block of that size, so the capture never
-    allocates device memory. None (with the reason printed) where this CuPy cannot capture."""
+    launched ``frames`` times in a row, events around the launches (median of 5), so no Python launch
+    cost counts. ``calls=200, frames=1``: per kernel inside a graph; ``calls=1, frames=200``: per frame,
+    a graph launch each, as the engine's frames. Each call allocates its output from CuPy's pool; the
+    warm-up leaves a free block of that size, so the capture never allocates device memory. None (with
+    the reason printed) where this CuPy cannot capture."""
     stream = cp.cuda.Stream(non_blocking=True)
     try:
         with stream:
@@ -116,10 +173,52 @@ def cupy_graph_ms(cp, fused, xd, calls: int = 200) -> float | None:
             del out
             graph.launch(stream)
             stream.synchronize()
-            return gpu_ms(lambda: graph.launch(stream), stream.ptr, frames=1) / calls
+            return gpu_ms(lambda: graph.launch(stream), stream.ptr, frames=frames) / calls
     except Exception as exc:  # an older CuPy, or a capture it refuses
         print(f"   (cupy.fuse graph capture failed: {type(exc).__name__}: {exc})")
         return None
+
+
+def _chained_graph_ms(params, stream, calls: int, frames: int) -> float:
+    """GPU ms per kernel of ``calls`` copies of one kernel node (``CUDA_KERNEL_NODE_PARAMS``; the driver
+    copies them at each add) chained in one raw graph, launched ``frames`` times (median of 5)."""
+    graph = check(d.cuGraphCreate(0))
+    try:
+        prev: list = []
+        for _ in range(calls):
+            prev = [check(d.cuGraphAddKernelNode(graph, prev, len(prev), params))]
+        gexec = check(d.cuGraphInstantiate(graph, 0))
+        try:
+            check(d.cuGraphLaunch(gexec, stream))  # the first launch uploads the graph: not timed
+            check(d.cuStreamSynchronize(stream))
+            return gpu_ms(lambda: d.cuGraphLaunch(gexec, stream), stream, frames=frames) / calls
+        finally:
+            check(d.cuGraphExecDestroy(gexec))
+    finally:
+        check(d.cuGraphDestroy(graph))
+
+
+def kernel_graph_ms(params, stream, calls: int = 200) -> float:
+    """Our fused kernel measured as ``cupy graph`` measures ``cupy.fuse``: ``calls`` copies of the
+    running graph's kernel node in one graph, launched once (GPU ms per kernel)."""
+    return _chained_graph_ms(params, stream, calls, frames=1)
+
+
+def empty_frame_ms(arch: str, stream) -> float:
+    """GPU ms per frame of a graph holding one empty kernel (one thread), launched once per frame for
+    200 frames: what a graph launch costs the device before any work (the floor of a frame)."""
+    ptx = (
+        f".version {ptx_version_for(arch)}\n.target {arch}\n.address_size 64\n.visible .entry empty()\n{{\n\tret;\n}}\n"
+    )
+    module = check(d.cuModuleLoadData(ptx.encode() + b"\0"))
+    try:
+        p = d.CUDA_KERNEL_NODE_PARAMS()
+        p.func = check(d.cuModuleGetFunction(module, b"empty"))
+        p.gridDimX = p.gridDimY = p.gridDimZ = p.blockDimX = p.blockDimY = p.blockDimZ = 1
+        p.sharedMemBytes, p.kernelParams, p.extra = 0, 0, 0
+        return _chained_graph_ms(p, stream, calls=1, frames=200)
+    finally:
+        check(d.cuModuleUnload(module))
 
 
 def _p95(times: list[float]) -> float:
@@ -259,28 +358,58 @@ def bench_hot(n_blocks: int, calls: int = 2000) -> dict:
     return row
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _ratio(ours: float, peer: float | None) -> str:
+    return "-" if peer is None else f"{ours / peer:.2f}x"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=100)
     ap.add_argument("--edits", type=int, default=50)
+    ap.add_argument(
+        "--launch-variants",
+        action="store_true",
+        help="also time our fused kernel at other block sizes and elements per thread",
+    )
     args = ap.parse_args()
     logging.getLogger("cudapatch").setLevel(logging.ERROR)
     report: dict = {"chains": [], "edits": [], "hot": None}
-    print(f"1. chain of {args.blocks} Scale blocks: GPU ms per frame")
-    head = ("elements", "fused", "unfused", "cupy graph", "cupy calls", "unfused/fused", "fused/cupy")
-    print("{:>10} {:>9} {:>9} {:>11} {:>11} {:>14} {:>11} bitwise".format(*head))
+    print(f"1. chain of {args.blocks} Scale blocks: GPU ms")
+    head = ("elements", "fused", "unfused", "cupy frame", "empty frame", "unfused/fused", "frame/frame")
+    print("   per frame (a graph launch each):")
+    print("{:>10} {:>9} {:>9} {:>11} {:>12} {:>14} {:>12} bitwise".format(*head))
+    rows = []
     for elements in (1024, 1 << 20):
-        r = bench_chain(args.blocks, elements)
+        r = bench_chain(args.blocks, elements, variants=args.launch_variants)
         report["chains"].append(r)
-        cupy, calls = r["cupy_fuse_ms"], r["cupy_calls_ms"]
-        fused, unfused = r["fused_ms"], r["unfused_ms"]
-        cupy_ms = "-" if cupy is None else f"{cupy:.4f}"
-        calls_ms = "-" if calls is None else f"{calls:.4f}"
-        vs_cupy = "-" if cupy is None else f"{fused / cupy:.2f}x"
+        rows.append(r)
+        fused, unfused, frame = r["fused_ms"], r["unfused_ms"], r["cupy_frame_ms"]
         print(
-            f"{elements:>10} {fused:>9.4f} {unfused:>9.4f} {cupy_ms:>11} {calls_ms:>11} {unfused / fused:>13.1f}x "
-            f"{vs_cupy:>11} {r['bitwise_equal']}"
+            f"{elements:>10} {fused:>9.4f} {unfused:>9.4f} {_ms(frame):>11} {r['empty_frame_ms']:>12.4f} "
+            f"{unfused / fused:>13.1f}x {_ratio(fused, frame):>12} {r['bitwise_equal']}"
         )
+    print("   per kernel (200 launches in one graph), and cupy.fuse called from Python:")
+    head = ("elements", "fused kernel", "cupy graph", "kernel/kernel", "frame/cupy graph", "cupy calls", "launch")
+    print("{:>10} {:>13} {:>11} {:>14} {:>17} {:>11}  {}".format(*head))
+    for r in rows:
+        kernel, graph = r["fused_kernel_ms"], r["cupy_fuse_ms"]
+        launch = "grid {grid} x {block}, {per_thread}/thread".format(**r["fused_launch"])
+        print(
+            f"{r['elements']:>10} {kernel:>13.4f} {_ms(graph):>11} {_ratio(kernel, graph):>14} "
+            f"{_ratio(r['fused_ms'], graph):>17} {_ms(r['cupy_calls_ms']):>11}  {launch}"
+        )
+    for r in rows:
+        if "launch_variants" in r:
+            print(
+                f"   our fused kernel at other launch shapes, {r['elements']} elements "
+                "(GPU ms per kernel, 200 in a graph):"
+            )
+            for v in r["launch_variants"]:
+                print("     {per_thread}/thread, block {block:>4}, grid {grid:>6}: {kernel_ms:.4f}".format(**v))
     print(f"2. Expression edit -> running, {args.edits} edits (ms): live = it runs, optimised = its optimised build")
     for compiler in ("ptx", "nvrtc"):
         r = bench_edits(args.edits, compiler)

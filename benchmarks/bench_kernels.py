@@ -168,7 +168,7 @@ def main() -> None:
     logging.getLogger("cudapatch").setLevel(logging.ERROR)
     rows: list[tuple[str, float, str]] = []
     tmp = Path(tempfile.mkdtemp())
-    eng = Engine(cache_dir=tmp / "cache")
+    eng = Engine(cache_dir=tmp / "cache", fuse=False)  # the Scales after the kernel stay nodes of their own
     arch = eng.device.arch
     pinned = pin_frame_thread() if args.pin else "not pinned"
 

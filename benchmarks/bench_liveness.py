@@ -76,7 +76,7 @@ def running(e: Engine, block) -> bool:
 
 def bench_size(n: int, elements: int) -> list[tuple[str, float, str, float, str]]:
     rows = []
-    with Engine(name=f"chain{n}") as e:
+    with Engine(name=f"chain{n}", fuse=False) as e:  # a node and a buffer per block (fused: bench_fusion.py)
         x = np.random.default_rng(1).standard_normal(elements).astype(np.float32)
         blocks = [e.add(Scale(name="s0", Factor=1.0))]
         e.bind(blocks[0], "In", x)

@@ -34,7 +34,8 @@ from cudapatch import Engine, Scale  # noqa: E402
 
 
 def build(reuse: bool, image: np.ndarray, factors: list[float]) -> tuple[Engine, list]:
-    eng = Engine(wait_for_compile=True, reuse_buffers=reuse, name="reuse" if reuse else "no-reuse")
+    name = "reuse" if reuse else "no-reuse"
+    eng = Engine(wait_for_compile=True, reuse_buffers=reuse, name=name, fuse=False)  # fused: no buffers to share
     blocks = []
     for i, f in enumerate(factors):
         s = eng.add(Scale(name=f"s{i}", Factor=f, Offset=1e-3 * i))

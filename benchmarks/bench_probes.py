@@ -71,7 +71,7 @@ def gpu_ms(eng: Engine, probes: list, frames: int, counter: SyncCounter) -> floa
 
 def run(blocks: int, n_probes: int, elements: int, frames: int, rounds: int, counter: SyncCounter) -> tuple:
     rng = np.random.default_rng(1)
-    with Engine(wait_for_compile=True) as eng:
+    with Engine(wait_for_compile=True, fuse=False) as eng:  # probes end fused groups: compare the same nodes
         chain = [eng.add(Scale(name=f"s{i}", Factor=1.0001, Offset=0.0)) for i in range(blocks)]
         for a, b in zip(chain, chain[1:], strict=False):
             eng.connect(a, "Out", b, "In")

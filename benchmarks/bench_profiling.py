@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=100)
     ap.add_argument("--elements", type=int, default=1 << 20)
     args = ap.parse_args()
-    eng = Engine(wait_for_compile=True)
+    eng = Engine(wait_for_compile=True, fuse=False)  # PerBlock and up never fuse: every level runs the same nodes
     blocks = [eng.add(Scale(name=f"s{i}", Factor=1.0001)) for i in range(args.blocks)]
     for a, b in zip(blocks, blocks[1:], strict=False):
         eng.connect(a, "Out", b, "In")

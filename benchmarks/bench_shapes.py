@@ -84,7 +84,7 @@ def main() -> None:
     rows: list[tuple[str, float, str, float]] = []
 
     for label, data, image in (("image (2-D)", img, True), ("flat (1-D)", img.ravel(), False)):
-        eng = Engine(wait_for_compile=True)
+        eng = Engine(wait_for_compile=True, fuse=False)  # the flat chain as many nodes as the image patch
         blocks = build(eng, args.blocks, data, image)
         stream, sync, gexec = eng.device.stream, eng.device.synchronize, eng.graph.handle
         kinds = {n.yz != (1, 1, 1, 1) for n in eng.graph.plan.kernel_nodes}

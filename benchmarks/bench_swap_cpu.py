@@ -124,7 +124,7 @@ def _landed(e: Engine) -> list[float]:
 
 
 def bench(n: int, edits: int) -> None:
-    e = Engine(cache_dir=False, watch_files=False)
+    e = Engine(cache_dir=False, watch_files=False, fuse=False)  # a node per block, as the chain is measured
     try:
         prev = e.add(Fill(name="fill", Count=1024, Value=1.0))
         for i in range(n - 1):

@@ -1,6 +1,7 @@
 """The ``cudapatch`` command: ``run`` a patch in the preview, list ``blocks``, ``check`` the machine.
 
 cudapatch run [PATCH] [--headless --frames N --out DIR] [--profiling LEVEL] [--size WxH] [--isolated] [--editor]
+              [--no-fuse]
 cudapatch blocks
 cudapatch check
 cudapatch plan PATCH [--no-fuse]
@@ -56,7 +57,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     resumed = take_restart_state()  # set when this process replaced one that a GPU fault ended
     start = int(resumed.get("frames", 0))
     try:
-        host = StandaloneHost(args.patch, profiling=args.profiling, isolated=args.isolated)
+        host = StandaloneHost(
+            args.patch, profiling=args.profiling, isolated=args.isolated, fuse=False if args.no_fuse else None
+        )
     except CudapatchError as exc:
         print(f"cudapatch: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -142,7 +145,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .host_plugin.plan_view import format_plan, plan_patch
 
     try:
-        engine, plan = plan_patch(args.patch, fuse=not args.no_fuse)
+        engine, plan = plan_patch(args.patch, fuse=False if args.no_fuse else None)
     except CudapatchError as exc:
         print(f"cudapatch: {exc}", file=sys.stderr)
         return 2
@@ -170,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--editor", action="store_true", help="open the node editor over the preview (F2 toggles it; PNGs show it)"
     )
+    run.add_argument("--no-fuse", action="store_true", help="run without fusing elementwise blocks (one kernel each)")
     run.set_defaults(func=cmd_run)
     sub.add_parser("blocks", help="list installed block types").set_defaults(func=cmd_blocks)
     sub.add_parser("check", help="preflight: driver, GPU, libraries, GL").set_defaults(func=cmd_check)

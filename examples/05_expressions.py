@@ -2,9 +2,9 @@
 """05 — expressions and fusion: math typed as text becomes a kernel, and a chain becomes one kernel.
 
 What it teaches: an ``Expression`` block turns a line of math into a generated kernel (its
-lower-case names are inputs, its capitalised names Hot scalars); with ``Engine(fuse=True)`` the
-Expression and the ``Scale`` after it run as one generated kernel, and the Hot scalars of both stay
-Hot. Editing the expression so that it uses a new name re-describes the block and rebuilds.
+lower-case names are inputs, its capitalised names Hot scalars); the engine fuses the Expression
+and the ``Scale`` after it into one generated kernel (``Engine(fuse=False)`` would not), and the Hot
+scalars of both stay Hot. Editing the expression so that it uses a new name re-describes the block and rebuilds.
 
 What you should see: the fused plan (one kernel for two blocks), a line per reported frame, then
 ``OK: matches NumPy``.
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     x = np.linspace(-np.pi, np.pi, args.elements, dtype=np.float32)
-    with Engine(fuse=True) as engine:
+    with Engine() as engine:  # fuses elementwise chains by default
         wave = engine.add(Expression(name="wave", Code="sin(x * Freq) * Amp", Freq=3.0))
         gain = engine.add(Scale(name="gain", Factor=2.0, Offset=0.5))
         engine.connect(wave, "Out", gain, "In")

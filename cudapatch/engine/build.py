@@ -19,6 +19,7 @@ graph keeps launching; ``rebuild`` runs both halves at once (scripts, ``wait_for
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -167,7 +168,7 @@ class GraphBuilds:
         timing: BuildTiming,
         settle_compiles: Callable[[], None],
         bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
-        fuse: bool = False,
+        fuse: bool = True,
         reuse_buffers: bool = True,
         pace: Callable[[], Any] | None = None,
     ) -> None:
@@ -255,8 +256,15 @@ class GraphBuilds:
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
-        if self._fuse and not self._load_fused(out):
-            return out
+        if self._fuse:
+            failed = self._load_fused(out)
+            if failed is not None:
+                # A generated kernel that does not load must not stop the patch: it runs unfused (the
+                # same plan as ``fuse=False``), with the reason as a warning on the group's last block.
+                out.plan = compile_plan(
+                    snap, status, job.level, job.disabled, fuse=False, cache=self._plans, reuse=self.reuse_buffers
+                )
+                out.plan = dataclasses.replace(out.plan, diagnostics=out.plan.diagnostics + (failed,))
         functions = out.functions
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             out.bypass_index = BypassIndex(out.plan)
@@ -273,24 +281,27 @@ class GraphBuilds:
         self._realize(out)
         return out
 
-    def _load_fused(self, out: BuildOutcome) -> bool:
+    def _load_fused(self, out: BuildOutcome) -> Diagnostic | None:
         """Generate and load the kernel of every fused group of ``out.plan`` (here, on the build's
         thread: the PTX is written in microseconds and the driver JITs it in about a millisecond),
-        adding their functions to ``out.functions``. False (with a diagnostic on the group's last
-        block) when one does not load."""
+        adding their functions to ``out.functions``. A warning for the group's last block when one
+        does not load (None: all loaded)."""
         assert out.plan is not None
         fused = [n for n in out.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
         if not fused:
-            return True
+            return None
         functions = dict(out.functions)
+        names = {b.id: b.name for b in out.job.snap.blocks}
         for node in fused:
             try:
                 functions[(node.block_id, node.kernel)] = self._kernels.builder.build(node.source).function
             except (KernelLoadError, CudaError) as exc:
-                out.diagnostics = (Diagnostic("error", node.block_id, DiagnosticCode.REALIZE, str(exc)),)
-                return False
+                group = " -> ".join(names.get(m, str(m)) for m in node.source.members)
+                message = f"the fused kernel of {group} did not load, so the patch runs unfused: {exc}"
+                log.warning("%s", message)
+                return Diagnostic("warning", node.block_id, DiagnosticCode.REALIZE, message)
         out.functions = functions
-        return True
+        return None
 
     def _realize(self, out: BuildOutcome) -> None:
         job, snap, plan = out.job, out.job.snap, out.plan

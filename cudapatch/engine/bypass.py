@@ -6,6 +6,10 @@ every graph size, measured on the H100, DESIGN.md §9), and where one of its out
 of the same element type and count, the nodes reading that output read the input instead (a Warm
 pointer patch). Elsewhere the readers read the output's last values.
 
+A block fused into one generated kernel with others (``compiler/fusion.py``) has no node of its own:
+the tier asks for a rebuild instead (the fusion phase leaves bypassed blocks out of groups), and the
+bypass applies to the graph that rebuild swaps in, as for a block whose buffers others share.
+
 The driver can disable kernel, memset and memcpy nodes only (``cuGraphNodeSetEnabled``); a block
 with a captured library call (a child-graph node) keeps running, and the decision says why.
 
@@ -79,6 +83,9 @@ class BypassIndex:
         self.inputs: dict[int, list[tuple[Resource, DType]]] = {}
         #: block id -> its nodes are child graphs (library calls): the driver cannot disable them
         self.captured_blocks: set[int] = set()
+        #: blocks computed inside a fused kernel with others (``compiler/fusion.py``): their node is
+        #: the group's, so a bypass of one needs the rebuild that takes it out of the group
+        self.fused: set[int] = set()
         self.outputs: dict[int, list[tuple[str, int]]] = {}
         #: nodes inside a region's body or a composite's child graph: not disabled one by one
         self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
@@ -87,6 +94,7 @@ class BypassIndex:
         for n in plan.nodes:
             if isinstance(n, KernelNodePlan):
                 self._add(n, captured=False)
+                self.fused.update(getattr(n.source, "members", ()))
             elif isinstance(n, CapturedNodePlan):
                 self._add(n, captured=True)
                 self.captured_blocks.add(n.block_id)

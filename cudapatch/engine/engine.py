@@ -45,6 +45,7 @@ from .buffers import BufferPool
 from .build import GraphBuilds
 from .build_thread import PACE_TIMEOUT_S, BuildWorker
 from .collector import CollectorFreeze
+from .compiler.fusion import in_fused_node
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .editing import PatchEditing
@@ -92,8 +93,10 @@ class Engine(PatchEditing, EngineResults):
             returned): a GPU fault ends only the child, which restarts without the faulting block.
         fuse: Fuse chains and trees of elementwise blocks (Expression, Scale, VectorAdd, plugin blocks
             that declare an expression) whose intermediates nothing else reads into one generated
-            kernel each (docs/expressions.md). Off by default: a fused intermediate has no buffer, so
-            ``output()``/``read()`` of it fails.
+            kernel each (docs/expressions.md, "Fusion"). On by default; ``fuse=False`` gives every
+            block its own nodes. An intermediate the host reads stays out of its group:
+            ``keep(block, port)`` (a GL bridge does it) before the first ``update()``; ``output()`` or
+            ``read()`` of a fused intermediate raises once and keeps it from the next ``update()`` on.
         reuse_buffers: Let outputs whose lifetimes do not overlap share device memory (see ``keep``
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
         freeze_collector: After each build, move the objects Python's cyclic collector tracks into its
@@ -129,7 +132,7 @@ class Engine(PatchEditing, EngineResults):
         wait_for_compile: bool = False,
         debug_launch: bool = False,
         background_builds: bool = True,
-        fuse: bool = False,
+        fuse: bool = True,
         reuse_buffers: bool = True,
         freeze_collector: bool = True,
     ) -> None:
@@ -306,7 +309,9 @@ class Engine(PatchEditing, EngineResults):
                 if dirty.only_params and res.graph is not None and not res.retiring:
                     if dirty.bypass:
                         self._bypass.apply(res.graph)
-                    if (dirty.params or dirty.bindings) and self._params.apply(res.graph):
+                    if dirty.structure:  # a bypassed block runs in a fused kernel or shared buffers: rebuild now
+                        self._apply_changes()
+                    elif (dirty.params or dirty.bindings) and self._params.apply(res.graph):
                         self._apply_changes()  # a re-capture only a new graph can hold
                 else:
                     self._apply_changes()
@@ -325,6 +330,8 @@ class Engine(PatchEditing, EngineResults):
                 if self.debug_launch:
                     culprit = g.replay(res.stream)  # node by node, a synchronize after each block
                     if culprit is not None:
+                        if in_fused_node(g.plan, culprit):  # a fused kernel: the unfused replay names the member
+                            culprit = None
                         raise CudaLaunchError("a kernel faulted in debug launch", name="CUDA_ERROR_ILLEGAL_ADDRESS")
                 else:
                     try:
@@ -439,6 +446,9 @@ class Engine(PatchEditing, EngineResults):
         g = self.resources.graph
         if dirty.bypass:
             self._bypass.apply(g)  # no graph yet: the build applies the flags to the graph it makes
+            if dirty.structure:  # the graph that takes it out of a fused group (or shared buffers) first
+                self._apply_changes()
+                return
         if g is None:
             self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
         elif (dirty.params or dirty.bindings) and self._params.apply(g) and not structure.building:

@@ -7,7 +7,8 @@ both return CUDA_ERROR_ILLEGAL_ADDRESS; CUDA documents that the process must be 
 cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
 kernel sources, parameter values, links; external inputs become zero-filled buffers of the same
 size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits), realizes the
-plan on a fresh context and launches it node by node with a synchronize after each block
+plan unfused (every block its own nodes, so a fault inside a fused kernel is pinned on the member that
+makes it) on a fresh context and launches it node by node with a synchronize after each block
 (``replay_by_block``, also what ``Engine(debug_launch=True)`` runs every frame). It prints the first
 faulting block's id as JSON. Faults that depend on the external data cannot reproduce.
 """
@@ -27,7 +28,7 @@ from ..errors import CudaLaunchError
 from ..kernels._driver import check, driver, error_from_code
 from .plan import GraphPlan, MemsetNodePlan, WorkNode
 
-__all__ = ["ReplayStandby", "attribute_in_child", "main", "replay_by_block", "replayed_nodes"]
+__all__ = ["ReplayStandby", "attribute_in_child", "main", "replay_by_block", "replay_plan", "replayed_nodes"]
 
 TIMEOUT_S = 120.0
 
@@ -185,6 +186,14 @@ def attribute_in_child(
     return result.get("culprit"), result.get("detail", "")
 
 
+def replay_plan(snap: Any) -> GraphPlan:
+    """The plan a replay realizes: unfused, so every block runs on nodes of its own and a fault is pinned
+    on the block, never on a fused group (an engine's plan fuses by default)."""
+    from .compiler import compile_plan
+
+    return compile_plan(snap, fuse=False)
+
+
 def main() -> None:
     """The child: read the pickled request on stdin, print ``{"culprit": id or null, "detail": ...}``."""
     from ..errors import CudaError
@@ -192,7 +201,6 @@ def main() -> None:
     from ..kernels.cache import CubinCache
     from ..kernels.module_cache import ModuleCache
     from .buffers import BufferPool, GpuBuffer
-    from .compiler import compile_plan
     from .context import ExternalBinding
     from .device import DeviceContext
     from .libraries import LibraryHandles
@@ -224,7 +232,7 @@ def main() -> None:
         for ki, spec in enumerate(b.description.kernels):
             if spec.source is not None:  # captured library calls are captured again by realize
                 functions[(b.id, ki)] = builder.build(spec.source).function
-    plan = compile_plan(snap)
+    plan = replay_plan(snap)
     graph = realize(
         plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
         block_names={b.id: b.name for b in snap.blocks}, libraries=LibraryHandles(dev, pool),

@@ -16,6 +16,7 @@ from ..blocks.block import Block
 from ..blocks.shape import Shape
 from ..errors import CudapatchError
 from .buffers import AppendBuffer, GpuBuffer
+from .compiler.fusion import in_fused_node
 from .diagnostics import Diagnostic
 from .profiling import EngineStats, ProfilingLevel
 from .region_stats import region_iterations, region_warnings, show_iterations
@@ -66,17 +67,30 @@ class EngineResults:
         the frame launched last wrote (take it again each frame).
 
         The output is kept in a buffer of its own from then on (``keep``), so the view stays valid and
-        its data stays readable: buffer reuse never lets another value overwrite it. If the running
-        graph already lets a later value overwrite it, this raises, and the next ``update()`` builds
-        the graph that keeps it (call ``keep`` before the first update to avoid that). ``keep=False``
-        only looks (sizes for a tooltip): the output may stay shared.
+        its data stays readable: buffer reuse never lets another value overwrite it, and fusion never
+        computes it inside another block's kernel. If the running graph already lets a later value
+        overwrite it, or fused it away, this raises, and the next ``update()`` builds the graph that
+        keeps it (call ``keep`` before the first update to avoid that). ``keep=False`` only looks
+        (sizes for a tooltip): the output may stay shared or fused.
 
         Raises:
             CudapatchError: the block is not compiled, has no such output, or (once) its buffer is
-                reused by a later output in the running graph.
+                reused by a later output in the running graph, or it is fused away.
         """
         g = self.resources.graph
         if keep and block.description.output(port) is not None:
+            if g is not None and g.output(block.id, port) is None and in_fused_node(g.plan, block.id):
+                # Fused away: no buffer holds it in the running graph. Kept, the next build ends the
+                # group at this block (the host is a reader: ``compiler/fusion.py``).
+                self.context.keep(block, port)
+                raise CudapatchError(
+                    "this output is computed inside a fused kernel (elementwise fusion) and held in no buffer; "
+                    "it is kept in its own buffer from the next update() on (to keep it from the start: "
+                    "engine.keep(block, port) before the first update, keep=True on the port, fuse=False on "
+                    "the block, or Engine(fuse=False))",
+                    block=block.name,
+                    port=port,
+                )
             overwritten = g is not None and g.overwritten(block.id, port)
             self.context.keep(block, port, rebuild=overwritten)  # later builds keep it; now, only if needed
             if overwritten:
@@ -98,10 +112,10 @@ class EngineResults:
                     block=block.name,
                     port=port,
                 )
-            if g is not None and block.id in g.plan.block_order:
+            if g is not None and in_fused_node(g.plan, block.id):
                 raise CudapatchError(
-                    "this output is fused into the next block's kernel and held in no buffer: make the block "
-                    "with fuse=False, or the engine with fuse=False, to read it",
+                    "this output is computed inside a fused kernel (elementwise fusion) and held in no buffer: "
+                    "engine.keep(block, port), or output() with keep=True, keeps it from the next update() on",
                     block=block.name,
                     port=port,
                 )

@@ -427,17 +427,20 @@ class BypassTier:
         bypassed = self._context.bypassed
         if g is None or (not bypassed and self._bypassing is not g and not self._refused):
             return  # the common case, after every build: nothing bypassed, nothing to undo
-        shared = shares_with_others(g.plan, bypassed)
-        if shared:
-            # Buffer reuse gave these blocks' values to other blocks too: bypassed now, their readers
-            # would read another block's data. They keep running until a rebuild pins their values
-            # (the snapshot carries ``bypassed``), then the bypass applies.
-            self._context.dirty.mark_structure()
-            bypassed = bypassed - shared
         index = self._index
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
             index = BypassIndex(g.plan)
             self._take_index(index)
+        shared = shares_with_others(g.plan, bypassed)
+        if index.fused:  # computed in a fused kernel with other blocks: no node of their own to turn off
+            shared |= index.fused.intersection(bypassed)
+        if shared:
+            # Buffer reuse gave these blocks' values to other blocks too, or fusion their node: bypassed
+            # now, their readers would read another block's data (or the whole group would stop). They
+            # keep running until a rebuild pins their values and takes them out of fused groups (the
+            # snapshot carries ``bypassed``), then the bypass applies.
+            self._context.dirty.mark_structure()
+            bypassed = bypassed - shared
         bp = plan_bypass(index, bypassed)
         self._counters.nodes_patched += g.set_bypass(bp)
         self._counters.bypass_updates += 1

@@ -6,6 +6,7 @@ Format::
     [engine]
     profiling = "PerBlock"        # a ProfilingLevel name
     device = 0
+    fuse = true                   # elementwise fusion (the default); read when the engine starts
 
     [operators.emit]
     type = "particles.Emitter"    # a registered block type
@@ -64,7 +65,7 @@ from .registry import BlockTypeRegistry
 
 __all__ = ["Patch", "OperatorSpec", "LinkSpec", "parse_patch", "load_patch", "apply_patch", "ENGINE_KEYS"]
 
-ENGINE_KEYS = {"profiling", "device", "name", "reuse_buffers", "keep"}
+ENGINE_KEYS = {"profiling", "device", "name", "reuse_buffers", "fuse", "keep"}
 PREVIEW_KEYS = {"points", "image", "size"}
 TOP_KEYS = {"engine", "operators", "links", "preview", "editor"}  # [editor]: node positions, bypass (patch_writer)
 _PORT = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")  # [engine] keep = ["op.Port", ...]
@@ -120,6 +121,11 @@ class Patch:
     @property
     def profiling(self) -> ProfilingLevel:
         return ProfilingLevel.parse(self.engine.get("profiling", "None"))
+
+    @property
+    def fuse(self) -> bool:
+        """``[engine] fuse``: elementwise fusion, on unless the file says ``fuse = false``."""
+        return bool(self.engine.get("fuse", True))
 
 
 class _Lines:
@@ -360,8 +366,8 @@ def _check_engine(engine: dict[str, Any], lines: _Lines, fail: Any) -> None:
                 raise fail(f"device = {short_repr(value)}: write a CUDA device number (0 for the first GPU)", line)
         elif key == "name" and not isinstance(value, str):
             raise fail(f"name = {short_repr(value)}: the engine's name must be text", line)
-        elif key == "reuse_buffers" and not isinstance(value, bool):
-            raise fail(f"reuse_buffers = {short_repr(value)}: write true or false", line)
+        elif key in ("reuse_buffers", "fuse") and not isinstance(value, bool):
+            raise fail(f"{key} = {short_repr(value)}: write true or false", line)
         elif key == "keep" and (
             not isinstance(value, list) or not all(isinstance(v, str) and _PORT.match(v) for v in value)
         ):
@@ -543,9 +549,10 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
 
 
 def _apply_keep(adapter: HostAdapter, new: Patch, old: Patch | None, file: str) -> None:
-    """``[engine] keep``: the outputs kept in buffers of their own (buffer reuse never shares them)."""
+    """``[engine] keep``: the outputs kept in buffers of their own (buffer reuse never shares them, fusion
+    never computes them inside another block's kernel)."""
     keep = getattr(adapter.engine, "keep", None)
-    if keep is None:  # an engine without buffer reuse (isolated: its outputs are never shared)
+    if keep is None:  # an engine that keeps nothing apart (no buffer reuse, no fusion)
         return
     wanted = {_port(v) for v in new.engine.get("keep", [])}
     before = {_port(v) for v in old.engine.get("keep", [])} if old is not None else set()

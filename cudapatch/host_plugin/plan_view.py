@@ -54,6 +54,10 @@ class PlanEngine:
     def set_profiling(self, level: Any) -> None:
         self.profiling = ProfilingLevel.parse(level)
 
+    def keep(self, block: Any, port: str, keep: bool = True) -> None:
+        """As ``Engine.keep`` (a patch file's ``[engine] keep``): the port gets a buffer of its own."""
+        self.context.keep(block, port, keep)
+
     def diagnostics(self, block: Any = None) -> tuple[Diagnostic, ...]:
         return tuple(d for d in self.errors if block is None or d.block_id == block.id)
 
@@ -72,8 +76,9 @@ class PlanEngine:
         return plan
 
 
-def plan_patch(path: str | Path, *, fuse: bool = True) -> tuple[PlanEngine, GraphPlan | None]:
-    """Load the patch file at ``path`` into a ``PlanEngine`` and compile it.
+def plan_patch(path: str | Path, *, fuse: bool | None = None) -> tuple[PlanEngine, GraphPlan | None]:
+    """Load the patch file at ``path`` into a ``PlanEngine`` and compile it (``fuse``: None follows the
+    patch's ``[engine] fuse``, on by default, as ``cudapatch run`` does).
 
     Raises:
         PatchFileError: the file is missing or invalid (with the line).
@@ -85,7 +90,7 @@ def plan_patch(path: str | Path, *, fuse: bool = True) -> tuple[PlanEngine, Grap
 
     plugins = PluginHost()
     patch = load_patch(path, plugins.registry)
-    engine = PlanEngine(fuse=fuse)
+    engine = PlanEngine(fuse=patch.fuse if fuse is None else fuse)
     adapter = HostAdapter(engine, plugins.registry, search_paths=[Path(path).resolve().parent])
     apply_patch(adapter, patch)
     return engine, engine.plan()

@@ -81,6 +81,7 @@ class _Server:
             cache_dir=cfg.cache_dir,
             wait_for_compile=cfg.wait_for_compile,
             watch_files=cfg.watch_files,
+            fuse=cfg.fuse,  # the host keeps what it reads (``SetKept``): kept outputs are never fused away
             reuse_buffers=False,  # the host maps every output through IPC: none may be overwritten by another
         )
         engine.prepare_fault_replay()  # a fault is named without starting an interpreter then

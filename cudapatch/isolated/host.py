@@ -211,6 +211,9 @@ class IsolatedEngine:
         host_side: The host's CUDA side (tests pass a fake).
         launch: Starts a child from a ``StartConfig`` (tests pass a fake).
         policy: When to restart (default ``RestartPolicy()``).
+        standby: Keep a second child started, so a restart skips its start-up.
+        fuse: As ``Engine`` (elementwise fusion in the child, on by default); what the host reads
+            (``output``, ``keep``, a GL bridge) is kept out of fused groups.
 
     Raises:
         CudaUnavailableError: no driver or device (host side).
@@ -229,6 +232,7 @@ class IsolatedEngine:
         launch: Callable[[StartConfig], ChildLike] | None = None,
         policy: RestartPolicy | None = None,
         standby: bool = True,
+        fuse: bool = True,
     ) -> None:
         from ..kernels.compiler_process import compiler_python
 
@@ -239,6 +243,7 @@ class IsolatedEngine:
             cache_dir=str(cache_dir) if isinstance(cache_dir, Path) else cache_dir,
             wait_for_compile=wait_for_compile,
             watch_files=watch_files,
+            fuse=fuse,
         )
         self._gpu: HostSide = host_side if host_side is not None else _CudaHostSide(device)
         chosen = python or (compiler_python() or (sys.executable, ""))[0]
@@ -561,12 +566,24 @@ class IsolatedEngine:
         self._poll()
         self._gpu.synchronize()
 
-    def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
-        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
-        ``keep`` is accepted as ``Engine.output`` takes it; the child never shares output buffers.
+    def keep(self, block: Block, port: str, keep: bool = True) -> None:
+        """As ``Engine.keep``: the child keeps the port in a buffer of its own, never computed inside a
+        fused kernel (sent with the next structure edit; Cold in the child if that changes its plan).
 
         Raises:
-            CudapatchError: the block is not running in the child's graph, or has no such output.
+            CudapatchError: the block has no such port.
+        """
+        self.context.keep(block, port, keep)
+
+    def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
+        The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of
+        fused groups: one the child's running graph computes inside a fused kernel raises once and is
+        held in a buffer from the next ``update()`` on.
+
+        Raises:
+            CudapatchError: the block is not running in the child's graph (or the output is fused
+                away), or has no such output.
         """
         key = self._mirror.leaf_keys((block.id, port))[0]  # a composite's output: its inner block's
         buf = self._outputs.get(key)
@@ -576,6 +593,17 @@ class IsolatedEngine:
         if h is None:
             self._poll()  # its newest outputs may be waiting in the pipe
             h = self._handles.get(key)
+        if keep and block.description.output(port) is not None:
+            # recorded for the child; a build is asked for only when no buffer holds the output now
+            newly = self.context.keep(block, port, rebuild=h is None)
+            if h is None and newly:
+                raise CudapatchError(
+                    "this output is held in no buffer of the engine process's graph (computed inside a fused "
+                    "kernel, or the block is not running yet); it is kept in its own buffer from the next "
+                    "update() on (to keep it from the start: engine.keep(block, port) before the first update)",
+                    block=block.name,
+                    port=port,
+                )
         if h is None:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
@@ -588,6 +616,7 @@ class IsolatedEngine:
         written in the last frame). Raises: CudapatchError."""
         if block.description.output(port) is None:
             raise CudapatchError("no such output port", block=block.name, port=port)
+        self.context.keep(block, port, rebuild=False)  # the host reads it: kept by every later child too
         bid, name = self._mirror.leaf_keys((block.id, port))[0]
         return self._request("read", bid, name)
 

@@ -39,6 +39,7 @@ __all__ = [
     "Disable",
     "SetProfiling",
     "SetBypassed",
+    "SetKept",
     "Edit",
     "PatchMirror",
     "ChildPatch",
@@ -122,6 +123,14 @@ class SetProfiling:
 
 
 @dataclass(frozen=True)
+class SetKept:
+    """The ``(block id, port)`` the host keeps in buffers of their own (``Engine.keep``; ``output()``
+    asks for it), all of them: the child's fusion leaves them out of fused groups."""
+
+    keys: frozenset[tuple[int, str]]
+
+
+@dataclass(frozen=True)
 class SetBypassed:
     """The host blocks whose ``enabled`` flag is off, all of them (the child turns the rest on)."""
 
@@ -141,6 +150,7 @@ Edit = (
     | Disable
     | SetProfiling
     | SetBypassed
+    | SetKept
 )
 
 
@@ -163,6 +173,7 @@ class PatchMirror:
         self._bindings: dict[tuple[int, str], tuple[int, int, Any, int]] = {}  # key -> (ptr, count, dtype, owner id)
         # A composite's exposed names -> its inner blocks' keys: the child has only the inner blocks.
         self._aliases: dict[tuple[int, str], tuple[tuple[int, str], ...]] = {}
+        self._kept: frozenset[tuple[int, str]] = frozenset()
 
     def diff(self, snap: Any) -> list[Edit]:
         """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``), in an order
@@ -210,6 +221,10 @@ class PatchMirror:
             edit = self.bind(key, binding)
             if edit is not None:
                 edits.append(edit)
+        kept = frozenset(getattr(snap, "kept", ()))  # inner keys already: the snapshot is flattened
+        if kept != self._kept:
+            edits.append(SetKept(kept))
+            self._kept = kept
         return edits
 
     def bind(self, key: tuple[int, str], binding: Any) -> Bind | None:
@@ -237,6 +252,7 @@ class PatchMirror:
         self._blocks.clear()
         self._links.clear()
         self._bindings.clear()
+        self._kept = frozenset()
 
     @property
     def block_ids(self) -> frozenset[int]:
@@ -291,6 +307,7 @@ class ChildPatch:
         self._import = import_input
         self.blocks: dict[int, MirrorBlock] = {}  # host id -> block
         self.to_host: dict[int, int] = {}  # child block id -> host id
+        self.kept: set[tuple[int, str]] = set()  # host (block id, port) kept in the child's engine
 
     def apply(self, edits: list[Edit]) -> None:
         """Apply ``edits`` in order. An edit the engine refuses raises (the host validated it, so
@@ -330,6 +347,14 @@ class ChildPatch:
                     e.disable(b, ed.reason)
             elif isinstance(ed, SetProfiling):
                 e.set_profiling(ed.level)
+            elif isinstance(ed, SetKept):
+                for key in sorted(self.kept - ed.keys):
+                    b = self.blocks.get(key[0])
+                    if b is not None:  # a removed block's keeps went with it
+                        e.keep(b, key[1], False)
+                for key in sorted(ed.keys - self.kept):
+                    e.keep(self.blocks[key[0]], key[1])
+                self.kept = set(ed.keys)
             elif isinstance(ed, SetBypassed):  # the Bypass tier of the child's engine applies them
                 for bid, b in self.blocks.items():
                     b.enabled = bid not in ed.ids

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: Bumped when a message changes; a child of another version is refused at the handshake.
-PROTOCOL = 1
+PROTOCOL = 2  # 2: StartConfig.fuse, the SetKept edit
 #: The child's exit status after it reported a GPU fault (CUDA refuses the process from then on).
 EXIT_FAULT = 3
 
@@ -62,6 +62,7 @@ class StartConfig:
         cache_dir: Compiled-kernel cache (as ``Engine(cache_dir=...)``; a path as text).
         wait_for_compile: As the ``Engine`` option.
         watch_files: As the ``Engine`` option.
+        fuse: As the ``Engine`` option (elementwise fusion, on by default).
         frame_word_fd: The child's descriptor of the shared page holding the frame word (-1: none,
             for tests without a GPU); see ``ipc.FrameWord``.
         start_frame: The frame number the child starts after (frames count on across restarts).
@@ -72,6 +73,7 @@ class StartConfig:
     cache_dir: Any = None
     wait_for_compile: bool = False
     watch_files: bool = True
+    fuse: bool = True
     frame_word_fd: int = -1
     start_frame: int = 0
 

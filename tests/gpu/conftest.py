@@ -37,6 +37,17 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
+def unfused_engine() -> Iterator[Engine]:
+    """``engine`` with fusion off (``Engine(fuse=False)``): every block on nodes of its own, for tests of
+    one block's node, buffer or tier (fused counterparts: test_fusion_gpu.py)."""
+    e = Engine(wait_for_compile=True, fuse=False)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
 def live_engine(tmp_path) -> Iterator[Engine]:
     """An engine as a live host runs it: compiles in the background, a fresh kernel cache."""
     e = Engine(cache_dir=tmp_path / "kernel-cache")

@@ -1,7 +1,11 @@
 """A kernel that writes to an illegal address while the patch runs: run by test_fault_gpu.py in its
 own process, because the fault resets the device's primary context for the whole process.
 
-Usage: python fault_scenario.py [--debug-launch]   (prints OK at the end)
+Usage: python fault_scenario.py [--debug-launch] [--fused-tail]   (prints OK at the end)
+
+``--fused-tail``: a second Scale after ``after``, so that ``after`` runs in a fused kernel with it
+(elementwise fusion, the engine's default): the fault is still named on ``bad``, the block that makes
+it, and the fused group reads its zeros.
 """
 
 from __future__ import annotations
@@ -32,10 +36,16 @@ def main() -> None:
     after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
     engine.connect(fill, "Out", bad, "in")
     engine.connect(bad, "out", after, "In")
+    last, scale = after, 1.0  # the block read, and what it multiplies after's values by
+    if "--fused-tail" in sys.argv:
+        last, scale = engine.add(Scale(name="tail", Factor=0.5)), 0.5
+        engine.connect(after, "Out", last, "In")
     engine.wait_ready()
     for _ in range(3):
         engine.update()
-    assert np.allclose(engine.read(after, "Out"), 10.0)
+    if last is not after:
+        assert engine.graph.plan.block_nodes[after.id] == engine.graph.plan.block_nodes[last.id]  # one fused kernel
+    assert np.allclose(engine.read(last, "Out"), 10.0 * scale)
 
     bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault
     deadline = time.monotonic() + 60
@@ -58,7 +68,7 @@ def main() -> None:
         print("OK lost")
         return
     assert any(d.block_id == after.id and d.code == "input-faulted" for d in diags), diags
-    assert np.allclose(engine.read(after, "Out"), 1.0)  # zeros from 'bad', then * 3 + 1
+    assert np.allclose(engine.read(last, "Out"), 1.0 * scale)  # zeros from 'bad', then * 3 + 1
     assert str(bad).startswith("bad: Error")
     fill.set("Value", 5.0)  # the rest keeps running and takes edits
     engine.update()
@@ -68,7 +78,7 @@ def main() -> None:
     engine.wait_ready()
     for _ in range(3):
         engine.update()
-    assert np.allclose(engine.read(after, "Out"), 19.0)  # (5 + 1) * 3 + 1
+    assert np.allclose(engine.read(last, "Out"), 19.0 * scale)  # (5 + 1) * 3 + 1
     assert not [d for d in engine.diagnostics() if d.severity == "error"]
     assert engine.counters.faults == 1
     engine.close()

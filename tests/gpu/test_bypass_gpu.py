@@ -25,7 +25,10 @@ def _chain(engine: Engine, x: np.ndarray) -> tuple[Scale, Scale]:
     return s1, s2
 
 
-def test_bypass_reads_the_input_next_frame_without_a_new_graph(engine: Engine, rng: np.random.Generator) -> None:
+def test_bypass_reads_the_input_next_frame_without_a_new_graph(
+    unfused_engine: Engine, rng: np.random.Generator
+) -> None:
+    engine = unfused_engine  # s1 -> s2 would fuse: the next test bypasses inside a fused group
     x = _rand(rng, 10_007)
     s1, s2 = _chain(engine, x)
     x64 = x.astype(np.float64)
@@ -44,6 +47,31 @@ def test_bypass_reads_the_input_next_frame_without_a_new_graph(engine: Engine, r
     np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
     assert engine.graph is graph and graph.instantiations == 1
     assert (c.rebuilds, c.warm_resizes) == (rebuilds, resizes) and c.bypass_updates == 3
+
+
+def test_bypassing_a_fused_member_builds_once_then_toggles_without_a_new_graph(
+    engine: Engine, rng: np.random.Generator
+) -> None:
+    x = _rand(rng, 10_007)
+    s1, s2 = _chain(engine, x)  # fused: one kernel computes s2(s1(x))
+    x64 = x.astype(np.float64)
+    assert s1.debug.fused == "s1 -> s2" and engine.graph.kernel_count == 1
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
+    c = engine.counters
+    rebuilds = c.rebuilds
+    engine.output(s2, "Out").fill_bytes(0xFF)  # poison: the bypassed frame must write every element
+    s1.enabled = False  # its node is the group's: this update builds the graph with s1 on a node of its own
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 3, rtol=1e-6)  # s2 reads x itself
+    assert c.rebuilds == rebuilds + 1 and not s1.debug.fused and engine.graph.kernel_count == 2
+    graph = engine.graph
+    s1.enabled, s2.enabled = True, False  # from here on: the Bypass tier alone
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 2, rtol=1e-6)
+    s2.enabled = True
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
+    assert engine.graph is graph and graph.instantiations == 1 and c.rebuilds == rebuilds + 1
 
 
 def test_a_bypassed_block_without_an_input_leaves_its_last_values(engine: Engine) -> None:
@@ -105,4 +133,5 @@ def test_bypass_through_the_host_adapter(engine: Engine, rng: np.random.Generato
     adapter.set_bypass("s", False)
     engine.update()
     np.testing.assert_array_equal(engine.read(adapter.block("t"), "Out"), np.full(1024, 5.0, np.float32))
-    assert engine.counters.rebuilds == rebuilds and f.enabled
+    # s and t were one fused kernel: the first bypass of s took it out of the group (one build)
+    assert engine.counters.rebuilds == rebuilds + 1 and f.enabled

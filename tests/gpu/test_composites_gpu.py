@@ -152,10 +152,14 @@ def test_a_python_composite_in_a_chain(engine: Engine, rng: np.random.Generator)
     engine.connect(head, "Out", two, "In")
     engine.connect(two, "Out", tail, "In")
     engine.bind(head, "In", x)
+    engine.keep(two, "Out")  # read below: kept as its inner b's output (else fused into tail's kernel)
     engine.update()
     ref = (((x * np.float32(-1.0)) * np.float32(3.0)) * np.float32(3.0) + np.float32(0.5)) * np.float32(0.5)
     np.testing.assert_allclose(engine.read(tail, "Out"), ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(engine.read(two, "Out"), engine.read(two.inner("b"), "Out"))
+    a, b = two.inner("a"), two.inner("b")
+    groups = [n.source.members for n in engine.graph.plan.kernel_nodes if getattr(n.source, "members", ())]
+    assert groups == [(head.id, a.id, b.id)]  # one fused kernel up to the kept output; tail on its own
 
 
 def test_a_code_edit_of_an_inner_kernel_file_is_swapped_in(

@@ -36,7 +36,7 @@ def test_vector_add_pipeline_matches_numpy(engine: Engine, rng: np.random.Genera
     got = engine.read(scale, "Out")
     ref = (a.astype(np.float64) + b.astype(np.float64)) * -2.5 + 0.25
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
-    assert add.debug.state is BlockState.OK and str(add) == "add: OK"
+    assert add.debug.state is BlockState.OK and str(add) == "add: OK\n  fused: add -> scale"  # one kernel
 
 
 def test_hot_update_changes_next_frame_without_reinstantiation(engine: Engine, rng: np.random.Generator) -> None:
@@ -114,7 +114,8 @@ def test_warm_resize_when_counts_change_within_capacity(engine: Engine, rng: np.
     np.testing.assert_array_equal(engine.read(f, "Out"), np.full(40_000, 1.5, np.float32))
 
 
-def test_cold_rebuild_on_connect_disconnect_add_remove(engine: Engine, rng: np.random.Generator) -> None:
+def test_cold_rebuild_on_connect_disconnect_add_remove(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine  # kernel counts per block (s1 -> s2 would fuse into one)
     x = _rand(rng, 1000)
     c = engine.counters
     s1 = engine.add(Scale(name="s1", Factor=2.0))
@@ -379,8 +380,9 @@ def test_compile_error_keeps_the_old_graph_running(engine: Engine, rng: np.rando
 
 
 def test_a_bound_input_growing_twice_over_reallocates_without_a_new_graph(
-    engine: Engine, rng: np.random.Generator
+    unfused_engine: Engine, rng: np.random.Generator
 ) -> None:
+    engine = unfused_engine  # two buffers that grow: fused, s1's output would be in none
     n = 30_000
     s1 = engine.add(Scale(name="s1", Factor=2.0))
     s2 = engine.add(Scale(name="s2", Factor=-0.5, Offset=1.0))

@@ -19,7 +19,11 @@ SCENARIO = Path(__file__).with_name("fault_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("flag", [[], ["--debug-launch"]], ids=["graph", "debug-launch"])
+@pytest.mark.parametrize(
+    "flag",
+    [[], ["--debug-launch"], ["--fused-tail"], ["--debug-launch", "--fused-tail"]],
+    ids=["graph", "debug-launch", "graph-fused-tail", "debug-launch-fused-tail"],
+)
 def test_a_faulting_block_is_found_disabled_and_revived(flag):
     out = subprocess.run([sys.executable, str(SCENARIO), *flag], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip().startswith("OK"), out.stdout + out.stderr

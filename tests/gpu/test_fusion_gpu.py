@@ -1,6 +1,7 @@
-"""Fusion on a real GPU: fused chains and trees give the unfused results bit for bit, Hot edits of a
-member's scalar patch the fused node, a member's Code edit regenerates the fused kernel, and a
-fused intermediate cannot be read."""
+"""Fusion on a real GPU (on by default): fused chains and trees give the unfused results bit for bit,
+Hot edits of a member's scalar patch the fused node, a member's Code edit regenerates the fused
+kernel, a fused intermediate read by the host raises once and is kept in a buffer from the next
+update on (also through an isolated engine), and a bypassed member leaves its group."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def fused_engine() -> Iterator[Engine]:
-    e = Engine(wait_for_compile=True, fuse=True)
+    e = Engine(wait_for_compile=True)  # fusion is the default
     try:
         yield e
     finally:
@@ -93,22 +94,71 @@ def test_code_edit_of_a_member_regenerates_the_fused_kernel(rng: np.random.Gener
         assert len(e.graph.plan.kernel_nodes) == 1
 
 
-def test_a_fused_intermediate_cannot_be_read_and_fuse_false_keeps_it(rng: np.random.Generator) -> None:
+def test_a_fused_intermediate_read_by_the_host_raises_once_then_is_kept(rng: np.random.Generator) -> None:
     x = rng.standard_normal(512).astype(np.float32)
-    with Engine(wait_for_compile=True, fuse=True) as e:
+    with Engine(wait_for_compile=True) as e:
         a = e.add(Scale(name="a", Factor=2.0))
         b = e.add(Scale(name="b", Factor=3.0))
-        kept = e.add(Scale(name="kept", Factor=5.0, fuse=False))
+        kept = e.add(Scale(name="kept", Factor=5.0, fuse=False))  # the per-block opt-out
         c = e.add(Scale(name="c", Factor=7.0))
         e.bind(a, "In", x)
         e.connect(a, "Out", b, "In")
         e.connect(b, "Out", kept, "In")
         e.connect(kept, "Out", c, "In")
         e.update()
-        with pytest.raises(CudapatchError, match="fused into the next block"):
+        assert len(e.graph.plan.kernel_nodes) == 3  # a+b fused, kept alone, c alone
+        with pytest.raises(CudapatchError, match="fused kernel"):
             e.read(a, "Out")
         np.testing.assert_array_equal(e.read(kept, "Out"), ((x * np.float32(2)) * np.float32(3)) * np.float32(5))
-        assert len(e.graph.plan.kernel_nodes) == 3  # a+b fused, kept alone, c alone
+        e.update()  # the build that keeps a.Out: the group ends at a
+        np.testing.assert_array_equal(e.read(a, "Out"), x * np.float32(2))
+        assert len(e.graph.plan.kernel_nodes) == 4
+    with Engine(wait_for_compile=True) as e:  # kept before the first update: never fused away, no error
+        a, b = e.add(Scale(name="a", Factor=2.0)), e.add(Scale(name="b", Factor=3.0))
+        e.bind(a, "In", x)
+        e.connect(a, "Out", b, "In")
+        e.keep(a, "Out")
+        e.update()
+        np.testing.assert_array_equal(e.read(a, "Out"), x * np.float32(2))
+        np.testing.assert_array_equal(e.read(b, "Out"), (x * np.float32(2)) * np.float32(3))
+
+
+def test_an_isolated_engine_fuses_and_keeps_what_the_host_reads(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(4096).astype(np.float32)
+    with Engine(isolated=True, wait_for_compile=True) as e:
+        a, b = e.add(Scale(name="a", Factor=2.0)), e.add(Scale(name="b", Factor=3.0, Offset=1.0))
+        e.bind(a, "In", x)
+        e.connect(a, "Out", b, "In")
+        e.wait_ready()
+        e.update()
+        np.testing.assert_array_equal(e.read(b, "Out"), (x * np.float32(2)) * np.float32(3) + np.float32(1))
+        assert {r.name: r.fused for r in e.stats().blocks} == {"a": "a -> b", "b": "a -> b"}  # fused in the child
+        with pytest.raises(CudapatchError, match="fused kernel"):
+            e.output(a, "Out")  # in no buffer of the child's graph
+        e.update()  # the keep goes to the child with this frame's edits; the child rebuilds
+        e.wait_ready()
+        e.update()
+        e.synchronize()
+        np.testing.assert_array_equal(np.asarray(e.read(a, "Out")), x * np.float32(2))
+        assert e.output(a, "Out").nbytes == 4 * x.size
+
+
+def test_bypassing_a_fused_member_takes_it_out_of_its_group(fused_engine: Engine, rng: np.random.Generator) -> None:
+    e = fused_engine
+    x = rng.standard_normal(4096).astype(np.float32)
+    s1, s2, s3 = (e.add(Scale(name=f"s{i}", Factor=float(i + 2))) for i in range(3))
+    e.bind(s1, "In", x)
+    e.connect(s1, "Out", s2, "In")
+    e.connect(s2, "Out", s3, "In")
+    e.update()
+    assert len(e.graph.plan.kernel_nodes) == 1
+    s2.enabled = False  # the same update rebuilds with s2 on its own (disabled) node: s3 reads s1's output
+    e.update()
+    np.testing.assert_array_equal(e.read(s3, "Out"), (x * np.float32(2)) * np.float32(4))
+    assert len(e.graph.plan.kernel_nodes) == 3 and not s2.debug.fused
+    s2.enabled = True
+    e.update()
+    np.testing.assert_array_equal(e.read(s3, "Out"), ((x * np.float32(2)) * np.float32(3)) * np.float32(4))
 
 
 def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(

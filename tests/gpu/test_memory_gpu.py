@@ -1,4 +1,5 @@
-"""Buffer reuse and the memory check on a real GPU: shared buffers give the results separate buffers
+"""Buffer reuse and the memory check on a real GPU (chains unfused, ``fuse=False``: fused, a chain is one
+kernel with no intermediate buffers to share): shared buffers give the results separate buffers
 give, on random inputs through chains and diamonds; reading an overwritten output is refused once and
 then kept; a Warm resize keeps shared buffers; a patch larger than the device is refused before
 anything is allocated and the running graph keeps running."""
@@ -71,7 +72,7 @@ def test_reuse_gives_the_results_of_separate_buffers_on_chains(rng: np.random.Ge
     x = _rand(rng, n)
     results = {}
     for reuse in (True, False):
-        with Engine(wait_for_compile=True, reuse_buffers=reuse) as e:
+        with Engine(wait_for_compile=True, reuse_buffers=reuse, fuse=False) as e:  # fused, a chain shares nothing
             blocks = _chain(e, x, factors)
             e.update()
             mem = e.graph.plan.memory
@@ -89,7 +90,7 @@ def test_reuse_gives_the_results_of_separate_buffers_on_diamonds(rng: np.random.
     x = _rand(rng, 50_000)
     results = {}
     for reuse in (True, False):
-        with Engine(wait_for_compile=True, reuse_buffers=reuse) as e:
+        with Engine(wait_for_compile=True, reuse_buffers=reuse, fuse=False) as e:  # fused, a chain shares nothing
             out = _diamonds(e, x, depth=5)
             for _ in range(3):
                 e.update()
@@ -100,7 +101,8 @@ def test_reuse_gives_the_results_of_separate_buffers_on_diamonds(rng: np.random.
     np.testing.assert_allclose(results[True], _diamonds_ref(x, 5), rtol=1e-4, atol=1e-4)
 
 
-def test_an_overwritten_output_is_refused_once_then_kept(engine: Engine, rng: np.random.Generator) -> None:
+def test_an_overwritten_output_is_refused_once_then_kept(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine  # buffer reuse along a chain of blocks (fused, the chain would be one kernel)
     x = _rand(rng, 4096)
     factors = [2.0, 3.0, 0.5, -1.0, 4.0]
     blocks = _chain(engine, x, factors)
@@ -113,7 +115,8 @@ def test_an_overwritten_output_is_refused_once_then_kept(engine: Engine, rng: np
     np.testing.assert_allclose(engine.read(blocks[-1], "Out"), _chain_ref(x, factors), rtol=1e-5, atol=1e-5)
 
 
-def test_a_port_kept_before_the_first_update_reads_at_once(engine: Engine, rng: np.random.Generator) -> None:
+def test_a_port_kept_before_the_first_update_reads_at_once(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine  # buffer reuse along a chain of blocks (fused, the chain would be one kernel)
     x = _rand(rng, 4096)
     factors = [2.0, 3.0, 0.5, -1.0, 4.0]
     blocks = _chain(engine, x, factors)
@@ -131,7 +134,8 @@ def test_a_port_kept_before_the_first_update_reads_at_once(engine: Engine, rng: 
         np.testing.assert_allclose(view.download(), _chain_ref(x, factors[:k]), rtol=1e-5, atol=1e-5)
 
 
-def test_a_smaller_input_resizes_shared_buffers_warm(engine: Engine, rng: np.random.Generator) -> None:
+def test_a_smaller_input_resizes_shared_buffers_warm(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine  # buffer reuse along a chain of blocks (fused, the chain would be one kernel)
     factors = [1.5, -2.0, 0.25, 3.0, 1.0, -0.5]
     x = _rand(rng, 20_000)
     blocks = _chain(engine, x, factors)

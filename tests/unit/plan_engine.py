@@ -12,7 +12,8 @@ from cudapatch.errors import GraphCompileError
 
 
 class PlanOnlyEngine:
-    def __init__(self) -> None:
+    def __init__(self, *, fuse: bool = True) -> None:  # ``fuse``: as ``Engine(fuse=...)``
+        self.fuse = fuse
         self.context = Context()
         self.plan = None
         self.errors = ()
@@ -50,7 +51,7 @@ class PlanOnlyEngine:
     def update(self):
         self.updates += 1
         try:
-            self.plan = compile_plan(self.context.snapshot(), level=self.profiling)
+            self.plan = compile_plan(self.context.snapshot(), level=self.profiling, fuse=self.fuse)
             self.errors = ()
         except GraphCompileError as exc:
             self.errors = exc.diagnostics

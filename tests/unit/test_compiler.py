@@ -15,12 +15,13 @@ from cudapatch import (
     Scale,
     VectorAdd,
     bundled_kernel,
-    compile_plan,
     like,
 )
 from cudapatch.engine import Context, ExternalBinding, KernelNodePlan, MemsetNodePlan
 from cudapatch.engine.connections import Link
 from cudapatch.errors import GraphCompileError
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 def _ctx(*blocks: Block) -> Context:

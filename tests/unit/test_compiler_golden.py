@@ -82,7 +82,8 @@ class Case:
             self.snap = edit(self.snap, by_name)
 
     def compile(self, fn: Callable[..., GraphPlan], level: ProfilingLevel) -> GraphPlan:
-        return fn(self.snap, self.status, level, self.faulted, reuse=self.reuse)
+        # Unfused: the golden plans pin one node per block (fused plans: test_fusion.py, test_plan_cli.py).
+        return fn(self.snap, self.status, level, self.faulted, reuse=self.reuse, fuse=False)
 
 
 def _ctx(*blocks: Block) -> Context:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudapatch import Composite, CompositeBuilder, Fill, Scale, VectorAdd, compile_plan
+from cudapatch import Composite, CompositeBuilder, Fill, Scale, VectorAdd
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.connections import Link
 from cudapatch.engine.plan import KernelNodePlan, StampNodePlan
@@ -14,6 +14,7 @@ from cudapatch.errors import CudapatchError, LinkError
 from cudapatch.kernels.types import DType
 
 from .plan_engine import PlanOnlyEngine
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 class TwoScales(Composite):
@@ -44,8 +45,8 @@ class Outer(Composite):
         c.expose("Level", "two.Gain")
 
 
-def _chain(comp: Composite) -> tuple[PlanOnlyEngine, Fill, Composite, Scale]:
-    e = PlanOnlyEngine()
+def _chain(comp: Composite, *, fuse: bool = False) -> tuple[PlanOnlyEngine, Fill, Composite, Scale]:
+    e = PlanOnlyEngine(fuse=fuse)  # unfused: these tests look at each inner block's own node
     fill = e.add(Fill(name="fill", Count=100, Value=1.0))
     e.add(comp)
     tail = e.add(Scale(name="tail"))

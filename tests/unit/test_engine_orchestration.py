@@ -161,8 +161,12 @@ class FakeGraph:
     def abandon(self) -> None:
         self.abandoned = True
 
-    def output(self, block_id: int, port: str) -> None:
-        return None
+    def output(self, block_id: int, port: str) -> Any:
+        bi = self.plan.outputs.get((block_id, port))
+        return None if bi is None else ("buffer", bi)
+
+    def overwritten(self, block_id: int, port: str) -> bool:
+        return False
 
     def set_bypass(self, bp: Any) -> int:
         self.bypasses.append(bp)
@@ -178,6 +182,14 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(FakeDevice, "refuse_reset", False)
     monkeypatch.setattr(FakeGraph, "fault", False)
     e = Engine(cache_dir=False, watch_files=False, background_builds=False)  # builds in update() (see test_live_builds)
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def unfused(engine: Engine) -> Any:
+    """The ``engine`` fixture's stand-ins, in an engine that never fuses (tests of one node per block)."""
+    e = Engine(cache_dir=False, watch_files=False, background_builds=False, fuse=False)
     yield e
     e.close()
 
@@ -348,7 +360,8 @@ def test_a_fused_members_edit_swaps_the_groups_quick_kernel_then_its_optimised_o
         e.close()
 
 
-def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_swaps_in(engine: Engine) -> None:
+def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_swaps_in(unfused: Engine) -> None:
+    engine = unfused  # scale and after would fuse: see the next test for a bypass inside a fused group
     fill, scale = _chain(engine)
     after = engine.add(Scale(name="after"))
     engine.connect(scale, "Out", after, "In")
@@ -375,6 +388,91 @@ def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_sw
     engine.add(Scale(name="again"))
     engine.wait_ready()
     assert engine.graph is not g2 and engine.graph.bypasses == []  # nothing bypassed: nothing to apply
+
+
+def test_a_bypass_inside_a_fused_group_rebuilds_the_group_without_the_block_then_applies(engine: Engine) -> None:
+    from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+
+    fill, scale = _chain(engine)
+    after = engine.add(Scale(name="after", Factor=0.5))
+    last = engine.add(Scale(name="last", Offset=1.0))
+    engine.connect(scale, "Out", after, "In")
+    engine.connect(after, "Out", last, "In")
+    engine.wait_ready()
+    g = engine.graph
+    (fused,) = [n for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    assert fused.source.members == (scale.id, after.id, last.id) and "fused" in str(scale)
+    rebuilds = engine.counters.rebuilds
+    scale.enabled = False
+    # The group's node computes after and last too: nothing of it is turned off; the same update builds
+    # the graph with scale on its own node (after and last still one fused kernel) and bypasses it there.
+    engine.update()
+    assert all(bp.empty for bp in g.bypasses) and g.launches == 0
+    g2 = engine.graph
+    assert g2 is not g and engine.counters.rebuilds == rebuilds + 1
+    (fused,) = [n for n in g2.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    assert fused.source.members == (after.id, last.id) and scale.id not in fused.source.members
+    (own,) = g2.plan.block_nodes[scale.id]
+    bp = g2.bypasses[-1]  # applied to the new graph before its first launch
+    fill_out = g2.plan.outputs[(fill.id, "Out")]
+    assert bp.disabled == {own} and own != fused.index and bp.outputs == {(scale.id, "Out"): fill_out}
+    assert set(bp.redirects) == {(fused.index, 0)} and set(bp.redirects.values()) == {fill_out}
+    assert "(bypassed)" in str(scale) and "fused: after -> last" in str(after)
+    engine.update()  # clean: no rebuild loop
+    assert engine.graph is g2 and not engine.context.dirty.any
+    scale.enabled = True  # on again: its own node runs (it joins a group at the next structure edit)
+    engine.update()
+    assert engine.graph is g2 and g2.bypasses[-1].empty
+
+
+def test_reading_a_fused_intermediate_raises_once_and_the_next_build_keeps_it(engine: Engine) -> None:
+    from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+    from cudapatch.errors import CudapatchError
+
+    fill, scale = _chain(engine)
+    mid = engine.add(Scale(name="mid", Factor=0.5))
+    last = engine.add(Scale(name="last", Offset=1.0))
+    engine.connect(scale, "Out", mid, "In")
+    engine.connect(mid, "Out", last, "In")
+    engine.wait_ready()
+    g = engine.graph
+    (fused,) = [n for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    assert fused.source.members == (scale.id, mid.id, last.id)
+    assert engine.output(last, "Out") is not None  # the group's sink has its buffer
+    with pytest.raises(CudapatchError, match="fused kernel") as err:
+        engine.output(mid, "Out")
+    assert err.value.block == "mid" and (mid.id, "Out") in engine.context.kept
+    engine.update()  # the host reads mid: the group ends there
+    g2 = engine.graph
+    assert g2 is not g
+    (fused,) = [n for n in g2.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    assert fused.source.members == (scale.id, mid.id) and g2.plan.block_nodes[last.id] != (fused.index,)
+    assert engine.output(mid, "Out") is not None and engine.output(last, "Out") is not None
+
+
+def test_a_fused_kernel_that_does_not_load_leaves_the_patch_running_unfused(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudapatch.engine.compiler.fusion import FusedSource
+    from cudapatch.errors import KernelLoadError
+
+    real = FakeBuilder.build
+
+    def build(self: FakeBuilder, source: Any) -> Any:
+        if isinstance(source, FusedSource):
+            raise KernelLoadError("ptxas: boom")
+        return real(self, source)
+
+    monkeypatch.setattr(FakeBuilder, "build", build)
+    fill, scale = _chain(engine)
+    after = engine.add(Scale(name="after"))
+    engine.connect(scale, "Out", after, "In")
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and set(g.plan.block_order) >= {fill.id, scale.id, after.id}
+    assert len(g.plan.kernel_nodes) == 3  # one node per block, as with fuse=False
+    (warning,) = [d for d in engine.diagnostics(after) if d.code == DiagnosticCode.REALIZE]
+    assert warning.severity == "warning" and "scale -> after" in warning.message and "boom" in warning.message
 
 
 def test_an_expression_edited_again_before_its_optimised_build_starts_never_builds_the_old_one(

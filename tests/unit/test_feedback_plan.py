@@ -11,7 +11,7 @@ import pytest
 
 from cudapatch import FrameDelay, LinkError, Scale, VectorAdd
 from cudapatch.blocks.library import FFT, Fill
-from cudapatch.engine import Context, ExternalBinding, compile_plan
+from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.compiler.order import find_loops
 from cudapatch.engine.connections import Link
 from cudapatch.engine.phases import Phases, lending_keys
@@ -19,6 +19,8 @@ from cudapatch.engine.plan import KernelNodePlan
 from cudapatch.engine.warm import Refusal, WarmRefusal, decide_warm_patch
 from cudapatch.errors import GraphCompileError
 from cudapatch.kernels.types import DType
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 def _ctx(*blocks) -> Context:

@@ -4,6 +4,8 @@ unfused plan computes (NumPy interpreter of both plans)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -48,7 +50,7 @@ def test_a_chain_becomes_one_node_with_a_slot_per_scalar() -> None:
     assert (blocks[-1].id, "Out") in plan.outputs and (blocks[0].id, "Out") not in plan.outputs
     assert sum(buf.count for buf in plan.buffers) == 1000 + 5  # the sink's output, five placeholders
     assert "fused" in plan.buffers[0].label
-    assert len(compile_plan(ctx.snapshot()).kernel_nodes) == 6  # fuse=False: as before
+    assert len(compile_plan(ctx.snapshot(), fuse=False).kernel_nodes) == 6  # as before fusion
 
 
 def test_an_output_with_two_readers_ends_a_group() -> None:
@@ -142,7 +144,7 @@ def test_fused_plans_compute_what_unfused_plans_compute(seed: int) -> None:
     count = int(rng.choice([1, 7, 256, 1000]))
     ctx, externals, blocks = _random_patch(rng, count)
     snap = ctx.snapshot()
-    plain = compile_plan(snap, reuse=False)  # every intermediate is compared: none may be overwritten
+    plain = compile_plan(snap, fuse=False, reuse=False)  # every intermediate is compared: none may be overwritten
     fused = compile_plan(snap, fuse=True, reuse=False)
     assert len(fused.kernel_nodes) <= len(plain.kernel_nodes)
     got_plain = run_plan(plain, snap, externals)
@@ -199,7 +201,7 @@ def test_tooltips_show_the_fused_group() -> None:
     shower.apply(built_view(compile_plan(ctx.snapshot(), fuse=True), names, shower.shown), {})
     for b in blocks:
         assert b.debug.fused == "s0 -> s1 -> s2" and "fused: s0 -> s1 -> s2" in b.tooltip()
-    shower.apply(built_view(compile_plan(ctx.snapshot()), names, shower.shown), {})
+    shower.apply(built_view(compile_plan(ctx.snapshot(), fuse=False), names, shower.shown), {})
     assert all(b.debug.fused == "" and "fused" not in b.tooltip() for b in blocks)
 
 
@@ -244,3 +246,179 @@ def test_a_large_group_computes_several_elements_per_thread_on_a_smaller_grid() 
     blocks[1].set("Factor", 3.0)  # a regenerated kernel keeps the layout the node was launched with
     again = regenerate(node.source, {b.id: b for b in blocks})
     assert again is not None and again.per_thread == FUSED_PER_THREAD
+
+
+# -- fusion by default: what it must not break --------------------------------------------------------
+def _groups(plan) -> list[tuple[int, ...]]:
+    return [n.source.members for n in plan.kernel_nodes if isinstance(n.source, FusedSource)]
+
+
+def test_fusion_is_on_by_default_and_fuse_false_turns_it_off() -> None:
+    ctx, blocks, _ = _chain(4)
+    assert _groups(compile_plan(ctx.snapshot())) == [tuple(b.id for b in blocks)]
+    assert _groups(compile_plan(ctx.snapshot(), fuse=False)) == []
+
+
+def test_an_output_the_host_keeps_ends_its_group_there() -> None:
+    ctx, blocks, _ = _chain(5)
+    ids = [b.id for b in blocks]
+    ctx.keep(blocks[1], "Out")  # Engine.keep / output / read, a GL bridge, a patch file's keep
+    plan = compile_plan(ctx.snapshot())
+    assert sorted(_groups(plan)) == sorted([tuple(ids[:2]), tuple(ids[2:])])
+    assert (ids[1], "Out") in plan.outputs
+    ctx.keep(blocks[1], "Out", False)
+    ctx.keep(blocks[3], "In")  # a kept input keeps the value it reads: s2's output
+    plan = compile_plan(ctx.snapshot())
+    assert sorted(_groups(plan)) == sorted([tuple(ids[:3]), tuple(ids[3:])]) and (ids[2], "Out") in plan.outputs
+
+
+def test_a_port_declared_keep_is_never_fused_away() -> None:
+    ctx, blocks, _ = _chain(3)
+    kept = ctx.register_block(Scale(name="kept"))
+    ctx.connect(blocks[-1], "Out", kept, "In")
+    snap = ctx.snapshot()
+    out = kept.description.outputs[0]
+    desc = dataclasses.replace(kept.description, outputs=(dataclasses.replace(out, keep=True),))
+    blocks_ = tuple(dataclasses.replace(b, description=desc) if b.id == kept.id else b for b in snap.blocks)
+    plan = compile_plan(dataclasses.replace(snap, blocks=blocks_))
+    assert _groups(plan) == [tuple(b.id for b in blocks) + (kept.id,)]  # a sink's kept output: still the sink
+    desc2 = dataclasses.replace(
+        blocks[1].description, outputs=(dataclasses.replace(blocks[1].description.outputs[0], keep=True),)
+    )
+    blocks_ = tuple(dataclasses.replace(b, description=desc2) if b.id == blocks[1].id else b for b in snap.blocks)
+    plan = compile_plan(dataclasses.replace(snap, blocks=blocks_))
+    ids = [b.id for b in blocks]
+    assert sorted(_groups(plan)) == sorted([tuple(ids[:2]), (ids[2], kept.id)])
+
+
+def test_a_bypassed_block_runs_on_its_own_node_and_its_neighbours_still_fuse() -> None:
+    from cudapatch.engine.bypass import BypassIndex, plan_bypass
+
+    ctx, blocks, _ = _chain(5)
+    ids = [b.id for b in blocks]
+    plan = compile_plan(ctx.snapshot())
+    index = BypassIndex(plan)
+    assert index.fused == set(ids)  # any bypass here needs the rebuild that splits the group
+    blocks[2].enabled = False
+    plan = compile_plan(ctx.snapshot())
+    assert sorted(_groups(plan)) == sorted([tuple(ids[:2]), tuple(ids[3:])])
+    index = BypassIndex(plan)
+    assert ids[2] not in index.fused
+    bp = plan_bypass(index, {ids[2]})
+    (own,) = plan.block_nodes[ids[2]]
+    assert bp.disabled == {own} and not bp.refused
+    # its reader (the fused s3 -> s4) reads s2's input instead: the output of the fused s0 -> s1
+    assert set(bp.redirects.values()) == {plan.outputs[(ids[1], "Out")]}
+    assert {ni for ni, _ in bp.redirects} == set(plan.block_nodes[ids[4]])
+
+
+def test_a_faulted_block_is_left_out_and_the_blocks_around_it_fuse() -> None:
+    ctx, blocks, _ = _chain(5)
+    ids = [b.id for b in blocks]
+    plan = compile_plan(ctx.snapshot(), faulted={ids[2]: "illegal address"})
+    assert sorted(_groups(plan)) == sorted([tuple(ids[:2]), tuple(ids[3:])])
+
+
+def test_a_group_stays_on_one_side_of_a_child_graph_composite() -> None:
+    from cudapatch import Composite
+
+    class Pair(Composite):
+        child_graph = True
+
+        def compose(self, c) -> None:  # noqa: ANN001
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale(Factor=3.0))
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+
+    ctx, externals = Context(), {}
+    pair = ctx.register_block(Pair(name="pair"))
+    t1, t2 = ctx.register_block(Scale(name="t1")), ctx.register_block(Scale(name="t2"))
+    ctx.connect(pair, "Out", t1, "In")
+    ctx.connect(t1, "Out", t2, "In")
+    _bind(ctx, pair, "In", np.ones(100, np.float32), externals)
+    plan = compile_plan(ctx.snapshot())
+    a, b = pair.inner("a"), pair.inner("b")
+    assert sorted(_groups(plan)) == sorted([(a.id, b.id), (t1.id, t2.id)])
+    (child,) = plan.children
+    assert set(child.nodes) >= set(plan.block_nodes[b.id]) and not set(child.nodes) & set(plan.block_nodes[t1.id])
+
+
+def test_a_flattened_composite_fuses_with_its_neighbours_and_its_exposed_scalar_patches_the_fused_node() -> None:
+    from cudapatch import Composite
+
+    class Pair(Composite):
+        def compose(self, c) -> None:  # noqa: ANN001
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale(Factor=3.0))
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+            c.expose("Gain", "a.Factor", "b.Factor")
+
+    ctx, externals = Context(), {}
+    pair = ctx.register_block(Pair(name="pair"))
+    tail = ctx.register_block(Scale(name="tail"))
+    ctx.connect(pair, "Out", tail, "In")
+    _bind(ctx, pair, "In", np.ones(100, np.float32), externals)
+    plan = compile_plan(ctx.snapshot())
+    a, b = pair.inner("a"), pair.inner("b")
+    (node,) = plan.kernel_nodes
+    assert node.source.members == (a.id, b.id, tail.id)
+    slots = plan.scalar_slots[(pair.id, "Gain")]  # a Hot edit of the composite patches both members' slots
+    assert {ni for ni, _ in slots} == {node.index} and {node.args[ai].ref for _, ai in slots} == {
+        (a.id, "Factor"),
+        (b.id, "Factor"),
+    }
+    assert (pair.id, "Out") not in plan.outputs  # fused away: the composite's output is b's
+    ctx.keep(pair, "Out")  # the host reads the composite's output: kept as b's
+    plan = compile_plan(ctx.snapshot())
+    assert _groups(plan) == [(a.id, b.id)] and plan.outputs[(pair.id, "Out")] == plan.outputs[(b.id, "Out")]
+
+
+def test_a_fused_group_inside_a_frame_delay_loop_reads_and_writes_the_delays_pair() -> None:
+    from cudapatch import FrameDelay
+    from cudapatch.blocks.library import Fill
+
+    ctx = Context()
+    d = ctx.register_block(FrameDelay(name="d", Count=64))
+    f = ctx.register_block(Fill(name="f", Count=64))
+    a = ctx.register_block(VectorAdd(name="a"))
+    s = ctx.register_block(Scale(name="s"))
+    ctx.connect(d, "Out", a, "A")
+    ctx.connect(f, "Out", a, "B")
+    ctx.connect(a, "Sum", s, "In")
+    ctx.connect(s, "Out", d, "In")
+    plan = compile_plan(ctx.snapshot())
+    (dp,) = plan.delays
+    (node,) = [n for n in plan.kernel_nodes if isinstance(n.source, FusedSource)]
+    assert node.source.members == (a.id, s.id)
+    refs = [arg.ref for arg in node.args if arg.kind == "buffer"]
+    assert dp.previous in refs[:-1] and refs[-1] == dp.current  # the phases swap these two in the fused node
+    assert dp.node in node.deps
+
+
+def test_the_fault_replay_plans_every_block_on_its_own_nodes() -> None:
+    from cudapatch.engine.compiler.fusion import in_fused_node
+    from cudapatch.engine.replay import replay_plan
+
+    ctx, blocks, _ = _chain(4)
+    fused = compile_plan(ctx.snapshot())
+    assert all(in_fused_node(fused, b.id) for b in blocks)
+    plan = replay_plan(ctx.snapshot())
+    assert not any(in_fused_node(plan, b.id) for b in blocks)
+    assert [n.block_id for n in plan.kernel_nodes] == [b.id for b in blocks]
+
+
+def test_a_members_broken_code_edit_leaves_the_group_kernel_as_it_was() -> None:
+    from cudapatch.engine.compiler.fusion import regenerate
+
+    ctx, externals = Context(), {}
+    e = ctx.register_block(Expression(name="e", Code="x * Gain"))
+    s = ctx.register_block(Scale(name="s", Factor=2.0))
+    _bind(ctx, e, "x", np.arange(8, dtype=np.float32), externals)
+    ctx.connect(e, "Out", s, "In")
+    (node,) = compile_plan(ctx.snapshot()).kernel_nodes
+    e.set("Code", "x * (Gain + ")  # half-typed: the error goes on e (its own compile), nothing is swapped
+    assert regenerate(node.source, {e.id: e, s.id: s}) is None

@@ -119,3 +119,30 @@ def test_the_engine_line_counts_internal_blocks_apart() -> None:
     stats = EngineStats(ProfilingLevel.PER_BLOCK, 10, 2, 0.61, blocks, 5, 12 << 20, 64 << 20)
     assert engine_line(stats, {}) == "3 blocks, 5 kernels   GPU 0.610 ms   Pool 12 MB / 64 MB"
     assert engine_line(stats, {7: 2}) == "2 blocks (+1 internal), 5 kernels   GPU 0.610 ms   Pool 12 MB / 64 MB"
+
+
+def test_what_a_gl_bridge_shows_is_never_fused_away() -> None:
+    # A texture copied after each launch (no surface stores) reads the output outside the graph, with
+    # no link: only the bridge's keep stops fusion from computing it inside the next block's kernel.
+    from cudapatch.engine import ExternalBinding
+    from cudapatch.kernels.types import DType
+
+    from .plan_engine import PlanOnlyEngine
+
+    class Engine(PlanOnlyEngine):  # the plan-only engine, with the frame hooks a bridge registers
+        def add_frame_hook(self, hook: Any) -> None:
+            pass
+
+    engine = Engine()
+    a, b, c = (engine.add(Scale(name=n)) for n in "abc")
+    engine.connect(a, "Out", b, "In")
+    engine.connect(b, "Out", c, "In")
+    engine.context.bind_input(a, "In", ExternalBinding(0x1000, 64 * 64, DType.FLOAT32))
+    engine.update()
+    assert (b.id, "Out") not in engine.plan.outputs  # a -> b -> c: one fused kernel
+    texture = SimpleNamespace(texel_bytes=4, label="tex", format="r32f", surface_writable=False, handle=0x99)
+    GlBridge(engine).show_texture(b, "Out", texture)
+    engine.update()
+    assert (b.id, "Out") in engine.plan.outputs  # kept: the group ends at b, c runs apart
+    groups = [n.source.members for n in engine.plan.kernel_nodes if getattr(n.source, "members", ())]
+    assert groups == [(a.id, b.id)]

@@ -67,6 +67,9 @@ class ContextEngine:
     def set_profiling(self, level):
         self.profiling = level
 
+    def keep(self, b, port, keep=True):
+        self.context.keep(b, port, keep)
+
 
 def _same_patch(host: Context, child: ChildPatch) -> None:
     """The child's patch equals the host's, block for block (by host id) and link for link."""
@@ -549,3 +552,63 @@ def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_
     assert mirror.leaf_keys((pair.id, "Gain")) == ((a.id, "Factor"), (b.id, "Factor"))
     assert mirror.leaf_keys((pair.id, "Out")) == ((b.id, "Out"),)
     assert mirror.leaf_keys((f.id, "Out")) == ((f.id, "Out"),)
+
+
+def test_fuse_goes_to_the_child_engine():
+    children = []
+    for fuse in (None, False):
+        kwargs = {} if fuse is None else {"fuse": fuse}
+        e = Engine(
+            isolated=True,
+            host_side=FakeHostSide(),
+            launch=lambda cfg: children.append(FakeChild(cfg)) or children[-1],
+            **kwargs,
+        )
+        e.close()
+    assert [c.cfg.fuse for c in children] == [True, False]  # on by default, as Engine
+
+
+def test_kept_ports_reach_the_child_so_its_fusion_leaves_them_out(iso):
+    from cudapatch.isolated.mirror import SetKept
+
+    f, s = _patch(iso)
+    t = iso.add(Scale(name="t"))
+    iso.connect(s, "Out", t, "In")
+    iso.keep(s, "Out")
+    iso.update()
+    child = iso.children[0]
+    assert SetKept(frozenset({(s.id, "Out")})) in child.sent[0][1]
+    iso.keep(s, "Out", False)
+    iso.update()
+    assert SetKept(frozenset()) in child.sent[-2][1]
+    # the child side: keeps applied to the mirrored blocks, and let go
+    host = Context()
+    for b in (f2 := Fill(name="f2"), s2 := Scale(name="s2")):
+        host.register_block(b)
+    host.connect(f2, "Out", s2, "In")
+    host.keep(f2, "Out")
+    mirror, patch = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
+    patch.apply(pickle.loads(pickle.dumps(mirror.diff(host.snapshot()))))
+    mirrored = {patch.to_host[b.id]: b for b in patch.engine.context.registry}
+    assert patch.engine.context.kept == {(mirrored[f2.id].id, "Out")}
+    host.keep(f2, "Out", False)
+    patch.apply(mirror.diff(host.snapshot()))
+    assert patch.engine.context.kept == set() and mirror.diff(host.snapshot()) == []
+
+
+def test_an_output_the_child_holds_in_no_buffer_is_kept_from_the_next_update(iso):
+    from cudapatch.isolated.mirror import SetKept
+
+    f, s = _patch(iso)
+    t = iso.add(Scale(name="t"))
+    iso.connect(s, "Out", t, "In")  # s -> t fuse in the child: s.Out has no buffer there
+    iso.update()
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(t.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}))
+    iso.update()
+    assert iso.output(t, "Out") == ("mapped", 128) and not iso._dirty.structure  # held: nothing to rebuild
+    with pytest.raises(CudapatchError, match="fused kernel"):
+        iso.output(s, "Out")
+    assert iso._dirty.structure  # the next update sends the keep; the child rebuilds with s.Out in a buffer
+    iso.update()
+    assert SetKept(frozenset({(s.id, "Out"), (t.id, "Out")})) in child.sent[-2][1]

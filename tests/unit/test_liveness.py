@@ -22,7 +22,6 @@ from cudapatch import (
     Fill,
     Scale,
     VectorAdd,
-    compile_plan,
     from_param,
     like,
 )
@@ -37,6 +36,8 @@ from cudapatch.engine.warm import Refusal, WarmPatch, WarmRefusal, decide_warm_p
 from cudapatch.kernels.source import bundled_kernel
 from tests.unit.test_compiler import OptionalAdd, TwoStage
 from tests.unit.test_warm import Axpy
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 # -- the assignment over abstract DAGs -------------------------------------------------------------
@@ -508,7 +509,7 @@ def test_the_patch_file_keeps_ports_and_lets_them_go() -> None:
     from tests.unit.plan_engine import PlanOnlyEngine
     from tests.unit.test_patch_file import REG
 
-    engine = PlanOnlyEngine()
+    engine = PlanOnlyEngine(fuse=False)  # buffer reuse alone (with fusion: test_fusion.py)
     adapter = HostAdapter(engine, REG)
     first = parse_patch(_CHAIN_PATCH, registry=REG)
     apply_patch(adapter, first)

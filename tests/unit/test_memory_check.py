@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 
 import cudapatch.kernels._driver as driver_module
-from cudapatch import Fill, Scale, compile_plan
+from cudapatch import Fill, Scale
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool, size_class
 from cudapatch.engine.memory_check import RESERVE_BYTES, lends, memory_shortfall, new_buffers
 from cudapatch.errors import CudaOutOfMemoryError
 from cudapatch.kernels.types import DType
 from tests.unit.test_realize_recorded import RecordingDriver, _realize
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 GB = 1 << 30
 

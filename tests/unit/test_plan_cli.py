@@ -80,6 +80,62 @@ def test_plan_shows_fused_groups(patch_file: Path, capsys: pytest.CaptureFixture
     assert "wave_Freq=6.0" not in out and "Freq=6.0" in out and "Factor=2.0" in out
 
 
+def test_the_patch_files_engine_fuse_setting_is_the_default_and_no_fuse_wins(tmp_path: Path) -> None:
+    links, rest = PATCH.split("\n", 1)
+    path = tmp_path / "p.toml"
+    path.write_text(f"{links}\n[engine]\nfuse = false\n{rest}")
+    _, plan = plan_patch(path)
+    assert plan is not None and len(plan.kernel_nodes) == 4  # the file turns fusion off
+    path.write_text(f'{links}\n[engine]\nfuse = true\nkeep = ["gain.Out"]\n{rest}')
+    _, plan = plan_patch(path)
+    assert plan is not None and len(plan.kernel_nodes) == 3  # src, wave -> gain fused, sum: gain.Out is kept
+    (fused,) = [n for n in plan.kernel_nodes if getattr(n.source, "members", ())]
+    assert fused.block_id in {bid for bid, port in plan.outputs if port == "Out"}  # gain's output has its buffer
+    _, plan = plan_patch(path, fuse=False)  # --no-fuse
+    assert plan is not None and len(plan.kernel_nodes) == 4
+
+
+def test_a_fuse_setting_that_is_no_boolean_is_an_error_with_its_line(tmp_path: Path) -> None:
+    from cudapatch.errors import PatchFileError
+    from cudapatch.host_plugin import PluginHost
+    from cudapatch.host_plugin.patch import parse_patch
+
+    with pytest.raises(PatchFileError, match="fuse = 'no': write true or false") as err:
+        parse_patch('[engine]\nfuse = "no"\n', registry=PluginHost().registry)
+    assert err.value.line == 2
+
+
+def test_the_standalone_host_makes_its_engine_with_the_patchs_fuse_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudapatch.engine import engine as engine_module
+    from cudapatch.host_plugin.hosts.standalone import StandaloneHost
+    from tests.unit.plan_engine import PlanOnlyEngine
+
+    made: list[tuple[bool, dict]] = []
+
+    class RecordingEngine(PlanOnlyEngine):  # the editing API with no device; records what it was made with
+        def __init__(self, device: int = 0, *, name: str = "", isolated: bool = False, **options: bool) -> None:
+            super().__init__(fuse=options.get("fuse", True))
+            made.append((isolated, options))
+
+    monkeypatch.setattr(engine_module, "Engine", RecordingEngine)
+    links, rest = PATCH.split("\n", 1)
+    path = tmp_path / "p.toml"
+    path.write_text(f"{links}\n[engine]\nfuse = false\n{rest}")
+    StandaloneHost(path)
+    StandaloneHost(path, isolated=True)
+    path.write_text(PATCH)
+    StandaloneHost(path)
+    StandaloneHost(path, fuse=False)  # cudapatch run --no-fuse
+    assert made == [
+        (False, {"fuse": False, "reuse_buffers": True}),
+        (True, {"fuse": False}),  # the isolated engine takes fuse too (its child never shares buffers)
+        (False, {"fuse": True, "reuse_buffers": True}),
+        (False, {"fuse": False, "reuse_buffers": True}),
+    ]
+
+
 def test_plan_shows_region_bodies_under_their_conditional_nodes() -> None:
     """``cudapatch plan`` on a patch with regions: the reaction-diffusion example's For, unrolled, with
     its FrameDelay carried by ping-pong (the copies alternate the two buffers) and synced once after."""

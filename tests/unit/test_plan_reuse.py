@@ -7,12 +7,14 @@ import random
 
 import pytest
 
-from cudapatch import AppendFilter, DType, Fill, Scale, VectorAdd, compile_plan
+from cudapatch import AppendFilter, DType, Fill, Scale, VectorAdd
 from cudapatch.blocks.library import FFT
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.compiler import NodeCache
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import CudapatchError
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 DICTS = ("outputs", "appends", "scalar_slots", "binding_slots", "binding_counts", "block_nodes")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cudapatch import CustomKernel, Fill, Scale, VectorAdd
-from cudapatch.engine import Context, ExternalBinding, compile_plan
+from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.compiler.probes import image_shape
 from cudapatch.engine.plan import KernelNodePlan, ProbeNodePlan, PublishNodePlan, StampNodePlan, programmatic_edges
 from cudapatch.engine.probes import (
@@ -27,6 +27,8 @@ from cudapatch.errors import LinkError
 from cudapatch.kernels.types import DType
 from tests.unit.plan_engine import PlanOnlyEngine
 from tests.unit.test_lifecycle import doubles  # noqa: F401 - the fake driver, for the readback ring
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 #: Writes its one pointer in place: a ``through`` output after the kernel.
 BUMP = """\

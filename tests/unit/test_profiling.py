@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, VectorAdd, compile_plan
+from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, VectorAdd
 from cudapatch.blocks import BlockState
 from cudapatch.engine import Context, KernelNodePlan, MemsetNodePlan, StampNodePlan
 from cudapatch.engine.plan import PublishNodePlan
 from cudapatch.errors import CudapatchError
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 def _patch() -> tuple[Context, list]:

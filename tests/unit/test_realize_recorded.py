@@ -17,10 +17,12 @@ import pytest
 from cuda.bindings import driver as real
 
 import cudapatch.kernels._driver as driver_module
-from cudapatch import DType, KernelLoadError, Scale, compile_plan
+from cudapatch import DType, KernelLoadError, Scale
 from cudapatch.engine import Context, ExternalBinding, realize
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 OK = real.CUresult.CUDA_SUCCESS
 
@@ -401,3 +403,32 @@ def test_adopt_takes_over_the_borrowed_buffers_and_gives_them_the_new_counts(rec
     assert pool.in_use_bytes > 0  # g2's now
     g2.close()
     assert pool.in_use_bytes == 0
+
+
+def test_a_fused_chain_at_level_none_is_one_kernel_node_and_one_launch(rec) -> None:
+    # What a frame of a fused chain launches (benchmarks/bench_fusion.py compares it with cupy.fuse):
+    # at profiling level None, the group's kernel and nothing else: no stamp, publish, memset, copy or
+    # event, no readback. Stamps and the publish node come with a profiling level, as before.
+    from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+    from cudapatch.engine.plan import KernelNodePlan, PublishNodePlan, StampNodePlan
+
+    ctx = Context()
+    blocks = [ctx.register_block(Scale(name=f"s{i}", Factor=1.0 + i / 100)) for i in range(100)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        ctx.connect(a, "Out", b, "In")
+    ctx.bind_input(blocks[0], "In", ExternalBinding(0xA000, 1024, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.nodes
+    assert isinstance(node, KernelNodePlan) and node.kernel == FUSED_KERNEL and not node.deps
+    assert (plan.stamp_count, plan.counters, plan.probe_words) == (0, (), 0)
+    assert (node.grid, node.block, node.source.per_thread) == (4, 256, 1)  # 1,024 elements, one per thread
+    pool = BufferPool()
+    g = _realize(ctx, plan, pool, functions={(blocks[-1].id, FUSED_KERNEL): 7})
+    assert [c[0] for c in rec.calls if c[0].startswith("add_")] == ["add_kernel"] and g.readback is None
+    rec.calls.clear()
+    g.launch(0)
+    assert rec.calls == [("launch", g.handle)]
+    g.close()
+    timed = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("Summary"), fuse=True)
+    kinds = [type(n) for n in timed.nodes]
+    assert kinds.count(KernelNodePlan) == 1 and StampNodePlan in kinds and kinds[-1] is PublishNodePlan

@@ -15,7 +15,6 @@ from cudapatch import (
     Scale,
     Shape,
     VectorAdd,
-    compile_plan,
     computed,
     like,
     shape_of,
@@ -24,6 +23,8 @@ from cudapatch.engine import Context, ExternalBinding, KernelNodePlan
 from cudapatch.engine.bindings import binding_from_cai
 from cudapatch.errors import CudapatchError
 from tests.unit.shape_blocks import GAIN_2D, Gain2D, Ramp2D, Ramp3D, Transpose2D
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 PTR = 0x7000_0000
 

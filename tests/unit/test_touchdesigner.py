@@ -103,3 +103,29 @@ def test_a_block_comp_inside_a_region_comp_runs_in_its_body(td):
     assert {step.block.id, inner.block.id} <= scoped and src.block.id not in scoped
     nested = BlockOperatorExt(COMP("/p/src/child"), td, "core.Scale")  # inside a plain block COMP: top level
     assert "/p/src/child" not in td.adapter.regions() and not nested.ownerComp.errors
+
+
+def test_engine_top_keeps_the_output_it_shows_out_of_fused_groups(td):
+    shape = CUDAMemoryShape()
+    shape.width, shape.height = 8, 8
+    top = EngineTOP(td, ("/p/a", "Out"), shape)  # made before its operator: kept at the first cook
+    src = BlockOperatorExt(COMP("/p/src"), td, "core.Fill")
+    a = BlockOperatorExt(COMP("/p/a"), td, "core.Scale")
+    b = BlockOperatorExt(COMP("/p/b"), td, "core.Scale")
+    a.Link(src, "Out", "In")
+    b.Link(a, "Out", "In")
+    td.adapter.engine_operator.cook()
+    assert (a.block.id, "Out") not in td.engine.plan.outputs  # a -> b fused: a.Out is in no buffer
+    eo = td.adapter.engine_operator
+
+    def no_device(op_id, port):  # a plan-only engine holds no device memory to copy
+        raise CudapatchError("no device", block=op_id, port=port)
+
+    eo.output = no_device
+    op = scriptTOP("/p/engine")
+    top.onCook(op)  # keeps a.Out, then cooks
+    assert len(op.errors) == 1 and "no device" in op.errors[0]
+    assert (a.block.id, "Out") in td.engine.context.kept
+    assert (a.block.id, "Out") in td.engine.plan.outputs  # its own buffer from that cook's build on
+    top2 = EngineTOP(td, ("/p/b", "Out"), shape)  # its operator exists: kept at once
+    assert (b.block.id, "Out") in td.engine.context.kept and top2._kept

@@ -22,7 +22,6 @@ from cudapatch import (
     VectorAdd,
     buffer_in,
     buffer_out,
-    compile_plan,
     device_scalar,
     host_scalar,
     like,
@@ -39,6 +38,8 @@ from cudapatch.engine.warm import (
     grown_bytes,
     same_topology,
 )
+
+from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
 
 def _axpy(stream, pointers, scalars, libs):  # never called here: plans only

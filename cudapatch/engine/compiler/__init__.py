@@ -15,7 +15,7 @@ in its own module and tested on its own:
    an error on the block, which never launches).
 3b. ``delays``: each FrameDelay's pair of buffers (its Out, and the value linked into its In),
    checked (sizes, sources); errors stop here.
-3c. ``fusion`` (with ``fuse=True``): chains and trees of elementwise blocks become one generated
+3c. ``fusion`` (unless ``fuse=False``): chains and trees of elementwise blocks become one generated
    kernel; their intermediates need no buffer.
 4. ``memory``: a buffer per value, append counters, the values pinned to a buffer of their own.
 5. ``nodes``: kernel, captured-call and memset nodes with the source of every argument.
@@ -92,7 +92,7 @@ def compile_plan(
     level: ProfilingLevel = ProfilingLevel.NONE,
     faulted: Mapping[int, str] | None = None,
     *,
-    fuse: bool = False,
+    fuse: bool = True,
     cache: NodeCache | None = None,
     reuse: bool = True,
 ) -> GraphPlan:
@@ -106,7 +106,8 @@ def compile_plan(
         level: Profiling level: which timestamps to place (see ``stamps.place_stamps``).
         faulted: Blocks whose kernels faulted on the GPU (id → message): their kernels are left out,
             their outputs are zero-filled by memset nodes each frame, and blocks reading them are warned.
-        fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``).
+        fuse: Fuse chains and trees of elementwise blocks into one generated kernel each (``fusion``; on
+            by default, as in ``Engine``). The fault replay plans with False: a block's own nodes.
         cache: Reuse the node drafts of blocks an edit did not touch (``reuse.NodeCache``: one per
             engine, one plan at a time); the plan is the same as without it.
         reuse: Let values whose lifetimes do not overlap share buffers (``memory``, ``share``); False gives

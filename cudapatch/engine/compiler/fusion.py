@@ -4,7 +4,9 @@ A block is elementwise when its one kernel says what it computes per element in 
 language: an ``Expression`` block (its code), or a block whose describe called
 ``KernelHandle.elementwise`` (``Scale``: ``fma(In, Factor, Offset)``, ``VectorAdd``: ``A + B``). Such
 a block fuses into the block reading its output when that link is the output's only reader (no
-other block, GL writer, delay or probe reads it) and both run over the same element count. A group
+other block, GL writer, delay or probe reads it, and the output is not kept for the host:
+``Engine.keep``/``output``/``read``, a GL bridge, ``keep`` on the port or in the patch file) and both
+run over the same element count. A group
 is the block nobody fuses into (its sink) with everything fused into it, transitively: a chain or a
 tree. Its kernel (``FusedSource``, generated PTX) evaluates the members in order and writes only the
 sink's output; the intermediates get no memory traffic (their values keep a one-element placeholder
@@ -16,8 +18,12 @@ patched the member's. Results equal the unfused ones bit for bit: every member's
 to a float exactly as its stored output would be, and the code generator never contracts
 operations (see ``cudapatch/expr/ptx_gen.py``).
 
-Nothing fuses when the profiling level times blocks or kernels (PerBlock and up: each needs its
-own node), for blocks disabled by a GPU fault, or when ``compile_plan(fuse=False)``.
+Fusion is on by default (``Engine(fuse=False)``, ``fuse = false`` in a patch file's ``[engine]``, or
+``fuse=False`` on one block turn it off). Nothing fuses when the profiling level times blocks or
+kernels (PerBlock and up: each needs its own node), for blocks disabled by a GPU fault, for bypassed
+blocks (``enabled`` off: the Bypass tier turns a block's own node off; ``engine/bypass.py`` asks for
+the rebuild that takes a member out of its group), or when ``compile_plan(fuse=False)`` (the fault
+replay: a fault is pinned on a block, never on a group).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "elementwise_member",
     "fusion",
     "fused_node",
+    "in_fused_node",
 ]
 
 #: The kernel index of a fused node (its ``block_id`` is the group's sink): no block has kernel -1,
@@ -183,10 +190,11 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
     if not fuse or draft.level.at_least(ProfilingLevel.PER_BLOCK):
         return
     faulted = draft.faulted or {}
+    bypassed = draft.snap.bypassed  # its node must be one the Bypass tier can turn off alone
     sized = draft.sized
     members: dict[int, Member] = {}
     for bid, s in sized.items():
-        if bid in faulted:
+        if bid in faulted or bid in bypassed:
             continue
         m = elementwise_member(s.block)
         if m is not None and all(s.inputs[p].kind != "null" for p in m.inputs.values()):
@@ -199,12 +207,17 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
         readers[key] = readers.get(key, 0) + 1
     for key, _ in draft.snap.probes:  # a probe reads the value too: it keeps its buffer
         readers[key] = readers.get(key, 0) + 1
+    for key in _kept(draft, members):  # the host (output/read), GL or a patch file's keep reads it
+        readers[key] = readers.get(key, 0) + 1
+    scope = _child_graph_scopes(draft)
     consumer: dict[int, int] = {}  # member → the member it fuses into
     for bid, m in members.items():
         n = sized[bid].outputs[m.output].count
         for port in m.inputs.values():
             lk = draft.incoming.get((bid, port))
             if lk is None or lk.src not in members or lk.src in consumer:
+                continue
+            if scope and scope.get(lk.src) != scope.get(bid):  # one node may not run both inside and outside
                 continue
             up = members[lk.src]
             if lk.src_port == up.output and readers.get((lk.src, lk.src_port)) == 1:
@@ -238,6 +251,37 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
             draft.values[vi] = _new(BufferPlan, (vi, b, f"{v.label} (fused)", v.dtype, 1, False))
             draft.ports.pop((b, m.output), None)
     draft.fusion = result if result.groups else None
+
+
+def _child_graph_scopes(draft: PlanDraft) -> dict[int, int]:
+    """Block id → the outermost ``child_graph`` composite holding it (blocks in none are absent): a fused
+    group stays on one side of a child graph's boundary (``child_graphs.py`` makes the composite's
+    nodes one child-graph node)."""
+    out: dict[int, int] = {}
+    for c in sorted(draft.snap.composites, key=lambda c: -len(c.members)):  # outermost first
+        if c.child_graph:
+            for bid in c.members:
+                out.setdefault(bid, c.id)
+    return out
+
+
+def _kept(draft: PlanDraft, members: dict[int, Member]) -> list[tuple[int, str]]:
+    """The members' outputs read outside the graph: kept by the host (``Engine.keep``/``output``/``read``,
+    a GL bridge, ``keep`` in a patch file: ``snap.kept``) or by the port itself (``keep=True``), and
+    outputs read by a member through a kept input port (a kept input keeps the value it reads)."""
+    kept = draft.snap.kept
+    out = []
+    for bid, m in members.items():
+        port = draft.blocks[bid].description.output(m.output)
+        if (bid, m.output) in kept or (port is not None and port.keep):
+            out.append((bid, m.output))
+        d = draft.blocks[bid].description
+        for name in m.inputs.values():
+            lk = draft.incoming.get((bid, name))
+            inp = d.input(name)
+            if lk is not None and ((bid, name) in kept or (inp is not None and inp.keep)):
+                out.append((lk.src, lk.src_port))
+    return out
 
 
 def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
@@ -316,6 +360,13 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     grid = max(1, -(-group.count // (desc.block_size * group.source.per_thread)))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
     return _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
+
+
+def in_fused_node(plan: Any, block_id: int) -> bool:
+    """Whether ``block_id`` runs inside a fused kernel of ``plan`` (a ``GraphPlan``): its node is its
+    group's, so what that node does (a fault, a timing) is the group's, not the block's alone."""
+    nodes = plan.nodes
+    return any(getattr(getattr(nodes[i], "source", None), "members", ()) for i in plan.block_nodes.get(block_id, ()))
 
 
 def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | None:

@@ -65,6 +65,7 @@ class StandaloneHost:
         profiling: Overrides the patch's profiling level.
         device: CUDA device ordinal.
         isolated: Run the engine in a child process (``Engine(isolated=True)``).
+        fuse: Elementwise fusion (``Engine(fuse=...)``); None: the patch's ``[engine] fuse`` (on by default).
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class StandaloneHost:
         profiling: str | None = None,
         device: int | None = None,
         isolated: bool = False,
+        fuse: bool | None = None,
     ) -> None:
         from ...engine.engine import Engine
 
@@ -92,7 +94,9 @@ class StandaloneHost:
         )
         self.profiling_override = profiling
         dev = device if device is not None else patch.engine.get("device", 0)  # an int: parse_patch checks
-        options = {} if isolated else {"reuse_buffers": bool(patch.engine.get("reuse_buffers", True))}
+        options: dict[str, bool] = {"fuse": patch.fuse if fuse is None else fuse}
+        if not isolated:  # the isolated child never shares buffers (the host maps each output)
+            options["reuse_buffers"] = bool(patch.engine.get("reuse_buffers", True))
         self.engine = Engine(dev, name=str(patch.engine.get("name", "CudaEngine")), isolated=isolated, **options)
         search = [self.patch_path.parent] if self.patch_path is not None else []
         self.adapter = HostAdapter(self.engine, registry, search_paths=search + self.plugins.kernel_search_paths())

@@ -62,16 +62,24 @@ class TouchDesignerHost:
             through CUDA IPC; ``EngineTOP`` copies them on the host's engine stream, which waits on
             the GPU for each frame of the child. The child's Python is ``CUDAPATCH_COMPILER_PYTHON``
             (TouchDesigner's ``sys.executable`` is not a Python).
+        fuse: Elementwise fusion (``Engine(fuse=...)``, on by default). An output an ``EngineTOP`` shows
+            is kept out of fused groups from the start (``Engine.keep``).
     """
 
     def __init__(
-        self, *, device: int = 0, plugins: PluginHost | None = None, engine: Any = None, isolated: bool = False
+        self,
+        *,
+        device: int = 0,
+        plugins: PluginHost | None = None,
+        engine: Any = None,
+        isolated: bool = False,
+        fuse: bool = True,
     ) -> None:
         self.plugins = plugins or PluginHost()
         if engine is None:
             from ...engine.engine import Engine
 
-            engine = Engine(device, name="TouchDesigner", isolated=isolated)
+            engine = Engine(device, name="TouchDesigner", isolated=isolated, fuse=fuse)
         self.engine = engine
         self.adapter = HostAdapter(engine, self.plugins.registry)
         self.plugins.engine_started(engine)
@@ -218,9 +226,21 @@ class EngineTOP:
         self.host = host
         self.output = output
         self.shape = shape
+        self._kept = False
+        self._keep_output()
         #: Bytes the TOP takes per cook (the shape is fixed: computed once, not per frame).
         self.nbytes = int(shape.width * shape.height * shape.numComps * np.dtype(shape.dataType).itemsize)
         self._held: dict[tuple[str, str], Any] = {}  # CUDAMemory objects the engine reads from
+
+    def _keep_output(self) -> None:
+        """Keep the shown output in a buffer of its own (``Engine.keep``) once its operator exists: read
+        after every cook, it is never fused away or shared, from the first build on."""
+        keep = getattr(self.host.engine, "keep", None)
+        op, port = self.output
+        if keep is None or op not in self.host.adapter.operators():
+            return
+        keep(self.host.adapter.block(op), port)
+        self._kept = True
 
     @property
     def stream(self) -> int:
@@ -245,6 +265,8 @@ class EngineTOP:
         """Cook the engine operator, then copy the output into the TOP on the engine's stream."""
         eo = self.host.adapter.engine_operator
         try:
+            if not self._kept:  # its operator was created after this TOP
+                self._keep_output()
             eo.cook()
             lost = getattr(self.host.engine, "lost", None)
             if lost is not None:  # CUDA refuses this process after a GPU fault: nothing left to copy
