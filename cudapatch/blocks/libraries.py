@@ -29,6 +29,7 @@ import importlib
 from typing import Any, Protocol
 
 from ..errors import LibraryCallError
+from ..kernels._wheel_libs import NVMATH_LIBS, load_wheel_libs
 
 __all__ = ["LibraryScope", "nvmath_module"]
 
@@ -40,11 +41,12 @@ def nvmath_module(name: str) -> Any:
     Raises:
         LibraryCallError: nvmath-python or the library itself is not installed (says how to fix it).
     """
+    load_wheel_libs(NVMATH_LIBS.get(name, ()))  # where pip --target put the wheels, pathfinder does not look
     try:
         return importlib.import_module(f"nvmath.bindings.{name}")
     except ImportError as exc:
         raise LibraryCallError(
-            f"library calls need nvmath-python ({exc}); install it with: pip install 'cudapatch[libs]'"
+            f"library calls need nvmath-python ({exc}): pip install nvmath-python (a dependency of cudapatch)"
         ) from None
 
 

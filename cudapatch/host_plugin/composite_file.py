@@ -33,11 +33,12 @@ does not exist, and a composite that includes itself (directly or through others
 
 from __future__ import annotations
 
-import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import tomllib
 
 from ..blocks.composite import Composite, CompositeBuilder
 from ..errors import CudapatchError, PatchFileError
@@ -45,11 +46,6 @@ from ..kernels._files import MAX_PATCH_BYTES, read_user_text
 from ..kernels._text import short_repr
 from .coerce import coerce_host_value
 from .patch import Patch, _Lines, parse_patch
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - 3.10
-    import tomli as tomllib
 
 __all__ = ["CompositeFile", "FileComposite", "composite_type", "load_composite_file", "parse_composite"]
 

@@ -49,10 +49,11 @@ byte, too long). Line lookups use indexes built in one pass, so checking is line
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from ..engine.profiling import ProfilingLevel
 from ..errors import CudapatchError, PatchFileError
@@ -61,11 +62,6 @@ from ..kernels._text import MAX_NESTING, data_problem, short_repr
 from .adapter import HostAdapter
 from .coerce import coerce_host_value
 from .registry import BlockTypeRegistry
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - 3.10
-    import tomli as tomllib
 
 __all__ = ["Patch", "OperatorSpec", "LinkSpec", "parse_patch", "load_patch", "apply_patch", "ENGINE_KEYS"]
 

@@ -38,7 +38,7 @@ def gl() -> Any:
         OpenGL.ERROR_CHECKING = os.environ.get("CUDAPATCH_GL_CHECKS", "0") == "1"
         from OpenGL import GL
     except ImportError as exc:
-        raise InteropError(f"PyOpenGL is not installed ({exc}); pip install 'cudapatch[gl]'") from exc
+        raise InteropError(f"PyOpenGL is not installed ({exc}): pip install PyOpenGL (the 'gl' extra)") from exc
     return GL
 
 

@@ -27,7 +27,7 @@ def _glfw() -> Any:
     try:
         import glfw
     except ImportError as exc:
-        raise InteropError(f"GLFW is not installed ({exc}); pip install 'cudapatch[gl]'") from exc
+        raise InteropError(f"GLFW is not installed ({exc}): pip install glfw (the 'gl' extra)") from exc
     glfw.ERROR_REPORTING = "raise"
     return glfw
 

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ..errors import KernelCompileError
+from ._wheel_libs import load_compiler_libs
 
 __all__ = ["nvrtc_compile", "link_ptx", "toolchain_version", "first_error_location"]
 
@@ -25,6 +26,7 @@ def first_error_location(log: str) -> tuple[str | None, int | None]:
 
 
 def _nvrtc() -> Any:
+    load_compiler_libs()  # where pip --target put the wheels, pathfinder does not look
     from cuda.bindings import nvrtc
 
     return nvrtc
@@ -139,6 +141,7 @@ def link_ptx(ptx: bytes, *, name: str, arch: str, kernel: str | None = None) -> 
     Raises:
         KernelCompileError: nvJitLink is missing or rejects the PTX (``.log`` holds its error log).
     """
+    load_compiler_libs()
     try:
         from cuda.bindings import nvjitlink
     except ImportError as exc:  # pragma: no cover - depends on the install

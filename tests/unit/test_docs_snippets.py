@@ -1,6 +1,8 @@
 """The snippets in README.md and docs/*.md: every TOML snippet loads as a patch (or a composite
-file), every Python snippet compiles, imports only what exists, uses no name it does not define and
-imports nothing it leaves unused. (Running the Python snippets needs a GPU: that is a GPU test's job.)"""
+file) and, where it names no other file, plans as the engine would plan it; every Python snippet
+compiles, imports only what exists, uses no name it does not define and imports nothing it leaves
+unused. (Running the Python snippets needs a GPU: tests/examples run them there.) Also the pages'
+claims about the project: the Python floor, the CUDA 12 recipe, the environment variables."""
 
 from __future__ import annotations
 
@@ -13,11 +15,17 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from cudapatch.host_plugin import PluginHost, parse_composite, parse_patch
+from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_composite, parse_patch
+
+from ..examples.test_examples import readme_snippets
+from .plan_engine import PlanOnlyEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXAMPLE_PAGES = sorted((ROOT / "examples").glob("*/README.md"))
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+_OPENING = re.compile(r"^```(.*)$", re.M)  # every fence line; an opening one carries the language
+LANGUAGES = {"python", "toml", "bash"}  # a snippet in another language would be checked by nothing here
 
 
 def _snippets(lang: str) -> list[tuple[str, str]]:
@@ -45,13 +53,62 @@ def test_readme_is_short():
     assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 8000
 
 
+def test_every_fenced_snippet_is_in_a_checked_language():
+    for page in [*PAGES, *EXAMPLE_PAGES]:
+        fences = _OPENING.findall(page.read_text(encoding="utf-8"))
+        openings = fences[::2]  # fences pair up: opening, closing
+        assert len(fences) % 2 == 0 and not any(fences[1::2]), f"{page.name}: unpaired fences"
+        unknown = {lang for lang in openings if lang and lang not in LANGUAGES}
+        assert not unknown, (
+            f"{page.relative_to(ROOT)}: snippets in {unknown} (check them here, or use one of {LANGUAGES})"
+        )
+
+
+def test_the_gpu_tests_run_every_readme_python_snippet():
+    """tests/examples runs the README's Python snippets from files on the GPU; it finds them all."""
+    assert [text for _, text in readme_snippets()] == [text for where, text in PYTHON if where.startswith("README")]
+
+
 @pytest.mark.parametrize(("where", "text"), TOML, ids=[w for w, _ in TOML])
 def test_toml_snippets_load_as_patches(where, text):
+    registry = PluginHost().registry
     if "[expose]" in text:  # a composite file (docs/composites.md): a patch with what it exposes
-        patch = parse_composite(text, path=where, registry=PluginHost().registry).patch
+        patch = parse_composite(text, path=where, registry=registry).patch
     else:
-        patch = parse_patch(text, path=where, registry=PluginHost().registry)
+        patch = parse_patch(text, path=where, registry=registry)
     assert patch.operators
+    if "[expose]" in text:
+        return  # a composite plans inside a patch that uses it (the next snippet on its page)
+    files = {op.params["Path"] for op in patch.operators.values() if "Path" in op.params}
+    folder = _folder_holding(files)
+    if folder is None:
+        return  # it names kernel or composite files that no example ships together (a shortened example)
+    engine = PlanOnlyEngine()
+    apply_patch(HostAdapter(engine, registry, search_paths=[folder]), patch)
+    engine.update()
+    assert engine.errors == () and engine.plan is not None, f"{where}: {engine.errors}"
+    assert len(engine.context.snapshot().blocks) >= len(patch.operators)
+
+
+def _folder_holding(files: set[str]) -> Path | None:
+    """The page's folder for a snippet that names no file, else an examples/ folder that has them all."""
+    if not files:
+        return ROOT / "docs"
+    for folder in sorted(p for p in (ROOT / "examples").rglob("*") if p.is_dir()):
+        if all((folder / name).is_file() for name in files):
+            return folder
+    return None
+
+
+def test_the_plugin_example_readme_shows_the_patch_it_ships():
+    """examples/plugin_package/README.md quotes wave.toml; test_plugin_package.py loads the file."""
+    package = ROOT / "examples" / "plugin_package"
+    (quoted,) = [
+        text for lang, text in _FENCE.findall((package / "README.md").read_text(encoding="utf-8")) if lang == "toml"
+    ]
+    shipped = (package / "wave.toml").read_text(encoding="utf-8")
+    body = "".join(line for line in shipped.splitlines(keepends=True) if not line.startswith("#"))
+    assert quoted.strip() == body.strip()
 
 
 def _bound_and_loaded(tree: ast.AST) -> tuple[set[str], set[str], dict[str, int]]:
@@ -113,6 +170,7 @@ def test_cuda12_recipe_installs_what_the_libs_cu12_extra_names():
         name = re.split(r"[\[<>=;~ ]", requirement, maxsplit=1)[0]
         cu12 = {"cuda-bindings": '"cuda-bindings[all]>=12.9,<13"', "cupy-cuda13x": "cupy-cuda12x"}
         assert cu12.get(name, name) in recipe, name
+    assert "tools/build_kernels.py --nvrtc" in recipe  # CUDA 12's nvJitLink refuses the bundled PTX (ISA 9.0)
 
 
 def test_requires_python_matches_the_docs():
@@ -122,9 +180,25 @@ def test_requires_python_matches_the_docs():
     assert f"Python {floor} or newer" in (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
 
 
+def test_every_environment_variable_the_package_reads_is_documented():
+    """Each CUDAPATCH_* name in the package is in docs/setup.md's tables, and each name there is read."""
+    read = set()
+    for path in (ROOT / "cudapatch").rglob("*.py"):
+        read |= set(re.findall(r"\bCUDAPATCH_[A-Z][A-Z_]*[A-Z]\b", path.read_text(encoding="utf-8")))
+    assert {"CUDAPATCH_GL_CHECKS", "CUDAPATCH_PROGRAMMATIC_EDGES", "CUDAPATCH_CACHE_DIR"} <= read
+    setup = (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+    section = setup[setup.index("## Environment variables") :]
+    documented = set()
+    for row in section.splitlines():
+        if row.startswith("| `"):
+            documented |= set(re.findall(r"`(CUDAPATCH_[A-Z_]+)[=`]", row.split(" | ")[0]))
+    assert sorted(read - documented) == [], "read by the package, not in docs/setup.md's tables"
+    assert sorted(documented - read) == [], "in docs/setup.md's tables, read nowhere"
+
+
 def test_relative_links_point_at_files_that_exist():
     broken = []
-    for page in PAGES:
+    for page in [*PAGES, *EXAMPLE_PAGES]:
         for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             if "://" not in link and not (page.parent / link).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {link}")
