@@ -79,7 +79,7 @@ def _imgui() -> tuple[Any, Any]:
     try:
         from imgui_bundle import imgui, implot
     except ImportError as exc:
-        raise InteropError(f"imgui-bundle is not installed ({exc}): install imgui-bundle (the 'gl' extra: pip install -e ".[gl]" in the checkout)") from exc
+        raise InteropError(f"imgui-bundle is not installed ({exc}): install it (the 'gl' extra)") from exc
     return imgui, implot
 
 
