@@ -29,6 +29,7 @@ replay: a fault is pinned on a block, never on a group).
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -113,9 +114,31 @@ def _declared(text: str, names: dict[str, NameKind]) -> Checked | None:
     return _DECLARED[key]
 
 
+#: id(description) -> (a weak reference to it, its member's fields but the block id, or None). A block
+#: keeps its description object while it does not change and a rebuild asks about every block: the
+#: checks below run once per description. An entry goes when its description does (no hashing of
+#: descriptions, which compare by value, and nothing kept alive).
+_TEMPLATES: dict[int, tuple[weakref.ref, tuple | None]] = {}
+
+
 def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
     """``b`` as a fusion member, or None when it is not elementwise (see the module docstring)."""
     d = b.description
+    key = id(d)
+    entry = _TEMPLATES.get(key)
+    if entry is not None and entry[0]() is d:
+        fields = entry[1]
+    else:
+        fields = _template(d)
+        try:
+            _TEMPLATES[key] = (weakref.ref(d, lambda _, key=key: _TEMPLATES.pop(key, None)), fields)
+        except TypeError:  # a description that takes no weak reference (a test's stand-in): not cached
+            pass
+    return None if fields is None else _new(Member, (b.id, *fields))
+
+
+def _template(d: Any) -> tuple | None:
+    """``elementwise_member``'s answer for description ``d``, less the block id."""
     if len(d.kernels) != 1 or len(d.outputs) != 1 or d.internal_links:
         return None
     ks = d.kernels[0]
@@ -144,7 +167,7 @@ def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
         expr = found
     if any(d.param(s) is None or d.param(s).dtype is not _F32 for s in expr.scalars):  # type: ignore[union-attr]
         return None
-    return Member(b.id, expr, {n: n for n in expr.inputs}, {n: n for n in expr.scalars}, out.name)
+    return (expr, {n: n for n in expr.inputs}, {n: n for n in expr.scalars}, out.name)
 
 
 @dataclass(eq=False)
@@ -225,20 +248,25 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
                     consumer[lk.src] = bid
     if not consumer:
         return
+    sink_of: dict[int, int] = {}
+    for bid in reversed(sized):  # reverse topological order: a member's consumer has its sink already
+        if bid in members:
+            c = consumer.get(bid)
+            sink_of[bid] = bid if c is None else sink_of[c]
     groups: dict[int, list[int]] = {}
-    for bid in sized:  # topological order: a member's group is known before it is needed
-        if bid not in members:
-            continue
-        sink = bid
-        while sink in consumer:
-            sink = consumer[sink]
-        groups.setdefault(sink, []).append(bid)
+    for bid in sized:  # topological order: each group's members in evaluation order
+        if bid in members:
+            groups.setdefault(sink_of[bid], []).append(bid)
     result = Fusion()
     for sink, ids in groups.items():
         if len(ids) < 2:
             continue
-        group = _group(draft, sink, [members[b] for b in ids])
-        if _param_bytes(group) > MAX_PARAM_BYTES:  # the launch would not take its arguments: run unfused
+        group_members = [members[b] for b in ids]
+        # the launch would not take its arguments: run unfused (the scalars alone tell, mostly: no program made)
+        if _param_bytes(1, sum(len(m.scalars) for m in group_members)) > MAX_PARAM_BYTES:
+            continue
+        group = _group(draft, sink, group_members)
+        if _param_bytes(len(group.inputs), len(group.scalars)) > MAX_PARAM_BYTES:
             continue
         result.groups[sink] = group
         for b in ids:
@@ -325,8 +353,9 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
     return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
 
 
-def _param_bytes(group: FusedGroup) -> int:
-    return 16 * len(group.inputs) + 8 + 4 * len(group.scalars) + 4  # pointer + count (aligned), out, scalars, n
+def _param_bytes(inputs: int, scalars: int) -> int:
+    """The argument bytes of a fused node (``fused_node``) with so many inputs and scalars."""
+    return 16 * inputs + 8 + 4 * scalars + 4  # per input a pointer and its count (aligned), out, scalars, n
 
 
 def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
