@@ -20,20 +20,12 @@ from __future__ import annotations
 
 from ...blocks.regions import CONDITION
 from .draft import PlanDraft
+from .memory import pins_read, pins_written
 
 __all__ = ["condition_only"]
 
 
-def _inside(draft: PlanDraft, bid: int, rid: int) -> bool:
-    r = draft.parents.get(bid)
-    while r is not None:
-        if r == rid:
-            return True
-        r = draft.parents.get(r)
-    return False
-
-
-def _plain(draft: PlanDraft, bid: int) -> bool:
+def _plain(draft: PlanDraft, bid: int, probed: set[tuple[int, str]]) -> bool:
     """Whether block ``bid`` writes nothing but the values it makes, each written before it is read."""
     sized = draft.sized[bid]
     d = sized.block.description
@@ -42,42 +34,55 @@ def _plain(draft: PlanDraft, bid: int) -> bool:
     kernels = d.kernels
     if any(k.source is None for k in kernels):  # a captured call: its writes are not listed by port
         return False
-    for port in d.inputs:
-        if any(kernels[p.kernel].descriptor.parameters[p.param].direction != "in" for p in port.pins):
-            return False
+    if any(pins_written(kernels, port.pins) for port in d.inputs):
+        return False
     for port in d.outputs:
-        if port.kind != "buffer":
+        if port.kind != "buffer" or pins_read(kernels, port.pins):
             return False
-        if any(kernels[p.kernel].descriptor.parameters[p.param].direction != "out" for p in port.pins):
-            return False
-    probed = {key for key, _ in draft.snap.probes}
     return not any((bid, port.name) in probed for port in d.outputs)
+
+
+def _body(draft: PlanDraft, rid: int) -> list[int]:
+    """The blocks and regions inside region ``rid``, at any depth."""
+    out: list[int] = []
+    stack = [rid]
+    while stack:
+        for u in draft.units.get(stack.pop(), ()):
+            out.append(u)
+            if u in draft.units:
+                stack.append(u)
+    return out
 
 
 def condition_only(draft: PlanDraft, rid: int) -> frozenset[int]:
     """The blocks of ``While`` ``rid`` made only in the last copy of its main body (see the module docstring)."""
     if (rid, CONDITION) not in draft.incoming or rid not in draft.sized:
         return frozenset()
-    members = {u for u in draft.units.get(rid, ()) if u in draft.sized and _plain(draft, u)}
+    sized, values = draft.sized, draft.values
+    probed = {key for key, _ in draft.snap.probes}
+    members = {u for u in draft.units.get(rid, ()) if u in sized and _plain(draft, u, probed)}
     if not members:
         return frozenset()
-    readers: dict[object, set[int]] = {}
-    for s in draft.sized.values():
-        for src in s.inputs.values():
-            if src.kind == "value":
-                readers.setdefault(src.ref, set()).add(s.block.id)
-    for bid, _, cur in draft.delays:  # a delay's In is no input of the sizes phase: the link is cut
-        if cur is not None:
-            readers.setdefault(cur, set()).add(bid)
-    # a reader elsewhere in the loop (not the region itself, not after it) needs every copy's value
-    inner = {r for rs in readers.values() for r in rs if r != rid and _inside(draft, r, rid)}
-    changed = True
-    while changed:
-        changed = False
-        for u in sorted(members):
-            for vi in draft.sized[u].made:
-                if any(r in inner and r not in members for r in readers.get(vi, ())):
-                    members.discard(u)
-                    changed = True
-                    break
+    # per block in the loop (at any depth), the members whose values it reads; a delay reads the value
+    # linked into its In (no input of the sizes phase: the link is cut)
+    makers: dict[int, set[int]] = {}
+    for r in _body(draft, rid):
+        s = sized.get(r)
+        if s is not None:
+            for src in s.inputs.values():
+                if src.kind == "value":
+                    m = values[src.ref].block_id  # type: ignore[index]
+                    if m in members:
+                        makers.setdefault(r, set()).add(m)
+    for bid, _, cur in draft.delays:
+        if cur is not None and values[cur].block_id in members and draft.inside(bid, rid):
+            makers.setdefault(bid, set()).add(values[cur].block_id)
+    # a reader elsewhere in the loop needs every copy's value: its members are not condition-only, and
+    # neither are the members read by those, and so on
+    out = [m for r, ms in makers.items() if r not in members for m in ms]
+    while out:
+        m = out.pop()
+        if m in members:
+            members.discard(m)
+            out.extend(makers.get(m, ()))
     return frozenset(members)

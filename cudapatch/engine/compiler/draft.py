@@ -179,6 +179,16 @@ class PlanDraft:
     def __post_init__(self) -> None:
         self.blocks = {b.id: b for b in self.snap.blocks}
 
+    def inside(self, bid: int, rid: int) -> bool:
+        """Whether block ``bid`` is inside region ``rid``, at any depth (``parents``: a patch with regions)."""
+        parents = self.parents
+        r = parents.get(bid)
+        while r is not None:
+            if r == rid:
+                return True
+            r = parents.get(r)
+        return False
+
     def error(self, block_id: int | None, code: str, message: str) -> None:
         """Record a validation error (``compile_plan`` raises them together after ordering)."""
         self.errors.append(Diagnostic("error", block_id, code, message))

@@ -36,7 +36,7 @@ from ..plan import Arg, BufferPlan
 from .draft import PlanDraft
 from .liveness import Lifetime, ancestors, assign_buffers
 
-__all__ = ["SHARED_BLOCK", "memory", "share"]
+__all__ = ["SHARED_BLOCK", "memory", "pins_read", "pins_written", "share"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__ (see plan.py)
 SHARED_BLOCK = -1  #: ``BufferPlan.block_id`` of a buffer several values share
@@ -159,7 +159,7 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
                 read.add(vi)
             if port.keep or (b.id, port.name) in kept:
                 pinned.setdefault(vi, PinReason.KEEP)
-            elif _writes(kernels, port.pins):
+            elif pins_written(kernels, port.pins):
                 pinned.setdefault(vi, PinReason.IN_PLACE)
         for port in d.outputs:
             src = sized.outputs[port.name]
@@ -172,12 +172,12 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
                 pinned.setdefault(vi, PinReason.APPEND)
             elif port.keep or (b.id, port.name) in kept:
                 pinned.setdefault(vi, PinReason.KEEP)
-            elif _reads(kernels, port.pins):
+            elif pins_read(kernels, port.pins):
                 pinned.setdefault(vi, PinReason.IN_PLACE)
             elif any(kernels[p.kernel].source is None for p in port.pins):
                 pinned.setdefault(vi, PinReason.LIBRARY)
         for link, vi in zip(d.internal_links, sized.internal, strict=True):
-            if _reads(kernels, (link.src,)) or _writes(kernels, link.dst):
+            if pins_read(kernels, (link.src,)) or pins_written(kernels, link.dst):
                 pinned.setdefault(vi, PinReason.IN_PLACE)
             elif kernels[link.src.kernel].source is None:
                 pinned.setdefault(vi, PinReason.LIBRARY)
@@ -205,11 +205,11 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
     return pinned
 
 
-def _reads(kernels: tuple, pins: tuple) -> bool:
-    """Whether a kernel reads what it is given through one of ``pins`` (an ``inout`` pin)."""
+def pins_read(kernels: tuple, pins: tuple) -> bool:
+    """Whether a kernel reads what it is given through one of ``pins`` (an ``in`` or ``inout`` pin)."""
     return any(kernels[p.kernel].descriptor.parameters[p.param].direction != "out" for p in pins)
 
 
-def _writes(kernels: tuple, pins: tuple) -> bool:
-    """Whether a kernel writes what it is given through one of ``pins`` (an ``inout`` pin)."""
+def pins_written(kernels: tuple, pins: tuple) -> bool:
+    """Whether a kernel writes what it is given through one of ``pins`` (an ``out`` or ``inout`` pin)."""
     return any(kernels[p.kernel].descriptor.parameters[p.param].direction != "in" for p in pins)

@@ -44,6 +44,7 @@ from ...kernels.types import DType
 from ..delay_copy import COPY_ENTRIES, copy_entry, copy_grid, copy_kernel
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan, ProbeNodePlan
 from .draft import NodeDraft, PlanDraft
+from .memory import pins_read
 from .nodes import block_nodes
 
 __all__ = [
@@ -72,18 +73,14 @@ def _outermost(draft: PlanDraft, bid: int) -> int | None:
     return top
 
 
-def _holds(draft: PlanDraft, rid: int, bid: int) -> bool:
-    r = draft.parents.get(bid)
-    while r is not None:
-        if r == rid:
-            return True
-        r = draft.parents.get(r)
-    return False
-
-
-def delays_in_bodies(draft: PlanDraft) -> set[int]:
-    """The running FrameDelays placed inside a region (their nodes are placed by ``delay_inits``)."""
-    return {bid for bid, _, _ in draft.delays if bid in draft.parents and bid in draft.sized}
+def delays_in_bodies(draft: PlanDraft) -> dict[int, list[int]]:
+    """The running FrameDelays placed inside a region, in order, by the top-level region holding them
+    (their nodes are placed by ``delay_inits``)."""
+    out: dict[int, list[int]] = {}
+    for bid in dict.fromkeys(bid for bid, _, _ in draft.delays):  # a delay of several pairs: once
+        if bid in draft.parents and bid in draft.sized:
+            out.setdefault(_outermost(draft, bid), []).append(bid)  # type: ignore[arg-type]
+    return out
 
 
 def check_region_delays(draft: PlanDraft) -> None:
@@ -94,7 +91,7 @@ def check_region_delays(draft: PlanDraft) -> None:
         if top is None:
             continue
         lk = draft.incoming.get((bid, "Init"))
-        if lk is not None and (lk.src == top or _holds(draft, top, lk.src)):
+        if lk is not None and (lk.src == top or draft.inside(lk.src, top)):
             draft.error(
                 bid,
                 "delay-region",
@@ -104,11 +101,10 @@ def check_region_delays(draft: PlanDraft) -> None:
             )
 
 
-def delay_inits(draft: PlanDraft, rid: int, env: tuple, probes: dict | None, inside: set[int]) -> None:
-    """The nodes of the delays of ``inside`` held by top-level region ``rid``, before its nodes."""
-    for bid in draft.order:
-        if bid in inside and _holds(draft, rid, bid):
-            block_nodes(draft, draft.sized[bid], env, probes)
+def delay_inits(draft: PlanDraft, inside: list[int], env: tuple, probes: dict | None) -> None:
+    """The nodes of the delays ``inside`` a top-level region (``delays_in_bodies``), before its nodes."""
+    for bid in inside:
+        block_nodes(draft, draft.sized[bid], env, probes)
 
 
 def delay_copies(
@@ -161,10 +157,7 @@ def _written_first(draft: PlanDraft, vi: int, rid: int) -> bool:
             continue
         if port.kind != "buffer":  # a through port (modified in place) or an append output
             return False
-        return all(
-            kernels[p.kernel].source is not None and kernels[p.kernel].descriptor.parameters[p.param].direction == "out"
-            for p in port.pins
-        )
+        return not pins_read(kernels, port.pins) and all(kernels[p.kernel].source is not None for p in port.pins)
     return False
 
 

@@ -64,6 +64,7 @@ from .region_delays import (
     pingpong_delays,
     swap_buffers,
 )
+from .reuse import replay_slots
 from .sizes import sizes
 from .stamps import place_stamps
 
@@ -90,17 +91,6 @@ def has_regions(draft: PlanDraft) -> bool:
 
 def _kind(draft: PlanDraft, rid: int) -> str:
     return draft.blocks[rid].description.kind  # type: ignore[no-any-return]
-
-
-def _inside(draft: PlanDraft, bid: int, rid: int) -> bool:
-    """Whether block ``bid`` is inside region ``rid`` (at any depth)."""
-    parents = draft.parents
-    r = parents.get(bid)
-    while r is not None:
-        if r == rid:
-            return True
-        r = parents.get(r)
-    return False
 
 
 def check_regions(draft: PlanDraft) -> None:
@@ -155,14 +145,14 @@ def _check_region(draft: PlanDraft, rid: int) -> None:
         draft.error(rid, "region-condition", f"{name} needs a Condition: link a one-element output of a block {made}")
         return
     src = draft.blocks[lk.src]
-    if kind == "if" and (lk.src == rid or _inside(draft, lk.src, rid)):
+    if kind == "if" and (lk.src == rid or draft.inside(lk.src, rid)):
         draft.error(
             rid,
             "region-condition",
             f"the Condition of {name} comes from '{src.name}', inside its body: an If decides before its body runs, "
             "so the condition must be made by a block before the region",
         )
-    elif kind == "while" and not _inside(draft, lk.src, rid):
+    elif kind == "while" and not draft.inside(lk.src, rid):
         draft.error(
             rid,
             "region-condition",
@@ -235,7 +225,7 @@ def size_regions(draft: PlanDraft) -> None:
                 Diagnostic("warning", rid, "region-not-running", f"region '{name}' is not running: {reason}")
             )
             for bid in draft.order:
-                if _inside(draft, bid, rid):
+                if draft.inside(bid, rid):
                     draft.left_out.setdefault(bid, f"its region '{draft.blocks[rid].name}' is not running")
         # again from the start, with those left out (values, ports and warnings are made anew)
         draft.warnings[:] = warnings_before
@@ -291,14 +281,11 @@ def _region_kernel_draft(
     draft: PlanDraft, index: int, rid: int, entry: str, args: list[Arg], reads: list, writes: list
 ) -> NodeDraft:
     source, desc = region_kernel(entry)
-    for ai, a in enumerate(args):
-        # Hot edits of Count/Max and Warm rebinds of a bound condition patch these slots too
-        table = draft.scalar_slots if a.kind == "scalar" else draft.binding_slots if a.kind == "external" else None
-        if table is not None:
-            slots = table.get(a.ref)  # type: ignore[arg-type]
-            table[a.ref] = ((index, ai),) if slots is None else (*slots, (index, ai))  # type: ignore[index]
     head = (index, rid, REGION_ENTRIES[entry], source, desc, 1, 1, 0, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, _ONE_THREAD, reads, writes))
+    nd = _new(NodeDraft, (KernelNodePlan, head, _ONE_THREAD, reads, writes))
+    # Hot edits of Count/Max and Warm rebinds of a bound condition patch these slots too
+    replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+    return nd
 
 
 def _condition_arg(draft: PlanDraft, rid: int) -> tuple[Arg, object, int]:
@@ -357,6 +344,7 @@ def region_nodes(draft: PlanDraft) -> None:
     made_probes: dict[int, list[NodeDraft]] = {}  # block -> its probe drafts, repeated in later copies
 
     body_delays = delays_in_bodies(draft)  # FrameDelays in bodies: init before the region, a copy per body copy
+    in_bodies = {bid for inside in body_delays.values() for bid in inside}
 
     def add_block(u: int, mode: str) -> None:
         """Block ``u``'s nodes; ``mode``: ``make`` its probes, ``repeat`` the ones made, or ``none``."""
@@ -375,10 +363,10 @@ def region_nodes(draft: PlanDraft) -> None:
 
     def walk(scope_node: int | None, scope: int | None, mode: str, copies: int, skip: Container[int] = ()) -> None:
         for u in draft.units.get(scope, ()):
-            if u not in sized or u in body_delays or u in skip:
+            if u not in sized or u in in_bodies or u in skip:
                 continue
-            if scope is None and u in draft.units and body_delays:
-                delay_inits(draft, u, env, probes, body_delays)
+            if scope is None and u in body_delays:
+                delay_inits(draft, body_delays[u], env, probes)
             first = len(drafts)
             if u not in draft.units:
                 add_block(u, mode)

@@ -85,8 +85,9 @@ class NodeCache:
 
 
 def replay_slots(draft: NodeDraft, scalar_slots: dict, binding_slots: dict, counter_users: set[int]) -> None:
-    """Record the slots of a reused node draft as ``_work_node`` does when it makes it: a Hot
-    parameter's and a bound input's argument positions, and whether it uses an append counter."""
+    """Record the slots of a node draft from its arguments, as ``_work_node`` does when it makes one: a
+    Hot parameter's and a bound input's argument positions, and whether it uses a counter (a reused
+    draft; a region's set-condition and step kernels, whose ``Max``/``Count`` and condition are patched too)."""
     index = draft.head[0]
     args = draft.head[-1]  # KernelNodePlan and CapturedNodePlan heads end with their arguments
     for ai, a in enumerate(args):
