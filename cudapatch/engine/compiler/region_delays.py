@@ -113,27 +113,14 @@ def delay_copies(
     """A copy node ``In`` -> ``Out`` for each fed delay placed in ``scope`` (None: the top level) and
     not in ``carried`` (the delays ping-pong carries), appended to ``draft.drafts`` (inside the body
     of conditional node ``scope_node``) and to the delay's ``block_nodes``, last."""
-    drafts, vb = draft.drafts, draft.value_buffer
+    vb = draft.value_buffer
     for bid, prev, cur in draft.delays:
         if cur is None or draft.parents.get(bid) != scope or bid not in draft.block_nodes or bid in carried:
             continue
         src, dst = vb[cur], vb[prev]
-        b = draft.buffers[dst]
-        entry, n = copy_entry(b.count * b.dtype.itemsize)
-        source, desc = copy_kernel(entry)
-        word = _WORD[entry[-1]]
-        args = (
-            _new(Arg, ("buffer", word, True, src, None)),
-            _new(Arg, ("buffer", word, True, dst, None)),
-            _new(Arg, ("const", DType.UINT32, False, None, n)),
-        )
-        index = len(drafts)
-        head = (index, bid, COPY_ENTRIES[entry], source, desc, copy_grid(n), 256, 0, args)
-        drafts.append(_new(NodeDraft, (KernelNodePlan, head, _FLAT, [src], [dst])))
+        index = _delay_kernel(draft, bid, "copy", (src, dst), None, [src], [dst])
         if scope_node is not None:
             draft.scopes[index] = scope_node
-        draft.block_nodes[bid] = (*draft.block_nodes[bid], index)
-        draft.copied_delays.add(bid)
 
 
 def copy_nodes(draft: PlanDraft) -> set[int]:
@@ -206,24 +193,32 @@ def delay_syncs(draft: PlanDraft, carried: list[tuple[int, int, int]], counter: 
     reading the loop's iteration counter ``counter`` (its index among the counters), appended to
     ``draft.drafts`` (in the scope around the loop: ``region_nodes`` files it) and to the delay's
     ``block_nodes``, last."""
-    drafts = draft.drafts
     for bid, prev, cur in carried:
         if bid not in draft.block_nodes:  # a faulted delay: no init kernel, nothing carried
             continue
-        b = draft.buffers[prev]
-        entry, n = copy_entry(b.count * b.dtype.itemsize, "sync")
-        source, desc = copy_kernel(entry)
-        word = _WORD[entry[-1]]
-        args = (
-            _new(Arg, ("buffer", word, True, prev, None)),
-            _new(Arg, ("buffer", word, True, cur, None)),
-            _new(Arg, ("const", DType.UINT32, False, None, n)),
-            _new(Arg, ("counter", DType.UINT32, True, counter, None)),
-        )
-        index = len(drafts)
-        head = (index, bid, COPY_ENTRIES[entry], source, desc, copy_grid(n), 256, 0, args)
-        res = -1 - counter
-        drafts.append(_new(NodeDraft, (KernelNodePlan, head, _FLAT, [prev, cur, res], [prev, cur])))
+        index = _delay_kernel(draft, bid, "sync", (prev, cur), counter, [prev, cur, -1 - counter], [prev, cur])
         draft.counter_users.add(index)
-        draft.block_nodes[bid] = (*draft.block_nodes[bid], index)
-        draft.copied_delays.add(bid)
+
+
+def _delay_kernel(
+    draft: PlanDraft, bid: int, kind: str, pair: tuple[int, int], counter: int | None, reads: list, writes: list
+) -> int:
+    """Append delay ``bid``'s ``copy`` (``pair``: from, to) or ``sync`` kernel (``pair``: Out, In; it reads
+    loop counter ``counter``) to ``draft.drafts`` and, last, to its ``block_nodes``; returns its index."""
+    b = draft.buffers[pair[1] if kind == "copy" else pair[0]]  # the Out buffer
+    entry, n = copy_entry(b.count * b.dtype.itemsize, kind)
+    source, desc = copy_kernel(entry)
+    word = _WORD[entry[-1]]
+    args = (
+        _new(Arg, ("buffer", word, True, pair[0], None)),
+        _new(Arg, ("buffer", word, True, pair[1], None)),
+        _new(Arg, ("const", DType.UINT32, False, None, n)),
+    )
+    if counter is not None:
+        args += (_new(Arg, ("counter", DType.UINT32, True, counter, None)),)
+    index = len(draft.drafts)
+    head = (index, bid, COPY_ENTRIES[entry], source, desc, copy_grid(n), 256, 0, args)
+    draft.drafts.append(_new(NodeDraft, (KernelNodePlan, head, _FLAT, reads, writes)))
+    draft.block_nodes[bid] = (*draft.block_nodes[bid], index)
+    draft.copied_delays.add(bid)
+    return index
