@@ -12,9 +12,11 @@ valid launch order.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .draft import PlanDraft
 
-__all__ = ["edges"]
+__all__ = ["edges", "hazards"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__: several times cheaper (see plan.py)
 
@@ -27,27 +29,40 @@ def edges(draft: PlanDraft) -> None:
     out = draft.nodes
     for cls, head, tail, reads, writes in draft.drafts:
         index = head[0]
-        deps: set[int] = set()
-        for r in reads:
-            w = last_writer.get(r)
-            if w is not None:
-                deps.add(w)
-        for r in writes:
-            w = last_writer.get(r)
-            if w is not None:
-                deps.add(w)
-            rs = readers.get(r)
-            if rs:
-                deps.update(rs)
-        for r in reads:
-            rs = readers.get(r)
-            if rs is None:
-                readers[r] = {index}
-            else:
-                rs.add(index)
-        for r in writes:
-            last_writer[r] = index
-            readers.pop(r, None)
+        deps = hazards(index, reads, writes, last_writer, readers)
         if index in counter_users:
             deps.add(0)  # the counters' memset
         out.append(_new(cls, (*head, tuple(sorted(deps)) if len(deps) > 1 else tuple(deps), *tail)))
+
+
+def hazards(
+    index: int,
+    reads: Iterable[object],
+    writes: Iterable[object],
+    last_writer: dict[object, int],
+    readers: dict[object, set[int]],
+) -> set[int]:
+    """The nodes node ``index`` waits for, given the resources it reads and writes, the last writer of
+    each resource and the nodes reading it since (both updated for the nodes after it)."""
+    deps: set[int] = set()
+    for r in reads:
+        w = last_writer.get(r)
+        if w is not None:
+            deps.add(w)
+    for r in writes:
+        w = last_writer.get(r)
+        if w is not None:
+            deps.add(w)
+        rs = readers.get(r)
+        if rs:
+            deps.update(rs)
+    for r in reads:
+        rs = readers.get(r)
+        if rs is None:
+            readers[r] = {index}
+        else:
+            rs.add(index)
+    for r in writes:
+        last_writer[r] = index
+        readers.pop(r, None)
+    return deps

@@ -52,6 +52,7 @@ from ..plan import (
 from ..region_kernels import REGION_ENTRIES, region_kernel
 from .condition_only import condition_only
 from .draft import BlockSizes, NodeDraft, PlanDraft
+from .edges import hazards
 from .nodes import block_nodes, counters_memset, node_env
 from .order import same_frame_links, topological_order
 from .probes import probe_requests
@@ -524,21 +525,7 @@ def region_edges(draft: PlanDraft) -> None:
     for i, (cls, head, tail, _, _) in enumerate(drafts):
         scope = scopes.get(i)
         last_writer, readers = state.setdefault(scope, ({}, {}))
-        deps: set[int] = set()
-        for r in reads[i]:
-            w = last_writer.get(r)
-            if w is not None:
-                deps.add(w)
-        for r in writes[i]:
-            w = last_writer.get(r)
-            if w is not None:
-                deps.add(w)
-            deps.update(readers.get(r, ()))
-        for r in reads[i]:
-            readers.setdefault(r, set()).add(i)
-        for r in writes[i]:
-            last_writer[r] = i
-            readers.pop(r, None)
+        deps = hazards(i, reads[i], writes[i], last_writer, readers)
         if scope is None and counter_user[i] and i != 0 and draft.counters:
             deps.add(0)  # the counters' memset, in the top-level graph
         deps.discard(i)
