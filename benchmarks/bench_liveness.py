@@ -33,24 +33,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import update_us  # noqa: E402
+from _timing import bare_launch_us, update_us  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
 from cudapatch.engine.memory_plan import shares_with_others  # noqa: E402
-
-
-def bare_launch_us(e: Engine, frames: int = 500) -> float:
-    g = e.graph
-    assert g is not None
-    stream, times = e.resources.stream, []
-    for i in range(frames):
-        if i % 50 == 0:
-            e.synchronize()
-        t = time.perf_counter_ns()
-        g.launch(stream)
-        times.append(time.perf_counter_ns() - t)
-    e.synchronize()
-    return statistics.median(times) / 1e3
 
 
 def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0) -> tuple[float, int, float]:
