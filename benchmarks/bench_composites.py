@@ -15,8 +15,6 @@ Usage: ``python benchmarks/bench_composites.py [--blocks 100] [--elements 4096]`
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms, host_us  # noqa: E402
 
 from cudapatch import Composite, CompositeBuilder, Engine, Scale  # noqa: E402
@@ -104,9 +103,7 @@ def main() -> None:
             ours = results[mode][key]
             print(f"{mode + ': ' + label:40s} {ours:10.3f} {peer[key]:10.3f} {ours / peer[key]:6.2f}x")
     print(f"(took {time.perf_counter() - t0:.1f} s; GPU ms per frame, host µs medians)")
-    out_dir = os.environ.get("RESULTS_DIR")
-    if out_dir:
-        Path(out_dir, "composites.json").write_text(json.dumps({"blocks": args.blocks, **results}, indent=2))
+    write_results("composites.json", {"blocks": args.blocks, **results}, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -25,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms as gpu_ms_per_frame  # noqa: E402
 from _timing import host_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
@@ -294,11 +293,7 @@ def main() -> None:
     print(f"Cold rebuild phases (median ms): {cold_phases}")
     print(f"pool over 10,000 frames: driver allocations {before[0]} -> {after[0]}, bytes {before[1]} -> {after[1]}")
     print(f"device free memory drift after 1000 rebuilds: {drift / 2**20:+.2f} MiB")
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "engine.json").write_text(
-            json.dumps({"rows": out, "pool": [before, after], "drift": drift}, indent=1)
-        )
+    write_results("engine.json", {"rows": out, "pool": [before, after], "drift": drift})
     check(d.cuGraphExecDestroy(gexec))
     check(d.cuGraphDestroy(graph))
     for b in bufs:

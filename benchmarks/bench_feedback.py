@@ -17,8 +17,6 @@ Writes ``feedback.json`` to ``$RESULTS_DIR`` when set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import bare_launch_us, host_us  # noqa: E402
 
 from cudapatch import Download, DownloadRing, Engine, Fill, FrameDelay, Scale, Upload, UploadRing  # noqa: E402
@@ -100,9 +99,7 @@ def main() -> None:
     print(f"{'  + UploadRing.write':42s} {t['write']:8.2f}   {t['write'] - t['blocks']:+.2f}")
     print(f"{'  + UploadRing.write + DownloadRing.read':42s} {t['both']:8.2f}   {t['both'] - t['blocks']:+.2f}")
     print(f"{'  uploads dropped (GPU behind)':42s} {int(t['dropped']):8d}")
-    out_dir = os.environ.get("RESULTS_DIR")
-    if out_dir:
-        Path(out_dir, "feedback.json").write_text(json.dumps(results, indent=1))
+    write_results("feedback.json", results)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,7 @@ per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -52,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms, update_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
@@ -434,9 +433,7 @@ def main() -> None:
     print("3. Hot change of one scalar, set() + update() host µs (quiet update() beside it)")
     for key in ("fused", "unfused"):
         print(f"   {key:<8} {r[f'{key}_hot_update_us']:.1f}  (quiet {r[f'{key}_quiet_update_us']:.1f})")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "fusion.json").write_text(json.dumps(report, indent=2))
+    write_results("fusion.json", report, indent=2)
 
 
 if __name__ == "__main__":

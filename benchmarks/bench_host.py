@@ -8,14 +8,13 @@ Usage: ``python benchmarks/bench_host.py``; writes ``host.json`` to ``$RESULTS_D
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import host_us  # noqa: E402
 
 from cudapatch import Engine  # noqa: E402
@@ -70,9 +69,7 @@ def main() -> None:
     print(f"{'block.set (peer)':40s} {direct:8.2f} µs")
     print(f"{'adapter.set_param(float)':40s} {via:8.2f} µs   {via / direct:.2f}x  (target <= 10 µs)")
     print(f"{'adapter.set_param(TD string)':40s} {via_str:8.2f} µs")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "host.json").write_text(json.dumps(rows, indent=1))
+    write_results("host.json", rows)
     engine.close()
 
 

@@ -14,7 +14,6 @@ Usage: ``PYOPENGL_PLATFORM=egl python benchmarks/bench_interop.py``
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # an entry point: chooses PyO
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
@@ -310,9 +310,7 @@ def main() -> None:
         return
     bench_particles(ctx, results)
     results["rows"] = ROWS
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "interop.json").write_text(json.dumps(results, indent=1, default=str))
+    write_results("interop.json", results, default=str)
     ctx.close()
 
 

@@ -11,8 +11,6 @@ Usage: ``python benchmarks/bench_isolated.py [--no-fault]``; writes ``isolated.j
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import host_us  # noqa: E402
 
 from cudapatch import Engine, Fill, Scale  # noqa: E402
@@ -109,9 +108,7 @@ def main() -> None:
     if "--no-fault" not in sys.argv:
         results["restart after fault s"] = fault_restart_s()
         print(f"restart after fault (noticed -> running again): {results['restart after fault s']:.3f} s")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "isolated.json").write_text(json.dumps(results, indent=2))
+    write_results("isolated.json", results, indent=2)
 
 
 if __name__ == "__main__":

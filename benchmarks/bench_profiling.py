@@ -9,8 +9,6 @@ Usage: ``python benchmarks/bench_profiling.py [--blocks 100] [--elements 1048576
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -21,6 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms, update_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
@@ -149,11 +148,11 @@ def main() -> None:
         + ", ".join(f"{lv} {ms:.3f}" for lv, ms in waits)
         + "  (target < 1 ms except DeepSync)"
     )
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "profiling.json").write_text(
-            json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms, back_to_back_ms], "waits": waits})
-        )
+    write_results(
+        "profiling.json",
+        {"rows": rows, "kernel": [graph_kernel_ms, eager_ms, back_to_back_ms], "waits": waits},
+        indent=None,
+    )
     eng.close()
 
 

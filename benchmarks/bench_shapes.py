@@ -14,9 +14,7 @@ Usage: ``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--heig
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -28,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import host_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
@@ -97,9 +96,7 @@ def main() -> None:
         out.append({"measure": name, "ours": ours, "peer": peer, "peer_value": peer_val})
     image_update, flat_update = rows[0][1], rows[2][1]
     print(f"clean update(), image patch / flat patch: {image_update / flat_update:.2f}x (target: 1.0, nothing added)")
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "shapes.json").write_text(json.dumps({"rows": out}, indent=1))
+    write_results("shapes.json", {"rows": out})
 
 
 if __name__ == "__main__":
