@@ -162,16 +162,24 @@ def _check_region(draft: PlanDraft, rid: int) -> None:
         )
 
 
-def _unit(draft: PlanDraft, bid: int, scope: int | None) -> int | None:
-    """The member of ``scope`` that is ``bid`` or holds it, or None if ``bid`` is not in ``scope``."""
-    parents = draft.parents
-    cur: int | None = bid
-    while cur is not None:
+def _scope_edge(parents: dict[int, int], src: int, dst: int) -> tuple[int | None, int, int] | None:
+    """The one scope a link ``src`` -> ``dst`` orders: the innermost scope holding both, with the member
+    of it that is or holds each end (None when that is one member: the link stays inside it)."""
+    up: dict[int | None, int] = {}  # scope -> the member of it that is or holds ``src``
+    cur = src
+    while True:
         p = parents.get(cur)
-        if p == scope:
-            return cur
+        up[p] = cur
+        if p is None:
+            break
         cur = p
-    return None
+    cur = dst
+    while True:
+        p = parents.get(cur)
+        if p in up:
+            s = up[p]
+            return (p, s, cur) if s != cur else None
+        cur = p  # type: ignore[assignment]
 
 
 def order_regions(draft: PlanDraft) -> None:
@@ -180,16 +188,15 @@ def order_regions(draft: PlanDraft) -> None:
     rank = {b.id: i for i, b in enumerate(draft.snap.blocks)}
     blocks = draft.blocks
     ordered: dict[int | None, list[int]] = {}
-    frame_links = same_frame_links(draft)
+    edges: dict[int | None, set[tuple[int, int]]] = {}
+    for lk in same_frame_links(draft):  # a link into a FrameDelay's In closes no cycle
+        found = _scope_edge(draft.parents, lk.src, lk.dst)
+        if found is not None:
+            edges.setdefault(found[0], set()).add(found[1:])
     for scope, members in draft.units.items():
         members = sorted(members, key=rank.__getitem__)
-        member_set = set(members)
-        edges: set[tuple[int, int]] = set()
-        for lk in frame_links:  # a link into a FrameDelay's In closes no cycle
-            s, d = _unit(draft, lk.src, scope), _unit(draft, lk.dst, scope)
-            if s is not None and d is not None and s != d and s in member_set and d in member_set:
-                edges.add((s, d))
-        order, cyclic = topological_order(members, [Link(s, "", d, "") for s, d in sorted(edges)])
+        links = [Link(s, "", d, "") for s, d in sorted(edges.get(scope, ()))]
+        order, cyclic = topological_order(members, links)
         if cyclic:
             names = ", ".join(blocks[b].name for b in cyclic)
             for b in cyclic:
