@@ -71,16 +71,18 @@ def _refusal(
             return f"it holds a library call ('{nodes[i].entry_point}'), which is re-captured only outside child graphs"
     if plan.delays and _touches_delays(plan, members):
         return "it holds a FrameDelay or uses one's buffers, which alternate every frame outside child graphs only"
-    after = _reach(members, lambda i: dependents.get(i, ()))
-    before = _reach(members, lambda i: nodes[i].deps)
+    # Node indices are a launch order: a node between two members, and every node on a path from one
+    # to it or from it to one, lies between the first member and the last; the walks stay there.
+    lo, hi = min(members), max(members)
+    after = _reach(members, lambda i: [j for j in dependents.get(i, ()) if j < hi])
+    before = _reach(members, lambda i: [j for j in nodes[i].deps if j > lo])
     between = (after & before) - members
-    names = {b.id: b.name for b in snap.blocks}
-    owner = {i: bid for bid, idx in plan.block_nodes.items() for i in idx}
     for i in sorted(between):
         n = nodes[i]
         if isinstance(n, StampNodePlan) or (isinstance(n, MemsetNodePlan) and n.buffer is not None):
             continue
-        who = names.get(owner.get(i, -1), "another block")
+        owner = next((bid for bid, idx in plan.block_nodes.items() if i in idx), None)
+        who = next((b.name for b in snap.blocks if b.id == owner), "another block")
         return f"'{who}' reads one of its outputs and feeds one of its inputs, so it cannot run as one node"
     return between
 
