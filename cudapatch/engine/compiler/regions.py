@@ -232,9 +232,14 @@ def size_regions(draft: PlanDraft) -> None:
             region_warnings.append(
                 Diagnostic("warning", rid, "region-not-running", f"region '{name}' is not running: {reason}")
             )
-            for bid in draft.order:
-                if draft.inside(bid, rid):
-                    draft.left_out.setdefault(bid, f"its region '{draft.blocks[rid].name}' is not running")
+        for bid in draft.order:  # the blocks inside them, each naming the outermost
+            top, r = None, draft.parents.get(bid)
+            while r is not None:
+                if r in gone:
+                    top = r
+                r = draft.parents.get(r)
+            if top is not None:
+                draft.left_out.setdefault(bid, f"its region '{draft.blocks[top].name}' is not running")
         # again from the start, with those left out (values, ports and warnings are made anew)
         draft.warnings[:] = warnings_before
         draft.sized, draft.skipped, draft.values, draft.ports, draft.binding_counts = {}, [], [], {}, {}
