@@ -41,6 +41,7 @@ from ..context import BlockSnapshot
 from ..plan import Arg, BufferPlan, KernelNodePlan
 from ..profiling import ProfilingLevel
 from .draft import NodeDraft, PlanDraft, Source
+from .reuse import replay_slots
 
 __all__ = [
     "FUSED_KERNEL",
@@ -361,7 +362,6 @@ def _param_bytes(inputs: int, scalars: int) -> int:
 def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     """The kernel node of ``group`` at node ``index``, recording its Hot and Warm slots."""
     program, value_buffer = group.program, draft.value_buffer
-    scalar_slots, binding_slots = draft.scalar_slots, draft.binding_slots
     args: list[Arg] = []
     reads: list[object] = []
     u32 = DType.UINT32
@@ -371,8 +371,6 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
             args.append(_new(Arg, ("buffer", _F32, True, res, None)))
         else:  # an external binding: a Warm rebind patches this slot
             res = src.ref
-            slots = binding_slots.get(res)  # type: ignore[call-overload]
-            binding_slots[res] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))  # type: ignore[index]
             args.append(_new(Arg, ("external", _F32, True, res, None)))
         reads.append(res)
         args.append(_new(Arg, ("const", u32, False, None, src.count)))
@@ -380,15 +378,15 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     out_port = draft.blocks[group.sink].description.outputs[0].name
     out = value_buffer[sink.outputs[out_port].ref]  # type: ignore[index]
     args.append(_new(Arg, ("buffer", _F32, True, out, None)))
-    for key in group.scalars:
-        slots = scalar_slots.get(key)
-        scalar_slots[key] = ((index, len(args)),) if slots is None else (*slots, (index, len(args)))
+    for key in group.scalars:  # each member's Hot scalars: a Hot edit patches these slots
         args.append(_new(Arg, ("scalar", _F32, False, key, draft.blocks[key[0]].values[key[1]])))
     args.append(_new(Arg, ("const", u32, False, None, group.count)))
     desc = program.descriptor
     grid = max(1, -(-group.count // (desc.block_size * group.source.per_thread)))
     head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
-    return _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
+    nd = _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
+    replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
+    return nd
 
 
 def in_fused_node(plan: Any, block_id: int) -> bool:
