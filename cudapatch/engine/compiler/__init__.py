@@ -59,7 +59,6 @@ from .regions import (
     region_counters,
     region_edges,
     region_nodes,
-    region_publish,
     region_stamps,
     size_regions,
 )
@@ -155,5 +154,5 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     region_nodes(draft)
     region_edges(draft)
     region_stamps(draft)
-    region_publish(draft)
+    publish(draft)
     return composite_keys(draft.plan(), draft.snap)

@@ -27,9 +27,9 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
    ``Unroll`` 1 a copy kernel carries them (``region_delays.py``).
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
-7. ``region_stamps`` and ``region_publish``: profiling stamps in the top-level graph only, where a
-   region counts as one block (its set-condition kernel and conditional node); nodes inside bodies
-   are not stamped. The publish node waits for the top-level sinks.
+7. ``region_stamps``: profiling stamps in the top-level graph only, where a region counts as one
+   block (its set-condition kernel and conditional node); nodes inside bodies are not stamped. Then
+   ``publish`` (``stamps.py``), whose node waits for the top-level sinks.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from ..plan import (
     KernelNodePlan,
     MemsetNodePlan,
     ProbeNodePlan,
-    PublishNodePlan,
     RegionPlan,
 )
 from ..region_kernels import REGION_ENTRIES, region_kernel
@@ -67,7 +66,7 @@ from .region_delays import (
 )
 from .reuse import replay_slots
 from .sizes import sizes
-from .stamps import place_stamps
+from .stamps import place_stamps, renumber
 
 __all__ = [
     "check_regions",
@@ -76,7 +75,6 @@ __all__ = [
     "region_counters",
     "region_edges",
     "region_nodes",
-    "region_publish",
     "region_stamps",
     "size_regions",
 ]
@@ -592,11 +590,7 @@ def region_stamps(draft: PlanDraft) -> None:
     draft.nodes = final
     draft.timings, draft.stamp_count = timings, count
     draft.scopes = {remap[i]: remap[p] for i, p in scopes.items()}
-    for slots in (draft.scalar_slots, draft.binding_slots):
-        for k, v in slots.items():
-            slots[k] = tuple([(remap[ni], ai) for ni, ai in v])
-    for k, v in draft.block_nodes.items():
-        draft.block_nodes[k] = tuple([remap[i] for i in v])
+    renumber(draft, remap)
     for rid, rp in draft.regions.items():
         draft.regions[rid] = rp._replace(
             node=remap[rp.node],
@@ -608,16 +602,6 @@ def region_stamps(draft: PlanDraft) -> None:
         if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
             a = n.args[0]
             nodes[i] = n._replace(args=(a._replace(ref=remap[a.ref]), *n.args[1:]))
-
-
-def region_publish(draft: PlanDraft) -> None:
-    """The publish node, after the top-level sinks only (a node in a body cannot be waited for from
-    the top-level graph; its conditional node is)."""
-    nodes, scopes = draft.nodes, draft.scopes
-    if draft.counters or draft.stamp_count or draft.probe_words:
-        used = {dep for n in nodes if n.index not in scopes for dep in n.deps}
-        sinks = tuple(n.index for n in nodes if n.index not in used and n.index not in scopes)
-        nodes.append(PublishNodePlan(len(nodes), sinks, 1 if draft.stamp_count else None))
 
 
 def _top_of(scopes: dict[int, int], i: int) -> int:

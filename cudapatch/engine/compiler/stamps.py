@@ -14,7 +14,7 @@ from ..plan import CapturedNodePlan, KernelNodePlan, NodePlan, PublishNodePlan, 
 from ..profiling import ProfilingLevel
 from .draft import PlanDraft
 
-__all__ = ["place_stamps", "publish", "stamps"]
+__all__ = ["place_stamps", "publish", "renumber", "stamps"]
 
 
 def stamps(draft: PlanDraft) -> None:
@@ -22,6 +22,11 @@ def stamps(draft: PlanDraft) -> None:
     if not draft.level.timed:
         return
     draft.nodes, remap, draft.timings, draft.stamp_count = place_stamps(draft.nodes, draft.level)
+    renumber(draft, remap)
+
+
+def renumber(draft: PlanDraft, remap: dict[int, int]) -> None:
+    """Renumber the nodes the Hot and Warm slots and ``block_nodes`` name (``remap``: old index -> new)."""
     for slots in (draft.scalar_slots, draft.binding_slots):
         for k, v in slots.items():
             slots[k] = tuple([(remap[ni], ai) for ni, ai in v])
@@ -31,11 +36,14 @@ def stamps(draft: PlanDraft) -> None:
 
 
 def publish(draft: PlanDraft) -> None:
-    """End the graph with a publish node when it has readback values (append counters, stamps, probes)."""
-    nodes = draft.nodes
+    """End the graph with a publish node when it has readback values (append counters, stamps, probes):
+    after the sinks of the top-level graph (a node in a region's body cannot be waited for from there;
+    its conditional node is)."""
+    nodes, scopes = draft.nodes, draft.scopes
     if draft.counters or draft.stamp_count or draft.probe_words:
-        used = {dep for n in nodes for dep in n.deps}
-        sinks = tuple(n.index for n in nodes if n.index not in used)
+        top = [n for n in nodes if n.index not in scopes] if scopes else nodes
+        used = {dep for n in top for dep in n.deps}
+        sinks = tuple(n.index for n in top if n.index not in used)
         nodes.append(PublishNodePlan(len(nodes), sinks, 1 if draft.stamp_count else None))
 
 
