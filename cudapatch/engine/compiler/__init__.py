@@ -31,8 +31,7 @@ A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ord
 stamps (``regions.py``): bodies become the body graphs of conditional nodes. Its values keep a buffer
 each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
 
-The phases DESIGN.md §10 adds go into this sequence: delays after ordering, shapes in
-sizes (done), fusion before memory. ``PlanDraft.plan()`` freezes the result.
+``PlanDraft.plan()`` freezes the result.
 """
 
 from __future__ import annotations

@@ -238,10 +238,7 @@ def size_regions(draft: PlanDraft) -> None:
                 r = draft.parents.get(r)
             if top is not None:
                 draft.left_out.setdefault(bid, f"its region '{draft.blocks[top].name}' is not running")
-        # again from the start, with those left out (values, ports and warnings are made anew)
-        draft.warnings[:] = warnings_before
-        draft.sized, draft.skipped, draft.values, draft.ports, draft.binding_counts = {}, [], [], {}, {}
-        draft.shapes = {}
+        draft.warnings[:] = warnings_before  # again from the start, with those left out
     draft.warnings.extend(region_warnings)
     for rid in _regions_in_order(draft):
         if rid in draft.left_out:

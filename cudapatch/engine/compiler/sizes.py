@@ -30,8 +30,10 @@ _NULL = Source("null", None, 0, flat(0))
 
 
 def sizes(draft: PlanDraft) -> None:
-    """Fill ``draft.sized`` (blocks that run, in order), ``skipped``, ``values``, ``ports`` and
-    ``binding_counts``; add a diagnostic for every block left out and every reader of a faulted block."""
+    """Fill ``draft.sized`` (blocks that run, in order), ``skipped``, ``values``, ``ports``, ``shapes`` and
+    ``binding_counts``, afresh (``size_regions`` runs it again when it leaves a region out); add a
+    diagnostic for every block left out and every reader of a faulted block."""
+    draft.sized, draft.skipped, draft.values, draft.ports, draft.shapes, draft.binding_counts = {}, [], [], {}, {}, {}
     blocks, incoming, bindings = draft.blocks, draft.incoming, draft.snap.bindings
     kernel_status, faulted, warnings = draft.kernel_status, draft.faulted, draft.warnings
     sized, binding_counts = draft.sized, draft.binding_counts
