@@ -106,10 +106,7 @@ class ParamTier:
             CudaError: a driver call failed.
         """
         dirty = self._dirty
-        params, bindings = dirty.params, dirty.bindings
-        dirty.params, dirty.bindings = {}, {}
-        # An edit waiting for the build in flight stays pending.
-        dirty.any = bool(dirty.structure or dirty.code or dirty.captured or dirty.bypass)
+        params, bindings = dirty.take_params()  # an edit waiting for the build in flight stays pending
         if self._carried is not None:
             self.carry(params, bindings)
         c = self._counters
