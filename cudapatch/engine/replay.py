@@ -235,7 +235,7 @@ def main() -> None:
     plan = replay_plan(snap)
     graph = realize(
         plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
-        block_names={b.id: b.name for b in snap.blocks}, libraries=LibraryHandles(dev, pool),
+        block_names=snap.names, libraries=LibraryHandles(dev, pool),
     )  # fmt: skip
     try:
         culprit = graph.replay(dev.stream)
