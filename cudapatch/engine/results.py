@@ -204,9 +204,9 @@ class EngineResults:
                 pool=self.resources.pool,
                 diagnostics=self._board.current,
             )
-        show_on_blocks(stats, registry)
-        if g is not None and g.plan.regions:
-            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
+            show_on_blocks(stats, registry)
+            if g is not None and g.plan.regions:  # of the same frame: the ring stays on it until the block ends
+                show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 
