@@ -423,7 +423,7 @@ class Context:
             if block.description.input(port) is None:
                 known = ", ".join(p.name for p in (*block.outputs, *block.inputs)) or "none"
                 raise LinkError(f"unknown port (ports: {known})", block=block.name, port=port)
-            link = next((lk for lk in self.connections if (lk.dst, lk.dst_port) == key), None)
+            link = self.connections.link_into(*key)
             if link is None:
                 raise LinkError("only wires are probed: no link feeds this input", block=block.name, port=port)
             key = (link.src, link.src_port)
