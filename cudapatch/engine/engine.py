@@ -393,9 +393,9 @@ class Engine(PatchEditing, EngineResults):
         (which waits there) or when the kernel is not in the patch."""
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
-    def _settle_compiles(self) -> None:
-        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
-        self._code.apply(self.kernels.collect(wait=True))
+    def _settle_compiles(self, timeout: float | None = None) -> None:
+        self._code.settle_fused(timeout)  # kernels of fused groups a member's edit regenerated
+        self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.
@@ -413,8 +413,7 @@ class Engine(PatchEditing, EngineResults):
                     self._worker.wait()
                     self._structure.finish()
                 while True:
-                    self._code.settle_fused(timeout)
-                    self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
+                    self._settle_compiles(timeout)
                     if self._dirty.any:
                         self._apply_changes()
                     if not self.kernels.pending:
