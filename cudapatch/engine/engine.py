@@ -18,9 +18,10 @@ The engine orchestrates; each concept it uses lives in its own object:
 - ``PatchEditing`` (``editing.py``) and ``EngineResults`` (``results.py``): the editing and the
   reading halves of the public API, base classes of ``Engine``.
 
-``update()`` with nothing dirty tests one flag, polls the readback ring (plain loads from host-mapped
-memory the graph publishes into, only when it has append buffers or timestamps), and launches: one
-driver call, no allocation, no synchronize, no per-block loop.
+``update()`` with nothing dirty tests a few flags and launches: one driver call (a graph with
+FrameDelays picks the executable of this frame's phase), no allocation, no synchronize, no per-block
+loop. The readback ring (append counts, timings, probes, loop iterations) is only counted; it is read
+with plain loads when a value is asked for.
 """
 
 from __future__ import annotations
