@@ -340,7 +340,7 @@ class Engine(PatchEditing, EngineResults):
                         self._launch_failed(exc)
                         raise
                 if rb is not None:
-                    rb.record(res.stream, self.counters.frames)
+                    rb.record(self.counters.frames)
                     if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
                         self.device.synchronize()
                         rb.poll()
