@@ -335,23 +335,12 @@ class ChildGraphDriver(RecordingDriver):
 
 
 def test_a_child_graph_composite_is_one_node_whose_kernels_update_through_it(monkeypatch) -> None:
-    from cudapatch import Composite
-
-    class Pair(Composite):
-        child_graph = True
-
-        def compose(self, c) -> None:
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale(Factor=3.0))
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
-            c.expose("Gain", "a.Factor", "b.Factor")
+    from tests.unit.composite_blocks import TwoScales
 
     fake = ChildGraphDriver()
     monkeypatch.setattr(driver_module, "_driver", fake)
     ctx = Context()
-    pair = ctx.register_block(Pair(name="pair"))
+    pair = ctx.register_block(TwoScales(name="pair", child_graph=True))
     tail = ctx.register_block(Scale(name="tail"))
     ctx.connect(pair, "Out", tail, "In")
     ctx.bind_input(pair, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
