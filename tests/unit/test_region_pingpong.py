@@ -326,12 +326,12 @@ extern "C" __global__ void use(const float* x, const int* more, float* out, unsi
 def test_realize_puts_each_copy_in_its_body_with_the_buffers_swapped(monkeypatch) -> None:
     from cudapatch.engine.buffers import BufferPool
 
-    from .test_regions_realize import RegionDriver, _install, _realize
+    from .recording_driver import RegionDriver, install, realize_regions
 
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     c, loop, d, s, r = _for(10, 4)
     plan = compile_plan(c.snapshot())
-    g = _realize(c, plan, BufferPool())
+    g = realize_regions(c, plan, BufferPool())
     assert rec.names().count("instantiate") == 1 and g._exec1 is None  # one executable: nothing alternates
     assert len([call for call in rec.calls if call[0] == "add_conditional"]) == 3  # main, pairs, tail
     (dp,) = plan.delays
