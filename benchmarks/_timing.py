@@ -1,7 +1,9 @@
-"""Timers shared by the benchmarks: GPU time from CUDA events, host time of update()."""
+"""Timers shared by the benchmarks: GPU time from CUDA events, host time of a call, of update() and of
+a bare launch of the engine's graph (the peer of a quiet update())."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -37,15 +39,30 @@ def gpu_ms(run: Callable[[], Any], stream: Any, frames: int = 200, repeats: int 
     return statistics.median(gpu_ms_samples(run, stream, frames, repeats))
 
 
+def host_us(run: Callable[[], Any], calls: int, sync: Callable[[], Any] | None = None, every: int = 50) -> float:
+    """Median host µs of ``run()``; ``sync()`` (untimed) every ``every`` calls and after the last, so a
+    full launch queue never blocks a timed call."""
+    times = []
+    for i in range(calls):
+        if sync is not None and i % every == 0:
+            sync()
+        t = time.perf_counter_ns()
+        run()
+        times.append(time.perf_counter_ns() - t)
+    if sync is not None:
+        sync()
+    return statistics.median(times) / 1e3
+
+
 def update_us(engine: Any, frames: int = 1000, sync_every: int = 20) -> float:
     """Median host µs of ``engine.update()``, the stream drained every ``sync_every`` frames (this
     measures the host, not a full launch queue)."""
-    times = []
-    for i in range(frames):
-        if i % sync_every == 0:
-            engine.synchronize()
-        t = time.perf_counter_ns()
-        engine.update()
-        times.append(time.perf_counter_ns() - t)
-    engine.synchronize()
-    return statistics.median(times) / 1e3
+    return host_us(engine.update, frames, engine.synchronize, sync_every)
+
+
+def bare_launch_us(engine: Any, frames: int = 500, sync_every: int = 50) -> float:
+    """Median host µs of launching the engine's executable graph by itself (``Graph.launch``, no
+    ``update()`` around it): the peer of a quiet ``update()``."""
+    graph = engine.graph
+    assert graph is not None
+    return host_us(functools.partial(graph.launch, engine.resources.stream), frames, engine.synchronize, sync_every)

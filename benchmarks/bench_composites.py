@@ -15,8 +15,6 @@ Usage: ``python benchmarks/bench_composites.py [--blocks 100] [--elements 4096]`
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_engine import gpu_ms_per_frame, host_median  # noqa: E402
+from _results import write_results  # noqa: E402
+from _timing import gpu_ms, host_us  # noqa: E402
 
 from cudapatch import Composite, CompositeBuilder, Engine, Scale  # noqa: E402
 
@@ -70,15 +69,15 @@ def measure(mode: str, n: int, x: np.ndarray) -> dict[str, float]:
         eng.update()
         rebuilds = eng.counters.rebuilds
         sync = eng.device.synchronize
-        quiet = host_median(eng.update, 2000, sync)
+        quiet = host_us(eng.update, 2000, sync)
         values = iter(np.tile([1.0001, 0.9999], 1000))
 
         def edit() -> None:
             hot(float(next(values)))
             eng.update()
 
-        edit_us = host_median(edit, 1000, sync)
-        gpu = gpu_ms_per_frame(eng.update, eng.device.stream)
+        edit_us = host_us(edit, 1000, sync)
+        gpu = gpu_ms(eng.update, eng.device.stream)
         assert eng.counters.rebuilds == rebuilds, "a Hot edit rebuilt the graph"
         out = eng.read(tail, "Out")
         assert np.isfinite(out).all()
@@ -104,9 +103,7 @@ def main() -> None:
             ours = results[mode][key]
             print(f"{mode + ': ' + label:40s} {ours:10.3f} {peer[key]:10.3f} {ours / peer[key]:6.2f}x")
     print(f"(took {time.perf_counter() - t0:.1f} s; GPU ms per frame, host µs medians)")
-    out_dir = os.environ.get("RESULTS_DIR")
-    if out_dir:
-        Path(out_dir, "composites.json").write_text(json.dumps({"blocks": args.blocks, **results}, indent=2))
+    write_results("composites.json", {"blocks": args.blocks, **results}, indent=2)
 
 
 if __name__ == "__main__":

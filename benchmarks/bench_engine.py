@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -25,24 +23,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms as gpu_ms_per_frame  # noqa: E402
+from _timing import host_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale, bundled_kernel  # noqa: E402
 from cudapatch.kernels._driver import check  # noqa: E402
-
-
-def host_median(fn, calls: int, sync, every: int = 50) -> float:
-    """Median host time of ``fn`` in µs; syncs every ``every`` calls so a full launch queue never blocks."""
-    times = []
-    for i in range(calls):
-        if i % every == 0:
-            sync()
-        t = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t)
-    sync()
-    return statistics.median(times) / 1e3
 
 
 def main() -> None:
@@ -149,8 +136,8 @@ def main() -> None:
         rows.append(("GPU µs/frame vs PyTorch CUDA graph", ours_gpu * 1e3, "torch graph µs", torch_gpu * 1e3, "info"))
 
     # ---- host time of update() with nothing dirty -----------------------------------------------------
-    ours_host = host_median(eng.update, 3000, sync)
-    raw_host = host_median(raw_graph_frame, 3000, sync)
+    ours_host = host_us(eng.update, 3000, sync)
+    raw_host = host_us(raw_graph_frame, 3000, sync)
     rows.append(("update() host µs, nothing dirty", ours_host, "cuGraphLaunch µs", raw_host, "≤ 15 µs"))
 
     # ---- Hot update: set() and the update() that applies it, timed separately -------------------------
@@ -169,7 +156,7 @@ def main() -> None:
     hot_set = statistics.median(set_t) / 1e3
     hot_upd = statistics.median(upd_t) / 1e3 - ours_host
     node, p = raw_nodes[nb // 2]
-    raw_set = host_median(lambda: d.cuGraphExecKernelNodeSetParams(gexec, node, p), 3000, sync)
+    raw_set = host_us(lambda: d.cuGraphExecKernelNodeSetParams(gexec, node, p), 3000, sync)
     rows.append(("Hot: update() applying 1 scalar, minus clean update", hot_upd, "raw SetParams µs", raw_set, "≤ 3 µs"))
     rows.append(("Hot: block.set() (validate + mark dirty)", hot_set, "-", None, "info"))
 
@@ -306,11 +293,7 @@ def main() -> None:
     print(f"Cold rebuild phases (median ms): {cold_phases}")
     print(f"pool over 10,000 frames: driver allocations {before[0]} -> {after[0]}, bytes {before[1]} -> {after[1]}")
     print(f"device free memory drift after 1000 rebuilds: {drift / 2**20:+.2f} MiB")
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "engine.json").write_text(
-            json.dumps({"rows": out, "pool": [before, after], "drift": drift}, indent=1)
-        )
+    write_results("engine.json", {"rows": out, "pool": [before, after], "drift": drift})
     check(d.cuGraphExecDestroy(gexec))
     check(d.cuGraphDestroy(graph))
     for b in bufs:

@@ -17,48 +17,18 @@ Writes ``feedback.json`` to ``$RESULTS_DIR`` when set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import write_results  # noqa: E402
+from _timing import bare_launch_us, host_us  # noqa: E402
 
 from cudapatch import Download, DownloadRing, Engine, Fill, FrameDelay, Scale, Upload, UploadRing  # noqa: E402
-
-
-def frame_us(e: Engine, frames: int, each=None) -> float:
-    """Median host µs of ``each()`` (if given) plus ``update()``, synchronizing every 50 frames
-    (outside the timed part) so the launch queue never fills."""
-    times = []
-    for i in range(frames):
-        if i % 50 == 0:
-            e.synchronize()
-        t = time.perf_counter_ns()
-        if each is not None:
-            each()
-        e.update()
-        times.append(time.perf_counter_ns() - t)
-    e.synchronize()
-    return statistics.median(times) / 1e3
-
-
-def bare_launch_us(e: Engine, frames: int) -> float:
-    g = e.graph
-    assert g is not None
-    stream, times = e.resources.stream, []
-    for i in range(frames):
-        if i % 50 == 0:
-            e.synchronize()
-        t = time.perf_counter_ns()
-        g.launch(stream)
-        times.append(time.perf_counter_ns() - t)
-    e.synchronize()
-    return statistics.median(times) / 1e3
 
 
 def loops(k: int, n: int, *, delays: bool, frames: int) -> tuple[float, float]:
@@ -76,7 +46,7 @@ def loops(k: int, n: int, *, delays: bool, frames: int) -> tuple[float, float]:
         e.wait_ready()
         e.update()
         assert e.graph is not None and len(e.graph.plan.delays) == (k if delays else 0)
-        return frame_us(e, frames), bare_launch_us(e, frames)
+        return host_us(e.update, frames, e.synchronize), bare_launch_us(e, frames)
 
 
 def transfer(n: int, frames: int) -> dict[str, float]:
@@ -89,7 +59,7 @@ def transfer(n: int, frames: int) -> dict[str, float]:
         e.connect(f, "Out", s, "In")
         e.wait_ready()
         e.update()
-        out["plain"] = frame_us(e, frames)
+        out["plain"] = host_us(e.update, frames, e.synchronize)
     with Engine(name="transfer") as e:
         up = e.add(Upload(name="up", Count=n))
         s = e.add(Scale(name="s"))
@@ -99,9 +69,9 @@ def transfer(n: int, frames: int) -> dict[str, float]:
         with UploadRing(e, up) as feed, DownloadRing(e, tap, n) as ring:
             e.wait_ready()
             e.update()
-            out["blocks"] = frame_us(e, frames)  # the Upload/Download kernels, no host transfer
-            out["write"] = frame_us(e, frames, lambda: feed.write(data))
-            out["both"] = frame_us(e, frames, lambda: (feed.write(data), ring.read()))
+            out["blocks"] = host_us(e.update, frames, e.synchronize)  # the Upload/Download kernels, no host transfer
+            out["write"] = host_us(lambda: (feed.write(data), e.update()), frames, e.synchronize)
+            out["both"] = host_us(lambda: (feed.write(data), ring.read(), e.update()), frames, e.synchronize)
             out["dropped"] = float(feed.dropped)
     return out
 
@@ -129,9 +99,7 @@ def main() -> None:
     print(f"{'  + UploadRing.write':42s} {t['write']:8.2f}   {t['write'] - t['blocks']:+.2f}")
     print(f"{'  + UploadRing.write + DownloadRing.read':42s} {t['both']:8.2f}   {t['both'] - t['blocks']:+.2f}")
     print(f"{'  uploads dropped (GPU behind)':42s} {int(t['dropped']):8d}")
-    out_dir = os.environ.get("RESULTS_DIR")
-    if out_dir:
-        Path(out_dir, "feedback.json").write_text(json.dumps(results, indent=1))
+    write_results("feedback.json", results)
 
 
 if __name__ == "__main__":

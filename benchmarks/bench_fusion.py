@@ -38,9 +38,7 @@ per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -52,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-from _timing import gpu_ms  # noqa: E402
+from _results import write_results  # noqa: E402
+from _timing import gpu_ms, update_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
@@ -344,17 +343,10 @@ def bench_hot(n_blocks: int, calls: int = 2000) -> dict:
                 target.set("Factor", 1.0 + (i % 7) * 1e-3)
                 e.update()
                 times.append(time.perf_counter_ns() - t)
-            quiet = []
-            for i in range(calls):
-                if i % 50 == 0:
-                    e.synchronize()
-                t = time.perf_counter_ns()
-                e.update()
-                quiet.append(time.perf_counter_ns() - t)
-            e.synchronize()
+            quiet = update_us(e, calls, 50)
         key = "fused" if fuse else "unfused"
         row[f"{key}_hot_update_us"] = statistics.median(times) / 1e3
-        row[f"{key}_quiet_update_us"] = statistics.median(quiet) / 1e3
+        row[f"{key}_quiet_update_us"] = quiet
     return row
 
 
@@ -441,9 +433,7 @@ def main() -> None:
     print("3. Hot change of one scalar, set() + update() host µs (quiet update() beside it)")
     for key in ("fused", "unfused"):
         print(f"   {key:<8} {r[f'{key}_hot_update_us']:.1f}  (quiet {r[f'{key}_quiet_update_us']:.1f})")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "fusion.json").write_text(json.dumps(report, indent=2))
+    write_results("fusion.json", report, indent=2)
 
 
 if __name__ == "__main__":

@@ -8,28 +8,17 @@ Usage: ``python benchmarks/bench_host.py``; writes ``host.json`` to ``$RESULTS_D
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import write_results  # noqa: E402
+from _timing import host_us  # noqa: E402
 
 from cudapatch import Engine  # noqa: E402
 from cudapatch.host_plugin import HostAdapter, PluginHost  # noqa: E402
-
-
-def median_us(fn, n: int = 5000, sync=None, every: int = 200) -> float:
-    times = []
-    for i in range(n):
-        if sync is not None and i % every == 0:
-            sync()
-        t = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t)
-    return statistics.median(times) / 1e3
 
 
 def main() -> None:
@@ -43,9 +32,9 @@ def main() -> None:
     for _ in range(50):
         engine.update()
     sync = engine.synchronize
-    bare = median_us(engine.update, sync=sync)
+    bare = host_us(engine.update, 5000, sync, every=200)
     cook = adapter.engine_operator.cook
-    cooked = median_us(cook, sync=sync)
+    cooked = host_us(cook, 5000, sync, every=200)
     block = adapter.block("op50")
     vals = [1.0, 1.5]
     k = [0]
@@ -62,9 +51,9 @@ def main() -> None:
         k[0] ^= 1
         adapter.set_param("op50", "Factor", "1.5" if k[0] else "1.0")
 
-    direct = median_us(set_direct)
-    via = median_us(set_adapter)
-    via_str = median_us(set_adapter_str)
+    direct = host_us(set_direct, 5000)
+    via = host_us(set_adapter, 5000)
+    via_str = host_us(set_adapter_str, 5000)
     engine.update()
     engine.synchronize()
     rows = {
@@ -80,9 +69,7 @@ def main() -> None:
     print(f"{'block.set (peer)':40s} {direct:8.2f} µs")
     print(f"{'adapter.set_param(float)':40s} {via:8.2f} µs   {via / direct:.2f}x  (target <= 10 µs)")
     print(f"{'adapter.set_param(TD string)':40s} {via_str:8.2f} µs")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "host.json").write_text(json.dumps(rows, indent=1))
+    write_results("host.json", rows)
     engine.close()
 
 

@@ -14,9 +14,7 @@ Usage: ``python benchmarks/bench_image.py [--width 3840] [--height 2160] [--sigm
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -26,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cupy as cp  # noqa: E402
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms  # noqa: E402
 from cupyx.scipy import ndimage  # noqa: E402
 
@@ -78,9 +77,7 @@ def main() -> None:
     for name, ours, theirs, diff in rows:
         print(f"{name:40} {ours:9.3f} {theirs:9.3f} {ours / theirs:7.2f} {diff:9.3g}  <= 1.0x")
         out.append({"measure": name, "ours_ms": ours, "cupyx_ms": theirs, "ratio": ours / theirs, "max_diff": diff})
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "image.json").write_text(json.dumps({"rows": out}, indent=1))
+    write_results("image.json", {"rows": out})
 
 
 if __name__ == "__main__":

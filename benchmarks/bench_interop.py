@@ -14,7 +14,6 @@ Usage: ``PYOPENGL_PLATFORM=egl python benchmarks/bench_interop.py``
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,10 @@ from pathlib import Path
 
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")  # an entry point: chooses PyOpenGL's platform
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
+from _timing import gpu_ms  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine  # noqa: E402
@@ -54,19 +56,11 @@ def host_median_us(fn, n: int = 2000, before=None) -> float:
     return statistics.median(times) / 1e3
 
 
-def gpu_ms(fn, stream, n: int = 50) -> float:
-    a, b = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    fn()  # warm-up: first-use work (module loads, caches) is not what is measured
-    check(d.cuStreamSynchronize(stream))
-    check(d.cuEventRecord(a, stream))
-    for _ in range(n):
-        fn()
-    check(d.cuEventRecord(b, stream))
-    check(d.cuEventSynchronize(b))
-    ms = check(d.cuEventElapsedTime(a, b)) / n
-    check(d.cuEventDestroy(a))
-    check(d.cuEventDestroy(b))
-    return ms
+def warm_gpu_ms(fn, stream, n: int = 50) -> float:
+    """GPU ms per call of ``fn`` over ``n`` calls, after one untimed call: first-use work (module loads,
+    caches) is not what is measured."""
+    fn()
+    return gpu_ms(fn, stream, n, repeats=1)
 
 
 TINY = """extern "C" __global__ void tiny(unsigned int* image, unsigned int count) {
@@ -205,11 +199,11 @@ def bench_texture_4k(engine: Engine) -> None:
     w, h = 3840, 2160
     src = cupy.empty(w * h, dtype=cupy.uint32)
     dst = cupy.empty_like(src)
-    peer = gpu_ms(lambda: check(d.cuMemcpyDtoDAsync(dst.data.ptr, src.data.ptr, src.nbytes, s)), s)
+    peer = warm_gpu_ms(lambda: check(d.cuMemcpyDtoDAsync(dst.data.ptr, src.data.ptr, src.nbytes, s)), s)
     for flags, how in (("surface_ldst", "surface stores"), ("write_discard", "array copy")):
         tex = SharedTexture2D.create(w, h, format="rgba8", flags=flags)
         m = tex.map(stream=s)
-        ours = gpu_ms(lambda m=m: m.copy_from(src.data.ptr), s)
+        ours = warm_gpu_ms(lambda m=m: m.copy_from(src.data.ptr), s)
         m.unmap()
         tex.close()
         row(f"4K RGBA8 texture update, map + {how} (GPU)", ours * 1e3, "D2D copy same bytes", peer * 1e3)
@@ -316,9 +310,7 @@ def main() -> None:
         return
     bench_particles(ctx, results)
     results["rows"] = ROWS
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "interop.json").write_text(json.dumps(results, indent=1, default=str))
+    write_results("interop.json", results, default=str)
     ctx.close()
 
 

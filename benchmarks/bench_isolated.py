@@ -11,30 +11,20 @@ Usage: ``python benchmarks/bench_isolated.py [--no-fault]``; writes ``isolated.j
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import write_results  # noqa: E402
+from _timing import host_us  # noqa: E402
 
 from cudapatch import Engine, Fill, Scale  # noqa: E402
 from cudapatch.kernels._driver import check, driver  # noqa: E402
 
 BLOCKS = 20
-
-
-def median_us(fn, n: int = 3000, sync=None, every: int = 100) -> float:
-    times = []
-    for i in range(n):
-        if sync is not None and i % every == 0:
-            sync()  # the GPU keeps up; not timed
-        t = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t)
-    return statistics.median(times) / 1e3
 
 
 def chain(e):
@@ -102,13 +92,15 @@ def main() -> None:
         g = normal.graph
         assert g is not None
         d, exe, stream = driver(), g.handle, normal.device.stream
-        results["cuGraphLaunch"] = median_us(lambda: check(d.cuGraphLaunch(exe, stream)), sync=normal.synchronize)
-        results["normal update"] = median_us(normal.update, sync=normal.synchronize)
-        results["normal hot update"] = median_us(hot(normal, s), sync=normal.synchronize)
+        results["cuGraphLaunch"] = host_us(
+            lambda: check(d.cuGraphLaunch(exe, stream)), 3000, normal.synchronize, every=100
+        )
+        results["normal update"] = host_us(normal.update, 3000, normal.synchronize, every=100)
+        results["normal hot update"] = host_us(hot(normal, s), 3000, normal.synchronize, every=100)
     with Engine(isolated=True, wait_for_compile=True) as iso:
         s = chain(iso)
-        results["isolated update"] = median_us(iso.update, sync=iso.synchronize)
-        results["isolated hot update"] = median_us(hot(iso, s), sync=iso.synchronize)
+        results["isolated update"] = host_us(iso.update, 3000, iso.synchronize, every=100)
+        results["isolated hot update"] = host_us(hot(iso, s), 3000, iso.synchronize, every=100)
     base = results["normal update"]
     print(f"{'what':<22} {'host us':>9} {'vs normal update':>17}")
     for k, v in results.items():
@@ -116,9 +108,7 @@ def main() -> None:
     if "--no-fault" not in sys.argv:
         results["restart after fault s"] = fault_restart_s()
         print(f"restart after fault (noticed -> running again): {results['restart after fault s']:.3f} s")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "isolated.json").write_text(json.dumps(results, indent=2))
+    write_results("isolated.json", results, indent=2)
 
 
 if __name__ == "__main__":

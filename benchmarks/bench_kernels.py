@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import statistics
@@ -29,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import BlockState, CudaSource, CustomKernel, Engine, NumbaSource, Scale  # noqa: E402
@@ -399,11 +400,7 @@ def main() -> None:
     print(f"{'measure':60} {'value':>10}  target")
     for name, val, target in rows:
         print(f"{name:60} {val:10.3f}  {target}")
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "kernels.json").write_text(
-            json.dumps([{"measure": a, "value": b, "target": c} for a, b, c in rows])
-        )
+    write_results("kernels.json", [{"measure": a, "value": b, "target": c} for a, b, c in rows], indent=None)
     eng.close()
 
 

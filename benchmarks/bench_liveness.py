@@ -21,8 +21,6 @@ Writes ``liveness.json`` to ``$RESULTS_DIR`` when set.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -33,24 +31,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import update_us  # noqa: E402
+from _results import write_results  # noqa: E402
+from _timing import bare_launch_us, update_us  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
 from cudapatch.engine.memory_plan import shares_with_others  # noqa: E402
-
-
-def bare_launch_us(e: Engine, frames: int = 500) -> float:
-    g = e.graph
-    assert g is not None
-    stream, times = e.resources.stream, []
-    for i in range(frames):
-        if i % 50 == 0:
-            e.synchronize()
-        t = time.perf_counter_ns()
-        g.launch(stream)
-        times.append(time.perf_counter_ns() - t)
-    e.synchronize()
-    return statistics.median(times) / 1e3
 
 
 def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0) -> tuple[float, int, float]:
@@ -182,13 +167,9 @@ def main() -> None:
     for name, ours, peer, pv, note in rows:
         ratio = f"{ours / pv:.2f}" if pv else "-"
         print(f"{name:44} {ours:10.1f} {peer:>22} {pv:10.1f} {ratio:>8}  {note}")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "liveness.json").write_text(
-            json.dumps(
-                [dict(zip(("measure", "ours", "peer", "peer_val", "note"), r, strict=True)) for r in rows], indent=1
-            )
-        )
+    write_results(
+        "liveness.json", [dict(zip(("measure", "ours", "peer", "peer_val", "note"), r, strict=True)) for r in rows]
+    )
 
 
 if __name__ == "__main__":

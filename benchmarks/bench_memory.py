@@ -16,8 +16,6 @@ Usage: ``python benchmarks/bench_memory.py [--blocks 20] [--width 3840] [--heigh
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -27,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
 from _timing import gpu_ms_samples  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
@@ -153,9 +152,7 @@ def main() -> None:
         ratio = value / peer_value if peer_value else float("nan")
         print(f"{name:40} {value:10.3f} {peer_name:>18} {peer_value:10.3f} {ratio:8.3f}  {target}")
         out.append({"measure": name, "ours": value, "peer": peer_name, "peer_value": peer_value, "target": target})
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "memory.json").write_text(json.dumps({"rows": out, "equal": same}, indent=1))
+    write_results("memory.json", {"rows": out, "equal": same})
     reuse.close()
     plain.close()
     if not same:

@@ -9,8 +9,6 @@ Usage: ``python benchmarks/bench_profiling.py [--blocks 100] [--elements 1048576
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -19,7 +17,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
+from _timing import gpu_ms, update_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
@@ -27,32 +28,6 @@ from cudapatch.kernels._driver import check  # noqa: E402
 
 LEVELS = ["None", "Summary", "PerBlock", "PerKernel", "DeepAsync"]
 ROUNDS = 7
-
-
-def gpu_ms(eng: Engine, frames: int = 100, repeats: int = 5) -> float:
-    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    out = []
-    for _ in range(repeats):
-        eng.synchronize()
-        check(d.cuEventRecord(start, eng.device.stream))
-        for _ in range(frames):
-            eng.update()
-        check(d.cuEventRecord(end, eng.device.stream))
-        check(d.cuEventSynchronize(end))
-        out.append(check(d.cuEventElapsedTime(start, end)) / frames)
-    return statistics.median(out)
-
-
-def host_us(eng: Engine, calls: int = 2000) -> float:
-    ts = []
-    for i in range(calls):
-        if i % 20 == 0:
-            eng.synchronize()
-        t = time.perf_counter_ns()
-        eng.update()
-        ts.append(time.perf_counter_ns() - t)
-    eng.synchronize()
-    return statistics.median(ts) / 1e3
 
 
 def main() -> None:
@@ -75,8 +50,8 @@ def main() -> None:
         for level in LEVELS:
             eng.set_profiling(level)
             eng.update()  # the rebuild (untimed)
-            gpu[level].append(gpu_ms(eng, repeats=1))
-            host[level].append(host_us(eng, calls=600))
+            gpu[level].append(gpu_ms(eng.update, eng.device.stream, 100, repeats=1))
+            host[level].append(update_us(eng, 600))
     base_gpu, base_host = statistics.median(gpu["None"]), statistics.median(host["None"])
     rows = []
     for level in LEVELS:
@@ -173,11 +148,11 @@ def main() -> None:
         + ", ".join(f"{lv} {ms:.3f}" for lv, ms in waits)
         + "  (target < 1 ms except DeepSync)"
     )
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "profiling.json").write_text(
-            json.dumps({"rows": rows, "kernel": [graph_kernel_ms, eager_ms, back_to_back_ms], "waits": waits})
-        )
+    write_results(
+        "profiling.json",
+        {"rows": rows, "kernel": [graph_kernel_ms, eager_ms, back_to_back_ms], "waits": waits},
+        indent=None,
+    )
     eng.close()
 
 

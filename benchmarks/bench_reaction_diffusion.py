@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _results import write_results  # noqa: E402
 from _timing import update_us  # noqa: E402
 
 from cudapatch import CustomKernel, Engine, For, FrameDelay  # noqa: E402
@@ -66,6 +65,17 @@ def _patch(engine: Engine, size: int, count: int | None, unroll: int | None = No
     engine.update()
     engine.synchronize()
     return loop
+
+
+def _updates(engine: Engine, count: int):
+    """A run for ``_steps_per_s``: ``count`` ``update()`` calls, then the stream drained."""
+
+    def run() -> None:
+        for _ in range(count):
+            engine.update()
+        engine.synchronize()
+
+    return run
 
 
 def _steps_per_s(run, steps: int, repeats: int = 5) -> float:
@@ -117,31 +127,13 @@ def main() -> None:
     with Engine(name="rd-for", wait_for_compile=True) as engine:
         _patch(engine, args.size, k)
         print(f"device: {engine.device.name}; {args.size}x{args.size} float2, {k} steps a frame")
-
-        def ours_for() -> None:
-            for _ in range(frames):
-                engine.update()
-            engine.synchronize()
-
-        rows["ours_for_steps_per_s"] = _steps_per_s(ours_for, k * frames)
+        rows["ours_for_steps_per_s"] = _steps_per_s(_updates(engine, frames), k * frames)
     with Engine(name="rd-for-copy", wait_for_compile=True) as engine:
         _patch(engine, args.size, k, unroll=1)
-
-        def ours_for_copy() -> None:
-            for _ in range(frames):
-                engine.update()
-            engine.synchronize()
-
-        rows["ours_for_unroll1_copy_steps_per_s"] = _steps_per_s(ours_for_copy, k * frames)
+        rows["ours_for_unroll1_copy_steps_per_s"] = _steps_per_s(_updates(engine, frames), k * frames)
     with Engine(name="rd-host", wait_for_compile=True) as engine:
         _patch(engine, args.size, None)
-
-        def ours_host() -> None:
-            for _ in range(k * frames):
-                engine.update()
-            engine.synchronize()
-
-        rows["ours_host_loop_steps_per_s"] = _steps_per_s(ours_host, k * frames)
+        rows["ours_host_loop_steps_per_s"] = _steps_per_s(_updates(engine, k * frames), k * frames)
     try:
         peer = CupyPeer(args.size)
         rows["cupy_host_loop_steps_per_s"] = _steps_per_s(lambda: peer.run(k * frames), k * frames)
@@ -168,9 +160,7 @@ def main() -> None:
             us = update_us(engine, 1000, 10)
             rows[f"update_us_count_{count}"] = us
             print(f"  Count {count:4d}: {us:7.2f} us")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "reaction_diffusion.json").write_text(json.dumps(rows, indent=1))
+    write_results("reaction_diffusion.json", rows)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ when set. Needs a CUDA GPU and CuPy.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _results import write_results  # noqa: E402
 from _timing import update_us  # noqa: E402
 
 from cudapatch import Engine, Fill, For, KernelFile, While  # noqa: E402
@@ -188,9 +187,7 @@ def main() -> None:
     for (unroll, c), us in host.items():
         rows[f"update_us_unroll{unroll}_count_{c}"] = us
         print(f"update() host time, For Unroll={unroll} Count={c:<6d}: {us:7.2f} µs")
-    out = os.environ.get("RESULTS_DIR")
-    if out:
-        Path(out, "regions.json").write_text(json.dumps(rows, indent=1))
+    write_results("regions.json", rows)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ Usage: ``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--heig
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -26,25 +24,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _results import write_results  # noqa: E402
+from _timing import host_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
 from cudapatch.engine import compile_plan  # noqa: E402
 from tests.unit.shape_blocks import Gain2D  # noqa: E402
-
-
-def host_median(fn, calls: int, sync, every: int = 50) -> float:
-    """Median host time of ``fn`` in µs; syncs every ``every`` calls so a full launch queue never blocks."""
-    times = []
-    for i in range(calls):
-        if i % every == 0:
-            sync()
-        t = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t)
-    sync()
-    return statistics.median(times) / 1e3
 
 
 def build(eng: Engine, nb: int, data: np.ndarray, image: bool) -> list:
@@ -89,8 +77,8 @@ def main() -> None:
         stream, sync, gexec = eng.device.stream, eng.device.synchronize, eng.graph.handle
         kinds = {n.yz != (1, 1, 1, 1) for n in eng.graph.plan.kernel_nodes}
         assert kinds == {image}, f"{label}: expected {'2-D' if image else '1-D'} launches"
-        ours = host_median(eng.update, 3000, sync)
-        bare = host_median(lambda g=gexec, s=stream: d.cuGraphLaunch(g, s), 3000, sync)
+        ours = host_us(eng.update, 3000, sync)
+        bare = host_us(lambda g=gexec, s=stream: d.cuGraphLaunch(g, s), 3000, sync)
         rows.append((f"{label}: update() host µs, nothing dirty", ours, "bare cuGraphLaunch µs", bare))
         rows.append((f"{label}: compile_plan ms ({args.blocks} blocks)", plan_ms(eng), "-", 0.0))
         got = eng.read(blocks[-1], "Out")
@@ -108,9 +96,7 @@ def main() -> None:
         out.append({"measure": name, "ours": ours, "peer": peer, "peer_value": peer_val})
     image_update, flat_update = rows[0][1], rows[2][1]
     print(f"clean update(), image patch / flat patch: {image_update / flat_update:.2f}x (target: 1.0, nothing added)")
-    results = os.environ.get("RESULTS_DIR")
-    if results:
-        Path(results, "shapes.json").write_text(json.dumps({"rows": out}, indent=1))
+    write_results("shapes.json", {"rows": out})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The real Engine (build thread, tiers, board, stats) over the stand-in device, ke
 executable graphs of the unit tests (``tests/unit/test_engine_orchestration.py``): no driver calls,
 so what is timed is only the engine's own Python. Chains of N ``Scale`` blocks; add a block at the
 end while ``update()`` runs, and time every ``update()`` until the build is swapped in, with a phase
-timer around the swap's parts (``GraphBuilds.finish``, ``_done``, ``show_built``,
+timer around the swap's parts (``GraphBuilds.finish``, ``_done``, ``BuiltShower.apply``,
 ``DiagnosticBoard.build_done`` and ``publish``, ``DeviceResources.install``) and the frame that
 starts the build (``GraphBuilds.job``). Target (issue 18): slowest ``update()`` during the edit
 ≤ max(1 ms, 3× quiet); on the GPU machine the driver calls come on top (``bench_liveness.py``).
@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from cudapatch import Engine, Fill, Scale  # noqa: E402
 from cudapatch.engine import board as board_module  # noqa: E402
 from cudapatch.engine import build as build_module  # noqa: E402
+from cudapatch.engine import built_view as built_view_module  # noqa: E402
 from cudapatch.engine import engine as engine_module  # noqa: E402
 from cudapatch.engine import resources as resources_module  # noqa: E402
 from tests.unit.test_engine_orchestration import FakeBuilder, FakeDevice, FakeModules  # noqa: E402
@@ -74,10 +75,7 @@ def _stand_ins() -> None:
     _timed(build_module.GraphBuilds, "job", "GraphBuilds.job")
     _timed(build_module.GraphBuilds, "finish", "GraphBuilds.finish")
     _timed(build_module.GraphBuilds, "_done", "  _done")
-    if hasattr(build_module, "show_built"):
-        _timed(build_module, "show_built", "    show_built")
-    if hasattr(build_module, "apply_built"):
-        _timed(build_module, "apply_built", "    apply_built")
+    _timed(built_view_module.BuiltShower, "apply", "    BuiltShower.apply")
     _timed(board_module.DiagnosticBoard, "build_done", "    board.build_done")
     _timed(board_module.DiagnosticBoard, "publish", "      board.publish")
     _timed(resources_module.DeviceResources, "install", "  resources.install")

@@ -24,7 +24,7 @@ from cudapatch._examples import example_main
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--elements", type=int, default=8192)

@@ -45,7 +45,7 @@ EDITS = [
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")
     ap.add_argument("--frames", type=int, default=240, help="frames between edits")
     ap.add_argument("--kernel", type=Path, help="run this .cu file and watch it instead of scripted edits")

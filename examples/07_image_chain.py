@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""05 — image chain: an animated camera-like source through a chain of built-in image blocks to the preview.
+"""07 — image chain: an animated camera-like source through a chain of built-in image blocks to the preview.
 
 What it teaches: 2-D shapes on ports (each link carries its ``height x width``), 2-D launches,
 RGBA8 images (``uchar4``), and the preview showing a 2-D output at its own size. The source's
@@ -26,7 +26,7 @@ from cudapatch._examples import example_main  # imports no GL module: the platfo
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--headless", action="store_true", help="render with EGL, no window")
     parser.add_argument("--frames", type=int, default=None, help="stop after N frames (default: until closed)")
     parser.add_argument("--out", default=None, help="write the last frame (and every 100th) as PNG files here")

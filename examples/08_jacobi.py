@@ -64,7 +64,7 @@ def jacobi_numpy(nx: int, f: np.ndarray, h2: float, tol: float, max_iter: int) -
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--size", type=int, default=64, help="grid points per side")

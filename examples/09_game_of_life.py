@@ -56,7 +56,7 @@ def generations(grid: np.ndarray, count: int) -> np.ndarray:
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--size", type=int, default=256, help="the grid is size x size cells")

@@ -99,7 +99,7 @@ def gray_scott(s: np.ndarray, h: int, w: int, steps: int) -> np.ndarray:
 
 @example_main  # no driver or GPU: one line and a non-zero exit, not a traceback
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--headless", action="store_true", help="no window (this example never opens one)")
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--size", type=int, default=1024, help="the grid is size x size cells")

@@ -39,7 +39,7 @@ log = logging.getLogger("cudapatch.engine")
 BUILD_SWITCH_INTERVAL_S = 1e-4
 
 #: How long a build waits for the end of a frame before it goes on anyway (frames stopped coming):
-#: before it instantiates (``Engine``'s pace) and before its deferred work (``BuildWorker.defer``).
+#: before it instantiates and before its deferred work (``BuildWorker.pace``, ``BuildWorker.defer``).
 PACE_TIMEOUT_S = 0.05
 
 _switch_lock = threading.Lock()
@@ -72,15 +72,13 @@ class BuildWorker:
         make_current: Makes the engine's CUDA context current on the calling thread (called on the
             worker's thread before each job).
         name: The thread's name.
-        gate: The gate a job waits at for the end of a frame (``FrameGate.next_frame``); opened when
-            the frame thread itself waits for the job, which then has no frame to wait for.
     """
 
-    def __init__(
-        self, make_current: Callable[[], None], *, name: str = "cudapatch-build", gate: FrameGate | None = None
-    ) -> None:
+    def __init__(self, make_current: Callable[[], None], *, name: str = "cudapatch-build") -> None:
         self._make_current = make_current
-        self._gate = gate
+        #: A job waits here for the end of a frame (``pace``); the engine opens it after a frame while
+        #: ``gate.wanted``, and ``wait`` opens it (the frame thread waiting has no frame to give).
+        self.gate = FrameGate()
         self._tail: list[Callable[[], Any]] = []  # run after the outcome is out (``defer``)
         self._tailing = False
         self._name = name
@@ -132,6 +130,11 @@ class BuildWorker:
             if tail:
                 self._run_tail(tail)
 
+    def pace(self) -> None:
+        """From a job: return at the end of the next frame (at most ``PACE_TIMEOUT_S`` later), so that
+        a driver call holding the driver's lock runs between two frames."""
+        self.gate.next_frame(PACE_TIMEOUT_S)
+
     def defer(self, fn: Callable[[], Any]) -> None:
         """From a job: run ``fn`` once the job's outcome is handed over, after the end of the next
         frame (driver calls that hold the driver's lock, like destroying retired graphs, then run
@@ -140,8 +143,7 @@ class BuildWorker:
 
     def _run_tail(self, tail: list[Callable[[], Any]]) -> None:
         try:
-            if self._gate is not None:
-                self._gate.next_frame(PACE_TIMEOUT_S)
+            self.pace()
             for fn in tail:
                 try:
                     fn()
@@ -161,8 +163,7 @@ class BuildWorker:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while True:
-                if self._gate is not None:  # a job waiting for a frame has none to wait for now
-                    self._gate.open()
+                self.gate.open()  # a job waiting for a frame has none to wait for now
                 left = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
                 if self._cv.wait_for(idle, max(left, 0.0)) or (deadline is not None and time.monotonic() >= deadline):
                     return idle()

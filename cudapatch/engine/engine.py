@@ -39,11 +39,10 @@ from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
-from ..kernels.pacing import FrameGate
 from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
-from .build_thread import PACE_TIMEOUT_S, BuildWorker
+from .build_thread import BuildWorker
 from .collector import CollectorFreeze
 from .compiler.fusion import in_fused_node
 from .context import Context
@@ -149,7 +148,9 @@ class Engine(PatchEditing, EngineResults):
             paced=True,
         )
         self._gate = builder.gate  # opened after each frame while the builder has work
-        self._build_gate = FrameGate()  # opened after a frame while a build waits to instantiate
+        #: The thread structure edits are built on (``background_builds``).
+        self._worker = BuildWorker(lambda: self.resources.device.make_current())
+        self._build_gate = self._worker.gate  # opened after a frame while a build waits for one
         # Held by the frame thread for a whole update(), and by the builder's thread while it swaps a
         # recompiled kernel into the graph between frames: an executable graph takes one caller at a time.
         self._graph_lock = threading.Lock()
@@ -192,7 +193,7 @@ class Engine(PatchEditing, EngineResults):
             bypass=self._bypass.apply,
             fuse=fuse,
             reuse_buffers=reuse_buffers,
-            pace=self._next_frame,
+            pace=self._worker.pace,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -203,8 +204,6 @@ class Engine(PatchEditing, EngineResults):
             counters=self.counters,
             cache_dir=self.kernel_cache.directory,
         )
-        #: The thread structure edits are built on (``background_builds``).
-        self._worker = BuildWorker(lambda: self.resources.device.make_current(), gate=self._build_gate)
         self._structure = StructureTier(
             builds=self._builds,
             worker=self._worker,
@@ -352,10 +351,6 @@ class Engine(PatchEditing, EngineResults):
         self.counters.frames += 1
         if kt.to_submit:
             kt.flush()  # compiles start after the launch, so the worker never delays it
-
-    def _next_frame(self) -> None:
-        # The build thread, before it instantiates: wait for the end of a frame (see kernels/pacing.py).
-        self._build_gate.next_frame(PACE_TIMEOUT_S)
 
     def _launch_failed(self, exc: CudaError) -> None:
         if not isinstance(exc, CudaLaunchError):  # a fault is recovered from; a refused launch is reported

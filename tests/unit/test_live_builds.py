@@ -263,6 +263,46 @@ def test_the_worker_hands_back_a_job_exception_and_refuses_a_second_job() -> Non
         w.submit(lambda: None)
 
 
+def test_a_paced_job_goes_on_at_the_end_of_a_frame_and_its_deferred_work_after_its_outcome() -> None:
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+
+    def job() -> str:
+        w.defer(lambda: order.append("deferred"))
+        w.pace()  # waits for the frame thread's next frame end
+        order.append("after frame")
+        return "built"
+
+    try:
+        w.submit(job)
+        deadline = time.monotonic() + 5.0
+        while not w.gate.wanted and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.gate.wanted and order == []  # waiting at the gate, not timed out
+        w.gate.open()  # what Engine.update() does after its launch
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "built" and order[0] == "after frame"
+        w.gate.open()  # the deferred work waits for the next frame's end, too
+        assert w.wait(5.0)  # and wait() waits for it
+        assert order == ["after frame", "deferred"]
+    finally:
+        w.close(5.0)
+
+
+def test_waiting_for_a_paced_job_lets_it_go_on_without_a_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "PACE_TIMEOUT_S", 60.0)  # no frame comes: only wait() can let it go
+    w = BuildWorker(lambda: None)
+    try:
+        w.submit(lambda: (w.pace(), "built")[1])
+        assert w.wait(5.0) and w.take() == "built"
+    finally:
+        w.close(5.0)
+
+
 def test_a_kernel_swapped_in_during_a_build_is_swapped_into_the_new_graph(engine: Engine, realizer: Realizer) -> None:
     from cudapatch import CustomKernel
 
