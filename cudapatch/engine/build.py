@@ -269,7 +269,7 @@ class GraphBuilds:
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             out.bypass_index = BypassIndex(out.plan)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
-        out.view = built_view(out.plan, {b.id: b.name for b in snap.blocks}, job.shown)
+        out.view = built_view(out.plan, snap.names, job.shown)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place
@@ -291,7 +291,7 @@ class GraphBuilds:
         if not fused:
             return None
         functions = dict(out.functions)
-        names = {b.id: b.name for b in out.job.snap.blocks}
+        names = out.job.snap.names
         for node in fused:
             try:
                 functions[(node.block_id, node.kernel)] = self._kernels.builder.build(node.source).function
@@ -308,7 +308,7 @@ class GraphBuilds:
         assert plan is not None
         res = self._resources
         t1 = time.perf_counter()
-        names = {b.id: b.name for b in snap.blocks}
+        names = snap.names
         try:
             stamp_function, publish_function = res.readback_functions(plan, self._kernels.builder)
             functions = out.functions

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from ..blocks.block import Block, check_block
@@ -85,6 +86,11 @@ class PatchSnapshot:
     #: Blocks bypassed (``enabled`` off): their values keep buffers of their own (buffer reuse), so
     #: readers redirected past them, or reading their last output, read no other block's data.
     bypassed: frozenset[int] = frozenset()
+
+    @cached_property
+    def names(self) -> dict[int, str]:
+        """Block id -> name, made once per snapshot (a build asks for it at several steps)."""
+        return {b.id: b.name for b in self.blocks}
 
 
 class Context:
@@ -417,7 +423,7 @@ class Context:
             if block.description.input(port) is None:
                 known = ", ".join(p.name for p in (*block.outputs, *block.inputs)) or "none"
                 raise LinkError(f"unknown port (ports: {known})", block=block.name, port=port)
-            link = next((lk for lk in self.connections if (lk.dst, lk.dst_port) == key), None)
+            link = self.connections.link_into(*key)
             if link is None:
                 raise LinkError("only wires are probed: no link feeds this input", block=block.name, port=port)
             key = (link.src, link.src_port)

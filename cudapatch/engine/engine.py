@@ -18,9 +18,10 @@ The engine orchestrates; each concept it uses lives in its own object:
 - ``PatchEditing`` (``editing.py``) and ``EngineResults`` (``results.py``): the editing and the
   reading halves of the public API, base classes of ``Engine``.
 
-``update()`` with nothing dirty tests one flag, polls the readback ring (plain loads from host-mapped
-memory the graph publishes into, only when it has append buffers or timestamps), and launches: one
-driver call, no allocation, no synchronize, no per-block loop.
+``update()`` with nothing dirty tests a few flags and launches: one driver call (a graph with
+FrameDelays picks the executable of this frame's phase), no allocation, no synchronize, no per-block
+loop. The readback ring (append counts, timings, probes, loop iterations) is only counted; it is read
+with plain loads when a value is asked for.
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ class Engine(PatchEditing, EngineResults):
                         self._launch_failed(exc)
                         raise
                 if rb is not None:
-                    rb.record(res.stream, self.counters.frames)
+                    rb.record(self.counters.frames)
                     if self.profiling is ProfilingLevel.DEEP_SYNC:  # exact numbers for this frame, by design
                         self.device.synchronize()
                         rb.poll()
@@ -393,9 +394,9 @@ class Engine(PatchEditing, EngineResults):
         (which waits there) or when the kernel is not in the patch."""
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
-    def _settle_compiles(self) -> None:
-        self._code.settle_fused()  # kernels of fused groups a member's edit regenerated
-        self._code.apply(self.kernels.collect(wait=True))
+    def _settle_compiles(self, timeout: float | None = None) -> None:
+        self._code.settle_fused(timeout)  # kernels of fused groups a member's edit regenerated
+        self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
 
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.
@@ -413,8 +414,7 @@ class Engine(PatchEditing, EngineResults):
                     self._worker.wait()
                     self._structure.finish()
                 while True:
-                    self._code.settle_fused(timeout)
-                    self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
+                    self._settle_compiles(timeout)
                     if self._dirty.any:
                         self._apply_changes()
                     if not self.kernels.pending:

@@ -322,14 +322,14 @@ class CompiledGraph(HandleOwner):
     def _commit(self, touched: Iterable[Any]) -> None:
         set_params, exec_, exec1 = self._set_params, self._exec, self._exec1
         whole = False
-        inside: list[KernelNode] | None = None
+        inside: list[KernelNode] = []
         for kn in touched:
             if kn.params is None:  # a captured call: re-capture if a host-side argument changed
                 if kn.dirty:
                     self._calls.recapture(exec_, kn)
                 continue
             if kn.child is not None:  # inside a composite's child graph: patched through it, below
-                inside = [kn] if inside is None else [*inside, kn]
+                inside.append(kn)
                 continue
             (err,) = set_params(exec_, kn.handle, kn.params)
             if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
@@ -342,7 +342,7 @@ class CompiledGraph(HandleOwner):
                 whole = True
             if self._body_fallback:  # the graph it was instantiated from follows every update
                 self._set_template(kn)
-        if inside is not None:
+        if inside:
             commit_child_nodes(exec_, inside)
             if exec1 is not None:  # a child graph touches no delay pair (child_graphs): the same for both phases
                 commit_child_nodes(exec1, inside)

@@ -288,11 +288,6 @@ def make_conditions(b: NodeBuild, nodes: Sequence[NodePlan]) -> None:
             b.handles[node.index] = int(handle)
 
 
-def _add_probe(b: NodeBuild, node: ProbeNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:
-    if b.probe_function is None or not b.probes_ptr:
-        raise CudapatchError("the graph has probes, but the probe kernel is not loaded")
-
-
 def probe_launch(b: NodeBuild, node: ProbeNodePlan, data: int) -> PackedLaunch:
     """The packed launch of a probe node reading ``data`` (a FrameDelay's second phase probes the
     other buffer of a pair)."""

@@ -170,7 +170,7 @@ class ReadbackRing(HandleOwner):
         self._check_open("ReadbackRing.publish_args")
         return (self.device_ptr, self.words, self.ring_device_ptr, self.slot_words, self._frames_dev, end_stamp or 0)
 
-    def record(self, stream: Any, frame: int) -> None:
+    def record(self, frame: int) -> None:
         """Count a launch of the graph as engine frame ``frame`` (no driver call: the graph publishes)."""
         self._launched += 1
         self.current_frame = frame

@@ -108,10 +108,11 @@ def _portable(snap: Any) -> Any:
 
 
 class ReplayStandby:
-    """A replay process started before it is needed: it imports the engine and makes its CUDA context,
-    then waits for the patch on stdin. Naming a faulting block then skips the interpreter start, the
-    imports and the context (most of the second a fresh replay process takes, measured on the H200
-    host). One use; ``close`` ends it unused.
+    """A replay process: it imports the engine and makes its CUDA context, then waits for the patch on
+    stdin. Started before it is needed (``Engine.prepare_fault_replay``), naming a faulting block skips
+    the interpreter start, the imports and the context (most of the second a fresh replay process
+    takes, measured on the H200 host); ``attribute_in_child`` starts one at the fault otherwise. One
+    use; ``close`` ends it unused.
 
     Args:
         device: The device it makes its context on.
@@ -163,19 +164,11 @@ def attribute_in_child(
             standby.close()
         return None, f"the patch cannot be sent to a replay process: {exc}"
     try:
-        if standby is not None and standby.alive:
-            stdout, stderr = standby.run(payload)
-        else:
+        if standby is None or not standby.alive:
             if standby is not None:
-                standby.close()
-            out = subprocess.run(
-                [sys.executable, "-m", "cudapatch.engine.replay"],
-                input=payload,
-                capture_output=True,
-                timeout=TIMEOUT_S,
-                env=dict(os.environ, CUDAPATCH_COMPILE_PROCESSES="0"),
-            )
-            stdout, stderr = out.stdout, out.stderr
+                standby.close()  # it ended before it was needed: a new one takes the request
+            standby = ReplayStandby(device)
+        stdout, stderr = standby.run(payload)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"the replay process failed: {exc}"
     lines = stdout.decode(errors="replace").strip().splitlines()
@@ -235,7 +228,7 @@ def main() -> None:
     plan = replay_plan(snap)
     graph = realize(
         plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
-        block_names={b.id: b.name for b in snap.blocks}, libraries=LibraryHandles(dev, pool),
+        block_names=snap.names, libraries=LibraryHandles(dev, pool),
     )  # fmt: skip
     try:
         culprit = graph.replay(dev.stream)

@@ -77,48 +77,43 @@ class EngineResults:
             CudapatchError: the block is not compiled, has no such output, or (once) its buffer is
                 reused by a later output in the running graph, or it is fused away.
         """
+        if block.description.output(port) is None:
+            raise CudapatchError("no such output port", block=block.name, port=port)
         g = self.resources.graph
-        if keep and block.description.output(port) is not None:
-            if g is not None and g.output(block.id, port) is None and in_fused_node(g.plan, block.id):
-                # Fused away: no buffer holds it in the running graph. Kept, the next build ends the
-                # group at this block (the host is a reader: ``compiler/fusion.py``).
-                self.context.keep(block, port)
-                raise CudapatchError(
-                    "this output is computed inside a fused kernel (elementwise fusion) and held in no buffer; "
-                    "it is kept in its own buffer from the next update() on (to keep it from the start: "
-                    "engine.keep(block, port) before the first update, keep=True on the port, fuse=False on "
-                    "the block, or Engine(fuse=False))",
-                    block=block.name,
-                    port=port,
-                )
-            overwritten = g is not None and g.overwritten(block.id, port)
-            self.context.keep(block, port, rebuild=overwritten)  # later builds keep it; now, only if needed
-            if overwritten:
-                raise CudapatchError(
-                    "this output shares its buffer with outputs written after it in the frame (buffer reuse), "
-                    "so its data is gone by the end of the frame; it is kept in its own buffer from the next "
-                    "update() on (to keep it from the start: engine.keep(block, port) before the first "
-                    "update, keep=True on the port, or Engine(reuse_buffers=False))",
-                    block=block.name,
-                    port=port,
-                )
         buf = g.output(block.id, port) if g is not None else None
+        # Why the running graph holds no readable value: a later value of the frame overwrites it
+        # (buffer reuse), or it is computed inside a fused kernel (no buffer holds it).
+        overwritten = g is not None and g.overwritten(block.id, port)
+        fused = g is not None and buf is None and not overwritten and in_fused_node(g.plan, block.id)
+        if keep:  # later builds keep it in a buffer of its own; the next one comes now if it is unreadable
+            self.context.keep(block, port, rebuild=overwritten or fused)
+        if overwritten and (keep or buf is None):
+            how = (
+                ", so its data is gone by the end of the frame; it is kept in its own buffer from the next "
+                "update() on (to keep it from the start: engine.keep(block, port) before the first "
+                "update, keep=True on the port, or Engine(reuse_buffers=False))"
+                if keep
+                else ""
+            )
+            raise CudapatchError(
+                f"this output shares its buffer with outputs written after it in the frame (buffer reuse){how}",
+                block=block.name,
+                port=port,
+            )
+        if fused:
+            how = (
+                "; it is kept in its own buffer from the next update() on (to keep it from the start: "
+                "engine.keep(block, port) before the first update, keep=True on the port, fuse=False on "
+                "the block, or Engine(fuse=False))"
+                if keep
+                else ": engine.keep(block, port), or output() with keep=True, keeps it from the next update() on"
+            )
+            raise CudapatchError(
+                f"this output is computed inside a fused kernel (elementwise fusion) and held in no buffer{how}",
+                block=block.name,
+                port=port,
+            )
         if buf is None:
-            if block.description.output(port) is None:
-                raise CudapatchError("no such output port", block=block.name, port=port)
-            if g is not None and g.overwritten(block.id, port):
-                raise CudapatchError(
-                    "this output shares its buffer with outputs written after it in the frame (buffer reuse)",
-                    block=block.name,
-                    port=port,
-                )
-            if g is not None and in_fused_node(g.plan, block.id):
-                raise CudapatchError(
-                    "this output is computed inside a fused kernel (elementwise fusion) and held in no buffer: "
-                    "engine.keep(block, port), or output() with keep=True, keeps it from the next update() on",
-                    block=block.name,
-                    port=port,
-                )
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
         return buf
 
@@ -204,9 +199,9 @@ class EngineResults:
                 pool=self.resources.pool,
                 diagnostics=self._board.current,
             )
-        show_on_blocks(stats, registry)
-        if g is not None and g.plan.regions:
-            show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
+            show_on_blocks(stats, registry)
+            if g is not None and g.plan.regions:  # of the same frame: the ring stays on it until the block ends
+                show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
         self._last_gpu_ms = stats.gpu_ms
         return stats
 

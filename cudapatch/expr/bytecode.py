@@ -157,7 +157,7 @@ def assemble(program: Program) -> Bytecode | None:
     code: list[int] = []
     for i, (op, dst, args) in enumerate(instrs):
         operands = [slot[a] for a in args]
-        for a in set(args):
+        for a in dict.fromkeys(args):  # not a set: the same slots in every process
             if last.get(a) == i:  # dead after this instruction: its slot may take the result
                 free.append(slot[a])
         d = take(dst)

@@ -3,14 +3,16 @@
 Every operation is spelled so NVRTC emits the instruction the PTX generator writes: ``__fadd_rn``
 and friends (never contracted into an FMA), ``__fmaf_rn`` for ``fma``, inline PTX for the hardware
 approximations and shifts. Compiled with ``-fmad=false`` besides, so both paths give the same bits.
+The float functions (``sin``, ``mix``, ``smoothstep`` ...) are lowered by ``lower.py``, as for PTX:
+each of its instructions becomes one ``const`` here (``_C``).
 It takes NVRTC 20-40 ms where the PTX path takes about one (see ``source.py``).
 """
 
 from __future__ import annotations
 
 from .check import Type
+from .lower import F_OPS, PI, FloatLowering
 from .program import Program, Stage
-from .ptx_gen import INV_TWO_PI, LN_2, LOG2_E, PI, TWO_PI_HI, TWO_PI_LO
 from .syntax import Binary, Call, Name, Node, Num, Unary
 
 __all__ = ["generate_cuda", "NVRTC_OPTIONS"]
@@ -36,14 +38,24 @@ _PRELUDE = "\n".join(
         "__device__ __forceinline__ int cp_add(int a, int b) { return (int)((unsigned)a + (unsigned)b); }",
         "__device__ __forceinline__ int cp_sub(int a, int b) { return (int)((unsigned)a - (unsigned)b); }",
         "__device__ __forceinline__ int cp_neg(int a) { return (int)(0u - (unsigned)a); }",
-        "__device__ __forceinline__ float cp_reduce(float x) {",
-        "    float k = rintf(__fmul_rn(x, INV));",
-        "    return __fmaf_rn(k, LO, __fmaf_rn(k, HI, x));",
-        "}",
     ]
 )
 
-_F_OPS = {"+": "__fadd_rn", "-": "__fsub_rn", "*": "__fmul_rn", "/": "__fdiv_rn"}
+# Each float instruction of ``lower.py`` as the CUDA C++ NVRTC compiles to it.
+_C = {
+    "add.rn.f32": "__fadd_rn({}, {})",
+    "sub.rn.f32": "__fsub_rn({}, {})",
+    "mul.rn.f32": "__fmul_rn({}, {})",
+    "div.rn.f32": "__fdiv_rn({}, {})",
+    "fma.rn.f32": "__fmaf_rn({}, {}, {})",
+    "min.f32": "fminf({}, {})",
+    "max.f32": "fmaxf({}, {})",
+    "abs.f32": "fabsf({})",
+    "sqrt.rn.f32": "__fsqrt_rn({})",
+    "cvt.rmi.f32.f32": "floorf({})",
+    "cvt.rni.f32.f32": "rintf({})",
+    **{f"{op}.approx.f32": f"cp_{op}({{}})" for op in ("sin", "cos", "ex2", "lg2")},
+}
 _I_FUN = {"+": "cp_add", "-": "cp_sub", "*": "cp_mul", "%": "cp_rem", "<<": "cp_shl", ">>": "cp_shr"}
 
 
@@ -51,7 +63,9 @@ def _f(value: float) -> str:
     return f"{float(value)!r}f".replace("inf", "INFINITY")
 
 
-class _Writer:
+class _Writer(FloatLowering[str]):
+    """C expressions of one stage's nodes, each in its own ``const`` (the float functions: ``lower.py``)."""
+
     def __init__(self, lines: list[str], stage: Stage, env: dict[tuple[str, int], str]) -> None:
         self.lines = lines
         self.stage = stage
@@ -69,6 +83,21 @@ class _Writer:
 
     def fl(self, v: str, t: Type) -> str:
         return v if t == "float" else f"__int2float_rn({v})"
+
+    def const(self, value: float) -> str:
+        return _f(value)
+
+    def f1(self, op: str, a: str) -> str:
+        return self.tmp("float", _C[op].format(a))
+
+    def f2(self, op: str, a: str, b: str) -> str:
+        return self.tmp("float", _C[op].format(a, b))
+
+    def f3(self, op: str, a: str, b: str, c: str) -> str:
+        return self.tmp("float", _C[op].format(a, b, c))
+
+    def step(self, edge: str, x: str) -> str:
+        return self.tmp("float", f"({x} < {edge}) ? 0.0f : 1.0f")
 
     def ev(self, node: Node) -> str:
         t = self.t(node)
@@ -108,14 +137,11 @@ class _Writer:
                 a, b = self.fl(a, lt), self.fl(b, rt)
             return self.tmp("bool", f"{a} {op} {b}")
         if op == "**":
-            return self._pow(self.fl(a, lt), self.fl(b, rt))
+            return self.pow(self.fl(a, lt), self.fl(b, rt))
         if t == "int":
             fun = _I_FUN.get(op)
             return self.tmp("int", f"{fun}({a}, {b})" if fun else f"({a} {op} {b})")
-        return self.tmp("float", f"{_F_OPS[op]}({self.fl(a, lt)}, {self.fl(b, rt)})")
-
-    def _pow(self, x: str, y: str) -> str:
-        return self.tmp("float", f"cp_ex2(__fmul_rn({y}, cp_lg2({x})))")
+        return self.f2(F_OPS[op], self.fl(a, lt), self.fl(b, rt))
 
     def _call(self, node: Call, t: Type) -> str:
         fn = node.func
@@ -132,44 +158,7 @@ class _Writer:
             if fn in ("min", "max"):
                 return self.tmp("int", f"{fn}({args[0]}, {args[1]})")
             return self.tmp("int", f"min(max({args[0]}, {args[1]}), {args[2]})")
-        x = [self.fl(a, ty) for a, ty in zip(args, types, strict=True)]
-        tmp = self.tmp
-        if fn == "float":
-            return x[0]
-        if fn in ("sin", "cos"):
-            return tmp("float", f"cp_{fn}(cp_reduce({x[0]}))")
-        if fn == "tan":
-            r = tmp("float", f"cp_reduce({x[0]})")
-            return tmp("float", f"__fdiv_rn(cp_sin({r}), cp_cos({r}))")
-        if fn == "exp":
-            return tmp("float", f"cp_ex2(__fmul_rn({x[0]}, {_f(LOG2_E)}))")
-        if fn == "log":
-            return tmp("float", f"__fmul_rn(cp_lg2({x[0]}), {_f(LN_2)})")
-        if fn == "pow":
-            return self._pow(x[0], x[1])
-        if fn == "sqrt":
-            return tmp("float", f"__fsqrt_rn({x[0]})")
-        if fn == "abs":
-            return tmp("float", f"fabsf({x[0]})")
-        if fn == "floor":
-            return tmp("float", f"floorf({x[0]})")
-        if fn == "fract":
-            return tmp("float", f"__fsub_rn({x[0]}, floorf({x[0]}))")
-        if fn in ("min", "max"):
-            return tmp("float", f"f{fn}f({x[0]}, {x[1]})")
-        if fn == "clamp":
-            return tmp("float", f"fminf(fmaxf({x[0]}, {x[1]}), {x[2]})")
-        if fn == "mix":
-            return tmp("float", f"__fadd_rn({x[0]}, __fmul_rn(__fsub_rn({x[1]}, {x[0]}), {x[2]}))")
-        if fn == "step":
-            return tmp("float", f"({x[1]} < {x[0]}) ? 0.0f : 1.0f")
-        if fn == "smoothstep":
-            q = tmp("float", f"__fdiv_rn(__fsub_rn({x[2]}, {x[0]}), __fsub_rn({x[1]}, {x[0]}))")
-            c = tmp("float", f"fminf(fmaxf({q}, 0.0f), 1.0f)")
-            return tmp("float", f"__fmul_rn(__fmul_rn({c}, {c}), __fsub_rn(3.0f, __fmul_rn(2.0f, {c})))")
-        if fn == "fma":
-            return tmp("float", f"__fmaf_rn({x[0]}, {x[1]}, {x[2]})")
-        raise AssertionError(fn)
+        return self.call(fn, [self.fl(a, ty) for a, ty in zip(args, types, strict=True)])
 
 
 def generate_cuda(program: Program) -> str:
@@ -178,12 +167,10 @@ def generate_cuda(program: Program) -> str:
     desc = program.descriptor
     params = []
     for i, p in enumerate(desc.parameters):
-        if p.is_pointer:
-            params.append(f"{'const float*' if p.direction == 'in' else 'float*'} __restrict__ {names[i]}")
+        if p.is_pointer:  # no __restrict__: the pool may give an input and an output the same memory
+            params.append(f"{'const float*' if p.direction == 'in' else 'float*'} {names[i]}")
         else:
             params.append(f"{'float' if p.dtype.base.kind == 'f' else 'unsigned int'} {names[i]}")
-    # no __restrict__ on inputs after all: the pool may give an input and an output the same memory
-    params = [p.replace(" __restrict__", "") for p in params]
     body: list[str] = [
         "    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;",
         f"    const unsigned int n = {names[program.count_param]};",
@@ -204,8 +191,7 @@ def generate_cuda(program: Program) -> str:
         env[("stage", j)] = f"s{j}"
     for o, (_, j) in enumerate(program.outputs):
         body.append(f"    {names[program.output_param(o)]}[i] = s{j};")
-    prelude = _PRELUDE.replace("INV", _f(INV_TWO_PI)).replace("HI", _f(-TWO_PI_HI)).replace("LO", _f(-TWO_PI_LO))
     head = "\n".join(f"// {line}" for line in ["Generated by cudapatch.expr from:", *program.summary().splitlines()])
     sig = ",\n    ".join(params)
     kernel = f'extern "C" __global__ void {desc.entry_point}(\n    {sig})\n{{\n'
-    return f"{head}\n{prelude}\n\n{kernel}" + "\n".join(body) + "\n}\n"
+    return f"{head}\n{_PRELUDE}\n\n{kernel}" + "\n".join(body) + "\n}\n"

@@ -9,7 +9,8 @@ with an explicit rounding mode (``add.rn``, ``mul.rn`` ...), which ptxas never c
 ``fma(a, b, c)`` is the only fused multiply-add. ``sqrt`` and ``/`` are IEEE (``sqrt.rn``,
 ``div.rn``). Denormals are kept (no ``.ftz``). ``sin``/``cos`` reduce their argument by 2π in two
 steps and use the hardware approximation (``sin.approx``); ``exp``, ``log`` and ``pow`` use
-``ex2.approx``/``lg2.approx`` (``pow(x, y)`` = 2^(y·log2 x): NaN for x < 0, as in GLSL).
+``ex2.approx``/``lg2.approx`` (``pow(x, y)`` = 2^(y·log2 x): NaN for x < 0, as in GLSL). Those
+functions are lowered to instructions once, in ``lower.py``, for both back ends.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import struct
 from dataclasses import dataclass, field
 
 from .check import Type
+from .lower import F_OPS, PI, FloatLowering
 from .program import Program, Stage
 from .syntax import Binary, Call, Name, Node, Num, Unary
 
 __all__ = ["Layout", "generate_ptx", "ptx_layout", "ptx_version_for"]
 
-_F_OPS = {"+": "add.rn.f32", "-": "sub.rn.f32", "*": "mul.rn.f32", "/": "div.rn.f32"}
 _I_OPS = {
     "+": "add.s32",
     "-": "sub.s32",
@@ -38,13 +39,6 @@ _I_OPS = {
 # setp comparisons: ordered for float (NaN compares false) except != (unordered: NaN != x is true, as in C)
 _F_CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "neu"}
 _I_CMP = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
-
-TWO_PI_HI = 6.28125  # 2π split in two: k·HI is exact for |k| < 2^15, so the reduction loses nothing there
-TWO_PI_LO = 0.0019353071795864769
-INV_TWO_PI = 0.15915494309189535
-LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
-PI = 3.141592653589793
 
 
 def f32_hex(value: float) -> str:
@@ -81,8 +75,8 @@ class _Emitter:
         self.lines.append("\t// " + text.replace("\n", " "))
 
 
-class _Values:
-    """Registers of one stage's nodes, typed."""
+class _Values(FloatLowering[str]):
+    """Registers of one stage's nodes, typed (the float functions: ``lower.py``)."""
 
     def __init__(self, em: _Emitter, stage: Stage, env: dict[tuple[str, int], str], index: str, count: str) -> None:
         self.em = em
@@ -114,6 +108,18 @@ class _Values:
     def f1(self, op: str, a: str) -> str:
         out = self.em.reg("f")
         self.em.op(f"{op} {out}, {a}")
+        return out
+
+    def f3(self, op: str, a: str, b: str, c: str) -> str:
+        out = self.em.reg("f")
+        self.em.op(f"{op} {out}, {a}, {b}, {c}")
+        return out
+
+    def step(self, edge: str, x: str) -> str:
+        p = self.em.reg("p")
+        self.em.op(f"setp.lt.f32 {p}, {x}, {edge}")
+        out = self.em.reg("f")
+        self.em.op(f"selp.f32 {out}, {f32_hex(0.0)}, {f32_hex(1.0)}, {p}")
         return out
 
     def emit(self, node: Node) -> str:
@@ -173,25 +179,12 @@ class _Values:
                 em.op(f"setp.{_F_CMP[op]}.f32 {out}, {self.as_float(a, lt)}, {self.as_float(b, rt)}")
             return out
         if op == "**":
-            return self._pow(self.as_float(a, lt), self.as_float(b, rt))
+            return self.pow(self.as_float(a, lt), self.as_float(b, rt))
         if t == "int":
             out = em.reg("r")
             em.op(f"{_I_OPS[op]} {out}, {a}, {b}")
             return out
-        return self.f2(_F_OPS[op], self.as_float(a, lt), self.as_float(b, rt))
-
-    def _pow(self, x: str, y: str) -> str:
-        return self.f1("ex2.approx.f32", self.f2("mul.rn.f32", y, self.f1("lg2.approx.f32", x)))
-
-    def _reduce(self, x: str) -> str:
-        # r = x - k·2π with k = round(x / 2π), 2π in two parts (Cody-Waite): sin.approx is accurate on [-π, π]
-        k = self.f1("cvt.rni.f32.f32", self.f2("mul.rn.f32", x, self.const(INV_TWO_PI)))
-        em = self.em
-        r1 = em.reg("f")
-        em.op(f"fma.rn.f32 {r1}, {k}, {self.const(-TWO_PI_HI)}, {x}")
-        r2 = em.reg("f")
-        em.op(f"fma.rn.f32 {r2}, {k}, {self.const(-TWO_PI_LO)}, {r1}")
-        return r2
+        return self.f2(F_OPS[op], self.as_float(a, lt), self.as_float(b, rt))
 
     def _call(self, node: Call, t: Type) -> str:
         em = self.em
@@ -224,52 +217,7 @@ class _Values:
             out = em.reg("r")
             em.op(f"min.s32 {out}, {lo}, {regs[2]}")
             return out
-        x = [self.as_float(r, ty) for r, ty in zip(regs, types, strict=True)]
-        if f == "float":
-            return x[0]
-        if f == "sin":
-            return self.f1("sin.approx.f32", self._reduce(x[0]))
-        if f == "cos":
-            return self.f1("cos.approx.f32", self._reduce(x[0]))
-        if f == "tan":
-            r = self._reduce(x[0])
-            return self.f2("div.rn.f32", self.f1("sin.approx.f32", r), self.f1("cos.approx.f32", r))
-        if f == "exp":
-            return self.f1("ex2.approx.f32", self.f2("mul.rn.f32", x[0], self.const(LOG2_E)))
-        if f == "log":
-            return self.f2("mul.rn.f32", self.f1("lg2.approx.f32", x[0]), self.const(LN_2))
-        if f == "pow":
-            return self._pow(x[0], x[1])
-        if f == "sqrt":
-            return self.f1("sqrt.rn.f32", x[0])
-        if f == "abs":
-            return self.f1("abs.f32", x[0])
-        if f == "floor":
-            return self.f1("cvt.rmi.f32.f32", x[0])
-        if f == "fract":
-            return self.f2("sub.rn.f32", x[0], self.f1("cvt.rmi.f32.f32", x[0]))
-        if f in ("min", "max"):
-            return self.f2(f"{f}.f32", x[0], x[1])
-        if f == "clamp":
-            return self.f2("min.f32", self.f2("max.f32", x[0], x[1]), x[2])
-        if f == "mix":  # a + (b - a)·t
-            return self.f2("add.rn.f32", x[0], self.f2("mul.rn.f32", self.f2("sub.rn.f32", x[1], x[0]), x[2]))
-        if f == "step":  # x < edge ? 0 : 1
-            p = em.reg("p")
-            em.op(f"setp.lt.f32 {p}, {x[1]}, {x[0]}")
-            out = em.reg("f")
-            em.op(f"selp.f32 {out}, {f32_hex(0.0)}, {f32_hex(1.0)}, {p}")
-            return out
-        if f == "smoothstep":  # t = clamp((x - e0) / (e1 - e0), 0, 1); t·t·(3 - 2t)
-            q = self.f2("div.rn.f32", self.f2("sub.rn.f32", x[2], x[0]), self.f2("sub.rn.f32", x[1], x[0]))
-            c = self.f2("min.f32", self.f2("max.f32", q, self.const(0.0)), self.const(1.0))
-            poly = self.f2("sub.rn.f32", self.const(3.0), self.f2("mul.rn.f32", self.const(2.0), c))
-            return self.f2("mul.rn.f32", self.f2("mul.rn.f32", c, c), poly)
-        if f == "fma":
-            out = em.reg("f")
-            em.op(f"fma.rn.f32 {out}, {x[0]}, {x[1]}, {x[2]}")
-            return out
-        raise AssertionError(f)
+        return self.call(f, [self.as_float(r, ty) for r, ty in zip(regs, types, strict=True)])
 
 
 @dataclass

@@ -40,7 +40,7 @@ from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
 from .ptx_gen import generate_ptx
-from .syntax import Binary, Call, Name, Node, Unary
+from .syntax import Name, Node, children
 
 __all__ = ["Backend", "Jit", "ProgramSource", "BACKENDS", "QUICK_JIT_LEVEL"]
 
@@ -213,10 +213,5 @@ def _first_use(root: Node, name: str) -> int:
         node = stack.pop()
         if isinstance(node, Name) and node.id == name:
             best = node.col if best is None else min(best, node.col)
-        elif isinstance(node, Binary):
-            stack += [node.left, node.right]
-        elif isinstance(node, Unary):
-            stack.append(node.operand)
-        elif isinstance(node, Call):
-            stack += list(node.args)
+        stack.extend(children(node))
     return best or 1

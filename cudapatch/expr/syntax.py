@@ -29,7 +29,19 @@ from dataclasses import dataclass
 
 from .errors import ExpressionError
 
-__all__ = ["start", "Node", "Num", "Name", "Unary", "Binary", "Call", "parse", "MAX_EXPRESSION_CHARS", "MAX_DEPTH"]
+__all__ = [
+    "children",
+    "start",
+    "Node",
+    "Num",
+    "Name",
+    "Unary",
+    "Binary",
+    "Call",
+    "parse",
+    "MAX_EXPRESSION_CHARS",
+    "MAX_DEPTH",
+]
 
 #: The longest expression accepted (an expression is typed into a field; this bounds the work).
 MAX_EXPRESSION_CHARS = 16_384
@@ -269,7 +281,8 @@ def parse(text: str) -> Node:
     return node
 
 
-def _children(node: Node) -> tuple[Node, ...]:
+def children(node: Node) -> tuple[Node, ...]:
+    """The operands of ``node`` (none for a number or a name)."""
     if isinstance(node, Binary):
         return (node.left, node.right)
     if isinstance(node, Unary):
@@ -290,4 +303,4 @@ def _check_depth(root: Node) -> None:
                 f"the expression nests deeper than {MAX_DEPTH} operations: split it over several blocks",
                 column=node.col,
             )
-        stack.extend((child, depth + 1) for child in _children(node))
+        stack.extend((child, depth + 1) for child in children(node))

@@ -44,8 +44,7 @@ from ..blocks.composite import Composite, CompositeBuilder
 from ..errors import CudapatchError, PatchFileError
 from ..kernels._files import MAX_PATCH_BYTES, read_user_text
 from ..kernels._text import short_repr
-from .coerce import coerce_host_value
-from .patch import Patch, _Lines, parse_patch
+from .patch import Patch, _Lines, build_operator, parse_patch
 
 __all__ = ["CompositeFile", "FileComposite", "composite_type", "load_composite_file", "parse_composite"]
 
@@ -213,14 +212,7 @@ class FileComposite(Composite):
                 op_texts.update({k: v for k, v in exposed_texts.get(op, {}).items() if k in text_names})
                 if "Path" in op_texts and op_texts["Path"] and not Path(op_texts["Path"]).is_absolute():
                     op_texts["Path"] = str(path.parent / op_texts["Path"])
-                block = bt.create(op, **op_texts)
-                for key, value in ospec.params.items():
-                    if key in op_texts:
-                        continue
-                    p = block.params.get(key)
-                    if p is None:
-                        raise CudapatchError(f"operator '{op}' ({bt.name}) has no parameter '{key}'", param=key)
-                    block.set(key, coerce_host_value(p.spec, value))
+                block = build_operator(bt, op, ospec.params, op_texts)
             except CudapatchError as exc:
                 line = ospec.line
                 if exc.param is not None:

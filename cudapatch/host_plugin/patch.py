@@ -495,13 +495,7 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
                 for k, v in spec.params.items()
                 if isinstance(v, str) and k not in _scalars(bt)
             }
-            probe = bt.create(name, **probe_texts)
-            for key, value in spec.params.items():
-                if key not in probe_texts:
-                    p = probe.params.get(key)
-                    if p is None:
-                        raise CudapatchError(f"operator '{name}' ({bt.name}) has no parameter '{key}'")
-                    probe.set(key, coerce_host_value(p.spec, value))
+            build_operator(bt, name, spec.params, probe_texts)
         except CudapatchError as exc:
             line = spec.line
             if exc.param is not None:
@@ -613,6 +607,25 @@ def _apply_operator(
         if p is not None:
             block.set(key, p.spec.default)
             counts["params"] += 1
+
+
+def build_operator(bt: Any, name: str, params: dict[str, Any], texts: dict[str, str]) -> Any:
+    """A block of type ``bt`` named ``name``: ``texts`` (its text parameters) go to the constructor,
+    every other value of ``params`` is set as a host value (``coerce_host_value``).
+
+    Raises:
+        CudapatchError: the block does not describe, has no such parameter (``param`` names it, so
+            the caller can point at its line), or refuses a value.
+    """
+    block = bt.create(name, **texts)
+    for key, value in params.items():
+        if key in texts:
+            continue
+        p = block.params.get(key)
+        if p is None:
+            raise CudapatchError(f"operator '{name}' ({bt.name}) has no parameter '{key}'", param=key)
+        block.set(key, coerce_host_value(p.spec, value))
+    return block
 
 
 def _scalars(bt: Any) -> set[str]:

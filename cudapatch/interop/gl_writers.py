@@ -22,7 +22,7 @@ from ..blocks.block import Block
 from ..blocks.builder import BlockBuilder
 from ..blocks.description import like
 from ..kernels.cuda_source import CudaSource
-from ..kernels.types import DType
+from ..kernels.types import DType, cuda_spelling
 
 __all__ = ["GlBufferWriter", "GlRingWriter", "GlSurfaceWriter", "REQUESTS", "ring_writer_source"]
 
@@ -72,26 +72,15 @@ extern "C" __global__ void gl_ring_copy(const ELEMENT* in, unsigned int n, const
 """
 
 
-_CUDA_SPELLING = {
-    "uint": "unsigned int",
-    "long": "long long",
-    "ulong": "unsigned long long",
-    "uchar": "unsigned char",
-    "char": "signed char",
-    "ushort": "unsigned short",
-    # The writers copy bits: 16-bit floats travel as unsigned short, so no fp16/bf16 header is needed.
-    "half": "unsigned short",
-    "bfloat16": "unsigned short",
-}
-
-
-def _element(dtype: DType) -> str:
-    return _CUDA_SPELLING.get(dtype.c_name, dtype.c_name)
+def _typed(source: str, dtype: DType) -> str:
+    """``source`` with ``ELEMENT`` spelled for ``dtype``, after the header that spelling needs."""
+    t, header = cuda_spelling(dtype)
+    return header + source.replace("ELEMENT", t)
 
 
 def ring_writer_source(dtype: DType) -> str:
     """The ring writer kernel's CUDA C++ for elements of ``dtype``."""
-    return _SOURCE.replace("ELEMENT", _element(dtype)).replace("REQUESTS", str(REQUESTS))
+    return _typed(_SOURCE, dtype).replace("REQUESTS", str(REQUESTS))
 
 
 def _element_type(b: BlockBuilder) -> DType:
@@ -150,7 +139,7 @@ class GlBufferWriter(Block):
 
     def describe(self, b: BlockBuilder) -> None:
         dtype = _element_type(b)
-        code = _BUFFER_SOURCE.replace("ELEMENT", _element(dtype))
+        code = _typed(_BUFFER_SOURCE, dtype)
         k = b.add_kernel(CudaSource(code=code, name=f"{self.name}.cu"))
         b.input("In", k.in_(0))
         k.set_count(1, like("In"))
@@ -198,7 +187,7 @@ class GlSurfaceWriter(Block):
         texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16")
         if texel not in ("4", "16"):
             raise b.error(f"Texel: surface writes take 4- or 16-byte texels, not {texel}")
-        code = _SURFACE_SOURCE.replace("ELEMENT", _element(dtype)).replace("TEXEL", texel)
+        code = _typed(_SURFACE_SOURCE, dtype).replace("TEXEL", texel)
         k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
         b.input("In", k.in_(0))
         k.set_count(1, like("In"))

@@ -53,7 +53,7 @@ _CTYPES: dict[str, type] = {
     "float16": c_half,
 }
 
-__all__ = ["DType", "bfloat16_bits", "bfloat16_values", "c_half", "parse_type_name"]
+__all__ = ["DType", "bfloat16_bits", "bfloat16_values", "c_half", "cuda_spelling", "parse_type_name"]
 
 
 class DType(Enum):
@@ -201,3 +201,24 @@ def parse_type_name(text: str) -> tuple[DType, bool]:
     if is_pointer:
         t = t[:-1].strip()
     return DType.from_c_name(t), is_pointer
+
+
+# Spellings NVRTC knows for the types whose sidecar names are not C (uint, ushort, half ...), each
+# one the signature parser reads back as the same DType, with the header it needs.
+_CUDA_SPELLING: dict[DType, tuple[str, str]] = {
+    DType.UINT32: ("unsigned int", ""),
+    DType.INT64: ("long long", ""),
+    DType.UINT64: ("unsigned long long", ""),
+    DType.UINT8: ("unsigned char", ""),
+    DType.INT8: ("signed char", ""),
+    DType.UINT16: ("unsigned short", ""),
+    DType.FLOAT16: ("__half", "#include <cuda_fp16.h>\n"),
+    DType.BFLOAT16: ("__nv_bfloat16", "#include <cuda_bf16.h>\n"),
+}
+
+
+def cuda_spelling(dtype: DType) -> tuple[str, str]:
+    """How generated CUDA C++ writes an element of ``dtype``: ``(type, header)``, e.g.
+    ``("unsigned int", "")`` or ``("__half", "#include <cuda_fp16.h>\\n")``. Put ``header`` before
+    the code; the kernel's parameters then parse back to ``dtype`` (``signature.py``)."""
+    return _CUDA_SPELLING.get(dtype, (dtype.c_name, ""))

@@ -19,6 +19,18 @@ def egl():
 
 
 @pytest.fixture
+def gl_engine(engine, request):  # noqa: F811 - ``engine`` is the fixture imported above
+    """The GPU suite's engine and a headless GL context on its device: ``(engine, ctx)``. The context is
+    640 x 360 unless the test's module sets ``GL_SIZE = (width, height)``."""
+    from cudapatch.interop import EglContext
+
+    ctx = EglContext(*getattr(request.module, "GL_SIZE", (640, 360)))
+    engine.device.make_current()
+    yield engine, ctx
+    ctx.close()
+
+
+@pytest.fixture
 def needs_display():
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         pytest.skip("no display here: window tests run under Xvfb in CI (.ci/run)")

@@ -7,12 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cudapatch.engine.profiling import EngineStats, ProfilingLevel
-
 from ..unit.plan_engine import PlanOnlyEngine
+from .test_editor_gl import _draw
 
 pytestmark = pytest.mark.gl
-STATS = EngineStats(ProfilingLevel.NONE, None, None, None, (), 0, 0, 0)
 
 
 def _chain(n):
@@ -34,33 +32,17 @@ def _chain(n):
 
 
 def test_compact_nodes_drawn_from_their_geometry_stay_where_they_were_measured():
-    from OpenGL import GL
 
-    from cudapatch.interop import EglContext
     from cudapatch.interop.editor import LINK_COLOR, EditorPanel
-    from cudapatch.interop.overlay import Overlay
 
     n = 12  # zoomed out to about 3 canvas units a pixel: compact, wires about a pixel wide
     model = _chain(n)
-    ctx = EglContext(1280, 720)
-    panel = EditorPanel(model, rect=(0, 0, 1280, 720))
-    panel.fit_all()
-    overlay = Overlay(ctx, panels=(panel.draw,))
-    overlay.visible = False
     layouts = []
-    try:
-        for _ in range(12):  # fit (3 frames), then measured compact twice, then drawn from the geometry
-            GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, ctx.framebuffer)
-            GL.glClearColor(0.0, 0.0, 0.0, 1.0)
-            GL.glClear(GL.GL_COLOR_BUFFER_BIT)
-            overlay.draw(STATS)
-            layouts.append((panel.layout, set(panel._compact)))
-        img = ctx.read_pixels()[..., :3].astype(int)
-        compact, drawn = panel.compact, set(panel.drawn)
-    finally:
-        panel.close()
-        overlay.close()
-        ctx.close()
+    # fit (3 frames), then measured compact twice, then drawn from the geometry
+    img, panel = _draw(
+        model, 12, prepare=EditorPanel.fit_all, each_frame=lambda p: layouts.append((p.layout, set(p._compact)))
+    )
+    compact, drawn = panel.compact, set(panel.drawn)
     assert compact and drawn == {f"s{i}" for i in range(n)}
     last, cached = layouts[-1]
     assert cached == drawn  # every node drawn from its measured geometry

@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 STATS = EngineStats(ProfilingLevel.NONE, None, None, None, (), 0, 0, 0)
 
 
-def _render(model, frames=3):
+def _draw(model, frames=3, *, rect=(0, 0, 1280, 720), prepare=None, each_frame=None):
+    """Draw ``model``'s editor panel (at ``rect``) ``frames`` times into a 1280 x 720 EGL framebuffer;
+    returns the read-back pixels and the closed panel (its layout and drawn sets stay readable).
+    ``prepare(panel)`` runs before the first frame, ``each_frame(panel)`` after each frame."""
     from OpenGL import GL
 
     from cudapatch.interop import EglContext
@@ -31,7 +34,9 @@ def _render(model, frames=3):
     from cudapatch.interop.overlay import Overlay
 
     ctx = EglContext(1280, 720)
-    panel = EditorPanel(model, rect=(0, 0, 1280, 720))
+    panel = EditorPanel(model, rect=rect)
+    if prepare is not None:
+        prepare(panel)
     overlay = Overlay(ctx, panels=(panel.draw,))
     overlay.visible = False
     try:
@@ -40,11 +45,18 @@ def _render(model, frames=3):
             GL.glClearColor(0.0, 0.0, 0.0, 1.0)
             GL.glClear(GL.GL_COLOR_BUFFER_BIT)
             overlay.draw(STATS)
-        return ctx.read_pixels()[..., :3].astype(int), panel.layout
+            if each_frame is not None:
+                each_frame(panel)
+        return ctx.read_pixels()[..., :3].astype(int), panel
     finally:
         panel.close()
         overlay.close()
         ctx.close()
+
+
+def _render(model, frames=3):
+    img, panel = _draw(model, frames)
+    return img, panel.layout
 
 
 def _model():

@@ -12,7 +12,7 @@ import pytest
 
 from cudapatch.engine.probes import ProbeStats
 
-from .test_editor_gl import STATS, _model, _near, _render
+from .test_editor_gl import _draw, _model, _near, _render
 
 pytestmark = pytest.mark.gl
 
@@ -45,13 +45,10 @@ def test_a_probed_wire_is_orange_and_red_while_its_buffer_holds_a_nan():
 
 
 def test_a_hundred_node_patch_draws_the_visible_nodes_and_wires_reach_nodes_outside():
-    from OpenGL import GL
 
     from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
     from cudapatch.host_plugin.editor_model import EditorModel
-    from cudapatch.interop import EglContext
-    from cudapatch.interop.editor import LINK_COLOR, EditorPanel
-    from cudapatch.interop.overlay import Overlay
+    from cudapatch.interop.editor import LINK_COLOR
 
     from ..unit.plan_engine import PlanOnlyEngine
 
@@ -65,22 +62,8 @@ def test_a_hundred_node_patch_draws_the_visible_nodes_and_wires_reach_nodes_outs
     for i in range(99):
         adapter.connect(f"s{i}", "Out", f"s{i + 1}", "In")
     model = EditorModel(adapter, patch)  # auto layout: one row, a column per node
-    ctx = EglContext(1280, 720)
-    panel = EditorPanel(model, rect=(0, 0, 900, 720))  # columns at 40, 340, 640, 940 ...: three fit
-    overlay = Overlay(ctx, panels=(panel.draw,))
-    overlay.visible = False
-    try:
-        for _ in range(4):
-            GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, ctx.framebuffer)
-            GL.glClearColor(0.0, 0.0, 0.0, 1.0)
-            GL.glClear(GL.GL_COLOR_BUFFER_BIT)
-            overlay.draw(STATS)
-        img = ctx.read_pixels()[..., :3].astype(int)
-        drawn, stubs, layout = set(panel.drawn), set(panel.stubs), panel.layout
-    finally:
-        panel.close()
-        overlay.close()
-        ctx.close()
+    img, panel = _draw(model, 4, rect=(0, 0, 900, 720))  # columns at 40, 340, 640, 940 ...: three fit
+    drawn, stubs, layout = set(panel.drawn), set(panel.stubs), panel.layout
     assert drawn == {"s0", "s1", "s2"} and set(layout.nodes) == drawn
     assert stubs == {"s3"}  # outside the window, but a drawn wire ends there
     x, y = layout.pins[("s2", "Out", "out")]
@@ -91,32 +74,18 @@ def test_a_hundred_node_patch_draws_the_visible_nodes_and_wires_reach_nodes_outs
 
 
 def test_the_selected_wires_probe_window_shows_its_statistics_and_thumbnail():
-    from OpenGL import GL
 
-    from cudapatch.interop import EglContext
-    from cudapatch.interop.editor import REFUSED_COLOR, EditorPanel
-    from cudapatch.interop.overlay import Overlay
+    from cudapatch.interop.editor import REFUSED_COLOR
 
     model = _model()
     assert model.probe("fill", "Out")
     thumb = np.zeros((8, 8), np.uint8)  # all NaN: drawn red
     st = ProbeStats(frame=9, age=1, values=64, minimum=None, maximum=None, mean=None, nan=64, inf=0, thumbnail=thumb)
     model.probes._probes[("fill", "Out")] = SimpleNamespace(stats=st, close=lambda: None)
-    ctx = EglContext(1280, 720)
-    panel = EditorPanel(model, rect=(0, 0, 1280, 720))
-    panel._wire = ("fill", "Out", "scale", "In")  # as a click on the wire selects it
-    overlay = Overlay(ctx, panels=(panel.draw,))
-    overlay.visible = False
-    try:
-        for _ in range(3):
-            GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, ctx.framebuffer)
-            GL.glClearColor(0.0, 0.0, 0.0, 1.0)
-            GL.glClear(GL.GL_COLOR_BUFFER_BIT)
-            overlay.draw(STATS)
-        img = ctx.read_pixels()[..., :3].astype(int)
-    finally:
-        panel.close()
-        overlay.close()
-        ctx.close()
+
+    def select_the_wire(panel):
+        panel._wire = ("fill", "Out", "scale", "In")  # as a click on the wire selects it
+
+    img, _ = _draw(model, 3, prepare=select_the_wire)
     red = np.abs(img.reshape(-1, 3) - np.array(REFUSED_COLOR[:3]) * 255).max(axis=1) < 30
     assert red.sum() >= 8 * 8 * 6 * 6 * 0.9  # the thumbnail's 8 x 8 cells of 6 x 6 pixels, and the red wire

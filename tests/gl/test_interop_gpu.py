@@ -9,17 +9,7 @@ import pytest
 from cudapatch import Block, like
 from cudapatch.errors import InteropError
 
-pytestmark = [pytest.mark.gpu, pytest.mark.gl]
-
-
-@pytest.fixture
-def gl_engine(engine):
-    from cudapatch.interop import EglContext
-
-    ctx = EglContext(640, 360)
-    engine.device.make_current()
-    yield engine, ctx
-    ctx.close()
+pytestmark = [pytest.mark.gpu, pytest.mark.gl]  # gl_engine (conftest): 640 x 360
 
 
 def _cupy_view(ptr, nbytes, dtype, owner):

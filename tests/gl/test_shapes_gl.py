@@ -7,16 +7,7 @@ import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gl]
-
-
-@pytest.fixture
-def gl_engine(engine):  # noqa: ANN001, ANN201 - the GPU suite's engine with a headless GL context
-    from cudapatch.interop import EglContext
-
-    ctx = EglContext(320, 180)
-    engine.device.make_current()
-    yield engine, ctx
-    ctx.close()
+GL_SIZE = (320, 180)  # gl_engine's context (conftest): the images below fill it
 
 
 @pytest.mark.parametrize("fmt", ["rgba8", "rgba32f"])

@@ -5,8 +5,6 @@ update on (also through an isolated engine), and a bypassed member leaves its gr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -15,16 +13,7 @@ from cudapatch.engine.compiler.fusion import FUSED_KERNEL
 
 from .conftest import run_until
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def fused_engine() -> Iterator[Engine]:
-    e = Engine(wait_for_compile=True)  # fusion is the default
-    try:
-        yield e
-    finally:
-        e.close()
+pytestmark = pytest.mark.gpu  # the conftest's ``engine`` fuses: fusion is the default
 
 
 def _patch(e: Engine, x: np.ndarray, y: np.ndarray, *, fuse: bool) -> tuple[list, object]:
@@ -42,8 +31,8 @@ def _patch(e: Engine, x: np.ndarray, y: np.ndarray, *, fuse: bool) -> tuple[list
     return [s1, ex, s2, add], add
 
 
-def test_fused_chain_equals_unfused_bitwise(fused_engine: Engine, rng: np.random.Generator) -> None:
-    e = fused_engine
+def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Generator) -> None:
+    e = engine
     x, y = (rng.standard_normal(1 << 20).astype(np.float32) for _ in range(2))
     fused, fused_sink = _patch(e, x, y, fuse=True)
     _, plain_sink = _patch(e, x, y, fuse=False)  # the same blocks, each on its own node
@@ -54,8 +43,8 @@ def test_fused_chain_equals_unfused_bitwise(fused_engine: Engine, rng: np.random
     np.testing.assert_array_equal(e.read(fused_sink, "Sum"), e.read(plain_sink, "Sum"))
 
 
-def test_hot_edit_of_a_member_patches_the_fused_node(fused_engine: Engine, rng: np.random.Generator) -> None:
-    e = fused_engine
+def test_hot_edit_of_a_member_patches_the_fused_node(engine: Engine, rng: np.random.Generator) -> None:
+    e = engine
     x = rng.standard_normal(10_000).astype(np.float32)
     a = e.add(Scale(name="a", Factor=2.0, Offset=0.0))
     b = e.add(Scale(name="b", Factor=3.0, Offset=1.0))
@@ -144,8 +133,8 @@ def test_an_isolated_engine_fuses_and_keeps_what_the_host_reads(rng: np.random.G
         assert e.output(a, "Out").nbytes == 4 * x.size
 
 
-def test_bypassing_a_fused_member_takes_it_out_of_its_group(fused_engine: Engine, rng: np.random.Generator) -> None:
-    e = fused_engine
+def test_bypassing_a_fused_member_takes_it_out_of_its_group(engine: Engine, rng: np.random.Generator) -> None:
+    e = engine
     x = rng.standard_normal(4096).astype(np.float32)
     s1, s2, s3 = (e.add(Scale(name=f"s{i}", Factor=float(i + 2))) for i in range(3))
     e.bind(s1, "In", x)
@@ -162,10 +151,8 @@ def test_bypassing_a_fused_member_takes_it_out_of_its_group(fused_engine: Engine
     np.testing.assert_array_equal(e.read(s3, "Out"), ((x * np.float32(2)) * np.float32(3)) * np.float32(4))
 
 
-def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(
-    fused_engine: Engine, rng: np.random.Generator
-) -> None:
-    e = fused_engine
+def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(engine: Engine, rng: np.random.Generator) -> None:
+    e = engine
     x = rng.standard_normal(4096).astype(np.float32)
     ex = e.add(Expression(name="ex", Code="x * 2"))
     s = e.add(Scale(name="s", Factor=1.0, Offset=1.0))
@@ -179,10 +166,10 @@ def test_a_waiting_engine_runs_a_members_code_edit_in_the_next_frame(
     assert e.graph is graph and e.counters.code_swaps == swaps + 1
 
 
-def test_several_elements_per_thread_cover_an_odd_count_bitwise(fused_engine: Engine, rng: np.random.Generator) -> None:
+def test_several_elements_per_thread_cover_an_odd_count_bitwise(engine: Engine, rng: np.random.Generator) -> None:
     from cudapatch.engine.compiler.fusion import FUSED_PER_THREAD, FUSED_PER_THREAD_FROM
 
-    e = fused_engine
+    e = engine
     n = FUSED_PER_THREAD_FROM + 37  # the last block covers 37 elements: the other threads' stores are masked
     x = rng.standard_normal(n).astype(np.float32)
 

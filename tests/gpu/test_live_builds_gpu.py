@@ -15,6 +15,8 @@ import pytest
 from cudapatch import DiagnosticCode, Engine, Scale
 from cudapatch.engine import build as build_module
 
+from .conftest import run_until
+
 pytestmark = pytest.mark.gpu
 
 
@@ -41,15 +43,6 @@ def _until_built(e: Engine, timeout: float = 30.0) -> int:
     return frames
 
 
-def _pump_until_started(e: Engine, started: threading.Event, timeout: float = 30.0) -> None:
-    """Run frames, as a host does, until the build thread is inside ``realize`` (the frame that
-    queues the build may be the one after the edit, when the edit's kernel resolves first)."""
-    deadline = time.monotonic() + timeout
-    while not started.wait(0.002):
-        assert time.monotonic() < deadline, "no build started"
-        e.update()
-
-
 def _slow_realize(monkeypatch: pytest.MonkeyPatch, started: threading.Event, gate: threading.Event) -> None:
     real = build_module.realize
 
@@ -74,7 +67,9 @@ def test_hot_values_set_during_a_build_land_in_the_new_graph(
     _slow_realize(monkeypatch, started, gate)
     b = live.add(Scale(name="b", Factor=1.0))
     live.connect(a, "Out", b, "In")
-    _pump_until_started(live, started)
+    # frames, as a host runs them, until the build thread is inside realize (the frame that queues
+    # the build may be the one after the edit, when the edit's kernel resolves first)
+    run_until(live, started.is_set)
     assert live.building
     old = live.graph
     a.set("Factor", 5.0)  # Hot, on the running graph, and carried to the one being built
@@ -128,7 +123,7 @@ def test_close_during_a_build_ends_cleanly(
     started, gate = threading.Event(), threading.Event()
     _slow_realize(monkeypatch, started, gate)
     live.connect(a, "Out", live.add(Scale(name="b")), "In")
-    _pump_until_started(live, started)
+    run_until(live, started.is_set)  # until the build thread is inside realize
     threading.Timer(0.05, gate.set).start()
     in_use = live.pool.in_use_bytes
     live.close()

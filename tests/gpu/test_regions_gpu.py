@@ -39,6 +39,27 @@ def _frame(engine: Engine, block, port: str) -> np.ndarray:
     return engine.read(block, port)
 
 
+def _check_a_warm_rebind_in(engine: Engine, loop, rng: np.random.Generator) -> None:
+    """A Scale in ``loop``'s body reads a bound input; a Warm rebind to another pointer of the same size
+    reaches it (every copy, if the body is unrolled) without a rebuild. The Scale is removed after."""
+    scale = engine.add(Scale(name="S", Factor=2.0), region=loop)
+    a, b = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
+    engine.bind(scale, "In", a)
+    np.testing.assert_allclose(_frame(engine, scale, "Out"), a * 2.0, rtol=1e-6)
+    graph = engine.graph
+    other = GpuBuffer(engine.pool, scale.description.input("In").dtype, 512, stream=engine.stream)
+    try:
+        other.upload(b)
+        engine.bind(scale, "In", other)  # Warm: another pointer of the same size, patched into the body
+        np.testing.assert_allclose(_frame(engine, scale, "Out"), b * 2.0, rtol=1e-6)
+        assert engine.graph is graph
+    finally:
+        engine.remove(scale)
+        engine.update()
+        engine.synchronize()
+        other.close()
+
+
 def test_a_for_runs_its_body_count_times_and_count_is_hot(engine: Engine) -> None:
     _, loop, add = _for_patch(engine, 7)
     np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 1.0 + 7 * 0.5, np.float32))
@@ -67,23 +88,7 @@ def test_hot_warm_and_code_edits_inside_a_body_need_no_rebuild(engine: Engine) -
 
 
 def test_a_warm_rebind_reaches_a_kernel_inside_a_body(engine: Engine, rng: np.random.Generator) -> None:
-    loop = engine.add(For(name="Loop", Count=3))
-    scale = engine.add(Scale(name="S", Factor=2.0), region=loop)
-    a, b = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
-    engine.bind(scale, "In", a)
-    np.testing.assert_allclose(_frame(engine, scale, "Out"), a * 2.0, rtol=1e-6)
-    graph = engine.graph
-    other = GpuBuffer(engine.pool, scale.description.input("In").dtype, 512, stream=engine.stream)
-    try:
-        other.upload(b)
-        engine.bind(scale, "In", other)  # Warm: another pointer of the same size, patched into the body
-        np.testing.assert_allclose(_frame(engine, scale, "Out"), b * 2.0, rtol=1e-6)
-        assert engine.graph is graph
-    finally:
-        engine.remove(scale)
-        engine.update()
-        engine.synchronize()
-        other.close()
+    _check_a_warm_rebind_in(engine, engine.add(For(name="Loop", Count=3)), rng)
 
 
 def test_a_while_stops_when_its_condition_turns_false_and_warns_at_max(engine: Engine) -> None:
@@ -270,23 +275,7 @@ def test_hot_warm_and_code_edits_reach_every_copy_of_an_unrolled_body(engine: En
     np.testing.assert_array_equal(_frame(engine, add, "x"), np.full(1000, 6.0, np.float32))
     assert engine.graph is graph and engine.counters.rebuilds == rebuilds
     # Warm: a rebound input reaches every copy
-    loop2 = engine.add(For(name="Loop2", Count=5, Unroll=3))
-    scale = engine.add(Scale(name="S", Factor=2.0), region=loop2)
-    a, b = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
-    engine.bind(scale, "In", a)
-    np.testing.assert_allclose(_frame(engine, scale, "Out"), a * 2.0, rtol=1e-6)
-    graph = engine.graph
-    other = GpuBuffer(engine.pool, scale.description.input("In").dtype, 512, stream=engine.stream)
-    try:
-        other.upload(b)
-        engine.bind(scale, "In", other)
-        np.testing.assert_allclose(_frame(engine, scale, "Out"), b * 2.0, rtol=1e-6)
-        assert engine.graph is graph
-    finally:
-        engine.remove(scale)
-        engine.update()
-        engine.synchronize()
-        other.close()
+    _check_a_warm_rebind_in(engine, engine.add(For(name="Loop2", Count=5, Unroll=3)), rng)
 
 
 def test_an_unrolled_while_nested_in_an_unrolled_for_restarts_on_every_entry(engine: Engine) -> None:

@@ -199,21 +199,11 @@ def test_touchdesigner_bypass_flag_goes_to_the_block() -> None:
 
 
 def test_a_block_inside_a_child_graph_is_not_turned_off_and_no_executable_takes_such_a_plan() -> None:
-    from cudapatch import Composite
     from cudapatch.engine.warm import same_topology
-
-    class Pair(Composite):
-        child_graph = True
-
-        def compose(self, c) -> None:  # noqa: ANN001
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale(Factor=3.0))
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
+    from tests.unit.composite_blocks import TwoScales
 
     c = Context()
-    pair = c.register_block(Pair(name="pair"))
+    pair = c.register_block(TwoScales(name="pair", child_graph=True))
     tail = c.register_block(Scale(name="tail"))
     c.connect(pair, "Out", tail, "In")
     c.bind_input(pair, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))

@@ -13,22 +13,9 @@ from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import CudapatchError, LinkError
 from cudapatch.kernels.types import DType
 
+from .composite_blocks import TwoScales
 from .plan_engine import PlanOnlyEngine
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
-
-
-class TwoScales(Composite):
-    """``Out = In * Gain * Gain`` through two inner Scales; one exposed Gain sets both."""
-
-    type_name = "TwoScales"
-
-    def compose(self, c: CompositeBuilder) -> None:
-        c.add("a", Scale(Factor=2.0))
-        c.add("b", Scale(Factor=3.0, Offset=1.0))
-        c.link("a.Out", "b.In")
-        c.expose("In", "a.In")
-        c.expose("Out", "b.Out")
-        c.expose("Gain", "a.Factor", "b.Factor")
 
 
 class Outer(Composite):

@@ -266,12 +266,20 @@ def test_the_preview_sizes_an_image_from_the_output_shape() -> None:
 
 
 def test_gl_writers_spell_every_element_type_for_cuda() -> None:
-    from cudapatch.interop.gl_writers import _element
+    from cudapatch.interop.gl_writers import ring_writer_source
+    from cudapatch.kernels.types import cuda_spelling
 
     builtin = {"float", "double", "int", "float2", "float3", "float4", "double2", "int2", "int4", "uint4", "uchar4"}
+    headers = {"__half": "#include <cuda_fp16.h>\n", "__nv_bfloat16": "#include <cuda_bf16.h>\n"}
     for dtype in DType:
-        spelled = _element(dtype)
-        assert spelled in builtin or spelled.split()[0] in ("unsigned", "signed", "long", "short"), (dtype, spelled)
+        spelled, header = cuda_spelling(dtype)
+        if spelled in headers:  # 16-bit floats keep their type (the writer's port takes the output's type)
+            assert header == headers[spelled], dtype
+        else:
+            assert spelled in builtin or spelled.split()[0] in ("unsigned", "signed", "long", "short"), (dtype, spelled)
+            assert header == "", dtype
+        code = ring_writer_source(dtype)
+        assert code.startswith(header) and f"const {spelled}* in" in code, dtype
 
 
 def test_a_device_array_keeps_a_shape_for_the_isolated_child() -> None:

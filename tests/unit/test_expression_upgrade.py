@@ -77,14 +77,21 @@ def test_an_expression_block_builds_quick_sources() -> None:
     assert nv.source.jit == "full" and nv.source.upgrade() is None
 
 
-def test_the_optimised_build_follows_each_compile_and_a_newer_edit_supersedes_it() -> None:
+def _tracked() -> tuple[HeldBuilder, KernelTracker, Context, Expression]:
+    """An Expression block ``x * Gain`` whose kernel the tracker has resolved and asked ``HeldBuilder``
+    for (request 0: its quick build)."""
     b = HeldBuilder()
     t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
     c = Context()
     ex = c.register_block(Expression(name="ex", Code="x * Gain"))
-    key = (ex.id, 0)
     t.resolve(c.snapshot())
     t.flush()
+    return b, t, c, ex
+
+
+def test_the_optimised_build_follows_each_compile_and_a_newer_edit_supersedes_it() -> None:
+    b, t, c, ex = _tracked()
+    key = (ex.id, 0)
     ((source, _),) = b.requests
     assert source.jit == "quick"
     quick = b.finish(0)
@@ -122,13 +129,8 @@ def test_the_optimised_build_follows_each_compile_and_a_newer_edit_supersedes_it
 
 
 def test_the_optimised_build_still_lands_when_a_broken_edit_came_before_it() -> None:
-    b = HeldBuilder()
-    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
-    c = Context()
-    ex = c.register_block(Expression(name="ex", Code="x * Gain"))
+    b, t, c, ex = _tracked()
     key = (ex.id, 0)
-    t.resolve(c.snapshot())
-    t.flush()
     b.finish(0)
     t.collect()
     ex.set("Code", "x * (Gain +")  # a typo: fails on the builder, the quick build keeps running
@@ -149,12 +151,7 @@ def test_the_optimised_build_still_lands_when_a_broken_edit_came_before_it() -> 
 
 
 def test_a_failed_optimised_build_leaves_the_quick_build_running() -> None:
-    b = HeldBuilder()
-    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
-    c = Context()
-    ex = c.register_block(Expression(name="ex", Code="x * Gain"))
-    t.resolve(c.snapshot())
-    t.flush()
+    b, t, c, ex = _tracked()
     quick = b.finish(0)
     t.collect()
     b.requests[1][1].set_exception(RuntimeError("the driver refused it"))

@@ -20,7 +20,7 @@ from cudapatch.engine.params import read_slot
 from cudapatch.engine.transfer import DownloadRing, UploadRing
 from cudapatch.kernels.types import DType
 
-from .test_realize_recorded import OK, RecordingDriver, _realize
+from .recording_driver import OK, RecordingDriver, realize_recorded
 
 
 class PhaseDriver(RecordingDriver):
@@ -65,7 +65,7 @@ def _node(g, plan, block) -> KernelNode:
 def test_realize_instantiates_twice_and_patches_phase_one_with_the_pair_swapped(rec) -> None:
     ctx, delay, scale = _loop()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_recorded(ctx, plan, BufferPool())
     execs = [c[1] for c in rec.calls if c[0] == "instantiate"]
     assert len(execs) == 2
     exec0, exec1 = g._phases.execs
@@ -100,7 +100,7 @@ def test_realize_instantiates_twice_and_patches_phase_one_with_the_pair_swapped(
 def test_hot_updates_and_resets_reach_both_phases(rec) -> None:
     ctx, delay, scale = _loop()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_recorded(ctx, plan, BufferPool())
     g.adopt(None)
     g.launch(0)  # the init launch is behind us; phase 1 is next
     exec0, exec1 = g._phases.execs
@@ -124,14 +124,14 @@ def test_a_rebuild_keeps_the_pair_and_continues_the_phase(rec) -> None:
     ctx, delay, scale = _loop()
     pool = BufferPool()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, pool)
+    g = realize_recorded(ctx, plan, pool)
     g.adopt(None)
     for _ in range(3):
         g.launch(0)
     other = ctx.register_block(Scale(name="elsewhere"))  # a structure edit outside the loop
     ctx.bind_input(other, "In", ExternalBinding(0xA000, 8, DType.FLOAT32))
     plan2 = compile_plan(ctx.snapshot())
-    g2 = _realize(ctx, plan2, pool, previous=g)
+    g2 = realize_recorded(ctx, plan2, pool, previous=g)
     g2.adopt(g)
     d1, d2 = plan.delays[0], plan2.delays[0]
     assert (g2.buffers[d2.previous].ptr, g2.buffers[d2.current].ptr) == (
@@ -147,11 +147,11 @@ def test_a_rebuild_keeps_the_pair_and_continues_the_phase(rec) -> None:
 def test_a_resized_delay_writes_its_start_value_again(rec) -> None:
     ctx, delay, scale = _loop()
     pool = BufferPool()
-    g = _realize(ctx, compile_plan(ctx.snapshot()), pool)
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
     g.adopt(None)
     g.launch(0)
     delay.set("Count", 32)
-    g2 = _realize(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
+    g2 = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
     g2.adopt(g)
     assert g2._phases.pending == {0}
     g.retire(0)
@@ -193,7 +193,7 @@ def test_a_node_by_node_replay_follows_the_phases(rec) -> None:
 
     ctx, delay, scale = _loop()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_recorded(ctx, plan, BufferPool())
     g.adopt(None)
     ph = g._phases
     dn, sn = plan.block_nodes[delay.id][0], plan.block_nodes[scale.id][0]
@@ -213,7 +213,7 @@ def test_a_probe_on_a_wire_inside_the_loop_reads_the_other_buffer_in_phase_one(r
     plan = compile_plan(ctx.snapshot())
     (probe,) = [n for n in plan.nodes if type(n).__name__ == "ProbeNodePlan"]
     assert probe.buffer == plan.delays[0].current
-    g = _realize(ctx, plan, BufferPool(), probe_function=3, publish_function=2)
+    g = realize_recorded(ctx, plan, BufferPool(), probe_function=3, publish_function=2)
     exec1 = g._phases.execs[1]
     added = [c for c in rec.calls if c[0] == "add_kernel"]
     handle = added[probe.index][1]
@@ -224,7 +224,7 @@ def test_a_probe_on_a_wire_inside_the_loop_reads_the_other_buffer_in_phase_one(r
 def test_a_child_graph_composite_beside_a_loop_is_patched_in_both_phases(monkeypatch) -> None:
     from cudapatch import Composite
 
-    from .test_realize_recorded import ChildGraphDriver
+    from .recording_driver import ChildGraphDriver
 
     class Driver(ChildGraphDriver, PhaseDriver):
         def cuGraphExecChildGraphNodeSetParams(self, exec_, node, graph):  # noqa: N802
@@ -247,7 +247,7 @@ def test_a_child_graph_composite_beside_a_loop_is_patched_in_both_phases(monkeyp
     ctx.bind_input(pair, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
     plan = compile_plan(ctx.snapshot())
     assert len(plan.children) == 1 and len(plan.delays) == 1
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_recorded(ctx, plan, BufferPool())
     g.adopt(None)
     exec0, exec1 = g._phases.execs
     assert _node(g, plan, scale).alt is not None

@@ -320,20 +320,10 @@ def test_a_faulted_block_is_left_out_and_the_blocks_around_it_fuse() -> None:
 
 
 def test_a_group_stays_on_one_side_of_a_child_graph_composite() -> None:
-    from cudapatch import Composite
-
-    class Pair(Composite):
-        child_graph = True
-
-        def compose(self, c) -> None:  # noqa: ANN001
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale(Factor=3.0))
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
+    from tests.unit.composite_blocks import TwoScales
 
     ctx, externals = Context(), {}
-    pair = ctx.register_block(Pair(name="pair"))
+    pair = ctx.register_block(TwoScales(name="pair", child_graph=True))
     t1, t2 = ctx.register_block(Scale(name="t1")), ctx.register_block(Scale(name="t2"))
     ctx.connect(pair, "Out", t1, "In")
     ctx.connect(t1, "Out", t2, "In")
@@ -346,19 +336,10 @@ def test_a_group_stays_on_one_side_of_a_child_graph_composite() -> None:
 
 
 def test_a_flattened_composite_fuses_with_its_neighbours_and_its_exposed_scalar_patches_the_fused_node() -> None:
-    from cudapatch import Composite
-
-    class Pair(Composite):
-        def compose(self, c) -> None:  # noqa: ANN001
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale(Factor=3.0))
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
-            c.expose("Gain", "a.Factor", "b.Factor")
+    from tests.unit.composite_blocks import TwoScales
 
     ctx, externals = Context(), {}
-    pair = ctx.register_block(Pair(name="pair"))
+    pair = ctx.register_block(TwoScales(name="pair"))
     tail = ctx.register_block(Scale(name="tail"))
     ctx.connect(pair, "Out", tail, "In")
     _bind(ctx, pair, "In", np.ones(100, np.float32), externals)

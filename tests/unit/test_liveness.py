@@ -569,7 +569,7 @@ def test_inner_blocks_of_composites_and_strangers() -> None:
 
 
 def test_a_kept_composite_port_keeps_the_inner_output_and_reads_as_the_composite() -> None:
-    from tests.unit.test_composites import TwoScales
+    from tests.unit.composite_blocks import TwoScales
 
     c = Context()
     head = c.register_block(Fill(name="head", Count=1000))

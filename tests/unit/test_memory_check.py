@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-import cudapatch.kernels._driver as driver_module
 from cudapatch import Fill, Scale
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool, size_class
 from cudapatch.engine.memory_check import RESERVE_BYTES, lends, memory_shortfall, new_buffers
 from cudapatch.errors import CudaOutOfMemoryError
 from cudapatch.kernels.types import DType
-from tests.unit.test_realize_recorded import RecordingDriver, _realize
+from tests.unit.recording_driver import RecordingDriver, install, realize_recorded
 
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
@@ -97,9 +96,7 @@ def test_a_shared_buffer_is_named_by_the_values_in_it() -> None:
 # -- realize with shared buffers and the check, against the recording driver -------------------------
 @pytest.fixture
 def rec(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
-    fake = RecordingDriver()
-    monkeypatch.setattr(driver_module, "_driver", fake)
-    return fake
+    return install(monkeypatch, RecordingDriver())
 
 
 def _recorded_chain(n: int = 6, count: int = 1000):
@@ -116,7 +113,7 @@ def test_realize_allocates_the_shared_buffers_once_and_reads_values_through_them
     plan = compile_plan(ctx.snapshot())
     assert len(plan.buffers) == 3
     pool = BufferPool()
-    g = _realize(ctx, plan, pool)
+    g = realize_recorded(ctx, plan, pool)
     g.adopt(None)
     assert pool.driver_allocations == 3
     # s0, s2, s4 take turns in one buffer, s1, s3 in another; s3 and s4 are last in theirs; s5 the result
@@ -129,7 +126,7 @@ def test_realize_allocates_the_shared_buffers_once_and_reads_values_through_them
     assert not g.buffers[plan.outputs[(blocks[4].id, "Out")]].is_closed
     assert g.output(blocks[5].id, "Out") is g.buffers[2]
     # a Cold rebuild of the same sharing lends every allocation: nothing new
-    again = _realize(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
+    again = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
     assert pool.driver_allocations == 3
     again.adopt(g)
     g.close()
@@ -144,14 +141,14 @@ def test_realize_allocates_the_shared_buffers_once_and_reads_values_through_them
 def test_realize_refuses_a_plan_larger_than_free_memory_before_allocating(rec) -> None:
     ctx, blocks = _recorded_chain(count=1000)
     pool = BufferPool()
-    g = _realize(ctx, compile_plan(ctx.snapshot()), pool)
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
     g.adopt(None)
     allocations = pool.driver_allocations
     ctx.bind_input(blocks[0], "In", ExternalBinding(0xC000, 300_000_000, DType.FLOAT32))  # 1.2 GB per value
     rec.free = 1 << 30
     rec.calls.clear()
     with pytest.raises(CudaOutOfMemoryError, match="s5.Out") as err:
-        _realize(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
+        realize_recorded(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
     assert err.value.block == "s0" and "nothing was allocated" in str(err.value)
     assert pool.driver_allocations == allocations and rec.calls == []  # no node, no graph, no allocation
     g.launch(0)  # the running graph is as it was

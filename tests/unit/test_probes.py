@@ -309,7 +309,7 @@ def test_the_readback_ring_brings_probe_records_back_after_the_counters(doubles)
         slot = ring._ring[1 % 3]
         slot[2 : 2 + ring.words] = values
         slot[1] = 1
-        ring.record(None, 0)
+        ring.record(0)
         assert ring.poll()
         assert list(ring.latest_stamps) == [111, 222] and list(ring.latest) == [7, 8, 9]
         st = decode_probe(ring.latest_probes, frame=ring.latest_frame, age=1)

@@ -9,155 +9,21 @@ and enums are the real ones; only the ``cu*`` functions are recorded.
 
 from __future__ import annotations
 
-import ctypes
-import itertools
-from typing import Any
-
 import pytest
-from cuda.bindings import driver as real
 
 import cudapatch.kernels._driver as driver_module
 from cudapatch import DType, KernelLoadError, Scale
-from cudapatch.engine import Context, ExternalBinding, realize
+from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
 
+from .recording_driver import ChildGraphDriver, RecordingDriver, install, realize_recorded
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
-
-OK = real.CUresult.CUDA_SUCCESS
-
-
-class RecordingDriver:
-    """``cu*`` calls append ``(name, ...)`` to ``calls`` and succeed; everything else is cuda-bindings'."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self._ids = itertools.count(1)
-        self._keep: list[Any] = []
-        self.free = 80 << 30  # what cuMemGetInfo reports free (the memory check before a build)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("cu"):
-            raise AttributeError(f"the recording driver has no {name}")
-        return getattr(real, name)
-
-    def _handle(self, kind: str) -> str:
-        return f"{kind}{next(self._ids)}"
-
-    def _rec(self, *call: Any) -> None:
-        self.calls.append(call)
-
-    def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
-
-    def cuCtxGetCurrent(self):  # noqa: N802 - the driver's names; owners note their context when armed
-        return OK, real.CUcontext(0x77)
-
-    def cuCtxGetId(self, ctx):  # noqa: N802
-        return OK, 1
-
-    def cuMemAlloc(self, n):  # noqa: N802
-        return OK, 0x1000_0000 * next(self._ids)
-
-    def cuMemFree(self, p):  # noqa: N802
-        return (OK,)
-
-    def cuMemGetInfo(self):  # noqa: N802
-        return OK, self.free, 80 << 30
-
-    def cuMemHostAlloc(self, n, flags):  # noqa: N802
-        buf = ctypes.create_string_buffer(n)
-        self._keep.append(buf)
-        return OK, ctypes.addressof(buf)
-
-    def cuMemFreeHost(self, p):  # noqa: N802
-        return (OK,)
-
-    def cuMemHostGetDevicePointer(self, p, flags):  # noqa: N802
-        return OK, p
-
-    def cuMemsetD32Async(self, *a):  # noqa: N802
-        return (OK,)
-
-    def cuGraphCreate(self, flags):  # noqa: N802
-        h = self._handle("graph")
-        self._rec("create_graph", h)
-        return OK, h
-
-    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
-        h = self._handle("kernel")
-        self._rec("add_kernel", h, tuple(deps), int(kp.func), kp.gridDimX)
-        return OK, h
-
-    def cuGraphAddMemsetNode(self, graph, deps, n, mp, ctx):  # noqa: N802
-        h = self._handle("memset")
-        self._rec("add_memset", h, tuple(deps))
-        return OK, h
-
-    def cuGraphAddDependencies(self, graph, froms, tos, edges, n):  # noqa: N802
-        self._rec("add_edges", tuple(froms), tuple(tos))
-        return (OK,)
-
-    def cuGraphInstantiate(self, graph, flags):  # noqa: N802
-        self._rec("instantiate", graph)
-        return OK, self._handle("exec")
-
-    def cuGraphLaunch(self, exec_, stream):  # noqa: N802
-        self._rec("launch", exec_)
-        return (OK,)
-
-    def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
-        self._rec("set_params", node, kp.gridDimX)
-        return (OK,)
-
-    refuse_update = False
-
-    def cuGraphExecUpdate(self, exec_, graph):  # noqa: N802
-        self._rec("exec_update", exec_, graph)
-        if self.refuse_update:
-            return real.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, None
-        return OK, None
-
-    def cuGraphNodeSetEnabled(self, exec_, node, on):  # noqa: N802
-        self._rec("set_enabled", exec_, node, on)
-        return (OK,)
-
-    def cuGraphExecDestroy(self, exec_):  # noqa: N802
-        self._rec("destroy_exec", exec_)
-        return (OK,)
-
-    def cuGraphDestroy(self, graph):  # noqa: N802
-        self._rec("destroy_graph", graph)
-        return (OK,)
-
-    def cuEventCreate(self, flags):  # noqa: N802
-        return OK, self._handle("event")
-
-    def cuEventRecord(self, event, stream):  # noqa: N802
-        return (OK,)
-
-    def cuEventQuery(self, event):  # noqa: N802
-        return (OK,)
-
-    def cuEventDestroy(self, event):  # noqa: N802
-        return (OK,)
-
-
-class _Device:
-    compute_capability = (9, 0)
-    max_threads_per_multiprocessor = 2048
-    stream = 0
-    context = None
-
-    def make_current(self) -> None:
-        pass
 
 
 @pytest.fixture
 def rec(monkeypatch) -> RecordingDriver:
-    fake = RecordingDriver()
-    monkeypatch.setattr(driver_module, "_driver", fake)
-    return fake
+    return install(monkeypatch, RecordingDriver())
 
 
 @pytest.fixture
@@ -171,19 +37,11 @@ def patch():
     return ctx, blocks
 
 
-def _realize(ctx, plan, pool, **kw):
-    snap = ctx.snapshot()
-    functions = {(b.id, 0): 100 + b.id for b in snap.blocks}
-    kw.setdefault("functions", functions)
-    names = {b.id: b.name for b in snap.blocks}
-    return realize(plan, device=_Device(), pool=pool, bindings=snap.bindings, block_names=names, **kw)  # type: ignore[arg-type]
-
-
 def test_nodes_follow_the_plan_and_the_graph_is_instantiated_once(rec, patch) -> None:
     ctx, blocks = patch
     plan = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("PerBlock"))
     pool = BufferPool()
-    g = _realize(ctx, plan, pool, stamp_function=1, publish_function=2)
+    g = realize_recorded(ctx, plan, pool, stamp_function=1, publish_function=2)
     added = [c for c in rec.calls if c[0] in ("add_kernel", "add_memset")]
     assert len(added) == len(plan.nodes) == len(g.plan.nodes)
     handles = [c[1] for c in added]
@@ -206,7 +64,7 @@ def test_hot_and_warm_updates_patch_only_the_nodes_they_change(rec, patch) -> No
     ctx, (s0, s1, s2) = patch
     pool = BufferPool()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, pool)
+    g = realize_recorded(ctx, plan, pool)
     g.adopt(None)
     node = {c[3]: c[1] for c in rec.calls if c[0] == "add_kernel"}  # function -> node handle
     rec.calls.clear()
@@ -246,7 +104,7 @@ def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None
     ctx, (s0, s1, _) = patch
     pool = BufferPool()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, pool)
+    g = realize_recorded(ctx, plan, pool)
     g.adopt(None)
     s0.params["Factor"].value = 42.0
     newer = compile_plan(ctx.snapshot())
@@ -254,12 +112,12 @@ def test_a_failed_rebuild_leaves_the_running_graph_as_it_was(rec, patch) -> None
     in_use = pool.in_use_bytes
     rec.calls.clear()
     with pytest.raises(KernelLoadError, match="s1"):
-        _realize(ctx, newer, pool, functions=functions, previous=g)
+        realize_recorded(ctx, newer, pool, functions=functions, previous=g)
     assert g.node_arg(plan.block_nodes[s0.id][0], 2) == 2.0  # the borrowed storage was restored
     assert "destroy_graph" in rec.names() and "instantiate" not in rec.names()
     assert pool.in_use_bytes == in_use and not g.is_closed
     # The next rebuild succeeds, takes the buffers over, and the old graph gives back only what it kept.
-    g2 = _realize(ctx, newer, pool, previous=g)
+    g2 = realize_recorded(ctx, newer, pool, previous=g)
     g2.adopt(g)
     assert [b.ptr for b in g2.buffers] == [b.ptr for b in g.buffers]
     g.retire(0)
@@ -275,7 +133,7 @@ def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, p
     ctx, (s0, s1, s2) = patch
     pool = BufferPool()
     plan = compile_plan(ctx.snapshot())
-    old = _realize(ctx, plan, pool)
+    old = realize_recorded(ctx, plan, pool)
     old.adopt(None)
     old_exec = old.handle
     (old_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
@@ -284,7 +142,7 @@ def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, p
     rec.refuse_update = refused
     # Other functions for every kernel: what a Warm patch does not take when their layout changed.
     functions = {(b.id, 0): 200 + b.id for b in (s0, s1, s2)}
-    new = _realize(ctx, plan, pool, previous=old, update_previous=True, functions=functions)
+    new = realize_recorded(ctx, plan, pool, previous=old, update_previous=True, functions=functions)
     names = rec.names()
     (built_graph,) = [c[1] for c in rec.calls if c[0] == "create_graph"]
     built = [c[1] for c in rec.calls if c[0] == "add_kernel"]
@@ -309,55 +167,19 @@ def test_a_cold_build_of_the_same_topology_updates_the_running_executable(rec, p
         assert ("destroy_exec", old_exec) in rec.calls and ("destroy_graph", old_graph) in rec.calls
 
 
-class ChildGraphDriver(RecordingDriver):
-    """Also records child-graph nodes, the graph each node goes into, and updates through child graphs."""
-
-    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
-        ok, h = super().cuGraphAddKernelNode(graph, deps, n, kp)
-        self.calls[-1] = (*self.calls[-1], graph)
-        return ok, h
-
-    def cuGraphAddChildGraphNode(self, graph, deps, n, child):  # noqa: N802
-        h = self._handle("child")
-        self._rec("add_child", h, tuple(deps), graph, child)
-        return OK, h
-
-    def cuGraphChildGraphNodeGetGraph(self, node):  # noqa: N802
-        return OK, f"embedded-{node}"
-
-    def cuGraphKernelNodeSetParams(self, node, kp):  # noqa: N802
-        self._rec("template_params", node)
-        return (OK,)
-
-    def cuGraphExecChildGraphNodeSetParams(self, exec_, node, graph):  # noqa: N802
-        self._rec("child_params", node, graph)
-        return (OK,)
-
-
 def test_a_child_graph_composite_is_one_node_whose_kernels_update_through_it(monkeypatch) -> None:
-    from cudapatch import Composite
-
-    class Pair(Composite):
-        child_graph = True
-
-        def compose(self, c) -> None:
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale(Factor=3.0))
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
-            c.expose("Gain", "a.Factor", "b.Factor")
+    from tests.unit.composite_blocks import TwoScales
 
     fake = ChildGraphDriver()
     monkeypatch.setattr(driver_module, "_driver", fake)
     ctx = Context()
-    pair = ctx.register_block(Pair(name="pair"))
+    pair = ctx.register_block(TwoScales(name="pair", child_graph=True))
     tail = ctx.register_block(Scale(name="tail"))
     ctx.connect(pair, "Out", tail, "In")
     ctx.bind_input(pair, "In", ExternalBinding(0xA000, 1000, DType.FLOAT32))
     plan = compile_plan(ctx.snapshot())
     (group,) = plan.children
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_recorded(ctx, plan, BufferPool())
     g.adopt(None)
     (child,) = [c for c in fake.calls if c[0] == "add_child"]
     kernels = {c[3]: c for c in fake.calls if c[0] == "add_kernel"}  # function -> call
@@ -389,11 +211,11 @@ def test_a_child_graph_composite_is_one_node_whose_kernels_update_through_it(mon
 def test_adopt_takes_over_the_borrowed_buffers_and_gives_them_the_new_counts(rec, patch) -> None:
     ctx, (s0, _, _) = patch
     pool = BufferPool()
-    g = _realize(ctx, compile_plan(ctx.snapshot()), pool)
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
     g.adopt(None)
     ctx.bind_input(s0, "In", ExternalBinding(0xA000, 600, DType.FLOAT32))  # smaller: every buffer still fits
     smaller = compile_plan(ctx.snapshot())
-    g2 = _realize(ctx, smaller, pool, previous=g)
+    g2 = realize_recorded(ctx, smaller, pool, previous=g)
     assert [b.count for b in g.buffers] == [1000] * len(g.buffers)  # the running graph keeps its counts
     g2.adopt(g)
     assert [b.ptr for b in g2.buffers] == [b.ptr for b in g.buffers]
@@ -423,7 +245,7 @@ def test_a_fused_chain_at_level_none_is_one_kernel_node_and_one_launch(rec) -> N
     assert (plan.stamp_count, plan.counters, plan.probe_words) == (0, (), 0)
     assert (node.grid, node.block, node.source.per_thread) == (4, 256, 1)  # 1,024 elements, one per thread
     pool = BufferPool()
-    g = _realize(ctx, plan, pool, functions={(blocks[-1].id, FUSED_KERNEL): 7})
+    g = realize_recorded(ctx, plan, pool, functions={(blocks[-1].id, FUSED_KERNEL): 7})
     assert [c[0] for c in rec.calls if c[0].startswith("add_")] == ["add_kernel"] and g.readback is None
     rec.calls.clear()
     g.launch(0)

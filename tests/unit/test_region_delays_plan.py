@@ -131,17 +131,17 @@ def test_a_delay_in_a_nested_for_carries_per_inner_iteration() -> None:
 def test_realize_instantiates_once_and_arms_the_init_node_for_the_first_launch(monkeypatch) -> None:
     from cudapatch.engine.buffers import BufferPool
 
-    from .test_regions_realize import RegionDriver, _install, _realize
+    from .recording_driver import RegionDriver, install, realize_regions
 
     class Driver(RegionDriver):
         def cuGraphNodeSetEnabled(self, exec_, node, on):  # noqa: N802
             self._rec("enabled", exec_, node, on)
             return (0,)
 
-    rec = _install(monkeypatch, Driver())
+    rec = install(monkeypatch, Driver())
     c, loop, d, s, r = _body()
     plan = compile_plan(c.snapshot())
-    g = _realize(c, plan, BufferPool())
+    g = realize_regions(c, plan, BufferPool())
     assert rec.names().count("instantiate") == 1 and g._exec1 is None
     (dp,) = plan.delays
     init, copy = g._nodes[dp.node], g._nodes[dp.copy]

@@ -1,6 +1,6 @@
 """The set-condition kernels of regions and the FrameDelay copy and sync kernels, without a GPU: each
 compiles with NVRTC to a cubin, and their CUDA source, built for the host with the CUDA keywords
-defined away, computes what the plan interpreter (``region_interp.py``) mirrors, over a grid of
+defined away, computes what the plan interpreter (``plan_interp.py``) mirrors, over a grid of
 counters, limits, unrolls and conditions, so the interpreter's proofs hold for the real kernels."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from cudapatch.engine.delay_copy import COPY_ENTRIES, COPY_SOURCE, copy_kernel
 from cudapatch.engine.region_kernels import REGION_ENTRIES, REGION_SOURCE, region_kernel
 
-from .region_interp import _region
+from .plan_interp import _region
 
 
 @pytest.mark.parametrize("entry", [*REGION_ENTRIES, *COPY_ENTRIES])

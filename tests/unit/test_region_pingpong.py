@@ -1,6 +1,6 @@
 """Copy-free ping-pong of FrameDelays in unrolled loops, and blocks made once per condition check, without
 a GPU: which buffers each copy of a body reads and writes, and a NumPy interpreter of the plan
-(``region_interp.py``) showing that frames of N iterations equal N sequential steps, for N = 0..9,
+(``plan_interp.py``) showing that frames of N iterations equal N sequential steps, for N = 0..9,
 several unrolls, For and While, nested loops, Hot Count changes and a second reader of ``Out``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cudapatch.engine import Context, ExternalBinding, compile_plan
 from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan
 from cudapatch.kernels.types import DType
 
-from .region_interp import RegionInterpreter
+from .plan_interp import PlanInterpreter
 
 A, B = 0.5, 0.25  # x * 0.5 + 0.25: exact in float32 for the values here
 N = 64
@@ -53,9 +53,9 @@ def _for(count: int, unroll: int):
     return c, loop, d, s, r
 
 
-def _interp(c: Context, plan, **kw) -> RegionInterpreter:
+def _interp(c: Context, plan, **kw) -> PlanInterpreter:
     d = next(b for b in c.registry if b.name == "d")
-    return RegionInterpreter(plan, c.snapshot(), {(d.id, "Init"): _x0()}, **kw)
+    return PlanInterpreter(plan, c.snapshot(), {(d.id, "Init"): _x0()}, **kw)
 
 
 def _nodes(plan, block_id: int) -> list:
@@ -241,7 +241,7 @@ extern "C" __global__ void check(const float* x, int* more, float limit, unsigne
 """
 
 
-def _check(run: RegionInterpreter, node: KernelNodePlan, args: list) -> None:
+def _check(run: PlanInterpreter, node: KernelNodePlan, args: list) -> None:
     x, more, limit = args[0], args[1], args[2]
     more.view(np.int32)[0] = int(x[0] < np.float32(run._value(limit)))
 
@@ -269,7 +269,7 @@ def test_while_frames_equal_the_iterations_run_and_stop_within_a_pass(unroll: in
             c, loop, d, s, chk = _while(max_, unroll, limit)
             plan = compile_plan(c.snapshot())
             rp = plan.regions[loop.id]
-            run = RegionInterpreter(plan, c.snapshot(), custom={"check": _check})
+            run = PlanInterpreter(plan, c.snapshot(), custom={"check": _check})
             run.frame()
             its = int(run.counters[rp.counter])
             exact = 1  # the first iteration whose result is not below the limit (a While runs at least once)
@@ -326,12 +326,12 @@ extern "C" __global__ void use(const float* x, const int* more, float* out, unsi
 def test_realize_puts_each_copy_in_its_body_with_the_buffers_swapped(monkeypatch) -> None:
     from cudapatch.engine.buffers import BufferPool
 
-    from .test_regions_realize import RegionDriver, _install, _realize
+    from .recording_driver import RegionDriver, install, realize_regions
 
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     c, loop, d, s, r = _for(10, 4)
     plan = compile_plan(c.snapshot())
-    g = _realize(c, plan, BufferPool())
+    g = realize_regions(c, plan, BufferPool())
     assert rec.names().count("instantiate") == 1 and g._exec1 is None  # one executable: nothing alternates
     assert len([call for call in rec.calls if call[0] == "add_conditional"]) == 3  # main, pairs, tail
     (dp,) = plan.delays

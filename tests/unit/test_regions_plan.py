@@ -390,7 +390,7 @@ def test_a_probe_on_a_wire_inside_a_body_is_a_node_of_the_body() -> None:
 
 
 def test_a_composite_placed_in_a_region_runs_its_blocks_in_the_body() -> None:
-    from tests.unit.test_composites import TwoScales
+    from tests.unit.composite_blocks import TwoScales
 
     c = Context()
     src = c.register_block(Fill(name="Src", Count=64))

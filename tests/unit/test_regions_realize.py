@@ -10,68 +10,15 @@ from typing import Any
 import pytest
 from cuda.bindings import driver as real
 
-import cudapatch.kernels._driver as driver_module
 from cudapatch import CustomKernel, Fill, For, Scale, While, compile_plan
 from cudapatch.engine import Context, realize
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan
 
-from .test_realize_recorded import OK, RecordingDriver, _Device
+from .recording_driver import OK, RegionDriver, StubDevice, install, realize_regions
 
 CHECK = """extern "C" __global__ void check(const float* in, int* more, float level, unsigned int n)
 { if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
-
-
-class RegionDriver(RecordingDriver):
-    """Records which graph each node goes into; conditional handles are numbered from 7000."""
-
-    def __init__(self, refuse_body_updates: bool = False) -> None:
-        super().__init__()
-        self.refuse = refuse_body_updates
-        self.body_nodes: set[str] = set()
-        self.graph_of: dict[str, Any] = {}
-
-    def cuGraphConditionalHandleCreate(self, graph, ctx, default, flags):  # noqa: N802
-        self._rec("handle", graph, default, flags)
-        return OK, real.CUgraphConditionalHandle(7000 + len(self.calls))
-
-    def cuGraphAddNode(self, graph, deps, data, n, params):  # noqa: N802
-        h = self._handle("cond")
-        c = params.conditional
-        self._rec("add_conditional", h, graph, tuple(deps), int(c.handle), c.type, c.size)
-        self.graph_of[h] = graph
-        return OK, h
-
-    def cuGraphAddKernelNode(self, graph, deps, n, kp):  # noqa: N802
-        out = super().cuGraphAddKernelNode(graph, deps, n, kp)
-        self.graph_of[out[1]] = graph
-        if str(graph) != str(self.root):
-            self.body_nodes.add(out[1])
-        return out
-
-    def cuGraphCreate(self, flags):  # noqa: N802
-        out = super().cuGraphCreate(flags)
-        self.root = out[1]
-        return out
-
-    def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
-        if self.refuse and node in self.body_nodes:
-            self._rec("set_params_refused", node)
-            return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
-        return super().cuGraphExecKernelNodeSetParams(exec_, node, kp)
-
-    def cuGraphKernelNodeSetParams(self, node, kp):  # noqa: N802
-        self._rec("template_params", node)
-        return (OK,)
-
-    def cuGraphExecUpdate(self, exec_, graph):  # noqa: N802
-        self._rec("exec_update", exec_, graph)
-        return OK, None
-
-
-def _install(monkeypatch, fake: RegionDriver) -> RegionDriver:
-    monkeypatch.setattr(driver_module, "_driver", fake)
-    return fake
 
 
 def _while_patch() -> tuple[Context, While, Scale, CustomKernel]:
@@ -88,29 +35,11 @@ def _while_patch() -> tuple[Context, While, Scale, CustomKernel]:
     return c, w, step, chk
 
 
-def _realize(ctx: Context, plan, pool: BufferPool):
-    snap = ctx.snapshot()
-    functions: dict[tuple[int, int], Any] = {}
-    for n in plan.nodes:
-        if isinstance(n, KernelNodePlan):
-            functions[(n.block_id, n.kernel)] = 100 + n.block_id * 10 + (n.kernel % 10)
-    names = {b.id: b.name for b in snap.blocks}
-    return realize(
-        plan,
-        device=_Device(),
-        pool=pool,
-        bindings=snap.bindings,
-        block_names=names,
-        functions=functions,
-        publish_function=3,
-    )  # type: ignore[arg-type]
-
-
 def test_a_region_becomes_a_conditional_node_with_its_body_in_the_body_graph(monkeypatch) -> None:
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     ctx, w, step, chk = _while_patch()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_regions(ctx, plan, BufferPool())
     (handle_call,) = [c for c in rec.calls if c[0] == "handle"]
     assert str(handle_call[1]) == str(rec.root)  # the handle belongs to the top-level graph
     (cond_call,) = [c for c in rec.calls if c[0] == "add_conditional"]
@@ -130,10 +59,10 @@ def test_a_region_becomes_a_conditional_node_with_its_body_in_the_body_graph(mon
 
 
 def test_hot_updates_of_body_nodes_patch_the_executable(monkeypatch) -> None:
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     ctx, w, step, chk = _while_patch()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_regions(ctx, plan, BufferPool())
     rec.calls.clear()
     assert g.update_scalars({(step.id, "Factor"): 0.25, (w.id, "Max"): 9}) == 3  # Step, begin, step kernel
     assert [c[0] for c in rec.calls] == ["set_params"] * 3
@@ -144,10 +73,10 @@ def test_hot_updates_of_body_nodes_patch_the_executable(monkeypatch) -> None:
 
 
 def test_a_refused_body_update_goes_through_the_template_and_one_exec_update(monkeypatch) -> None:
-    rec = _install(monkeypatch, RegionDriver(refuse_body_updates=True))
+    rec = install(monkeypatch, RegionDriver(refuse_body_updates=True))
     ctx, w, step, chk = _while_patch()
     plan = compile_plan(ctx.snapshot())
-    g = _realize(ctx, plan, BufferPool())
+    g = realize_regions(ctx, plan, BufferPool())
     kernel_nodes = len(plan.kernel_nodes)
     rec.calls.clear()
     g.update_scalars({(step.id, "Factor"): 0.25})
@@ -164,7 +93,7 @@ def test_a_refused_body_update_goes_through_the_template_and_one_exec_update(mon
 @pytest.mark.parametrize("unroll", [1, 3])
 @pytest.mark.parametrize("count", [0, 5])
 def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch, count: int, unroll: int) -> None:
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     rec.memsets: list[Any] = []
     orig = rec.cuGraphAddMemsetNode
 
@@ -180,7 +109,7 @@ def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch
     c.place(a, loop)
     c.connect(src, "Out", a, "In")
     plan = compile_plan(c.snapshot(), faulted={a.id: "illegal address"})
-    g = _realize(c, plan, BufferPool())
+    g = realize_regions(c, plan, BufferPool())
     # the counters' memset at the top, A's zero-fill in the body: in each copy (unrolled: U and the tail's)
     assert len(rec.memsets) == 1 + (1 if unroll == 1 else unroll + 1)
     assert str(rec.memsets[0]) == str(rec.root) and all(str(m) != str(rec.root) for m in rec.memsets[1:])
@@ -188,7 +117,7 @@ def test_a_for_body_with_a_faulted_block_gets_its_memset_in_the_body(monkeypatch
 
 
 def test_set_condition_kernels_are_left_out_of_occupancy(monkeypatch) -> None:
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     rec.cuOccupancyMaxActiveBlocksPerMultiprocessor = lambda fn, block, shared: (OK, 8)  # type: ignore[attr-defined]
     ctx, w, step, chk = _while_patch()
     plan = compile_plan(ctx.snapshot())
@@ -196,7 +125,7 @@ def test_set_condition_kernels_are_left_out_of_occupancy(monkeypatch) -> None:
     functions = {(n.block_id, n.kernel): 1 for n in plan.nodes if isinstance(n, KernelNodePlan)}
     g = realize(
         plan,
-        device=_Device(),
+        device=StubDevice(),
         pool=BufferPool(),
         bindings=snap.bindings,
         functions=functions,
@@ -214,14 +143,14 @@ def test_every_tier_patches_every_copy_of_an_unrolled_body(monkeypatch) -> None:
     from cudapatch.engine.bindings import ExternalBinding
     from cudapatch.kernels.types import DType
 
-    rec = _install(monkeypatch, RegionDriver())
+    rec = install(monkeypatch, RegionDriver())
     c = Context()
     loop = c.register_block(For(name="Loop", Count=10, Unroll=3))
     step = c.register_block(Scale(name="Step", Factor=0.5))
     c.place(step, loop)
     c.bind_input(step, "In", ExternalBinding(0x7100_0000, 256, DType.FLOAT32))
     plan = compile_plan(c.snapshot())
-    g = _realize(c, plan, BufferPool())
+    g = realize_regions(c, plan, BufferPool())
     handles = [call for call in rec.calls if call[0] == "handle"]
     conds = [call for call in rec.calls if call[0] == "add_conditional"]
     assert len(handles) == len(conds) == 2 and len({call[4] for call in conds}) == 2

@@ -15,27 +15,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ...kernels.cuda_source import CudaSource
-from ...kernels.types import DType
+from ...kernels.types import DType, cuda_spelling
 from ..block import Block
 from ..builder import BlockBuilder
 from ..description import BlockDescription, PortSpec, computed
 
 __all__ = ["FrameDelay", "delay_init_source"]
 
-# The C spelling NVRTC knows for the element types whose sidecar names are not C (uint, ulong, uchar).
-_C_NAMES = {
-    DType.UINT32: "unsigned int",
-    DType.INT64: "long long",
-    DType.UINT64: "unsigned long long",
-    DType.UINT8: "unsigned char",
-}
-
 
 def delay_init_source(dtype: DType) -> CudaSource:
     """The kernel writing a FrameDelay's start value of element type ``dtype``: ``init[i]`` where Init
     is linked (a non-null pointer), else ``fill``."""
-    t = _C_NAMES.get(dtype, dtype.c_name)
-    code = (
+    t, header = cuda_spelling(dtype)
+    code = header + (
         f'extern "C" __global__ void frame_delay_init(const {t}* init, {t}* out, {t} fill, unsigned int n)\n'
         "{\n"
         "    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n"

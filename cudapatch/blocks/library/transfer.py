@@ -16,7 +16,7 @@ up to a few MB.
 from __future__ import annotations
 
 from ...kernels.cuda_source import CudaSource
-from ...kernels.types import DType
+from ...kernels.types import DType, cuda_spelling
 from ..block import Block
 from ..builder import BlockBuilder
 from ..description import fixed, from_param, like
@@ -28,17 +28,10 @@ UPLOAD_SLOTS = 4
 #: Slots of a download ring (the frames in flight, as for the readback ring).
 DOWNLOAD_SLOTS = 3
 
-_C_NAMES = {
-    DType.UINT32: "unsigned int",
-    DType.INT64: "long long",
-    DType.UINT64: "unsigned long long",
-    DType.UINT8: "unsigned char",
-}
-
 
 def c_type(dtype: DType) -> str:
-    """The C spelling NVRTC knows for ``dtype`` (``uint`` -> ``unsigned int``)."""
-    return _C_NAMES.get(dtype, dtype.c_name)
+    """The C spelling NVRTC knows for ``dtype`` (``uint`` -> ``unsigned int``; see ``cuda_spelling``)."""
+    return cuda_spelling(dtype)[0]
 
 
 def _word(dtype: DType) -> str:
@@ -52,8 +45,10 @@ def _word(dtype: DType) -> str:
 
 
 def _upload_source(dtype: DType) -> CudaSource:
-    t, w, per = c_type(dtype), _word(dtype), dtype.itemsize
-    code = f"""
+    (t, header), w, per = cuda_spelling(dtype), _word(dtype), dtype.itemsize
+    code = (
+        header
+        + f"""
 // control (host-mapped): [0] the newest sequence number the host wrote, [1] the one a frame copies.
 extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long long* control, {t}* out,
                                        unsigned int count, unsigned int slots, unsigned int ring_count)
@@ -73,12 +68,15 @@ extern "C" __global__ void upload_copy(const {t}* ring, /*inout*/ unsigned long 
     for (unsigned long long i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
 }}
 """
+    )
     return CudaSource(code=code, name=f"upload_{dtype.name.lower()}.cu")
 
 
 def _download_source(dtype: DType) -> CudaSource:
-    t, w, per, k = c_type(dtype), _word(dtype), dtype.itemsize, DOWNLOAD_SLOTS
-    code = f"""
+    (t, header), w, per, k = cuda_spelling(dtype), _word(dtype), dtype.itemsize, DOWNLOAD_SLOTS
+    code = (
+        header
+        + f"""
 // control (host-mapped): [0] frames this block ran, [1 + s] the frame slot s holds (0: not complete).
 extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
                                          /*inout*/ unsigned long long* control, unsigned int n_in,
@@ -104,6 +102,7 @@ extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
     }}
 }}
 """
+    )
     return CudaSource(code=code, name=f"download_{dtype.name.lower()}.cu")
 
 
