@@ -478,36 +478,15 @@ def region_nodes(draft: PlanDraft) -> None:
             swap_buffers(draft, first, swap)
 
     def _level_step(rid: int, kind: str, handle: Arg, counter: Arg, limit_arg: Arg, cond: int, unroll: int) -> int:
-        """The step kernel last in ``cond``'s body: counts ``unroll`` iterations, goes on while another
-        pass of as many fits (one iteration: ``_step``)."""
-        if unroll == 1:
-            return _step(rid, kind, handle, counter, limit_arg, cond)
+        """The step kernel last in ``cond``'s body (after the condition's block: the condition is read
+        when the body is done): counts ``unroll`` iterations, goes on while another pass of as many fits."""
         cres = -1 - counter.ref  # type: ignore[operator]
-        unroll_arg = _new(Arg, ("const", u32, False, None, unroll))
+        n, extra = ("", []) if unroll == 1 else ("_n", [_new(Arg, ("const", u32, False, None, unroll))])
         if kind == "for":
-            return kernel(
-                rid, "region_for_step_n", [handle, counter, limit_arg, unroll_arg], [cres], [cres], scope=cond
-            )
+            return kernel(rid, f"region_for_step{n}", [handle, counter, limit_arg, *extra], [cres], [cres], scope=cond)
         arg, res, size = _condition_arg(draft, rid)
-        return kernel(
-            rid,
-            f"region_while_step_n{size}",
-            [handle, arg, counter, limit_arg, unroll_arg],
-            [res, cres],
-            [cres],
-            scope=cond,
-        )
-
-    def _step(rid: int, kind: str, handle: Arg, counter: Arg, limit_arg: Arg, cond: int) -> int:
-        """The one-iteration step kernel, last in ``cond``'s body (after the condition's block: the
-        condition is read when the body is done)."""
-        cres = -1 - counter.ref  # type: ignore[operator]
-        if kind == "for":
-            return kernel(rid, "region_for_step", [handle, counter, limit_arg], [cres], [cres], scope=cond)
-        arg, res, size = _condition_arg(draft, rid)
-        return kernel(
-            rid, f"region_while_step{size}", [handle, arg, counter, limit_arg], [res, cres], [cres], scope=cond
-        )
+        args = [handle, arg, counter, limit_arg, *extra]
+        return kernel(rid, f"region_while_step{n}{size}", args, [res, cres], [cres], scope=cond)
 
     walk(None, None, "make", 1)
 
