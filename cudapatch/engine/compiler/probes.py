@@ -4,11 +4,10 @@ probed value, so the edges phase orders them like any reader of that buffer.
 A probe whose value the graph does not make (a ``through`` port carrying an external binding) or whose
 element type the probe kernel cannot read gets a warning on its block and no node.
 
-**Images.** A probed value is an image when the probe was given a ``(height, width)`` or, until ports
-carry shapes (the shapes work of the compiler's sizes phase), when the block making it or a block
-reading it has integer ``Width`` and ``Height`` parameters whose product divides the value's scalars
-into 1 to 4 channels (a ``GlSurfaceWriter`` reading it, an image block). ``image_shape`` is the one
-place to switch to the propagated shape.
+**Images.** A probed value is an image when the probe was given a ``(height, width)``, when the sizes
+phase planned it 2-D (its shape), or when the block making it or a block reading it has integer
+``Width`` and ``Height`` parameters whose product divides the value's scalars into 1 to 4 channels (a
+``GlSurfaceWriter`` reading it, an image block of a flat output): ``image_shape`` decides.
 """
 
 from __future__ import annotations
