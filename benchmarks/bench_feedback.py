@@ -33,7 +33,7 @@ from cudapatch import Download, DownloadRing, Engine, Fill, FrameDelay, Scale, U
 
 def loops(k: int, n: int, *, delays: bool, frames: int) -> tuple[float, float]:
     """(median update() µs, bare launch µs) of k loops through delays, or k Fill -> Scale chains."""
-    with Engine(name=f"loops{k}") as e:
+    with Engine(name=f"loops{k}", fuse=False) as e:  # a node per block on both sides (fused, Fill -> Scale is one)
         for i in range(k):
             s = e.add(Scale(name=f"s{i}", Factor=0.5))
             if delays:
