@@ -403,3 +403,21 @@ def test_a_members_broken_code_edit_leaves_the_group_kernel_as_it_was() -> None:
     (node,) = compile_plan(ctx.snapshot()).kernel_nodes
     e.set("Code", "x * (Gain + ")  # half-typed: the error goes on e (its own compile), nothing is swapped
     assert regenerate(node.source, {e.id: e, s.id: s}) is None
+
+
+def test_a_chain_too_long_for_one_launch_runs_as_several_fused_kernels_in_order() -> None:
+    from cudapatch.engine.compiler.fusion import MAX_PARAM_BYTES, _param_bytes
+
+    ctx, blocks, externals = _chain(1000, count=64)  # 2,000 scalars: 8 KB of arguments
+    plan = compile_plan(ctx.snapshot())
+    groups = _groups(plan)
+    assert len(plan.kernel_nodes) == len(groups) >= 2  # fused, in pieces: no block runs alone
+    assert [b for g in groups for b in g] == [b.id for b in blocks]  # contiguous pieces, in order
+    for node in plan.kernel_nodes:
+        inputs = sum(1 for a in node.args if a.kind == "buffer") - 1
+        assert _param_bytes(inputs, len(node.source.members) * 2) <= MAX_PARAM_BYTES
+    snap = ctx.snapshot()
+    plain = compile_plan(snap, fuse=False)
+    key = (blocks[-1].id, "Out")
+    ref = run_plan(plain, snap, externals)[plain.outputs[key]]
+    np.testing.assert_array_equal(run_plan(plan, snap, externals)[plan.outputs[key]], ref)

@@ -249,6 +249,7 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
                     consumer[lk.src] = bid
     if not consumer:
         return
+    _fit_launches([b for b in sized if b in members], members, consumer)
     sink_of: dict[int, int] = {}
     for bid in reversed(sized):  # reverse topological order: a member's consumer has its sink already
         if bid in members:
@@ -352,6 +353,29 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
     per_thread = FUSED_PER_THREAD if count >= FUSED_PER_THREAD_FROM else 1
     source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, per_thread=per_thread, members=ids)
     return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
+
+
+def _fit_launches(order: list[int], members: dict[int, Member], consumer: dict[int, int]) -> None:
+    """Cut fusion links (``consumer``: member → the member it fuses into) where a group's arguments would
+    not fit one launch (``MAX_PARAM_BYTES``): in evaluation order, a member whose fused producers bring
+    it over the limit starts a group of its own, reading them from buffers. So a chain of 1,000 Scale
+    blocks runs as a few fused kernels, not unfused as a whole."""
+    budget = MAX_PARAM_BYTES - _param_bytes(0, 0)
+    producers: dict[int, list[int]] = {}
+    for b in order:
+        c = consumer.get(b)
+        if c is not None:
+            producers.setdefault(c, []).append(b)
+    size: dict[int, int] = {}  # member → argument bytes of the fused tree ending at it
+    for b in order:
+        m, ps = members[b], producers.get(b, ())
+        own = 4 * len(m.scalars) + 16 * (len(m.inputs) - len(ps))
+        total = own + sum(size[p] for p in ps)
+        if total > budget:
+            for p in ps:  # each becomes the sink of its own group; this member reads its buffer
+                del consumer[p]
+            total = own + 16 * len(ps)
+        size[b] = total
 
 
 def _param_bytes(inputs: int, scalars: int) -> int:
