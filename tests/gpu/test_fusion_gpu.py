@@ -188,3 +188,21 @@ def test_several_elements_per_thread_cover_an_odd_count_bitwise(engine: Engine, 
     np.testing.assert_array_equal(got, e.read(plain, "Out"))
     expected = (x * np.float32(1.1) + np.float32(0.2)) * np.float32(0.75) + (np.arange(n) % 5).astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_chain_too_long_for_one_launch_runs_fused_in_pieces_bitwise(
+    engine: Engine, unfused_engine: Engine, rng: np.random.Generator
+) -> None:
+    x = rng.standard_normal(5000).astype(np.float32)
+    outs = []
+    for e in (engine, unfused_engine):
+        blocks = [e.add(Scale(name=f"s{i}", Factor=1.0 + (i % 7) / 64, Offset=(i % 5) / 32 - 0.06)) for i in range(1000)]
+        e.bind(blocks[0], "In", x)
+        for a, b in zip(blocks, blocks[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        e.update()
+        outs.append(e.read(blocks[-1], "Out"))
+    fused_nodes = [k for k in engine.graph.plan.kernel_nodes if k.kernel == FUSED_KERNEL]
+    assert len(engine.graph.plan.kernel_nodes) == len(fused_nodes) >= 2  # 2,000 scalars: over one launch's 4 KB
+    assert np.isfinite(outs[1]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
