@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from cudapatch import AppendFilter, DType, Fill, Scale, VectorAdd
+from cudapatch import AppendFilter, DType, Fill, FrameDelay, If, Scale, VectorAdd
 from cudapatch.blocks.library import FFT
 from cudapatch.engine import Context, ExternalBinding
-from cudapatch.engine.compiler import NodeCache
+from cudapatch.engine.compiler import NodeCache, liveness
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.errors import CudapatchError
+from cudapatch.errors import CudapatchError, GraphCompileError
 
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
@@ -131,3 +131,145 @@ def test_library_calls_are_reused_too() -> None:
     compile_plan(c.snapshot(), cache=cache)
     _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
     assert cache.hits == 1
+
+
+
+def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
+    """One edit of a long patch, most of them near its end (where resuming saves most), with the
+    ones that change pins, lifetimes and node counts: keep, bypass, delays, probes, regions, faults
+    and kernels still compiling. Returns the extra arguments of ``compile_plan`` for this step."""
+    blocks = list(c.registry)
+    for key in list(c.probes):  # probes and regions are planned whole: most go again at the next edit
+        if rng.random() < 0.7:
+            c.remove_probe(key)
+    for r in [b for b in blocks if isinstance(b, If)]:
+        if rng.random() < 0.7:
+            c.unregister_block(r)
+            blocks.remove(r)
+    kind = rng.choice(
+        ["tail", "tail", "untail", "link", "unlink", "remove", "hot", "size", "keep", "bypass", "delay", "probe"]
+        + ["region", "status", "fault", "bind", "add"]
+    )
+    if kind == "tail" or not blocks:
+        b = c.register_block(Scale(name=f"t{len(made)}"))
+        made.append(b)
+        if tail:
+            c.connect(tail[-1], "Out", b, "In")
+        tail.append(b)
+    elif kind == "untail" and tail:
+        c.unregister_block(tail.pop())
+    elif kind == "add":
+        cls = rng.choice([Scale, Fill, VectorAdd, AppendFilter])
+        b = cls(name=f"b{len(made)}")
+        made.append(b)
+        c.register_block(b)
+    elif kind in ("link", "unlink"):
+        _random_edit(c, rng, made) if kind == "link" else None
+        links = list(c.connections)
+        if kind == "unlink" and links:
+            lk = rng.choice(links[-8:])
+            c.disconnect(c.registry.get(lk.src), lk.src_port, c.registry.get(lk.dst), lk.dst_port)
+        elif links:
+            lk = rng.choice(links)
+            src, dst = c.registry.get(lk.src), rng.choice(blocks[-6:])
+            ins = [p.name for p in dst.description.inputs if p.dtype == DType.FLOAT32]
+            if src is not dst and ins and src.description.output(lk.src_port).dtype == DType.FLOAT32:
+                try:
+                    c.connect(src, lk.src_port, dst, rng.choice(ins))
+                except CudapatchError:
+                    pass
+    elif kind == "remove":
+        b = rng.choice(blocks)
+        if b in tail:
+            tail.remove(b)
+        c.unregister_block(b)
+    elif kind == "keep":
+        b = rng.choice(blocks)
+        outs = b.description.outputs
+        if outs:
+            c.keep(b, outs[0].name, rng.random() < 0.7)
+    elif kind == "bypass":
+        b = rng.choice(blocks)
+        b.enabled = not b.enabled
+    elif kind == "delay":
+        d = c.register_block(FrameDelay(name=f"d{len(made)}", Count=1024))
+        made.append(d)
+        src = rng.choice(tail) if tail else None
+        if src is not None and src.context is c:
+            c.connect(src, "Out", d, "In")
+            tail.append(c.register_block(Scale(name=f"r{len(made)}")))
+            made.append(tail[-1])
+            c.connect(d, "Out", tail[-1], "In")
+    elif kind == "probe":
+        b = rng.choice(blocks)
+        outs = b.description.outputs
+        if outs:
+            key = (b.id, outs[0].name)
+            if key in c.probes:
+                c.remove_probe(key)
+            else:
+                c.add_probe(b, outs[0].name)
+    elif kind == "region":
+        ifs = [b for b in blocks if isinstance(b, If)]
+        if ifs:
+            c.unregister_block(ifs[0])
+        elif tail:
+            r = c.register_block(If(name=f"if{len(made)}"))
+            made.append(r)
+            c.place(rng.choice(tail), r)
+    elif kind == "status":
+        return {"kernel_status": {(rng.choice(blocks).id, 0): ("warning", "kernel-compiling", "compiling")}}
+    elif kind == "fault":
+        return {"faulted": {rng.choice(blocks).id: "faulted"}}
+    else:
+        _random_edit(c, rng, made)
+    return {}
+
+
+def _both(snap, cache: NodeCache, **kw) -> None:
+    """A plan made with ``cache`` equals one made whole, or both raise the same errors."""
+    try:
+        full = compile_plan(snap, **kw)
+    except GraphCompileError as exc:
+        with pytest.raises(GraphCompileError) as info:
+            compile_plan(snap, cache=cache, **kw)
+        assert info.value.diagnostics == exc.diagnostics
+        return
+    _same(compile_plan(snap, cache=cache, **kw), full)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_a_resumed_plan_equals_a_full_replan_over_random_edits_of_a_long_chain(
+    seed: int, fuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(liveness, "CHECKPOINT_EVERY", 4)  # the buffer assignment resumes mid-way too
+    rng = random.Random(seed)
+    c, blocks = _chain(40)
+    made, tail, cache = list(blocks), list(blocks), NodeCache()
+    for b in blocks[::7]:
+        c.keep(b, "Out")  # pinned values among shared ones
+    reuse = seed % 4 != 3
+    for step in range(70):
+        kw = _edit_chain(c, rng, made, tail)
+        level = ProfilingLevel.PER_BLOCK if step % 23 == 22 else ProfilingLevel.NONE
+        _both(c.snapshot(), cache, level=level, fuse=fuse, reuse=reuse, **kw)
+    if not fuse:  # fused groups are planned whole (each chain of Scale blocks here fuses)
+        assert cache.resumed > 10 and cache.resumed_blocks > 200
+
+
+def test_an_edit_at_the_end_of_a_long_chain_resumes_after_the_blocks_before_it() -> None:
+    c, blocks = _chain(300)
+    cache = NodeCache()
+    compile_plan(c.snapshot(), cache=cache)
+    tail = c.register_block(Scale(name="tail"))
+    c.connect(blocks[-1], "Out", tail, "In")
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert (cache.resumed, cache.resumed_blocks, cache.misses) == (1, 300, 301)
+    c.disconnect(blocks[-1], "Out", tail, "In")  # the tail stops running, then the link is back
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    c.connect(blocks[-1], "Out", tail, "In")
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    c.unregister_block(tail)
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert cache.resumed == 4

@@ -61,6 +61,7 @@ from .regions import (
     region_stamps,
     size_regions,
 )
+from .resume import plan_resumed, resumable
 from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
@@ -117,15 +118,26 @@ def compile_plan(
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
     if has_regions(draft):
+        if cache is not None:
+            cache.state = None
         return _compile_regions(draft)
     order(draft)
     attribute_diagnostics(draft)
     draft.raise_errors()
-    sizes(draft)
-    delays(draft)
-    draft.raise_errors()
-    fusion(draft, fuse=fuse)
-    memory(draft)
+    if cache is not None and resumable(draft):
+        # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
+        draft, done = plan_resumed(draft, cache, fuse)
+        if done:
+            return _finish(draft)
+        memory(draft)
+    else:
+        if cache is not None:
+            cache.state = None
+        sizes(draft)
+        delays(draft)
+        draft.raise_errors()
+        fusion(draft, fuse=fuse)
+        memory(draft)
     if cache is not None:
         cache.begin()
     nodes(draft, cache)
@@ -133,9 +145,13 @@ def compile_plan(
         cache.end()
     edges(draft)
     share(draft)
+    return _finish(draft)
+
+
+def _finish(draft: PlanDraft) -> GraphPlan:
     stamps(draft)
     publish(draft)
-    return child_graphs(composite_keys(draft.plan(), snap), snap)
+    return child_graphs(composite_keys(draft.plan(), draft.snap), draft.snap)
 
 
 def _compile_regions(draft: PlanDraft) -> GraphPlan:

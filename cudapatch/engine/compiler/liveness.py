@@ -25,11 +25,27 @@ import heapq
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["SCAN_LIMIT", "Lifetime", "ancestors", "assign_buffers", "conflicts"]
+__all__ = ["CHECKPOINT_EVERY", "SCAN_LIMIT", "Checkpoint", "Lifetime", "ancestors", "assign_buffers", "conflicts"]
 
 #: Released buffers examined per value (newest first): bounds the cost on wide patches, where many
 #: released buffers belong to parallel branches and cannot be taken anyway.
 SCAN_LIMIT = 32
+
+
+#: Values between two checkpoints of the assignment (incremental planning resumes at the last one
+#: before the first value an edit changed).
+CHECKPOINT_EVERY = 64
+
+
+class Checkpoint(NamedTuple):
+    """The state of ``assign_buffers`` before value ``index`` (in its order)."""
+
+    index: int
+    value_buffer: Sequence[int]  # the buffers of the values before it (empty in a recorded checkpoint)
+    sizes: list[int]
+    last_mask: list[int]
+    pending: list[tuple[int, int]]
+    released: list[int]
 
 
 class Lifetime(NamedTuple):
@@ -46,13 +62,16 @@ class Lifetime(NamedTuple):
     pinned: bool = False
 
 
-def ancestors(preds: Sequence[Sequence[int]]) -> list[int]:
+def ancestors(preds: Sequence[Sequence[int]], anc: list[int] | None = None) -> list[int]:
     """The strict ancestors of each node as a bitset (bit ``i`` set: node ``i`` is an ancestor).
 
     Args:
         preds: ``preds[i]``: the nodes node ``i`` depends on (all below ``i``).
+        anc: The ancestors of the nodes before ``preds[0]``, extended in place (None: ``preds`` starts
+            at node 0).
     """
-    anc: list[int] = []
+    if anc is None:
+        anc = []
     for ps in preds:
         mask = 0
         for p in ps:
@@ -61,23 +80,38 @@ def ancestors(preds: Sequence[Sequence[int]]) -> list[int]:
     return anc
 
 
-def assign_buffers(values: Sequence[Lifetime], anc: Sequence[int]) -> tuple[list[int], list[int]]:
+def assign_buffers(
+    values: Sequence[Lifetime],
+    anc: Sequence[int],
+    *,
+    state: Checkpoint | None = None,
+    checkpoints: list[Checkpoint] | None = None,
+) -> tuple[list[int], list[int]]:
     """Give every value a buffer; values may share one when their lifetimes are ordered.
 
     Args:
         values: The values, in order of their first node.
         anc: ``ancestors`` of the nodes.
+        state: Resume after the values a checkpoint was taken at (``values`` are the ones after them;
+            the result then covers all, theirs first). Incremental planning: an edit that changes
+            only late values assigns only those (``resume.py``).
+        checkpoints: Record the state every ``CHECKPOINT_EVERY`` values here.
 
     Returns:
         ``(buffer of each value, size in bytes of each buffer)``; buffers are numbered in the order of
         their first value.
     """
-    value_buffer: list[int] = []
-    sizes: list[int] = []
-    last_mask: list[int] = []  # per buffer: the nodes touching its last value
-    pending: list[tuple[int, int]] = []  # (last node touching it, buffer): not free before that
-    released: list[int] = []  # buffers whose last value is done before the current value starts
-    for v in values:
+    if state is None:
+        state = Checkpoint(0, [], [], [], [], [])
+    start = state.index
+    value_buffer = list(state.value_buffer)
+    sizes = list(state.sizes)
+    last_mask = list(state.last_mask)  # per buffer: the nodes touching its last value
+    pending = list(state.pending)  # (last node touching it, buffer): not free before that
+    released = list(state.released)  # buffers whose last value is done before the current value starts
+    for j, v in enumerate(values):
+        if checkpoints is not None and (start + j) % CHECKPOINT_EVERY == 0:
+            checkpoints.append(Checkpoint(start + j, (), sizes[:], last_mask[:], pending[:], released[:]))
         nodes = v.nodes
         if v.pinned or not nodes:
             value_buffer.append(len(sizes))

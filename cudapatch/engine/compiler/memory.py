@@ -30,10 +30,12 @@ Shared buffers are raw bytes (``uint8``), as large as their largest value, label
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from ...kernels.types import DType
 from ..memory_plan import MemoryPlan, PinReason
 from ..plan import Arg, BufferPlan
-from .draft import PlanDraft
+from .draft import BlockSizes, PlanDraft
 from .liveness import Lifetime, ancestors, assign_buffers
 
 __all__ = ["SHARED_BLOCK", "memory", "pins_read", "pins_written", "share"]
@@ -42,9 +44,10 @@ _new = tuple.__new__  # skips NamedTuple.__new__ (see plan.py)
 SHARED_BLOCK = -1  #: ``BufferPlan.block_id`` of a buffer several values share
 
 
-def memory(draft: PlanDraft) -> None:
+def memory(draft: PlanDraft, pins: dict[int, str] | None = None) -> None:
     """Fill ``draft.buffers`` (one per value), ``value_buffer``, ``counters``, ``value_counter``,
-    ``outputs``, ``appends`` and ``memory`` (with the pinned values)."""
+    ``outputs``, ``appends`` and ``memory`` (with the pinned values; ``pins``: found already, by
+    incremental planning)."""
     counters, appends, value_counter = draft.counters, draft.appends, draft.value_counter
     values = draft.values
     for v in values:
@@ -60,7 +63,7 @@ def memory(draft: PlanDraft) -> None:
     draft.memory = MemoryPlan(
         values=tuple(values),
         value_buffer=tuple(value_buffer),
-        pinned=tuple(sorted(_pins(draft).items())),
+        pinned=tuple(sorted((_pins(draft) if pins is None else pins).items())),
         ports=dict(draft.ports),
         reuse=draft.reuse,
     )
@@ -142,45 +145,60 @@ def _buffers(values: list[BufferPlan], value_buffer: list[int], sizes: list[int]
 def _pins(draft: PlanDraft) -> dict[int, str]:
     """Value index -> why it keeps its own buffer, for every pinned value."""
     pinned: dict[int, str] = {}
+    read: dict[int, None] = {}
     kept = draft.snap.kept
-    read: set[int] = set()
     faulted = draft.faulted or {}
     for sized in draft.sized.values():
-        b = sized.block
-        d = b.description
-        kernels = d.kernels
-        reads_inputs = b.id not in faulted  # a faulted block's memsets read nothing
-        for port in d.inputs:
-            src = sized.inputs.get(port.name)
-            if src is None or src.kind != "value":
-                continue
-            vi: int = src.ref  # type: ignore[assignment]
-            if reads_inputs and port.pins:
-                read.add(vi)
-            if port.keep or (b.id, port.name) in kept:
-                pinned.setdefault(vi, PinReason.KEEP)
-            elif pins_written(kernels, port.pins):
-                pinned.setdefault(vi, PinReason.IN_PLACE)
-        for port in d.outputs:
-            src = sized.outputs[port.name]
-            if src.kind != "value":
-                continue
-            vi = src.ref  # type: ignore[assignment]
-            if port.kind == "through":
-                pinned.setdefault(vi, PinReason.IN_PLACE)
-            elif port.kind == "append":
-                pinned.setdefault(vi, PinReason.APPEND)
-            elif port.keep or (b.id, port.name) in kept:
-                pinned.setdefault(vi, PinReason.KEEP)
-            elif pins_read(kernels, port.pins):
-                pinned.setdefault(vi, PinReason.IN_PLACE)
-            elif any(kernels[p.kernel].source is None for p in port.pins):
-                pinned.setdefault(vi, PinReason.LIBRARY)
-        for link, vi in zip(d.internal_links, sized.internal, strict=True):
-            if pins_read(kernels, (link.src,)) or pins_written(kernels, link.dst):
-                pinned.setdefault(vi, PinReason.IN_PLACE)
-            elif kernels[link.src.kernel].source is None:
-                pinned.setdefault(vi, PinReason.LIBRARY)
+        block_pins(sized, kept, faulted, pinned, read)
+    return finish_pins(draft, pinned, read)
+
+
+def block_pins(
+    sized: BlockSizes, kept: Collection[tuple[int, str]], faulted: Mapping[int, str], pinned: dict, read: dict
+) -> None:
+    """Add what one block pins to ``pinned`` (value index -> reason, the first reason found, in block
+    order) and the values it reads to ``read`` (both insertion-ordered: incremental planning takes
+    the entries of the blocks before an edit as they were, ``resume.py``)."""
+    b = sized.block
+    d = b.description
+    kernels = d.kernels
+    reads_inputs = b.id not in faulted  # a faulted block's memsets read nothing
+    for port in d.inputs:
+        src = sized.inputs.get(port.name)
+        if src is None or src.kind != "value":
+            continue
+        vi: int = src.ref  # type: ignore[assignment]
+        if reads_inputs and port.pins:
+            read[vi] = None
+        if port.keep or (b.id, port.name) in kept:
+            pinned.setdefault(vi, PinReason.KEEP)
+        elif pins_written(kernels, port.pins):
+            pinned.setdefault(vi, PinReason.IN_PLACE)
+    for port in d.outputs:
+        src = sized.outputs[port.name]
+        if src.kind != "value":
+            continue
+        vi = src.ref  # type: ignore[assignment]
+        if port.kind == "through":
+            pinned.setdefault(vi, PinReason.IN_PLACE)
+        elif port.kind == "append":
+            pinned.setdefault(vi, PinReason.APPEND)
+        elif port.keep or (b.id, port.name) in kept:
+            pinned.setdefault(vi, PinReason.KEEP)
+        elif pins_read(kernels, port.pins):
+            pinned.setdefault(vi, PinReason.IN_PLACE)
+        elif any(kernels[p.kernel].source is None for p in port.pins):
+            pinned.setdefault(vi, PinReason.LIBRARY)
+    for link, vi in zip(d.internal_links, sized.internal, strict=True):
+        if pins_read(kernels, (link.src,)) or pins_written(kernels, link.dst):
+            pinned.setdefault(vi, PinReason.IN_PLACE)
+        elif kernels[link.src.kernel].source is None:
+            pinned.setdefault(vi, PinReason.LIBRARY)
+
+
+def finish_pins(draft: PlanDraft, pinned: dict[int, str], read: Collection[int]) -> dict[int, str]:
+    """``pinned`` (every block's pins, ``block_pins``) with the pins of probes, bypassed blocks, delays
+    and values nothing reads added."""
     for key, _shape in draft.snap.probes:  # a probe node reads it beside the graph's work
         vi = draft.ports.get(key)
         if vi is not None:
@@ -198,7 +216,7 @@ def _pins(draft: PlanDraft) -> dict[int, str]:
         for vi in (previous, current):
             if vi is not None:
                 pinned.setdefault(vi, PinReason.DELAY)
-    internal = {vi for sized in draft.sized.values() for vi in sized.internal}
+    internal = {vi for sized in draft.sized.values() if sized.internal for vi in sized.internal}
     for vi in range(len(draft.values)):
         if vi not in read and vi not in internal:
             pinned.setdefault(vi, PinReason.SINK)

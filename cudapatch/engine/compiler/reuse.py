@@ -19,6 +19,7 @@ Used by one build at a time (the engine builds one at a time, on whichever threa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .draft import BlockSizes, NodeDraft
@@ -55,6 +56,8 @@ class NodeCache:
     Attributes:
         hits: Blocks whose drafts were reused (since the cache was made).
         misses: Blocks whose drafts were made anew.
+        resumed: Plans that resumed from the last one after the blocks an edit did not touch
+            (``resume.py``), and the blocks they took as they were (``resumed_blocks``).
     """
 
     def __init__(self) -> None:
@@ -62,6 +65,10 @@ class NodeCache:
         self._next: dict[int, _Entry] = {}
         self.hits = 0
         self.misses = 0
+        self.resumed = 0
+        self.resumed_blocks = 0
+        #: What the last plan left for the next to resume from (``resume.PlanState``; None: plan whole).
+        self.state: Any = None
 
     def begin(self) -> None:
         """A nodes phase starts: entries of blocks it does not see are dropped at ``end``."""
@@ -79,6 +86,15 @@ class NodeCache:
 
     def put(self, sized: BlockSizes, first: int, sig: tuple, drafts: tuple[NodeDraft, ...]) -> None:
         self._next[sized.block.id] = _Entry(sized.block, first, sig, drafts)
+
+    def carry(self, drop: Iterable[int], reused: int) -> None:
+        """A nodes phase starts after ``reused`` blocks whose nodes were taken from the last plan as
+        they were (incremental planning, ``resume.py``): their entries stay; ``drop``: the blocks the
+        last plan had after them."""
+        nxt = self._next = dict(self._entries)
+        for bid in drop:
+            nxt.pop(bid, None)
+        self.hits += reused
 
     def end(self) -> None:
         self._entries, self._next = self._next, {}

@@ -34,73 +34,79 @@ def sizes(draft: PlanDraft) -> None:
     ``binding_counts``, afresh (``size_regions`` runs it again when it leaves a region out); add a
     diagnostic for every block left out and every reader of a faulted block."""
     draft.sized, draft.skipped, draft.values, draft.ports, draft.shapes, draft.binding_counts = {}, [], [], {}, {}, {}
+    skipped: set[int] = set()
+    for bid in draft.order:
+        size_block(draft, bid, skipped)
+
+
+def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
+    """The sizes phase for one block, after every block before it in ``draft.order`` (``skipped``: the
+    blocks left out so far, added to). Incremental planning (``resume.py``) runs it from the first
+    block an edit touched."""
     blocks, incoming, bindings = draft.blocks, draft.incoming, draft.snap.bindings
     kernel_status, faulted, warnings = draft.kernel_status, draft.faulted, draft.warnings
     sized, binding_counts = draft.sized, draft.binding_counts
-    skipped: set[int] = set()
-    for bid in draft.order:
-        b = blocks[bid]
-        d = b.description
-        inputs: dict[str, Source] = {}
-        skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
-        cascade = False  # left out because an upstream block is: one summary log line per build
-        feedback = d.feedback_inputs if d.feedback else ()
-        for port in () if skip_reason else d.inputs:
-            if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
-                continue
-            key = (bid, port.name)
-            lk = incoming.get(key)
-            if lk is not None:
-                if lk.src in skipped:
-                    skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
-                    cascade = True
-                    break
-                if faulted and lk.src in faulted:
-                    warnings.append(
-                        Diagnostic(
-                            "warning",
-                            bid,
-                            "input-faulted",
-                            f"input '{port.name}' of '{b.name}' reads zeros: "
-                            f"'{blocks[lk.src].name}' faulted on the GPU",
-                        )
-                    )
-                inputs[port.name] = sized[lk.src].outputs[lk.src_port]
-                continue
-            binding = bindings.get(key)
-            if binding is not None:
-                shape = binding.shape or flat(binding.count)
-                inputs[port.name] = _new(Source, ("external", key, binding.count, shape))
-                binding_counts[key] = binding.count
-            elif port.required:
-                skip_reason = f"required input '{port.name}' is not linked"
+    b = blocks[bid]
+    d = b.description
+    inputs: dict[str, Source] = {}
+    skip_reason = draft.left_out.get(bid) if draft.left_out else None  # its region is not running
+    cascade = False  # left out because an upstream block is: one summary log line per build
+    feedback = d.feedback_inputs if d.feedback else ()
+    for port in () if skip_reason else d.inputs:
+        if port.name in feedback:  # written later in the frame, read next frame: the delays phase links it
+            continue
+        key = (bid, port.name)
+        lk = incoming.get(key)
+        if lk is not None:
+            if lk.src in skipped:
+                skip_reason = f"input '{port.name}' comes from '{blocks[lk.src].name}', which is not running"
+                cascade = True
                 break
-            else:
-                inputs[port.name] = _NULL
-        severity: Severity = "warning"
-        code = "region-not-running" if bid in draft.left_out else "input-not-running" if cascade else "input-unlinked"
-        if skip_reason is None:
-            problem = _kernels_not_ready(b, inputs, kernel_status)
-            if problem is not None:
-                severity, code, skip_reason = problem
-        launches: tuple = ()
-        if skip_reason is None:
-            try:
-                launches = _launches(b, inputs)
-                problem = check_inputs(d, inputs, b.values)
-            except ShapeError as exc:
-                problem = ("shape-unresolved", str(exc))
-            if problem is not None:
-                severity, code, skip_reason = "error", problem[0], problem[1]
-        if skip_reason is None:
-            try:
-                sized[bid] = _make_values(draft, b, inputs, launches)
-                continue
-            except ShapeError as exc:
-                severity, code, skip_reason = "error", "shape-unresolved", str(exc)
-        warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
-        skipped.add(bid)
-        draft.skipped.append(bid)
+            if faulted and lk.src in faulted:
+                warnings.append(
+                    Diagnostic(
+                        "warning",
+                        bid,
+                        "input-faulted",
+                        f"input '{port.name}' of '{b.name}' reads zeros: '{blocks[lk.src].name}' faulted on the GPU",
+                    )
+                )
+            inputs[port.name] = sized[lk.src].outputs[lk.src_port]
+            continue
+        binding = bindings.get(key)
+        if binding is not None:
+            shape = binding.shape or flat(binding.count)
+            inputs[port.name] = _new(Source, ("external", key, binding.count, shape))
+            binding_counts[key] = binding.count
+        elif port.required:
+            skip_reason = f"required input '{port.name}' is not linked"
+            break
+        else:
+            inputs[port.name] = _NULL
+    severity: Severity = "warning"
+    code = "region-not-running" if bid in draft.left_out else "input-not-running" if cascade else "input-unlinked"
+    if skip_reason is None:
+        problem = _kernels_not_ready(b, inputs, kernel_status)
+        if problem is not None:
+            severity, code, skip_reason = problem
+    launches: tuple = ()
+    if skip_reason is None:
+        try:
+            launches = _launches(b, inputs)
+            problem = check_inputs(d, inputs, b.values)
+        except ShapeError as exc:
+            problem = ("shape-unresolved", str(exc))
+        if problem is not None:
+            severity, code, skip_reason = "error", problem[0], problem[1]
+    if skip_reason is None:
+        try:
+            sized[bid] = _make_values(draft, b, inputs, launches)
+            return
+        except ShapeError as exc:
+            severity, code, skip_reason = "error", "shape-unresolved", str(exc)
+    warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
+    skipped.add(bid)
+    draft.skipped.append(bid)
 
 
 def _launches(b: BlockSnapshot, inputs: dict[str, Source]) -> tuple:

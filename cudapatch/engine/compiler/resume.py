@@ -1,0 +1,521 @@
+"""Incremental planning: an edit re-plans the blocks from the first one it touched; the plan parts of
+the blocks before it are taken from the last plan as they were.
+
+Every phase from sizes to share works through the blocks in topological order and numbers what it
+makes (values, nodes, buffers) in that order, looking back only: a block's sizes depend on its
+snapshot and the blocks it reads, its nodes on its sizes and the values' buffers, a node's
+dependencies on the nodes before it. So when the first ``P`` blocks of the new order are the first
+``P`` of the last plan's, each with the same snapshot (description and parameter values: the
+Context keeps the object while neither changes), links, bindings, kernel status, fault and kept
+ports, what those phases made for them is what the last plan holds for them: values, ports, shapes,
+pins, node drafts, finished nodes, Hot and Warm slots. Only the blocks from ``P`` on are planned
+(``divergence`` finds ``P``). The phases that look at the whole patch resume where they can:
+
+- pins: the values a block pins and reads are kept in insertion order, so the entries of the first
+  ``P`` blocks are a prefix; probes, bypass, delays and unread values are added after, as always.
+- edges: a log per resource of the nodes that read and write it gives the last writer and the
+  readers since, at node ``N``, of each resource the new nodes touch.
+- share: the greedy assignment (``liveness.assign_buffers``) runs in order of each value's first
+  node; it resumes from the last checkpoint before the first value whose lifetime the edit changed
+  (a new reader, a pin gone), and only nodes whose values moved to another buffer are renumbered.
+
+An edit at the end of a chain plans one block; an edit in the middle plans the blocks after it.
+Plans with and without it are equal (``tests/unit/test_plan_reuse.py`` over random edit sequences).
+Patches with regions, composites, probes, profiling stamps or fused groups are planned whole (the
+``NodeCache`` still reuses node drafts there); validation, ordering, delays and fusion run whole.
+
+Used by one build at a time; the state of the last plan is consumed by the next (a plan that fails
+leaves none: the next is planned whole).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from ..context import BlockSnapshot
+from ..memory_plan import MemoryPlan
+from ..plan import Arg
+from .delays import delays
+from .draft import BlockSizes, NodeDraft, PlanDraft
+from .edges import hazards
+from .fusion import fusion
+from .liveness import Checkpoint, Lifetime, ancestors, assign_buffers
+from .memory import _buffers, block_pins, finish_pins, memory
+from .nodes import block_nodes, counters_memset, node_env
+from .reuse import NodeCache
+from .sizes import size_block
+
+__all__ = ["PlanState", "divergence", "plan_resumed", "resumable"]
+
+_new = tuple.__new__
+_MISSING = object()
+_READ, _WRITE = 1, 2  # a resource log entry is ``node index * 4 + flags``
+
+
+@dataclass(eq=False, slots=True)
+class PlanState:
+    """What one plan leaves for the next to resume from (each list: in the order of the phase that made it)."""
+
+    context_id: int
+    level: Any
+    reuse: bool
+    blocks: dict[int, BlockSnapshot]
+    incoming: dict
+    bindings: dict
+    kernel_status: dict
+    faulted: dict
+    kept: frozenset
+    order: list[int]
+    pos: dict[int, int]  # block id -> position in ``order``
+    run_before: list[int]  # per position in ``order`` (and one past the end): running blocks before it
+    # sizes
+    sized: dict[int, BlockSizes]
+    skipped: list[int]
+    values: list
+    ports: dict
+    shapes: dict
+    binding_counts: dict
+    size_warnings: list
+    vstart: list[int]  # per running block (and one past the last): its first value
+    # pins (insertion-ordered: a block's entries follow those of the blocks before it)
+    pinned: dict[int, str]
+    pin_marks: list[int]  # per running block: entries in ``pinned`` before it
+    read: dict[int, None]
+    read_marks: list[int]
+    # nodes
+    counters: int
+    drafts: list[NodeDraft]
+    nstart: list[int]  # per running block (and one past the last): its first node
+    scalar_slots: dict
+    binding_slots: dict
+    counter_users: set[int]
+    block_nodes: dict
+    # edges: the finished nodes before buffers are shared; each resource's readers and writers
+    pre: list
+    log: dict[object, list[int]]
+    # share (None: no sharing was planned)
+    share: ShareState | None
+
+
+@dataclass(eq=False, slots=True)
+class ShareState:
+    touch: list[list[int]]  # per value: the nodes touching it
+    first: list[int]  # per value: its first node (-1: none)
+    vorder: list[int]  # values in order of their first node
+    anc: list[int]  # ancestors of each node
+    assigned: list[int]  # buffer of each value of ``vorder``
+    checkpoints: list[Checkpoint]
+    vb: list[int]  # buffer of each value, as assigned
+    value_buffer: list[int]  # as planned (the values themselves when nothing shared)
+    post: list  # the nodes with their buffers renumbered
+    pinned: Any  # the pinned values (a keys view)
+    shared: bool  # some values share a buffer (else ``value_buffer`` is the values themselves)
+
+
+def resumable(draft: PlanDraft) -> bool:
+    """Whether ``plan_resumed`` can plan this patch (after ordering): no composites, probes or stamps."""
+    snap = draft.snap
+    return not (snap.composites or snap.probes or draft.level.timed or draft.warnings or draft.parents)
+
+
+def divergence(prev: PlanState, draft: PlanDraft) -> int:
+    """The number of blocks at the start of the new order whose plan parts the last plan holds."""
+    order, old = draft.order, prev.order
+    n = min(len(order), len(old))
+    p = n
+    if order[:n] != old[:n]:
+        p = next(i for i in range(n) if order[i] != old[i])
+    if p == 0:
+        return 0
+    snap, blocks = draft.snap, prev.blocks
+    dirty = [b.id for b in snap.blocks if blocks.get(b.id) is not b]
+    dirty += [key[0] for key, _ in draft.incoming.items() ^ prev.incoming.items()]
+    dirty += [k[0] for k in _changed(snap.bindings, prev.bindings)]
+    dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
+    dirty += _changed(draft.faulted or {}, prev.faulted)
+    dirty += [k[0] for k in snap.kept ^ prev.kept]
+    pos = prev.pos
+    for bid in dirty:
+        q = pos.get(bid)
+        if q is not None and q < p:
+            p = q
+    return p
+
+
+def _changed(new: Mapping, old: Mapping) -> list:
+    if not new and not old:
+        return []
+    return [k for k in new.keys() | old.keys() if new.get(k, _MISSING) != old.get(k, _MISSING)]
+
+
+def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDraft, bool]:
+    """Run the phases from sizes to share on ``draft`` (validated and ordered, ``resumable``), resuming
+    from the state ``cache`` holds of the last plan where it fits, and leave the state of this one there.
+
+    Returns:
+        ``(draft, done)``: done False when fusion grouped blocks (the caller runs the phases from
+        memory on, whole).
+
+    Raises:
+        GraphCompileError: the delays phase found errors.
+    """
+    prev, cache.state = cache.state, None  # consumed: a plan that fails leaves none
+    snap = draft.snap
+    if prev is not None and (
+        prev.context_id != snap.context_id or prev.level != draft.level or prev.reuse != draft.reuse
+    ):
+        prev = None
+    p = divergence(prev, draft) if prev is not None else 0
+    if p == 0:
+        prev = None
+    else:
+        cache.resumed += 1
+        cache.resumed_blocks += p
+    k, resumed = _sizes(draft, prev, p)
+    delays(draft)
+    draft.raise_errors()
+    fusion(draft, fuse=fuse)
+    if draft.fusion is not None:
+        return draft, False
+    st = _state(draft, p, prev, *resumed)
+    pins = _pins(draft, st, prev, k)
+    memory(draft, pins)
+    kn = k if prev is not None and prev.counters == len(draft.counters) else 0
+    _nodes(draft, st, prev, kn, cache)
+    n0 = _edges(draft, st, prev, kn)
+    _share(draft, st, prev, kn, n0)
+    cache.state = st
+    return draft, True
+
+
+def _sizes(draft: PlanDraft, prev: PlanState | None, p: int) -> tuple[int, tuple[list[int], list[int], list]]:
+    """The sizes phase from position ``p`` of the order; returns the running blocks before it, and the
+    marks the next plan resumes from (``run_before``, ``vstart``, the warnings found)."""
+    order = draft.order
+    if prev is None:
+        draft.sized, draft.skipped, draft.values, draft.ports, draft.shapes, draft.binding_counts = (
+            {},
+            [],
+            [],
+            {},
+            {},
+            {},
+        )
+        k = 0
+        run_before, vstart = [0], [0]
+    else:
+        k = prev.run_before[p]
+        pos = prev.pos
+        draft.sized = dict(islice(prev.sized.items(), k))
+        draft.skipped = [b for b in prev.skipped if pos[b] < p]
+        draft.values = prev.values[: prev.vstart[k]]
+        ports, shapes, counts = dict(prev.ports), dict(prev.shapes), dict(prev.binding_counts)
+        for bid in islice(prev.order, p, None):
+            s = prev.sized.get(bid)
+            if s is not None:
+                for port in s.outputs:
+                    ports.pop((bid, port), None)
+                    shapes.pop((bid, port), None)
+            for port in prev.blocks[bid].description.inputs:
+                counts.pop((bid, port.name), None)
+        draft.ports, draft.shapes, draft.binding_counts = ports, shapes, counts
+        draft.warnings[:] = [w for w in prev.size_warnings if pos.get(w.block_id, p) < p]
+        run_before, vstart = prev.run_before[: p + 1], prev.vstart[: k + 1]
+    skipped = set(draft.skipped)
+    sized, values = draft.sized, draft.values
+    for i in range(p, len(order)):
+        had = len(sized)
+        size_block(draft, order[i], skipped)
+        if len(sized) > had:
+            vstart.append(len(values))
+        run_before.append(len(sized))
+    return k, (run_before, vstart, list(draft.warnings))
+
+
+def _state(
+    draft: PlanDraft, p: int, prev: PlanState | None, run_before: list[int], vstart: list[int], size_warnings: list
+) -> PlanState:
+    order = draft.order
+    if prev is None:
+        pos = {b: i for i, b in enumerate(order)}
+    else:
+        pos = prev.pos
+        for bid in islice(prev.order, p, None):
+            del pos[bid]
+        for i in range(p, len(order)):
+            pos[order[i]] = i
+    return PlanState(
+        context_id=draft.snap.context_id,
+        level=draft.level,
+        reuse=draft.reuse,
+        blocks=draft.blocks,
+        incoming=draft.incoming,
+        bindings=dict(draft.snap.bindings),
+        kernel_status=dict(draft.kernel_status or {}),
+        faulted=dict(draft.faulted or {}),
+        kept=draft.snap.kept,
+        order=list(order),
+        pos=pos,
+        run_before=run_before,
+        sized=draft.sized,
+        skipped=draft.skipped,
+        values=draft.values,
+        ports=draft.ports,
+        shapes=draft.shapes,
+        binding_counts=draft.binding_counts,
+        size_warnings=size_warnings,
+        vstart=vstart,
+        pinned={},
+        pin_marks=[],
+        read={},
+        read_marks=[],
+        counters=0,
+        drafts=[],
+        nstart=[],
+        scalar_slots={},
+        binding_slots={},
+        counter_users=set(),
+        block_nodes={},
+        pre=[],
+        log={},
+        share=None,
+    )
+
+
+def _pins(draft: PlanDraft, st: PlanState, prev: PlanState | None, k: int) -> dict[int, str]:
+    if prev is None:
+        pinned: dict[int, str] = {}
+        read: dict[int, None] = {}
+        pin_marks, read_marks = [0], [0]
+    else:
+        pinned = dict(islice(prev.pinned.items(), prev.pin_marks[k]))
+        read = dict(islice(prev.read.items(), prev.read_marks[k]))
+        pin_marks, read_marks = prev.pin_marks[: k + 1], prev.read_marks[: k + 1]
+    kept, faulted = draft.snap.kept, draft.faulted or {}
+    for s in islice(draft.sized.values(), k, None):
+        block_pins(s, kept, faulted, pinned, read)
+        pin_marks.append(len(pinned))
+        read_marks.append(len(read))
+    finish_pins(draft, pinned, read)  # after the blocks' entries: the next plan's prefix stays a prefix
+    st.pinned, st.pin_marks, st.read, st.read_marks = pinned, pin_marks, read, read_marks
+    return pinned
+
+
+def _nodes(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, cache: NodeCache) -> None:
+    if prev is None or kn == 0:
+        cache.begin()
+        counters_memset(draft)
+        nstart = [len(draft.drafts)]
+    else:
+        n0 = prev.nstart[kn]
+        draft.drafts = prev.drafts[:n0]
+        nstart = prev.nstart[: kn + 1]
+        scalar_slots, block_nodes_ = dict(prev.scalar_slots), dict(prev.block_nodes)
+        dropped = list(islice(prev.sized, kn, None))
+        for bid in dropped:
+            block_nodes_.pop(bid, None)
+            for name in prev.blocks[bid].values:
+                scalar_slots.pop((bid, name), None)
+        draft.scalar_slots, draft.block_nodes = scalar_slots, block_nodes_
+        if prev.binding_slots:
+            kept = {key: tuple(s for s in v if s[0] < n0) for key, v in prev.binding_slots.items()}
+            draft.binding_slots = {key: v for key, v in kept.items() if v}
+        draft.counter_users = {i for i in prev.counter_users if i < n0}
+        faulted = draft.faulted
+        reused = kn - sum(1 for bid in islice(draft.sized, kn) if bid in faulted) if faulted else kn
+        cache.carry(dropped, reused)
+    env = node_env(draft)
+    drafts = draft.drafts
+    for s in islice(draft.sized.values(), kn, None):
+        block_nodes(draft, s, env, None, cache)
+        nstart.append(len(drafts))
+    cache.end()
+    st.counters = len(draft.counters)
+    st.drafts, st.nstart = drafts, nstart
+    st.scalar_slots, st.binding_slots = draft.scalar_slots, draft.binding_slots
+    st.counter_users, st.block_nodes = draft.counter_users, draft.block_nodes
+    # The plan gets its own copies: the next plan starts from these and changes them.
+    draft.scalar_slots, draft.binding_slots = dict(draft.scalar_slots), dict(draft.binding_slots)
+    draft.block_nodes = dict(draft.block_nodes)
+
+
+def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int) -> int:
+    """The edges phase from the first node of running block ``kn``; returns that node's index."""
+    if prev is None or kn == 0:
+        n0, pre, log = 0, [], {}
+    else:
+        n0 = prev.nstart[kn]
+        pre, log = prev.pre[:n0], prev.log
+        cut = n0 * 4
+        for nd in islice(prev.drafts, n0, None):  # forget what the last plan's later nodes did
+            for r in (*nd.reads, *nd.writes):
+                entries = log.get(r)
+                if entries and entries[-1] >= cut:
+                    del entries[bisect.bisect_left(entries, cut) :]
+                    if not entries:
+                        del log[r]
+    last_writer: dict[object, int] = {}
+    readers: dict[object, set[int]] = {}
+    seen: set[object] = set()
+    counter_users = draft.counter_users
+    for cls, head, tail, reads, writes in islice(draft.drafts, n0, None):
+        index = head[0]
+        flags: dict[object, int] = {}
+        for r in reads:
+            flags[r] = _READ
+        for r in writes:
+            flags[r] = flags.get(r, 0) | _WRITE
+        for r in flags:
+            if r not in seen:  # its last writer and readers among the nodes before ``n0``
+                seen.add(r)
+                rs: set[int] = set()
+                for e in reversed(log.get(r, ())):
+                    if e & _WRITE:
+                        last_writer[r] = e >> 2
+                        break
+                    rs.add(e >> 2)
+                if rs:
+                    readers[r] = rs
+        deps = hazards(index, reads, writes, last_writer, readers)
+        if index in counter_users:
+            deps.add(0)  # the counters' memset
+        pre.append(_new(cls, (*head, tuple(sorted(deps)) if len(deps) > 1 else tuple(deps), *tail)))
+        entry = index * 4
+        for r, f in flags.items():
+            entries = log.get(r)
+            if entries is None:
+                log[r] = [entry | f]
+            else:
+                entries.append(entry | f)
+    st.pre, st.log = pre, log
+    draft.nodes = list(pre)
+    return n0
+
+
+def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int) -> None:
+    """The share phase (``memory.share``), resumed where the last plan's assignment still holds."""
+    mem = draft.memory
+    values = draft.values
+    if not draft.reuse or mem is None or len(values) < 3:
+        return
+    ps = prev.share if prev is not None and kn > 0 else None
+    pre = st.pre
+    nv = len(values)
+    affected: set[int] = set()
+    if ps is None:
+        n0, v0 = 0, 0
+        touch: list[list[int]] = [[] for _ in values]
+        anc = ancestors([n.deps for n in pre])
+    else:
+        assert prev is not None
+        v0 = prev.vstart[kn]
+        touch = ps.touch[:v0]
+        for n in islice(prev.pre, n0, None):  # the last plan's later nodes touch nothing now
+            for vi in _touched(n):
+                if vi < v0:
+                    t = touch[vi]
+                    while t and t[-1] >= n0:
+                        t.pop()
+                    affected.add(vi)
+        touch.extend([] for _ in range(nv - v0))
+        anc = ancestors([n.deps for n in islice(pre, n0, None)], ps.anc[:n0])
+    for n in islice(pre, n0, None):
+        i = n.index
+        for vi in _touched(n):
+            t = touch[vi]
+            if not t or t[-1] != i:
+                t.append(i)
+            if vi < v0:
+                affected.add(vi)
+    pins = st.pinned
+    first = [t[0] if t else -1 for t in touch]
+    vorder = sorted(range(nv), key=first.__getitem__)
+    start = 0
+    checkpoint: Checkpoint | None = None
+    checkpoints: list[Checkpoint] = []
+    if ps is not None:
+        affected.update(vi for vi in pins.keys() ^ ps.pinned if vi < v0)
+        old_first = ps.first
+        cands = [first[vi] for vi in range(v0, nv)]
+        cands += [old_first[vi] for vi in range(v0, len(old_first))]
+        cands += [min(first[vi], old_first[vi]) for vi in affected]
+        t_min = min(cands, default=n0)
+        if t_min >= 0:
+            limit = sum(1 for f in first if f < t_min)  # the values before it are as they were
+            if vorder[:limit] == ps.vorder[:limit]:
+                at = bisect.bisect_right([c.index for c in ps.checkpoints], limit) - 1
+                if at >= 0:
+                    c = ps.checkpoints[at]
+                    start = c.index
+                    checkpoints = ps.checkpoints[: at + 1]
+                    checkpoint = c._replace(value_buffer=ps.assigned[:start])
+                    del checkpoints[-1]  # recorded again as the assignment resumes there
+    lifetimes = [
+        Lifetime(tuple(touch[vi]), values[vi].count * values[vi].dtype.itemsize, vi in pins)
+        for vi in islice(vorder, start, None)
+    ]
+    assigned, sizes = assign_buffers(lifetimes, anc, state=checkpoint, checkpoints=checkpoints)
+    if ps is not None and start > 0:
+        vb = ps.vb[:v0]
+        vb.extend([0] * (nv - v0))
+    else:
+        vb = [0] * nv
+    for i in range(start, nv):
+        vb[vorder[i]] = assigned[i]
+    shared = len(sizes) != nv
+    value_buffer = vb if shared else list(range(nv))
+    # Renumber the nodes: those before ``n0`` as the last plan did, unless one of their values moved.
+    if ps is not None and ps.shared == shared:
+        post = ps.post[:n0]
+        old_vb = ps.value_buffer
+        redo: set[int] = set()
+        for i in range(start, nv):
+            vi = vorder[i]
+            if vi < v0 and value_buffer[vi] != old_vb[vi]:
+                redo.update(x for x in touch[vi] if x < n0)
+        for x in redo:
+            post[x] = _renumber(pre[x], value_buffer)
+    else:
+        post, n0 = [], 0
+    if shared:
+        post.extend(_renumber(n, value_buffer) for n in islice(pre, n0, None))
+    else:
+        post.extend(islice(pre, n0, None))
+    st.share = ShareState(touch, first, vorder, anc, assigned, checkpoints, vb, value_buffer, post, pins.keys(), shared)
+    if not shared:
+        return  # nothing shared: the values stay the buffers (as ``memory`` left them)
+    draft.buffers = _buffers(values, vb, sizes)
+    draft.value_buffer = vb
+    draft.nodes = list(post)
+    draft.outputs = {port: vb[vi] for port, vi in draft.ports.items()}
+    for key, (vi, ci) in draft.appends.items():
+        draft.appends[key] = (vb[vi], ci)
+    draft.memory = MemoryPlan(values=mem.values, value_buffer=tuple(vb), pinned=mem.pinned, ports=mem.ports, reuse=True)
+
+
+def _touched(n: Any) -> list[int]:
+    """The values a finished node (before sharing) reads or writes, in argument order."""
+    args = getattr(n, "args", None)
+    if args is not None:
+        return [a.ref for a in args if a.kind == "buffer"]
+    b = getattr(n, "buffer", None)
+    return [b] if b is not None else []
+
+
+def _renumber(n: Any, value_buffer: list[int]) -> Any:
+    args = getattr(n, "args", None)
+    if args is not None:
+        if any(a.kind == "buffer" for a in args):
+            return n._replace(
+                args=tuple(
+                    _new(Arg, (a.kind, a.dtype, True, value_buffer[a.ref], None)) if a.kind == "buffer" else a
+                    for a in args
+                )
+            )
+        return n
+    b = getattr(n, "buffer", None)
+    return n._replace(buffer=value_buffer[b]) if b is not None else n
