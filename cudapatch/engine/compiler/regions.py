@@ -385,6 +385,7 @@ def region_nodes(draft: PlanDraft) -> None:
             if scope_node is not None:
                 for i in range(first, len(drafts)):
                     scopes.setdefault(i, scope_node)
+                draft.body_units.append((scope_node, u, first, len(drafts)))  # what body timers time
         if draft.delays:
             delay_copies(draft, scope, scope_node, carried)
 
