@@ -237,9 +237,7 @@ def collect_stats(
         runs = (bt.runs, bt.min_ms, bt.max_ms) if bt is not None else (None, None, None)
         if bt is not None:
             ms = bt.total_ms
-        rows.append(
-            BlockStats(b.id, b.name, debug.state.value, debug.message, ms, kernels, append, debug.fused, *runs)
-        )
+        rows.append(BlockStats(b.id, b.name, debug.state.value, debug.message, ms, kernels, append, debug.fused, *runs))
     return EngineStats(
         level=level,
         frame=frame,

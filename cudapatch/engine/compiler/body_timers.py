@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...kernels.types import DType
-from ..plan import Arg, KernelNodePlan, MemsetNodePlan
+from ..plan import Arg, KernelNodePlan, MemsetNodePlan, ProbeNodePlan
 from ..profiling import ProfilingLevel
 from ..region_kernels import REGION_ENTRIES, TIMER_RECORD_WORDS, TIMER_SLOT_WORDS, region_kernel
 from .draft import PlanDraft
@@ -112,7 +112,8 @@ def body_timers(draft: PlanDraft) -> None:
     roots: dict[int, _Key] = {}  # body (conditional node) -> its shared start tick
     ends: dict[int, tuple[frozenset[int], _Key, int]] = {}  # a run's exit -> (its exits, its tock, end slot)
     for scope, unit, lo, hi in sorted(draft.body_units, key=lambda r: r[2]):
-        members = [i for i in range(lo, hi) if scopes.get(i) == scope]  # not the nodes of nested bodies
+        # not the nodes of nested bodies; nor probes, which read a value beside the work (as at the top level)
+        members = [i for i in range(lo, hi) if scopes.get(i) == scope and not isinstance(nodes[i], ProbeNodePlan)]
         if not members:
             continue
         mine = set(members)
