@@ -310,7 +310,9 @@ class Block:
         lines = [head] + [f"  {port}: {count}/{cap}" for port, (count, cap) in d.append_fill.items()]
         if d.runs is not None and d.gpu_ms is not None:  # inside a region's body: the time of one iteration
             n, lo, hi = d.runs
-            each = f"{d.gpu_ms * 1e3 / n:.1f}µs x {n} (min {lo * 1e3:.1f}, max {hi * 1e3:.1f})" if n else "did not run"
+            each = (
+                f"{d.gpu_ms * 1e3 / n:.1f}µs x {n} (min {lo * 1e3:.1f}µs, max {hi * 1e3:.1f}µs)" if n else "did not run"
+            )
             lines.append(f"  Per iteration: {each}")
         if d.fused:
             lines.append(f"  fused: {d.fused}")

@@ -378,7 +378,7 @@ def test_stats_show_a_body_blocks_total_and_time_per_iteration() -> None:
     assert (rows[b.id].gpu_ms, rows[b.id].runs, rows[b.id].mean_ms) == (0.0, 0, None)  # did not run
     assert rows[src.id].runs is None and rows[src.id].mean_ms is None
     show_on_blocks(stats, c.registry)
-    assert str(a).splitlines() == ["A: NotCompiled, 4.20ms", "  Per iteration: 42.0µs x 100 (min 40.0, max 70.0)"]
+    assert str(a).splitlines() == ["A: NotCompiled, 4.20ms", "  Per iteration: 42.0µs x 100 (min 40.0µs, max 70.0µs)"]
     assert "Per iteration: did not run" in str(b) and "Per iteration" not in str(loop)
     assert gpu_cell(ra) == "4.200 (100x 42.0µs)" and gpu_cell(rows[loop.id]) == "6.000"
     assert gpu_cell(rows[b.id]) == "0.000"
