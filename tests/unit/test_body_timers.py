@@ -265,6 +265,36 @@ def test_a_whiles_timer_counts_match_its_iteration_count(unroll: int) -> None:
         assert _timer(run, rec[chk.id]).runs == passes, (limit, its)
 
 
+def test_the_timer_kernels_are_realized_in_their_body_graphs_on_their_counter_words(monkeypatch) -> None:
+    from cudapatch.engine import realize
+    from cudapatch.engine.buffers import BufferPool
+
+    from .recording_driver import RegionDriver, StubDevice, install
+
+    rec = install(monkeypatch, RegionDriver())
+    c, src, loop, a, b = _chain(count=5, unroll=2)
+    plan = compile_plan(c.snapshot(), level=ProfilingLevel.PER_BLOCK)
+    snap = c.snapshot()
+    g = realize(
+        plan,
+        device=StubDevice(),  # type: ignore[arg-type]
+        pool=BufferPool(),
+        bindings=snap.bindings,
+        block_names={blk.id: blk.name for blk in snap.blocks},
+        functions={(n.block_id, n.kernel): 100 + 10 * n.block_id + n.kernel % 10 for n in plan.kernel_nodes},
+        publish_function=3,
+        stamp_function=4,
+    )
+    counters = g.counters.ptr + 8 * plan.stamp_count  # the readback block: timestamps, then the counters
+    timers = _timers(plan)
+    assert len(timers) == 2 + 6  # a tick at the start of each body graph (main, tail), a tock per run of a block
+    for n in timers:
+        assert g._nodes[n.index].handle in rec.body_nodes
+        for k, arg in enumerate(n.args):
+            assert g.node_arg(n.index, k) == counters + 4 * arg.ref
+    g.close()
+
+
 # -- the kernels, built for the host -------------------------------------------------------------------
 
 _HOST = r"""
