@@ -7,8 +7,18 @@ the pure compiler, for a 100-block and a 1,000-block chain at profiling levels N
 printed beside it, as the peer measured in the same run: ``Context.snapshot()`` of the same patch,
 the other host-side cost of every Cold rebuild.
 
-Prints median and best times (ms) and the cost per block. Usage:
-``python benchmarks/bench_compile.py [--sizes 100 1000] [--seconds 2]``.
+Prints median and best times (ms) and the cost per block.
+
+Then the edits of ``bench_liveness.py`` on chains of ``--edit-sizes`` blocks (1,000 and 10,000), planned
+as the build thread plans them (``GraphBuilds.prepare``): ``Context.snapshot()`` + ``compile_plan``
+with the engine's ``NodeCache`` (incremental planning, ``compiler/resume.py``), and after it the
+``BypassIndex`` and ``built_view`` the build thread makes of the plan. Each beside a full plan of the
+same patch (snapshot + ``compile_plan`` without the cache), measured in the same run, as a ratio.
+Edits: add a block at the end, unlink it, link it again, remove it; and a Hot value changed in
+the middle of the chain with a structure edit (the blocks after it are planned again). Fusion off, as
+``bench_liveness.py`` runs (a chain of Scale blocks fuses into groups, which are planned whole).
+
+Usage: ``python benchmarks/bench_compile.py [--sizes 100 1000] [--seconds 2] [--edit-sizes 1000 10000]``.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cudapatch import DType, Scale, compile_plan  # noqa: E402
 from cudapatch.engine import Context, ExternalBinding  # noqa: E402
+from cudapatch.engine.built_view import built_view  # noqa: E402
+from cudapatch.engine.bypass import BypassIndex  # noqa: E402
+from cudapatch.engine.compiler import NodeCache  # noqa: E402
 from cudapatch.engine.profiling import ProfilingLevel  # noqa: E402
 
 
@@ -61,10 +74,67 @@ def time_ms(fn, seconds: float, min_calls: int = 5) -> tuple[float, float, int]:
     return statistics.median(times), min(times), len(times)
 
 
+def _ms(fn) -> tuple[float, object]:  # noqa: ANN001
+    t = time.perf_counter_ns()
+    out = fn()
+    return (time.perf_counter_ns() - t) / 1e6, out
+
+
+def bench_edits(n: int, repeats: int) -> None:
+    """The edits of ``bench_liveness.py`` on an ``n``-block chain: edit re-plan beside a full plan."""
+    ctx = scale_chain(n)
+    blocks = list(ctx.registry)
+    cache = NodeCache()
+    plan = compile_plan(ctx.snapshot(), fuse=False, cache=cache)
+    view = built_view(plan, ctx.snapshot().names, None)
+    last = blocks[-1]
+    tail = Scale(name="tail")
+
+    def add() -> None:
+        ctx.register_block(tail)
+        ctx.connect(last, "Out", tail, "In")
+
+    edits = [
+        ("add block", add),
+        ("unlink it", lambda: ctx.disconnect(last, "Out", tail, "In")),
+        ("link it", lambda: ctx.connect(last, "Out", tail, "In")),
+        ("remove it", lambda: ctx.unregister_block(tail)),
+        ("hot+add mid", lambda: (blocks[n // 2].set("Factor", 0.5), add())),
+        ("remove it", lambda: ctx.unregister_block(tail)),
+    ]
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, edit in edits:
+                edit()
+                t_snap, snap = _ms(ctx.snapshot)
+                t_plan, new = _ms(lambda snap=snap: compile_plan(snap, fuse=False, cache=cache))
+                t_index, _ = _ms(lambda new=new: BypassIndex(new))
+                t_view, view = _ms(lambda new=new, snap=snap, view=view: built_view(new, snap.names, view))
+                t_full = _ms(lambda: compile_plan(ctx.snapshot(), fuse=False))[0]
+                rows.setdefault(name, []).append((t_snap + t_plan, t_index + t_view, t_full, t_snap))
+                gc.collect()
+    finally:
+        if gc_was:
+            gc.enable()
+    for name, rs in rows.items():
+        plan_ms = statistics.median(r[0] for r in rs)
+        after_ms = statistics.median(r[1] for r in rs)
+        full_ms = statistics.median(r[2] for r in rs)
+        print(
+            f"{n:>7} {name:>12} {plan_ms:>10.2f} {after_ms:>12.2f} {plan_ms + after_ms:>9.2f} {full_ms:>9.2f}"
+            f" {(plan_ms + after_ms) / full_ms:>7.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--seconds", type=float, default=2.0, help="timing budget per measurement")
+    ap.add_argument("--edit-sizes", type=int, nargs="*", default=[1000, 10000])
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of the edits per chain")
     args = ap.parse_args()
     print(f"{'blocks':>7} {'level':>10} {'median ms':>10} {'best ms':>9} {'µs/block':>9} {'calls':>6}")
     for n in args.sizes:
@@ -75,6 +145,13 @@ def main() -> None:
             print(f"{n:>7} {str(level):>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
         med, best, calls = time_ms(ctx.snapshot, args.seconds)
         print(f"{n:>7} {'snapshot':>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
+    if args.edit_sizes:
+        print()
+        print("edit re-plan (median ms): snapshot + compile_plan with the cache; BypassIndex + built_view after it;")
+        print("beside snapshot + compile_plan of the same patch without the cache (full), as a ratio")
+        print(f"{'blocks':>7} {'edit':>12} {'re-plan':>10} {'index+view':>12} {'total':>9} {'full':>9} {'ratio':>7}")
+        for n in args.edit_sizes:
+            bench_edits(n, args.repeats)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def compile_plan(
         GraphCompileError: validation errors (its ``diagnostics`` name every block and port involved).
     """
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
-    validate(draft)
+    last = cache.state if cache is not None else None
+    validate(draft, (last.blocks, last.incoming) if last is not None else None)
     if has_regions(draft):
         if cache is not None:
             cache.state = None

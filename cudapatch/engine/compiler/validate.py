@@ -8,21 +8,44 @@ blocks and ports; the links that pass become the patch's edges for the phases af
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ...blocks.regions import accepts_condition
+from ..connections import Link
 from .draft import PlanDraft
 
 __all__ = ["validate"]
 
 
-def validate(draft: PlanDraft) -> None:
-    """Check blocks and links; fill ``draft.links`` and ``draft.incoming``, record errors."""
+def validate(draft: PlanDraft, known: tuple[Mapping[int, Any], Mapping[tuple[int, str], Link]] | None = None) -> None:
+    """Check blocks and links; fill ``draft.links`` and ``draft.incoming``, record errors.
+
+    Args:
+        draft: The plan under construction.
+        known: The blocks and valid links of the last plan, which had no errors (incremental planning,
+            ``resume.py``): a link it held between the same block snapshots is valid again.
+    """
     snap, blocks, err = draft.snap, draft.blocks, draft.error
     for b in snap.blocks:
         if b.context_id != snap.context_id:
             err(b.id, "cross-engine", f"block '{b.name}' belongs to another engine")
     incoming, links = draft.incoming, draft.links
+    old_blocks, old_incoming = known if known is not None else ({}, {})
     for lk in snap.links:
         src, dst = blocks.get(lk.src), blocks.get(lk.dst)
+        key = (lk.dst, lk.dst_port)
+        if (
+            src is not None
+            and dst is not None
+            and old_incoming.get(key) == lk
+            and old_blocks.get(lk.src) is src
+            and old_blocks.get(lk.dst) is dst
+            and key not in incoming
+        ):
+            incoming[key] = lk
+            links.append(lk)
+            continue
         if src is None or dst is None:
             present = dst or src
             err(
