@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import statistics
 import sys
 import time
@@ -89,6 +90,7 @@ def bench_edits(n: int, repeats: int) -> None:
     view = built_view(plan, ctx.snapshot().names, None)
     last = blocks[-1]
     tail = Scale(name="tail")
+    factors = itertools.count(2)  # a new value each round: the middle block is planned again
 
     def add() -> None:
         ctx.register_block(tail)
@@ -99,7 +101,7 @@ def bench_edits(n: int, repeats: int) -> None:
         ("unlink it", lambda: ctx.disconnect(last, "Out", tail, "In")),
         ("link it", lambda: ctx.connect(last, "Out", tail, "In")),
         ("remove it", lambda: ctx.unregister_block(tail)),
-        ("hot+add mid", lambda: (blocks[n // 2].set("Factor", 0.5), add())),
+        ("hot+add mid", lambda: (blocks[n // 2].set("Factor", next(factors)), add())),
         ("remove it", lambda: ctx.unregister_block(tail)),
     ]
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
@@ -131,7 +133,7 @@ def bench_edits(n: int, repeats: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[100, 1000])
     ap.add_argument("--seconds", type=float, default=2.0, help="timing budget per measurement")
     ap.add_argument("--edit-sizes", type=int, nargs="*", default=[1000, 10000])
     ap.add_argument("--repeats", type=int, default=5, help="rounds of the edits per chain")

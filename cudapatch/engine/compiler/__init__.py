@@ -32,7 +32,8 @@ stamps (``regions.py``): bodies become the body graphs of conditional nodes; at 
 ``body_timers`` times the blocks inside bodies on the device (``body_timers.py``). Its values keep a buffer
 each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
 
-``PlanDraft.plan()`` freezes the result.
+``PlanDraft.plan()`` freezes the result. With a ``NodeCache``, the phases from sizes to share resume
+from the last plan after the blocks an edit did not touch (``resume.py``: incremental planning).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     last = cache.state if cache is not None else None
-    validate(draft, (last.blocks, last.incoming) if last is not None else None)
+    validate(draft, (last.blocks, last.incoming, last.links) if last is not None else None)
     if has_regions(draft):
         if cache is not None:
             cache.state = None

@@ -65,6 +65,7 @@ class PlanState:
     reuse: bool
     blocks: dict[int, BlockSnapshot]
     incoming: dict
+    links: tuple  # the snapshot's links (all valid)
     bindings: dict
     kernel_status: dict
     faulted: dict
@@ -254,6 +255,7 @@ def _state(
         reuse=draft.reuse,
         blocks=draft.blocks,
         incoming=draft.incoming,
+        links=draft.snap.links,
         bindings=dict(draft.snap.bindings),
         kernel_status=dict(draft.kernel_status or {}),
         faulted=dict(draft.faulted or {}),

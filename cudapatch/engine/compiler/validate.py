@@ -18,27 +18,40 @@ from .draft import PlanDraft
 __all__ = ["validate"]
 
 
-def validate(draft: PlanDraft, known: tuple[Mapping[int, Any], Mapping[tuple[int, str], Link]] | None = None) -> None:
+def validate(
+    draft: PlanDraft,
+    known: tuple[Mapping[int, Any], Mapping[tuple[int, str], Link], tuple[Link, ...]] | None = None,
+) -> None:
     """Check blocks and links; fill ``draft.links`` and ``draft.incoming``, record errors.
 
     Args:
         draft: The plan under construction.
-        known: The blocks and valid links of the last plan, which had no errors (incremental planning,
-            ``resume.py``): a link it held between the same block snapshots is valid again.
+        known: The blocks, valid links into each input and links of the last plan, which had no errors
+            (incremental planning, ``resume.py``): a link it held (the same object) between the same
+            block snapshots is valid again.
     """
     snap, blocks, err = draft.snap, draft.blocks, draft.error
     for b in snap.blocks:
         if b.context_id != snap.context_id:
             err(b.id, "cross-engine", f"block '{b.name}' belongs to another engine")
     incoming, links = draft.incoming, draft.links
-    old_blocks, old_incoming = known if known is not None else ({}, {})
-    for lk in snap.links:
+    old_blocks, old_incoming, old_links = known if known is not None else ({}, {}, ())
+    start = 0
+    if old_links and all(old_blocks.get(b.id, b) is b for b in snap.blocks):
+        # No block the last plan had was re-described or changed: the links it had, in the same
+        # order at the start of this patch's, are valid again (it had no errors, so all were).
+        n = len(old_links)
+        if snap.links[:n] == old_links:  # identical objects compare at once
+            start = n
+            incoming.update(old_incoming)
+            links.extend(old_links)
+    for lk in snap.links[start:] if start else snap.links:
         src, dst = blocks.get(lk.src), blocks.get(lk.dst)
         key = (lk.dst, lk.dst_port)
         if (
             src is not None
             and dst is not None
-            and old_incoming.get(key) == lk
+            and old_incoming.get(key) is lk
             and old_blocks.get(lk.src) is src
             and old_blocks.get(lk.dst) is dst
             and key not in incoming
