@@ -336,6 +336,21 @@ def test_a_bypassed_member_leaves_its_group_and_a_body_member_is_then_refused_as
     assert q.id in bp.refused and "region's body" in bp.refused[q.id]  # in a body: refused, as unfused
 
 
+def test_tooltips_show_the_fused_groups_at_the_top_level_and_in_a_body() -> None:
+    from cudapatch.engine.built_view import BuiltShower, built_view
+
+    rng, externals, c = np.random.default_rng(11), {}, Context()
+    loop, a, b, p, q = _small(c, externals, rng)
+    shower = BuiltShower(c.registry)
+    names = {blk.id: blk.name for blk in c.registry}
+    shower.apply(built_view(compile_plan(c.snapshot()), names, shower.shown), {})
+    for blk, group in ((a, "a -> b"), (b, "a -> b"), (p, "p -> q"), (q, "p -> q")):
+        assert blk.debug.fused == group and f"fused: {group}" in blk.tooltip()
+    assert loop.debug.fused == ""
+    shower.apply(built_view(compile_plan(c.snapshot(), fuse=False), names, shower.shown), {})
+    assert all(blk.debug.fused == "" for blk in (a, b, p, q))
+
+
 def test_a_members_code_edit_in_a_body_regenerates_the_kernel_of_every_copy() -> None:
     from cudapatch.engine.compiler.fusion import regenerate
 
