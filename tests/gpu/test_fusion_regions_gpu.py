@@ -1,8 +1,9 @@
 """Fusion in patches with regions on a real GPU: For and While patches with fused chains inside and
 outside their bodies give the unfused results bit for bit, frame after frame (the same blocks with the
 per-block opt-out run beside them in the same graph); Hot and Code edits of a fused member inside an
-unrolled body reach every copy without a rebuild; a bypassed top-level member leaves its group as in a
-patch without regions. (Which blocks fuse is unit-tested: tests/unit/test_fusion_regions.py.)"""
+unrolled body, and a Warm rebind of a group's input, reach every copy without a rebuild; a bypassed
+top-level member leaves its group as in a patch without regions. (Which blocks fuse is unit-tested:
+tests/unit/test_fusion_regions.py.)"""
 
 from __future__ import annotations
 
@@ -159,6 +160,37 @@ def test_hot_and_code_edits_of_a_fused_member_in_an_unrolled_body_need_no_rebuil
     np.testing.assert_array_equal(e.read(d, "Out"), state)
     assert e.counters.code_swaps == swaps + 1
     assert e.graph is graph and e.counters.rebuilds == rebuilds
+
+
+def test_a_warm_rebind_of_a_fused_groups_input_reaches_every_copy_of_a_body(
+    engine: Engine, rng: np.random.Generator
+) -> None:
+    from cudapatch import GpuBuffer
+
+    e = engine
+    loop = e.add(For(name="Loop", Count=3, Unroll=2))  # two copies in the main body, one in the tail
+    a = e.add(Scale(name="a", Factor=2.0), region=loop)
+    b = e.add(Scale(name="b", Offset=1.0), region=loop)
+    x, y = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
+    e.bind(a, "In", x)
+    e.connect(a, "Out", b, "In")
+    e.update()
+    assert len(_fused_nodes(e, b)) == 3
+    np.testing.assert_array_equal(e.read(b, "Out"), x * np.float32(2) + np.float32(1))
+    graph, rebuilds = e.graph, e.counters.rebuilds
+    other = GpuBuffer(e.pool, a.description.input("In").dtype, 512, stream=e.stream)
+    try:
+        other.upload(y)
+        e.bind(a, "In", other)  # Warm: another pointer of the same size, patched into all three fused nodes
+        e.update()
+        np.testing.assert_array_equal(e.read(b, "Out"), y * np.float32(2) + np.float32(1))
+        assert e.graph is graph and e.counters.rebuilds == rebuilds
+    finally:
+        e.remove(b)
+        e.remove(a)
+        e.update()
+        e.synchronize()
+        other.close()
 
 
 def test_bypassing_a_top_level_fused_member_beside_a_region(engine: Engine, rng: np.random.Generator) -> None:

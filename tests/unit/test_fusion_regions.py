@@ -14,6 +14,7 @@ import pytest
 from cudapatch import CustomKernel, Expression, For, FrameDelay, If, Scale, VectorAdd, While
 from cudapatch.engine import Context, ExternalBinding, compile_plan
 from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource
+from cudapatch.engine.plan import ProbeNodePlan
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import GraphCompileError
 from cudapatch.kernels.types import DType
@@ -316,6 +317,14 @@ def test_a_probe_or_a_host_read_on_a_wire_inside_a_body_ends_the_group_there() -
     assert _groups(compile_plan(c.snapshot())) == {(a.id, b.id)}
     c.remove_probe(key)
     assert _groups(compile_plan(c.snapshot())) == {(a.id, b.id), (p.id, q.id)}
+    c.add_probe(q, "Out")  # on the sink's output: the group stays, the probe follows its node
+    plan = compile_plan(c.snapshot())
+    assert _groups(plan) == {(a.id, b.id), (p.id, q.id)}
+    probes = [n for n in plan.nodes if isinstance(n, ProbeNodePlan)]
+    fused = plan.block_nodes[q.id]
+    assert len(fused) == 8 + 1 and len(probes) == 2  # the main body's last copy and the tail's
+    assert {n.buffer for n in probes} == {plan.outputs[(q.id, "Out")]}
+    assert {plan.scopes[n.index] for n in probes} == {plan.scopes[fused[-2]], plan.scopes[fused[-1]]}
     c.keep(p, "Out")
     assert _groups(compile_plan(c.snapshot())) == {(a.id, b.id)}
 
@@ -351,7 +360,7 @@ def test_tooltips_show_the_fused_groups_at_the_top_level_and_in_a_body() -> None
     assert all(blk.debug.fused == "" for blk in (a, b, p, q))
 
 
-def test_a_members_code_edit_in_a_body_regenerates_the_kernel_of_every_copy() -> None:
+def test_a_members_code_edit_and_a_rebind_in_a_body_reach_every_copy() -> None:
     from cudapatch.engine.compiler.fusion import regenerate
 
     c = Context()
@@ -364,6 +373,8 @@ def test_a_members_code_edit_in_a_body_regenerates_the_kernel_of_every_copy() ->
     nodes = [plan.nodes[i] for i in plan.block_nodes[s.id]]
     assert len(nodes) == 4 + 1 and len({n.source for n in nodes}) == 1  # one kernel: the Code tier swaps it in all
     assert {(n.block_id, n.kernel) for n in nodes} == {(s.id, FUSED_KERNEL)}
+    slots = plan.binding_slots[(e.id, "x")]  # a Warm rebind of the group's input patches every copy
+    assert sorted(ni for ni, _ in slots) == [n.index for n in nodes]
     e.set("Code", "x * 3")
     new = regenerate(nodes[0].source, {e.id: e, s.id: s})
     assert new is not None and new.program.descriptor == nodes[0].source.program.descriptor
