@@ -198,6 +198,7 @@ class EditorPanel:
         self._groups_by_id: dict[int, str] = {}
         self._group_rects: dict[str, tuple[float, float, float, float]] = {}
         self._group_widths: dict[str, float] = {}  # region -> its title's width (made once per version)
+        self._group_text: dict[str, tuple] = {}  # region -> (title, iterations, state line, warning)
         self._held: dict[str, tuple[str, ...]] = {}
         self._groups_dirty = True  # a node moved or changed size, or the patch changed: fit the groups again
         #: Left, top (title strip), right and bottom of a group node around its area, as last measured.
@@ -542,12 +543,14 @@ class EditorPanel:
             held[g.region] = tuple(op for m in g.members for op in (m, *held.get(m, ())))
         self._held = held
         calc, nodes = self._imgui.calc_text_size, self.model.nodes()
-        widths = {}
+        widths, texts = {}, {}
         for r, g in groups.items():  # the widest its title and state line get (the state line changes per frame)
             limit = next((p.value for p in nodes[r].params if p.name in ("Max", "Count")), 0)
             widest = self._group_state(nodes[r], (int(limit), int(limit)))[0]
-            widths[r] = max(calc(self._group_title(g)).x, calc(widest).x) + 24.0
-        self._group_widths = widths
+            title = self._group_title(g)
+            widths[r] = max(calc(title).x, calc(widest).x) + 24.0
+            texts[r] = (title, nodes[r].iterations, *self._group_state(nodes[r]))
+        self._group_widths, self._group_text = widths, texts
         for gone in [r for r in self._group_rects if r not in groups]:
             del self._group_rects[gone]
         self._groups_dirty = True
@@ -597,12 +600,15 @@ class EditorPanel:
         w, h = r[2] - r[0] - fl - fr, r[3] - r[1] - ft - fb
         bg, border = self._group_colors.get(g.kind, self._group_colors["if"])
         state = "Bypassed" if view.bypassed else view.state
-        line, warn = self._group_state(view)
+        title, iterations, line, warn = self._group_text[region]
+        if iterations is not view.iterations:  # a new reading: its line is made once, not per frame
+            line, warn = self._group_state(view)
+            self._group_text[region] = (title, view.iterations, line, warn)
         ed.push_style_color(ed.StyleColor.group_bg, bg)
         ed.push_style_color(ed.StyleColor.group_border, border)
         ed.begin_node(gid)
         origin = imgui.get_cursor_screen_pos()
-        imgui.text_colored(self._colors.get(state, self._white), self._group_title(g))
+        imgui.text_colored(self._colors.get(state, self._white), title)
         if warn:
             imgui.text_colored(self._colors["Warning"], line)
         else:
