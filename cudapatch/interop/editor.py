@@ -274,7 +274,7 @@ class EditorPanel:
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
         layout._to_screen = self._to_screen
         if groups:  # before the nodes: a group is drawn under what it holds
-            self._groups(groups, nodes, layout)
+            self._groups(groups, nodes, layout, (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN))
         for op, view in nodes.items():
             if op in full:
                 if compact and op in self._compact:
@@ -559,16 +559,19 @@ class EditorPanel:
     def _group_title(g: GroupView) -> str:
         return f"{g.region}  ({_KIND_NAMES.get(g.kind, g.kind)})"
 
-    def _groups(self, groups: dict[str, GroupView], nodes: dict[str, NodeView], layout: EditorLayout) -> None:
+    def _groups(
+        self,
+        groups: dict[str, GroupView],
+        nodes: dict[str, NodeView],
+        layout: EditorLayout,
+        view: tuple[float, float, float, float],
+    ) -> None:
         """Fit the groups around what they hold when something moved (not during a drag: the editor moves
-        a dragged group with its nodes), then draw the ones the window shows, outer ones first."""
-        imgui = self._imgui
-        if self._groups_dirty and not imgui.is_mouse_dragging(0):
+        a dragged group with its nodes), then draw the ones crossing ``view`` (the visible canvas), outer
+        ones first."""
+        if self._groups_dirty and not self._imgui.is_mouse_dragging(0):
             self._fit_groups(groups)
-        a = self._ed.screen_to_canvas(imgui.get_window_pos())  # the canvas the window shows
-        size = imgui.get_window_size()
-        k = self._to_screen[2] or 1.0
-        x0, y0, x1, y1 = a.x, a.y, a.x + size.x / k, a.y + size.y / k
+        x0, y0, x1, y1 = view
         for region, g in groups.items():
             r = self._group_rects.get(region)
             if r is not None and (self._fit_in or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0)):

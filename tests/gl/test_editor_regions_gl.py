@@ -178,3 +178,13 @@ def test_dragging_a_group_title_moves_it_with_its_body_as_one_edit():
     assert _inside(panel.layout.groups["loop"], panel.layout.nodes["a"])
     model.undo()
     assert {op: v.position for op, v in model.nodes().items()} == start
+
+
+def test_a_group_outside_the_window_is_not_drawn_and_one_in_view_submits_what_it_holds():
+    text = PATCH + '\n[operators.far]\ntype = "core.For"\n\n[operators.deep]\ntype = "core.Scale"\nregion = "far"\n'
+    text += "\n[editor.positions]\nfar = [6000.0, 40.0]\ndeep = [6000.0, 300.0]\n"
+    model = _model(text)
+    _, panel = _draw(model, frames=5)
+    assert "loop" in panel.layout.groups and "far" not in panel.layout.groups
+    assert not {"far", "deep"} & (panel.drawn | panel.stubs)
+    assert {"loop", "a", "b"} <= panel.drawn | panel.stubs
