@@ -349,7 +349,8 @@ class EditorPanel:
         for region, (gx0, gy0, gx1, gy1) in self._group_rects.items():
             # A shown group drags what it holds: every node inside it must be submitted (as a stub at least).
             if gx0 < x1 and gx1 > x0 and gy0 < y1 and gy1 > y0:
-                stubs.update(op for op in self._held.get(region, ()) if op not in full and op in geometry)
+                held = (region, *self._held.get(region, ()))  # its own node lies inside it too
+                stubs.update(op for op in held if op not in full and op in geometry)
         wires = []
         for link in links:
             src, dst = link.src, link.dst
