@@ -233,14 +233,17 @@ def auto_layout(
     links: list[tuple[str, str, str, str]],
     regions: dict[str, str] | None = None,
     containers: set[str] | frozenset[str] = frozenset(),
+    cells: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Positions for operators that have none: columns by link depth (sources left), rows in order.
 
     Region-aware: a region in ``containers`` (operators of ``ops`` that are regions) is laid out as one
     block of its scope, its own node first and the operators it holds (``regions``: operator -> region)
     in columns inside it, with room for the group drawn around them; a link into or out of a region's
-    body counts as a link of the region in the scope around it."""
+    body counts as a link of the region in the scope around it. ``cells``: the room an operator's node
+    takes with the gaps around it (default: a 300 x 220 cell), so tall or wide nodes do not overlap."""
     regions = regions or {}
+    cells = cells or {}
     inside = set(ops)
 
     def parent(op: str) -> str | None:  # the nearest enclosing region that is laid out here
@@ -289,7 +292,7 @@ def auto_layout(
                 if op != scope and op in scopes:
                     iw, ih = measure(op)
                     blocks[op] = (iw + 2 * _GROUP_PAD, ih + _GROUP_TITLE + 2 * _GROUP_PAD)
-                size = blocks[op] if op != scope and op in blocks else _CELL
+                size = blocks[op] if op != scope and op in blocks else cells.get(op, _CELL)
                 cw, ch = max(cw, size[0]), ch + size[1]
             w, h = w + cw, max(h, ch)
         return w, h
@@ -302,7 +305,7 @@ def auto_layout(
             y, cw = y0, 0.0
             for op in col:
                 out[op] = (x, y)
-                size = _CELL
+                size = cells.get(op, _CELL)
                 if op != scope and op in blocks:  # its own node goes first inside its block
                     place(op, x + _GROUP_PAD, y + _GROUP_TITLE + _GROUP_PAD)
                     size = blocks[op]
@@ -313,6 +316,15 @@ def auto_layout(
     measure(None)
     place(None, 40.0, 40.0)
     return out
+
+
+def _cell(desc: Any) -> tuple[float, float]:
+    """The room a node of ``desc`` takes in the auto layout, from what the panel draws in it: title and
+    state lines, a line per pin, a widget per parameter, a wider and taller editor for ``Code``."""
+    code = any(p.name == "Code" and p.kind == "text" for p in desc.params)
+    w = 336.0 if code else 216.0
+    h = 50.0 + 17.0 * (len(desc.inputs) + len(desc.outputs)) + 23.0 * (len(desc.params) - code) + 165.0 * code
+    return (max(_CELL[0], w + 84.0), max(_CELL[1], h + 40.0))
 
 
 def _depths(members: list[str], edges: list[tuple[str, str]]) -> dict[str, int]:
@@ -514,7 +526,8 @@ class EditorModel:
         containers = {op for op, b in blocks.items() if isinstance(b, Region)}
         # Laid out over every operator, stored positions or not, so that storing some (a dragged node)
         # leaves where the others are drawn as it was.
-        layout = auto_layout(list(ops), link_keys, placed, containers)
+        cells = {op: _cell(b.description) for op, b in blocks.items()}
+        layout = auto_layout(list(ops), link_keys, placed, containers, cells)
         bypassed = set(self.doc.bypassed())
         old = self._views or {}
         views: dict[str, NodeView] = {}

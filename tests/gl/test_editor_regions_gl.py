@@ -6,11 +6,15 @@ pixels at the places the panel's layout reports (not against a golden image)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from ..unit.plan_engine import PlanOnlyEngine
-from .test_editor_gl import _draw, _near
+from .test_editor_gl import ROOT, _draw, _near
 
 pytestmark = pytest.mark.gl
 
@@ -188,3 +192,27 @@ def test_a_group_outside_the_window_is_not_drawn_and_one_in_view_submits_what_it
     assert "loop" in panel.layout.groups and "far" not in panel.layout.groups
     assert not {"far", "deep"} & (panel.drawn | panel.stubs)
     assert {"loop", "a", "b"} <= panel.drawn | panel.stubs
+
+
+def _teal(img: np.ndarray) -> np.ndarray:
+    """Pixels of a For group's tint over the editor's canvas (not a wire, not a title: those are brighter)."""
+    r, g, b = img[..., 0], img[..., 1], img[..., 2]
+    return (g > r + 30) & (np.abs(g - b) < 25) & (g < 130)
+
+
+@pytest.mark.gpu
+def test_cli_headless_editor_draws_the_reaction_diffusion_loop_as_a_group(tmp_path):
+    """``cudapatch run --headless --editor`` on the For example: the editor in the PNG shows the For
+    group's tint over its canvas (the right 62% of the frame); the preview on the left has none."""
+    from cudapatch.interop import read_png
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    patch = ROOT / "examples" / "10_reaction_diffusion.toml"
+    text = patch.read_text()
+    cmd = [sys.executable, "-m", "cudapatch", "run", str(patch), "--headless", "--editor", "--frames", "20"]
+    cmd += ["--out", str(tmp_path / "out"), "--size", "1280x720", "--no-overlay"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    img = read_png(tmp_path / "out" / "frame_00020.png")[..., :3].astype(int)
+    assert _teal(img[60:700, 500:1270]).mean() > 0.03  # about 0.14 when drawn without a GPU (tests above)
+    assert patch.read_text() == text  # opening the editor writes nothing
