@@ -11,7 +11,8 @@ the panel (F1 stays the overlay).
 
 A region (If, While, For) is a group: a tinted frame titled with its name, kind and state (a loop's
 iterations in the newest completed frame, a While stopped at ``Max`` in the warning colour) around the
-region's own node and the nodes it holds, nested regions nested. The model says which nodes a region
+region's own node and the nodes it holds, nested regions nested (zoomed out, its title also large
+above it). The model says which nodes a region
 holds; the panel sizes the group around where they are (``group_rects``) whenever one of them moved or
 changed size, and dragging the group's title drags them along (imgui-node-editor moves every node
 inside a group with it), stored as one edit. The node menu moves a node into a region or out of its
@@ -274,7 +275,8 @@ class EditorPanel:
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
         layout._to_screen = self._to_screen
         if groups:  # before the nodes: a group is drawn under what it holds
-            self._groups(groups, nodes, layout, (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN))
+            view = (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN)
+            self._groups(groups, nodes, layout, view, hints=compact)
         for op, view in nodes.items():
             if op in full:
                 if compact and op in self._compact:
@@ -566,17 +568,37 @@ class EditorPanel:
         nodes: dict[str, NodeView],
         layout: EditorLayout,
         view: tuple[float, float, float, float],
+        *,
+        hints: bool = False,
     ) -> None:
         """Fit the groups around what they hold when something moved (not during a drag: the editor moves
         a dragged group with its nodes), then draw the ones crossing ``view`` (the visible canvas), outer
-        ones first."""
+        ones first. ``hints`` (zoomed out): each group's title also large above it, where the editor
+        shows group hints (its own title is then too small to read)."""
         if self._groups_dirty and not self._imgui.is_mouse_dragging(0):
             self._fit_groups(groups)
         x0, y0, x1, y1 = view
+        shown = []
         for region, g in groups.items():
             r = self._group_rects.get(region)
             if r is not None and (self._fit_in or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0)):
                 self._group_node(g, nodes[region], r, layout)
+                shown.append((region, g.kind))
+        if hints:
+            self._group_hints(shown)
+
+    def _group_hints(self, shown: list[tuple[str, str]]) -> None:
+        """Zoomed out: each shown group's title in screen-size text above its frame (imgui-node-editor's
+        group hints fade in below 0.75x and are drawn outside the nodes)."""
+        imgui, ed = self._imgui, self._ed
+        for region, kind in shown:
+            if ed.begin_group_hint(ed.NodeId(self._group_ids[region])):
+                at = ed.get_group_min()
+                color = imgui.get_color_u32(self._group_colors.get(kind, self._group_colors["if"])[1])
+                ed.get_hint_foreground_draw_list().add_text(
+                    imgui.ImVec2(at.x, at.y - 18.0), color, self._group_text[region][0]
+                )
+            ed.end_group_hint()
 
     def _fit_groups(self, groups: dict[str, GroupView]) -> None:
         """Give each group the rectangle around its region's node and what it holds (``group_rects``)."""
@@ -673,6 +695,9 @@ class EditorPanel:
         if info is None:
             self._inside = None
             return
+        r = self.layout.nodes.get(op)  # opens right of the composite's node
+        if r is not None:
+            imgui.set_next_window_pos(imgui.ImVec2(r[2] + 12.0, r[1]), imgui.Cond_.appearing)
         imgui.set_next_window_bg_alpha(0.9)
         imgui.begin(f"Inside {op}###inside", None, imgui.WindowFlags_.always_auto_resize)
         if info.file:
