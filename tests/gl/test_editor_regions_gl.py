@@ -122,14 +122,18 @@ def test_nested_regions_draw_nested_groups():
 
 def test_placing_a_node_in_a_region_grows_its_group_around_it():
     model = _model()
-    assert model.place("after", "loop", position=(1100.0, 200.0))
-    _, panel = _draw(model, frames=4, rect=(0, 0, 1280, 720))
-    layout = panel.layout
-    assert _inside(layout.groups["loop"], layout.nodes["after"])
-    assert model.place("after", None, position=(1400.0, 40.0))
     _, panel = _draw(model, frames=4)
-    x0, y0, x1, y1 = panel.layout.nodes.get("after", (1e9, 0, 1e9, 0))
-    assert x0 >= panel.layout.groups["loop"][2]
+    before = panel.layout.groups["loop"]
+    # Where the node menu's "Move into region > loop" puts it: right of what the group holds, inside it.
+    assert model.place("after", "loop", position=panel._spot_in("loop"))
+    _, panel = _draw(model, frames=4)
+    group = panel.layout.groups["loop"]
+    assert _inside(group, panel.layout.nodes["after"]) and group[2] > before[2]
+    # "Move out of loop": just right of the group, at the top level.
+    assert model.place("after", None, position=panel._spot_out("loop", "after"))
+    _, panel = _draw(model, frames=4)
+    assert panel.layout.nodes["after"][0] >= panel.layout.groups["loop"][2]
+    assert panel.layout.groups["loop"] == pytest.approx(before)  # back around what it held before
 
 
 def test_a_while_stopped_at_max_says_so_in_the_warning_colour():

@@ -325,3 +325,18 @@ def test_undo_redo_over_random_region_edits(tmp_path, seed):
         assert model.redo()
         assert (_state(adapter), path.read_text()) == expected
     assert reloader.poll() is False and reloader.reloads == 0
+
+
+def test_a_region_edited_outside_shows_in_the_groups(tmp_path):
+    path, adapter, reloader, model = _open(tmp_path)
+    assert model.groups()["loop"].members == ("a", "b")
+    path.write_text(
+        path.read_text().replace(
+            '[operators.after]\ntype = "core.Scale"',
+            '[operators.after]\ntype = "core.Scale"\nregion = "loop"  # by hand',
+        )
+    )
+    assert reloader.poll(force=True)
+    assert model.groups()["loop"].members == ("a", "b", "after") and model.nodes()["after"].region == "loop"
+    assert model.place("a", None)  # the editor's next edit keeps the hand-written line
+    assert 'region = "loop"  # by hand' in path.read_text() and adapter.regions() == {"b": "loop", "after": "loop"}
