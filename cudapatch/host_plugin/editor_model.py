@@ -145,6 +145,8 @@ class NodeView:
     iterations: tuple[int, int] | None = None
     #: A composite's number of inner blocks (0: not a composite).
     inner: int = 0
+    #: Inside a region's body: how often it ran in the frame its GPU time is from (None elsewhere).
+    runs: int | None = None
 
 
 #: A rectangle in canvas units: ``(x0, y0, x1, y1)``.
@@ -553,7 +555,7 @@ class EditorModel:
             prev = old.get(op)
             if prev is not None:  # keep the last statistics until the next refresh
                 view.state, view.message, view.gpu_ms, view.append = prev.state, prev.message, prev.gpu_ms, prev.append
-                view.code_errors, view.iterations = prev.code_errors, prev.iterations
+                view.code_errors, view.iterations, view.runs = prev.code_errors, prev.iterations, prev.runs
             views[op] = view
             if view.kind in ("while", "for"):
                 loops.append((view, block, "Max" if view.kind == "while" else "Count"))
@@ -616,6 +618,7 @@ class EditorModel:
             if b.message != view.message:
                 view.code_errors = _code_errors(b.message)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
+            view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
         if self._loops:
             self._read_iterations()

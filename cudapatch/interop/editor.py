@@ -453,7 +453,12 @@ class EditorPanel:
         if not compact:
             imgui.same_line()
             imgui.text_disabled(f"{view.type}, {view.inner} blocks" if view.inner else view.type)
-            imgui.text(f"{state}  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else state)
+            if view.gpu_ms is None:
+                imgui.text(state)
+            elif view.runs:  # inside a body: the frame's sum, and one run's share
+                imgui.text(f"{state}  {view.gpu_ms:.3f} ms, {view.runs} runs of {view.gpu_ms / view.runs:.3f}")
+            else:
+                imgui.text(f"{state}  {view.gpu_ms:.3f} ms")
         for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
                 count / capacity if capacity else 0.0, imgui.ImVec2(_NODE_WIDTH, 0), f"{port} {count}/{capacity}"

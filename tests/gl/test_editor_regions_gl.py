@@ -75,6 +75,8 @@ def test_a_for_region_draws_as_a_group_around_its_body():
     from cudapatch.interop.editor import GROUP_COLORS, LINK_COLOR, STATE_COLORS
 
     model = _model()
+    a = model.nodes()["a"]
+    a.gpu_ms, a.runs = 0.4, 4  # as refresh takes them from a frame's statistics: drawn as 4 runs of 0.1 ms
     img, panel = _draw(model, frames=4)
     layout = panel.layout
     assert set(layout.groups) == {"loop"}

@@ -340,3 +340,16 @@ def test_a_region_edited_outside_shows_in_the_groups(tmp_path):
     assert model.groups()["loop"].members == ("a", "b", "after") and model.nodes()["after"].region == "loop"
     assert model.place("a", None)  # the editor's next edit keeps the hand-written line
     assert 'region = "loop"  # by hand' in path.read_text() and adapter.regions() == {"b": "loop", "after": "loop"}
+
+
+def test_a_block_in_a_body_shows_how_often_it_ran(tmp_path):
+    from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
+
+    _, adapter, _, model = _open(tmp_path)
+    rows = (
+        BlockStats(adapter.block("a").id, "a", "OK", "", 0.4, runs=4, min_ms=0.09, max_ms=0.11),
+        BlockStats(adapter.block("fill").id, "fill", "OK", "", 0.1),
+    )
+    model.refresh(EngineStats(ProfilingLevel.PER_BLOCK, 7, 1, 1.0, rows, 0, 0, 0))
+    assert model.nodes()["a"].runs == 4 and model.nodes()["a"].gpu_ms == 0.4
+    assert model.nodes()["fill"].runs is None
