@@ -269,7 +269,7 @@ class GraphBuilds:
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             out.bypass_index = BypassIndex(out.plan)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
-        out.view = built_view(out.plan, snap.names, job.shown)
+        out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place

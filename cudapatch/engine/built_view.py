@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .plan import GraphPlan
 from .registry import BlockRegistry
 from .stats import readings_shown
+
+if TYPE_CHECKING:
+    from .compiler.resume import PlanDelta
 
 __all__ = ["BuiltShower", "BuiltView", "built_view"]
 
@@ -40,6 +43,7 @@ class BuiltView:
             number, not the view, so that views do not keep their predecessors alive.
         changed: Block ids whose entries differ from the base view's (every block in this view when
             ``base`` is None).
+        plan: The plan it shows (a view of the next plan redoes only what changed, ``delta``).
     """
 
     sizes: dict[int, dict[str, int]]
@@ -48,16 +52,30 @@ class BuiltView:
     serial: int
     base: int | None
     changed: frozenset[int]
+    plan: GraphPlan | None = field(default=None, compare=False, repr=False)  # the plan it shows
 
 
-def built_view(plan: GraphPlan, names: Mapping[int, str], base: BuiltView | None) -> BuiltView:
+def built_view(
+    plan: GraphPlan, names: Mapping[int, str], base: BuiltView | None, delta: PlanDelta | None = None
+) -> BuiltView:
     """The view of ``plan`` (any thread; reads the plan only).
 
     Args:
         plan: The build's plan.
         names: Block id -> name, from the build's snapshot (a rename shows at the next build).
         base: The view shown when the build started (``BuiltShower.shown``), or None.
+        delta: How ``plan`` differs from the plan it was resumed from (``NodeCache.delta``): when
+            ``base`` shows that plan, only the blocks the delta names are looked at again.
     """
+    if (
+        delta is not None
+        and base is not None
+        and delta.plan is plan
+        and base.plan is delta.source
+        and not base.groups
+        and plan.memory is not None
+    ):
+        return _resumed_view(plan, base, delta)
     sizes: dict[int, dict[str, int]] = {}
     mem = plan.memory
     for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
@@ -82,7 +100,43 @@ def built_view(plan: GraphPlan, names: Mapping[int, str], base: BuiltView | None
             or shapes.get(bid) != base.shapes.get(bid)
             or groups.get(bid) != base.groups.get(bid)
         )
-    return BuiltView(sizes, shapes, groups, next(_serials), base.serial if base is not None else None, changed)
+    return BuiltView(sizes, shapes, groups, next(_serials), base.serial if base is not None else None, changed, plan)
+
+
+def _resumed_view(plan: GraphPlan, base: BuiltView, delta: PlanDelta) -> BuiltView:
+    """``built_view`` of a resumed plan from the view of the plan it resumed from: the blocks before the
+    first one the edit touched show what they showed (their values' counts and shapes are the same;
+    buffers shared anew change no count), the others are looked up again. A resumed plan has no
+    fused group (``compiler/resume.py``)."""
+    sizes, shapes = dict(base.sizes), dict(base.shapes)
+    mem = plan.memory
+    assert mem is not None
+    outputs, values, plan_shapes = plan.outputs, mem.values, plan.shapes
+    ports = mem.ports
+    changed = set()
+    for bid in delta.blocks:
+        own: dict[str, int] = {}
+        own_shapes: dict[str, Any] = {}
+        for port in delta.ports.get(bid, ()):
+            key = (bid, port)
+            if key in outputs:
+                vi = ports.get(key)
+                own[port] = values[vi].count if vi is not None else plan.buffers[outputs[key]].count
+            shape = plan_shapes.get(key)
+            if shape is not None:
+                own_shapes[port] = shape
+        _put(sizes, bid, own)
+        _put(shapes, bid, own_shapes)
+        if sizes.get(bid) != base.sizes.get(bid) or shapes.get(bid) != base.shapes.get(bid):
+            changed.add(bid)
+    return BuiltView(sizes, shapes, {}, next(_serials), base.serial, frozenset(changed), plan)
+
+
+def _put(table: dict, bid: int, entry: dict) -> None:
+    if entry:
+        table[bid] = entry
+    else:
+        table.pop(bid, None)
 
 
 class BuiltShower:

@@ -10,6 +10,7 @@ import pytest
 from cudapatch import AppendFilter, DType, Fill, FrameDelay, If, Scale, VectorAdd
 from cudapatch.blocks.library import FFT
 from cudapatch.engine import Context, ExternalBinding
+from cudapatch.engine.built_view import BuiltView, built_view
 from cudapatch.engine.compiler import NodeCache, liveness
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import CudapatchError, GraphCompileError
@@ -226,16 +227,24 @@ def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
     return {}
 
 
-def _both(snap, cache: NodeCache, **kw) -> None:
-    """A plan made with ``cache`` equals one made whole, or both raise the same errors."""
+def _both(snap, cache: NodeCache, view: BuiltView | None = None, **kw) -> BuiltView | None:
+    """A plan made with ``cache`` equals one made whole, or both raise the same errors. What the
+    build makes of it after planning, from the plan before (``view``: its ``built_view``), equals what
+    it makes of the plan whole. Returns the new plan's view."""
     try:
         full = compile_plan(snap, **kw)
     except GraphCompileError as exc:
         with pytest.raises(GraphCompileError) as info:
             compile_plan(snap, cache=cache, **kw)
         assert info.value.diagnostics == exc.diagnostics
-        return
-    _same(compile_plan(snap, cache=cache, **kw), full)
+        return view
+    plan = compile_plan(snap, cache=cache, **kw)
+    _same(plan, full)
+    whole = built_view(plan, snap.names, view)
+    resumed = built_view(plan, snap.names, view, cache.delta)
+    assert (resumed.sizes, resumed.shapes, resumed.groups) == (whole.sizes, whole.shapes, whole.groups)
+    assert (resumed.changed, resumed.base) == (whole.changed, whole.base)
+    return resumed
 
 
 @pytest.mark.parametrize("fuse", [False, True])
@@ -250,10 +259,11 @@ def test_a_resumed_plan_equals_a_full_replan_over_random_edits_of_a_long_chain(
     for b in blocks[::7]:
         c.keep(b, "Out")  # pinned values among shared ones
     reuse = seed % 4 != 3
+    view = None
     for step in range(70):
         kw = _edit_chain(c, rng, made, tail)
         level = ProfilingLevel.PER_BLOCK if step % 23 == 22 else ProfilingLevel.NONE
-        _both(c.snapshot(), cache, level=level, fuse=fuse, reuse=reuse, **kw)
+        view = _both(c.snapshot(), cache, view, level=level, fuse=fuse, reuse=reuse, **kw)
     if not fuse:  # fused groups are planned whole (each chain of Scale blocks here fuses)
         assert cache.resumed > 10 and cache.resumed_blocks > 200
 

@@ -65,7 +65,7 @@ from .regions import (
     region_stamps,
     size_regions,
 )
-from .resume import plan_resumed, resumable
+from .resume import PlanDelta, plan_resumed, resumable
 from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
@@ -73,6 +73,7 @@ from .validate import validate
 
 __all__ = [
     "NodeCache",
+    "PlanDelta",
     "PlanDraft",
     "compile_plan",
     "delays",
@@ -121,6 +122,8 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     last = cache.state if cache is not None else None
+    if cache is not None:
+        cache.delta = None  # set again by a plan that resumes
     validate(draft, (last.blocks, last.incoming, last.links) if last is not None else None)
     if has_regions(draft):
         if cache is not None:
@@ -133,7 +136,11 @@ def compile_plan(
         # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
         draft, done = plan_resumed(draft, cache, fuse)
         if done:
-            return _finish(draft)
+            plan = _finish(draft)
+            delta = cache.state.delta
+            cache.delta = PlanDelta(cache.plan, plan, *delta) if delta is not None else None
+            cache.plan = plan
+            return plan
         memory(draft)
     else:
         if cache is not None:

@@ -34,7 +34,7 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..context import BlockSnapshot
 from ..memory_plan import MemoryPlan
@@ -49,11 +49,33 @@ from .nodes import block_nodes, counters_memset, node_env
 from .reuse import NodeCache
 from .sizes import size_block
 
-__all__ = ["PlanState", "divergence", "plan_resumed", "resumable"]
+__all__ = ["PlanDelta", "PlanState", "divergence", "plan_resumed", "resumable"]
 
 _new = tuple.__new__
 _MISSING = object()
 _READ, _WRITE = 1, 2  # a resource log entry is ``node index * 4 + flags``
+
+
+class PlanDelta(NamedTuple):
+    """How a resumed plan differs from the one it resumed from, for what the build makes of a plan
+    after planning (``built_view``, ``BypassIndex``): they redo only this part.
+
+    Attributes:
+        source: The plan resumed from.
+        plan: The resumed plan.
+        nodes: Nodes before this index are the source's nodes (the same objects), but for ``renumbered``.
+        renumbered: Nodes before ``nodes`` whose buffer arguments were renumbered (buffers shared anew).
+        blocks: The blocks whose outputs, shapes or nodes may differ (from the first block the edit
+            touched on, in the old order and the new).
+        ports: The output ports of each of ``blocks`` that runs.
+    """
+
+    source: Any
+    plan: Any
+    nodes: int
+    renumbered: frozenset[int]
+    blocks: frozenset[int]
+    ports: Mapping[int, tuple[str, ...]]  # the output ports of each of ``blocks`` that runs
 
 
 @dataclass(eq=False, slots=True)
@@ -100,6 +122,8 @@ class PlanState:
     log: dict[object, list[int]]
     # share (None: no sharing was planned)
     share: ShareState | None
+    # what differs from the last plan (None: planned whole): ``PlanDelta`` but for the two plans
+    delta: tuple | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -188,7 +212,12 @@ def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDr
     kn = k if prev is not None and prev.counters == len(draft.counters) else 0
     _nodes(draft, st, prev, kn, cache)
     n0 = _edges(draft, st, prev, kn)
-    _share(draft, st, prev, kn, n0)
+    renumbered = _share(draft, st, prev, kn, n0)
+    if prev is not None:
+        changed = frozenset(islice(prev.order, p, None)) | frozenset(islice(draft.order, p, None))
+        sized = draft.sized
+        ports = {bid: tuple(sized[bid].outputs) for bid in changed if bid in sized}
+        st.delta = (n0, frozenset(renumbered), changed, ports)
     cache.state = st
     return draft, True
 
@@ -398,12 +427,16 @@ def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int) -> 
     return n0
 
 
-def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int) -> None:
-    """The share phase (``memory.share``), resumed where the last plan's assignment still holds."""
+def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int) -> set[int]:
+    """The share phase (``memory.share``), resumed where the last plan's assignment still holds.
+    Returns the nodes before ``n0`` whose buffers it renumbered."""
     mem = draft.memory
     values = draft.values
+    redo: set[int] = set()
     if not draft.reuse or mem is None or len(values) < 3:
-        return
+        if prev is not None and prev.share is not None and prev.share.shared:
+            redo.update(range(n0))  # the last plan shared buffers, this one does not
+        return redo
     ps = prev.share if prev is not None and kn > 0 else None
     pre = st.pre
     nv = len(values)
@@ -474,7 +507,6 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
     if ps is not None and ps.shared == shared:
         post = ps.post[:n0]
         old_vb = ps.value_buffer
-        redo: set[int] = set()
         for i in range(start, nv):
             vi = vorder[i]
             if vi < v0 and value_buffer[vi] != old_vb[vi]:
@@ -482,6 +514,7 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
         for x in redo:
             post[x] = _renumber(pre[x], value_buffer)
     else:
+        redo.update(range(n0))
         post, n0 = [], 0
     if shared:
         post.extend(_renumber(n, value_buffer) for n in islice(pre, n0, None))
@@ -489,7 +522,7 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
         post.extend(islice(pre, n0, None))
     st.share = ShareState(touch, first, vorder, anc, assigned, checkpoints, vb, value_buffer, post, pins.keys(), shared)
     if not shared:
-        return  # nothing shared: the values stay the buffers (as ``memory`` left them)
+        return redo  # nothing shared: the values stay the buffers (as ``memory`` left them)
     draft.buffers = _buffers(values, vb, sizes)
     draft.value_buffer = vb
     draft.nodes = list(post)
@@ -497,6 +530,7 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
     for key, (vi, ci) in draft.appends.items():
         draft.appends[key] = (vb[vi], ci)
     draft.memory = MemoryPlan(values=mem.values, value_buffer=tuple(vb), pinned=mem.pinned, ports=mem.ports, reuse=True)
+    return redo
 
 
 def _touched(n: Any) -> list[int]:

@@ -70,6 +70,10 @@ class NodeCache:
         self.resumed_blocks = 0
         #: What the last plan left for the next to resume from (``resume.PlanState``; None: plan whole).
         self.state: Any = None
+        #: The last plan made with this cache (incremental planning compares the next with it).
+        self.plan: Any = None
+        #: How ``plan`` differs from the plan before it (``resume.PlanDelta``; None: planned whole).
+        self.delta: Any = None
 
     def begin(self) -> None:
         """A nodes phase starts: entries of blocks it does not see are dropped at ``end``."""
