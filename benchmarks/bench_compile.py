@@ -88,6 +88,7 @@ def bench_edits(n: int, repeats: int) -> None:
     cache = NodeCache()
     plan = compile_plan(ctx.snapshot(), fuse=False, cache=cache)
     view = built_view(plan, ctx.snapshot().names, None)
+    index = BypassIndex(plan)
     last = blocks[-1]
     tail = Scale(name="tail")
     factors = itertools.count(2)  # a new value each round: the middle block is planned again
@@ -113,8 +114,11 @@ def bench_edits(n: int, repeats: int) -> None:
                 edit()
                 t_snap, snap = _ms(ctx.snapshot)
                 t_plan, new = _ms(lambda snap=snap: compile_plan(snap, fuse=False, cache=cache))
-                t_index, _ = _ms(lambda new=new: BypassIndex(new))
-                t_view, view = _ms(lambda new=new, snap=snap, view=view: built_view(new, snap.names, view))
+                delta = cache.delta  # as ``GraphBuilds.prepare`` does: from the last plan's index and view
+                t_index, index = _ms(lambda new=new, index=index, delta=delta: BypassIndex(new, index, delta))
+                t_view, view = _ms(
+                    lambda new=new, snap=snap, view=view, delta=delta: built_view(new, snap.names, view, delta)
+                )
                 t_full = _ms(lambda: compile_plan(ctx.snapshot(), fuse=False))[0]
                 rows.setdefault(name, []).append((t_snap + t_plan, t_index + t_view, t_full, t_snap))
                 gc.collect()

@@ -187,6 +187,7 @@ class GraphBuilds:
         # The node drafts of the last plan (incremental planning): builds run one at a time, on
         # whichever thread, so one cache serves them all.
         self._plans = NodeCache()
+        self._index: BypassIndex | None = None  # the bypass index of the last plan made on the build thread
         self._cold_next = False  # the last Warm decision was refused at the swap: realize next time
         self._shower = BuiltShower(context.registry)  # what the blocks show of the builds (frame thread)
 
@@ -267,7 +268,8 @@ class GraphBuilds:
                 out.plan = dataclasses.replace(out.plan, diagnostics=out.plan.diagnostics + (failed,))
         functions = out.functions
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
-            out.bypass_index = BypassIndex(out.plan)
+            # (from the last plan's index, when this plan was resumed from that plan: incremental planning)
+            out.bypass_index = self._index = BypassIndex(out.plan, self._index, self._plans.delta)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
         out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)
         out.compile_ms = (time.perf_counter() - t0) * 1e3

@@ -29,9 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..kernels.types import DType
 from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan, Slot
+
+if TYPE_CHECKING:
+    from .compiler.resume import PlanDelta
 
 __all__ = ["BypassIndex", "BypassPlan", "Resource", "plan_bypass"]
 
@@ -69,9 +73,21 @@ class BypassIndex:
 
     Args:
         plan: The plan of the running graph (an index belongs to one plan).
+        previous: The index of the plan ``plan`` was resumed from, with ``delta`` (``NodeCache.delta``:
+            incremental planning): only the nodes and blocks the delta names are indexed again.
+        delta: How ``plan`` differs from ``previous.plan``.
     """
 
-    def __init__(self, plan: GraphPlan) -> None:
+    def __init__(self, plan: GraphPlan, previous: BypassIndex | None = None, delta: PlanDelta | None = None) -> None:
+        if (
+            previous is not None
+            and delta is not None
+            and delta.plan is plan
+            and previous.plan is delta.source
+            and not (previous.fused or previous.nested or plan.scopes or plan.children)
+        ):
+            self._resume(plan, previous, delta)
+            return
         self.plan = plan
         #: resource -> ``(node, arg)`` of every kernel argument that only reads it
         self.readers: dict[Resource, list[Slot]] = {}
@@ -106,9 +122,118 @@ class BypassIndex:
             if buffers[bi].block_id == bid:  # a ``through`` output names its input's buffer: nothing to pass on
                 self.outputs.setdefault(bid, []).append((port, bi))
 
-    def _add(self, n: KernelNodePlan | CapturedNodePlan, *, captured: bool) -> None:
+    def _resume(self, plan: GraphPlan, previous: BypassIndex, delta: PlanDelta) -> None:
+        """The index of ``plan`` from ``previous``'s: the nodes the delta names leave it and come back
+        as they are now; the blocks it names are looked at again. ``previous`` is not changed (the
+        frame thread may be using it): what changes is copied first."""
+        self.plan = plan
+        self.readers = dict(previous.readers)
+        self.writers = dict(previous.writers)
+        self.captured_readers = dict(previous.captured_readers)
+        self.inputs = dict(previous.inputs)
+        self.captured_blocks = set(previous.captured_blocks)
+        self.fused = set()
+        self.nested = set()
+        self.position = {bid: i for i, bid in enumerate(plan.block_order)}
+        self.decisions = {}
+        first, renumbered = delta.nodes, delta.renumbered
+        old_nodes, new_nodes = delta.source.nodes, plan.nodes
+        gone = [old_nodes[i] for i in sorted(renumbered)]
+        gone += old_nodes[first:]
+        removed = {n.index for n in gone}
+        blocks = set(delta.blocks)
+        copied: set[int] = set()  # resources whose entries are this index's own copies already
+        for n in gone:
+            if not isinstance(n, (KernelNodePlan, CapturedNodePlan)):
+                continue
+            blocks.add(n.block_id)
+            for a in n.args:
+                if not a.is_pointer or a.kind not in ("buffer", "external"):
+                    continue
+                res = a.ref
+                if res in copied:
+                    continue
+                copied.add(res)
+                for table in (self.writers, self.captured_readers):
+                    old = table.get(res)
+                    if old is not None:
+                        kept = {i for i in old if i not in removed}
+                        if kept:
+                            table[res] = kept
+                        else:
+                            del table[res]
+                old_slots = self.readers.get(res)
+                if old_slots is not None:
+                    kept_slots = [sl for sl in old_slots if sl[0] not in removed]
+                    if kept_slots:
+                        self.readers[res] = kept_slots
+                    else:
+                        del self.readers[res]
+        back = [new_nodes[i] for i in sorted(renumbered)]
+        back += new_nodes[first:]
+        blocks.update(n.block_id for n in back if isinstance(n, (KernelNodePlan, CapturedNodePlan)))
+        for bid in blocks:
+            self.inputs.pop(bid, None)
+            self.captured_blocks.discard(bid)
+        added: set[Resource] = set()
+        for n in back:
+            if isinstance(n, (KernelNodePlan, CapturedNodePlan)):
+                added.update(self._add(n, captured=isinstance(n, CapturedNodePlan), copy=copied))
+        for res in added:  # nodes added before the kept ones of a resource: back in node order
+            slots = self.readers.get(res)
+            if slots is not None:
+                slots.sort()
+        # Each block's inputs (in node order) and whether it holds a library call, from all its nodes.
+        block_nodes = plan.block_nodes
+        for bid in blocks:
+            self.inputs.pop(bid, None)
+            for i in block_nodes.get(bid, ()):
+                n = new_nodes[i]
+                if isinstance(n, (KernelNodePlan, CapturedNodePlan)):
+                    self._inputs_of(n)
+                    if isinstance(n, CapturedNodePlan):
+                        self.captured_blocks.add(n.block_id)
+        self.outputs = dict(previous.outputs)
+        buffers, outputs = plan.buffers, plan.outputs
+        for bid in delta.blocks:
+            own = [
+                (port, outputs[(bid, port)])
+                for port in delta.ports.get(bid, ())
+                if (bid, port) in outputs and buffers[outputs[(bid, port)]].block_id == bid
+            ]
+            if own:
+                self.outputs[bid] = own
+            else:
+                self.outputs.pop(bid, None)
+
+    def _inputs_of(self, n: KernelNodePlan | CapturedNodePlan) -> None:
         slots, params = n.descriptor.slots, n.descriptor.parameters
         inputs = self.inputs.setdefault(n.block_id, [])
+        for ai, a in enumerate(n.args):
+            if not a.is_pointer or a.kind not in ("buffer", "external"):
+                continue
+            direction = params[slots[ai].param].direction if ai < len(slots) else "inout"
+            if direction == "in":
+                inputs.append((a.ref, a.dtype))
+
+    def _add(
+        self, n: KernelNodePlan | CapturedNodePlan, *, captured: bool, copy: set[Resource] | None = None
+    ) -> list[Resource]:
+        """Index node ``n``; returns the resources it reads. ``copy``: resources whose entries this index
+        owns already (a resumed index copies the others' before adding to them)."""
+        slots, params = n.descriptor.slots, n.descriptor.parameters
+        inputs = self.inputs.setdefault(n.block_id, [])
+        read: list[Resource] = []
+        if copy is not None:
+            for a in n.args:
+                res = a.ref
+                if a.is_pointer and a.kind in ("buffer", "external") and res not in copy:
+                    copy.add(res)
+                    for table in (self.writers, self.captured_readers):
+                        if res in table:
+                            table[res] = set(table[res])
+                    if res in self.readers:
+                        self.readers[res] = list(self.readers[res])
         for ai, a in enumerate(n.args):
             if not a.is_pointer or a.kind not in ("buffer", "external"):
                 continue
@@ -121,7 +246,9 @@ class BypassIndex:
                 self.captured_readers.setdefault(res, set()).add(n.index)
             else:
                 self.readers.setdefault(res, []).append((n.index, ai))
+                read.append(res)
             inputs.append((res, a.dtype))
+        return read
 
     def count(self, res: Resource) -> int | None:
         """Element count of a buffer or a binding in the plan."""

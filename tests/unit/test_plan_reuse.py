@@ -10,7 +10,8 @@ import pytest
 from cudapatch import AppendFilter, DType, Fill, FrameDelay, If, Scale, VectorAdd
 from cudapatch.blocks.library import FFT
 from cudapatch.engine import Context, ExternalBinding
-from cudapatch.engine.built_view import BuiltView, built_view
+from cudapatch.engine.built_view import built_view
+from cudapatch.engine.bypass import BypassIndex, plan_bypass
 from cudapatch.engine.compiler import NodeCache, liveness
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.errors import CudapatchError, GraphCompileError
@@ -134,7 +135,6 @@ def test_library_calls_are_reused_too() -> None:
     assert cache.hits == 1
 
 
-
 def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
     """One edit of a long patch, most of them near its end (where resuming saves most), with the
     ones that change pins, lifetimes and node counts: keep, bypass, delays, probes, regions, faults
@@ -227,24 +227,33 @@ def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
     return {}
 
 
-def _both(snap, cache: NodeCache, view: BuiltView | None = None, **kw) -> BuiltView | None:
+INDEX = ("readers", "writers", "captured_readers", "inputs", "captured_blocks", "fused", "outputs", "nested")
+
+
+def _both(snap, cache: NodeCache, last: tuple = (None, None), **kw) -> tuple:
     """A plan made with ``cache`` equals one made whole, or both raise the same errors. What the
-    build makes of it after planning, from the plan before (``view``: its ``built_view``), equals what
-    it makes of the plan whole. Returns the new plan's view."""
+    build makes of it after planning from what it made of the plan before (``last``: its
+    ``built_view`` and ``BypassIndex``) equals what it makes of the plan whole. Returns the new ones."""
     try:
         full = compile_plan(snap, **kw)
     except GraphCompileError as exc:
         with pytest.raises(GraphCompileError) as info:
             compile_plan(snap, cache=cache, **kw)
         assert info.value.diagnostics == exc.diagnostics
-        return view
+        return last
     plan = compile_plan(snap, cache=cache, **kw)
     _same(plan, full)
+    view, index = last
     whole = built_view(plan, snap.names, view)
     resumed = built_view(plan, snap.names, view, cache.delta)
     assert (resumed.sizes, resumed.shapes, resumed.groups) == (whole.sizes, whole.shapes, whole.groups)
     assert (resumed.changed, resumed.base) == (whole.changed, whole.base)
-    return resumed
+    index_whole, index_resumed = BypassIndex(plan), BypassIndex(plan, index, cache.delta)
+    for name in INDEX:
+        assert getattr(index_resumed, name) == getattr(index_whole, name), name
+    assert index_resumed.position == index_whole.position
+    assert plan_bypass(index_resumed, snap.bypassed) == plan_bypass(index_whole, snap.bypassed)
+    return resumed, index_resumed
 
 
 @pytest.mark.parametrize("fuse", [False, True])
@@ -259,11 +268,11 @@ def test_a_resumed_plan_equals_a_full_replan_over_random_edits_of_a_long_chain(
     for b in blocks[::7]:
         c.keep(b, "Out")  # pinned values among shared ones
     reuse = seed % 4 != 3
-    view = None
+    last: tuple = (None, None)
     for step in range(70):
         kw = _edit_chain(c, rng, made, tail)
         level = ProfilingLevel.PER_BLOCK if step % 23 == 22 else ProfilingLevel.NONE
-        view = _both(c.snapshot(), cache, view, level=level, fuse=fuse, reuse=reuse, **kw)
+        last = _both(c.snapshot(), cache, last, level=level, fuse=fuse, reuse=reuse, **kw)
     if not fuse:  # fused groups are planned whole (each chain of Scale blocks here fuses)
         assert cache.resumed > 10 and cache.resumed_blocks > 200
 

@@ -139,6 +139,7 @@ class ShareState:
     post: list  # the nodes with their buffers renumbered
     pinned: Any  # the pinned values (a keys view)
     shared: bool  # some values share a buffer (else ``value_buffer`` is the values themselves)
+    buffers: list  # the plan's buffers
 
 
 def resumable(draft: PlanDraft) -> bool:
@@ -212,9 +213,9 @@ def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDr
     kn = k if prev is not None and prev.counters == len(draft.counters) else 0
     _nodes(draft, st, prev, kn, cache)
     n0 = _edges(draft, st, prev, kn)
-    renumbered = _share(draft, st, prev, kn, n0)
-    if prev is not None:
-        changed = frozenset(islice(prev.order, p, None)) | frozenset(islice(draft.order, p, None))
+    renumbered, moved = _share(draft, st, prev, kn, n0)
+    if prev is not None and moved is not None:
+        changed = frozenset(islice(prev.order, p, None)) | frozenset(islice(draft.order, p, None)) | moved
         sized = draft.sized
         ports = {bid: tuple(sized[bid].outputs) for bid in changed if bid in sized}
         st.delta = (n0, frozenset(renumbered), changed, ports)
@@ -427,16 +428,23 @@ def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int) -> 
     return n0
 
 
-def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int) -> set[int]:
+def _share(
+    draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int
+) -> tuple[set[int], set[int] | None]:
     """The share phase (``memory.share``), resumed where the last plan's assignment still holds.
-    Returns the nodes before ``n0`` whose buffers it renumbered."""
+
+    Returns:
+        The nodes before ``n0`` whose buffers it renumbered, and the blocks before the first one the
+        edit touched whose outputs moved to another buffer or whose buffer now holds other values
+        (None: not worked out, the buffers were shared afresh).
+    """
     mem = draft.memory
     values = draft.values
     redo: set[int] = set()
     if not draft.reuse or mem is None or len(values) < 3:
         if prev is not None and prev.share is not None and prev.share.shared:
-            redo.update(range(n0))  # the last plan shared buffers, this one does not
-        return redo
+            return set(range(n0)), None  # the last plan shared buffers, this one does not
+        return redo, set()
     ps = prev.share if prev is not None and kn > 0 else None
     pre = st.pre
     nv = len(values)
@@ -504,6 +512,7 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
     shared = len(sizes) != nv
     value_buffer = vb if shared else list(range(nv))
     # Renumber the nodes: those before ``n0`` as the last plan did, unless one of their values moved.
+    moved: list[int] | None = []
     if ps is not None and ps.shared == shared:
         post = ps.post[:n0]
         old_vb = ps.value_buffer
@@ -511,26 +520,43 @@ def _share(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0:
             vi = vorder[i]
             if vi < v0 and value_buffer[vi] != old_vb[vi]:
                 redo.update(x for x in touch[vi] if x < n0)
+                moved.append(vi)  # type: ignore[union-attr]
         for x in redo:
             post[x] = _renumber(pre[x], value_buffer)
     else:
         redo.update(range(n0))
-        post, n0 = [], 0
+        post, n0, moved = [], 0, None
     if shared:
         post.extend(_renumber(n, value_buffer) for n in islice(pre, n0, None))
     else:
         post.extend(islice(pre, n0, None))
-    st.share = ShareState(touch, first, vorder, anc, assigned, checkpoints, vb, value_buffer, post, pins.keys(), shared)
+    st.share = ShareState(
+        touch, first, vorder, anc, assigned, checkpoints, vb, value_buffer, post, pins.keys(), shared, values
+    )
     if not shared:
-        return redo  # nothing shared: the values stay the buffers (as ``memory`` left them)
-    draft.buffers = _buffers(values, vb, sizes)
+        return redo, set() if moved is not None else None  # the values stay the buffers (as ``memory`` left them)
+    draft.buffers = st.share.buffers = _buffers(values, vb, sizes)
+    owners: set[int] | None = None
+    if moved is not None and ps is not None:
+        # Outputs name their buffer, and a buffer of one value names its block: both change only for
+        # the buffers that values moved into or out of, or that values made after ``v0`` took.
+        old_vb, old_buffers, new_buffers = ps.vb, ps.buffers, draft.buffers
+        touched = {vb[vi] for vi in moved} | {old_vb[vi] for vi in moved}
+        touched.update(islice(vb, v0, None))
+        touched.update(islice(old_vb, v0, None))
+        owners = {values[vi].block_id for vi in moved}
+        for b in touched:
+            old = old_buffers[b] if b < len(old_buffers) else None
+            new = new_buffers[b] if b < len(new_buffers) else None
+            if old != new:
+                owners.update(r.block_id for r in (old, new) if r is not None and r.block_id >= 0)
     draft.value_buffer = vb
     draft.nodes = list(post)
     draft.outputs = {port: vb[vi] for port, vi in draft.ports.items()}
     for key, (vi, ci) in draft.appends.items():
         draft.appends[key] = (vb[vi], ci)
     draft.memory = MemoryPlan(values=mem.values, value_buffer=tuple(vb), pinned=mem.pinned, ports=mem.ports, reuse=True)
-    return redo
+    return redo, owners
 
 
 def _touched(n: Any) -> list[int]:
