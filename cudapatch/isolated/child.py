@@ -83,6 +83,9 @@ class _Server:
             watch_files=cfg.watch_files,
             fuse=cfg.fuse,  # the host keeps what it reads (``SetKept``): kept outputs are never fused away
             reuse_buffers=False,  # the host maps every output through IPC: none may be overwritten by another
+            background_builds=cfg.background_builds,
+            debug_launch=cfg.debug_launch,
+            freeze_collector=cfg.freeze_collector,
         )
         engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
@@ -96,6 +99,7 @@ class _Server:
         self.patch = ChildPatch(engine, import_input)
         self._graph: Any = None
         self._diags: Any = None
+        self._busy = False  # what the host was last told of ``building``
 
     def send(self, message: Any) -> None:
         data = memoryview(encode_frame(message))
@@ -117,8 +121,9 @@ class _Server:
         if self.word is not None and e.lost is None:
             self.word.signal(e.device.stream, n)
 
-    def tell(self) -> None:
-        """Send what changed since the host was last told: output buffers, diagnostics."""
+    def tell(self, *, edited: bool = False) -> None:
+        """Send what changed since the host was last told: output buffers and what the blocks show of
+        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics."""
         from .ipc import export_device_memory
 
         e = self.engine
@@ -127,13 +132,23 @@ class _Server:
             self._graph = g
             outputs = {}
             if g is not None:
+                shapes = g.plan.shapes
                 for hid, b in self.patch.blocks.items():
                     for port in b.description.outputs:
                         buf = g.output(b.id, port.name)
                         if buf is not None:
                             handle, offset = export_device_memory(buf.ptr)
-                            outputs[(hid, port.name)] = OutputHandle(handle, offset, buf.count, buf.dtype, buf.nbytes)
+                            shape = shapes.get((b.id, port.name))
+                            outputs[(hid, port.name)] = OutputHandle(
+                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape
+                            )
             self.send(("outputs", outputs))
+            shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.blocks.items()}
+            self.send(("built", shown))
+        busy = e.lost is None and (e.building or e.context.dirty.structure)
+        if busy != self._busy or edited:
+            self._busy = busy
+            self.send(("building", busy))
         diags = e.diagnostics()
         if diags != self._diags:
             self._diags = diags
@@ -190,7 +205,17 @@ class _Server:
             to_host = self.patch.to_host
             blocks = tuple(dataclasses.replace(b, block_id=to_host.get(b.block_id, -1)) for b in stats.blocks)
             diags = tuple(diag_record(d, to_host) for d in stats.diagnostics)
-            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags)
+            # Each loop's "Iterations: n/limit" of the same frame, which ``stats()`` put in its tooltip.
+            loops = {
+                hid: b.debug.append_fill["Iterations"]
+                for hid, b in self.patch.blocks.items()
+                if "Iterations" in b.debug.append_fill
+            }
+            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags), loops
+        if what == "iterations":
+            (hid,) = args
+            b = self.patch.blocks.get(hid)
+            return None if b is None else e.iterations(b)
         if what == "synchronize":
             e.synchronize()
             return None
@@ -254,12 +279,14 @@ def main() -> int:
             finally:
                 os._exit(0)  # no interpreter teardown: nothing of it would run on the GPU any more
         kind = msg[0]
+        edited = False
         try:
             if kind == "idle":
                 server.check_idle()
             elif kind == "frame":
                 server.frame(msg[1], msg[2])
             elif kind == "edits":
+                edited = True
                 server.patch.apply(msg[1])
             elif kind == "request":
                 _, rid, what, args = msg
@@ -287,7 +314,7 @@ def main() -> int:
             while _read_message(proto_in) is not None:
                 pass
             os._exit(EXIT_FAULT)  # CUDA refuses this process; no teardown can run
-        server.tell()
+        server.tell(edited=edited)
 
 
 if __name__ == "__main__":

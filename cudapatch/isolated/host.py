@@ -33,19 +33,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..blocks.block import Block, BlockState
-from ..blocks.shape import shape_from_array
+from ..blocks.shape import Shape, shape_from_array
 from ..engine.bindings import binding_from_cai
 from ..engine.context import Context, ExternalBinding
 from ..engine.diagnostics import Diagnostic, DiagnosticCode
 from ..engine.profiling import ProfilingLevel
-from ..engine.stats import BuildTiming, EngineCounters
+from ..engine.stats import BuildTiming, EngineCounters, show_on_blocks
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
 from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
 
-__all__ = ["IsolatedEngine", "HostSide", "ChildLike"]
+__all__ = ["IsolatedEngine", "HostSide", "ChildLike", "NotInIsolatedEngine"]
 
 # Which state of a composite's inner blocks it shows: the worst.
 _STATE_RANK = {"NotCompiled": 0, "OK": 1, "Warning": 2, "Error": 3}
@@ -59,6 +59,31 @@ REQUEST_TIMEOUT_S = 300.0
 # (seen on the H100: the frame loop of a host at ~1 kHz hung in cuStreamWriteValue32). The readback
 # ring keeps 3 frames in flight for the same reason.
 MAX_FRAMES_AHEAD = 3
+
+
+class NotInIsolatedEngine(CudapatchError, AttributeError):
+    """An ``Engine`` attribute the isolated engine does not have (it lives in the engine process).
+
+    A ``CudapatchError`` that names the attribute and why; also an ``AttributeError``, so
+    ``hasattr(engine, "probe")`` and ``getattr(engine, "pool", None)`` tell a host what it may use."""
+
+
+#: ``Engine`` attributes an ``IsolatedEngine`` does not offer, and why (``__getattr__`` raises
+#: ``NotInIsolatedEngine`` with the reason).
+UNSUPPORTED: dict[str, str] = {
+    "probe": "wire probes are read every frame from the engine process's readback ring, which this process "
+    "does not map",
+    "probes": "wire probes are read every frame from the engine process's readback ring, which this process "
+    "does not map",
+    "append_buffer": "an append buffer's count is read live from the engine process's memory; use read() "
+    "(the elements written in the last frame)",
+    "pool": "the buffer pool lives in the engine process (outputs come here through output())",
+    "resources": "the CUDA context and its objects live in the engine process",
+    "libraries": "the library handles live in the engine process",
+    "modules": "the loaded kernel modules live in the engine process",
+    "kernels": "kernels compile in the engine process",
+    "kernel_cache": "kernels compile in the engine process (its cache is the cache_dir given)",
+}
 
 
 class ChildLike(Protocol):
@@ -214,6 +239,11 @@ class IsolatedEngine:
         standby: Keep a second child started, so a restart skips its start-up.
         fuse: As ``Engine`` (elementwise fusion in the child, on by default); what the host reads
             (``output``, ``keep``, a GL bridge) is kept out of fused groups.
+        background_builds: As ``Engine`` (in the child).
+        debug_launch: As ``Engine`` (in the child: a fault is pinned on its block in its frame).
+        reuse_buffers: Accepted for ``Engine``'s sake; always off in the child, whose every output is
+            mapped by the host (no value may overwrite another's buffer).
+        freeze_collector: As ``Engine`` (the child's collector; this process's is left alone).
 
     Raises:
         CudaUnavailableError: no driver or device (host side).
@@ -233,6 +263,10 @@ class IsolatedEngine:
         policy: RestartPolicy | None = None,
         standby: bool = True,
         fuse: bool = True,
+        background_builds: bool = True,
+        debug_launch: bool = False,
+        reuse_buffers: bool = False,
+        freeze_collector: bool = True,
     ) -> None:
         from ..kernels.compiler_process import compiler_python
 
@@ -244,7 +278,12 @@ class IsolatedEngine:
             wait_for_compile=wait_for_compile,
             watch_files=watch_files,
             fuse=fuse,
+            background_builds=background_builds,
+            debug_launch=debug_launch,
+            freeze_collector=freeze_collector,
         )
+        self.background_builds = background_builds
+        self.debug_launch = debug_launch
         self._gpu: HostSide = host_side if host_side is not None else _CudaHostSide(device)
         chosen = python or (compiler_python() or (sys.executable, ""))[0]
         self._launcher = _ProcessLauncher(chosen, standby=standby) if launch is None else None
@@ -263,6 +302,7 @@ class IsolatedEngine:
         self._frame = 0
         self._frame_hooks: tuple[Any, ...] = ()
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
+        self._child_busy = False  # the child's last word on ``building``
         self._outputs: dict[tuple[int, str], Any] = {}  # mapped here, on first use
         self._diags: tuple[Diagnostic, ...] = ()
         self._engine_diags: tuple[Diagnostic, ...] = ()  # the host's own: restarts, a lost engine
@@ -361,6 +401,10 @@ class IsolatedEngine:
                 self._handles = m[1]
             elif kind == "diagnostics":
                 self._publish(tuple(diag_from_record(r) for r in m[1]), m[2])
+            elif kind == "built":
+                self._show_built(m[1])
+            elif kind == "building":
+                self._child_busy = bool(m[1])
             elif kind == "reply":
                 self._replies[m[1]] = (m[2], m[3])
             elif kind == "fault":
@@ -374,7 +418,28 @@ class IsolatedEngine:
                 if m[1] != PROTOCOL:
                     raise CudapatchError(f"the engine process speaks protocol {m[1]}, this host {PROTOCOL}")
 
+    def _show_built(self, shown: dict[int, tuple[dict, dict, str]]) -> None:
+        """What the child's new graph says of each block (sizes and shapes of its outputs, its fused
+        group), onto the host's blocks as the engine puts them on its own (``str(block.port(...))``); a
+        composite's outputs show their inner outputs'."""
+        registry = self.context.registry
+        for bid, (sizes, shapes, fused) in shown.items():
+            b = registry.get(bid)
+            if b is not None:
+                b.debug.sizes, b.debug.shapes, b.debug.fused = sizes, shapes, fused
+        for comp in registry.composites.values():
+            sizes, shapes = {}, {}
+            for port in comp.description.outputs:
+                lb, lp = self._mirror.leaf_keys((comp.id, port.name))[0]
+                leaf = shown.get(lb)
+                if leaf is not None and lp in leaf[0]:
+                    sizes[port.name] = leaf[0][lp]
+                    if lp in leaf[1]:
+                        shapes[port.name] = leaf[1][lp]
+            comp.debug.sizes, comp.debug.shapes = sizes, shapes
+
     def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
+        diags = self._mirror.on_composites(diags)  # an inner block's diagnostics stand on its composite
         self._diags = diags
         for b in self.context.registry:
             st = states.get(b.id)
@@ -406,9 +471,26 @@ class IsolatedEngine:
         return self._child
 
     # -- patch editing (as Engine: validates here, the child gets it with the next frame) ------------
-    def add(self, block: Block) -> Block:
-        """Register ``block`` (Cold in the child on the next update). Returns it."""
-        return self.context.register_block(block)
+    def add(self, block: Block, *, region: Block | None = None) -> Block:
+        """Register ``block`` (Cold in the child on the next update), inside ``region`` (an ``If``,
+        ``While`` or ``For`` added before) if given, as ``Engine.add``. Returns it.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine.
+        """
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block: Block, region: Block | None) -> None:
+        """Move ``block`` into ``region`` (an ``If``, ``While`` or ``For``), or to the top level with None,
+        as ``Engine.place`` (Cold in the child on the next update); its links stay.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or is ``block`` or inside it.
+        """
+        self.context.place(block, region)
 
     def remove(self, block: Block) -> None:
         """Unregister ``block`` and its links."""
@@ -527,6 +609,7 @@ class IsolatedEngine:
         edits.append(SetBypassed(frozenset(self.context.bypassed)))
         child.send(("edits", edits))
         self._dirty.clear_structure()
+        self._child_busy = True  # until the child says otherwise (it answers every edits message)
         self.counters.rebuilds += 1
 
     # -- requests (wait for the child; not for the frame path) ---------------------------------------
@@ -611,6 +694,35 @@ class IsolatedEngine:
         buf = self._outputs[key] = self._gpu.import_output(h)
         return buf
 
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the child's running graph (``(count,)`` for flat outputs), as
+        ``Engine.output_shape``; known from the child's last build, no request.
+
+        Raises:
+            CudapatchError: not running in the child's graph, or no such output.
+        """
+        if block.description.output(port) is None:
+            raise CudapatchError("no such output port", block=block.name, port=port)
+        key = self._mirror.leaf_keys((block.id, port))[0]
+        h = self._handles.get(key)
+        if h is None:
+            self._poll()
+            h = self._handles.get(key)
+        if h is None:
+            raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
+        return h.shape if h.shape is not None else Shape.flat(h.count)
+
+    def iterations(self, region: Block) -> int | None:
+        """The iterations a ``While`` or ``For`` ran in the newest completed frame of the child, as
+        ``Engine.iterations``: read from the child's readback ring, which never waits for the GPU; the
+        host waits only for the child's answer through its pipe (a request, not for every frame).
+        None before a frame completed, for an If, or for a block that is no region.
+
+        Raises:
+            CudapatchError: the engine is lost, or the child ended while asked.
+        """
+        return self._request("iterations", region.id)  # type: ignore[no-any-return]
+
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host, from the child (waits for it; append outputs: the elements
         written in the last frame). Raises: CudapatchError."""
@@ -621,9 +733,21 @@ class IsolatedEngine:
         return self._request("read", bid, name)
 
     def stats(self) -> Any:
-        """``EngineStats`` of the child's newest completed frame (waits for the child)."""
-        stats = self._request("stats")
-        return dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+        """``EngineStats`` of the child's newest completed frame (waits for the child). As
+        ``Engine.stats``, it puts the frame's GPU times (and append fill at the Deep levels) and each
+        loop's ``Iterations: n/limit`` on the host's blocks, and the child's per-frame warnings (a
+        While that stopped at ``Max``) into ``diagnostics()``."""
+        stats, loops = self._request("stats")
+        stats = dataclasses.replace(
+            stats, diagnostics=self._mirror.on_composites(tuple(diag_from_record(r) for r in stats.diagnostics))
+        )
+        registry = self.context.registry
+        show_on_blocks(stats, registry)
+        for bid, fill in loops.items():
+            b = registry.get(bid)
+            if b is not None:
+                b.debug.append_fill = {**b.debug.append_fill, "Iterations": fill}
+        return stats
 
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
         """The child's last diagnostics plus the host's own (a restart, a lost engine)."""
@@ -634,6 +758,22 @@ class IsolatedEngine:
 
     def report_fault(self, exc: Any) -> None:
         """Faults happen in the child; a fault in the host's own context is the host's. Ignored."""
+
+    def prepare_fault_replay(self) -> None:
+        """As ``Engine.prepare_fault_replay``: every engine process does it when it starts. Nothing here."""
+
+    @property
+    def building(self) -> bool:
+        """Whether a structure edit is not running yet: unsent, or in the child's build (as
+        ``Engine.building``; the child says when that changes)."""
+        return bool(self._dirty.structure) or self._child_busy
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes not found otherwise: an Engine attribute that lives in the engine process.
+        why = UNSUPPORTED.get(name)
+        if why is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise NotInIsolatedEngine(f"engine.{name} is not available in an isolated engine: {why}")
 
     @property
     def lost(self) -> str | None:

@@ -12,6 +12,9 @@ operator all travel alike, and the child needs only what the graph compiler read
 the fault replay already sends, ``engine/replay.py``). A Numba kernel's function travels by
 reference, so the module defining it must be importable in the child, as for the compiler process.
 
+Regions travel as blocks (a ``MirrorRegion`` in the child, so ``Engine.place`` takes it) plus one
+``Place`` edit per block whose region changed; the child's engine plans them as the host's would.
+
 ``ChildPatch`` applies edits to a real engine in the child, through its public API, with a
 ``MirrorBlock`` standing for each host block. Both sides are pure here apart from the engine that
 ``ChildPatch`` is handed, so the whole round trip is tested without a GPU.
@@ -25,6 +28,7 @@ from typing import Any
 
 from ..blocks.block import Block
 from ..blocks.builder import BlockBuilder
+from ..blocks.regions import Region, RegionDescription
 
 __all__ = [
     "AddBlock",
@@ -40,10 +44,12 @@ __all__ = [
     "SetProfiling",
     "SetBypassed",
     "SetKept",
+    "Place",
     "Edit",
     "PatchMirror",
     "ChildPatch",
     "MirrorBlock",
+    "MirrorRegion",
 ]
 
 
@@ -131,6 +137,15 @@ class SetKept:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Block ``id`` goes into region ``region`` (an ``If``/``While``/``For`` block; None: the top level),
+    as ``Engine.place``."""
+
+    id: int
+    region: int | None
+
+
+@dataclass(frozen=True)
 class SetBypassed:
     """The host blocks whose ``enabled`` flag is off, all of them (the child turns the rest on)."""
 
@@ -151,6 +166,7 @@ Edit = (
     | SetProfiling
     | SetBypassed
     | SetKept
+    | Place
 )
 
 
@@ -174,12 +190,15 @@ class PatchMirror:
         # A composite's exposed names -> its inner blocks' keys: the child has only the inner blocks.
         self._aliases: dict[tuple[int, str], tuple[tuple[int, str], ...]] = {}
         self._kept: frozenset[tuple[int, str]] = frozenset()
+        self._parents: dict[int, int] = {}  # block id -> its region's id, as the child has them
+        self._composites: tuple[Any, ...] = ()  # the last snapshot's ``CompositeInfo``s
 
     def diff(self, snap: Any) -> list[Edit]:
         """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``), in an order
-        the child can apply one by one: removals, blocks, values, links, bindings. Records ``snap``
-        as sent."""
+        the child can apply one by one: removals, blocks, values, placements, links, bindings. Records
+        ``snap`` as sent."""
         edits: list[Edit] = []
+        self._composites = tuple(getattr(snap, "composites", ()))
         self._aliases = {
             (c.id, name): keys
             for c in getattr(snap, "composites", ())
@@ -193,6 +212,7 @@ class PatchMirror:
             self._links = {lk for lk in self._links if bid not in (lk[0], lk[2])}
             for key in [k for k in self._bindings if k[0] == bid]:
                 del self._bindings[key]
+            self._unplace(bid)
         for bid, b in new_blocks.items():
             values = dict(b.values)
             old = self._blocks.get(bid)
@@ -209,6 +229,15 @@ class PatchMirror:
                     if changed:
                         edits.append(SetValues(bid, changed))
             self._blocks[bid] = (b.name, b.description, values)
+        # A composite's leaves are placed where it is (the composite itself is no block of the child).
+        parents = {bid: rid for bid, rid in getattr(snap, "parents", {}).items() if bid in new_blocks}
+        old_parents = self._parents
+        moved = sorted(bid for bid in old_parents.keys() | parents.keys() if old_parents.get(bid) != parents.get(bid))
+        # Out first, then in: every step is then a subset of the final placements, so the child never
+        # sees a region inside itself on the way (R1 out of R2, then R2 into R1).
+        edits += [Place(bid, None) for bid in moved if bid in old_parents]
+        edits += [Place(bid, parents[bid]) for bid in moved if bid in parents]
+        self._parents = parents
         links = {_link_key(lk) for lk in snap.links}
         edits += [Disconnect(*lk) for lk in sorted(self._links - links)]
         edits += [Connect(*lk) for lk in sorted(links - self._links)]
@@ -227,6 +256,17 @@ class PatchMirror:
             self._kept = kept
         return edits
 
+    def _unplace(self, bid: int) -> None:
+        """``bid`` was removed: as the child's engine does, its own placement goes and the blocks it held
+        (a region) move to the region around it."""
+        parents = self._parents
+        outer = parents.pop(bid, None)
+        for child in [c for c, r in parents.items() if r == bid]:
+            if outer is None:
+                del parents[child]
+            else:
+                parents[child] = outer
+
     def bind(self, key: tuple[int, str], binding: Any) -> Bind | None:
         """The edit for a binding that differs from what the child has (None when it has it)."""
         token = (binding.ptr, binding.count, binding.dtype, id(binding.owner))
@@ -241,6 +281,18 @@ class PatchMirror:
         is itself."""
         return self._aliases.get(key, (key,))
 
+    def on_composites(self, diags: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``diags`` (``Diagnostic``s of the child, by host block id) with an inner block's put on the
+        composite holding it, naming the inner block and its file and line, as the engine's compiler
+        does for the composites it flattens itself (the child only has the inner blocks)."""
+        if not self._composites:
+            return diags
+        from types import SimpleNamespace
+
+        from ..engine.compiler.composites import attribute
+
+        return tuple(attribute(SimpleNamespace(composites=self._composites), diags))  # type: ignore[arg-type]
+
     def note_value(self, block_id: int, name: str, value: Any) -> None:
         """A Hot value went to the child with a frame: the next diff need not send it again."""
         entry = self._blocks.get(block_id)
@@ -253,6 +305,7 @@ class PatchMirror:
         self._links.clear()
         self._bindings.clear()
         self._kept = frozenset()
+        self._parents = {}
 
     @property
     def block_ids(self) -> frozenset[int]:
@@ -294,6 +347,22 @@ class MirrorBlock(Block):
                 self.set(name, value)
 
 
+class MirrorRegion(MirrorBlock, Region):
+    """A region of the child made from a host region's description: a ``Region`` (``Engine.place``
+    takes only those), of the kind its description says."""
+
+    def __init__(self, name: str, description: RegionDescription) -> None:
+        self.kind = description.kind  # type: ignore[misc]  (per instance, like type_name)
+        super().__init__(name, description)
+
+
+def mirror_block(name: str, description: Any) -> MirrorBlock:
+    """The child's block for a host block's description: a ``MirrorRegion`` for a region's."""
+    if isinstance(description, RegionDescription):
+        return MirrorRegion(name, description)
+    return MirrorBlock(name, description)
+
+
 class ChildPatch:
     """Applies edits to the child's engine (``add``/``remove``/``connect``/``bind``/...).
 
@@ -315,7 +384,7 @@ class ChildPatch:
         e = self.engine
         for ed in edits:
             if isinstance(ed, AddBlock):
-                b = MirrorBlock(ed.name, ed.description)
+                b = mirror_block(ed.name, ed.description)
                 b.set_values(ed.values)
                 e.add(b)
                 self.blocks[ed.id] = b
@@ -355,6 +424,8 @@ class ChildPatch:
                 for key in sorted(ed.keys - self.kept):
                     e.keep(self.blocks[key[0]], key[1])
                 self.kept = set(ed.keys)
+            elif isinstance(ed, Place):
+                e.place(self.blocks[ed.id], None if ed.region is None else self.blocks[ed.region])
             elif isinstance(ed, SetBypassed):  # the Bypass tier of the child's engine applies them
                 for bid, b in self.blocks.items():
                     b.enabled = bid not in ed.ids

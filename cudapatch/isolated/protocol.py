@@ -11,14 +11,20 @@ Host → child:
 - ``("start", StartConfig)``: first message; the engine is created from it.
 - ``("edits", [Edit, ...])``: patch edits (``mirror.py``), applied in order before the next frame.
 - ``("frame", n, hot)``: run frame ``n``; ``hot`` is a tuple of ``(block id, parameter, value)``.
-- ``("request", rid, what, args)``: ``wait_ready``, ``read``, ``stats``, ``synchronize``: one
-  ``reply`` comes back; the host waits for it (these are not frame-path calls).
+- ``("request", rid, what, args)``: ``wait_ready``, ``read``, ``stats``, ``iterations``,
+  ``synchronize``: one ``reply`` comes back; the host waits for it (these are not frame-path calls).
+  ``stats`` answers ``(EngineStats, loops)``, ``loops`` the ``{block id: (iterations, limit)}`` of
+  each While/For of the frame read (what ``str(region)`` shows as ``Iterations: n/limit``).
 - ``("close",)``: tear down and exit 0 (a closed stdin means the same).
 
 Child → host:
 
 - ``("ready", PROTOCOL, pid)``: imports done, engine created.
 - ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers.
+- ``("built", {block id: (sizes, shapes, fused)})``: what ``str(block.port(...))`` and ``str(block)``
+  show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), with ``outputs``.
+- ``("building", busy)``: whether the engine has a structure edit not yet running (``building``):
+  after every ``edits`` message and whenever it changes.
 - ``("diagnostics", (DiagRecord, ...), {block id: (state, message)})``: when they changed.
 - ``("reply", rid, ok, value)``: the answer to a request (``ok`` False: ``value`` is the error).
 - ``("fault", (DiagRecord, ...), {block id: reason})``: CUDA refuses the child after a GPU fault;
@@ -44,7 +50,7 @@ __all__ = [
 ]
 
 #: Bumped when a message changes; a child of another version is refused at the handshake.
-PROTOCOL = 2  # 2: StartConfig.fuse, the SetKept edit
+PROTOCOL = 3  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations
 #: The child's exit status after it reported a GPU fault (CUDA refuses the process from then on).
 EXIT_FAULT = 3
 
@@ -63,6 +69,9 @@ class StartConfig:
         wait_for_compile: As the ``Engine`` option.
         watch_files: As the ``Engine`` option.
         fuse: As the ``Engine`` option (elementwise fusion, on by default).
+        background_builds: As the ``Engine`` option.
+        debug_launch: As the ``Engine`` option.
+        freeze_collector: As the ``Engine`` option (in the child's process).
         frame_word_fd: The child's descriptor of the shared page holding the frame word (-1: none,
             for tests without a GPU); see ``ipc.FrameWord``.
         start_frame: The frame number the child starts after (frames count on across restarts).
@@ -74,6 +83,9 @@ class StartConfig:
     wait_for_compile: bool = False
     watch_files: bool = True
     fuse: bool = True
+    background_builds: bool = True
+    debug_launch: bool = False
+    freeze_collector: bool = True
     frame_word_fd: int = -1
     start_frame: int = 0
 
@@ -88,6 +100,7 @@ class OutputHandle:
         count: Elements.
         dtype: The element type (a ``DType``: an enum, pickled by name).
         nbytes: The buffer's size in bytes.
+        shape: Its ``Shape`` in the child's plan (None: flat, ``(count,)``), for ``output_shape``.
     """
 
     handle: bytes
@@ -95,6 +108,7 @@ class OutputHandle:
     count: int
     dtype: Any
     nbytes: int
+    shape: Any = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,406 @@
+"""Regions, FrameDelay and composites through the isolated engine, on the CPU: what the host sends for
+``add(region=)`` and ``place``, round trips of placements into a child patch whose graph plan equals
+the in-process one, ``iterations``/``stats``/``output_shape`` answered from the child's messages, and
+the ``Engine`` attributes the isolated engine does not offer failing clearly."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cudapatch import Composite, CustomKernel, DType, Engine, Fill, For, FrameDelay, If, KernelFile, Scale, While
+from cudapatch.blocks.regions import Region
+from cudapatch.blocks.shape import Shape
+from cudapatch.engine import Context
+from cudapatch.engine.diagnostics import Diagnostic
+from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
+from cudapatch.errors import CudapatchError
+from cudapatch.host_plugin.plan_view import format_plan
+from cudapatch.isolated import IsolatedEngine, RestartPolicy
+from cudapatch.isolated.host import NotInIsolatedEngine
+from cudapatch.isolated.mirror import AddBlock, ChildPatch, Connect, MirrorRegion, PatchMirror, Place, RemoveBlock
+from cudapatch.isolated.protocol import OutputHandle
+
+from .plan_engine import PlanOnlyEngine
+from .test_isolated import FakeChild, FakeHostSide, _export
+
+ROOT = Path(__file__).resolve().parents[2]
+JACOBI = ROOT / "examples" / "jacobi"
+HALVE = """extern "C" __global__ void halve(/*inout*/ float* x, unsigned int n)
+{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 0.5f; }"""
+ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
+{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+
+
+def _jacobi(e, nx: int = 16):
+    """The Jacobi While of examples/08_jacobi.py on ``e`` (anything with ``add(region=)``/``connect``)."""
+    n = nx * nx
+    zero = e.add(Fill(name="Zero", Count=n, Value=0.0))
+    src = e.add(Fill(name="Source", Count=n, Value=1.0))
+    solve = e.add(While(name="Solve", Max=500))
+    a = e.add(KernelFile(JACOBI / "jacobi_a.cu", name="SweepA", h2=0.01, nx=nx), region=solve)
+    b = e.add(KernelFile(JACOBI / "jacobi_b.cu", name="SweepB", h2=0.01, nx=nx), region=solve)
+    d = e.add(KernelFile(JACOBI / "decide.cu", name="Decide", tol=1e-6), region=solve)
+    for s, sp, t, tp in (
+        (zero, "Out", a, "u"), (zero, "Out", b, "u"), (src, "Out", a, "f"), (src, "Out", b, "f"),
+        (a, "half", b, "half"), (b, "u", d, "u"), (a, "half", d, "half"), (d, "more", solve, "Condition"),
+    ):  # fmt: skip
+        e.connect(s, sp, t, tp)
+    return solve, b, d
+
+
+def _steps(e):
+    """The FrameDelay-in-a-For patch of docs/regions.md, plus an If after it."""
+    loop = e.add(For(name="Steps", Count=10))
+    state = e.add(FrameDelay(name="State", Count=4096, Fill=0.0), region=loop)
+    step = e.add(Scale(name="Step", Factor=0.5, Offset=1.0), region=loop)
+    e.connect(state, "Out", step, "In")
+    e.connect(step, "Out", state, "In")
+    check = e.add(CustomKernel(name="Check", Code=ABOVE, level=1.0))
+    e.connect(step, "Out", check, "in")
+    maybe = e.add(If(name="Maybe"))
+    body = e.add(Scale(name="Body", Factor=3.0), region=maybe)
+    e.connect(check, "more", maybe, "Condition")
+    e.connect(step, "Out", body, "In")
+    return loop, step
+
+
+class _HostOverContext:
+    """``add(region=)``/``connect`` on a bare Context: a host's side of the mirror."""
+
+    def __init__(self) -> None:
+        self.context = Context()
+
+    def add(self, block, *, region=None):
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block, region):
+        self.context.place(block, region)
+
+    def connect(self, *a):
+        self.context.connect(*a)
+
+
+def _mirrored(build):
+    """The patch ``build`` makes, compiled in process (a ``PlanOnlyEngine``) and through the mirror (edits
+    pickled, applied to a ``PlanOnlyEngine`` standing for the child's engine): both plans as text."""
+    direct = PlanOnlyEngine()
+    build(direct)
+    direct.update()
+    host = _HostOverContext()
+    build(host)
+    mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    edits = mirror.diff(host.context.snapshot())
+    child.apply(pickle.loads(pickle.dumps(edits)))
+    child.engine.update()
+    return direct, child, edits, host, mirror
+
+
+@pytest.mark.parametrize("build", [_jacobi, _steps], ids=["jacobi-while", "for-delay-if"])
+def test_a_region_patch_through_the_mirror_plans_as_in_process(build):
+    direct, child, edits, host, _ = _mirrored(build)
+    assert direct.plan is not None and direct.plan.regions and not direct.errors
+    assert format_plan(child.engine, child.engine.plan) == format_plan(direct, direct.plan)
+    # the regions arrive as regions (Engine.place takes only those), then one Place per block inside
+    regions = [b for b in child.engine.context.registry if isinstance(b, Region)]
+    assert regions and all(isinstance(r, MirrorRegion) for r in regions)
+    assert {r.name: r.kind for r in regions} == {b.name: b.kind for b in host.context.registry if isinstance(b, Region)}
+    places = [e for e in edits if isinstance(e, Place)]
+    assert {(p.id, p.region) for p in places} == set(host.context.parents.items())
+    first_place = edits.index(places[0])
+    assert all(isinstance(e, AddBlock) for e in edits[:first_place])  # every block exists before it is placed
+    assert not any(isinstance(e, Connect) for e in edits[:first_place])
+
+
+def test_the_jacobi_while_plans_the_same_unrolled_and_nested_in_a_for():
+    def nested(e):
+        solve, _, _ = _jacobi(e)
+        solve.set("Unroll", 4)
+        outer = e.add(For(name="Outer", Count=3))
+        e.add(Fill(name="Inner", Count=8), region=outer)
+        e.place(solve, outer)
+
+    direct, child, *_ = _mirrored(nested)
+    assert format_plan(child.engine, child.engine.plan) == format_plan(direct, direct.plan)
+    assert direct.plan.regions[next(b.id for b in direct.context.registry if b.name == "Solve")].unroll == 4
+
+
+def _nodes(engine) -> list[tuple]:
+    """The plan's nodes by kind, kernel, owner's (qualified) name and nesting depth in region bodies."""
+    plan, names = engine.plan, engine.context.snapshot().names
+    out = []
+    for n in plan.nodes:
+        depth, p = 0, n.index
+        while p in plan.scopes:
+            depth, p = depth + 1, plan.scopes[p]
+        out.append((type(n).__name__, getattr(n, "entry_point", None), names.get(getattr(n, "block_id", None)), depth))
+    return out
+
+
+def _child_parents(child: ChildPatch) -> dict[int, int]:
+    to_host = child.to_host
+    return {to_host[b]: to_host[r] for b, r in child.engine.context.parents.items()}
+
+
+def test_placements_follow_moves_and_removals_without_ever_nesting_a_region_in_itself():
+    host = Context()
+    r1, r2 = host.register_block(For(name="R1")), host.register_block(For(name="R2"))
+    a, b = host.register_block(Scale(name="a")), host.register_block(Scale(name="b"))
+    host.place(r1, r2)
+    host.place(a, r1)
+    host.place(b, r2)
+    mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    child.apply(mirror.diff(host.snapshot()))
+    assert _child_parents(child) == host.parents
+    host.place(r1, None)  # R1 out of R2, then R2 into R1: sent as outs first, then ins
+    host.place(r2, r1)
+    edits = mirror.diff(host.snapshot())
+    assert edits == [Place(r1.id, None), Place(r2.id, r1.id)]
+    child.apply(edits)
+    assert _child_parents(child) == host.parents
+    host.place(a, None)
+    edits = mirror.diff(host.snapshot())
+    assert edits == [Place(a.id, None)]
+    child.apply(edits)
+    host.unregister_block(r2)  # its blocks move to the region around it (R1), on both sides alike
+    edits = mirror.diff(host.snapshot())
+    assert edits == [RemoveBlock(r2.id)]
+    child.apply(edits)
+    assert _child_parents(child) == host.parents == {b.id: r1.id}
+    assert mirror.diff(host.snapshot()) == []
+
+
+def test_a_composite_placed_in_a_region_puts_its_inner_blocks_there_in_the_child():
+    class Pair(Composite):
+        def compose(self, c) -> None:
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale())
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+
+    def build(e):
+        f = e.add(Fill(name="f", Count=64))
+        loop = e.add(For(name="Loop", Count=3))
+        pair = e.add(Pair(name="pair"), region=loop)
+        e.connect(f, "Out", pair, "In")
+
+    direct, child, edits, host, _ = _mirrored(build)
+    assert _nodes(child.engine) == _nodes(direct) and any(depth for *_, depth in _nodes(direct))
+    pair = host.context.registry.by_name("pair")
+    loop = host.context.registry.by_name("Loop")
+    assert {Place(pair.inner("a").id, loop.id), Place(pair.inner("b").id, loop.id)} <= {
+        e for e in edits if isinstance(e, Place)
+    }
+
+
+# -- the host side against fakes ------------------------------------------------------------------------
+@pytest.fixture
+def iso():
+    children: list[FakeChild] = []
+    gpu = FakeHostSide()
+
+    def launch(cfg):
+        children.append(FakeChild(cfg))
+        return children[-1]
+
+    e = Engine(isolated=True, host_side=gpu, launch=launch, policy=RestartPolicy(max_restarts=3))
+    e.children, e.gpu = children, gpu
+    yield e
+    e.close()
+
+
+def _answer(child: FakeChild, value, *before) -> None:
+    """The child answers the host's next request with ``value``, after the messages ``before``."""
+
+    def wait_readable(timeout):
+        rid = [m for m in child.sent if m[0] == "request"][-1][1]
+        child.inbox.extend(before)
+        child.inbox.append(("reply", rid, True, value))
+
+    child.wait_readable = wait_readable
+
+
+def test_add_with_a_region_and_place_reach_the_child_as_place_edits(iso):
+    solve, sweep_b, decide = _jacobi(iso)
+    iso.update()
+    child = iso.children[0]
+    first = child.sent[0][1]
+    regions = [e for e in first if isinstance(e, AddBlock) and e.id == solve.id]
+    assert regions and regions[0].description.kind == "while"
+    assert {e for e in first if isinstance(e, Place)} == {Place(b.id, solve.id) for b in iso.blocks[3:6]}
+    iso.place(decide, None)  # out of the While: a structure edit
+    iso.update()
+    assert Place(decide.id, None) in child.edits() and iso.counters.rebuilds == 2
+    iso.place(decide, solve)
+    iso.update()
+    assert child.edits()[-3:].count(Place(decide.id, solve.id)) == 1
+    with pytest.raises(CudapatchError, match="not a region"):
+        iso.add(Scale(name="x"), region=sweep_b)
+    with pytest.raises(CudapatchError, match="inside itself"):
+        iso.place(solve, solve)
+
+
+def test_a_new_child_gets_the_placements_again(iso):
+    solve, *_ = _jacobi(iso)
+    iso.update()
+    iso.children[0].eof = True
+    iso.children[0].exit = "killed by SIGSEGV"
+    iso.update()
+    second = iso.children[1]
+    assert {e for e in second.edits() if isinstance(e, Place)} == {Place(b.id, solve.id) for b in iso.blocks[3:6]}
+
+
+def test_iterations_asks_the_child_for_the_region(iso):
+    solve, *_ = _jacobi(iso)
+    iso.update()
+    child = iso.children[0]
+    _answer(child, 1860)
+    assert iso.iterations(solve) == 1860
+    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("iterations", (solve.id,))
+
+
+def test_stats_puts_times_iterations_and_the_max_warning_on_the_host_blocks(iso):
+    solve, sweep_b, decide = _jacobi(iso)
+    iso.set_profiling("PerBlock")
+    iso.update()
+    child = iso.children[0]
+    warning = ("warning", solve.id, "region-max", "While 'Solve' stopped at Max (500 iterations) before ...")
+    rows = (BlockStats(solve.id, "Solve", "Warning", "", 1.25), BlockStats(decide.id, "Decide", "OK", "", None))
+    stats = EngineStats(ProfilingLevel.PER_BLOCK, 7, 1, 2.5, rows, 3, 0, 0, diagnostics=(warning,))
+    _answer(child, (stats, {solve.id: (500, 500)}), ("diagnostics", (warning,), {solve.id: ("Warning", "")}))
+    got = iso.stats()
+    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("stats", ())
+    assert got.diagnostics[0].code == "region-max" and got.blocks[0].gpu_ms == 1.25
+    assert any(d.code == "region-max" for d in iso.diagnostics(solve))
+    assert str(solve).startswith("Solve: Warning, 1.25ms") and "Iterations: 500/500" in str(solve)
+
+
+def test_output_shape_and_port_sizes_come_with_the_childs_build(iso):
+    f = iso.add(Fill(name="f", Count=64))
+    s = iso.add(Scale(name="s"))
+    iso.connect(f, "Out", s, "In")
+    iso.update()
+    with pytest.raises(CudapatchError, match="not running"):
+        iso.output_shape(s, "Out")
+    img = Shape.of(4, 16)
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256, img)}))
+    child.inbox.append(("built", {s.id: ({"Out": 64}, {"Out": img}, "f -> s"), f.id: ({"Out": 64}, {}, "")}))
+    iso.update()
+    assert iso.output_shape(s, "Out") == img
+    assert str(s.port("Out")).startswith("Out: float") and "256 bytes" in str(s.port("Out"))
+    assert "fused: f -> s" in str(s)
+    child.inbox.append(("outputs", {(f.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256)}))
+    iso.update()
+    assert iso.output_shape(f, "Out") == Shape.flat(64)
+    with pytest.raises(CudapatchError, match="no such output"):
+        iso.output_shape(f, "Nope")
+
+
+def test_building_holds_from_a_structure_edit_until_the_child_says_it_runs(iso):
+    _jacobi(iso)
+    assert iso.building  # not sent yet
+    iso.update()
+    assert iso.building  # sent: the child has not answered
+    iso.children[0].inbox.append(("building", False))
+    iso.update()
+    assert not iso.building
+
+
+def test_engine_attributes_that_live_in_the_engine_process_fail_clearly(iso):
+    assert not hasattr(iso, "probe") and getattr(iso, "pool", None) is None
+    for name in ("probe", "probes", "append_buffer", "pool", "resources", "libraries", "modules", "kernels"):
+        with pytest.raises(CudapatchError, match=f"engine.{name} is not available in an isolated engine"):
+            getattr(iso, name)
+        with pytest.raises(AttributeError):
+            getattr(iso, name)
+    with pytest.raises(AttributeError) as info:
+        iso.no_such_thing  # noqa: B018  (the access is the test)
+    assert not isinstance(info.value, NotInIsolatedEngine)
+    iso.prepare_fault_replay()  # the child does it: nothing to do here
+
+
+def test_every_public_engine_attribute_is_forwarded_or_refused_with_a_reason(iso):
+    """The isolated engine's API is the Engine's: a public name of Engine is either an attribute here
+    or listed with a reason (``UNSUPPORTED``); a new Engine method fails this test until it is one."""
+    from cudapatch.isolated.host import UNSUPPORTED
+
+    names = {n for n in dir(Engine) if not n.startswith("_")}
+    names |= {"device", "context", "counters", "last_build", "profiling", "wait_for_compile", "name"}
+    names |= {"debug_launch", "background_builds", "kernels", "kernel_cache", "resources"}
+    missing = sorted(n for n in names if n not in UNSUPPORTED and n not in dir(IsolatedEngine) and n not in vars(iso))
+    assert missing == []
+
+
+def test_engine_options_reach_the_child():
+    children = []
+    e = Engine(
+        isolated=True,
+        host_side=FakeHostSide(),
+        launch=lambda cfg: children.append(FakeChild(cfg)) or children[-1],
+        background_builds=False,
+        debug_launch=True,
+        freeze_collector=False,
+        reuse_buffers=True,
+    )
+    e.close()
+    cfg = children[0].cfg
+    assert (cfg.background_builds, cfg.debug_launch, cfg.freeze_collector) == (False, True, False)
+    assert e.background_builds is False and e.debug_launch is True
+
+
+def test_an_inner_blocks_diagnostic_stands_on_its_composite(iso):
+    class Pair(Composite):
+        def compose(self, c) -> None:
+            c.add("a", Scale(Factor=2.0))
+            c.add("b", Scale())
+            c.link("a.Out", "b.In")
+            c.expose("In", "a.In")
+            c.expose("Out", "b.Out")
+
+    pair = iso.add(Pair(name="pair"))
+    iso.update()
+    inner = pair.inner("a")
+    iso.children[0].inbox.append(
+        ("diagnostics", (("warning", inner.id, "input-unlinked", "'pair/a': input 'In' is not linked"),), {})
+    )
+    iso.update()
+    (d,) = iso.diagnostics(pair)
+    assert d.block_id == pair.id and "'pair/a'" in d.message and d.code == "input-unlinked"
+    assert isinstance(d, Diagnostic)
+
+
+def test_the_child_answers_iterations_and_stats_with_its_loops():
+    """The child's side of the requests, over a fake engine: ids translated both ways."""
+    from cudapatch.isolated import child as child_module
+
+    host = Context()
+    f = host.register_block(Fill(name="f", Count=8))
+    loop = host.register_block(For(name="L", Count=5))
+    mirror, patch = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    patch.apply(mirror.diff(host.snapshot()))
+    mine = patch.blocks[loop.id]
+
+    class FakeEngine:
+        def iterations(self, b):
+            return 5 if b is mine else None
+
+        def stats(self):
+            mine.debug.append_fill = {"Iterations": (5, 5)}
+            rows = (BlockStats(mine.id, "L", "OK", "", 0.5), BlockStats(patch.blocks[f.id].id, "f", "OK", "", None))
+            return EngineStats(ProfilingLevel.PER_BLOCK, 3, 1, 1.0, rows, 1, 0, 0)
+
+    server = child_module._Server.__new__(child_module._Server)
+    server.engine, server.patch = FakeEngine(), patch
+    assert server.request("iterations", (loop.id,)) == 5
+    assert server.request("iterations", (f.id,)) is None
+    stats, loops = pickle.loads(pickle.dumps(server.request("stats", ())))
+    assert loops == {loop.id: (5, 5)} and [b.block_id for b in stats.blocks] == [loop.id, f.id]
+    assert np.isclose(stats.blocks[0].gpu_ms, 0.5)
