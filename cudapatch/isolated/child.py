@@ -100,6 +100,7 @@ class _Server:
         self._graph: Any = None
         self._diags: Any = None
         self._busy = False  # what the host was last told of ``building``
+        self.last_frame = cfg.start_frame  # the newest frame message run
 
     def send(self, message: Any) -> None:
         data = memoryview(encode_frame(message))
@@ -111,6 +112,7 @@ class _Server:
         from .ipc import HOST_READY
 
         e = self.engine
+        self.last_frame = n
         if hot:
             self.patch.hot(hot)
         stream = e.device.stream
@@ -139,8 +141,10 @@ class _Server:
                         if buf is not None:
                             handle, offset = export_device_memory(buf.ptr)
                             shape = shapes.get((b.id, port.name))
+                            other = _other_of_pair(g, b.id, port.name, buf)
+                            alt = export_device_memory(other.ptr) if other is not None else ()
                             outputs[(hid, port.name)] = OutputHandle(
-                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape
+                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
                             )
             self.send(("outputs", outputs))
             shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.blocks.items()}
@@ -222,6 +226,21 @@ class _Server:
         if what == "counters":
             return e.counters
         raise ValueError(f"unknown request {what!r}")
+
+
+def _other_of_pair(g: Any, block_id: int, port: str, buf: Any) -> Any:
+    """For an output held in a FrameDelay's pair of buffers, which swap every frame in a graph that
+    alternates two executables (``engine/phases.py``): the pair's other buffer (``buf`` is the one the
+    frame launched last wrote). None for any other output."""
+    plan = g.plan
+    bi = plan.outputs.get((block_id, port))
+    swaps = plan.swaps
+    if bi is None or bi not in swaps or (block_id, port) in g.bypass.outputs:
+        return None
+    a, b = g.buffers[bi], g.buffers[swaps[bi]]
+    if a.ptr == b.ptr:
+        return None
+    return b if buf.ptr == a.ptr else a
 
 
 def _detach_stdio() -> tuple[int, int]:

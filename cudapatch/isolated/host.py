@@ -181,6 +181,16 @@ class _CudaHostSide:
         self.device.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class _DelayPair:
+    """Both mapped buffers of a value in a FrameDelay's pair: ``first`` is written by ``frame`` and the
+    frames of its parity, ``other`` by the rest."""
+
+    first: Any
+    other: Any
+    frame: int
+
+
 class _ProcessLauncher:
     """Starts engine children, keeping one started in reserve (``standby``): a restart then skips the
     interpreter start, the imports and the CUDA context the reserve made while waiting (most of a
@@ -659,7 +669,9 @@ class IsolatedEngine:
         self.context.keep(block, port, keep)
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
-        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild). A
+        value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one the
+        frame sent last writes (take it again each frame), as ``Engine.output``.
         The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of
         fused groups: one the child's running graph computes inside a fused kernel raises once and is
         held in a buffer from the next ``update()`` on.
@@ -671,7 +683,7 @@ class IsolatedEngine:
         key = self._mirror.leaf_keys((block.id, port))[0]  # a composite's output: its inner block's
         buf = self._outputs.get(key)
         if buf is not None:
-            return buf
+            return self._of_frame(buf)
         h = self._handles.get(key)
         if h is None:
             self._poll()  # its newest outputs may be waiting in the pipe
@@ -691,8 +703,19 @@ class IsolatedEngine:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
-        buf = self._outputs[key] = self._gpu.import_output(h)
-        return buf
+        buf = self._gpu.import_output(h)
+        if h.alt:  # a FrameDelay's pair: both buffers mapped, the frame's parity picks one
+            other = self._gpu.import_output(dataclasses.replace(h, handle=h.alt[0], offset=h.alt[1], alt=()))
+            buf = _DelayPair(buf, other, h.frame)
+        self._outputs[key] = buf
+        return self._of_frame(buf)
+
+    def _of_frame(self, buf: Any) -> Any:
+        """``buf``, or for a FrameDelay's pair the buffer the frame sent last writes: the pair swaps
+        every frame, and every frame sent is launched by the child (``OutputHandle.frame``)."""
+        if type(buf) is not _DelayPair:
+            return buf
+        return buf.first if (self._frame - buf.frame) % 2 == 0 else buf.other
 
     def output_shape(self, block: Block, port: str) -> Shape:
         """The Shape of an output in the child's running graph (``(count,)`` for flat outputs), as

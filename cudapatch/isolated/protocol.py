@@ -20,7 +20,8 @@ Host → child:
 Child → host:
 
 - ``("ready", PROTOCOL, pid)``: imports done, engine created.
-- ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers.
+- ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers (a
+  value in a FrameDelay's alternating pair comes with both buffers, ``OutputHandle.alt``).
 - ``("built", {block id: (sizes, shapes, fused)})``: what ``str(block.port(...))`` and ``str(block)``
   show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), with ``outputs``.
 - ``("building", busy)``: whether the engine has a structure edit not yet running (``building``):
@@ -101,6 +102,10 @@ class OutputHandle:
         dtype: The element type (a ``DType``: an enum, pickled by name).
         nbytes: The buffer's size in bytes.
         shape: Its ``Shape`` in the child's plan (None: flat, ``(count,)``), for ``output_shape``.
+        alt: For a value in a FrameDelay's pair of buffers, which swap every frame (``engine/phases.py``):
+            ``(handle, offset)`` of the other buffer; empty otherwise.
+        frame: With ``alt``: the frame whose launch wrote ``handle``'s buffer; ``alt``'s is written by
+            the frames of the other parity.
     """
 
     handle: bytes
@@ -109,6 +114,8 @@ class OutputHandle:
     dtype: Any
     nbytes: int
     shape: Any = None
+    alt: tuple[bytes, int] | tuple[()] = ()
+    frame: int = 0
 
 
 @dataclass(frozen=True)

@@ -404,3 +404,40 @@ def test_the_child_answers_iterations_and_stats_with_its_loops():
     stats, loops = pickle.loads(pickle.dumps(server.request("stats", ())))
     assert loops == {loop.id: (5, 5)} and [b.block_id for b in stats.blocks] == [loop.id, f.id]
     assert np.isclose(stats.blocks[0].gpu_ms, 0.5)
+
+
+def test_a_frame_delays_pair_is_mapped_twice_and_output_follows_the_frames_parity(iso):
+    """A value in a FrameDelay's pair lives in two buffers that swap every frame (two executables): the
+    host maps both and hands out the one the frame sent last writes, as ``Engine.output`` does."""
+    delay = iso.add(FrameDelay(name="d", Count=64))
+    step = iso.add(Scale(name="step", Factor=0.5))
+    iso.connect(delay, "Out", step, "In")
+    iso.connect(step, "Out", delay, "In")
+    iso.update()
+    iso.update()  # frame 2
+    pair = OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256, None, (b"y" * 64, 512), 2)
+    iso.children[0].inbox.append(("outputs", {(step.id, "Out"): pair}))
+    iso.update()  # frame 3: the other buffer
+    assert iso.output(step, "Out") == ("mapped", 512)
+    iso.update()  # frame 4: the first again
+    assert iso.output(step, "Out") == ("mapped", 128)
+    assert iso.output(step, "Out") == ("mapped", 128)
+    iso.update()
+    assert iso.output(step, "Out") == ("mapped", 512)
+    assert [c for c in iso.gpu.calls if c[0] == "import"] == [("import", 128), ("import", 512)]  # mapped once each
+
+
+def test_the_child_sends_both_buffers_of_a_pair_and_one_of_anything_else():
+    from types import SimpleNamespace
+
+    from cudapatch.isolated.child import _other_of_pair
+
+    bufs = [SimpleNamespace(ptr=p) for p in (1000, 2000, 3000)]
+    plan = SimpleNamespace(outputs={(7, "Out"): 0, (8, "Out"): 2}, swaps={0: 1, 1: 0})
+    g = SimpleNamespace(plan=plan, buffers=bufs, bypass=SimpleNamespace(outputs={}))
+    assert _other_of_pair(g, 7, "Out", bufs[0]) is bufs[1]
+    assert _other_of_pair(g, 7, "Out", bufs[1]) is bufs[0]  # phase 1: output() gave the swapped one
+    assert _other_of_pair(g, 8, "Out", bufs[2]) is None  # no pair
+    assert _other_of_pair(g, 9, "Out", bufs[2]) is None  # not in the plan
+    g.bypass.outputs[(7, "Out")] = 2  # bypassed: what its readers read, one buffer
+    assert _other_of_pair(g, 7, "Out", bufs[2]) is None
