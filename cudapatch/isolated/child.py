@@ -135,7 +135,7 @@ class _Server:
             outputs = {}
             if g is not None:
                 shapes = g.plan.shapes
-                for hid, b in self.patch.blocks.items():
+                for hid, b in self.patch.all_blocks().items():
                     for port in b.description.outputs:
                         buf = g.output(b.id, port.name)
                         if buf is not None:
@@ -147,7 +147,7 @@ class _Server:
                                 handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
                             )
             self.send(("outputs", outputs))
-            shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.blocks.items()}
+            shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
             self.send(("built", shown))
         busy = e.lost is None and (e.building or e.context.dirty.structure)
         if busy != self._busy or edited:
@@ -161,7 +161,7 @@ class _Server:
     def _report(self, diags: Any) -> tuple[tuple, dict[int, tuple[str, str]]]:
         to_host = self.patch.to_host
         records = tuple(diag_record(d, to_host) for d in diags)
-        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.blocks.items()}
+        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
         return records, states
 
     def check_idle(self) -> None:
@@ -201,7 +201,7 @@ class _Server:
             return None
         if what == "read":
             hid, port = args
-            return e.read(self.patch.blocks[hid], port)
+            return e.read(self.patch.all_blocks()[hid], port)
         if what == "stats":
             import dataclasses
 

@@ -41,14 +41,11 @@ from ..engine.profiling import ProfilingLevel
 from ..engine.stats import BuildTiming, EngineCounters, show_on_blocks
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
-from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling
+from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling, patch_view
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
 
 __all__ = ["IsolatedEngine", "HostSide", "ChildLike", "NotInIsolatedEngine"]
-
-# Which state of a composite's inner blocks it shows: the worst.
-_STATE_RANK = {"NotCompiled": 0, "OK": 1, "Warning": 2, "Error": 3}
 
 log = logging.getLogger("cudapatch.isolated")
 
@@ -430,37 +427,20 @@ class IsolatedEngine:
 
     def _show_built(self, shown: dict[int, tuple[dict, dict, str]]) -> None:
         """What the child's new graph says of each block (sizes and shapes of its outputs, its fused
-        group), onto the host's blocks as the engine puts them on its own (``str(block.port(...))``); a
-        composite's outputs show their inner outputs'."""
+        group), onto the host's blocks as the engine puts them on its own (``str(block.port(...))``)."""
         registry = self.context.registry
         for bid, (sizes, shapes, fused) in shown.items():
-            b = registry.get(bid)
+            b = registry.get(bid)  # a composite's inner blocks too
             if b is not None:
                 b.debug.sizes, b.debug.shapes, b.debug.fused = sizes, shapes, fused
-        for comp in registry.composites.values():
-            sizes, shapes = {}, {}
-            for port in comp.description.outputs:
-                lb, lp = self._mirror.leaf_keys((comp.id, port.name))[0]
-                leaf = shown.get(lb)
-                if leaf is not None and lp in leaf[0]:
-                    sizes[port.name] = leaf[0][lp]
-                    if lp in leaf[1]:
-                        shapes[port.name] = leaf[1][lp]
-            comp.debug.sizes, comp.debug.shapes = sizes, shapes
 
     def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
-        diags = self._mirror.on_composites(diags)  # an inner block's diagnostics stand on its composite
         self._diags = diags
-        for b in self.context.registry:
-            st = states.get(b.id)
-            if st is not None:
-                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
         registry = self.context.registry
-        for comp in registry.composites.values():  # the child ran its inner blocks: show the worst state
-            inner = [states[b.id] for _, b in comp.inner_blocks() if b.id in states]
-            if inner:
-                st = max(inner, key=lambda s: _STATE_RANK.get(s[0], 0))
-                comp.debug.state, comp.debug.message = BlockState(st[0]), st[1]
+        for bid, st in states.items():  # composites and their inner blocks alike (the child has both)
+            b = registry.get(bid)
+            if b is not None:
+                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
         for d in diags:  # a fault report has no states: the errors say enough
             if d.block_id is not None and d.severity == "error":
                 owner = registry.owner(d.block_id) if registry.composites else None
@@ -580,12 +560,11 @@ class IsolatedEngine:
             if dirty.only_params:
                 params, bindings = dirty.take_params()
                 mirror = self._mirror
-                leaf = mirror.leaf_keys  # a composite's exposed names stand for its inner blocks'
-                hot = tuple((bid, name, p.value) for key, p in params.items() for bid, name in leaf(key))
+                hot = tuple((bid, name, p.value) for (bid, name), p in params.items())
                 for bid, name, value in hot:
                     mirror.note_value(bid, name, value)
                 if bindings:
-                    edits = [mirror.bind(lk, b) for k, b in bindings.items() for lk in leaf(k)]
+                    edits = [mirror.bind(k, b) for k, b in bindings.items()]
                     child.send(("edits", [e for e in edits if e is not None]))
                 if dirty.take_bypass():  # the child's Bypass tier turns the nodes off: no rebuild there
                     child.send(("edits", [SetBypassed(frozenset(self.context.bypassed))]))
@@ -609,7 +588,7 @@ class IsolatedEngine:
         self.counters.frames += 1
 
     def _send_structure(self, child: ChildLike) -> None:
-        edits = self._mirror.diff(self.context.snapshot())
+        edits = self._mirror.diff(patch_view(self.context))
         for e in edits:
             if isinstance(e, (Redescribe, RemoveBlock)):  # new code or gone: a disabled block gets a new chance
                 self.policy.code_changed(e.id)
@@ -680,7 +659,7 @@ class IsolatedEngine:
             CudapatchError: the block is not running in the child's graph (or the output is fused
                 away), or has no such output.
         """
-        key = self._mirror.leaf_keys((block.id, port))[0]  # a composite's output: its inner block's
+        key = (block.id, port)
         buf = self._outputs.get(key)
         if buf is not None:
             return self._of_frame(buf)
@@ -726,7 +705,7 @@ class IsolatedEngine:
         """
         if block.description.output(port) is None:
             raise CudapatchError("no such output port", block=block.name, port=port)
-        key = self._mirror.leaf_keys((block.id, port))[0]
+        key = (block.id, port)
         h = self._handles.get(key)
         if h is None:
             self._poll()
@@ -752,8 +731,7 @@ class IsolatedEngine:
         if block.description.output(port) is None:
             raise CudapatchError("no such output port", block=block.name, port=port)
         self.context.keep(block, port, rebuild=False)  # the host reads it: kept by every later child too
-        bid, name = self._mirror.leaf_keys((block.id, port))[0]
-        return self._request("read", bid, name)
+        return self._request("read", block.id, port)
 
     def stats(self) -> Any:
         """``EngineStats`` of the child's newest completed frame (waits for the child). As
@@ -761,9 +739,7 @@ class IsolatedEngine:
         loop's ``Iterations: n/limit`` on the host's blocks, and the child's per-frame warnings (a
         While that stopped at ``Max``) into ``diagnostics()``."""
         stats, loops = self._request("stats")
-        stats = dataclasses.replace(
-            stats, diagnostics=self._mirror.on_composites(tuple(diag_from_record(r) for r in stats.diagnostics))
-        )
+        stats = dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
         registry = self.context.registry
         show_on_blocks(stats, registry)
         for bid, fill in loops.items():

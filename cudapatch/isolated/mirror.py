@@ -13,7 +13,11 @@ the fault replay already sends, ``engine/replay.py``). A Numba kernel's function
 reference, so the module defining it must be importable in the child, as for the compiler process.
 
 Regions travel as blocks (a ``MirrorRegion`` in the child, so ``Engine.place`` takes it) plus one
-``Place`` edit per block whose region changed; the child's engine plans them as the host's would.
+``Place`` edit per block whose region changed. A composite travels whole, as a ``CompositeRecord``
+(its inner blocks' descriptions and values, links and exposures, file and lines) from which the child
+composes a ``MirrorComposite``: the child's engine flattens it, or makes it a child-graph node, files
+its outputs, slots and GPU time under the composite and puts its inner blocks' diagnostics on it,
+exactly as the host's own engine would (``patch_view`` gives the host's patch with composites whole).
 
 ``ChildPatch`` applies edits to a real engine in the child, through its public API, with a
 ``MirrorBlock`` standing for each host block. Both sides are pure here apart from the engine that
@@ -22,12 +26,13 @@ Regions travel as blocks (a ``MirrorRegion`` in the child, so ``Engine.place`` t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..blocks.block import Block
 from ..blocks.builder import BlockBuilder
+from ..blocks.composite import Composite, CompositeBuilder, Exposure, InnerLink
 from ..blocks.regions import Region, RegionDescription
 
 __all__ = [
@@ -50,6 +55,11 @@ __all__ = [
     "ChildPatch",
     "MirrorBlock",
     "MirrorRegion",
+    "MirrorComposite",
+    "CompositeRecord",
+    "InnerOp",
+    "composite_record",
+    "patch_view",
 ]
 
 
@@ -170,6 +180,88 @@ Edit = (
 )
 
 
+@dataclass(frozen=True)
+class InnerOp:
+    """An inner block of a composite: local name, the host's block id, its description (a
+    ``CompositeRecord`` for a composite inside), its parameter values and its line in the file."""
+
+    op: str
+    id: int
+    description: Any
+    values: dict[str, Any]
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class CompositeRecord:
+    """A composite as data, for the child to compose again: what its ``CompositeLayout`` holds, with
+    inner blocks as descriptions. Compared by value: a re-composed composite (a file edit, other inner
+    values) sends a ``Redescribe``."""
+
+    type_name: str
+    ops: tuple[InnerOp, ...]
+    links: tuple[InnerLink, ...]
+    exposures: tuple[Exposure, ...]
+    file: str | None
+    child_graph: bool
+    texts: tuple[tuple[str, str], ...] = ()  # its own text parameters (a file composite's Path), with values
+
+
+def _values(b: Block) -> dict[str, Any]:
+    return {k: p.value for k, p in b.params.items()}
+
+
+def composite_record(comp: Composite) -> CompositeRecord:
+    """The record of a composite (its layout must exist: composed)."""
+    layout = comp.layout
+    assert layout is not None
+    ops = []
+    for op, b in layout.blocks.items():
+        d = composite_record(b) if isinstance(b, Composite) and b.layout is not None else b.description
+        ops.append(InnerOp(op, b.id, d, _values(b), layout.lines.get(op)))
+    texts = tuple((name, p.value) for name, p in comp.params.items() if p.spec.kind == "text")
+    return CompositeRecord(
+        comp.description.type_name,
+        tuple(ops),
+        tuple(layout.links),
+        tuple(layout.exposures.values()),
+        layout.file,
+        layout.child_graph,
+        texts,
+    )
+
+
+def patch_view(context: Any) -> Any:
+    """The host's patch for the mirror (host side): ``context.snapshot()`` (its blocks frozen once per
+    change), except that composites stay whole, each as one block whose description is its
+    ``CompositeRecord``, with the links, bindings, placements and keeps made on them."""
+    from ..engine.context import BlockSnapshot
+
+    snap = context.snapshot()
+    registry = context.registry
+    composites = registry.composites
+    if not composites:
+        return snap
+    frozen = {b.id: b for b in snap.blocks}
+    blocks = []
+    for b in registry:
+        if b.id in composites and b.layout is not None:
+            blocks.append(BlockSnapshot(b.id, b.name, composite_record(b), _values(b), snap.context_id))
+        else:
+            blocks.append(frozen[b.id])
+    return replace(
+        snap,
+        blocks=tuple(blocks),
+        links=tuple(context.connections),
+        bindings=dict(context.bindings),
+        probes=(),
+        composites=(),
+        parents=dict(context.parents),
+        kept=frozenset(context.kept),
+        bypassed=frozenset(context.bypassed),
+    )
+
+
 def _link_key(lk: Any) -> tuple[int, str, int, str]:
     return (lk.src, lk.src_port, lk.dst, lk.dst_port)
 
@@ -187,24 +279,14 @@ class PatchMirror:
         self._blocks: dict[int, tuple[str, Any, dict[str, Any]]] = {}  # id -> (name, description, values)
         self._links: set[tuple[int, str, int, str]] = set()
         self._bindings: dict[tuple[int, str], tuple[int, int, Any, int]] = {}  # key -> (ptr, count, dtype, owner id)
-        # A composite's exposed names -> its inner blocks' keys: the child has only the inner blocks.
-        self._aliases: dict[tuple[int, str], tuple[tuple[int, str], ...]] = {}
         self._kept: frozenset[tuple[int, str]] = frozenset()
         self._parents: dict[int, int] = {}  # block id -> its region's id, as the child has them
-        self._composites: tuple[Any, ...] = ()  # the last snapshot's ``CompositeInfo``s
 
     def diff(self, snap: Any) -> list[Edit]:
-        """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``), in an order
+        """The edits that turn what the child has into ``snap`` (a ``PatchSnapshot``, from ``patch_view``), in an order
         the child can apply one by one: removals, blocks, values, placements, links, bindings. Records
         ``snap`` as sent."""
         edits: list[Edit] = []
-        self._composites = tuple(getattr(snap, "composites", ()))
-        self._aliases = {
-            (c.id, name): keys
-            for c in getattr(snap, "composites", ())
-            for table in (c.params, c.inputs, c.outputs)
-            for name, keys in table.items()
-        }
         new_blocks = {b.id: b for b in snap.blocks}
         for bid in [b for b in self._blocks if b not in new_blocks]:
             edits.append(RemoveBlock(bid))  # its links and bindings go with it in the child
@@ -229,8 +311,7 @@ class PatchMirror:
                     if changed:
                         edits.append(SetValues(bid, changed))
             self._blocks[bid] = (b.name, b.description, values)
-        # A composite's leaves are placed where it is (the composite itself is no block of the child).
-        parents = {bid: rid for bid, rid in getattr(snap, "parents", {}).items() if bid in new_blocks}
+        parents = dict(getattr(snap, "parents", {}))
         old_parents = self._parents
         moved = sorted(bid for bid in old_parents.keys() | parents.keys() if old_parents.get(bid) != parents.get(bid))
         # Out first, then in: every step is then a subset of the final placements, so the child never
@@ -250,7 +331,7 @@ class PatchMirror:
             edit = self.bind(key, binding)
             if edit is not None:
                 edits.append(edit)
-        kept = frozenset(getattr(snap, "kept", ()))  # inner keys already: the snapshot is flattened
+        kept = frozenset(getattr(snap, "kept", ()))
         if kept != self._kept:
             edits.append(SetKept(kept))
             self._kept = kept
@@ -274,24 +355,6 @@ class PatchMirror:
             return None
         self._bindings[key] = token
         return Bind(key[0], key[1], self._export(binding))
-
-    def leaf_keys(self, key: tuple[int, str]) -> tuple[tuple[int, str], ...]:
-        """The ``(block id, port or parameter)`` keys of the child that ``key`` stands for: a composite's
-        exposed name becomes its inner blocks' (the snapshot the child got is flattened); any other key
-        is itself."""
-        return self._aliases.get(key, (key,))
-
-    def on_composites(self, diags: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``diags`` (``Diagnostic``s of the child, by host block id) with an inner block's put on the
-        composite holding it, naming the inner block and its file and line, as the engine's compiler
-        does for the composites it flattens itself (the child only has the inner blocks)."""
-        if not self._composites:
-            return diags
-        from types import SimpleNamespace
-
-        from ..engine.compiler.composites import attribute
-
-        return tuple(attribute(SimpleNamespace(composites=self._composites), diags))  # type: ignore[arg-type]
 
     def note_value(self, block_id: int, name: str, value: Any) -> None:
         """A Hot value went to the child with a frame: the next diff need not send it again."""
@@ -356,8 +419,59 @@ class MirrorRegion(MirrorBlock, Region):
         super().__init__(name, description)
 
 
-def mirror_block(name: str, description: Any) -> MirrorBlock:
-    """The child's block for a host block's description: a ``MirrorRegion`` for a region's."""
+class MirrorComposite(Composite):
+    """A composite of the child composed from a host composite's ``CompositeRecord``: the same inner
+    blocks (as ``MirrorBlock``s), links and exposures, so the child's engine treats it as the host's
+    engine would treat the original (flattened or a child-graph node, Hot edits of its exposed
+    parameters, its GPU time, diagnostics naming the inner block, file and line)."""
+
+    def __init__(self, name: str, record: CompositeRecord) -> None:
+        self._record = record
+        self.type_name = record.type_name  # type: ignore[misc]  (per instance, like MirrorBlock)
+        super().__init__(name=name)
+
+    def compose(self, c: CompositeBuilder) -> None:
+        r = self._record
+        c.type_name = r.type_name
+        c.child_graph = r.child_graph
+        for name, value in r.texts:
+            c.text(name, default=value)
+        for o in r.ops:
+            b = mirror_block(o.op, o.description)
+            b.set_values(o.values)
+            c.add(o.op, b, line=o.line)
+        for lk in r.links:
+            c.link(f"{lk.src}.{lk.src_port}", f"{lk.dst}.{lk.dst_port}", line=lk.line)
+        for e in r.exposures:
+            c.expose(e.name, *(f"{op}.{n}" for op, n in e.targets), line=e.line)
+
+    def composite_file(self) -> str | None:
+        return self._record.file
+
+    def redescribe(self, record: CompositeRecord) -> None:
+        """Compose again from a new record (the host's composite was re-composed, or inner values changed)."""
+        self._record = record
+        self.refresh()
+
+    set_values = MirrorBlock.set_values
+
+    def host_blocks(self) -> Iterator[tuple[int, Block]]:
+        """``(host block id, block here)`` of every block inside, at any depth (composites included)."""
+        layout = self.layout
+        if layout is None:
+            return
+        for o in self._record.ops:
+            b = layout.blocks[o.op]
+            yield o.id, b
+            if isinstance(b, MirrorComposite):
+                yield from b.host_blocks()
+
+
+def mirror_block(name: str, description: Any) -> Any:
+    """The child's block for a host block's description: a ``MirrorRegion`` for a region's, a
+    ``MirrorComposite`` for a composite's record."""
+    if isinstance(description, CompositeRecord):
+        return MirrorComposite(name, description)
     if isinstance(description, RegionDescription):
         return MirrorRegion(name, description)
     return MirrorBlock(name, description)
@@ -374,8 +488,10 @@ class ChildPatch:
     def __init__(self, engine: Any, import_input: Callable[[Any], Any]) -> None:
         self.engine = engine
         self._import = import_input
-        self.blocks: dict[int, MirrorBlock] = {}  # host id -> block
-        self.to_host: dict[int, int] = {}  # child block id -> host id
+        self.blocks: dict[int, Any] = {}  # host id -> block (registered)
+        #: Host id -> a block inside a composite (``MirrorComposite.host_blocks``).
+        self.inner: dict[int, Block] = {}
+        self.to_host: dict[int, int] = {}  # child block id -> host id, inner blocks included
         self.kept: set[tuple[int, str]] = set()  # host (block id, port) kept in the child's engine
 
     def apply(self, edits: list[Edit]) -> None:
@@ -389,14 +505,18 @@ class ChildPatch:
                 e.add(b)
                 self.blocks[ed.id] = b
                 self.to_host[b.id] = ed.id
+                self._map_inner(b, True)
             elif isinstance(ed, RemoveBlock):
                 b = self.blocks.pop(ed.id)
                 del self.to_host[b.id]
+                self._map_inner(b, False)
                 e.remove(b)
             elif isinstance(ed, Redescribe):
                 b = self.blocks[ed.id]
+                self._map_inner(b, False)
                 b.redescribe(ed.description)
                 b.set_values(ed.values)
+                self._map_inner(b, True)
             elif isinstance(ed, SetValues):
                 self.blocks[ed.id].set_values(ed.values)
             elif isinstance(ed, Rename):
@@ -412,6 +532,8 @@ class ChildPatch:
                 e.context.unbind_input(self.blocks[ed.id], ed.port)
             elif isinstance(ed, Disable):
                 b = self.blocks.get(ed.id)
+                if b is None:
+                    b = self.inner.get(ed.id)  # a fault names an inner block of a composite
                 if b is not None:
                     e.disable(b, ed.reason)
             elif isinstance(ed, SetProfiling):
@@ -431,6 +553,21 @@ class ChildPatch:
                     b.enabled = bid not in ed.ids
             else:  # pragma: no cover - a message of another version
                 raise TypeError(f"unknown edit {ed!r}")
+
+    def _map_inner(self, b: Any, on: bool) -> None:
+        if not isinstance(b, MirrorComposite):
+            return
+        for hid, blk in b.host_blocks():
+            if on:
+                self.inner[hid] = blk
+                self.to_host[blk.id] = hid
+            else:
+                self.inner.pop(hid, None)
+                self.to_host.pop(blk.id, None)
+
+    def all_blocks(self) -> dict[int, Block]:
+        """Host id -> block here, registered and inside composites (what the host is told about)."""
+        return {**self.inner, **self.blocks} if self.inner else self.blocks
 
     def hot(self, values: tuple[tuple[int, str, Any], ...]) -> None:
         """Hot values of a frame message: ``block.set`` on each (the engine's Hot tier takes them)."""

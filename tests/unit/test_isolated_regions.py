@@ -15,13 +15,22 @@ from cudapatch import Composite, CustomKernel, DType, Engine, Fill, For, FrameDe
 from cudapatch.blocks.regions import Region
 from cudapatch.blocks.shape import Shape
 from cudapatch.engine import Context
-from cudapatch.engine.diagnostics import Diagnostic
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from cudapatch.errors import CudapatchError
 from cudapatch.host_plugin.plan_view import format_plan
 from cudapatch.isolated import IsolatedEngine, RestartPolicy
 from cudapatch.isolated.host import NotInIsolatedEngine
-from cudapatch.isolated.mirror import AddBlock, ChildPatch, Connect, MirrorRegion, PatchMirror, Place, RemoveBlock
+from cudapatch.isolated.mirror import (
+    AddBlock,
+    ChildPatch,
+    Connect,
+    MirrorComposite,
+    MirrorRegion,
+    PatchMirror,
+    Place,
+    RemoveBlock,
+    patch_view,
+)
 from cudapatch.isolated.protocol import OutputHandle
 
 from .plan_engine import PlanOnlyEngine
@@ -96,7 +105,7 @@ def _mirrored(build):
     host = _HostOverContext()
     build(host)
     mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
-    edits = mirror.diff(host.context.snapshot())
+    edits = mirror.diff(patch_view(host.context))
     child.apply(pickle.loads(pickle.dumps(edits)))
     child.engine.update()
     return direct, child, edits, host, mirror
@@ -176,28 +185,69 @@ def test_placements_follow_moves_and_removals_without_ever_nesting_a_region_in_i
     assert mirror.diff(host.snapshot()) == []
 
 
-def test_a_composite_placed_in_a_region_puts_its_inner_blocks_there_in_the_child():
-    class Pair(Composite):
-        def compose(self, c) -> None:
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale())
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
+class Pair(Composite):
+    def compose(self, c) -> None:
+        c.add("a", Scale(Factor=2.0))
+        c.add("b", Scale())
+        c.link("a.Out", "b.In")
+        c.expose("In", "a.In")
+        c.expose("Out", "b.Out")
+        c.expose("Gain", "a.Factor", "b.Factor")
+
+
+@pytest.mark.parametrize("child_graph", [False, True], ids=["flattened", "child-graph"])
+@pytest.mark.parametrize("in_loop", [False, True], ids=["top", "in-for"])
+def test_a_composite_plans_as_in_process(child_graph, in_loop):
+    """The child composes the composite again from its record: its plan is the in-process one, at the
+    top level and in a For's body, flattened and asking for a child-graph node."""
 
     def build(e):
         f = e.add(Fill(name="f", Count=64))
-        loop = e.add(For(name="Loop", Count=3))
-        pair = e.add(Pair(name="pair"), region=loop)
+        loop = e.add(For(name="Loop", Count=3)) if in_loop else None
+        pair = e.add(Pair(name="pair", Gain=1.5, child_graph=child_graph), region=loop)
         e.connect(f, "Out", pair, "In")
 
     direct, child, edits, host, _ = _mirrored(build)
-    assert _nodes(child.engine) == _nodes(direct) and any(depth for *_, depth in _nodes(direct))
+    assert _nodes(child.engine) == _nodes(direct)
+    assert any(depth for *_, depth in _nodes(direct)) == in_loop
+    assert len(child.engine.plan.children) == len(direct.plan.children)
+    assert len(direct.plan.children) == int(child_graph and not in_loop)  # a body holds no child graph
     pair = host.context.registry.by_name("pair")
-    loop = host.context.registry.by_name("Loop")
-    assert {Place(pair.inner("a").id, loop.id), Place(pair.inner("b").id, loop.id)} <= {
-        e for e in edits if isinstance(e, Place)
-    }
+    assert isinstance(child.blocks[pair.id], MirrorComposite)
+    if in_loop:
+        assert Place(pair.id, host.context.registry.by_name("Loop").id) in [e for e in edits if isinstance(e, Place)]
+
+
+def test_a_composite_file_through_the_mirror_plans_as_in_process():
+    from cudapatch.host_plugin import PluginHost
+
+    registry = PluginHost().registry
+
+    def build(e):
+        smooth = registry.get("core.Composite").cls(
+            name="smooth", Path=str(ROOT / "examples" / "composites" / "smooth.toml"), Gain=2.0
+        )
+        f = e.add(Fill(name="f", Count=256))
+        e.add(smooth)
+        e.connect(f, "Out", smooth, "In")
+
+    direct, child, *_ = _mirrored(build)
+    assert _nodes(child.engine) == _nodes(direct) and len(_nodes(direct)) >= 3
+    mine = child.engine.context.registry.by_name("smooth")
+    assert mine.get("Path").endswith("smooth.toml") and mine.composite_file() == mine.layout.file
+
+
+def test_an_inner_blocks_diagnostic_is_on_the_composite_in_the_child_as_in_process():
+    def build(e):
+        e.add(Pair(name="pair"))  # its exposed input unlinked: a diagnostic of the inner block 'pair/a'
+
+    direct, child, _, host, _ = _mirrored(build)
+    pair = host.context.registry.by_name("pair")
+    want = [
+        (d.code, d.message) for d in direct.diagnostics() if d.block_id == direct.context.registry.by_name("pair").id
+    ]
+    got = [(d.code, d.message) for d in child.engine.diagnostics() if child.to_host.get(d.block_id) == pair.id]
+    assert want and got == want and "'pair/a'" in want[0][1]
 
 
 # -- the host side against fakes ------------------------------------------------------------------------
@@ -356,25 +406,18 @@ def test_engine_options_reach_the_child():
     assert e.background_builds is False and e.debug_launch is True
 
 
-def test_an_inner_blocks_diagnostic_stands_on_its_composite(iso):
-    class Pair(Composite):
-        def compose(self, c) -> None:
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale())
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
-
+def test_an_exposed_parameter_goes_hot_to_the_childs_composite(iso):
     pair = iso.add(Pair(name="pair"))
+    f = iso.add(Fill(name="f", Count=64))
+    iso.connect(f, "Out", pair, "In")
     iso.update()
-    inner = pair.inner("a")
-    iso.children[0].inbox.append(
-        ("diagnostics", (("warning", inner.id, "input-unlinked", "'pair/a': input 'In' is not linked"),), {})
-    )
+    child = iso.children[0]
+    (add,) = [e for e in child.edits() if isinstance(e, AddBlock) and e.id == pair.id]
+    assert [o.op for o in add.description.ops] == ["a", "b"]
+    assert [o.id for o in add.description.ops] == [pair.inner("a").id, pair.inner("b").id]
+    pair.set("Gain", 4.0)
     iso.update()
-    (d,) = iso.diagnostics(pair)
-    assert d.block_id == pair.id and "'pair/a'" in d.message and d.code == "input-unlinked"
-    assert isinstance(d, Diagnostic)
+    assert child.sent[-1] == ("frame", 2, ((pair.id, "Gain", 4.0),))
 
 
 def test_the_child_answers_iterations_and_stats_with_its_loops():
