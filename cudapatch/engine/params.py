@@ -6,9 +6,12 @@ every argument, the pointer array into it, the struct) plus one ctypes *slot* ob
 argument, so a Hot or Warm update is a slot write followed by ``cuGraphExecKernelNodeSetParams``
 with the same struct: no allocation, no packing, no rebuild, no re-instantiation.
 
-Building a storage costs more than a rebuild should spend per node (ctypes objects, one per slot),
-so a Cold rebuild reuses the running graph's storage for the same kernel of the same block and
-rewrites every slot (``load``); ``backup``/``restore`` give it back untouched if that build fails.
+A build makes one storage per kernel node (10,000 at 10,000 blocks), so making one is kept cheap: the
+values are packed in one ``struct.pack_into`` by a layout made once per kernel descriptor, and the
+ctypes slot objects are made only for the slots something patches later (``ParamSlots``). A Cold
+rebuild on the frame thread also reuses the running graph's storage for the same kernel of the same
+block and rewrites every slot (``load``); ``backup``/``restore`` give it back untouched if that
+build fails.
 
 ``PackedLaunch`` is the same idea for the engine's own fixed-signature kernels (timestamp and
 readback publish nodes), whose arguments never change after the build.
@@ -17,13 +20,14 @@ readback publish nodes), whose arguments never change after the build.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+import struct
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..kernels._driver import driver
 from .plan import KernelNodePlan
 
-__all__ = ["PackedLaunch", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
+__all__ = ["PackedLaunch", "ParamSlots", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
 
 #: What ``ParamStorage.backup`` returns: the argument bytes, function address, grid, block and shared memory.
 Backup = tuple[bytes, int, int, int, int, tuple[int, int, int, int]]
@@ -42,16 +46,105 @@ def read_slot(slot: Any) -> Any:
     return tuple(slot) if isinstance(slot, ctypes.Array) else slot.value
 
 
+#: struct format character of one lane, by NumPy base type (standard sizes, no alignment: ``<``).
+_LANE_FORMAT = {
+    "float32": "f",
+    "float64": "d",
+    "int32": "i",
+    "uint32": "I",
+    "int64": "q",
+    "uint64": "Q",
+    "uint8": "B",
+    "int8": "b",
+    "int16": "h",
+    "uint16": "H",
+    "float16": "e",
+}
+
+
+class _Layout:
+    """How one kernel descriptor's arguments lie in a storage: byte offsets and size, the ctypes type
+    of each slot, and the ``struct`` that writes them all at once (None where a lane type has no
+    struct format). Made once per descriptor (``_layout``)."""
+
+    __slots__ = ("descriptor", "offsets", "size", "types", "packer", "vectors")
+
+    def __init__(self, desc: Any) -> None:
+        self.descriptor = desc
+        self.offsets, self.size = desc.offsets
+        self.types: list[Any] = []
+        fmt, pos, self.vectors = ["<"], 0, False
+        for abi, o in zip(desc.slots, self.offsets, strict=True):
+            p = desc.parameters[abi.param]
+            if abi.role != "value":  # a slot of an ABI expansion: 8-byte pointers and counts
+                t, lane = ctypes.c_int64, "q"
+            elif p.is_pointer:
+                t, lane = ctypes.c_uint64, "Q"
+            else:
+                dt = p.dtype
+                t = dt.ctype if dt.lanes == 1 else dt.ctype * dt.lanes
+                code = _LANE_FORMAT.get(dt.base.name)
+                lane = None if code is None else code * dt.lanes
+                self.vectors |= dt.lanes > 1
+            self.types.append(t)
+            if lane is None or o < pos:
+                fmt = None
+            if fmt is not None:
+                fmt.append(f"{o - pos}x{lane}" if o > pos else lane)
+                pos = o + struct.calcsize("<" + lane)
+        self.packer = struct.Struct("".join(fmt)) if fmt is not None else None
+
+
+_layouts: dict[int, _Layout] = {}
+
+
+def _layout(desc: Any) -> _Layout:
+    """The layout of ``desc``'s arguments (cached by identity: a plan's nodes share descriptors)."""
+    lay = _layouts.get(id(desc))
+    if lay is None or lay.descriptor is not desc:
+        if len(_layouts) > 4096:  # descriptors of edited kernels come and go
+            _layouts.clear()
+        lay = _layouts[id(desc)] = _Layout(desc)
+    return lay
+
+
+class ParamSlots(Sequence):
+    """The ctypes slot objects over one storage's arguments, each made on first use: a build makes
+    thousands of storages, and only the slots of Hot, Warm and bypass targets are ever written again."""
+
+    __slots__ = ("_storage", "_types", "_offsets", "_made")
+
+    def __init__(self, storage: Any, layout: _Layout) -> None:
+        self._storage = storage
+        self._types = layout.types
+        self._offsets = layout.offsets
+        self._made: list[Any] = [None] * len(layout.types)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._made)))]
+        slot = self._made[i]
+        if slot is None:
+            slot = self._made[i] = self._types[i].from_buffer(self._storage, self._offsets[i])
+        return slot
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(len(self._made)))
+
+
 class ParamStorage:
     """Pinned parameter storage of one kernel launch: a byte buffer holding every parameter, a
-    ``void**`` array pointing into it, ctypes slot objects over each parameter, and the reusable
-    ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``) pointing at the array.
+    ``void**`` array pointing into it, ctypes slot objects over each parameter (``ParamSlots``, made
+    on first use), and the reusable ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``) pointing at the array.
 
     Slots follow the descriptor's ABI slots one to one (a Numba array expands to several), as do the
     plan's ``args``.
     """
 
-    __slots__ = ("descriptor", "storage", "pointers", "slots", "params")
+    __slots__ = ("descriptor", "storage", "pointers", "slots", "params", "_packer", "_vectors")
 
     def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
         """Lay out the storage for ``node``'s descriptor and ``load`` it.
@@ -63,23 +156,14 @@ class ParamStorage:
         """
         d = driver()
         desc = node.descriptor
+        lay = _layout(desc)
         self.descriptor = desc
-        offsets, size = desc.offsets
-        self.storage = (ctypes.c_uint8 * max(size, 8))()
+        self._packer, self._vectors = lay.packer, lay.vectors
+        offsets = lay.offsets
+        self.storage = (ctypes.c_uint8 * max(lay.size, 8))()
         base = ctypes.addressof(self.storage)
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
-        self.slots: list[Any] = []
-        for abi, o in zip(desc.slots, offsets, strict=True):
-            p = desc.parameters[abi.param]
-            if abi.role != "value":  # a slot of an ABI expansion: 8-byte pointers and counts
-                slot = ctypes.c_int64.from_buffer(self.storage, o)
-            elif p.is_pointer:
-                slot = ctypes.c_uint64.from_buffer(self.storage, o)
-            elif p.dtype.lanes == 1:
-                slot = p.dtype.ctype.from_buffer(self.storage, o)
-            else:
-                slot = (p.dtype.ctype * p.dtype.lanes).from_buffer(self.storage, o)
-            self.slots.append(slot)
+        self.slots = ParamSlots(self.storage, lay)
         kp = d.CUDA_KERNEL_NODE_PARAMS()
         kp.kernelParams = ctypes.addressof(self.pointers) if offsets else 0
         kp.extra = 0
@@ -91,9 +175,32 @@ class ParamStorage:
         return self.descriptor is node.descriptor or self.descriptor == node.descriptor
 
     def load(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
-        """Write every slot and the launch configuration (a Cold rebuild reusing this storage)."""
-        for slot, v in zip(self.slots, values, strict=True):
-            write_slot(slot, v)
+        """Write every slot and the launch configuration (a Cold rebuild reusing this storage).
+
+        Raises:
+            ValueError: not one value per slot.
+        """
+        if len(values) != len(self.slots):
+            raise ValueError(f"{len(values)} values for {len(self.slots)} parameter slots")
+        packer = self._packer
+        try:
+            if packer is None:
+                raise TypeError
+            if self._vectors:
+                flat: list[Any] = []
+                for v in values:
+                    if type(v) is tuple:
+                        flat.extend(v)
+                    else:
+                        flat.append(v)
+                packer.pack_into(self.storage, 0, *flat)
+            else:
+                packer.pack_into(self.storage, 0, *values)
+        except (struct.error, TypeError, OverflowError):
+            # What struct refuses (a value out of its type's range, a float16 over 65504), the ctypes
+            # slots take as a C cast does, as they always did.
+            for slot, v in zip(self.slots, values, strict=True):
+                write_slot(slot, v)
         kp = self.params
         kp.func = function
         kp.gridDimX = node.grid

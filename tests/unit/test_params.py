@@ -248,3 +248,59 @@ def test_calls_find_their_capture_by_block() -> None:
 def test_storage_refuses_a_wrong_number_of_values(bad) -> None:
     with pytest.raises(ValueError):
         ParamStorage(_scale_node(), 42, bad)
+
+
+def _mixed_node() -> KernelNodePlan:
+    """Scale's launch with a by-value parameter of each lane type and alignment in between."""
+    from cudapatch.kernels.descriptor import KernelParamDescriptor as P
+
+    node = _scale_node()
+    params = (
+        P("a", DType.FLOAT32, True),
+        P("h", DType.FLOAT16, False),
+        P("v", DType.FLOAT3, False),
+        P("c", DType.UINT8, False),
+        P("w", DType.FLOAT4, False),
+        P("s", DType.INT16, False),
+        P("d", DType.DOUBLE2, False),
+        P("u", DType.UCHAR4, False),
+        P("n", DType.UINT64, False),
+    )
+    return node._replace(descriptor=dataclasses.replace(node.descriptor, parameters=params))
+
+
+MIXED = [0x7000_0000, 1.5, (1.0, -2.0, 3.25), 200, (0.5, 1.5, 2.5, 3.5), -7, (1e300, -2.0), (1, 2, 3, 255), 2**63]
+
+
+def _slot_by_slot(store: ParamStorage, values) -> bytes:
+    """The storage's bytes after writing ``values`` through ctypes slots one by one (the reference)."""
+    for slot, v in zip(store.slots, values, strict=True):
+        write_slot(slot, v)
+    return bytes(store.storage)
+
+
+def test_packed_load_writes_what_the_slots_would() -> None:
+    node = _mixed_node()
+    store = ParamStorage(node, 42, MIXED)  # one struct.pack_into
+    packed = bytes(store.storage)
+    ctypes.memset(store.storage, 0, len(store.storage))
+    assert _slot_by_slot(store, MIXED) == packed
+    assert [read_slot(s) for s in store.slots] == MIXED
+    assert store.slots[1:3] == [store.slots[1], store.slots[2]] and len(store.slots) == len(MIXED)
+
+
+@pytest.mark.parametrize("index, value", [(2, (1e40, 0.0, 0.0)), (5, 40_000), (8, -1), (0, 2**64 + 5)])
+def test_values_struct_refuses_are_written_as_a_c_cast_does(index, value) -> None:
+    """A float over float32's range, a short or a pointer out of range: the ctypes slots take them as before."""
+    values = list(MIXED)
+    values[index] = value
+    store = ParamStorage(_mixed_node(), 42, values)
+    reference = ParamStorage(_mixed_node(), 42, MIXED)
+    assert bytes(store.storage) == _slot_by_slot(reference, values)
+
+
+def test_a_wrong_value_type_still_raises() -> None:
+    values = list(MIXED)
+    values[3] = 2.5  # uchar
+    with pytest.raises(TypeError):
+        ParamStorage(_mixed_node(), 42, values)
