@@ -228,9 +228,12 @@ class IsolatedEngine:
 
     Made by ``Engine(isolated=True)``. What differs: ``output()`` returns the child's buffer mapped
     into this process (``SharedOutput``: ``ptr``, ``nbytes``, ``__cuda_array_interface__``, no
-    copy); ``read()`` and ``stats()`` ask the child and wait for its answer; a GPU fault ends only
-    the child, and the next ``update()`` runs a new one with the faulting block disabled (its
-    diagnostic says so), ``restarts`` counting them.
+    copy); ``read()``, ``stats()`` and ``iterations()`` ask the child and wait for its answer; a GPU
+    fault ends only the child, and the next ``update()`` runs a new one with the faulting block
+    disabled (its diagnostic says so), ``restarts`` counting them. Regions (``add(region=)``,
+    ``place``), FrameDelays and composites run in the child as in an engine here. What lives only
+    in the child (``pool``, ``probe``, ``append_buffer``, ... : ``UNSUPPORTED``) raises
+    ``NotInIsolatedEngine``.
 
     Args:
         device: CUDA device ordinal.
