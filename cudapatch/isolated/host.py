@@ -756,7 +756,9 @@ class IsolatedEngine:
         diags = self._engine_diags + self._diags
         if block is None:
             return diags
-        return tuple(d for d in diags if d.block_id == block.id)
+        comp = self.context.registry.composites.get(block.id)  # a composite's include its inner blocks'
+        ids = {block.id} | ({b.id for _, b in comp.inner_blocks()} if comp is not None else set())
+        return tuple(d for d in diags if d.block_id in ids)
 
     def report_fault(self, exc: Any) -> None:
         """Faults happen in the child; a fault in the host's own context is the host's. Ignored."""

@@ -231,6 +231,13 @@ def composite_record(comp: Composite) -> CompositeRecord:
     )
 
 
+def _inner_ids(record: CompositeRecord) -> Iterator[int]:
+    for o in record.ops:
+        yield o.id
+        if isinstance(o.description, CompositeRecord):
+            yield from _inner_ids(o.description)
+
+
 def patch_view(context: Any) -> Any:
     """The host's patch for the mirror (host side): ``context.snapshot()`` (its blocks frozen once per
     change), except that composites stay whole, each as one block whose description is its
@@ -372,7 +379,13 @@ class PatchMirror:
 
     @property
     def block_ids(self) -> frozenset[int]:
-        return frozenset(self._blocks)
+        """The host ids of the blocks the child has: registered ones and those inside composites (a
+        fault names an inner block; the next child disables it)."""
+        ids = set(self._blocks)
+        for _, desc, _ in self._blocks.values():
+            if isinstance(desc, CompositeRecord):
+                ids.update(_inner_ids(desc))
+        return frozenset(ids)
 
 
 _MISSING = object()

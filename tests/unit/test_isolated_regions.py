@@ -24,6 +24,7 @@ from cudapatch.isolated.mirror import (
     AddBlock,
     ChildPatch,
     Connect,
+    Disable,
     MirrorComposite,
     MirrorRegion,
     PatchMirror,
@@ -484,3 +485,32 @@ def test_the_child_sends_both_buffers_of_a_pair_and_one_of_anything_else():
     assert _other_of_pair(g, 9, "Out", bufs[2]) is None  # not in the plan
     g.bypass.outputs[(7, "Out")] = 2  # bypassed: what its readers read, one buffer
     assert _other_of_pair(g, 7, "Out", bufs[2]) is None
+
+
+def test_a_composites_diagnostics_include_its_inner_blocks_as_in_process(iso):
+    pair = iso.add(Pair(name="pair"))
+    iso.update()
+    a = pair.inner("a")
+    why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'pair/a' (kernel scale): the block is disabled"
+    iso.children[0].inbox.append(("diagnostics", (("error", a.id, "gpu-fault", why),), {pair.id: ("Error", why)}))
+    iso.update()
+    assert [d.message for d in iso.diagnostics(pair)] == [why] == [d.message for d in iso.diagnostics(a)]
+    assert str(pair).startswith("pair: Error")
+
+
+def test_a_fault_in_a_composites_inner_block_keeps_it_disabled_in_the_next_child(iso):
+    pair = iso.add(Pair(name="pair"))
+    f = iso.add(Fill(name="f", Count=64))
+    iso.connect(f, "Out", pair, "In")
+    iso.update()
+    first, a = iso.children[0], pair.inner("a")
+    why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'pair/a' (kernel scale): the block is disabled"
+    first.inbox.append(("fault", (("error", a.id, "gpu-fault", why),), {a.id: why}))
+    iso.update()
+    assert Disable(a.id, why) in iso.children[1].edits()
+    assert any(d.code == "gpu-fault" for d in iso.diagnostics(pair)) and str(pair).startswith("pair: Error")
+    mine = ChildPatch(PlanOnlyEngine(), lambda h: h)  # the child side: the inner block is found by its host id
+    disabled = []
+    mine.engine.disable = lambda b, reason: disabled.append((b.name, reason))
+    mine.apply([e for e in iso.children[1].edits() if isinstance(e, (AddBlock, Disable))])
+    assert disabled == [("a", why)]
