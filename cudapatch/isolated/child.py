@@ -100,6 +100,7 @@ class _Server:
         self._graph: Any = None
         self._diags: Any = None
         self._busy = False  # what the host was last told of ``building``
+        self._shown: dict[int, Any] = {}  # what the host was last told of each block's sizes, shapes, group
         self.last_frame = cfg.start_frame  # the newest frame message run
 
     def send(self, message: Any) -> None:
@@ -148,7 +149,10 @@ class _Server:
                             )
             self.send(("outputs", outputs))
             shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
-            self.send(("built", shown))
+            changed = {hid: v for hid, v in shown.items() if self._shown.get(hid) != v}  # an edit touches few
+            self._shown = shown
+            if changed:
+                self.send(("built", changed))
         busy = e.lost is None and (e.building or e.context.dirty.structure)
         if busy != self._busy or edited:
             self._busy = busy

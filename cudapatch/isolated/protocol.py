@@ -23,7 +23,8 @@ Child → host:
 - ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers (a
   value in a FrameDelay's alternating pair comes with both buffers, ``OutputHandle.alt``).
 - ``("built", {block id: (sizes, shapes, fused)})``: what ``str(block.port(...))`` and ``str(block)``
-  show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), with ``outputs``.
+  show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), after ``outputs``, for the
+  blocks where that changed.
 - ``("building", busy)``: whether the engine has a structure edit not yet running (``building``):
   after every ``edits`` message and whenever it changes.
 - ``("diagnostics", (DiagRecord, ...), {block id: (state, message)})``: when they changed.

@@ -514,3 +514,58 @@ def test_a_fault_in_a_composites_inner_block_keeps_it_disabled_in_the_next_child
     mine.engine.disable = lambda b, reason: disabled.append((b.name, reason))
     mine.apply([e for e in iso.children[1].edits() if isinstance(e, (AddBlock, Disable))])
     assert disabled == [("a", why)]
+
+
+def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whether_it_builds(monkeypatch):
+    """The child's ``tell`` over a fake engine and graph: output handles (a delay pair with both buffers),
+    the blocks' sizes only where they changed, ``building`` after every edits message and on change."""
+    from types import SimpleNamespace
+
+    from cudapatch.isolated import child as child_module
+    from cudapatch.isolated import ipc
+
+    monkeypatch.setattr(ipc, "export_device_memory", lambda ptr: (b"h%d" % ptr, 0))
+    host = Context()
+    f = host.register_block(Fill(name="f", Count=8))
+    s = host.register_block(Scale(name="s"))
+    host.connect(f, "Out", s, "In")
+    mirror, patch = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    patch.apply(mirror.diff(host.snapshot()))
+    cf, cs = patch.blocks[f.id], patch.blocks[s.id]
+    bufs = [SimpleNamespace(ptr=p, count=8, dtype=DType.FLOAT32, nbytes=32) for p in (100, 200, 300)]
+    plan = SimpleNamespace(
+        outputs={(cf.id, "Out"): 0, (cs.id, "Out"): 1}, swaps={1: 2, 2: 1}, shapes={(cf.id, "Out"): Shape.of(2, 4)}
+    )
+    graph = SimpleNamespace(
+        plan=plan,
+        buffers=bufs,
+        bypass=SimpleNamespace(outputs={}),
+        output=lambda bid, port: bufs[plan.outputs[(bid, port)]] if (bid, port) in plan.outputs else None,
+    )
+    engine = SimpleNamespace(
+        graph=None,
+        lost=None,
+        building=True,
+        diagnostics=lambda: (),
+        context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
+    )
+    sent: list = []
+    server = child_module._Server.__new__(child_module._Server)
+    server.engine, server.patch, server.send = engine, patch, sent.append
+    server._graph, server._diags, server._busy, server._shown, server.last_frame = None, None, False, {}, 4
+    server.tell(edited=True)
+    assert sent == [("building", True), ("diagnostics", (), {f.id: ("NotCompiled", ""), s.id: ("NotCompiled", "")})]
+    sent.clear()
+    cf.debug.sizes, cs.debug.sizes = {"Out": 8}, {"Out": 8}
+    engine.graph, engine.building = graph, False
+    server.tell()
+    outputs = sent[0][1]
+    assert outputs[(f.id, "Out")] == OutputHandle(b"h100", 0, 8, DType.FLOAT32, 32, Shape.of(2, 4), (), 4)
+    assert outputs[(s.id, "Out")] == OutputHandle(b"h200", 0, 8, DType.FLOAT32, 32, None, (b"h300", 0), 4)
+    assert sent[1] == ("built", {f.id: ({"Out": 8}, {}, ""), s.id: ({"Out": 8}, {}, "")})
+    assert sent[2] == ("building", False) and len(sent) == 3
+    sent.clear()
+    engine.graph = SimpleNamespace(**{**vars(graph)})  # a rebuild that changed only s
+    cs.debug.fused = "f -> s"
+    server.tell()
+    assert sent[0][0] == "outputs" and sent[1] == ("built", {s.id: ({"Out": 8}, {}, "f -> s")}) and len(sent) == 2
