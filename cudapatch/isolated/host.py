@@ -178,6 +178,10 @@ class _CudaHostSide:
         self.device.close()
 
 
+def _export_key(binding: ExternalBinding) -> tuple:
+    return (binding.ptr, binding.count, binding.dtype, binding.shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class _DelayPair:
     """Both mapped buffers of a value in a FrameDelay's pair: ``first`` is written by ``frame`` and the
@@ -301,7 +305,10 @@ class IsolatedEngine:
         self.policy = policy or RestartPolicy()
         self.context = Context()
         self._dirty = self.context.dirty
-        self._mirror = PatchMirror(self._gpu.export)
+        # Device memory is exported when bound (so unshareable memory is refused there, not in update());
+        # the mirror takes the handle from here when it sends the binding.
+        self._exports: dict[tuple, InputHandle] = {}
+        self._mirror = PatchMirror(self._export)
         #: As ``Engine.counters``, counted here: ``frames`` sent, ``hot_updates`` batched into them, ``rebuilds``
         #: (structure edits sent to the child) and ``faults`` (children that ended: a GPU fault or a crash).
         self.counters = EngineCounters()
@@ -519,6 +526,19 @@ class IsolatedEngine:
         want = dtype or inp.dtype
         if hasattr(array, "__cuda_array_interface__"):
             binding = binding_from_cai(array, want, block.name, port)
+            old = self.context.bindings.get((block.id, port))
+            try:
+                if old is None or _export_key(old) != _export_key(binding):  # the same memory again: exported
+                    self._exports[_export_key(binding)] = self._gpu.export(binding)
+            except BindingError as exc:
+                if block.description.type_name in ("Upload", "Download") and port in ("Ring", "Control"):
+                    raise NotInIsolatedEngine(
+                        f"{block.description.type_name} rings are not available in an isolated engine yet: their "
+                        "pinned memory lives in this process and cannot be shared with the engine process",
+                        block=block.name,
+                        port=port,
+                    ) from None
+                raise BindingError(exc.message, block=block.name, port=port) from None
         else:
             host = np.ascontiguousarray(array)
             if not want.accepts(host.dtype):
@@ -531,6 +551,11 @@ class IsolatedEngine:
         self.context.bind_input(block, port, binding)
         if old is not None and old.count == binding.count and old.ptr == binding.ptr and not binding.ptr:
             self._dirty.mark_binding(block.id, port, binding)  # a host array of the same size: new values
+
+    def _export(self, binding: ExternalBinding) -> InputHandle:
+        """The ``InputHandle`` of a binding for the child: exported at ``bind`` for device memory."""
+        h = self._exports.pop(_export_key(binding), None) if binding.ptr else None
+        return h if h is not None else self._gpu.export(binding)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` / ``after_launch(stream)`` around each frame, on the host's stream."""
@@ -569,6 +594,7 @@ class IsolatedEngine:
                 if bindings:
                     edits = [mirror.bind(k, b) for k, b in bindings.items()]
                     child.send(("edits", [e for e in edits if e is not None]))
+                    self._exports.clear()  # what was bound is sent: the rest was replaced before it was
                 if dirty.take_bypass():  # the child's Bypass tier turns the nodes off: no rebuild there
                     child.send(("edits", [SetBypassed(frozenset(self.context.bypassed))]))
                 self.counters.hot_updates += len(hot)
@@ -592,6 +618,7 @@ class IsolatedEngine:
 
     def _send_structure(self, child: ChildLike) -> None:
         edits = self._mirror.diff(patch_view(self.context))
+        self._exports.clear()  # every binding the child lacks was sent
         for e in edits:
             if isinstance(e, (Redescribe, RemoveBlock)):  # new code or gone: a disabled block gets a new chance
                 self.policy.code_changed(e.id)

@@ -569,3 +569,37 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
     cs.debug.fused = "f -> s"
     server.tell()
     assert sent[0][0] == "outputs" and sent[1] == ("built", {s.id: ({"Out": 8}, {}, "f -> s")}) and len(sent) == 2
+
+
+class _DeviceArray:
+    """Device memory as ``__cuda_array_interface__`` (the fake host side exports it by pointer)."""
+
+    def __init__(self, ptr: int, n: int = 16) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False), "version": 3}
+
+
+def test_unshareable_memory_is_refused_at_bind_and_update_goes_on(iso):
+    from cudapatch.blocks.library.transfer import Upload
+    from cudapatch.errors import BindingError
+    from cudapatch.isolated.mirror import Bind
+
+    def export(binding):
+        if binding.ptr >= 1 << 40:  # stands for pinned host memory or a cudaMallocAsync pool
+            raise BindingError("this memory cannot be shared with the isolated engine process (CUDA_ERROR_X)")
+        return _export(binding)
+
+    iso.gpu.export = export
+    s = iso.add(Scale(name="s"))
+    with pytest.raises(BindingError, match="cannot be shared") as info:
+        iso.bind(s, "In", _DeviceArray(1 << 40))
+    assert (info.value.block, info.value.port) == ("s", "In") and (s.id, "In") not in iso.context.bindings
+    iso.bind(s, "In", _DeviceArray(4096))
+    iso.update()  # never raises: the binding was checked when made
+    assert [e for e in iso.children[0].edits() if isinstance(e, Bind)][0].input.offset == 4096
+    iso.bind(s, "In", _DeviceArray(8192))  # Warm: another pointer of the same size
+    iso.update()
+    assert [e for e in iso.children[0].edits() if isinstance(e, Bind)][-1].input.offset == 8192
+    assert iso._exports == {}
+    up = iso.add(Upload(name="up", Count=16))
+    with pytest.raises(NotInIsolatedEngine, match="Upload rings are not available in an isolated engine"):
+        iso.bind(up, "Ring", _DeviceArray(1 << 41, 64))
