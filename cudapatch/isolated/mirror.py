@@ -552,12 +552,15 @@ class ChildPatch:
             elif isinstance(ed, SetProfiling):
                 e.set_profiling(ed.level)
             elif isinstance(ed, SetKept):
+                every = self.all_blocks()  # a composite's inner outputs are kept by their own ids
                 for key in sorted(self.kept - ed.keys):
-                    b = self.blocks.get(key[0])
+                    b = every.get(key[0])
                     if b is not None:  # a removed block's keeps went with it
                         e.keep(b, key[1], False)
                 for key in sorted(ed.keys - self.kept):
-                    e.keep(self.blocks[key[0]], key[1])
+                    b = every.get(key[0])
+                    if b is not None:  # an inner block of a composite re-composed since: gone with it
+                        e.keep(b, key[1])
                 self.kept = set(ed.keys)
             elif isinstance(ed, Place):
                 e.place(self.blocks[ed.id], None if ed.region is None else self.blocks[ed.region])

@@ -603,3 +603,32 @@ def test_unshareable_memory_is_refused_at_bind_and_update_goes_on(iso):
     up = iso.add(Upload(name="up", Count=16))
     with pytest.raises(NotInIsolatedEngine, match="Upload rings are not available in an isolated engine"):
         iso.bind(up, "Ring", _DeviceArray(1 << 41, 64))
+
+
+@pytest.mark.parametrize("example", ["08_jacobi.toml", "10_reaction_diffusion.toml", "composites/patch.toml"])
+def test_an_example_patch_file_through_the_adapter_plans_in_the_child_as_in_process(example):
+    """What ``cudapatch run --isolated`` and the TouchDesigner binding do: the host adapter applies a patch
+    file (regions by ``region = ...``, delays, composites by file) to the isolated engine; the child's
+    patch, made from the edits the host sends, plans as the same file applied to an in-process engine."""
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch
+
+    registry = PluginHost().registry
+    path = ROOT / "examples" / example
+    children: list[FakeChild] = []
+    iso = Engine(
+        isolated=True, host_side=FakeHostSide(), launch=lambda cfg: children.append(FakeChild(cfg)) or children[-1]
+    )
+    try:
+        apply_patch(HostAdapter(iso, registry, search_paths=[path.parent]), load_patch(path, registry))
+        iso.update()
+        mine = ChildPatch(PlanOnlyEngine(), lambda h: h)
+        mine.apply([e for m in children[0].sent if m[0] == "edits" for e in m[1]])
+        mine.engine.update()
+        direct = PlanOnlyEngine()
+        apply_patch(HostAdapter(direct, registry, search_paths=[path.parent]), load_patch(path, registry))
+        direct.update()
+        assert direct.plan is not None and mine.engine.plan is not None
+        assert _nodes(mine.engine) == _nodes(direct)
+        assert bool(direct.plan.regions) == ("composites" not in example)
+    finally:
+        iso.close()
