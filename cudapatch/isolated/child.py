@@ -69,7 +69,6 @@ class _Server:
     """The child's state: the engine, the mirrored patch, and what the host was last told."""
 
     def __init__(self, cfg: StartConfig, out_fd: int) -> None:
-        from ..engine.bindings import DeviceArray
         from ..engine.engine import Engine
         from .ipc import FrameWord, IpcImports
         from .mirror import ChildPatch
@@ -91,17 +90,29 @@ class _Server:
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 
-        def import_input(h: Any) -> Any:
-            if h.array is not None:
-                return h.array  # a host array: the engine copies it into a buffer of its own
-            return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, shape=h.shape)
-
-        self.patch = ChildPatch(engine, import_input)
+        self.shared: dict[int, Any] = {}  # serial -> SharedPages of the host mapped here (Upload/Download rings)
+        self.patch = ChildPatch(engine, self.import_input)
         self._graph: Any = None
         self._diags: Any = None
         self._busy = False  # what the host was last told of ``building``
         self._shown: dict[int, Any] = {}  # what the host was last told of each block's sizes, shapes, group
         self.last_frame = cfg.start_frame  # the newest frame message run
+
+    def import_input(self, h: Any) -> Any:
+        """What ``engine.bind`` takes for an ``InputHandle`` of the host."""
+        from ..engine.bindings import DeviceArray
+        from .ipc import SharedPages
+
+        if h.array is not None:
+            return h.array  # a host array: the engine copies it into a buffer of its own
+        if h.shared:  # pinned pages of the host's ring: mapped here too, written and read in place
+            serial, path, nbytes, offset = h.shared
+            pages = self.shared.get(serial)
+            if pages is None:
+                self.engine.device.make_current()
+                pages = self.shared[serial] = SharedPages.attach(path, nbytes)
+            return DeviceArray(pages.device_ptr + offset, h.count, h.dtype, shape=h.shape)
+        return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, shape=h.shape)
 
     def send(self, message: Any) -> None:
         data = memoryview(encode_frame(message))

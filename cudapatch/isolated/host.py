@@ -23,9 +23,11 @@ here is tested on the CPU with fakes (``tests/unit/test_isolated.py``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -107,6 +109,7 @@ class HostSide(Protocol):
     def finished(self) -> int: ...
     def release(self, n: int) -> None: ...
     def export(self, binding: ExternalBinding) -> InputHandle: ...
+    def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
     def import_output(self, handle: Any) -> Any: ...
     def drop_outputs(self) -> None: ...
     def synchronize(self) -> None: ...
@@ -126,6 +129,8 @@ class _CudaHostSide:
         self.stream = self.device.stream
         self.word = FrameWord.create(0)
         self.imports = IpcImports()
+        self._shared: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # serial -> pages
+        self._serials = itertools.count(1)
 
     def start_parts(self, start_frame: int) -> int:
         from .ipc import CHILD_DONE, HOST_READY
@@ -154,9 +159,21 @@ class _CudaHostSide:
 
         if isinstance(binding.owner, np.ndarray):
             return InputHandle(binding.count, binding.dtype, array=binding.owner)
+        for serial, pages in list(self._shared.items()):  # an Upload/Download ring made for this engine
+            if pages.contains(binding.ptr):
+                where = (serial, pages.path, pages.nbytes, binding.ptr - pages.device_ptr)
+                return InputHandle(binding.count, binding.dtype, shape=binding.shape, shared=where)
         self.device.make_current()
         handle, offset = export_device_memory(binding.ptr)
         return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset, shape=binding.shape)
+
+    def share(self, nbytes: int) -> Any:
+        from .ipc import SharedPages
+
+        self.device.make_current()
+        pages = SharedPages.create(nbytes)
+        self._shared[next(self._serials)] = pages  # kept by the ring that releases it
+        return pages
 
     def import_output(self, h: Any) -> Any:
         from .ipc import SharedOutput
@@ -532,9 +549,10 @@ class IsolatedEngine:
                     self._exports[_export_key(binding)] = self._gpu.export(binding)
             except BindingError as exc:
                 if block.description.type_name in ("Upload", "Download") and port in ("Ring", "Control"):
-                    raise NotInIsolatedEngine(
-                        f"{block.description.type_name} rings are not available in an isolated engine yet: their "
-                        "pinned memory lives in this process and cannot be shared with the engine process",
+                    kind = block.description.type_name
+                    raise BindingError(
+                        f"this {kind} ring's memory is not shared with the engine process: make the ring for "
+                        f"this engine ({kind}Ring(engine, block)), which gives it memory both processes map",
                         block=block.name,
                         port=port,
                     ) from None
@@ -786,6 +804,17 @@ class IsolatedEngine:
         comp = self.context.registry.composites.get(block.id)  # a composite's include its inner blocks'
         ids = {block.id} | ({b.id for _, b in comp.inner_blocks()} if comp is not None else set())
         return tuple(d for d in diags if d.block_id in ids)
+
+    def share_host_memory(self, nbytes: int) -> Any:
+        """Pinned host memory of at least ``nbytes`` that the engine process maps too (``ipc.SharedPages``:
+        ``host_ptr``, ``device_ptr``, ``release()``): what ``UploadRing`` and ``DownloadRing`` allocate
+        their rings in for an isolated engine, so its kernels read and write what this process writes
+        and reads, with no copy and no message per frame. Binding it sends its name, not its bytes.
+
+        Raises:
+            OSError, CudaError: the memory cannot be made or registered.
+        """
+        return self._gpu.share(nbytes)
 
     def report_fault(self, exc: Any) -> None:
         """Faults happen in the child; a fault in the host's own context is the host's. Ignored."""

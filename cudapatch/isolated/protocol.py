@@ -122,7 +122,9 @@ class OutputHandle:
 @dataclass(frozen=True)
 class InputHandle:
     """Memory of the host bound to an input of the child's engine: an IPC handle of device memory
-    (``handle``, ``offset``), or a host array sent by value (``array``, copied by the child)."""
+    (``handle``, ``offset``), a host array sent by value (``array``, copied by the child), or pinned
+    host pages both processes map (``shared``: ``(serial, path, nbytes, offset)``, an Upload or
+    Download ring; ``ipc.SharedPages``)."""
 
     count: int
     dtype: Any
@@ -130,6 +132,7 @@ class InputHandle:
     offset: int = 0
     array: Any = None
     shape: Any = None  # the binding's Shape (2-D/3-D data), so the child launches over the same axes
+    shared: tuple = ()
 
 
 def diag_record(d: Any, to_host: dict[int, int]) -> DiagRecord:

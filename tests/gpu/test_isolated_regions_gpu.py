@@ -2,7 +2,8 @@
 For with a FrameDelay give bit for bit what an in-process engine gives (and NumPy), iterations and the
 ``region-max`` warning come back from the engine process, ``place`` moves a block into a body and out,
 a delay's alternating output is the frame's, composites (flattened and child graph) run as in process,
-and (marked ``gpu_fault``, run last) a fault inside a For body ends only the engine process."""
+Upload/Download rings are shared with the engine process, and (marked ``gpu_fault``, run last) a fault
+inside a For body ends only the engine process."""
 
 from __future__ import annotations
 
@@ -275,6 +276,41 @@ def test_a_composite_runs_isolated_as_in_process(rng: np.random.Generator, child
             np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(got["isolated"][1], (x * 3.0 + 0.5) * 3.0 + 0.5, rtol=1e-6)
         # the composite's own GPU time (or its absence) and its state are the in-process engine's
+
+
+def test_upload_and_download_rings_work_through_the_isolated_engine(rng: np.random.Generator) -> None:
+    """The rings live in pages both processes map (``share_host_memory``): the host writes an upload
+    and reads a download with plain stores and loads, the engine process's kernels copy them."""
+    from cudapatch import Download, Upload
+    from cudapatch.engine.transfer import DownloadRing, UploadRing
+
+    n = 4096
+    with Engine(isolated=True, wait_for_compile=True) as iso:
+        up = iso.add(Upload(name="up", Count=n))
+        double = iso.add(Scale(name="double", Factor=2.0))
+        tap = iso.add(Download(name="tap"))
+        iso.connect(up, "Out", double, "In")
+        iso.connect(double, "Out", tap, "In")
+        with UploadRing(iso, up) as feed, DownloadRing(iso, tap, n) as ring:
+            iso.update()
+            iso.synchronize()
+            frames = []
+            for _ in range(30):
+                feed.write(rng.standard_normal(n).astype(np.float32))  # never waits
+                iso.update()
+                got = ring.read()  # plain loads, a frame or two old
+                if got is not None:
+                    frames.append(got[1])
+            iso.synchronize()
+            assert frames == sorted(frames) and feed.written + feed.dropped == 30
+            last = rng.standard_normal(n).astype(np.float32)
+            assert feed.write(last)  # the engine process is idle: the slot is free
+            iso.update()
+            iso.synchronize()
+            values, frame = ring.read()
+            np.testing.assert_array_equal(values, last * np.float32(2.0))
+            np.testing.assert_array_equal(iso.read(up, "Out"), last)
+            assert frame > (frames[-1] if frames else 0)
 
 
 @pytest.mark.gpu_fault

@@ -5,7 +5,9 @@ the ``Engine`` attributes the isolated engine does not offer failing clearly."""
 
 from __future__ import annotations
 
+import itertools
 import pickle
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from cudapatch import Composite, CustomKernel, DType, Engine, Fill, For, FrameDelay, If, KernelFile, Scale, While
 from cudapatch.blocks.regions import Region
 from cudapatch.blocks.shape import Shape
-from cudapatch.engine import Context
+from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from cudapatch.errors import CudapatchError
 from cudapatch.host_plugin.plan_view import format_plan
@@ -601,8 +603,8 @@ def test_unshareable_memory_is_refused_at_bind_and_update_goes_on(iso):
     assert [e for e in iso.children[0].edits() if isinstance(e, Bind)][-1].input.offset == 8192
     assert iso._exports == {}
     up = iso.add(Upload(name="up", Count=16))
-    with pytest.raises(NotInIsolatedEngine, match="Upload rings are not available in an isolated engine"):
-        iso.bind(up, "Ring", _DeviceArray(1 << 41, 64))
+    with pytest.raises(BindingError, match=r"make the ring for this engine \(UploadRing\(engine, block\)\)"):
+        iso.bind(up, "Ring", _DeviceArray(1 << 41, 64))  # a ring made for another engine
 
 
 @pytest.mark.parametrize("example", ["08_jacobi.toml", "10_reaction_diffusion.toml", "composites/patch.toml"])
@@ -632,3 +634,42 @@ def test_an_example_patch_file_through_the_adapter_plans_in_the_child_as_in_proc
         assert bool(direct.plan.regions) == ("composites" not in example)
     finally:
         iso.close()
+
+
+def test_a_ring_in_pages_both_processes_map_is_bound_by_name_and_mapped_once_in_the_child(monkeypatch):
+    """``share_host_memory`` pages (what Upload/Download rings use for an isolated engine): the host
+    exports a pointer inside them as their name and offset; the child maps them once and binds its own
+    device address of the same bytes."""
+    from types import SimpleNamespace
+
+    from cudapatch.engine.bindings import DeviceArray
+    from cudapatch.isolated import child as child_module
+    from cudapatch.isolated import ipc
+    from cudapatch.isolated.host import _CudaHostSide
+
+    class Pages:
+        def __init__(self, device_ptr, nbytes, path="/proc/1/fd/7"):
+            self.device_ptr, self.nbytes, self.path = device_ptr, nbytes, path
+
+        def contains(self, ptr):
+            return self.device_ptr <= ptr < self.device_ptr + self.nbytes
+
+    side = _CudaHostSide.__new__(_CudaHostSide)
+    side._shared, side._serials = weakref.WeakValueDictionary(), itertools.count(1)
+    pages = Pages(1 << 30, 8192)
+    side._shared[next(side._serials)] = pages
+    h = side.export(ExternalBinding((1 << 30) + 4096, 16, DType.UINT64))
+    assert h.shared == (1, "/proc/1/fd/7", 8192, 4096) and h.handle == b""
+    attached = []
+
+    def attach(path, nbytes):
+        attached.append((path, nbytes))
+        return Pages(5 << 30, nbytes)
+
+    monkeypatch.setattr(ipc.SharedPages, "attach", staticmethod(attach))
+    server = child_module._Server.__new__(child_module._Server)
+    server.engine = SimpleNamespace(device=SimpleNamespace(make_current=lambda: None))
+    server.shared = {}
+    a, b = server.import_input(h), server.import_input(h)
+    assert isinstance(a, DeviceArray) and attached == [("/proc/1/fd/7", 8192)]
+    assert a.__cuda_array_interface__["data"][0] == b.__cuda_array_interface__["data"][0] == (5 << 30) + 4096
