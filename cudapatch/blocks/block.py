@@ -45,6 +45,7 @@ class BlockDebugInfo:
     message: str = ""
     append: dict[str, Any] = field(default_factory=dict)  # port -> live AppendBuffer (count, capacity, age)
     gpu_ms: float | None = None  # GPU time in the last reported frame (PerBlock and above)
+    runs: tuple[int, float | None, float | None] | None = None  # in a region's body: (runs, min ms, max ms)
     append_fill: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (count, capacity), Deep levels
     sizes: dict[str, int] = field(default_factory=dict)  # output port -> element count
     shapes: dict[str, Any] = field(default_factory=dict)  # output port -> Shape, for 2-D/3-D outputs
@@ -307,6 +308,12 @@ class Block:
         if d.gpu_ms is not None:
             head += f", {d.gpu_ms:.2f}ms"
         lines = [head] + [f"  {port}: {count}/{cap}" for port, (count, cap) in d.append_fill.items()]
+        if d.runs is not None and d.gpu_ms is not None:  # inside a region's body: the time of one iteration
+            n, lo, hi = d.runs
+            each = (
+                f"{d.gpu_ms * 1e3 / n:.1f}µs x {n} (min {lo * 1e3:.1f}µs, max {hi * 1e3:.1f}µs)" if n else "did not run"
+            )
+            lines.append(f"  Per iteration: {each}")
         if d.fused:
             lines.append(f"  fused: {d.fused}")
         return "\n".join(lines)

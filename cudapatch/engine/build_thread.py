@@ -72,10 +72,19 @@ class BuildWorker:
         make_current: Makes the engine's CUDA context current on the calling thread (called on the
             worker's thread before each job).
         name: The thread's name.
+        around_job: A context each job and its deferred work run in (the engine's: the collector
+            paused, ``collector.py``).
     """
 
-    def __init__(self, make_current: Callable[[], None], *, name: str = "cudapatch-build") -> None:
+    def __init__(
+        self,
+        make_current: Callable[[], None],
+        *,
+        name: str = "cudapatch-build",
+        around_job: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
         self._make_current = make_current
+        self._around_job = around_job
         #: A job waits here for the end of a frame (``pace``); the engine opens it after a frame while
         #: ``gate.wanted``, and ``wait`` opens it (the frame thread waiting has no frame to give).
         self.gate = FrameGate()
@@ -117,7 +126,7 @@ class BuildWorker:
                 job = self._job
             try:
                 self._make_current()
-                with short_switch_interval():
+                with short_switch_interval(), self._around_job():
                     outcome = job()
             except BaseException as exc:  # handed to the frame thread, which raises or reports it
                 outcome = _Raised(exc)
@@ -144,11 +153,12 @@ class BuildWorker:
     def _run_tail(self, tail: list[Callable[[], Any]]) -> None:
         try:
             self.pace()
-            for fn in tail:
-                try:
-                    fn()
-                except Exception as exc:  # nothing waits for it: say so, and go on
-                    log.warning("work deferred after a build failed: %s", exc)
+            with self._around_job():  # freeing a retired plan is build work too
+                for fn in tail:
+                    try:
+                        fn()
+                    except Exception as exc:  # nothing waits for it: say so, and go on
+                        log.warning("work deferred after a build failed: %s", exc)
         finally:
             with self._cv:
                 self._tailing = False

@@ -139,6 +139,6 @@ class BuiltShower:
             for b in blocks:
                 d = b.debug
                 if d.gpu_ms is not None or d.append_fill:
-                    d.gpu_ms = None
+                    d.gpu_ms = d.runs = None
                     d.append_fill = {}
         self.shown = view

@@ -91,6 +91,9 @@ class BypassIndex:
         self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
         #: block id -> its place in the plan's topological order (a decision sorts only what it bypasses)
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
+        #: bypassed blocks -> the decision for them (``BypassTier.apply``): a toggle alternates between
+        #: two sets, and a decision depends on nothing else than this plan
+        self.decisions: dict[frozenset[int], tuple[frozenset[int], BypassPlan]] = {}
         for n in plan.nodes:
             if isinstance(n, KernelNodePlan):
                 self._add(n, captured=False)

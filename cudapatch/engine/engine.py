@@ -101,7 +101,8 @@ class Engine(PatchEditing, EngineResults):
             and docs/architecture.md, memory phase). False: every output has a buffer of its own.
         freeze_collector: After each build, move the objects Python's cyclic collector tracks into its
             permanent generation (``gc.freeze()``), so its full collections stop scanning the whole
-            patch while frames run (``engine/collector.py``). Process-wide: False leaves it alone.
+            patch while frames run, and pause automatic collection while a build runs on the build
+            thread (``engine/collector.py``). Process-wide: False leaves it alone.
 
     A sticky GPU fault (illegal address, ...) does not end the process: the next ``update()`` resets
     the context, finds the faulting block by replaying block by block, disables it (its outputs read
@@ -150,7 +151,8 @@ class Engine(PatchEditing, EngineResults):
         )
         self._gate = builder.gate  # opened after each frame while the builder has work
         #: The thread structure edits are built on (``background_builds``).
-        self._worker = BuildWorker(lambda: self.resources.device.make_current())
+        collector = CollectorFreeze(freeze_collector)
+        self._worker = BuildWorker(lambda: self.resources.device.make_current(), around_job=collector.building)
         self._build_gate = self._worker.gate  # opened after a frame while a build waits for one
         # Held by the frame thread for a whole update(), and by the builder's thread while it swaps a
         # recompiled kernel into the graph between frames: an executable graph takes one caller at a time.
@@ -213,7 +215,7 @@ class Engine(PatchEditing, EngineResults):
             resources=self.resources,
             context=self.context,
             timing=self.last_build,
-            collector=CollectorFreeze(freeze_collector),
+            collector=collector,
         )
         self.background_builds = background_builds
         self._dirty = self.context.dirty

@@ -173,6 +173,8 @@ class RegionPlan(NamedTuple):
         tail: With ``unroll`` > 1, the conditional node running the iterations left, one copy each.
         pairs: With FrameDelays carried by ping-pong and ``unroll`` > 2, the conditional node between
             ``node`` and ``tail`` running what is left two copies at a time (``compiler/region_delays.py``).
+        timers: ``(unit, counter index)`` of the body timer of each block and region directly in its
+            body (``PerBlock`` and up, ``compiler/body_timers.py``): the first of its record's counter words.
     """
 
     kind: str
@@ -182,6 +184,7 @@ class RegionPlan(NamedTuple):
     unroll: int = 1
     tail: int | None = None
     pairs: int | None = None
+    timers: tuple[tuple[int, int], ...] = ()
 
 
 class ProbeNodePlan(NamedTuple):

@@ -1,7 +1,7 @@
 """Profiling levels and the statistics the engine reports (DESIGN.md §6).
 
-Levels add event-record nodes to the graph (placed by the compiler), so changing the level is a
-structure change. ``None`` adds none at all. Results come back through the engine's ring of
+Levels add timestamp nodes to the graph (placed by the compiler; inside regions' bodies, timer kernels),
+so changing the level is a structure change. ``None`` adds none at all. Results come back through the engine's ring of
 three in-flight frames and are read only when someone asks (``Engine.stats()``).
 """
 
@@ -77,7 +77,14 @@ class AppendStats:
 
 @dataclass(frozen=True)
 class BlockStats:
-    """What one block did in the reported frame."""
+    """What one block did in the reported frame.
+
+    ``gpu_ms`` is its GPU time in the frame (PerBlock and above). A block inside a region's body (or a
+    region nested in one) is timed on the device every time it runs (``compiler/body_timers.py``):
+    ``gpu_ms`` is then the sum over the frame, ``runs`` how often it ran (a loop's iterations, those of
+    the loops around it multiplied in; 0 or 1 in an ``If``), ``mean_ms`` the time of one run, ``min_ms``
+    and ``max_ms`` the shortest and longest. Outside bodies ``runs`` and the rest are None.
+    """
 
     block_id: int
     name: str
@@ -87,6 +94,14 @@ class BlockStats:
     kernels: tuple[KernelStats, ...] = ()
     append: dict[str, AppendStats] = field(default_factory=dict)
     fused: str = ""  # the fused group the block runs in ("a -> b -> c"), empty when it runs alone
+    runs: int | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+
+    @property
+    def mean_ms(self) -> float | None:
+        """GPU time of one run (one iteration) of a block inside a body, None elsewhere or if it did not run."""
+        return self.gpu_ms / self.runs if self.runs and self.gpu_ms is not None else None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,10 @@ With ``Unroll`` U > 1 a loop is a main WHILE over U copies of its body (``region
 The iteration counter is one of the graph's append counters, published through the readback ring, so
 the host reads iteration counts without a stall (a nested loop's is that of its last run).
 The limits are ordinary scalar arguments: a Hot edit of ``Count`` or ``Max`` patches them in place.
+
+The same module holds the body timers (``body_tick``, ``body_tock``): at ``PerBlock`` and up, the
+blocks inside bodies are timed on the device, every iteration, into records that come back with the
+counters (``compiler/body_timers.py`` places them, ``region_stats.body_times`` reads them).
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ from functools import cache
 from ..kernels.cuda_source import CudaSource
 from ..kernels.descriptor import KernelDescriptor
 
-__all__ = ["REGION_SOURCE", "region_kernel", "REGION_ENTRIES"]
+__all__ = ["REGION_SOURCE", "TIMER_SOURCE", "region_kernel", "REGION_ENTRIES", "TIMER_RECORD_WORDS", "TIMER_SLOT_WORDS"]
+
+#: Counter words (uint32) of one body timer's record, and of one time slot (see ``body_tock``).
+TIMER_RECORD_WORDS = 8
+TIMER_SLOT_WORDS = 2
 
 REGION_SOURCE = r"""
 typedef unsigned long long cudaGraphConditionalHandle;
@@ -167,6 +175,41 @@ extern "C" __global__ void region_while_tail_n1(unsigned long long handle, const
 }
 """
 
+#: Body timers (profiling at ``PerBlock`` and up, ``compiler/body_timers.py``). Event-record nodes are not
+#: allowed in a conditional node's body (kernel, empty, child-graph, memset, memcpy and conditional nodes
+#: are), and a timestamp slot written in a loop would keep only the last iteration; so a body block is
+#: timed by two one-thread kernels reading the GPU's nanosecond timer (``%globaltimer``) that accumulate
+#: into a record among the graph's counters, zeroed by the counters' memset at the start of each frame.
+#: ``body_tick`` writes the start time into a slot; ``body_tock``, after the block's last nodes, adds
+#: ``now - start`` to the record and writes its own time into another slot, which the next block in
+#: the body takes as its start (then it needs no tick of its own on its path). A record is 8 counter
+#: words, 8-byte aligned: the sum of the durations (u64, ns), their maximum (u64), the complement of
+#: their minimum (u64: zeroed means "none yet", so one atomicMax keeps the minimum) and the count
+#: (u32). Atomics: the copies of an unrolled body time the same block into one record. (A source of
+#: its own, compiled in one module with the set-condition kernels, so those build for the host too.)
+TIMER_SOURCE = r"""
+extern "C" __global__ void body_tick(unsigned int* start)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    *reinterpret_cast<unsigned long long*>(start) = t;
+}
+
+extern "C" __global__ void body_tock(const unsigned int* start, unsigned int* end, unsigned int* record)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long s = *reinterpret_cast<const unsigned long long*>(start);
+    *reinterpret_cast<unsigned long long*>(end) = t;
+    const unsigned long long d = t > s ? t - s : 0ull;
+    unsigned long long* r = reinterpret_cast<unsigned long long*>(record);
+    atomicAdd(r, d);
+    atomicMax(r + 1, d);
+    atomicMax(r + 2, ~d);
+    atomicAdd(record + 6, 1u);
+}
+"""
+
 #: Entry point -> the kernel index region nodes use in ``(block_id, kernel)`` keys: negative, so they
 #: never meet a block's own kernels (the region block has none) in the functions map.
 REGION_ENTRIES = {
@@ -186,11 +229,13 @@ REGION_ENTRIES = {
     "region_for_tail_n": -15,
     "region_while_tail_n4": -16,
     "region_while_tail_n1": -17,
+    "body_tick": -18,
+    "body_tock": -19,
 }
 
 
 @cache
 def region_kernel(entry: str) -> tuple[CudaSource, KernelDescriptor]:
     """The source and descriptor of one set-condition kernel (parsed once; no compile here)."""
-    source = CudaSource(code=REGION_SOURCE, entry=entry, name="regions.cu")
+    source = CudaSource(code=REGION_SOURCE + TIMER_SOURCE, entry=entry, name="regions.cu")
     return source, source.describe()

@@ -4,16 +4,59 @@ a ``While`` that ran ``Max`` of them (its condition may still hold: the guard st
 Each loop's iteration counter is one of the graph's append counters (``RegionPlan.counter``), so
 it comes back through the readback ring with the frame it belongs to: reading it costs no driver
 call and never waits for the GPU.
+
+So do the records of the body timers (``PerBlock`` and up, ``compiler/body_timers.py``): per block
+inside a body, the sum, extremes and count of its runs in the frame (``body_times``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from .diagnostics import Diagnostic, DiagnosticCode
+from .region_kernels import TIMER_RECORD_WORDS
 from .registry import BlockRegistry
 
-__all__ = ["region_iterations", "region_warnings", "show_iterations"]
+__all__ = ["BodyTime", "body_times", "decode_timer", "region_iterations", "region_warnings", "show_iterations"]
+
+
+class BodyTime(NamedTuple):
+    """What a body timer measured for one block in one frame: the sum of its runs' durations, how many
+    runs, and the shortest and longest (None when it did not run). Milliseconds."""
+
+    total_ms: float
+    runs: int
+    min_ms: float | None
+    max_ms: float | None
+
+
+def decode_timer(words: np.ndarray) -> BodyTime:
+    """A body timer's record from its ``TIMER_RECORD_WORDS`` counter words (``region_kernels.TIMER_SOURCE``:
+    sum, maximum and complemented minimum as uint64 nanoseconds, then the count as uint32)."""
+    w = np.ascontiguousarray(words[:TIMER_RECORD_WORDS], dtype=np.uint32)
+    total, longest, not_shortest, _ = (int(x) for x in w.view(np.uint64))
+    runs = int(w[6])
+    if not runs:
+        return BodyTime(0.0, 0, None, None)
+    shortest = ~not_shortest & (2**64 - 1)
+    return BodyTime(total / 1e6, runs, shortest / 1e6, longest / 1e6)
+
+
+def body_times(graph: Any) -> dict[int, BodyTime]:
+    """Block (or nested region) id -> its ``BodyTime`` in the newest completed frame of ``graph``, for
+    every block inside a body of a graph timed at ``PerBlock`` and up (empty otherwise, or before a
+    frame completed). Plain loads from the readback ring: no driver call, never a wait."""
+    rb = graph.readback if graph is not None else None
+    if rb is None or not any(rp.timers for rp in graph.plan.regions.values()):
+        return {}
+    if not rb.frozen:
+        rb.poll()
+    if rb.latest_frame is None:
+        return {}
+    words = rb.latest
+    return {unit: decode_timer(words[ci:]) for rp in graph.plan.regions.values() for unit, ci in rp.timers}
 
 
 def region_iterations(graph: Any, region_id: int) -> int | None:

@@ -24,6 +24,7 @@ from ..blocks.block import Block
 from .diagnostics import Diagnostic, DiagnosticCode
 from .plan import GraphPlan, TimingPair
 from .profiling import AppendStats, BlockStats, EngineStats, KernelStats, ProfilingLevel
+from .region_stats import body_times
 from .registry import BlockRegistry
 
 __all__ = [
@@ -217,6 +218,7 @@ def collect_stats(
     """
     frame, stamps = reading.frame, reading.stamps
     graph_ms, block_ms, kernel_ms = frame_times(graph.plan.timings, stamps) if stamps is not None else (None, {}, {})
+    body = body_times(graph) if stamps is not None else {}  # blocks inside regions' bodies: timed per run
     occupancy = graph.occupancy if graph is not None else {}
     rows = []
     for b in blocks:
@@ -231,9 +233,11 @@ def collect_stats(
             for ki, k in enumerate(b.description.kernels)
         )
         debug = b.debug
-        rows.append(
-            BlockStats(b.id, b.name, debug.state.value, debug.message, block_ms.get(b.id), kernels, append, debug.fused)
-        )
+        ms, bt = block_ms.get(b.id), body.get(b.id)
+        runs = (bt.runs, bt.min_ms, bt.max_ms) if bt is not None else (None, None, None)
+        if bt is not None:
+            ms = bt.total_ms
+        rows.append(BlockStats(b.id, b.name, debug.state.value, debug.message, ms, kernels, append, debug.fused, *runs))
     return EngineStats(
         level=level,
         frame=frame,
@@ -272,4 +276,5 @@ def show_on_blocks(stats: EngineStats, blocks: BlockRegistry) -> None:
         if b is None:
             continue
         b.debug.gpu_ms = row.gpu_ms
+        b.debug.runs = (row.runs, row.min_ms, row.max_ms) if row.runs is not None else None
         b.debug.append_fill = {p: (s.count, s.capacity) for p, s in row.append.items()} if deep else {}

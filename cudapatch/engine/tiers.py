@@ -453,17 +453,21 @@ class BypassTier:
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
             index = BypassIndex(g.plan)
             self._take_index(index)
-        shared = shares_with_others(g.plan, bypassed)
-        if index.fused:  # computed in a fused kernel with other blocks: no node of their own to turn off
-            shared |= index.fused.intersection(bypassed)
-        if shared:
-            # Buffer reuse gave these blocks' values to other blocks too, or fusion their node: bypassed
-            # now, their readers would read another block's data (or the whole group would stop). They
-            # keep running until a rebuild pins their values and takes them out of fused groups (the
+        key = frozenset(bypassed)
+        decided = index.decisions.get(key)
+        if decided is None:  # once per set of bypassed blocks and plan: a toggle alternates two sets
+            # Buffer reuse gave these blocks' values to other blocks too, or fusion their node (computed
+            # in a fused kernel with others: no node of their own to turn off): bypassed now, their
+            # readers would read another block's data (or the whole group would stop). They keep
+            # running until a rebuild pins their values and takes them out of fused groups (the
             # snapshot carries ``bypassed``), then the bypass applies.
+            shared = frozenset(shares_with_others(g.plan, key)) | index.fused.intersection(key)
+            if len(index.decisions) >= 64:
+                index.decisions.clear()
+            decided = index.decisions[key] = (shared, plan_bypass(index, key - shared))
+        shared, bp = decided
+        if shared:
             self._context.dirty.mark_structure()
-            bypassed = bypassed - shared
-        bp = plan_bypass(index, bypassed)
         self._counters.nodes_patched += g.set_bypass(bp)
         self._counters.bypass_updates += 1
         self._bypassing = None if bp.empty else g

@@ -5,6 +5,9 @@ kernels. What the GPU would compute frame after frame, so a fused plan can be ch
 unfused one, shared buffers against separate ones, and the plans of unrolled loops (ping-pong
 delays, blocks made once per condition check) against N sequential iterations, without a GPU.
 
+Body timers (``body_tick``/``body_tock``, profiling at PerBlock and up) run on a clock that ticks once per
+kernel launched, so a block's timed duration is the launches from its start up to its tock.
+
 The set-condition and delay kernels are mirrored here from their CUDA source
 (``engine/region_kernels.py``, ``engine/delay_copy.py``) one expression each; the GPU tests check the
 kernels themselves. Custom kernels a test uses are given as Python functions by entry point.
@@ -98,6 +101,7 @@ class PlanInterpreter:
         self.top = [n.index for n in plan.nodes if n.index not in plan.scopes]
         self.inits = {dp.node for dp in plan.delays if dp.node is not None}
         self.kernels_run: dict[tuple[int, int], int] = {}  # (block, kernel) -> launches (all frames)
+        self.clock = 0  # the body timers' clock: one tick per kernel launched
 
     def buffer(self, index: int, dtype=np.float32) -> np.ndarray:
         return self.buffers[index].view(dtype)
@@ -155,10 +159,26 @@ class PlanInterpreter:
             return None
         raise AssertionError(f"no array for a {a.kind} argument")
 
+    def word64(self, counter: int) -> np.ndarray:
+        """The 64-bit word at counter index ``counter`` (a body timer's slot or record field), as a view."""
+        return self.counters[counter : counter + 2].view(np.uint64)
+
     def _kernel(self, n: KernelNodePlan) -> None:
         entry = n.entry_point
         args = n.args
-        if entry.startswith("region_"):
+        self.clock += 1
+        if entry == "body_tick":
+            self.word64(args[0].ref)[0] = self.clock  # type: ignore[arg-type]
+        elif entry == "body_tock":  # as region_kernels.TIMER_SOURCE: sum, max, ~min, count
+            start = int(self.word64(args[0].ref)[0])  # type: ignore[arg-type]
+            self.word64(args[1].ref)[0] = self.clock  # type: ignore[arg-type]
+            d = max(0, self.clock - start)
+            r = args[2].ref
+            self.word64(r)[0] += np.uint64(d)  # type: ignore[arg-type]
+            self.word64(r + 2)[0] = max(int(self.word64(r + 2)[0]), d)  # type: ignore[operator]
+            self.word64(r + 4)[0] = max(int(self.word64(r + 4)[0]), ~d & (2**64 - 1))  # type: ignore[operator]
+            self.counters[r + 6] += 1  # type: ignore[operator]
+        elif entry.startswith("region_"):
             self._set_condition(n)
         elif entry.startswith(("delay_copy", "delay_sync")):
             word = np.uint32 if entry.endswith("4") else np.uint8

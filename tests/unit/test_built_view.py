@@ -53,7 +53,9 @@ def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
     _both(c, shower, {(k.id, "Kept"): ab})  # nothing changed: nothing written
     assert shower.shown is not None and shower.shown.changed == frozenset() and shower.shown.base == first.serial
     f.set("Count", 200)
-    row = SimpleNamespace(block_id=chain[2].id, gpu_ms=1.5, append={"x": SimpleNamespace(count=1, capacity=2)})
+    row = SimpleNamespace(
+        block_id=chain[2].id, gpu_ms=1.5, runs=None, append={"x": SimpleNamespace(count=1, capacity=2)}
+    )
     show_on_blocks(SimpleNamespace(level=ProfilingLevel.DEEP_ASYNC, blocks=(row,)), c.registry)  # a reading since
     assert chain[2].debug.gpu_ms == 1.5 and chain[2].debug.append_fill == {"x": (1, 2)}
     _both(c, shower, {})

@@ -54,3 +54,42 @@ def test_the_freeze_is_undone_every_so_many_builds(monkeypatch: pytest.MonkeyPat
     assert not ids & {id(o) for o in gc.get_objects() if isinstance(o, _Node)}
     c.after_build()
     assert c.freezes == 4
+
+
+def test_no_collection_runs_during_a_build_and_its_objects_are_frozen_after() -> None:
+    c = CollectorFreeze()
+    runs: list[int] = []
+    callback = lambda phase, info: runs.append(info["generation"]) if phase == "start" else None  # noqa: E731
+    gc.callbacks.append(callback)
+    try:
+        with c.building():
+            assert not gc.isenabled()
+            made = [_Node() for _ in range(20_000)]  # far over generation 0's threshold
+        assert runs == [] and gc.isenabled()
+        assert gc.get_freeze_count() >= len(made)  # frozen before collection came back on
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def test_overlapping_builds_turn_collection_back_on_once_both_end() -> None:
+    a, b = CollectorFreeze(), CollectorFreeze()
+    with a.building():
+        with b.building():
+            pass
+        assert not gc.isenabled()  # the other build still runs
+    assert gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off() -> None:
+    gc.disable()
+    try:
+        with CollectorFreeze().building():
+            pass
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_disabled_does_not_pause_collection() -> None:
+    with CollectorFreeze(enabled=False).building():
+        assert gc.isenabled()

@@ -390,6 +390,23 @@ def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_sw
     assert engine.graph is not g2 and engine.graph.bypasses == []  # nothing bypassed: nothing to apply
 
 
+def test_a_toggle_reuses_the_decision_made_for_the_same_blocks_and_plan(unfused: Engine) -> None:
+    from cudapatch.engine.bypass import BypassIndex, plan_bypass
+
+    engine = unfused
+    fill, scale = _chain(engine)
+    engine.connect(scale, "Out", engine.add(Scale(name="after")), "In")
+    engine.wait_ready()
+    g = engine.graph
+    for on in (False, True, False, True, False):
+        scale.enabled = on
+        engine.update()
+    assert engine.graph is g and engine.counters.bypass_updates == 5 and engine.counters.rebuilds == 1
+    off, on = g.bypasses[0], g.bypasses[1]
+    assert g.bypasses[2] is off and g.bypasses[4] is off and g.bypasses[3] is on  # decided once each
+    assert off == plan_bypass(BypassIndex(g.plan), {scale.id})  # what deciding afresh gives
+
+
 def test_a_bypass_inside_a_fused_group_rebuilds_the_group_without_the_block_then_applies(engine: Engine) -> None:
     from cudapatch.engine.compiler.fusion import FUSED_KERNEL
 

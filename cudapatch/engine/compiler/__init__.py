@@ -28,7 +28,8 @@ in its own module and tested on its own:
    child-graph node when it asks for one (``child_graphs``).
 
 A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
-stamps (``regions.py``): bodies become the body graphs of conditional nodes. Its values keep a buffer
+stamps (``regions.py``): bodies become the body graphs of conditional nodes; at ``PerBlock`` and up,
+``body_timers`` times the blocks inside bodies on the device (``body_timers.py``). Its values keep a buffer
 each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
 
 ``PlanDraft.plan()`` freezes the result.
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
+from .body_timers import body_timers
 from .child_graphs import child_graphs
 from .composites import attribute_diagnostics, composite_keys
 from .delays import delays
@@ -152,6 +154,7 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     region_counters(draft)
     region_nodes(draft)
     region_edges(draft)
+    body_timers(draft)  # PerBlock and up: the blocks inside bodies, timed on the device each iteration
     region_stamps(draft)
     publish(draft)
     return composite_keys(draft.plan(), draft.snap)

@@ -133,6 +133,8 @@ class PlanDraft:
     units: dict[int | None, list[int]] = field(default_factory=dict)
     scopes: dict[int, int] = field(default_factory=dict)
     regions: dict = field(default_factory=dict)  # region block id -> RegionPlan
+    # each copy of each unit (block or region) made in a body: (conditional node, unit, first node, end)
+    body_units: list[tuple[int, int, int, int]] = field(default_factory=list)
     # validate: the links that make sense, and the one link into each linked input
     links: list[Link] = field(default_factory=list)
     incoming: dict[tuple[int, str], Link] = field(default_factory=dict)

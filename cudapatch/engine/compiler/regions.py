@@ -28,7 +28,8 @@ A patch with regions compiles through these in place of ``order``, ``nodes``, ``
 6. ``region_edges``: dependencies per scope: a conditional node stands for everything its body
    reads and writes, so blocks after a region wait for it, and it waits for what its body reads.
 7. ``region_stamps``: profiling stamps in the top-level graph only, where a region counts as one
-   block (its set-condition kernel and conditional node); nodes inside bodies are not stamped. Then
+   block (its set-condition kernel and conditional node); nodes inside bodies are not stamped (before
+   it, at ``PerBlock`` and up, ``body_timers.py`` times them per iteration). Then
    ``publish`` (``stamps.py``), whose node waits for the top-level sinks.
 """
 
@@ -385,6 +386,7 @@ def region_nodes(draft: PlanDraft) -> None:
             if scope_node is not None:
                 for i in range(first, len(drafts)):
                     scopes.setdefault(i, scope_node)
+                draft.body_units.append((scope_node, u, first, len(drafts)))  # what body timers time
         if draft.delays:
             delay_copies(draft, scope, scope_node, carried)
 
