@@ -202,6 +202,8 @@ def test_a_loops_time_and_iterations_reach_the_host_blocks_and_outputs_keep_thei
         assert loop.debug.gpu_ms is not None and loop.debug.gpu_ms > 0
         assert "Iterations: 50/50" in str(loop)
         assert stats.gpu_ms is not None and loop.debug.gpu_ms <= stats.gpu_ms
+        row = next(r for r in stats.blocks if r.block_id == add.id)  # timed inside the body, per iteration
+        assert row.runs == 50 and row.gpu_ms is not None and "Per iteration" in str(add)
         assert iso.output_shape(img, "Out").dims == (48, 64)
         assert iso.output_shape(add, "x").dims == (1 << 20,)
         assert str(add.port("x")).endswith(f"{4 << 20:,} bytes")
