@@ -161,6 +161,7 @@ class SharedPages:
         self.nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
         self._fd = fd if owner else -1
         self.path = f"/proc/{os.getpid()}/fd/{fd}" if owner else ""
+        self._registered = False
         self._map = mmap.mmap(fd, self.nbytes)
         self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in release()
         self.host_ptr = ctypes.addressof(self._anchor)
@@ -195,8 +196,8 @@ class SharedPages:
             os.close(fd)  # the mapping keeps the memory
 
     def contains(self, ptr: int) -> bool:
-        """Whether device address ``ptr`` lies in these pages."""
-        return self.device_ptr <= ptr < self.device_ptr + self.nbytes
+        """Whether device address ``ptr`` lies in these pages (False once released)."""
+        return self._registered and self.device_ptr <= ptr < self.device_ptr + self.nbytes
 
     def release(self) -> tuple[Any, ...]:
         """Unregister, unmap, close; idempotent. Returns the unregister call's result (a driver result
