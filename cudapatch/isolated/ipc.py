@@ -159,7 +159,7 @@ class SharedPages:
 
     def __init__(self, fd: int, nbytes: int, *, owner: bool) -> None:
         self.nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
-        self._fd = fd if owner else -1
+        self._fd = -1  # the owner's descriptor, once the pages are set up (create() closes it on a failure)
         self.path = f"/proc/{os.getpid()}/fd/{fd}" if owner else ""
         self._registered = False
         self._map = mmap.mmap(fd, self.nbytes)
@@ -169,11 +169,12 @@ class SharedPages:
         flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
         try:
             check(d.cuMemHostRegister(self.host_ptr, self.nbytes, flags), "cuMemHostRegister(shared pages)")
+            self._registered = True
+            self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0), "cuMemHostGetDevicePointer"))
         except BaseException:
-            self._unmap()
+            self.release()
             raise
-        self._registered = True
-        self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0), "cuMemHostGetDevicePointer"))
+        self._fd = fd if owner else -1
 
     @classmethod
     def create(cls, nbytes: int) -> SharedPages:
@@ -210,8 +211,7 @@ class SharedPages:
         return result
 
     def _unmap(self) -> None:
-        anchor = getattr(self, "_anchor", None)
-        if anchor is not None:
+        if hasattr(self, "_anchor"):  # no other reference to it may live while the map closes
             del self._anchor
             self._map.close()
         if self._fd >= 0:

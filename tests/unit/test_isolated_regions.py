@@ -673,3 +673,31 @@ def test_a_ring_in_pages_both_processes_map_is_bound_by_name_and_mapped_once_in_
     a, b = server.import_input(h), server.import_input(h)
     assert isinstance(a, DeviceArray) and attached == [("/proc/1/fd/7", 8192)]
     assert a.__cuda_array_interface__["data"][0] == b.__cuda_array_interface__["data"][0] == (5 << 30) + 4096
+
+
+def test_shared_pages_are_the_same_bytes_through_their_name_and_release_cleanly(monkeypatch):
+    """``SharedPages`` with the driver calls stubbed (the mapping is what is tested): pages made here and
+    attached by their ``/proc`` name are the same memory; released pages are no longer matched."""
+    import ctypes
+    import os
+    from types import SimpleNamespace
+
+    from cudapatch.isolated import ipc
+
+    calls = []
+    fake = SimpleNamespace(
+        cuMemHostRegister=lambda ptr, n, flags: calls.append(("register", n, flags)) or (0,),
+        cuMemHostGetDevicePointer=lambda ptr, flags: (0, ptr + (1 << 40)),
+        cuMemHostUnregister=lambda ptr: calls.append(("unregister",)) or (0,),
+    )
+    monkeypatch.setattr(ipc, "driver", lambda: fake)
+    host = ipc.SharedPages.create(100)
+    assert host.nbytes == 4096 and host.path == f"/proc/{os.getpid()}/fd/{host._fd}"
+    child = ipc.SharedPages.attach(host.path, host.nbytes)
+    ctypes.memmove(host.host_ptr + 8, b"frame 42", 8)  # a store on one side ...
+    assert ctypes.string_at(child.host_ptr + 8, 8) == b"frame 42"  # ... is seen on the other
+    assert host.contains(host.device_ptr + 4095) and not host.contains(host.device_ptr + 4096)
+    assert host.release() == (0,) and host.release() == (0,) and not host.contains(host.device_ptr)
+    assert ctypes.string_at(child.host_ptr + 8, 8) == b"frame 42"  # the other mapping keeps the memory
+    child.release()
+    assert calls == [("register", 4096, 3), ("register", 4096, 3), ("unregister",), ("unregister",)]
