@@ -99,8 +99,9 @@ def test_a_block_comp_inside_a_region_comp_runs_in_its_body(td):
     td.adapter.engine_operator.cook()
     plan = td.engine.plan
     assert plan.regions[loop.block.id].kind == "for"
-    scoped = {plan.nodes[i].block_id for i in plan.scopes}
-    assert {step.block.id, inner.block.id} <= scoped and src.block.id not in scoped
+    scoped = set(plan.scopes)  # step and inner fuse: one node in the body holds both
+    assert all(set(plan.block_nodes[b.block.id]) <= scoped for b in (step, inner))
+    assert not set(plan.block_nodes[src.block.id]) & scoped
     nested = BlockOperatorExt(COMP("/p/src/child"), td, "core.Scale")  # inside a plain block COMP: top level
     assert "/p/src/child" not in td.adapter.regions() and not nested.ownerComp.errors
 

@@ -29,8 +29,9 @@ in its own module and tested on its own:
 
 A patch with ``If``/``While``/``For`` regions runs the region-aware forms of ordering, nodes, edges and
 stamps (``regions.py``): bodies become the body graphs of conditional nodes; at ``PerBlock`` and up,
-``body_timers`` times the blocks inside bodies on the device (``body_timers.py``). Its values keep a buffer
-each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
+``body_timers`` times the blocks inside bodies on the device (``body_timers.py``). Fusion runs there too,
+per graph level: a fused group's blocks are all in one scope (the top level, or one body). Its values keep
+a buffer each (no ``share``: liveness across loop iterations and body graphs is not planned yet).
 
 ``PlanDraft.plan()`` freezes the result.
 """
@@ -119,7 +120,7 @@ def compile_plan(
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     validate(draft)
     if has_regions(draft):
-        return _compile_regions(draft)
+        return _compile_regions(draft, fuse)
     order(draft)
     attribute_diagnostics(draft)
     draft.raise_errors()
@@ -140,9 +141,10 @@ def compile_plan(
     return child_graphs(composite_keys(draft.plan(), snap), snap)
 
 
-def _compile_regions(draft: PlanDraft) -> GraphPlan:
-    """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). No fusion
-    here: a fused group must not span a body and the graph around it (not planned yet)."""
+def _compile_regions(draft: PlanDraft, fuse: bool) -> GraphPlan:
+    """``compile_plan`` for a patch with regions: the same phases, scoped (``regions.py``). Fusion groups
+    blocks of one scope only (``fusion``: a group never spans a body and the graph around it, nor two
+    bodies), so each fused node lands in the graph its members' nodes would have been in."""
     check_regions(draft)
     order_regions(draft)
     draft.raise_errors()
@@ -150,6 +152,7 @@ def _compile_regions(draft: PlanDraft) -> GraphPlan:
     delays(draft, alternating=False)  # carried by copy nodes here, not by two phases (``region_delays.py``)
     check_region_delays(draft)
     draft.raise_errors()
+    fusion(draft, fuse=fuse)
     memory(draft)
     region_counters(draft)
     region_nodes(draft)

@@ -2,7 +2,9 @@
 conditional nodes whose bodies are the graphs of their blocks.
 
 A patch with regions compiles through these in place of ``order``, ``nodes``, ``edges`` and
-``stamps`` (``compile_plan`` picks them when the patch has a region block; it fuses nothing then):
+``stamps`` (``compile_plan`` picks them when the patch has a region block). The ``fusion`` phase runs
+between sizing and memory as without regions, each group within one scope; ``region_nodes`` makes a
+group's node where its sink is, in every copy of an unrolled body:
 
 1. ``check_regions``: every placement names a region of the patch; a ``While`` has ``Max``; an
    ``If``/``While`` has a ``Condition`` from a valid source (an ``If``: a block outside its body,
@@ -355,9 +357,13 @@ def region_nodes(draft: PlanDraft) -> None:
     body_delays = delays_in_bodies(draft)  # FrameDelays in bodies: init before the region, a copy per body copy
     in_bodies = {bid for inside in body_delays.values() for bid in inside}
 
+    fused = draft.fusion
+
     def add_block(u: int, mode: str) -> None:
-        """Block ``u``'s nodes; ``mode``: ``make`` its probes, ``repeat`` the ones made, or ``none``."""
-        before = draft.block_nodes.pop(u, ())
+        """Block ``u``'s nodes; ``mode``: ``make`` its probes, ``repeat`` the ones made, or ``none``. The
+        sink of a fused group makes the group's node, which is every member's (in every copy)."""
+        group = fused.groups.get(u) if fused is not None else None
+        before = {m: draft.block_nodes.pop(m, ()) for m in (group.members if group is not None else (u,))}
         first = len(drafts)
         block_nodes(draft, sized[u], env, probes if mode == "make" else None)
         if mode == "make" and u in probes:
@@ -365,8 +371,9 @@ def region_nodes(draft: PlanDraft) -> None:
         elif mode == "repeat":
             for d in made_probes.get(u, ()):  # the same record (probe index and offset), written again
                 drafts.append(_new(NodeDraft, (ProbeNodePlan, (len(drafts), *d[1][1:]), d[2], d[3], d[4])))
-        if before:
-            draft.block_nodes[u] = before + draft.block_nodes.get(u, ())
+        for m, nodes in before.items():
+            if nodes:
+                draft.block_nodes[m] = nodes + draft.block_nodes.get(m, ())
 
     carried: set[int] = set()  # delays carried by ping-pong: no copy node
 
