@@ -8,7 +8,10 @@ editor panel alone (building its imgui frame: the Python, imgui and imgui-node-e
 GL render). With Mesa's software GL (llvmpipe, a CPU machine) the render of a full-window panel is
 rasterization on the CPU that a GPU does; the panel column is the editor's own cost.
 
-    PYOPENGL_PLATFORM=egl python benchmarks/bench_editor.py [--nodes 100] [--frames 200]
+    PYOPENGL_PLATFORM=egl python benchmarks/bench_editor.py [--nodes 100] [--frames 200] [--regions 10]
+
+``--regions N`` puts the chain's blocks into N ``For`` regions (N of the nodes are the regions), so
+the editor draws N groups around them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--frames", type=int, default=200)
+    parser.add_argument("--regions", type=int, default=0, help="For regions holding the chain (drawn as groups)")
     args = parser.parse_args()
     from cudapatch.engine.profiling import EngineStats, ProfilingLevel
     from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
@@ -37,13 +41,20 @@ def main() -> None:
     from tests.unit.plan_engine import PlanOnlyEngine
 
     lines = ['links = ["s0.Out -> s1.In"]', "", "[operators.s0]", 'type = "core.Fill"', ""]
-    for i in range(1, args.nodes):
-        lines += [f"[operators.s{i}]", 'type = "core.Scale"', f"Factor = {1 + i / 100}", ""]
+    for r in range(args.regions):
+        lines += [f"[operators.r{r}]", 'type = "core.For"', "Count = 2", ""]
+    chain = args.nodes - args.regions  # the Fill and the Scales; the rest of the nodes are regions
+    per = max(1, (chain - 1) // args.regions) if args.regions else 0
+    for i in range(1, chain):
+        lines += [f"[operators.s{i}]", 'type = "core.Scale"', f"Factor = {1 + i / 100}"]
+        if args.regions:
+            lines.append(f'region = "r{min((i - 1) // per, args.regions - 1)}"')
+        lines.append("")
     reg = PluginHost().registry
     patch = parse_patch("\n".join(lines), registry=reg)
     adapter = HostAdapter(PlanOnlyEngine(), reg)
     apply_patch(adapter, patch)
-    for i in range(1, args.nodes - 1):
+    for i in range(1, args.nodes - args.regions - 1):
         adapter.connect(f"s{i}", "Out", f"s{i + 1}", "In")
     adapter.engine.update()
     model = EditorModel(adapter, patch)
@@ -81,7 +92,7 @@ def main() -> None:
             panel.close()
         overlay.close()
     ctx.close()
-    print(f"{args.nodes} nodes, {args.frames} frames, ms per frame")
+    print(f"{args.nodes} nodes ({args.regions} of them regions), {args.frames} frames, ms per frame")
     print(f"{'what':<20} {'wall':>8} {'CPU':>8} {'panel wall':>11} {'panel CPU':>10}")
     for name, (wall, cpu, pwall, pcpu) in results.items():
         print(f"{name:<20} {wall:>8.3f} {cpu:>8.3f} {pwall:>11.3f} {pcpu:>10.3f}")

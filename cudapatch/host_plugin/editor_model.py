@@ -20,6 +20,12 @@ model knows nothing of imgui, so everything here is tested without a display or 
   history (its snapshots describe a file that no longer exists).
 - **Probes.** ``probe(op, port)`` puts a probe on the wires leaving an output (``WireProbes``,
   ``engine.probe``); ``refresh`` takes their newest statistics into ``probes.latest`` each frame.
+- **Regions and composites.** A region (``If``, ``While``, ``For``) is drawn as a group around its own
+  node and the operators it holds (``groups()``, ``group_rects``); ``place`` puts an operator into a
+  region or takes it out (``region = "..."`` in the file, ``HostAdapter.place``), ``move_group`` moves
+  a region with everything it holds as one edit. ``refresh`` reads each loop's iterations of the
+  newest completed frame (``engine.iterations``, no stall). A composite stays one node; ``inside(op)``
+  describes its inner blocks, links and exposed names for a read-only look.
 - **Undo/redo** keep the patch text before and after each edit (``max_history``, 256 by default).
   Undo makes the running patch match the older text through ``apply_patch``, which again changes
   only what differs; renames are undone by renaming back.
@@ -37,13 +43,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..blocks.composite import Composite
+from ..blocks.regions import Region
 from ..errors import CudapatchError, PatchFileError
 from .adapter import HostAdapter
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
 from .wire_probes import WireProbes
 
-__all__ = ["EditorModel", "ActionResult", "NodeView", "PinView", "ParamView", "LinkView", "auto_layout"]
+__all__ = [
+    "EditorModel",
+    "ActionResult",
+    "NodeView",
+    "PinView",
+    "ParamView",
+    "LinkView",
+    "GroupView",
+    "InsideView",
+    "auto_layout",
+    "group_rects",
+]
 
 log = logging.getLogger("cudapatch.editor")
 
@@ -118,6 +137,44 @@ class NodeView:
     append: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Compile errors of the Code parameter: (line, message), line 1-based.
     code_errors: tuple[tuple[int, str], ...] = ()
+    #: The region operator holding it (None: the top level).
+    region: str | None = None
+    #: ``if``, ``while`` or ``for`` for a region's own node, else "".
+    kind: str = ""
+    #: A loop's iterations in the newest completed frame and its limit (``Count``/``Max``), after ``refresh``.
+    iterations: tuple[int, int] | None = None
+    #: A composite's number of inner blocks (0: not a composite).
+    inner: int = 0
+    #: Inside a region's body: how often it ran in the frame its GPU time is from (None elsewhere).
+    runs: int | None = None
+
+
+#: A rectangle in canvas units: ``(x0, y0, x1, y1)``.
+Rect = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A region drawn as a group: its operator, kind, the operators it holds directly (nested regions
+    among them), the region around it and how deep it is nested (0: at the top level)."""
+
+    region: str
+    kind: str
+    members: tuple[str, ...]
+    parent: str | None
+    depth: int
+
+
+@dataclass(frozen=True)
+class InsideView:
+    """What a composite holds, for a read-only look: inner blocks ``(name, type)``, inner links and
+    exposed names ``(outer name, kind, "inner.port, ...")``."""
+
+    op: str
+    file: str | None
+    blocks: tuple[tuple[str, str], ...]
+    links: tuple[str, ...]
+    exposed: tuple[tuple[str, str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -166,23 +223,172 @@ def _shape_text(engine: Any, block: Any, port: str) -> str:
     return str(shape) if shape is not None else ""
 
 
-def auto_layout(ops: list[str], links: list[tuple[str, str, str, str]]) -> dict[str, tuple[float, float]]:
-    """Positions for operators that have none: columns by link depth (sources left), rows in order."""
-    depth = dict.fromkeys(ops, 0)
-    for _ in range(len(ops)):  # longest path by relaxation; a cycle (refused by the engine) just stops
-        changed = False
-        for src, _, dst, _ in links:
-            if src in depth and dst in depth and depth[dst] < depth[src] + 1:
-                depth[dst] = depth[src] + 1
-                changed = True
-        if not changed:
-            break
-    rows: dict[int, int] = {}
-    out = {}
+#: Auto layout: a node's cell (node width and the gap to the next column, a row's height) and the room
+#: a group takes around what it holds (its title strip above, a margin all round).
+_CELL = (300.0, 220.0)
+_GROUP_PAD = 40.0
+_GROUP_TITLE = 48.0
+
+
+def auto_layout(
+    ops: list[str],
+    links: list[tuple[str, str, str, str]],
+    regions: dict[str, str] | None = None,
+    containers: set[str] | frozenset[str] = frozenset(),
+    cells: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, tuple[float, float]]:
+    """Positions for operators that have none: columns by link depth (sources left), rows in order.
+
+    Region-aware: a region in ``containers`` (operators of ``ops`` that are regions) is laid out as one
+    block of its scope, its own node first and the operators it holds (``regions``: operator -> region)
+    in columns inside it, with room for the group drawn around them; a link into or out of a region's
+    body counts as a link of the region in the scope around it. ``cells``: the room an operator's node
+    takes with the gaps around it (default: a 300 x 220 cell), so tall or wide nodes do not overlap."""
+    regions = regions or {}
+    cells = cells or {}
+    inside = set(ops)
+
+    def parent(op: str) -> str | None:  # the nearest enclosing region that is laid out here
+        seen = {op}
+        r = regions.get(op)
+        while r is not None and (r not in inside or r not in containers):
+            if r in seen:
+                return None
+            seen.add(r)
+            r = regions.get(r)
+        return r
+
+    parents = {op: parent(op) for op in ops}
+    scopes: dict[str | None, list[str]] = {}
     for op in ops:
-        d = depth[op]
-        out[op] = (40.0 + 300.0 * d, 40.0 + 220.0 * rows.get(d, 0))
-        rows[d] = rows.get(d, 0) + 1
+        scopes.setdefault(parents[op], []).append(op)
+
+    def item(op: str, scope: str | None) -> str | None:  # ``op``'s stand-in in ``scope``: itself or a region holding it
+        cur: str | None = op if op in inside else None
+        for _ in range(len(ops)):
+            if cur is None or parents[cur] == scope:
+                return cur
+            cur = parents[cur]
+        return None
+
+    blocks: dict[str, tuple[float, float]] = {}  # a region holding operators: the size of its block
+    columns: dict[str | None, list[list[str]]] = {}
+
+    def measure(scope: str | None) -> tuple[float, float]:
+        members = ([scope] if scope is not None else []) + scopes.get(scope, [])
+        depth = dict.fromkeys(members, 0)
+        edges = []
+        for src, _, dst, _ in links:
+            a, b = item(src, scope), item(dst, scope)
+            if a in depth and b in depth and a != b and b != scope:
+                edges.append((a, b))
+        depth = _depths(members, edges)
+        cols: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+        for op in members:
+            cols[depth[op]].append(op)
+        columns[scope] = cols
+        w = h = 0.0
+        for col in cols:
+            cw = ch = 0.0
+            for op in col:
+                if op != scope and op in scopes:
+                    iw, ih = measure(op)
+                    blocks[op] = (iw + 2 * _GROUP_PAD, ih + _GROUP_TITLE + 2 * _GROUP_PAD)
+                size = blocks[op] if op != scope and op in blocks else cells.get(op, _CELL)
+                cw, ch = max(cw, size[0]), ch + size[1]
+            w, h = w + cw, max(h, ch)
+        return w, h
+
+    out: dict[str, tuple[float, float]] = {}
+
+    def place(scope: str | None, x0: float, y0: float) -> None:
+        x = x0
+        for col in columns[scope]:
+            y, cw = y0, 0.0
+            for op in col:
+                out[op] = (x, y)
+                size = cells.get(op, _CELL)
+                if op != scope and op in blocks:  # its own node goes first inside its block
+                    place(op, x + _GROUP_PAD, y + _GROUP_TITLE + _GROUP_PAD)
+                    size = blocks[op]
+                cw = max(cw, size[0])
+                y += size[1]
+            x += cw
+
+    measure(None)
+    place(None, 40.0, 40.0)
+    return out
+
+
+def _cell(desc: Any) -> tuple[float, float]:
+    """The room a node of ``desc`` takes in the auto layout, from what the panel draws in it: title and
+    state lines, a line per pin, a widget per parameter, a wider and taller editor for ``Code``."""
+    code = any(p.name == "Code" and p.kind == "text" for p in desc.params)
+    w = 336.0 if code else 216.0
+    h = 50.0 + 17.0 * (len(desc.inputs) + len(desc.outputs)) + 23.0 * (len(desc.params) - code) + 165.0 * code
+    return (max(_CELL[0], w + 84.0), max(_CELL[1], h + 40.0))
+
+
+def _depths(members: list[str], edges: list[tuple[str, str]]) -> dict[str, int]:
+    """Longest path from a source for each member, over ``edges`` less the ones that close a cycle (a
+    FrameDelay's feedback: the engine allows a cycle through a delay), found by a depth-first walk in
+    the members' order."""
+    succ: dict[str, list[str]] = {m: [] for m in members}
+    for a, b in edges:
+        succ[a].append(b)
+    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
+    post: list[str] = []
+    forward: dict[str, list[str]] = {m: [] for m in members}
+    for root in members:
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(succ[root]))]
+        while stack:  # iterative: a long chain would overflow Python's recursion
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                post.append(node)
+                stack.pop()
+            elif state.get(nxt) != 1:  # an edge back to the path closes a cycle: left out
+                forward[node].append(nxt)
+                if nxt not in state:
+                    state[nxt] = 1
+                    stack.append((nxt, iter(succ[nxt])))
+    depth = dict.fromkeys(members, 0)
+    for node in reversed(post):  # a topological order of the edges kept
+        for nxt in forward[node]:
+            depth[nxt] = max(depth[nxt], depth[node] + 1)
+    return depth
+
+
+def group_rects(
+    groups: dict[str, GroupView],
+    rects: dict[str, Rect],
+    *,
+    margin: float = 16.0,
+    frame: tuple[float, float, float, float] = (8.0, 40.0, 8.0, 8.0),
+    widths: dict[str, float] | None = None,
+) -> dict[str, Rect]:
+    """Where each region's group goes: around the region's own node and the nodes it holds (a nested
+    region: around its group), ``margin`` inside the group's area, and ``frame`` (left, top: the title
+    strip, right, bottom) around the area for the group node's padding and title. ``rects`` are the
+    nodes' rectangles (canvas units); ``widths`` the least width of a group (its title's). Returns each
+    group node's rectangle; a group with no rectangle to go around is left out."""
+    out: dict[str, Rect] = {}
+    left, top, right, bottom = frame
+    for g in sorted(groups.values(), key=lambda g: -g.depth):  # innermost first: the outer ones hold them
+        boxes = [r for r in (out.get(op) or rects.get(op) for op in (g.region, *g.members)) if r is not None]
+        if not boxes:
+            continue
+        x0 = min(b[0] for b in boxes) - margin - left
+        y0 = min(b[1] for b in boxes) - margin - top
+        x1 = max(b[2] for b in boxes) + margin + right
+        y1 = max(b[3] for b in boxes) + margin + bottom
+        if widths is not None and g.region in widths:
+            x1 = max(x1, x0 + widths[g.region])
+        out[g.region] = (x0, y0, x1, y1)
     return out
 
 
@@ -229,6 +435,8 @@ class EditorModel:
         self.version = 0
         self._views: dict[str, NodeView] | None = None
         self._links: list[LinkView] | None = None
+        self._groups: dict[str, GroupView] = {}
+        self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
         self._views_version = -1
         self._bypassed: set[str] = set()  # operators this model bypassed through the adapter
         #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
@@ -249,6 +457,49 @@ class EditorModel:
         """Wires, with element type, count and bytes where the graph has the buffer."""
         self.nodes()
         return self._links  # type: ignore[return-value]
+
+    def groups(self) -> dict[str, GroupView]:
+        """Regions as groups, by region operator, outer ones before the ones they hold (rebuilt with
+        the views). Empty for a patch without regions."""
+        self.nodes()
+        return self._groups
+
+    def is_region(self, op: str) -> bool:
+        """Whether ``op`` is a region (If, While, For): a group operators can be placed in."""
+        view = self.nodes().get(op)
+        return view is not None and bool(view.kind)
+
+    def region_of(self, op: str) -> str | None:
+        """The region holding ``op`` (None: the top level or no such operator)."""
+        view = self.nodes().get(op)
+        return view.region if view is not None else None
+
+    def holds(self, region: str, op: str) -> bool:
+        """Whether ``region`` holds ``op``, directly or through regions inside it."""
+        views = self.nodes()
+        seen: set[str] = set()
+        cur = views[op].region if op in views else None
+        while cur is not None and cur not in seen:
+            if cur == region:
+                return True
+            seen.add(cur)
+            cur = views[cur].region if cur in views else None
+        return False
+
+    def inside(self, op: str) -> InsideView | None:
+        """What composite ``op`` holds (None: not a composite), for a read-only look inside it. Made
+        when asked (the panel asks while its window is open), not per frame."""
+        if op not in self.adapter.operators():
+            return None
+        block = self.adapter.block(op)
+        layout = getattr(block, "layout", None)
+        if not isinstance(block, Composite) or layout is None:
+            return None
+        blocks = tuple((name, getattr(b, "type_name", type(b).__name__)) for name, b in layout.blocks.items())
+        exposed = tuple(
+            (e.name, e.kind, ", ".join(f"{t}.{p}" for t, p in e.targets)) for e in layout.exposures.values()
+        )
+        return InsideView(op, layout.file, blocks, tuple(str(lk) for lk in layout.links), exposed)
 
     def port_text(self, op: str, port: str, direction: str) -> str:
         """A pin's tooltip: element type, shape and bytes of what it carries (an input: what its wire
@@ -272,12 +523,19 @@ class EditorModel:
         ops = adapter.operators()
         link_keys = [(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()]
         stored = self.doc.positions()
-        layout = auto_layout([op for op in ops if op not in stored], link_keys)
+        placed = adapter.regions()
+        blocks = {op: adapter.block(op) for op in ops}
+        containers = {op for op, b in blocks.items() if isinstance(b, Region)}
+        # Laid out over every operator, stored positions or not, so that storing some (a dragged node)
+        # leaves where the others are drawn as it was.
+        cells = {op: _cell(b.description) for op, b in blocks.items()}
+        layout = auto_layout(list(ops), link_keys, placed, containers, cells)
         bypassed = set(self.doc.bypassed())
         old = self._views or {}
         views: dict[str, NodeView] = {}
+        loops: list[tuple[NodeView, Any, str]] = []
         for op, type_name in ops.items():
-            block = adapter.block(op)
+            block = blocks[op]
             desc = block.description
             bt = self.registry.get(type_name)
             view = NodeView(
@@ -290,13 +548,20 @@ class EditorModel:
                 params=tuple(_param_view(spec, self._value(op, block, spec)) for spec in desc.params),
                 bypassed=op in bypassed,
                 block_id=block.id,
+                region=placed.get(op),
+                kind=block.kind if op in containers else "",
+                inner=sum(1 for _ in block.inner_blocks()) if isinstance(block, Composite) else 0,
             )
             prev = old.get(op)
             if prev is not None:  # keep the last statistics until the next refresh
                 view.state, view.message, view.gpu_ms, view.append = prev.state, prev.message, prev.gpu_ms, prev.append
-                view.code_errors = prev.code_errors
+                view.code_errors, view.iterations, view.runs = prev.code_errors, prev.iterations, prev.runs
             views[op] = view
+            if view.kind in ("while", "for"):
+                loops.append((view, block, "Max" if view.kind == "while" else "Count"))
         self._views = views
+        self._loops = loops
+        self._groups = _groups(views)
         self._links = [self._link_view(*key) for key in link_keys]
         self.probes.sync(views)
         self._views_version = self.version
@@ -342,6 +607,8 @@ class EditorModel:
                 view.state = "Error" if errors else "Warning" if diags else "OK"
                 view.message = "; ".join(d.message for d in diags)
                 view.code_errors = _code_errors(view.message)
+            if self._loops:
+                self._read_iterations()
             return
         by_id = {b.block_id: b for b in stats.blocks}
         for view in views.values():
@@ -351,7 +618,23 @@ class EditorModel:
             if b.message != view.message:
                 view.code_errors = _code_errors(b.message)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
+            view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
+        if self._loops:
+            self._read_iterations()
+
+    def _read_iterations(self) -> None:
+        """Each loop's iterations of the newest completed frame (``engine.iterations``: the readback
+        ring, no driver call, never a stall); None before a frame completed or on an engine without it."""
+        iterations = getattr(self.adapter.engine, "iterations", None)
+        if iterations is None:
+            return
+        for view, block, limit in self._loops:
+            try:
+                n = iterations(block)
+            except CudapatchError:  # not in the running graph (a rebuild pending)
+                n = None
+            view.iterations = None if n is None else (int(n), int(block.params[limit].value))
 
     def probe(self, op: str, port: str) -> ActionResult:
         """Probe the wires leaving output ``port`` of ``op``: their statistics come in ``probes.latest``
@@ -396,8 +679,10 @@ class EditorModel:
         *,
         position: tuple[float, float] | None = None,
         params: dict[str, Any] | None = None,
+        region: str | None = None,
     ) -> ActionResult:
-        """Create an operator of ``type_name`` (default name: the type's, numbered)."""
+        """Create an operator of ``type_name`` (default name: the type's, numbered), inside ``region``
+        if given (an If, While or For of the patch)."""
         try:
             bt = self.registry.get(type_name)
         except CudapatchError as exc:
@@ -411,12 +696,24 @@ class EditorModel:
         if not _NAME.match(name):
             return self._refuse(f"'{name}' is not a valid operator name (letters, digits, _ and -)")
 
+        if region is not None and not self.is_region(region):
+            return self._refuse(f"cannot create {name} in '{region}': it is not an If, While or For of this patch")
+
         def edit(doc: PatchDocument) -> None:
-            doc.add_operator(name, bt.name, params)
+            doc.add_operator(name, bt.name, params, region)
             if position is not None:
                 doc.set_position(name, *position)
 
-        return self._do(f"create {name}", edit, lambda: self.adapter.create(name, bt.name, params))
+        def run() -> None:
+            self.adapter.create(name, bt.name, params)
+            if region is not None:
+                try:
+                    self.adapter.place(name, region)
+                except CudapatchError:
+                    self.adapter.delete(name)  # all or nothing: the file keeps no half-made operator
+                    raise
+
+        return self._do(f"create {name}" + (f" in {region}" if region else ""), edit, run)
 
     def delete(self, op: str) -> ActionResult:
         """Delete an operator and its links."""
@@ -504,6 +801,60 @@ class EditorModel:
         if op not in self.adapter.operators():
             return self._refuse(f"unknown operator '{op}'")
         return self._do(f"move {op}", lambda doc: doc.set_position(op, x, y), lambda: None)
+
+    def move_many(self, positions: dict[str, tuple[float, float]], label: str | None = None) -> ActionResult:
+        """Store several nodes' positions as one edit (a dragged selection or group: one undo)."""
+        unknown = [op for op in positions if op not in self.adapter.operators()]
+        if unknown:
+            return self._refuse(f"unknown operator '{unknown[0]}'")
+        if not positions:
+            return ActionResult(True, "unchanged")
+
+        def edit(doc: PatchDocument) -> None:
+            for op, (x, y) in positions.items():
+                doc.set_position(op, x, y)
+
+        if label is None:
+            label = f"move {next(iter(positions))}" if len(positions) == 1 else f"move {len(positions)} nodes"
+        return self._do(label, edit, lambda: None)
+
+    def move_group(self, region: str, dx: float, dy: float) -> ActionResult:
+        """Move region ``region`` with everything it holds (nested regions too) by ``(dx, dy)``, as one
+        edit: what dragging its group does."""
+        if not self.is_region(region):
+            return self._refuse(f"'{region}' is not a region of this patch")
+        views = self.nodes()
+        ops = [region] + [op for op in views if self.holds(region, op)]
+        moved = {op: (views[op].position[0] + dx, views[op].position[1] + dy) for op in ops}
+        return self.move_many(moved, f"move {region} and the {len(ops) - 1} operators it holds")
+
+    def place(self, op: str, region: str | None, *, position: tuple[float, float] | None = None) -> ActionResult:
+        """Put ``op`` inside region ``region`` (an If, While or For of the patch: its body runs it), or at
+        the top level with None; ``position``: where its node goes (into the region's group). One
+        ``HostAdapter.place`` call (a rebuild), written to the file as ``region = "..."``."""
+        views = self.nodes()
+        if op not in views:
+            return self._refuse(f"unknown operator '{op}'")
+        if region is not None:
+            if region not in views:
+                return self._refuse(f"cannot move {op} into '{region}': no such operator")
+            if not views[region].kind:
+                return self._refuse(
+                    f"cannot move {op} into '{region}' ({views[region].type}): it is not an If, While or For"
+                )
+            if region == op or self.holds(op, region):
+                return self._refuse(f"cannot move {op} into '{region}': a region cannot hold itself")
+        current = views[op].region
+        if current == region:
+            return ActionResult(True, "unchanged")
+        label = f"move {op} into {region}" if region is not None else f"move {op} out of {current}"
+
+        def edit(doc: PatchDocument) -> None:
+            doc.set_region(op, region)
+            if position is not None:
+                doc.set_position(op, *position)
+
+        return self._do(label, edit, lambda: self.adapter.place(op, region))
 
     # -- undo / redo ----------------------------------------------------------------------------------------
     @property
@@ -664,6 +1015,24 @@ class EditorModel:
         self.status = message
         log.info("editor: %s", message)
         return ActionResult(False, message)
+
+
+def _groups(views: dict[str, NodeView]) -> dict[str, GroupView]:
+    """Every region of ``views`` as a group, outer ones first (then in the patch's order)."""
+    members: dict[str, list[str]] = {op: [] for op, v in views.items() if v.kind}
+    for op, v in views.items():
+        if v.region in members:
+            members[v.region].append(op)
+
+    def depth(op: str) -> int:
+        d, cur, seen = 0, views[op].region, {op}
+        while cur is not None and cur in views and cur not in seen:
+            seen.add(cur)
+            d, cur = d + 1, views[cur].region
+        return d
+
+    groups = [GroupView(r, views[r].kind, tuple(m), views[r].region, depth(r)) for r, m in members.items()]
+    return {g.region: g for g in sorted(groups, key=lambda g: g.depth)}
 
 
 def _param_view(spec: Any, value: Any) -> ParamView:

@@ -7,6 +7,10 @@ and an edit changes only the lines it concerns (a value, an operator's table, on
 ``links``). Every method is a pure text edit: nothing here validates a block type or touches an
 engine (``parse_patch`` checks the result, the ``HostAdapter`` applies it).
 
+An operator's ``region = "loop"`` (the If, While or For holding it) is a key of its table like a
+parameter: ``set_region`` writes or removes it, and renaming or removing a region rewrites the
+operators it holds (removed: they move to the region around it, as the host adapter moves them).
+
 The editor's own settings live in an ``[editor]`` table that the patch loader accepts and ignores:
 node positions (``[editor.positions] emit = [40.0, 60.0]``) and the bypassed operators
 (``bypassed = ["blur"]``).
@@ -67,20 +71,28 @@ class PatchDocument:
             raise KeyError(name)
         return ops[name]
 
-    def add_operator(self, name: str, type_name: str, params: dict[str, Any] | None = None) -> None:
-        """Append ``[operators.name]`` after the last operator, with ``type`` and ``params``."""
+    def add_operator(
+        self, name: str, type_name: str, params: dict[str, Any] | None = None, region: str | None = None
+    ) -> None:
+        """Append ``[operators.name]`` after the last operator, with ``type``, ``region`` and ``params``."""
         table = tomlkit.table()
         table["type"] = type_name
+        if region is not None:
+            table["region"] = region
         for key, value in (params or {}).items():
             table[key] = _plain(value)
         table.add(tomlkit.nl())  # a blank line before whatever table follows
         self._operators(create=True)[name] = table  # type: ignore[index]
 
     def remove_operator(self, name: str) -> None:
-        """Delete ``[operators.name]``; its links, preview references and editor settings go too."""
+        """Delete ``[operators.name]``; its links, preview references and editor settings go too. The
+        operators a removed region held move to the region around it (or to the top level)."""
         ops = self._operators()
+        outer = self.region(name) if ops is not None and name in ops else None
         if ops is not None and name in ops:
             del ops[name]
+        for op in [op for op in (ops or {}) if self.region(str(op)) == name]:
+            self.set_region(str(op), outer)
         for link in [lk for lk in self.links() if self._link_ops(lk) & {name}]:
             self.remove_link(link)
         self._forget_editor(name)
@@ -96,6 +108,19 @@ class PatchDocument:
         if key in table:
             del table[key]
 
+    def region(self, op: str) -> str | None:
+        """The region operator holding ``op`` (its ``region`` key), None at the top level."""
+        value = self.operator(op).get("region")
+        return str(value) if isinstance(value, str) else None
+
+    def set_region(self, op: str, region: str | None) -> None:
+        """Put ``op`` in region operator ``region`` (``region = "..."`` in its table), or at the top
+        level with None (the key is removed)."""
+        if region is None:
+            self.remove_param(op, "region")
+        else:
+            self.operator(op)["region"] = region
+
     def rename_operator(self, old: str, new: str) -> None:
         """Rename an operator: its table header, its links, preview references and editor settings."""
         text = self._doc.as_string()
@@ -106,6 +131,9 @@ class PatchDocument:
         if n == 0:
             raise KeyError(old)
         self._doc = tomlkit.parse(text)
+        for op in list(self._operators() or {}):  # a renamed region: the operators it holds name it
+            if self.region(str(op)) == old:
+                self.set_region(str(op), new)
         links = self._doc.get("links")
         if isinstance(links, Array):
             for i, item in enumerate(list(links)):

@@ -9,6 +9,17 @@ node menu renames and bypasses, the background menu opens the block browser (eve
 type, grouped by package, with its docstring). Ctrl+Z / Ctrl+Y undo and redo; F2 shows or hides
 the panel (F1 stays the overlay).
 
+A region (If, While, For) is a group: a tinted frame titled with its name, kind and state (a loop's
+iterations in the newest completed frame, a While stopped at ``Max`` in the warning colour) around the
+region's own node and the nodes it holds, nested regions nested (zoomed out, its title also large
+above it). The model says which nodes a region
+holds; the panel sizes the group around where they are (``group_rects``) whenever one of them moved or
+changed size, and dragging the group's title drags them along (imgui-node-editor moves every node
+inside a group with it), stored as one edit. The node menu moves a node into a region or out of its
+region (``EditorModel.place``); a group's menu is its region's, plus adding a block inside it. A
+composite is one node (its type and number of inner blocks); its menu shows what it holds in a
+read-only window.
+
 Selecting a wire probes it (``EditorModel.probe``, a probe node in the graph): a window shows its
 min, max, mean and NaN/Inf counts (and a thumbnail for an image) from the newest completed frame;
 a probed wire is drawn orange, and red while its buffer holds a NaN or an Inf. The wire's menu
@@ -34,9 +45,17 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ..host_plugin.editor_model import EditorModel, NodeView, ParamView
+from ..host_plugin.editor_model import EditorModel, GroupView, NodeView, ParamView, group_rects
 
-__all__ = ["EditorPanel", "EditorLayout", "STATE_COLORS", "LINK_COLOR", "PROBE_COLOR", "REFUSED_COLOR"]
+__all__ = [
+    "EditorPanel",
+    "EditorLayout",
+    "STATE_COLORS",
+    "LINK_COLOR",
+    "PROBE_COLOR",
+    "REFUSED_COLOR",
+    "GROUP_COLORS",
+]
 
 STATE_COLORS = {
     "OK": (0.45, 0.85, 0.45, 1.0),
@@ -48,6 +67,14 @@ STATE_COLORS = {
 LINK_COLOR = (0.3, 0.75, 1.0, 1.0)  # wires (the GL tests look for it)
 REFUSED_COLOR = (1.0, 0.25, 0.25, 1.0)  # a refused link, and a probed wire carrying NaN or Inf
 PROBE_COLOR = (1.0, 0.6, 0.15, 1.0)  # a probed wire
+#: A region's group, by kind: its tint (drawn over the canvas at this alpha) and its border.
+GROUP_COLORS = {
+    "if": ((0.25, 0.45, 0.95, 0.30), (0.45, 0.6, 1.0, 0.9)),
+    "while": ((0.7, 0.3, 0.9, 0.30), (0.8, 0.5, 1.0, 0.9)),
+    "for": ((0.15, 0.75, 0.65, 0.30), (0.3, 0.9, 0.8, 0.9)),
+}
+_KIND_NAMES = {"if": "If", "while": "While", "for": "For"}
+_GROUP_MARGIN = 16.0  # canvas units between a group's edge and the nodes it holds
 _NODE_WIDTH = 200.0
 _INT_LIMIT = 2**30 - 1
 _MARGIN = 40.0  # canvas units around the visible area that count as visible (pins stick out of nodes)
@@ -80,6 +107,9 @@ class EditorLayout:
         self._pins: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._to_screen = to_screen  # canvas -> screen: x = sx + cx * k, y = sy + cy * k
         self._compact: list[tuple[str, float, float, tuple]] = []  # (op, content origin x, y, geometry)
+        #: Group rectangles ``(x0, y0, x1, y1)`` by region operator, and where their titles start.
+        self.groups: dict[str, tuple[float, float, float, float]] = {}
+        self.group_titles: dict[str, tuple[float, float]] = {}
 
     def _expanded(self) -> EditorLayout:
         if self._compact:
@@ -163,6 +193,22 @@ class EditorPanel:
             "bad": (imgui.ImVec4(*REFUSED_COLOR), 4.0),
         }
         self._wire: tuple[str, str, str, str] | None = None  # the selected wire, whose probe is shown
+        # Regions as groups: node ids of their own (a group node holds no pins, so it is not the region's
+        # node), the rectangle each was last given (canvas units), and what each holds at any depth.
+        self._group_ids: dict[str, int] = {}
+        self._groups_by_id: dict[int, str] = {}
+        self._group_rects: dict[str, tuple[float, float, float, float]] = {}
+        self._group_widths: dict[str, float] = {}  # region -> its title's width (made once per version)
+        self._group_text: dict[str, tuple] = {}  # region -> (title, iterations, state line, warning)
+        self._held: dict[str, tuple[str, ...]] = {}
+        self._groups_dirty = True  # a node moved or changed size, or the patch changed: fit the groups again
+        #: Left, top (title strip), right and bottom of a group node around its area, as last measured.
+        self._group_frame = (8.0, 42.0, 8.0, 8.0)
+        self._group_colors = {k: (imgui.ImVec4(*bg), imgui.ImVec4(*border)) for k, (bg, border) in GROUP_COLORS.items()}
+        self._new_region: str | None = None  # the region the block browser creates into
+        self._open_browser = False
+        self._inside: str | None = None  # the composite whose inside is shown
+        self._inside_view: tuple[int, Any] = (-1, None)
         self._menu_link: tuple[str, str, str, str] | None = None
         #: Operators fully drawn / drawn as stubs in the last frame (what culling left in).
         self.drawn: set[str] = set()
@@ -216,9 +262,11 @@ class EditorPanel:
         layout = EditorLayout(self._to_screen)
         nodes = model.nodes()
         links = model.links()
+        groups = model.groups()
         if self._labels_version != model.version:
             self._labels, self._compact, self._compact_seen, self._origins = {}, {}, {}, {}
             self._labels_version = model.version
+            self._group_version(groups)
         a = ed.screen_to_canvas(win_at)
         b = ed.screen_to_canvas(imgui.ImVec2(win_at.x + win_size.x, win_at.y + win_size.y))
         full, stubs, wires = self._visible(nodes, links, (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN))
@@ -226,6 +274,9 @@ class EditorPanel:
         o, u = ed.canvas_to_screen(imgui.ImVec2(0, 0)), ed.canvas_to_screen(imgui.ImVec2(1, 0))
         self._to_screen = (o.x, o.y, u.x - o.x)  # canvas -> screen is a scale and a shift (for ``layout``)
         layout._to_screen = self._to_screen
+        if groups:  # before the nodes: a group is drawn under what it holds
+            view = (a.x - _MARGIN, a.y - _MARGIN, b.x + _MARGIN, b.y + _MARGIN)
+            self._groups(groups, nodes, layout, view, hints=compact)
         for op, view in nodes.items():
             if op in full:
                 if compact and op in self._compact:
@@ -250,6 +301,8 @@ class EditorPanel:
         self.drawn, self.stubs = full, stubs
         imgui.end()
         self._probe_window()
+        if self._inside is not None:
+            self._inside_window()
         if not imgui.is_any_item_active():
             model.end_live()  # a drag ended: its values become one edit, written once
 
@@ -295,6 +348,11 @@ class EditorPanel:
             if op not in geometry or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0):
                 full.add(op)  # visible, or never measured (drawn once to learn its size)
         stubs: set[str] = set()
+        for region, (gx0, gy0, gx1, gy1) in self._group_rects.items():
+            # A shown group drags what it holds: every node inside it must be submitted (as a stub at least).
+            if gx0 < x1 and gx1 > x0 and gy0 < y1 and gy1 > y0:
+                held = (region, *self._held.get(region, ()))  # its own node lies inside it too
+                stubs.update(op for op in held if op not in full and op in geometry)
         wires = []
         for link in links:
             src, dst = link.src, link.dst
@@ -394,8 +452,13 @@ class EditorPanel:
         imgui.text_colored(color, op)
         if not compact:
             imgui.same_line()
-            imgui.text_disabled(view.type)
-            imgui.text(f"{state}  {view.gpu_ms:.3f} ms" if view.gpu_ms is not None else state)
+            imgui.text_disabled(f"{view.type}, {view.inner} blocks" if view.inner else view.type)
+            if view.gpu_ms is None:
+                imgui.text(state)
+            elif view.runs:  # inside a body: the frame's sum, and one run's share
+                imgui.text(f"{state}  {view.gpu_ms:.3f} ms, {view.runs} runs of {view.gpu_ms / view.runs:.3f}")
+            else:
+                imgui.text(f"{state}  {view.gpu_ms:.3f} ms")
         for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
                 count / capacity if capacity else 0.0, imgui.ImVec2(_NODE_WIDTH, 0), f"{port} {count}/{capacity}"
@@ -424,6 +487,7 @@ class EditorPanel:
         if self._rects.get(op) != rect:  # it moved or changed size: what is visible may have changed
             self._rects[op] = rect
             self._vis_key = None
+            self._groups_dirty = True
         ox, oy, k = self._to_screen
         layout._nodes[op] = (ox + pos.x * k, oy + pos.y * k, ox + (pos.x + size.x) * k, oy + (pos.y + size.y) * k)
         layout._titles[op] = (ox + origin.x * k, oy + origin.y * k)
@@ -477,6 +541,185 @@ class EditorPanel:
             x, y = ox - dx, oy - dy
             self._rects[op] = (x, y, x + w, y + h)
             self._vis_key = None
+            self._groups_dirty = True
+
+    # -- regions as groups ---------------------------------------------------------------------------------
+    def _group_version(self, groups: dict[str, GroupView]) -> None:
+        """The patch changed: what each region holds at any depth, its title's width, and a fit to come."""
+        held: dict[str, tuple[str, ...]] = {}
+        for g in reversed(list(groups.values())):  # inner regions first: an outer one holds what they hold
+            held[g.region] = tuple(op for m in g.members for op in (m, *held.get(m, ())))
+        self._held = held
+        calc, nodes = self._imgui.calc_text_size, self.model.nodes()
+        widths, texts = {}, {}
+        for r, g in groups.items():  # the widest its title and state line get (the state line changes per frame)
+            limit = next((p.value for p in nodes[r].params if p.name in ("Max", "Count")), 0)
+            widest = self._group_state(nodes[r], (int(limit), int(limit)))[0]
+            title = self._group_title(g)
+            widths[r] = max(calc(title).x, calc(widest).x) + 24.0
+            texts[r] = (title, nodes[r].iterations, *self._group_state(nodes[r]))
+        self._group_widths, self._group_text = widths, texts
+        for gone in [r for r in self._group_rects if r not in groups]:
+            del self._group_rects[gone]
+        self._groups_dirty = True
+
+    @staticmethod
+    def _group_title(g: GroupView) -> str:
+        return f"{g.region}  ({_KIND_NAMES.get(g.kind, g.kind)})"
+
+    def _groups(
+        self,
+        groups: dict[str, GroupView],
+        nodes: dict[str, NodeView],
+        layout: EditorLayout,
+        view: tuple[float, float, float, float],
+        *,
+        hints: bool = False,
+    ) -> None:
+        """Fit the groups around what they hold when something moved (not during a drag: the editor moves
+        a dragged group with its nodes), then draw the ones crossing ``view`` (the visible canvas), outer
+        ones first. ``hints`` (zoomed out): each group's title also large above it, where the editor
+        shows group hints (its own title is then too small to read)."""
+        if self._groups_dirty and not self._imgui.is_mouse_dragging(0):
+            self._fit_groups(groups)
+        x0, y0, x1, y1 = view
+        shown = []
+        for region, g in groups.items():
+            r = self._group_rects.get(region)
+            if r is not None and (self._fit_in or (r[0] < x1 and r[2] > x0 and r[1] < y1 and r[3] > y0)):
+                self._group_node(g, nodes[region], r, layout)
+                shown.append((region, g.kind))
+        if hints:
+            self._group_hints(shown)
+
+    def _group_hints(self, shown: list[tuple[str, str]]) -> None:
+        """Zoomed out: each shown group's title in screen-size text above its frame (imgui-node-editor's
+        group hints fade in below 0.75x and are drawn outside the nodes)."""
+        imgui, ed = self._imgui, self._ed
+        for region, kind in shown:
+            if ed.begin_group_hint(ed.NodeId(self._group_ids[region])):
+                at = ed.get_group_min()
+                color = imgui.get_color_u32(self._group_colors.get(kind, self._group_colors["if"])[1])
+                ed.get_hint_foreground_draw_list().add_text(
+                    imgui.ImVec2(at.x, at.y - 18.0), color, self._group_text[region][0]
+                )
+            ed.end_group_hint()
+
+    def _fit_groups(self, groups: dict[str, GroupView]) -> None:
+        """Give each group the rectangle around its region's node and what it holds (``group_rects``)."""
+        imgui, ed = self._imgui, self._ed
+        rects = group_rects(
+            groups, self._rects, margin=_GROUP_MARGIN, frame=self._group_frame, widths=self._group_widths
+        )
+        fl, ft, fr, fb = self._group_frame
+        for region, r in rects.items():
+            if self._group_rects.get(region) == r:
+                continue
+            gid = ed.NodeId(self._id(self._group_ids, region, self._groups_by_id))
+            ed.set_node_position(gid, imgui.ImVec2(r[0], r[1]))
+            ed.set_group_size(gid, imgui.ImVec2(r[2] - r[0] - fl - fr, r[3] - r[1] - ft - fb))
+            self._group_rects[region] = r
+            self._vis_key = None  # what is visible (and which held nodes need stubs) may have changed
+        self._groups_dirty = False
+
+    def _group_node(self, g: GroupView, view: NodeView, r: tuple, layout: EditorLayout) -> None:
+        """One group: its title (name and kind in the region's state colour), its state line, its area."""
+        imgui, ed = self._imgui, self._ed
+        region = g.region
+        gid = ed.NodeId(self._group_ids[region])
+        fl, ft, fr, fb = self._group_frame
+        w, h = r[2] - r[0] - fl - fr, r[3] - r[1] - ft - fb
+        bg, border = self._group_colors.get(g.kind, self._group_colors["if"])
+        state = "Bypassed" if view.bypassed else view.state
+        title, iterations, line, warn = self._group_text[region]
+        if iterations is not view.iterations:  # a new reading: its line is made once, not per frame
+            line, warn = self._group_state(view)
+            self._group_text[region] = (title, view.iterations, line, warn)
+        ed.push_style_color(ed.StyleColor.group_bg, bg)
+        ed.push_style_color(ed.StyleColor.group_border, border)
+        ed.begin_node(gid)
+        origin = imgui.get_cursor_screen_pos()
+        imgui.text_colored(self._colors.get(state, self._white), title)
+        if warn:
+            imgui.text_colored(self._colors["Warning"], line)
+        else:
+            imgui.text_disabled(line)
+        area = imgui.get_cursor_screen_pos()
+        ed.group(imgui.ImVec2(w, h))  # the size of its first frame; later ones keep set_group_size's
+        ed.end_node()
+        ed.pop_style_color(2)
+        pos, size = ed.get_node_position(gid), ed.get_node_size(gid)
+        if size.x > 0:  # measured: the padding and title strip around the area, as the editor drew them
+            pad = area.x - pos.x  # the node's padding, the same on every side
+            frame = (pad, area.y - pos.y, pad, pad)
+            if max(abs(u - v) for u, v in zip(frame, self._group_frame, strict=True)) > 0.5:
+                self._group_frame = frame
+                self._groups_dirty = True
+        sx, sy, k = self._to_screen
+        layout.groups[region] = (sx + pos.x * k, sy + pos.y * k, sx + (pos.x + size.x) * k, sy + (pos.y + size.y) * k)
+        layout.group_titles[region] = (sx + origin.x * k, sy + origin.y * k)
+
+    @staticmethod
+    def _group_state(view: NodeView, iterations: tuple[int, int] | None = None) -> tuple[str, bool]:
+        """A group's state line, and whether it is a warning: a loop's iterations in the newest completed
+        frame (``iterations``: these instead; a While that ran ``Max`` of them was stopped by the guard),
+        an If's rule."""
+        if view.kind == "if":
+            return "runs when Condition is not 0", False
+        iterations = iterations or view.iterations
+        if iterations is None:
+            return "iterations: no frame read yet", False
+        n, limit = iterations
+        if view.kind == "while" and limit and n >= limit:
+            return f"stopped at Max: {n}/{limit} iterations", True
+        return f"{n}/{limit} iterations", False
+
+    def _spot_in(self, region: str) -> tuple[float, float]:
+        """Where a node moved into ``region`` goes: right of what the group holds, at its top."""
+        r = self._group_rects.get(region)
+        if r is None:
+            view = self.model.nodes()[region]
+            return (view.position[0], view.position[1] + 240.0)
+        _, ft, fr, _ = self._group_frame
+        return (r[2] - fr - _GROUP_MARGIN + 60.0, r[1] + ft + _GROUP_MARGIN)
+
+    def _spot_out(self, region: str, op: str) -> tuple[float, float]:
+        """Where a node taken out of ``region`` goes: right of the group, at its own height."""
+        r = self._group_rects.get(region)
+        y = self.model.nodes()[op].position[1]
+        return (r[2] + 60.0, y) if r is not None else self.model.nodes()[op].position
+
+    def _inside_window(self) -> None:
+        """A composite's inside, read-only: its inner blocks, links and exposed names."""
+        imgui, model = self._imgui, self.model
+        op = self._inside
+        version, info = self._inside_view
+        if version != model.version or info is None or info.op != op:
+            info = model.inside(op)  # type: ignore[arg-type]
+            self._inside_view = (model.version, info)
+        if info is None:
+            self._inside = None
+            return
+        r = self.layout.nodes.get(op)  # opens right of the composite's node
+        if r is not None:
+            imgui.set_next_window_pos(imgui.ImVec2(r[2] + 12.0, r[1]), imgui.Cond_.appearing)
+        imgui.set_next_window_bg_alpha(0.9)
+        imgui.begin(f"Inside {op}###inside", None, imgui.WindowFlags_.always_auto_resize)
+        if info.file:
+            imgui.text_disabled(info.file)
+        imgui.text("Blocks")
+        for name, type_name in info.blocks:
+            imgui.bullet_text(f"{name}  ({type_name})")
+        if info.links:
+            imgui.text("Links")
+            for text in info.links:
+                imgui.bullet_text(text)
+        imgui.text("Exposed")
+        for name, kind, targets in info.exposed:
+            imgui.bullet_text(f"{name} ({kind}): {targets}")
+        if imgui.button("Close"):
+            self._inside = None
+        imgui.end()
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
@@ -633,11 +876,15 @@ class EditorPanel:
         ed.suspend()
         node = ed.NodeId()
         if ed.show_node_context_menu(node):
-            self._menu_op = next((k for k, v in self._node_ids.items() if v == node.id()), "")
+            # A group's menu is its region's.
+            self._menu_op = self._groups_by_id.get(node.id()) or next(
+                (k for k, v in self._node_ids.items() if v == node.id()), ""
+            )
             self._rename_text = self._menu_op
             imgui.open_popup("Node")
         elif ed.show_background_context_menu():
             self._new_at = _xy(ed.get_mouse_pos_on_canvas())
+            self._new_region = None
             imgui.open_popup("Add block")
         link = ed.LinkId()
         if ed.show_link_context_menu(link):
@@ -670,11 +917,35 @@ class EditorPanel:
                     self._report(model.bypass(op, not view.bypassed))
                 if imgui.menu_item("Delete", "Del", False)[0]:
                     self._report(model.delete(op))
+                self._region_menu(op, view)
             imgui.end_popup()
+        if self._open_browser:  # asked for inside the node menu: opened at this level, where it is drawn
+            self._open_browser = False
+            imgui.open_popup("Add block")
         if imgui.begin_popup("Add block"):
             self._browser()
             imgui.end_popup()
         ed.resume()
+
+    def _region_menu(self, op: str, view: NodeView) -> None:
+        """The node menu's region entries: move into a region, out of its region; for a region, add a
+        block inside it; for a composite, show what it holds."""
+        imgui, model = self._imgui, self.model
+        groups = model.groups()
+        targets = [g for r, g in groups.items() if r != op and r != view.region and not model.holds(op, r)]
+        if targets and imgui.begin_menu("Move into region"):
+            for g in targets:
+                if imgui.menu_item(self._group_title(g), "", False)[0]:
+                    self._report(model.place(op, g.region, position=self._spot_in(g.region)))
+            imgui.end_menu()
+        if view.region is not None:
+            outer = model.region_of(view.region)
+            if imgui.menu_item(f"Move out of {view.region}", "", False)[0]:
+                self._report(model.place(op, outer, position=self._spot_out(view.region, op)))
+        if view.kind and imgui.menu_item("Add block inside", "", False)[0]:
+            self._new_region, self._new_at, self._open_browser = op, self._spot_in(op), True
+        if view.inner and imgui.menu_item("Show inside", "", False)[0]:
+            self._inside = op
 
     def _browser(self) -> None:
         """The block browser: every registered type, grouped by package, filtered by the search text."""
@@ -689,7 +960,7 @@ class EditorPanel:
             if imgui.tree_node_ex(package, imgui.TreeNodeFlags_.default_open):
                 for bt in types:
                     if imgui.selectable(bt.name.split(".", 1)[1], False)[0]:
-                        self._report(model.create(bt.name, position=self._new_at))
+                        self._report(model.create(bt.name, position=self._new_at, region=self._new_region))
                         imgui.close_current_popup()
                     if imgui.is_item_hovered() and bt.doc:
                         imgui.set_tooltip(f"{bt.name} (from {bt.origin})\n{bt.doc}")
@@ -751,6 +1022,7 @@ class EditorPanel:
     def _store_moves(self, nodes: dict[str, NodeView]) -> None:
         """After a mouse release: nodes the user dragged get their new position written to the file."""
         ed = self._ed
+        moved: dict[str, tuple[float, float]] = {}
         for op, view in nodes.items():
             nid = self._node_ids.get(op)
             if nid is None:
@@ -758,7 +1030,9 @@ class EditorPanel:
             xy = _xy(ed.get_node_position(ed.NodeId(nid)))
             if abs(xy[0] - view.position[0]) > 0.5 or abs(xy[1] - view.position[1]) > 0.5:
                 self._placed[op] = (round(xy[0], 1), round(xy[1], 1))
-                self.model.move(op, *xy)
+                moved[op] = xy
+        if moved:  # a dragged selection or group is one edit (one undo)
+            self._report(self.model.move_many(moved))
 
     def _tooltip(self, text: str) -> None:
         ed, imgui = self._ed, self._imgui
