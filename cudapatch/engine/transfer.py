@@ -70,19 +70,28 @@ class _MappedView:
 
 
 class _PinnedRing(HandleOwner):
-    """``slots`` slots of ``count`` elements plus ``words`` control words in mapped pinned memory."""
+    """``slots`` slots of ``count`` elements plus ``words`` control words in mapped pinned memory: from
+    ``cuMemHostAlloc``, or from ``engine.share_host_memory`` where the engine has it (an isolated
+    engine, whose kernels run in another process: pages both processes map, ``isolated/ipc.py``)."""
 
-    def __init__(self, dtype: DType, count: int, slots: int, words: int, what: str) -> None:
+    def __init__(self, dtype: DType, count: int, slots: int, words: int, what: str, engine: Any = None) -> None:
         d = driver()
         self.dtype, self.count, self.slots = dtype, count, slots
         self.slot_bytes = count * dtype.itemsize
         data_bytes = -(-(slots * self.slot_bytes) // 8) * 8
         nbytes = data_bytes + 8 * words
-        flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
-        self._host = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
+        # An isolated engine's kernels run in another process: it gives memory both processes map.
+        share = getattr(engine, "share_host_memory", None)
         self._releases = Releases()
-        # cuMemFreeHost waits for the device: a frame still copying finishes before the ring goes.
-        self._releases.push(d.cuMemFreeHost, self._host, what="cuMemFreeHost")
+        if share is not None:
+            pages = share(nbytes)
+            self._host = pages.host_ptr
+            self._releases.push(pages.release, what="SharedPages.release")
+        else:
+            flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
+            self._host = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
+            # cuMemFreeHost waits for the device: a frame still copying finishes before the ring goes.
+            self._releases.push(d.cuMemFreeHost, self._host, what="cuMemFreeHost")
         self._arm(what, releases=self._releases, context=ContextRef.current())
         try:
             ctypes.memset(self._host, 0, nbytes)
@@ -131,7 +140,7 @@ class UploadRing(_PinnedRing):
         _check_block(block, "Upload")
         dtype = block.description.output("Out").dtype  # type: ignore[union-attr]
         count = int(block.get("Count"))
-        super().__init__(dtype, count, UPLOAD_SLOTS, 2, f"UploadRing of '{block.name}'")
+        super().__init__(dtype, count, UPLOAD_SLOTS, 2, f"UploadRing of '{block.name}'", engine)
         self.block_name = block.name
         self.written = 0
         self.dropped = 0
@@ -186,7 +195,7 @@ class DownloadRing(_PinnedRing):
         if count is not None:
             block.set("Count", int(count))  # the kernel never writes more than a slot holds
         count = int(block.get("Count"))
-        super().__init__(dtype, count, DOWNLOAD_SLOTS, 1 + DOWNLOAD_SLOTS, f"DownloadRing of '{block.name}'")
+        super().__init__(dtype, count, DOWNLOAD_SLOTS, 1 + DOWNLOAD_SLOTS, f"DownloadRing of '{block.name}'", engine)
         self.frame = 0  # the block's run whose values ``read`` returned last
         engine.bind(block, "Ring", self.ring_view)
         engine.bind(block, "Control", self.control_view)

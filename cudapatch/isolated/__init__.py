@@ -8,7 +8,7 @@ CUDA IPC with no copy (``ipc.py``), a new child with the faulting block disabled
 
 from __future__ import annotations
 
-from .host import IsolatedEngine
+from .host import IsolatedEngine, NotInIsolatedEngine
 from .policy import RestartPolicy
 
-__all__ = ["IsolatedEngine", "RestartPolicy"]
+__all__ = ["IsolatedEngine", "NotInIsolatedEngine", "RestartPolicy"]

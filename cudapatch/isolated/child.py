@@ -69,7 +69,6 @@ class _Server:
     """The child's state: the engine, the mirrored patch, and what the host was last told."""
 
     def __init__(self, cfg: StartConfig, out_fd: int) -> None:
-        from ..engine.bindings import DeviceArray
         from ..engine.engine import Engine
         from .ipc import FrameWord, IpcImports
         from .mirror import ChildPatch
@@ -83,19 +82,37 @@ class _Server:
             watch_files=cfg.watch_files,
             fuse=cfg.fuse,  # the host keeps what it reads (``SetKept``): kept outputs are never fused away
             reuse_buffers=False,  # the host maps every output through IPC: none may be overwritten by another
+            background_builds=cfg.background_builds,
+            debug_launch=cfg.debug_launch,
+            freeze_collector=cfg.freeze_collector,
         )
         engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 
-        def import_input(h: Any) -> Any:
-            if h.array is not None:
-                return h.array  # a host array: the engine copies it into a buffer of its own
-            return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, shape=h.shape)
-
-        self.patch = ChildPatch(engine, import_input)
+        self.shared: dict[int, Any] = {}  # serial -> SharedPages of the host mapped here (Upload/Download rings)
+        self.patch = ChildPatch(engine, self.import_input)
         self._graph: Any = None
         self._diags: Any = None
+        self._busy = False  # what the host was last told of ``building``
+        self._shown: dict[int, Any] = {}  # what the host was last told of each block's sizes, shapes, group
+        self.last_frame = cfg.start_frame  # the newest frame message run
+
+    def import_input(self, h: Any) -> Any:
+        """What ``engine.bind`` takes for an ``InputHandle`` of the host."""
+        from ..engine.bindings import DeviceArray
+        from .ipc import SharedPages
+
+        if h.array is not None:
+            return h.array  # a host array: the engine copies it into a buffer of its own
+        if h.shared:  # pinned pages of the host's ring: mapped here too, written and read in place
+            serial, path, nbytes, offset = h.shared
+            pages = self.shared.get(serial)
+            if pages is None:
+                self.engine.device.make_current()
+                pages = self.shared[serial] = SharedPages.attach(path, nbytes)
+            return DeviceArray(pages.device_ptr + offset, h.count, h.dtype, shape=h.shape)
+        return DeviceArray(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, shape=h.shape)
 
     def send(self, message: Any) -> None:
         data = memoryview(encode_frame(message))
@@ -107,6 +124,7 @@ class _Server:
         from .ipc import HOST_READY
 
         e = self.engine
+        self.last_frame = n
         if hot:
             self.patch.hot(hot)
         stream = e.device.stream
@@ -117,8 +135,9 @@ class _Server:
         if self.word is not None and e.lost is None:
             self.word.signal(e.device.stream, n)
 
-    def tell(self) -> None:
-        """Send what changed since the host was last told: output buffers, diagnostics."""
+    def tell(self, *, edited: bool = False) -> None:
+        """Send what changed since the host was last told: output buffers and what the blocks show of
+        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics."""
         from .ipc import export_device_memory
 
         e = self.engine
@@ -127,13 +146,28 @@ class _Server:
             self._graph = g
             outputs = {}
             if g is not None:
-                for hid, b in self.patch.blocks.items():
+                shapes = g.plan.shapes
+                for hid, b in self.patch.all_blocks().items():
                     for port in b.description.outputs:
                         buf = g.output(b.id, port.name)
                         if buf is not None:
                             handle, offset = export_device_memory(buf.ptr)
-                            outputs[(hid, port.name)] = OutputHandle(handle, offset, buf.count, buf.dtype, buf.nbytes)
+                            shape = shapes.get((b.id, port.name))
+                            other = _other_of_pair(g, b.id, port.name, buf)
+                            alt = export_device_memory(other.ptr) if other is not None else ()
+                            outputs[(hid, port.name)] = OutputHandle(
+                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
+                            )
             self.send(("outputs", outputs))
+            shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
+            changed = {hid: v for hid, v in shown.items() if self._shown.get(hid) != v}  # an edit touches few
+            self._shown = shown
+            if changed:
+                self.send(("built", changed))
+        busy = e.lost is None and (e.building or e.context.dirty.structure)
+        if busy != self._busy or edited:
+            self._busy = busy
+            self.send(("building", busy))
         diags = e.diagnostics()
         if diags != self._diags:
             self._diags = diags
@@ -142,7 +176,7 @@ class _Server:
     def _report(self, diags: Any) -> tuple[tuple, dict[int, tuple[str, str]]]:
         to_host = self.patch.to_host
         records = tuple(diag_record(d, to_host) for d in diags)
-        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.blocks.items()}
+        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
         return records, states
 
     def check_idle(self) -> None:
@@ -182,7 +216,7 @@ class _Server:
             return None
         if what == "read":
             hid, port = args
-            return e.read(self.patch.blocks[hid], port)
+            return e.read(self.patch.all_blocks()[hid], port)
         if what == "stats":
             import dataclasses
 
@@ -190,13 +224,38 @@ class _Server:
             to_host = self.patch.to_host
             blocks = tuple(dataclasses.replace(b, block_id=to_host.get(b.block_id, -1)) for b in stats.blocks)
             diags = tuple(diag_record(d, to_host) for d in stats.diagnostics)
-            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags)
+            # Each loop's "Iterations: n/limit" of the same frame, which ``stats()`` put in its tooltip.
+            loops = {
+                hid: b.debug.append_fill["Iterations"]
+                for hid, b in self.patch.blocks.items()
+                if "Iterations" in b.debug.append_fill
+            }
+            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags), loops
+        if what == "iterations":
+            (hid,) = args
+            b = self.patch.blocks.get(hid)
+            return None if b is None else e.iterations(b)
         if what == "synchronize":
             e.synchronize()
             return None
         if what == "counters":
             return e.counters
         raise ValueError(f"unknown request {what!r}")
+
+
+def _other_of_pair(g: Any, block_id: int, port: str, buf: Any) -> Any:
+    """For an output held in a FrameDelay's pair of buffers, which swap every frame in a graph that
+    alternates two executables (``engine/phases.py``): the pair's other buffer (``buf`` is the one the
+    frame launched last wrote). None for any other output."""
+    plan = g.plan
+    bi = plan.outputs.get((block_id, port))
+    swaps = plan.swaps
+    if bi is None or bi not in swaps or (block_id, port) in g.bypass.outputs:
+        return None
+    a, b = g.buffers[bi], g.buffers[swaps[bi]]
+    if a.ptr == b.ptr:
+        return None
+    return b if buf.ptr == a.ptr else a
 
 
 def _detach_stdio() -> tuple[int, int]:
@@ -254,12 +313,14 @@ def main() -> int:
             finally:
                 os._exit(0)  # no interpreter teardown: nothing of it would run on the GPU any more
         kind = msg[0]
+        edited = False
         try:
             if kind == "idle":
                 server.check_idle()
             elif kind == "frame":
                 server.frame(msg[1], msg[2])
             elif kind == "edits":
+                edited = True
                 server.patch.apply(msg[1])
             elif kind == "request":
                 _, rid, what, args = msg
@@ -287,7 +348,7 @@ def main() -> int:
             while _read_message(proto_in) is not None:
                 pass
             os._exit(EXIT_FAULT)  # CUDA refuses this process; no teardown can run
-        server.tell()
+        server.tell(edited=edited)
 
 
 if __name__ == "__main__":

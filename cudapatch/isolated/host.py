@@ -23,9 +23,11 @@ here is tested on the CPU with fakes (``tests/unit/test_isolated.py``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,22 +35,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..blocks.block import Block, BlockState
-from ..blocks.shape import shape_from_array
+from ..blocks.shape import Shape, shape_from_array
 from ..engine.bindings import binding_from_cai
 from ..engine.context import Context, ExternalBinding
 from ..engine.diagnostics import Diagnostic, DiagnosticCode
 from ..engine.profiling import ProfilingLevel
-from ..engine.stats import BuildTiming, EngineCounters
+from ..engine.stats import BuildTiming, EngineCounters, show_on_blocks
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
-from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling
+from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling, patch_view
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
 
-__all__ = ["IsolatedEngine", "HostSide", "ChildLike"]
-
-# Which state of a composite's inner blocks it shows: the worst.
-_STATE_RANK = {"NotCompiled": 0, "OK": 1, "Warning": 2, "Error": 3}
+__all__ = ["IsolatedEngine", "HostSide", "ChildLike", "NotInIsolatedEngine"]
 
 log = logging.getLogger("cudapatch.isolated")
 
@@ -59,6 +58,31 @@ REQUEST_TIMEOUT_S = 300.0
 # (seen on the H100: the frame loop of a host at ~1 kHz hung in cuStreamWriteValue32). The readback
 # ring keeps 3 frames in flight for the same reason.
 MAX_FRAMES_AHEAD = 3
+
+
+class NotInIsolatedEngine(CudapatchError, AttributeError):
+    """An ``Engine`` attribute the isolated engine does not have (it lives in the engine process).
+
+    A ``CudapatchError`` that names the attribute and why; also an ``AttributeError``, so
+    ``hasattr(engine, "probe")`` and ``getattr(engine, "pool", None)`` tell a host what it may use."""
+
+
+#: ``Engine`` attributes an ``IsolatedEngine`` does not offer, and why (``__getattr__`` raises
+#: ``NotInIsolatedEngine`` with the reason).
+UNSUPPORTED: dict[str, str] = {
+    "probe": "wire probes are read every frame from the engine process's readback ring, which this process "
+    "does not map",
+    "probes": "wire probes are read every frame from the engine process's readback ring, which this process "
+    "does not map",
+    "append_buffer": "an append buffer's count is read live from the engine process's memory; use read() "
+    "(the elements written in the last frame)",
+    "pool": "the buffer pool lives in the engine process (outputs come here through output())",
+    "resources": "the CUDA context and its objects live in the engine process",
+    "libraries": "the library handles live in the engine process",
+    "modules": "the loaded kernel modules live in the engine process",
+    "kernels": "kernels compile in the engine process",
+    "kernel_cache": "kernels compile in the engine process (its cache is the cache_dir given)",
+}
 
 
 class ChildLike(Protocol):
@@ -85,6 +109,7 @@ class HostSide(Protocol):
     def finished(self) -> int: ...
     def release(self, n: int) -> None: ...
     def export(self, binding: ExternalBinding) -> InputHandle: ...
+    def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
     def import_output(self, handle: Any) -> Any: ...
     def drop_outputs(self) -> None: ...
     def synchronize(self) -> None: ...
@@ -104,6 +129,8 @@ class _CudaHostSide:
         self.stream = self.device.stream
         self.word = FrameWord.create(0)
         self.imports = IpcImports()
+        self._shared: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # serial -> pages
+        self._serials = itertools.count(1)
 
     def start_parts(self, start_frame: int) -> int:
         from .ipc import CHILD_DONE, HOST_READY
@@ -132,9 +159,21 @@ class _CudaHostSide:
 
         if isinstance(binding.owner, np.ndarray):
             return InputHandle(binding.count, binding.dtype, array=binding.owner)
+        for serial, pages in list(self._shared.items()):  # an Upload/Download ring made for this engine
+            if pages.contains(binding.ptr):
+                where = (serial, pages.path, pages.nbytes, binding.ptr - pages.device_ptr)
+                return InputHandle(binding.count, binding.dtype, shape=binding.shape, shared=where)
         self.device.make_current()
         handle, offset = export_device_memory(binding.ptr)
         return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset, shape=binding.shape)
+
+    def share(self, nbytes: int) -> Any:
+        from .ipc import SharedPages
+
+        self.device.make_current()
+        pages = SharedPages.create(nbytes)
+        self._shared[next(self._serials)] = pages  # kept by the ring that releases it
+        return pages
 
     def import_output(self, h: Any) -> Any:
         from .ipc import SharedOutput
@@ -154,6 +193,20 @@ class _CudaHostSide:
         self.imports.close(unmap=unmap)
         self.word.close()
         self.device.close()
+
+
+def _export_key(binding: ExternalBinding) -> tuple:
+    return (binding.ptr, binding.count, binding.dtype, binding.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DelayPair:
+    """Both mapped buffers of a value in a FrameDelay's pair: ``first`` is written by ``frame`` and the
+    frames of its parity, ``other`` by the rest."""
+
+    first: Any
+    other: Any
+    frame: int
 
 
 class _ProcessLauncher:
@@ -196,9 +249,12 @@ class IsolatedEngine:
 
     Made by ``Engine(isolated=True)``. What differs: ``output()`` returns the child's buffer mapped
     into this process (``SharedOutput``: ``ptr``, ``nbytes``, ``__cuda_array_interface__``, no
-    copy); ``read()`` and ``stats()`` ask the child and wait for its answer; a GPU fault ends only
-    the child, and the next ``update()`` runs a new one with the faulting block disabled (its
-    diagnostic says so), ``restarts`` counting them.
+    copy); ``read()``, ``stats()`` and ``iterations()`` ask the child and wait for its answer; a GPU
+    fault ends only the child, and the next ``update()`` runs a new one with the faulting block
+    disabled (its diagnostic says so), ``restarts`` counting them. Regions (``add(region=)``,
+    ``place``), FrameDelays and composites run in the child as in an engine here. What lives only
+    in the child (``pool``, ``probe``, ``append_buffer``, ... : ``UNSUPPORTED``) raises
+    ``NotInIsolatedEngine``.
 
     Args:
         device: CUDA device ordinal.
@@ -214,6 +270,11 @@ class IsolatedEngine:
         standby: Keep a second child started, so a restart skips its start-up.
         fuse: As ``Engine`` (elementwise fusion in the child, on by default); what the host reads
             (``output``, ``keep``, a GL bridge) is kept out of fused groups.
+        background_builds: As ``Engine`` (in the child).
+        debug_launch: As ``Engine`` (in the child: a fault is pinned on its block in its frame).
+        reuse_buffers: Accepted for ``Engine``'s sake; always off in the child, whose every output is
+            mapped by the host (no value may overwrite another's buffer).
+        freeze_collector: As ``Engine`` (the child's collector; this process's is left alone).
 
     Raises:
         CudaUnavailableError: no driver or device (host side).
@@ -233,6 +294,10 @@ class IsolatedEngine:
         policy: RestartPolicy | None = None,
         standby: bool = True,
         fuse: bool = True,
+        background_builds: bool = True,
+        debug_launch: bool = False,
+        reuse_buffers: bool = False,
+        freeze_collector: bool = True,
     ) -> None:
         from ..kernels.compiler_process import compiler_python
 
@@ -244,7 +309,12 @@ class IsolatedEngine:
             wait_for_compile=wait_for_compile,
             watch_files=watch_files,
             fuse=fuse,
+            background_builds=background_builds,
+            debug_launch=debug_launch,
+            freeze_collector=freeze_collector,
         )
+        self.background_builds = background_builds
+        self.debug_launch = debug_launch
         self._gpu: HostSide = host_side if host_side is not None else _CudaHostSide(device)
         chosen = python or (compiler_python() or (sys.executable, ""))[0]
         self._launcher = _ProcessLauncher(chosen, standby=standby) if launch is None else None
@@ -252,7 +322,10 @@ class IsolatedEngine:
         self.policy = policy or RestartPolicy()
         self.context = Context()
         self._dirty = self.context.dirty
-        self._mirror = PatchMirror(self._gpu.export)
+        # Device memory is exported when bound (so unshareable memory is refused there, not in update());
+        # the mirror takes the handle from here when it sends the binding.
+        self._exports: dict[tuple, InputHandle] = {}
+        self._mirror = PatchMirror(self._export)
         #: As ``Engine.counters``, counted here: ``frames`` sent, ``hot_updates`` batched into them, ``rebuilds``
         #: (structure edits sent to the child) and ``faults`` (children that ended: a GPU fault or a crash).
         self.counters = EngineCounters()
@@ -263,6 +336,7 @@ class IsolatedEngine:
         self._frame = 0
         self._frame_hooks: tuple[Any, ...] = ()
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
+        self._child_busy = False  # the child's last word on ``building``
         self._outputs: dict[tuple[int, str], Any] = {}  # mapped here, on first use
         self._diags: tuple[Diagnostic, ...] = ()
         self._engine_diags: tuple[Diagnostic, ...] = ()  # the host's own: restarts, a lost engine
@@ -361,6 +435,10 @@ class IsolatedEngine:
                 self._handles = m[1]
             elif kind == "diagnostics":
                 self._publish(tuple(diag_from_record(r) for r in m[1]), m[2])
+            elif kind == "built":
+                self._show_built(m[1])
+            elif kind == "building":
+                self._child_busy = bool(m[1])
             elif kind == "reply":
                 self._replies[m[1]] = (m[2], m[3])
             elif kind == "fault":
@@ -374,18 +452,22 @@ class IsolatedEngine:
                 if m[1] != PROTOCOL:
                     raise CudapatchError(f"the engine process speaks protocol {m[1]}, this host {PROTOCOL}")
 
+    def _show_built(self, shown: dict[int, tuple[dict, dict, str]]) -> None:
+        """What the child's new graph says of each block (sizes and shapes of its outputs, its fused
+        group), onto the host's blocks as the engine puts them on its own (``str(block.port(...))``)."""
+        registry = self.context.registry
+        for bid, (sizes, shapes, fused) in shown.items():
+            b = registry.get(bid)  # a composite's inner blocks too
+            if b is not None:
+                b.debug.sizes, b.debug.shapes, b.debug.fused = sizes, shapes, fused
+
     def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
         self._diags = diags
-        for b in self.context.registry:
-            st = states.get(b.id)
-            if st is not None:
-                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
         registry = self.context.registry
-        for comp in registry.composites.values():  # the child ran its inner blocks: show the worst state
-            inner = [states[b.id] for _, b in comp.inner_blocks() if b.id in states]
-            if inner:
-                st = max(inner, key=lambda s: _STATE_RANK.get(s[0], 0))
-                comp.debug.state, comp.debug.message = BlockState(st[0]), st[1]
+        for bid, st in states.items():  # composites and their inner blocks alike (the child has both)
+            b = registry.get(bid)
+            if b is not None:
+                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
         for d in diags:  # a fault report has no states: the errors say enough
             if d.block_id is not None and d.severity == "error":
                 owner = registry.owner(d.block_id) if registry.composites else None
@@ -406,9 +488,26 @@ class IsolatedEngine:
         return self._child
 
     # -- patch editing (as Engine: validates here, the child gets it with the next frame) ------------
-    def add(self, block: Block) -> Block:
-        """Register ``block`` (Cold in the child on the next update). Returns it."""
-        return self.context.register_block(block)
+    def add(self, block: Block, *, region: Block | None = None) -> Block:
+        """Register ``block`` (Cold in the child on the next update), inside ``region`` (an ``If``,
+        ``While`` or ``For`` added before) if given, as ``Engine.add``. Returns it.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine.
+        """
+        self.context.register_block(block)
+        if region is not None:
+            self.context.place(block, region)
+        return block
+
+    def place(self, block: Block, region: Block | None) -> None:
+        """Move ``block`` into ``region`` (an ``If``, ``While`` or ``For``), or to the top level with None,
+        as ``Engine.place`` (Cold in the child on the next update); its links stay.
+
+        Raises:
+            CudapatchError: ``region`` is not a region of this engine, or is ``block`` or inside it.
+        """
+        self.context.place(block, region)
 
     def remove(self, block: Block) -> None:
         """Unregister ``block`` and its links."""
@@ -444,6 +543,20 @@ class IsolatedEngine:
         want = dtype or inp.dtype
         if hasattr(array, "__cuda_array_interface__"):
             binding = binding_from_cai(array, want, block.name, port)
+            old = self.context.bindings.get((block.id, port))
+            try:
+                if old is None or _export_key(old) != _export_key(binding):  # the same memory again: exported
+                    self._exports[_export_key(binding)] = self._gpu.export(binding)
+            except BindingError as exc:
+                if block.description.type_name in ("Upload", "Download") and port in ("Ring", "Control"):
+                    kind = block.description.type_name
+                    raise BindingError(
+                        f"this {kind} ring's memory is not shared with the engine process: make the ring for "
+                        f"this engine ({kind}Ring(engine, block)), which gives it memory both processes map",
+                        block=block.name,
+                        port=port,
+                    ) from None
+                raise BindingError(exc.message, block=block.name, port=port) from None
         else:
             host = np.ascontiguousarray(array)
             if not want.accepts(host.dtype):
@@ -456,6 +569,11 @@ class IsolatedEngine:
         self.context.bind_input(block, port, binding)
         if old is not None and old.count == binding.count and old.ptr == binding.ptr and not binding.ptr:
             self._dirty.mark_binding(block.id, port, binding)  # a host array of the same size: new values
+
+    def _export(self, binding: ExternalBinding) -> InputHandle:
+        """The ``InputHandle`` of a binding for the child: exported at ``bind`` for device memory."""
+        h = self._exports.pop(_export_key(binding), None) if binding.ptr else None
+        return h if h is not None else self._gpu.export(binding)
 
     def add_frame_hook(self, hook: Any) -> None:
         """Call ``hook.before_launch(stream)`` / ``after_launch(stream)`` around each frame, on the host's stream."""
@@ -488,13 +606,13 @@ class IsolatedEngine:
             if dirty.only_params:
                 params, bindings = dirty.take_params()
                 mirror = self._mirror
-                leaf = mirror.leaf_keys  # a composite's exposed names stand for its inner blocks'
-                hot = tuple((bid, name, p.value) for key, p in params.items() for bid, name in leaf(key))
+                hot = tuple((bid, name, p.value) for (bid, name), p in params.items())
                 for bid, name, value in hot:
                     mirror.note_value(bid, name, value)
                 if bindings:
-                    edits = [mirror.bind(lk, b) for k, b in bindings.items() for lk in leaf(k)]
+                    edits = [mirror.bind(k, b) for k, b in bindings.items()]
                     child.send(("edits", [e for e in edits if e is not None]))
+                    self._exports.clear()  # what was bound is sent: the rest was replaced before it was
                 if dirty.take_bypass():  # the child's Bypass tier turns the nodes off: no rebuild there
                     child.send(("edits", [SetBypassed(frozenset(self.context.bypassed))]))
                 self.counters.hot_updates += len(hot)
@@ -517,7 +635,8 @@ class IsolatedEngine:
         self.counters.frames += 1
 
     def _send_structure(self, child: ChildLike) -> None:
-        edits = self._mirror.diff(self.context.snapshot())
+        edits = self._mirror.diff(patch_view(self.context))
+        self._exports.clear()  # every binding the child lacks was sent
         for e in edits:
             if isinstance(e, (Redescribe, RemoveBlock)):  # new code or gone: a disabled block gets a new chance
                 self.policy.code_changed(e.id)
@@ -527,6 +646,7 @@ class IsolatedEngine:
         edits.append(SetBypassed(frozenset(self.context.bypassed)))
         child.send(("edits", edits))
         self._dirty.clear_structure()
+        self._child_busy = True  # until the child says otherwise (it answers every edits message)
         self.counters.rebuilds += 1
 
     # -- requests (wait for the child; not for the frame path) ---------------------------------------
@@ -576,7 +696,9 @@ class IsolatedEngine:
         self.context.keep(block, port, keep)
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
-        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild).
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild). A
+        value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one the
+        frame sent last writes (take it again each frame), as ``Engine.output``.
         The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of
         fused groups: one the child's running graph computes inside a fused kernel raises once and is
         held in a buffer from the next ``update()`` on.
@@ -585,10 +707,10 @@ class IsolatedEngine:
             CudapatchError: the block is not running in the child's graph (or the output is fused
                 away), or has no such output.
         """
-        key = self._mirror.leaf_keys((block.id, port))[0]  # a composite's output: its inner block's
+        key = (block.id, port)
         buf = self._outputs.get(key)
         if buf is not None:
-            return buf
+            return self._of_frame(buf)
         h = self._handles.get(key)
         if h is None:
             self._poll()  # its newest outputs may be waiting in the pipe
@@ -608,8 +730,48 @@ class IsolatedEngine:
             if block.description.output(port) is None:
                 raise CudapatchError("no such output port", block=block.name, port=port)
             raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
-        buf = self._outputs[key] = self._gpu.import_output(h)
-        return buf
+        buf = self._gpu.import_output(h)
+        if h.alt:  # a FrameDelay's pair: both buffers mapped, the frame's parity picks one
+            other = self._gpu.import_output(dataclasses.replace(h, handle=h.alt[0], offset=h.alt[1], alt=()))
+            buf = _DelayPair(buf, other, h.frame)
+        self._outputs[key] = buf
+        return self._of_frame(buf)
+
+    def _of_frame(self, buf: Any) -> Any:
+        """``buf``, or for a FrameDelay's pair the buffer the frame sent last writes: the pair swaps
+        every frame, and every frame sent is launched by the child (``OutputHandle.frame``)."""
+        if type(buf) is not _DelayPair:
+            return buf
+        return buf.first if (self._frame - buf.frame) % 2 == 0 else buf.other
+
+    def output_shape(self, block: Block, port: str) -> Shape:
+        """The Shape of an output in the child's running graph (``(count,)`` for flat outputs), as
+        ``Engine.output_shape``; known from the child's last build, no request.
+
+        Raises:
+            CudapatchError: not running in the child's graph, or no such output.
+        """
+        if block.description.output(port) is None:
+            raise CudapatchError("no such output port", block=block.name, port=port)
+        key = (block.id, port)
+        h = self._handles.get(key)
+        if h is None:
+            self._poll()
+            h = self._handles.get(key)
+        if h is None:
+            raise CudapatchError("block is not running in the current graph", block=block.name, port=port)
+        return h.shape if h.shape is not None else Shape.flat(h.count)
+
+    def iterations(self, region: Block) -> int | None:
+        """The iterations a ``While`` or ``For`` ran in the newest completed frame of the child, as
+        ``Engine.iterations``: read from the child's readback ring, which never waits for the GPU; the
+        host waits only for the child's answer through its pipe (a request, not for every frame).
+        None before a frame completed, for an If, or for a block that is no region.
+
+        Raises:
+            CudapatchError: the engine is lost, or the child ended while asked.
+        """
+        return self._request("iterations", region.id)  # type: ignore[no-any-return]
 
     def read(self, block: Block, port: str) -> np.ndarray:
         """Copy an output to the host, from the child (waits for it; append outputs: the elements
@@ -617,23 +779,61 @@ class IsolatedEngine:
         if block.description.output(port) is None:
             raise CudapatchError("no such output port", block=block.name, port=port)
         self.context.keep(block, port, rebuild=False)  # the host reads it: kept by every later child too
-        bid, name = self._mirror.leaf_keys((block.id, port))[0]
-        return self._request("read", bid, name)
+        return self._request("read", block.id, port)
 
     def stats(self) -> Any:
-        """``EngineStats`` of the child's newest completed frame (waits for the child)."""
-        stats = self._request("stats")
-        return dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+        """``EngineStats`` of the child's newest completed frame (waits for the child). As
+        ``Engine.stats``, it puts the frame's GPU times (and append fill at the Deep levels) and each
+        loop's ``Iterations: n/limit`` on the host's blocks, and the child's per-frame warnings (a
+        While that stopped at ``Max``) into ``diagnostics()``."""
+        stats, loops = self._request("stats")
+        stats = dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+        registry = self.context.registry
+        show_on_blocks(stats, registry)
+        for bid, fill in loops.items():
+            b = registry.get(bid)
+            if b is not None:
+                b.debug.append_fill = {**b.debug.append_fill, "Iterations": fill}
+        return stats
 
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:
         """The child's last diagnostics plus the host's own (a restart, a lost engine)."""
         diags = self._engine_diags + self._diags
         if block is None:
             return diags
-        return tuple(d for d in diags if d.block_id == block.id)
+        comp = self.context.registry.composites.get(block.id)  # a composite's include its inner blocks'
+        ids = {block.id} | ({b.id for _, b in comp.inner_blocks()} if comp is not None else set())
+        return tuple(d for d in diags if d.block_id in ids)
+
+    def share_host_memory(self, nbytes: int) -> Any:
+        """Pinned host memory of at least ``nbytes`` that the engine process maps too (``ipc.SharedPages``:
+        ``host_ptr``, ``device_ptr``, ``release()``): what ``UploadRing`` and ``DownloadRing`` allocate
+        their rings in for an isolated engine, so its kernels read and write what this process writes
+        and reads, with no copy and no message per frame. Binding it sends its name, not its bytes.
+
+        Raises:
+            OSError, CudaError: the memory cannot be made or registered.
+        """
+        return self._gpu.share(nbytes)
 
     def report_fault(self, exc: Any) -> None:
         """Faults happen in the child; a fault in the host's own context is the host's. Ignored."""
+
+    def prepare_fault_replay(self) -> None:
+        """As ``Engine.prepare_fault_replay``: every engine process does it when it starts. Nothing here."""
+
+    @property
+    def building(self) -> bool:
+        """Whether a structure edit is not running yet: unsent, or in the child's build (as
+        ``Engine.building``; the child says when that changes)."""
+        return bool(self._dirty.structure) or self._child_busy
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes not found otherwise: an Engine attribute that lives in the engine process.
+        why = UNSUPPORTED.get(name)
+        if why is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise NotInIsolatedEngine(f"engine.{name} is not available in an isolated engine: {why}")
 
     @property
     def lost(self) -> str | None:

@@ -25,6 +25,12 @@ Four pieces, each the smallest driver use that does the job (cuda-bindings 13 si
   inputs host → child, with no copy. Memory from ``cudaMallocAsync`` pools or the VMM API has no such
   handle: binding it fails with a ``BindingError`` that says so.
 - ``SharedBuffer``-like views (``SharedOutput``) that the host hands out as ``engine.output(...)``.
+- ``SharedPages``: pinned host memory both processes map, for the rings of ``Upload`` and
+  ``Download`` blocks (``engine/transfer.py``), which the host writes and reads with plain stores
+  and loads while the child's kernels read and write them: memory from ``cuMemHostAlloc`` belongs to
+  one process, so an isolated engine gives the rings a ``memfd`` instead, which the host and the
+  child each map and register with ``cuMemHostRegister(DEVICEMAP)`` (as the frame word's page). The
+  child opens it as ``/proc/<host pid>/fd/<fd>`` (a ``memfd`` has no other name), when it is bound.
 """
 
 from __future__ import annotations
@@ -40,7 +46,15 @@ import numpy as np
 from ..errors import BindingError, CudaError
 from ..kernels._driver import check, driver
 
-__all__ = ["CHILD_DONE", "HOST_READY", "FrameWord", "export_device_memory", "IpcImports", "SharedOutput"]
+__all__ = [
+    "CHILD_DONE",
+    "HOST_READY",
+    "FrameWord",
+    "export_device_memory",
+    "IpcImports",
+    "SharedOutput",
+    "SharedPages",
+]
 
 _PAGE = 4096
 _WORD = struct.Struct("<I")
@@ -130,6 +144,79 @@ class FrameWord:
         self._map.close()
         if self._owner:
             os.close(self.fd)
+
+
+class SharedPages:
+    """Host memory the host and its engine process both map, registered for the device in each.
+
+    ``SharedPages.create(nbytes)`` in the host (it owns the ``memfd``; ``path`` names it for the child),
+    ``SharedPages.attach(path, nbytes)`` in the child. ``host_ptr`` and ``device_ptr`` are this
+    process's addresses of the first byte.
+
+    Raises:
+        OSError: the memory cannot be made or opened. CudaError: registering it failed.
+    """
+
+    def __init__(self, fd: int, nbytes: int, *, owner: bool) -> None:
+        self.nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
+        self._fd = -1  # the owner's descriptor, once the pages are set up (create() closes it on a failure)
+        self.path = f"/proc/{os.getpid()}/fd/{fd}" if owner else ""
+        self._registered = False
+        self._map = mmap.mmap(fd, self.nbytes)
+        self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in release()
+        self.host_ptr = ctypes.addressof(self._anchor)
+        d = driver()
+        flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
+        try:
+            check(d.cuMemHostRegister(self.host_ptr, self.nbytes, flags), "cuMemHostRegister(shared pages)")
+            self._registered = True
+            self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0), "cuMemHostGetDevicePointer"))
+        except BaseException:
+            self.release()
+            raise
+        self._fd = fd if owner else -1
+
+    @classmethod
+    def create(cls, nbytes: int) -> SharedPages:
+        """New zeroed pages of at least ``nbytes`` (host side)."""
+        fd = os.memfd_create("cudapatch-ring", 0)  # type: ignore[attr-defined]  (Linux)
+        try:
+            os.ftruncate(fd, -(-max(nbytes, 1) // _PAGE) * _PAGE)
+            return cls(fd, nbytes, owner=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, path: str, nbytes: int) -> SharedPages:
+        """The child's mapping of the host's pages named ``path``."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            return cls(fd, nbytes, owner=False)
+        finally:
+            os.close(fd)  # the mapping keeps the memory
+
+    def contains(self, ptr: int) -> bool:
+        """Whether device address ``ptr`` lies in these pages (False once released)."""
+        return self._registered and self.device_ptr <= ptr < self.device_ptr + self.nbytes
+
+    def release(self) -> tuple[Any, ...]:
+        """Unregister, unmap, close; idempotent. Returns the unregister call's result (a driver result
+        tuple, for ``Releases``). The other process's mapping keeps the memory until it unmaps too."""
+        result: tuple[Any, ...] = (0,)
+        if self._registered:
+            self._registered = False
+            result = driver().cuMemHostUnregister(self.host_ptr)
+        self._unmap()
+        return result
+
+    def _unmap(self) -> None:
+        if hasattr(self, "_anchor"):  # no other reference to it may live while the map closes
+            del self._anchor
+            self._map.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def export_device_memory(ptr: int) -> tuple[bytes, int]:

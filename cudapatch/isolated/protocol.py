@@ -11,14 +11,22 @@ Host → child:
 - ``("start", StartConfig)``: first message; the engine is created from it.
 - ``("edits", [Edit, ...])``: patch edits (``mirror.py``), applied in order before the next frame.
 - ``("frame", n, hot)``: run frame ``n``; ``hot`` is a tuple of ``(block id, parameter, value)``.
-- ``("request", rid, what, args)``: ``wait_ready``, ``read``, ``stats``, ``synchronize``: one
-  ``reply`` comes back; the host waits for it (these are not frame-path calls).
+- ``("request", rid, what, args)``: ``wait_ready``, ``read``, ``stats``, ``iterations``,
+  ``synchronize``: one ``reply`` comes back; the host waits for it (these are not frame-path calls).
+  ``stats`` answers ``(EngineStats, loops)``, ``loops`` the ``{block id: (iterations, limit)}`` of
+  each While/For of the frame read (what ``str(region)`` shows as ``Iterations: n/limit``).
 - ``("close",)``: tear down and exit 0 (a closed stdin means the same).
 
 Child → host:
 
 - ``("ready", PROTOCOL, pid)``: imports done, engine created.
-- ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers.
+- ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers (a
+  value in a FrameDelay's alternating pair comes with both buffers, ``OutputHandle.alt``).
+- ``("built", {block id: (sizes, shapes, fused)})``: what ``str(block.port(...))`` and ``str(block)``
+  show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), after ``outputs``, for the
+  blocks where that changed.
+- ``("building", busy)``: whether the engine has a structure edit not yet running (``building``):
+  after every ``edits`` message and whenever it changes.
 - ``("diagnostics", (DiagRecord, ...), {block id: (state, message)})``: when they changed.
 - ``("reply", rid, ok, value)``: the answer to a request (``ok`` False: ``value`` is the error).
 - ``("fault", (DiagRecord, ...), {block id: reason})``: CUDA refuses the child after a GPU fault;
@@ -44,7 +52,7 @@ __all__ = [
 ]
 
 #: Bumped when a message changes; a child of another version is refused at the handshake.
-PROTOCOL = 2  # 2: StartConfig.fuse, the SetKept edit
+PROTOCOL = 3  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations
 #: The child's exit status after it reported a GPU fault (CUDA refuses the process from then on).
 EXIT_FAULT = 3
 
@@ -63,6 +71,9 @@ class StartConfig:
         wait_for_compile: As the ``Engine`` option.
         watch_files: As the ``Engine`` option.
         fuse: As the ``Engine`` option (elementwise fusion, on by default).
+        background_builds: As the ``Engine`` option.
+        debug_launch: As the ``Engine`` option.
+        freeze_collector: As the ``Engine`` option (in the child's process).
         frame_word_fd: The child's descriptor of the shared page holding the frame word (-1: none,
             for tests without a GPU); see ``ipc.FrameWord``.
         start_frame: The frame number the child starts after (frames count on across restarts).
@@ -74,6 +85,9 @@ class StartConfig:
     wait_for_compile: bool = False
     watch_files: bool = True
     fuse: bool = True
+    background_builds: bool = True
+    debug_launch: bool = False
+    freeze_collector: bool = True
     frame_word_fd: int = -1
     start_frame: int = 0
 
@@ -88,6 +102,11 @@ class OutputHandle:
         count: Elements.
         dtype: The element type (a ``DType``: an enum, pickled by name).
         nbytes: The buffer's size in bytes.
+        shape: Its ``Shape`` in the child's plan (None: flat, ``(count,)``), for ``output_shape``.
+        alt: For a value in a FrameDelay's pair of buffers, which swap every frame (``engine/phases.py``):
+            ``(handle, offset)`` of the other buffer; empty otherwise.
+        frame: With ``alt``: the frame whose launch wrote ``handle``'s buffer; ``alt``'s is written by
+            the frames of the other parity.
     """
 
     handle: bytes
@@ -95,12 +114,17 @@ class OutputHandle:
     count: int
     dtype: Any
     nbytes: int
+    shape: Any = None
+    alt: tuple[bytes, int] | tuple[()] = ()
+    frame: int = 0
 
 
 @dataclass(frozen=True)
 class InputHandle:
     """Memory of the host bound to an input of the child's engine: an IPC handle of device memory
-    (``handle``, ``offset``), or a host array sent by value (``array``, copied by the child)."""
+    (``handle``, ``offset``), a host array sent by value (``array``, copied by the child), or pinned
+    host pages both processes map (``shared``: ``(serial, path, nbytes, offset)``, an Upload or
+    Download ring; ``ipc.SharedPages``)."""
 
     count: int
     dtype: Any
@@ -108,6 +132,7 @@ class InputHandle:
     offset: int = 0
     array: Any = None
     shape: Any = None  # the binding's Shape (2-D/3-D data), so the child launches over the same axes
+    shared: tuple = ()
 
 
 def diag_record(d: Any, to_host: dict[int, int]) -> DiagRecord:

@@ -1,7 +1,10 @@
 """A planted illegal-address kernel in an isolated engine, N trials in one host process: run by
 test_isolated_gpu.py in a process of its own (the host must survive; its own CuPy work too).
 
-Usage: python isolated_fault_scenario.py [TRIALS]   (prints OK and the restart times at the end)
+Usage: python isolated_fault_scenario.py [TRIALS] [--in-for]   (prints OK and the restart times at the end)
+
+``--in-for``: the faulting block runs inside a ``For`` body (three iterations a frame); the fault is
+found by the engine process's replay (which runs each body once) and named the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from cudapatch import Engine, Fill, Scale
+from cudapatch import Engine, Fill, For, Scale
 from cudapatch.blocks.library import CustomKernel
 
 BAD = """
@@ -31,12 +34,15 @@ def host_work(rng: np.random.Generator) -> None:
     assert np.allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
-def trial(rng: np.random.Generator) -> float:
+def trial(rng: np.random.Generator, in_for: bool = False) -> float:
     host_work(rng)
     engine = Engine(isolated=True, wait_for_compile=True)
     try:
         fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
-        bad = engine.add(CustomKernel(name="bad", Code=BAD))
+        loop = engine.add(For(name="loop", Count=3)) if in_for else None
+        if loop is not None:  # the body keeps a block running once 'bad' is disabled
+            engine.add(Fill(name="beside", Count=64, Value=1.0), region=loop)
+        bad = engine.add(CustomKernel(name="bad", Code=BAD), region=loop)
         bad.set("trigger", 0.0)
         after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
         engine.connect(fill, "Out", bad, "in")
@@ -44,7 +50,9 @@ def trial(rng: np.random.Generator) -> float:
         engine.wait_ready()
         for _ in range(3):
             engine.update()
-        assert np.allclose(engine.read(after, "Out"), 10.0)
+        assert np.allclose(engine.read(after, "Out"), 10.0)  # out = in + 1 in every iteration
+        if loop is not None:
+            assert engine.iterations(loop) == 3
         host_work(rng)
 
         bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault in the child
@@ -78,9 +86,10 @@ def trial(rng: np.random.Generator) -> float:
 
 
 def main() -> None:
-    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    trials = int(args[0]) if args else 20
     rng = np.random.default_rng()
-    times = [trial(rng) for _ in range(trials)]
+    times = [trial(rng, in_for="--in-for" in sys.argv) for _ in range(trials)]
     host_work(rng)
     print("OK", " ".join(f"{t:.3f}" for t in times))
 

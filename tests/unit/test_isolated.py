@@ -529,8 +529,9 @@ def test_a_bypass_goes_to_the_child_as_one_edit_and_with_every_whole_patch(iso):
     assert mirrored[s2.id].enabled and patch.engine.context.bypassed == set()
 
 
-def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_them():
+def test_a_composite_reaches_the_child_whole_and_its_inner_blocks_map_to_the_hosts():
     from cudapatch import Composite
+    from cudapatch.isolated.mirror import MirrorComposite, patch_view
 
     class Pair(Composite):
         def compose(self, c) -> None:
@@ -542,16 +543,24 @@ def test_a_composite_reaches_the_child_as_its_inner_blocks_and_its_names_map_to_
             c.expose("Gain", "a.Factor", "b.Factor")
 
     host = Context()
-    f, pair = host.register_block(Fill(name="f", Count=64)), host.register_block(Pair(name="pair"))
+    f, pair = host.register_block(Fill(name="f", Count=64)), host.register_block(Pair(name="pair", Gain=3.0))
     host.connect(f, "Out", pair, "In")
     mirror, child = PatchMirror_(), ChildPatch(ContextEngine(), lambda h: h)
-    child.apply(pickle.loads(pickle.dumps(mirror.diff(host.snapshot()))))
-    _same_patch(host, child)
+    child.apply(pickle.loads(pickle.dumps(mirror.diff(patch_view(host)))))
+    _same_patch(host, child)  # flattened on both sides: the same leaves, names, values and links
+    mine = child.blocks[pair.id]
+    assert isinstance(mine, MirrorComposite) and mine.get("Gain") == 3.0
+    assert {blk.name for blk in child.engine.context.registry} == {"f", "pair"}
     a, b = pair.inner("a"), pair.inner("b")
-    assert {blk.name for blk in child.engine.context.registry} == {"f", "pair/a", "pair/b"}
-    assert mirror.leaf_keys((pair.id, "Gain")) == ((a.id, "Factor"), (b.id, "Factor"))
-    assert mirror.leaf_keys((pair.id, "Out")) == ((b.id, "Out"),)
-    assert mirror.leaf_keys((f.id, "Out")) == ((f.id, "Out"),)
+    assert child.inner == {a.id: mine.inner("a"), b.id: mine.inner("b")}
+    assert child.to_host[mine.inner("b").id] == b.id
+    assert mirror.diff(patch_view(host)) == []
+    pair.set("Gain", 5.0)  # Hot: goes with a frame as (pair, Gain); the child's composite takes it
+    child.hot(((pair.id, "Gain", 5.0),))
+    assert mine.get("Gain") == 5.0
+    host.unregister_block(pair)
+    child.apply(mirror.diff(patch_view(host)))
+    assert child.inner == {} and set(child.to_host.values()) == {f.id}
 
 
 def test_fuse_goes_to_the_child_engine():
