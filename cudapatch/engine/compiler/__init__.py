@@ -129,7 +129,7 @@ def compile_plan(
         if cache is not None:
             cache.state = None
         return _compile_regions(draft, fuse)
-    order(draft)
+    order(draft, last if last is not None and resumable(draft) else None)
     attribute_diagnostics(draft)
     draft.raise_errors()
     if cache is not None and resumable(draft):

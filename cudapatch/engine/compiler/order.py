@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
+from itertools import islice
+from typing import Any
 
 from ..connections import Link
 from .draft import PlanDraft
@@ -130,9 +132,18 @@ def find_loops(cyclic: Sequence[int], links: Iterable[Link]) -> list[list[int]]:
     return loops
 
 
-def order(draft: PlanDraft) -> None:
+def order(draft: PlanDraft, last: Any = None) -> None:
     """Fill ``draft.order``; record a ``cycle`` error for every block on a loop (naming the loop)
-    and for every block that is only downstream of one."""
+    and for every block that is only downstream of one.
+
+    ``last``: the state the last plan left (``resume.PlanState``: its order, blocks and links), which
+    had no errors: the order is then taken from it up to the first place the edit could change it,
+    and Kahn's algorithm runs on from there (``resumed_order``)."""
+    if last is not None:
+        resumed = resumed_order(draft, last)
+        if resumed is not None:
+            draft.order = resumed
+            return
     links = same_frame_links(draft)
     draft.order, cyclic = topological_order([b.id for b in draft.snap.blocks], links)
     if cyclic:
@@ -150,3 +161,75 @@ def order(draft: PlanDraft) -> None:
         for b in cyclic:
             if b not in on_loop:
                 draft.error(b, "cycle", f"block '{blocks[b].name}' runs after a cycle, which cannot be ordered")
+
+
+def resumed_order(draft: PlanDraft, last: Any) -> list[int] | None:
+    """``topological_order`` of the patch from the last plan's order (None: a cycle, planned whole).
+
+    Kahn's algorithm pops the ready block of lowest rank (registration order) first. The blocks an
+    edit touches are the ones added or removed, re-described, or linked differently (the destination
+    of a link added or removed). Up to the first of them in the last order, that order's blocks are
+    ready as before, and each one popped is still the lowest-ranked ready one unless a touched block
+    became ready earlier with a lower rank: the first ``p`` blocks are kept where no touched block
+    can do that, and the algorithm runs on over the rest.
+    """
+    if last.context_id != draft.snap.context_id:
+        return None
+    blocks, old_blocks, old, pos = draft.blocks, last.blocks, last.order, last.pos
+    incoming, old_incoming = draft.incoming, last.incoming
+    added = blocks.keys() - old_blocks.keys()
+    touched = {lk.dst for _, lk in incoming.items() ^ old_incoming.items()}
+    touched.update(b for b in old_blocks.keys() - blocks.keys())
+    for b in draft.snap.blocks:  # re-described: its feedback inputs may differ
+        o = old_blocks.get(b.id)
+        if o is not None and o.description is not b.description:
+            touched.add(b.id)
+    p = len(old)
+    for b in touched:
+        q = pos.get(b)
+        if q is not None and q < p:
+            p = q
+    ids = [b.id for b in draft.snap.blocks]
+    rank = {b: i for i, b in enumerate(ids)}
+
+    def preds(v: int) -> list[int]:
+        d = blocks[v].description
+        feedback = d.feedback_inputs if d.feedback else ()
+        out = []
+        for port in d.inputs:
+            if port.name not in feedback:
+                lk = incoming.get((v, port.name))
+                if lk is not None:
+                    out.append(lk.src)
+        return out
+
+    for v in (*added, *(b for b in touched if b in blocks)):  # when each becomes ready, if before ``p``
+        ready_at = 0
+        for u in preds(v):
+            q = pos.get(u)
+            if q is None or q >= p or u in added:
+                ready_at = p  # not ready while the first ``p`` are popped
+                break
+            ready_at = max(ready_at, q + 1)
+        if ready_at < p and max(map(rank.__getitem__, islice(old, ready_at, p))) > rank[v]:
+            p = ready_at  # it would be popped before one of them
+    kept = old[:p]
+    rest = [b for b in ids if not (pos.get(b, p) < p and b not in added)]
+    indegree = dict.fromkeys(rest, 0)
+    succ: dict[int, list[int]] = {}
+    for v in rest:
+        for u in preds(v):
+            if u in indegree:
+                indegree[v] += 1
+                succ.setdefault(u, []).append(v)
+    ready = [rank[v] for v in rest if indegree[v] == 0]
+    heapq.heapify(ready)
+    out = kept
+    while ready:
+        v = ids[heapq.heappop(ready)]
+        out.append(v)
+        for w in succ.get(v, ()):
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                heapq.heappush(ready, rank[w])
+    return out if len(out) == len(ids) else None
