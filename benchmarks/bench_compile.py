@@ -14,8 +14,9 @@ as the build thread plans them (``GraphBuilds.prepare``): ``Context.snapshot()``
 with the engine's ``NodeCache`` (incremental planning, ``compiler/resume.py``), and after it the
 ``BypassIndex`` and ``built_view`` the build thread makes of the plan. Each beside a full plan of the
 same patch (snapshot + ``compile_plan`` without the cache), measured in the same run, as a ratio.
-Edits: add a block at the end, unlink it, link it again, remove it; and a Hot value changed in
-the middle of the chain with a structure edit (the blocks after it are planned again). Fusion off, as
+Edits: add a block at the end, unlink it, link it again, remove it; a Hot value changed in the
+middle of the chain with a block added at the end in the same build; the link in the middle of the
+chain removed and made again (the blocks after it are planned again). Fusion off, as
 ``bench_liveness.py`` runs (a chain of Scale blocks fuses into groups, which are planned whole).
 
 Usage: ``python benchmarks/bench_compile.py [--sizes 100 1000] [--seconds 2] [--edit-sizes 1000 10000]``.
@@ -102,8 +103,10 @@ def bench_edits(n: int, repeats: int) -> None:
         ("unlink it", lambda: ctx.disconnect(last, "Out", tail, "In")),
         ("link it", lambda: ctx.connect(last, "Out", tail, "In")),
         ("remove it", lambda: ctx.unregister_block(tail)),
-        ("hot+add mid", lambda: (blocks[n // 2].set("Factor", next(factors)), add())),
+        ("hot mid, add", lambda: (blocks[n // 2].set("Factor", next(factors)), add())),
         ("remove it", lambda: ctx.unregister_block(tail)),
+        ("unlink mid", lambda: ctx.disconnect(blocks[n // 2], "Out", blocks[n // 2 + 1], "In")),
+        ("link mid", lambda: ctx.connect(blocks[n // 2], "Out", blocks[n // 2 + 1], "In")),
     ]
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
     gc_was = gc.isenabled()

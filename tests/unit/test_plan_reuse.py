@@ -184,6 +184,15 @@ def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
         if b in tail:
             tail.remove(b)
         c.unregister_block(b)
+    elif kind == "hot":  # a slider moved: the blocks after it are not planned again
+        for b in rng.sample(blocks, min(3, len(blocks))):
+            if isinstance(b, Scale):
+                b.set("Factor", rng.uniform(0.5, 2.0))
+        if tail and rng.random() < 0.5:  # and a structure edit in the same build
+            b = c.register_block(Scale(name=f"h{len(made)}"))
+            made.append(b)
+            c.connect(tail[-1], "Out", b, "In")
+            tail.append(b)
     elif kind == "keep":
         b = rng.choice(blocks)
         outs = b.description.outputs

@@ -45,8 +45,8 @@ from .edges import hazards
 from .fusion import fusion
 from .liveness import Checkpoint, Lifetime, ancestors, assign_buffers
 from .memory import _buffers, block_pins, finish_pins, memory
-from .nodes import block_nodes, counters_memset, node_env
-from .reuse import NodeCache
+from .nodes import _work_node, block_nodes, counters_memset, node_env
+from .reuse import NodeCache, signature
 from .sizes import size_block
 
 __all__ = ["PlanDelta", "PlanState", "divergence", "plan_resumed", "resumable"]
@@ -148,17 +148,23 @@ def resumable(draft: PlanDraft) -> bool:
     return not (snap.composites or snap.probes or draft.level.timed or draft.warnings or draft.parents)
 
 
-def divergence(prev: PlanState, draft: PlanDraft) -> int:
-    """The number of blocks at the start of the new order whose plan parts the last plan holds."""
+def divergence(prev: PlanState, draft: PlanDraft) -> tuple[int, list[int]]:
+    """The number of blocks at the start of the new order whose plan parts the last plan holds, and
+    those of them whose Hot values changed (only their nodes' scalar arguments differ)."""
     order, old = draft.order, prev.order
     n = min(len(order), len(old))
     p = n
     if order[:n] != old[:n]:
         p = next(i for i in range(n) if order[i] != old[i])
     if p == 0:
-        return 0
+        return 0, []
     snap, blocks = draft.snap, prev.blocks
-    dirty = [b.id for b in snap.blocks if blocks.get(b.id) is not b]
+    dirty: list[int] = []
+    hot: list[int] = []
+    for b in snap.blocks:
+        o = blocks.get(b.id)
+        if o is not b:
+            (hot if o is not None and _hot_only(o, b) else dirty).append(b.id)
     dirty += [key[0] for key, _ in draft.incoming.items() ^ prev.incoming.items()]
     dirty += [k[0] for k in _changed(snap.bindings, prev.bindings)]
     dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
@@ -169,7 +175,23 @@ def divergence(prev: PlanState, draft: PlanDraft) -> int:
         q = pos.get(bid)
         if q is not None and q < p:
             p = q
-    return p
+    return p, [bid for bid in hot if pos[bid] < p]
+
+
+def _hot_only(old: BlockSnapshot, new: BlockSnapshot) -> bool:
+    """Whether only Hot values tell the two snapshots of a block apart: scalars no size, grid or
+    shape depends on (``ParamSpec.structural`` off), which only the block's kernel arguments carry.
+    A slider moved between two structure edits then leaves the blocks after it as they were."""
+    d = new.description
+    if old.description is not d or old.name != new.name:
+        return False
+    ov, nv = old.values, new.values
+    for key, value in nv.items():
+        if ov.get(key, _MISSING) != value:
+            spec = d.param(key)
+            if spec is None or spec.structural or spec.kind != "scalar":
+                return False
+    return ov.keys() == nv.keys()
 
 
 def _changed(new: Mapping, old: Mapping) -> list:
@@ -195,13 +217,18 @@ def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDr
         prev.context_id != snap.context_id or prev.level != draft.level or prev.reuse != draft.reuse
     ):
         prev = None
-    p = divergence(prev, draft) if prev is not None else 0
+    p, hot = divergence(prev, draft) if prev is not None else (0, [])
     if p == 0:
         prev = None
     else:
         cache.resumed += 1
         cache.resumed_blocks += p
     k, resumed = _sizes(draft, prev, p)
+    sized = draft.sized
+    for bid in hot:  # the same sizes; the new snapshot (its values) for the phases that read them
+        s = sized.get(bid)
+        if s is not None:
+            sized[bid] = s._replace(block=draft.blocks[bid])
     delays(draft)
     draft.raise_errors()
     fusion(draft, fuse=fuse)
@@ -211,9 +238,10 @@ def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDr
     pins = _pins(draft, st, prev, k)
     memory(draft, pins)
     kn = k if prev is not None and prev.counters == len(draft.counters) else 0
-    _nodes(draft, st, prev, kn, cache)
-    n0 = _edges(draft, st, prev, kn)
-    renumbered, moved = _share(draft, st, prev, kn, n0)
+    hot_nodes = _nodes(draft, st, prev, kn, cache, hot)
+    n0 = _edges(draft, st, prev, kn, hot_nodes)
+    renumbered, moved = _share(draft, st, prev, kn, n0, hot_nodes)
+    renumbered |= hot_nodes
     if prev is not None and moved is not None:
         changed = frozenset(islice(prev.order, p, None)) | frozenset(islice(draft.order, p, None)) | moved
         sized = draft.sized
@@ -337,7 +365,12 @@ def _pins(draft: PlanDraft, st: PlanState, prev: PlanState | None, k: int) -> di
     return pinned
 
 
-def _nodes(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, cache: NodeCache) -> None:
+def _nodes(
+    draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, cache: NodeCache, hot: list[int]
+) -> set[int]:
+    """The nodes phase from running block ``kn``; the nodes of the ``hot`` blocks before it are made
+    again in place (their scalar arguments). Returns those nodes."""
+    remade: set[int] = set()
     if prev is None or kn == 0:
         cache.begin()
         counters_memset(draft)
@@ -360,6 +393,7 @@ def _nodes(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, cac
         faulted = draft.faulted
         reused = kn - sum(1 for bid in islice(draft.sized, kn) if bid in faulted) if faulted else kn
         cache.carry(dropped, reused)
+        _remake(draft, hot, n0, cache, remade)
     env = node_env(draft)
     drafts = draft.drafts
     for s in islice(draft.sized.values(), kn, None):
@@ -373,15 +407,47 @@ def _nodes(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, cac
     # The plan gets its own copies: the next plan starts from these and changes them.
     draft.scalar_slots, draft.binding_slots = dict(draft.scalar_slots), dict(draft.binding_slots)
     draft.block_nodes = dict(draft.block_nodes)
+    return remade
 
 
-def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int) -> int:
-    """The edges phase from the first node of running block ``kn``; returns that node's index."""
+def _remake(draft: PlanDraft, hot: list[int], n0: int, cache: NodeCache, remade: set[int]) -> None:
+    """Make the nodes of the ``hot`` blocks (before node ``n0``) again, in place: the same arguments
+    but their scalars' values, so the same slots (recorded already) and the same resources."""
+    if not hot:
+        return
+    faulted = draft.faulted or {}
+    env = (draft.value_buffer, draft.value_counter, draft.values, {}, {}, set())
+    for bid in hot:
+        s = draft.sized.get(bid)
+        idx = draft.block_nodes.get(bid)
+        if s is None or bid in faulted or not idx or idx[-1] >= n0:
+            continue
+        d = s.block.description
+        if len(idx) != len(d.kernels):
+            continue
+        made = tuple(
+            _work_node(i, ki, ks, roles, s, env)
+            for ki, (i, ks, roles) in enumerate(zip(idx, d.kernels, d.kernel_roles, strict=False))
+        )
+        for i, nd in zip(idx, made, strict=True):
+            draft.drafts[i] = nd
+            remade.add(i)
+        cache.put(s, idx[0], signature(s, draft.value_buffer, draft.value_counter, draft.buffers), made)
+        cache.hits -= 1  # counted as reused with the blocks before ``n0``: made anew
+        cache.misses += 1
+
+
+def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, remade: set[int]) -> int:
+    """The edges phase from the first node of running block ``kn`` (``remade`` nodes before it keep
+    their dependencies); returns that node's index."""
     if prev is None or kn == 0:
         n0, pre, log = 0, [], {}
     else:
         n0 = prev.nstart[kn]
         pre, log = prev.pre[:n0], prev.log
+        for i in remade:
+            cls, head, tail, _, _ = draft.drafts[i]
+            pre[i] = _new(cls, (*head, prev.pre[i].deps, *tail))
         cut = n0 * 4
         for nd in islice(prev.drafts, n0, None):  # forget what the last plan's later nodes did
             for r in (*nd.reads, *nd.writes):
@@ -429,7 +495,7 @@ def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int) -> 
 
 
 def _share(
-    draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int
+    draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, n0: int, remade: set[int]
 ) -> tuple[set[int], set[int] | None]:
     """The share phase (``memory.share``), resumed where the last plan's assignment still holds.
 
@@ -516,6 +582,7 @@ def _share(
     if ps is not None and ps.shared == shared:
         post = ps.post[:n0]
         old_vb = ps.value_buffer
+        redo.update(remade)
         for i in range(start, nv):
             vi = vorder[i]
             if vi < v0 and value_buffer[vi] != old_vb[vi]:
