@@ -8,7 +8,7 @@ blocks and ports; the links that pass become the patch's edges for the phases af
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...blocks.regions import accepts_condition
@@ -37,14 +37,15 @@ def validate(
     incoming, links = draft.incoming, draft.links
     old_blocks, old_incoming, old_links = known if known is not None else ({}, {}, ())
     start = 0
-    if old_links and all(old_blocks.get(b.id, b) is b for b in snap.blocks):
-        # No block the last plan had was re-described or changed: the links it had, in the same
-        # order at the start of this patch's, are valid again (it had no errors, so all were).
-        n = len(old_links)
-        if snap.links[:n] == old_links:  # identical objects compare at once
-            start = n
+    if old_links and len(old_blocks) <= len(blocks) and _same_descriptions(snap.blocks, old_blocks):
+        # No block the last plan had was removed or re-described: the links it had at the start of
+        # this patch's, in the same order, are valid again (it had no errors, so all were).
+        start = _common_prefix(snap.links, old_links)
+        if start:
             incoming.update(old_incoming)
-            links.extend(old_links)
+            for lk in old_links[start:]:  # the last plan's links after them are checked below, if still here
+                del incoming[(lk.dst, lk.dst_port)]
+            links.extend(old_links[:start])
     for lk in snap.links[start:] if start else snap.links:
         src, dst = blocks.get(lk.src), blocks.get(lk.dst)
         key = (lk.dst, lk.dst_port)
@@ -90,3 +91,31 @@ def validate(
             continue
         incoming[key] = lk
         links.append(lk)
+
+
+def _same_descriptions(blocks: Sequence[Any], old: Mapping[int, Any]) -> bool:
+    """Every block of the last plan is here with the same description (the link checks read only that)."""
+    n = 0
+    for b in blocks:
+        o = old.get(b.id)
+        if o is not None:
+            if o.description is not b.description:
+                return False
+            n += 1
+    return n == len(old)
+
+
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """The length of the longest common prefix of two sequences of mostly identical objects (slices
+    compared at C speed, halving the length)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
