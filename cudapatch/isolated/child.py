@@ -93,7 +93,9 @@ class _Server:
         self.shared: dict[int, Any] = {}  # serial -> SharedPages of the host mapped here (Upload/Download rings)
         self.patch = ChildPatch(engine, self.import_input)
         self._graph: Any = None
+        self._plan: Any = None  # the running graph's plan the host was last told of (a Warm patch replaces it)
         self._diags: Any = None
+        self._states: dict[int, tuple[str, str]] | None = None  # what the host was last told of the blocks' states
         self._busy = False  # what the host was last told of ``building``
         self._shown: dict[int, Any] = {}  # what the host was last told of each block's sizes, shapes, group
         self.last_frame = cfg.start_frame  # the newest frame message run
@@ -137,12 +139,20 @@ class _Server:
 
     def tell(self, *, edited: bool = False) -> None:
         """Send what changed since the host was last told: output buffers and what the blocks show of
-        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics."""
+        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics
+        and the blocks' states.
+
+        A build (Cold or Warm: a new plan) sets the blocks' states even when no diagnostic changed
+        (NotCompiled before it, OK after): the states and sizes are compared then, and the states after
+        edits or new diagnostics too; never in a frame that changed nothing (no loop over the blocks).
+        Output buffers go again only with a new graph."""
         from .ipc import export_device_memory
 
         e = self.engine
         g = e.graph
-        if g is not self._graph and e.lost is None:
+        plan = g.plan if g is not None else None
+        built = (g is not self._graph or plan is not self._plan) and e.lost is None
+        if built and g is not self._graph:
             self._graph = g
             outputs = {}
             if g is not None:
@@ -159,6 +169,8 @@ class _Server:
                                 handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
                             )
             self.send(("outputs", outputs))
+        if built:  # a Warm patch keeps the graph: sizes may change with its plan
+            self._plan = plan
             shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
             changed = {hid: v for hid, v in shown.items() if self._shown.get(hid) != v}  # an edit touches few
             self._shown = shown
@@ -169,15 +181,19 @@ class _Server:
             self._busy = busy
             self.send(("building", busy))
         diags = e.diagnostics()
-        if diags != self._diags:
-            self._diags = diags
-            self.send(("diagnostics",) + self._report(diags))
+        if diags != self._diags or built or edited:
+            states = self._states_now()
+            if diags != self._diags or states != self._states:
+                self._diags, self._states = diags, states
+                self.send(("diagnostics", self._records(diags), states))
 
-    def _report(self, diags: Any) -> tuple[tuple, dict[int, tuple[str, str]]]:
+    def _records(self, diags: Any) -> tuple:
         to_host = self.patch.to_host
-        records = tuple(diag_record(d, to_host) for d in diags)
-        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
-        return records, states
+        return tuple(diag_record(d, to_host) for d in diags)
+
+    def _states_now(self) -> dict[int, tuple[str, str]]:
+        """Host id -> (state, message) of every block here, composites and their inner blocks."""
+        return {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
 
     def check_idle(self) -> None:
         """Between messages: a fault in a frame already launched shows only at the next driver call,
@@ -202,8 +218,7 @@ class _Server:
         e = self.engine
         if e.lost is None:
             return False
-        diags = e.diagnostics()
-        records, _ = self._report(diags)
+        records = self._records(e.diagnostics())
         disabled = {r[1]: r[3] for r in records if r[2] == "gpu-fault" and r[1] is not None}
         self.send(("fault", records, disabled))
         return True

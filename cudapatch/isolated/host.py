@@ -411,7 +411,7 @@ class IsolatedEngine:
         self._child = None
         if not self.policy.child_ended(end):
             self._engine_diags = (Diagnostic("error", None, DiagnosticCode.GPU_LOST, self.policy.lost or ""),)
-            self._publish(tuple(diag_from_record(r) for r in records), {})
+            self._publish(tuple(diag_from_record(r) for r in records), None)
             return
         self._start_child()
         self.restarts += 1
@@ -443,7 +443,7 @@ class IsolatedEngine:
                 self._replies[m[1]] = (m[2], m[3])
             elif kind == "fault":
                 self._fault_report = (m[1], m[2])
-                self._publish(tuple(diag_from_record(r) for r in m[1]), {})
+                self._publish(tuple(diag_from_record(r) for r in m[1]), None)
                 child = self._child
                 if child is not None:  # it waits for us: unmap its memory, then let it go
                     self._child_ended(child)
@@ -461,19 +461,31 @@ class IsolatedEngine:
             if b is not None:
                 b.debug.sizes, b.debug.shapes, b.debug.fused = sizes, shapes, fused
 
-    def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
+    def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]] | None) -> None:
+        """The child's diagnostics and the states its engine's board gave the blocks (host id -> state,
+        message; composites and their inner blocks alike), onto the host's blocks. ``states`` None: no
+        graph runs any more (the child faulted or the engine is lost), so, as the board of an engine
+        whose graph is gone, every registered block is NotCompiled, showing its first diagnostic, or
+        Error with its last error."""
         self._diags = diags
         registry = self.context.registry
-        for bid, st in states.items():  # composites and their inner blocks alike (the child has both)
-            b = registry.get(bid)
-            if b is not None:
-                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
-        for d in diags:  # a fault report has no states: the errors say enough
-            if d.block_id is not None and d.severity == "error":
-                owner = registry.owner(d.block_id) if registry.composites else None
-                b = owner[0] if owner is not None else registry.get(d.block_id)
+        if states is not None:
+            for bid, st in states.items():
+                b = registry.get(bid)
                 if b is not None:
-                    b.debug.state, b.debug.message = BlockState.ERROR, d.message.splitlines()[0]
+                    b.debug.state, b.debug.message = BlockState(st[0]), st[1]
+            return
+        for b in registry:
+            b.debug.state, b.debug.message = BlockState.NOT_COMPILED, ""
+        for d in diags:
+            if d.block_id is None:
+                continue
+            owner = registry.owner(d.block_id) if registry.composites else None  # shown on its composite
+            b = owner[0] if owner is not None else registry.get(d.block_id)
+            if b is not None and (d.severity == "error" or not b.debug.message):
+                if d.severity == "error":
+                    b.debug.state = BlockState.ERROR
+                b.debug.message = d.message.splitlines()[0]
 
     def _poll(self) -> ChildLike | None:
         """Read the child; restart it if it ended. The child to talk to (None: lost)."""

@@ -554,7 +554,8 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
     sent: list = []
     server = child_module._Server.__new__(child_module._Server)
     server.engine, server.patch, server.send = engine, patch, sent.append
-    server._graph, server._diags, server._busy, server._shown, server.last_frame = None, None, False, {}, 4
+    server._graph, server._plan, server._diags, server._states = None, None, None, None
+    server._busy, server._shown, server.last_frame = False, {}, 4
     server.tell(edited=True)
     assert sent == [("building", True), ("diagnostics", (), {f.id: ("NotCompiled", ""), s.id: ("NotCompiled", "")})]
     sent.clear()
