@@ -19,9 +19,11 @@ a slot per scalar, ``(slot, bits)`` per constant, then 5 words per instruction:
 
 from __future__ import annotations
 
+import atexit
 import re
 import struct
 import threading
+import time
 from dataclasses import dataclass
 
 from .program import Program
@@ -237,11 +239,16 @@ def patch_program(cubin: bytes, code: Bytecode) -> bytes:
 
 class _Interpreters:
     """Interpreter cubins by ``(inputs, scalars, arch)``, compiled by NVRTC on a background thread the
-    first time one is asked for (until then the asker JITs its PTX instead)."""
+    first time one is asked for (until then the asker JITs its PTX instead).
+
+    NVRTC runs in this process, so a compile still running when the interpreter exits would be inside
+    NVRTC while the process tears its libraries down ("double free or corruption" at the exit of a
+    short script that edited an expression): ``join`` waits for them, and runs at exit."""
 
     def __init__(self) -> None:
         self._done: dict[tuple[int, int, str], tuple[bytes, str] | None] = {}
         self._started: set[tuple[int, int, str]] = set()
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def get(self, n_inputs: int, n_scalars: int, arch: str, *, wait: bool = False) -> tuple[bytes, str] | None:
@@ -256,8 +263,20 @@ class _Interpreters:
         if wait:
             return self._compile(key)
         if start:
-            threading.Thread(target=self._compile, args=(key,), name="cudapatch-interp", daemon=True).start()
+            t = threading.Thread(target=self._compile, args=(key,), name="cudapatch-interp", daemon=True)
+            t.start()
+            with self._lock:
+                self._threads = [th for th in self._threads if th.is_alive()]
+                self._threads.append(t)
         return None
+
+    def join(self, timeout: float = 30.0) -> None:
+        """Wait until the compiles running now are done (at most ``timeout`` seconds in all)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _compile(self, key: tuple[int, int, str]) -> tuple[bytes, str] | None:
         from ..kernels._toolchain import nvrtc_compile
@@ -285,3 +304,4 @@ class _Interpreters:
 
 #: The process's interpreter cubins.
 INTERPRETERS = _Interpreters()
+atexit.register(INTERPRETERS.join)

@@ -196,3 +196,27 @@ def test_the_interpreter_takes_a_program_in_a_copy_of_its_cubin() -> None:
     assert image.kind == "cubin" and image.image == patched and image.jit_level is None
     assert ProgramSource.of(program).compile("sm_90").kind == "ptx"  # the optimised build: PTX for the JIT
     assert "case 0:" in interpreter_cuda(3, 1) and "cp_program" in interpreter_cuda(3, 1)
+
+
+def test_join_waits_for_an_interpreter_compile_in_flight(monkeypatch) -> None:
+    """An in-process NVRTC compile still running at exit would crash the process's teardown: the
+    interpreters' ``join`` (registered with atexit) waits for it."""
+    import threading
+    import time
+
+    from cudapatch.expr.bytecode import _Interpreters
+
+    interp = _Interpreters()
+    finished = threading.Event()
+
+    def slow(key):
+        time.sleep(0.3)
+        finished.set()
+        return None
+
+    monkeypatch.setattr(interp, "_compile", slow)
+    assert interp.get(1, 2, "sm_90") is None  # compiling on its thread
+    assert not finished.is_set()
+    interp.join()
+    assert finished.is_set()
+    interp.join()  # nothing in flight: returns at once
