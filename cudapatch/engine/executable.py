@@ -579,32 +579,41 @@ class CompiledGraph(HandleOwner):
             CudaError: a driver call failed.
         """
         old, nodes = self.bypass, self._nodes
+        if bp is old:
+            return 0
         set_enabled, exec_ = driver().cuGraphNodeSetEnabled, self._exec
         changed = 0
-        for ni, on in [(i, 1) for i in old.disabled - bp.disabled] + [(i, 0) for i in bp.disabled - old.disabled]:
+        for on, which in ((1, old.disabled - bp.disabled), (0, bp.disabled - old.disabled)):
+            for ni in which:
+                kn = nodes[ni]
+                if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
+                    continue
+                (err,) = set_enabled(exec_, kn.handle, on)
+                if err:
+                    check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
+                changed += 1
+        touched: dict[int, Any] = {}  # by node index, in order: each node's storage goes to the driver once
+        redirects, buffers = bp.redirects, self.buffers
+        for key in (old.redirects.keys() | redirects.keys()) if old.redirects else redirects:
+            ni, ai = key
             kn = nodes[ni]
-            if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
-                continue
-            check(set_enabled(exec_, kn.handle, on), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
-            changed += 1
-        touched: list[Any] = []
-        redirects = bp.redirects
-        for (ni, ai), res in list(old.redirects.items()) + list(redirects.items()):
-            kn = nodes[ni]
-            if (ni, ai) in redirects:
-                res = redirects[(ni, ai)]
-                ptr = self.buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
+            res = redirects.get(key)
+            if res is not None:
+                ptr = buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
             else:  # no longer redirected: what the plan says
-                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
-            if read_slot(kn.slots[ai]) != ptr:
-                write_slot(kn.slots[ai], ptr)
-                if kn not in touched:
-                    touched.append(kn)
-        self._commit(touched)
-        self._redirect_targets = {}
-        for (ni, ai), res in redirects.items():
-            if not isinstance(res, int):
-                self._redirect_targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))  # type: ignore[union-attr]
+                ptr = arg_value(kn.plan.args[ai], buffers, {}, self._counters_ptr)
+            slot = kn.slots[ai]
+            if slot.value != ptr:  # pointer slots are scalars
+                slot.value = ptr
+                touched[ni] = kn
+        if touched:
+            self._commit(touched.values())
+        if self._redirect_targets or any(not isinstance(res, int) for res in redirects.values()):
+            targets: dict[Any, list] = {}
+            for (ni, ai), res in redirects.items():
+                if not isinstance(res, int):
+                    targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))  # type: ignore[union-attr]
+            self._redirect_targets = targets
         self.bypass = bp
         return changed + len(touched)
 

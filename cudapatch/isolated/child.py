@@ -7,10 +7,11 @@ frames this speaks). Messages are in ``protocol.py``; edits are applied by ``mir
 
 Each frame: the host's Hot values, a stream wait on the host's event (outputs the host still reads
 are not overwritten), ``Engine.update()``, then the frame number written into the shared frame word
-on the engine's stream (the host's stream waits for it). When the output buffers or the diagnostics
-changed, they go back to the host. When the engine is lost (CUDA refuses this process after a GPU
-fault; its recovery has named the faulting block by replay), the child reports the blocks to disable
-and exits with ``EXIT_FAULT``; the host starts another child.
+on the engine's stream (the host's stream waits for it). When the output buffers (a new graph, or a
+Warm patch that moved or resized one) or the diagnostics changed, they go back to the host. When the
+engine is lost (CUDA refuses this process after a GPU fault; its recovery has named the faulting
+block by replay), the child reports the blocks to disable and exits with ``EXIT_FAULT``; the host
+starts another child.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def _read_message(fd: int) -> Any:
 class _Server:
     """The child's state: the engine, the mirrored patch, and what the host was last told."""
 
+    #: What the host was last sent of the output buffers (``_output_memory``); None before any graph.
+    _outputs_sent: dict[tuple[int, str], tuple] | None = None
+
     def __init__(self, cfg: StartConfig, out_fd: int) -> None:
         from ..engine.engine import Engine
         from .ipc import FrameWord, IpcImports
@@ -93,7 +97,9 @@ class _Server:
         self.shared: dict[int, Any] = {}  # serial -> SharedPages of the host mapped here (Upload/Download rings)
         self.patch = ChildPatch(engine, self.import_input)
         self._graph: Any = None
+        self._plan: Any = None  # the running graph's plan the host was last told of (a Warm patch replaces it)
         self._diags: Any = None
+        self._states: dict[int, tuple[str, str]] | None = None  # what the host was last told of the blocks' states
         self._busy = False  # what the host was last told of ``building``
         self._shown: dict[int, Any] = {}  # what the host was last told of each block's sizes, shapes, group
         self.last_frame = cfg.start_frame  # the newest frame message run
@@ -137,28 +143,34 @@ class _Server:
 
     def tell(self, *, edited: bool = False) -> None:
         """Send what changed since the host was last told: output buffers and what the blocks show of
-        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics."""
+        them, whether a build is pending (always after ``edited``: the host assumed one), diagnostics
+        and the blocks' states.
+
+        A build (Cold or Warm: a new plan) sets the blocks' states even when no diagnostic changed
+        (NotCompiled before it, OK after): the states and sizes are compared then, and the states after
+        edits or new diagnostics too; never in a frame that changed nothing (no loop over the blocks).
+        Output buffers go again with a new graph, and after a Warm patch that moved, grew or reshaped
+        any of them (``outputs_changed``)."""
         from .ipc import export_device_memory
 
         e = self.engine
         g = e.graph
-        if g is not self._graph and e.lost is None:
-            self._graph = g
-            outputs = {}
-            if g is not None:
-                shapes = g.plan.shapes
-                for hid, b in self.patch.all_blocks().items():
-                    for port in b.description.outputs:
-                        buf = g.output(b.id, port.name)
-                        if buf is not None:
-                            handle, offset = export_device_memory(buf.ptr)
-                            shape = shapes.get((b.id, port.name))
-                            other = _other_of_pair(g, b.id, port.name, buf)
-                            alt = export_device_memory(other.ptr) if other is not None else ()
-                            outputs[(hid, port.name)] = OutputHandle(
-                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
-                            )
-            self.send(("outputs", outputs))
+        plan = g.plan if g is not None else None
+        replaced = g is not self._graph
+        built = (replaced or plan is not self._plan) and e.lost is None
+        if built:
+            # A Warm patch keeps the graph but may move or resize outputs (a buffer grown from the pool):
+            # the host maps what the graph uses now, so the handles go again whenever they changed.
+            now = _output_memory(g, self.patch.all_blocks()) if g is not None else {}
+            if outputs_changed(replaced, self._outputs_sent, now):
+                self._graph, self._outputs_sent = g, now
+                outputs = {}
+                for key, (ptr, count, dtype, nbytes, shape, other) in now.items():
+                    handle, offset = export_device_memory(ptr)
+                    alt = export_device_memory(other) if other is not None else ()
+                    outputs[key] = OutputHandle(handle, offset, count, dtype, nbytes, shape, alt, self.last_frame)
+                self.send(("outputs", outputs, replaced))
+            self._plan = plan  # a Warm patch keeps the graph: sizes may change with its plan
             shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
             changed = {hid: v for hid, v in shown.items() if self._shown.get(hid) != v}  # an edit touches few
             self._shown = shown
@@ -169,15 +181,19 @@ class _Server:
             self._busy = busy
             self.send(("building", busy))
         diags = e.diagnostics()
-        if diags != self._diags:
-            self._diags = diags
-            self.send(("diagnostics",) + self._report(diags))
+        if diags != self._diags or built or edited:
+            states = self._states_now()
+            if diags != self._diags or states != self._states:
+                self._diags, self._states = diags, states
+                self.send(("diagnostics", self._records(diags), states))
 
-    def _report(self, diags: Any) -> tuple[tuple, dict[int, tuple[str, str]]]:
+    def _records(self, diags: Any) -> tuple:
         to_host = self.patch.to_host
-        records = tuple(diag_record(d, to_host) for d in diags)
-        states = {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
-        return records, states
+        return tuple(diag_record(d, to_host) for d in diags)
+
+    def _states_now(self) -> dict[int, tuple[str, str]]:
+        """Host id -> (state, message) of every block here, composites and their inner blocks."""
+        return {hid: (b.debug.state.value, b.debug.message) for hid, b in self.patch.all_blocks().items()}
 
     def check_idle(self) -> None:
         """Between messages: a fault in a frame already launched shows only at the next driver call,
@@ -202,8 +218,7 @@ class _Server:
         e = self.engine
         if e.lost is None:
             return False
-        diags = e.diagnostics()
-        records, _ = self._report(diags)
+        records = self._records(e.diagnostics())
         disabled = {r[1]: r[3] for r in records if r[2] == "gpu-fault" and r[1] is not None}
         self.send(("fault", records, disabled))
         return True
@@ -241,6 +256,31 @@ class _Server:
         if what == "counters":
             return e.counters
         raise ValueError(f"unknown request {what!r}")
+
+
+def _output_memory(g: Any, blocks: dict[int, Any]) -> dict[tuple[int, str], tuple]:
+    """(host block id, port) -> ``(ptr, count, dtype, nbytes, shape, other ptr or None)`` of every output
+    the running graph holds in a buffer: what the host maps (no driver call; a build's work, never a
+    frame's)."""
+    shapes = g.plan.shapes
+    out: dict[tuple[int, str], tuple] = {}
+    for hid, b in blocks.items():
+        for port in b.description.outputs:
+            buf = g.output(b.id, port.name)
+            if buf is not None:
+                other = _other_of_pair(g, b.id, port.name, buf)
+                out[(hid, port.name)] = (
+                    buf.ptr, buf.count, buf.dtype, buf.nbytes, shapes.get((b.id, port.name)),
+                    other.ptr if other is not None else None,
+                )  # fmt: skip
+    return out
+
+
+def outputs_changed(replaced: bool, sent: dict | None, now: dict) -> bool:
+    """Whether the output handles go to the host after a build: always with a new graph (the host
+    drops every mapping of the old one), else (a Warm patch into the running graph) when any output's
+    memory, count or shape differs from what the host was sent."""
+    return replaced or sent != now
 
 
 def _other_of_pair(g: Any, block_id: int, port: str, buf: Any) -> Any:

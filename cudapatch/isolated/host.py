@@ -28,7 +28,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,7 +111,7 @@ class HostSide(Protocol):
     def export(self, binding: ExternalBinding) -> InputHandle: ...
     def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
     def import_output(self, handle: Any) -> Any: ...
-    def drop_outputs(self) -> None: ...
+    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None: ...  # None: every mapping
     def synchronize(self) -> None: ...
     def close(self, *, unmap: bool = True) -> None: ...
 
@@ -181,9 +181,9 @@ class _CudaHostSide:
         self.device.make_current()
         return SharedOutput(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, h.nbytes, self.stream)
 
-    def drop_outputs(self) -> None:
+    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None:
         self.device.make_current()
-        self.imports.close()
+        self.imports.close(keep=keep or ())
 
     def synchronize(self) -> None:
         self.device.make_current()
@@ -197,6 +197,12 @@ class _CudaHostSide:
 
 def _export_key(binding: ExternalBinding) -> tuple:
     return (binding.ptr, binding.count, binding.dtype, binding.shape)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether two ``OutputHandle`` of an output map the same memory with the same size and shape (the
+    frame they were sent in aside: a FrameDelay pair's parity holds either way)."""
+    return a is not None and b is not None and dataclasses.replace(a, frame=0) == dataclasses.replace(b, frame=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,7 +417,7 @@ class IsolatedEngine:
         self._child = None
         if not self.policy.child_ended(end):
             self._engine_diags = (Diagnostic("error", None, DiagnosticCode.GPU_LOST, self.policy.lost or ""),)
-            self._publish(tuple(diag_from_record(r) for r in records), {})
+            self._publish(tuple(diag_from_record(r) for r in records), None)
             return
         self._start_child()
         self.restarts += 1
@@ -427,12 +433,29 @@ class IsolatedEngine:
             self._outputs.clear()
             self._gpu.drop_outputs()
 
+    def _new_outputs(self, handles: dict[tuple[int, str], Any], replaced: bool) -> None:
+        """The child's output handles after a build. With a new graph every mapping of the old one goes,
+        once the host's stream has finished reading them (``_drop_outputs``). After a Warm patch into the
+        running graph, by the same rule, only what changed goes: outputs whose memory, count or shape
+        moved are mapped again on their next ``output()``, and only allocations no output uses any more
+        are unmapped; views of the rest stay valid, as the buffers of an engine in the host do."""
+        old, self._handles = self._handles, handles
+        if replaced:
+            self._drop_outputs()
+            return
+        stale = [k for k in self._outputs if not _same_memory(old.get(k), handles.get(k))]
+        if stale:
+            self._gpu.synchronize()  # host work reading the old memory ends before it is unmapped
+            for k in stale:
+                del self._outputs[k]
+            used = {h.handle for h in handles.values()} | {h.alt[0] for h in handles.values() if h.alt}
+            self._gpu.drop_outputs(keep=used)
+
     def _take(self, messages: list[Any]) -> None:
         for m in messages:
             kind = m[0]
             if kind == "outputs":
-                self._drop_outputs()
-                self._handles = m[1]
+                self._new_outputs(m[1], m[2])
             elif kind == "diagnostics":
                 self._publish(tuple(diag_from_record(r) for r in m[1]), m[2])
             elif kind == "built":
@@ -443,7 +466,7 @@ class IsolatedEngine:
                 self._replies[m[1]] = (m[2], m[3])
             elif kind == "fault":
                 self._fault_report = (m[1], m[2])
-                self._publish(tuple(diag_from_record(r) for r in m[1]), {})
+                self._publish(tuple(diag_from_record(r) for r in m[1]), None)
                 child = self._child
                 if child is not None:  # it waits for us: unmap its memory, then let it go
                     self._child_ended(child)
@@ -461,19 +484,31 @@ class IsolatedEngine:
             if b is not None:
                 b.debug.sizes, b.debug.shapes, b.debug.fused = sizes, shapes, fused
 
-    def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]]) -> None:
+    def _publish(self, diags: tuple[Diagnostic, ...], states: dict[int, tuple[str, str]] | None) -> None:
+        """The child's diagnostics and the states its engine's board gave the blocks (host id -> state,
+        message; composites and their inner blocks alike), onto the host's blocks. ``states`` None: no
+        graph runs any more (the child faulted or the engine is lost), so, as the board of an engine
+        whose graph is gone, every registered block is NotCompiled, showing its first diagnostic, or
+        Error with its last error."""
         self._diags = diags
         registry = self.context.registry
-        for bid, st in states.items():  # composites and their inner blocks alike (the child has both)
-            b = registry.get(bid)
-            if b is not None:
-                b.debug.state, b.debug.message = BlockState(st[0]), st[1]
-        for d in diags:  # a fault report has no states: the errors say enough
-            if d.block_id is not None and d.severity == "error":
-                owner = registry.owner(d.block_id) if registry.composites else None
-                b = owner[0] if owner is not None else registry.get(d.block_id)
+        if states is not None:
+            for bid, st in states.items():
+                b = registry.get(bid)
                 if b is not None:
-                    b.debug.state, b.debug.message = BlockState.ERROR, d.message.splitlines()[0]
+                    b.debug.state, b.debug.message = BlockState(st[0]), st[1]
+            return
+        for b in registry:
+            b.debug.state, b.debug.message = BlockState.NOT_COMPILED, ""
+        for d in diags:
+            if d.block_id is None:
+                continue
+            owner = registry.owner(d.block_id) if registry.composites else None  # shown on its composite
+            b = owner[0] if owner is not None else registry.get(d.block_id)
+            if b is not None and (d.severity == "error" or not b.debug.message):
+                if d.severity == "error":
+                    b.debug.state = BlockState.ERROR
+                b.debug.message = d.message.splitlines()[0]
 
     def _poll(self) -> ChildLike | None:
         """Read the child; restart it if it ended. The child to talk to (None: lost)."""
@@ -672,6 +707,17 @@ class IsolatedEngine:
             raise value
         return value
 
+    def engine_counters(self) -> EngineCounters:
+        """The engine process's own ``EngineCounters`` (waits for the child): its Cold rebuilds, Warm
+        updates, resizes and growths, instantiations, as ``Engine.counters`` counts them. ``counters``
+        counts what this process sent (a structure edit is one ``rebuilds`` here, whichever tier the
+        child applied it by).
+
+        Raises:
+            CudapatchError: the engine is lost, or the child ended while asked.
+        """
+        return self._request("counters")  # type: ignore[no-any-return]
+
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until the child compiled every kernel and built the graph (scripts, tests).
 
@@ -696,7 +742,8 @@ class IsolatedEngine:
         self.context.keep(block, port, keep)
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
-        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild). A
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild, or a
+        Warm edit that moves or resizes it, as ``Engine.output``'s buffer is). A
         value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one the
         frame sent last writes (take it again each frame), as ``Engine.output``.
         The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of
