@@ -65,7 +65,7 @@ from .regions import (
     region_stamps,
     size_regions,
 )
-from .resume import PlanDelta, plan_resumed, resumable
+from .resume import PlanDelta, block_changes, plan_resumed, resumable
 from .reuse import NodeCache
 from .sizes import sizes
 from .stamps import publish, stamps
@@ -122,19 +122,26 @@ def compile_plan(
     """
     draft = PlanDraft(snap, kernel_status, level, faulted, reuse)
     last = cache.state if cache is not None else None
+    if last is not None and last.context_id != snap.context_id:  # another patch: planned whole
+        last = cache.state = None  # type: ignore[union-attr]
     if cache is not None:
         cache.delta = None  # set again by a plan that resumes
-    validate(draft, (last.blocks, last.incoming, last.links) if last is not None else None)
+    changes = block_changes(snap.blocks, last.blocks) if last is not None else None
+    if last is not None and changes is not None:
+        unchanged = not changes.removed and not changes.redescribed
+        validate(draft, (last.blocks, last.incoming, last.links, unchanged))
+    else:
+        validate(draft)
     if has_regions(draft):
         if cache is not None:
             cache.state = None
         return _compile_regions(draft, fuse)
-    order(draft, last if last is not None and resumable(draft) else None)
+    order(draft, last if last is not None and resumable(draft) else None, changes)
     attribute_diagnostics(draft)
     draft.raise_errors()
     if cache is not None and resumable(draft):
         # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
-        draft, done = plan_resumed(draft, cache, fuse)
+        draft, done = plan_resumed(draft, cache, fuse, changes)
         if done:
             plan = _finish(draft)
             delta = cache.state.delta

@@ -132,15 +132,16 @@ def find_loops(cyclic: Sequence[int], links: Iterable[Link]) -> list[list[int]]:
     return loops
 
 
-def order(draft: PlanDraft, last: Any = None) -> None:
+def order(draft: PlanDraft, last: Any = None, changes: Any = None) -> None:
     """Fill ``draft.order``; record a ``cycle`` error for every block on a loop (naming the loop)
     and for every block that is only downstream of one.
 
     ``last``: the state the last plan left (``resume.PlanState``: its order, blocks and links), which
-    had no errors: the order is then taken from it up to the first place the edit could change it,
-    and Kahn's algorithm runs on from there (``resumed_order``)."""
-    if last is not None:
-        resumed = resumed_order(draft, last)
+    had no errors, and ``changes`` (``resume.BlockChanges``) of the blocks since: the order is then
+    taken from it up to the first place the edit could change it, and Kahn's algorithm runs on from
+    there (``resumed_order``)."""
+    if last is not None and changes is not None:
+        resumed = resumed_order(draft, last, changes)
         if resumed is not None:
             draft.order = resumed
             return
@@ -163,7 +164,7 @@ def order(draft: PlanDraft, last: Any = None) -> None:
                 draft.error(b, "cycle", f"block '{blocks[b].name}' runs after a cycle, which cannot be ordered")
 
 
-def resumed_order(draft: PlanDraft, last: Any) -> list[int] | None:
+def resumed_order(draft: PlanDraft, last: Any, changes: Any) -> list[int] | None:
     """``topological_order`` of the patch from the last plan's order (None: a cycle, planned whole).
 
     Kahn's algorithm pops the ready block of lowest rank (registration order) first. The blocks an
@@ -175,15 +176,12 @@ def resumed_order(draft: PlanDraft, last: Any) -> list[int] | None:
     """
     if last.context_id != draft.snap.context_id:
         return None
-    blocks, old_blocks, old, pos = draft.blocks, last.blocks, last.order, last.pos
+    blocks, old, pos = draft.blocks, last.order, last.pos
     incoming, old_incoming = draft.incoming, last.incoming
-    added = blocks.keys() - old_blocks.keys()
+    added = set(changes.added)
     touched = {lk.dst for _, lk in incoming.items() ^ old_incoming.items()}
-    touched.update(b for b in old_blocks.keys() - blocks.keys())
-    for b in draft.snap.blocks:  # re-described: its feedback inputs may differ
-        o = old_blocks.get(b.id)
-        if o is not None and o.description is not b.description:
-            touched.add(b.id)
+    touched.update(changes.removed)
+    touched.update(changes.redescribed)  # its feedback inputs may differ
     p = len(old)
     for b in touched:
         q = pos.get(b)

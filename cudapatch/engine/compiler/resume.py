@@ -40,7 +40,7 @@ leaves none: the next is planned whole).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, NamedTuple
@@ -58,7 +58,7 @@ from .nodes import _work_node, block_nodes, counters_memset, node_env
 from .reuse import NodeCache, signature
 from .sizes import size_block
 
-__all__ = ["PlanDelta", "PlanState", "divergence", "plan_resumed", "resumable"]
+__all__ = ["BlockChanges", "PlanDelta", "PlanState", "block_changes", "divergence", "plan_resumed", "resumable"]
 
 _new = tuple.__new__
 _MISSING = object()
@@ -157,7 +157,52 @@ def resumable(draft: PlanDraft) -> bool:
     return not (snap.composites or snap.probes or draft.level.timed or draft.warnings or draft.parents)
 
 
-def divergence(prev: PlanState, draft: PlanDraft) -> tuple[int, list[int]]:
+class BlockChanges(NamedTuple):
+    """How the blocks of a snapshot differ from those the last plan saw (``block_changes``).
+
+    Attributes:
+        added: Blocks the last plan did not have.
+        removed: Blocks it had that are gone.
+        redescribed: Blocks with another description (ports, kernels).
+        changed: Blocks whose snapshot differs otherwise than by Hot values (the re-described too).
+        hot: Blocks whose Hot values alone differ (``_hot_only``).
+    """
+
+    added: list[int]
+    removed: set[int]
+    redescribed: list[int]
+    changed: list[int]
+    hot: list[int]
+
+
+def block_changes(blocks: Sequence[BlockSnapshot], old: Mapping[int, BlockSnapshot]) -> BlockChanges:
+    """Compare a snapshot's blocks with the last plan's, in one pass (validation, ordering and the
+    resume point all ask)."""
+    added: list[int] = []
+    redescribed: list[int] = []
+    changed: list[int] = []
+    hot: list[int] = []
+    seen = 0
+    for b in blocks:
+        o = old.get(b.id)
+        if o is b:
+            seen += 1
+        elif o is None:
+            added.append(b.id)
+        else:
+            seen += 1
+            if o.description is not b.description:
+                redescribed.append(b.id)
+                changed.append(b.id)
+            elif _hot_only(o, b):
+                hot.append(b.id)
+            else:
+                changed.append(b.id)
+    removed = old.keys() - {b.id for b in blocks} if seen != len(old) else set()
+    return BlockChanges(added, removed, redescribed, changed, hot)
+
+
+def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tuple[int, list[int]]:
     """The number of blocks at the start of the new order whose plan parts the last plan holds, and
     those of them whose Hot values changed (only their nodes' scalar arguments differ)."""
     order, old = draft.order, prev.order
@@ -167,13 +212,9 @@ def divergence(prev: PlanState, draft: PlanDraft) -> tuple[int, list[int]]:
         p = next(i for i in range(n) if order[i] != old[i])
     if p == 0:
         return 0, []
-    snap, blocks = draft.snap, prev.blocks
-    dirty: list[int] = []
-    hot: list[int] = []
-    for b in snap.blocks:
-        o = blocks.get(b.id)
-        if o is not b:
-            (hot if o is not None and _hot_only(o, b) else dirty).append(b.id)
+    snap = draft.snap
+    dirty = list(changes.changed)
+    hot = changes.hot
     dirty += [key[0] for key, _ in draft.incoming.items() ^ prev.incoming.items()]
     dirty += [k[0] for k in _changed(snap.bindings, prev.bindings)]
     dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
@@ -209,7 +250,9 @@ def _changed(new: Mapping, old: Mapping) -> list:
     return [k for k in new.keys() | old.keys() if new.get(k, _MISSING) != old.get(k, _MISSING)]
 
 
-def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDraft, bool]:
+def plan_resumed(
+    draft: PlanDraft, cache: NodeCache, fuse: bool, changes: BlockChanges | None = None
+) -> tuple[PlanDraft, bool]:
     """Run the phases from sizes to share on ``draft`` (validated and ordered, ``resumable``), resuming
     from the state ``cache`` holds of the last plan where it fits, and leave the state of this one there.
 
@@ -226,7 +269,9 @@ def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool) -> tuple[PlanDr
         prev.context_id != snap.context_id or prev.level != draft.level or prev.reuse != draft.reuse
     ):
         prev = None
-    p, hot = divergence(prev, draft) if prev is not None else (0, [])
+    if prev is not None and changes is None:
+        changes = block_changes(snap.blocks, prev.blocks)
+    p, hot = divergence(prev, draft, changes) if prev is not None and changes is not None else (0, [])
     if p == 0:
         prev = None
     else:

@@ -20,24 +20,25 @@ __all__ = ["validate"]
 
 def validate(
     draft: PlanDraft,
-    known: tuple[Mapping[int, Any], Mapping[tuple[int, str], Link], tuple[Link, ...]] | None = None,
+    known: tuple[Mapping[int, Any], Mapping[tuple[int, str], Link], tuple[Link, ...], bool] | None = None,
 ) -> None:
     """Check blocks and links; fill ``draft.links`` and ``draft.incoming``, record errors.
 
     Args:
         draft: The plan under construction.
         known: The blocks, valid links into each input and links of the last plan, which had no errors
-            (incremental planning, ``resume.py``): a link it held (the same object) between the same
-            block snapshots is valid again.
+            (incremental planning, ``resume.py``), and whether every block it had is here with the same
+            description: a link it held (the same object) between the same block snapshots is valid
+            again, and so are all its links at the start of this patch's when every block is.
     """
     snap, blocks, err = draft.snap, draft.blocks, draft.error
     for b in snap.blocks:
         if b.context_id != snap.context_id:
             err(b.id, "cross-engine", f"block '{b.name}' belongs to another engine")
     incoming, links = draft.incoming, draft.links
-    old_blocks, old_incoming, old_links = known if known is not None else ({}, {}, ())
+    old_blocks, old_incoming, old_links, unchanged = known if known is not None else ({}, {}, (), False)
     start = 0
-    if old_links and len(old_blocks) <= len(blocks) and _same_descriptions(snap.blocks, old_blocks):
+    if old_links and unchanged:
         # No block the last plan had was removed or re-described: the links it had at the start of
         # this patch's, in the same order, are valid again (it had no errors, so all were).
         start = _common_prefix(snap.links, old_links)
@@ -91,18 +92,6 @@ def validate(
             continue
         incoming[key] = lk
         links.append(lk)
-
-
-def _same_descriptions(blocks: Sequence[Any], old: Mapping[int, Any]) -> bool:
-    """Every block of the last plan is here with the same description (the link checks read only that)."""
-    n = 0
-    for b in blocks:
-        o = old.get(b.id)
-        if o is not None:
-            if o.description is not b.description:
-                return False
-            n += 1
-    return n == len(old)
 
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
