@@ -301,3 +301,8 @@ def test_an_edit_at_the_end_of_a_long_chain_resumes_after_the_blocks_before_it()
     c.unregister_block(tail)
     _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
     assert cache.resumed == 4
+    c.bind_input(blocks[0], "In", ExternalBinding(0x9000, 1024, DType.FLOAT32))  # a new pointer (a Warm rebind)
+    c.register_block(tail)  # then a structure edit: the first block is not planned again
+    c.connect(blocks[-1], "Out", tail, "In")
+    _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
+    assert (cache.resumed, cache.resumed_blocks) == (5, 1500)

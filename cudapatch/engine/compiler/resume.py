@@ -216,7 +216,7 @@ def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tupl
     dirty = list(changes.changed)
     hot = changes.hot
     dirty += [key[0] for key, _ in draft.incoming.items() ^ prev.incoming.items()]
-    dirty += [k[0] for k in _changed(snap.bindings, prev.bindings)]
+    dirty += [k[0] for k in _rebound(snap.bindings, prev.bindings)]
     dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
     dirty += _changed(draft.faulted or {}, prev.faulted)
     dirty += [k[0] for k in snap.kept ^ prev.kept]
@@ -242,6 +242,19 @@ def _hot_only(old: BlockSnapshot, new: BlockSnapshot) -> bool:
             if spec is None or spec.structural or spec.kind != "scalar":
                 return False
     return ov.keys() == nv.keys()
+
+
+def _rebound(new: Mapping, old: Mapping) -> list:
+    """The bindings added, removed, or of another count, shape or type: a new pointer alone changes
+    no plan (its nodes' arguments name the binding, and a Warm rebind patches the pointer)."""
+    if not new and not old:
+        return []
+    out = []
+    for k in new.keys() | old.keys():
+        a, b = new.get(k), old.get(k)
+        if a is None or b is None or (a.count, a.shape, a.dtype) != (b.count, b.shape, b.dtype):
+            out.append(k)
+    return out
 
 
 def _changed(new: Mapping, old: Mapping) -> list:
