@@ -10,6 +10,7 @@ import pytest
 
 from cudapatch import Block, BlockBuilder, Engine
 from cudapatch.kernels import PtxFileSource
+from cudapatch.kernels._driver import check, driver
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -70,6 +71,44 @@ def run_until(engine: Engine, predicate, timeout: float = 30.0, sleep: float = 0
         frames += 1
         time.sleep(sleep)
     return frames
+
+
+def stream_idle(engine: Engine) -> bool:
+    """Whether every piece of work queued on the engine's stream is done (``cuStreamQuery``)."""
+    d = driver()
+    (err,) = d.cuStreamQuery(engine.device.stream)
+    if err == d.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((err,), "cuStreamQuery")
+    return True
+
+
+class StreamMark:
+    """An event recorded on the engine's stream behind the work queued so far: ``pending()`` says
+    whether that work still runs. Whether a call waited for the GPU is then a fact the driver states
+    (the event reached or not), not a host time compared with a bound."""
+
+    def __init__(self, engine: Engine) -> None:
+        d = driver()
+        self._event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
+        check(d.cuEventRecord(self._event, engine.device.stream), "cuEventRecord")
+
+    def pending(self) -> bool:
+        d = driver()
+        (err,) = d.cuEventQuery(self._event)
+        if err == d.CUresult.CUDA_ERROR_NOT_READY:
+            return True
+        check((err,), "cuEventQuery")
+        return False
+
+    def close(self) -> None:
+        check(driver().cuEventDestroy(self._event), "cuEventDestroy")
+
+    def __enter__(self) -> StreamMark:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @pytest.fixture
