@@ -6,7 +6,8 @@ refuses every later call, a primary-context reset included (measured on H100 + d
 both return CUDA_ERROR_ILLEGAL_ADDRESS; CUDA documents that the process must be relaunched). So the engine
 cannot replay the patch in its own process. It pickles the patch snapshot (pure data: descriptions,
 kernel sources, parameter values, links; external inputs become zero-filled buffers of the same
-size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits), realizes the
+size) and runs ``python -m cudapatch.engine.replay``, which compiles (cubin cache hits; the engine's own
+kernels too: a loop's set-condition kernels, the publish kernel, ``engine_kernel_sources``), realizes the
 plan unfused (every block its own nodes, so a fault inside a fused kernel is pinned on the member that
 makes it) on a fresh context and launches it node by node with a synchronize after each block
 (``replay_by_block``, also what ``Engine(debug_launch=True)`` runs every frame). It prints the first
@@ -28,7 +29,15 @@ from ..errors import CudaLaunchError
 from ..kernels._driver import check, driver, error_from_code
 from .plan import GraphPlan, MemsetNodePlan, WorkNode
 
-__all__ = ["ReplayStandby", "attribute_in_child", "main", "replay_by_block", "replay_plan", "replayed_nodes"]
+__all__ = [
+    "ReplayStandby",
+    "attribute_in_child",
+    "engine_kernel_sources",
+    "main",
+    "replay_by_block",
+    "replay_plan",
+    "replayed_nodes",
+]
 
 TIMEOUT_S = 120.0
 
@@ -187,6 +196,35 @@ def replay_plan(snap: Any) -> GraphPlan:
     return compile_plan(snap, fuse=False)
 
 
+def engine_kernel_sources(plan: GraphPlan) -> tuple[dict[tuple[int, int], Any], Any, Any]:
+    """The engine's own kernels that ``plan``'s graph holds beside its blocks' kernels, as the engine's
+    builds load them (``DeviceResources.region_functions`` and ``readback_functions``), for the replay
+    process, which realizes the whole graph: a patch with a loop has set-condition kernels and an
+    iteration counter (so a publish node), which ``realize`` refuses to build without their kernels.
+
+    Returns:
+        ``({(block id, kernel index): CudaSource}`` of each region's set-condition kernels and each
+        FrameDelay copy node's kernel, the timestamp kernel's source or None, the publish kernel's
+        source or None).
+    """
+    from .delay_copy import COPY_ENTRIES, copy_kernel
+    from .region_kernels import REGION_ENTRIES, region_kernel
+    from .resources import PUBLISH_KERNEL, STAMP_KERNEL
+
+    sources: dict[tuple[int, int], Any] = {}
+    if plan.regions:
+        regions = {v: k for k, v in REGION_ENTRIES.items()}
+        copies = {v: k for k, v in COPY_ENTRIES.items()}
+        for n in plan.kernel_nodes:
+            in_region = n.block_id in plan.regions
+            entry = regions.get(n.kernel) if in_region else copies.get(n.kernel)
+            if entry is not None:
+                sources[(n.block_id, n.kernel)] = (region_kernel if in_region else copy_kernel)(entry)[0]
+    stamp = STAMP_KERNEL if plan.stamp_count else None
+    publish = PUBLISH_KERNEL if plan.stamp_count or plan.counters or plan.probes else None
+    return sources, stamp, publish
+
+
 def main() -> None:
     """The child: read the pickled request on stdin, print ``{"culprit": id or null, "detail": ...}``."""
     from ..errors import CudaError
@@ -220,16 +258,24 @@ def main() -> None:
         keep.append(buf)
         bindings[key] = ExternalBinding(buf.ptr, b.count, b.dtype, owner=buf)
     snap = dataclasses.replace(snap, bindings=bindings, probes=())  # probes read, never fault: left out
-    functions = {}
-    for b in snap.blocks:
-        for ki, spec in enumerate(b.description.kernels):
-            if spec.source is not None:  # captured library calls are captured again by realize
-                functions[(b.id, ki)] = builder.build(spec.source).function
-    plan = replay_plan(snap)
-    graph = realize(
-        plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
-        block_names=snap.names, libraries=LibraryHandles(dev, pool),
-    )  # fmt: skip
+    try:
+        functions = {}
+        for b in snap.blocks:
+            for ki, spec in enumerate(b.description.kernels):
+                if spec.source is not None:  # captured library calls are captured again by realize
+                    functions[(b.id, ki)] = builder.build(spec.source).function
+        plan = replay_plan(snap)
+        own, stamp, publish = engine_kernel_sources(plan)
+        functions.update({key: builder.build(source).function for key, source in own.items()})
+        graph = realize(
+            plan, device=dev, pool=pool, functions=functions, bindings=snap.bindings,
+            block_names=snap.names, libraries=LibraryHandles(dev, pool),
+            stamp_function=builder.build(stamp).function if stamp is not None else None,
+            publish_function=builder.build(publish).function if publish is not None else None,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001  (said to the engine, which names no block then)
+        print(json.dumps({"culprit": None, "detail": f"the replay could not build the patch: {exc}"}), flush=True)
+        os._exit(0)
     try:
         culprit = graph.replay(dev.stream)
         detail = "faulted" if culprit is not None else "no fault when replayed"

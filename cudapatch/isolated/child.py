@@ -7,10 +7,11 @@ frames this speaks). Messages are in ``protocol.py``; edits are applied by ``mir
 
 Each frame: the host's Hot values, a stream wait on the host's event (outputs the host still reads
 are not overwritten), ``Engine.update()``, then the frame number written into the shared frame word
-on the engine's stream (the host's stream waits for it). When the output buffers or the diagnostics
-changed, they go back to the host. When the engine is lost (CUDA refuses this process after a GPU
-fault; its recovery has named the faulting block by replay), the child reports the blocks to disable
-and exits with ``EXIT_FAULT``; the host starts another child.
+on the engine's stream (the host's stream waits for it). When the output buffers (a new graph, or a
+Warm patch that moved or resized one) or the diagnostics changed, they go back to the host. When the
+engine is lost (CUDA refuses this process after a GPU fault; its recovery has named the faulting
+block by replay), the child reports the blocks to disable and exits with ``EXIT_FAULT``; the host
+starts another child.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def _read_message(fd: int) -> Any:
 
 class _Server:
     """The child's state: the engine, the mirrored patch, and what the host was last told."""
+
+    #: What the host was last sent of the output buffers (``_output_memory``); None before any graph.
+    _outputs_sent: dict[tuple[int, str], tuple] | None = None
 
     def __init__(self, cfg: StartConfig, out_fd: int) -> None:
         from ..engine.engine import Engine
@@ -145,32 +149,28 @@ class _Server:
         A build (Cold or Warm: a new plan) sets the blocks' states even when no diagnostic changed
         (NotCompiled before it, OK after): the states and sizes are compared then, and the states after
         edits or new diagnostics too; never in a frame that changed nothing (no loop over the blocks).
-        Output buffers go again only with a new graph."""
+        Output buffers go again with a new graph, and after a Warm patch that moved, grew or reshaped
+        any of them (``outputs_changed``)."""
         from .ipc import export_device_memory
 
         e = self.engine
         g = e.graph
         plan = g.plan if g is not None else None
-        built = (g is not self._graph or plan is not self._plan) and e.lost is None
-        if built and g is not self._graph:
-            self._graph = g
-            outputs = {}
-            if g is not None:
-                shapes = g.plan.shapes
-                for hid, b in self.patch.all_blocks().items():
-                    for port in b.description.outputs:
-                        buf = g.output(b.id, port.name)
-                        if buf is not None:
-                            handle, offset = export_device_memory(buf.ptr)
-                            shape = shapes.get((b.id, port.name))
-                            other = _other_of_pair(g, b.id, port.name, buf)
-                            alt = export_device_memory(other.ptr) if other is not None else ()
-                            outputs[(hid, port.name)] = OutputHandle(
-                                handle, offset, buf.count, buf.dtype, buf.nbytes, shape, alt, self.last_frame
-                            )
-            self.send(("outputs", outputs))
-        if built:  # a Warm patch keeps the graph: sizes may change with its plan
-            self._plan = plan
+        replaced = g is not self._graph
+        built = (replaced or plan is not self._plan) and e.lost is None
+        if built:
+            # A Warm patch keeps the graph but may move or resize outputs (a buffer grown from the pool):
+            # the host maps what the graph uses now, so the handles go again whenever they changed.
+            now = _output_memory(g, self.patch.all_blocks()) if g is not None else {}
+            if outputs_changed(replaced, self._outputs_sent, now):
+                self._graph, self._outputs_sent = g, now
+                outputs = {}
+                for key, (ptr, count, dtype, nbytes, shape, other) in now.items():
+                    handle, offset = export_device_memory(ptr)
+                    alt = export_device_memory(other) if other is not None else ()
+                    outputs[key] = OutputHandle(handle, offset, count, dtype, nbytes, shape, alt, self.last_frame)
+                self.send(("outputs", outputs, replaced))
+            self._plan = plan  # a Warm patch keeps the graph: sizes may change with its plan
             shown = {hid: (b.debug.sizes, b.debug.shapes, b.debug.fused) for hid, b in self.patch.all_blocks().items()}
             changed = {hid: v for hid, v in shown.items() if self._shown.get(hid) != v}  # an edit touches few
             self._shown = shown
@@ -256,6 +256,31 @@ class _Server:
         if what == "counters":
             return e.counters
         raise ValueError(f"unknown request {what!r}")
+
+
+def _output_memory(g: Any, blocks: dict[int, Any]) -> dict[tuple[int, str], tuple]:
+    """(host block id, port) -> ``(ptr, count, dtype, nbytes, shape, other ptr or None)`` of every output
+    the running graph holds in a buffer: what the host maps (no driver call; a build's work, never a
+    frame's)."""
+    shapes = g.plan.shapes
+    out: dict[tuple[int, str], tuple] = {}
+    for hid, b in blocks.items():
+        for port in b.description.outputs:
+            buf = g.output(b.id, port.name)
+            if buf is not None:
+                other = _other_of_pair(g, b.id, port.name, buf)
+                out[(hid, port.name)] = (
+                    buf.ptr, buf.count, buf.dtype, buf.nbytes, shapes.get((b.id, port.name)),
+                    other.ptr if other is not None else None,
+                )  # fmt: skip
+    return out
+
+
+def outputs_changed(replaced: bool, sent: dict | None, now: dict) -> bool:
+    """Whether the output handles go to the host after a build: always with a new graph (the host
+    drops every mapping of the old one), else (a Warm patch into the running graph) when any output's
+    memory, count or shape differs from what the host was sent."""
+    return replaced or sent != now
 
 
 def _other_of_pair(g: Any, block_id: int, port: str, buf: Any) -> Any:

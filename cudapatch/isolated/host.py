@@ -28,7 +28,7 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,7 +111,7 @@ class HostSide(Protocol):
     def export(self, binding: ExternalBinding) -> InputHandle: ...
     def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
     def import_output(self, handle: Any) -> Any: ...
-    def drop_outputs(self) -> None: ...
+    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None: ...  # None: every mapping
     def synchronize(self) -> None: ...
     def close(self, *, unmap: bool = True) -> None: ...
 
@@ -181,9 +181,9 @@ class _CudaHostSide:
         self.device.make_current()
         return SharedOutput(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, h.nbytes, self.stream)
 
-    def drop_outputs(self) -> None:
+    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None:
         self.device.make_current()
-        self.imports.close()
+        self.imports.close(keep=keep or ())
 
     def synchronize(self) -> None:
         self.device.make_current()
@@ -197,6 +197,12 @@ class _CudaHostSide:
 
 def _export_key(binding: ExternalBinding) -> tuple:
     return (binding.ptr, binding.count, binding.dtype, binding.shape)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether two ``OutputHandle`` of an output map the same memory with the same size and shape (the
+    frame they were sent in aside: a FrameDelay pair's parity holds either way)."""
+    return a is not None and b is not None and dataclasses.replace(a, frame=0) == dataclasses.replace(b, frame=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,12 +433,29 @@ class IsolatedEngine:
             self._outputs.clear()
             self._gpu.drop_outputs()
 
+    def _new_outputs(self, handles: dict[tuple[int, str], Any], replaced: bool) -> None:
+        """The child's output handles after a build. With a new graph every mapping of the old one goes,
+        once the host's stream has finished reading them (``_drop_outputs``). After a Warm patch into the
+        running graph, by the same rule, only what changed goes: outputs whose memory, count or shape
+        moved are mapped again on their next ``output()``, and only allocations no output uses any more
+        are unmapped; views of the rest stay valid, as the buffers of an engine in the host do."""
+        old, self._handles = self._handles, handles
+        if replaced:
+            self._drop_outputs()
+            return
+        stale = [k for k in self._outputs if not _same_memory(old.get(k), handles.get(k))]
+        if stale:
+            self._gpu.synchronize()  # host work reading the old memory ends before it is unmapped
+            for k in stale:
+                del self._outputs[k]
+            used = {h.handle for h in handles.values()} | {h.alt[0] for h in handles.values() if h.alt}
+            self._gpu.drop_outputs(keep=used)
+
     def _take(self, messages: list[Any]) -> None:
         for m in messages:
             kind = m[0]
             if kind == "outputs":
-                self._drop_outputs()
-                self._handles = m[1]
+                self._new_outputs(m[1], m[2])
             elif kind == "diagnostics":
                 self._publish(tuple(diag_from_record(r) for r in m[1]), m[2])
             elif kind == "built":
@@ -684,6 +707,17 @@ class IsolatedEngine:
             raise value
         return value
 
+    def engine_counters(self) -> EngineCounters:
+        """The engine process's own ``EngineCounters`` (waits for the child): its Cold rebuilds, Warm
+        updates, resizes and growths, instantiations, as ``Engine.counters`` counts them. ``counters``
+        counts what this process sent (a structure edit is one ``rebuilds`` here, whichever tier the
+        child applied it by).
+
+        Raises:
+            CudapatchError: the engine is lost, or the child ended while asked.
+        """
+        return self._request("counters")  # type: ignore[no-any-return]
+
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until the child compiled every kernel and built the graph (scripts, tests).
 
@@ -708,7 +742,8 @@ class IsolatedEngine:
         self.context.keep(block, port, keep)
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
-        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild). A
+        """The child's buffer of an output, mapped here with no copy (valid until the next rebuild, or a
+        Warm edit that moves or resizes it, as ``Engine.output``'s buffer is). A
         value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one the
         frame sent last writes (take it again each frame), as ``Engine.output``.
         The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of

@@ -39,6 +39,7 @@ import ctypes
 import mmap
 import os
 import struct
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -254,21 +255,25 @@ class IpcImports:
             base = self._opened[handle] = int(check(d.cuIpcOpenMemHandle(h, flag), "cuIpcOpenMemHandle"))
         return base + offset
 
-    def close(self, *, unmap: bool = True) -> None:
-        """Close every opened allocation (their memory is freed once the exporter freed it too)."""
-        opened, self._opened = self._opened, {}
+    def close(self, *, unmap: bool = True, keep: Collection[bytes] = ()) -> None:
+        """Close every opened allocation but those of the handles in ``keep`` (their memory is freed
+        once the exporter freed it too)."""
+        opened = self._opened
+        self._opened = {h: base for h, base in opened.items() if h in keep} if keep else {}
         if unmap:
             d = driver()
-            for base in opened.values():
-                d.cuIpcCloseMemHandle(base)  # result ignored: teardown
+            for h, base in opened.items():
+                if h not in self._opened:
+                    d.cuIpcCloseMemHandle(base)  # result ignored: teardown
 
 
 class SharedOutput:
     """An output buffer of the engine process, mapped into the host with no copy.
 
-    Valid until the next rebuild of the child's graph or the child's restart (as
-    ``Engine.output``'s buffer is valid until the next rebuild); ``__cuda_array_interface__`` carries
-    the host's engine stream, which is ordered after the child's frame.
+    Valid until the next rebuild of the child's graph, a Warm edit that moves or resizes it, or the
+    child's restart (as ``Engine.output``'s buffer is valid until the next rebuild or growth);
+    ``__cuda_array_interface__`` carries the host's engine stream, which is ordered after the child's
+    frame.
     """
 
     def __init__(self, ptr: int, count: int, dtype: Any, nbytes: int, stream: Any) -> None:

@@ -20,8 +20,10 @@ Host → child:
 Child → host:
 
 - ``("ready", PROTOCOL, pid)``: imports done, engine created.
-- ``("outputs", {(block id, port): OutputHandle})``: after a build changed the output buffers (a
-  value in a FrameDelay's alternating pair comes with both buffers, ``OutputHandle.alt``).
+- ``("outputs", {(block id, port): OutputHandle}, replaced)``: after a build changed the output
+  buffers (a value in a FrameDelay's alternating pair comes with both buffers, ``OutputHandle.alt``):
+  ``replaced`` True for a new graph (every mapping of the old one goes), False for a Warm patch into
+  the running graph that moved, grew or reshaped outputs (only what no output uses any more goes).
 - ``("built", {block id: (sizes, shapes, fused)})``: what ``str(block.port(...))`` and ``str(block)``
   show of the new graph (``BlockDebugInfo.sizes``, ``shapes``, ``fused``), after ``outputs``, for the
   blocks where that changed.
@@ -52,7 +54,8 @@ __all__ = [
 ]
 
 #: Bumped when a message changes; a child of another version is refused at the handshake.
-PROTOCOL = 3  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations
+PROTOCOL = 4  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations;
+# 4: outputs after a Warm patch (``replaced``)
 #: The child's exit status after it reported a GPU fault (CUDA refuses the process from then on).
 EXIT_FAULT = 3
 

@@ -1,11 +1,14 @@
 """A kernel that writes to an illegal address while the patch runs: run by test_fault_gpu.py in its
 own process, because the fault resets the device's primary context for the whole process.
 
-Usage: python fault_scenario.py [--debug-launch] [--fused-tail]   (prints OK at the end)
+Usage: python fault_scenario.py [--debug-launch] [--fused-tail] [--in-for]   (prints OK at the end)
 
 ``--fused-tail``: a second Scale after ``after``, so that ``after`` runs in a fused kernel with it
 (elementwise fusion, the engine's default): the fault is still named on ``bad``, the block that makes
 it, and the fused group reads its zeros.
+
+``--in-for``: ``bad`` runs inside a ``For`` body (three iterations a frame, beside another block): the
+replay (which runs each body once) names it the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 
 import numpy as np
 
-from cudapatch import Engine, Fill, Scale
+from cudapatch import Engine, Fill, For, Scale
 from cudapatch.blocks.library import CustomKernel
 
 BAD = """
@@ -31,7 +34,10 @@ def main() -> None:
     debug = "--debug-launch" in sys.argv
     engine = Engine(wait_for_compile=True, debug_launch=debug, cache_dir=False)
     fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
-    bad = engine.add(CustomKernel(name="bad", Code=BAD))
+    loop = engine.add(For(name="loop", Count=3)) if "--in-for" in sys.argv else None
+    if loop is not None:  # the body keeps a block running once 'bad' is disabled
+        engine.add(Fill(name="beside", Count=64, Value=1.0), region=loop)
+    bad = engine.add(CustomKernel(name="bad", Code=BAD), region=loop)
     bad.set("trigger", 0.0)
     after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
     engine.connect(fill, "Out", bad, "in")
@@ -45,7 +51,9 @@ def main() -> None:
         engine.update()
     if last is not after:
         assert engine.graph.plan.block_nodes[after.id] == engine.graph.plan.block_nodes[last.id]  # one fused kernel
-    assert np.allclose(engine.read(last, "Out"), 10.0 * scale)
+    assert np.allclose(engine.read(last, "Out"), 10.0 * scale)  # out = in + 1 in every iteration
+    if loop is not None and not debug:  # a debug launch runs each body once
+        assert engine.iterations(loop) == 3
 
     bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault
     deadline = time.monotonic() + 60

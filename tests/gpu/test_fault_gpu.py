@@ -21,8 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     "flag",
-    [[], ["--debug-launch"], ["--fused-tail"], ["--debug-launch", "--fused-tail"]],
-    ids=["graph", "debug-launch", "graph-fused-tail", "debug-launch-fused-tail"],
+    [
+        [],
+        ["--debug-launch"],
+        ["--fused-tail"],
+        ["--debug-launch", "--fused-tail"],
+        ["--in-for"],
+        ["--debug-launch", "--in-for"],
+    ],
+    ids=["graph", "debug-launch", "graph-fused-tail", "debug-launch-fused-tail", "graph-in-for", "debug-launch-in-for"],
 )
 def test_a_faulting_block_is_found_disabled_and_revived(flag):
     out = subprocess.run([sys.executable, str(SCENARIO), *flag], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from cudapatch import Engine, Fill, Scale, VectorAdd
+from cudapatch.blocks.shape import Shape
+from cudapatch.isolated import IsolatedEngine
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +83,57 @@ def test_bound_host_memory_is_read_by_the_child_with_no_copy(rng):
         cp.cuda.Device().synchronize()
         iso.update()
         np.testing.assert_allclose(iso.read(s, "Out"), data * 6.0, rtol=1e-6)
+
+
+def _counters(e):
+    """The counters of the engine that runs the graph (an isolated engine's child's)."""
+    return e.engine_counters() if isinstance(e, IsolatedEngine) else e.counters
+
+
+def test_a_warm_growth_reaches_the_host_outputs_as_in_process(rng):
+    """Rebinding an input twice the size grows the output in place (Warm, no new graph): the host's
+    ``output()``, ``output_shape()`` and ``read()`` give the new size and values, and the child counts
+    the same rebuilds (none) and growths as an engine in this process."""
+    import cupy as cp
+
+    n = 30_000
+    x1 = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    x2 = cp.asarray(rng.standard_normal(2 * n).astype(np.float32))
+    cp.cuda.get_current_stream().synchronize()  # bound arrays are written before the update
+    deltas = []
+    with Engine(wait_for_compile=True) as normal, Engine(isolated=True, wait_for_compile=True) as iso:
+        for e in (normal, iso):
+            s = e.add(Scale(name="s", Factor=2.0, Offset=1.0))
+            keep = e.add(Fill(name="keep", Count=1000, Value=4.0))  # not resized: its mapping stays valid
+            e.bind(s, "In", x1)
+            e.keep(s, "Out")  # read by the host from the first build on: the same plan in both
+            e.keep(keep, "Out")
+            e.wait_ready()
+            e.update()
+            e.synchronize()
+            kept = cp.asarray(e.output(keep, "Out"))
+            out = e.output(s, "Out")
+            assert out.count == n and e.output_shape(s, "Out") == Shape.flat(n)
+            np.testing.assert_allclose(cp.asnumpy(cp.asarray(out)), cp.asnumpy(x1) * 2 + 1, rtol=1e-6)
+            before = _counters(e)
+            before = (before.rebuilds, before.growths, before.instantiations)
+            e.bind(s, "In", x2)  # twice the size: the output outgrows its buffer, reallocated Warm
+            e.update()
+            e.wait_ready()  # the child has applied it and sent the outputs it moved
+            e.update()
+            e.synchronize()
+            out = e.output(s, "Out")
+            assert out.count == 2 * n and e.output_shape(s, "Out") == Shape.flat(2 * n)
+            view = cp.asarray(out)
+            assert view.shape == (2 * n,)
+            want = cp.asnumpy(x2) * 2 + 1
+            np.testing.assert_allclose(cp.asnumpy(view), want, rtol=1e-6)
+            np.testing.assert_allclose(e.read(s, "Out"), want, rtol=1e-6)
+            assert np.allclose(cp.asnumpy(kept), 4.0)  # the view taken before the growth still reads
+            after = _counters(e)
+            deltas.append((after.rebuilds - before[0], after.growths - before[1], after.instantiations - before[2]))
+    assert deltas[0][0] == 0 and deltas[0][1] >= 1 and deltas[0][2] == 0, deltas  # in process: Warm, grown
+    assert deltas[1] == deltas[0], deltas  # the child did the same
 
 
 @pytest.mark.gpu_fault

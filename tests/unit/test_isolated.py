@@ -158,7 +158,7 @@ def test_messages_survive_the_frames():
     msgs = [
         ("frame", 7, ((3, "Factor", 2.5),)),
         ("start", StartConfig(device=0, frame_word_fd=5)),
-        ("outputs", {(1, "Out"): OutputHandle(b"x" * 64, 256, 10, DType.FLOAT32, 40)}),
+        ("outputs", {(1, "Out"): OutputHandle(b"x" * 64, 256, 10, DType.FLOAT32, 40)}, True),
     ]
     data = b"".join(encode_frame(m) for m in msgs)
     reader = FrameReader()
@@ -258,8 +258,8 @@ class FakeHostSide:
         self.calls.append(("import", h.offset))
         return ("mapped", h.offset)
 
-    def drop_outputs(self):
-        self.calls.append(("drop",))
+    def drop_outputs(self, keep=None):
+        self.calls.append(("drop",) if keep is None else ("drop", frozenset(keep)))
 
     def synchronize(self):
         self.calls.append(("sync",))
@@ -325,16 +325,51 @@ def test_outputs_map_once_and_are_dropped_when_the_child_rebuilds(iso):
     f, s = _patch(iso)
     iso.update()
     child = iso.children[0]
-    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}))
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}, True))
     iso.update()
     assert iso.output(s, "Out") == ("mapped", 128)
     assert iso.output(s, "Out") == ("mapped", 128)
     assert iso.gpu.calls.count(("import", 128)) == 1
-    child.inbox.append(("outputs", {}))
+    child.inbox.append(("outputs", {}, True))
     iso.update()
     assert ("sync",) in iso.gpu.calls and ("drop",) in iso.gpu.calls  # host reads end before the unmap
     with pytest.raises(CudapatchError):
         iso.output(s, "Out")
+
+
+def test_a_warm_patch_remaps_only_the_outputs_it_moved_or_resized(iso):
+    """Outputs sent again after a Warm patch (``replaced`` False): the output whose buffer grew is mapped
+    anew (its shape too), after the host's reads end, and only the allocation nothing uses any more is
+    unmapped; the unchanged output keeps its mapping, so a view of it stays valid."""
+    from dataclasses import replace
+
+    from cudapatch.blocks.shape import Shape
+
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    fill = OutputHandle(b"a" * 64, 0, 64, DType.FLOAT32, 256)
+    scaled = OutputHandle(b"b" * 64, 512, 64, DType.FLOAT32, 256)
+    child.inbox.append(("outputs", {(f.id, "Out"): fill, (s.id, "Out"): scaled}, True))
+    iso.update()
+    assert iso.output(f, "Out") == ("mapped", 0) and iso.output(s, "Out") == ("mapped", 512)
+    iso.gpu.calls.clear()
+    same = {(f.id, "Out"): replace(fill, frame=7), (s.id, "Out"): replace(scaled, frame=7)}
+    child.inbox.append(("outputs", same, False))  # nothing moved (another frame number only)
+    iso.update()
+    assert not [c for c in iso.gpu.calls if c[0] in ("sync", "drop", "import")]
+    grown = OutputHandle(b"c" * 64, 64, 128, DType.FLOAT32, 512, Shape.of(8, 16))
+    child.inbox.append(("outputs", {(f.id, "Out"): fill, (s.id, "Out"): grown}, False))
+    iso.update()
+    calls = iso.gpu.calls
+    assert calls.index(("sync",)) < calls.index(("drop", frozenset({b"a" * 64, b"c" * 64})))
+    assert ("drop",) not in calls  # the fill's allocation stays mapped
+    assert iso.output(s, "Out") == ("mapped", 64) and iso.output_shape(s, "Out") == Shape.of(8, 16)
+    assert iso.output(f, "Out") == ("mapped", 0) and ("import", 0) not in calls  # not mapped again
+    calls.clear()
+    child.inbox.append(("outputs", {(f.id, "Out"): fill}, True))  # a new graph: every mapping goes
+    iso.update()
+    assert ("sync",) in calls and ("drop",) in calls
 
 
 def test_diagnostics_and_states_reach_the_host_blocks(iso):
@@ -613,7 +648,7 @@ def test_an_output_the_child_holds_in_no_buffer_is_kept_from_the_next_update(iso
     iso.connect(s, "Out", t, "In")  # s -> t fuse in the child: s.Out has no buffer there
     iso.update()
     child = iso.children[0]
-    child.inbox.append(("outputs", {(t.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}))
+    child.inbox.append(("outputs", {(t.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}, True))
     iso.update()
     assert iso.output(t, "Out") == ("mapped", 128) and not iso._dirty.structure  # held: nothing to rebuild
     with pytest.raises(CudapatchError, match="fused kernel"):

@@ -344,13 +344,13 @@ def test_output_shape_and_port_sizes_come_with_the_childs_build(iso):
         iso.output_shape(s, "Out")
     img = Shape.of(4, 16)
     child = iso.children[0]
-    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256, img)}))
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256, img)}, True))
     child.inbox.append(("built", {s.id: ({"Out": 64}, {"Out": img}, "f -> s"), f.id: ({"Out": 64}, {}, "")}))
     iso.update()
     assert iso.output_shape(s, "Out") == img
     assert str(s.port("Out")).startswith("Out: float") and "256 bytes" in str(s.port("Out"))
     assert "fused: f -> s" in str(s)
-    child.inbox.append(("outputs", {(f.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256)}))
+    child.inbox.append(("outputs", {(f.id, "Out"): OutputHandle(b"x" * 64, 0, 64, DType.FLOAT32, 256)}, True))
     iso.update()
     assert iso.output_shape(f, "Out") == Shape.flat(64)
     with pytest.raises(CudapatchError, match="no such output"):
@@ -462,7 +462,7 @@ def test_a_frame_delays_pair_is_mapped_twice_and_output_follows_the_frames_parit
     iso.update()
     iso.update()  # frame 2
     pair = OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256, None, (b"y" * 64, 512), 2)
-    iso.children[0].inbox.append(("outputs", {(step.id, "Out"): pair}))
+    iso.children[0].inbox.append(("outputs", {(step.id, "Out"): pair}, True))
     iso.update()  # frame 3: the other buffer
     assert iso.output(step, "Out") == ("mapped", 512)
     iso.update()  # frame 4: the first again
@@ -572,6 +572,80 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
     cs.debug.fused = "f -> s"
     server.tell()
     assert sent[0][0] == "outputs" and sent[1] == ("built", {s.id: ({"Out": 8}, {}, "f -> s")}) and len(sent) == 2
+
+
+def test_the_child_sends_outputs_again_after_a_warm_patch_that_moved_or_resized_one(monkeypatch):
+    """A Warm patch keeps the graph and gives it a new plan: the handles go again (``replaced`` False)
+    when an output's buffer moved (grown from the pool), changed its count or shape, and not otherwise;
+    a new graph always sends them (``replaced`` True)."""
+    from types import SimpleNamespace
+
+    from cudapatch.isolated import child as child_module
+    from cudapatch.isolated import ipc
+
+    monkeypatch.setattr(ipc, "export_device_memory", lambda ptr: (b"h%d" % ptr, 0))
+    host = Context()
+    f = host.register_block(Fill(name="f", Count=8))
+    s = host.register_block(Scale(name="s"))
+    host.connect(f, "Out", s, "In")
+    mirror, patch = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    patch.apply(mirror.diff(host.snapshot()))
+    cf, cs = patch.blocks[f.id], patch.blocks[s.id]
+    bufs = [SimpleNamespace(ptr=p, count=8, dtype=DType.FLOAT32, nbytes=32) for p in (100, 200)]
+
+    def plan(shapes=None):
+        return SimpleNamespace(outputs={(cf.id, "Out"): 0, (cs.id, "Out"): 1}, swaps={}, shapes=shapes or {})
+
+    graph = SimpleNamespace(
+        plan=plan(),
+        buffers=bufs,
+        bypass=SimpleNamespace(outputs={}),
+        output=lambda bid, port: bufs[graph.plan.outputs[(bid, port)]],
+    )
+    engine = SimpleNamespace(
+        graph=graph,
+        lost=None,
+        building=False,
+        diagnostics=lambda: (),
+        context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
+    )
+    sent: list = []
+    server = child_module._Server.__new__(child_module._Server)
+    server.engine, server.patch, server.send = engine, patch, sent.append
+    server._graph, server._plan, server._diags, server._states = None, None, None, None
+    server._busy, server._shown, server.last_frame = False, {}, 4
+
+    def outputs_sent():
+        out = [m for m in sent if m[0] == "outputs"]
+        sent.clear()
+        return out
+
+    server.tell()
+    ((_, first, replaced),) = outputs_sent()
+    assert replaced and first[(s.id, "Out")] == OutputHandle(b"h200", 0, 8, DType.FLOAT32, 32, None, (), 4)
+    graph.plan = plan()  # a Warm patch that changed no output (a grid, a scalar)
+    server.tell()
+    assert outputs_sent() == []
+    bufs[1].ptr, bufs[1].count, bufs[1].nbytes = 900, 16, 64  # grown from the pool, as ExecutableGraph.try_patch does
+    graph.plan = plan()
+    server.last_frame = 9
+    server.tell()
+    ((_, after, replaced),) = outputs_sent()
+    assert not replaced
+    assert after[(s.id, "Out")] == OutputHandle(b"h900", 0, 16, DType.FLOAT32, 64, None, (), 9)
+    assert after[(f.id, "Out")].handle == b"h100"
+    graph.plan = plan({(cf.id, "Out"): Shape.of(2, 4)})  # the same memory, another shape
+    server.tell()
+    ((_, after, replaced),) = outputs_sent()
+    assert not replaced and after[(f.id, "Out")].shape == Shape.of(2, 4)
+    server.tell()  # a frame: nothing built, nothing sent
+    assert outputs_sent() == []
+    engine.graph = SimpleNamespace(**vars(graph))  # a new graph over the same buffers: sent, replaced
+    server.tell()
+    ((_, _, replaced),) = outputs_sent()
+    assert replaced
+    assert child_module.outputs_changed(False, {(1, "Out"): (1, 2)}, {(1, "Out"): (1, 2)}) is False
+    assert child_module.outputs_changed(True, {(1, "Out"): (1, 2)}, {(1, "Out"): (1, 2)}) is True
 
 
 class _DeviceArray:
