@@ -80,32 +80,13 @@ def _steps(e):
     return loop, step
 
 
-class _HostOverContext:
-    """``add(region=)``/``connect`` on a bare Context: a host's side of the mirror."""
-
-    def __init__(self) -> None:
-        self.context = Context()
-
-    def add(self, block, *, region=None):
-        self.context.register_block(block)
-        if region is not None:
-            self.context.place(block, region)
-        return block
-
-    def place(self, block, region):
-        self.context.place(block, region)
-
-    def connect(self, *a):
-        self.context.connect(*a)
-
-
 def _mirrored(build):
     """The patch ``build`` makes, compiled in process (a ``PlanOnlyEngine``) and through the mirror (edits
     pickled, applied to a ``PlanOnlyEngine`` standing for the child's engine): both plans as text."""
     direct = PlanOnlyEngine()
     build(direct)
     direct.update()
-    host = _HostOverContext()
+    host = PlanOnlyEngine()  # the host's side of the mirror: only its Context is read (never planned)
     build(host)
     mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
     edits = mirror.diff(patch_view(host.context))
