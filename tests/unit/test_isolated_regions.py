@@ -20,7 +20,7 @@ from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from cudapatch.errors import CudapatchError
 from cudapatch.host_plugin.plan_view import format_plan
-from cudapatch.isolated import IsolatedEngine, RestartPolicy
+from cudapatch.isolated import IsolatedEngine
 from cudapatch.isolated.host import NotInIsolatedEngine
 from cudapatch.isolated.mirror import (
     AddBlock,
@@ -37,7 +37,7 @@ from cudapatch.isolated.mirror import (
 from cudapatch.isolated.protocol import OutputHandle
 
 from .plan_engine import PlanOnlyEngine
-from .test_isolated import FakeChild, FakeHostSide, _export
+from .test_isolated import FakeChild, FakeHostSide, _export, fake_isolated
 
 ROOT = Path(__file__).resolve().parents[2]
 JACOBI = ROOT / "examples" / "jacobi"
@@ -235,19 +235,7 @@ def test_an_inner_blocks_diagnostic_is_on_the_composite_in_the_child_as_in_proce
 
 
 # -- the host side against fakes ------------------------------------------------------------------------
-@pytest.fixture
-def iso():
-    children: list[FakeChild] = []
-    gpu = FakeHostSide()
-
-    def launch(cfg):
-        children.append(FakeChild(cfg))
-        return children[-1]
-
-    e = Engine(isolated=True, host_side=gpu, launch=launch, policy=RestartPolicy(max_restarts=3))
-    e.children, e.gpu = children, gpu
-    yield e
-    e.close()
+iso = pytest.fixture(fake_isolated, name="iso")
 
 
 def _answer(child: FakeChild, value, *before) -> None:
