@@ -1,5 +1,6 @@
 """Timers shared by the benchmarks: GPU time from CUDA events, host time of a call, of update() and of
-a bare launch of the engine's graph (the peer of a quiet update())."""
+a bare launch of the engine's graph (the peer of a quiet update()), and one block's kernel launched
+eagerly (the peer of the time the graph reports for it)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,35 @@ def bare_launch_us(engine: Any, frames: int = 500, sync_every: int = 50) -> floa
     graph = engine.graph
     assert graph is not None
     return host_us(functools.partial(graph.launch, engine.resources.stream), frames, engine.synchronize, sync_every)
+
+
+def eager_kernel_ms(
+    engine: Any, block_id: int, *, launches: int = 40, rounds: int = 20, behind_a_frame: bool = True
+) -> float:
+    """Median GPU ms of one launch of block ``block_id``'s first kernel node, launched with
+    ``cuLaunchKernel`` as the graph launches it (its function, grid and parameters): ``launches``
+    launches between two events per round. ``behind_a_frame``: each round is queued behind a frame of
+    the graph, so the GPU runs them back to back even where issuing a launch takes longer than the
+    kernel runs (without it, that peer is bound by the host's launch rate)."""
+    node = next(
+        n
+        for n in engine.graph._nodes
+        if n is not None and getattr(n, "plan", None) is not None and n.plan.block_id == block_id
+    )
+    kp, stream = node.params, engine.device.stream
+    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
+    out = []
+    try:
+        for _ in range(rounds):
+            if behind_a_frame:
+                engine.update()
+            check(d.cuEventRecord(start, stream))
+            for _ in range(launches):
+                check(d.cuLaunchKernel(kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, stream, kp.kernelParams, 0))
+            check(d.cuEventRecord(end, stream))
+            check(d.cuEventSynchronize(end))
+            out.append(check(d.cuEventElapsedTime(start, end)) / launches)
+    finally:
+        check(d.cuEventDestroy(start))
+        check(d.cuEventDestroy(end))
+    return statistics.median(out)

@@ -27,11 +27,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import gpu_ms  # noqa: E402
-from cuda.bindings import driver as d  # noqa: E402
+from _timing import eager_kernel_ms, gpu_ms  # noqa: E402
 
 from cudapatch import CustomKernel, Engine, Fill, For, Scale  # noqa: E402
-from cudapatch.kernels._driver import check  # noqa: E402
 
 LEVELS = ["None", "Summary", "PerBlock"]
 ROUNDS = 5
@@ -86,27 +84,7 @@ def main() -> None:
     rows = {b.name: b for b in eng.stats().blocks}
     mid = chain[len(chain) // 2]
     row = rows[mid.name]
-    node = next(
-        n
-        for n in eng.graph._nodes
-        if n is not None and getattr(n, "plan", None) is not None and n.plan.block_id == mid.id
-    )
-    kp = node.params
-    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    eager = []
-    for _ in range(20):  # 40 launches between two events, queued behind a frame: the GPU runs them back to back
-        eng.update()
-        check(d.cuEventRecord(start, eng.device.stream))
-        for _ in range(40):
-            check(
-                d.cuLaunchKernel(
-                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
-                )
-            )
-        check(d.cuEventRecord(end, eng.device.stream))
-        check(d.cuEventSynchronize(end))
-        eager.append(check(d.cuEventElapsedTime(start, end)) / 40)
-    eager_ms = statistics.median(eager)
+    eager_ms = eager_kernel_ms(eng, mid.id)  # 40 launches between two events, behind a frame: back to back
 
     # The timer's resolution.
     eng.set_profiling("None")

@@ -20,11 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _results import write_results  # noqa: E402
-from _timing import gpu_ms, update_us  # noqa: E402
-from cuda.bindings import driver as d  # noqa: E402
+from _timing import eager_kernel_ms, gpu_ms, update_us  # noqa: E402
 
 from cudapatch import Engine, Scale  # noqa: E402
-from cudapatch.kernels._driver import check  # noqa: E402
 
 LEVELS = ["None", "Summary", "PerBlock", "PerKernel", "DeepAsync"]
 ROUNDS = 7
@@ -67,39 +65,11 @@ def main() -> None:
     st = eng.stats()
     mid = blocks[args.blocks // 2]
     graph_kernel_ms = next(b for b in st.blocks if b.block_id == mid.id).kernels[0].gpu_ms
-    node = next(n for n in eng.graph._nodes if n is not None and n.plan.block_id == mid.id)
-    start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
-    eager = []
-    kp = node.params
-    for _ in range(10):  # 100 launches back to back between two events
-        check(d.cuEventRecord(start, eng.device.stream))
-        for _ in range(100):
-            check(
-                d.cuLaunchKernel(
-                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
-                )
-            )
-        check(d.cuEventRecord(end, eng.device.stream))
-        check(d.cuEventSynchronize(end))
-        eager.append(check(d.cuEventElapsedTime(start, end)) / 100)
+    back_to_back_ms = eager_kernel_ms(eng, mid.id, launches=100, rounds=10, behind_a_frame=False)
     # That peer is bound by the host's launch rate when issuing a launch takes longer than the kernel
     # runs. So the eager measurement: 40 launches between two events, all queued behind a frame of
     # the graph (0.34 ms, longer than issuing them takes), so the GPU runs them back to back.
-    single = []
-    for _ in range(20):
-        eng.update()
-        check(d.cuEventRecord(start, eng.device.stream))
-        for _ in range(40):
-            check(
-                d.cuLaunchKernel(
-                    kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, eng.device.stream, kp.kernelParams, 0
-                )
-            )
-        check(d.cuEventRecord(end, eng.device.stream))
-        check(d.cuEventSynchronize(end))
-        single.append(check(d.cuEventElapsedTime(start, end)) / 40)
-    back_to_back_ms = statistics.median(eager)
-    eager_ms = statistics.median(single)
+    eager_ms = eager_kernel_ms(eng, mid.id)
 
     # The frame path never waits: a 20 ms kernel in the graph.
     from cudapatch import Block, BlockBuilder, CudaSource

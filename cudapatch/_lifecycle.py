@@ -210,6 +210,25 @@ class Releases:
     def __len__(self) -> int:
         return len(self._calls)
 
+    def mapped_host(self, nbytes: int) -> tuple[int, int]:
+        """``nbytes`` of zeroed pinned host memory that kernels address directly (``cuMemHostAlloc``,
+        DEVICEMAP | PORTABLE): ``(host address, device address)``. Its ``cuMemFreeHost`` is pushed as
+        soon as it exists; that free waits for the device, so work still reading or writing the
+        memory finishes before it goes.
+
+        Raises:
+            CudaError: the allocation failed, or its device address (the free is pushed then).
+        """
+        import ctypes
+
+        from .kernels._driver import check, driver
+
+        d = driver()
+        host = int(check(d.cuMemHostAlloc(nbytes, 0x2 | 0x1), "cuMemHostAlloc"))
+        self.push(d.cuMemFreeHost, host, what="cuMemFreeHost")
+        ctypes.memset(host, 0, nbytes)
+        return host, int(check(d.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+
     def release(self) -> None:
         """Make every release call, newest first; each is made even when an earlier one failed.
 

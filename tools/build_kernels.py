@@ -3,8 +3,9 @@
 
 Usage: ``python tools/build_kernels.py [--nvrtc] [DIR ...]`` (default: ``cudapatch/kernels/ptx``).
 Compiles with ``nvcc``, or with ``--nvrtc`` through the NVRTC that cuda-bindings installed (no CUDA
-toolkit needed). The PTX ISA is the compiler's: PTX from CUDA 13 (ISA 9.0) does not link with CUDA
-12's nvJitLink, so an installation with the CUDA 12 wheels rebuilds the kernels with ``--nvrtc``.
+toolkit needed; the engine's own ``_toolchain.nvrtc_ptx``, which finds the wheels as the engine
+does). The PTX ISA is the compiler's: PTX from CUDA 13 (ISA 9.0) does not link with CUDA 12's
+nvJitLink, so an installation with the CUDA 12 wheels rebuilds the kernels with ``--nvrtc``.
 
 The sidecar is derived from the ``extern "C" __global__`` signature: ``const T*`` is an input,
 ``T*`` an output, ``/*inout*/ T*`` both, by-value parameters are inputs. ``// cudapatch: key=value``
@@ -21,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cudapatch.kernels._toolchain import nvrtc_ptx  # noqa: E402
 from cudapatch.kernels.descriptor import descriptor_to_json  # noqa: E402
 from cudapatch.kernels.signature import describe_cuda_source  # noqa: E402
 
@@ -29,35 +31,10 @@ def describe(cu: Path):
     return describe_cuda_source(cu.read_text(), file=str(cu))
 
 
-def nvrtc_ptx(cu: Path) -> bytes:
-    """PTX for compute_75 from NVRTC (optimized, as ``nvcc -O3``: NVRTC optimizes by default)."""
-    from cuda.bindings import nvrtc
-
-    def check(result: tuple):
-        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"{cu}: NVRTC failed: {nvrtc.nvrtcGetErrorString(result[0])[1].decode()}")
-        return result[1] if len(result) > 1 else None
-
-    prog = check(nvrtc.nvrtcCreateProgram(cu.read_bytes(), cu.name.encode(), 0, [], []))
-    try:
-        opts = [b"-arch=compute_75", b"-std=c++17"]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            log = bytes(check(nvrtc.nvrtcGetProgramLogSize(prog)))
-            check(nvrtc.nvrtcGetProgramLog(prog, log))
-            text = log.rstrip(b"\0").decode(errors="replace")
-            raise RuntimeError(f"{cu}: does not compile:\n{text}")
-        ptx = bytes(check(nvrtc.nvrtcGetPTXSize(prog)))
-        check(nvrtc.nvrtcGetPTX(prog, ptx))
-        return ptx.rstrip(b"\0")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
 def build(cu: Path, *, use_nvrtc: bool = False) -> None:
     ptx = cu.with_suffix(".ptx")
     if use_nvrtc:
-        ptx.write_bytes(nvrtc_ptx(cu))
+        ptx.write_bytes(nvrtc_ptx(cu.read_text(), name=cu.name))
     else:
         subprocess.run(["nvcc", "-ptx", "-arch=compute_75", "-O3", "-o", str(ptx), str(cu)], check=True)
     cu.with_suffix(".json").write_text(descriptor_to_json(describe(cu)))

@@ -139,17 +139,14 @@ class ReadbackRing(HandleOwner):
         #: gets them all from one frame.
         self.frozen = False
         nbytes = 8 * self.slot_words * RING_FRAMES
-        flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
-        self._host = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
+        self._host = 0
         self._releases = Releases()
-        # cuMemFreeHost waits for the device, so the publish kernel of a graph still in flight
-        # finishes writing the ring before it is freed (also when the finalizer frees it).
-        self._releases.push(d.cuMemFreeHost, self._host, what="cuMemFreeHost")
         what = f"ReadbackRing ({count} counters, {stamps} stamps)"
         self._arm(what, releases=self._releases, context=ContextRef.current())
         try:
-            ctypes.memset(self._host, 0, nbytes)
-            self.ring_device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
+            # Its free waits for the device, so the publish kernel of a graph still in flight
+            # finishes writing the ring before it is freed (also when the finalizer frees it).
+            self._host, self.ring_device_ptr = self._releases.mapped_host(nbytes)
             ring = (ctypes.c_uint64 * (self.slot_words * RING_FRAMES)).from_address(self._host)
             self._ring = np.ctypeslib.as_array(ring).reshape(RING_FRAMES, self.slot_words)
             self._seq = ring  # scalar reads

@@ -30,7 +30,6 @@ from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..blocks.block import Block
 from ..blocks.library.transfer import DOWNLOAD_SLOTS, UPLOAD_SLOTS
 from ..errors import BindingError, CudapatchError
-from ..kernels._driver import check, driver
 from ..kernels.types import DType
 from .readback import newest_published
 
@@ -75,7 +74,6 @@ class _PinnedRing(HandleOwner):
     engine, whose kernels run in another process: pages both processes map, ``isolated/ipc.py``)."""
 
     def __init__(self, dtype: DType, count: int, slots: int, words: int, what: str, engine: Any = None) -> None:
-        d = driver()
         self.dtype, self.count, self.slots = dtype, count, slots
         self.slot_bytes = count * dtype.itemsize
         data_bytes = -(-(slots * self.slot_bytes) // 8) * 8
@@ -83,19 +81,15 @@ class _PinnedRing(HandleOwner):
         # An isolated engine's kernels run in another process: it gives memory both processes map.
         share = getattr(engine, "share_host_memory", None)
         self._releases = Releases()
-        if share is not None:
-            pages = share(nbytes)
-            self._host = pages.host_ptr
-            self._releases.push(pages.release, what="SharedPages.release")
-        else:
-            flags = 0x2 | 0x1  # CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
-            self._host = int(check(d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc"))
-            # cuMemFreeHost waits for the device: a frame still copying finishes before the ring goes.
-            self._releases.push(d.cuMemFreeHost, self._host, what="cuMemFreeHost")
         self._arm(what, releases=self._releases, context=ContextRef.current())
         try:
-            ctypes.memset(self._host, 0, nbytes)
-            dev = int(check(d.cuMemHostGetDevicePointer(self._host, 0), "cuMemHostGetDevicePointer"))
+            if share is not None:
+                pages = share(nbytes)  # new pages (a fresh memfd: zeroed), registered for the device
+                self._releases.push(pages.release, what="SharedPages.release")
+                self._host, dev = pages.host_ptr, pages.device_ptr
+            else:
+                # Its free waits for the device: a frame still copying finishes before the ring goes.
+                self._host, dev = self._releases.mapped_host(nbytes)
         except BaseException:
             self.close()
             raise

@@ -322,7 +322,7 @@ class ImportedRing(HandleOwner):
         self.nbytes = nbytes
         self.dropped = 0
         self._graph_fed = False  # set by attach(): completion is the writer's done count, not events
-        self._ctl_host = self._state = 0
+        self._ctl_host = self._ctl_dev = self._state = 0
         self._arm(
             f"ImportedRing {label} ({slots} x {nbytes} bytes)",
             releases=self._releases,
@@ -344,11 +344,8 @@ class ImportedRing(HandleOwner):
             raise InteropError("attach: a graph feeds rings of at most 3 buffers not written with write()")
         d = driver()
         if not self._graph_fed:
-            nbytes = 8 * (REQUESTS + 1)
-            self._ctl_host = int(check(d.cuMemHostAlloc(nbytes, 0x3), "cuMemHostAlloc"))  # DEVICEMAP | PORTABLE
             # Both frees wait for the device, so no launch still writes the ring when they return.
-            self._releases.push(d.cuMemFreeHost, self._ctl_host, what="cuMemFreeHost")
-            ctypes.memset(self._ctl_host, 0, nbytes)
+            self._ctl_host, self._ctl_dev = self._releases.mapped_host(8 * (REQUESTS + 1))
             self._requests = (ctypes.c_uint64 * REQUESTS).from_address(self._ctl_host)
             self._done = ctypes.c_uint64.from_address(self._ctl_host + 8 * REQUESTS)
             self._state = int(check(d.cuMemAlloc(16), "cuMemAlloc"))
@@ -356,7 +353,7 @@ class ImportedRing(HandleOwner):
             check(d.cuMemsetD32(self._state, 0, 4), "cuMemsetD32")
             self._issued = 0
             self._graph_fed = True
-        ctl = int(check(d.cuMemHostGetDevicePointer(self._ctl_host, 0), "cuMemHostGetDevicePointer"))
+        ctl = self._ctl_dev
         ptrs = [b.ptr for b in self.buffers] + [0] * (3 - len(self.buffers))
         values = {"Capacity": self.nbytes, "Dst0": ptrs[0], "Dst1": ptrs[1], "Dst2": ptrs[2]}
         values.update(State=self._state, Requests=ctl, HostDone=ctl + 8 * REQUESTS)
@@ -496,14 +493,14 @@ class ImportedRing(HandleOwner):
             self._queries = []
         # Errors are not raised (as ImportedBuffer's): after a GPU fault every call fails.
         self._releases.release_quietly()
-        self._ctl_host = self._state = 0
+        self._ctl_host = self._ctl_dev = self._state = 0
         for b in self.buffers:
             b.close()
 
     def _forget(self) -> None:
         self._queries = []
         self._releases.forget()
-        self._ctl_host = self._state = 0
+        self._ctl_host = self._ctl_dev = self._state = 0
         for b in self.buffers:
             b.abandon()
 

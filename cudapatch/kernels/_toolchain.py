@@ -1,4 +1,5 @@
-"""Compilers behind the kernel sources: NVRTC (CUDA C++ → cubin) and nvJitLink (PTX → cubin).
+"""Compilers behind the kernel sources: NVRTC (CUDA C++ → cubin, or PTX for the bundled kernels) and
+nvJitLink (PTX → cubin).
 
 Both come from CPU-installable wheels (``cuda-bindings[all]``), so kernels compile on machines
 without a GPU. Failures raise ``KernelCompileError`` carrying the full log and, where the log
@@ -14,7 +15,7 @@ from typing import Any
 from ..errors import KernelCompileError
 from ._wheel_libs import load_compiler_libs
 
-__all__ = ["nvrtc_compile", "link_ptx", "toolchain_version", "first_error_location"]
+__all__ = ["nvrtc_compile", "nvrtc_ptx", "link_ptx", "toolchain_version", "first_error_location"]
 
 _LOG_LOCATION = re.compile(r"^(?P<file>[^\n(]+?)\((?P<line>\d+)\): (?:catastrophic )?error", re.MULTILINE)
 
@@ -105,26 +106,7 @@ def nvrtc_compile(
     prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         _check_nvrtc(nvrtc.nvrtcAddNameExpression(prog, entry.encode()), "nvrtcAddNameExpression", kernel=entry)
-        includes = [f"-I{d}" for d in cuda_include_dirs()]
-        opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in (*options, *includes))]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        # bytes(size), never b" " * size: for an empty log (size 1) that is CPython's cached one-byte b" ",
-        # and NVRTC's NUL written into it turned every later b" " of the process into b"\0" (seen on 3.12).
-        buf = bytes(size)
-        _check_nvrtc(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-        log = buf.rstrip(b"\0 ").decode(errors="replace")
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            file, line = first_error_location(log)
-            first = next((ln for ln in log.splitlines() if "error" in ln), log.strip().splitlines()[0] if log else "")
-            summary = re.split(r"\berror\s*:\s*", first, maxsplit=1)[-1].strip() or "see the log"
-            raise KernelCompileError(
-                f"CUDA C++ does not compile: {summary}",
-                log=log,
-                file=file or name,
-                line=line,
-                kernel=entry,
-            )
+        log = _compile(prog, name=name, arch=arch, options=options, kernel=entry)
         lowered = _check_nvrtc(nvrtc.nvrtcGetLoweredName(prog, entry.encode()), "nvrtcGetLoweredName")
         size = _check_nvrtc(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytes(size)
@@ -132,6 +114,53 @@ def nvrtc_compile(
         return cubin, lowered.decode() if isinstance(lowered, bytes) else str(lowered), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def nvrtc_ptx(text: str, *, name: str, arch: str = "compute_75") -> bytes:
+    """Compile CUDA C++ to PTX for the virtual architecture ``arch`` (every ``extern "C"`` kernel of
+    ``text``; NVRTC optimizes as ``nvcc -O3`` does). ``tools/build_kernels.py`` makes the bundled
+    kernels' PTX with it.
+
+    Raises:
+        KernelCompileError: the program does not compile (``.log``, ``.file``/``.line`` as for
+            ``nvrtc_compile``).
+    """
+    nvrtc = _nvrtc()
+    prog = _check_nvrtc(nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        _compile(prog, name=name, arch=arch, options=(), kernel=None)
+        size = _check_nvrtc(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = bytes(size)
+        _check_nvrtc(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        return ptx.rstrip(b"\0")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _compile(prog: Any, *, name: str, arch: str, options: tuple[str, ...], kernel: str | None) -> str:
+    """Compile the NVRTC program ``prog``; its log (raises ``KernelCompileError`` with it on failure)."""
+    nvrtc = _nvrtc()
+    includes = [f"-I{d}" for d in cuda_include_dirs()]
+    opts = [f"-arch={arch}".encode(), b"-std=c++17", *(o.encode() for o in (*options, *includes))]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    size = _check_nvrtc(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+    # bytes(size), never b" " * size: for an empty log (size 1) that is CPython's cached one-byte b" ",
+    # and NVRTC's NUL written into it turned every later b" " of the process into b"\0" (seen on 3.12).
+    buf = bytes(size)
+    _check_nvrtc(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+    log = buf.rstrip(b"\0 ").decode(errors="replace")
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        file, line = first_error_location(log)
+        first = next((ln for ln in log.splitlines() if "error" in ln), log.strip().splitlines()[0] if log else "")
+        summary = re.split(r"\berror\s*:\s*", first, maxsplit=1)[-1].strip() or "see the log"
+        raise KernelCompileError(
+            f"CUDA C++ does not compile: {summary}",
+            log=log,
+            file=file or name,
+            line=line,
+            kernel=kernel,
+        )
+    return log
 
 
 def link_ptx(ptx: bytes, *, name: str, arch: str, kernel: str | None = None) -> bytes:

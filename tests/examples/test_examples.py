@@ -4,7 +4,8 @@ A new user pastes code into a file and runs it, with no ``if __name__ == "__main
 each example also runs with its guard removed, and each README ```python snippet runs as written
 from a file of its own. That is how the compiler process was found re-running scripts (it used to
 be started with multiprocessing's spawn, which re-imports the main module in the child). The
-snippets are read from README.md when the tests are collected, so they test the README as it is.
+snippets are read from README.md when the tests are collected (by tests/unit/test_docs_snippets.py,
+which checks them on the CPU), so they test the README as it is.
 """
 
 from __future__ import annotations
@@ -20,18 +21,12 @@ import pytest
 from cudapatch.kernels._driver import driver_needed
 
 from ..conftest import gpu_unavailable_reason
+from ..unit.test_docs_snippets import PYTHON
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9][0-9]_*.py"))
 FRAMES = "40"
 _GUARD = re.compile(r'^if __name__ == ["\']__main__["\']:[ \t]*$', re.MULTILINE)
-_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-
-
-def readme_snippets() -> list[tuple[int, str]]:
-    """The ```python blocks of README.md with the line each starts on."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return [(text.count("\n", 0, m.start()) + 2, m.group(1)) for m in _FENCE.finditer(text)]
 
 
 def without_main_guard(code: str) -> str:
@@ -39,7 +34,7 @@ def without_main_guard(code: str) -> str:
     return _GUARD.sub("if True:  # the main guard, removed: the script must work without one", code)
 
 
-SNIPPETS = readme_snippets()
+SNIPPETS = [(where, code) for where, code in PYTHON if where.startswith("README.md")]  # (page:line, code)
 
 
 def _run(script: Path, args: list[str], *, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -81,7 +76,7 @@ def test_example_runs_without_a_main_guard(path: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("code", [c for _, c in SNIPPETS], ids=[f"README.md:{line}" for line, _ in SNIPPETS])
+@pytest.mark.parametrize("code", [c for _, c in SNIPPETS], ids=[where for where, _ in SNIPPETS])
 def test_readme_snippet_runs_from_a_file(code: str, tmp_path: Path) -> None:
     script = tmp_path / "snippet.py"  # as pasted: no main guard, nothing added
     script.write_text(code, encoding="utf-8")
@@ -121,8 +116,8 @@ def test_examples_have_a_header_and_headless_flags() -> None:
 
 def test_snippets_are_found_and_unguarded_examples_are_still_python() -> None:
     assert SNIPPETS, "README.md has no ```python snippet"
-    for line, code in SNIPPETS:
-        compile(code, f"README.md:{line}", "exec")
+    for where, code in SNIPPETS:
+        compile(code, where, "exec")
     for path in EXAMPLES:
         code = path.read_text(encoding="utf-8")
         unguarded = without_main_guard(code)

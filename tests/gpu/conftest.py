@@ -8,10 +8,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cudapatch import Block, BlockBuilder, Engine
+from cudapatch import Block, BlockBuilder, CustomKernel, Engine, While
 from cudapatch.kernels import PtxFileSource
+from cudapatch.kernels._driver import check, driver
 
 KERNELS = Path(__file__).parent / "kernels"
+
+
+# CUDA C kernels the region tests build their loops from.
+ADD = """extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n)
+{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += step; }"""
+HALVE = """extern "C" __global__ void halve(/*inout*/ float* x, unsigned int n)
+{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 0.5f; }"""
+ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
+{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+
+
+def halving_while(
+    engine: Engine, start: Block, *, unroll: int = 1, region: Block | None = None
+) -> tuple[While, CustomKernel, CustomKernel]:
+    """``While Halving { Halve: x *= 0.5; Check: more = x[0] > 1 }`` on ``start``'s ``Out`` (in
+    ``region``, if given): ``(the While, Halve, Check)``. From 1024, ten halvings reach 1.0."""
+    solve = engine.add(While(name="Halving", Max=100, Unroll=unroll), region=region)
+    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=solve)
+    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=solve)
+    engine.connect(start, "Out", halve, "x")
+    engine.connect(halve, "x", check, "in")
+    engine.connect(check, "more", solve, "Condition")
+    return solve, halve, check
 
 
 class Spin(Block):
@@ -70,6 +94,44 @@ def run_until(engine: Engine, predicate, timeout: float = 30.0, sleep: float = 0
         frames += 1
         time.sleep(sleep)
     return frames
+
+
+def stream_idle(engine: Engine) -> bool:
+    """Whether every piece of work queued on the engine's stream is done (``cuStreamQuery``)."""
+    d = driver()
+    (err,) = d.cuStreamQuery(engine.device.stream)
+    if err == d.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((err,), "cuStreamQuery")
+    return True
+
+
+class StreamMark:
+    """An event recorded on the engine's stream behind the work queued so far: ``pending()`` says
+    whether that work still runs. Whether a call waited for the GPU is then a fact the driver states
+    (the event reached or not), not a host time compared with a bound."""
+
+    def __init__(self, engine: Engine) -> None:
+        d = driver()
+        self._event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
+        check(d.cuEventRecord(self._event, engine.device.stream), "cuEventRecord")
+
+    def pending(self) -> bool:
+        d = driver()
+        (err,) = d.cuEventQuery(self._event)
+        if err == d.CUresult.CUDA_ERROR_NOT_READY:
+            return True
+        check((err,), "cuEventQuery")
+        return False
+
+    def close(self) -> None:
+        check(driver().cuEventDestroy(self._event), "cuEventDestroy")
+
+    def __enter__(self) -> StreamMark:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @pytest.fixture

@@ -8,16 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cudapatch import CustomKernel, Engine, Fill, For, If, Scale, While
+from cudapatch import CustomKernel, Engine, Fill, For, If, Scale
+
+from .conftest import ABOVE, ADD, halving_while
 
 pytestmark = pytest.mark.gpu
 
-ADD = """extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n)
-{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += step; }"""
-HALVE = """extern "C" __global__ void halve(/*inout*/ float* x, unsigned int n)
-{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 0.5f; }"""
-ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
-{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
 # One thread reads the GPU's nanosecond timer in a loop and writes down by how much it moved each time
 # it changed: the timer's update period, the resolution of every time the body timers measure.
 TICKS = """extern "C" __global__ void ticks(unsigned int* out, unsigned int n)
@@ -103,12 +99,7 @@ def test_nested_regions_time_each_block_and_the_inner_region_per_run(engine: Eng
 
 def test_a_whiles_timer_count_is_its_iteration_count(engine: Engine) -> None:
     start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
-    solve = engine.add(While(name="Halving", Max=100))
-    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=solve)
-    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=solve)
-    engine.connect(start, "Out", halve, "x")
-    engine.connect(halve, "x", check, "in")
-    engine.connect(check, "more", solve, "Condition")
+    solve, halve, check = halving_while(engine, start)
     engine.set_profiling("PerKernel")  # finer than PerBlock: bodies are still timed per block
     _frames(engine)
     rows = _rows(engine)

@@ -13,10 +13,9 @@ import pytest
 from cudapatch import CustomKernel, Engine, Expression, For, FrameDelay, Scale, VectorAdd, While
 from cudapatch.engine.compiler.fusion import FUSED_KERNEL
 
-pytestmark = pytest.mark.gpu  # the conftest's ``engine`` fuses: fusion is the default
+from .conftest import ABOVE
 
-ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
-{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
+pytestmark = pytest.mark.gpu  # the conftest's ``engine`` fuses: fusion is the default
 
 
 def _fused_nodes(e: Engine, sink) -> list:

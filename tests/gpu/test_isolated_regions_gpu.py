@@ -17,14 +17,12 @@ import pytest
 
 from cudapatch import Composite, CustomKernel, Engine, Fill, For, FrameDelay, If, KernelFile, Scale, While
 
+from .conftest import ABOVE, ADD
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = Path(__file__).with_name("isolated_fault_scenario.py")
-ADD = """extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n)
-{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += step; }"""
-ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
-{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
 A, B = 0.5, 0.25  # x * 0.5 is exact, so x*a+b rounds once with or without FMA: NumPy matches bit for bit
 
 

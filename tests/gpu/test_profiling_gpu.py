@@ -3,14 +3,12 @@ Deep levels, and a frame path that never waits except at DeepSync."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from cudapatch import AppendFilter, CudapatchError, Engine, Fill, ProfilingLevel, Scale
 
-from .conftest import Spin
+from .conftest import Spin, StreamMark, stream_idle
 
 pytestmark = pytest.mark.gpu
 
@@ -109,13 +107,13 @@ def test_only_deep_sync_waits_for_the_gpu(engine: Engine, level: str) -> None:
     engine.set_profiling(level)
     engine.update()
     engine.synchronize()
-    spin.set("Cycles", int(2e7))  # >= 10 ms at any H100 clock
+    spin.set("Cycles", int(1e8))  # >= 50 ms at any H100 clock
     engine.update()
-    t0 = time.perf_counter()
-    engine.update()  # queued behind the long kernel
-    host = time.perf_counter() - t0
-    engine.synchronize()
+    with StreamMark(engine) as frame_before:  # reached once the long kernel's frame is done
+        engine.update()  # queued behind the long kernel, runs it again
+        before_running, idle = frame_before.pending(), stream_idle(engine)
+        engine.synchronize()
     if level == "DeepSync":
-        assert host > 0.005, f"DeepSync returned after {host * 1e3:.2f} ms: it must wait for the frame"
+        assert idle, "DeepSync returned while its frame ran: it must wait for the frame"
     else:
-        assert host < 0.001, f"update() at {level} took {host * 1e3:.2f} ms"
+        assert before_running, f"update() at {level} returned only after the frame before finished: it waited"

@@ -12,18 +12,14 @@ import pytest
 
 from cudapatch import CustomKernel, Engine, Fill, For, GpuBuffer, If, KernelFile, Scale, While
 
+from .conftest import ABOVE, ADD, halving_while
+
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ADD = """extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n)
-{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += step; }"""
 ADD_TWICE = """extern "C" __global__ void add(/*inout*/ float* x, float step, unsigned int n)
 { unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 2.0f * step; }"""
-HALVE = """extern "C" __global__ void halve(/*inout*/ float* x, unsigned int n)
-{ unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 0.5f; }"""
-ABOVE = """extern "C" __global__ void above(const float* in, int* more, float level, unsigned int n)
-{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
 
 
 def _for_patch(engine: Engine, count: int, n: int = 1000) -> tuple[Fill, For, CustomKernel]:
@@ -93,12 +89,7 @@ def test_a_warm_rebind_reaches_a_kernel_inside_a_body(engine: Engine, rng: np.ra
 
 def test_a_while_stops_when_its_condition_turns_false_and_warns_at_max(engine: Engine) -> None:
     start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
-    solve = engine.add(While(name="Halving", Max=100))
-    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=solve)
-    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=solve)
-    engine.connect(start, "Out", halve, "x")
-    engine.connect(halve, "x", check, "in")
-    engine.connect(check, "more", solve, "Condition")
+    solve, halve, check = halving_while(engine, start)
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))  # 1024 / 2**10
     assert engine.iterations(solve) == 10
     rebuilds = engine.counters.rebuilds
@@ -238,12 +229,7 @@ def test_an_unrolled_for_runs_exactly_count_iterations(engine: Engine, unroll: i
 
 def test_an_unrolled_while_checks_once_per_pass_counts_what_ran_and_never_passes_max(engine: Engine) -> None:
     start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
-    solve = engine.add(While(name="Halving", Max=100, Unroll=4))
-    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=solve)
-    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=solve)
-    engine.connect(start, "Out", halve, "x")
-    engine.connect(halve, "x", check, "in")
-    engine.connect(check, "more", solve, "Condition")
+    solve, halve, check = halving_while(engine, start, unroll=4)
     # 10 halvings reach 1.0; the condition is read after each pass of 4: 12 run (1024 / 2**12)
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 0.25, np.float32))
     assert engine.iterations(solve) == 12
@@ -284,12 +270,7 @@ def test_an_unrolled_while_nested_in_an_unrolled_for_restarts_on_every_entry(eng
     10 halvings reach 1.0, read after each pass of 8, so 16 run (1024 / 2**16)."""
     outer = engine.add(For(name="Outer", Count=3, Unroll=2))
     reset = engine.add(Fill(name="Reset", Count=256, Value=1024.0), region=outer)
-    inner = engine.add(While(name="Halving", Max=100, Unroll=8), region=outer)
-    halve = engine.add(CustomKernel(name="Halve", Code=HALVE), region=inner)
-    check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0), region=inner)
-    engine.connect(reset, "Out", halve, "x")
-    engine.connect(halve, "x", check, "in")
-    engine.connect(check, "more", inner, "Condition")
+    inner, halve, check = halving_while(engine, reset, unroll=8, region=outer)
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 1.0 / 64.0, np.float32))
     assert (engine.iterations(outer), engine.iterations(inner)) == (3, 16)
     inner.set("Max", 12)  # Hot in all three copies: a pass of 8, then the tail stops exactly at 1.0

@@ -25,6 +25,7 @@ from cudapatch.engine.stats import FrameReading, collect_stats, show_on_blocks
 from cudapatch.interop.overlay import gpu_cell
 
 from .plan_interp import PlanInterpreter
+from .test_regions_plan import _body
 
 CHECK = """extern "C" __global__ void check(const float* x, int* more, float limit, unsigned int n)
 { if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = x[0] < limit; }"""
@@ -94,13 +95,7 @@ def _assert_consistent(plan) -> None:
         if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
             assert isinstance(plan.nodes[n.args[0].ref], ConditionalNodePlan)
     for cond in (n for n in plan.nodes if isinstance(n, ConditionalNodePlan)):
-        inside = set()
-        for i in plan.scopes:
-            p = i
-            while p in plan.scopes:
-                p = plan.scopes[p]
-                if p == cond.index:
-                    inside.add(i)
+        inside = _body(plan, cond.index)
         assert sorted(inside) == list(range(cond.index + 1, cond.index + 1 + len(inside)))
     for (bid, _), slots in plan.scalar_slots.items():
         for ni, _ in slots:

@@ -17,7 +17,6 @@ import tomllib
 
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_composite, parse_patch
 
-from ..examples.test_examples import readme_snippets
 from .plan_engine import PlanOnlyEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +61,6 @@ def test_every_fenced_snippet_is_in_a_checked_language():
         assert not unknown, (
             f"{page.relative_to(ROOT)}: snippets in {unknown} (check them here, or use one of {LANGUAGES})"
         )
-
-
-def test_the_gpu_tests_run_every_readme_python_snippet():
-    """tests/examples runs the README's Python snippets from files on the GPU; it finds them all."""
-    assert [text for _, text in readme_snippets()] == [text for where, text in PYTHON if where.startswith("README")]
 
 
 @pytest.mark.parametrize(("where", "text"), TOML, ids=[w for w, _ in TOML])

@@ -51,11 +51,13 @@ class _Clock:
         return self.t
 
 
-def _open(tmp_path, text=PATCH, adapter_cls=HostAdapter):
+def _open(tmp_path, text=PATCH, adapter_cls=HostAdapter, engine=None):
+    """``text`` saved and applied (to ``engine``, by default one that only plans), reloaded from its file,
+    and the editor's model of it: ``(path, adapter, reloader, model)``."""
     path = tmp_path / "patch.toml"
     path.write_text(text)
     patch = load_patch(path, REG)
-    adapter = adapter_cls(PlanOnlyEngine(), REG)
+    adapter = adapter_cls(engine or PlanOnlyEngine(), REG)
     apply_patch(adapter, patch)
     reloader = PatchReloader(
         path, patch, load=lambda p: load_patch(p, REG), apply=lambda n, o: apply_patch(adapter, n, o), clock=_Clock()

@@ -13,11 +13,10 @@ import pytest
 
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch
 from cudapatch.host_plugin.editor_model import EditorModel, GroupView, auto_layout, group_rects
-from cudapatch.host_plugin.hosts.live_reload import PatchReloader
 from cudapatch.host_plugin.patch_writer import PatchDocument
 
 from .plan_engine import PlanOnlyEngine
-from .test_editor_model import _Clock
+from .test_editor_model import _open as _open_editor
 
 REG = PluginHost().registry
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,16 +55,7 @@ type = "core.If"
 
 
 def _open(tmp_path, text=PATCH, engine=None):
-    path = tmp_path / "patch.toml"
-    path.write_text(text)
-    patch = load_patch(path, REG)
-    adapter = HostAdapter(engine or PlanOnlyEngine(), REG)
-    apply_patch(adapter, patch)
-    reloader = PatchReloader(
-        path, patch, load=lambda p: load_patch(p, REG), apply=lambda n, o: apply_patch(adapter, n, o), clock=_Clock()
-    )
-    model = EditorModel(adapter, patch, path=path, adopt=reloader.adopt, current=lambda: reloader.patch)
-    return path, adapter, reloader, model
+    return _open_editor(tmp_path, text, engine=engine)
 
 
 def _state(adapter: HostAdapter) -> tuple:

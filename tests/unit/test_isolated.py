@@ -268,8 +268,9 @@ class FakeHostSide:
         self.calls.append(("close",))
 
 
-@pytest.fixture
-def iso():
+def fake_isolated():
+    """An isolated Engine over fakes: ``.children`` (each a ``FakeChild``) and ``.gpu`` (the ``FakeHostSide``).
+    The ``iso`` fixture here and in test_isolated_regions.py."""
     children: list[FakeChild] = []
     gpu = FakeHostSide()
 
@@ -281,6 +282,9 @@ def iso():
     e.children, e.gpu = children, gpu
     yield e
     e.close()
+
+
+iso = pytest.fixture(fake_isolated, name="iso")
 
 
 def _patch(e):

@@ -20,7 +20,7 @@ from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from cudapatch.errors import CudapatchError
 from cudapatch.host_plugin.plan_view import format_plan
-from cudapatch.isolated import IsolatedEngine, RestartPolicy
+from cudapatch.isolated import IsolatedEngine
 from cudapatch.isolated.host import NotInIsolatedEngine
 from cudapatch.isolated.mirror import (
     AddBlock,
@@ -37,7 +37,7 @@ from cudapatch.isolated.mirror import (
 from cudapatch.isolated.protocol import OutputHandle
 
 from .plan_engine import PlanOnlyEngine
-from .test_isolated import FakeChild, FakeHostSide, _export
+from .test_isolated import FakeChild, FakeHostSide, _export, fake_isolated
 
 ROOT = Path(__file__).resolve().parents[2]
 JACOBI = ROOT / "examples" / "jacobi"
@@ -80,32 +80,13 @@ def _steps(e):
     return loop, step
 
 
-class _HostOverContext:
-    """``add(region=)``/``connect`` on a bare Context: a host's side of the mirror."""
-
-    def __init__(self) -> None:
-        self.context = Context()
-
-    def add(self, block, *, region=None):
-        self.context.register_block(block)
-        if region is not None:
-            self.context.place(block, region)
-        return block
-
-    def place(self, block, region):
-        self.context.place(block, region)
-
-    def connect(self, *a):
-        self.context.connect(*a)
-
-
 def _mirrored(build):
     """The patch ``build`` makes, compiled in process (a ``PlanOnlyEngine``) and through the mirror (edits
     pickled, applied to a ``PlanOnlyEngine`` standing for the child's engine): both plans as text."""
     direct = PlanOnlyEngine()
     build(direct)
     direct.update()
-    host = _HostOverContext()
+    host = PlanOnlyEngine()  # the host's side of the mirror: only its Context is read (never planned)
     build(host)
     mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
     edits = mirror.diff(patch_view(host.context))
@@ -254,19 +235,7 @@ def test_an_inner_blocks_diagnostic_is_on_the_composite_in_the_child_as_in_proce
 
 
 # -- the host side against fakes ------------------------------------------------------------------------
-@pytest.fixture
-def iso():
-    children: list[FakeChild] = []
-    gpu = FakeHostSide()
-
-    def launch(cfg):
-        children.append(FakeChild(cfg))
-        return children[-1]
-
-    e = Engine(isolated=True, host_side=gpu, launch=launch, policy=RestartPolicy(max_restarts=3))
-    e.children, e.gpu = children, gpu
-    yield e
-    e.close()
+iso = pytest.fixture(fake_isolated, name="iso")
 
 
 def _answer(child: FakeChild, value, *before) -> None:

@@ -1,5 +1,6 @@
 """Bad input never escapes a loader as a plain Python exception, never hangs, and names its file:
-one test per input a fuzzer found escaping (or accepted though invalid)."""
+one test per input a fuzzer found escaping (or accepted though invalid). The sizes that once took
+quadratic time stay in the inputs; the fuzz tests bound each case's time (test_fuzz_loaders.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -48,18 +48,13 @@ SIDECAR = {
 }
 
 
-def _fast(fn, *, seconds: float = 0.5):
-    """Run ``fn``; its exception (if any), checked to take less than ``seconds``."""
-    t0 = time.perf_counter()
+def _raised(fn):
+    """Run ``fn``; its exception, if any (which type it is, and what it says, is the point)."""
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - the point is which type it is
-        err = exc
-    else:
-        err = None
-    took = time.perf_counter() - t0
-    assert took < seconds, f"took {took:.2f} s"
-    return err
+        return exc
+    return None
 
 
 # -- invalid UTF-8 -------------------------------------------------------------------------------------
@@ -90,39 +85,39 @@ def test_non_utf8_sidecar_ptx_and_cu_name_their_file(tmp_path: Path) -> None:
 # -- nesting 2,000 deep -------------------------------------------------------------------------------
 def test_deep_nesting_in_a_patch_or_sidecar_states_the_limit() -> None:
     deep = "[" * 2000 + "]" * 2000
-    err = _fast(lambda: parse_patch(f"a = {deep}\n", path="p.toml"))
+    err = _raised(lambda: parse_patch(f"a = {deep}\n", path="p.toml"))
     assert isinstance(err, PatchFileError) and "limit is 32" in err.message and err.file == "p.toml"
-    err = _fast(lambda: parse_sidecar(deep, file="k.json"))
+    err = _raised(lambda: parse_sidecar(deep, file="k.json"))
     assert isinstance(err, SidecarError) and "limit is 32" in err.message and err.file == "k.json"
     # nested less than the parsers' own limit, more than ours
-    err = _fast(lambda: parse_patch('[operators.a]\ntype = "core.Fill"\nValue = ' + "[" * 40 + "]" * 40))
+    err = _raised(lambda: parse_patch('[operators.a]\ntype = "core.Fill"\nValue = ' + "[" * 40 + "]" * 40))
     assert isinstance(err, PatchFileError) and "more than 32 deep" in err.message and err.line == 3
 
 
 # -- integers over 4,300 digits ------------------------------------------------------------------------
 def test_huge_integers_are_errors_in_patch_sidecar_and_ptx() -> None:
     digits = "9" * 5000
-    assert isinstance(_fast(lambda: parse_patch(f"x = {digits}\n", path="p.toml")), PatchFileError)
-    err = _fast(lambda: parse_patch(f"[engine]\ndevice = 0x{'f' * 5000}\n", path="p.toml"))  # hex has no limit
+    assert isinstance(_raised(lambda: parse_patch(f"x = {digits}\n", path="p.toml")), PatchFileError)
+    err = _raised(lambda: parse_patch(f"[engine]\ndevice = 0x{'f' * 5000}\n", path="p.toml"))  # hex has no limit
     assert isinstance(err, PatchFileError) and "bits" in err.message and err.line == 2
-    err = _fast(lambda: parse_sidecar('{"entryPoint": "k", "blockSize": ' + digits + "}", file="k.json"))
+    err = _raised(lambda: parse_sidecar('{"entryPoint": "k", "blockSize": ' + digits + "}", file="k.json"))
     assert isinstance(err, SidecarError) and "4,300 digits" in err.message
-    err = _fast(lambda: parse_ptx(f".version {digits}.0\n", file="k.ptx"))
+    err = _raised(lambda: parse_ptx(f".version {digits}.0\n", file="k.ptx"))
     assert isinstance(err, PtxSignatureError) and err.file == "k.ptx" and err.line == 1
-    err = _fast(lambda: parse_ptx(f".version 8.0\n.entry k(.param .b8 p[{digits[:4000]}])\n", file="k.ptx"))
+    err = _raised(lambda: parse_ptx(f".version 8.0\n.entry k(.param .b8 p[{digits[:4000]}])\n", file="k.ptx"))
     assert isinstance(err, PtxSignatureError) and "array size" in err.message and err.kernel == "k"
 
 
 def test_a_huge_hex_string_for_an_integer_parameter() -> None:
     adapter = HostAdapter(PlanOnlyEngine(), REG)
     patch = parse_patch(f'[operators.a]\ntype = "core.Fill"\nCount = "0x{"f" * 5000}"\n', path="p.toml")
-    err = _fast(lambda: apply_patch(adapter, patch))
+    err = _raised(lambda: apply_patch(adapter, patch))
     assert isinstance(err, PatchFileError) and "64 bits" in err.message and err.line == 3 and len(str(err)) < 300
 
 
 # -- paths the OS refuses ------------------------------------------------------------------------------
 def test_a_nul_byte_in_a_kernel_path() -> None:
-    err = _fast(lambda: parse_patch('[operators.k]\ntype = "core.KernelFile"\nPath = "k\\u0000.cu"\n', path="p.toml"))
+    err = _raised(lambda: parse_patch('[operators.k]\ntype = "core.KernelFile"\nPath = "k\\u0000.cu"\n', path="p.toml"))
     assert isinstance(err, PatchFileError) and err.line == 3 and err.block == "k" and "NUL" in err.message
     with pytest.raises(KernelLoadError, match="NUL"):
         KernelFile(path="k\0.cu", name="k")
@@ -130,7 +125,7 @@ def test_a_nul_byte_in_a_kernel_path() -> None:
 
 def test_an_over_long_kernel_path(tmp_path: Path) -> None:
     long = "a" * 300 + ".cu"
-    err = _fast(lambda: parse_patch(f'[operators.k]\ntype = "core.KernelFile"\nPath = "{long}"\n', path="p.toml"))
+    err = _raised(lambda: parse_patch(f'[operators.k]\ntype = "core.KernelFile"\nPath = "{long}"\n', path="p.toml"))
     assert isinstance(err, PatchFileError) and err.line == 3 and "at most 255" in err.message
     adapter = HostAdapter(PlanOnlyEngine(), REG, search_paths=[tmp_path])
     with pytest.raises(KernelLoadError, match="at most 255") as info:
@@ -141,7 +136,7 @@ def test_an_over_long_kernel_path(tmp_path: Path) -> None:
 # -- [engine] device = [0] -----------------------------------------------------------------------------
 @pytest.mark.parametrize("setting", ["device = [0]", 'device = "0"', "device = -1", "device = true", "name = 3"])
 def test_engine_settings_of_the_wrong_type(setting: str) -> None:
-    err = _fast(lambda: parse_patch(f"[engine]\n{setting}\n", path="p.toml"))
+    err = _raised(lambda: parse_patch(f"[engine]\n{setting}\n", path="p.toml"))
     assert isinstance(err, PatchFileError) and err.line == 2
 
 
@@ -186,7 +181,7 @@ def test_a_hand_made_entry_with_deep_metadata_is_a_miss(tmp_path: Path) -> None:
     header = struct.pack("<8s32sI", b"CPCUBIN2", digest.digest(), len(meta))
     (tmp_path / f"{key}.cubin").write_bytes(header + meta + payload)
     cache = CubinCache(tmp_path)
-    assert _fast(lambda: cache.get(key)) is None and cache.get(key) is None and cache.corrupt == 1
+    assert _raised(lambda: cache.get(key)) is None and cache.get(key) is None and cache.corrupt == 1
 
 
 def test_an_entry_under_another_key_is_a_miss(tmp_path: Path) -> None:
@@ -250,32 +245,32 @@ def test_fifos_are_refused_without_blocking(tmp_path: Path) -> None:
 
 
 # -- quadratic comment stripping --------------------------------------------------------------------------
-def test_unclosed_comments_parse_in_milliseconds() -> None:
-    err = _fast(lambda: parse_ptx(".version 8.0\n" + "/*a\n" * 20000, file="k.ptx"), seconds=0.1)
+def test_unclosed_comments_are_refused_naming_the_comment() -> None:
+    err = _raised(lambda: parse_ptx(".version 8.0\n" + "/*a\n" * 20000, file="k.ptx"))
     assert isinstance(err, PtxSignatureError) and "never closed" in err.message and err.line == 2
-    err = _fast(lambda: describe_cuda_source("/* x " * 20000 + KERNEL, file="k.cu"), seconds=0.1)
+    err = _raised(lambda: describe_cuda_source("/* x " * 20000 + KERNEL, file="k.cu"))
     assert isinstance(err, KernelCompileError) and "never closed" in err.message
-    err = _fast(lambda: CustomKernel(name="ck", Code="/* x " * 20000 + KERNEL), seconds=0.1)
+    err = _raised(lambda: CustomKernel(name="ck", Code="/* x " * 20000 + KERNEL))
     assert isinstance(err, KernelCompileError)
 
 
-def test_many_closed_comments_parse_in_milliseconds() -> None:
-    assert _fast(lambda: describe_cuda_source("/* x */" * 20000 + "\n" * 20000 + KERNEL), seconds=1.0) is None
+def test_many_closed_comments_parse() -> None:
+    assert _raised(lambda: describe_cuda_source("/* x */" * 20000 + "\n" * 20000 + KERNEL)) is None
     text = ".version 8.0\n" + "/* x */ // y\n" * 20000 + ptx_entry("k", [".u32"])
-    assert _fast(lambda: parse_ptx(text), seconds=1.0) is None
+    assert _raised(lambda: parse_ptx(text)) is None
 
 
 # -- many parameters, many entries -----------------------------------------------------------------------
-def test_a_sidecar_with_20000_parameters_is_refused_quickly() -> None:
+def test_a_sidecar_with_20000_parameters_is_refused() -> None:
     params = [{"name": f"p{i}", "type": "float*"} for i in range(20000)]
     text = json.dumps({"entryPoint": "k", "parameters": params}, indent=2)
-    err = _fast(lambda: parse_sidecar(text, file="k.json"))
+    err = _raised(lambda: parse_sidecar(text, file="k.json"))
     assert isinstance(err, SidecarError) and "at most 1024" in err.message and err.line is not None
 
 
-def test_a_sidecar_of_1000_parameters_finds_lines_linearly() -> None:
+def test_a_sidecar_of_1000_parameters_finds_the_line() -> None:
     params = [{"name": f"p{i}", "type": "float*"} for i in range(1000)] + [{"name": "bad", "type": "nope"}]
-    err = _fast(lambda: parse_sidecar(json.dumps({"entryPoint": "k", "parameters": params}, indent=2)))
+    err = _raised(lambda: parse_sidecar(json.dumps({"entryPoint": "k", "parameters": params}, indent=2)))
     assert isinstance(err, SidecarError) and err.line == 4 + 1000 * 4 + 1
 
 
@@ -286,12 +281,11 @@ def test_a_ptx_of_3000_entries_is_parsed_once(tmp_path: Path, monkeypatch: pytes
     calls = []
     real = source_module.parse_ptx
     monkeypatch.setattr(source_module, "parse_ptx", lambda *a, **k: calls.append(1) or real(*a, **k))
-    t0 = time.perf_counter()
     block = KernelFile(path=tmp_path / "k.ptx", name="kf")
     source = block.description.kernels[0].source
     source.describe()
     source.load()
-    assert len(calls) == 1 and time.perf_counter() - t0 < 1.0
+    assert len(calls) == 1
 
 
 # -- settings accepted though invalid ------------------------------------------------------------------------

@@ -358,13 +358,7 @@ def test_every_level_keeps_nested_scopes_consistent(level: ProfilingLevel, unrol
         assert plan.nodes[rp.node] in conds[rid] and rp.unroll == unroll
         assert (rp.tail is None) == (unroll == 1) and (rp.tail is None or plan.nodes[rp.tail] in conds[rid])
     for cond in (n for ns in conds.values() for n in ns):
-        inside = set()  # every node of its body, nested bodies included: right after it, contiguous
-        for i in plan.scopes:
-            p = i
-            while p in plan.scopes:
-                p = plan.scopes[p]
-                if p == cond.index:
-                    inside.add(i)
+        inside = _body(plan, cond.index)  # every node of its body, nested bodies included: right after it, contiguous
         assert sorted(inside) == list(range(cond.index + 1, cond.index + 1 + len(inside)))
     body_blocks = {plan.nodes[i].block_id for i in plan.scopes if hasattr(plan.nodes[i], "block_id")}
     assert {a.id, chk.id, b.id, w.id, outer.id} >= body_blocks >= {a.id, chk.id, b.id}

@@ -78,6 +78,19 @@ def test_nvrtc_errors_carry_the_log_file_and_line() -> None:
     assert "gane" in err.log and "1 error detected" in err.log
 
 
+def test_nvrtc_ptx_builds_the_bundled_kernels_ptx() -> None:
+    # tools/build_kernels.py --nvrtc: PTX for compute_75 that nvJitLink links like the shipped file.
+    from cudapatch.kernels._toolchain import link_ptx, nvrtc_ptx
+
+    src = bundled_kernel("scale")
+    ptx = nvrtc_ptx(src.ptx_path.with_suffix(".cu").read_text(), name="scale.cu")
+    assert b".target sm_75" in ptx and b".entry scale" in ptx and not ptx.endswith(b"\0")
+    assert link_ptx(ptx, name="scale.ptx", arch="sm_90", kernel="scale").startswith(ELF)
+    with pytest.raises(KernelCompileError) as info:
+        nvrtc_ptx(GAIN.replace("in[i] * gain", "in[i] * gane"), name="gain.cu")
+    assert info.value.file == "gain.cu" and info.value.line == 7 and "gane" in info.value.log
+
+
 def test_ptx_files_compile_through_nvjitlink() -> None:
     img = bundled_kernel("scale").compile("sm_90")
     assert img.kind == "cubin" and img.image.startswith(ELF)

@@ -231,15 +231,7 @@ def _insert(draft: PlanDraft, t: _Timers) -> None:
     draft.scopes = {remap[i]: remap[p] for i, p in scopes.items()} | new_scopes
     renumber(draft, remap)
     for rid, rp in draft.regions.items():
-        draft.regions[rid] = rp._replace(
-            node=remap[rp.node],
-            tail=None if rp.tail is None else remap[rp.tail],
-            pairs=None if rp.pairs is None else remap[rp.pairs],
-            timers=tuple(t.timers.get(rid, ())),
-        )
+        draft.regions[rid] = rp._replace(timers=tuple(t.timers.get(rid, ())))
     for i, n in enumerate(out):
-        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":  # it names its conditional node
-            a = n.args[0]
-            out[i] = n._replace(args=(a._replace(ref=remap[a.ref]), *n.args[1:]))  # type: ignore[index]
-        elif isinstance(n, MemsetNodePlan) and n.buffer is None:  # the counters' memset: the timers' words too
+        if isinstance(n, MemsetNodePlan) and n.buffer is None:  # the counters' memset: the timers' words too
             out[i] = n._replace(count=len(draft.counters))

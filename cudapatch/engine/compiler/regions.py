@@ -576,17 +576,6 @@ def region_stamps(draft: PlanDraft) -> None:
     draft.timings, draft.stamp_count = timings, count
     draft.scopes = {remap[i]: remap[p] for i, p in scopes.items()}
     renumber(draft, remap)
-    for rid, rp in draft.regions.items():
-        draft.regions[rid] = rp._replace(
-            node=remap[rp.node],
-            tail=None if rp.tail is None else remap[rp.tail],
-            pairs=None if rp.pairs is None else remap[rp.pairs],
-        )
-    nodes = draft.nodes
-    for i, n in enumerate(nodes):  # each set-condition kernel's handle names its conditional node
-        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
-            a = n.args[0]
-            nodes[i] = n._replace(args=(a._replace(ref=remap[a.ref]), *n.args[1:]))
 
 
 def _top_of(scopes: dict[int, int], i: int) -> int:

@@ -26,13 +26,28 @@ def stamps(draft: PlanDraft) -> None:
 
 
 def renumber(draft: PlanDraft, remap: dict[int, int]) -> None:
-    """Renumber the nodes the Hot and Warm slots and ``block_nodes`` name (``remap``: old index -> new)."""
+    """Renumber the nodes the Hot and Warm slots, ``block_nodes``, the regions' conditional nodes and
+    the set-condition kernels' handles name (``remap``: old index -> new; ``draft.nodes`` already in
+    their new places)."""
     for slots in (draft.scalar_slots, draft.binding_slots):
         for k, v in slots.items():
             slots[k] = tuple([(remap[ni], ai) for ni, ai in v])
     block_nodes = draft.block_nodes
     for k, v in block_nodes.items():
         block_nodes[k] = tuple([remap[i] for i in v])
+    if not draft.regions:
+        return
+    for rid, rp in draft.regions.items():
+        draft.regions[rid] = rp._replace(
+            node=remap[rp.node],
+            tail=None if rp.tail is None else remap[rp.tail],
+            pairs=None if rp.pairs is None else remap[rp.pairs],
+        )
+    nodes = draft.nodes
+    for i, n in enumerate(nodes):  # each set-condition kernel's handle names its conditional node
+        if isinstance(n, KernelNodePlan) and n.args and n.args[0].kind == "handle":
+            a = n.args[0]
+            nodes[i] = n._replace(args=(a._replace(ref=remap[a.ref]), *n.args[1:]))
 
 
 def publish(draft: PlanDraft) -> None:
