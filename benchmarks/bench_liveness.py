@@ -100,6 +100,14 @@ def _graphs_made(e: Engine) -> int:
     return c.instantiations + c.exec_updates
 
 
+def _bypassed(e: Engine, block: Scale) -> bool:
+    """The running graph has ``block``'s values in buffers of their own and its nodes turned off."""
+    g = e.graph
+    if g is None or shares_with_others(g.plan, {block.id}):
+        return False
+    return bool(g.plan.block_nodes.get(block.id)) and set(g.plan.block_nodes[block.id]) <= g.bypass.disabled
+
+
 def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> list[tuple[str, float, str, float, str]]:
     """Host time of a bypass toggle: the flag set plus the ``update()`` that applies it.
 
@@ -109,7 +117,8 @@ def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> li
     n = len(e.blocks)
     made = _graphs_made(e)
     block.enabled = False
-    worst, frames, _ = until_live(e, lambda: e.graph is not None and not shares_with_others(e.graph.plan, {block.id}))
+    worst, frames, _ = until_live(e, lambda: _bypassed(e, block))
+    assert frames > 0, "the first bypass never reached the running graph"
     pin_builds = _graphs_made(e) - made
     made, updates = _graphs_made(e), e.counters.bypass_updates
     e.synchronize()
@@ -122,7 +131,7 @@ def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> li
         if i % 20 == 19:
             e.synchronize()
     e.synchronize()
-    assert e.counters.bypass_updates - updates == 2 * toggles
+    assert e.counters.bypass_updates - updates == 2 * toggles and _bypassed(e, block)  # it ends off
     toggle = statistics.median(times)
     return [
         (f"{n}: first bypass, slowest update() µs", worst, "builds", pin_builds, f"live in {frames} frames"),

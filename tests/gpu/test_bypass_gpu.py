@@ -1,5 +1,7 @@
 """Bypass on a real GPU: ``block.enabled = False`` turns the block's kernels off in the running graph
-(``cuGraphNodeSetEnabled``) and its readers read its input, from the next frame, with no new graph."""
+(``cuGraphNodeSetEnabled``) and its readers read its input, from the next frame, with no new graph;
+a block whose values share buffers (buffer reuse) or a fused kernel with others is bypassed once the
+one build that gives it its own is swapped in."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import pytest
 
 from cudapatch import DType, Engine, Fill, Scale
 from cudapatch.engine.buffers import GpuBuffer
+from cudapatch.engine.memory_plan import shares_with_others
+
+from .conftest import run_until
 
 pytestmark = pytest.mark.gpu
 
@@ -72,6 +77,39 @@ def test_bypassing_a_fused_member_builds_once_then_toggles_without_a_new_graph(
     engine.update()
     np.testing.assert_allclose(engine.read(s2, "Out"), x64 * 6, rtol=1e-6)
     assert engine.graph is graph and graph.instantiations == 1 and c.rebuilds == rebuilds + 1
+
+
+def test_a_bypass_whose_values_share_buffers_applies_once_the_build_that_pins_them_lands(
+    tmp_path, rng: np.random.Generator
+) -> None:
+    # A live engine (builds on the build thread), unfused, buffer reuse on: the chain's values take turns
+    # in a few buffers, so the block keeps running until the build that gives its values their own lands.
+    with Engine(cache_dir=tmp_path / "kernel-cache", fuse=False) as e:
+        x = _rand(rng, 4099)
+        factors = [1.0 + i / 8 for i in range(8)]
+        blocks = [e.add(Scale(name=f"s{i}", Factor=f)) for i, f in enumerate(factors)]
+        for a, b in zip(blocks, blocks[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        e.bind(blocks[0], "In", x)
+        last, s3 = blocks[-1], blocks[3]
+        run_until(e, lambda: e.graph is not None and last.id in e.graph.plan.block_order and not e.building)
+        g = e.graph
+        assert shares_with_others(g.plan, {s3.id})
+        s3.enabled = False
+        e.update()  # nothing can be turned off yet (its readers would read another block's data): the build starts
+        assert e.building and e.graph is g and not g.bypass.disabled
+        run_until(e, lambda: not e.building)
+        g2 = e.graph
+        assert g2 is not g and not shares_with_others(g2.plan, {s3.id})
+        assert set(g2.plan.block_nodes[s3.id]) <= g2.bypass.disabled  # applied before its first launch
+        x64 = x.astype(np.float64)
+        for on in (False, True, False, True):  # the Bypass tier alone from here on
+            s3.enabled = on
+            e.output(last, "Out").fill_bytes(0xFF)  # poison: the next frame must write every element
+            e.update()
+            want = np.prod([f for i, f in enumerate(factors) if on or i != 3])
+            np.testing.assert_allclose(e.read(last, "Out"), x64 * want, rtol=1e-5)
+        assert e.graph is g2 and g2.instantiations == 1 and not g2.bypass.disabled
 
 
 def test_a_bypassed_block_without_an_input_leaves_its_last_values(engine: Engine) -> None:

@@ -390,6 +390,33 @@ def test_a_bypass_is_applied_to_the_running_graph_then_to_every_graph_a_build_sw
     assert engine.graph is not g2 and engine.graph.bypasses == []  # nothing bypassed: nothing to apply
 
 
+def test_a_bypass_whose_values_share_buffers_builds_them_their_own_then_applies(unfused: Engine) -> None:
+    from cudapatch.engine.memory_plan import shares_with_others
+
+    engine = unfused  # buffer reuse on: the chain's values take turns in a few buffers
+    blocks = [engine.add(Scale(name=f"s{i}", Factor=1.0 + i / 1000)) for i in range(150)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        engine.connect(a, "Out", b, "In")
+    engine.bind(blocks[0], "In", DeviceArray(4099))
+    engine.wait_ready()
+    g, s40 = engine.graph, blocks[40]
+    assert g is not None and shares_with_others(g.plan, {s40.id})
+    s40.enabled = False
+    engine.update()  # builds here (no build thread): the graph with 40's values pinned, bypassed at once
+    g2 = engine.graph
+    assert g2 is not g and all(bp.empty for bp in g.bypasses) and not shares_with_others(g2.plan, {s40.id})
+    (bp,) = g2.bypasses
+    s39_out = g2.plan.outputs[(blocks[39].id, "Out")]
+    (reader,) = g2.plan.block_nodes[blocks[41].id]
+    assert bp.disabled == set(g2.plan.block_nodes[s40.id]) and bp.redirects == {(reader, 0): s39_out}
+    assert g2.launches == 1 and not engine.context.dirty.any
+    for on in (True, False, True):
+        s40.enabled = on
+        engine.update()
+        assert engine.graph is g2 and g2.bypasses[-1].empty is on
+    assert engine.counters.rebuilds == 2 and g2.bypasses[-2] is bp
+
+
 def test_a_toggle_reuses_the_decision_made_for_the_same_blocks_and_plan(unfused: Engine) -> None:
     from cudapatch.engine.bypass import BypassIndex, plan_bypass
 

@@ -383,3 +383,80 @@ def test_what_a_swap_replaced_is_freed_by_the_next_build_on_the_build_thread(eng
     engine.remove(more)
     _landed(engine)
     assert gone() is None and freed == ["cudapatch-build"]
+
+
+def test_a_bypass_whose_values_share_buffers_applies_to_the_graph_the_pin_build_swaps_in(
+    realizer: Realizer,
+) -> None:
+    from cudapatch.engine.memory_plan import shares_with_others
+
+    from .test_engine_orchestration import DeviceArray
+
+    e = Engine(cache_dir=False, watch_files=False, fuse=False)  # buffer reuse on: the chain's values share buffers
+    try:
+        blocks = [e.add(Scale(name=f"s{i}", Factor=1.0 + i / 1000)) for i in range(150)]
+        for a, b in zip(blocks, blocks[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        e.bind(blocks[0], "In", DeviceArray(4099))
+        _landed(e)
+        g, s40 = e.graph, blocks[40]
+        assert g is not None and shares_with_others(g.plan, {s40.id})
+        realizer.hold()
+        s40.enabled = False
+        # Only the update that decides knows a build is needed: a wait for "no build, no structure edit"
+        # must run a frame first (tests/gpu/test_incremental_plan_gpu.py's wait did not, and read too early).
+        assert not (e.building or e.context.dirty.structure) and e.context.dirty.bypass
+        e.update()  # nothing turned off yet (its readers would read another block's data): the pin build starts
+        assert realizer.started.wait(5.0) and e.building and e.graph is g and all(bp.empty for bp in g.bypasses)
+        e.update()
+        assert e.graph is g and "(bypassed)" in str(s40)
+        realizer.gate.set()
+        e._worker.wait(5.0)
+        e.update()  # the swap: the new graph gets the bypass before its first launch
+        g2 = e.graph
+        assert g2 is not g and g2.launches == 1 and not shares_with_others(g2.plan, {s40.id})
+        (bp,) = g2.bypasses
+        s39_out, s40_out = g2.plan.outputs[(blocks[39].id, "Out")], g2.plan.outputs[(s40.id, "Out")]
+        (reader,) = g2.plan.block_nodes[blocks[41].id]
+        assert bp.disabled == set(g2.plan.block_nodes[s40.id]) and bp.outputs == {(s40.id, "Out"): s39_out}
+        assert bp.redirects == {(reader, 0): s39_out} and s40_out != s39_out
+        _landed(e)
+        assert e.graph is g2 and not e.context.dirty.any
+        rebuilds, updates = e.counters.rebuilds, e.counters.bypass_updates
+        for on in (True, False, True, False):  # the Bypass tier alone from here on
+            s40.enabled = on
+            e.update()
+            assert e.graph is g2 and not e.building and g2.bypasses[-1].empty is on
+        assert g2.bypasses[-1] is bp and g2.bypasses[-2] is g2.bypasses[-4]  # each decided once for this plan
+        assert (e.counters.rebuilds, e.counters.bypass_updates) == (rebuilds, updates + 4)
+    finally:
+        realizer.gate.set()
+        e.close()
+
+
+def test_a_bypass_undone_before_its_pin_build_lands_leaves_the_block_running(realizer: Realizer) -> None:
+    from cudapatch.engine.memory_plan import shares_with_others
+
+    e = Engine(cache_dir=False, watch_files=False, fuse=False)
+    try:
+        blocks = [e.add(Fill(name="fill", Count=1024)), *(e.add(Scale(name=f"s{i}")) for i in range(7))]
+        for a, b in zip(blocks, blocks[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        _landed(e)
+        assert shares_with_others(e.graph.plan, {blocks[3].id})  # type: ignore[union-attr]
+        realizer.hold()
+        blocks[3].enabled = False
+        e.update()
+        assert realizer.started.wait(5.0) and e.building
+        blocks[3].enabled = True  # on again while the build that pins its values runs
+        e.update()
+        realizer.gate.set()
+        e._worker.wait(5.0)
+        e.update()
+        assert e.graph.bypasses == [] and not e.context.dirty.any  # type: ignore[union-attr]
+        blocks[3].enabled = False  # its values have buffers of their own now: off at once
+        e.update()
+        assert not e.building and e.graph.bypasses[-1].disabled == set(e.graph.plan.block_nodes[blocks[3].id])  # type: ignore[union-attr]
+    finally:
+        realizer.gate.set()
+        e.close()
