@@ -17,7 +17,11 @@ same patch (snapshot + ``compile_plan`` without the cache), measured in the same
 Edits: add a block at the end, unlink it, link it again, remove it; a Hot value changed in the
 middle of the chain with a block added at the end in the same build; the link in the middle of the
 chain removed and made again (the blocks after it are planned again). Fusion off, as
-``bench_liveness.py`` runs (a chain of Scale blocks fuses into groups, which are planned whole).
+``bench_liveness.py`` runs, and on (the engine's default: a chain of Scale blocks fuses into groups
+of about 500, which are planned whole, so every edit pays the fusion phase).
+
+The first table also has ``fused`` and ``unfused`` rows (level None, ``fuse`` on and off) and
+``fusion``: the fusion phase alone (``compiler.fusion``, on a draft planned up to it).
 
 Usage: ``python benchmarks/bench_compile.py [--sizes 100 1000] [--seconds 2] [--edit-sizes 1000 10000]``.
 """
@@ -38,7 +42,8 @@ from cudapatch import DType, Scale, compile_plan  # noqa: E402
 from cudapatch.engine import Context, ExternalBinding  # noqa: E402
 from cudapatch.engine.built_view import built_view  # noqa: E402
 from cudapatch.engine.bypass import BypassIndex  # noqa: E402
-from cudapatch.engine.compiler import NodeCache  # noqa: E402
+from cudapatch.engine.compiler import NodeCache, delays, fusion, order, sizes, validate  # noqa: E402
+from cudapatch.engine.compiler.draft import PlanDraft  # noqa: E402
 from cudapatch.engine.profiling import ProfilingLevel  # noqa: E402
 
 
@@ -82,12 +87,30 @@ def _ms(fn) -> tuple[float, object]:  # noqa: ANN001
     return (time.perf_counter_ns() - t) / 1e6, out
 
 
-def bench_edits(n: int, repeats: int) -> None:
+def fusion_ms(snap, seconds: float) -> tuple[float, float, int]:  # noqa: ANN001
+    """Median and best ms of the fusion phase alone, each call on a fresh draft planned up to it."""
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < 5 or time.perf_counter() < deadline:
+        draft = PlanDraft(snap)
+        validate(draft)
+        order(draft)
+        sizes(draft)
+        delays(draft)
+        gc.disable()
+        t = time.perf_counter_ns()
+        fusion(draft)
+        times.append((time.perf_counter_ns() - t) / 1e6)
+        gc.enable()
+    return statistics.median(times[1:]), min(times[1:]), len(times) - 1
+
+
+def bench_edits(n: int, repeats: int, fuse: bool = False) -> None:
     """The edits of ``bench_liveness.py`` on an ``n``-block chain: edit re-plan beside a full plan."""
     ctx = scale_chain(n)
     blocks = list(ctx.registry)
     cache = NodeCache()
-    plan = compile_plan(ctx.snapshot(), fuse=False, cache=cache)
+    plan = compile_plan(ctx.snapshot(), fuse=fuse, cache=cache)
     view = built_view(plan, ctx.snapshot().names, None)
     index = BypassIndex(plan)
     last = blocks[-1]
@@ -116,13 +139,13 @@ def bench_edits(n: int, repeats: int) -> None:
             for name, edit in edits:
                 edit()
                 t_snap, snap = _ms(ctx.snapshot)
-                t_plan, new = _ms(lambda snap=snap: compile_plan(snap, fuse=False, cache=cache))
+                t_plan, new = _ms(lambda snap=snap: compile_plan(snap, fuse=fuse, cache=cache))
                 delta = cache.delta  # as ``GraphBuilds.prepare`` does: from the last plan's index and view
                 t_index, index = _ms(lambda new=new, index=index, delta=delta: BypassIndex(new, index, delta))
                 t_view, view = _ms(
                     lambda new=new, snap=snap, view=view, delta=delta: built_view(new, snap.names, view, delta)
                 )
-                t_full = _ms(lambda: compile_plan(ctx.snapshot(), fuse=False))[0]
+                t_full = _ms(lambda: compile_plan(ctx.snapshot(), fuse=fuse))[0]
                 rows.setdefault(name, []).append((t_snap + t_plan, t_index + t_view, t_full, t_snap))
                 gc.collect()
     finally:
@@ -133,7 +156,8 @@ def bench_edits(n: int, repeats: int) -> None:
         after_ms = statistics.median(r[1] for r in rs)
         full_ms = statistics.median(r[2] for r in rs)
         print(
-            f"{n:>7} {name:>12} {plan_ms:>10.2f} {after_ms:>12.2f} {plan_ms + after_ms:>9.2f} {full_ms:>9.2f}"
+            f"{n:>7} {'on' if fuse else 'off':>4} {name:>12} {plan_ms:>10.2f} {after_ms:>12.2f}"
+            f" {plan_ms + after_ms:>9.2f} {full_ms:>9.2f}"
             f" {(plan_ms + after_ms) / full_ms:>7.3f}"
         )
 
@@ -152,15 +176,22 @@ def main() -> None:
         for level in (ProfilingLevel.NONE, ProfilingLevel.PER_KERNEL):
             med, best, calls = time_ms(lambda snap=snap, level=level: compile_plan(snap, level=level), args.seconds)
             print(f"{n:>7} {str(level):>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
+        for label, fuse in (("fused", True), ("unfused", False)):
+            med, best, calls = time_ms(lambda snap=snap, fuse=fuse: compile_plan(snap, fuse=fuse), args.seconds)
+            print(f"{n:>7} {label:>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
+        med, best, calls = fusion_ms(snap, args.seconds)
+        print(f"{n:>7} {'fusion':>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
         med, best, calls = time_ms(ctx.snapshot, args.seconds)
         print(f"{n:>7} {'snapshot':>10} {med:>10.3f} {best:>9.3f} {med * 1e3 / n:>9.2f} {calls:>6}")
     if args.edit_sizes:
         print()
         print("edit re-plan (median ms): snapshot + compile_plan with the cache; BypassIndex + built_view after it;")
         print("beside snapshot + compile_plan of the same patch without the cache (full), as a ratio")
-        print(f"{'blocks':>7} {'edit':>12} {'re-plan':>10} {'index+view':>12} {'total':>9} {'full':>9} {'ratio':>7}")
-        for n in args.edit_sizes:
-            bench_edits(n, args.repeats)
+        head = f"{'blocks':>7} {'fuse':>4} {'edit':>12} {'re-plan':>10} {'index+view':>12}"
+        print(f"{head} {'total':>9} {'full':>9} {'ratio':>7}")
+        for fuse in (False, True):
+            for n in args.edit_sizes:
+                bench_edits(n, args.repeats, fuse)
 
 
 if __name__ == "__main__":

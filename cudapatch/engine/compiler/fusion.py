@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from ...blocks.description import KernelSpec
@@ -82,6 +84,7 @@ MAX_PARAM_BYTES = 4096
 
 _new = tuple.__new__
 _F32 = DType.FLOAT32
+_SRC = attrgetter("src", "src_port")
 
 
 @dataclass(frozen=True)
@@ -124,27 +127,33 @@ def _declared(text: str, names: dict[str, NameKind]) -> Checked | None:
     return _DECLARED[key]
 
 
-#: id(description) -> (a weak reference to it, its member's fields but the block id, or None). A block
-#: keeps its description object while it does not change and a rebuild asks about every block: the
-#: checks below run once per description. An entry goes when its description does (no hashing of
-#: descriptions, which compare by value, and nothing kept alive).
-_TEMPLATES: dict[int, tuple[weakref.ref, tuple | None]] = {}
+#: id(description) -> (a weak reference to it, its member's fields but the block id, or None, and whether
+#: a port of it has ``keep``). A block keeps its description object while it does not change and a
+#: rebuild asks about every block: the checks below run once per description. An entry goes when its
+#: description does (no hashing of descriptions, which compare by value, and nothing kept alive).
+_TEMPLATES: dict[int, tuple[weakref.ref, tuple | None, bool]] = {}
 
 
 def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
     """``b`` as a fusion member, or None when it is not elementwise (see the module docstring)."""
-    d = b.description
+    fields = _template_of(b.description)[0]
+    return None if fields is None else _new(Member, (b.id, *fields))
+
+
+def _template_of(d: Any) -> tuple[tuple | None, bool]:
+    """``(fields, keeps)``: ``elementwise_member``'s answer for description ``d`` less the block id, and
+    whether one of its ports has ``keep`` (cached per description object, see ``_TEMPLATES``)."""
     key = id(d)
     entry = _TEMPLATES.get(key)
     if entry is not None and entry[0]() is d:
-        fields = entry[1]
-    else:
-        fields = _template(d)
-        try:
-            _TEMPLATES[key] = (weakref.ref(d, lambda _, key=key: _TEMPLATES.pop(key, None)), fields)
-        except TypeError:  # a description that takes no weak reference (a test's stand-in): not cached
-            pass
-    return None if fields is None else _new(Member, (b.id, *fields))
+        return entry[1], entry[2]
+    fields = _template(d)
+    keeps = fields is not None and any(p.keep for p in (*d.inputs, *d.outputs))
+    try:
+        _TEMPLATES[key] = (weakref.ref(d, lambda _, key=key: _TEMPLATES.pop(key, None)), fields, keeps)
+    except TypeError:  # a description that takes no weak reference (a test's stand-in): not cached
+        pass
+    return fields, keeps
 
 
 def _template(d: Any) -> tuple | None:
@@ -212,6 +221,8 @@ class Fusion:
 
 
 def _ident(text: str) -> str:
+    if text.isascii() and text.isidentifier():  # the common name: nothing to replace (and fast)
+        return text
     out = re.sub(r"\W", "_", text, flags=re.ASCII)
     return out if out and not out[0].isdigit() else f"b{out}"
 
@@ -225,51 +236,73 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
     faulted = draft.faulted or {}
     bypassed = draft.snap.bypassed  # its node must be one the Bypass tier can turn off alone
     sized = draft.sized
-    members: dict[int, Member] = {}
+    members: dict[int, Member] = {}  # in the order of ``sized``: topological
+    flagged: list[int] = []  # members with a ``keep`` port
     for bid, s in sized.items():
         if bid in faulted or bid in bypassed:
             continue
-        m = elementwise_member(s.block)
-        if m is not None and all(s.inputs[p].kind != "null" for p in m.inputs.values()):
-            members[bid] = m
+        fields, keeps = _template_of(s.block.description)
+        if fields is None:
+            continue
+        ins = s.inputs
+        for p in fields[1].values():
+            if ins[p].kind == "null":
+                break
+        else:
+            members[bid] = _new(Member, (bid, *fields))
+            if keeps:
+                flagged.append(bid)
     if len(members) < 2:
         return
-    readers: dict[tuple[int, str], int] = {}
-    for lk in draft.links:
-        key = (lk.src, lk.src_port)
-        readers[key] = readers.get(key, 0) + 1
-    for key, _ in draft.snap.probes:  # a probe reads the value too: it keeps its buffer
-        readers[key] = readers.get(key, 0) + 1
-    for key in _kept(draft, members):  # the host (output/read), GL or a patch file's keep reads it
-        readers[key] = readers.get(key, 0) + 1
+    readers = Counter(map(_SRC, draft.links))
+    extra = {key for key, _ in draft.snap.probes}  # a probe reads the value too: it keeps its buffer
+    extra.update(_kept(draft, members, flagged))  # the host (output/read), GL or a patch file's keep reads it
+    for key in extra:
+        readers[key] += 1
     scope = _scopes(draft)
     consumer: dict[int, int] = {}  # member → the member it fuses into
+    producers: dict[int, list[int]] = {}  # the reverse
+    incoming = draft.incoming
     for bid, m in members.items():
-        n = sized[bid].outputs[m.output].count
+        n = -1
         for port in m.inputs.values():
-            lk = draft.incoming.get((bid, port))
-            if lk is None or lk.src not in members or lk.src in consumer:
+            lk = incoming.get((bid, port))
+            if lk is None:
                 continue
-            if scope and scope.get(lk.src) != scope.get(bid):  # one node may not run both inside and outside
+            src = lk.src
+            up = members.get(src)
+            if up is None or src in consumer:
                 continue
-            up = members[lk.src]
-            if lk.src_port == up.output and readers.get((lk.src, lk.src_port)) == 1:
-                if sized[lk.src].outputs[up.output].count == n:
-                    consumer[lk.src] = bid
+            if scope and scope.get(src) != scope.get(bid):  # one node may not run both inside and outside
+                continue
+            if lk.src_port == up.output and readers[(src, lk.src_port)] == 1:
+                if n < 0:
+                    n = sized[bid].outputs[m.output].count
+                if sized[src].outputs[up.output].count == n:
+                    consumer[src] = bid
+                    ps = producers.get(bid)
+                    if ps is None:
+                        producers[bid] = [src]
+                    else:
+                        ps.append(src)
     if not consumer:
         return
-    _fit_launches([b for b in sized if b in members], members, consumer)
+    _fit_launches(members, consumer, producers)
     _keep_reads_before_writes(draft, members, consumer)
     sink_of: dict[int, int] = {}
-    for bid in reversed(sized):  # reverse topological order: a member's consumer has its sink already
-        if bid in members:
-            c = consumer.get(bid)
-            sink_of[bid] = bid if c is None else sink_of[c]
+    for bid in reversed(members):  # reverse topological order: a member's consumer has its sink already
+        c = consumer.get(bid)
+        sink_of[bid] = bid if c is None else sink_of[c]
     groups: dict[int, list[int]] = {}
-    for bid in sized:  # topological order: each group's members in evaluation order
-        if bid in members:
-            groups.setdefault(sink_of[bid], []).append(bid)
+    for bid in members:  # topological order: each group's members in evaluation order
+        sink = sink_of[bid]
+        ids = groups.get(sink)
+        if ids is None:
+            groups[sink] = [bid]
+        else:
+            ids.append(bid)
     result = Fusion()
+    values, ports, member_of = draft.values, draft.ports, result.member_of
     for sink, ids in groups.items():
         if len(ids) < 2:
             continue
@@ -281,15 +314,14 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
         if _param_bytes(len(group.inputs), len(group.scalars)) > MAX_PARAM_BYTES:
             continue
         result.groups[sink] = group
-        for b in ids:
-            result.member_of[b] = sink
-        for b in ids[:-1]:  # the intermediates: nothing reads them outside the kernel
-            m = members[b]
+        member_of.update(dict.fromkeys(ids, sink))
+        for m in group_members[:-1]:  # the intermediates: nothing reads them outside the kernel
+            b = m.block_id
             vi = sized[b].outputs[m.output].ref
             assert isinstance(vi, int)
-            v = draft.values[vi]
-            draft.values[vi] = _new(BufferPlan, (vi, b, f"{v.label} (fused)", v.dtype, 1, False))
-            draft.ports.pop((b, m.output), None)
+            v = values[vi]
+            values[vi] = _new(BufferPlan, (vi, b, f"{v.label} (fused)", v.dtype, 1, False))
+            ports.pop((b, m.output), None)
     draft.fusion = result if result.groups else None
 
 
@@ -362,82 +394,144 @@ def _keep_reads_before_writes(draft: PlanDraft, members: dict[int, Member], cons
             sink_of[bid] = sink
 
 
-def _kept(draft: PlanDraft, members: dict[int, Member]) -> list[tuple[int, str]]:
+def _kept(draft: PlanDraft, members: dict[int, Member], flagged: list[int]) -> list[tuple[int, str]]:
     """The members' outputs read outside the graph: kept by the host (``Engine.keep``/``output``/``read``,
-    a GL bridge, ``keep`` in a patch file: ``snap.kept``) or by the port itself (``keep=True``), and
-    outputs read by a member through a kept input port (a kept input keeps the value it reads)."""
+    a GL bridge, ``keep`` in a patch file: ``snap.kept``) or by the port itself (``keep=True``: the
+    members in ``flagged``), and outputs read by a member through a kept input port (a kept input keeps
+    the value it reads). Only those members are looked at: a rebuild of a big patch keeps few."""
     kept = draft.snap.kept
     out = []
-    for bid, m in members.items():
-        port = draft.blocks[bid].description.output(m.output)
-        if (bid, m.output) in kept or (port is not None and port.keep):
-            out.append((bid, m.output))
+    for bid, port in kept:
+        m = members.get(bid)
+        if m is None:
+            continue
+        if port == m.output:
+            out.append((bid, port))
+        elif port in m.inputs.values():
+            lk = draft.incoming.get((bid, port))
+            if lk is not None:
+                out.append((lk.src, lk.src_port))
+    for bid in flagged:
+        m = members[bid]
         d = draft.blocks[bid].description
+        port = d.output(m.output)
+        if port is not None and port.keep:
+            out.append((bid, m.output))
         for name in m.inputs.values():
             lk = draft.incoming.get((bid, name))
             inp = d.input(name)
-            if lk is not None and ((bid, name) in kept or (inp is not None and inp.keep)):
+            if lk is not None and inp is not None and inp.keep:
                 out.append((lk.src, lk.src_port))
     return out
 
 
+#: What a fused group's program and source are made of (see ``_group``) → ``(program, source)``, the
+#: most recently used last. A structure edit plans every group again and most come out as they were:
+#: their program (stages, key, descriptor) is taken from here instead of made again (at 10,000 Scale
+#: blocks, 6 µs a member). The key holds ``id`` of each member's expression: safe, as the entry's
+#: program holds those expressions (no other object can have their ids while it lives).
+_PROGRAMS: dict[tuple, tuple[Program, FusedSource]] = {}
+_PROGRAMS_MAX = 256
+
+
 def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
-    sized, blocks = draft.sized, draft.blocks
+    """The fused group of ``members`` (evaluation order, ``sink`` last). What this plan alone knows
+    (where its inputs come from, whose scalars it takes, the element count) is found here each time;
+    the program comes from ``_PROGRAMS`` when the members' expressions, names and the way their inputs
+    are bound are what an earlier plan had (Hot values are arguments, not part of it)."""
+    sized, blocks, incoming = draft.sized, draft.blocks, draft.incoming
     stage_of: dict[int, int] = {}
     input_of: dict[tuple[str, object], int] = {}
     inputs: list[Source] = []
-    input_names: list[str] = []
     scalar_keys: list[tuple[int, str]] = []
-    scalar_names: list[str] = []
-    stages: list[Stage] = []
+    shape: list = []  # per member: id(expression), block name, then each input's ref (stage j, or input -1-k)
     for j, m in enumerate(members):
-        s = sized[m.block_id]
-        label = _ident(blocks[m.block_id].name)
-        bind: dict = {}
-        for name, port in m.inputs.items():
-            lk = draft.incoming.get((m.block_id, port))
-            if lk is not None and lk.src in stage_of:
-                bind[name] = ("stage", stage_of[lk.src])
-                continue
-            src = s.inputs[port]
+        bid = m.block_id
+        shape += (id(m.expr), blocks[bid].name)
+        for port in m.inputs.values():
+            lk = incoming.get((bid, port))
+            if lk is not None:
+                i = stage_of.get(lk.src)
+                if i is not None:
+                    shape.append(i)
+                    continue
+            src = sized[bid].inputs[port]
             key = (src.kind, src.ref)
             k = input_of.get(key)
             if k is None:
                 k = input_of[key] = len(inputs)
                 inputs.append(src)
-                input_names.append(f"{label}_{port}")
-            bind[name] = ("input", k)
-        for name, param in m.scalars.items():
-            bind[name] = ("scalar", len(scalar_keys))
-            scalar_keys.append((m.block_id, param))
-            scalar_names.append(f"{label}_{param}")
-        stages.append(Stage(m.expr, bind, blocks[m.block_id].name))
-        stage_of[m.block_id] = j
-    last = members[-1]
-    program = Program(tuple(input_names), tuple(scalar_names), (("Out", len(stages) - 1),), tuple(stages))
-    ids = tuple(m.block_id for m in members)
-    count = sized[sink].outputs[last.output].count
+            shape.append(-1 - k)
+        scalar_keys += [(bid, param) for param in m.scalars.values()]
+        stage_of[bid] = j
+    ids = tuple(stage_of)
+    count = sized[sink].outputs[members[-1].output].count
     per_thread = FUSED_PER_THREAD if count >= FUSED_PER_THREAD_FROM else 1
-    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, per_thread=per_thread, members=ids)
+    key = (per_thread, *shape)
+    found = _PROGRAMS.pop(key, None)
+    if found is None:
+        found = _program(draft, sink, members, shape, per_thread)
+        if len(_PROGRAMS) >= _PROGRAMS_MAX:
+            del _PROGRAMS[next(iter(_PROGRAMS))]  # the least recently used
+    program, source = found
+    if source.members != ids:  # the same kernel made of other blocks (a block renamed back, say)
+        source = FusedSource(source.key, "ptx", source.name, program, per_thread=per_thread, members=ids)
+        found = (program, source)
+    _PROGRAMS[key] = found
     return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
 
 
-def _fit_launches(order: list[int], members: dict[int, Member], consumer: dict[int, int]) -> None:
-    """Cut fusion links (``consumer``: member → the member it fuses into) where a group's arguments would
-    not fit one launch (``MAX_PARAM_BYTES``): in evaluation order, a member whose fused producers bring
-    it over the limit starts a group of its own, reading them from buffers. So a chain of 1,000 Scale
-    blocks runs as a few fused kernels, not unfused as a whole."""
+def _program(
+    draft: PlanDraft, sink: int, members: list[Member], shape: list, per_thread: int
+) -> tuple[Program, FusedSource]:
+    """The program and source of a group (``_group``; ``shape`` tells how each member's inputs bind)."""
+    blocks = draft.blocks
+    input_names: list[str] = []
+    scalar_names: list[str] = []
+    stages: list[Stage] = []
+    at = 0
+    for m in members:
+        name = blocks[m.block_id].name
+        label = _ident(name)
+        at += 2
+        bind: dict = {}
+        for expr_name, port in m.inputs.items():
+            ref = shape[at]
+            at += 1
+            if ref >= 0:
+                bind[expr_name] = ("stage", ref)
+            else:
+                k = -1 - ref
+                if k == len(input_names):  # its first reader names it
+                    input_names.append(f"{label}_{port}")
+                bind[expr_name] = ("input", k)
+        for expr_name, param in m.scalars.items():
+            bind[expr_name] = ("scalar", len(scalar_names))
+            scalar_names.append(f"{label}_{param}")
+        stages.append(Stage(m.expr, bind, name))
+    program = Program(tuple(input_names), tuple(scalar_names), (("Out", len(stages) - 1),), tuple(stages))
+    ids = tuple(m.block_id for m in members)
+    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, per_thread=per_thread, members=ids)
+    return program, source
+
+
+def _fit_launches(members: dict[int, Member], consumer: dict[int, int], producers: dict[int, list[int]]) -> None:
+    """Cut fusion links (``consumer``: member → the member it fuses into; ``producers``: the reverse) where
+    a group's arguments would not fit one launch (``MAX_PARAM_BYTES``): in evaluation order (``members``'
+    order), a member whose fused producers bring it over the limit starts a group of its own, reading
+    them from buffers. So a chain of 1,000 Scale blocks runs as a few fused kernels, not unfused as a
+    whole."""
     budget = MAX_PARAM_BYTES - _param_bytes(0, 0)
-    producers: dict[int, list[int]] = {}
-    for b in order:
-        c = consumer.get(b)
-        if c is not None:
-            producers.setdefault(c, []).append(b)
     size: dict[int, int] = {}  # member → argument bytes of the fused tree ending at it
-    for b in order:
-        m, ps = members[b], producers.get(b, ())
+    for b, m in members.items():
+        ps = producers.get(b)
+        if ps is None:
+            size[b] = 4 * len(m.scalars) + 16 * len(m.inputs)
+            continue
         own = 4 * len(m.scalars) + 16 * (len(m.inputs) - len(ps))
-        total = own + sum(size[p] for p in ps)
+        total = own
+        for p in ps:
+            total += size[p]
         if total > budget:
             for p in ps:  # each becomes the sink of its own group; this member reads its buffer
                 del consumer[p]
