@@ -40,6 +40,7 @@ import re
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -84,7 +85,7 @@ MAX_PARAM_BYTES = 4096
 
 _new = tuple.__new__
 _F32 = DType.FLOAT32
-_SRC = attrgetter("src", "src_port")
+_SRC = attrgetter("src")
 
 
 @dataclass(frozen=True)
@@ -237,11 +238,15 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
     bypassed = draft.snap.bypassed  # its node must be one the Bypass tier can turn off alone
     sized = draft.sized
     members: dict[int, Member] = {}  # in the order of ``sized``: topological
+    count: dict[int, int] = {}  # member → its output's element count
     flagged: list[int] = []  # members with a ``keep`` port
+    templates = _TEMPLATES
     for bid, s in sized.items():
         if bid in faulted or bid in bypassed:
             continue
-        fields, keeps = _template_of(s.block.description)
+        d = s.block.description
+        entry = templates.get(id(d))
+        fields, keeps = (entry[1], entry[2]) if entry is not None and entry[0]() is d else _template_of(d)
         if fields is None:
             continue
         ins = s.inputs
@@ -250,41 +255,37 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
                 break
         else:
             members[bid] = _new(Member, (bid, *fields))
+            count[bid] = s.outputs[fields[3]].count
             if keeps:
                 flagged.append(bid)
     if len(members) < 2:
         return
+    # a member has one output: its links are the links from its block
     readers = Counter(map(_SRC, draft.links))
     extra = {key for key, _ in draft.snap.probes}  # a probe reads the value too: it keeps its buffer
     extra.update(_kept(draft, members, flagged))  # the host (output/read), GL or a patch file's keep reads it
-    for key in extra:
-        readers[key] += 1
     scope = _scopes(draft)
     consumer: dict[int, int] = {}  # member → the member it fuses into
     producers: dict[int, list[int]] = {}  # the reverse
     incoming = draft.incoming
     for bid, m in members.items():
-        n = -1
         for port in m.inputs.values():
             lk = incoming.get((bid, port))
             if lk is None:
                 continue
             src = lk.src
             up = members.get(src)
-            if up is None or src in consumer:
+            if up is None or src in consumer or readers[src] != 1 or count[src] != count[bid]:
                 continue
             if scope and scope.get(src) != scope.get(bid):  # one node may not run both inside and outside
                 continue
-            if lk.src_port == up.output and readers[(src, lk.src_port)] == 1:
-                if n < 0:
-                    n = sized[bid].outputs[m.output].count
-                if sized[src].outputs[up.output].count == n:
-                    consumer[src] = bid
-                    ps = producers.get(bid)
-                    if ps is None:
-                        producers[bid] = [src]
-                    else:
-                        ps.append(src)
+            if lk.src_port == up.output and (not extra or (src, up.output) not in extra):
+                consumer[src] = bid
+                ps = producers.get(bid)
+                if ps is None:
+                    producers[bid] = [src]
+                else:
+                    ps.append(src)
     if not consumer:
         return
     _fit_launches(members, consumer, producers)
@@ -462,7 +463,7 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
                 k = input_of[key] = len(inputs)
                 inputs.append(src)
             shape.append(-1 - k)
-        scalar_keys += [(bid, param) for param in m.scalars.values()]
+        scalar_keys += zip(repeat(bid), m.scalars.values())
         stage_of[bid] = j
     ids = tuple(stage_of)
     count = sized[sink].outputs[members[-1].output].count
