@@ -473,7 +473,10 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
     if found is None:
         found = _program(draft, sink, members, shape, per_thread)
         if len(_PROGRAMS) >= _PROGRAMS_MAX:
-            del _PROGRAMS[next(iter(_PROGRAMS))]  # the least recently used
+            try:
+                del _PROGRAMS[next(iter(_PROGRAMS))]  # the least recently used
+            except (KeyError, RuntimeError, StopIteration):  # another engine's build thread changed it
+                pass
     program, source = found
     if source.members != ids:  # the same kernel made of other blocks (a block renamed back, say)
         source = FusedSource(source.key, "ptx", source.name, program, per_thread=per_thread, members=ids)
