@@ -38,6 +38,7 @@ from cudapatch.isolated.protocol import OutputHandle
 
 from .plan_engine import PlanOnlyEngine
 from .test_isolated import FakeChild, FakeHostSide, _export, fake_isolated
+from .test_isolated_states import bare_server
 
 ROOT = Path(__file__).resolve().parents[2]
 JACOBI = ROOT / "examples" / "jacobi"
@@ -492,7 +493,6 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
     the blocks' sizes only where they changed, ``building`` after every edits message and on change."""
     from types import SimpleNamespace
 
-    from cudapatch.isolated import child as child_module
     from cudapatch.isolated import ipc
 
     monkeypatch.setattr(ipc, "export_device_memory", lambda ptr: (b"h%d" % ptr, 0))
@@ -521,10 +521,7 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
         context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
     )
     sent: list = []
-    server = child_module._Server.__new__(child_module._Server)
-    server.engine, server.patch, server.send = engine, patch, sent.append
-    server._graph, server._plan, server._diags, server._states = None, None, None, None
-    server._busy, server._shown, server.last_frame = False, {}, 4
+    server = bare_server(engine, patch, sent.append, 4)
     server.tell(edited=True)
     assert sent == [("building", True), ("diagnostics", (), {f.id: ("NotCompiled", ""), s.id: ("NotCompiled", "")})]
     sent.clear()
@@ -579,10 +576,7 @@ def test_the_child_sends_outputs_again_after_a_warm_patch_that_moved_or_resized_
         context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
     )
     sent: list = []
-    server = child_module._Server.__new__(child_module._Server)
-    server.engine, server.patch, server.send = engine, patch, sent.append
-    server._graph, server._plan, server._diags, server._states = None, None, None, None
-    server._busy, server._shown, server.last_frame = False, {}, 4
+    server = bare_server(engine, patch, sent.append, 4)
 
     def outputs_sent():
         out = [m for m in sent if m[0] == "outputs"]

@@ -30,6 +30,16 @@ from .test_isolated import FakeHostSide
 WHY = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'pair/a' (kernel scale): the block is disabled"
 
 
+def bare_server(engine, patch, send, last_frame: int = 0) -> _Server:
+    """The engine process's server without its process: ``engine`` and ``patch`` given, messages to
+    ``send``, and what the host was last told as ``_Server.__init__`` starts it (nothing yet)."""
+    server = _Server.__new__(_Server)
+    server.engine, server.patch, server.send = engine, patch, send
+    server._graph, server._plan, server._diags, server._states = None, None, None, None
+    server._busy, server._shown, server.last_frame = False, {}, last_frame
+    return server
+
+
 class _NoKernels:
     diag_version = 0
 
@@ -107,13 +117,10 @@ class ServedChild:
         self.inbox: list = []
         self.eof = False
         self.closed = False
-        server = self.server = _Server.__new__(_Server)
-        server.engine = BoardEngine()
-        server.patch = ChildPatch(server.engine, lambda h: h)
+        engine = BoardEngine()
+        send = lambda m: self.inbox.append(pickle.loads(pickle.dumps(m)))  # noqa: E731
+        server = self.server = bare_server(engine, ChildPatch(engine, lambda h: h), send, cfg.start_frame)
         server.word = None
-        server.send = lambda m: self.inbox.append(pickle.loads(pickle.dumps(m)))
-        server._graph, server._plan, server._diags, server._states = None, None, None, None
-        server._busy, server._shown, server.last_frame = False, {}, cfg.start_frame
 
     def send(self, message):
         message = pickle.loads(pickle.dumps(message))
