@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cudapatch import CustomKernel, Fill, For, FrameDelay, If, Scale, While
+from cudapatch import CustomKernel, Fill, For, If, Scale
 from cudapatch.engine import Context, compile_plan
 from cudapatch.engine.compiler.body_timers import SLOT, TIMER
 from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan, MemsetNodePlan, ProbeNodePlan
@@ -25,10 +25,9 @@ from cudapatch.engine.stats import FrameReading, collect_stats, show_on_blocks
 from cudapatch.interop.overlay import gpu_cell
 
 from .plan_interp import PlanInterpreter
+from .test_region_pingpong import _check, _while
 from .test_regions_plan import _body
 
-CHECK = """extern "C" __global__ void check(const float* x, int* more, float limit, unsigned int n)
-{ if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = x[0] < limit; }"""
 MORE = """extern "C" __global__ void more(const float* x, int* yes, unsigned int n)
 { if (blockIdx.x == 0 && threadIdx.x == 0) yes[0] = 1; }"""
 TIMED = [lv for lv in ProfilingLevel if lv.at_least(ProfilingLevel.PER_BLOCK)]
@@ -47,26 +46,6 @@ def _chain(count: int = 5, unroll: int = 1) -> tuple[Context, Fill, For, Scale, 
     c.connect(src, "Out", a, "In")
     c.connect(a, "Out", b, "In")
     return c, src, loop, a, b
-
-
-def _solver(max_: int, unroll: int, limit: float) -> tuple[Context, While, FrameDelay, Scale, CustomKernel]:
-    """While(Max) { d -> s (x*2) -> d.In; chk: more = s.Out[0] < limit }, d starting at 1."""
-    c = Context()
-    loop = c.register_block(While(name="Solve", Max=max_, Unroll=unroll))
-    d = c.register_block(FrameDelay(name="d", Count=16, Fill=1.0))
-    s = c.register_block(Scale(name="s", Factor=2.0))
-    chk = c.register_block(CustomKernel(name="chk", Code=CHECK, limit=limit))
-    for blk in (d, s, chk):
-        c.place(blk, loop)
-    c.connect(d, "Out", s, "In")
-    c.connect(s, "Out", d, "In")
-    c.connect(s, "Out", chk, "x")
-    c.connect(chk, "more", loop, "Condition")
-    return c, loop, d, s, chk
-
-
-def _check(run: PlanInterpreter, node: KernelNodePlan, args: list) -> None:
-    args[1].view(np.int32)[0] = int(args[0][0] < np.float32(run._value(args[2])))
 
 
 def _run(plan, c: Context, **custom) -> PlanInterpreter:
@@ -246,7 +225,7 @@ def test_a_for_blocks_timer_counts_its_iterations(count: int, unroll: int) -> No
 @pytest.mark.parametrize("unroll", [1, 2, 4])
 def test_a_whiles_timer_counts_match_its_iteration_count(unroll: int) -> None:
     for limit in (1.5, 40.0, 1e9):
-        c, loop, d, s, chk = _solver(12, unroll, limit)
+        c, loop, d, s, chk = _while(12, unroll, limit, count=16)
         plan = compile_plan(c.snapshot(), level=ProfilingLevel.PER_BLOCK)
         _assert_consistent(plan)
         rp = plan.regions[loop.id]

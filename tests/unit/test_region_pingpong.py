@@ -246,11 +246,11 @@ def _check(run: PlanInterpreter, node: KernelNodePlan, args: list) -> None:
     more.view(np.int32)[0] = int(x[0] < np.float32(run._value(limit)))
 
 
-def _while(max_: int, unroll: int, limit: float):
-    """While(Max) { d -> s (x*2) -> d.In; check: more = s.Out[0] < limit }, Init = 1."""
+def _while(max_: int, unroll: int, limit: float, count: int = N):
+    """While(Max) { d -> s (x*2) -> d.In; check: more = s.Out[0] < limit }, Init = 1, ``count`` elements."""
     c = Context()
     loop = c.register_block(While(name="Solve", Max=max_, Unroll=unroll))
-    d = c.register_block(FrameDelay(name="d", Count=N, Fill=1.0))
+    d = c.register_block(FrameDelay(name="d", Count=count, Fill=1.0))
     s = c.register_block(Scale(name="s", Factor=2.0))
     chk = c.register_block(CustomKernel(name="chk", Code=CHECK, limit=limit))
     for blk in (d, s, chk):
