@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..kernels.types import DType
+from .memory_plan import shares_with_others
 from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan, Slot
 
 if TYPE_CHECKING:
@@ -107,8 +108,8 @@ class BypassIndex:
         self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
         #: block id -> its place in the plan's topological order (a decision sorts only what it bypasses)
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
-        #: bypassed blocks -> the decision for them (``BypassTier.apply``): a toggle alternates between
-        #: two sets, and a decision depends on nothing else than this plan
+        #: bypassed blocks -> ``decide``'s answer: a toggle alternates between two sets, and an answer
+        #: depends on nothing else than this plan
         self.decisions: dict[frozenset[int], tuple[frozenset[int], BypassPlan]] = {}
         for n in plan.nodes:
             if isinstance(n, KernelNodePlan):
@@ -121,6 +122,23 @@ class BypassIndex:
         for (bid, port), bi in plan.outputs.items():
             if buffers[bi].block_id == bid:  # a ``through`` output names its input's buffer: nothing to pass on
                 self.outputs.setdefault(bid, []).append((port, bi))
+
+    def decide(self, bypassed: Collection[int]) -> tuple[frozenset[int], BypassPlan]:
+        """What bypassing ``bypassed`` does to the graph running this plan, made once per set: the
+        blocks that must wait for a rebuild, and the ``BypassPlan`` of the others.
+
+        Buffer reuse gave the first ones' values to other blocks too, or fusion their node (computed in
+        a fused kernel with others: no node of their own to turn off): bypassed now, their readers would
+        read another block's data (or the whole group would stop). They keep running until a rebuild
+        pins their values and takes them out of fused groups (the snapshot carries ``bypassed``)."""
+        key = frozenset(bypassed)
+        decided = self.decisions.get(key)
+        if decided is None:
+            shared = frozenset(shares_with_others(self.plan, key)) | self.fused.intersection(key)
+            if len(self.decisions) >= 64:
+                self.decisions.clear()
+            decided = self.decisions[key] = (shared, plan_bypass(self, key - shared))
+        return decided
 
     def _resume(self, plan: GraphPlan, previous: BypassIndex, delta: PlanDelta) -> None:
         """The index of ``plan`` from ``previous``'s: the nodes the delta names leave it and come back

@@ -35,14 +35,13 @@ from typing import Any, Literal
 from ..errors import CudaError, CudapatchError
 from ..kernels.source import KernelSource
 from .board import DiagnosticBoard
-from .bypass import BypassIndex, plan_bypass
+from .bypass import BypassIndex
 from .compiler.fusion import FUSED_KERNEL, regenerate
 from .context import Context
 from .diagnostics import Diagnostic, DiagnosticCode
 from .dirty import DirtyTracker
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker, after_settling
-from .memory_plan import shares_with_others
 from .plan import KernelNodePlan
 from .realize import CompiledGraph
 from .resources import DeviceResources
@@ -453,19 +452,7 @@ class BypassTier:
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
             index = BypassIndex(g.plan)
             self._take_index(index)
-        key = frozenset(bypassed)
-        decided = index.decisions.get(key)
-        if decided is None:  # once per set of bypassed blocks and plan: a toggle alternates two sets
-            # Buffer reuse gave these blocks' values to other blocks too, or fusion their node (computed
-            # in a fused kernel with others: no node of their own to turn off): bypassed now, their
-            # readers would read another block's data (or the whole group would stop). They keep
-            # running until a rebuild pins their values and takes them out of fused groups (the
-            # snapshot carries ``bypassed``), then the bypass applies.
-            shared = frozenset(shares_with_others(g.plan, key)) | index.fused.intersection(key)
-            if len(index.decisions) >= 64:
-                index.decisions.clear()
-            decided = index.decisions[key] = (shared, plan_bypass(index, key - shared))
-        shared, bp = decided
+        shared, bp = index.decide(bypassed)  # once per set of bypassed blocks and plan
         if shared:
             self._context.dirty.mark_structure()
         self._counters.nodes_patched += g.set_bypass(bp)
