@@ -85,7 +85,7 @@ class BypassIndex:
             and delta is not None
             and delta.plan is plan
             and previous.plan is delta.source
-            and not (previous.fused or previous.nested or plan.scopes or plan.children)
+            and not (previous.nested or plan.scopes or plan.children)
         ):
             self._resume(plan, previous, delta)
             return
@@ -150,7 +150,7 @@ class BypassIndex:
         self.captured_readers = dict(previous.captured_readers)
         self.inputs = dict(previous.inputs)
         self.captured_blocks = set(previous.captured_blocks)
-        self.fused = set()
+        self.fused = set(previous.fused)
         self.nested = set()
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
         self.decisions = {}
@@ -165,6 +165,7 @@ class BypassIndex:
             if not isinstance(n, (KernelNodePlan, CapturedNodePlan)):
                 continue
             blocks.add(n.block_id)
+            self.fused.difference_update(getattr(n.source, "members", ()))
             for a in n.args:
                 if not a.is_pointer or a.kind not in ("buffer", "external"):
                     continue
@@ -197,17 +198,20 @@ class BypassIndex:
         for n in back:
             if isinstance(n, (KernelNodePlan, CapturedNodePlan)):
                 added.update(self._add(n, captured=isinstance(n, CapturedNodePlan), copy=copied))
+                if isinstance(n, KernelNodePlan):
+                    self.fused.update(getattr(n.source, "members", ()))
         for res in added:  # nodes added before the kept ones of a resource: back in node order
             slots = self.readers.get(res)
             if slots is not None:
                 slots.sort()
-        # Each block's inputs (in node order) and whether it holds a library call, from all its nodes.
+        # Each block's inputs (in node order) and whether it holds a library call, from all its nodes (a
+        # fused group's node is its sink's: the other members' inputs are the node's too, filed under the sink).
         block_nodes = plan.block_nodes
         for bid in blocks:
             self.inputs.pop(bid, None)
             for i in block_nodes.get(bid, ()):
                 n = new_nodes[i]
-                if isinstance(n, (KernelNodePlan, CapturedNodePlan)):
+                if isinstance(n, (KernelNodePlan, CapturedNodePlan)) and n.block_id == bid:
                     self._inputs_of(n)
                     if isinstance(n, CapturedNodePlan):
                         self.captured_blocks.add(n.block_id)

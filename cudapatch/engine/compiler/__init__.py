@@ -141,22 +141,19 @@ def compile_plan(
     draft.raise_errors()
     if cache is not None and resumable(draft):
         # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
-        draft, done = plan_resumed(draft, cache, fuse, changes)
-        if done:
-            plan = _finish(draft)
-            delta = cache.state.delta
-            cache.delta = PlanDelta(cache.plan, plan, *delta) if delta is not None else None
-            cache.plan = plan
-            return plan
-        memory(draft)
-    else:
-        if cache is not None:
-            cache.state = None
-        sizes(draft)
-        delays(draft)
-        draft.raise_errors()
-        fusion(draft, fuse=fuse)
-        memory(draft)
+        draft = plan_resumed(draft, cache, fuse, changes)
+        plan = _finish(draft)
+        delta = cache.state.delta
+        cache.delta = PlanDelta(cache.plan, plan, *delta) if delta is not None else None
+        cache.plan = plan
+        return plan
+    if cache is not None:
+        cache.state = None
+    sizes(draft)
+    delays(draft)
+    draft.raise_errors()
+    fusion(draft, fuse=fuse)
+    memory(draft)
     if cache is not None:
         cache.begin()
     nodes(draft, cache)

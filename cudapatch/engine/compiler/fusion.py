@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections import Counter
+from collections import ChainMap, Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -60,9 +61,11 @@ __all__ = [
     "FusedGroup",
     "FusedSource",
     "Fusion",
+    "FusionState",
     "Member",
     "elementwise_member",
     "fusion",
+    "fusion_resumed",
     "fused_node",
     "in_fused_node",
 ]
@@ -228,20 +231,130 @@ def _ident(text: str) -> str:
     return out if out and not out[0].isdigit() else f"b{out}"
 
 
-def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
+@dataclass(eq=False, slots=True)
+class FusionState:
+    """What one fusion phase leaves for the next to resume from (incremental planning, ``resume.py``);
+    each dict in the order of the blocks (topological).
+
+    Attributes:
+        members: The elementwise blocks that run, as members.
+        count: Each member's output element count.
+        flagged: Members with a ``keep`` port.
+        size: Member -> argument bytes of the fused tree ending at it (``_fit_launches``, before the cut
+            at its consumer).
+        result: The phase's groups.
+    """
+
+    members: dict[int, Member]
+    count: dict[int, int]
+    flagged: list[int]
+    size: dict[int, int]
+    result: Fusion
+
+
+def fusion(draft: PlanDraft, *, fuse: bool = True) -> FusionState | None:
     """Fill ``draft.fusion`` with the fused groups of the blocks that run (after ``sizes``); make the
-    intermediates' values one-element placeholders without an output port."""
+    intermediates' values one-element placeholders without an output port.
+
+    Returns:
+        What ``fusion_resumed`` resumes from in the next plan; None when nothing may fuse (fusion off).
+    """
     draft.fusion = None
     if not fuse or draft.level.at_least(ProfilingLevel.PER_BLOCK):
-        return
-    faulted = draft.faulted or {}
-    bypassed = draft.snap.bypassed  # its node must be one the Bypass tier can turn off alone
-    sized = draft.sized
+        return None
     members: dict[int, Member] = {}  # in the order of ``sized``: topological
     count: dict[int, int] = {}  # member → its output's element count
     flagged: list[int] = []  # members with a ``keep`` port
+    _members(draft, draft.sized.items(), members, count, flagged)
+    consumer: dict[int, int] = {}  # member → the member it fuses into
+    producers: dict[int, list[int]] = {}  # the reverse
+    size: dict[int, int] = {}
+    state = FusionState(members, count, flagged, size, Fusion())
+    if len(members) >= 2:
+        # a member has one output: its links are the links from its block
+        readers = Counter(map(_SRC, draft.links))
+        extra = _extra(draft, members.get, flagged)
+        _link(draft, members, members.get, count, readers, extra, consumer, producers)
+    _fit_launches(members, consumer, producers, size)  # the sizes also when nothing fuses: a later plan resumes
+    if not consumer:
+        return state
+    _keep_reads_before_writes(draft, members.get, consumer)
+    _make_groups(draft, members, consumer, state.result)
+    draft.fusion = state.result if state.result.groups else None
+    return state
+
+
+def fusion_resumed(draft: PlanDraft, state: FusionState, dropped: set[int], start: int) -> FusionState | list[int]:
+    """``fusion`` from running block ``start`` of ``draft.sized`` on: the groups of the blocks before it
+    are the last plan's (``state``, which ``resume.py`` chose ``start`` for: no group of it has a block on
+    both sides, and no block before it gained or lost a reader or was bypassed).
+
+    Args:
+        draft: The plan under construction (sized, delays found).
+        state: What the last plan's phase left (changed in place when this returns a state).
+        dropped: The blocks of the last plan from the first one planned again on: their entries leave ``state``.
+        start: The index in ``draft.sized`` of the first block planned again.
+
+    Returns:
+        The state for the next plan; or, when a block before ``start`` would now fuse into one after it
+        (the cut that kept it apart no longer holds), those blocks and nothing changed: planned again
+        from earlier, ``start`` does not hold.
+    """
+    draft.fusion = None
+    old_members = state.members
+
+    def get(bid: int) -> Member | None:  # a member, before ``start`` or after it
+        m = new.get(bid)
+        if m is None and bid not in dropped:
+            m = old_members.get(bid)
+        return m
+
+    new: dict[int, Member] = {}
+    count: dict[int, int] = {}
+    flagged: list[int] = []
+    _members(draft, islice(draft.sized.items(), start, None), new, count, flagged)
+    old_count = state.count
+    consumer: dict[int, int] = {}
+    producers: dict[int, list[int]] = {}
+    size: dict[int, int] = {}
+    if new:
+        readers = Counter(map(_SRC, draft.links))
+        flagged_all = [b for b in state.flagged if b not in dropped] + flagged
+        extra = _extra(draft, get, flagged_all)
+        counts = ChainMap(count, old_count)
+        _link(draft, new, get, counts, readers, extra, consumer, producers)
+        old_size = state.size
+        for ps in producers.values():  # producers before ``start``: their trees are the last plan's
+            for p in ps:
+                if p not in new:
+                    size[p] = old_size[p]
+    _fit_launches(new, consumer, producers, size)
+    earlier = [src for src in consumer if src not in new]
+    if earlier:
+        return earlier
+    if consumer:
+        _keep_reads_before_writes(draft, get, consumer, start)
+    for table in (old_members, old_count, state.size, state.result.member_of, state.result.groups):
+        for bid in dropped:
+            table.pop(bid, None)
+    old_members.update(new)
+    old_count.update(count)
+    state.flagged = [b for b in state.flagged if b not in dropped] + flagged
+    for b in new:
+        state.size[b] = size[b]
+    if consumer:
+        _make_groups(draft, new, consumer, state.result)
+    draft.fusion = state.result if state.result.groups else None
+    return state
+
+
+def _members(draft: PlanDraft, items: Iterable, members: dict[int, Member], count: dict, flagged: list) -> None:
+    """The elementwise blocks among ``items`` (``sized`` entries) that may fuse: not faulted, not bypassed
+    (its node must be one the Bypass tier can turn off alone), every input of their expression given."""
+    faulted = draft.faulted or {}
+    bypassed = draft.snap.bypassed
     templates = _TEMPLATES
-    for bid, s in sized.items():
+    for bid, s in items:
         if bid in faulted or bid in bypassed:
             continue
         d = s.block.description
@@ -258,15 +371,29 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
             count[bid] = s.outputs[fields[3]].count
             if keeps:
                 flagged.append(bid)
-    if len(members) < 2:
-        return
-    # a member has one output: its links are the links from its block
-    readers = Counter(map(_SRC, draft.links))
+
+
+def _extra(draft: PlanDraft, get: Callable[[int], Member | None], flagged: list[int]) -> set:
+    """The members' outputs read besides their one link: by a probe, or kept (``_kept``)."""
     extra = {key for key, _ in draft.snap.probes}  # a probe reads the value too: it keeps its buffer
-    extra.update(_kept(draft, members, flagged))  # the host (output/read), GL or a patch file's keep reads it
+    extra.update(_kept(draft, get, flagged))  # the host (output/read), GL or a patch file's keep reads it
+    return extra
+
+
+def _link(
+    draft: PlanDraft,
+    members: dict[int, Member],
+    get: Callable[[int], Member | None],
+    count: Mapping[int, int],
+    readers: Counter,
+    extra: set,
+    consumer: dict[int, int],
+    producers: dict[int, list[int]],
+) -> None:
+    """Fill ``consumer`` (member → the member it fuses into) and ``producers`` (the reverse) for the links
+    into ``members``, from any member ``get`` knows: a producer's output has that link as its one reader,
+    the same element count, the same scope, and nobody else reads it."""
     scope = _scopes(draft)
-    consumer: dict[int, int] = {}  # member → the member it fuses into
-    producers: dict[int, list[int]] = {}  # the reverse
     incoming = draft.incoming
     for bid, m in members.items():
         for port in m.inputs.values():
@@ -274,7 +401,7 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
             if lk is None:
                 continue
             src = lk.src
-            up = members.get(src)
+            up = get(src)
             if up is None or src in consumer or readers[src] != 1 or count[src] != count[bid]:
                 continue
             if scope and scope.get(src) != scope.get(bid):  # one node may not run both inside and outside
@@ -286,10 +413,12 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
                     producers[bid] = [src]
                 else:
                     ps.append(src)
-    if not consumer:
-        return
-    _fit_launches(members, consumer, producers)
-    _keep_reads_before_writes(draft, members, consumer)
+
+
+def _make_groups(draft: PlanDraft, members: dict[int, Member], consumer: dict[int, int], result: Fusion) -> None:
+    """Add the groups of ``members`` (``consumer`` links them) to ``result``: each sink with everything
+    fused into it, its program, and its intermediates made placeholders without an output port."""
+    sized = draft.sized
     sink_of: dict[int, int] = {}
     for bid in reversed(members):  # reverse topological order: a member's consumer has its sink already
         c = consumer.get(bid)
@@ -302,7 +431,6 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
             groups[sink] = [bid]
         else:
             ids.append(bid)
-    result = Fusion()
     values, ports, member_of = draft.values, draft.ports, result.member_of
     for sink, ids in groups.items():
         if len(ids) < 2:
@@ -323,7 +451,6 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> None:
             v = values[vi]
             values[vi] = _new(BufferPlan, (vi, b, f"{v.label} (fused)", v.dtype, 1, False))
             ports.pop((b, m.output), None)
-    draft.fusion = result if result.groups else None
 
 
 def _scopes(draft: PlanDraft) -> dict[int, tuple[int | None, int | None]]:
@@ -361,16 +488,20 @@ def _in_place_inputs(d: Any) -> tuple[str, ...]:
     return names
 
 
-def _keep_reads_before_writes(draft: PlanDraft, members: dict[int, Member], consumer: dict[int, int]) -> None:
+def _keep_reads_before_writes(
+    draft: PlanDraft, get: Callable[[int], Member | None], consumer: dict[int, int], start: int = 0
+) -> None:
     """Cut the fusion link of each member that reads a value another block writes in place (an
     ``inout`` kernel parameter, a ``through`` port) after the member and before its group's sink. The
     fused kernel runs where the sink runs, so the member's read would move past that write: unfused,
     it reads the value before it. In a patch with regions, the writer may be a block inside a loop
-    between the two, or a block of a body the member's group does not belong to."""
+    between the two, or a block of a body the member's group does not belong to. ``start``: the
+    members of ``consumer`` and the writers between them and their sinks are at this index of
+    ``draft.sized`` or later (a resumed phase)."""
     sized = draft.sized
     written: dict[object, list[int]] = {}  # value index → positions of the blocks writing it in place
-    for i, (bid, s) in enumerate(sized.items()):
-        if bid in members:  # an expression writes only its output
+    for i, (bid, s) in enumerate(islice(sized.items(), start, None), start):
+        if get(bid) is not None:  # an expression writes only its output
             continue
         for name in _in_place_inputs(s.block.description):
             src = s.inputs.get(name)
@@ -378,24 +509,26 @@ def _keep_reads_before_writes(draft: PlanDraft, members: dict[int, Member], cons
                 written.setdefault(src.ref, []).append(i)
     if not written or not consumer:
         return
-    position = {bid: i for i, bid in enumerate(sized)}
+    position = {bid: i for i, bid in enumerate(islice(sized, start, None), start)}
     sink_of: dict[int, int] = {}
-    for bid in reversed(sized):  # reverse topological order: a member's consumer has its sink already
+    for bid in reversed(position):  # reverse topological order: a member's consumer has its sink already
         c = consumer.get(bid)
         if c is None:
             continue
         sink = sink_of.get(c, c)
         lo, hi = position[bid], position[sink]
+        m = get(bid)
+        assert m is not None
         if any(
             src.kind == "value" and any(lo < w < hi for w in written.get(src.ref, ()))
-            for src in (sized[bid].inputs[port] for port in members[bid].inputs.values())
+            for src in (sized[bid].inputs[port] for port in m.inputs.values())
         ):
             del consumer[bid]  # a sink now: its group's node runs where it ran, before the write
         else:
             sink_of[bid] = sink
 
 
-def _kept(draft: PlanDraft, members: dict[int, Member], flagged: list[int]) -> list[tuple[int, str]]:
+def _kept(draft: PlanDraft, get: Callable[[int], Member | None], flagged: list[int]) -> list[tuple[int, str]]:
     """The members' outputs read outside the graph: kept by the host (``Engine.keep``/``output``/``read``,
     a GL bridge, ``keep`` in a patch file: ``snap.kept``) or by the port itself (``keep=True``: the
     members in ``flagged``), and outputs read by a member through a kept input port (a kept input keeps
@@ -403,7 +536,7 @@ def _kept(draft: PlanDraft, members: dict[int, Member], flagged: list[int]) -> l
     kept = draft.snap.kept
     out = []
     for bid, port in kept:
-        m = members.get(bid)
+        m = get(bid)
         if m is None:
             continue
         if port == m.output:
@@ -413,7 +546,8 @@ def _kept(draft: PlanDraft, members: dict[int, Member], flagged: list[int]) -> l
             if lk is not None:
                 out.append((lk.src, lk.src_port))
     for bid in flagged:
-        m = members[bid]
+        m = get(bid)
+        assert m is not None
         d = draft.blocks[bid].description
         port = d.output(m.output)
         if port is not None and port.keep:
@@ -519,14 +653,16 @@ def _program(
     return program, source
 
 
-def _fit_launches(members: dict[int, Member], consumer: dict[int, int], producers: dict[int, list[int]]) -> None:
+def _fit_launches(
+    members: dict[int, Member], consumer: dict[int, int], producers: dict[int, list[int]], size: dict[int, int]
+) -> None:
     """Cut fusion links (``consumer``: member → the member it fuses into; ``producers``: the reverse) where
     a group's arguments would not fit one launch (``MAX_PARAM_BYTES``): in evaluation order (``members``'
     order), a member whose fused producers bring it over the limit starts a group of its own, reading
     them from buffers. So a chain of 1,000 Scale blocks runs as a few fused kernels, not unfused as a
-    whole."""
+    whole. ``size`` gets each member's argument bytes of the fused tree ending at it (and holds those
+    of producers before ``members``, a resumed phase)."""
     budget = MAX_PARAM_BYTES - _param_bytes(0, 0)
-    size: dict[int, int] = {}  # member → argument bytes of the fused tree ending at it
     for b, m in members.items():
         ps = producers.get(b)
         if ps is None:

@@ -51,7 +51,7 @@ from ..plan import Arg
 from .delays import delays
 from .draft import BlockSizes, NodeDraft, PlanDraft
 from .edges import hazards
-from .fusion import fusion
+from .fusion import FusionState, fusion, fusion_resumed
 from .liveness import Checkpoint, Lifetime, ancestors, assign_buffers
 from .memory import _buffers, block_pins, finish_pins, memory
 from .nodes import _work_node, block_nodes, counters_memset, node_env
@@ -94,6 +94,7 @@ class PlanState:
     context_id: int
     level: Any
     reuse: bool
+    fuse: bool
     blocks: dict[int, BlockSnapshot]
     incoming: dict
     links: tuple  # the snapshot's links (all valid)
@@ -104,15 +105,20 @@ class PlanState:
     order: list[int]
     pos: dict[int, int]  # block id -> position in ``order``
     run_before: list[int]  # per position in ``order`` (and one past the end): running blocks before it
+    bypassed: frozenset[int]
     # sizes
     sized: dict[int, BlockSizes]
     skipped: list[int]
-    values: list
-    ports: dict
+    values: list  # as the sizes phase made them (fusion makes some placeholders: ``fused_values``)
+    ports: dict  # as the sizes phase made them (fusion drops some: ``fused_ports``)
     shapes: dict
     binding_counts: dict
     size_warnings: list
     vstart: list[int]  # per running block (and one past the last): its first value
+    # fusion (None: nothing may fuse): its state, the values and ports as it left them
+    fusion: FusionState | None
+    fused_values: list
+    fused_ports: dict
     # pins (insertion-ordered: a block's entries follow those of the blocks before it)
     pinned: dict[int, str]
     pin_marks: list[int]  # per running block: entries in ``pinned`` before it
@@ -202,20 +208,22 @@ def block_changes(blocks: Sequence[BlockSnapshot], old: Mapping[int, BlockSnapsh
     return BlockChanges(added, removed, redescribed, changed, hot)
 
 
-def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tuple[int, list[int]]:
-    """The number of blocks at the start of the new order whose plan parts the last plan holds, and
-    those of them whose Hot values changed (only their nodes' scalar arguments differ)."""
+def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tuple[int, list[int], list]:
+    """The number of blocks at the start of the new order whose plan parts the last plan holds, those
+    of them whose Hot values changed (only their nodes' scalar arguments differ), and the links added
+    or removed (``(key, link)`` pairs)."""
     order, old = draft.order, prev.order
     n = min(len(order), len(old))
     p = n
     if order[:n] != old[:n]:
         p = next(i for i in range(n) if order[i] != old[i])
     if p == 0:
-        return 0, []
+        return 0, [], []
     snap = draft.snap
     dirty = list(changes.changed)
     hot = changes.hot
-    dirty += [key[0] for key, _ in draft.incoming.items() ^ prev.incoming.items()]
+    relinked = list(draft.incoming.items() ^ prev.incoming.items())
+    dirty += [key[0] for key, _ in relinked]
     dirty += [k[0] for k in _rebound(snap.bindings, prev.bindings)]
     dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
     dirty += _changed(draft.faulted or {}, prev.faulted)
@@ -225,7 +233,7 @@ def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tupl
         q = pos.get(bid)
         if q is not None and q < p:
             p = q
-    return p, [bid for bid in hot if pos[bid] < p]
+    return p, [bid for bid in hot if pos[bid] < p], relinked
 
 
 def _hot_only(old: BlockSnapshot, new: BlockSnapshot) -> bool:
@@ -263,15 +271,9 @@ def _changed(new: Mapping, old: Mapping) -> list:
     return [k for k in new.keys() | old.keys() if new.get(k, _MISSING) != old.get(k, _MISSING)]
 
 
-def plan_resumed(
-    draft: PlanDraft, cache: NodeCache, fuse: bool, changes: BlockChanges | None = None
-) -> tuple[PlanDraft, bool]:
+def plan_resumed(draft: PlanDraft, cache: NodeCache, fuse: bool, changes: BlockChanges | None = None) -> PlanDraft:
     """Run the phases from sizes to share on ``draft`` (validated and ordered, ``resumable``), resuming
     from the state ``cache`` holds of the last plan where it fits, and leave the state of this one there.
-
-    Returns:
-        ``(draft, done)``: done False when fusion grouped blocks (the caller runs the phases from
-        memory on, whole).
 
     Raises:
         GraphCompileError: the delays phase found errors.
@@ -279,17 +281,17 @@ def plan_resumed(
     prev, cache.state = cache.state, None  # consumed: a plan that fails leaves none
     snap = draft.snap
     if prev is not None and (
-        prev.context_id != snap.context_id or prev.level != draft.level or prev.reuse != draft.reuse
+        prev.context_id != snap.context_id
+        or prev.level != draft.level
+        or prev.reuse != draft.reuse
+        or prev.fuse != fuse
     ):
         prev = None
     if prev is not None and changes is None:
         changes = block_changes(snap.blocks, prev.blocks)
-    p, hot = divergence(prev, draft, changes) if prev is not None and changes is not None else (0, [])
+    p, hot, relinked = divergence(prev, draft, changes) if prev is not None and changes is not None else (0, [], [])
     if p == 0:
         prev = None
-    else:
-        cache.resumed += 1
-        cache.resumed_blocks += p
     k, resumed = _sizes(draft, prev, p)
     sized = draft.sized
     for bid in hot:  # the same sizes; the new snapshot (its values) for the phases that read them
@@ -298,13 +300,19 @@ def plan_resumed(
             sized[bid] = s._replace(block=draft.blocks[bid])
     delays(draft)
     draft.raise_errors()
-    fusion(draft, fuse=fuse)
-    if draft.fusion is not None:
-        return draft, False
+    pre_values, pre_ports = draft.values, draft.ports
+    p, kf, fused = _fuse(draft, prev, p, k, fuse, relinked)
+    if prev is not None and p == 0:  # the first group the edit touched starts the patch
+        prev, k = None, 0
+    if prev is not None:
+        cache.resumed += 1
+        cache.resumed_blocks += p
     st = _state(draft, p, prev, *resumed)
+    st.fuse, st.values, st.ports = fuse, pre_values, pre_ports
+    st.fusion, st.fused_values, st.fused_ports = fused, draft.values, draft.ports
     pins = _pins(draft, st, prev, k)
     memory(draft, pins)
-    kn = k if prev is not None and prev.counters == len(draft.counters) else 0
+    kn = kf if prev is not None and prev.counters == len(draft.counters) else 0
     hot_nodes = _nodes(draft, st, prev, kn, cache, hot)
     n0 = _edges(draft, st, prev, kn, hot_nodes)
     renumbered, moved = _share(draft, st, prev, kn, n0, hot_nodes)
@@ -315,7 +323,86 @@ def plan_resumed(
         ports = {bid: tuple(sized[bid].outputs) for bid in changed if bid in sized}
         st.delta = (n0, frozenset(renumbered), changed, ports)
     cache.state = st
-    return draft, True
+    return draft
+
+
+def _fuse(
+    draft: PlanDraft, prev: PlanState | None, p: int, k: int, fuse: bool, relinked: list
+) -> tuple[int, int, FusionState | None]:
+    """The fusion phase, resumed from the last plan's where its groups still hold (``fusion_resumed``).
+
+    The sizes phase resumed at position ``p`` of the order (running block ``k``); fusion resumes at the
+    first block of the first group of the last plan that the edit may change, or earlier: a group with a
+    block at ``p`` or after it, with a block that gained or lost a reader (``relinked``: the sources of
+    the links added or removed) or was bypassed or restored, or that reads such a block; and no group
+    may have blocks on both sides of it. Where a block before it would now fuse into a block after it,
+    it moves back to that block's group.
+
+    Returns:
+        The position and running block the phases after fusion resume from (``p`` and ``k`` or
+        earlier; 0: plan whole), and the phase's state.
+    """
+    if not fuse:
+        return p, k, None
+    pre_values, pre_ports = draft.values, draft.ports
+    fs = prev.fusion if prev is not None else None
+    if fs is not None:
+        assert prev is not None
+        pos, groups, member_of = prev.pos, fs.result.groups, fs.result.member_of
+        touched = [lk.src for _, lk in relinked]
+        flipped = draft.snap.bypassed ^ prev.bypassed
+        if flipped:  # a bypassed block is no member; its producers may fuse into it when it runs again
+            touched += flipped
+            for bid in flipped:
+                for incoming in (draft.incoming, prev.incoming):
+                    b = draft.blocks.get(bid) or prev.blocks.get(bid)
+                    for port in b.description.inputs if b is not None else ():
+                        lk = incoming.get((bid, port.name))
+                        if lk is not None:
+                            touched.append(lk.src)
+        spans = sorted(((pos[g.sink], pos[g.members[0]]) for g in groups.values()), reverse=True)
+        earlier: list[int] = touched
+        for _attempt in range(4):
+            for bid in earlier:
+                q = pos.get(bid)
+                if q is not None and q < p:
+                    sink = member_of.get(bid)
+                    p = min(p, pos[groups[sink].members[0]] if sink is not None else q)
+            for last, first in spans:  # no group on both sides of ``p``
+                if last < p:
+                    break
+                p = min(p, first)
+            if p == 0:
+                break
+            k = prev.run_before[p]
+            dropped = set(islice(prev.order, p, None))
+            # the values and ports as fusion left them before ``p``; as the sizes phase made them after it
+            v = prev.vstart[k]
+            values = prev.fused_values[:v]
+            values += islice(pre_values, v, None)
+            ports = dict(prev.fused_ports)
+            for bid in dropped:
+                s = prev.sized.get(bid)
+                if s is not None:
+                    for port in s.outputs:
+                        ports.pop((bid, port), None)
+            for bid, s in islice(draft.sized.items(), k, None):
+                for port in s.outputs:
+                    vi = pre_ports.get((bid, port))
+                    if vi is not None:
+                        ports[(bid, port)] = vi
+            draft.values, draft.ports = values, ports
+            got = fusion_resumed(draft, fs, dropped, k)
+            if isinstance(got, FusionState):
+                return p, k, got
+            earlier = got
+        draft.values, draft.ports = list(pre_values), dict(pre_ports)
+        return 0, 0, fusion(draft, fuse=fuse)  # the groups changed from the start: planned whole
+    draft.values, draft.ports = list(pre_values), dict(pre_ports)
+    fused = fusion(draft, fuse=fuse)
+    if prev is not None and draft.fusion is not None:  # nothing fused in the last plan (it could not): whole
+        return 0, 0, fused
+    return p, k, fused
 
 
 def _sizes(draft: PlanDraft, prev: PlanState | None, p: int) -> tuple[int, tuple[list[int], list[int], list]]:
@@ -378,6 +465,7 @@ def _state(
         context_id=draft.snap.context_id,
         level=draft.level,
         reuse=draft.reuse,
+        fuse=False,
         blocks=draft.blocks,
         incoming=draft.incoming,
         links=draft.snap.links,
@@ -385,6 +473,7 @@ def _state(
         kernel_status=dict(draft.kernel_status or {}),
         faulted=dict(draft.faulted or {}),
         kept=draft.snap.kept,
+        bypassed=draft.snap.bypassed,
         order=list(order),
         pos=pos,
         run_before=run_before,
@@ -396,6 +485,9 @@ def _state(
         binding_counts=draft.binding_counts,
         size_warnings=size_warnings,
         vstart=vstart,
+        fusion=None,
+        fused_values=draft.values,
+        fused_ports=draft.ports,
         pinned={},
         pin_marks=[],
         read={},
@@ -479,15 +571,21 @@ def _nodes(
 
 def _remake(draft: PlanDraft, hot: list[int], n0: int, cache: NodeCache, remade: set[int]) -> None:
     """Make the nodes of the ``hot`` blocks (before node ``n0``) again, in place: the same arguments
-    but their scalars' values, so the same slots (recorded already) and the same resources."""
+    but their scalars' values, so the same slots (recorded already) and the same resources. A fused
+    member's values are its group node's scalar arguments."""
     if not hot:
         return
     faulted = draft.faulted or {}
     env = (draft.value_buffer, draft.value_counter, draft.values, {}, {}, set())
+    fused = draft.fusion.member_of if draft.fusion is not None else {}
+    in_groups: dict[int, set[int]] = {}  # a fused node -> its members whose Hot values changed
     for bid in hot:
         s = draft.sized.get(bid)
         idx = draft.block_nodes.get(bid)
         if s is None or bid in faulted or not idx or idx[-1] >= n0:
+            continue
+        if bid in fused:
+            in_groups.setdefault(idx[0], set()).add(bid)
             continue
         d = s.block.description
         if len(idx) != len(d.kernels):
@@ -502,6 +600,18 @@ def _remake(draft: PlanDraft, hot: list[int], n0: int, cache: NodeCache, remade:
         cache.put(s, idx[0], signature(s, draft.value_buffer, draft.value_counter, draft.buffers), made)
         cache.hits -= 1  # counted as reused with the blocks before ``n0``: made anew
         cache.misses += 1
+    blocks = draft.blocks
+    for i, bids in in_groups.items():
+        nd = draft.drafts[i]
+        *head, args = nd.head
+        args = tuple(
+            _new(Arg, ("scalar", a.dtype, False, a.ref, blocks[a.ref[0]].values[a.ref[1]]))
+            if a.kind == "scalar" and a.ref[0] in bids
+            else a
+            for a in args
+        )
+        draft.drafts[i] = nd._replace(head=(*head, args))
+        remade.add(i)
 
 
 def _edges(draft: PlanDraft, st: PlanState, prev: PlanState | None, kn: int, remade: set[int]) -> int:
