@@ -38,7 +38,7 @@ from ..plan import Arg, BufferPlan
 from .draft import BlockSizes, PlanDraft
 from .liveness import Lifetime, ancestors, assign_buffers
 
-__all__ = ["SHARED_BLOCK", "memory", "pins_read", "pins_written", "share"]
+__all__ = ["SHARED_BLOCK", "memory", "order_keys", "pins_read", "pins_written", "share"]
 
 _new = tuple.__new__  # skips NamedTuple.__new__ (see plan.py)
 SHARED_BLOCK = -1  #: ``BufferPlan.block_id`` of a buffer several values share
@@ -94,7 +94,8 @@ def share(draft: PlanDraft) -> None:
     lifetimes = [
         Lifetime(tuple(t), v.count * v.dtype.itemsize, v.index in pinned) for v, t in zip(values, touch, strict=True)
     ]
-    order = sorted(range(len(values)), key=lambda vi: touch[vi][0] if touch[vi] else -1)
+    keys = order_keys(touch, values, draft.block_nodes)
+    order = sorted(range(len(values)), key=keys.__getitem__)
     assigned, sizes = assign_buffers([lifetimes[vi] for vi in order], ancestors(preds))
     if len(sizes) == len(values):
         return  # nothing shared: the values stay the buffers
@@ -121,6 +122,23 @@ def share(draft: PlanDraft) -> None:
     draft.memory = MemoryPlan(
         values=mem.values, value_buffer=tuple(value_buffer), pinned=mem.pinned, ports=mem.ports, reuse=True
     )
+
+
+def order_keys(
+    touch: list[list[int]], values: list[BufferPlan], block_nodes: Mapping[int, tuple[int, ...]]
+) -> list[int]:
+    """Each value's place in the order of the buffer assignment: twice its first node; a value no node
+    touches (a fused group's intermediate: its buffer is a placeholder) just before the first node of its
+    block (the group's node), so that an edit after the group leaves its buffer's number as it was
+    (incremental planning resumes the assignment there, ``resume.py``); -1 for a block without nodes."""
+    out = []
+    for v, t in zip(values, touch, strict=True):
+        if t:
+            out.append(2 * t[0])
+        else:
+            idx = block_nodes.get(v.block_id)
+            out.append(2 * idx[0] - 1 if idx else -1)
+    return out
 
 
 def _buffers(values: list[BufferPlan], value_buffer: list[int], sizes: list[int]) -> list[BufferPlan]:

@@ -53,7 +53,7 @@ from .draft import BlockSizes, NodeDraft, PlanDraft
 from .edges import hazards
 from .fusion import FusionState, fusion, fusion_resumed
 from .liveness import Checkpoint, Lifetime, ancestors, assign_buffers
-from .memory import _buffers, block_pins, finish_pins, memory
+from .memory import _buffers, block_pins, finish_pins, memory, order_keys
 from .nodes import _work_node, block_nodes, counters_memset, node_env
 from .reuse import NodeCache, signature
 from .sizes import size_block
@@ -144,8 +144,8 @@ class PlanState:
 @dataclass(eq=False, slots=True)
 class ShareState:
     touch: list[list[int]]  # per value: the nodes touching it
-    first: list[int]  # per value: its first node (-1: none)
-    vorder: list[int]  # values in order of their first node
+    first: list[int]  # per value: its place in the assignment's order (``memory.order_keys``)
+    vorder: list[int]  # values in that order
     anc: list[int]  # ancestors of each node
     assigned: list[int]  # buffer of each value of ``vorder``
     checkpoints: list[Checkpoint]
@@ -718,7 +718,7 @@ def _share(
             if vi < v0:
                 affected.add(vi)
     pins = st.pinned
-    first = [t[0] if t else -1 for t in touch]
+    first = order_keys(touch, values, draft.block_nodes)  # twice the first node (``order_keys``)
     vorder = sorted(range(nv), key=first.__getitem__)
     start = 0
     checkpoint: Checkpoint | None = None
@@ -729,7 +729,7 @@ def _share(
         cands = [first[vi] for vi in range(v0, nv)]
         cands += [old_first[vi] for vi in range(v0, len(old_first))]
         cands += [min(first[vi], old_first[vi]) for vi in affected]
-        t_min = min(cands, default=n0)
+        t_min = min(cands, default=2 * n0 - 1)
         if t_min >= 0:
             limit = sum(1 for f in first if f < t_min)  # the values before it are as they were
             if vorder[:limit] == ps.vorder[:limit]:
