@@ -420,6 +420,9 @@ class GraphBuilds:
                 self._context.dirty.mark_structure()
                 return False
             recaptures, reallocations = g.recaptures, g.reallocations
+            # The replaced plan and the patch (a node each at 10,000 blocks) are freed by the next build,
+            # on its thread: dropping them here took milliseconds of the swap frame.
+            self._resources.discard_later((g.plan, out.warm, out.prepared))
             try:
                 decided = out.warm if out.warm_base is g.plan else None
                 patched = None
