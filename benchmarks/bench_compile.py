@@ -12,13 +12,15 @@ Prints median and best times (ms) and the cost per block.
 Then the edits of ``bench_liveness.py`` on chains of ``--edit-sizes`` blocks (1,000 and 10,000), planned
 as the build thread plans them (``GraphBuilds.prepare``): ``Context.snapshot()`` + ``compile_plan``
 with the engine's ``NodeCache`` (incremental planning, ``compiler/resume.py``), and after it the
-``BypassIndex`` and ``built_view`` the build thread makes of the plan. Each beside a full plan of the
-same patch (snapshot + ``compile_plan`` without the cache), measured in the same run, as a ratio.
-Edits: add a block at the end, unlink it, link it again, remove it; a Hot value changed in the
-middle of the chain with a block added at the end in the same build; the link in the middle of the
-chain removed and made again (the blocks after it are planned again). Fusion off, as
-``bench_liveness.py`` runs, and on (the engine's default: a chain of Scale blocks fuses into groups
-of about 500, which are planned whole, so every edit pays the fusion phase).
+``BypassIndex`` and ``built_view`` the build thread makes of the plan from the last ones. Each beside the
+same made whole (snapshot + ``compile_plan`` without the cache, ``BypassIndex`` and ``built_view`` of the
+whole plan: what a build paid before incremental planning, and what a fused patch paid before its
+groups resumed), measured in the same run, as a ratio. Edits: add a block at the end, unlink it, link
+it again, remove it; a Hot value changed in the middle of the chain with a block added at the end in
+the same build; the link in the middle of the chain removed and made again (the blocks after it are
+planned again); the block in the middle bypassed and restored (fused: it leaves its group, which is
+planned again). Fusion off, as ``bench_liveness.py`` runs, and on (the engine's default: a chain of
+Scale blocks fuses into groups of about 500; an edit plans the groups from the first one it touches).
 
 The first table also has ``fused`` and ``unfused`` rows (level None, ``fuse`` on and off) and
 ``fusion``: the fusion phase alone (``compiler.fusion``, on a draft planned up to it).
@@ -130,6 +132,8 @@ def bench_edits(n: int, repeats: int, fuse: bool = False) -> None:
         ("remove it", lambda: ctx.unregister_block(tail)),
         ("unlink mid", lambda: ctx.disconnect(blocks[n // 2], "Out", blocks[n // 2 + 1], "In")),
         ("link mid", lambda: ctx.connect(blocks[n // 2], "Out", blocks[n // 2 + 1], "In")),
+        ("bypass mid", lambda: setattr(blocks[n // 2], "enabled", False)),
+        ("restore mid", lambda: setattr(blocks[n // 2], "enabled", True)),
     ]
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
     gc_was = gc.isenabled()
@@ -142,10 +146,13 @@ def bench_edits(n: int, repeats: int, fuse: bool = False) -> None:
                 t_plan, new = _ms(lambda snap=snap: compile_plan(snap, fuse=fuse, cache=cache))
                 delta = cache.delta  # as ``GraphBuilds.prepare`` does: from the last plan's index and view
                 t_index, index = _ms(lambda new=new, index=index, delta=delta: BypassIndex(new, index, delta))
+                base = view
                 t_view, view = _ms(
                     lambda new=new, snap=snap, view=view, delta=delta: built_view(new, snap.names, view, delta)
                 )
-                t_full = _ms(lambda: compile_plan(ctx.snapshot(), fuse=fuse))[0]
+                t_full, whole = _ms(lambda: compile_plan(ctx.snapshot(), fuse=fuse))
+                t_full += _ms(lambda whole=whole: BypassIndex(whole))[0]
+                t_full += _ms(lambda whole=whole, snap=snap, base=base: built_view(whole, snap.names, base))[0]
                 rows.setdefault(name, []).append((t_snap + t_plan, t_index + t_view, t_full, t_snap))
                 gc.collect()
     finally:
@@ -186,9 +193,11 @@ def main() -> None:
     if args.edit_sizes:
         print()
         print("edit re-plan (median ms): snapshot + compile_plan with the cache; BypassIndex + built_view after it;")
-        print("beside snapshot + compile_plan of the same patch without the cache (full), as a ratio")
+        print(
+            "beside the same made whole (snapshot + compile_plan without the cache, index and view of it), as a ratio"
+        )
         head = f"{'blocks':>7} {'fuse':>4} {'edit':>12} {'re-plan':>10} {'index+view':>12}"
-        print(f"{head} {'total':>9} {'full':>9} {'ratio':>7}")
+        print(f"{head} {'total':>9} {'whole':>9} {'ratio':>7}")
         for fuse in (False, True):
             for n in args.edit_sizes:
                 bench_edits(n, args.repeats, fuse)
