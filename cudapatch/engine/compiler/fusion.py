@@ -26,6 +26,9 @@ patched the member's. Results equal the unfused ones bit for bit: every member's
 to a float exactly as its stored output would be, and the code generator never contracts
 operations (see ``cudapatch/expr/ptx_gen.py``).
 
+A structure edit groups again only the blocks from the first group it may change on
+(``fusion_resumed``, with the ``FusionState`` the last plan left; ``resume.py`` finds where).
+
 Fusion is on by default (``Engine(fuse=False)``, ``fuse = false`` in a patch file's ``[engine]``, or
 ``fuse=False`` on one block turn it off). Nothing fuses when the profiling level times blocks or
 kernels (PerBlock and up: each needs its own node), for blocks disabled by a GPU fault, for bypassed
@@ -243,6 +246,7 @@ class FusionState:
         size: Member -> argument bytes of the fused tree ending at it (``_fit_launches``, before the cut
             at its consumer).
         result: The phase's groups.
+        readers: Block id -> the links from it (the next plan counts only the links added and removed).
     """
 
     members: dict[int, Member]
@@ -250,6 +254,7 @@ class FusionState:
     flagged: list[int]
     size: dict[int, int]
     result: Fusion
+    readers: Counter
 
 
 def fusion(draft: PlanDraft, *, fuse: bool = True) -> FusionState | None:
@@ -269,10 +274,10 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> FusionState | None:
     consumer: dict[int, int] = {}  # member → the member it fuses into
     producers: dict[int, list[int]] = {}  # the reverse
     size: dict[int, int] = {}
-    state = FusionState(members, count, flagged, size, Fusion())
+    # a member has one output: its links are the links from its block
+    readers = Counter(map(_SRC, draft.links))
+    state = FusionState(members, count, flagged, size, Fusion(), readers)
     if len(members) >= 2:
-        # a member has one output: its links are the links from its block
-        readers = Counter(map(_SRC, draft.links))
         extra = _extra(draft, members.get, flagged)
         _link(draft, members, members.get, count, readers, extra, consumer, producers)
     _fit_launches(members, consumer, producers, size)  # the sizes also when nothing fuses: a later plan resumes
@@ -291,7 +296,8 @@ def fusion_resumed(draft: PlanDraft, state: FusionState, dropped: set[int], star
 
     Args:
         draft: The plan under construction (sized, delays found).
-        state: What the last plan's phase left (changed in place when this returns a state).
+        state: What the last plan's phase left (changed in place when this returns a state), its
+            ``readers`` counting this patch's links already.
         dropped: The blocks of the last plan from the first one planned again on: their entries leave ``state``.
         start: The index in ``draft.sized`` of the first block planned again.
 
@@ -318,7 +324,7 @@ def fusion_resumed(draft: PlanDraft, state: FusionState, dropped: set[int], star
     producers: dict[int, list[int]] = {}
     size: dict[int, int] = {}
     if new:
-        readers = Counter(map(_SRC, draft.links))
+        readers = state.readers
         flagged_all = [b for b in state.flagged if b not in dropped] + flagged
         extra = _extra(draft, get, flagged_all)
         counts = ChainMap(count, old_count)

@@ -25,13 +25,28 @@ The order itself resumes (``order.resumed_order``), and validation takes the las
 unchanged blocks as valid. ``PlanDelta`` (``NodeCache.delta``) tells what the build makes of the plan
 afterwards (``built_view``, ``BypassIndex``) which blocks and nodes to look at again.
 
-An edit at the end of a chain plans one block; an edit in the middle plans the blocks after it.
-Plans with and without it are equal (``tests/unit/test_plan_reuse.py`` over random edit sequences).
-Patches with regions, composites, probes, profiling stamps or fused groups are planned whole (the
-``NodeCache`` still reuses node drafts there); delays and fusion run over the whole patch. Measured
-on the CPU machine (``benchmarks/bench_compile.py``, fusion off): a block added at the end of a
-1,000-block chain, snapshot to plan, 2.8-3 ms beside a full plan's 32 ms; at 10,000 blocks 34-50 ms
-beside 370-390 ms.
+Fused groups (``fusion.py``) resume at a group: a group's node runs where its sink runs and its
+intermediates are placeholders, so the plan parts of its members are the group's. ``_fuse`` moves the
+resume point back to the first block of the first group of the last plan that the edit may change: a
+group with a block at the resume point or after it, or with a block that gained or lost a reader (a
+group splits where a member is read twice, and one whose sink gets its only reader may grow) or was
+bypassed or restored, or that one of those reads; no group may have blocks on both sides of the point.
+``fusion.fusion_resumed`` then keeps the groups before it and groups the blocks after it; where a block
+before it would now fuse into one after it (a sum of two chains too big for one launch: one chain's end
+gets another reader, the other chain fits beside the sum now), it says so and the point moves back to
+that block's group. The sizes phase resumes where it would without fusion (sizes do not depend on it);
+the values and ports before the point are those fusion left (placeholders), after it those sizes made.
+A fused member whose Hot values alone changed gets its new values in its group's node, in place.
+
+An edit at the end of a chain plans one block (fused: the last group); an edit in the middle plans the
+blocks after it (fused: from the group it touched). Plans with and without it are equal, and so are the
+``built_view`` and ``BypassIndex`` made from the delta (``tests/unit/test_plan_reuse.py``,
+``test_plan_reuse_fused.py``, over random edit sequences). Patches with regions, composites, probes or
+profiling stamps are planned whole (the ``NodeCache`` still reuses node drafts there); delays run over
+the whole patch. Measured on the CPU machine (``benchmarks/bench_compile.py``, snapshot to plan): a block
+added at the end of a 1,000-block chain, fusion off, 2.8-3 ms beside a full plan's 32 ms; at 10,000
+blocks 34-50 ms beside 370-390 ms. Fusion on (groups of about 500 Scale blocks), 10,000 blocks: 40-65 ms
+(index and view after it 2-5 ms) beside 300-350 ms (80-100 ms), where fused plans used to be made whole.
 
 Used by one build at a time; the state of the last plan is consumed by the next (a plan that fails
 leaves none: the next is planned whole).
@@ -360,6 +375,10 @@ def _fuse(
                         lk = incoming.get((bid, port.name))
                         if lk is not None:
                             touched.append(lk.src)
+        readers = fs.readers  # the links from each block: counted again only where links were added or removed
+        old_incoming = prev.incoming
+        for key, lk in relinked:
+            readers[lk.src] += -1 if old_incoming.get(key) is lk else 1
         spans = sorted(((pos[g.sink], pos[g.members[0]]) for g in groups.values()), reverse=True)
         earlier: list[int] = touched
         for _attempt in range(4):
