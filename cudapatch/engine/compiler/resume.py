@@ -46,7 +46,7 @@ profiling stamps are planned whole (the ``NodeCache`` still reuses node drafts t
 the whole patch. Measured on the CPU machine (``benchmarks/bench_compile.py``, snapshot to plan): a block
 added at the end of a 1,000-block chain, fusion off, 2.8-3 ms beside a full plan's 32 ms; at 10,000
 blocks 34-50 ms beside 370-390 ms. Fusion on (groups of about 500 Scale blocks), 10,000 blocks: 40-65 ms
-(index and view after it 2-5 ms) beside 300-350 ms (80-100 ms), where fused plans used to be made whole.
+(index and view after it 4.5-5 ms) beside 300-350 ms (75-105 ms), where fused plans used to be made whole.
 
 Used by one build at a time; the state of the last plan is consumed by the next (a plan that fails
 leaves none: the next is planned whole).
