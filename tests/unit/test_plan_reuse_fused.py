@@ -10,12 +10,15 @@ import random
 
 import pytest
 
-from cudapatch import DType, Expression, Scale, VectorAdd
+from cudapatch import DType, Engine, Expression, Scale, VectorAdd
 from cudapatch.engine import Context, ExternalBinding
+from cudapatch.engine.built_view import built_view
+from cudapatch.engine.bypass import BypassIndex
 from cudapatch.engine.compiler import NodeCache, liveness
 from cudapatch.errors import CudapatchError
 
-from .test_plan_reuse import _both, _chain
+from .test_live_builds import Realizer, _landed, engine, realizer  # noqa: F401 (fixtures: the build thread over fakes)
+from .test_plan_reuse import INDEX, _both, _chain
 
 _fusion = importlib.import_module("cudapatch.engine.compiler.fusion")  # the package's ``fusion`` is the phase
 _UNARY = ("x * Gain + 0.25", "fma(x, Gain, Bias)", "abs(x) - Gain")
@@ -244,3 +247,41 @@ def test_a_resumed_fused_plan_equals_a_full_replan_over_random_edits(
         _fused_edit(c, rng, made)
         last = _both(c.snapshot(), cache, last, fuse=True, reuse=reuse)
     assert cache.resumed > 10
+
+
+def test_the_build_thread_makes_the_index_and_view_of_a_resumed_fused_plan_from_its_delta(
+    engine: Engine,  # noqa: F811 (the fixture imported above)
+    realizer: Realizer,  # noqa: F811
+) -> None:
+    from .test_engine_orchestration import DeviceArray
+
+    blocks = [engine.add(Scale(name=f"s{i}", Factor=1.0 + i / 1000)) for i in range(1200)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        engine.connect(a, "Out", b, "In")
+    engine.bind(blocks[0], "In", DeviceArray(4099))
+    _landed(engine)
+    builds = engine._builds
+    plans = builds._plans
+    tail = engine.add(Scale(name="tail"))  # not running yet: its input is not linked
+    _landed(engine)
+    edits = (
+        lambda: engine.connect(blocks[-1], "Out", tail, "In"),  # the last group grows
+        lambda: engine.connect(blocks[700], "Out", engine.add(Scale(name="reader")), "In"),  # a group splits
+        lambda: setattr(blocks[900], "enabled", False),  # a member leaves its group
+        lambda: engine.remove(tail),
+    )
+    for edit in edits:
+        resumed = plans.resumed
+        edit()
+        engine.update()  # a bypass is only marked until an update decides it needs a build
+        _landed(engine)
+        plan = engine.graph.plan
+        assert plans.resumed > resumed and plans.delta is not None and plans.delta.plan is plan
+        index, whole = builds._index, BypassIndex(plan)
+        assert index.plan is plan
+        for name in INDEX:
+            assert getattr(index, name) == getattr(whole, name), name
+        names = {b.id: b.name for b in engine.blocks}
+        shown, view = builds._shower.shown, built_view(plan, names, None)
+        assert (shown.sizes, shown.shapes, shown.groups) == (view.sizes, view.shapes, view.groups)
+    assert str(blocks[701]).count("->") > 100 and "fused" not in str(blocks[900])  # what the blocks show
