@@ -112,5 +112,16 @@ class DirtyTracker:
         self._recompute()
         return params, bindings
 
+    def swap_params(
+        self, spare: tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]
+    ) -> tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]:
+        """``take_params`` for the frame thread's Hot/Warm tier: ``spare`` (two empty dicts, the ones an
+        earlier swap returned, cleared) takes the pending changes' place, so an edit frame makes no
+        dicts. Returns the pending parameter and binding changes."""
+        taken = self.params, self.bindings
+        self.params, self.bindings = spare
+        self.any = bool(self.structure or self.code or self.captured or self.bypass)  # the new two are empty
+        return taken
+
     def _recompute(self) -> None:
         self.any = bool(self.structure or self.code or self.captured or self.params or self.bindings or self.bypass)
