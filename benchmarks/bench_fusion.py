@@ -89,7 +89,7 @@ def launch_variants(e: Engine, g, node, blocks=(64, 128, 256, 512), per_thread=(
             p.func = function
             p.gridDimX, p.gridDimY, p.gridDimZ = max(1, -(-count // (block * k))), 1, 1
             p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
-            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, 0
+            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, base.extra  # pointers or one buffer
             rows.append(
                 {
                     "per_thread": k,
