@@ -39,7 +39,14 @@ class BlockState(Enum):
 
 @dataclass
 class BlockDebugInfo:
-    """Debug data the engine writes onto a block; ``str(block)`` reads only this."""
+    """Debug data the engine writes onto a block; ``str(block)`` reads only this.
+
+    ``sizes`` (output port -> element count), ``shapes`` (output port -> Shape, for 2-D/3-D outputs)
+    and ``fused`` (the fused group this block runs in, "a -> b -> c", empty when it runs alone) are
+    read from the build an engine shows (``engine.built_view.BuiltShower``) once the engine has shown
+    one with this block, so a build that changes every block's sizes writes nothing per block;
+    setting one of them stops that (the block then shows what was set).
+    """
 
     state: BlockState = BlockState.NOT_COMPILED
     message: str = ""
@@ -47,9 +54,54 @@ class BlockDebugInfo:
     gpu_ms: float | None = None  # GPU time in the last reported frame (PerBlock and above)
     runs: tuple[int, float | None, float | None] | None = None  # in a region's body: (runs, min ms, max ms)
     append_fill: dict[str, tuple[int, int]] = field(default_factory=dict)  # port -> (count, capacity), Deep levels
-    sizes: dict[str, int] = field(default_factory=dict)  # output port -> element count
-    shapes: dict[str, Any] = field(default_factory=dict)  # output port -> Shape, for 2-D/3-D outputs
-    fused: str = ""  # the fused group this block runs in ("a -> b -> c"), empty when it runs alone
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    _shapes: dict[str, Any] = field(default_factory=dict, repr=False)
+    _fused: str = field(default="", repr=False)
+    #: ``(shower, block id)`` while sizes, shapes and fused are read from a ``BuiltShower``'s view.
+    _shown_by: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        src = self._shown_by
+        return self._sizes if src is None else src[0].sizes_of(src[1])
+
+    @sizes.setter
+    def sizes(self, value: dict[str, int]) -> None:
+        self.detach()
+        self._sizes = value
+
+    @property
+    def shapes(self) -> dict[str, Any]:
+        src = self._shown_by
+        return self._shapes if src is None else src[0].shapes_of(src[1])
+
+    @shapes.setter
+    def shapes(self, value: dict[str, Any]) -> None:
+        self.detach()
+        self._shapes = value
+
+    @property
+    def fused(self) -> str:
+        src = self._shown_by
+        return self._fused if src is None else src[0].fused_of(src[1])
+
+    @fused.setter
+    def fused(self, value: str) -> None:
+        self.detach()
+        self._fused = value
+
+    def show_from(self, shower: Any, block_id: int) -> None:
+        """Read sizes, shapes and fused from ``shower`` (``BuiltShower.sizes_of`` ...) from now on."""
+        self._shown_by = (shower, block_id)
+
+    def detach(self) -> None:
+        """Keep what the shower shows now as this block's own values, and stop reading from it."""
+        src = self._shown_by
+        if src is not None:
+            shower, bid = src
+            self._sizes, self._shapes, self._fused = shower.sizes_of(bid), shower.shapes_of(bid), shower.fused_of(bid)
+            self._shown_by = None
+            shower.detached(bid)
 
 
 class Block:

@@ -251,12 +251,36 @@ class GpuBuffer(HandleOwner):
             CudaOutOfMemoryError: no memory for the new block (the buffer keeps the old one).
             CudapatchError: the buffer is closed.
         """
+        self.move_to(self.reserve(nbytes))
+
+    def reserve(self, nbytes: int) -> _Allocation:
+        """A pool block of at least ``nbytes`` for this buffer to ``move_to`` later (a Warm patch
+        prepared on the build thread takes it there; the buffer keeps its own block until then).
+        ``unreserve`` gives back one that is not used.
+
+        Raises:
+            CudaOutOfMemoryError: no memory for the block.
+            CudapatchError: the buffer is closed.
+        """
         self._check_open()
-        new = self._pool.acquire(max(1, int(nbytes)))
+        return self._pool.acquire(max(1, int(nbytes)))
+
+    def unreserve(self, alloc: _Allocation) -> None:
+        """Give back a block from ``reserve`` that the buffer never moved to."""
+        self._pool.release(alloc)
+
+    def move_to(self, alloc: _Allocation) -> None:
+        """Use ``alloc`` (from ``reserve``) from now on; the old block goes back to the pool at once,
+        as in ``reallocate``. The contents are not kept.
+
+        Raises:
+            CudapatchError: the buffer is closed.
+        """
+        self._check_open()
         self._finalizer.detach()
         self._pool.release(self._alloc)
-        self._alloc = new
-        self._finalizer = weakref.finalize(self, self._pool.release, new)
+        self._alloc = alloc
+        self._finalizer = weakref.finalize(self, self._pool.release, alloc)
 
     def upload(self, array: Any) -> None:
         """Copy a host array into the buffer (blocks until done).

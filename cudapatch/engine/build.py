@@ -34,6 +34,7 @@ from .compiler import NodeCache, compile_plan
 from .compiler.fusion import FUSED_KERNEL
 from .context import BlockSnapshot, Context, ExternalBinding, PatchSnapshot
 from .diagnostics import Diagnostic, DiagnosticCode
+from .executable import PreparedPatch
 from .faults import FaultState
 from .kernels import KernelTracker
 from .plan import GraphPlan
@@ -99,6 +100,8 @@ class BuildOutcome:
         warm: The Warm patch decided on the build thread against ``warm_base`` (trimmed to the nodes
             that change), so that ``finish`` does not decide again on the frame thread.
         warm_base: The running graph's plan the decision compared with.
+        prepared: ``warm`` made ready to apply (grown buffers' blocks reserved, arguments packed) on
+            the build thread (``CompiledGraph.prepare_patch``), or None.
         bypass_index: The plan's ``BypassIndex`` (a build on the build thread makes it there).
         view: What the blocks show of the plan, and which blocks changed (``built_view``).
     """
@@ -115,6 +118,7 @@ class BuildOutcome:
     realize_ms: float = 0.0
     warm: WarmPatch | None = None
     warm_base: GraphPlan | None = None
+    prepared: PreparedPatch | None = None
     bypass_index: BypassIndex | None = None
     view: BuiltView | None = None
 
@@ -123,7 +127,11 @@ class BuildOutcome:
         return self.job.snap.bindings
 
     def discard(self) -> None:
-        """Free the graph nobody will install (the engine closed, or the context is being reset)."""
+        """Free the graph nobody will install (the engine closed, or the context is being reset), and
+        give back the blocks a prepared Warm patch reserved."""
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            prepared.discard()
         g, self.graph = self.graph, None
         if g is not None:
             try:
@@ -367,6 +375,7 @@ class GraphBuilds:
             return False
         if out.job.off_thread and not out.plan.captured_nodes:  # re-captures decide with the stale set: at finish
             out.warm, out.warm_base = g.trim_patch(decision), base
+            out.prepared = g.prepare_patch(out.warm, bindings)
         return True
 
     def finish(self, out: BuildOutcome) -> bool:
@@ -406,13 +415,22 @@ class GraphBuilds:
         g = res.graph
         if out.graph is None:
             if g is None or g is not job.previous:
+                out.discard()
                 self._cold_next = True
                 self._context.dirty.mark_structure()
                 return False
             recaptures, reallocations = g.recaptures, g.reallocations
+            # The replaced plan and the patch (a node each at 10,000 blocks) are freed by the next build,
+            # on its thread: dropping them here took milliseconds of the swap frame.
+            self._resources.discard_later((g.plan, out.warm, out.prepared))
             try:
                 decided = out.warm if out.warm_base is g.plan else None
-                patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
+                patched = None
+                if out.prepared is not None:  # made ready on the build thread: bytes and driver calls here
+                    prepared, out.prepared = out.prepared, None
+                    patched = g.apply_prepared(prepared, plan) if decided is not None else prepared.discard()
+                if patched is None:
+                    patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
             except CudaError as exc:
                 return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
             if patched is None:  # refused now (a re-capture changed its topology): realize next build

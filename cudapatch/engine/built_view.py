@@ -153,6 +153,31 @@ class BuiltShower:
         self._appends: set[int] = set()  # blocks showing append outputs
         self._away: set[int] = set()  # changed while not registered: written when they are again
         self._readings = -1  # ``readings_shown()`` when the GPU numbers were last cleared
+        self._attached: set[int] = set()  # blocks whose sizes, shapes and fused are read from ``shown``
+
+    def sizes_of(self, block_id: int) -> dict[str, int]:
+        """Output port -> element count of a block in the view shown."""
+        shown = self.shown
+        return {} if shown is None else shown.sizes.get(block_id, {})
+
+    def shapes_of(self, block_id: int) -> dict[str, Any]:
+        """Output port -> Shape (2-D/3-D outputs) of a block in the view shown."""
+        shown = self.shown
+        return {} if shown is None else shown.shapes.get(block_id, {})
+
+    def fused_of(self, block_id: int) -> str:
+        """The fused group a block runs in, as ``"a -> b -> c"`` with the members' names now ("" if none)."""
+        shown = self.shown
+        group = None if shown is None else shown.groups.get(block_id)
+        if not group:
+            return ""
+        blocks = self._blocks
+        return " -> ".join(x.name if (x := blocks.get(m)) is not None else str(m) for m, _ in group)
+
+    def detached(self, block_id: int) -> None:
+        """A block stopped reading from this shower (a value was set on it): the next view in which it
+        changes attaches it again."""
+        self._attached.discard(block_id)
 
     def apply(self, view: BuiltView, appends: Mapping[tuple[int, str], Any]) -> None:
         """Show ``view`` and the new graph's append outputs; clear the old graph's GPU numbers."""
@@ -163,19 +188,16 @@ class BuiltShower:
         else:  # compared with another view than the one shown: every block
             ids = [b.id for b in blocks]
         away = set()
-        for bid in ids:
+        self.shown = view  # what every block shown from here reads (``BlockDebugInfo.sizes``)
+        attached = self._attached
+        for bid in ids if not attached else {*ids} - attached:  # a growth changes every block: read, not written
             b = blocks.get(bid)
             if b is None or b not in blocks:  # removed (or inside a composite, never shown)
                 if b is None:
                     away.add(bid)
                 continue
-            d = b.debug
-            d.sizes = view.sizes.get(bid, {})
-            d.shapes = view.shapes.get(bid, {})
-            group = view.groups.get(bid)
-            d.fused = (
-                " -> ".join(x.name if (x := blocks.get(m)) is not None else str(m) for m, _ in group) if group else ""
-            )
+            b.debug.show_from(self, bid)
+            attached.add(bid)
         by_block: dict[int, dict[str, Any]] = {}
         for (bid, port), ab in appends.items():
             by_block.setdefault(bid, {})[port] = ab
@@ -195,4 +217,3 @@ class BuiltShower:
                 if d.gpu_ms is not None or d.append_fill:
                     d.gpu_ms = d.runs = None
                     d.append_fill = {}
-        self.shown = view

@@ -21,6 +21,7 @@ plan.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import weakref
 from collections.abc import Iterable, Mapping
@@ -38,7 +39,7 @@ from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
-from .params import PackedLaunch, ParamStorage, read_slot, write_slot
+from .params import PackedLaunch, ParamStorage, pack_arguments, read_slot, write_slot
 from .phases import Phases, lending_keys, phase_nodes
 from .plan import GraphPlan, ProbeNodePlan
 from .probes import ProbeStats, decode_probe, record_words
@@ -46,7 +47,7 @@ from .readback import ReadbackRing
 from .replay import replay_by_block
 from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
-__all__ = ["CompiledGraph", "GraphParts"]
+__all__ = ["CompiledGraph", "GraphParts", "PreparedPatch"]
 
 log = logging.getLogger("cudapatch.engine")
 
@@ -152,6 +153,31 @@ def _release_graph(d: Any, exec_: Any, graph: Any, exec1: Any = None) -> None:
         d.cuGraphDestroy(graph)
     except Exception:
         pass
+
+
+@dataclass(eq=False)
+class PreparedPatch:
+    """A Warm patch made ready on the build thread (``CompiledGraph.prepare_patch``).
+
+    Attributes:
+        base: The plan of the running graph it was decided against.
+        decision: The trimmed decision.
+        allocs: ``(buffer, pool block)`` of each buffer that grows (reserved, not yet moved to).
+        writes: ``(node, its packed arguments, its patch)`` of each node that changes.
+        same: ``(node, its new plan node)`` of each node the patch named that keeps its values.
+    """
+
+    base: GraphPlan
+    decision: WarmPatch
+    allocs: list[tuple[GpuBuffer, Any]]
+    writes: list[tuple[KernelNode, bytes, Any]] = field(default_factory=list)
+    same: list[tuple[KernelNode, Any]] = field(default_factory=list)
+
+    def discard(self) -> None:
+        """Give back the reserved blocks (the patch will not be applied); idempotent."""
+        allocs, self.allocs = self.allocs, []
+        for buf, alloc in allocs:
+            buf.unreserve(alloc)
 
 
 class CompiledGraph(HandleOwner):
@@ -607,6 +633,120 @@ class CompiledGraph(HandleOwner):
         self._commit(touched)
         self.plan = plan
         return len(touched) + recaptured
+
+    def prepare_patch(
+        self, decision: WarmPatch, bindings: Mapping[tuple[int, str], ExternalBinding]
+    ) -> PreparedPatch | None:
+        """Make ``decision`` (decided against this graph's current plan, trimmed by ``trim_patch``)
+        ready to apply, on the build thread: take the pool blocks of the buffers that grow and pack
+        every changed node's arguments as the new plan has them. ``apply_prepared`` then only copies
+        bytes and calls the driver on the frame thread (a 2x growth of a 1,000-node chain: every node
+        changes; making each node's values there was most of a 10 ms frame).
+
+        Returns:
+            None where only ``try_patch`` can apply it: captured calls, FrameDelay phases, nodes in
+            child graphs or region bodies, region handles among the arguments (or no memory for a
+            grown buffer: ``try_patch`` reports that).
+        """
+        if decision.calls or self._phases is not None or self._exec1 is not None:
+            return None
+        nodes, buffers, counters_ptr = self._nodes, self.buffers, self._counters_ptr
+        for kp in decision.kernels:
+            kn = nodes[kp.index]
+            if not isinstance(kn, KernelNode) or kn.child is not None or kn.body is not None or kn.alt is not None:
+                return None
+        allocs: list[tuple[GpuBuffer, Any]] = []
+        try:
+            for bi, nbytes in decision.grow:
+                allocs.append((buffers[bi], buffers[bi].reserve(nbytes)))
+        except CudapatchError:  # out of memory (or closed): the frame thread's try_patch says which
+            for buf, alloc in allocs:
+                buf.unreserve(alloc)
+            return None
+        prepared = PreparedPatch(self.plan, decision, allocs)
+        ptrs = [buf.ptr for buf in buffers]
+        for (bi, _), (_, alloc) in zip(decision.grow, allocs, strict=True):
+            ptrs[bi] = alloc.ptr
+        writes = prepared.writes
+        for kp in decision.kernels:
+            values = []
+            for a in kp.plan.args:
+                kind = a.kind
+                if kind == "buffer":
+                    values.append(ptrs[a.ref])  # type: ignore[index]
+                elif kind == "scalar" or kind == "const":
+                    values.append(a.value)
+                elif kind == "handle":
+                    prepared.discard()
+                    return None
+                else:
+                    values.append(arg_value(a, buffers, bindings, counters_ptr))
+            kn, raw = nodes[kp.index], pack_arguments(kp.plan, values)
+            p, node = kn.params, kp.plan  # type: ignore[union-attr]
+            if (
+                raw != bytes(kn.store.storage)  # type: ignore[union-attr]
+                or (p.gridDimX, p.gridDimY, p.gridDimZ) != (node.grid, node.yz[0], node.yz[1])
+                or (kp.function is not None and int(kp.function) != int(p.func))
+            ):  # else nothing to write (``trim_patch`` keeps every node reading a binding)
+                writes.append((kn, raw, kp))  # type: ignore[arg-type]
+            else:
+                prepared.same.append((kn, node))  # type: ignore[arg-type]
+        return prepared
+
+    def apply_prepared(self, prepared: PreparedPatch, plan: GraphPlan) -> int | None:
+        """Apply a ``prepare_patch`` result (frame thread, between launches): move the grown buffers
+        to their new blocks, copy each changed node's packed arguments into its storage, set its
+        grid and function, point bypassed outputs' readers at their inputs again, and give the
+        driver each changed node. Hot values, rebinds and Code swaps made since the build's snapshot
+        are the caller's to re-apply (``ParamTier.end_carry``), as after any build.
+
+        Returns:
+            The number of nodes patched, or None (nothing changed) when the graph was patched since
+            the decision was taken: ``try_patch`` decides again.
+
+        Raises:
+            CudaError: cuGraphExecKernelNodeSetParams failed.
+        """
+        if prepared.base is not self.plan:
+            prepared.discard()
+            return None
+        self.warm_refusal = None
+        for buf, alloc in prepared.allocs:
+            buf.move_to(alloc)
+        self.reallocations += len(prepared.allocs)
+        prepared.allocs = []
+        for kn, node in prepared.same:
+            kn.plan = node
+        memmove = ctypes.memmove
+        touched = []
+        for kn, raw, kp in prepared.writes:
+            memmove(kn.store.storage, raw, len(raw))
+            node, params = kp.plan, kn.params
+            params.gridDimX = node.grid
+            params.gridDimY, params.gridDimZ = node.yz[0], node.yz[1]
+            if kp.function is not None:
+                params.func = kp.function
+            kn.plan = node
+            touched.append(kn)
+        redirects = self.bypass.redirects
+        if redirects:
+            # The packed values are the plan's: a bypassed output's readers read its input again (also
+            # readers the patch left alone, where the input they are redirected to moved).
+            buffers, nodes, patched = self.buffers, self._nodes, {id(kn) for kn in touched}
+            for (ni, ai), res in redirects.items():
+                ptr = buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
+                kn = nodes[ni]
+                slot = kn.slots[ai]  # type: ignore[union-attr]
+                if id(kn) in patched or slot.value != ptr:
+                    slot.value = ptr
+                    if id(kn) not in patched:
+                        patched.add(id(kn))
+                        touched.append(kn)
+        for buf, count in zip(self.buffers, prepared.decision.counts, strict=True):
+            buf.count = count
+        self._commit(touched)
+        self.plan = plan
+        return len(touched)
 
     def set_bypass(self, bp: BypassPlan) -> int:
         """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.

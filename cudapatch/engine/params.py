@@ -31,7 +31,16 @@ from typing import Any
 from ..kernels._driver import driver
 from .plan import KernelNodePlan
 
-__all__ = ["BUFFER_FROM_ARGS", "PackedLaunch", "ParamSlots", "ParamStorage", "StoreLoans", "read_slot", "write_slot"]
+__all__ = [
+    "BUFFER_FROM_ARGS",
+    "PackedLaunch",
+    "ParamSlots",
+    "ParamStorage",
+    "StoreLoans",
+    "pack_arguments",
+    "read_slot",
+    "write_slot",
+]
 
 #: What ``ParamStorage.backup`` returns: the argument bytes, function address, grid, block and shared memory.
 Backup = tuple[bytes, int, int, int, int, tuple[int, int, int, int]]
@@ -129,6 +138,48 @@ def _layout(desc: Any) -> _Layout:
     return lay
 
 
+def _pack_into(storage: Any, lay: _Layout, values: Sequence[Any], slots: Sequence[Any] | None = None) -> None:
+    """Write one value per slot of ``lay`` into ``storage`` (a writable buffer of ``lay.size`` bytes
+    or more): one ``struct.pack_into`` where the layout has a format, else through ctypes slots."""
+    packer = lay.packer
+    try:
+        if packer is None:
+            raise TypeError
+        if lay.vectors:
+            flat: list[Any] = []
+            for v in values:
+                if type(v) is tuple:
+                    flat.extend(v)
+                else:
+                    flat.append(v)
+            packer.pack_into(storage, 0, *flat)
+        else:
+            packer.pack_into(storage, 0, *values)
+    except (struct.error, TypeError, OverflowError):
+        # What struct refuses (a value out of its type's range, a float16 over 65504), the ctypes
+        # slots take as a C cast does, as they always did.
+        if slots is None:
+            slots = [t.from_buffer(storage, o) for t, o in zip(lay.types, lay.offsets, strict=True)]
+        for slot, v in zip(slots, values, strict=True):
+            write_slot(slot, v)
+
+
+def pack_arguments(node: KernelNodePlan, values: Sequence[Any]) -> bytes:
+    """The bytes a ``ParamStorage`` of ``node`` holds after ``load(node, ..., values)``: what a Warm
+    patch prepared on the build thread copies into the running node's storage at the swap
+    (``CompiledGraph.prepare_patch``).
+
+    Raises:
+        ValueError: not one value per slot.
+    """
+    lay = _layout(node.descriptor)
+    if len(values) != len(lay.types):
+        raise ValueError(f"{len(values)} values for {len(lay.types)} parameter slots")
+    raw = (ctypes.c_uint8 * max(lay.size, 8))()
+    _pack_into(raw, lay, values)
+    return bytes(raw)
+
+
 class ParamSlots(Sequence):
     """The ctypes slot objects over one storage's arguments, each made on first use: a build makes
     thousands of storages, and only the slots of Hot, Warm and bypass targets are ever written again."""
@@ -165,7 +216,7 @@ class ParamStorage:
     plan's ``args``.
     """
 
-    __slots__ = ("descriptor", "storage", "pointers", "slots", "params", "_packer", "_vectors", "_size")
+    __slots__ = ("descriptor", "storage", "pointers", "slots", "params", "_size")
 
     def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
         """Lay out the storage for ``node``'s descriptor and ``load`` it.
@@ -179,7 +230,6 @@ class ParamStorage:
         desc = node.descriptor
         lay = _layout(desc)
         self.descriptor = desc
-        self._packer, self._vectors = lay.packer, lay.vectors
         offsets = lay.offsets
         self.storage = (ctypes.c_uint8 * max(lay.size, 8))()
         base = ctypes.addressof(self.storage)
@@ -212,25 +262,7 @@ class ParamStorage:
         """
         if len(values) != len(self.slots):
             raise ValueError(f"{len(values)} values for {len(self.slots)} parameter slots")
-        packer = self._packer
-        try:
-            if packer is None:
-                raise TypeError
-            if self._vectors:
-                flat: list[Any] = []
-                for v in values:
-                    if type(v) is tuple:
-                        flat.extend(v)
-                    else:
-                        flat.append(v)
-                packer.pack_into(self.storage, 0, *flat)
-            else:
-                packer.pack_into(self.storage, 0, *values)
-        except (struct.error, TypeError, OverflowError):
-            # What struct refuses (a value out of its type's range, a float16 over 65504), the ctypes
-            # slots take as a C cast does, as they always did.
-            for slot, v in zip(self.slots, values, strict=True):
-                write_slot(slot, v)
+        _pack_into(self.storage, _layout(self.descriptor), values, self.slots)
         kp = self.params
         kp.func = function
         kp.gridDimX = node.grid

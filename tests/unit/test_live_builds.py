@@ -39,6 +39,9 @@ class LiveGraph(FakeGraph):
     def trim_patch(self, decision: Any) -> Any:
         return decision
 
+    def prepare_patch(self, decision: Any, bindings: Any) -> None:
+        return None  # patched by ``try_patch`` alone (the prepared path runs in test_prepared_patch)
+
 
 class Realizer:
     """``realize`` on the build thread: makes a FakeGraph once the test opens ``gate`` (open at first)."""
