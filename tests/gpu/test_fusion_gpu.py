@@ -31,9 +31,10 @@ def _patch(e: Engine, x: np.ndarray, y: np.ndarray, *, fuse: bool) -> tuple[list
     return [s1, ex, s2, add], add
 
 
-def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("count", [1 << 20, 1000])  # 4 elements a thread, scalars by ld.param; 1, prefetched
+def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Generator, count: int) -> None:
     e = engine
-    x, y = (rng.standard_normal(1 << 20).astype(np.float32) for _ in range(2))
+    x, y = (rng.standard_normal(count).astype(np.float32) for _ in range(2))
     fused, fused_sink = _patch(e, x, y, fuse=True)
     _, plain_sink = _patch(e, x, y, fuse=False)  # the same blocks, each on its own node
     e.update()
