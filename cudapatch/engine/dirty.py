@@ -122,7 +122,8 @@ class DirtyTracker:
         dicts. Returns the pending parameter and binding changes."""
         taken = self.params, self.bindings
         self.params, self.bindings = spare
-        self.any = self.beyond_params or self.bypass  # the new two are empty
+        # The new two are empty unless another thread's ``set()`` has just marked one: that edit stays pending.
+        self.any = bool(self.beyond_params or self.bypass or self.params or self.bindings)
         return taken
 
     def _recompute(self) -> None:

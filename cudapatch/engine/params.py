@@ -120,7 +120,7 @@ class _Layout:
                 fmt.append(f"{o - pos}x{lane}" if o > pos else lane)
                 pos = o + struct.calcsize("<" + lane)
         self.packer = struct.Struct("".join(fmt)) if fmt is not None else None
-        self.buffer = len(self.offsets) >= BUFFER_FROM_ARGS and all(
+        self.buffer = len(self.offsets) >= max(1, BUFFER_FROM_ARGS) and all(
             s.size in (4, 8) and s.align == s.size for s in desc.slots
         )
 
