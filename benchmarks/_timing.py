@@ -91,7 +91,8 @@ def eager_kernel_ms(
                 engine.update()
             check(d.cuEventRecord(start, stream))
             for _ in range(launches):
-                check(d.cuLaunchKernel(kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, stream, kp.kernelParams, 0))
+                args = (kp.kernelParams, kp.extra)  # a pointer per argument, or one buffer (engine/params.py)
+                check(d.cuLaunchKernel(kp.func, kp.gridDimX, 1, 1, kp.blockDimX, 1, 1, 0, stream, *args))
             check(d.cuEventRecord(end, stream))
             check(d.cuEventSynchronize(end))
             out.append(check(d.cuEventElapsedTime(start, end)) / launches)

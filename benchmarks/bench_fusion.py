@@ -3,9 +3,10 @@
 
 1. A chain of ``--blocks`` ``Scale`` blocks (``y = a*x + b``) over 1,024 and 1M floats: GPU time per
    frame of the fused graph (one generated kernel), of the unfused graph (one node per block), and of
-   ``cupy.fuse`` of the same arithmetic. Targets: fused ≥ 30× faster than unfused at 1,024, ≥ 20× at 1M,
-   ≤ 1.2× ``cupy.fuse``. Each side is measured the same way twice (events around the launches, GPU time
-   only, median of 5):
+   ``cupy.fuse`` of the same arithmetic (its factors and offsets Python floats: constants compiled into
+   its code; and again as float32 arguments, kernel parameters as ours are: ``cupy args``). Targets:
+   fused ≥ 30× faster than unfused at 1,024, ≥ 20× at 1M, ≤ 1.2× ``cupy.fuse``. Each side is measured
+   the same way twice (events around the launches, GPU time only, median of 5):
 
    - **per frame**: one graph launch per frame, 200 frames. Ours is the engine's graph (at profiling
      level None: the one fused kernel node, nothing else); ``cupy frame`` is one ``cupy.fuse`` call
@@ -31,8 +32,8 @@
    the same change unfused (target: the same, ≤ 3 µs per patched node).
 
 Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50] [--launch-variants]``
-(``--launch-variants``: our fused kernel also at block sizes 64-512 and 1, 2, 4 elements per thread,
-per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
+(``--launch-variants``: our fused kernel also at block sizes 64-512, 1, 2, 4 elements per thread and
+both ways of reading its scalars, per kernel, at both sizes). Writes ``fusion.json`` to ``$RESULTS_DIR`` when set.
 """
 
 from __future__ import annotations
@@ -71,28 +72,33 @@ def chain(e: Engine, n_blocks: int, x: np.ndarray) -> list[Scale]:
     return blocks
 
 
-def launch_variants(e: Engine, g, node, blocks=(64, 128, 256, 512), per_thread=(1, 2, 4)) -> list[dict]:
+def launch_variants(
+    e: Engine, g, node, blocks=(64, 128, 256, 512), per_thread=(1, 2, 4), loads=("param", "prefetched")
+) -> list[dict]:
     """Our fused kernel at other launch shapes, each measured per kernel as ``fused kernel`` is: the
-    group's program generated with ``per_thread`` elements per thread (``FusedSource.per_thread``), the
-    same arguments, ``block`` threads per block and the grid that covers the count. What the fusion
-    phase's choice (``FUSED_PER_THREAD``, ``FUSED_PER_THREAD_FROM``, ``BLOCK_SIZE``) is worth at this size."""
+    group's program generated with ``per_thread`` elements per thread (``FusedSource.per_thread``) and
+    its scalars read as ``loads`` says (``FusedSource.scalar_loads``: ``ld.param``, or prefetched lines
+    read through generic addresses), the same arguments, ``block`` threads per block and the grid that
+    covers the count. What the fusion phase's choice (``FUSED_PER_THREAD``, ``FUSED_PER_THREAD_FROM``,
+    ``FUSED_SMALL_BLOCK``, ``FUSED_SMALL_SCALAR_LOADS``, ``BLOCK_SIZE``) is worth at this size."""
     import dataclasses
 
     base = g._nodes[node.index].params  # the running node's arguments (kernelParams) are shared by every variant
     count = node.args[-1].value  # the launch's element count, the node's last argument
     rows = []
-    for k in per_thread:
-        source = dataclasses.replace(node.source, per_thread=k, jit="full")
+    for k, how in ((k, how) for k in per_thread for how in loads):
+        source = dataclasses.replace(node.source, per_thread=k, scalar_loads=how, jit="full")
         function = e.kernels.builder.build(source).function
         for block in blocks:
             p = d.CUDA_KERNEL_NODE_PARAMS()
             p.func = function
             p.gridDimX, p.gridDimY, p.gridDimZ = max(1, -(-count // (block * k))), 1, 1
             p.blockDimX, p.blockDimY, p.blockDimZ = block, 1, 1
-            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, 0
+            p.sharedMemBytes, p.kernelParams, p.extra = 0, base.kernelParams, base.extra  # pointers or one buffer
             rows.append(
                 {
                     "per_thread": k,
+                    "scalar_loads": how,
                     "block": block,
                     "grid": p.gridDimX,
                     "kernel_ms": kernel_graph_ms(p, e.resources.stream),
@@ -117,7 +123,12 @@ def bench_chain(n_blocks: int, elements: int, variants: bool = False) -> dict:
             row["fused_ms" if fuse else "unfused_ms"] = gpu_ms(lambda g=g, s=stream: g.launch(s), stream)
             if fuse:
                 (node,) = g.plan.nodes  # level None: the fused kernel and nothing else
-                row["fused_launch"] = {"grid": node.grid, "block": node.block, "per_thread": node.source.per_thread}
+                row["fused_launch"] = {
+                    "grid": node.grid,
+                    "block": node.block,
+                    "per_thread": node.source.per_thread,
+                    "scalar_loads": node.source.scalar_loads,
+                }
                 # The node's CUDA_KERNEL_NODE_PARAMS as the executable graph holds them (no public accessor).
                 row["fused_kernel_ms"] = kernel_graph_ms(g._nodes[node.index].params, stream)
                 e.device.make_current()  # the empty kernel's module loads into the engine's context
@@ -145,9 +156,28 @@ def bench_chain(n_blocks: int, elements: int, variants: bool = False) -> dict:
         row["cupy_max_abs_diff"] = float(cp.max(cp.abs(out - cp.asarray(results[True]))))
         row["cupy_fuse_ms"] = cupy_graph_ms(cp, fused, xd)  # per kernel: 200 calls in one graph
         row["cupy_frame_ms"] = cupy_graph_ms(cp, fused, xd, calls=1, frames=200)  # per frame: a graph per call
+        # The same chain with its factors and offsets as arguments (float32 scalars: kernel parameters, as
+        # ours are, so an edit needs no compile), where the call above compiles them into its code.
+        with_args = _fuse_with_scalar_args(cp, n_blocks)
+        values = [np.float32(v) for pair in factors for v in pair]
+        call = lambda v: with_args(v, *values)  # noqa: E731
+        row["cupy_args_max_abs_diff"] = float(cp.max(cp.abs(call(xd) - cp.asarray(results[True]))))
+        row["cupy_args_ms"] = cupy_graph_ms(cp, call, xd)
+        row["cupy_args_frame_ms"] = cupy_graph_ms(cp, call, xd, calls=1, frames=200)
     except ImportError:
         row["cupy_fuse_ms"] = row["cupy_calls_ms"] = row["cupy_frame_ms"] = None
+        row["cupy_args_ms"] = row["cupy_args_frame_ms"] = None
     return row
+
+
+def _fuse_with_scalar_args(cp, n_blocks: int):
+    """``cupy.fuse`` of ``v = v * f_i + o_i`` for i < ``n_blocks`` with every ``f_i``, ``o_i`` an argument
+    (cupy.fuse takes no ``*args``: the function is written out)."""
+    names = [f"{k}{i}" for i in range(n_blocks) for k in ("f", "o")]
+    body = "".join(f"    v = v * f{i} + o{i}\n" for i in range(n_blocks))
+    scope: dict = {}
+    exec(f"def chain(v, {', '.join(names)}):\n{body}    return v\n", scope)  # noqa: S102 - our own text
+    return cp.fuse()(scope["chain"])
 
 
 def cupy_graph_ms(cp, fused, xd, calls: int = 200, frames: int = 1) -> float | None:
@@ -389,10 +419,19 @@ def main() -> None:
     print("{:>10} {:>13} {:>11} {:>14} {:>17} {:>11}  {}".format(*head))
     for r in rows:
         kernel, graph = r["fused_kernel_ms"], r["cupy_fuse_ms"]
-        launch = "grid {grid} x {block}, {per_thread}/thread".format(**r["fused_launch"])
+        launch = "grid {grid} x {block}, {per_thread}/thread, scalars {scalar_loads}".format(**r["fused_launch"])
         print(
             f"{r['elements']:>10} {kernel:>13.4f} {_ms(graph):>11} {_ratio(kernel, graph):>14} "
             f"{_ratio(r['fused_ms'], graph):>17} {_ms(r['cupy_calls_ms']):>11}  {launch}"
+        )
+    print("   cupy.fuse with the factors and offsets as float32 arguments (kernel parameters, as ours):")
+    head = ("elements", "args kernel", "kernel/kernel", "args frame", "frame/frame")
+    print("{:>10} {:>12} {:>14} {:>11} {:>12}".format(*head))
+    for r in rows:
+        kernel, frame = r.get("cupy_args_ms"), r.get("cupy_args_frame_ms")
+        print(
+            f"{r['elements']:>10} {_ms(kernel):>12} {_ratio(r['fused_kernel_ms'], kernel):>14} {_ms(frame):>11} "
+            f"{_ratio(r['fused_ms'], frame):>12}"
         )
     for r in rows:
         if "launch_variants" in r:
@@ -401,7 +440,10 @@ def main() -> None:
                 "(GPU ms per kernel, 200 in a graph):"
             )
             for v in r["launch_variants"]:
-                print("     {per_thread}/thread, block {block:>4}, grid {grid:>6}: {kernel_ms:.4f}".format(**v))
+                print(
+                    "     {per_thread}/thread, scalars {scalar_loads:<10}, block {block:>4}, grid {grid:>6}: "
+                    "{kernel_ms:.4f}".format(**v)
+                )
     print(f"2. Expression edit -> running, {args.edits} edits (ms): live = it runs, optimised = its optimised build")
     for compiler in ("ptx", "nvrtc"):
         r = bench_edits(args.edits, compiler)

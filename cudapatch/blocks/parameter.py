@@ -142,7 +142,11 @@ class BlockParameter:
         Raises:
             ParameterError: wrong type or out of range (the old value stays).
         """
-        v = self.validate(new)
+        lo, hi = self._lo, self._hi
+        if type(new) is self._fast and new == new and (lo is None or new >= lo) and (hi is None or new <= hi):
+            v = new  # ``validate``'s first test, here: a slider's value takes no call (the Hot budget)
+        else:
+            v = self.validate(new)
         if v == self._value:
             return
         self._value = v

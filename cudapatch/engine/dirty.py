@@ -10,12 +10,13 @@ __all__ = ["DirtyTracker"]
 class DirtyTracker:
     """Change sets checked once per frame, in priority Structure > Code > Recapture > Parameters.
 
-    ``any`` is a plain attribute so the frame path tests one flag when nothing changed. Structure
+    ``any`` is a plain attribute so the frame path tests one flag when nothing changed, and
+    ``beyond_params`` (structure, code or a re-capture pending) one more in a Hot or Warm frame. Structure
     starts dirty (nothing is built yet); clearing structure clears everything, because a rebuild
     applies every pending change.
     """
 
-    __slots__ = ("structure", "code", "captured", "params", "bindings", "bypass", "any")
+    __slots__ = ("structure", "code", "captured", "params", "bindings", "bypass", "any", "beyond_params")
 
     def __init__(self) -> None:
         self.structure = True
@@ -27,18 +28,19 @@ class DirtyTracker:
         self.bindings: dict[tuple[int, str], Any] = {}
         self.bypass = False  # a block's ``enabled`` flag changed (the Bypass tier: nodes off or on)
         self.any = True
+        self.beyond_params = True  # not ``only_params``, kept as a flag: two property calls less per edit frame
 
     def mark_structure(self) -> None:
         self.structure = True
-        self.any = True
+        self.any = self.beyond_params = True
 
     def mark_code(self, key: Any) -> None:
         self.code.add(key)
-        self.any = True
+        self.any = self.beyond_params = True
 
     def mark_captured(self, key: Any) -> None:
         self.captured.add(key)
-        self.any = True
+        self.any = self.beyond_params = True
 
     def mark_bypass(self) -> None:
         self.bypass = True
@@ -61,7 +63,7 @@ class DirtyTracker:
     @property
     def only_params(self) -> bool:
         """True when the pending changes are Hot/Warm only (the fast path)."""
-        return not (self.structure or self.code or self.captured)
+        return not self.beyond_params
 
     @property
     def tier(self) -> str:
@@ -84,7 +86,7 @@ class DirtyTracker:
         self.params.clear()
         self.bindings.clear()
         self.bypass = False  # a build applies the bypass flags to the graph it makes
-        self.any = False
+        self.any = self.beyond_params = False
 
     def take_code(self) -> set[Any]:
         """Return and clear the pending kernel-code changes."""
@@ -112,5 +114,18 @@ class DirtyTracker:
         self._recompute()
         return params, bindings
 
+    def swap_params(
+        self, spare: tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]
+    ) -> tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]]:
+        """``take_params`` for the frame thread's Hot/Warm tier: ``spare`` (two empty dicts, the ones an
+        earlier swap returned, cleared) takes the pending changes' place, so an edit frame makes no
+        dicts. Returns the pending parameter and binding changes."""
+        taken = self.params, self.bindings
+        self.params, self.bindings = spare
+        # The new two are empty unless another thread's ``set()`` has just marked one: that edit stays pending.
+        self.any = bool(self.beyond_params or self.bypass or self.params or self.bindings)
+        return taken
+
     def _recompute(self) -> None:
-        self.any = bool(self.structure or self.code or self.captured or self.params or self.bindings or self.bypass)
+        self.beyond_params = beyond = bool(self.structure or self.code or self.captured)
+        self.any = bool(beyond or self.params or self.bindings or self.bypass)

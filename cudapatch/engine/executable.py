@@ -140,6 +140,11 @@ class GraphParts:
         self.graph = None
 
 
+def _top_level_kernel(node: Any) -> bool:
+    """A kernel node of the top-level graph: patched with one ``cuGraphExecKernelNodeSetParams``."""
+    return isinstance(node, KernelNode) and node.child is None and node.body is None
+
+
 def _release_graph(d: Any, exec_: Any, graph: Any, exec1: Any = None) -> None:
     try:
         d.cuGraphExecDestroy(exec_)
@@ -244,6 +249,12 @@ class CompiledGraph(HandleOwner):
         self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         self._scalar_targets = self._targets(plan.scalar_slots)
         self._binding_targets = self._targets(plan.binding_slots)
+        # The same targets where a key is one slot of one top-level kernel node and the graph has one
+        # executable: what a slider or a rebind patches nearly always, written by ``_patch`` with no loop.
+        self._scalar_one = self._single(self._scalar_targets)
+        self._binding_one = self._single(self._binding_targets)
+        #: Whether the graph holds captured library calls: only those re-capture in a Hot or Warm update.
+        self.has_calls = len(self._calls) > 0
         #: The bypass applied now (``set_bypass``), and the redirected slots that read a binding: a
         #: Warm rebind of that binding writes them too.
         self.bypass: BypassPlan = NO_BYPASS
@@ -261,6 +272,11 @@ class CompiledGraph(HandleOwner):
                 alts = [(nodes[ni], getattr(nodes[ni], "alt", None), ai) for ni, ai in v]  # captured calls have none
                 out[key] += [(kn, alt.slots[ai]) for kn, alt, ai in alts if alt is not None]
         return out
+
+    def _single(self, targets: dict[tuple[int, str], list]) -> dict[tuple[int, str], tuple[KernelNode, Any]]:
+        if self._phases is not None:  # a second executable to patch as well: the general path
+            return {}
+        return {key: tgt[0] for key, tgt in targets.items() if len(tgt) == 1 and _top_level_kernel(tgt[0][0])}
 
     # -- handing over from the previous graph -------------------------------------------------------
     def lendable_buffers(self) -> dict[tuple[int, str], GpuBuffer]:
@@ -402,7 +418,33 @@ class CompiledGraph(HandleOwner):
             kernel=kn.plan.entry_point,
         )
 
-    def _patch(self, targets: dict[tuple[int, str], list], changes: Mapping[tuple[int, str], Any]) -> int:
+    def _patch(
+        self,
+        targets: dict[tuple[int, str], list],
+        ones: dict[tuple[int, str], tuple[KernelNode, Any]],
+        changes: Mapping[tuple[int, str], Any],
+    ) -> int:
+        if len(changes) == 1 and not self._body_fallback:
+            # One change of one top-level node (``ones``): one slot write and one driver call. This is
+            # the Hot/Warm budget, so no helper calls, no list of touched nodes.
+            for key, value in changes.items():
+                one = ones.get(key)
+                if one is None:
+                    break
+                kn, slot = one
+                cls = type(value)
+                if cls is BlockParameter:
+                    value = value._value
+                elif cls is ExternalBinding:
+                    value = value.ptr
+                if type(value) is tuple:
+                    slot[:] = value
+                else:
+                    slot.value = value
+                (err,) = self._set_params(self._exec, kn.handle, kn.params)
+                if err:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                return 1
         touched: list[Any] = []
         for key, value in changes.items():
             tgt = targets.get(key)
@@ -434,7 +476,22 @@ class CompiledGraph(HandleOwner):
         """
         if self._phases is not None:  # a FrameDelay's Reset arms its init node for the next launch
             self._phases.reset(changes)
-        return self._patch(self._scalar_targets, changes)
+        elif len(changes) == 1 and not self._body_fallback:  # a slider: ``_patch``'s first case, one call less
+            for key, value in changes.items():
+                one = self._scalar_one.get(key)
+                if one is not None:
+                    kn, slot = one
+                    if type(value) is BlockParameter:
+                        value = value._value
+                    if type(value) is tuple:
+                        slot[:] = value
+                    else:
+                        slot.value = value
+                    (err,) = self._set_params(self._exec, kn.handle, kn.params)
+                    if err:
+                        check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                    return 1
+        return self._patch(self._scalar_targets, self._scalar_one, changes)
 
     def update_bindings(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Warm update: point every kernel reading an external input at a new device address.
@@ -448,9 +505,9 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        n = self._patch(self._binding_targets, changes)
+        n = self._patch(self._binding_targets, self._binding_one, changes)
         if self._redirect_targets:  # readers of a bypassed output that read this binding instead
-            n += self._patch(self._redirect_targets, changes)
+            n += self._patch(self._redirect_targets, {}, changes)
         return n
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:

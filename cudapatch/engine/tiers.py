@@ -66,6 +66,8 @@ class ParamTier:
         # While a build runs on the build thread: every change applied to the running graph, by key
         # (the parameter or binding object itself), to re-apply to the new graph before it launches.
         self._carried: tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]] | None = None
+        # The dicts ``DirtyTracker.swap_params`` puts in place of the pending changes (no dict per edit frame).
+        self._spare: tuple[dict[tuple[int, str], Any], dict[tuple[int, str], Any]] = ({}, {})
 
     # -- Hot values across a build on the build thread ---------------------------------------------------
     def begin_carry(self) -> None:
@@ -107,18 +109,25 @@ class ParamTier:
             CudaError: a driver call failed.
         """
         dirty = self._dirty
-        params, bindings = dirty.take_params()  # an edit waiting for the build in flight stays pending
-        if self._carried is not None:
-            self.carry(params, bindings)
-        c = self._counters
-        before = g.recaptures
-        if params:
-            c.nodes_patched += g.update_scalars(params)
-            c.hot_updates += len(params)
-        if bindings:
-            c.nodes_patched += g.update_bindings(bindings)
-            c.warm_updates += len(bindings)
-        if g.recaptures != before or g.call_errors or g.stale:
+        taken = dirty.swap_params(self._spare)  # an edit waiting for the build in flight stays pending
+        params, bindings = taken
+        try:
+            if self._carried is not None:
+                self.carry(params, bindings)
+            c = self._counters
+            calls = g.has_calls
+            before = g.recaptures if calls else 0
+            if params:
+                c.nodes_patched += g.update_scalars(params)
+                c.hot_updates += len(params)
+            if bindings:
+                c.nodes_patched += g.update_bindings(bindings)
+                c.warm_updates += len(bindings)
+        finally:  # applied (or failed: the edit is dropped, as it always was): the next swap's spare
+            params.clear()
+            bindings.clear()
+            self._spare = taken
+        if calls and (g.recaptures != before or g.call_errors or g.stale):
             self._after_recapture(g, before)
             return dirty.structure
         return False

@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .check import Type
 from .lower import F_OPS, PI, FloatLowering
 from .program import Program, Stage
 from .syntax import Binary, Call, Name, Node, Num, Unary
 
-__all__ = ["Layout", "generate_ptx", "ptx_layout", "ptx_version_for"]
+__all__ = ["Layout", "ScalarLoads", "generate_ptx", "ptx_layout", "ptx_version_for"]
+
+#: How a kernel reads its scalar arguments (``generate_ptx``): ``param`` with ``ld.param`` (a constant-bank
+#: load, ``LDC``, on sm_90), ``prefetched`` through their generic addresses (``cvta.param``, ``ld``) after a
+#: ``prefetch.L1`` of each 128-byte line of them at the start.
+ScalarLoads = Literal["param", "prefetched"]
+
+#: A scalar's cache line: 32 floats.
+_LINE_SCALARS = 32
 
 _I_OPS = {
     "+": "add.s32",
@@ -46,12 +55,17 @@ def f32_hex(value: float) -> str:
     return f"0f{struct.unpack('<I', struct.pack('<f', value))[0]:08X}"
 
 
+def _sm(arch: str) -> int:
+    """``sm_90`` → 90 (90 for a name it cannot read)."""
+    try:
+        return int(arch.removeprefix("sm_").removeprefix("compute_").rstrip("af"))
+    except ValueError:
+        return 90
+
+
 def ptx_version_for(arch: str) -> str:
     """The lowest PTX ISA that targets ``arch`` (``sm_90`` → 7.8), so older drivers load it."""
-    try:
-        sm = int(arch.removeprefix("sm_").removeprefix("compute_").rstrip("af"))
-    except ValueError:
-        sm = 90
+    sm = _sm(arch)
     if sm >= 120:
         return "8.7"
     if sm >= 100:
@@ -246,7 +260,9 @@ def ptx_layout(program: Program) -> Layout:
     return layout
 
 
-def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) -> str:
+def generate_ptx(
+    program: Program, arch: str = "sm_90", *, per_thread: int = 1, scalar_loads: ScalarLoads = "param"
+) -> str:
     """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``).
 
     ``per_thread`` > 1: each thread computes that many elements, ``blockDim.x`` apart (block ``b``
@@ -254,13 +270,26 @@ def generate_ptx(program: Program, arch: str = "sm_90", *, per_thread: int = 1) 
     ``per_thread`` times fewer threads. The elements are independent chains in one basic block (loads
     clamped into the buffers, stores predicated), so ptxas interleaves them and each scalar it loads
     into a register (an ``LDC`` per scalar and thread on sm_90) serves ``per_thread`` elements.
+
+    ``scalar_loads``: ``param`` reads each scalar with ``ld.param``. ptxas turns those into constant-bank
+    loads (``LDC``) issued a few stages ahead of their use, so in a long chain (a fused group) each
+    constant-cache line of the scalars is first asked for when the chain reaches it, one miss after
+    another. ``prefetched`` asks for every line at the start (``prefetch.L1`` of the scalars' generic
+    addresses, beside the input loads) and reads the scalars from there (``ld`` through
+    ``cvta.param``: the launch's own argument bytes, so a Hot edit reaches them as before). Same
+    values, same bits; sm_70 and newer (``cvta.param``), else ``param``.
     """
-    return _generate(program, arch, per_thread, None)
+    return _generate(program, arch, per_thread, None, scalar_loads)
 
 
-def _generate(program: Program, arch: str, per_thread: int, layout: Layout | None) -> str:
+def _generate(
+    program: Program, arch: str, per_thread: int, layout: Layout | None, scalar_loads: ScalarLoads = "param"
+) -> str:
     if per_thread < 1:
         raise ValueError(f"per_thread must be at least 1, got {per_thread}")
+    if scalar_loads not in ("param", "prefetched"):
+        raise ValueError(f"scalar_loads must be 'param' or 'prefetched', got {scalar_loads!r}")
+    generic = scalar_loads == "prefetched" and bool(program.scalars) and _sm(arch) >= 70
     # prefixed: a user's name may be a PTX opcode or reserved word ("ret", "WARP_SZ")
     names = tuple(f"p_{name}" for name in program.param_names)
     desc = program.descriptor
@@ -294,6 +323,17 @@ def _generate(program: Program, arch: str, per_thread: int, layout: Layout | Non
         indices.append(at_k)
         inside.append(f"@{p} ")
     envs: list[dict[tuple[str, int], str]] = [{} for _ in indices]
+    scalar_at: list[str] = []  # the generic address of each scalar (``prefetched``)
+    if generic:
+        em.comment("scalars: their generic addresses, and a prefetch of each 128-byte line of them")
+        for s in range(len(program.scalars)):
+            pa, ga = em.reg("rd"), em.reg("rd")
+            em.op(f"mov.u64 {pa}, {names[program.scalar_param(s)]}")
+            em.op(f"cvta.param.u64 {ga}, {pa}")
+            scalar_at.append(ga)
+        last = len(scalar_at) - 1
+        for s in (*range(0, last, _LINE_SCALARS), last):
+            em.op(f"prefetch.L1 [{scalar_at[s]}]")
     for i, name in enumerate(program.inputs):
         em.comment(f"input {name}: element min(index, {name}_count - 1)")
         base, cnt = program.input_param(i), program.input_param(i) + 1
@@ -317,7 +357,10 @@ def _generate(program: Program, arch: str, per_thread: int, layout: Layout | Non
             envs[k][("input", i)] = value
     for s in range(len(program.scalars)):
         value = em.reg("f")
-        em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")
+        if generic:
+            em.op(f"ld.f32 {value}, [{scalar_at[s]}]")
+        else:
+            em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")
         for env in envs:
             env[("scalar", s)] = value
     body_start = len(em.lines)

@@ -39,7 +39,7 @@ from .bytecode import INTERPRETERS, assemble, patch_program
 from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
-from .ptx_gen import generate_ptx
+from .ptx_gen import ScalarLoads, generate_ptx
 from .syntax import Name, Node, children
 
 __all__ = ["Backend", "Jit", "ProgramSource", "BACKENDS", "QUICK_JIT_LEVEL"]
@@ -71,6 +71,8 @@ class ProgramSource(KernelSource):
             driver's default level at once.
         per_thread: Elements per thread (PTX only, see ``generate_ptx``): the launch must cover
             ``count / per_thread`` threads (the fusion phase sets both for fused groups).
+        scalar_loads: How the kernel reads its scalars (PTX only, see ``generate_ptx``; the fusion phase
+            chooses for fused groups). Either way the scalars are the launch's arguments.
     """
 
     key: str
@@ -81,6 +83,7 @@ class ProgramSource(KernelSource):
     broken_descriptor: KernelDescriptor | None = field(default=None, compare=False, hash=False, repr=False)
     jit: Jit = "full"
     per_thread: int = 1
+    scalar_loads: ScalarLoads = "param"
 
     @classmethod
     def of(
@@ -92,6 +95,8 @@ class ProgramSource(KernelSource):
     def __post_init__(self) -> None:
         if self.per_thread != 1 and self.backend != "ptx":
             raise ValueError("only the ptx back end computes several elements per thread")
+        if self.scalar_loads != "param" and self.backend != "ptx":
+            raise ValueError("only the ptx back end prefetches its scalars")
 
     def upgrade(self) -> ProgramSource | None:
         """The same kernel JITted at the driver's default level, for a quick source (else None)."""
@@ -133,7 +138,7 @@ class ProgramSource(KernelSource):
             assert self.broken is not None
             raise self.broken
         if self.backend == "ptx":
-            return generate_ptx(self.program, arch, per_thread=self.per_thread)
+            return generate_ptx(self.program, arch, per_thread=self.per_thread, scalar_loads=self.scalar_loads)
         return generate_cuda(self.program)
 
     def check_counts(self, counts: dict[str, int], values: object = None) -> str | None:
@@ -159,7 +164,10 @@ class ProgramSource(KernelSource):
 
     def cache_key(self, arch: str) -> str:
         tool = toolchain_version() if self.backend == "nvrtc" else ""
-        return cache_key("expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread))
+        parts = ["expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread)]
+        if self.scalar_loads != "param":  # ``param`` kernels keep the keys they always had
+            parts.append(self.scalar_loads)
+        return cache_key(*parts)
 
     def compile(self, arch: str) -> KernelImage:
         """PTX text (the driver JITs it at load) or an NVRTC cubin. A quick source is, where it can be,

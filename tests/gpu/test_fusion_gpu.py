@@ -31,9 +31,10 @@ def _patch(e: Engine, x: np.ndarray, y: np.ndarray, *, fuse: bool) -> tuple[list
     return [s1, ex, s2, add], add
 
 
-def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("count", [1 << 20, 1000])  # 4 elements a thread, scalars by ld.param; 1, prefetched
+def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Generator, count: int) -> None:
     e = engine
-    x, y = (rng.standard_normal(1 << 20).astype(np.float32) for _ in range(2))
+    x, y = (rng.standard_normal(count).astype(np.float32) for _ in range(2))
     fused, fused_sink = _patch(e, x, y, fuse=True)
     _, plain_sink = _patch(e, x, y, fuse=False)  # the same blocks, each on its own node
     e.update()
@@ -207,3 +208,50 @@ def test_a_chain_too_long_for_one_launch_runs_fused_in_pieces_bitwise(
     assert len(engine.graph.plan.kernel_nodes) == len(fused_nodes) >= 2  # 2,000 scalars: over one launch's 4 KB
     assert np.isfinite(outs[1]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_wide_fused_kernel_takes_its_arguments_as_one_buffer_and_hot_and_warm_edits_reach_it(
+    engine: Engine, unfused_engine: Engine, rng: np.random.Generator
+) -> None:
+    """A group with ``BUFFER_FROM_ARGS`` arguments or more hands the driver its storage in one buffer
+    (``extra``): the build, a Hot edit of a member mid-chain, a Warm rebind of the input (another CuPy
+    array) and a Hot edit after it give the unfused results bit for bit."""
+    import cupy as cp
+
+    from cudapatch.engine.params import BUFFER_FROM_ARGS
+
+    x, x2 = (cp.asarray(rng.standard_normal(3000).astype(np.float32)) for _ in range(2))  # device memory: Warm
+    chains = []
+    for e in (engine, unfused_engine):
+        blocks = [e.add(Scale(Factor=1.0 + (i % 5 - 2) / 32, Offset=(i % 3) / 16 - 0.05)) for i in range(20)]
+        e.bind(blocks[0], "In", x)
+        for a, b in zip(blocks, blocks[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        e.keep(blocks[-1], "Out")  # read below: kept from the first build, so no read rebuilds
+        e.update()
+        chains.append(blocks)
+    (node,) = engine.graph.plan.kernel_nodes
+    assert node.kernel == FUSED_KERNEL and len(node.args) >= BUFFER_FROM_ARGS
+    kp = engine.graph._nodes[node.index].params  # the node's launch struct (no public accessor)
+    assert kp.kernelParams == 0 and kp.extra != 0
+
+    def same() -> None:
+        for e in (engine, unfused_engine):
+            e.update()
+        np.testing.assert_array_equal(engine.read(chains[0][-1], "Out"), unfused_engine.read(chains[1][-1], "Out"))
+
+    same()
+    rebuilds = engine.counters.rebuilds
+    for blocks in chains:
+        blocks[7].set("Factor", -1.25)
+        blocks[19].set("Offset", 0.375)
+    same()
+    for e, blocks in zip((engine, unfused_engine), chains, strict=True):
+        e.bind(blocks[0], "In", x2)
+    same()
+    for blocks in chains:
+        blocks[0].set("Offset", 2.0)
+    same()
+    assert (
+        engine.counters.rebuilds == rebuilds and engine.counters.hot_updates >= 3 and engine.counters.warm_updates >= 1
+    )

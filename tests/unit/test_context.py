@@ -38,6 +38,35 @@ def test_dirty_tracker_priorities() -> None:
     assert not params and set(bindings) == {(1, "In")} and not d.any
 
 
+def test_dirty_tracker_flags_follow_the_change_sets_through_any_sequence() -> None:
+    """``any`` and ``beyond_params`` are kept as flags (the frame path reads them); after every call they
+    say what the sets say, whatever the order of marks, takes and clears."""
+    import random
+
+    steps = [
+        lambda d: d.mark_param(1, "F", 1.0),
+        lambda d: d.mark_binding(1, "In", 0xA000),
+        lambda d: d.mark_code("k"),
+        lambda d: d.mark_captured("gemm"),
+        lambda d: d.mark_structure(),
+        lambda d: d.mark_bypass(),
+        lambda d: d.take_bypass(),
+        lambda d: d.take_code(),
+        lambda d: d.take_params(),
+        lambda d: d.swap_params(({}, {})),
+        lambda d: d.defer_structure(),
+        lambda d: d.forget_code_and_captured(),
+        lambda d: d.clear_structure(),
+    ]
+    rng = random.Random(5)
+    d = DirtyTracker()
+    for _ in range(2000):
+        rng.choice(steps)(d)
+        beyond = bool(d.structure or d.code or d.captured)
+        assert d.beyond_params == beyond and d.only_params == (not beyond)
+        assert d.any == bool(beyond or d.params or d.bindings or d.bypass)
+
+
 def test_register_unregister_and_names() -> None:
     a, b = Scale(name="a"), Scale(name="a")
     c = _ctx(a)

@@ -121,6 +121,7 @@ class FakeGraph:
         self.plan, self.readback, self.appends, self.occupancy = plan, None, {}, {}
         self.kernel_count = sum(1 for n in plan.nodes if hasattr(n, "descriptor"))
         self.recaptures, self.call_errors, self.stale, self.counters = 0, {}, False, None
+        self.has_calls = False  # no captured library calls: nothing re-captures
         self.instantiations, self.reallocations, self.exec_updates = 1, 0, 0
         self.launches, self.scalars, self.swaps, self.bypasses = 0, [], [], []
         self.closed = self.abandoned = self.retired = False

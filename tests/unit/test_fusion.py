@@ -169,9 +169,11 @@ def test_random_fused_kernels_assemble_with_ptxas(tmp_path) -> None:
         ctx, _, _ = _random_patch(rng, 64)
         plan = compile_plan(ctx.snapshot(), fuse=True)
         for node in plan.kernel_nodes:
-            if isinstance(node.source, FusedSource):
-                path = tmp_path / f"f{seed}_{node.index}.ptx"
-                path.write_text(node.source.code("sm_90"))
+            if not isinstance(node.source, FusedSource):
+                continue
+            for loads in ("prefetched", "param"):  # a small group's choice, and a large group's
+                path = tmp_path / f"f{seed}_{node.index}_{loads}.ptx"
+                path.write_text(dataclasses.replace(node.source, scalar_loads=loads).code("sm_90"))
                 done = subprocess.run(
                     [ptxas, "-arch=sm_90", str(path), "-o", str(path.with_suffix(".cubin"))], capture_output=True
                 )
@@ -246,6 +248,33 @@ def test_a_large_group_computes_several_elements_per_thread_on_a_smaller_grid() 
     blocks[1].set("Factor", 3.0)  # a regenerated kernel keeps the layout the node was launched with
     again = regenerate(node.source, {b.id: b for b in blocks})
     assert again is not None and again.per_thread == FUSED_PER_THREAD
+
+
+def test_a_small_group_launches_128_threads_a_block_and_prefetches_its_scalars() -> None:
+    from cudapatch.engine.compiler.fusion import FUSED_PER_THREAD_FROM, FUSED_SMALL_BLOCK, regenerate
+    from cudapatch.expr.ptx_gen import generate_ptx
+
+    ctx, blocks, _ = _chain(40, count=1024)  # 80 scalars: three 128-byte lines
+    (node,) = compile_plan(ctx.snapshot(), fuse=True).kernel_nodes
+    assert (node.block, node.grid, node.source.scalar_loads) == (
+        FUSED_SMALL_BLOCK,
+        1024 // FUSED_SMALL_BLOCK,
+        "prefetched",
+    )
+    ptx = node.source.code("sm_90")
+    assert ptx.count("cvta.param.u64") == ptx.count("ld.f32") == 80 and "ld.param.f32" not in ptx
+    assert ptx.count("prefetch.L1") == 4  # scalars 0, 32, 64 and the last
+    assert ptx.index("prefetch.L1") < ptx.index("ld.global.f32")  # asked for before the input's load
+    # The same program reading its scalars with ld.param: the rest of the kernel is the same text.
+    plain = generate_ptx(node.source.program, "sm_90")
+    assert plain.count("ld.param.f32") == 80 and "prefetch" not in plain
+    assert [ln for ln in ptx.splitlines() if "fma" in ln] == [ln for ln in plain.splitlines() if "fma" in ln]
+    assert "cvta.param" not in generate_ptx(node.source.program, "sm_60", scalar_loads="prefetched")  # sm_70+
+    blocks[3].set("Factor", 0.5)
+    again = regenerate(node.source, {b.id: b for b in blocks})
+    assert again is not None and again.scalar_loads == "prefetched"
+    big = compile_plan(_chain(3, count=FUSED_PER_THREAD_FROM)[0].snapshot(), fuse=True).kernel_nodes[0]
+    assert big.source.scalar_loads == "param" and big.block == big.descriptor.block_size
 
 
 # -- fusion by default: what it must not break --------------------------------------------------------

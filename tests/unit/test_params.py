@@ -26,7 +26,14 @@ from cudapatch import (
 )
 from cudapatch.engine import Context, ExternalBinding, KernelNodePlan
 from cudapatch.engine.captured_calls import CallArg, CapturedCall, CapturedCalls
-from cudapatch.engine.params import PackedLaunch, ParamStorage, StoreLoans, read_slot, write_slot
+from cudapatch.engine.params import (
+    BUFFER_FROM_ARGS,
+    PackedLaunch,
+    ParamStorage,
+    StoreLoans,
+    read_slot,
+    write_slot,
+)
 
 
 def _scale_node(factor: float = 2.0, count: int = 1000) -> KernelNodePlan:
@@ -77,6 +84,58 @@ def test_backup_and_restore_undo_a_load() -> None:
     store.restore(saved)
     assert [read_slot(s) for s in store.slots] == VALUES
     assert (int(store.params.func), store.params.gridDimX) == (42, node.grid)
+
+
+def _fused_node(blocks: int) -> KernelNodePlan:
+    ctx = Context()
+    chain = [ctx.register_block(Scale(name=f"s{i}", Factor=1.0 + i, Offset=-float(i))) for i in range(blocks)]
+    for a, b in zip(chain, chain[1:], strict=False):
+        ctx.connect(a, "Out", b, "In")
+    ctx.bind_input(chain[0], "In", ExternalBinding(0x7000_0000, 1000, DType.FLOAT32))
+    (node,) = compile_plan(ctx.snapshot(), fuse=True).kernel_nodes
+    return node
+
+
+def test_a_kernel_with_many_arguments_hands_the_driver_one_buffer() -> None:
+    """``extra`` = {BUFFER_POINTER: the storage, BUFFER_SIZE: its size, END}; the size ends at the last
+    argument (the driver refuses tail padding); ``kernelParams`` is unset. A Hot write lands in it."""
+    node = _fused_node(8)  # In, its count, Out, 16 scalars, the count: 20 arguments
+    values = [0x7000_0000, 1000, 0x8000_0000, *(float(k) for k in range(16)), 1000]
+    assert len(values) >= BUFFER_FROM_ARGS
+    store = ParamStorage(node, 42, values)
+    kp = store.params
+    assert kp.kernelParams == 0 and kp.extra != 0
+    key, buf, key2, size_at, end = (ctypes.c_void_p * 5).from_address(kp.extra)
+    size = ctypes.c_size_t.from_address(size_at).value
+    assert (key, key2, end) == (1, 2, None) and buf == ctypes.addressof(store.storage)
+    assert size == 8 + 4 + 4 + 8 + 16 * 4 + 4  # u64, u32, (pad to 8), u64, 16 f32, u32: no tail padding
+    raw = ctypes.string_at(buf, size)
+    assert raw[:8] == (0x7000_0000).to_bytes(8, "little") and raw[-4:] == (1000).to_bytes(4, "little")
+    assert raw[24:28] == bytes(ctypes.c_float(0.0)) and raw[28:32] == bytes(ctypes.c_float(1.0))
+    write_slot(store.slots[4], 9.5)  # Hot: the second scalar
+    assert ctypes.string_at(buf, size)[28:32] == bytes(ctypes.c_float(9.5))
+    # A small kernel keeps its pointer array.
+    small = ParamStorage(_scale_node(), 42, VALUES)
+    assert small.params.extra == 0 and small.params.kernelParams != 0
+
+
+def test_a_storage_with_one_buffer_launches_alone_with_it(monkeypatch) -> None:
+    import cudapatch.kernels._driver as driver_module
+
+    seen = []
+
+    class Driver:
+        CUDA_KERNEL_NODE_PARAMS = driver_module.driver().CUDA_KERNEL_NODE_PARAMS
+
+        def cuLaunchKernel(self, *a):  # noqa: N802
+            seen.append(a[-2:])
+            return (0,)
+
+    node = _fused_node(8)
+    store = ParamStorage(node, 42, [0x7000_0000, 1000, 0x8000_0000, *(float(k) for k in range(16)), 1000])
+    monkeypatch.setattr(driver_module, "_driver", Driver())
+    assert store.launch_alone(0) == 0
+    assert seen == [(0, store.params.extra)]
 
 
 def test_vector_slots_take_tuples() -> None:

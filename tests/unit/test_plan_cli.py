@@ -76,7 +76,7 @@ def test_plan_shows_fused_groups(patch_file: Path, capsys: pytest.CaptureFixture
     assert "2 nodes (2 kernels)" in out and "fused groups: 1" in out
     assert "node [1]: wave -> gain -> sum" in out
     assert "wave: sin(x * Freq) * 0.5 + 0.5" in out and "gain: fma(In, Factor, Offset)" in out
-    assert "wave.Out (fused): 1 x float" in out and "[1] fused kernel expression (sum) grid 16x256" in out
+    assert "wave.Out (fused): 1 x float" in out and "[1] fused kernel expression (sum) grid 32x128" in out
     assert "wave_Freq=6.0" not in out and "Freq=6.0" in out and "Factor=2.0" in out
 
 

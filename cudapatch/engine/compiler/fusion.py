@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 from ...blocks.description import KernelSpec
 from ...expr import ExpressionError, Program, ProgramSource, Stage, compile_expression
 from ...expr.check import Checked, NameKind
+from ...expr.ptx_gen import ScalarLoads
 from ...kernels.types import DType
 from ..context import BlockSnapshot
 from ..plan import Arg, BufferPlan, KernelNodePlan
@@ -84,6 +85,17 @@ FUSED_KERNEL = -1
 #: Below the threshold a launch has fewer threads than the GPU holds, so more threads win.
 FUSED_PER_THREAD = 4
 FUSED_PER_THREAD_FROM = 1 << 18
+
+#: A smaller group (one element per thread) is bound by the latency of one thread's chain, not by
+#: memory: at 1,024 elements the fused 100-Scale kernel took 1.57x ``cupy.fuse`` (H100). Its launch
+#: has ``FUSED_SMALL_BLOCK`` threads per block, as CuPy's elementwise kernels (one warp per SM
+#: sub-partition at 128: each warp's chain issues without waiting for a second warp), and its scalars
+#: are read ``prefetched`` (``generate_ptx``): ptxas issues each ``ld.param`` (an ``LDC``) only a few
+#: stages ahead of its use, so every constant-cache line of a 204-argument launch missed in turn along
+#: the chain; prefetching the lines' generic addresses asks for all of them at the start. Bigger groups
+#: keep ``param`` loads (each serves ``FUSED_PER_THREAD`` elements there) and the program's block size.
+FUSED_SMALL_BLOCK = 128
+FUSED_SMALL_SCALAR_LOADS: ScalarLoads = "prefetched"
 
 #: Kernel arguments a fused node may take: the 4 KB every driver accepts (a group of a thousand
 #: scalars would need the 32 KB newer drivers allow); a bigger group runs unfused.
@@ -608,10 +620,11 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
     ids = tuple(stage_of)
     count = sized[sink].outputs[members[-1].output].count
     per_thread = FUSED_PER_THREAD if count >= FUSED_PER_THREAD_FROM else 1
-    key = (per_thread, *shape)
+    loads: ScalarLoads = "param" if per_thread > 1 else FUSED_SMALL_SCALAR_LOADS
+    key = (per_thread, loads, *shape)
     found = _PROGRAMS.pop(key, None)
     if found is None:
-        found = _program(draft, sink, members, shape, per_thread)
+        found = _program(draft, sink, members, shape, per_thread, loads)
         if len(_PROGRAMS) >= _PROGRAMS_MAX:
             try:
                 del _PROGRAMS[next(iter(_PROGRAMS))]  # the least recently used
@@ -619,14 +632,16 @@ def _group(draft: PlanDraft, sink: int, members: list[Member]) -> FusedGroup:
                 pass
     program, source = found
     if source.members != ids:  # the same kernel made of other blocks (a block renamed back, say)
-        source = FusedSource(source.key, "ptx", source.name, program, per_thread=per_thread, members=ids)
+        source = FusedSource(
+            source.key, "ptx", source.name, program, per_thread=per_thread, scalar_loads=loads, members=ids
+        )
         found = (program, source)
     _PROGRAMS[key] = found
     return FusedGroup(sink, ids, program, source, tuple(inputs), tuple(scalar_keys), count)
 
 
 def _program(
-    draft: PlanDraft, sink: int, members: list[Member], shape: list, per_thread: int
+    draft: PlanDraft, sink: int, members: list[Member], shape: list, per_thread: int, loads: ScalarLoads
 ) -> tuple[Program, FusedSource]:
     """The program and source of a group (``_group``; ``shape`` tells how each member's inputs bind)."""
     blocks = draft.blocks
@@ -655,7 +670,8 @@ def _program(
         stages.append(Stage(m.expr, bind, name))
     program = Program(tuple(input_names), tuple(scalar_names), (("Out", len(stages) - 1),), tuple(stages))
     ids = tuple(m.block_id for m in members)
-    source = FusedSource(program.key, "ptx", f"fused:{blocks[sink].name}", program, per_thread=per_thread, members=ids)
+    name = f"fused:{blocks[sink].name}"
+    source = FusedSource(program.key, "ptx", name, program, per_thread=per_thread, scalar_loads=loads, members=ids)
     return program, source
 
 
@@ -712,9 +728,10 @@ def fused_node(draft: PlanDraft, group: FusedGroup, index: int) -> NodeDraft:
     for key in group.scalars:  # each member's Hot scalars: a Hot edit patches these slots
         args.append(_new(Arg, ("scalar", _F32, False, key, draft.blocks[key[0]].values[key[1]])))
     args.append(_new(Arg, ("const", u32, False, None, group.count)))
-    desc = program.descriptor
-    grid = max(1, -(-group.count // (desc.block_size * group.source.per_thread)))
-    head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, desc.block_size, 0, tuple(args))
+    desc, per_thread = program.descriptor, group.source.per_thread
+    block = desc.block_size if per_thread > 1 else FUSED_SMALL_BLOCK
+    grid = max(1, -(-group.count // (block * per_thread)))
+    head = (index, group.sink, FUSED_KERNEL, group.source, desc, grid, block, 0, tuple(args))
     nd = _new(NodeDraft, (KernelNodePlan, head, ((1, 1, 1, 1),), reads, [out]))  # yz: a 1-D launch
     replay_slots(nd, draft.scalar_slots, draft.binding_slots, draft.counter_users)
     return nd
@@ -752,5 +769,6 @@ def regenerate(source: FusedSource, members: dict[int, Any]) -> FusedSource | No
         program,
         jit="quick",
         per_thread=source.per_thread,
+        scalar_loads=source.scalar_loads,
         members=source.members,
     )
