@@ -150,7 +150,7 @@ def _fused_edit(c: Context, rng: random.Random, made: list) -> None:
     blocks = list(c.registry)
     kind = rng.choice(
         ["end", "end", "insert", "insert", "cut_out", "reader", "tree", "remove", "unlink", "relink"]
-        + ["bypass", "bypass", "hot", "keep", "rename"]
+        + ["bypass", "bypass", "hot", "keep", "rename", "rename"]
     )
     if kind == "end" or len(blocks) < 3:  # a member at the end of a chain, or a second reader of any block
         src = rng.choice(blocks) if blocks else None
@@ -218,9 +218,13 @@ def _fused_edit(c: Context, rng: random.Random, made: list) -> None:
     elif kind == "keep":
         b = rng.choice(blocks)
         c.keep(b, _output(b), rng.random() < 0.7)
-    else:
+    else:  # a rename, or a member's expression edited (the same names: a Code edit re-describes it)
         b = rng.choice(blocks)
-        b.name = f"{b.name}_r"
+        unary = isinstance(b, Expression) and _inputs(b) == ["x"]
+        if unary and rng.random() < 0.5:
+            b.set("Code", rng.choice(_UNARY))
+        else:
+            b.name = f"{b.name}_r"
 
 
 @pytest.mark.parametrize("seed", range(10))
