@@ -250,11 +250,19 @@ def test_a_large_group_computes_several_elements_per_thread_on_a_smaller_grid() 
     assert again is not None and again.per_thread == FUSED_PER_THREAD
 
 
-def test_a_small_group_launches_128_threads_a_block_and_prefetches_its_scalars() -> None:
+def test_a_small_group_launches_128_threads_a_block_and_can_prefetch_its_scalars(monkeypatch) -> None:
+    import sys
+
     from cudapatch.engine.compiler.fusion import FUSED_PER_THREAD_FROM, FUSED_SMALL_BLOCK, regenerate
     from cudapatch.expr.ptx_gen import generate_ptx
 
     ctx, blocks, _ = _chain(40, count=1024)  # 80 scalars: three 128-byte lines
+    (node,) = compile_plan(ctx.snapshot(), fuse=True).kernel_nodes
+    # Parameter loads by default (prefetching was slower on the H100), 128 threads a block.
+    assert (node.block, node.source.scalar_loads) == (FUSED_SMALL_BLOCK, "param")
+    assert "prefetch" not in node.source.code("sm_90")
+    monkeypatch.setattr(sys.modules["cudapatch.engine.compiler.fusion"], "FUSED_SMALL_SCALAR_LOADS", "prefetched")
+    ctx, blocks, _ = _chain(40, count=1024)
     (node,) = compile_plan(ctx.snapshot(), fuse=True).kernel_nodes
     assert (node.block, node.grid, node.source.scalar_loads) == (
         FUSED_SMALL_BLOCK,

@@ -244,7 +244,7 @@ def test_a_fused_chain_at_level_none_is_one_kernel_node_and_one_launch(rec) -> N
     assert isinstance(node, KernelNodePlan) and node.kernel == FUSED_KERNEL and not node.deps
     assert (plan.stamp_count, plan.counters, plan.probe_words) == (0, (), 0)
     # 1,024 elements, one per thread, 128 a block; the scalars read through prefetched lines
-    assert (node.grid, node.block, node.source.per_thread, node.source.scalar_loads) == (8, 128, 1, "prefetched")
+    assert (node.grid, node.block, node.source.per_thread, node.source.scalar_loads) == (8, 128, 1, "param")
     pool = BufferPool()
     g = realize_recorded(ctx, plan, pool, functions={(blocks[-1].id, FUSED_KERNEL): 7})
     assert [c[0] for c in rec.calls if c[0].startswith("add_")] == ["add_kernel"] and g.readback is None

@@ -87,15 +87,14 @@ FUSED_PER_THREAD = 4
 FUSED_PER_THREAD_FROM = 1 << 18
 
 #: A smaller group (one element per thread) is bound by the latency of one thread's chain, not by
-#: memory: at 1,024 elements the fused 100-Scale kernel took 1.57x ``cupy.fuse`` (H100). Its launch
-#: has ``FUSED_SMALL_BLOCK`` threads per block, as CuPy's elementwise kernels (one warp per SM
-#: sub-partition at 128: each warp's chain issues without waiting for a second warp), and its scalars
-#: are read ``prefetched`` (``generate_ptx``): ptxas issues each ``ld.param`` (an ``LDC``) only a few
-#: stages ahead of its use, so every constant-cache line of a 204-argument launch missed in turn along
-#: the chain; prefetching the lines' generic addresses asks for all of them at the start. Bigger groups
-#: keep ``param`` loads (each serves ``FUSED_PER_THREAD`` elements there) and the program's block size.
+#: memory. Its launch has ``FUSED_SMALL_BLOCK`` threads per block, as CuPy's elementwise kernels, and
+#: its scalars are read as ``param`` loads. Measured on the H100 host (``bench_fusion.py
+#: --launch-variants``, 100 Scale blocks, 1,024 floats, GPU µs per kernel): ``param`` 1.9 at 64 and
+#: 128 threads, 2.0 at 256, 2.6 at 512; ``prefetched`` (every line of the arguments prefetched at the
+#: start, ``generate_ptx``) 2.5-3.1 at every shape, and twice as slow at 1M elements. ``prefetched``
+#: stays as an option of the generator, not the default.
 FUSED_SMALL_BLOCK = 128
-FUSED_SMALL_SCALAR_LOADS: ScalarLoads = "prefetched"
+FUSED_SMALL_SCALAR_LOADS: ScalarLoads = "param"
 
 #: Kernel arguments a fused node may take: the 4 KB every driver accepts (a group of a thousand
 #: scalars would need the 32 KB newer drivers allow); a bigger group runs unfused.
