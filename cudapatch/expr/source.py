@@ -31,7 +31,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..kernels._toolchain import nvrtc_compile, toolchain_version
+from ..errors import KernelCompileError
+from ..kernels._toolchain import link_ptx, nvrtc_compile, toolchain_version
 from ..kernels.cache import cache_key
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
@@ -189,7 +190,14 @@ class ProgramSource(KernelSource):
             if self.jit == "quick":  # another module than the optimised build of the same text
                 level = QUICK_JIT_LEVEL
                 return KernelImage(desc, image, "ptx", f"{key}-O{level}", self.name, jit_level=level)
-            return KernelImage(desc, image, "ptx", key, self.name)
+            # A cubin from nvJitLink: loading PTX makes the driver JIT it while holding the lock every
+            # graph launch of the context takes, so a fused group's kernel, built on the build thread
+            # as the frames run, stalled those frames for as long as its JIT took.
+            try:
+                cubin = link_ptx(image, name=f"{self.name}.ptx", arch=arch, kernel=desc.entry_point)
+            except KernelCompileError:  # no nvJitLink (or it refuses): the driver JITs the PTX
+                return KernelImage(desc, image, "ptx", key, self.name)
+            return KernelImage(desc, cubin, "cubin", hashlib.sha256(cubin).hexdigest(), self.name)
         cubin, symbol, _log = nvrtc_compile(
             text, name=f"{self.name}.cu", entry=desc.entry_point, arch=arch, options=NVRTC_OPTIONS
         )

@@ -194,7 +194,7 @@ def test_the_interpreter_takes_a_program_in_a_copy_of_its_cubin() -> None:
         patch_program(patched, code)  # the marker is gone: not an interpreter cubin any more
     image = ProgramSource.of(program, jit="quick").compile("sm_90")
     assert image.kind == "cubin" and image.image == patched and image.jit_level is None
-    assert ProgramSource.of(program).compile("sm_90").kind == "ptx"  # the optimised build: PTX for the JIT
+    assert ProgramSource.of(program).compile("sm_90").kind == "cubin"  # the optimised build: nvJitLink, no driver JIT
     assert "case 0:" in interpreter_cuda(3, 1) and "cp_program" in interpreter_cuda(3, 1)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cudapatch.errors import KernelCompileError
 from cudapatch.expr import (
     FUNCTIONS,
     ProgramSource,
@@ -20,6 +21,7 @@ from cudapatch.expr import (
     generate_ptx,
     single,
 )
+from cudapatch.expr import source as expr_source
 from cudapatch.expr.program import Program, Stage
 from cudapatch.kernels.ptx import check_signature, parse_ptx
 
@@ -103,10 +105,19 @@ def test_program_key_follows_the_text_and_the_descriptor_stays_across_edits() ->
     assert ProgramSource.of(a, backend="nvrtc").cache_key("sm_90") != sa.cache_key("sm_90")
 
 
-def test_ptx_source_compiles_to_ptx_text_without_a_compiler() -> None:
-    image = ProgramSource.of(single(compile_expression("x * Gain"))).compile("sm_90")
-    assert image.kind == "ptx" and image.image.endswith(b"\0") and b".entry expression(" in image.image
-    assert image.descriptor.entry_point == "expression"
+def test_ptx_source_compiles_to_ptx_text_linked_by_nvjitlink(monkeypatch) -> None:
+    source = ProgramSource.of(single(compile_expression("x * Gain")))
+    ptx = source.code("sm_90")
+    assert ".entry expression(" in ptx
+    image = source.compile("sm_90")  # a cubin: the driver never JITs it (its lock is the launches' lock)
+    assert image.kind == "cubin" and image.image[:4] == b"\x7fELF" and image.descriptor.entry_point == "expression"
+
+    def refused(*a, **kw):
+        raise KernelCompileError("no nvJitLink here")
+
+    monkeypatch.setattr(expr_source, "link_ptx", refused)  # without nvJitLink: the PTX, for the driver
+    image = source.compile("sm_90")
+    assert image.kind == "ptx" and image.image == ptx.encode() + b"\0"
 
 
 @pytest.mark.parametrize("text", [EXPRESSIONS[0], EXPRESSIONS[3], EXPRESSIONS[4]])

@@ -62,8 +62,10 @@ def test_a_quick_source_jits_at_the_quick_level_and_upgrades_to_the_same_text(mo
     assert full.describe() == quick.describe() and full != quick
     assert full.cache_key("sm_90") != quick.cache_key("sm_90")  # two cache entries, two modules
     a, b = quick.compile("sm_90"), full.compile("sm_90")
-    assert a.image == b.image  # the same PTX: only the driver's JIT level differs
-    assert a.jit_level == QUICK_JIT_LEVEL and b.jit_level is None and a.key != b.key
+    # The quick build is the PTX for the driver's JIT at the quick level; the upgrade, the same PTX
+    # linked to a cubin by nvJitLink at its default level (the driver JITs nothing).
+    assert a.kind == "ptx" and a.image == quick.code("sm_90").encode() + b"\0" == full.code("sm_90").encode() + b"\0"
+    assert b.kind == "cubin" and a.jit_level == QUICK_JIT_LEVEL and b.jit_level is None and a.key != b.key
     assert ProgramSource.of(_program(), backend="nvrtc", jit="quick").jit == "full"  # NVRTC: one build
     assert ProgramSource.of(_program()).upgrade() is None
 
