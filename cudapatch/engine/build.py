@@ -293,7 +293,8 @@ class GraphBuilds:
 
     def _load_fused(self, out: BuildOutcome) -> Diagnostic | None:
         """Generate and load the kernel of every fused group of ``out.plan`` (here, on the build's
-        thread: the PTX is written in microseconds and the driver JITs it in about a millisecond),
+        thread: the PTX is written in microseconds and nvJitLink links it to a cubin, so the driver's
+        lock, which the frames' launches take, is held only to load it),
         adding their functions to ``out.functions``. A warning for the group's last block when one
         does not load (None: all loaded)."""
         assert out.plan is not None
