@@ -476,21 +476,6 @@ class CompiledGraph(HandleOwner):
         """
         if self._phases is not None:  # a FrameDelay's Reset arms its init node for the next launch
             self._phases.reset(changes)
-        elif len(changes) == 1 and not self._body_fallback:  # a slider: ``_patch``'s first case, one call less
-            for key, value in changes.items():
-                one = self._scalar_one.get(key)
-                if one is not None:
-                    kn, slot = one
-                    if type(value) is BlockParameter:
-                        value = value._value
-                    if type(value) is tuple:
-                        slot[:] = value
-                    else:
-                        slot.value = value
-                    (err,) = self._set_params(self._exec, kn.handle, kn.params)
-                    if err:
-                        check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-                    return 1
         return self._patch(self._scalar_targets, self._scalar_one, changes)
 
     def update_bindings(self, changes: Mapping[tuple[int, str], Any]) -> int:

@@ -6,13 +6,14 @@ output would be rounded)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from cudapatch import Engine, Scale
+
+from .test_incremental_plan_gpu import until_built
 
 pytestmark = pytest.mark.gpu
 
@@ -28,15 +29,6 @@ def live(tmp_path) -> Iterator[Engine]:
         e.close()
 
 
-def _until_built(e: Engine, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    e.update()
-    while e.building or e.context.dirty.any or e.kernels.pending or e.graph is None:
-        assert time.monotonic() < deadline, "the build never landed"
-        e.update()
-        time.sleep(0.002)
-
-
 def _chain(x: np.ndarray, factors: list[float]) -> np.ndarray:
     y = x.copy()
     for f in factors:  # Scale: fma(In, Factor, 0), rounded to a float at every block
@@ -45,7 +37,7 @@ def _chain(x: np.ndarray, factors: list[float]) -> np.ndarray:
 
 
 def _expect(e: Engine, block: Scale, x: np.ndarray, factors: list[float]) -> None:
-    _until_built(e)
+    until_built(e)
     e.output(block, "Out").fill_bytes(0xFF)  # poison: the next frame must write every element
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), _chain(x, factors))

@@ -26,7 +26,8 @@ def live(tmp_path) -> Iterator[Engine]:
         e.close()
 
 
-def _until_built(e: Engine, timeout: float = 60.0) -> None:
+def until_built(e: Engine, timeout: float = 120.0) -> None:
+    """Run frames until the edits made so far are built and swapped in (also the fused test's)."""
     # A frame first: a bypass is only marked until the update that applies it, which starts a build when
     # the block's values share buffers (the build pins them); nothing says "building" before that frame.
     deadline = time.monotonic() + timeout
@@ -38,7 +39,7 @@ def _until_built(e: Engine, timeout: float = 60.0) -> None:
 
 
 def _expect(e: Engine, block: Scale, x: np.ndarray, factors: list[float]) -> None:
-    _until_built(e)
+    until_built(e)
     e.output(block, "Out").fill_bytes(0xFF)  # poison: the next frame must write every element
     e.update()
     want = x.astype(np.float64) * float(np.prod(np.array(factors, dtype=np.float64)))
