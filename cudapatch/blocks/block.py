@@ -122,18 +122,40 @@ class Block:
 
     def __init__(self, *, name: str | None = None, **params: Any) -> None:
         self.id: int = next(_ids)
-        self.name: str = name or f"{self.type_name}{self.id}"
-        self.debug = BlockDebugInfo()
         self._host: BlockHost | None = None
+        self.name = name or f"{self.type_name}{self.id}"
+        self.debug = BlockDebugInfo()
         self._enabled = True
         self._listener: ParamListener | None = None  # the host's, subscribed to every scalar parameter
         # Text parameters feed describe() itself, so string values given here are known before it runs.
         self._texts: dict[str, str] = {k: v for k, v in params.items() if isinstance(v, str)}
         self.params: dict[str, BlockParameter] = {}
-        self.description: BlockDescription = self._describe()
+        self.description = self._describe()
         self._make_params({})
         for key, value in params.items():
             self.set(key, value)
+
+    @property
+    def name(self) -> str:
+        """Instance name (unique in its engine). Assigning it (a host's rename) tells the host."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+        if self._host is not None:
+            self._host.on_snapshot_stale(self)
+
+    @property
+    def description(self) -> BlockDescription:
+        """What ``describe`` built (ports, parameters, kernels). Assigning it tells the host."""
+        return self._description
+
+    @description.setter
+    def description(self, value: BlockDescription) -> None:
+        self._description = value
+        if self._host is not None:
+            self._host.on_snapshot_stale(self)
 
     def describe(self, b: BlockBuilder) -> None:
         """Describe the block's GPU work with ``b``. Called at construction and on ``refresh()``."""

@@ -43,6 +43,11 @@ class BlockHost(Protocol):
         when only kernel code changed, else drop links that no longer fit and rebuild."""
         ...
 
+    def on_snapshot_stale(self, block: Block) -> None:
+        """``block.name`` or ``block.description`` was assigned: what the host froze of the block for
+        its last build is stale."""
+        ...
+
     def on_enabled_changed(self, block: Block) -> None:
         """``block.enabled`` changed (a bypass): turn its work off or on without a rebuild."""
         ...

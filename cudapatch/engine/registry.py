@@ -7,7 +7,7 @@ which registered composite shows what happens to them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from ..blocks.block import Block
 from ..blocks.composite import Composite
@@ -53,6 +53,11 @@ class BlockRegistry:
         """Remove ``block``; returns whether it was there."""
         self.composites.pop(block.id, None)
         return self._blocks.pop(block.id, None) is not None
+
+    def ids(self) -> Iterable[int]:
+        """The registered blocks' ids, in registration order (a live view: do not change the registry
+        while iterating it)."""
+        return self._blocks.keys()
 
     def get(self, block_id: int) -> Block | None:
         """The registered block ``block_id``, or an inner block of a registered composite."""

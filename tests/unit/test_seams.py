@@ -72,6 +72,9 @@ class RecordingHost:
     def on_enabled_changed(self, block: Block) -> None:
         self.events.append(("enabled", block.name, block.enabled))
 
+    def on_snapshot_stale(self, block: Block) -> None:
+        self.events.append(("stale", block.name))
+
     def unregister_block(self, block: Block) -> None:
         self.events.append(("unregister", block.name))
         block.detach(self)
@@ -104,13 +107,17 @@ def test_a_block_reports_to_any_host_through_the_protocol() -> None:
     assert s.description.param("Offset").default == 3.0
     assert s.get("Factor") == 3.0 and s.get("Offset") == 0.0  # the user's values survive the re-description
     s.set("Offset", 4.0)  # the new parameter objects report to the same host
+    s.name = "t"  # a rename (the host adapter's): what the host froze of the block is stale
     s.close()
     s.set("Factor", 5.0)  # detached: silent again
+    s.name = "u"
     assert host.events == [  # type: ignore[attr-defined]
         ("param", "s", "Factor", 3.0),
+        ("stale", "s"),  # the new description, assigned before the host hears why
         ("described", "s", True),
         ("param", "s", "Offset", 4.0),
-        ("unregister", "s"),
+        ("stale", "t"),
+        ("unregister", "t"),
     ]
     assert s.context is None
 
