@@ -92,6 +92,9 @@ class BlockDebugInfo:
 
     def show_from(self, shower: Any, block_id: int) -> None:
         """Read sizes, shapes and fused from ``shower`` (``BuiltShower.sizes_of`` ...) from now on."""
+        src = self._shown_by
+        if src is not None and src[0] is not shower:  # moved from another engine: it must attach the block again
+            src[0].detached(src[1])
         self._shown_by = (shower, block_id)
 
     def detach(self) -> None:

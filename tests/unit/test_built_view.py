@@ -88,3 +88,32 @@ def test_a_view_compared_with_another_than_the_one_shown_writes_every_block() ->
     view = built_view(compile_plan(c.snapshot()), {}, stale)  # not the view shown
     shower.apply(view, {})
     assert s.debug.sizes == {"Out": 20} and f.debug.sizes == {"Out": 20}
+
+
+def test_a_block_moved_to_another_engine_and_back_shows_the_first_engines_view() -> None:
+    # A block read from engine A's shower, then B's, then A's again: A must attach it again (it still
+    # counted the block as its own from the first time, so the block went on reading B's view).
+    a, b = Context(), Context()
+    shower_a, shower_b = BuiltShower(a.registry), BuiltShower(b.registry)
+
+    def show(c: Context, shower: BuiltShower) -> None:
+        snap = c.snapshot()
+        plan = compile_plan(snap)
+        shower.apply(built_view(plan, {x.id: x.name for x in snap.blocks}, shower.shown), {})
+
+    f = a.register_block(Fill(name="f", Count=100))
+    a.register_block(Fill(name="other", Count=5))
+    show(a, shower_a)
+    assert f.debug.sizes == {"Out": 100}
+    a.unregister_block(f)
+    show(a, shower_a)
+    b.register_block(f)
+    f.set("Count", 200)
+    show(b, shower_b)
+    assert f.debug.sizes == {"Out": 200}
+    b.unregister_block(f)
+    show(b, shower_b)
+    a.register_block(f)
+    f.set("Count", 300)
+    show(a, shower_a)
+    assert f.debug.sizes == {"Out": 300}
