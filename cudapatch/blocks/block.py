@@ -348,6 +348,9 @@ class Block:
             for p in self.params.values():
                 p.unsubscribe(listener)
         self._host = self._listener = None
+        # Keep the sizes, shapes and fused group shown as the block's own: reading on from the host's
+        # view would keep a closed engine's last plan alive for as long as the block lives.
+        self.debug.detach()
         self.debug.state = BlockState.NOT_COMPILED
         self.debug.message = ""
 

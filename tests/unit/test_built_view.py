@@ -117,3 +117,26 @@ def test_a_block_moved_to_another_engine_and_back_shows_the_first_engines_view()
     f.set("Count", 300)
     show(a, shower_a)
     assert f.debug.sizes == {"Out": 300}
+
+
+def test_an_unregistered_block_keeps_what_it_showed_and_lets_the_engines_view_go() -> None:
+    # A block outlives its engine: it must not keep the closed engine's shower (and through its view, the
+    # last plan) alive, and it still shows its last sizes, as it did when they were written on it.
+    import gc
+    import weakref
+
+    c = Context()
+    shower = BuiltShower(c.registry)
+    f = c.register_block(Fill(name="f", Count=100))
+    s = c.register_block(Scale(name="s"))
+    c.connect(f, "Out", s, "In")
+    snap = c.snapshot()
+    shower.apply(built_view(compile_plan(snap), {b.id: b.name for b in snap.blocks}, None), {})
+    assert s.debug.sizes == {"Out": 100}
+    gone = weakref.ref(shower)
+    for b in list(c.registry):  # what Engine.close does
+        c.unregister_block(b)
+    del shower, c, snap
+    gc.collect()
+    assert gone() is None
+    assert s.debug.sizes == {"Out": 100} and f.debug.sizes == {"Out": 100}
