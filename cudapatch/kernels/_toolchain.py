@@ -176,7 +176,10 @@ def link_ptx(ptx: bytes, *, name: str, arch: str, kernel: str | None = None) -> 
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise KernelCompileError(f"nvJitLink is not installed: {exc}", file=name, kernel=kernel) from None
     data = ptx.rstrip(b"\0")
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    try:
+        handle = nvjitlink.create(1, [f"-arch={arch}"])
+    except Exception as exc:  # the module imports without its library: the first call says so (a RuntimeError)
+        raise KernelCompileError(f"nvJitLink is not available: {exc}", file=name, kernel=kernel) from None
     try:
         try:
             nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), name)

@@ -225,3 +225,19 @@ def test_several_elements_per_thread_keep_the_signature_and_assemble(per_thread:
     assert done.returncode == 0, done.stderr.decode()
     with pytest.raises(ValueError):
         generate_ptx(program, per_thread=0)
+
+
+def test_ptx_source_falls_back_to_the_ptx_where_the_nvjitlink_library_is_missing(monkeypatch) -> None:
+    # cuda-bindings imports its nvjitlink module without the library; the first call then raises
+    # pathfinder's DynamicLibNotFoundError (a RuntimeError), which link_ptx must report as the
+    # KernelCompileError its callers fall back on.
+    nvjitlink = pytest.importorskip("cuda.bindings.nvjitlink")
+    pathfinder = pytest.importorskip("cuda.pathfinder")
+
+    def missing(*a, **kw):
+        raise pathfinder.DynamicLibNotFoundError("Failure finding libnvJitLink.so")
+
+    monkeypatch.setattr(nvjitlink, "create", missing)
+    source = ProgramSource.of(single(compile_expression("x * Gain")))
+    image = source.compile("sm_90")
+    assert image.kind == "ptx" and image.image == source.code("sm_90").encode() + b"\0"
