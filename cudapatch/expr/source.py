@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import KernelCompileError
-from ..kernels._toolchain import link_ptx, nvrtc_compile, toolchain_version
+from ..kernels._toolchain import link_ptx, linker_version, nvrtc_compile, toolchain_version
 from ..kernels.cache import cache_key
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
@@ -168,6 +168,8 @@ class ProgramSource(KernelSource):
         parts = ["expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread)]
         if self.scalar_loads != "param":  # ``param`` kernels keep the keys they always had
             parts.append(self.scalar_loads)
+        if self.backend == "ptx" and self.jit != "quick":  # the cubin this nvJitLink links, or the PTX ("none")
+            parts.append(f"link-{linker_version()}")
         return cache_key(*parts)
 
     def compile(self, arch: str) -> KernelImage:

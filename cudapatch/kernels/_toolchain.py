@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import KernelCompileError
 from ._wheel_libs import load_compiler_libs
 
-__all__ = ["nvrtc_compile", "nvrtc_ptx", "link_ptx", "toolchain_version", "first_error_location"]
+__all__ = ["nvrtc_compile", "nvrtc_ptx", "link_ptx", "linker_version", "toolchain_version", "first_error_location"]
 
 _LOG_LOCATION = re.compile(r"^(?P<file>[^\n(]+?)\((?P<line>\d+)\): (?:catastrophic )?error", re.MULTILINE)
 
@@ -45,6 +45,19 @@ def toolchain_version() -> str:
     except Exception:  # nvJitLink missing: PTX sources fail with a clear error at link time
         jl = "none"
     return f"nvrtc{major}.{minor}-nvjitlink{jl}-inc{':'.join(cuda_include_dirs())}"
+
+
+@functools.lru_cache(maxsize=1)
+def linker_version() -> str:
+    """nvJitLink's version, "none" where it cannot be called: part of the cache key of a source whose
+    image is its PTX linked to a cubin there and the PTX itself where nvJitLink is missing."""
+    load_compiler_libs()
+    try:
+        from cuda.bindings import nvjitlink
+
+        return ".".join(str(x) for x in nvjitlink.version())
+    except Exception:  # not installed, or the module without its library
+        return "none"
 
 
 @functools.lru_cache(maxsize=1)

@@ -241,3 +241,34 @@ def test_ptx_source_falls_back_to_the_ptx_where_the_nvjitlink_library_is_missing
     source = ProgramSource.of(single(compile_expression("x * Gain")))
     image = source.compile("sm_90")
     assert image.kind == "ptx" and image.image == source.code("sm_90").encode() + b"\0"
+
+
+def test_a_ptx_image_cached_without_nvjitlink_is_not_loaded_where_nvjitlink_links(monkeypatch, tmp_path) -> None:
+    # The optimised PTX source's image is the PTX where nvJitLink is missing and a cubin where it links:
+    # under one key, a disk cache filled without it (or before sources were linked) kept handing the
+    # PTX to the driver's JIT, whose lock the frames' launches wait for.
+    nvjitlink = pytest.importorskip("cuda.bindings.nvjitlink")
+    pathfinder = pytest.importorskip("cuda.pathfinder")
+    from cudapatch.kernels import _toolchain
+    from cudapatch.kernels.cache import CubinCache
+
+    def missing(*a, **kw):
+        raise pathfinder.DynamicLibNotFoundError("Failure finding libnvJitLink.so")
+
+    def forget() -> None:
+        clear = getattr(getattr(_toolchain, "linker_version", None), "cache_clear", None)
+        if clear is not None:
+            clear()
+
+    source = ProgramSource.of(single(compile_expression("x * Gain")))
+    cache = CubinCache(tmp_path)
+    with monkeypatch.context() as m:
+        m.setattr(nvjitlink, "create", missing)
+        m.setattr(nvjitlink, "version", missing)
+        forget()
+        image = source.compile("sm_90")
+        assert image.kind == "ptx"
+        cache.put(source.cache_key("sm_90"), image.image, {})
+    forget()
+    assert source.compile("sm_90").kind == "cubin"
+    assert cache.get(source.cache_key("sm_90")) is None
