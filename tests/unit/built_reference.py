@@ -11,6 +11,27 @@ from cudapatch.engine.plan import GraphPlan
 from cudapatch.engine.registry import BlockRegistry
 
 
+def built_rows(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> dict[int, tuple]:
+    """What every registered block must show after a build, written nowhere: block id -> (sizes,
+    shapes, fused, append outputs, GPU ms, append fill), the GPU numbers cleared."""
+    sizes: dict[int, dict[str, int]] = {}
+    mem = plan.memory
+    for (bid, port), bi in plan.outputs.items():
+        vi = mem.ports.get((bid, port)) if mem is not None else None
+        sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
+    shapes: dict[int, dict[str, Any]] = {}
+    for (bid, port), shape in plan.shapes.items():
+        shapes.setdefault(bid, {})[port] = shape
+    by_block: dict[int, dict[str, Any]] = {}
+    for (bid, port), ab in appends.items():
+        by_block.setdefault(bid, {})[port] = ab
+    fused = _fused_groups(plan, blocks)
+    return {
+        b.id: (sizes.get(b.id, {}), shapes.get(b.id, {}), fused.get(b.id, ""), by_block.get(b.id, {}), None, {})
+        for b in blocks
+    }
+
+
 def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> None:
     """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
     numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""

@@ -4,15 +4,18 @@ outputs, GPU numbers cleared), through a sequence of edits."""
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from cudapatch import AppendFilter, Fill, ProfilingLevel, Scale, compile_plan
 from cudapatch.engine import Context
 from cudapatch.engine.built_view import BuiltShower, built_view
 from cudapatch.engine.stats import show_on_blocks
 
-from .built_reference import show_built
+from .built_reference import built_rows, show_built
 
 
 def _shown(c: Context, extra: list[Any]) -> dict[int, tuple]:
@@ -23,19 +26,30 @@ def _shown(c: Context, extra: list[Any]) -> dict[int, tuple]:
     }
 
 
-def _both(c: Context, shower: BuiltShower, appends: dict, *, fuse: bool = False, extra: list[Any] = ()) -> None:
-    """Apply the next build both ways: the view (diff) first, then ``show_built``; they must agree."""
+def _both(
+    c: Context, shower: BuiltShower, appends: dict, *, fuse: bool = False, extra: list[Any] = (), write: bool = False
+) -> None:
+    """Apply the next build both ways and compare: the view (diff) first, then the reference. By
+    default the reference is ``built_rows``, which writes nothing, so the blocks stay pointed at the
+    shower's views across builds, as in an engine; ``write``: ``show_built`` writes every block (each
+    then keeps its own values until a view it changes in points it at the shower again)."""
     snap = c.snapshot()
     plan = compile_plan(snap, fuse=fuse)
     view = built_view(plan, {b.id: b.name for b in snap.blocks}, shower.shown)
     shower.apply(view, appends)
     mine = _shown(c, list(extra))
-    show_built(plan, appends, c.registry)
-    assert mine == _shown(c, list(extra))
+    if write:
+        show_built(plan, appends, c.registry)
+        assert mine == _shown(c, list(extra))
+    else:
+        rows = built_rows(plan, appends, c.registry)
+        assert {bid: row for bid, row in mine.items() if bid in rows} == rows
     assert len(view.changed) <= len(c.registry) + len(extra)
 
 
-def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
+@pytest.mark.parametrize("write", [False, True])
+def test_a_view_applied_as_differences_shows_what_show_built_shows(write: bool) -> None:
+    both = functools.partial(_both, write=write)
     c = Context()
     shower = BuiltShower(c.registry)
     f = c.register_block(Fill(name="f", Count=100))
@@ -47,10 +61,10 @@ def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
     k = c.register_block(AppendFilter(name="k", Capacity=50))
     c.connect(prev, "Out", k, "In")
     ab = object()
-    _both(c, shower, {(k.id, "Kept"): ab})
+    both(c, shower, {(k.id, "Kept"): ab})
     assert chain[0].debug.sizes == {"Out": 100} and k.debug.append == {"Kept": ab}
     first = shower.shown
-    _both(c, shower, {(k.id, "Kept"): ab})  # nothing changed: nothing written
+    both(c, shower, {(k.id, "Kept"): ab})  # nothing changed: nothing written
     assert shower.shown is not None and shower.shown.changed == frozenset() and shower.shown.base == first.serial
     f.set("Count", 200)
     row = SimpleNamespace(
@@ -58,21 +72,21 @@ def test_a_view_applied_as_differences_shows_what_show_built_shows() -> None:
     )
     show_on_blocks(SimpleNamespace(level=ProfilingLevel.DEEP_ASYNC, blocks=(row,)), c.registry)  # a reading since
     assert chain[2].debug.gpu_ms == 1.5 and chain[2].debug.append_fill == {"x": (1, 2)}
-    _both(c, shower, {})
+    both(c, shower, {})
     assert shower.shown.changed >= {f.id, chain[0].id} and k.debug.append == {}
-    _both(c, shower, {}, fuse=True)  # fused groups, then gone again
+    both(c, shower, {}, fuse=True)  # fused groups, then gone again
     assert chain[1].debug.fused
     chain[1].name = "renamed"
-    _both(c, shower, {}, fuse=True)
-    _both(c, shower, {})
+    both(c, shower, {}, fuse=True)
+    both(c, shower, {})
     gone = chain[3]
     c.unregister_block(gone)
     c.connect(chain[2], "Out", k, "In")
-    _both(c, shower, {})
+    both(c, shower, {})
     c.register_block(gone)  # back, but not wired: not in the build
-    _both(c, shower, {})
+    both(c, shower, {})
     c.connect(chain[2], "Out", gone, "In")
-    _both(c, shower, {(k.id, "Kept"): ab})
+    both(c, shower, {(k.id, "Kept"): ab})
 
 
 def test_a_view_compared_with_another_than_the_one_shown_writes_every_block() -> None:
