@@ -16,7 +16,7 @@ def built_rows(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
     shapes, fused, append outputs, GPU ms, append fill), the GPU numbers cleared."""
     sizes: dict[int, dict[str, int]] = {}
     mem = plan.memory
-    for (bid, port), bi in plan.outputs.items():
+    for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
         vi = mem.ports.get((bid, port)) if mem is not None else None
         sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
     shapes: dict[int, dict[str, Any]] = {}
@@ -33,27 +33,12 @@ def built_rows(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: 
 
 
 def show_built(plan: GraphPlan, appends: Mapping[tuple[int, str], Any], blocks: BlockRegistry) -> None:
-    """After a build, set what ``str(block)`` shows of it: append outputs and output sizes; the GPU
-    numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
-    sizes: dict[int, dict[str, int]] = {}
-    mem = plan.memory
-    for (bid, port), bi in plan.outputs.items():  # a value's own count: a shared buffer holds several
-        vi = mem.ports.get((bid, port)) if mem is not None else None
-        sizes.setdefault(bid, {})[port] = mem.values[vi].count if vi is not None else plan.buffers[bi].count  # type: ignore[union-attr]
-    shapes: dict[int, dict[str, Any]] = {}
-    for (bid, port), shape in plan.shapes.items():
-        shapes.setdefault(bid, {})[port] = shape
-    by_block: dict[int, dict[str, Any]] = {}
-    for (bid, port), ab in appends.items():
-        by_block.setdefault(bid, {})[port] = ab
-    fused = _fused_groups(plan, blocks)
+    """After a build, set what ``str(block)`` shows of it (``built_rows``): append outputs and output
+    sizes; the GPU numbers of the old graph are cleared (the next ``show_on_blocks`` fills them)."""
+    rows = built_rows(plan, appends, blocks)
     for b in blocks:
-        b.debug.append = by_block.get(b.id, {})
-        b.debug.sizes = sizes.get(b.id, {})
-        b.debug.shapes = shapes.get(b.id, {})
-        b.debug.fused = fused.get(b.id, "")
-        b.debug.gpu_ms = None
-        b.debug.append_fill = {}
+        d = b.debug
+        d.sizes, d.shapes, d.fused, d.append, d.gpu_ms, d.append_fill = rows[b.id]
 
 
 def _fused_groups(plan: GraphPlan, blocks: BlockRegistry) -> dict[int, str]:
