@@ -253,26 +253,34 @@ def _random_edit(model: EditorModel, rng: random.Random) -> None:
         model.move(rng.choice(ops), rng.uniform(0, 900), rng.uniform(0, 900))
 
 
+def undo_redo_round_trip(model, reloader, path, edit, edits: int, state, file_state, original: str) -> None:
+    """Make ``edits`` undoable edits with ``edit(model)`` (the file on disk matching the model after
+    each), undo them all back to ``original``, redo them all: every step must show the state and
+    file text it had, and the file watcher must see none of the editor's own writes."""
+    adapter = model.adapter
+    history = [(state(adapter), path.read_text())]
+    while len(model._undo) < edits:
+        depth = len(model._undo)
+        edit(model)
+        if len(model._undo) > depth:
+            history.append((state(adapter), path.read_text()))
+            assert file_state(path) == state(adapter)
+    for expected in reversed(history[:-1]):
+        assert model.undo()
+        assert (state(adapter), path.read_text()) == expected
+    assert not model.undo()
+    assert path.read_text() == original
+    for expected in history[1:]:
+        assert model.redo()
+        assert (state(adapter), path.read_text()) == expected
+    assert reloader.poll() is False and reloader.reloads == 0
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_undo_redo_over_random_edit_sequences(tmp_path, seed):
     path, adapter, reloader, model = _open(tmp_path)
     rng = random.Random(seed)
-    history = [(_state(adapter), path.read_text())]
-    while len(model._undo) < 120:
-        depth = len(model._undo)
-        _random_edit(model, rng)
-        if len(model._undo) > depth:
-            history.append((_state(adapter), path.read_text()))
-    assert _file_state(path) == _state(adapter)
-    for expected in reversed(history[:-1]):
-        assert model.undo()
-        assert (_state(adapter), path.read_text()) == expected
-    assert not model.undo()
-    assert path.read_text() == PATCH
-    for expected in history[1:]:
-        assert model.redo()
-        assert (_state(adapter), path.read_text()) == expected
-    assert reloader.poll() is False and reloader.reloads == 0
+    undo_redo_round_trip(model, reloader, path, lambda m: _random_edit(m, rng), 120, _state, _file_state, PATCH)
 
 
 def test_history_is_bounded(tmp_path):

@@ -17,6 +17,7 @@ from cudapatch.host_plugin.patch_writer import PatchDocument
 
 from .plan_engine import PlanOnlyEngine
 from .test_editor_model import _open as _open_editor
+from .test_editor_model import undo_redo_round_trip
 
 REG = PluginHost().registry
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,21 +301,8 @@ def _random_region_edit(model: EditorModel, rng: random.Random) -> None:
 def test_undo_redo_over_random_region_edits(tmp_path, seed):
     path, adapter, reloader, model = _open(tmp_path)
     rng = random.Random(seed)
-    history = [(_state(adapter), path.read_text())]
-    while len(model._undo) < 100:
-        depth = len(model._undo)
-        _random_region_edit(model, rng)
-        if len(model._undo) > depth:
-            history.append((_state(adapter), path.read_text()))
-            assert _file_state(path) == _state(adapter)
-    for expected in reversed(history[:-1]):
-        assert model.undo()
-        assert (_state(adapter), path.read_text()) == expected
-    assert path.read_text() == PATCH
-    for expected in history[1:]:
-        assert model.redo()
-        assert (_state(adapter), path.read_text()) == expected
-    assert reloader.poll() is False and reloader.reloads == 0
+    edit = lambda m: _random_region_edit(m, rng)  # noqa: E731
+    undo_redo_round_trip(model, reloader, path, edit, 100, _state, _file_state, PATCH)
 
 
 def test_a_region_edited_outside_shows_in_the_groups(tmp_path):
