@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cudapatch import DType, Engine, Fill, Scale, VectorAdd
+from cudapatch import Composite, DType, Engine, Fill, Scale, VectorAdd
 from cudapatch.blocks.block import BlockState
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.errors import CudapatchError, LinkError
@@ -568,18 +568,20 @@ def test_a_bypass_goes_to_the_child_as_one_edit_and_with_every_whole_patch(iso):
     assert mirrored[s2.id].enabled and patch.engine.context.bypassed == set()
 
 
-def test_a_composite_reaches_the_child_whole_and_its_inner_blocks_map_to_the_hosts():
-    from cudapatch import Composite
-    from cudapatch.isolated.mirror import MirrorComposite, patch_view
+class Pair(Composite):
+    """Two Scales in a row, ``Gain`` setting both factors (the isolated tests' composite)."""
 
-    class Pair(Composite):
-        def compose(self, c) -> None:
-            c.add("a", Scale(Factor=2.0))
-            c.add("b", Scale())
-            c.link("a.Out", "b.In")
-            c.expose("In", "a.In")
-            c.expose("Out", "b.Out")
-            c.expose("Gain", "a.Factor", "b.Factor")
+    def compose(self, c) -> None:
+        c.add("a", Scale(Factor=2.0))
+        c.add("b", Scale())
+        c.link("a.Out", "b.In")
+        c.expose("In", "a.In")
+        c.expose("Out", "b.Out")
+        c.expose("Gain", "a.Factor", "b.Factor")
+
+
+def test_a_composite_reaches_the_child_whole_and_its_inner_blocks_map_to_the_hosts():
+    from cudapatch.isolated.mirror import MirrorComposite, patch_view
 
     host = Context()
     f, pair = host.register_block(Fill(name="f", Count=64)), host.register_block(Pair(name="pair", Gain=3.0))

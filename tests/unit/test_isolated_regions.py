@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cudapatch import Composite, CustomKernel, DType, Engine, Fill, For, FrameDelay, If, KernelFile, Scale, While
+from cudapatch import CustomKernel, DType, Engine, Fill, For, FrameDelay, If, KernelFile, Scale, While
 from cudapatch.blocks.regions import Region
 from cudapatch.blocks.shape import Shape
 from cudapatch.engine import Context, ExternalBinding
@@ -37,7 +37,7 @@ from cudapatch.isolated.mirror import (
 from cudapatch.isolated.protocol import OutputHandle
 
 from .plan_engine import PlanOnlyEngine
-from .test_isolated import FakeChild, FakeHostSide, _export, fake_isolated
+from .test_isolated import FakeChild, FakeHostSide, Pair, _export, fake_isolated
 from .test_isolated_states import bare_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,16 +168,6 @@ def test_placements_follow_moves_and_removals_without_ever_nesting_a_region_in_i
     child.apply(edits)
     assert _child_parents(child) == host.parents == {b.id: r1.id}
     assert mirror.diff(host.snapshot()) == []
-
-
-class Pair(Composite):
-    def compose(self, c) -> None:
-        c.add("a", Scale(Factor=2.0))
-        c.add("b", Scale())
-        c.link("a.Out", "b.In")
-        c.expose("In", "a.In")
-        c.expose("Out", "b.Out")
-        c.expose("Gain", "a.Factor", "b.Factor")
 
 
 @pytest.mark.parametrize("child_graph", [False, True], ids=["flattened", "child-graph"])
