@@ -9,6 +9,7 @@ import itertools
 import pickle
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -478,6 +479,17 @@ def test_a_fault_in_a_composites_inner_block_keeps_it_disabled_in_the_next_child
     assert disabled == [("a", why)]
 
 
+def _engine_of(graph, *, building: bool) -> SimpleNamespace:
+    """What the engine process's server reads of its engine: the graph, whether a build runs."""
+    return SimpleNamespace(
+        graph=graph,
+        lost=None,
+        building=building,
+        diagnostics=lambda: (),
+        context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
+    )
+
+
 def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whether_it_builds(monkeypatch):
     """The child's ``tell`` over a fake engine and graph: output handles (a delay pair with both buffers),
     the blocks' sizes only where they changed, ``building`` after every edits message and on change."""
@@ -503,13 +515,7 @@ def test_the_child_tells_outputs_with_shapes_and_pairs_then_what_changed_and_whe
         bypass=SimpleNamespace(outputs={}),
         output=lambda bid, port: bufs[plan.outputs[(bid, port)]] if (bid, port) in plan.outputs else None,
     )
-    engine = SimpleNamespace(
-        graph=None,
-        lost=None,
-        building=True,
-        diagnostics=lambda: (),
-        context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
-    )
+    engine = _engine_of(None, building=True)
     sent: list = []
     server = bare_server(engine, patch, sent.append, 4)
     server.tell(edited=True)
@@ -558,13 +564,7 @@ def test_the_child_sends_outputs_again_after_a_warm_patch_that_moved_or_resized_
         bypass=SimpleNamespace(outputs={}),
         output=lambda bid, port: bufs[graph.plan.outputs[(bid, port)]],
     )
-    engine = SimpleNamespace(
-        graph=graph,
-        lost=None,
-        building=False,
-        diagnostics=lambda: (),
-        context=SimpleNamespace(dirty=SimpleNamespace(structure=False)),
-    )
+    engine = _engine_of(graph, building=False)
     sent: list = []
     server = bare_server(engine, patch, sent.append, 4)
 
