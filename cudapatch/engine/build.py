@@ -348,7 +348,7 @@ class GraphBuilds:
                 # On the frame thread the running executable may take the new graph (same topology).
                 update_previous=not job.off_thread or out.realize_on_frame,
                 probe_function=probe_function,
-                upload_stream=res.stream if job.off_thread and not out.realize_on_frame else None,
+                upload_stream=res.device.upload_stream if job.off_thread and not out.realize_on_frame else None,
                 pace=self._pace if job.off_thread and not out.realize_on_frame else None,
             )
         except LibraryCallError as exc:

@@ -373,7 +373,7 @@ def realize(
     background builder). ``libraries`` (the engine's ``LibraryHandles``) captures library calls.
     ``probe_function`` is the probe kernel, for a plan with probes.
     ``upload_stream``: upload the executable graph to the device on this stream (``cuGraphUpload``)
-    here, so that its first launch (on the frame thread, on the same stream) does not do it.
+    here, so that its first launch (on the frame thread) does not do it (``DeviceContext.upload_stream``).
     ``pace`` (a build off the frame thread): called before the instantiation, it returns at the end
     of a frame (``FrameGate.next_frame``), so that the driver's lock is taken between two frames.
 

@@ -39,7 +39,7 @@ class FakeDevice:
 
     def __init__(self, ordinal: int = 0) -> None:
         self.ordinal, self.arch, self.key, self.compute_capability = ordinal, "sm_90", "0:sm_90", (9, 0)
-        self.context, self.stream = object(), object()
+        self.context, self.stream, self.upload_stream = object(), object(), object()
         self.resets, self.closed, self.abandoned, self.syncs = 0, False, False, 0
 
     def make_current(self) -> None:
