@@ -89,6 +89,7 @@ class BuildWorker:
         #: ``gate.wanted``, and ``wait`` opens it (the frame thread waiting has no frame to give).
         self.gate = FrameGate()
         self._tail: list[Callable[[], Any]] = []  # run after the outcome is out (``defer``)
+        self._chores: list[Callable[[], Any]] = []  # run with no job in flight (``later``)
         self._tailing = False
         self._name = name
         self._cv = threading.Condition()
@@ -111,19 +112,51 @@ class BuildWorker:
             if self.busy or self._closed:
                 raise RuntimeError("a build is in flight" if self.busy else "the build worker is closed")
             self.busy, self.done, self._job = True, False, job
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+            self._start_thread()
             self._cv.notify_all()
+
+    def later(self, fn: Callable[[], Any]) -> None:
+        """From the frame thread: run ``fn`` on the worker's thread after the end of a frame (closing
+        retired graphs an edit frame found idle: 12 ms at 10,000 nodes, measured on the H100 host, which
+        the frame would otherwise spend). With a job in flight, ``fn`` runs after it, with its deferred
+        work; once closed, here and now. ``wait`` and ``close`` wait for it."""
+        with self._cv:
+            if not self._closed:
+                if self._job is not None:
+                    self._tail.append(fn)
+                else:
+                    self._chores.append(fn)
+                    self._start_thread()
+                self._cv.notify_all()
+                return
+        fn()
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while self._job is None and not self._closed:
+                while self._job is None and not self._chores and not self._closed:
                     self._cv.wait()
-                if self._job is None:  # closed with nothing to do
-                    return
-                job = self._job
+                if self._job is None:
+                    chores, self._chores = self._chores, []
+                    if not chores:  # closed with nothing to do
+                        return
+                    self._tailing = True
+                    job = None
+                else:
+                    job = self._job
+            if job is None:
+                try:
+                    self._make_current()
+                except Exception as exc:  # nothing waits for it: say so, and drop the chores
+                    log.warning("work handed to the build thread was dropped: %s", exc)
+                    chores = []
+                self._run_tail(chores)
+                continue
             try:
                 self._make_current()
                 with short_switch_interval(), self._around_job():
@@ -168,7 +201,7 @@ class BuildWorker:
         """Wait until the job in flight (if any) finished; returns whether none is running now."""
 
         def idle() -> bool:
-            return self._job is None and not self._tailing
+            return self._job is None and not self._tailing and not self._chores
 
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:

@@ -430,7 +430,8 @@ class Engine(PatchEditing, EngineResults):
         build, or build now: ``structure.py``), then Bypass and Hot/Warm on the graph that runs now."""
         structure, dirty = self._structure, self._dirty
         # A build about to start closes the idle retired graphs on its own thread.
-        structure.reap(graphs=not (dirty.structure and self._builds_off_thread))
+        off_thread = self._builds_off_thread
+        structure.reap(graphs=not (dirty.structure and off_thread), off_thread=off_thread)
         if dirty.code:
             self._code.submit(dirty.take_code())
             if self.wait_for_compile:

@@ -180,6 +180,46 @@ class PreparedPatch:
             buf.unreserve(alloc)
 
 
+class _BypassStep:
+    """What going from one bypass to another does to a graph's nodes, found once per pair of
+    ``BypassPlan`` (``CompiledGraph.set_bypass``): a toggle alternates between two, and the frame then
+    only calls the driver and writes the pointers (resolved at each step: a Warm growth or a rebind
+    may have moved the buffers since).
+
+    Attributes:
+        old: The bypass it starts from.
+        new: The bypass it ends in.
+        switches: ``(node handle, 1 on / 0 off, its node)`` of each kernel node turned on or off.
+        pointers: ``(node, slot, resource read instead or None for the plan's own, argument index)``
+            of each reader whose pointer the step may change.
+        targets: Binding key -> ``(node, slot)`` of the readers ``new`` redirects to that binding (a
+            Warm rebind of it writes them too).
+    """
+
+    __slots__ = ("old", "new", "switches", "pointers", "targets")
+
+    def __init__(self, graph: CompiledGraph, old: BypassPlan, new: BypassPlan) -> None:
+        self.old, self.new = old, new
+        nodes = graph._nodes
+        self.switches: list[tuple[Any, int, Any]] = []
+        for on, which in ((1, old.disabled - new.disabled), (0, new.disabled - old.disabled)):
+            for ni in sorted(which):
+                kn = nodes[ni]
+                if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
+                    continue
+                self.switches.append((kn.handle, on, kn))
+        redirects = new.redirects
+        self.pointers: list[tuple[Any, Any, Any, int]] = []
+        for key in (old.redirects.keys() | redirects.keys()) if old.redirects else redirects:
+            ni, ai = key
+            kn = nodes[ni]
+            self.pointers.append((kn, kn.slots[ai], redirects.get(key), ai))
+        self.targets: dict[Any, list] = {}
+        for (ni, ai), res in redirects.items():
+            if not isinstance(res, int):
+                self.targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))
+
+
 class CompiledGraph(HandleOwner):
     """The instantiated CUDA graph of a GraphPlan, with its buffers and parameter slots.
 
@@ -259,6 +299,7 @@ class CompiledGraph(HandleOwner):
         #: Warm rebind of that binding writes them too.
         self.bypass: BypassPlan = NO_BYPASS
         self._redirect_targets: dict[tuple[int, str], list] = {}
+        self._bypass_steps: dict[tuple[int, int], _BypassStep] = {}  # by (id(from), id(to)): ``set_bypass``
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
@@ -760,44 +801,36 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: a driver call failed.
         """
-        old, nodes = self.bypass, self._nodes
+        old = self.bypass
         if bp is old:
             return 0
+        step = self._bypass_steps.get((id(old), id(bp)))
+        if step is None or step.old is not old or step.new is not bp:  # once per pair: a toggle alternates
+            if len(self._bypass_steps) >= 16:
+                self._bypass_steps.clear()
+            step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp)
         set_enabled, exec_ = driver().cuGraphNodeSetEnabled, self._exec
-        changed = 0
-        for on, which in ((1, old.disabled - bp.disabled), (0, bp.disabled - old.disabled)):
-            for ni in which:
-                kn = nodes[ni]
-                if kn is None or kn.params is None:  # only kernel nodes are planned to be disabled
-                    continue
-                (err,) = set_enabled(exec_, kn.handle, on)
-                if err:
-                    check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
-                changed += 1
-        touched: dict[int, Any] = {}  # by node index, in order: each node's storage goes to the driver once
-        redirects, buffers = bp.redirects, self.buffers
-        for key in (old.redirects.keys() | redirects.keys()) if old.redirects else redirects:
-            ni, ai = key
-            kn = nodes[ni]
-            res = redirects.get(key)
-            if res is not None:
-                ptr = buffers[res].ptr if isinstance(res, int) else self._binding_ptr(res)
-            else:  # no longer redirected: what the plan says
+        for handle, on, kn in step.switches:
+            (err,) = set_enabled(exec_, handle, on)
+            if err:
+                check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
+        buffers, touched = self.buffers, []
+        for kn, slot, res, ai in step.pointers:
+            if res is None:  # no longer redirected: what the plan says
                 ptr = arg_value(kn.plan.args[ai], buffers, {}, self._counters_ptr)
-            slot = kn.slots[ai]
+            elif type(res) is int:
+                ptr = buffers[res].ptr
+            else:
+                ptr = self._binding_ptr(res)
             if slot.value != ptr:  # pointer slots are scalars
                 slot.value = ptr
-                touched[ni] = kn
+                if kn not in touched:  # each node's storage goes to the driver once
+                    touched.append(kn)
         if touched:
-            self._commit(touched.values())
-        if self._redirect_targets or any(not isinstance(res, int) for res in redirects.values()):
-            targets: dict[Any, list] = {}
-            for (ni, ai), res in redirects.items():
-                if not isinstance(res, int):
-                    targets.setdefault(res, []).append((nodes[ni], nodes[ni].slots[ai]))  # type: ignore[union-attr]
-            self._redirect_targets = targets
+            self._commit(touched)
+        self._redirect_targets = step.targets
         self.bypass = bp
-        return changed + len(touched)
+        return len(step.switches) + len(touched)
 
     def _binding_ptr(self, key: Any) -> int:
         # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm

@@ -467,7 +467,7 @@ class BypassTier:
         self._counters.nodes_patched += g.set_bypass(bp)
         self._counters.bypass_updates += 1
         self._bypassing = None if bp.empty else g
-        if set(bp.refused) != self._refused:
+        if bp.refused.keys() != self._refused:  # (no set made per toggle)
             for bid in self._refused - set(bp.refused):
                 self._board.clear_block_error(bid, DiagnosticCode.BYPASS)
             for bid, why in bp.refused.items():

@@ -370,6 +370,52 @@ def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: E
     assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
 
 
+def test_a_graph_an_edit_frame_finds_idle_is_closed_on_the_build_thread(engine: Engine, realizer: Realizer) -> None:
+    # A Hot edit (no build) reaps the retired graphs: the build thread closes them after a frame.
+    _, scale = _chain(engine)
+    _landed(engine)
+    first = engine.graph
+    first.is_idle = lambda: False  # the GPU still runs it while the next build lands
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    _landed(engine)
+    assert first.retired and not first.closed
+    first.is_idle = lambda: True
+    scale.set("Factor", 5.0)
+    engine.update()
+    engine._worker.wait(5.0)  # its chores too
+    assert first.closed and first.closed_on == "cudapatch-build"
+
+
+def test_the_worker_runs_work_handed_to_it_after_a_frame_or_after_the_job_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "PACE_TIMEOUT_S", 60.0)  # it goes on at a frame's end, never by timeout
+    w = BuildWorker(lambda: None)
+    ran: list[tuple[str, str]] = []
+    try:
+        w.later(lambda: ran.append(("alone", threading.current_thread().name)))
+        time.sleep(0.05)
+        assert ran == []  # it waits for the end of a frame
+        w.gate.open()
+        assert w.wait(5.0) and ran == [("alone", "cudapatch-build")] and not w.busy
+        gate = threading.Event()
+        w.submit(lambda: gate.wait(5.0) and "built")
+        w.later(lambda: ran.append(("after the job", threading.current_thread().name)))
+        gate.set()
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "built"
+        w.wait(5.0)  # opens the gate: no frame comes
+        assert ran[-1] == ("after the job", "cudapatch-build")
+    finally:
+        w.close(5.0)
+    w.later(lambda: ran.append(("closed", threading.current_thread().name)))  # closed: here and now
+    assert ran[-1] == ("closed", threading.current_thread().name)
+
+
 def test_what_a_swap_replaced_is_freed_by_the_next_build_on_the_build_thread(engine: Engine) -> None:
     import weakref
 
