@@ -1,11 +1,21 @@
 """Timers shared by the benchmarks: GPU time from CUDA events, host time of a call, of update() and of
 a bare launch of the engine's graph (the peer of a quiet update()), and one block's kernel launched
-eagerly (the peer of the time the graph reports for it)."""
+eagerly (the peer of the time the graph reports for it).
+
+The driver's own floor, timed with raw ``cuda.bindings.driver`` calls on the engine's own executable
+graph (``engine.graph.handle``, the engine's stream), so a row can print what the driver alone costs
+beside what the engine costs: a node's parameters set and the graph launched (the peer of a Hot or
+Warm ``update()``), a node turned off or on with its reader's parameters set and the graph launched
+(the peer of a bypass toggle), and a graph of the same kernel nodes built on another thread while the
+running one launches at 60 fps (what the driver's lock alone costs a launch during a build). Each
+holds the engine's graph lock while it touches the executable (the kernel builder's thread swaps
+kernels into it between frames) and leaves the graph as it found it."""
 
 from __future__ import annotations
 
 import functools
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -77,11 +87,7 @@ def eager_kernel_ms(
     launches between two events per round. ``behind_a_frame``: each round is queued behind a frame of
     the graph, so the GPU runs them back to back even where issuing a launch takes longer than the
     kernel runs (without it, that peer is bound by the host's launch rate)."""
-    node = next(
-        n
-        for n in engine.graph._nodes
-        if n is not None and getattr(n, "plan", None) is not None and n.plan.block_id == block_id
-    )
+    node = kernel_node(engine, block_id)
     kp, stream = node.params, engine.device.stream
     start, end = check(d.cuEventCreate(0)), check(d.cuEventCreate(0))
     out = []
@@ -100,3 +106,213 @@ def eager_kernel_ms(
         check(d.cuEventDestroy(start))
         check(d.cuEventDestroy(end))
     return statistics.median(out)
+
+
+# -- the driver's floor on the engine's own executable graph ------------------------------------------
+
+
+def kernel_nodes(engine: Any) -> list[Any]:
+    """The running graph's top-level kernel nodes, in insertion order (the engine's ``KernelNode``
+    objects: ``handle``, ``params``, ``plan``); captured library calls and nodes inside a composite's
+    child graph or a region's body are left out."""
+    graph = engine.graph
+    assert graph is not None, "the engine has no graph yet"
+    return [
+        n
+        for n in graph._nodes
+        if getattr(n, "params", None) is not None
+        and getattr(n, "child", None) is None
+        and getattr(n, "body", None) is None
+    ]
+
+
+def kernel_node(engine: Any, block_id: int) -> Any:
+    """Block ``block_id``'s first kernel node in the running graph."""
+    return next(
+        n
+        for n in engine.graph._nodes
+        if n is not None and getattr(n, "plan", None) is not None and n.plan.block_id == block_id
+    )
+
+
+def patched_node(engine: Any, block_id: int, name: str, *, binding: bool = False) -> Any:
+    """The kernel node a Hot change of block ``block_id``'s parameter ``name`` patches in the running
+    graph (``binding``: a Warm rebind of its input port ``name``): the first node holding one of its
+    slots. In a fused group that is the group's kernel node."""
+    graph = engine.graph
+    assert graph is not None, "the engine has no graph yet"
+    slots = (graph.plan.binding_slots if binding else graph.plan.scalar_slots)[(block_id, name)]
+    return graph._nodes[slots[0][0]]
+
+
+def _quiet_executable(engine: Any) -> tuple[Any, Any]:
+    """``(executable, stream)`` of the engine's running graph, checked fit for the bare peers: a graph,
+    no build in flight (the build thread would swap it), one executable (FrameDelay graphs alternate
+    two), the engine's context current on this thread."""
+    graph = engine.graph
+    assert graph is not None, "the engine has no graph yet"
+    assert not engine.building, "a build is in flight: time the driver's floor on a quiet engine"
+    assert getattr(graph, "_phases", None) is None, "a graph with FrameDelays launches two executables"
+    engine.device.make_current()
+    return graph.handle, engine.resources.stream
+
+
+def _alternate_medians(
+    runs: dict[str, Callable[[], Any]], calls: int, sync: Callable[[], Any], rounds: int = 3
+) -> dict[str, float]:
+    """``host_us`` of each of ``runs`` (``calls`` calls, ``sync`` every 50), the runs taken in turn
+    ``rounds`` times; the median of each one's rounds (a clock or load change between two runs then
+    shifts both)."""
+    out: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            out[name].append(host_us(run, calls, sync))
+    return {name: statistics.median(v) for name, v in out.items()}
+
+
+def bare_set_params_launch_us(engine: Any, node: Any, calls: int = 2000) -> tuple[float, float]:
+    """Host µs of what the driver alone does for a Hot or Warm ``update()``, on the engine's own
+    executable: ``cuGraphExecKernelNodeSetParams`` of ``node`` (a ``KernelNode`` of the running graph,
+    e.g. from ``patched_node``) with the parameters it holds, then ``cuGraphLaunch``.
+
+    Returns:
+        ``(set params + launch, launch alone)``: medians of the same run (the caller prints the
+        difference, the driver's cost of the patch beyond a frame). The graph is left as it was (its
+        parameters written again unchanged).
+    """
+    with engine._graph_lock:
+        exec_, stream = _quiet_executable(engine)
+        launch, set_params = d.cuGraphLaunch, d.cuGraphExecKernelNodeSetParams
+        handle, params = node.handle, node.params
+        check(set_params(exec_, handle, params))  # the call shapes, checked once; the timed calls unchecked
+        check(launch(exec_, stream))
+        medians = _alternate_medians(
+            {
+                "launch": lambda: launch(exec_, stream),
+                "set": lambda: (set_params(exec_, handle, params), launch(exec_, stream)),
+            },
+            calls,
+            engine.synchronize,
+        )
+        check(set_params(exec_, handle, node.params))
+        engine.synchronize()
+    return medians["set"], medians["launch"]
+
+
+def bare_bypass_toggle_us(engine: Any, node: Any, reader: Any, calls: int = 2000) -> tuple[float, float]:
+    """Host µs of what the driver alone does for a bypass toggle, on the engine's own executable:
+    ``cuGraphNodeSetEnabled`` of ``node`` (the bypassed block's kernel node), on and off in turn, then
+    ``cuGraphExecKernelNodeSetParams`` of ``reader`` (the node reading its output, redirected by a
+    bypass) with the parameters it holds, then ``cuGraphLaunch``.
+
+    Returns:
+        ``(toggle + launch, launch alone)``: medians of the same run. Afterwards ``node`` is enabled
+        or not as the engine has it (disabled only where the engine's bypass turned it off) and
+        ``reader`` holds the engine's current parameters: the graph is as it was found.
+    """
+    with engine._graph_lock:
+        exec_, stream = _quiet_executable(engine)
+        graph = engine.graph
+        index = next(i for i, n in enumerate(graph._nodes) if n is node)
+        engine_state = 0 if index in graph.bypass.disabled else 1
+        launch, set_params, set_enabled = d.cuGraphLaunch, d.cuGraphExecKernelNodeSetParams, d.cuGraphNodeSetEnabled
+        handle, reader_handle, reader_params = node.handle, reader.handle, reader.params
+        state = [engine_state]
+
+        def toggle() -> None:
+            state[0] ^= 1
+            set_enabled(exec_, handle, state[0])
+            set_params(exec_, reader_handle, reader_params)
+            launch(exec_, stream)
+
+        try:
+            check(set_enabled(exec_, handle, 1 - engine_state))  # the call shapes, checked once
+            check(set_enabled(exec_, handle, engine_state))
+            check(set_params(exec_, reader_handle, reader_params))
+            check(launch(exec_, stream))
+            medians = _alternate_medians(
+                {"launch": lambda: launch(exec_, stream), "toggle": toggle}, calls, engine.synchronize
+            )
+        finally:
+            check(set_enabled(exec_, handle, engine_state))
+            check(set_params(exec_, reader_handle, reader.params))
+            engine.synchronize()
+    return medians["toggle"], medians["launch"]
+
+
+def bare_build_beside_launches(
+    engine: Any, repeats: int = 10, fps: float = 60.0, pause_s: float = 0.003
+) -> tuple[float, int, dict[str, float]]:
+    """What the driver's lock alone costs a frame during a build: a thread builds, ``repeats`` times, a
+    graph of the running graph's kernel nodes (``kernel_nodes``: ``cuGraphAddKernelNode`` each, chained,
+    with the engine's parameters), instantiates it, uploads it on the engine's stream and destroys it,
+    ``pause_s`` between builds; meanwhile this thread launches the engine's executable with a raw
+    ``cuGraphLaunch`` at ``fps`` and records each launch's host time. No engine code runs during it:
+    the peer of the slowest ``update()`` during a structure edit.
+
+    Returns:
+        ``(slowest launch µs, frames launched, median ms of each build phase)``, the phases ``add``
+        (create the graph and add the nodes), ``instantiate`` and ``upload``.
+
+    Raises:
+        CudaError: a driver call failed (on the build thread: raised here after it ended).
+    """
+    with engine._graph_lock:
+        exec_, stream = _quiet_executable(engine)
+        nodes = kernel_nodes(engine)
+        context = engine.device.context
+        done, stop = threading.Event(), threading.Event()
+        failed: list[BaseException] = []
+        phases: dict[str, list[float]] = {"add": [], "instantiate": [], "upload": []}
+
+        def build() -> None:
+            try:
+                check(d.cuCtxSetCurrent(context))
+                for _ in range(repeats):
+                    if stop.is_set():  # the launch loop failed: no more builds
+                        break
+                    t0 = time.perf_counter()
+                    graph = check(d.cuGraphCreate(0))
+                    try:
+                        prev: list[Any] = []
+                        for n in nodes:
+                            prev = [check(d.cuGraphAddKernelNode(graph, prev, len(prev), n.params))]
+                        t1 = time.perf_counter()
+                        built = check(d.cuGraphInstantiate(graph, 0))
+                        t2 = time.perf_counter()
+                        try:
+                            check(d.cuGraphUpload(built, stream))
+                            t3 = time.perf_counter()
+                        finally:
+                            check(d.cuGraphExecDestroy(built))
+                    finally:
+                        check(d.cuGraphDestroy(graph))
+                    for name, ms in (("add", t1 - t0), ("instantiate", t2 - t1), ("upload", t3 - t2)):
+                        phases[name].append(ms * 1e3)
+                    time.sleep(pause_s)
+            except BaseException as exc:  # raised again on the calling thread, after the join
+                failed.append(exc)
+            finally:
+                done.set()  # always: the launch loop below ends on it
+
+        launch, period = d.cuGraphLaunch, 1.0 / fps
+        worst, frames = 0.0, 0
+        check(launch(exec_, stream))
+        engine.synchronize()
+        builder = threading.Thread(target=build, name="bare-build", daemon=True)
+        builder.start()
+        try:
+            while not done.is_set():
+                t = time.perf_counter_ns()
+                (err,) = launch(exec_, stream)
+                dt = time.perf_counter_ns() - t
+                check((err,))
+                worst, frames = max(worst, dt / 1e3), frames + 1
+                time.sleep(max(0.0, period - dt / 1e9))
+        finally:
+            stop.set()
+            builder.join()
+            engine.synchronize()
+    if failed:
+        raise failed[0]
+    return worst, frames, {name: statistics.median(v) for name, v in phases.items() if v}

@@ -29,7 +29,10 @@
    compile step alone per path: generating the PTX, the driver's JIT at the quick level and at the
    default, nvJitLink, NVRTC.
 3. A Hot change of one scalar: ``set()`` + ``update()`` host time for a member of the fused chain beside
-   the same change unfused (target: the same, ≤ 3 µs per patched node).
+   the same change unfused (target: the same, ≤ 3 µs per patched node), each beside a quiet ``update()``
+   and the driver's part of the patch in the same run: ``cuGraphExecKernelNodeSetParams`` of the node
+   the change patches (the fused kernel's node, all the group's arguments; unfused, the block's node)
+   plus ``cuGraphLaunch``, minus a bare ``cuGraphLaunch`` of the same graph.
 
 Usage: ``python benchmarks/bench_fusion.py [--blocks 100] [--edits 50] [--launch-variants]``
 (``--launch-variants``: our fused kernel also at block sizes 64-512, 1, 2, 4 elements per thread and
@@ -52,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 from _results import write_results  # noqa: E402
-from _timing import gpu_ms, update_us  # noqa: E402
+from _timing import bare_set_params_launch_us, gpu_ms, patched_node, update_us  # noqa: E402
 from cuda.bindings import driver as d  # noqa: E402
 
 from cudapatch import Engine, Expression, Scale  # noqa: E402
@@ -374,9 +377,13 @@ def bench_hot(n_blocks: int, calls: int = 2000) -> dict:
                 e.update()
                 times.append(time.perf_counter_ns() - t)
             quiet = update_us(e, calls, 50)
+            # the driver's part: the node this change patches (in a fused chain, the group's kernel)
+            set_launch, launch = bare_set_params_launch_us(e, patched_node(e, target.id, "Factor"), calls)
         key = "fused" if fuse else "unfused"
         row[f"{key}_hot_update_us"] = statistics.median(times) / 1e3
         row[f"{key}_quiet_update_us"] = quiet
+        row[f"{key}_bare_set_params_launch_us"] = set_launch
+        row[f"{key}_bare_launch_us"] = launch
     return row
 
 
@@ -472,9 +479,15 @@ def main() -> None:
     )
     r = bench_hot(args.blocks)
     report["hot"] = r
-    print("3. Hot change of one scalar, set() + update() host µs (quiet update() beside it)")
+    print("3. Hot change of one scalar, set() + update() host µs, beyond a quiet update() beside the driver's part")
+    print("   (bare SetParams of the patched node + launch, minus a bare launch; same graph, same run)")
     for key in ("fused", "unfused"):
-        print(f"   {key:<8} {r[f'{key}_hot_update_us']:.1f}  (quiet {r[f'{key}_quiet_update_us']:.1f})")
+        hot, quiet = r[f"{key}_hot_update_us"], r[f"{key}_quiet_update_us"]
+        bare = r[f"{key}_bare_set_params_launch_us"] - r[f"{key}_bare_launch_us"]
+        print(
+            f"   {key:<8} {hot:.1f}  (quiet {quiet:.1f}): +{hot - quiet:.2f} beside bare SetParams+launch − launch "
+            f"+{bare:.2f}  ratio {_ratio(hot - quiet, bare)}"
+        )
     write_results("fusion.json", report, indent=2)
 
 

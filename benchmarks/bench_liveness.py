@@ -5,12 +5,19 @@ Chains of N ``Scale`` blocks (1024 floats). With ``update()`` running every fram
 the end, remove it, add a link, remove it. For each edit: the slowest ``update()`` from the edit
 until it is live, against the quiet median (target ≤ max(1 ms, 3× quiet)), and the frames until
 live (target ≤ 3 at 100 and 1,000 blocks, ≤ 500 ms at 10,000). Peer: a bare ``cuGraphLaunch`` of
-the same executable graph, measured in the same run (target: quiet ``update()`` ≤ 1.5× it).
+the same executable graph, measured in the same run (target: quiet ``update()`` ≤ 1.5× it). Beside
+the edits, the driver's floor in the same run: a thread builds a graph of the same kernel nodes with
+raw driver calls (add the nodes, instantiate, upload, 10 times) while the running graph is launched
+bare at 60 fps, no engine code running; its slowest launch shows what the driver's lock alone costs
+a launch during a build, so each edit's slowest ``update()`` reads against it (in the note) as well
+as against the budget.
 
 Then, on the same chain: bypass a block in the middle and turn it back on, 50 times (the host time
 of ``enabled = False`` plus the ``update()`` that applies it, beside a quiet ``update()``; target
 ≤ 10 µs of host time, 0 instantiations; the first bypass, a build that gives the block's shared
-buffers their own, is listed apart), and grow the bound input to twice its size (slowest
+buffers their own, is listed apart; peer: the bare toggle, ``cuGraphNodeSetEnabled`` of the
+block's node, ``cuGraphExecKernelNodeSetParams`` of its reader and ``cuGraphLaunch`` on the running
+graph, beside a bare launch, same run), and grow the bound input to twice its size (slowest
 ``update()`` until the chain runs at the new size, frames until live, instantiations: target none,
 the buffers are reallocated in place).
 
@@ -36,7 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _results import write_results  # noqa: E402
-from _timing import bare_launch_us, update_us  # noqa: E402
+from _timing import (  # noqa: E402
+    bare_build_beside_launches,
+    bare_bypass_toggle_us,
+    bare_launch_us,
+    kernel_node,
+    update_us,
+)
 
 from cudapatch import Engine, Scale  # noqa: E402
 from cudapatch.engine.memory_plan import shares_with_others  # noqa: E402
@@ -80,23 +93,36 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
         bare = bare_launch_us(e)
         rows.append((f"{n}: quiet update() µs", quiet, "bare cuGraphLaunch µs", bare, "≤ 1.5×"))
         budget = max(1000.0, 3 * quiet)
+        floor, frames, phases = bare_build_beside_launches(e)  # the driver's part of an edit's slowest frame
+        build = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+        note = f"{frames} frames; build ms: {build}"
+        rows.append((f"{n}: bare build beside launches, slowest launch µs", floor, "budget µs", budget, note))
+        peer = f"bare build {floor:.0f} µs"
         tail = e.add(Scale(name="tail"))
         e.connect(blocks[-1], "Out", tail, "In")
         instantiations = e.counters.rebuilds
         worst, frames, secs = until_live(e, lambda: running(e, tail))
-        rows.append((f"{n}: add block, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames"))
+        rows.append(
+            (f"{n}: add block, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames; {peer}")
+        )
         e.disconnect(blocks[-1], "Out", tail, "In")
         worst, frames, secs = until_live(e, lambda: not running(e, tail))
-        rows.append((f"{n}: remove link, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames"))
+        rows.append(
+            (f"{n}: remove link, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames; {peer}")
+        )
         e.connect(blocks[-1], "Out", tail, "In")
         worst, frames, secs = until_live(e, lambda: running(e, tail))
-        rows.append((f"{n}: add link, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames"))
+        rows.append(
+            (f"{n}: add link, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames; {peer}")
+        )
         e.remove(tail)
         worst, frames, secs = until_live(e, lambda: e.graph is not None and tail.id not in e.graph.plan.block_order)
-        rows.append((f"{n}: remove block, slowest update() µs", worst, "budget µs", budget, f"{secs * 1e3:.0f} ms"))
+        rows.append(
+            (f"{n}: remove block, slowest update() µs", worst, "budget µs", budget, f"{secs * 1e3:.0f} ms; {peer}")
+        )
         rows.append((f"{n}: instantiations for 4 edits", e.counters.rebuilds - instantiations, "edits", 4, ""))
         if not fuse:  # a fused member has no node of its own to turn off until a build takes it out
-            rows += bench_bypass(e, blocks[n // 2], quiet)
+            rows += bench_bypass(e, blocks[n // 2], blocks[n // 2 + 1], quiet)
         rows += bench_growth(e, blocks, elements, budget)
     if fuse:
         rows = [(f"{name} (fused)", *rest) for name, *rest in rows]
@@ -116,8 +142,12 @@ def _bypassed(e: Engine, block: Scale) -> bool:
     return bool(g.plan.block_nodes.get(block.id)) and set(g.plan.block_nodes[block.id]) <= g.bypass.disabled
 
 
-def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> list[tuple[str, float, str, float, str]]:
-    """Host time of a bypass toggle: the flag set plus the ``update()`` that applies it.
+def bench_bypass(
+    e: Engine, block: Scale, reader: Scale, quiet: float, toggles: int = 50
+) -> list[tuple[str, float, str, float, str]]:
+    """Host time of a bypass toggle: the flag set plus the ``update()`` that applies it, beside the
+    driver's part of it on the running graph (``bare_bypass_toggle_us``: ``block``'s node turned on
+    and off, ``reader``'s, the next block's, parameters set, a launch), measured after the toggles.
 
     With buffer reuse (the default) the chain's blocks share buffers, so the first bypass of the
     block is one build that gives its values buffers of their own (listed apart); every toggle after
@@ -141,9 +171,19 @@ def bench_bypass(e: Engine, block: Scale, quiet: float, toggles: int = 50) -> li
     e.synchronize()
     assert e.counters.bypass_updates - updates == 2 * toggles and _bypassed(e, block)  # it ends off
     toggle = statistics.median(times)
+    # The driver's part, on the graph the toggles left running (the block off, its reader redirected).
+    bare, launch = bare_bypass_toggle_us(e, kernel_node(e, block.id), kernel_node(e, reader.id))
+    more = f"ours +{toggle - quiet:.1f} beyond quiet update(), bare +{bare - launch:.1f} beyond a launch"
     return [
         (f"{n}: first bypass, slowest update() µs", worst, "builds", pin_builds, f"live in {frames} frames"),
-        (f"{n}: bypass toggle + update() µs (median)", toggle, "quiet update() µs", quiet, "target ≤ 10 µs more"),
+        (f"{n}: bypass toggle + update() µs (median)", toggle, "bare toggle µs", bare, f"target ≤ 10 µs more; {more}"),
+        (
+            f"{n}: bare toggle µs (enable+params+launch)",
+            bare,
+            "bare launch µs",
+            launch,
+            f"quiet update() {quiet:.1f} µs",
+        ),
         (f"{n}: instantiations for {2 * toggles} toggles", _graphs_made(e) - made, "toggles", 2 * toggles, "target 0"),
     ]
 
@@ -181,10 +221,10 @@ def main() -> None:
     rows = []
     for n in args.sizes:
         rows += bench_size(n, args.elements, args.fuse)
-    print(f"{'measure':44} {'ours':>10} {'peer':>22} {'peer val':>10} {'ratio':>8}  note")
+    print(f"{'measure':56} {'ours':>10} {'peer':>22} {'peer val':>10} {'ratio':>8}  note")
     for name, ours, peer, pv, note in rows:
         ratio = f"{ours / pv:.2f}" if pv else "-"
-        print(f"{name:44} {ours:10.1f} {peer:>22} {pv:10.1f} {ratio:>8}  {note}")
+        print(f"{name:56} {ours:10.1f} {peer:>22} {pv:10.1f} {ratio:>8}  {note}")
     write_results(
         "liveness.json", [dict(zip(("measure", "ours", "peer", "peer_val", "note"), r, strict=True)) for r in rows]
     )
