@@ -34,14 +34,43 @@ import gc
 import threading
 from collections.abc import Iterator
 
-__all__ = ["CollectorFreeze"]
+__all__ = ["CollectorFreeze", "pause_collector", "resume_collector"]
 
 #: Builds between two thaws (``gc.unfreeze()``), so that cycles frozen by mistake are collected after all.
 THAW_EVERY = 100
 
 _pause_lock = threading.Lock()
-_pause_users = 0  # builds running with the collector paused (engines share one interpreter)
+_pause_users = 0  # builds and edit frames running with the collector paused (engines share one interpreter)
 _pause_resume = False  # whether the collector was on when the first of them paused it
+_pause_freeze = False  # whether a build ran meanwhile: what it made is frozen before collection is on
+
+
+def pause_collector(*, build: bool = False) -> None:
+    """No automatic collection from now until the matching ``resume_collector`` (process-wide and
+    counted: builds on the build thread and edit frames on the frame thread overlap). The collector
+    is on again when the last pause ends, if it was on when the first began; ``build``: first freeze
+    what was made meanwhile. (An edit frame used to switch the collector back on at its end while
+    the build it had started ran: the build's objects then set off collections, 5-10 ms each at
+    1,000 blocks, in whichever thread allocated next, the frame thread's launch included.)"""
+    global _pause_users, _pause_resume, _pause_freeze
+    with _pause_lock:
+        if _pause_users == 0:
+            _pause_resume = gc.isenabled()
+            _pause_freeze = False
+            gc.disable()
+        _pause_users += 1
+        _pause_freeze = _pause_freeze or build
+
+
+def resume_collector() -> None:
+    """End a ``pause_collector``."""
+    global _pause_users
+    with _pause_lock:
+        _pause_users -= 1
+        if _pause_users == 0 and _pause_resume:
+            if _pause_freeze:
+                gc.freeze()  # before collection is on: its first pass would scan the whole build
+            gc.enable()
 
 
 class CollectorFreeze:
@@ -77,20 +106,11 @@ class CollectorFreeze:
         """No automatic collection while a build runs (it would hold the GIL the frame thread waits
         for); at the end, what the build made is frozen and collection is on again, unless another
         build still runs or the collector was off before."""
-        global _pause_users, _pause_resume
         if not self.enabled:
             yield
             return
-        with _pause_lock:
-            if _pause_users == 0:
-                _pause_resume = gc.isenabled()
-                gc.disable()
-            _pause_users += 1
+        pause_collector(build=True)
         try:
             yield
         finally:
-            with _pause_lock:
-                _pause_users -= 1
-                if _pause_users == 0 and _pause_resume:
-                    gc.freeze()  # before collection is on: its first pass would scan the whole build
-                    gc.enable()
+            resume_collector()

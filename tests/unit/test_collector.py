@@ -93,3 +93,24 @@ def test_a_collector_that_was_off_stays_off() -> None:
 def test_disabled_does_not_pause_collection() -> None:
     with CollectorFreeze(enabled=False).building():
         assert gc.isenabled()
+
+
+def test_an_edit_frame_that_ends_while_its_build_runs_leaves_collection_off_until_the_build_ends() -> None:
+    # The frame thread pauses collection for an edit frame, starts a build in it, and ends the frame
+    # while the build runs on the build thread: collection must stay off until the build ends.
+    c = CollectorFreeze()
+    collector.pause_collector()  # the edit frame
+    build = c.building()
+    build.__enter__()  # the build it started, on the build thread
+    collector.resume_collector()  # the edit frame ends
+    assert not gc.isenabled()
+    made = [_Node() for _ in range(1000)]
+    build.__exit__(None, None, None)
+    assert gc.isenabled() and gc.get_freeze_count() >= len(made)
+
+
+def test_edit_frames_alone_pause_and_resume_without_freezing() -> None:
+    collector.pause_collector()
+    assert not gc.isenabled()
+    collector.resume_collector()
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -386,6 +386,30 @@ def test_a_graph_an_edit_frame_finds_idle_is_closed_on_the_build_thread(engine: 
     assert first.closed and first.closed_on == "cudapatch-build"
 
 
+def test_no_collection_runs_while_a_build_runs_after_the_frame_that_started_it(
+    engine: Engine, realizer: Realizer
+) -> None:
+    import gc
+
+    _, scale = _chain(engine)
+    _landed(engine)
+    assert gc.isenabled()
+    realizer.hold()
+    running = engine.graph
+    launch = running.launch
+    # The edit frame's launch lets the build thread run (a driver call releases the GIL): the build
+    # starts while the edit frame still pauses the collector, and goes on after the frame.
+    running.launch = lambda stream: (realizer.started.wait(5.0), launch(stream))
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    engine.update()  # the edit frame: starts the build, which waits in realize
+    assert realizer.started.is_set() and engine.building
+    engine.update()  # a clean frame while it runs
+    assert not gc.isenabled()  # the edit frame's own pause ended; the build's goes on
+    realizer.gate.set()
+    _landed(engine)
+    assert gc.isenabled()
+
+
 def test_the_worker_runs_work_handed_to_it_after_a_frame_or_after_the_job_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
