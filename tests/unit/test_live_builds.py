@@ -347,6 +347,32 @@ def test_a_build_runs_with_a_short_gil_switch_interval_and_restores_it() -> None
     assert sys.getswitchinterval() == pytest.approx(before)
 
 
+def test_the_switch_interval_is_short_from_the_moment_a_job_is_handed_over_until_the_worker_is_idle() -> None:
+    import sys
+
+    from cudapatch.engine.build_thread import BUILD_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    short = pytest.approx(min(before, BUILD_SWITCH_INTERVAL_S))
+    gate = threading.Event()
+    w = BuildWorker(lambda: None)
+    try:
+        w.submit(lambda: gate.wait(5.0))
+        # Lowered on the frame thread, before the worker's thread runs: a frame's driver call that lets
+        # the worker take the GIL must not wait the default interval to get it back.
+        assert sys.getswitchinterval() == short
+        gate.set()
+        assert w.wait(5.0)
+        w.take()
+        deadline = time.monotonic() + 5.0
+        while sys.getswitchinterval() != pytest.approx(before) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sys.getswitchinterval() == pytest.approx(before)  # idle: as it was
+    finally:
+        w.close(5.0)
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
 def test_a_warm_build_is_decided_on_the_build_thread_and_applied_as_decided(engine: Engine, realizer: Realizer) -> None:
     fill, _ = _chain(engine)
     _landed(engine)
