@@ -154,3 +154,52 @@ def test_structure_edits_never_build_on_the_frame_thread(live: Engine, rng: np.r
     live.update()
     np.testing.assert_allclose(live.read(tail, "Out"), x * 2.0, rtol=1e-5)
     assert worst < 0.05, f"an update() took {worst * 1e3:.1f} ms during the build"
+
+
+def test_a_growth_of_a_long_chain_applied_through_the_template_graph(rng: np.random.Generator, tmp_path) -> None:
+    # 150 unfused blocks: a 2x growth changes every node's count, so the build thread writes the new
+    # values into the template graph and the swap applies them with one cuGraphExecUpdate; a bypassed
+    # block's reader keeps reading its input, and a Hot value set while the build runs lands.
+    from cudapatch.engine import executable
+
+    e = Engine(cache_dir=tmp_path / "kernel-cache", fuse=False)
+    try:
+        n = 150
+        factors = rng.uniform(0.9, 1.1, n)
+        offsets = rng.uniform(-0.1, 0.1, n)
+        chain = [e.add(Scale(name=f"s{i}", Factor=float(factors[i]), Offset=float(offsets[i]))) for i in range(n)]
+        for a, b in zip(chain, chain[1:], strict=False):
+            e.connect(a, "Out", b, "In")
+        x = _rand(rng, 5000)
+        e.bind(chain[0], "In", x)
+        _until_built(e)
+        skip = chain[70]
+        skip.enabled = False
+        _until_built(e)
+        for _ in range(3):
+            e.update()
+        graph, made = e.graph, e.counters.instantiations
+        updates = []
+        real_update = executable.CompiledGraph._update_from_template
+        executable.CompiledGraph._update_from_template = lambda self: updates.append(1) or real_update(self)
+        try:
+            x2 = _rand(rng, 10_000)
+            e.bind(chain[0], "In", x2)
+            e.update()  # the edit frame: the build starts
+            chain[10].set("Factor", 1.05)  # during the build
+            factors[10] = 1.05
+            _until_built(e)
+        finally:
+            executable.CompiledGraph._update_from_template = real_update
+        e.update()
+        e.synchronize()
+        assert updates == [1] and e.graph is graph and e.counters.instantiations == made
+        ref = x2.astype(np.float64)
+        for i in range(n):
+            if i != 70:
+                ref = ref * np.float32(factors[i]) + np.float32(offsets[i])
+        out = e.read(chain[-1], "Out")
+        assert out.shape == (10_000,)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)  # 150 float32 multiply-adds
+    finally:
+        e.close()
