@@ -165,9 +165,6 @@ class PreparedPatch:
         allocs: ``(buffer, pool block)`` of each buffer that grows (reserved, not yet moved to).
         writes: ``(node, its packed arguments, its patch)`` of each node that changes.
         same: ``(node, its new plan node)`` of each node the patch named that keeps its values.
-        template: The epoch (``CompiledGraph._template_epoch``) in which the build thread wrote every
-            kernel node's new values into the graph the executable was instantiated from: the swap
-            then applies them with one ``cuGraphExecUpdate``. None: node by node.
     """
 
     base: GraphPlan
@@ -175,20 +172,12 @@ class PreparedPatch:
     allocs: list[tuple[GpuBuffer, Any]]
     writes: list[tuple[KernelNode, bytes, Any]] = field(default_factory=list)
     same: list[tuple[KernelNode, Any]] = field(default_factory=list)
-    template: int | None = None
 
     def discard(self) -> None:
         """Give back the reserved blocks (the patch will not be applied); idempotent."""
         allocs, self.allocs = self.allocs, []
         for buf, alloc in allocs:
             buf.unreserve(alloc)
-
-
-#: A prepared Warm patch that changes at least this many kernel nodes, and a quarter of them or more,
-#: is applied with one ``cuGraphExecUpdate`` from the template graph instead of a driver call per node
-#: (``CompiledGraph._write_template``; H100 host: ``cuGraphExecUpdate`` of 1,000 / 10,000 nodes
-#: 0.3 / 3 ms, ``cuGraphExecKernelNodeSetParams`` of all of them 1.2 / 8.6 ms plus the Python around).
-TEMPLATE_PATCH_MIN_NODES = 64
 
 
 class _BypassStep:
@@ -290,9 +279,6 @@ class CompiledGraph(HandleOwner):
         self.reallocations = 0
         self.warm_refusal: WarmRefusal | None = None
         self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
-        #: Bumped whenever the frame thread rewrites the template graph (``_start_body_fallback``): a
-        #: prepared patch that wrote it before then is applied node by node.
-        self._template_epoch = 0
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -461,7 +447,6 @@ class CompiledGraph(HandleOwner):
         reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
         log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
         self._body_fallback = True
-        self._template_epoch += 1
         for kn in self._nodes:
             if isinstance(kn, KernelNode):
                 self._set_template(kn)
@@ -720,7 +705,6 @@ class CompiledGraph(HandleOwner):
                 buf.unreserve(alloc)
             return None
         prepared = PreparedPatch(self.plan, decision, allocs)
-        staged: list[list[Any]] = []  # the values of each write, for ``_write_template``
         ptrs = [buf.ptr for buf in buffers]
         for (bi, _), (_, alloc) in zip(decision.grow, allocs, strict=True):
             ptrs[bi] = alloc.ptr
@@ -746,45 +730,9 @@ class CompiledGraph(HandleOwner):
                 or (kp.function is not None and int(kp.function) != int(p.func))
             ):  # else nothing to write (``trim_patch`` keeps every node reading a binding)
                 writes.append((kn, raw, kp))  # type: ignore[arg-type]
-                staged.append(values)
             else:
                 prepared.same.append((kn, node))  # type: ignore[arg-type]
-        if len(writes) >= TEMPLATE_PATCH_MIN_NODES and 4 * len(writes) >= self._kernel_node_count():
-            prepared.template = self._write_template(writes, staged)
         return prepared
-
-    def _kernel_node_count(self) -> int:
-        return sum(1 for kn in self._nodes if isinstance(kn, KernelNode))
-
-    def _write_template(self, writes: list[tuple[KernelNode, bytes, Any]], values: list[list[Any]]) -> int | None:
-        """Build thread: write every top-level kernel node's values into the graph the executable was
-        instantiated from, the new ones for ``writes``, the running ones for the others (Hot values
-        set since the snapshot are re-applied after the swap, as after any build). Returns the template
-        epoch written in, or None where the graph has nodes that only a node-by-node patch reaches
-        (child graphs, region bodies, FrameDelay phases) or the driver refused a node."""
-        graph = self._parts.graph
-        if graph is None or self._body_fallback or self._exec1 is not None:
-            return None
-        epoch = self._template_epoch
-        new = {id(kn): (kn, vals, kp) for (kn, _, kp), vals in zip(writes, values, strict=True)}
-        set_params = driver().cuGraphKernelNodeSetParams
-        for kn in self._nodes:
-            if not isinstance(kn, KernelNode):
-                continue
-            if kn.child is not None or kn.body is not None or kn.alt is not None:
-                return None
-            entry = new.get(id(kn))
-            if entry is None:
-                (err,) = set_params(kn.handle, kn.params)
-            else:  # the node's new values in storage of their own (the live one is the running graph's),
-                # alive until the driver has copied them
-                _, vals, kp = entry
-                staged = ParamStorage(kp.plan, kp.function if kp.function is not None else kn.params.func, vals)
-                (err,) = set_params(kn.handle, staged.params)
-            if err:
-                log.debug("no template patch: cuGraphKernelNodeSetParams said %s", err)
-                return None
-        return epoch
 
     def apply_prepared(self, prepared: PreparedPatch, plan: GraphPlan) -> int | None:
         """Apply a ``prepare_patch`` result (frame thread, between launches): move the grown buffers
@@ -821,7 +769,6 @@ class CompiledGraph(HandleOwner):
                 params.func = kp.function
             kn.plan = node
             touched.append(kn)
-        redirected = []
         redirects = self.bypass.redirects
         if redirects:
             # The packed values are the plan's: a bypassed output's readers read its input again (also
@@ -835,31 +782,12 @@ class CompiledGraph(HandleOwner):
                     slot.value = ptr
                     if id(kn) not in patched:
                         patched.add(id(kn))
-                    redirected.append(kn)
+                        touched.append(kn)
         for buf, count in zip(self.buffers, prepared.decision.counts, strict=True):
             buf.count = count
-        if prepared.template is not None and prepared.template == self._template_epoch and self._update_from_template():
-            self._commit(dict.fromkeys(redirected))  # the template holds the plan's values: redirects again
-        else:
-            self._commit(dict.fromkeys(touched + redirected))
+        self._commit(touched)
         self.plan = plan
-        return len(dict.fromkeys(touched + redirected))
-
-    def _update_from_template(self) -> bool:
-        """Apply the template graph's values (``_write_template``) to the executable with one
-        ``cuGraphExecUpdate`` (a growth of a 10,000-node chain: 3 ms, against ~10,000 calls of
-        ``cuGraphExecKernelNodeSetParams``), and turn off again the nodes a bypass turned off.
-        Returns False, changing nothing, where the driver refuses it."""
-        d = driver()
-        err, _info = d.cuGraphExecUpdate(self._exec, self._parts.graph)
-        if err:
-            log.debug("no template patch: cuGraphExecUpdate said %s", err)
-            return False
-        for ni in self.bypass.disabled:
-            kn = self._nodes[ni]
-            if kn is not None and kn.params is not None:
-                check(d.cuGraphNodeSetEnabled(self._exec, kn.handle, 0), "cuGraphNodeSetEnabled")
-        return True
+        return len(touched)
 
     def set_bypass(self, bp: BypassPlan) -> int:
         """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.
