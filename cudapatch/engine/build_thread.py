@@ -144,6 +144,15 @@ class BuildWorker:
         self._cv.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:  # the thread ends (closed, or something escaped a chore): the interval as it was
+            with self._cv:
+                if self._short_switch:
+                    _restore_switch_interval()
+                    self._short_switch = False
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 if self._job is None and not self._chores and self._short_switch:  # idle: as it was

@@ -160,11 +160,13 @@ class StructureTier:
 
     def drop(self) -> None:
         """Wait for the build in flight and throw its outcome away (closing, or a fault resets the
-        context); the patch is marked to build again."""
+        context); the patch is marked to build again. Work handed to the build thread (retired
+        graphs to close, a finished build's deferred work) is waited for too: after a reset it would
+        destroy handles of the dead context, which the new one may reuse."""
         worker = self._worker
+        worker.wait()
         if not worker.busy:
             return
-        worker.wait()
         try:
             out: BuildOutcome = worker.take()
         except Exception as exc:  # nobody will use it: say so, and go on

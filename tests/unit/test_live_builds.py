@@ -436,6 +436,55 @@ def test_no_collection_runs_while_a_build_runs_after_the_frame_that_started_it(
     assert gc.isenabled()
 
 
+def test_graphs_handed_to_the_build_thread_are_closed_before_a_fault_resets_the_context(
+    engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cudapatch.engine import recovery as recovery_module
+
+    events: list[str] = []
+    reset = FakeDevice.reset
+    monkeypatch.setattr(FakeDevice, "reset", lambda self: (reset(self), events.append("reset")))
+    _, scale = _chain(engine)
+    _landed(engine)
+    first = engine.graph
+    first.is_idle = lambda: False  # the GPU still runs it while the next build lands
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    _landed(engine)
+    first.is_idle = lambda: True
+    first.close = lambda: events.append(f"close on {threading.current_thread().name}")
+    monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (scale.id, "faulted"))
+    monkeypatch.setattr(FakeGraph, "fault", True)
+    scale.set("Factor", 5.0)  # a Hot edit frame hands the idle retired graph to the build thread ...
+    engine.update()  # ... and its launch faults: the recovery resets the context
+    monkeypatch.setattr(FakeGraph, "fault", False)
+    engine._worker.wait(5.0)
+    assert events == ["close on cudapatch-build", "reset"]  # never a dead context's handles after the reset
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the escape, on purpose
+def test_the_switch_interval_is_restored_when_the_worker_thread_ends_on_an_escaping_error() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    w = BuildWorker(lambda: None)
+
+    def escape() -> None:
+        raise SystemExit  # not an Exception: the chore loop does not catch it
+
+    try:
+        w.later(escape)
+        w.gate.open()
+        deadline = time.monotonic() + 5.0
+        while (w._thread is not None and w._thread.is_alive()) and time.monotonic() < deadline:
+            w.gate.open()
+            time.sleep(0.005)
+        assert sys.getswitchinterval() == pytest.approx(before)
+    finally:
+        w._chores.clear()
+        w._tailing = False
+        w.close(1.0)
+
+
 def test_the_worker_runs_work_handed_to_it_after_a_frame_or_after_the_job_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
