@@ -11,6 +11,9 @@ difference is the driver's share (``cuGraphExecKernelNodeSetParams``, ~1.4 µs f
 the H100 host; more for a fused kernel, whose argument list holds every member's scalars). Target
 (issue 21): a Hot edit of a fused member costs what it costs unfused, ≤ 3 µs with the driver.
 
+The unfused row also times a bypass toggle (``enabled`` flipped, then the ``update()`` that applies
+it: the Bypass tier's Python; target with the driver ≤ 10 µs, ``bench_liveness.py``).
+
 Each row is the smallest of ``--repeats`` medians of ``--calls`` edits (the machine's noise adds,
 never subtracts). Usage: ``python benchmarks/bench_hot_cpu.py [--blocks 100] [--calls 20000]``.
 """
@@ -48,6 +51,9 @@ class _QuietDriver(RecordingDriver):
         return (OK,)
 
     def cuGraphLaunch(self, exec_, stream):  # noqa: N802
+        return (OK,)
+
+    def cuGraphNodeSetEnabled(self, exec_, node, on):  # noqa: N802
         return (OK,)
 
 
@@ -110,13 +116,26 @@ def measure(fuse: bool, blocks: int, calls: int, repeats: int) -> dict[str, floa
         def quiet(i: int) -> None:
             e.update()
 
-        rows: dict[str, list[float]] = {"quiet": [], "set": [], "hot": [], "warm": [], "bind": []}
+        def toggle(i: int) -> None:
+            target.enabled = bool(i & 1)  # off, on, off, ...
+            e.update()
+
+        runs = [("quiet", quiet), ("set", hot_set), ("hot", hot), ("warm", warm), ("bind", bind)]
+        if not fuse:  # a fused member has no node of its own to turn off
+            target.enabled = False
+            e.update()  # the build that gives its values buffers of their own (buffer reuse)
+            e.update()
+            target.enabled = True
+            e.update()
+            runs.append(("toggle", toggle))
+        rows: dict[str, list[float]] = {key: [] for key, _ in runs}
         for _ in range(repeats):
-            for key, run in (("quiet", quiet), ("set", hot_set), ("hot", hot), ("warm", warm), ("bind", bind)):
+            for key, run in runs:
                 rows[key].append(_median_us(run, calls))
             e.update()  # what ``bind`` left pending
         best = {k: min(v) for k, v in rows.items()}
         assert e.counters.hot_updates > 0 and e.counters.warm_updates > 0
+        assert fuse or e.counters.bypass_updates >= calls
     q = best["quiet"]
     return {
         "quiet_update_us": q,
@@ -124,6 +143,7 @@ def measure(fuse: bool, blocks: int, calls: int, repeats: int) -> dict[str, floa
         "hot_update_us": best["hot"] - best["set"] - q,  # the update() applying it, beyond a quiet one
         "hot_total_us": best["hot"] - q,  # set() + update() beyond a quiet update(): bench_fusion's row
         "warm_update_us": best["warm"] - best["bind"] - q,
+        "toggle_us": best["toggle"] - q if "toggle" in best else float("nan"),  # enabled flag + update()
     }
 
 
@@ -135,15 +155,16 @@ def main() -> None:
     args = ap.parse_args()
     _stand_ins()
     print(f"Python host µs per edit, chain of {args.blocks} Scale blocks (driver calls return at once)")
-    head = ("", "quiet update", "set()", "Hot update", "set+update", "Warm update")
-    print("{:<9} {:>13} {:>7} {:>11} {:>11} {:>12}".format(*head))
+    head = ("", "quiet update", "set()", "Hot update", "set+update", "Warm update", "bypass toggle")
+    print("{:<9} {:>13} {:>7} {:>11} {:>11} {:>12} {:>14}".format(*head))
     for fuse in (True, False):
         r = measure(fuse, args.blocks, args.calls, args.repeats)
         print(
             f"{'fused' if fuse else 'unfused':<9} {r['quiet_update_us']:>13.2f} {r['set_us']:>7.2f} "
-            f"{r['hot_update_us']:>11.2f} {r['hot_total_us']:>11.2f} {r['warm_update_us']:>12.2f}"
+            f"{r['hot_update_us']:>11.2f} {r['hot_total_us']:>11.2f} {r['warm_update_us']:>12.2f} "
+            f"{r['toggle_us']:>14.2f}"
         )
-    print("(Hot/Warm update and set+update: beyond the quiet update(); add the driver's SetParams on the GPU host)")
+    print("(beyond the quiet update(); on the GPU host add the driver's share: bench_engine.py, bench_liveness.py)")
 
 
 if __name__ == "__main__":
