@@ -396,8 +396,9 @@ def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: E
     assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
 
 
-def test_a_graph_an_edit_frame_finds_idle_is_closed_on_the_build_thread(engine: Engine, realizer: Realizer) -> None:
-    # A Hot edit (no build) reaps the retired graphs: the build thread closes them after a frame.
+def _idle_retired_graph(engine: Engine) -> tuple[Scale, LiveGraph]:
+    """A chain whose first graph a build replaced while the GPU still ran it (retired, not closed),
+    and which the GPU is now done with: the chain's Scale and that graph."""
     _, scale = _chain(engine)
     _landed(engine)
     first = engine.graph
@@ -406,6 +407,12 @@ def test_a_graph_an_edit_frame_finds_idle_is_closed_on_the_build_thread(engine: 
     _landed(engine)
     assert first.retired and not first.closed
     first.is_idle = lambda: True
+    return scale, first
+
+
+def test_a_graph_an_edit_frame_finds_idle_is_closed_on_the_build_thread(engine: Engine, realizer: Realizer) -> None:
+    # A Hot edit (no build) reaps the retired graphs: the build thread closes them after a frame.
+    scale, first = _idle_retired_graph(engine)
     scale.set("Factor", 5.0)
     engine.update()
     engine._worker.wait(5.0)  # its chores too
@@ -444,13 +451,7 @@ def test_graphs_handed_to_the_build_thread_are_closed_before_a_fault_resets_the_
     events: list[str] = []
     reset = FakeDevice.reset
     monkeypatch.setattr(FakeDevice, "reset", lambda self: (reset(self), events.append("reset")))
-    _, scale = _chain(engine)
-    _landed(engine)
-    first = engine.graph
-    first.is_idle = lambda: False  # the GPU still runs it while the next build lands
-    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
-    _landed(engine)
-    first.is_idle = lambda: True
+    scale, first = _idle_retired_graph(engine)
     first.close = lambda: events.append(f"close on {threading.current_thread().name}")
     monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (scale.id, "faulted"))
     monkeypatch.setattr(FakeGraph, "fault", True)
