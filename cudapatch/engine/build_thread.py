@@ -138,7 +138,7 @@ class BuildWorker:
         if not self._short_switch:
             _lower_switch_interval()
             self._short_switch = True
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():  # (again, if an error escaped a chore)
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
         self._cv.notify_all()

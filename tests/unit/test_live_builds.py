@@ -480,9 +480,10 @@ def test_the_switch_interval_is_restored_when_the_worker_thread_ends_on_an_escap
             w.gate.open()
             time.sleep(0.005)
         assert sys.getswitchinterval() == pytest.approx(before)
+        ran: list[str] = []
+        w.later(lambda: ran.append("after"))  # a new thread takes the work on
+        assert w.wait(5.0) and ran == ["after"]
     finally:
-        w._chores.clear()
-        w._tailing = False
         w.close(1.0)
 
 
