@@ -71,6 +71,17 @@ def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0) -> tup
         time.sleep(max(0.0, period - (time.perf_counter_ns() - t) / 1e9))
 
 
+def scale_chain(e: Engine, n: int, x: np.ndarray) -> list[Scale]:
+    """A chain of ``n`` ``Scale`` blocks (factor 1) in ``e``, ``x`` bound to the first one's input."""
+    blocks = [e.add(Scale(name="s0", Factor=1.0))]
+    e.bind(blocks[0], "In", x)
+    for i in range(1, n):
+        b = e.add(Scale(name=f"s{i}", Factor=1.0))
+        e.connect(blocks[-1], "Out", b, "In")
+        blocks.append(b)
+    return blocks
+
+
 def running(e: Engine, block) -> bool:
     g = e.graph
     return g is not None and block.id in g.plan.block_order
@@ -80,13 +91,7 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
     rows = []
     # fuse=False: a node and a buffer per block (the speed of fused kernels: bench_fusion.py)
     with Engine(name=f"chain{n}", fuse=fuse) as e:
-        x = np.random.default_rng(1).standard_normal(elements).astype(np.float32)
-        blocks = [e.add(Scale(name="s0", Factor=1.0))]
-        e.bind(blocks[0], "In", x)
-        for i in range(1, n):
-            b = e.add(Scale(name=f"s{i}", Factor=1.0))
-            e.connect(blocks[-1], "Out", b, "In")
-            blocks.append(b)
+        blocks = scale_chain(e, n, np.random.default_rng(1).standard_normal(elements).astype(np.float32))
         e.wait_ready()
         e.update()
         quiet = update_us(e, 500, 50)

@@ -27,19 +27,17 @@ import numpy as np
 from cuda.bindings import driver as d
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cudapatch import Engine, Scale  # noqa: E402
+from bench_liveness import scale_chain  # noqa: E402
+
+from cudapatch import Engine  # noqa: E402
 from cudapatch.kernels._driver import check  # noqa: E402
 
 
 def chain(n: int) -> Engine:
     e = Engine(name=f"chain{n}", fuse=False)
-    blocks = [e.add(Scale(name="s0", Factor=1.0))]
-    e.bind(blocks[0], "In", np.ones(1024, np.float32))
-    for i in range(1, n):
-        b = e.add(Scale(name=f"s{i}", Factor=1.0))
-        e.connect(blocks[-1], "Out", b, "In")
-        blocks.append(b)
+    scale_chain(e, n, np.ones(1024, np.float32))
     e.wait_ready()
     e.update()
     e.synchronize()

@@ -47,6 +47,19 @@ def _both(
     assert len(view.changed) <= len(c.registry) + len(extra)
 
 
+def _show(c: Context, shower: BuiltShower) -> None:
+    """Apply the next build's view, as an engine's swap does (nothing compared)."""
+    snap = c.snapshot()
+    shower.apply(built_view(compile_plan(snap), {b.id: b.name for b in snap.blocks}, shower.shown), {})
+
+
+def _fill_to_scale(c: Context, count: int) -> tuple[Fill, Scale]:
+    f = c.register_block(Fill(name="f", Count=count))
+    s = c.register_block(Scale(name="s"))
+    c.connect(f, "Out", s, "In")
+    return f, s
+
+
 @pytest.mark.parametrize("write", [False, True])
 def test_a_view_applied_as_differences_shows_what_show_built_shows(write: bool) -> None:
     both = functools.partial(_both, write=write)
@@ -92,9 +105,7 @@ def test_a_view_applied_as_differences_shows_what_show_built_shows(write: bool) 
 def test_a_view_compared_with_another_than_the_one_shown_writes_every_block() -> None:
     c = Context()
     shower = BuiltShower(c.registry)
-    f = c.register_block(Fill(name="f", Count=10))
-    s = c.register_block(Scale(name="s"))
-    c.connect(f, "Out", s, "In")
+    f, s = _fill_to_scale(c, 10)
     stale = built_view(compile_plan(c.snapshot()), {}, None)
     _both(c, shower, {})
     f.set("Count", 20)
@@ -109,27 +120,21 @@ def test_a_block_moved_to_another_engine_and_back_shows_the_first_engines_view()
     # counted the block as its own from the first time, so the block went on reading B's view).
     a, b = Context(), Context()
     shower_a, shower_b = BuiltShower(a.registry), BuiltShower(b.registry)
-
-    def show(c: Context, shower: BuiltShower) -> None:
-        snap = c.snapshot()
-        plan = compile_plan(snap)
-        shower.apply(built_view(plan, {x.id: x.name for x in snap.blocks}, shower.shown), {})
-
     f = a.register_block(Fill(name="f", Count=100))
     a.register_block(Fill(name="other", Count=5))
-    show(a, shower_a)
+    _show(a, shower_a)
     assert f.debug.sizes == {"Out": 100}
     a.unregister_block(f)
-    show(a, shower_a)
+    _show(a, shower_a)
     b.register_block(f)
     f.set("Count", 200)
-    show(b, shower_b)
+    _show(b, shower_b)
     assert f.debug.sizes == {"Out": 200}
     b.unregister_block(f)
-    show(b, shower_b)
+    _show(b, shower_b)
     a.register_block(f)
     f.set("Count", 300)
-    show(a, shower_a)
+    _show(a, shower_a)
     assert f.debug.sizes == {"Out": 300}
 
 
@@ -141,16 +146,13 @@ def test_an_unregistered_block_keeps_what_it_showed_and_lets_the_engines_view_go
 
     c = Context()
     shower = BuiltShower(c.registry)
-    f = c.register_block(Fill(name="f", Count=100))
-    s = c.register_block(Scale(name="s"))
-    c.connect(f, "Out", s, "In")
-    snap = c.snapshot()
-    shower.apply(built_view(compile_plan(snap), {b.id: b.name for b in snap.blocks}, None), {})
+    f, s = _fill_to_scale(c, 100)
+    _show(c, shower)
     assert s.debug.sizes == {"Out": 100}
     gone = weakref.ref(shower)
     for b in list(c.registry):  # what Engine.close does
         c.unregister_block(b)
-    del shower, c, snap
+    del shower, c
     gc.collect()
     assert gone() is None
     assert s.debug.sizes == {"Out": 100} and f.debug.sizes == {"Out": 100}
