@@ -278,12 +278,9 @@ class GraphBuilds:
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             # (from the last plan's index, when this plan was resumed from that plan: incremental planning)
             out.bypass_index = self._index = BypassIndex(out.plan, self._index, self._plans.delta)
-            # What shares buffers (O(blocks): 10 ms at 10,000) is found here, not at the first bypass
-            # of this graph or at the swap of a build that pins a bypassed block's values.
-            if out.plan.memory is not None:
-                out.plan.memory.shared_buffers  # noqa: B018 (made once per plan, cached)
-            if snap.bypassed:
-                out.bypass_index.decide(snap.bypassed)
+            # The bypass decision for what is bypassed now (none, usually) is made here, with what shares
+            # buffers (O(blocks): 10 ms at 10,000), not at the swap or the graph's first bypass toggle.
+            out.bypass_index.decide(snap.bypassed)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
         out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)
         out.compile_ms = (time.perf_counter() - t0) * 1e3
