@@ -477,8 +477,7 @@ class Context:
                 continue
             s = frozen.get(b.id)
             if s is None or s.description is not b.description or s.name != b.name:
-                s = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
-                frozen[b.id] = s
+                s = frozen[b.id] = self._freeze(b)
             blocks.append(s)
         probes = tuple(self.probes.items())
         parents = dict(self.parents)
@@ -496,16 +495,19 @@ class Context:
         """Every block's snapshot, in the registry's order, freezing again only the blocks thawed since
         the last snapshot (a value, name or description changed, or the block is new); None when one is
         missing anyway (the whole patch is then looked at)."""
-        frozen, thawed, registry, cid = self._frozen, self._thawed, self.registry, self.id
+        frozen, thawed, registry = self._frozen, self._thawed, self.registry
         for bid in list(thawed):
             thawed.discard(bid)  # before freezing: a change made meanwhile thaws it again
             b = registry.get(bid)
-            if b is not None and b in registry:
-                frozen[bid] = BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, cid)
+            if b is not None:
+                frozen[bid] = self._freeze(b)
         try:
             return [frozen[bid] for bid in registry.ids()]
         except KeyError:
             return None
+
+    def _freeze(self, b: Block) -> BlockSnapshot:
+        return BlockSnapshot(b.id, b.name, b.description, {k: p.value for k, p in b.params.items()}, self.id)
 
     def _patch_snapshot(self, blocks: list[Any]) -> PatchSnapshot:
         return PatchSnapshot(

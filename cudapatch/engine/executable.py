@@ -140,6 +140,9 @@ class GraphParts:
         self.graph = None
 
 
+_NO_SINGLE_TARGETS: dict[tuple[int, str], Any] = {}  # ``_patch``'s one-target table where there is none (read only)
+
+
 def _top_level_kernel(node: Any) -> bool:
     """A kernel node of the top-level graph: patched with one ``cuGraphExecKernelNodeSetParams``."""
     return isinstance(node, KernelNode) and node.child is None and node.body is None
@@ -533,7 +536,7 @@ class CompiledGraph(HandleOwner):
         """
         n = self._patch(self._binding_targets, self._binding_one, changes)
         if self._redirect_targets:  # readers of a bypassed output that read this binding instead
-            n += self._patch(self._redirect_targets, {}, changes)
+            n += self._patch(self._redirect_targets, _NO_SINGLE_TARGETS, changes)
         return n
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:
@@ -694,7 +697,7 @@ class CompiledGraph(HandleOwner):
         nodes, buffers, counters_ptr = self._nodes, self.buffers, self._counters_ptr
         for kp in decision.kernels:
             kn = nodes[kp.index]
-            if not isinstance(kn, KernelNode) or kn.child is not None or kn.body is not None or kn.alt is not None:
+            if not _top_level_kernel(kn) or kn.alt is not None:
                 return None
         allocs: list[tuple[GpuBuffer, Any]] = []
         try:
@@ -752,10 +755,15 @@ class CompiledGraph(HandleOwner):
             prepared.discard()
             return None
         self.warm_refusal = None
-        for buf, alloc in prepared.allocs:
-            buf.move_to(alloc)
-        self.reallocations += len(prepared.allocs)
-        prepared.allocs = []
+        allocs, prepared.allocs = prepared.allocs, []
+        for i, (buf, alloc) in enumerate(allocs):
+            try:
+                buf.move_to(alloc)
+            except BaseException:  # (a closed buffer) the blocks not moved to go back to the pool
+                prepared.allocs = allocs[i:]
+                prepared.discard()
+                raise
+        self.reallocations += len(allocs)
         for kn, node in prepared.same:
             kn.plan = node
         memmove = ctypes.memmove
