@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
+from ..kernels.pacing import checkpoint
 from .board import DiagnosticBoard
 from .built_view import BuiltShower, BuiltView, built_view
 from .bypass import BypassIndex
@@ -275,6 +276,7 @@ class GraphBuilds:
                 )
                 out.plan = dataclasses.replace(out.plan, diagnostics=out.plan.diagnostics + (failed,))
         functions = out.functions
+        checkpoint()  # off the frame thread: a frame that runs now first (``pacing.FrameGuard``)
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches
             # (from the last plan's index, when this plan was resumed from that plan: incremental planning)
             out.bypass_index = self._index = BypassIndex(out.plan, self._index, self._plans.delta)
@@ -282,7 +284,9 @@ class GraphBuilds:
             # buffers (O(blocks): 10 ms at 10,000), not at the swap or the graph's first bypass toggle.
             out.bypass_index.decide(snap.bypassed)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
+        checkpoint()
         out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)
+        checkpoint()
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
             return out  # ``finish`` patches the running graph in place

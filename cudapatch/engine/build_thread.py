@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..kernels.pacing import FrameGate
+from ..kernels.pacing import FRAME_GUARD, FrameGate
 
 __all__ = ["BuildWorker"]
 
@@ -223,12 +223,19 @@ class BuildWorker:
             return self._job is None and not self._tailing and not self._chores
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while True:
-                self.gate.open()  # a job waiting for a frame has none to wait for now
-                left = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
-                if self._cv.wait_for(idle, max(left, 0.0)) or (deadline is not None and time.monotonic() >= deadline):
-                    return idle()
+        lifted = FRAME_GUARD.lift()  # waited for inside a frame (a fault's recovery): the build must not wait for it
+        try:
+            with self._cv:
+                while True:
+                    self.gate.open()  # a job waiting for a frame has none to wait for now
+                    left = 0.005 if deadline is None else min(0.005, deadline - time.monotonic())
+                    if self._cv.wait_for(idle, max(left, 0.0)) or (
+                        deadline is not None and time.monotonic() >= deadline
+                    ):
+                        return idle()
+        finally:
+            if lifted:
+                FRAME_GUARD.enter()
 
     def take(self) -> Any:
         """The finished job's outcome (on the frame thread, after ``done``); the worker is free again.

@@ -39,6 +39,7 @@ from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
 from ..kernels.module_cache import ModuleCache
+from ..kernels.pacing import FRAME_GUARD
 from .board import DiagnosticBoard
 from .buffers import BufferPool
 from .build import GraphBuilds
@@ -273,17 +274,25 @@ class Engine(PatchEditing, EngineResults):
         if self._faults.lost is not None:  # CUDA refuses this process after a fault: nothing to launch
             self.counters.frames += 1
             return
-        with self._graph_lock:
-            dirty = self._dirty
-            # Clean, Hot or Warm: no collector pause. A finished build is taken like an edit.
-            if not ((dirty.any and dirty.beyond_params) or self.kernels.ready or self._worker.done):
-                self._frame()
-            else:  # builds allocate: Python's collector runs after this frame, not inside it
-                pause_collector()  # (measured on the H100 host: 0.25-0.8 ms collections inside edit frames)
-                try:
+        # A build in flight waits at its checkpoints while this frame runs (``pacing.FrameGuard``; a
+        # build this frame starts waits too: ``_apply_changes``).
+        if self._worker.busy:
+            FRAME_GUARD.enter()
+        try:
+            with self._graph_lock:
+                dirty = self._dirty
+                # Clean, Hot or Warm: no collector pause. A finished build is taken like an edit.
+                if not ((dirty.any and dirty.beyond_params) or self.kernels.ready or self._worker.done):
                     self._frame()
-                finally:
-                    resume_collector()
+                else:  # builds allocate: Python's collector runs after this frame, not inside it
+                    pause_collector()  # (measured on the H100 host: 0.25-0.8 ms collections inside edit frames)
+                    try:
+                        self._frame()
+                    finally:
+                        resume_collector()
+        finally:
+            if FRAME_GUARD.in_frame:
+                FRAME_GUARD.leave()  # (nothing when another engine's frame thread holds it)
         if self._gate.wanted:  # the kernel builder has work: it runs now, between this frame and the next
             self._gate.open()
         if self._build_gate.wanted:  # a build waits to instantiate: the driver is ours until the next frame
@@ -437,6 +446,8 @@ class Engine(PatchEditing, EngineResults):
             here = self.wait_for_compile or not self.background_builds
             if structure.apply(self.profiling, here=here, wait_for_compile=self.wait_for_compile):
                 return
+            if self._worker.busy and not FRAME_GUARD.in_frame:  # started now: the rest of this frame first
+                FRAME_GUARD.enter()  # (``update`` lets go of it)
         dirty.forget_code_and_captured()
         g = self.resources.graph
         if dirty.bypass:

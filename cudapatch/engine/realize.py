@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import CudaOutOfMemoryError
 from ..kernels._driver import check, driver
+from ..kernels.pacing import checkpoint
 from ..kernels.types import DType
 from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .captured_calls import CapturedCalls, DeviceScalars
@@ -229,6 +230,7 @@ class GraphBuilder:
         keys = lending_keys(plan) if plan.delays else None
         new: set[int] = set()
         for b in plan.buffers:
+            checkpoint()  # on the build thread: a frame that runs now first (``pacing.FrameGuard``)
             old = lent.pop(keys[b.index] if keys is not None else (b.block_id, b.label), None)
             if old is not None and lends(b, old.dtype, old.capacity_bytes):
                 parts.buffers.append(old)
@@ -317,6 +319,7 @@ class GraphBuilder:
         scopes, bodies = plan.scopes, build.bodies
         handles: list[Any] = []
         for node in plan.nodes:
+            checkpoint()
             # A region's body nodes go into its conditional node's body graph (made just before them).
             in_body = bool(scopes) and node.index in scopes
             graph = bodies[scopes[node.index]] if in_body else parts.graph

@@ -11,13 +11,23 @@ The build thread uses a gate of its own for the driver: ``cuGraphInstantiate`` h
 driver that the frame thread's ``cuGraphLaunch`` waits for (launches of 2 to 10 ms during a 1,000-block
 build, H200 host). Started right after a frame, an instantiation of a few milliseconds ends before
 the next frame's launch.
+
+A build's Python can still be running when the next frame starts (a 1,000-block build is tens of
+milliseconds). Every driver call of that frame gives the GIL up, the build thread takes it, and the
+frame waits for it again: up to the switch interval (0.1 ms while a build runs) per call, so a frame
+that patches 20 Hot values took 2 ms (H100 host, ``benchmarks/bench_host_driven.py``). ``FRAME_GUARD``
+stops that: the frame thread holds it through ``update()`` while a build is in flight, and the build's
+loops call ``checkpoint()``, which waits (without the GIL) until the frame is over.
 """
 
 from __future__ import annotations
 
 import _thread
 
-__all__ = ["FrameGate"]
+__all__ = ["FRAME_GUARD", "FrameGate", "FrameGuard", "checkpoint"]
+
+#: The longest a checkpoint waits for a frame to end (a frame that never ends must not stop a build).
+CHECKPOINT_TIMEOUT_S = 0.05
 
 
 class FrameGate:
@@ -48,3 +58,60 @@ class FrameGate:
     def wait(self, timeout: float) -> bool:
         """Wait for ``open`` (at most ``timeout`` seconds; negative: no limit). True when opened."""
         return self._lock.acquire(timeout=timeout)
+
+
+class FrameGuard:
+    """Held by a frame thread while its frame runs; background Python waits at ``checkpoint``.
+
+    One per process (``FRAME_GUARD``): the GIL is the process's, so another engine's build yields to
+    this engine's frame as well. A frame that finds the guard held (another engine's frame thread is in
+    its frame) runs unguarded rather than wait for it.
+    """
+
+    __slots__ = ("in_frame", "_free", "_owner")
+
+    def __init__(self) -> None:
+        self._free = _thread.allocate_lock()
+        self._owner = 0
+        self.in_frame = False  # read without the lock by ``checkpoint``: a stale read costs one wait or one pass
+
+    def enter(self) -> bool:
+        """From a frame thread, at the start of its frame: True when it holds the guard now (then
+        ``leave`` at the end of the frame)."""
+        if not self._free.acquire(False):
+            return False
+        self._owner = _thread.get_ident()
+        self.in_frame = True
+        return True
+
+    def leave(self) -> None:
+        """End of the frame ``enter`` returned True for: the waiting checkpoints go on. Nothing when
+        this thread does not hold the guard (``lift`` gave it up and could not take it back)."""
+        if self._owner != _thread.get_ident():
+            return
+        self.in_frame = False
+        self._owner = 0
+        self._free.release()
+
+    def lift(self) -> bool:
+        """Before a frame thread waits for background work (a build to finish): give the guard up, so
+        the build does not wait at its checkpoints for this frame. True when it was held (then
+        ``enter`` again after the wait)."""
+        if self._owner != _thread.get_ident():
+            return False
+        self.leave()
+        return True
+
+    def checkpoint(self) -> None:
+        """From background Python (a build's loops): while a frame runs on another thread, wait for its
+        end (at most ``CHECKPOINT_TIMEOUT_S``), the GIL given up. An attribute test otherwise."""
+        if self.in_frame and self._owner != _thread.get_ident():
+            if self._free.acquire(True, CHECKPOINT_TIMEOUT_S):
+                self._free.release()
+
+
+#: The process's frame guard (see ``FrameGuard``).
+FRAME_GUARD = FrameGuard()
+
+#: ``FRAME_GUARD.checkpoint``, bound once for the build's loops.
+checkpoint = FRAME_GUARD.checkpoint

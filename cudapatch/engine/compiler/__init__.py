@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ...kernels.pacing import checkpoint
 from ..context import PatchSnapshot
 from ..plan import GraphPlan
 from ..profiling import ProfilingLevel
@@ -136,9 +137,11 @@ def compile_plan(
         if cache is not None:
             cache.state = None
         return _compile_regions(draft, fuse)
+    checkpoint()  # between phases (and in the per-block loops): a frame on another thread runs first
     order(draft, last if last is not None and resumable(draft) else None, changes)
     attribute_diagnostics(draft)
     draft.raise_errors()
+    checkpoint()
     if cache is not None and resumable(draft):
         # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
         draft = plan_resumed(draft, cache, fuse, changes)
@@ -152,15 +155,19 @@ def compile_plan(
     sizes(draft)
     delays(draft)
     draft.raise_errors()
+    checkpoint()
     fusion(draft, fuse=fuse)
     memory(draft)
+    checkpoint()
     if cache is not None:
         cache.begin()
     nodes(draft, cache)
     if cache is not None:
         cache.end()
+    checkpoint()
     edges(draft)
     share(draft)
+    checkpoint()
     return _finish(draft)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ...blocks.captured import CapturedSpec
 from ...blocks.description import KernelSpec
+from ...kernels.pacing import checkpoint
 from ...kernels.types import DType
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan
 from .draft import BlockSizes, NodeDraft, PlanDraft, resolve_count
@@ -40,6 +41,7 @@ def nodes(draft: PlanDraft, cache: NodeCache | None = None) -> None:
     counters_memset(draft)
     probes = probe_requests(draft)  # probed wires: a probe node right after the block that makes the value
     for sized in draft.sized.values():
+        checkpoint()  # off the frame thread: a frame that runs now first (``pacing.FrameGuard``)
         block_nodes(draft, sized, env, probes, cache)
 
 

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, NamedTuple
 
+from ...kernels.pacing import checkpoint
 from ..context import BlockSnapshot
 from ..memory_plan import MemoryPlan
 from ..plan import Arg
@@ -460,6 +461,7 @@ def _sizes(draft: PlanDraft, prev: PlanState | None, p: int) -> tuple[int, tuple
     skipped = set(draft.skipped)
     sized, values = draft.sized, draft.values
     for i in range(p, len(order)):
+        checkpoint()
         had = len(sized)
         size_block(draft, order[i], skipped)
         if len(sized) > had:
@@ -575,6 +577,7 @@ def _nodes(
     env = node_env(draft)
     drafts = draft.drafts
     for s in islice(draft.sized.values(), kn, None):
+        checkpoint()
         block_nodes(draft, s, env, None, cache)
         nstart.append(len(drafts))
     cache.end()
