@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..kernels.pacing import FRAME_GUARD, FrameGate
+from ..kernels.pacing import FRAME_GUARD, FrameGate, checkpoint
 
 __all__ = ["BuildWorker"]
 
@@ -177,6 +177,10 @@ class BuildWorker:
                 self._run_tail(chores)
                 continue
             try:
+                # Handed over in the middle of an edit frame: the rest of that frame (its Hot values,
+                # its launch) first, not each of its driver calls waiting for this thread's GIL
+                # (1.0-1.4 ms for 20 Hot values, H100 host).
+                checkpoint()
                 self._make_current()
                 with self._around_job():
                     outcome = job()

@@ -122,3 +122,18 @@ def test_update_holds_the_guard_while_a_build_is_in_flight(
     guarded.clear()
     engine.update()
     assert guarded == [False] and not FRAME_GUARD.in_frame
+
+
+def test_a_job_handed_over_inside_a_frame_starts_after_it(long_checkpoints: None) -> None:
+    worker, order = BuildWorker(lambda: None), []
+    assert FRAME_GUARD.enter()
+    try:
+        worker.submit(lambda: order.append("build"))
+        time.sleep(0.05)  # the build thread is at its first checkpoint (or would have run by now)
+        order.append("rest of the frame")
+    finally:
+        FRAME_GUARD.leave()
+    assert worker.wait(10.0)
+    worker.take()
+    worker.close()
+    assert order == ["rest of the frame", "build"]
