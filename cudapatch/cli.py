@@ -118,9 +118,11 @@ def cmd_blocks(args: argparse.Namespace) -> int:
             print(f"    {bt.doc}")
         for direction, name, kind in bt.ports:
             print(f"    {'in ' if direction == 'in' else 'out'} {name}: {kind}")
+        choices = dict(bt.choices)
         for name, kind, default in bt.params:
             shown = "<code>" if kind == "text" and len(str(default)) > 40 else repr(default)
-            print(f"    par {name}: {kind} = {shown}")
+            listed = f"  (one of: {', '.join(str(c) for c in choices[name])})" if name in choices else ""
+            print(f"    par {name}: {kind} = {shown}{listed}")
     for err in plugins.errors:
         print(f"error: {err}", file=sys.stderr)
     return 1 if plugins.errors else 0

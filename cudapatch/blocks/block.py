@@ -189,7 +189,8 @@ class Block:
         """Set parameter ``name``; the engine applies it on its next update (Hot, or Cold if structural).
 
         Raises:
-            ParameterError: unknown parameter, wrong type or out of range (the old value stays).
+            ParameterError: unknown parameter, wrong type, out of range or not one of the parameter's
+                choices (the old value stays).
         """
         p = self.params.get(name)
         if p is None:

@@ -472,10 +472,12 @@ class BlockBuilder:
         range: tuple[float | None, float | None] | None = None,  # noqa: A002 - the DSL word users expect
         dtype: DType | None = None,
         description: str = "",
+        choices: tuple[int, ...] = (),
     ) -> str:
         """A scalar parameter; its value goes into every pin (by-value kernel parameters of one type).
 
         With no pins it is a block-level value used only in size rules (e.g. a capacity).
+        ``choices`` (integer parameters): the only values it takes, shown as a menu by hosts.
         """
         self._check_name(name)
         if pins:
@@ -489,20 +491,37 @@ class BlockBuilder:
         for pin in pins:
             self._bind(pin, f"scalar '{name}'")
         lo, hi = range if range is not None else (None, None)
-        spec = ParamSpec(name, dt, default, lo, hi, tuple(p.ref for p in pins), description=description)
-        from .parameter import BlockParameter  # validates the default now, with the block named
+        spec = ParamSpec(
+            name, dt, default, lo, hi, tuple(p.ref for p in pins), description=description, choices=tuple(choices)
+        )
+        from .parameter import BlockParameter  # validates the default (and choices) now, with the block named
 
         BlockParameter(spec, self.block_name)
         self._params.append(spec)
         return name
 
-    def text(self, name: str, *, default: str = "", description: str = "") -> str:
+    def text(self, name: str, *, default: str = "", description: str = "", choices: tuple[str, ...] = ()) -> str:
         """A text parameter (kernel source, an expression ...). Returns its current value, so
         ``describe`` can build from it; setting it re-describes the block (Code tier when only
-        kernel code changed)."""
+        kernel code changed).
+
+        ``choices``: the only values it takes (``("float", "double")``), shown as a menu by hosts; the
+        value returned is then always one of them, spelled as declared (``"Double "`` gives
+        ``"double"``).
+
+        Raises:
+            ParameterError: the current value is not one of ``choices`` (naming the choices), or the
+                choices or the default are not valid.
+        """
         self._check_name(name)
-        self._params.append(ParamSpec(name, None, default, kind="text", description=description))
-        return self._texts.get(name, default)
+        spec = ParamSpec(name, None, default, kind="text", description=description, choices=tuple(choices))
+        value = self._texts.get(name, default)
+        if spec.choices:
+            from .parameter import BlockParameter
+
+            value = BlockParameter(spec, self.block_name).validate(value)  # type: ignore[assignment]
+        self._params.append(spec)
+        return value
 
     def connect(self, src: KernelPin, *dst: KernelPin, size: SizeRule | int) -> None:
         """Link a kernel's output pin to other kernels' input pins inside the block (an internal buffer)."""

@@ -280,6 +280,9 @@ class ParamSpec:
         minimum / maximum: Inclusive range, if any.
         pins: Kernel parameters that receive the value.
         structural: True when a size or grid depends on it: changing it rebuilds the graph.
+        choices: The values it may take (text or integer parameters; empty: any value of its type).
+            A choice's name is ``str(choice)``: hosts show the names as a menu, and ``choice`` finds
+            the choice a name stands for.
     """
 
     name: str
@@ -291,6 +294,20 @@ class ParamSpec:
     structural: bool = False
     description: str = ""
     kind: Literal["scalar", "text"] = "scalar"  # text: source code or other strings that re-describe the block
+    choices: tuple[int | str, ...] = ()
+
+    def choice(self, value: object) -> int | str | None:
+        """The choice ``value`` stands for: a choice itself, or a string naming one with other case or
+        spacing (``"Double "`` for ``double``, ``"16"`` for 16); None when it names none."""
+        if isinstance(value, bool):  # True == 1, but a toggle is not a menu entry
+            return None
+        if isinstance(value, str):
+            if value in self.choices:
+                return value
+            key = " ".join(value.split()).casefold()
+            found = [c for c in self.choices if " ".join(str(c).split()).casefold() == key]
+            return found[0] if len(found) == 1 else None
+        return next((c for c in self.choices if not isinstance(c, str) and c == value), None)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""BlockParameter: a typed, range-checked scalar with change events."""
+"""BlockParameter: a typed, range-checked scalar with change events (a text parameter too; either
+may be limited to a tuple of choices)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParameterError
+from ..kernels._text import short_repr
 from ..kernels.types import DType
 from .description import ParamSpec, ScalarValue
 
@@ -58,8 +60,10 @@ def coerce_scalar(value: Any, dtype: DType, *, what: str = "value") -> ScalarVal
 class BlockParameter:
     """A scalar parameter of a block instance.
 
-    Setting ``value`` checks type and range; a bad value raises ``ParameterError`` naming block and
-    parameter and leaves the old value. Listeners are called with ``(parameter)`` after a change.
+    Setting ``value`` checks type, range and choices; a bad value raises ``ParameterError`` naming
+    block and parameter and leaves the old value. A parameter with choices takes a choice or a string
+    naming one (other case or spacing; ``"16"`` for 16) and holds the choice itself. Listeners are
+    called with ``(parameter)`` after a change.
     """
 
     __slots__ = ("spec", "block_name", "_value", "_listeners", "_fast", "_lo", "_hi")
@@ -79,6 +83,9 @@ class BlockParameter:
                 )
             self._value = spec.default
             self._listeners = []
+            if spec.choices:
+                self._fast = None  # every value is looked up among the choices
+                self._check_choices()
             return
         assert dt is not None
         if dt.lanes == 1:
@@ -91,6 +98,34 @@ class BlockParameter:
         except ParameterError as exc:
             raise ParameterError(exc.message, block=block_name, param=spec.name) from None
         self._listeners: list[Callable[[BlockParameter], None]] = []
+        if spec.choices:
+            self._fast = None  # every value is looked up among the choices
+            self._check_choices()
+
+    def _check_choices(self) -> None:
+        """Refuse choices a parameter of this type cannot hold, twins, and a default that is no choice."""
+        spec = self.spec
+        if spec.kind == "scalar" and (spec.dtype is None or spec.dtype.lanes != 1 or spec.dtype.base.kind not in "iu"):
+            raise self._error("only text and integer parameters take choices")
+        names = [" ".join(str(c).split()).casefold() for c in spec.choices]
+        if len(set(names)) != len(names):
+            raise self._error(f"choices must differ in more than case and spacing: {self._names()}")
+        text = spec.kind == "text"
+        for c in spec.choices:
+            if text and not isinstance(c, str):
+                raise self._error(f"the choices of a text parameter are strings, not {short_repr(c)}")
+            if not text:
+                if not isinstance(c, int) or isinstance(c, bool):
+                    raise self._error(f"the choices of an integer parameter are integers, not {short_repr(c)}")
+                self._check_range(self._coerce(c), c)
+        if self._value not in spec.choices:
+            raise self._error(f"the default {short_repr(spec.default)} is not one of its choices: {self._names()}")
+
+    def _names(self) -> str:
+        return ", ".join(str(c) for c in self.spec.choices)
+
+    def _error(self, message: str) -> ParameterError:
+        return ParameterError(message, block=self.block_name, param=self.spec.name)
 
     @property
     def name(self) -> str:
@@ -113,19 +148,27 @@ class BlockParameter:
         """The coerced value, or ParameterError (nothing changes).
 
         Raises:
-            ParameterError: wrong type or out of range.
+            ParameterError: wrong type, out of range, or not one of the choices.
         """
         spec = self.spec
         if type(new) is self._fast and new == new:  # not NaN
             if (self._lo is None or new >= self._lo) and (self._hi is None or new <= self._hi):
                 return new
-        if spec.kind == "text":
+        if spec.kind == "text" and not isinstance(new, str):
             raise ParameterError(f"must be text, got {type(new).__name__}", block=self.block_name, param=spec.name)
-        assert spec.dtype is not None
-        try:
-            v = coerce_scalar(new, spec.dtype)
-        except ParameterError as exc:
-            raise ParameterError(exc.message, block=self.block_name, param=spec.name) from None
+        if spec.choices:
+            picked = spec.choice(new)
+            if picked is None:
+                if spec.kind == "scalar" and not isinstance(new, str):
+                    self._coerce(new)  # a value of the wrong type says so
+                raise self._error(f"{short_repr(new)} is not one of its choices: {self._names()}")
+            return picked
+        v = self._coerce(new)
+        self._check_range(v, new)
+        return v
+
+    def _check_range(self, v: ScalarValue, new: Any) -> None:
+        spec = self.spec
         lanes = v if isinstance(v, tuple) else (v,)
         for lane in lanes:
             if (spec.minimum is not None and lane < spec.minimum) or (spec.maximum is not None and lane > spec.maximum):
@@ -134,13 +177,19 @@ class BlockParameter:
                     block=self.block_name,
                     param=spec.name,
                 )
-        return v
+
+    def _coerce(self, new: Any) -> ScalarValue:
+        assert self.spec.dtype is not None
+        try:
+            return coerce_scalar(new, self.spec.dtype)
+        except ParameterError as exc:
+            raise self._error(exc.message) from None
 
     def set(self, new: Any) -> None:
         """Validate and set; listeners run only if the value changed.
 
         Raises:
-            ParameterError: wrong type or out of range (the old value stays).
+            ParameterError: wrong type, out of range or not a choice (the old value stays).
         """
         lo, hi = self._lo, self._hi
         if type(new) is self._fast and new == new and (lo is None or new >= lo) and (hi is None or new <= hi):

@@ -60,12 +60,17 @@ def _check_shape(spec: ParamSpec, value: Any) -> None:
 def coerce_host_value(spec: ParamSpec, value: Any) -> Any:
     """Convert a host value for parameter ``spec``: strings to numbers (``"0.5"``, ``"On"``, a TD menu
     entry such as ``"PerBlock"`` stays a string for text parameters), ``"1 2 3"`` / ``"(1, 2, 3)"`` /
-    lists to tuples for vector parameters, bools to 0/1. Values that cannot convert are passed on
-    unchanged so the parameter's own check raises its precise error.
+    lists to tuples for vector parameters, bools to 0/1. A parameter with choices takes a choice's
+    name (a menu entry: ``"nvrtc"``, ``"16"``, in any case) and gets the choice. Values that cannot
+    convert are passed on unchanged so the parameter's own check raises its precise error.
 
     Raises:
         ParameterError: a value no number parameter takes (a table, a date, nested or long lists).
     """
+    if spec.choices:
+        picked = spec.choice(value)
+        if picked is not None:
+            return picked
     if spec.kind == "text":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)

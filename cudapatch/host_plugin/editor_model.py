@@ -115,7 +115,7 @@ class ParamView:
     integer: bool = False
     structural: bool = False
     description: str = ""
-    choices: tuple[str, ...] = ()
+    choices: tuple[str | int, ...] = ()  # the enum's values (a text or integer parameter's); str() names them
 
 
 @dataclass
@@ -1038,9 +1038,8 @@ def _groups(views: dict[str, NodeView]) -> dict[str, GroupView]:
 def _param_view(spec: Any, value: Any) -> ParamView:
     choices = tuple(getattr(spec, "choices", ()) or ())
     if spec.kind == "text":
-        return ParamView(
-            spec.name, "code" if spec.name == "Code" else "text", value, None, None, description=spec.description
-        )
+        widget = "enum" if choices else "code" if spec.name == "Code" else "text"
+        return ParamView(spec.name, widget, value, None, None, description=spec.description, choices=choices)
     dtype = spec.dtype
     integer = dtype.base.kind in "iu"
     lanes = dtype.lanes

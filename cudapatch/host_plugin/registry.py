@@ -27,6 +27,7 @@ class BlockType:
         doc: First paragraph of the class docstring.
         ports: ``(direction, name, type)`` of each port of a default instance.
         params: ``(name, type, default)`` of each parameter of a default instance.
+        choices: ``(name, choices)`` of each parameter of a default instance that has choices.
     """
 
     name: str
@@ -36,6 +37,7 @@ class BlockType:
     doc: str = ""
     ports: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
     params: tuple[tuple[str, str, Any], ...] = field(default=(), compare=False)
+    choices: tuple[tuple[str, tuple[Any, ...]], ...] = field(default=(), compare=False)
 
     def create(self, name: str, **params: Any) -> Block:
         """A new block of this type called ``name`` with ``params`` set."""
@@ -88,6 +90,7 @@ class BlockTypeRegistry:
             )
         ports: tuple[tuple[str, str, str], ...] = ()
         params: tuple[tuple[str, str, Any], ...] = ()
+        choices: tuple[tuple[str, tuple[Any, ...]], ...] = ()
         try:
             desc = cls(name=parts[-1]).description
         except KernelLoadError:  # needs a parameter first (a kernel file's path): ports follow that
@@ -95,9 +98,9 @@ class BlockTypeRegistry:
         except (CudapatchError, TypeError, ValueError) as exc:
             raise PluginError(f"plugin '{origin}': block type '{name}' does not describe itself: {exc}") from exc
         else:
-            ports, params = _ports(desc), _params(desc)
+            ports, params, choices = _ports(desc), _params(desc), _choices(desc)
         text = doc or inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].replace("\n", " ")
-        bt = BlockType(name, cls, version, origin, text, ports, params)
+        bt = BlockType(name, cls, version, origin, text, ports, params, choices)
         self._types[name] = bt
         return bt
 
@@ -149,7 +152,7 @@ class BlockTypeRegistry:
                     PluginError(f"plugin '{bt.origin}': composite type '{name}' does not load: {exc.message}{where}")
                 )
                 continue
-            self._types[name] = replace(bt, ports=_ports(desc), params=_params(desc))
+            self._types[name] = replace(bt, ports=_ports(desc), params=_params(desc), choices=_choices(desc))
         return errors
 
     def get(self, name: str) -> BlockType:
@@ -186,6 +189,10 @@ def _ports(desc: Any) -> tuple[tuple[str, str, str], ...]:
     return tuple(("in", p.name, str(p.pin_type)) for p in desc.inputs) + tuple(
         ("out", p.name, str(p.pin_type)) for p in desc.outputs
     )
+
+
+def _choices(desc: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    return tuple((p.name, p.choices) for p in desc.params if p.choices)
 
 
 def _params(desc: Any) -> tuple[tuple[str, str, Any], ...]:

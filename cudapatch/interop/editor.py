@@ -788,7 +788,7 @@ class EditorPanel:
             value = int(on)
         elif p.widget == "enum":
             current = p.choices.index(value) if value in p.choices else 0
-            changed, picked = imgui.combo(p.name, current, list(p.choices))
+            changed, picked = imgui.combo(p.name, current, [str(c) for c in p.choices])
             value = p.choices[picked]
         elif p.widget == "color":
             fn = imgui.color_edit3 if p.lanes == 3 else imgui.color_edit4

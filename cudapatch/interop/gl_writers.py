@@ -21,6 +21,7 @@ from __future__ import annotations
 from ..blocks.block import Block
 from ..blocks.builder import BlockBuilder
 from ..blocks.description import like
+from ..blocks.library.transfer import ELEMENT_TYPES
 from ..kernels.cuda_source import CudaSource
 from ..kernels.types import DType, cuda_spelling
 
@@ -84,11 +85,8 @@ def ring_writer_source(dtype: DType) -> str:
 
 
 def _element_type(b: BlockBuilder) -> DType:
-    element = b.text("Type", default="float", description="C type of the elements copied")
-    try:
-        return DType.from_c_name(element)
-    except KeyError:
-        raise b.error(f"Type: unknown element type '{element}'") from None
+    element = b.text("Type", default="float", description="C type of the elements copied", choices=ELEMENT_TYPES)
+    return DType.from_c_name(element)
 
 
 class GlRingWriter(Block):
@@ -184,9 +182,7 @@ class GlSurfaceWriter(Block):
 
     def describe(self, b: BlockBuilder) -> None:
         dtype = _element_type(b)
-        texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16")
-        if texel not in ("4", "16"):
-            raise b.error(f"Texel: surface writes take 4- or 16-byte texels, not {texel}")
+        texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16", choices=("4", "16"))
         code = _typed(_SURFACE_SOURCE, dtype).replace("TEXEL", texel)
         k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
         b.input("In", k.in_(0))

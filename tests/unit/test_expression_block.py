@@ -8,6 +8,7 @@ import pytest
 from cudapatch import Expression
 from cudapatch.blocks.library import BUILTIN_BLOCKS, Fill
 from cudapatch.engine import Context, compile_plan
+from cudapatch.errors import ParameterError
 from cudapatch.expr import ExpressionError, ProgramSource
 from cudapatch.kernels.types import DType
 
@@ -58,8 +59,13 @@ def test_bad_code_at_construction_raises_with_the_column(code: str, column: int,
 
 
 def test_bad_compiler_is_refused() -> None:
-    with pytest.raises(ExpressionError, match="Compiler must be one of ptx, nvrtc"):
+    with pytest.raises(ParameterError, match="parameter 'Compiler': 'clang' is not one of its choices: ptx, nvrtc"):
         Expression(Compiler="clang")
+    e = Expression(Compiler="NVRTC")  # the choice's name, in any case
+    assert e.params["Compiler"].value == "nvrtc"
+    with pytest.raises(ParameterError, match="is not one of its choices: ptx, nvrtc"):
+        e.set("Compiler", "clang")
+    assert e.params["Compiler"].value == "nvrtc" and e.description.param("Compiler").choices == ("ptx", "nvrtc")
 
 
 def _registered(code: str) -> tuple[Context, Expression, list[tuple[int, int]]]:

@@ -63,7 +63,7 @@ def test_a_frame_delay_describes_in_init_out_and_its_feedback_pair() -> None:
 def test_frame_delay_element_types_compile_to_their_c_names() -> None:
     text = FrameDelay(Type="uint").description.kernels[0].source.text()
     assert "const unsigned int* init, unsigned int* out, unsigned int fill" in text
-    with pytest.raises(Exception, match="not an element type"):
+    with pytest.raises(Exception, match="'quaternion' is not one of its choices: float, double"):
         FrameDelay(Type="quaternion")
 
 

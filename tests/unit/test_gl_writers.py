@@ -35,8 +35,8 @@ def test_ring_writer_reads_the_request_table_size_the_host_writes() -> None:
 
 
 def test_bad_writer_settings_name_the_block() -> None:
-    with pytest.raises(CudapatchError, match="Type: unknown element type 'quux'") as err:
+    with pytest.raises(CudapatchError, match="parameter 'Type': 'quux' is not one of its choices") as err:
         GlBufferWriter(name="w", Type="quux")
     assert "'w'" in str(err.value)
-    with pytest.raises(CudapatchError, match="Texel: surface writes take 4- or 16-byte texels, not 8"):
+    with pytest.raises(CudapatchError, match="parameter 'Texel': '8' is not one of its choices: 4, 16"):
         GlSurfaceWriter(name="w", Type="float", Texel="8")

@@ -368,7 +368,7 @@ def test_image_blocks_take_rgba32f_and_refuse_other_formats() -> None:
     from cudapatch.blocks.library import Blur
 
     assert Blur(name="f", Format="rgba32f").description.input("In").dtype is DType.FLOAT4
-    with pytest.raises(CudapatchError, match="unknown pixel format 'rgb565'"):
+    with pytest.raises(CudapatchError, match="'rgb565' is not one of its choices: rgba8, rgba32f"):
         Blur(name="bad", Format="rgb565")
 
 

@@ -45,11 +45,9 @@ class Expression(Fusable, Block):
 
     def describe(self, b: BlockBuilder) -> None:
         code = b.text("Code", default=DEFAULT_EXPRESSION, description="the expression, e.g. a * sin(x * Freq) + b")
-        backend = b.text("Compiler", default="ptx", description="ptx (fast edits) or nvrtc (CUDA C++ reference)")
-        if backend not in BACKENDS:
-            raise ExpressionError(
-                f"Compiler must be one of {', '.join(BACKENDS)}, got {backend!r}", block=self.name, param="Compiler"
-            )
+        backend = b.text(
+            "Compiler", default="ptx", description="ptx (fast edits) or nvrtc (CUDA C++ reference)", choices=BACKENDS
+        )
         checked = self._check(code)
         program = single(checked, output="Out", label=self.name)
         # quick: an edit runs at once, the optimised build follows (ProgramSource.upgrade)

@@ -19,6 +19,7 @@ from ...kernels.types import DType, cuda_spelling
 from ..block import Block
 from ..builder import BlockBuilder
 from ..description import BlockDescription, PortSpec, computed
+from .transfer import ELEMENT_TYPES
 
 __all__ = ["FrameDelay", "delay_init_source"]
 
@@ -57,12 +58,10 @@ class FrameDelay(Block):
     type_name = "FrameDelay"
 
     def describe(self, b: BlockBuilder) -> None:
-        text = b.text("Type", default="float", description="element type: float, float4, int, uint ...")
-        try:
-            dtype = DType.from_c_name(text)
-        except KeyError:
-            known = ", ".join(m.c_name for m in DType)
-            raise b.error(f"Type '{text}' is not an element type ({known})") from None
+        text = b.text(
+            "Type", default="float", description="element type: float, float4, int, uint ...", choices=ELEMENT_TYPES
+        )
+        dtype = DType.from_c_name(text)
         k = b.add_kernel(delay_init_source(dtype))
         b.scalar("Count", dtype=DType.UINT32, default=1024, range=(1, 2**31 - 1), description="elements without Init")
         b.input("Init", k.in_(0), required=False, description="the start value (else Fill)")

@@ -106,12 +106,8 @@ class FFT(Block):
     type_name = "FFT"
 
     def describe(self, b: BlockBuilder) -> None:
-        kind = b.text("Kind", default="C2C", description="C2C, R2C or C2R").strip().upper()
-        if kind not in _KINDS:
-            raise b.error(f"Kind must be C2C, R2C or C2R, not '{kind}'")
-        text = b.text("Precision", default="float", description="float or double").strip().lower()
-        if text not in ("float", "double"):
-            raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
+        kind = b.text("Kind", default="C2C", description="C2C, R2C or C2R", choices=tuple(_KINDS))
+        text = b.text("Precision", default="float", description="float or double", choices=("float", "double"))
         double = text == "double"
         real, cplx = (DType.FLOAT64, DType.DOUBLE2) if double else (DType.FLOAT32, DType.FLOAT2)
         in_complex, out_complex = _KINDS[kind][:2]

@@ -184,11 +184,13 @@ extern "C" __global__ void image_mix(const pixel* a, const pixel* b, pixel* out,
 
 def _format(b: BlockBuilder) -> str:
     """The pixel type named by the block's ``Format`` text parameter."""
-    fmt = b.text("Format", default="rgba8", description="pixel format: rgba8 (uchar4) or rgba32f (float4)")
-    pixel = _FORMATS.get(fmt.strip().lower())
-    if pixel is None:
-        raise b.error(f"Format: unknown pixel format '{fmt}' (use rgba8 or rgba32f)")
-    return pixel
+    fmt = b.text(
+        "Format",
+        default="rgba8",
+        description="pixel format: rgba8 (uchar4) or rgba32f (float4)",
+        choices=tuple(_FORMATS),
+    )
+    return _FORMATS[fmt]
 
 
 def image_source(body: str, pixel: str) -> str:

@@ -25,11 +25,8 @@ _CUDA_R = {DType.FLOAT32: 0, DType.FLOAT64: 1}  # cudaDataType CUDA_R_32F / CUDA
 
 
 def _precision(b: BlockBuilder) -> DType:
-    text = b.text("Precision", default="float", description="element type: float or double")
-    dt = _PRECISIONS.get(text.strip().lower())
-    if dt is None:
-        raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
-    return dt
+    text = b.text("Precision", default="float", description="element type: float or double", choices=tuple(_PRECISIONS))
+    return _PRECISIONS[text]
 
 
 def _expect(counts: Mapping[str, int], port: str, need: int, what: str) -> str | None:

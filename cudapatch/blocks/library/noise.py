@@ -50,9 +50,7 @@ class Random(Block):
     type_name = "Random"
 
     def describe(self, b: BlockBuilder) -> None:
-        text = b.text("Precision", default="float", description="float or double").strip().lower()
-        if text not in ("float", "double"):
-            raise b.error(f"Precision must be 'float' or 'double', not '{text}'")
+        text = b.text("Precision", default="float", description="float or double", choices=("float", "double"))
         double = text == "double"
         dt = DType.FLOAT64 if double else DType.FLOAT32
         desc = CallDescriptor.of(

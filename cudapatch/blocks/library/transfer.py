@@ -21,7 +21,10 @@ from ..block import Block
 from ..builder import BlockBuilder
 from ..description import fixed, from_param, like
 
-__all__ = ["Download", "Upload", "UPLOAD_SLOTS", "DOWNLOAD_SLOTS", "c_type"]
+__all__ = ["Download", "Upload", "UPLOAD_SLOTS", "DOWNLOAD_SLOTS", "ELEMENT_TYPES", "c_type"]
+
+#: The choices of a ``Type`` text parameter that picks a generated kernel's element type: every C name.
+ELEMENT_TYPES: tuple[str, ...] = tuple(d.c_name for d in DType)
 
 #: Slots of an upload ring: the host may be two uploads ahead of the frame reading one.
 UPLOAD_SLOTS = 4
@@ -107,12 +110,10 @@ extern "C" __global__ void download_copy(const {t}* in, /*inout*/ {t}* ring,
 
 
 def _element_type(b: BlockBuilder) -> DType:
-    text = b.text("Type", default="float", description="element type: float, float4, int, uint ...")
-    try:
-        return DType.from_c_name(text)
-    except KeyError:
-        known = ", ".join(m.c_name for m in DType)
-        raise b.error(f"Type '{text}' is not an element type ({known})") from None
+    text = b.text(
+        "Type", default="float", description="element type: float, float4, int, uint ...", choices=ELEMENT_TYPES
+    )
+    return DType.from_c_name(text)
 
 
 class Upload(Block):
