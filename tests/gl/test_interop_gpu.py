@@ -184,9 +184,19 @@ def test_surface_stores_write_every_texel(gl_engine, fmt):
     tex.close()  # idempotent, the writer released once
 
 
-def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
+def _new_texels(tex, rng: np.random.Generator) -> np.ndarray:  # noqa: ANN001 - a SharedTexture2D
+    """Fresh random RGBA8 texels written into ``tex`` by GL (finished before the next launch)."""
     from OpenGL import GL
 
+    texels = rng.integers(0, 256, (tex.height, tex.width, 4), dtype=np.uint8)
+    GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+    GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
+    GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, tex.width, tex.height, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
+    GL.glFinish()
+    return texels
+
+
+def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
     from cudapatch.blocks.library import CustomKernel
     from cudapatch.interop import GlBridge, SharedTexture2D
 
@@ -204,11 +214,7 @@ extern "C" __global__ void swizzle(const unsigned int* texels, unsigned int* out
     engine.wait_ready()
     rng = np.random.default_rng()
     for _ in range(3):  # new texels every frame: the copy runs before each launch
-        texels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
-        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
-        GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
-        GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, w, h, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
-        GL.glFinish()
+        texels = _new_texels(tex, rng)
         engine.output(block, "out").fill_bytes(0xFF)  # poisoned
         engine.update()
         words = texels.reshape(-1, 4).astype(np.uint32)
@@ -230,7 +236,6 @@ extern "C" __global__ void swizzle(const unsigned int* texels, unsigned int* out
 def test_a_gl_texture_feeds_an_image_block_as_an_image(gl_engine):
     """A bound texture carries its (height, width): image.Blur launches over it in 2-D and reads
     this frame's texels, as it does a bound (h, w, 4) array."""
-    from OpenGL import GL
 
     from cudapatch.blocks.library import Blur
     from cudapatch.interop import GlBridge, SharedTexture2D
@@ -248,11 +253,7 @@ def test_a_gl_texture_feeds_an_image_block_as_an_image(gl_engine):
     assert not errors, errors
     rng = np.random.default_rng()
     for _ in range(2):  # new texels each time: the copy runs before each launch
-        texels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
-        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
-        GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
-        GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, w, h, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
-        GL.glFinish()
+        texels = _new_texels(tex, rng)
         engine.output(blur, "Out").fill_bytes(0xA5)  # poisoned
         engine.update()
         engine.synchronize()
