@@ -24,6 +24,8 @@ class Par:
         self.default: Any = 0
         self.normMin: float = 0.0
         self.normMax: float = 1.0
+        self.menuNames: list[str] = []  # a menu parameter's entries (eval() gives the current name)
+        self.menuLabels: list[str] = []
 
     def eval(self) -> Any:
         return self.val
@@ -51,6 +53,9 @@ class Page:
 
     def appendStr(self, name: str, label: str | None = None, order: Any = None, replace: bool = True):
         return self._append(name, label, 1, "Str")
+
+    def appendMenu(self, name: str, label: str | None = None, order: Any = None, replace: bool = True):
+        return self._append(name, label, 1, "Menu")
 
 
 class _ParCollection:

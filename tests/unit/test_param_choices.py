@@ -232,3 +232,25 @@ def test_cudapatch_blocks_lists_the_choices(capsys) -> None:
     assert "par Kind: text = 'C2C'  (one of: C2C, R2C, C2R)" in out
     assert dict(REG.get("signal.FFT").choices)["Precision"] == ("float", "double")
     assert not REG.get("core.Scale").choices
+
+
+# -- TouchDesigner --------------------------------------------------------------------------------------
+def test_touchdesigner_shows_choices_as_a_menu() -> None:
+    from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, TouchDesignerHost
+
+    from ..td_double import COMP
+
+    td = TouchDesignerHost(engine=PlanOnlyEngine(), plugins=PluginHost())
+    comp = COMP("/project1/fft")
+    ext = BlockOperatorExt(comp, td, "signal.FFT")
+    kind, precision, nx = comp.par.Kind, comp.par.Precision, comp.par.Nx
+    assert kind.style == "Menu" and kind.menuNames == ["C2C", "R2C", "C2R"] and kind.menuLabels == kind.menuNames
+    assert kind.val == kind.default == "C2C" and precision.menuNames == ["float", "double"]
+    assert nx.style == "Int"  # no choices: as before
+    kind.val = "C2R"  # a menu's eval() is the entry's name
+    ext.OnParValueChange(kind, "C2C")
+    assert ext.block.params["Kind"].value == "C2R" and not comp.errors
+    kind.val = "R2R"  # not an entry (a script set it): an error on the COMP, the block keeps its value
+    ext.OnParValueChange(kind, "C2R")
+    assert ext.block.params["Kind"].value == "C2R" and kind.val == "C2R"
+    assert "is not one of its choices: C2C, R2C, C2R" in comp.errors[-1]

@@ -9,6 +9,8 @@ API used (TouchDesigner 2023.11+):
   → a ``ParGroup``-like list of ``Par``; ``Par.name``, ``Par.val``, ``Par.eval()``, ``Par.normMin/normMax``,
   ``Par.default``; ``COMP.par.<Name>``; ``COMP.path``; custom parameter names are a capital letter
   followed by lower-case letters and digits.
+- ``Page.appendMenu(name, label=)``: a menu parameter (a parameter with choices); ``Par.menuNames`` /
+  ``Par.menuLabels`` its entries; its ``eval()`` is the current entry's name.
 - ``scriptTOP.copyCUDAMemory(address, size, shape, stream=None)``: copy device memory into the TOP
   on that CUDA stream (``shape``: ``CUDAMemoryShape`` with ``width``, ``height``, ``numComps``,
   ``dataType``; uint8 4-component data is BGRA).
@@ -151,13 +153,17 @@ class BlockOperatorExt:
         page = next((p for p in comp.customPages if p.name == PAGE), None) or comp.appendCustomPage(PAGE)
         for spec in self.block.description.params:
             base = td_par_name(spec.name)
-            if spec.kind == "text":
+            if spec.choices:  # a menu of the choices' names: eval() gives a name, which set_param takes
+                pars = page.appendMenu(base, label=spec.name)
+                pars[0].menuNames = pars[0].menuLabels = [str(c) for c in spec.choices]
+            elif spec.kind == "text":
                 pars = page.appendStr(base, label=spec.name)
             elif spec.dtype.base.kind in "iu":
                 pars = page.appendInt(base, label=spec.name, size=spec.dtype.lanes)
             else:
                 pars = page.appendFloat(base, label=spec.name, size=spec.dtype.lanes)
             default = spec.default if isinstance(spec.default, tuple) else (spec.default,)
+            default = (str(spec.default),) if spec.choices else default
             for i, par in enumerate(pars):
                 par.default = default[i]
                 par.val = default[i]
