@@ -254,3 +254,24 @@ def test_touchdesigner_shows_choices_as_a_menu() -> None:
     ext.OnParValueChange(kind, "C2R")
     assert ext.block.params["Kind"].value == "C2R" and kind.val == "C2R"
     assert "is not one of its choices: C2C, R2C, C2R" in comp.errors[-1]
+
+
+def test_a_composite_exposing_a_parameter_with_choices_keeps_them() -> None:
+    from cudapatch import Composite, CompositeBuilder
+
+    class Spectrum(Composite):
+        type_name = "Spectrum"
+
+        def compose(self, c: CompositeBuilder) -> None:
+            c.add("f", FFT(Nx=64))
+            c.expose("In", "f.In")
+            c.expose("Out", "f.Out")
+            c.expose("Kind", "f.Kind")
+
+    s = Spectrum(name="s", Kind="r2c")
+    assert s.description.param("Kind").choices == ("C2C", "R2C", "C2R") and s.params["Kind"].value == "R2C"
+    assert s.description.output("Out").dtype is DType.FLOAT2  # the inner FFT took it
+    with pytest.raises(ParameterError, match="block 's', parameter 'Kind': 'R2R' is not one of its choices"):
+        s.set("Kind", "R2R")
+    assert s.params["Kind"].value == "R2C"
+    assert _param_view(s.description.param("Kind"), "R2C").widget == "enum"
