@@ -311,6 +311,16 @@ def test_a_frame_delay_type_reshapes_its_fill_parameter_on_the_page(td):
     assert ext.block.get("Count") == comp.par.Count.val == 64 and not comp.errors
 
 
+def test_a_comp_whose_block_type_changed_drops_the_old_page(td):
+    comp = COMP("/p/k")
+    first = BlockOperatorExt(comp, td, "core.CustomKernel")
+    _set(first, "Gain", 3.0)
+    first.Dispose()
+    ext = BlockOperatorExt(comp, td, "core.Scale")  # Blocktype set to another type, the extension re-initialized
+    assert not comp.errors and _names(comp) == [td_par_name(p.name) for p in ext.block.description.params]
+    assert not hasattr(comp.par, "Code")
+
+
 def test_a_custom_kernel_whose_code_takes_other_scalars_rebuilds_the_page(td):
     ext = BlockOperatorExt(COMP("/p/k"), td, "core.CustomKernel")
     comp = ext.ownerComp

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ...blocks.composite import Composite
 from ...blocks.description import ParamSpec
 from ...blocks.regions import Region
 from ...engine.bindings import DeviceArray
@@ -168,7 +169,10 @@ class BlockOperatorExt:
         Texts it refuses (a file since moved) are an error on the COMP; the block is made without them
         and the page keeps showing them, for the user to fix."""
         adapter = self.host.adapter
+        bt = adapter.registry.get(type_name)
         texts = {k: v for k, v in saved.items() if isinstance(v, str) and v}
+        if bt.params and not issubclass(bt.cls, Composite):  # a page of another type (Blocktype changed)
+            texts = {k: v for k, v in texts.items() if any(n == k and kind == "text" for n, kind, _ in bt.params)}
         if texts:
             try:
                 return adapter.create(self.op_id, type_name, texts)
