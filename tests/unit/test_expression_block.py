@@ -30,9 +30,14 @@ def test_no_input_means_a_count_parameter() -> None:
 def test_generated_code_and_tooltip_show_the_kernel() -> None:
     e = Expression(name="wave", Code="x * Gain + 1")
     assert ".entry expression(" in e.generated_code and "wave: x * Gain + 1" in e.generated_code
-    assert "Out = x * Gain + 1" in e.tooltip() and "generated PTX" in e.tooltip()
+    lines = len(e.generated_code.splitlines())
+    assert "Out = x * Gain + 1" in e.tooltip() and f"generated PTX: {lines} lines" in e.tooltip()
     ref = Expression(Code="x * Gain + 1", Compiler="nvrtc")
     assert 'extern "C" __global__ void expression(' in ref.generated_code
+    assert f"generated NVRTC: {len(ref.generated_code.splitlines())} lines" in ref.tooltip()
+    e.set("Code", "a * sin(x * Freq) + b")  # an edit: the count follows the new code
+    assert f"generated PTX: {len(e.generated_code.splitlines())} lines" in e.tooltip()
+    assert len(e.generated_code.splitlines()) != lines
 
 
 @pytest.mark.parametrize(

@@ -458,3 +458,62 @@ def test_a_chain_too_long_for_one_launch_runs_as_several_fused_kernels_in_order(
     key = (blocks[-1].id, "Out")
     ref = run_plan(plain, snap, externals)[plain.outputs[key]]
     np.testing.assert_array_equal(run_plan(plan, snap, externals)[plan.outputs[key]], ref)
+
+
+_GAIN_CU = """extern "C" __global__ void gain(const float* In, float* Out, float Gain, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Out[i] = In[i] * Gain;
+}"""
+
+
+def _plugin_gain(declaration: str) -> type:
+    """A plugin's block type: its own CUDA C++ kernel, declared elementwise with ``declaration``."""
+    from cudapatch import Block, CudaSource
+    from cudapatch.blocks.builder import BlockBuilder
+    from cudapatch.blocks.description import like
+
+    class PluginGain(Block):
+        type_name = "PluginGain"
+
+        def describe(self, b: BlockBuilder) -> None:
+            k = b.add_kernel(CudaSource(code=_GAIN_CU, name="gain.cu"))
+            b.input("In", k.in_(0))
+            b.output("Out", k.out(1), size=like("In"))
+            b.scalar("Gain", k.in_(2), default=2.0)
+            k.auto_grid(like("In"), count_param=3)
+            k.elementwise(declaration)
+
+    return PluginGain
+
+
+def _scale_then(block_type: type) -> tuple[Context, list, dict]:
+    ctx, externals = Context(), {}
+    s = ctx.register_block(Scale(name="s", Factor=1.5, Offset=0.25))
+    g = ctx.register_block(block_type(name="g", Gain=3.0))
+    _bind(ctx, s, "In", np.linspace(-1, 1, 500, dtype=np.float32), externals)
+    ctx.connect(s, "Out", g, "In")
+    return ctx, [s, g], externals
+
+
+def test_a_plugin_block_that_declares_its_expression_fuses_and_computes_what_it_computes_unfused() -> None:
+    ctx, (s, g), externals = _scale_then(_plugin_gain("In * Gain"))
+    snap = ctx.snapshot()
+    fused = compile_plan(snap, fuse=True, reuse=False)
+    (node,) = fused.kernel_nodes
+    assert node.kernel == FUSED_KERNEL and node.source.members == (s.id, g.id)
+    ((ni, ai),) = fused.scalar_slots[(g.id, "Gain")]  # its scalar stays Hot: a slot of the fused node
+    assert ni == 0 and node.args[ai].ref == (g.id, "Gain")
+    plain = compile_plan(snap, fuse=False, reuse=False)
+    assert len(plain.kernel_nodes) == 2
+    out = (g.id, "Out")
+    got_fused, got_plain = run_plan(fused, snap, externals), run_plan(plain, snap, externals)
+    np.testing.assert_array_equal(got_fused[fused.outputs[out]], got_plain[plain.outputs[out]])
+    x = externals[(s.id, "In")].astype(np.float64)
+    np.testing.assert_allclose(got_fused[fused.outputs[out]], (x * 1.5 + 0.25) * 3.0, rtol=1e-6)
+
+
+def test_a_plugin_declaration_that_does_not_fit_its_ports_runs_unfused() -> None:
+    ctx, (s, g), _ = _scale_then(_plugin_gain("In * Nope"))  # no port or scalar named Nope
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    assert [n.block_id for n in plan.kernel_nodes] == [s.id, g.id]
+    assert all(n.kernel != FUSED_KERNEL for n in plan.kernel_nodes)
