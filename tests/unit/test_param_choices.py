@@ -254,6 +254,8 @@ def test_touchdesigner_shows_choices_as_a_menu() -> None:
     ext.OnParValueChange(kind, "C2R")
     assert ext.block.params["Kind"].value == "C2R" and kind.val == "C2R"
     assert "is not one of its choices: C2C, R2C, C2R" in comp.errors[-1]
+    ext.SyncPage()  # a page rebuilt keeps the menu and shows the block's choice
+    assert comp.par.Kind is kind and kind.val == "C2R" and kind.menuNames == ["C2C", "R2C", "C2R"]
 
 
 def test_a_composite_exposing_a_parameter_with_choices_keeps_them() -> None:
