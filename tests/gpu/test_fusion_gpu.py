@@ -255,3 +255,42 @@ def test_a_wide_fused_kernel_takes_its_arguments_as_one_buffer_and_hot_and_warm_
     assert (
         engine.counters.rebuilds == rebuilds and engine.counters.hot_updates >= 3 and engine.counters.warm_updates >= 1
     )
+
+
+_GAIN_CU = """extern "C" __global__ void gain(const float* In, float* Out, float Gain, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Out[i] = In[i] * Gain;
+}"""
+
+
+def test_a_plugin_whose_declaration_does_not_fit_runs_unfused_with_a_warning(
+    engine: Engine, rng: np.random.Generator
+) -> None:
+    from cudapatch import Block, CudaSource
+    from cudapatch.blocks.description import like
+
+    class PluginGain(Block):
+        type_name = "PluginGain"
+
+        def describe(self, b) -> None:
+            k = b.add_kernel(CudaSource(code=_GAIN_CU, name="gain.cu"))
+            b.input("In", k.in_(0))
+            b.output("Out", k.out(1), size=like("In"))
+            b.scalar("Gain", k.in_(2), default=2.0)
+            k.auto_grid(like("In"), count_param=3)
+            k.elementwise("In * Nope")  # no port or scalar named Nope
+
+    e = engine
+    x = rng.standard_normal(4096).astype(np.float32)
+    s = e.add(Scale(name="s", Factor=1.5, Offset=0.25))
+    g = e.add(PluginGain(name="g", Gain=3.0))
+    e.bind(s, "In", x)
+    e.connect(s, "Out", g, "In")
+    e.update()
+    assert all(n.kernel != FUSED_KERNEL for n in e.graph.plan.kernel_nodes)
+    (warn,) = e.diagnostics(g)
+    assert warn.severity == "warning" and warn.code == "expression-declaration"
+    assert "k.elementwise('In * Nope')" in warn.message and "(column 6)" in warn.message
+    assert g.debug.state is BlockState.WARNING
+    ref = (x.astype(np.float64) * 1.5 + 0.25).astype(np.float32) * np.float32(3.0)  # fma, then the plugin's multiply
+    np.testing.assert_array_equal(e.read(g, "Out"), ref)
