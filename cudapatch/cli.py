@@ -97,9 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 log.info("  %-12s %-9s %s%s", b.name, b.state, ms, "  (internal)" if b.block_id in internal else "")
             for path in report.pngs:
                 print(path)
-            errors = [d for d in host.engine.diagnostics() if d.severity == "error"]
-            for d in errors:
-                print(f"cudapatch: {d.message}", file=sys.stderr)
+            errors = host.messages("error")  # each at the line of the operator it is on
+            for message in errors:
+                print(f"cudapatch: {message}", file=sys.stderr)
             return 1 if errors else 0
         finally:
             if host.preview is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..blocks.block import Block
+from ..blocks.shape import Shape
 from ..errors import BindingError
 from ..kernels.types import DType
 from .bindings import binding_from_cai
@@ -94,24 +95,32 @@ class PatchEditing:
         self._faults.patch_edited()
         return self.context.disconnect(src, src_port, dst, dst_port)
 
-    def bind(self, block: Block, port: str, array: Any, *, dtype: DType | None = None) -> None:
+    def bind(
+        self, block: Block, port: str, array: Any, *, dtype: DType | None = None, shape: Shape | None = None
+    ) -> None:
         """Bind external data to an input port.
 
         ``array`` may be a ``GpuBuffer``, any object with ``__cuda_array_interface__`` (CuPy, Numba,
         PyTorch: bound without a copy; keep it alive and finish writing it before the next update),
         or a host array (copied into an engine-owned buffer; binding a host array of the same size
         again only re-uploads). A different device pointer of the same size is a Warm update; a
-        different size is Cold.
+        different size is Cold. ``shape``: what a ``GpuBuffer`` holds (an image: ``Shape.of(h, w)``;
+        arrays bring their own), else it is flat.
 
         Raises:
-            BindingError: unknown port, wrong element type, non-contiguous memory.
+            BindingError: unknown port, wrong element type, non-contiguous memory, a ``shape`` that does
+                not hold the buffer's elements or that is given for anything but a ``GpuBuffer``.
         """
         inp = block.description.input(port)
         if inp is None:
             raise BindingError("unknown input port", block=block.name, port=port)
         want = dtype or inp.dtype
+        if shape is not None and (not isinstance(array, GpuBuffer) or shape.count != array.count):
+            held = f"{array.count} elements" if isinstance(array, GpuBuffer) else "an array with a shape of its own"
+            raise BindingError(f"shape {shape} does not describe {held}", block=block.name, port=port)
         if isinstance(array, GpuBuffer):
-            binding = ExternalBinding(array.ptr, array.count, array.dtype, owner=array)
+            flat = shape is None or (shape.ndim == 1 and shape.channels == 1)  # bindings keep None for flat
+            binding = ExternalBinding(array.ptr, array.count, array.dtype, owner=array, shape=None if flat else shape)
         elif hasattr(array, "__cuda_array_interface__"):
             binding = binding_from_cai(array, want, block.name, port)
         else:

@@ -438,12 +438,15 @@ class EditorModel:
         self._groups: dict[str, GroupView] = {}
         self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
         self._views_version = -1
-        self._bypassed: set[str] = set()  # operators this model bypassed through the adapter
         #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
         self.probes = WireProbes(adapter)
-        for op in self.doc.bypassed():  # the file's bypass flags take effect when the editor opens
-            if op in adapter.operators():
-                self._set_bypass(op, True)
+        # ``apply_patch`` applied the file's bypass flags when the patch was loaded; an adapter built
+        # some other way gets them here (a flag already on is not set again).
+        if self.doc.bypassed() and hasattr(adapter, "set_bypass"):
+            ops = adapter.operators()
+            for op in self.doc.bypassed():
+                if op in ops and not adapter.bypassed(op):
+                    self._set_bypass(op, True)
 
     # -- views ----------------------------------------------------------------------------------------
     def nodes(self) -> dict[str, NodeView]:
@@ -901,8 +904,7 @@ class EditorModel:
                 apply_patch(self.adapter, target, self.patch)
         except CudapatchError as exc:
             return self._refuse(f"cannot restore the patch: {exc}")
-        self.doc = PatchDocument(text)
-        self._sync_bypass()
+        self.doc = PatchDocument(text)  # apply_patch set the bypass flags as ``text`` lists them
         self._saved(target)
         return ActionResult(True, self.status)
 
@@ -985,8 +987,7 @@ class EditorModel:
         self._undo.clear()
         self._redo.clear()
         self._live = None
-        self.unsaved = False
-        self._sync_bypass()
+        self.unsaved = False  # the reloader's apply_patch set the bypass flags as the file lists them
         self.version += 1
         self.status = "the patch file was edited outside: merged (undo history cleared)"
 
@@ -994,22 +995,10 @@ class EditorModel:
         setter = getattr(self.adapter, "set_bypass", None)
         if setter is not None:
             setter(op, on)
-            (self._bypassed.add if on else self._bypassed.discard)(op)
 
     def _rename(self, old: str, new: str) -> None:
         self.adapter.rename(old, new)
-        self.probes.renamed(old, new)
-        if old in self._bypassed:  # the flag stays on the block; the name it goes by changed
-            self._bypassed.discard(old)
-            self._bypassed.add(new)
-
-    def _sync_bypass(self) -> None:
-        """Make the adapter's bypass flags match the document's (after undo, redo, an outside edit)."""
-        wanted = set(self.doc.bypassed())
-        for op in self.adapter.operators():
-            if (op in self._bypassed) != (op in wanted):
-                self._set_bypass(op, op in wanted)
-        self._bypassed &= set(self.adapter.operators())
+        self.probes.renamed(old, new)  # a bypass flag stays on the block, whatever it is called
 
     def _refuse(self, message: str) -> ActionResult:
         self.status = message

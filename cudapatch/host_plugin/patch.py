@@ -31,6 +31,9 @@ Format::
     image = "blur.Out"            # or an RGBA8 image output ...
     size = [512, 512]             # ... of this size
 
+    [editor]
+    bypassed = ["blur"]           # operators bypassed (HostAdapter.set_bypass: no rebuild)
+
 Parameter names and link ports are checked against the block each operator's text parameters
 describe: a ``CustomKernel``'s ``Code`` or a kernel file's ``Path`` declares its own ports and
 scalars (reading a signature compiles nothing), and an edit applies such text before the values it
@@ -38,6 +41,12 @@ declares.
 
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
+
+``[editor]`` holds the node editor's settings (``patch_writer``): ``positions`` is for the editor
+only, ``bypassed`` is applied wherever the file is (the first load, every reload, an editor's undo),
+through ``HostAdapter.set_bypass``: an operator leaving the list runs again. A name there that is not
+an operator of the patch is a warning with the file and line, not an error (a hand edit that deleted
+the operator).
 
 A patch file is user input: it is read through ``kernels._files`` (a regular file of at most 8 MiB,
 UTF-8, never a FIFO), and every way it can be wrong is a ``PatchFileError`` with the file and line:
@@ -48,6 +57,7 @@ byte, too long). Line lookups use indexes built in one pass, so checking is line
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +78,7 @@ __all__ = ["Patch", "OperatorSpec", "LinkSpec", "parse_patch", "load_patch", "ap
 ENGINE_KEYS = {"profiling", "device", "name", "reuse_buffers", "fuse", "keep"}
 PREVIEW_KEYS = {"points", "image", "size"}
 TOP_KEYS = {"engine", "operators", "links", "preview", "editor"}  # [editor]: node positions, bypass (patch_writer)
+log = logging.getLogger("cudapatch.host")
 _PORT = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")  # [engine] keep = ["op.Port", ...]
 _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+)\s*$")
 # Patterns run on every line of user text, so none may backtrack over a line: a table header's name is
@@ -115,6 +126,8 @@ class Patch:
     operators: dict[str, OperatorSpec] = field(default_factory=dict)
     links: list[LinkSpec] = field(default_factory=list)
     preview: dict[str, Any] = field(default_factory=dict)
+    #: ``[editor] bypassed``: operators to bypass, in the file's order (names are checked when applied).
+    bypassed: tuple[str, ...] = ()
     #: The text the patch was parsed from (for line numbers of later errors).
     text: str = field(default="", repr=False, compare=False)
 
@@ -310,6 +323,17 @@ def parse_patch(
                     pline,
                 )
     patch.preview = dict(preview)
+
+    editor = data.get("editor", {})
+    if not isinstance(editor, dict):
+        raise fail("'editor' must be a table (the node editor's positions and bypassed operators)", lines.key("editor"))
+    bypassed = editor.get("bypassed", [])
+    if not isinstance(bypassed, list) or not all(isinstance(v, str) for v in bypassed):
+        raise fail(
+            f"[editor] bypassed = {short_repr(bypassed)}: write a list of operator names",
+            lines.key("bypassed", lines.table("editor")),
+        )
+    patch.bypassed = tuple(dict.fromkeys(bypassed))
     return patch
 
 
@@ -478,14 +502,15 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
 
     Returns:
         Counts of what changed: ``created``, ``deleted``, ``swapped``, ``params``, ``links``, ``regions``
-        (operators placed in or out of a region).
+        (operators placed in or out of a region), ``bypass`` (operators bypassed or run again for
+        ``[editor] bypassed``).
 
     Raises:
         PatchFileError: a value or link the blocks refuse, with the file and line.
     """
     file = str(new.path) if new.path else "<patch>"
     old_ops = old.operators if old is not None else {}
-    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0, "regions": 0}
+    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0, "regions": 0, "bypass": 0}
     # 1. validate: every new or changed operator must build, every value must be accepted
     for name, spec in new.operators.items():
         try:
@@ -539,7 +564,35 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
     if "profiling" in new.engine:
         adapter.engine.set_profiling(new.profiling)
     _apply_keep(adapter, new, old, file)
+    counts["bypass"] = _apply_bypassed(adapter, new, old, file)
     return counts
+
+
+def _apply_bypassed(adapter: HostAdapter, new: Patch, old: Patch | None, file: str) -> int:
+    """``[editor] bypassed``: bypass the operators listed in ``new``, and let those only ``old`` listed
+    run again (``HostAdapter.set_bypass``, the Bypass tier: no rebuild). Set from the adapter's state,
+    so a flag already right is not set again (the editor set it) and an operator created or swapped
+    since is bypassed too. Operators neither file lists are left as they are. Returns how many flags
+    changed."""
+    wanted = set(new.bypassed)
+    before = set(old.bypassed) if old is not None else set()
+    if not wanted and not before:
+        return 0  # the common case: nothing bypassed, nothing to undo
+    ops = adapter.operators()
+    lines: _Lines | None = None
+    changed = 0
+    for op in new.bypassed:
+        if op not in ops:
+            if lines is None:
+                lines = _Lines(new.text)
+            line = lines.key("bypassed", lines.table("editor"))
+            log.warning("%s:%s: [editor] bypassed: no operator '%s' in this patch (ignored)", file, line or "?", op)
+    for op in sorted(wanted | before):
+        on = op in wanted
+        if op in ops and adapter.bypassed(op) != on:
+            adapter.set_bypass(op, on)
+            changed += 1
+    return changed
 
 
 def _apply_keep(adapter: HostAdapter, new: Patch, old: Patch | None, file: str) -> None:

@@ -11,9 +11,9 @@ An operator's ``region = "loop"`` (the If, While or For holding it) is a key of 
 parameter: ``set_region`` writes or removes it, and renaming or removing a region rewrites the
 operators it holds (removed: they move to the region around it, as the host adapter moves them).
 
-The editor's own settings live in an ``[editor]`` table that the patch loader accepts and ignores:
-node positions (``[editor.positions] emit = [40.0, 60.0]``) and the bypassed operators
-(``bypassed = ["blur"]``).
+The editor's own settings live in an ``[editor]`` table: node positions
+(``[editor.positions] emit = [40.0, 60.0]``, for the editor only) and the bypassed operators
+(``bypassed = ["blur"]``, which ``apply_patch`` applies wherever the file is loaded or reloaded).
 """
 
 from __future__ import annotations

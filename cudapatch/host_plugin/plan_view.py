@@ -16,6 +16,7 @@ from ..engine.diagnostics import Diagnostic
 from ..engine.plan import CapturedNodePlan, ConditionalNodePlan, GraphPlan, KernelNodePlan, MemsetNodePlan
 from ..engine.profiling import ProfilingLevel
 from ..errors import GraphCompileError
+from .places import located
 
 __all__ = ["PlanEngine", "plan_patch", "format_plan"]
 
@@ -34,6 +35,8 @@ class PlanEngine:
         self.fuse = fuse
         self.errors: tuple[Diagnostic, ...] = ()
         self.last_plan: GraphPlan | None = None
+        #: Block id -> ``path:line`` of the patch file's operator that made it (set by ``plan_patch``).
+        self.places: dict[int, str] = {}
 
     def add(self, block: Any) -> Any:
         return self.context.register_block(block)
@@ -87,12 +90,14 @@ def plan_patch(path: str | Path, *, fuse: bool | None = None) -> tuple[PlanEngin
     from .adapter import HostAdapter
     from .manager import PluginHost
     from .patch import apply_patch, load_patch
+    from .places import operator_places
 
     plugins = PluginHost()
     patch = load_patch(path, plugins.registry)
     engine = PlanEngine(fuse=patch.fuse if fuse is None else fuse)
     adapter = HostAdapter(engine, plugins.registry, search_paths=[Path(path).resolve().parent])
     apply_patch(adapter, patch)
+    engine.places = operator_places(adapter, patch)
     return engine, engine.plan()
 
 
@@ -107,7 +112,7 @@ def format_plan(engine: PlanEngine, plan: GraphPlan | None) -> str:
     lines: list[str] = []
     if plan is None:
         lines.append("the patch does not compile:")
-        lines += [f"  {d.severity}: {d.message}" for d in engine.errors]
+        lines += [f"  {d.severity}: {located(d, engine.places)}" for d in engine.errors]
         return "\n".join(lines)
     kernels = sum(isinstance(n, KernelNodePlan) for n in plan.nodes)
     lines.append(
@@ -171,5 +176,5 @@ def format_plan(engine: PlanEngine, plan: GraphPlan | None) -> str:
     lines += [f"  [{a}] -> [{b}]" for a, b in edges]
     if plan.diagnostics:
         lines.append("diagnostics:")
-        lines += [f"  {d.severity}: {d.message}" for d in plan.diagnostics]
+        lines += [f"  {d.severity}: {located(d, engine.places)}" for d in plan.diagnostics]
     return "\n".join(lines)

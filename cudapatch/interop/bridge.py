@@ -166,7 +166,8 @@ class GlBridge:
     def bind_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
         """Feed GL ``texture`` to input ``port`` of ``block``: before each launch the texture is
         copied (on the engine stream, so the graph reads this frame's texels) into a linear buffer
-        bound to the port once: rows of ``width`` texels, top row of GL's level 0 first.
+        bound to the port once: rows of ``width`` texels, top row of GL's level 0 first, with the
+        shape ``(height, width)`` (a texel's scalars as channels when the port takes one of them).
 
         Raises:
             InteropError: unknown input port, or an element type that does not tile the texels.
@@ -178,11 +179,15 @@ class GlBridge:
                 f"bind_texture: input '{block.name}.{port}' takes {spec.dtype.c_name}, which does not tile "
                 f"{texture.label}'s {texture.format} texels ({texel} bytes)"
             )
+        from ..blocks.shape import Shape
         from ..engine.buffers import GpuBuffer
 
-        count = texture.width * texture.height * texel // spec.dtype.itemsize
+        per_texel = texel // spec.dtype.itemsize  # a uchar4 port reads an RGBA8 texel as one element
+        count = texture.width * texture.height * per_texel
         buf = GpuBuffer(self.engine.pool, spec.dtype, count, stream=self.engine.device.stream)
-        self.engine.bind(block, port, buf)
+        # An image: (height, width), a texel's scalars as channels when the port's type is one of them,
+        # so image blocks size their launches and outputs from it.
+        self.engine.bind(block, port, buf, shape=Shape.of(texture.height, texture.width, channels=per_texel))
         self._texture_inputs.append(_Link(block, port, texture, buffer=buf))
         self._regroup()
 

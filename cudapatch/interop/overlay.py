@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from .._lifecycle import HandleOwner
+from ..engine.diagnostics import Diagnostic
 from ..engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from ..errors import InteropError
 from ._gl import gl
 from .context import GlContext
 
-__all__ = ["Overlay", "block_rows", "engine_line", "gpu_cell"]
+__all__ = ["Overlay", "block_rows", "diagnostic_line", "engine_line", "gpu_cell"]
 
 _STATE_COLORS = {
     "OK": (0.45, 0.85, 0.45, 1.0),
@@ -59,6 +60,14 @@ def block_rows(blocks: Sequence[BlockStats], internal: Mapping[int, int]) -> lis
             rows.extend((child, True) for child in under.pop(b.block_id, ()))
     rows.extend((child, True) for children in under.values() for child in children)  # sources not listed
     return rows
+
+
+def diagnostic_line(d: Diagnostic, names: Mapping[int, str], places: Mapping[int, str]) -> str:
+    """A diagnostic as the overlay lists it: ``path:line: block: message``, the place being that of the
+    patch file's operator that made the block (``places``; absent for a patch built in code)."""
+    who = names.get(d.block_id, "engine")  # type: ignore[arg-type]
+    place = places.get(d.block_id) if d.block_id is not None else None
+    return f"{place}: {who}: {d.message}" if place is not None else f"{who}: {d.message}"
 
 
 def engine_line(stats: EngineStats, internal: Mapping[int, int]) -> str:
@@ -147,6 +156,9 @@ class Overlay(HandleOwner):
         self._on_level = on_level  # fixed at construction: the overlay has one owner to tell
         self.visible = True
         self._panels = tuple(panels)
+        #: Block id -> ``path:line`` of the patch file's operator, asked for when there are diagnostics
+        #: (``StandaloneHost.places``); None: diagnostics show the block's name only.
+        self.places: Callable[[], Mapping[int, str]] | None = None
         self._imgui_ctx = imgui.create_context()
         self._implot_ctx = implot.create_context()
         imgui.get_io().set_ini_filename("")  # never write imgui.ini into the user's directory
@@ -258,10 +270,10 @@ class Overlay(HandleOwner):
         if stats.diagnostics:
             imgui.separator()
             names = {b.block_id: b.name for b in stats.blocks}
+            places = self.places() if self.places is not None else {}
             for d in stats.diagnostics:
                 color = (0.95, 0.3, 0.3, 1.0) if d.severity == "error" else (0.95, 0.65, 0.2, 1.0)
-                who = names.get(d.block_id, "engine")
-                imgui.text_colored(imgui.ImVec4(*color), f"{who}: {d.message}")
+                imgui.text_colored(imgui.ImVec4(*color), diagnostic_line(d, names, places))
         imgui.end()
 
     def close(self) -> None:

@@ -196,3 +196,25 @@ def test_window_without_display_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     with pytest.raises(InteropError, match="no display.*--headless"):
         GlfwWindow(100, 100)
+
+
+def test_overlay_lists_a_diagnostic_at_its_patch_files_line():
+    from cudapatch.interop import EglContext
+    from cudapatch.interop.overlay import Overlay
+
+    egl = EglContext(640, 400)
+    ov = Overlay(egl)
+    red = {}
+    try:
+        for places in ({}, {3: "a/long/path/to/the/patch.toml:31"}):
+            ov.places = (lambda p=places: p) if places else None  # as StandaloneHost.open_preview sets it
+            for _ in range(2):
+                _clear(egl)
+                ov.draw(_stats())
+            px = egl.read_pixels()[..., :3].astype(int)
+            want = np.array([round(c * 255) for c in (0.95, 0.3, 0.3)])  # the error's text color
+            red[bool(places)] = int((np.abs(px - want).max(axis=2) <= 40).sum())
+    finally:
+        ov.close()
+        egl.close()
+    assert red[True] - red[False] > 60, red  # the error's line is longer: the place stands before it

@@ -184,9 +184,19 @@ def test_surface_stores_write_every_texel(gl_engine, fmt):
     tex.close()  # idempotent, the writer released once
 
 
-def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
+def _new_texels(tex, rng: np.random.Generator) -> np.ndarray:  # noqa: ANN001 - a SharedTexture2D
+    """Fresh random RGBA8 texels written into ``tex`` by GL (finished before the next launch)."""
     from OpenGL import GL
 
+    texels = rng.integers(0, 256, (tex.height, tex.width, 4), dtype=np.uint8)
+    GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+    GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
+    GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, tex.width, tex.height, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
+    GL.glFinish()
+    return texels
+
+
+def test_a_gl_texture_feeds_a_block_input_every_frame(gl_engine):
     from cudapatch.blocks.library import CustomKernel
     from cudapatch.interop import GlBridge, SharedTexture2D
 
@@ -204,16 +214,14 @@ extern "C" __global__ void swizzle(const unsigned int* texels, unsigned int* out
     engine.wait_ready()
     rng = np.random.default_rng()
     for _ in range(3):  # new texels every frame: the copy runs before each launch
-        texels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
-        GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
-        GL.glPixelStorei(GL.GL_UNPACK_ALIGNMENT, 1)
-        GL.glTexSubImage2D(GL.GL_TEXTURE_2D, 0, 0, 0, w, h, GL.GL_RGBA, GL.GL_UNSIGNED_BYTE, texels)
-        GL.glFinish()
+        texels = _new_texels(tex, rng)
         engine.output(block, "out").fill_bytes(0xFF)  # poisoned
         engine.update()
         words = texels.reshape(-1, 4).astype(np.uint32)
         packed = words[:, 0] | (words[:, 1] << 8) | (words[:, 2] << 16) | (words[:, 3] << 24)
-        np.testing.assert_array_equal(engine.read(block, "out"), (packed >> 8) | 0xAB000000)
+        out = engine.read(block, "out")
+        assert out.shape == (h, w)  # the texture's shape, carried by the binding to the output
+        np.testing.assert_array_equal(out.reshape(-1), (packed >> 8) | 0xAB000000)
     with pytest.raises(InteropError, match="does not tile"):
         f32 = SharedTexture2D.create(4, 4, format="r32f")
         try:
@@ -221,6 +229,35 @@ extern "C" __global__ void swizzle(const unsigned int* texels, unsigned int* out
             bridge.bind_texture(other, "A", f32)
         finally:
             f32.close()
+    bridge.close()
+    tex.close()
+
+
+def test_a_gl_texture_feeds_an_image_block_as_an_image(gl_engine):
+    """A bound texture carries its (height, width): image.Blur launches over it in 2-D and reads
+    this frame's texels, as it does a bound (h, w, 4) array."""
+
+    from cudapatch.blocks.library import Blur
+    from cudapatch.interop import GlBridge, SharedTexture2D
+
+    from ..gpu.test_image_blocks_gpu import _blur_ref, _close
+
+    engine, _ = gl_engine
+    w, h = 61, 37
+    blur = engine.add(Blur(name="blur", Format="rgba8", Radius=3, Sigma=1.5))
+    tex = SharedTexture2D.create(w, h, format="rgba8", flags="read_only")
+    bridge = GlBridge(engine)
+    bridge.bind_texture(blur, "In", tex)
+    engine.wait_ready()
+    errors = [d for d in engine.diagnostics() if d.severity == "error"]
+    assert not errors, errors
+    rng = np.random.default_rng()
+    for _ in range(2):  # new texels each time: the copy runs before each launch
+        texels = _new_texels(tex, rng)
+        engine.output(blur, "Out").fill_bytes(0xA5)  # poisoned
+        engine.update()
+        engine.synchronize()
+        _close(engine.read(blur, "Out"), _blur_ref(texels, "rgba8", 3, 1.5), "rgba8")
     bridge.close()
     tex.close()
 

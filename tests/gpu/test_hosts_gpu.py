@@ -60,6 +60,32 @@ def test_patch_file_edits_apply_while_running(tmp_path):
         assert eng.counters.rebuilds > rebuilds
 
 
+def test_a_patch_files_bypassed_operators_apply_without_the_editor(tmp_path):
+    """``[editor] bypassed`` runs bypassed from the first frame, and a reload that takes a name out of
+    the list (or puts it back) toggles it, with no editor open."""
+    chain = PATCH.replace('"fill.Out -> scale.In"]', '"fill.Out -> scale.In", "scale.Out -> more.In"]')
+    chain += '\n[operators.more]\ntype = "core.Scale"\nOffset = 1.0\n'
+    path = tmp_path / "patch.toml"
+    path.write_text(chain + '\n[editor]\nbypassed = ["scale"]\n')
+    with StandaloneHost(path) as host:
+        eng = host.engine
+        assert host.editor is None and host.adapter.bypassed("scale")
+
+        def more() -> np.ndarray:  # a frame (that may start a build), the build landed, a frame
+            eng.update()
+            eng.wait_ready()
+            eng.update()
+            return eng.read(host.adapter.block("more"), "Out")
+
+        assert np.allclose(more(), 1.5 + 1.0)  # more reads fill's values: scale is bypassed
+        path.write_text(chain + "\n[editor]\nbypassed = []\n")
+        assert host.poll_patch(force=True) and not host.adapter.bypassed("scale")
+        assert np.allclose(more(), 1.5 * 2.0 + 1.0)
+        path.write_text(chain + '\n[editor]\nbypassed = ["scale", "gone"]\n')  # "gone": a warning only
+        assert host.poll_patch(force=True) and host.adapter.bypassed("scale") and not host.reload_errors
+        assert np.allclose(more(), 1.5 + 1.0)
+
+
 def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
     import cupy
 

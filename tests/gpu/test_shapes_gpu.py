@@ -13,7 +13,7 @@ import pytest
 
 from cudapatch import BlockState, Engine, Scale, Shape
 from cudapatch.kernels.types import bfloat16_bits
-from tests.unit.shape_blocks import Copy, Gain2D, NumbaCopy, Ramp2D, Ramp3D, Transpose2D
+from tests.unit.shape_blocks import Copy, Gain2D, NumbaCopy, NumbaGain2D, Ramp2D, Ramp3D, Transpose2D
 
 pytestmark = pytest.mark.gpu
 SCENARIO = Path(__file__).with_name("short_input_scenario.py")
@@ -59,6 +59,22 @@ def test_2d_and_3d_sources_and_a_computed_transpose_match_numpy(engine: Engine) 
     np.testing.assert_array_equal(engine.read(t, "Out"), ref.T)
     z, y, x = np.meshgrid(np.arange(9), np.arange(10), np.arange(19), indexing="ij")
     np.testing.assert_array_equal(engine.read(r3, "Out"), x + 100.0 * y + 10000.0 * z)
+
+
+def test_a_numba_2d_kernel_gets_width_and_height_from_the_shape(engine: Engine, rng: np.random.Generator) -> None:
+    pytest.importorskip("numba.cuda")
+    h, w = 45, 131  # neither a multiple of 16
+    img = rng.standard_normal((h, w)).astype(np.float32)
+    g = engine.add(NumbaGain2D(name="g", Gain=0.75))
+    engine.bind(g, "In", img)
+    engine.wait_ready()
+    engine.update()
+    engine.synchronize()
+    engine.output(g, "Out").fill_bytes(0xFF)  # poison: NaN where a pixel is not written
+    engine.update()
+    got = engine.read(g, "Out")
+    assert got.shape == (h, w)
+    np.testing.assert_allclose(got, img.astype(np.float64) * 0.75, rtol=1e-6)
 
 
 def test_a_resized_image_relaunches_over_the_new_axes(engine: Engine, rng: np.random.Generator) -> None:

@@ -166,3 +166,24 @@ class NumbaCopy(Block):
         b.input("In", k.in_(0))
         b.output("Out", k.out(1), size=like("In"))
         k.auto_grid(like("In"), count_param=2)
+
+
+def _numba_gain2d(src, dst, gain, width, height):  # noqa: ANN001 - a Numba kernel over a 2-D launch
+    x, y = cuda.grid(2)
+    if x < width and y < height:
+        dst[y * width + x] = src[y * width + x] * gain
+
+
+class NumbaGain2D(Block):
+    """``Out = In * Gain`` over a 2-D image, in Numba: a 16x16 launch (``block_size``), its ``width`` and
+    ``height`` filled from the input's shape as for CUDA C++."""
+
+    type_name = "ShapeTestNumbaGain2D"
+
+    def describe(self, b: BlockBuilder) -> None:
+        sig = ("float32[:]", "float32[:]", "float32", "uint32", "uint32")
+        k = b.add_kernel(NumbaSource(_numba_gain2d, sig, outputs=("dst",), block_size=(16, 16)))
+        b.input("In", k.in_(0))
+        b.output("Out", k.out(1), size=like("In"))
+        b.scalar("Gain", k.in_(2), default=2.0)
+        k.auto_grid(like("In"))  # 2-D: the block size has two axes

@@ -204,23 +204,42 @@ def test_an_edit_made_outside_merges_and_clears_the_history(tmp_path):
     assert "Factor = 9.0  # by hand" in text and "Count = 64" in text and "Value = 0.25" in text
 
 
+class _BypassCalls(HostAdapter):
+    """A host adapter that records its ``set_bypass`` calls (each one is a flag really changed or set twice)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.calls: list[tuple[str, bool]] = []
+
+    def set_bypass(self, op_id, on):
+        self.calls.append((op_id, on))
+        super().set_bypass(op_id, on)
+
+    def flags(self) -> set[str]:
+        return {op for op in self.operators() if self.bypassed(op)}
+
+
 def test_bypass_goes_through_the_adapter_and_is_stored(tmp_path):
-    class BypassAdapter(HostAdapter):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.bypassed: set[str] = set()
-
-        def set_bypass(self, op_id, bypassed):
-            self.block(op_id)
-            (self.bypassed.add if bypassed else self.bypassed.discard)(op_id)
-
-    path, adapter, _, model = _open(tmp_path, adapter_cls=BypassAdapter)
-    assert model.bypass("scale") and adapter.bypassed == {"scale"}
+    path, adapter, _, model = _open(tmp_path, adapter_cls=_BypassCalls)
+    assert model.bypass("scale") and adapter.flags() == {"scale"}
     assert PatchDocument(path.read_text()).bypassed() == ["scale"] and model.nodes()["scale"].bypassed
     model.undo()
-    assert adapter.bypassed == set() and PatchDocument(path.read_text()).bypassed() == []
+    assert adapter.flags() == set() and PatchDocument(path.read_text()).bypassed() == []
     model.redo()
-    assert adapter.bypassed == {"scale"}
+    assert adapter.flags() == {"scale"}
+    assert adapter.calls == [("scale", True), ("scale", False), ("scale", True)]  # each change once
+
+
+def test_a_bypass_in_the_file_is_applied_once_on_load_and_an_outside_edit_toggles_it(tmp_path):
+    text = PATCH + '\n[editor]\nbypassed = ["scale"]\n'
+    path, adapter, reloader, model = _open(tmp_path, text=text, adapter_cls=_BypassCalls)
+    # apply_patch bypassed it on load; the editor opening on it sets nothing again
+    assert adapter.flags() == {"scale"} and adapter.calls == [("scale", True)] and model.nodes()["scale"].bypassed
+    path.write_text(path.read_text().replace('bypassed = ["scale"]', 'bypassed = ["fill"]'))
+    assert reloader.poll(force=True)
+    assert adapter.flags() == {"fill"} and adapter.calls[1:] == [("fill", True), ("scale", False)]
+    views = model.nodes()
+    assert views["fill"].bypassed and not views["scale"].bypassed and len(adapter.calls) == 3
 
 
 def _random_edit(model: EditorModel, rng: random.Random) -> None:

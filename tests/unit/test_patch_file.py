@@ -79,7 +79,7 @@ def test_apply_builds_then_applies_only_the_difference():
     # a changed value is only a parameter update: the same block objects stay
     second = parse_patch(BASE.replace("Factor = 2.0", "Factor = 3.5"), registry=REG)
     counts = apply_patch(adapter, second, first)
-    assert counts == {"created": 0, "deleted": 0, "swapped": 0, "params": 1, "links": 0, "regions": 0}
+    assert counts == {"created": 0, "deleted": 0, "swapped": 0, "params": 1, "links": 0, "regions": 0, "bypass": 0}
     assert adapter.block("fill") is fill and adapter.block("scale").params["Factor"].value == 3.5
     # a new operator and link; a removed value goes back to its default
     third_text = (

@@ -22,7 +22,7 @@ from cudapatch import (
 from cudapatch.engine import Context, ExternalBinding, KernelNodePlan
 from cudapatch.engine.bindings import binding_from_cai
 from cudapatch.errors import CudapatchError
-from tests.unit.shape_blocks import GAIN_2D, Gain2D, Ramp2D, Ramp3D, Transpose2D
+from tests.unit.shape_blocks import GAIN_2D, Gain2D, NumbaGain2D, Ramp2D, Ramp3D, Transpose2D
 
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
@@ -122,6 +122,22 @@ def test_a_2d_launch_takes_its_block_from_the_kernel_and_fills_width_and_height(
     consts = [a.value for a in node.args if a.kind == "const"]
     assert consts == [257, 100]  # width, height: filled without the block binding them
     assert "grid=(17,7,1)x(16,16,1)" in plan.describe()
+
+
+def test_a_numba_kernel_launches_in_2d_and_gets_width_and_height_from_the_shape() -> None:
+    g = NumbaGain2D(name="g")
+    c = _ctx(g)
+    _bind(c, g, "In", Shape.of(100, 257))
+    plan = compile_plan(c.snapshot())
+    assert not plan.diagnostics, plan.diagnostics
+    (node,) = _kernel_nodes(plan, g)
+    assert node.descriptor.block_dims == (16, 16)
+    assert (node.grid, node.block) == (17, 16) and node.yz == (7, 1, 16, 1)  # as the CUDA C++ Gain2D
+    assert [p.name for p in node.descriptor.parameters][-2:] == ["width", "height"]
+    # Numba passes each array as its fields (data, sizes, strides): the two scalars after Gain are last
+    assert [(a.kind, a.value) for a in node.args[-2:]] == [("const", 257), ("const", 100)]
+    assert [a.value for a in node.args if a.kind == "const" and a.value == 25700] == [25700] * 4  # nitems, shape
+    assert plan.shapes[(g.id, "Out")] == Shape.of(100, 257)
 
 
 def test_2d_and_3d_launches_without_a_per_axis_block_size_use_16x16_and_8x8x8() -> None:

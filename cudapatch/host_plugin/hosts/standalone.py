@@ -26,6 +26,7 @@ from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
 from ..manager import PluginHost
 from ..patch import Patch, apply_patch, load_patch, parse_patch
+from ..places import located, operator_places
 from .composite_reload import CompositeReloader
 from .live_reload import PATCH_POLL_S, PatchReloader
 
@@ -127,8 +128,27 @@ class StandaloneHost:
 
     @property
     def status(self) -> str:
-        """One line on live editing: loaded, reloaded, an edit refused (with its error), or held."""
-        return self._reloader.status
+        """One line on live editing: loaded, reloaded, an edit refused (with its error), or held; then
+        the running patch's first error, at its operator's file and line, when it has any."""
+        errors = self.messages("error")
+        if not errors:
+            return self._reloader.status
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return f"{self._reloader.status}; {errors[0]}{more}"
+
+    def places(self) -> dict[int, str]:
+        """Block id → ``path:line`` of the operator of the running patch that made it (``operator_places``)."""
+        return operator_places(self.adapter, self.patch)
+
+    def messages(self, severity: str | None = None) -> list[str]:
+        """The engine's diagnostics (only those of ``severity``, when given) as text, each after the
+        ``path:line`` of the operator whose block it is on: the compiler's errors name blocks, not
+        lines of the patch file."""
+        diags = [d for d in self.engine.diagnostics() if severity is None or d.severity == severity]
+        if not diags:
+            return []
+        places = self.places()
+        return [located(d, places) for d in diags]
 
     def _apply_edit(self, new: Patch, old: Patch) -> dict[str, int]:
         counts = apply_patch(self.adapter, new, old)
@@ -182,6 +202,8 @@ class StandaloneHost:
                     image = (*image, 512, 512)
         model = self.open_editor() if editor else None
         self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay, editor=model)
+        if self.preview.overlay is not None:  # its diagnostics list shows each at its operator's line
+            self.preview.overlay.places = self.places
         return self.preview
 
     def run(
