@@ -284,3 +284,14 @@ def test_a_patch_file_declares_names_as_parameters(tmp_path) -> None:
     assert [p.name for p in wave.description.inputs] == ["X"] and wave.values["amp"] == 3.0
     ((ni, ai),) = plan.scalar_slots[(wave.id, "amp")]  # a Hot scalar of the fused node
     assert plan.kernel_nodes[ni] is fused and fused.args[ai].value == 3.0
+
+
+def test_a_bad_declaration_in_a_patch_file_names_its_line(tmp_path) -> None:
+    from cudapatch.errors import PatchFileError
+    from cudapatch.host_plugin.plan_view import plan_patch
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[operators.wave]\ntype = "core.Expression"\nCode = "x * g"\nInputs = "x, g"\nScalars = "g"\n')
+    with pytest.raises(PatchFileError) as info:
+        plan_patch(path)
+    assert "'g' is declared both an input and a scalar" in str(info.value) and "bad.toml:" in str(info.value)
