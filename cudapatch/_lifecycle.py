@@ -31,7 +31,9 @@ Finalizer policy (the safety net for an owner nobody closed):
   name there deletes some other object of the same number), so a finalizer never makes a GL call:
   an unclosed GL owner only warns, and its names live until its GL context is destroyed. Owners
   that close through ``HandleOwner.close`` record the thread that made their GL names, and
-  ``close()`` from another thread raises ``InteropError`` (the owner stays open).
+  ``close()`` from another thread raises ``InteropError`` (the owner stays open). A ``GlfwWindow``
+  is one such owner: GLFW destroys a window only on the thread that made it, so an unclosed window
+  only warns and lives, with its GL context, until the process ends.
 - **Driver handles whose CUDA context still lives are released by the finalizer**, with that
   context pushed current for the call (the finalizer's thread may have none), and a
   ``ResourceWarning``. Whether the context still lives is a ``ContextRef``: the context handle,
@@ -66,9 +68,9 @@ owner                   holds                                          finalizer
 ``ImportedImage``       an ``ImportedRing``, GL texture and program    warns (GL only)
 ``PointRenderer``       GL program and vertex arrays                   warns (GL only)
 ``TextureRenderer``     GL program and vertex array                    warns (GL only)
-``Overlay``             imgui's GL objects and contexts                none: its preview closes it
+``Overlay``             imgui's GL objects and contexts                warns (GL only)
 ``EglContext``          an EGL context, its offscreen framebuffer      releases the display (own)
-``GlfwWindow``          a GLFW window and its GL context               none: its host closes it
+``GlfwWindow``          a GLFW window and its GL context               warns (GL only)
 ======================  =============================================  ==========================
 
 Rows marked "own" keep the finalizers they had before this protocol, which release without a

@@ -24,33 +24,66 @@ class Par:
         self.default: Any = 0
         self.normMin: float = 0.0
         self.normMax: float = 1.0
+        self.page: Page | None = None
+        self.valid = True
 
     def eval(self) -> Any:
         return self.val
+
+    @property
+    def order(self) -> int:
+        """The parameter's position on its page (settable on custom parameters)."""
+        assert self.page is not None
+        return self.page.pars.index(self)
+
+    @order.setter
+    def order(self, index: int) -> None:
+        assert self.page is not None
+        self.page.pars.remove(self)
+        self.page.pars.insert(int(index), self)
+
+    def destroy(self) -> None:
+        """Destroy this custom parameter; destroying it twice raises."""
+        if not self.valid:
+            raise RuntimeError(f"parameter {self.name} has already been destroyed")
+        self.valid = False
+        if self.page is not None:
+            self.page.pars.remove(self)
+        if getattr(self.owner.par, self.name, None) is self:
+            delattr(self.owner.par, self.name)
 
 
 class Page:
     def __init__(self, owner: COMP, name: str) -> None:
         self.owner, self.name, self.pars = owner, name, []
 
-    def _append(self, name: str, label: str | None, size: int, style: str) -> list[Par]:
+    def _append(self, name: str, label: str | None, size: int, style: str, replace: bool) -> list[Par]:
         if not _PAR_NAME.match(name):  # TouchDesigner's rule for custom parameter names
             raise ValueError(f"Invalid parameter name: {name}")
         names = [name] if size == 1 else [f"{name}{i + 1}" for i in range(size)]
         pars = [Par(self.owner, n, label or name, style) for n in names]
         for p in pars:
+            old = getattr(self.owner.par, p.name, None)
+            if old is not None:  # ``replace``: the new parameter takes the old one's place
+                if not replace:
+                    raise ValueError(f"Parameter already exists: {p.name}")
+                at = old.order if old.page is self else len(self.pars)
+                old.destroy()
+                self.pars.insert(at, p)
+            else:
+                self.pars.append(p)
+            p.page = self
             setattr(self.owner.par, p.name, p)
-        self.pars.extend(pars)
         return pars
 
     def appendFloat(self, name: str, label: str | None = None, size: int = 1, order: Any = None, replace: bool = True):
-        return self._append(name, label, size, "Float")
+        return self._append(name, label, size, "Float", replace)
 
     def appendInt(self, name: str, label: str | None = None, size: int = 1, order: Any = None, replace: bool = True):
-        return self._append(name, label, size, "Int")
+        return self._append(name, label, size, "Int", replace)
 
     def appendStr(self, name: str, label: str | None = None, order: Any = None, replace: bool = True):
-        return self._append(name, label, 1, "Str")
+        return self._append(name, label, 1, "Str", replace)
 
 
 class _ParCollection:

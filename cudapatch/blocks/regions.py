@@ -10,7 +10,9 @@ per iteration:
   made by a block *before* the region) is non-zero.
 - ``While``: runs its body, then again while ``Condition`` (made by a block *in* the body, re-read
   after every iteration) is non-zero, at most ``Max`` times per frame. A While without ``Max`` is an
-  error: a condition that never turns false would hang the GPU. The body runs at least once.
+  error: a condition that never turns false would hang the GPU. ``Max`` is at least 1: setting 0
+  is refused at once (a Hot edit to 0 would otherwise skip the body silently). The body runs at
+  least once.
 - ``For``: runs its body ``Count`` times per frame. ``Count`` is a Hot parameter: changing it patches
   the running graph, no rebuild.
 
@@ -112,10 +114,10 @@ class Region(Block):
                 ParamSpec(
                     "Max",
                     DType.UINT32,
-                    0,
-                    0,
+                    0,  # not given: an error on the region when the graph is built
+                    1,  # so a Hot edit to 0 is refused at once, the old value staying
                     _UINT_MAX,
-                    description="most iterations per frame (required: 0 is an error)",
+                    description="most iterations per frame (required, at least 1)",
                 ),
                 _unroll(
                     WHILE_UNROLL,

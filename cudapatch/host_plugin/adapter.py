@@ -275,7 +275,9 @@ class HostAdapter:
 
     # -- values (Hot: cheap, no rebuild unless structural) ------------------------------------------
     def set_param(self, op_id: str, name: str, value: Any) -> None:
-        """Set a parameter from a host value (coerced to the parameter's type).
+        """Set a parameter from a host value (coerced to the parameter's type). A text parameter's value
+        is resolved as ``create`` resolves it (a relative ``Path`` against the search paths), so a
+        composite or kernel file named after creation is found where one named at creation is.
 
         Raises:
             CudapatchError: unknown operator.
@@ -284,6 +286,9 @@ class HostAdapter:
         block = self._ops.get(op_id)
         if block is None:
             self.block(op_id)  # raises the precise error
+        p = block.params.get(name)  # type: ignore[union-attr]
+        if p is not None and p.spec.kind == "text" and isinstance(value, str):
+            value = self.resolve_text(name, value)
         self._set(block, name, value)  # type: ignore[arg-type]
 
     @staticmethod

@@ -66,7 +66,7 @@ from typing import Any
 import tomllib
 
 from ..engine.profiling import ProfilingLevel
-from ..errors import CudapatchError, PatchFileError
+from ..errors import CudapatchError, ParameterError, PatchFileError
 from ..kernels._files import MAX_PATCH_BYTES, check_path_text, read_user_text
 from ..kernels._text import MAX_NESTING, data_problem, short_repr
 from .adapter import HostAdapter
@@ -520,7 +520,10 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
                 for k, v in spec.params.items()
                 if isinstance(v, str) and k not in _scalars(bt)
             }
-            build_operator(bt, name, spec.params, probe_texts)
+            probe = build_operator(bt, name, spec.params, probe_texts)
+            was = old_ops.get(name)
+            if was is not None and adapter.registry.get(was.type).name == bt.name:  # not swapped: values go back
+                _check_defaults(probe, was.params.keys() - spec.params.keys())
         except CudapatchError as exc:
             line = spec.line
             if exc.param is not None:
@@ -660,6 +663,24 @@ def _apply_operator(
         if p is not None:
             block.set(key, p.spec.default)
             counts["params"] += 1
+
+
+def _check_defaults(probe: Any, removed: set[str]) -> None:
+    """A value removed from the file goes back to its default: refuse the edit now if ``set`` would
+    refuse that default (a While's Max, whose default 0 means "not given" and is no value to run with)."""
+    for key in sorted(removed):
+        p = probe.params.get(key)
+        if p is None or p.spec.kind == "text":
+            continue
+        try:
+            p.validate(p.spec.default)
+        except ParameterError as exc:
+            raise ParameterError(
+                f"removed from the file, it would go back to its default {p.spec.default!r}, which it refuses "
+                f"({exc.message}): give it a value",
+                block=exc.block,
+                param=key,
+            ) from None
 
 
 def build_operator(bt: Any, name: str, params: dict[str, Any], texts: dict[str, str]) -> Any:

@@ -131,6 +131,10 @@ class _GlState:
 class Overlay(HandleOwner):
     """imgui overlay of an engine's profiling data.
 
+    A GL ``HandleOwner`` (``cudapatch._lifecycle``): its imgui renderer's program, buffers, vertex
+    array and font texture are deleted by ``close()``, on the thread that made the overlay with its
+    GL context current; an overlay nobody closed only warns (``ResourceWarning``).
+
     Args:
         context: The GL context to draw into (current when drawing).
         on_level: Called with a ``ProfilingLevel`` when the user picks one (e.g. ``engine.set_profiling``).
@@ -141,6 +145,8 @@ class Overlay(HandleOwner):
     Raises:
         InteropError: imgui-bundle is missing.
     """
+
+    _closed_error = InteropError
 
     def __init__(
         self,
@@ -159,22 +165,31 @@ class Overlay(HandleOwner):
         #: Block id -> ``path:line`` of the patch file's operator, asked for when there are diagnostics
         #: (``StandaloneHost.places``); None: diagnostics show the block's name only.
         self.places: Callable[[], Mapping[int, str]] | None = None
+        # create_context() leaves another overlay's context current (one left unclosed, say):
+        # make ours current, or the renderer below would set up that one's io
         self._imgui_ctx = imgui.create_context()
+        imgui.set_current_context(self._imgui_ctx)
         self._implot_ctx = implot.create_context()
+        implot.set_current_context(self._implot_ctx)
         imgui.get_io().set_ini_filename("")  # never write imgui.ini into the user's directory
         self._window = getattr(context, "handle", None) if type(context).__name__ == "GlfwWindow" else None
-        if self._window is not None:
-            from imgui_bundle.python_backends.glfw_backend import GlfwRenderer
+        try:
+            if self._window is not None:
+                from imgui_bundle.python_backends.glfw_backend import GlfwRenderer
 
-            self._renderer = GlfwRenderer(self._window, attach_callbacks=True)
-        else:
-            from imgui_bundle.python_backends.opengl_backend_programmable import ProgrammablePipelineRenderer
+                self._renderer = GlfwRenderer(self._window, attach_callbacks=True)
+            else:
+                from imgui_bundle.python_backends.opengl_backend_programmable import ProgrammablePipelineRenderer
 
-            self._renderer = ProgrammablePipelineRenderer()
+                self._renderer = ProgrammablePipelineRenderer()
+        except Exception:  # no renderer, no GL names: the contexts are all there is to give back
+            implot.destroy_context(self._implot_ctx)
+            imgui.destroy_context(self._imgui_ctx)
+            raise
         self._host_ms: deque[float] = deque(maxlen=history)
         self._gpu_ms: deque[float] = deque(maxlen=history)
         self._last = time.perf_counter()
-        self._closed = False
+        self._arm("Overlay", gl_names=True)
 
     def record_frame(self, host_ms: float, gpu_ms: float | None) -> None:
         """Add one frame's times to the plot."""
@@ -191,7 +206,7 @@ class Overlay(HandleOwner):
                 those rows are dimmed and indented under their source.
         """
         if self._closed:
-            raise InteropError("Overlay.draw: the overlay is closed")
+            self._check_open("Overlay.draw")
         imgui = self._imgui
         imgui.set_current_context(self._imgui_ctx)
         self._implot.set_current_context(self._implot_ctx)
@@ -276,11 +291,8 @@ class Overlay(HandleOwner):
                 imgui.text_colored(imgui.ImVec4(*color), diagnostic_line(d, names, places))
         imgui.end()
 
-    def close(self) -> None:
-        """Release imgui's GL objects and contexts (idempotent; GL context current)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
+        """Delete the renderer's GL objects and destroy imgui's and implot's contexts (``close``)."""
         imgui = self._imgui
         imgui.set_current_context(self._imgui_ctx)
         try:
@@ -290,6 +302,11 @@ class Overlay(HandleOwner):
         self._implot.destroy_context(self._implot_ctx)
         imgui.destroy_context(self._imgui_ctx)
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def _forget(self) -> None:
+        """Drop the renderer unshut (its GL names went with their context); imgui's contexts are
+        plain memory, no GL, so they are destroyed all the same."""
+        self._implot.destroy_context(self._implot_ctx)
+        self._imgui.destroy_context(self._imgui_ctx)
+
+    def __repr__(self) -> str:
+        return f"<Overlay on {type(self.context).__name__} visible={self.visible} closed={self._closed}>"

@@ -11,6 +11,7 @@ import logging
 import threading
 from typing import Any
 
+from .._lifecycle import HandleOwner
 from ..errors import InteropError
 from . import _platform
 from ._gl import pyopengl_platform
@@ -35,6 +36,11 @@ def _glfw() -> Any:
 class GlfwWindow(GlContext):
     """A window with a GL 3.3 core context, current on the creating thread.
 
+    A GL ``HandleOwner`` (``cudapatch._lifecycle``): ``close()`` destroys the window and its context,
+    on the thread that made it (GLFW allows no other: the preview and the CLI close theirs on the
+    thread that runs the frames); a window nobody closed only warns (``ResourceWarning``) and lives
+    until the process ends.
+
     Args:
         width, height: Window size in screen coordinates.
         title: Window title.
@@ -45,6 +51,8 @@ class GlfwWindow(GlContext):
         InteropError: no display (``DISPLAY``/``WAYLAND_DISPLAY`` unset: use ``--headless``), no GLFW,
             or the driver cannot make a GL 3.3 core context.
     """
+
+    _closed_error = InteropError
 
     def __init__(
         self,
@@ -80,9 +88,15 @@ class GlfwWindow(GlContext):
         except glfw.GLFWError as exc:
             self._release_glfw()
             raise InteropError(f"GlfwWindow: cannot create a {width}x{height} GL 3.3 core window: {exc}") from exc
-        glfw.make_context_current(self.handle)
-        glfw.swap_interval(1 if vsync else 0)
-        self._size = tuple(glfw.get_framebuffer_size(self.handle))  # type: ignore[assignment]
+        try:
+            glfw.make_context_current(self.handle)
+            glfw.swap_interval(1 if vsync else 0)
+            self._size = tuple(glfw.get_framebuffer_size(self.handle))  # type: ignore[assignment]
+        except glfw.GLFWError as exc:
+            glfw.destroy_window(self.handle)
+            self._release_glfw()
+            raise InteropError(f"GlfwWindow: cannot make the {width}x{height} window's context current: {exc}") from exc
+        self._arm(f"GlfwWindow ({width}x{height} {title!r})", gl_names=True)
         log.info("GLFW window %dx%d (%s)", *self._size, self.info()["renderer"])
 
     @property
@@ -109,11 +123,20 @@ class GlfwWindow(GlContext):
         self._glfw.swap_buffers(self.handle)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Destroy the window and its GL context (idempotent; on the thread that made it).
+
+        Raises:
+            InteropError: called from another thread (the window stays open).
+        """
+        HandleOwner.close(self)
+
+    def _release(self) -> None:
         self._glfw.destroy_window(self.handle)
         self._release_glfw()
+
+    def _forget(self) -> None:
+        """Drop the window undestroyed (no GLFW call; GLFW stays initialised)."""
+        self.handle = None
 
     def _release_glfw(self) -> None:
         global _glfw_users

@@ -419,7 +419,7 @@ class MirrorBlock(Block):
                 continue
             if p.spec.kind == "text":
                 p.set(value)  # no re-description: the description came with the edit
-            else:
+            elif p.value != value:  # a default the host never set may be one ``set`` refuses (a While's Max 0)
                 self.set(name, value)
 
 

@@ -1,11 +1,13 @@
 """The lifecycle protocol (``cudapatch._lifecycle``) over every owner of GL names, in a real GL
 context: double close, use after close, ``with``, a finalizer that warns and leaves the GL names
-alone, and ``close()`` refused off the GL thread. The renderers need GL only; the owners that
-share memory with CUDA need the GPU too."""
+alone, and ``close()`` refused off the GL thread. The renderers and the overlay need GL only, the
+window a display too (Xvfb); the owners that share memory with CUDA need the GPU."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 from cudapatch._lifecycle import Lifecycle
+from cudapatch.engine.profiling import EngineStats, ProfilingLevel
 from cudapatch.errors import InteropError
 
 pytestmark = pytest.mark.gl
@@ -30,6 +33,9 @@ class GlCase:
     names: Callable[[Any], list[tuple[str, int]]]
     gpu: bool = True
     warns: bool = True  # a warning finalizer (SharedBuffer's predates the policy and unregisters silently)
+    #: What gives back, after the finalizer test, what an unclosed owner leaves for the process's
+    #: end (given the owner, it returns a call that holds none of it).
+    reclaim: Callable[[Any], Callable[[], None]] | None = None
 
 
 def _vertex_buffer() -> int:
@@ -52,6 +58,58 @@ def _texture_renderer(engine: Any) -> Any:
     from cudapatch.interop.render import TextureRenderer
 
     return TextureRenderer()
+
+
+class _BoundTarget:
+    """What an overlay reads of its context: the size and framebuffer of the fixture's ``EglContext``
+    (current, its framebuffer bound)."""
+
+    size = (64, 64)
+
+    def __init__(self) -> None:
+        from OpenGL import GL
+
+        self.framebuffer = int(GL.glGetIntegerv(GL.GL_DRAW_FRAMEBUFFER_BINDING))
+
+
+def _overlay(engine: Any) -> Any:
+    from cudapatch.interop.overlay import Overlay
+
+    overlay = Overlay(_BoundTarget())
+    for _ in range(2):  # the first frame uploads imgui's font texture, the second draws the panel
+        overlay.draw(_STATS)
+    return overlay
+
+
+def _overlay_names(overlay: Any) -> list[tuple[str, int]]:
+    from imgui_bundle import imgui
+
+    r = overlay._renderer  # imgui-bundle's renderer: its GL names are what close() must delete
+    imgui.set_current_context(overlay._imgui_ctx)
+    fonts = [("texture", int(t.tex_id)) for t in imgui.get_platform_io().textures if t.tex_id]
+    return [("program", int(r._shader_handle)), ("vao", int(r._vao_handle)), ("buffer", int(r._vbo_handle)),
+            ("buffer", int(r._elements_handle)), *fonts]  # fmt: skip
+
+
+def _glfw_window(engine: Any) -> Any:
+    from cudapatch.interop import GlfwWindow
+
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        pytest.skip("no display here: window tests run under Xvfb in CI (.ci/run)")
+    return GlfwWindow(64, 48, "lifecycle", visible=False)
+
+
+def _window_names(window: Any) -> list[tuple[str, int]]:
+    import glfw
+
+    return [("context", int(glfw.get_egl_context(window.handle)))]  # GLFW makes EGL contexts here (conftest)
+
+
+def _destroy_later(window: Any) -> Callable[[], None]:
+    import glfw
+
+    handle = window.handle
+    return lambda: glfw.destroy_window(handle)  # GLFW stays initialised (its user count is the window's)
 
 
 def _imported_buffer(engine: Any) -> Any:
@@ -85,6 +143,7 @@ def _shared_buffer(engine: Any) -> Any:
 
 
 _IDENTITY = np.eye(4, dtype=np.float32)
+_STATS = EngineStats(ProfilingLevel.PER_BLOCK, None, None, None, (), 0, 0, 0)
 CASES = {
     "PointRenderer": GlCase(
         _point_renderer,
@@ -93,6 +152,8 @@ CASES = {
         gpu=False,
     ),
     "TextureRenderer": GlCase(_texture_renderer, lambda r: r.draw(0), lambda r: [("program", r.program)], gpu=False),
+    "Overlay": GlCase(_overlay, lambda o: o.draw(_STATS), _overlay_names, gpu=False),
+    "GlfwWindow": GlCase(_glfw_window, lambda w: w.swap(), _window_names, gpu=False, reclaim=_destroy_later),
     "ImportedBuffer": GlCase(_imported_buffer, lambda b: b.shares_memory(), lambda b: [("buffer", b.gl_name)]),
     "ImportedRing": GlCase(_imported_ring, lambda r: r.front(), lambda r: [("buffer", b.gl_name) for b in r.buffers]),
     "ImportedImage": GlCase(
@@ -123,8 +184,25 @@ def gl_context(request: pytest.FixtureRequest):
 def _alive(kind: str, name: int) -> bool:
     from OpenGL import GL
 
+    if kind == "context":
+        return _context_alive(name)
     test = {"buffer": GL.glIsBuffer, "program": GL.glIsProgram, "texture": GL.glIsTexture, "vao": GL.glIsVertexArray}
     return bool(test[kind](name))
+
+
+def _context_alive(context: int) -> bool:
+    """Whether the EGL context ``context`` of GLFW's display still exists (EGL checks the handle
+    against the display's contexts, so asking after it was destroyed is safe: ``EGL_BAD_CONTEXT``)."""
+    import glfw
+    from OpenGL import EGL
+
+    value = EGL.EGLint()
+    try:
+        return bool(EGL.eglQueryContext(glfw.get_egl_display(), context, EGL.EGL_CONFIG_ID, ctypes.pointer(value)))
+    except EGL.EGLError:  # EGL_BAD_CONTEXT: destroyed
+        return False
+    except glfw.GLFWError:  # GLFW terminated with its last window, destroying every context it made
+        return False
 
 
 @pytest.mark.parametrize("case", _params(list(CASES)))
@@ -147,22 +225,28 @@ def test_a_gl_owner_follows_the_protocol(gl_context: Any, case: str) -> None:
 
 @pytest.mark.parametrize("case", _params([n for n, c in CASES.items() if c.warns]))
 def test_an_unclosed_gl_owner_warns_and_leaves_its_names_to_the_context(gl_context: Any, case: str) -> None:
-    owner = CASES[case].make(gl_context)
-    names = CASES[case].names(owner)
+    c = CASES[case]
+    owner = c.make(gl_context)
+    names = c.names(owner)
+    reclaim = c.reclaim(owner) if c.reclaim is not None else None
     with pytest.warns(ResourceWarning) as record:  # parts of a composite warn too (see _lifecycle)
         del owner
         gc.collect()
     assert any(str(w.message).startswith(f"unclosed {case}") and "GL names leak" in str(w.message) for w in record)
     assert all(_alive(*n) for n in names)  # no GL call from the finalizer: the names die with the context
+    if reclaim is not None:
+        reclaim()
 
 
-def test_a_gl_owner_is_closed_on_its_own_thread_only(gl_context: Any) -> None:
-    renderer = _point_renderer(None)
+@pytest.mark.parametrize("case", _params([n for n, c in CASES.items() if not c.gpu]))
+def test_a_gl_owner_is_closed_on_its_own_thread_only(gl_context: Any, case: str) -> None:
+    owner = CASES[case].make(None)
+    names = CASES[case].names(owner)
     errors: list[BaseException] = []
 
     def close_elsewhere() -> None:
         try:
-            renderer.close()
+            owner.close()
         except BaseException as exc:  # handed to the test thread
             errors.append(exc)
 
@@ -170,6 +254,6 @@ def test_a_gl_owner_is_closed_on_its_own_thread_only(gl_context: Any) -> None:
     t.start()
     t.join()
     assert len(errors) == 1 and isinstance(errors[0], InteropError)
-    assert not renderer.is_closed and _alive("program", renderer.program)
-    renderer.close()
-    assert renderer.is_closed
+    assert not owner.is_closed and all(_alive(*n) for n in names)
+    owner.close()
+    assert owner.is_closed

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cudapatch import CustomKernel, Engine, Fill, For, GpuBuffer, If, KernelFile, Scale, While
+from cudapatch.errors import ParameterError
 
 from .conftest import ABOVE, ADD, halving_while
 
@@ -104,6 +105,23 @@ def test_a_while_stops_when_its_condition_turns_false_and_warns_at_max(engine: E
     solve.set("Max", 100)
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 64.0, np.float32))
     assert engine.iterations(solve) == 4 and engine.counters.rebuilds == rebuilds
+
+
+def test_a_hot_max_of_0_on_a_running_while_is_refused_and_the_loop_runs_on(engine: Engine) -> None:
+    """Max 0 would skip the body silently in the running graph (the build's check does not see Hot
+    edits): ``set`` refuses it, and the next frames run the loop with the old Max, no rebuild."""
+    start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
+    solve, halve, _ = halving_while(engine, start)
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+    graph, rebuilds = engine.graph, engine.counters.rebuilds
+    with pytest.raises(ParameterError) as ei:
+        solve.set("Max", 0)
+    assert (ei.value.block, ei.value.param) == ("Halving", "Max") and solve.get("Max") == 100
+    for _ in range(3):
+        np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+        assert engine.iterations(solve) == 10
+    assert engine.graph is graph and engine.counters.rebuilds == rebuilds
+    assert not [d for d in engine.diagnostics() if d.severity == "error"]
 
 
 def test_an_if_runs_its_body_only_when_its_condition_holds(engine: Engine) -> None:

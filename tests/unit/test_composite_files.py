@@ -306,6 +306,83 @@ def test_an_edited_composite_file_is_re_read_and_a_broken_one_keeps_running(tmp_
     assert reloader.poll(force=True) == 0 and len(reloader.errors) == 1  # reported once
 
 
+def test_a_bug_in_a_composite_re_read_is_refused_naming_the_file_and_the_composite_keeps_running(
+    tmp_path, registry, monkeypatch, caplog
+) -> None:
+    """Not only cudapatch errors: anything a re-read raises (a loader bug) is kept as a file error naming
+    the composite file, with its traceback in the log; the composite runs on, and a later edit applies."""
+    from cudapatch.host_plugin import composite_file
+    from cudapatch.host_plugin.hosts.composite_reload import CompositeReloader
+
+    _write(tmp_path, **{"blur.toml": BLUR})
+    engine = PlanOnlyEngine()
+    adapter = HostAdapter(engine, registry, search_paths=[tmp_path])
+    blur = adapter.create("b", "core.Composite", {"Path": "blur.toml", "Gain": 3.0})
+    engine.context.bind_input(blur, "In", ExternalBinding(0xA000, 100, DType.FLOAT32))
+    reloader = CompositeReloader(adapter, clock=lambda: 0.0)
+    reloader.poll(force=True)
+    engine.update()
+    engine.context.dirty.clear_structure()
+    before = blur.description
+
+    def buggy_loader(path, registry=None):
+        raise ValueError("a loader bug")
+
+    monkeypatch.setattr(composite_file, "load_composite_file", buggy_loader)
+    _write(tmp_path, **{"blur.toml": BLUR.replace('Gain = ["h.Factor", "v.Factor"]', 'Gain = "v.Factor"')})
+    with caplog.at_level("ERROR", logger="cudapatch.host"):
+        assert reloader.poll(force=True) == 0
+    (err,) = reloader.errors
+    assert isinstance(err, PatchFileError) and err.file == str(tmp_path / "blur.toml")
+    assert err.message == "ValueError: a loader bug" and str(err).startswith(f"{tmp_path / 'blur.toml'}: block 'b'")
+    assert any(r.exc_info and r.exc_info[0] is ValueError for r in caplog.records)  # the traceback, for the report
+    assert blur.description is before and not engine.context.dirty.structure  # the old composite runs on
+    engine.update()
+    assert engine.errors == () and len(engine.plan.scalar_slots[(blur.id, "Gain")]) == 2
+    assert reloader.poll(force=True) == 0 and len(reloader.errors) == 1  # reported once
+    monkeypatch.undo()  # the bug fixed: the next save applies
+    _write(tmp_path, **{"blur.toml": BLUR.replace('Gain = ["h.Factor", "v.Factor"]', 'Gain = "h.Factor"\n')})
+    assert reloader.poll(force=True) == 1 and blur.get("Gain") == 3.0
+
+
+def test_a_bug_while_a_standalone_run_re_reads_a_nested_composite_names_that_file(
+    tmp_path, registry, monkeypatch
+) -> None:
+    """``StandaloneHost.poll_patch`` never raises for a composite edit: a non-cudapatch exception from
+    ``refresh`` lands in ``reload_errors`` naming the nested file that changed, and the run goes on."""
+    from cudapatch.engine import engine as engine_module
+    from cudapatch.host_plugin.composite_file import FileComposite
+    from cudapatch.host_plugin.hosts.standalone import StandaloneHost
+
+    class DevicelessEngine(PlanOnlyEngine):  # the engine's editing API on the real compiler, no device
+        def __init__(self, device: int = 0, *, name: str = "", isolated: bool = False, **options: bool) -> None:
+            super().__init__(fuse=options.get("fuse", True))
+
+    monkeypatch.setattr(engine_module, "Engine", DevicelessEngine)
+    outer = '[operators.inner]\ntype = "core.Composite"\nPath = "blur.toml"\n\n[expose]\nOut = "inner.Out"\n'
+    patch = '[operators.fill]\ntype = "core.Fill"\nCount = 64\n\n[operators.o]\ntype = "core.Composite"\n'
+    patch += 'Path = "outer.toml"\n'
+    _write(tmp_path, **{"blur.toml": BLUR, "outer.toml": outer, "patch.toml": patch})
+    host = StandaloneHost(tmp_path / "patch.toml")
+    host.engine.update()
+    o = host.adapter.block("o")
+    before = o.description
+
+    def boom(self):
+        raise RuntimeError("refresh bug")
+
+    monkeypatch.setattr(FileComposite, "refresh", boom)
+    _write(tmp_path, **{"blur.toml": BLUR.replace("Factor = 0.5", "Factor = 0.25")})
+    host.poll_patch(force=True)  # does not raise
+    (err,) = host.reload_errors
+    assert (err.file, err.block, err.message) == (str(tmp_path / "blur.toml"), "o", "RuntimeError: refresh bug")
+    assert host.adapter.block("o") is o and o.description is before
+    (tmp_path / "patch.toml").write_text(patch + '\n[operators.more]\ntype = "core.Fill"\nCount = 8\n')
+    assert host.poll_patch(force=True) is True and "more" in host.adapter.operators()  # the run goes on
+    host.engine.update()
+    assert len(host.reload_errors) == 1
+
+
 def test_a_patch_asks_for_a_child_graph_per_operator_and_a_file_sets_the_default(tmp_path, registry) -> None:
     text = PATCH.replace("Gain = 3.0", "Gain = 3.0\nChildGraph = 1")
     engine, adapter = _load(_write(tmp_path, **{"blur.toml": BLUR, "patch.toml": text}), registry)

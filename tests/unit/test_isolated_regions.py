@@ -113,6 +113,19 @@ def test_a_region_patch_through_the_mirror_plans_as_in_process(build):
     assert not any(isinstance(e, Connect) for e in edits[:first_place])
 
 
+def test_a_while_without_max_reaches_the_child_and_is_the_same_error_there():
+    """Max's default (0: not given) is below the least value ``set`` takes; the child gets it with the
+    block's other values and must take it as the block's own, so the error is the build's, on the region."""
+    host = Context()
+    host.register_block(While(name="Solve"))
+    mirror, child = PatchMirror(_export), ChildPatch(PlanOnlyEngine(), lambda h: h)
+    child.apply(pickle.loads(pickle.dumps(mirror.diff(host.snapshot()))))
+    (solve,) = child.engine.context.registry
+    assert solve.get("Max") == 0
+    child.engine.update()
+    assert any(d.block_id == solve.id and d.code == "region-max" for d in child.engine.errors)
+
+
 def test_the_jacobi_while_plans_the_same_unrolled_and_nested_in_a_for():
     def nested(e):
         solve, _, _ = _jacobi(e)

@@ -115,6 +115,41 @@ def test_a_while_without_max_in_a_patch_is_an_error_on_the_region() -> None:
     assert any(d.block_id == solve.id and d.code == "region-max" for d in eng.errors)
 
 
+def test_a_while_with_max_0_in_a_patch_or_from_a_host_is_refused_and_the_old_value_stays() -> None:
+    text = EXAMPLE.read_text()
+    assert "Max = 20000" in text
+    adapter, eng = _adapter()
+    adapter.search_paths.append(EXAMPLE.parent)
+    bad = parse_patch(text.replace("Max = 20000", "Max = 0"), path=EXAMPLE, registry=REG)
+    with pytest.raises(PatchFileError) as ei:  # checked before anything is built
+        apply_patch(adapter, bad)
+    line = 1 + text[: text.index("Max = 20000")].count("\n")
+    assert (ei.value.file, ei.value.line) == (str(EXAMPLE), line)
+    assert (ei.value.block, ei.value.param) == ("Solve", "Max") and "out of range [1, " in str(ei.value)
+    assert not adapter.operators()
+    good = parse_patch(text, path=EXAMPLE, registry=REG)
+    apply_patch(adapter, good)
+    eng.update()
+    assert eng.errors == ()
+    eng.context.dirty.clear_structure()
+    with pytest.raises(PatchFileError, match="Max"):  # a live edit to 0: refused, the running patch untouched
+        apply_patch(adapter, bad, good)
+    solve = adapter.block("Solve")
+    assert solve.get("Max") == 20000 and not eng.context.dirty.any
+    with pytest.raises(CudapatchError, match="out of range") as ei:  # a host's text for the value
+        adapter.set_param("Solve", "Max", "0")
+    assert (ei.value.block, ei.value.param) == ("Solve", "Max") and solve.get("Max") == 20000
+    # A live edit that removes Max would set it back to its default 0: refused before anything changes.
+    edited = text.replace("Max = 20000", "").replace('  "Zero.Out -> SweepA.u",\n', "")
+    assert edited.count("->") == text.count("->") - 1
+    removed = parse_patch(edited, path=EXAMPLE, registry=REG)
+    links = adapter.links()
+    with pytest.raises(PatchFileError, match="removed from the file, it would go back to its default 0") as ei:
+        apply_patch(adapter, removed, good)
+    assert (ei.value.block, ei.value.param, ei.value.line) == ("Solve", "Max", removed.operators["Solve"].line)
+    assert solve.get("Max") == 20000 and adapter.links() == links and not eng.context.dirty.any
+
+
 def test_a_loops_unroll_comes_from_its_patch_file() -> None:
     patch = parse_patch(FOR_PATCH.replace("Count = 8\n", "Count = 8\nUnroll = 2\n"), path="p.toml", registry=REG)
     adapter, eng = _adapter()

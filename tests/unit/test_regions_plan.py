@@ -9,7 +9,7 @@ from cudapatch import CustomKernel, Fill, For, If, Scale, While
 from cudapatch.engine import Context, compile_plan
 from cudapatch.engine.plan import ConditionalNodePlan, KernelNodePlan, ProbeNodePlan, PublishNodePlan, StampNodePlan
 from cudapatch.engine.profiling import ProfilingLevel
-from cudapatch.errors import CudapatchError, GraphCompileError, LinkError
+from cudapatch.errors import CudapatchError, GraphCompileError, LinkError, ParameterError
 
 CHECK = """extern "C" __global__ void check(const float* in, int* more, float level, unsigned int n)
 { if (blockIdx.x == 0 && threadIdx.x == 0) more[0] = in[0] > level; }"""
@@ -18,10 +18,10 @@ CHECK_U8 = """extern "C" __global__ void check8(const float* in, unsigned char* 
 CHECK_F = """extern "C" __global__ void checkf(const float* in, float* more, unsigned int n) { }"""
 
 
-def _while(max_: int = 100) -> tuple[Context, Fill, While, Scale, CustomKernel, Scale]:
+def _while(max_: int | None = 100) -> tuple[Context, Fill, While, Scale, CustomKernel, Scale]:
     c = Context()
     src = c.register_block(Fill(name="Src", Count=256))
-    w = c.register_block(While(name="Solve", Max=max_))
+    w = c.register_block(While(name="Solve") if max_ is None else While(name="Solve", Max=max_))
     step = c.register_block(Scale(name="Step"))
     chk = c.register_block(CustomKernel(name="Check", Code=CHECK))
     after = c.register_block(Scale(name="After"))
@@ -86,11 +86,30 @@ def test_the_handle_argument_names_the_conditional_node_and_max_is_hot() -> None
 
 
 def test_a_while_without_max_is_an_error_on_the_region() -> None:
-    c, _, w, *_ = _while(max_=0)
+    c, _, w, *_ = _while(max_=None)
+    assert w.get("Max") == 0  # not given
     with pytest.raises(GraphCompileError) as ei:
         compile_plan(c.snapshot())
     assert (w.id, "region-max") in _codes(ei.value)
     assert "needs Max" in str(ei.value)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0])
+def test_a_while_refuses_max_below_one_when_set_and_keeps_the_old_value(bad) -> None:
+    """A Hot edit of a running While's Max to 0 would skip its body silently (the build-time check
+    does not see Hot edits): it is refused at once, naming the block and Max, and nothing goes dirty."""
+    c, _, w, *_ = _while(max_=7)
+    compile_plan(c.snapshot())
+    c.dirty.clear_structure()
+    with pytest.raises(ParameterError) as ei:
+        w.set("Max", bad)
+    assert (ei.value.block, ei.value.param) == ("Solve", "Max")
+    assert bad == -1 or "out of range [1, " in ei.value.message  # -1 is already no uint
+    assert w.get("Max") == 7 and not c.dirty.any
+    w.set("Max", 1)  # the least guard is fine, and Hot
+    assert w.get("Max") == 1 and c.dirty.any and not c.dirty.structure
+    with pytest.raises(ParameterError, match="'Max'"):
+        While(name="Loop", Max=0)
 
 
 def test_a_while_condition_from_outside_its_body_is_an_error() -> None:

@@ -4,8 +4,9 @@ The patch file names a composite by its path, so editing the composite file leav
 unchanged and the patch reloader sees nothing. This one stats the composite files of every
 composite operator (their nested composite files too) a few times a second; when one changed, the
 operator's block re-reads it (``Block.refresh``): exposed values the user set are kept, links to
-ports that no longer exist are dropped, and the engine rebuilds. A file that no longer loads is
-logged and kept in ``errors``; the composite keeps running as it was.
+ports that no longer exist are dropped, and the engine rebuilds. A file that no longer loads, or a
+re-read that fails in any other way (a bug included: its traceback is logged), is logged and kept in
+``errors`` as a ``PatchFileError`` naming the composite file; the composite keeps running as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .live_reload import PATCH_POLL_S, file_stamp
 __all__ = ["CompositeReloader", "composite_files"]
 
 log = logging.getLogger("cudapatch.host")
+
+_Stamps = dict[Path, tuple[int, int, int] | None]
 
 
 def composite_files(block: Composite) -> Iterator[Path]:
@@ -59,7 +62,7 @@ class CompositeReloader:
 
     def poll(self, *, force: bool = False) -> int:
         """Re-read every composite operator whose files changed since the last look (at most every
-        ``poll_s``, unless ``force``). Returns how many were re-read. Never raises for what a file holds."""
+        ``poll_s``, unless ``force``). Returns how many were re-read. Never raises for a failed re-read."""
         now = self._clock()
         if not force and now < self._next_poll:
             return 0
@@ -79,14 +82,8 @@ class CompositeReloader:
                 continue
             try:
                 block.refresh()
-            except CudapatchError as exc:
-                err = (
-                    exc
-                    if isinstance(exc, PatchFileError)
-                    else PatchFileError(exc.message, file=exc.file, line=exc.line)
-                )
-                self.errors.append(err)
-                log.error("composite '%s' not reloaded, it keeps running as it was: %s", op, err)
+            except Exception as exc:  # any failure, a bug's included: a live edit never ends the run
+                self._refuse(op, exc, _changed(before, stamps) or block.composite_file())
                 continue
             seen[key] = {f: file_stamp(f) for f in composite_files(block)}  # a nested file may have come or gone
             done += 1
@@ -94,3 +91,28 @@ class CompositeReloader:
         self._seen = seen
         self.reloads += done
         return done
+
+    def _refuse(self, op: str, exc: Exception, file: str | None) -> None:
+        """Keep ``exc`` in ``errors`` as a file error naming the composite file (``file``: the one that
+        changed, when the error names none); a bug's traceback goes to the log."""
+        if isinstance(exc, PatchFileError):
+            err = exc
+        elif isinstance(exc, CudapatchError):
+            err = PatchFileError(exc.message, file=exc.file or file, line=exc.line, block=exc.block, param=exc.param)
+        else:  # a bug let something through: the composite keeps running, the traceback is kept for the report
+            err = PatchFileError(f"{type(exc).__name__}: {exc}", file=file, block=op)
+        self.errors.append(err)
+        log.error(
+            "composite '%s' not reloaded, it keeps running as it was: %s",
+            op,
+            err,
+            exc_info=None if isinstance(exc, CudapatchError) else exc,
+        )
+
+
+def _changed(before: _Stamps, after: _Stamps) -> str | None:
+    """The first composite file whose stamp differs (one that came, went or was edited)."""
+    for f in (*after, *before):
+        if before.get(f, False) != after.get(f, False):
+            return str(f)
+    return None

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...blocks.composite import Composite
+from ...blocks.description import ParamSpec
 from ...blocks.regions import Region
 from ...engine.bindings import DeviceArray
 from ...errors import CudapatchError
@@ -64,6 +67,9 @@ class TouchDesignerHost:
             (TouchDesigner's ``sys.executable`` is not a Python).
         fuse: Elementwise fusion (``Engine(fuse=...)``, on by default). An output an ``EngineTOP`` shows
             is kept out of fused groups from the start (``Engine.keep``).
+        project_folder: The .toe's folder (TouchDesigner's ``project.folder``): a relative file parameter
+            (a composite's or kernel file's ``Path``) is found there first, as TouchDesigner finds its own
+            file parameters, then in the plugins' kernel search paths.
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class TouchDesignerHost:
         engine: Any = None,
         isolated: bool = False,
         fuse: bool = True,
+        project_folder: str | Path | None = None,
     ) -> None:
         self.plugins = plugins or PluginHost()
         if engine is None:
@@ -81,7 +88,9 @@ class TouchDesignerHost:
 
             engine = Engine(device, name="TouchDesigner", isolated=isolated, fuse=fuse)
         self.engine = engine
-        self.adapter = HostAdapter(engine, self.plugins.registry)
+        search = [Path(project_folder)] if project_folder else []
+        search += self.plugins.kernel_search_paths()
+        self.adapter = HostAdapter(engine, self.plugins.registry, search_paths=search)
         self.plugins.engine_started(engine)
 
     def block_type_for(self, operator: Any, default: str | None = None) -> str:
@@ -107,9 +116,14 @@ class BlockOperatorExt:
     """Extension of a Base COMP that stands for one block.
 
     Creating it creates the block (operator id: the COMP's path) and a custom parameter page with
-    one parameter per block parameter. A block COMP inside a region COMP (If, While, For) runs in
-    the region's body. Forward ``onValueChange`` of a Parameter Execute DAT to
-    ``OnParValueChange``, and call ``Link``/``Unlink`` when the network's wires change.
+    one parameter per block parameter. A COMP that already has that page (a saved project, a
+    re-initialized extension) keeps its values: the block is made with them. A block COMP inside a
+    region COMP (If, While, For) runs in the region's body. Forward ``onValueChange`` of a Parameter
+    Execute DAT to ``OnParValueChange``, and call ``Link``/``Unlink`` when the network's wires change.
+
+    A text parameter that changes the block's parameters (a composite's ``Path``, a ``CustomKernel``'s
+    ``Code`` whose kernel takes other scalars) rebuilds the page: parameters that still exist keep
+    their values, new ones appear with the block's values, gone ones are removed.
 
     Args:
         ownerComp: The COMP.
@@ -122,12 +136,49 @@ class BlockOperatorExt:
         self.ownerComp = ownerComp
         self.host = host
         self.op_id = ownerComp.path
-        self.block = host.adapter.create(self.op_id, host.block_type_for(ownerComp, block_type))
         self._par_to_param: dict[str, tuple[str, int]] = {}  # TD par name -> (block param, component)
-        self._build_page()
+        saved = self._saved_values()
+        self.block = self._create(host.block_type_for(ownerComp, block_type), saved)
+        for name, value in saved.items():  # numbers after the texts that shaped the block
+            p = self.block.params.get(name)
+            if p is not None and p.spec.kind != "text":
+                try:
+                    host.adapter.set_param(self.op_id, name, value)
+                except CudapatchError as exc:
+                    ownerComp.addError(str(exc))
+        self.SyncPage()
         if getattr(ownerComp, "bypass", False) is True:  # created bypassed
             host.adapter.set_bypass(self.op_id, True)
         self._place_by_path()
+
+    def _page(self) -> Any:
+        comp = self.ownerComp
+        return next((p for p in comp.customPages if p.name == PAGE), None) or comp.appendCustomPage(PAGE)
+
+    def _saved_values(self) -> dict[str, Any]:
+        """Block parameter → value held by the COMP's page from before (its parameters' labels are the
+        block parameter names; a vector's components make a tuple)."""
+        page = next((p for p in self.ownerComp.customPages if p.name == PAGE), None)
+        grouped: dict[str, list[Any]] = {}
+        for par in page.pars if page is not None else ():
+            grouped.setdefault(par.label, []).append(par.eval())
+        return {name: vals[0] if len(vals) == 1 else tuple(vals) for name, vals in grouped.items()}
+
+    def _create(self, type_name: str, saved: dict[str, Any]) -> Any:
+        """The block, made with the saved text values (a composite's ``Path`` decides its parameters).
+        Texts it refuses (a file since moved) are an error on the COMP; the block is made without them
+        and the page keeps showing them, for the user to fix."""
+        adapter = self.host.adapter
+        bt = adapter.registry.get(type_name)
+        texts = {k: v for k, v in saved.items() if isinstance(v, str) and v}
+        if bt.params and not issubclass(bt.cls, Composite):  # a page of another type (Blocktype changed)
+            texts = {k: v for k, v in texts.items() if any(n == k and kind == "text" for n, kind, _ in bt.params)}
+        if texts:
+            try:
+                return adapter.create(self.op_id, type_name, texts)
+            except CudapatchError as exc:
+                self.ownerComp.addError(str(exc))
+        return adapter.create(self.op_id, type_name)
 
     def _place_by_path(self) -> None:
         """A block COMP directly inside a region COMP (``core.If``, ``core.While``, ``core.For``) runs
@@ -146,31 +197,65 @@ class BlockOperatorExt:
             except CudapatchError as exc:
                 self.ownerComp.addError(str(exc))
 
-    def _build_page(self) -> None:
-        comp = self.ownerComp
-        page = next((p for p in comp.customPages if p.name == PAGE), None) or comp.appendCustomPage(PAGE)
+    def SyncPage(self) -> None:
+        """Make the custom page show the block's parameters, in the block's order: page parameters of
+        the right kind and size stay (a text keeps what the user typed, a number shows the block's
+        value, which kept its value across the change), new ones are made with the block's values,
+        gone ones are destroyed. Called at creation and after a text
+        parameter changed the block's parameters; call it after anything else did (a re-read
+        composite file)."""
+        page = self._page()
+        self._par_to_param = {}
+        order: list[Any] = []
         for spec in self.block.description.params:
-            base = td_par_name(spec.name)
-            if spec.kind == "text":
-                pars = page.appendStr(base, label=spec.name)
-            elif spec.dtype.base.kind in "iu":
-                pars = page.appendInt(base, label=spec.name, size=spec.dtype.lanes)
-            else:
-                pars = page.appendFloat(base, label=spec.name, size=spec.dtype.lanes)
+            pars = self._existing(spec)
+            kept = pars is not None
+            if pars is None:  # new, or its name is taken by one of another kind: replaced (``replace=True``)
+                pars = self._append(page, spec)
+            value = self.block.params[spec.name].value
+            values = value if isinstance(value, tuple) else (value,)
             default = spec.default if isinstance(spec.default, tuple) else (spec.default,)
             for i, par in enumerate(pars):
                 par.default = default[i]
-                par.val = default[i]
+                # A kept text shows what the user typed (a relative Path the block holds resolved).
+                if (not kept or spec.kind != "text") and par.val != values[i]:
+                    par.val = values[i]
                 if spec.minimum is not None:
                     par.normMin = spec.minimum
                 if spec.maximum is not None:
                     par.normMax = spec.maximum
                 self._par_to_param[par.name] = (spec.name, i)
+            order += pars
+        names = set(self._par_to_param)
+        for par in [par for par in page.pars if par.name not in names]:  # gone parameters, stale ones of a saved page
+            par.destroy()
+        for i, par in enumerate(order):
+            if par.order != i:
+                par.order = i
+
+    def _existing(self, spec: ParamSpec) -> list[Any] | None:
+        """The page parameters already made for a parameter of ``spec``'s kind and size, or None."""
+        base = td_par_name(spec.name)
+        lanes = 1 if spec.kind == "text" else spec.dtype.lanes
+        style = "Str" if spec.kind == "text" else "Int" if spec.dtype.base.kind in "iu" else "Float"
+        names = [base] if lanes == 1 else [f"{base}{i + 1}" for i in range(lanes)]
+        pars = [getattr(self.ownerComp.par, n, None) for n in names]
+        return pars if all(p is not None and p.style == style for p in pars) else None
+
+    @staticmethod
+    def _append(page: Any, spec: ParamSpec) -> list[Any]:
+        base = td_par_name(spec.name)
+        if spec.kind == "text":
+            return list(page.appendStr(base, label=spec.name))
+        if spec.dtype.base.kind in "iu":
+            return list(page.appendInt(base, label=spec.name, size=spec.dtype.lanes))
+        return list(page.appendFloat(base, label=spec.name, size=spec.dtype.lanes))
 
     def OnParValueChange(self, par: Any, prev: Any = None) -> None:
         """Forward a custom parameter change to the block (vector parameters: the whole tuple).
 
-        A bad value is reported on the COMP with ``addError`` and the block keeps its old value."""
+        A bad value is reported on the COMP with ``addError`` and the block keeps its old value. A text
+        change that changes the block's parameters rebuilds the page (``SyncPage``)."""
         target = self._par_to_param.get(par.name)
         if target is None:
             return
@@ -182,11 +267,15 @@ class BlockOperatorExt:
             )
         else:
             value = par.eval()
+        before = self.block.description.params
         try:
             self.host.adapter.set_param(self.op_id, name, value)
         except CudapatchError as exc:
             self.ownerComp.addError(str(exc))
             par.val = prev if prev is not None else par.val
+            return
+        if self.block.description.params != before:
+            self.SyncPage()
 
     def OnFlagChange(self, flag: str = "bypass") -> None:
         """Forward the COMP's Bypass flag to the block (call from an OP Execute DAT's ``onFlagChange``):
