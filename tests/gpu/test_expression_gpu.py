@@ -1,6 +1,7 @@
 """The Expression block on a real GPU: results against NumPy (float64, and the f32 interpreter bit
 for bit where only correctly rounded operations are used), the PTX path against the NVRTC path bit
-for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, and name changes."""
+for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, name changes, and
+names declared by Inputs and Scalars."""
 
 from __future__ import annotations
 
