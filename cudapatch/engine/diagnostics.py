@@ -53,6 +53,9 @@ class DiagnosticCode(str, Enum):
     KERNEL_COMPILE = "kernel-compile"  # compile or load failed (message carries the compiler log)
     KERNEL_COMPILING = "kernel-compiling"  # info: not running yet, its first compile is in flight
     KERNEL_SIGNATURE = "kernel-signature"  # a file edit changed the signature and re-describing failed
+    # warning: a declaration about a block's expression does not hold (an Expression's declared name its
+    # code does not use; a plugin's ``k.elementwise`` that does not parse or fit its ports: runs unfused)
+    EXPRESSION_DECLARATION = "expression-declaration"
     # Building and running the graph.
     LIBRARY_CALL = "library-call"  # a captured library call failed to capture
     REALIZE = "realize"  # a driver call failed while building the graph

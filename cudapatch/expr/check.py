@@ -15,19 +15,21 @@ take ``int`` only. ``min``, ``max``, ``abs``, ``clamp`` and ``where`` keep ``int
 values are ``int``. The result is stored as ``float``; a ``bool`` result is an error.
 
 Names: where the caller does not declare them, a name starting with an upper-case letter is a Hot
-scalar (``Freq``), any other an input buffer (``x``).
+scalar (``Freq``), any other an input buffer (``x``). A caller may declare some names (``declared``):
+those are what they are declared as whatever their case, come first (in the order declared) and stay
+even when the expression does not use them (``Checked.unused``); the rest follow the case rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ExpressionError
 from .syntax import Binary, Call, Name, Node, Num, Unary, parse, start
 
-__all__ = ["Checked", "FUNCTIONS", "BUILTIN_NAMES", "Type", "check", "compile_expression"]
+__all__ = ["Checked", "FUNCTIONS", "BUILTIN_NAMES", "NameKind", "Type", "check", "compile_expression", "declare"]
 
 Type = Literal["float", "int", "bool"]
 NameKind = Literal["input", "scalar"]
@@ -69,9 +71,11 @@ class Checked:
     Attributes:
         text: The expression as written.
         root: Its tree.
-        inputs: Input buffer names, in order of first use.
-        scalars: Hot scalar names, in order of first use.
+        inputs: Input buffer names: the declared ones in the order declared, then the others in order
+            of first use.
+        scalars: Hot scalar names, in the same order.
         types: ``id(node)`` → its type, for every node of ``root``.
+        unused: Declared names the expression does not use (still inputs or scalars), in order.
     """
 
     text: str
@@ -79,6 +83,7 @@ class Checked:
     inputs: tuple[str, ...]
     scalars: tuple[str, ...]
     types: dict[int, Type] = field(repr=False)
+    unused: tuple[str, ...] = ()
 
     def type_of(self, node: Node) -> Type:
         return self.types[id(node)]
@@ -91,12 +96,16 @@ class Checked:
 
 def _rebuild(text: str, inputs: tuple[str, ...], scalars: tuple[str, ...]) -> Checked:
     names: dict[str, NameKind] = {**dict.fromkeys(inputs, "input"), **dict.fromkeys(scalars, "scalar")}
-    return compile_expression(text, names=names)
+    # declared as well: the same order, and the names the expression does not use stay (and are ``unused``)
+    return compile_expression(text, names=names, declared=names)
 
 
-def _kind(name: str, names: Mapping[str, NameKind] | None) -> NameKind | None:
+def _kind(name: str, names: Mapping[str, NameKind] | None, declared: Mapping[str, NameKind]) -> NameKind | None:
     if names is not None:
         return names.get(name)
+    kind = declared.get(name)
+    if kind is not None:
+        return kind
     return "scalar" if name[0].isupper() else "input"
 
 
@@ -106,9 +115,12 @@ def _known(names: Mapping[str, NameKind] | None) -> str:
 
 
 class _Checker:
-    def __init__(self, names: Mapping[str, NameKind] | None, reserved: Mapping[str, str]) -> None:
+    def __init__(
+        self, names: Mapping[str, NameKind] | None, reserved: Mapping[str, str], declared: Mapping[str, NameKind]
+    ) -> None:
         self.names = names
         self.reserved = reserved
+        self.declared = declared
         self.inputs: dict[str, None] = {}
         self.scalars: dict[str, None] = {}
         self.types: dict[int, Type] = {}
@@ -147,7 +159,7 @@ class _Checker:
         builtin = BUILTIN_NAMES.get(n)
         if builtin is not None:
             return builtin
-        kind = _kind(n, self.names)
+        kind = _kind(n, self.names, self.declared)
         if kind is None:
             raise ExpressionError(f"unknown name '{n}' (known: {_known(self.names)})", column=node.col)
         (self.inputs if kind == "input" else self.scalars)[n] = None
@@ -222,6 +234,7 @@ def check(
     *,
     names: Mapping[str, NameKind] | None = None,
     reserved: Mapping[str, str] | None = None,
+    declared: Mapping[str, NameKind] | None = None,
 ) -> Checked:
     """Resolve names and types of a parsed expression.
 
@@ -231,18 +244,59 @@ def check(
         names: The names allowed, as ``input`` or ``scalar``; None: by case (``Freq`` a Hot scalar,
             ``x`` an input).
         reserved: Names that must not be used, with what holds them (``"the output port"``).
+        declared: Names declared ``input`` or ``scalar`` whatever their case, in order: they come
+            first among the inputs and scalars, and stay there when the expression does not use them
+            (listed in ``Checked.unused``). The caller checks they are names (``declare``).
 
     Raises:
         ExpressionError: an unknown name or function, a wrong argument count, a type error, a
             reserved name, a true/false result; with the column.
     """
-    c = _Checker(names, reserved or {})
+    declared = declared or {}
+    c = _Checker(names, reserved or {}, declared)
     t = c.visit(root)
     if t == "bool":
         raise ExpressionError(
             "the result is true/false: write where(cond, 1.0, 0.0) to make it a number", column=root.col
         )
-    return Checked(text, root, tuple(c.inputs), tuple(c.scalars), c.types)
+    if not declared:
+        return Checked(text, root, tuple(c.inputs), tuple(c.scalars), c.types)
+    inputs = [n for n, k in declared.items() if k == "input"]
+    scalars = [n for n, k in declared.items() if k == "scalar"]
+    unused = tuple(n for n in declared if n not in c.inputs and n not in c.scalars)
+    inputs += [n for n in c.inputs if n not in declared]
+    scalars += [n for n in c.scalars if n not in declared]
+    return Checked(text, root, tuple(inputs), tuple(scalars), c.types, unused)
+
+
+def declare(
+    inputs: Iterable[str], scalars: Iterable[str], *, reserved: Mapping[str, str] | None = None
+) -> dict[str, NameKind]:
+    """The ``declared`` argument of ``check`` for these input and scalar names, checked.
+
+    Raises:
+        ExpressionError: a name that is no identifier, a function's or a built-in's name, a reserved
+            name, or a name declared both an input and a scalar (naming it).
+    """
+    out: dict[str, NameKind] = {}
+    reserved = reserved or {}
+    for kind, names in (("input", inputs), ("scalar", scalars)):
+        for n in names:
+            if not (n.isascii() and n.isidentifier()):
+                raise ExpressionError(f"'{n}' is not a name (letters, digits and _, not starting with a digit)")
+            if n in FUNCTIONS:
+                raise ExpressionError(f"'{n}' is a function: it cannot be declared {_AN[kind]}")
+            if n in BUILTIN_NAMES:
+                raise ExpressionError(f"'{n}' is a built-in name: it cannot be declared {_AN[kind]}")
+            if n in reserved:
+                raise ExpressionError(f"the name '{n}' is taken by {reserved[n]}: rename it")
+            if out.get(n, kind) != kind:
+                raise ExpressionError(f"'{n}' is declared both an input and a scalar: keep it in one of them")
+            out[n] = kind  # type: ignore[assignment]
+    return out
+
+
+_AN = {"input": "an input", "scalar": "a scalar"}
 
 
 def compile_expression(
@@ -250,10 +304,11 @@ def compile_expression(
     *,
     names: Mapping[str, NameKind] | None = None,
     reserved: Mapping[str, str] | None = None,
+    declared: Mapping[str, NameKind] | None = None,
 ) -> Checked:
     """``parse`` then ``check`` (see there).
 
     Raises:
         ExpressionError: with the column.
     """
-    return check(parse(text), text, names=names, reserved=reserved)
+    return check(parse(text), text, names=names, reserved=reserved, declared=declared)

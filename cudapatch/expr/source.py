@@ -142,6 +142,21 @@ class ProgramSource(KernelSource):
             return generate_ptx(self.program, arch, per_thread=self.per_thread, scalar_loads=self.scalar_loads)
         return generate_cuda(self.program)
 
+    @property
+    def warning(self) -> str | None:
+        """What the block running this source should be warned of, or None: names its expression
+        declares (an ``Expression``'s ``Inputs``/``Scalars``) but does not use. They keep their ports
+        and scalars; nothing reads them. The graph compiler asks once per build."""
+        program = self.program
+        if program is None or len(program.stages) != 1:
+            return None
+        unused = program.stages[0].expr.unused
+        if not unused:
+            return None
+        names = ", ".join(f"input '{n}'" if n in program.inputs else f"scalar '{n}'" for n in unused)
+        them = "it" if len(unused) == 1 else "them"
+        return f"the expression does not use its declared {names} (kept, and nothing reads {them})"
+
     def check_counts(self, counts: dict[str, int], values: object = None) -> str | None:
         """What is wrong with these input lengths (port name → elements), or None. An input needs as
         many elements as the first input (which sets the launch) or one (broadcast); the message
@@ -157,6 +172,8 @@ class ProgramSource(KernelSource):
             if n is None or c is None or c in (n, 1):
                 continue
             col = _first_use(program.stages[0].expr.root, name)
+            if col is None:  # a declared input the expression does not use: nothing reads it
+                continue
             return (
                 f"input '{name}' has {c} elements but '{first}' (the first input, which sets the output's "
                 f"length) has {n}: give '{name}' {n} elements, or 1 to broadcast it (column {col})"
@@ -223,8 +240,8 @@ class ProgramSource(KernelSource):
         return KernelImage(self.describe(), image, "cubin", key, f"{self.name} (interpreted)", symbol=symbol)
 
 
-def _first_use(root: Node, name: str) -> int:
-    """The column where ``name`` first appears in the tree (leftmost)."""
+def _first_use(root: Node, name: str) -> int | None:
+    """The column where ``name`` first appears in the tree (leftmost), None where it does not."""
     best = None
     stack = [root]
     while stack:
@@ -232,4 +249,4 @@ def _first_use(root: Node, name: str) -> int:
         if isinstance(node, Name) and node.id == name:
             best = node.col if best is None else min(best, node.col)
         stack.extend(children(node))
-    return best or 1
+    return best

@@ -1,6 +1,7 @@
 """The Expression block on a real GPU: results against NumPy (float64, and the f32 interpreter bit
 for bit where only correctly rounded operations are used), the PTX path against the NVRTC path bit
-for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, and name changes."""
+for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, name changes, and
+names declared by Inputs and Scalars."""
 
 from __future__ import annotations
 
@@ -215,3 +216,27 @@ def test_the_interpreter_gives_the_generated_kernels_bits(
             results.append(e.read(block, "Out"))
     assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_declared_names_compute_and_an_unused_declared_input_is_a_warning(
+    live_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = live_engine
+    x, c, spare = (rng.standard_normal(n).astype(np.float32) for n in (3000, 1, 5))
+    block = e.add(Expression(name="ex", Code="c * X + gain", Inputs="X, spare", Scalars="gain", gain=0.5))
+    assert [p.name for p in block.inputs] == ["X", "spare", "c"]
+    for port, data in (("X", x), ("spare", spare), ("c", c)):  # X, declared first, sets the length
+        e.bind(block, port, data)  # spare: 5 elements, no error (nothing reads it)
+    run_until(e, lambda: block.debug.state is BlockState.WARNING)
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), c[0] * x + np.float32(0.5))
+    (warn,) = [d for d in e.diagnostics(block) if d.code == "expression-declaration"]
+    assert warn.severity == "warning" and "input 'spare'" in warn.message
+    e.bind(block, "spare", np.array([2.0], np.float32))  # one element: broadcast
+    rebuilds = e.counters.rebuilds
+    block.set("Code", "c * X + gain + spare")  # now it uses spare: re-described (same ports), rebuilt
+    block.set("gain", -1.0)
+    run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.rebuilds > rebuilds)
+    e.update()
+    assert not [d for d in e.diagnostics(block) if d.code == "expression-declaration"]
+    np.testing.assert_array_equal(e.read(block, "Out"), c[0] * x + np.float32(-1.0) + np.float32(2.0))

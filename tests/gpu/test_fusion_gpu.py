@@ -1,7 +1,8 @@
 """Fusion on a real GPU (on by default): fused chains and trees give the unfused results bit for bit,
 Hot edits of a member's scalar patch the fused node, a member's Code edit regenerates the fused
 kernel, a fused intermediate read by the host raises once and is kept in a buffer from the next
-update on (also through an isolated engine), and a bypassed member leaves its group."""
+update on (also through an isolated engine), a bypassed member leaves its group, and a plugin whose
+``k.elementwise`` declaration does not fit runs unfused with a warning."""
 
 from __future__ import annotations
 
@@ -255,3 +256,42 @@ def test_a_wide_fused_kernel_takes_its_arguments_as_one_buffer_and_hot_and_warm_
     assert (
         engine.counters.rebuilds == rebuilds and engine.counters.hot_updates >= 3 and engine.counters.warm_updates >= 1
     )
+
+
+_GAIN_CU = """extern "C" __global__ void gain(const float* In, float* Out, float Gain, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Out[i] = In[i] * Gain;
+}"""
+
+
+def test_a_plugin_whose_declaration_does_not_fit_runs_unfused_with_a_warning(
+    engine: Engine, rng: np.random.Generator
+) -> None:
+    from cudapatch import Block, CudaSource
+    from cudapatch.blocks.description import like
+
+    class PluginGain(Block):
+        type_name = "PluginGain"
+
+        def describe(self, b) -> None:
+            k = b.add_kernel(CudaSource(code=_GAIN_CU, name="gain.cu"))
+            b.input("In", k.in_(0))
+            b.output("Out", k.out(1), size=like("In"))
+            b.scalar("Gain", k.in_(2), default=2.0)
+            k.auto_grid(like("In"), count_param=3)
+            k.elementwise("In * Nope")  # no port or scalar named Nope
+
+    e = engine
+    x = rng.standard_normal(4096).astype(np.float32)
+    s = e.add(Scale(name="s", Factor=1.5, Offset=0.25))
+    g = e.add(PluginGain(name="g", Gain=3.0))
+    e.bind(s, "In", x)
+    e.connect(s, "Out", g, "In")
+    run_until(e, lambda: g.debug.state is BlockState.WARNING)
+    assert all(n.kernel != FUSED_KERNEL for n in e.graph.plan.kernel_nodes)
+    (warn,) = [d for d in e.diagnostics(g) if d.code == "expression-declaration"]
+    assert warn.severity == "warning" and "block 'g' runs unfused" in warn.message
+    assert "k.elementwise('In * Nope')" in warn.message and "(column 6)" in warn.message
+    e.update()
+    ref = (x.astype(np.float64) * 1.5 + 0.25).astype(np.float32) * np.float32(3.0)  # fma, then the plugin's multiply
+    np.testing.assert_array_equal(e.read(g, "Out"), ref)

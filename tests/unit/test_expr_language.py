@@ -141,3 +141,18 @@ def test_limits_are_errors_not_crashes() -> None:
 def test_caret_points_at_the_column() -> None:
     assert caret("a + * b", 5) == "a + * b\n    ^"
     assert caret("x", None) == "x"
+
+
+def test_declared_names_take_their_kind_whatever_their_case_and_come_first() -> None:
+    from cudapatch.expr.check import declare
+
+    declared = declare(["X", "spare"], ["gain"])
+    c = compile_expression("a * X + gain * Bias", declared=declared)
+    assert c.inputs == ("X", "spare", "a") and c.scalars == ("gain", "Bias") and c.unused == ("spare",)
+    assert compile_expression("a * X + gain * Bias").unused == ()  # nothing declared: the case rule alone
+    with pytest.raises(ExpressionError, match="'gain' is declared both an input and a scalar"):
+        declare(["gain"], ["gain"])
+    with pytest.raises(ExpressionError, match="the name 'Out' is taken by the output port"):
+        declare([], ["Out"], reserved={"Out": "the output port"})
+    with pytest.raises(ExpressionError, match="'pi' is a built-in name"):
+        declare(["pi"], [])

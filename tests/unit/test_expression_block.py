@@ -180,3 +180,124 @@ def test_descriptions_survive_a_pickle_as_an_isolated_engine_sends_them() -> Non
     ]
     (one,) = fused
     assert pickle.loads(pickle.dumps(one)).code() == one.code()
+
+
+# -- declared names (Inputs, Scalars) ----------------------------------------------------------------
+
+
+def test_declared_names_override_the_case_rule_and_come_first() -> None:
+    e = Expression(Code="a * X + gain * Bias", Inputs="X, b", Scalars="gain", gain=2.0)
+    assert [p.name for p in e.inputs] == ["X", "b", "a"]  # declared first, in order; then by first use
+    assert e.description.param("gain").kind == "scalar" and e.get("gain") == 2.0  # type: ignore[union-attr]
+    assert e.description.param("Bias").kind == "scalar"  # type: ignore[union-attr]
+    program = e.source.program
+    assert program is not None and program.inputs == ("X", "b", "a") and program.scalars == ("gain", "Bias")
+    assert program.stages[0].expr.unused == ("b",)
+    plain = Expression(Code="a * X + gain * Bias")  # undeclared: every name by its case, as always
+    assert [p.name for p in plain.inputs] == ["a", "gain"] and plain.get("Inputs") == plain.get("Scalars") == ""
+
+
+def test_a_declared_input_sets_the_length_and_an_unused_one_keeps_its_port_with_a_warning() -> None:
+    ctx = Context()
+    short = ctx.register_block(Fill(name="short", Count=1))
+    long = ctx.register_block(Fill(name="long", Count=100))
+    odd = ctx.register_block(Fill(name="odd", Count=7))
+    e = ctx.register_block(Expression(name="e", Code="c * x + index", Inputs="x, spare", Scalars="Unused"))
+    ctx.connect(short, "Out", e, "c")
+    ctx.connect(long, "Out", e, "x")  # declared first: x sets the length, c (one element) is broadcast
+    ctx.connect(odd, "Out", e, "spare")  # nothing reads it: its length is no error
+    plan = compile_plan(ctx.snapshot(), fuse=False)
+    assert e.id in plan.block_order
+    (out,) = [v for v in plan.buffers if v.block_id == e.id]
+    assert out.count == 100
+    (warn,) = [d for d in plan.diagnostics if d.block_id == e.id]
+    assert (warn.severity, warn.code) == ("warning", "expression-declaration")
+    assert warn.message == (
+        "block 'e': the expression does not use its declared input 'spare', scalar 'Unused' "
+        "(kept, and nothing reads them)"
+    )
+    ctx.disconnect(odd, "Out", e, "spare")  # still a port, and required as every input
+    plan = compile_plan(ctx.snapshot(), fuse=False)
+    assert e.id in plan.skipped
+
+
+@pytest.mark.parametrize(
+    ("inputs", "scalars", "param", "words"),
+    [
+        ("x, gain", "gain", "Scalars", "'gain' is declared both an input and a scalar"),
+        ("x y", "", "Inputs", "'x y' is not a name"),
+        ("sin", "", "Inputs", "'sin' is a function: it cannot be declared an input"),
+        ("", "index", "Scalars", "'index' is a built-in name: it cannot be declared a scalar"),
+        ("Out", "", "Inputs", "the name 'Out' is taken by the output port"),
+        ("", "Inputs", "Scalars", "the name 'Inputs' is taken by the Inputs parameter"),
+    ],
+)
+def test_bad_declarations_are_errors_naming_the_parameter(inputs: str, scalars: str, param: str, words: str) -> None:
+    with pytest.raises(ExpressionError) as info:
+        Expression(name="e", Code="x * 2", Inputs=inputs, Scalars=scalars)
+    assert words in info.value.message and info.value.block == "e" and info.value.param == param
+
+
+def test_an_edit_that_stops_using_a_declared_input_keeps_the_port_and_its_link() -> None:
+    swaps: list[tuple[int, int]] = []
+    ctx = Context(code_listener=lambda key: swaps.append(key) or True)
+    src = ctx.register_block(Fill(name="src", Count=100))
+    e = ctx.register_block(Expression(name="e", Code="x * Gain + y", Inputs="x, y"))
+    ctx.connect(src, "Out", e, "x")
+    ctx.connect(src, "Out", e, "y")
+    ctx.dirty.structure = False
+    e.set("Code", "x * Gain + y * 2")  # the same names used: the Code tier
+    assert swaps == [(e.id, 0)] and not ctx.dirty.structure
+    e.set("Code", "x * Gain")  # y no longer used: declared, so the port and its link stay ...
+    assert [p.name for p in e.inputs] == ["x", "y"] and e.source.program.stages[0].expr.unused == ("y",)  # type: ignore[union-attr]
+    assert "y" in {lk.dst_port for lk in ctx.snapshot().links if lk.dst == e.id}
+    assert swaps == [(e.id, 0)] and ctx.dirty.structure  # ... and a rebuild gives the warning on y
+    plan = compile_plan(ctx.snapshot())
+    assert [d.code for d in plan.diagnostics if d.block_id == e.id] == ["expression-declaration"]
+    ctx.dirty.structure = False
+    e.set("Code", "x * Gain * 2")  # still not using y: the Code tier again
+    assert swaps == [(e.id, 0), (e.id, 0)] and not ctx.dirty.structure
+    e.set("Inputs", "x")  # a declaration edit re-describes: y's port goes
+    assert ctx.dirty.structure and [p.name for p in e.inputs] == ["x"]
+
+
+def test_declarations_survive_a_pickle() -> None:
+    import pickle
+
+    e = Expression(name="e", Code="X * gain", Inputs="X, spare", Scalars="gain, Extra")
+    again = pickle.loads(pickle.dumps(e.description))
+    assert again == e.description
+    src = again.kernels[0].source
+    assert src.code() == e.generated_code and src.describe() == e.source.describe()
+    assert src.warning == e.source.warning and "input 'spare', scalar 'Extra'" in src.warning
+
+
+def test_a_patch_file_declares_names_as_parameters(tmp_path) -> None:
+    from cudapatch.host_plugin.plan_view import plan_patch
+
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'links = ["src.Out -> wave.X", "wave.Out -> gain.In"]\n'
+        '[operators.src]\ntype = "core.Fill"\nCount = 64\n'
+        '[operators.wave]\ntype = "core.Expression"\nCode = "X * amp"\nInputs = "X"\nScalars = "amp"\namp = 3.0\n'
+        '[operators.gain]\ntype = "core.Scale"\n'
+    )
+    engine, plan = plan_patch(path)
+    assert plan is not None and not plan.diagnostics
+    (fused,) = [n for n in plan.kernel_nodes if getattr(n.source, "members", ())]
+    assert "wave: X * amp" in fused.source.program.summary()
+    wave = next(b for b in engine.context.snapshot().blocks if b.name == "wave")
+    assert [p.name for p in wave.description.inputs] == ["X"] and wave.values["amp"] == 3.0
+    ((ni, ai),) = plan.scalar_slots[(wave.id, "amp")]  # a Hot scalar of the fused node
+    assert plan.kernel_nodes[ni] is fused and fused.args[ai].value == 3.0
+
+
+def test_a_bad_declaration_in_a_patch_file_names_its_line(tmp_path) -> None:
+    from cudapatch.errors import PatchFileError
+    from cudapatch.host_plugin.plan_view import plan_patch
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[operators.wave]\ntype = "core.Expression"\nCode = "x * g"\nInputs = "x, g"\nScalars = "g"\n')
+    with pytest.raises(PatchFileError) as info:
+        plan_patch(path)
+    assert "'g' is declared both an input and a scalar" in str(info.value) and "bad.toml:" in str(info.value)

@@ -14,6 +14,7 @@ from cudapatch.blocks.library import AppendFilter
 from cudapatch.engine import Context, compile_plan
 from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource, elementwise_member
 from cudapatch.engine.context import ExternalBinding
+from cudapatch.engine.diagnostics import DiagnosticCode
 from cudapatch.engine.profiling import ProfilingLevel
 from cudapatch.kernels.types import DType
 
@@ -512,8 +513,62 @@ def test_a_plugin_block_that_declares_its_expression_fuses_and_computes_what_it_
     np.testing.assert_allclose(got_fused[fused.outputs[out]], (x * 1.5 + 0.25) * 3.0, rtol=1e-6)
 
 
-def test_a_plugin_declaration_that_does_not_fit_its_ports_runs_unfused() -> None:
-    ctx, (s, g), _ = _scale_then(_plugin_gain("In * Nope"))  # no port or scalar named Nope
+@pytest.mark.parametrize(
+    ("declaration", "words"),
+    [
+        ("In * Nope", "does not fit its ports and scalars: unknown name 'Nope' (known: Gain, In, count, index, pi)"),
+        ("In * (Gain", "does not parse: expected ')', found the end of the expression (column 11)"),
+    ],
+)
+def test_a_plugin_declaration_that_does_not_fit_its_ports_runs_unfused(declaration: str, words: str) -> None:
+    ctx, (s, g), _ = _scale_then(_plugin_gain(declaration))  # no port or scalar named Nope; a missing )
     plan = compile_plan(ctx.snapshot(), fuse=True)
     assert [n.block_id for n in plan.kernel_nodes] == [s.id, g.id]
     assert all(n.kernel != FUSED_KERNEL for n in plan.kernel_nodes)
+    (warn,) = plan.diagnostics  # a warning on the block, naming it, its declaration and the column
+    assert (warn.severity, warn.block_id, warn.code) == ("warning", g.id, DiagnosticCode.EXPRESSION_DECLARATION)
+    assert warn.message.startswith(f"block 'g' runs unfused: its declaration k.elementwise({declaration!r}) ")
+    assert words in warn.message and warn.message.endswith(")") and "(column " in warn.message
+    assert compile_plan(ctx.snapshot(), fuse=True).diagnostics == (warn,)  # once per build, every build
+    assert compile_plan(ctx.snapshot(), fuse=False).diagnostics == ()  # nothing fuses: nothing to warn of
+
+
+def test_a_plugin_declaration_warning_stays_when_a_later_edit_resumes_the_plan() -> None:
+    from cudapatch.engine.compiler import NodeCache
+
+    ctx, (s, g), externals = _scale_then(_plugin_gain("In * Nope"))
+    chain = [g]
+    for i in range(4):
+        chain.append(ctx.register_block(Scale(name=f"t{i}")))
+        ctx.connect(chain[-2], "Out", chain[-1], "In")
+    cache = NodeCache()
+    first = compile_plan(ctx.snapshot(), fuse=True, cache=cache)
+    tail = ctx.register_block(Scale(name="tail"))
+    ctx.connect(chain[-1], "Out", tail, "In")  # an edit after the plugin block: planned from later on
+    plan = compile_plan(ctx.snapshot(), fuse=True, cache=cache)
+    assert cache.resumed == 1 and plan == compile_plan(ctx.snapshot(), fuse=True)
+    assert [d.block_id for d in first.diagnostics] == [d.block_id for d in plan.diagnostics] == [g.id]
+
+
+def test_an_expression_with_a_declared_input_it_does_not_use_fuses_and_computes_what_it_computes_unfused() -> None:
+    ctx, externals = Context(), {}
+    a = ctx.register_block(Scale(name="a", Factor=1.5))
+    b = ctx.register_block(Scale(name="b", Factor=-2.0))
+    e = ctx.register_block(Expression(name="e", Code="x * gain + 1", Inputs="x, spare", Scalars="gain", gain=0.75))
+    after = ctx.register_block(Scale(name="after", Offset=0.5))
+    _bind(ctx, a, "In", np.linspace(-1, 1, 300, dtype=np.float32), externals)
+    _bind(ctx, b, "In", np.linspace(0, 1, 300, dtype=np.float32), externals)
+    ctx.connect(a, "Out", e, "x")
+    ctx.connect(b, "Out", e, "spare")
+    ctx.connect(e, "Out", after, "In")
+    snap = ctx.snapshot()
+    fused = compile_plan(snap, fuse=True, reuse=False)
+    (node,) = fused.kernel_nodes
+    assert set(node.source.members) == {a.id, b.id, e.id, after.id}
+    assert [d.code for d in fused.diagnostics] == ["expression-declaration"]  # spare: declared, not used
+    plain = compile_plan(snap, fuse=False, reuse=False)
+    out = (after.id, "Out")
+    got = run_plan(fused, snap, externals)[fused.outputs[out]]
+    np.testing.assert_array_equal(got, run_plan(plain, snap, externals)[plain.outputs[out]])
+    x = externals[(a.id, "In")]
+    np.testing.assert_allclose(got, (x * 1.5 * 0.75 + 1) + 0.5, rtol=1e-6)

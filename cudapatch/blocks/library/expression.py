@@ -1,7 +1,8 @@
 """The ``Expression`` block: a line of math as a kernel, live while the patch runs.
 
 ``Expression(Code="a * sin(x * Freq) + b")``: lower-case names are input ports, capitalised names
-Hot scalars (``Freq``), the output ``Out`` is as long as the first input. The kernel is generated
+Hot scalars (``Freq``), unless the ``Inputs`` and ``Scalars`` parameters declare them otherwise; the
+output ``Out`` is as long as the first input. The kernel is generated
 (PTX, see ``cudapatch.expr``), so an edit that keeps the names goes live through the Code tier in
 about a millisecond plus the driver's JIT; an edit that changes them re-describes the block (new
 ports, a rebuild). An edit that does not compile becomes a compile error on the block, with its
@@ -11,7 +12,7 @@ column, and the previous kernel keeps running. See docs/expressions.md.
 from __future__ import annotations
 
 from ...expr import BACKENDS, ExpressionError, ProgramSource, compile_expression, single
-from ...expr.check import Checked
+from ...expr.check import Checked, NameKind, declare
 from ...kernels.source import KernelSource
 from ...kernels.types import DType
 from ..block import Block
@@ -26,6 +27,8 @@ _RESERVED = {
     "Out": "the output port",
     "Code": "the Code parameter",
     "Compiler": "the Compiler parameter",
+    "Inputs": "the Inputs parameter",
+    "Scalars": "the Scalars parameter",
     "Count": "the Count parameter (the element count when there is no input)",
 }
 
@@ -34,9 +37,12 @@ class Expression(Fusable, Block):
     """``Out`` = the expression in ``Code``, element by element (float).
 
     Names starting with a lower-case letter are inputs (buffers of floats), names starting with an
-    upper-case letter Hot scalars (default 1.0). With no input, ``Count`` (default 1024) sets the
-    element count. An input of one element is broadcast; see docs/expressions.md for the language,
-    its types and its floating-point rules. ``Compiler`` is ``ptx`` (generated PTX, the fast path)
+    upper-case letter Hot scalars (default 1.0). ``Inputs`` and ``Scalars`` (comma-separated names,
+    ``Inputs="x, y", Scalars="gain"``) declare names whatever their case: declared inputs come first,
+    in that order, and a declared name the code does not use still makes its port or scalar (a
+    warning on the block says so). With no input, ``Count`` (default 1024) sets the element count.
+    An input of one element is broadcast; see docs/expressions.md for the language, its types and
+    its floating-point rules. ``Compiler`` is ``ptx`` (generated PTX, the fast path)
     or ``nvrtc`` (the same kernel as CUDA C++ through NVRTC). ``fuse=False`` keeps it out of fused
     groups (see ``engine/compiler/fusion.py``).
     """
@@ -48,7 +54,9 @@ class Expression(Fusable, Block):
         backend = b.text(
             "Compiler", default="ptx", description="ptx (fast edits) or nvrtc (CUDA C++ reference)", choices=BACKENDS
         )
-        checked = self._check(code)
+        inputs = b.text("Inputs", description="input ports whatever their case, comma-separated (in this order)")
+        scalars = b.text("Scalars", description="Hot scalars whatever their case, comma-separated")
+        checked = self._check(code, self._declare(inputs, scalars))
         program = single(checked, output="Out", label=self.name)
         # quick: an edit runs at once, the optimised build follows (ProgramSource.upgrade)
         k = b.add_kernel(ProgramSource.of(program, backend=backend, name=self.name, jit="quick"))  # type: ignore[arg-type]
@@ -68,9 +76,21 @@ class Expression(Fusable, Block):
         if self.fuse:
             k.elementwise(code)
 
-    def _check(self, code: str) -> Checked:
+    def _declare(self, inputs: str, scalars: str) -> dict[str, NameKind]:
+        """The names ``Inputs`` and ``Scalars`` declare (comma-separated), checked; an error names the
+        parameter (``Scalars`` for a name in both)."""
+        ins, scs = ([n.strip() for n in text.split(",") if n.strip()] for text in (inputs, scalars))
+        for param, args in (("Inputs", (ins, ())), ("Scalars", ((), scs)), ("Scalars", (ins, scs))):
+            try:
+                declared = declare(*args, reserved=_RESERVED)
+            except ExpressionError as exc:
+                exc.block, exc.param = self.name, param
+                raise
+        return declared
+
+    def _check(self, code: str, declared: dict[str, NameKind]) -> Checked:
         try:
-            return compile_expression(code, reserved=_RESERVED)
+            return compile_expression(code, reserved=_RESERVED, declared=declared)
         except ExpressionError as exc:
             exc.block, exc.param = self.name, "Code"
             raise
@@ -81,11 +101,17 @@ class Expression(Fusable, Block):
             return None
         spec = self.description.kernels[0]
         assert isinstance(spec, KernelSpec) and isinstance(spec.source, ProgramSource)
+        declared = self._declare(self.get("Inputs"), self.get("Scalars"))
         try:
-            checked = self._check(text)
+            checked = self._check(text, declared)
         except ExpressionError as exc:
             # Compiles to this error on the engine's builder: shown on the block, the old kernel runs on.
             return 0, ProgramSource.failing(exc, spec.descriptor, name=self.name)
+        before = spec.source.program
+        if declared and (before is None or before.stages[0].expr.unused != checked.unused):
+            # The warning on declared names the code does not use comes from a build: an edit that starts
+            # or stops using one re-describes the block (same ports and links) so a rebuild gives it anew.
+            return None
         program = single(checked, output="Out", label=self.name)
         return 0, ProgramSource.of(program, backend=spec.source.backend, name=self.name, jit="quick")
 

@@ -2,15 +2,16 @@
 
 A block is elementwise when its one kernel says what it computes per element in the expression
 language: an ``Expression`` block (its code), or a block whose describe called
-``KernelHandle.elementwise`` (``Scale``: ``fma(In, Factor, Offset)``, ``VectorAdd``: ``A + B``). Such
-a block fuses into the block reading its output when that link is the output's only reader (no
-other block, GL writer, delay or probe reads it, and the output is not kept for the host:
-``Engine.keep``/``output``/``read``, a GL bridge, ``keep`` on the port or in the patch file) and both
-run over the same element count. A group
-is the block nobody fuses into (its sink) with everything fused into it, transitively: a chain or a
-tree. Its kernel (``FusedSource``, generated PTX) evaluates the members in order and writes only the
-sink's output; the intermediates get no memory traffic (their values keep a one-element placeholder
-buffer and no output port, so nothing can read them).
+``KernelHandle.elementwise`` (``Scale``: ``fma(In, Factor, Offset)``, ``VectorAdd``: ``A + B``; a
+plugin's declaration that does not parse or fit its block leaves it unfused with an
+``expression-declaration`` warning, every plan). Such a block fuses into the block reading its output
+when that link is the output's only reader (no other block, GL writer, delay or probe reads it, and
+the output is not kept for the host: ``Engine.keep``/``output``/``read``, a GL bridge, ``keep`` on the
+port or in the patch file) and both run over the same element count. A group is the block nobody fuses
+into (its sink) with everything fused into it, transitively: a chain or a tree. Its kernel
+(``FusedSource``, generated PTX) evaluates the members in order and writes only the sink's output; the
+intermediates get no memory traffic (their values keep a one-element placeholder buffer and no output
+port, so nothing can read them).
 
 The fused node runs where the sink's node would run, so a group keeps to one graph and to what moving
 its members' reads there leaves unchanged: all its members are in one scope (the top level, one
@@ -49,11 +50,12 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from ...blocks.description import KernelSpec
-from ...expr import ExpressionError, Program, ProgramSource, Stage, compile_expression
+from ...expr import ExpressionError, Program, ProgramSource, Stage, check, parse
 from ...expr.check import Checked, NameKind
 from ...expr.ptx_gen import ScalarLoads
 from ...kernels.types import DType
 from ..context import BlockSnapshot
+from ..diagnostics import Diagnostic, DiagnosticCode
 from ..plan import Arg, BufferPlan, KernelNodePlan
 from ..profiling import ProfilingLevel
 from .draft import NodeDraft, PlanDraft, Source
@@ -130,26 +132,36 @@ class Member(NamedTuple):
     output: str
 
 
-_DECLARED: dict[tuple[str, tuple[tuple[str, str], ...]], Checked | None] = {}
+_DECLARED: dict[tuple[str, tuple[tuple[str, str], ...]], Checked | str] = {}
 
 
-def _declared(text: str, names: dict[str, NameKind]) -> Checked | None:
+def _declared(text: str, names: dict[str, NameKind]) -> Checked | str:
+    """A plugin's ``k.elementwise`` declaration checked against its ports and scalars (``names``), or
+    why it does not hold: the block then runs unfused, with a warning (``_members``)."""
     key = (text, tuple(sorted(names.items())))
     if key not in _DECLARED:
         if len(_DECLARED) > 256:
             _DECLARED.clear()
+        found: Checked | str
         try:
-            _DECLARED[key] = compile_expression(text, names=names)
-        except ExpressionError:  # a plugin's declaration that does not fit its ports: it runs unfused
-            _DECLARED[key] = None
+            root = parse(text)
+        except ExpressionError as exc:
+            found = f"does not parse: {exc.message}"
+        else:
+            try:
+                found = check(root, text, names=names)
+            except ExpressionError as exc:
+                found = f"does not fit its ports and scalars: {exc.message}"
+        _DECLARED[key] = found
     return _DECLARED[key]
 
 
-#: id(description) -> (a weak reference to it, its member's fields but the block id, or None, and whether
-#: a port of it has ``keep``). A block keeps its description object while it does not change and a
-#: rebuild asks about every block: the checks below run once per description. An entry goes when its
-#: description does (no hashing of descriptions, which compare by value, and nothing kept alive).
-_TEMPLATES: dict[int, tuple[weakref.ref, tuple | None, bool]] = {}
+#: id(description) -> (a weak reference to it, its member's fields but the block id, or None, whether
+#: a port of it has ``keep``, and why a plugin's ``k.elementwise`` declaration does not hold, or None).
+#: A block keeps its description object while it does not change and a rebuild asks about every block:
+#: the checks below run once per description. An entry goes when its description does (no hashing of
+#: descriptions, which compare by value, and nothing kept alive).
+_TEMPLATES: dict[int, tuple[weakref.ref, tuple | None, bool, str | None]] = {}
 
 
 def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
@@ -158,36 +170,45 @@ def elementwise_member(b: BlockSnapshot | Any) -> Member | None:
     return None if fields is None else _new(Member, (b.id, *fields))
 
 
-def _template_of(d: Any) -> tuple[tuple | None, bool]:
-    """``(fields, keeps)``: ``elementwise_member``'s answer for description ``d`` less the block id, and
-    whether one of its ports has ``keep`` (cached per description object, see ``_TEMPLATES``)."""
+def _template_of(d: Any) -> tuple[tuple | None, bool, str | None]:
+    """``(fields, keeps, why)``: ``elementwise_member``'s answer for description ``d`` less the block id,
+    whether one of its ports has ``keep``, and why its plugin declaration does not hold (or None);
+    cached per description object, see ``_TEMPLATES``."""
     key = id(d)
     entry = _TEMPLATES.get(key)
     if entry is not None and entry[0]() is d:
-        return entry[1], entry[2]
-    fields = _template(d)
+        return entry[1], entry[2], entry[3]
+    found = _template(d)
+    fields, why = (None, found) if isinstance(found, str) else (found, None)
     keeps = fields is not None and any(p.keep for p in (*d.inputs, *d.outputs))
     try:
-        _TEMPLATES[key] = (weakref.ref(d, lambda _, key=key: _TEMPLATES.pop(key, None)), fields, keeps)
+        _TEMPLATES[key] = (weakref.ref(d, lambda _, key=key: _TEMPLATES.pop(key, None)), fields, keeps, why)
     except TypeError:  # a description that takes no weak reference (a test's stand-in): not cached
         pass
-    return fields, keeps
+    return fields, keeps, why
 
 
-def _template(d: Any) -> tuple | None:
-    """``elementwise_member``'s answer for description ``d``, less the block id."""
+_SHAPE = "needs one kernel, one float output and float inputs and scalars"
+
+
+def _template(d: Any) -> tuple | str | None:
+    """``elementwise_member``'s answer for description ``d``, less the block id; a text when a plugin's
+    ``k.elementwise`` declaration does not hold (why, for the warning ``_members`` gives)."""
+    declared = [ks.expression for ks in d.kernels if isinstance(ks, KernelSpec) and ks.expression is not None]
+    if not declared:
+        return None
+    text = declared[0]
+    plugin = not isinstance(d.kernels[0].source, ProgramSource)
     if len(d.kernels) != 1 or len(d.outputs) != 1 or d.internal_links:
-        return None
+        return _why(text, _SHAPE) if plugin else None
     ks = d.kernels[0]
-    if not isinstance(ks, KernelSpec) or ks.expression is None:
-        return None
     out = d.outputs[0]
     if (
         out.kind != "buffer"
         or out.dtype is not _F32
         or any(p.kind != "buffer" or p.dtype is not _F32 for p in d.inputs)
     ):
-        return None
+        return _why(text, _SHAPE) if plugin else None
     scalars = {p.name for p in d.params if p.kind == "scalar" and p.pins}
     src = ks.source
     if isinstance(src, ProgramSource):  # an Expression block: its own program, names are its ports
@@ -199,12 +220,16 @@ def _template(d: Any) -> tuple | None:
         names: dict[str, NameKind] = {p.name: "input" for p in d.inputs}
         names.update(dict.fromkeys(scalars, "scalar"))
         found = _declared(ks.expression, names)
-        if found is None:
-            return None
+        if isinstance(found, str):
+            return _why(text, found)
         expr = found
     if any(d.param(s) is None or d.param(s).dtype is not _F32 for s in expr.scalars):  # type: ignore[union-attr]
-        return None
+        return _why(text, _SHAPE) if plugin else None
     return (expr, {n: n for n in expr.inputs}, {n: n for n in expr.scalars}, out.name)
+
+
+def _why(text: str, problem: str) -> str:
+    return f"its declaration k.elementwise({text!r}) {problem}"
 
 
 @dataclass(eq=False)
@@ -258,6 +283,8 @@ class FusionState:
             at its consumer).
         result: The phase's groups.
         readers: Block id -> the links from it (the next plan counts only the links added and removed).
+        warned: Block id -> the warning of a plugin block whose ``k.elementwise`` declaration does not
+            hold (it runs unfused); every plan gives them all.
     """
 
     members: dict[int, Member]
@@ -266,6 +293,7 @@ class FusionState:
     size: dict[int, int]
     result: Fusion
     readers: Counter
+    warned: dict[int, Diagnostic] = field(default_factory=dict)
 
 
 def fusion(draft: PlanDraft, *, fuse: bool = True) -> FusionState | None:
@@ -281,13 +309,15 @@ def fusion(draft: PlanDraft, *, fuse: bool = True) -> FusionState | None:
     members: dict[int, Member] = {}  # in the order of ``sized``: topological
     count: dict[int, int] = {}  # member → its output's element count
     flagged: list[int] = []  # members with a ``keep`` port
-    _members(draft, draft.sized.items(), members, count, flagged)
+    warned: dict[int, Diagnostic] = {}
+    _members(draft, draft.sized.items(), members, count, flagged, warned)
+    draft.warnings.extend(warned.values())
     consumer: dict[int, int] = {}  # member → the member it fuses into
     producers: dict[int, list[int]] = {}  # the reverse
     size: dict[int, int] = {}
     # a member has one output: its links are the links from its block
     readers = Counter(map(_SRC, draft.links))
-    state = FusionState(members, count, flagged, size, Fusion(), readers)
+    state = FusionState(members, count, flagged, size, Fusion(), readers, warned)
     if len(members) >= 2:
         extra = _extra(draft, members.get, flagged)
         _link(draft, members, members.get, count, readers, extra, consumer, producers)
@@ -329,7 +359,8 @@ def fusion_resumed(draft: PlanDraft, state: FusionState, dropped: set[int], star
     new: dict[int, Member] = {}
     count: dict[int, int] = {}
     flagged: list[int] = []
-    _members(draft, islice(draft.sized.items(), start, None), new, count, flagged)
+    warned = {b: w for b, w in state.warned.items() if b not in dropped}  # the blocks before ``start``
+    _members(draft, islice(draft.sized.items(), start, None), new, count, flagged, warned)
     old_count = state.count
     consumer: dict[int, int] = {}
     producers: dict[int, list[int]] = {}
@@ -359,15 +390,20 @@ def fusion_resumed(draft: PlanDraft, state: FusionState, dropped: set[int], star
     state.flagged = [b for b in state.flagged if b not in dropped] + flagged
     for b in new:
         state.size[b] = size[b]
+    state.warned = warned
+    draft.warnings.extend(warned.values())
     if consumer:
         _make_groups(draft, new, consumer, state.result)
     draft.fusion = state.result if state.result.groups else None
     return state
 
 
-def _members(draft: PlanDraft, items: Iterable, members: dict[int, Member], count: dict, flagged: list) -> None:
+def _members(
+    draft: PlanDraft, items: Iterable, members: dict[int, Member], count: dict, flagged: list, warned: dict
+) -> None:
     """The elementwise blocks among ``items`` (``sized`` entries) that may fuse: not faulted, not bypassed
-    (its node must be one the Bypass tier can turn off alone), every input of their expression given."""
+    (its node must be one the Bypass tier can turn off alone), every input of their expression given.
+    A plugin block whose ``k.elementwise`` declaration does not hold gets a warning in ``warned``."""
     faulted = draft.faulted or {}
     bypassed = draft.snap.bypassed
     templates = _TEMPLATES
@@ -376,8 +412,11 @@ def _members(draft: PlanDraft, items: Iterable, members: dict[int, Member], coun
             continue
         d = s.block.description
         entry = templates.get(id(d))
-        fields, keeps = (entry[1], entry[2]) if entry is not None and entry[0]() is d else _template_of(d)
+        fields, keeps, why = entry[1:] if entry is not None and entry[0]() is d else _template_of(d)
         if fields is None:
+            if why is not None:
+                message = f"block '{s.block.name}' runs unfused: {why}"
+                warned[bid] = Diagnostic("warning", bid, DiagnosticCode.EXPRESSION_DECLARATION, message)
             continue
         ins = s.inputs
         for p in fields[1].values():

@@ -101,12 +101,22 @@ def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
     if skip_reason is None:
         try:
             sized[bid] = _make_values(draft, b, inputs, launches)
+            _source_warnings(b, warnings)
             return
         except ShapeError as exc:
             severity, code, skip_reason = "error", "shape-unresolved", str(exc)
     warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
     skipped.add(bid)
     draft.skipped.append(bid)
+
+
+def _source_warnings(b: BlockSnapshot, warnings: list[Diagnostic]) -> None:
+    """A running block's kernel sources' own warnings (``ProgramSource.warning``: an Expression's
+    declared names its code does not use), one per build."""
+    for ks in b.description.kernels:
+        note = getattr(ks.source, "warning", None)
+        if note:
+            warnings.append(Diagnostic("warning", b.id, "expression-declaration", f"block '{b.name}': {note}"))
 
 
 def _launches(b: BlockSnapshot, inputs: dict[str, Source]) -> tuple:
