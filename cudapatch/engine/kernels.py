@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import sys
 import threading
 from collections import deque
@@ -99,9 +100,17 @@ def _message(exc: Exception) -> str:
     msg = str(exc)
     log_text = getattr(exc, "log", "")
     if log_text:
-        excerpt = "\n".join(log_text.strip().splitlines()[:6])
+        lines = log_text.strip().splitlines()
+        # The log's first lines, then each later error's own line (the editor marks every one at its line).
+        later = [ln for ln in lines[6:] if _LOG_ERROR.search(ln)][:_MAX_LATER_ERRORS]
+        excerpt = "\n".join(lines[:6] + later)
         msg += f"\n{excerpt}"
     return msg
+
+
+# NVRTC's "k.cu(12): error: ..." and ptxas's "ptxas ..., line 12; error   : ..."
+_LOG_ERROR = re.compile(r"\(\d+\): (?:catastrophic )?error|, line \d+; error")
+_MAX_LATER_ERRORS = 20
 
 
 class KernelTracker:

@@ -46,7 +46,10 @@ from typing import Any
 from ..blocks.composite import Composite
 from ..blocks.regions import Region
 from ..errors import CudapatchError, PatchFileError
+from ..expr import ProgramSource
 from .adapter import HostAdapter
+from .code_errors import CodeError, code_errors
+from .generated_code import GeneratedCode
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
 from .wire_probes import WireProbes
@@ -135,8 +138,10 @@ class NodeView:
     message: str = ""
     gpu_ms: float | None = None
     append: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: Compile errors of the Code parameter: (line, message), line 1-based.
-    code_errors: tuple[tuple[int, str], ...] = ()
+    #: Compile errors of the Code parameter, each at its line (and column where the compiler says).
+    code_errors: tuple[CodeError, ...] = ()
+    #: The block generates its kernel's code (an Expression): ``EditorModel.generated_code`` shows it.
+    generates: bool = False
     #: The region operator holding it (None: the top level).
     region: str | None = None
     #: ``if``, ``while`` or ``for`` for a region's own node, else "".
@@ -434,6 +439,7 @@ class EditorModel:
         #: Bumped by every change of the patch; views are rebuilt when it moves.
         self.version = 0
         self._views: dict[str, NodeView] | None = None
+        self._generated = GeneratedCode()
         self._links: list[LinkView] | None = None
         self._groups: dict[str, GroupView] = {}
         self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
@@ -554,6 +560,7 @@ class EditorModel:
                 region=placed.get(op),
                 kind=block.kind if op in containers else "",
                 inner=sum(1 for _ in block.inner_blocks()) if isinstance(block, Composite) else 0,
+                generates=hasattr(type(block), "generated_code"),
             )
             prev = old.get(op)
             if prev is not None:  # keep the last statistics until the next refresh
@@ -609,7 +616,7 @@ class EditorModel:
                 errors = [d for d in diags if d.severity == "error"]
                 view.state = "Error" if errors else "Warning" if diags else "OK"
                 view.message = "; ".join(d.message for d in diags)
-                view.code_errors = _code_errors(view.message)
+                view.code_errors = self._code_errors(view, view.message)
             if self._loops:
                 self._read_iterations()
             return
@@ -619,12 +626,32 @@ class EditorModel:
             if b is None:
                 continue
             if b.message != view.message:
-                view.code_errors = _code_errors(b.message)
+                view.code_errors = self._code_errors(view, b.message)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
             view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
         if self._loops:
             self._read_iterations()
+
+    def _code_errors(self, view: NodeView, message: str) -> tuple[CodeError, ...]:
+        """The errors of ``message`` at lines of the node's ``Code``: locations in the file its kernel
+        compiles under only (not an included header's, not a generated kernel's)."""
+        code = next((p.value for p in view.params if p.widget == "code"), None)
+        if code is None or not message:
+            return ()
+        files: tuple[str, ...] = ()
+        kernels = self.adapter.block(view.name).description.kernels
+        for spec in kernels:
+            source = getattr(spec, "source", None)
+            if source is not None and not isinstance(source, ProgramSource):  # generated code: not the Code's lines
+                files += (str(source.debug_name),)
+        return code_errors(message, str(code), files)
+
+    def generated_code(self, op: str) -> str | None:
+        """The code ``op`` generates for its kernel (an Expression's PTX or CUDA C++; None for a block
+        that generates none, or while its ``Code`` does not compile). Generated once per ``Code`` and
+        description, not per frame: the panel asks every frame its section is open."""
+        return self._generated.of(self.adapter.block(op))
 
     def _read_iterations(self) -> None:
         """Each loop's iterations of the newest completed frame (``engine.iterations``: the readback
@@ -1047,17 +1074,6 @@ def _param_view(spec: Any, value: Any) -> ParamView:
     return ParamView(
         spec.name, widget, value, spec.minimum, spec.maximum, lanes, integer, spec.structural, spec.description, choices
     )
-
-
-# NVRTC logs "<name>(LINE): error: ..." ; the messages on a block carry the log.
-_CODE_ERROR = re.compile(r"\((\d+)\):\s*(error|warning)[^:]*:\s*(.+)")
-
-
-def _code_errors(message: str) -> tuple[tuple[int, str], ...]:
-    """Compiler errors in a block's message as (line, text), for the Code editor's markers."""
-    if not message:
-        return ()
-    return tuple((int(m.group(1)), f"{m.group(2)}: {m.group(3).strip()}") for m in _CODE_ERROR.finditer(message))
 
 
 def _write_atomic(path: Path, text: str) -> None:

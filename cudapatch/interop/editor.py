@@ -2,8 +2,10 @@
 
 Every operator is a node (title coloured by its state, type, GPU time, append fill, diagnostic
 text), its ports are pins, its parameters are widgets chosen by ``ParamView.widget`` (sliders with the
-declared ranges, checkboxes, enums, colour pickers, a multi-line ``Code`` editor with compile errors
-listed at their line). Wires and pins show dtype, shape, element count and bytes on hover. Dragging from a pin to
+declared ranges, checkboxes, enums, colour pickers, a multi-line ``Code`` editor whose compile errors
+are marked at their line: tinted, a red bar, a tick at the column, and listed below as ``line:column``;
+a block that generates its kernel, an Expression, can show its generated code). Wires and pins
+show dtype, shape, element count and bytes on hover. Dragging from a pin to
 a pin connects (a refused link turns red and shows the reason), Delete removes the selection, the
 node menu renames and bypasses, the background menu opens the block browser (every registered
 type, grouped by package, with its docstring). Ctrl+Z / Ctrl+Y undo and redo; F2 shows or hides
@@ -66,6 +68,7 @@ STATE_COLORS = {
 }
 LINK_COLOR = (0.3, 0.75, 1.0, 1.0)  # wires (the GL tests look for it)
 REFUSED_COLOR = (1.0, 0.25, 0.25, 1.0)  # a refused link, and a probed wire carrying NaN or Inf
+_ERROR_LINE_TINT = (1.0, 0.25, 0.25, 0.3)  # a Code line with a compile error, under its text
 PROBE_COLOR = (1.0, 0.6, 0.15, 1.0)  # a probed wire
 #: A region's group, by kind: its tint (drawn over the canvas at this alpha) and its border.
 GROUP_COLORS = {
@@ -76,6 +79,8 @@ GROUP_COLORS = {
 _KIND_NAMES = {"if": "If", "while": "While", "for": "For"}
 _GROUP_MARGIN = 16.0  # canvas units between a group's edge and the nodes it holds
 _NODE_WIDTH = 200.0
+#: The Code box grows with its text up to this many lines (then scrolls, and later lines go unmarked).
+_CODE_LINES = 40
 _INT_LIMIT = 2**30 - 1
 _MARGIN = 40.0  # canvas units around the visible area that count as visible (pins stick out of nodes)
 _THUMB_PX = 6.0  # screen pixels per thumbnail pixel
@@ -213,6 +218,11 @@ class EditorPanel:
         #: Operators fully drawn / drawn as stubs in the last frame (what culling left in).
         self.drawn: set[str] = set()
         self.stubs: set[str] = set()
+        #: Operator -> its Code's error markers drawn in the last frame: (line, screen x, screen y) of
+        #: the marked line's left end (the Code box is sized to show every line up to ``_CODE_LINES``).
+        self.code_marks: dict[str, list[tuple[int, float, float]]] = {}
+        #: Operators whose "Generated code" section is open.
+        self.generated_open: set[str] = set()
         #: Whether the last frame drew nodes compact (zoomed out beyond ``_COMPACT_ZOOM``).
         self.compact = False
         self._fit_in = 0  # frames until ``fit_all`` moves the view
@@ -465,7 +475,9 @@ class EditorPanel:
             )
         if view.message and state != "OK" and not compact:
             imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH)
-            imgui.text_colored(color, view.message[:300])
+            # The Code's errors are listed at the Code box: here the message's first line says what failed.
+            message = view.message.split("\n", 1)[0] if view.code_errors else view.message
+            imgui.text_colored(color, message[:300])
             imgui.pop_text_wrap_pos()
         pins: dict[tuple[str, str], tuple[float, float, float, float, float]] = {}
         for port, label in ins:
@@ -475,6 +487,8 @@ class EditorPanel:
         if not compact:
             for param in view.params:
                 self._param(view, param)
+            if view.generates:
+                self._generated_code(op)
         imgui.end_group()
         content = imgui.get_item_rect_size()
         imgui.pop_id()
@@ -803,15 +817,22 @@ class EditorPanel:
                 imgui.text(f"{p.name} {value}")
         elif p.widget == "code":
             imgui.text("Code")
+            text = str(value)
+            # Tall enough for every line (up to _CODE_LINES): no scrolling, so a line's place is known.
+            lines = min(max(text.count("\n") + 1, 10), _CODE_LINES)
+            height = lines * imgui.get_text_line_height() + 2 * imgui.get_style().frame_padding.y + 2
             changed, value = imgui.input_text_multiline(
-                "##code", str(value), imgui.ImVec2(_NODE_WIDTH * 1.6, 140), imgui.InputTextFlags_.allow_tab_input
+                "##code", text, imgui.ImVec2(_NODE_WIDTH * 1.6, height), imgui.InputTextFlags_.allow_tab_input
             )
-            for line, message in view.code_errors:
-                imgui.text_colored(imgui.ImVec4(*REFUSED_COLOR), f"line {line}: {message}")
+            deactivated = imgui.is_item_deactivated_after_edit()
+            if view.code_errors:
+                self._mark_code_errors(view, text)
+            elif self.code_marks:
+                self.code_marks.pop(view.name, None)
             if changed:  # text rebuilds the block: applied when the field loses focus, not per keystroke
                 self._code_draft = (view.name, value)
                 changed = False
-            if imgui.is_item_deactivated_after_edit() and self._code_draft is not None:
+            if deactivated and self._code_draft is not None:
                 op, text = self._code_draft
                 self._code_draft = None
                 self._report(model.set_param(op, p.name, text))
@@ -822,6 +843,53 @@ class EditorPanel:
         if changed:
             live = p.widget in ("slider", "drag", "color", "vector") and imgui.is_item_active()
             self._report(model.set_param(view.name, p.name, value, live=live))
+
+    def _mark_code_errors(self, view: NodeView, text: str) -> None:
+        """Mark each error at its line of the Code box just drawn: the line tinted red with a bar at its
+        left, a tick under the column where the compiler gives one; then the errors listed by line."""
+        imgui = self._imgui
+        lo, hi = imgui.get_item_rect_min(), imgui.get_item_rect_max()
+        pad, h = imgui.get_style().frame_padding, imgui.get_text_line_height()
+        draw = imgui.get_window_draw_list()
+        red = imgui.get_color_u32(imgui.ImVec4(*REFUSED_COLOR))
+        tint = imgui.get_color_u32(imgui.ImVec4(*_ERROR_LINE_TINT))
+        source = text.splitlines()
+        ox, oy, k = self._to_screen
+        marks = []
+        for e in view.code_errors:
+            y = lo.y + pad.y + (e.line - 1) * h
+            if e.line < 1 or y + h > hi.y:  # past the box's last line (a longer Code, a stale line)
+                continue
+            draw.add_rect_filled(imgui.ImVec2(lo.x, y), imgui.ImVec2(hi.x, y + h), tint)
+            draw.add_rect_filled(imgui.ImVec2(lo.x, y), imgui.ImVec2(lo.x + 3, y + h), red)
+            if e.column is not None and e.line <= len(source):
+                x = lo.x + pad.x + imgui.calc_text_size(source[e.line - 1][: e.column - 1]).x
+                draw.add_line(imgui.ImVec2(x, y + h - 1), imgui.ImVec2(x + h * 0.6, y + h - 1), red, 2.0)
+            marks.append((e.line, ox + lo.x * k, oy + (y + h * 0.5) * k))
+        self.code_marks[view.name] = marks
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH * 1.6)
+        for e in view.code_errors:
+            where = f"{e.line}:{e.column}" if e.column is not None else f"{e.line}"
+            imgui.text_colored(imgui.ImVec4(*REFUSED_COLOR), f"{where}  {e.message}")
+        imgui.pop_text_wrap_pos()
+
+    def _generated_code(self, op: str) -> None:
+        """The "Generated code" section of a block that generates its kernel: a button opens it, and
+        the model generates the code once per Code (read-only here; select and copy)."""
+        imgui = self._imgui
+        is_open = op in self.generated_open
+        if imgui.small_button(("Hide" if is_open else "Show") + " generated code"):
+            (self.generated_open.discard if is_open else self.generated_open.add)(op)
+            is_open = not is_open
+        if not is_open:
+            return
+        code = self.model.generated_code(op)
+        if code is None:
+            imgui.text_disabled("(none while the Code does not compile)")
+            return
+        imgui.input_text_multiline(
+            "##generated", code, imgui.ImVec2(_NODE_WIDTH * 1.6, 220), imgui.InputTextFlags_.read_only
+        )
 
     def _create_and_delete(self) -> None:
         imgui, ed, model = self._imgui, self._ed, self.model

@@ -25,6 +25,7 @@ from .._lifecycle import HandleOwner
 from ..engine.diagnostics import Diagnostic
 from ..engine.profiling import BlockStats, EngineStats, ProfilingLevel
 from ..errors import InteropError
+from ..host_plugin.generated_code import code_tooltip
 from ._gl import gl
 from .context import GlContext
 
@@ -165,6 +166,9 @@ class Overlay(HandleOwner):
         #: Block id -> ``path:line`` of the patch file's operator, asked for when there are diagnostics
         #: (``StandaloneHost.places``); None: diagnostics show the block's name only.
         self.places: Callable[[], Mapping[int, str]] | None = None
+        #: Block id -> the code it generates for its kernel (an Expression's), or None; asked only while
+        #: the pointer is on a block's name, which then shows it in a tooltip (``code_tooltip``).
+        self.generated: Callable[[int], str | None] | None = None
         # create_context() leaves another overlay's context current (one left unclosed, say):
         # make ours current, or the renderer below would set up that one's io
         self._imgui_ctx = imgui.create_context()
@@ -260,6 +264,10 @@ class Overlay(HandleOwner):
                 imgui.table_next_row()
                 imgui.table_next_column()
                 text(f"  {b.name}" if is_internal else b.name)
+                if self.generated is not None and imgui.is_item_hovered():
+                    code = self.generated(b.block_id)
+                    if code is not None:
+                        imgui.set_tooltip(code_tooltip(code))
                 imgui.table_next_column()
                 imgui.text_colored(imgui.ImVec4(*_STATE_COLORS.get(b.state, (1, 1, 1, 1))), b.state)
                 if b.fused:  # runs inside one generated kernel with its group (the tooltip names it)

@@ -126,3 +126,55 @@ def test_cli_run_headless_editor_renders_the_editor(tmp_path):
     right = img[100:600, 600:1200]
     assert (np.abs(right - right.mean(axis=(0, 1))).max(axis=2) < 30).mean() > 0.3
     assert patch.read_text() == demo_patch_text()  # opening the editor writes nothing
+
+
+def _code_model(only=None):
+    from cudapatch.engine.diagnostics import Diagnostic
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
+    from cudapatch.host_plugin.editor_model import EditorModel
+
+    from ..unit.test_code_errors import FX_PATCH, NVRTC, PATCH, WAVE_PATCH
+
+    reg = PluginHost().registry
+    patch = parse_patch({None: PATCH, "fx": FX_PATCH, "wave": WAVE_PATCH}[only], registry=reg)
+    adapter = HostAdapter(PlanOnlyEngine(), reg)
+    apply_patch(adapter, patch)
+    adapter.engine.update()
+    model = EditorModel(adapter, patch)
+    if only == "wave":
+        return model, 0
+    code = adapter.block("fx").get("Code")
+    line = next(i for i, ln in enumerate(code.splitlines(), 1) if "undefined_thing" in ln)
+    message = NVRTC.replace("fx.cu(3)", f"fx.cu({line})").replace("fx.cu(4)", f"fx.cu({line + 1})")
+    adapter.engine.errors = (Diagnostic("error", adapter.block("fx").id, "kernel-compile", message),)
+    model.refresh()
+    return model, line
+
+
+def test_a_broken_code_shows_its_errors_at_their_lines():
+    from cudapatch.interop.editor import REFUSED_COLOR
+
+    model, line = _code_model("fx")
+    img, panel = _draw(model, 4, prepare=lambda p: p.fit_all())
+    marks = panel.code_marks["fx"]
+    assert [m[0] for m in marks] == [line, line + 1]
+    red = np.array(REFUSED_COLOR[:3]) * 255
+    for _, x, y in marks:  # the red bar at the left end of each marked line
+        assert _near(img, x + 1, y, 2, lambda px: np.abs(px - red).max(axis=1) < 60), (x, y)
+    # The marks are one text line apart, and a line without an error has no bar.
+    (_, x0, y0), (_, _, y1) = marks
+    step = y1 - y0
+    assert step > 4
+    assert not _near(img, x0 + 1, y0 - 2 * step, 1, lambda px: np.abs(px - red).max(axis=1) < 60)
+
+
+def test_an_expression_shows_its_generated_code_when_opened():
+    model, _ = _code_model("wave")
+    _, closed = _draw(model, 4, prepare=lambda p: p.fit_all())
+    _, opened = _draw(model, 4, prepare=lambda p: (p.fit_all(), p.generated_open.add("wave")))
+    # Heights in canvas units (fit_all zooms each to fit): the read-only code box (220 units) is in the node.
+    h = {
+        n: (p.layout.nodes["wave"][3] - p.layout.nodes["wave"][1]) / p._to_screen[2]
+        for n, p in (("c", closed), ("o", opened))
+    }
+    assert h["o"] > h["c"] + 150, h

@@ -24,6 +24,7 @@ from typing import Any
 
 from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
+from ..generated_code import GeneratedCode
 from ..manager import PluginHost
 from ..patch import Patch, apply_patch, load_patch, parse_patch
 from ..places import located, operator_places
@@ -90,6 +91,7 @@ class StandaloneHost:
             patch = parse_patch(demo_patch_text(), path="<demo>", registry=registry)
         else:
             patch = load_patch(self.patch_path, registry)
+        self._generated = GeneratedCode()
         self._reloader = PatchReloader(
             self.patch_path, patch, load=lambda p: load_patch(p, registry), apply=self._apply_edit
         )
@@ -135,6 +137,15 @@ class StandaloneHost:
             return self._reloader.status
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return f"{self._reloader.status}; {errors[0]}{more}"
+
+    def generated_code(self, block_id: int) -> str | None:
+        """The code the block ``block_id`` generates for its kernel (an Expression's; inside a composite
+        too), generated once per Code: the overlay's tooltip on the block's name shows it."""
+        op = self.adapter.operators_by_block().get(block_id)
+        block = self.adapter.block(op) if op is not None else None
+        if block is not None and block.id != block_id:  # an inner block of the composite ``op``
+            block = next((b for _, b in block.inner_blocks() if b.id == block_id), None)
+        return self._generated.of(block)
 
     def places(self) -> dict[int, str]:
         """Block id → ``path:line`` of the operator of the running patch that made it (``operator_places``)."""
@@ -204,6 +215,7 @@ class StandaloneHost:
         self.preview = Preview(self.engine, context, points=points, image=image, overlay=overlay, editor=model)
         if self.preview.overlay is not None:  # its diagnostics list shows each at its operator's line
             self.preview.overlay.places = self.places
+            self.preview.overlay.generated = self.generated_code
         return self.preview
 
     def run(
