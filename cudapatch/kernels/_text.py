@@ -122,7 +122,7 @@ def data_problem(
     """
     for item, depth, path in _walk(data):
         if depth > max_depth:
-            return f"values are nested more than {max_depth} deep (the limit)", path
+            return f"values are nested more than {max_depth} deep (the limit is {max_depth} levels)", path
         if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > max_int_bits:
             return (
                 f"an integer of {item.bit_length()} bits is too large (integers may have at most {max_int_bits} bits)",

@@ -422,3 +422,13 @@ def test_a_live_edit_that_fails_in_any_way_keeps_the_last_good_patch(
     os.remove(path)
     clock.now += 0.3
     assert not reloader.poll() and "not found" in reloader.status
+
+
+def test_nesting_that_parses_but_passes_the_limit_states_it_as_a_too_deep_parse_does() -> None:
+    # 40 levels parse on every Python (2,000 only raise RecursionError before 3.13): the check after parsing
+    # must name the limit as the parser's RecursionError path does.
+    deep = "[" * 40 + "]" * 40
+    err = _raised(lambda: parse_patch(f"a = {deep}\n", path="p.toml"))
+    assert isinstance(err, PatchFileError) and "limit is 32" in err.message
+    err = _raised(lambda: parse_sidecar(deep, file="k.json"))
+    assert isinstance(err, SidecarError) and "limit is 32" in err.message and err.file == "k.json"
