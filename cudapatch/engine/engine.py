@@ -291,7 +291,7 @@ class Engine(PatchEditing, EngineResults):
                     finally:
                         resume_collector()
         finally:
-            if FRAME_GUARD.in_frame:
+            if FRAME_GUARD.owner:
                 FRAME_GUARD.leave()  # (nothing when another engine's frame thread holds it)
         if self._gate.wanted:  # the kernel builder has work: it runs now, between this frame and the next
             self._gate.open()
@@ -446,7 +446,7 @@ class Engine(PatchEditing, EngineResults):
             here = self.wait_for_compile or not self.background_builds
             if structure.apply(self.profiling, here=here, wait_for_compile=self.wait_for_compile):
                 return
-            if self._worker.busy and not FRAME_GUARD.in_frame:  # started now: the rest of this frame first
+            if self._worker.busy and not FRAME_GUARD.owner:  # started now: the rest of this frame first
                 FRAME_GUARD.enter()  # (``update`` lets go of it)
         dirty.forget_code_and_captured()
         g = self.resources.graph

@@ -138,9 +138,17 @@ class ProgramSource(KernelSource):
         if self.program is None:
             assert self.broken is not None
             raise self.broken
-        if self.backend == "ptx":
-            return generate_ptx(self.program, arch, per_thread=self.per_thread, scalar_loads=self.scalar_loads)
-        return generate_cuda(self.program)
+        # Generated once per source and arch: tooltips, the editor and the overlay ask every frame they
+        # show it (a frozen dataclass: the cache is no field, so equality and hashing ignore it).
+        memo: dict[str, str] = self.__dict__.setdefault("_generated", {})
+        code = memo.get(arch)
+        if code is None:
+            if self.backend == "ptx":
+                code = generate_ptx(self.program, arch, per_thread=self.per_thread, scalar_loads=self.scalar_loads)
+            else:
+                code = generate_cuda(self.program)
+            memo[arch] = code
+        return code
 
     @property
     def warning(self) -> str | None:

@@ -49,7 +49,7 @@ from ..errors import CudapatchError, PatchFileError
 from ..expr import ProgramSource
 from .adapter import HostAdapter
 from .code_errors import CodeError, code_errors
-from .generated_code import GeneratedCode
+from .generated_code import generated_code
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
 from .wire_probes import WireProbes
@@ -439,7 +439,6 @@ class EditorModel:
         #: Bumped by every change of the patch; views are rebuilt when it moves.
         self.version = 0
         self._views: dict[str, NodeView] | None = None
-        self._generated = GeneratedCode()
         self._links: list[LinkView] | None = None
         self._groups: dict[str, GroupView] = {}
         self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
@@ -651,7 +650,7 @@ class EditorModel:
         """The code ``op`` generates for its kernel (an Expression's PTX or CUDA C++; None for a block
         that generates none, or while its ``Code`` does not compile). Generated once per ``Code`` and
         description, not per frame: the panel asks every frame its section is open."""
-        return self._generated.of(self.adapter.block(op))
+        return generated_code(self.adapter.block(op))
 
     def _read_iterations(self) -> None:
         """Each loop's iterations of the newest completed frame (``engine.iterations``: the readback

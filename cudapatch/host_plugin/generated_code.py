@@ -1,6 +1,5 @@
 """The code a block generates for its kernel (an Expression's PTX or CUDA C++), for the editor's
-"Generated code" section and the overlay's tooltip: generated once per ``Code`` and description, not
-once per frame (the panels ask every frame they show it)."""
+"Generated code" section and the overlay's tooltip."""
 
 from __future__ import annotations
 
@@ -8,30 +7,19 @@ from typing import Any
 
 from ..errors import CudapatchError
 
-__all__ = ["GeneratedCode", "code_tooltip"]
+__all__ = ["code_tooltip", "generated_code"]
 
 
-class GeneratedCode:
-    """Generated code by block, cached by the block's ``Code`` value and description."""
-
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[Any, Any, str | None]] = {}  # block id -> (Code, description, code)
-
-    def of(self, block: Any) -> str | None:
-        """``block``'s generated code; None for a block that generates none, or while its ``Code``
-        does not compile (the error is the block's diagnostic)."""
-        if not hasattr(type(block), "generated_code"):
-            return None
-        code, desc = block.get("Code"), block.description
-        cached = self._cache.get(block.id)
-        if cached is not None and cached[0] == code and cached[1] is desc:
-            return cached[2]
-        try:
-            text: str | None = block.generated_code
-        except CudapatchError:
-            text = None
-        self._cache[block.id] = (code, desc, text)
-        return text
+def generated_code(block: Any) -> str | None:
+    """``block``'s generated code; None for no block, a block that generates none, or while its
+    ``Code`` does not compile (the error is the block's diagnostic). Generated once per source
+    (``ProgramSource.code``), so the panels may ask every frame."""
+    if block is None or not hasattr(type(block), "generated_code"):
+        return None
+    try:
+        return block.generated_code
+    except CudapatchError:
+        return None
 
 
 def code_tooltip(code: str, limit: int = 40) -> str:

@@ -68,36 +68,40 @@ class FrameGuard:
     its frame) runs unguarded rather than wait for it.
     """
 
-    __slots__ = ("in_frame", "_free", "_owner")
+    __slots__ = ("owner", "_free")
 
     def __init__(self) -> None:
         self._free = _thread.allocate_lock()
-        self._owner = 0
-        self.in_frame = False  # read without the lock by ``checkpoint``: a stale read costs one wait or one pass
+        #: The thread in its frame (its ident), 0 when none: read without the lock by ``checkpoint``
+        #: (a stale read costs one wait or one pass).
+        self.owner = 0
+
+    @property
+    def in_frame(self) -> bool:
+        """A frame thread holds the guard."""
+        return self.owner != 0
 
     def enter(self) -> bool:
         """From a frame thread, at the start of its frame: True when it holds the guard now (then
         ``leave`` at the end of the frame)."""
         if not self._free.acquire(False):
             return False
-        self._owner = _thread.get_ident()
-        self.in_frame = True
+        self.owner = _thread.get_ident()
         return True
 
     def leave(self) -> None:
         """End of the frame ``enter`` returned True for: the waiting checkpoints go on. Nothing when
         this thread does not hold the guard (``lift`` gave it up and could not take it back)."""
-        if self._owner != _thread.get_ident():
+        if self.owner != _thread.get_ident():
             return
-        self.in_frame = False
-        self._owner = 0
+        self.owner = 0
         self._free.release()
 
     def lift(self) -> bool:
         """Before a frame thread waits for background work (a build to finish): give the guard up, so
         the build does not wait at its checkpoints for this frame. True when it was held (then
         ``enter`` again after the wait)."""
-        if self._owner != _thread.get_ident():
+        if self.owner != _thread.get_ident():
             return False
         self.leave()
         return True
@@ -105,7 +109,8 @@ class FrameGuard:
     def checkpoint(self) -> None:
         """From background Python (a build's loops): while a frame runs on another thread, wait for its
         end (at most ``CHECKPOINT_TIMEOUT_S``), the GIL given up. An attribute test otherwise."""
-        if self.in_frame and self._owner != _thread.get_ident():
+        owner = self.owner
+        if owner and owner != _thread.get_ident():
             if self._free.acquire(True, CHECKPOINT_TIMEOUT_S):
                 self._free.release()
 

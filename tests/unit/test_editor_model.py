@@ -15,6 +15,7 @@ from cudapatch.host_plugin.hosts.live_reload import PatchReloader
 from cudapatch.host_plugin.patch_writer import PatchDocument
 
 from .plan_engine import PlanOnlyEngine
+from .test_patch_bypass import _Calls as _BypassCalls
 
 REG = PluginHost().registry
 
@@ -202,21 +203,6 @@ def test_an_edit_made_outside_merges_and_clears_the_history(tmp_path):
     assert model.set_param("fill", "Count", 64)
     text = path.read_text()
     assert "Factor = 9.0  # by hand" in text and "Count = 64" in text and "Value = 0.25" in text
-
-
-class _BypassCalls(HostAdapter):
-    """A host adapter that records its ``set_bypass`` calls (each one is a flag really changed or set twice)."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.calls: list[tuple[str, bool]] = []
-
-    def set_bypass(self, op_id, on):
-        self.calls.append((op_id, on))
-        super().set_bypass(op_id, on)
-
-    def flags(self) -> set[str]:
-        return {op for op in self.operators() if self.bypassed(op)}
 
 
 def test_bypass_goes_through_the_adapter_and_is_stored(tmp_path):

@@ -136,11 +136,6 @@ class Expression(Fusable, Block):
         src = self.source
         if src.program is None:  # a broken live edit: the error is among the block's diagnostics
             return super().tooltip()
-        # Hosts and the overlay ask for tooltips every frame: the code is generated once per expression
-        # (0.1 ms for PTX) and only its line count kept.
-        key = (src.program.key, src.backend, src.per_thread, src.scalar_loads)
-        counted = getattr(self, "_code_lines", None)
-        if counted is None or counted[0] != key:
-            counted = self._code_lines = (key, len(src.code().splitlines()))
+        lines = len(src.code().splitlines())  # generated once per source (``ProgramSource.code``)
         code = self.get("Code").strip()
-        return f"{super().tooltip()}\n  Out = {code}  (generated {src.backend.upper()}: {counted[1]} lines)"
+        return f"{super().tooltip()}\n  Out = {code}  (generated {src.backend.upper()}: {lines} lines)"

@@ -24,7 +24,7 @@ from typing import Any
 
 from ...errors import CudapatchError, PatchFileError
 from ..adapter import HostAdapter
-from ..generated_code import GeneratedCode
+from ..generated_code import generated_code
 from ..manager import PluginHost
 from ..patch import Patch, apply_patch, load_patch, parse_patch
 from ..places import located, operator_places
@@ -91,7 +91,6 @@ class StandaloneHost:
             patch = parse_patch(demo_patch_text(), path="<demo>", registry=registry)
         else:
             patch = load_patch(self.patch_path, registry)
-        self._generated = GeneratedCode()
         self._reloader = PatchReloader(
             self.patch_path, patch, load=lambda p: load_patch(p, registry), apply=self._apply_edit
         )
@@ -145,7 +144,7 @@ class StandaloneHost:
         block = self.adapter.block(op) if op is not None else None
         if block is not None and block.id != block_id:  # an inner block of the composite ``op``
             block = next((b for _, b in block.inner_blocks() if b.id == block_id), None)
-        return self._generated.of(block)
+        return generated_code(block)
 
     def places(self) -> dict[int, str]:
         """Block id → ``path:line`` of the operator of the running patch that made it (``operator_places``)."""
