@@ -624,8 +624,9 @@ class EditorModel:
             b = by_id.get(view.block_id)
             if b is None:
                 continue
-            if b.message != view.message:
-                view.code_errors = self._code_errors(view, b.message)
+            if b.message != view.message:  # stats carry a first line: the markers read the whole diagnostics
+                full = "; ".join(d.message for d in self.adapter.diagnostics(view.name)) if b.message else ""
+                view.code_errors = self._code_errors(view, full)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
             view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}

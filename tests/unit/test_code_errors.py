@@ -177,6 +177,29 @@ def test_model_puts_code_errors_on_the_node_of_the_code() -> None:
     assert view.code_errors == ()
 
 
+def test_model_reads_whole_diagnostics_when_stats_carry_a_first_line() -> None:
+    """``engine.stats()`` gives each block its first diagnostic line only (NVRTC's caret is further
+    down): the markers still get the column, from the engine's whole diagnostic."""
+    from types import SimpleNamespace
+
+    model, adapter = _model()
+    fx = adapter.block("fx")
+    code = fx.get("Code")
+    line = next(i for i, ln in enumerate(code.splitlines(), 1) if "undefined_thing" in ln)
+    message = "fx.cu:%d: block 'fx': CUDA C++ does not compile\n" % line + NVRTC.replace("fx.cu(3)", f"fx.cu({line})")
+    adapter.engine.errors = (Diagnostic("error", fx.id, "kernel-compile", message),)
+
+    def stats(text: str) -> SimpleNamespace:
+        row = SimpleNamespace(block_id=fx.id, state="Error" if text else "OK", message=text, gpu_ms=None, append={})
+        return SimpleNamespace(blocks=[row])
+
+    model.refresh(stats(message.splitlines()[0]))
+    assert [(e.line, e.column) for e in model.nodes()["fx"].code_errors][:1] == [(line, 25)]
+    adapter.engine.errors = ()
+    model.refresh(stats(""))
+    assert model.nodes()["fx"].code_errors == ()
+
+
 def test_model_shows_generated_code_once_per_code() -> None:
     model, adapter = _model()
     assert model.nodes()["wave"].generates and not model.nodes()["fx"].generates
