@@ -13,7 +13,7 @@ from ..blocks.block import Block
 from ..blocks.shape import Shape
 from ..errors import BindingError
 from ..kernels.types import DType
-from .bindings import binding_from_cai
+from .bindings import device_binding
 from .buffers import GpuBuffer
 from .context import ExternalBinding
 from .probes import Probe, ProbeSet
@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     from .structure import StructureTier
 
 __all__ = ["PatchEditing"]
+
+
+def _stream_handle(stream: Any) -> int | None:
+    """The engine stream as the integer handle DLPack producers take (None: none yet; DLPack reserves 0)."""
+    try:
+        return (int(stream) or None) if stream is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 class PatchEditing:
@@ -102,10 +110,12 @@ class PatchEditing:
 
         ``array`` may be a ``GpuBuffer``, any object with ``__cuda_array_interface__`` (CuPy, Numba,
         PyTorch: bound without a copy; keep it alive and finish writing it before the next update),
-        or a host array (copied into an engine-owned buffer; binding a host array of the same size
-        again only re-uploads). A different device pointer of the same size is a Warm update; a
-        different size is Cold. ``shape``: what a ``GpuBuffer`` holds (an image: ``Shape.of(h, w)``;
-        arrays bring their own), else it is flat.
+        a DLPack tensor on the device (PyTorch's bfloat16 tensors, which that interface refuses: the
+        producer orders its pending writes before the engine's stream), or a host array (copied into
+        an engine-owned buffer; binding a host array of the same size again only re-uploads). A
+        different device pointer of the same size is a Warm update; a different size is Cold.
+        ``shape``: what a ``GpuBuffer`` holds (an image: ``Shape.of(h, w)``; arrays bring their own),
+        else it is flat.
 
         Raises:
             BindingError: unknown port, wrong element type, non-contiguous memory, a ``shape`` that does
@@ -121,10 +131,10 @@ class PatchEditing:
         if isinstance(array, GpuBuffer):
             flat = shape is None or (shape.ndim == 1 and shape.channels == 1)  # bindings keep None for flat
             binding = ExternalBinding(array.ptr, array.count, array.dtype, owner=array, shape=None if flat else shape)
-        elif hasattr(array, "__cuda_array_interface__"):
-            binding = binding_from_cai(array, want, block.name, port)
         else:
-            binding = self.resources.upload(block.id, port, array, want, block.name)
+            binding = device_binding(array, want, block.name, port, stream=_stream_handle(self.resources.stream))
+            if binding is None:  # a host array
+                binding = self.resources.upload(block.id, port, array, want, block.name)
         self._faults.input_bound(block.id, port)
         self.context.bind_input(block, port, binding)
 

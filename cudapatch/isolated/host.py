@@ -36,7 +36,7 @@ import numpy as np
 
 from ..blocks.block import Block, BlockState
 from ..blocks.shape import Shape, shape_from_array
-from ..engine.bindings import binding_from_cai
+from ..engine.bindings import checked_host_values, device_binding
 from ..engine.context import Context, ExternalBinding
 from ..engine.diagnostics import Diagnostic, DiagnosticCode
 from ..engine.profiling import ProfilingLevel
@@ -576,8 +576,8 @@ class IsolatedEngine:
         if inp is None:
             raise BindingError("unknown input port", block=block.name, port=port)
         want = dtype or inp.dtype
-        if hasattr(array, "__cuda_array_interface__"):
-            binding = binding_from_cai(array, want, block.name, port)
+        binding = device_binding(array, want, block.name, port)  # None: a host array
+        if binding is not None:
             old = self.context.bindings.get((block.id, port))
             try:
                 if old is None or _export_key(old) != _export_key(binding):  # the same memory again: exported
@@ -593,10 +593,7 @@ class IsolatedEngine:
                     ) from None
                 raise BindingError(exc.message, block=block.name, port=port) from None
         else:
-            host = np.ascontiguousarray(array)
-            if not want.accepts(host.dtype):
-                why = f"host array of {host.dtype} bound to a {want.c_name} port"
-                raise BindingError(why, block=block.name, port=port)
+            host = checked_host_values(array, want, block.name, port)
             shape = shape_from_array(host.shape, want.lanes) if host.ndim > 1 else None
             binding = ExternalBinding(0, host.size // want.lanes, want, owner=host, shape=shape)
         key = (block.id, port)
