@@ -3,6 +3,9 @@
 Each 1-D array argument expands to Numba's array ABI in the PTX (meminfo, parent, nitems,
 itemsize, data, shape, strides: 7 slots of 8 bytes). The descriptor records that expansion as
 ABI slots, so ports keep the user's parameter indices and binding a buffer fills every slot.
+
+Arrays may hold numba-cuda's vector types (``"float32x4[:]"`` or ``"float4[:]"``: ``float4`` ports,
+16-byte elements): the ABI is the same, with the vector's itemsize. By-value vectors are refused.
 """
 
 from __future__ import annotations
@@ -39,15 +42,42 @@ _SCALARS = {
     "uint16": DType.UINT16,
     "float16": DType.FLOAT16,
 }
+#: Numba's CUDA vector types (``numba.cuda.float32x4`` ...) that have an element type here. Arrays of
+#: them index to a vector value with ``.x .y .z .w`` (build one with ``cuda.float32x4(x, y, z, w)``).
+_VECTORS = {
+    "float32x2": DType.FLOAT2,
+    "float32x3": DType.FLOAT3,
+    "float32x4": DType.FLOAT4,
+    "float64x2": DType.DOUBLE2,
+    "int32x2": DType.INT2,
+    "int32x4": DType.INT4,
+    "uint32x4": DType.UINT4,
+    "uint8x4": DType.UCHAR4,
+}
+_VECTOR_NAMES = {dtype: name for name, dtype in _VECTORS.items()}
+# The CUDA C spellings Numba also accepts (``cuda.float4`` is ``cuda.float32x4``): float2 ... uchar4.
+_VECTOR_ALIASES = {dtype.c_name: name for name, dtype in _VECTORS.items()}
 _ARRAY_TEXT = re.compile(r"^\s*(\w+)\s*\[\s*:\s*(?:(?::\s*1)|)\s*\]\s*$")
 _NUMBA_LOCATION = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+def _numba_vector_types() -> dict[str, Any] | None:
+    """numba-cuda's vector types by name, or None where this Numba has no ``numba.cuda.vector_types``."""
+    try:
+        from numba.cuda.vector_types import vector_types
+    except ImportError:
+        return None
+    return vector_types
+
+
 def _parse_argtype(t: Any, where: str) -> tuple[DType, bool]:
-    """``(dtype, is_array)`` of a Numba type or a string like ``"float32[:]"`` / ``"int32"``."""
+    """``(dtype, is_array)`` of a Numba type or a string like ``"float32[:]"`` / ``"int32"`` /
+    ``"float32x4[:]"`` (a vector type: also ``numba.cuda.float32x4`` or its alias ``float4``)."""
     if isinstance(t, str):
         m = _ARRAY_TEXT.match(t)
         base, is_array = (m.group(1), True) if m else (t.strip(), False)
+    elif isinstance(t, type):  # a stub class such as numba.cuda.float32x4
+        base, is_array = t.__name__, False
     else:
         ndim = getattr(t, "ndim", None)
         if ndim is not None:
@@ -56,11 +86,26 @@ def _parse_argtype(t: Any, where: str) -> tuple[DType, bool]:
             base, is_array = str(t.dtype), True
         else:
             base, is_array = str(t), False
+    base = _VECTOR_ALIASES.get(base, base)
+    vector = _VECTORS.get(base)
+    if vector is not None:
+        if not is_array:
+            raise KernelLoadError(
+                f"{where}: a by-value {base} argument is not supported; pass a {base}[:] array "
+                f"or its {vector.lanes} lanes as {vector.base.name} scalars"
+            )
+        if _numba_vector_types() is None:
+            raise KernelLoadError(
+                f"{where}: this Numba has no CUDA vector types ({base}); install numba-cuda, or pass the "
+                f"array as {vector.base.name}[:] with {vector.lanes} values per element"
+            )
+        return vector, True
     dtype = _SCALARS.get(base)
     if dtype is None:
         hint = " (Numba has no bfloat16: pass the bits as uint16)" if "bfloat16" in base else ""
         raise KernelLoadError(
-            f"{where}: unsupported type '{t}'{hint} (use {', '.join(_SCALARS)} or 1-D arrays of them)"
+            f"{where}: unsupported type '{t}'{hint} (use {', '.join(_SCALARS)} or 1-D arrays of them, "
+            f"or 1-D arrays of {', '.join(_VECTORS)})"
         )
     return dtype, is_array
 
@@ -173,7 +218,11 @@ class NumbaSource(KernelSource):
 
         out = []
         for p in self.describe().parameters:
-            t = getattr(types, p.dtype.base.name)
+            vector = _VECTOR_NAMES.get(p.dtype)
+            if vector is not None:  # describe checked that this Numba has them
+                t = _numba_vector_types()[vector]  # type: ignore[index]
+            else:
+                t = getattr(types, p.dtype.base.name)
             out.append(types.Array(t, 1, "C") if p.is_pointer else t)
         return tuple(out)
 

@@ -187,3 +187,65 @@ class NumbaGain2D(Block):
         b.output("Out", k.out(1), size=like("In"))
         b.scalar("Gain", k.in_(2), default=2.0)
         k.auto_grid(like("In"))  # 2-D: the block size has two axes
+
+
+def _numba_swizzle4(src, dst, gain, n):  # noqa: ANN001 - a Numba kernel over float32x4 (float4) elements
+    i = cuda.grid(1)
+    if i < n:
+        v = src[i]
+        dst[i] = cuda.float32x4(v.w * gain, v.z, v.y + v.x, v.x)
+
+
+def _numba_rgba_invert(src, dst, width, height):  # noqa: ANN001 - a 2-D Numba kernel over uint8x4 (uchar4) pixels
+    x, y = cuda.grid(2)
+    if x < width and y < height:
+        p = src[y * width + x]
+        dst[y * width + x] = cuda.uint8x4(255 - p.x, 255 - p.y, 255 - p.z, p.w)
+
+
+def _numba_length3(src, dst, n):  # noqa: ANN001 - float32x3 (float3) elements in, float out
+    i = cuda.grid(1)
+    if i < n:
+        v = src[i]
+        dst[i] = (v.x * v.x + v.y * v.y + v.z * v.z) ** 0.5
+
+
+class NumbaSwizzle4(Block):
+    """``Out[i] = (In.w * Gain, In.z, In.y + In.x, In.x)`` over ``float4`` elements, in Numba
+    (``float32x4[:]`` arrays)."""
+
+    type_name = "ShapeTestNumbaSwizzle4"
+
+    def describe(self, b: BlockBuilder) -> None:
+        k = b.add_kernel(
+            NumbaSource(_numba_swizzle4, ("float32x4[:]", "float4[:]", "float32", "uint32"), outputs=("dst",))
+        )
+        b.input("In", k.in_(0))
+        b.output("Out", k.out(1), size=like("In"))
+        b.scalar("Gain", k.in_(2), default=2.0)
+        k.auto_grid(like("In"), count_param=3)
+
+
+class NumbaRgbaInvert(Block):
+    """Inverts an RGBA8 (``uchar4``) image's colour, alpha kept: a 2-D Numba kernel over ``uint8x4``."""
+
+    type_name = "ShapeTestNumbaRgbaInvert"
+
+    def describe(self, b: BlockBuilder) -> None:
+        sig = ("uint8x4[:]", "uchar4[:]", "uint32", "uint32")
+        k = b.add_kernel(NumbaSource(_numba_rgba_invert, sig, outputs=("dst",), block_size=(16, 16)))
+        b.input("In", k.in_(0))
+        b.output("Out", k.out(1), size=like("In"))
+        k.auto_grid(like("In"))
+
+
+class NumbaLength3(Block):
+    """``Out[i] = |In[i]|`` for ``float3`` elements, in Numba (``float32x3[:]`` in, ``float32[:]`` out)."""
+
+    type_name = "ShapeTestNumbaLength3"
+
+    def describe(self, b: BlockBuilder) -> None:
+        k = b.add_kernel(NumbaSource(_numba_length3, ("float32x3[:]", "float32[:]", "uint32"), outputs=("dst",)))
+        b.input("In", k.in_(0))
+        b.output("Out", k.out(1), size=like("In"))
+        k.auto_grid(like("In"), count_param=2)

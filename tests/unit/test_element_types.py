@@ -219,6 +219,94 @@ def test_numba_refuses_bfloat16_and_bad_block_sizes_clearly() -> None:
     assert desc.block_dims == (16, 16) and desc.block_size == 256
 
 
+@pytest.mark.parametrize(
+    ("spelled", "dtype"),
+    [
+        ("float32x2", DType.FLOAT2),
+        ("float2", DType.FLOAT2),
+        ("float32x3", DType.FLOAT3),
+        ("float3", DType.FLOAT3),
+        ("float32x4", DType.FLOAT4),
+        ("float4", DType.FLOAT4),
+        ("uint8x4", DType.UCHAR4),
+        ("uchar4", DType.UCHAR4),
+        ("float64x2", DType.DOUBLE2),
+        ("int32x4", DType.INT4),
+    ],
+)
+def test_numba_signatures_take_arrays_of_vector_types(spelled: str, dtype: DType) -> None:
+    desc = NumbaSource(_nb, (f"{spelled}[:]", f"{spelled}[::1]", "uint32"), outputs=("dst",)).describe()
+    assert [p.dtype for p in desc.parameters[:2]] == [dtype, dtype] and desc.parameters[0].is_pointer
+    assert len(desc.abi) == 2 * 7 + 1  # Numba's array ABI, as for scalar arrays
+
+
+def test_numba_vector_type_objects_are_read_like_their_names() -> None:
+    pytest.importorskip("numba.cuda")
+    from numba.cuda import types
+    from numba.cuda.vector_types import vector_types
+
+    f4, rgba = vector_types["float32x4"], vector_types["uint8x4"]
+    desc = NumbaSource(_nb, (types.Array(f4, 1, "C"), types.Array(rgba, 1, "C"), "uint32")).describe()
+    assert [p.dtype for p in desc.parameters[:2]] == [DType.FLOAT4, DType.UCHAR4]
+
+
+def test_by_value_vectors_and_a_numba_without_vector_types_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudapatch import Block, BlockBuilder
+    from cudapatch.kernels import numba_source
+
+    with pytest.raises(KernelLoadError, match="argument 'n' of _nb: a by-value float32x4 argument is not supported"):
+        NumbaSource(_nb, ("float32x4[:]", "float32x4[:]", "float4")).describe()
+
+    class ByValue(Block):
+        type_name = "ByValueVector"
+
+        def describe(self, b: BlockBuilder) -> None:
+            b.add_kernel(NumbaSource(_nb, ("float32[:]", "float32[:]", "uint8x4")))
+
+    with pytest.raises(KernelLoadError, match="by-value uint8x4 argument .* its 4 lanes as uint8 scalars") as err:
+        ByValue(name="bv")
+    assert err.value.block == "bv"  # the block is named, with the argument
+    monkeypatch.setattr(numba_source, "_numba_vector_types", lambda: None)
+    no_vectors = r"this Numba has no CUDA vector types \(float32x4\).*float32\[:\] with 4"
+    with pytest.raises(KernelLoadError, match=no_vectors):
+        NumbaSource(_nb, ("float32x4[:]", "float32[:]", "uint32"), block_size=128).describe()
+
+
+def test_numba_vector_arrays_fill_the_abi_with_the_vector_itemsize() -> None:
+    from cudapatch import Shape
+    from cudapatch.engine import Context, ExternalBinding, KernelNodePlan
+    from tests.unit.shape_blocks import NumbaLength3, NumbaRgbaInvert, NumbaSwizzle4
+    from tests.unit.unfused import compile_plan
+
+    cases = [
+        (NumbaSwizzle4(name="s"), DType.FLOAT4, Shape.flat(1000), 16),
+        (NumbaRgbaInvert(name="r"), DType.UCHAR4, Shape.of(90, 160), 4),
+        (NumbaLength3(name="l"), DType.FLOAT3, Shape.flat(777), 12),
+    ]
+    for block, dtype, shape, itemsize in cases:
+        c = Context()
+        c.register_block(block)
+        c.bind_input(block, "In", ExternalBinding(0x7000_0000, shape.count, dtype, shape=shape))
+        plan = compile_plan(c.snapshot())
+        assert not plan.diagnostics, plan.diagnostics
+        (node,) = [n for n in plan.nodes if isinstance(n, KernelNodePlan)]
+        src = node.args[:7]  # meminfo parent nitems itemsize data shape0 stride0
+        assert [a.value for a in src if a.kind == "const"] == [0, 0, shape.count, itemsize, shape.count, itemsize]
+        out_dtype = block.description.output("Out").dtype
+        assert out_dtype is (DType.FLOAT32 if dtype is DType.FLOAT3 else dtype)
+        assert plan.shapes.get((block.id, "Out"), Shape.flat(shape.count)) == shape
+
+
+@pytest.mark.parametrize("cls_name", ["NumbaSwizzle4", "NumbaRgbaInvert", "NumbaLength3"])
+def test_numba_kernels_over_vector_arrays_compile(cls_name: str) -> None:
+    pytest.importorskip("numba.cuda")
+    from tests.unit import shape_blocks
+
+    block = getattr(shape_blocks, cls_name)(name="v")
+    (kernel,) = block.description.kernels
+    assert kernel.source.compile("sm_90").image  # Numba -> PTX -> nvJitLink, checked against the descriptor
+
+
 # -- GL formats and the preview's choice -------------------------------------------------------------
 def test_each_image_element_type_has_a_texture_texel_for_texel() -> None:
     from cudapatch.interop.formats import TEXTURE_FORMATS, texture_format_for
