@@ -7,11 +7,12 @@ composite. The editor shows it as one node; opened (``EditorModel.open``), its i
 too, in a group with the composite's node, the way a region's body is (``GroupView`` of kind
 ``composite``). What is built here is a view, made when the patch or what is open changes:
 
-- **Nodes** named by their path (``smooth/pass1``; an operator name never holds ``/``), laid out below
-  the composite's node by ``auto_layout`` (an open composite inside one as a block of its own, its node
-  first), or where the user dragged them in this session (offsets from the composite's node, not
-  written anywhere). Pins and parameters as an operator's, each parameter with the value that runs: an
-  exposed one the composite's value, not the file's.
+- **Nodes** named by their path (``smooth/pass1``; an operator name never holds ``/``), laid out with
+  the operators by ``auto_layout``, the open composite as a block of its own the way a region is (its
+  node first, its inner nodes in columns beside it, room left for the group; operators without a
+  stored position make room), or where the user dragged them in this session (offsets from the
+  composite's node, not written anywhere). Pins and parameters as an operator's, each parameter
+  with the value that runs: an exposed one the composite's value, not the file's.
 - **Exposures**: an inner port or parameter the composite exposes carries its outer name
   (``NodeView.exposed``: ``{"Factor": "smooth.Gain"}``).
 - **States**: ``refresh_inside`` puts each diagnostic of the composite on the inner node it is about (the
@@ -26,21 +27,22 @@ Pure: no imgui, no GPU; tested in ``tests/unit/test_editor_composites.py``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..blocks.composite import Composite
-from .editor_model import GroupView, LinkView, NodeView, PinView, _cell, _param_view, auto_layout
+from .editor_model import GroupView, LinkView, NodeView, PinView, _cell, _param_view, source_text
 
-__all__ = ["Inside", "build_inside", "refresh_inside", "source_text"]
-
-#: Room between the composite's node and the inside laid out below it (canvas units).
-_BELOW = 60.0
+__all__ = ["Inside", "finish_inside", "plan_inside", "refresh_inside"]
 
 
 @dataclass
 class Inside:
-    """One open composite operator and the views of its inside (nested open composites included).
+    """One open composite operator and what its inside shows (nested open composites included).
+
+    ``plan_inside`` fills what the layout needs (``ops``, ``regions``, ``containers``, ``edges``,
+    ``cells``: the editor lays them out with the operators, the composite as a block of its own like a
+    region), ``finish_inside`` the views.
 
     Attributes:
         op: The composite operator.
@@ -62,45 +64,21 @@ class Inside:
     groups: list[GroupView] = field(default_factory=list)
     leaves: dict[int, str] = field(default_factory=dict)
     names: list[tuple[str, str]] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    regions: dict[str, str] = field(default_factory=dict)  # inner node -> the open composite holding it
+    containers: set[str] = field(default_factory=set)  # this composite and the open ones inside it
+    edges: list[tuple[str, str, str, str]] = field(default_factory=list)  # inner links, exposed inputs
+    cells: dict[str, tuple[float, float]] = field(default_factory=dict)
+    made: list[tuple[str, str, Any, dict[str, Any], dict[str, str]]] = field(default_factory=list)
+    inner_links: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
-def source_text(block: Composite) -> str:
-    """Where a composite's inside is defined, for messages: its file's name, or its Python class."""
-    file = block.composite_file()
-    if file:
-        return file.replace("\\", "/").rsplit("/", 1)[-1]
-    return f"Python class {type(block).__name__}"
-
-
-def build_inside(
-    view: NodeView,
-    block: Composite,
-    *,
-    opened: set[str] | frozenset[str],
-    offsets: Mapping[str, tuple[float, float]],
-    type_names: Mapping[type, tuple[str, str]],
-    link_view: Callable[[Any, str, str, str, str, str], LinkView],
-    depth: int,
-) -> Inside:
-    """The views of open composite ``view`` (its operator's node), whose block is ``block``.
-
-    Args:
-        view: The composite operator's node.
-        block: Its block.
-        opened: Paths of the open composites (a nested one is shown open when its path is in it).
-        offsets: Inner node path -> where the user put it, from the composite's node.
-        type_names: Block class -> ``(registered type name, doc)``.
-        link_view: ``(source block, source path, port, destination path, port, element type) -> LinkView``
-            with the wire's sizes.
-        depth: The group's depth (the regions around the composite).
-    """
-    inside = Inside(view.name, block, block.layout)
-    ops: list[str] = []
-    regions: dict[str, str] = {}  # a node in a nested open composite -> that composite's path
-    containers: set[str] = set()
-    links: list[tuple[str, str, str, str]] = []
-    cells: dict[str, tuple[float, float]] = {}
-    made: list[tuple[str, str, Any, dict[str, Any], dict[str, str]]] = []  # path, container, block, values, exposed
+def plan_inside(op: str, block: Composite, opened: set[str] | frozenset[str], region: str | None) -> Inside:
+    """What open composite operator ``op`` (block ``block``, in region ``region``) shows inside: its
+    inner nodes (and those of the open composites inside it: ``opened`` holds their paths), links,
+    groups, and the items the layout places."""
+    inside = Inside(op, block, block.layout)
+    inside.containers.add(op)
 
     def expand(comp: Composite, path: str, qual: str, values: dict[str, Any], level: int, parent: str | None) -> None:
         layout = comp.layout
@@ -114,20 +92,21 @@ def build_inside(
                 exposed.setdefault(local, {})[name] = f"{own}.{e.name}"
                 if e.kind == "param" and e.name in values:
                     per_op.setdefault(local, {})[name] = values[e.name]
+                if e.kind == "input":  # laid out after the composite's own node, as if it fed them
+                    inside.edges.append((path, e.name, f"{path}/{local}", name))
         members = []
         for local, inner in layout.blocks.items():
             p, q = f"{path}/{local}", f"{qual}/{local}"
             members.append(p)
-            ops.append(p)
-            if path != view.name:
-                regions[p] = path
-            cells[p] = _cell(inner.description)
+            inside.ops.append(p)
+            inside.regions[p] = path
+            inside.cells[p] = _cell(inner.description)
             inner_values = {k: prm.value for k, prm in inner.params.items()}
             inner_values.update(per_op.get(local, {}))
-            made.append((p, path, inner, inner_values, exposed.get(local, {})))
+            inside.made.append((p, path, inner, inner_values, exposed.get(local, {})))
             if isinstance(inner, Composite):
                 if p in opened and inner.layout is not None:
-                    containers.add(p)
+                    inside.containers.add(p)
                     expand(inner, p, q, inner_values, level + 1, path)
                 else:
                     for sub, leaf in inner.inner_blocks():
@@ -137,21 +116,47 @@ def build_inside(
                 inside.leaves[inner.id] = p
                 inside.names.append((q, p))
         for lk in layout.links:
-            links.append((f"{path}/{lk.src}", lk.src_port, f"{path}/{lk.dst}", lk.dst_port))
+            key = (f"{path}/{lk.src}", lk.src_port, f"{path}/{lk.dst}", lk.dst_port)
+            inside.inner_links.append(key)
+            inside.edges.append(key)
         inside.groups.append(GroupView(path, "composite", tuple(members), parent, level))
 
-    values = {k: prm.value for k, prm in block.params.items()}
-    expand(block, view.name, block.name, values, depth, view.region)
-    inside.groups.sort(key=lambda g: g.depth)
-    laid = auto_layout(ops, links, regions, containers, cells)
+    expand(block, op, block.name, {k: prm.value for k, prm in block.params.items()}, 0, region)
+    return inside
+
+
+def finish_inside(
+    inside: Inside,
+    view: NodeView,
+    *,
+    laid: Mapping[str, tuple[float, float]],
+    offsets: Mapping[str, tuple[float, float]],
+    type_names: Mapping[type, tuple[str, str]],
+    link_view: Callable[[Any, str, str, str, str, str], LinkView],
+    depth: int,
+) -> None:
+    """The views of ``inside`` (planned by ``plan_inside``), now that the layout placed its items.
+
+    Args:
+        inside: What ``plan_inside`` made.
+        view: The composite operator's node.
+        laid: The layout's positions (the composite's node among them): an inner node goes where the
+            layout put it relative to the composite's node, wherever that node is drawn.
+        offsets: Inner node path -> where the user put it, from the composite's node.
+        type_names: Block class -> ``(registered type name, doc)``.
+        link_view: ``(source block, source path, port, destination path, port, element type) -> LinkView``
+            with the wire's sizes.
+        depth: The depth of the composite's group (the regions around it).
+    """
+    inside.groups = sorted((replace(g, depth=g.depth + depth) for g in inside.groups), key=lambda g: g.depth)
     x0, y0 = view.position
-    below = _cell(block.description)[1] - 40.0 + _BELOW  # the composite node's room, less the layout's gap
-    by_path = {p: inner for p, _, inner, _, _ in made}
-    for p, container, inner, inner_values, exposed in made:
+    cx, cy = laid.get(inside.op, (x0, y0))
+    by_path = {p: inner for p, _, inner, _, _ in inside.made}
+    for p, container, inner, inner_values, exposed in inside.made:
         at = offsets.get(p)
         if at is None:
-            lx, ly = laid.get(p, (40.0, 40.0))
-            at = (lx - 40.0, below + ly - 40.0)
+            lx, ly = laid.get(p, (cx, cy))
+            at = (lx - cx, ly - cy)
         desc = inner.description
         type_name, doc = type_names.get(type(inner), (desc.type_name, ""))
         nested = isinstance(inner, Composite)
@@ -168,13 +173,12 @@ def build_inside(
             generates=hasattr(type(inner), "generated_code"),
             composite=container,
             exposed=exposed,
-            opened=p in containers,
+            opened=p in inside.containers,
             source=source_text(inner) if nested else "",
         )
-    for src, sp, dst, dp in links:
+    for src, sp, dst, dp in inside.inner_links:
         out = by_path[src].description.output(sp)
         inside.links.append(link_view(by_path[src], src, sp, dst, dp, str(out.pin_type) if out is not None else ""))
-    return inside
 
 
 def refresh_inside(inside: Inside, top: NodeView, diags: Any, block_ms: Mapping[int, float] | None) -> None:

@@ -65,6 +65,7 @@ __all__ = [
     "InsideView",
     "auto_layout",
     "group_rects",
+    "source_text",
 ]
 
 log = logging.getLogger("cudapatch.editor")
@@ -539,8 +540,6 @@ class EditorModel:
         inside = self._insides.get(top)
         if inside is None:
             return f"no node '{name}' (its composite is not open)"
-        from .editor_inside import source_text
-
         where = source_text(inside.block)
         fix = "edit that file (the running patch follows it)" if inside.block.composite_file() else "change that class"
 
@@ -617,7 +616,19 @@ class EditorModel:
         # Laid out over every operator, stored positions or not, so that storing some (a dragged node)
         # leaves where the others are drawn as it was.
         cells = {op: _cell(b.description) for op, b in blocks.items()}
-        layout = auto_layout(list(ops), link_keys, placed, containers, cells)
+        insides = self._plan_insides(ops, blocks, placed)
+        if insides:  # open composites are laid out with the operators, each as a block like a region's
+            items, edges, regions = list(ops), list(link_keys), dict(placed)
+            boxes, room = set(containers), dict(cells)
+            for inside in insides.values():
+                items += inside.ops
+                edges += inside.edges
+                regions.update(inside.regions)
+                boxes |= inside.containers
+                room.update(inside.cells)
+            layout = auto_layout(items, edges, regions, boxes, room)
+        else:
+            layout = auto_layout(list(ops), link_keys, placed, containers, cells)
         bypassed = set(self.doc.bypassed())
         old = self._views or {}
         views: dict[str, NodeView] = {}
@@ -639,6 +650,7 @@ class EditorModel:
                 region=placed.get(op),
                 kind=block.kind if op in containers else "",
                 inner=sum(1 for _ in block.inner_blocks()) if isinstance(block, Composite) else 0,
+                source=source_text(block) if isinstance(block, Composite) else "",
                 generates=hasattr(type(block), "generated_code"),
             )
             prev = old.get(op)
@@ -652,30 +664,41 @@ class EditorModel:
         self._loops = loops
         self._groups = _groups(views)
         self._links = [self._link_view(*key) for key in link_keys]
-        self._build_insides(views, blocks)
+        self._finish_insides(views, insides, layout)
         self.probes.sync(views)
         self._views_version = self.version
 
-    def _build_insides(self, views: dict[str, NodeView], blocks: dict[str, Any]) -> None:
-        """The views of every open composite's inside (``editor_inside``), and what the panel draws."""
-        self._opened = {p for p in self._opened if (v := views.get(p.split("/", 1)[0])) is not None and v.inner}
-        self._insides = {}
+    def _plan_insides(self, ops: dict[str, str], blocks: dict[str, Any], placed: dict[str, str]) -> dict[str, Any]:
+        """What each open composite shows inside (``editor_inside.plan_inside``); forgets the open paths
+        of composites that are gone."""
+        self._opened = {p for p in self._opened if isinstance(blocks.get(p.split("/", 1)[0]), Composite)}
         if not self._opened:
+            return {}
+        from .editor_inside import plan_inside
+
+        return {
+            op: plan_inside(op, b, self._opened, placed.get(op))
+            for op, b in blocks.items()
+            if op in self._opened and isinstance(b, Composite) and b.layout is not None
+        }
+
+    def _finish_insides(self, views: dict[str, NodeView], insides: dict[str, Any], laid: dict[str, Any]) -> None:
+        """The views of every open composite's inside, and what the panel draws."""
+        self._insides = insides
+        if not insides:
             self._drawn = (views, self._links)
             return
-        from .editor_inside import build_inside
+        from .editor_inside import finish_inside
 
         type_names = {bt.cls: (bt.name, bt.doc) for bt in self.registry}
         drawn, links, groups = dict(views), list(self._links), dict(self._groups)
-        for op, view in views.items():
-            block = blocks[op]
-            if op not in self._opened or not isinstance(block, Composite) or block.layout is None:
-                continue
+        for op, inside in insides.items():
+            view = views[op]
             region = self._groups.get(view.region) if view.region is not None else None
-            inside = build_inside(
+            finish_inside(
+                inside,
                 view,
-                block,
-                opened=self._opened,
+                laid=laid,
                 offsets={p: at for p, at in self._offsets.items() if p.startswith(op + "/")},
                 type_names=type_names,
                 link_view=lambda b, *key: self._link_view(*key[:4], b),
@@ -689,7 +712,6 @@ class EditorModel:
             drawn.update(inside.views)
             links += inside.links
             groups.update((g.region, g) for g in inside.groups)
-            self._insides[op] = inside
         self._groups = {g.region: g for g in sorted(groups.values(), key=lambda g: g.depth)}
         self._drawn = (drawn, links)
 
@@ -1230,6 +1252,14 @@ class EditorModel:
         self.status = message
         log.info("editor: %s", message)
         return ActionResult(False, message)
+
+
+def source_text(block: Composite) -> str:
+    """Where a composite's inside is defined, for messages: its file's name, or its Python class."""
+    file = block.composite_file()
+    if file:
+        return file.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"Python class {type(block).__name__}"
 
 
 def _renamed(path: str, old: str, new: str) -> str:

@@ -110,10 +110,12 @@ def test_opening_a_composite_draws_its_inside_as_a_group(tmp_path):
     # An exposed parameter shows the value that runs (the composite's Gain), the others the file's.
     assert next(p.value for p in a.params if p.name == "Factor") == 3.0
     assert next(p.value for p in b.params if p.name == "Offset") == 1.0
-    # Laid out below the composite's node, by their links: a left of b.
+    # Laid out as a region's body is: the composite's node first, its inside in columns by their links
+    # (a below it, b right of a), and the operators after it moved aside to make room.
     top = drawn["two"].position
-    assert all(v.position[1] > top[1] + 150 for v in (a, b, drawn["two/loose"]))
-    assert a.position[0] == top[0] and b.position[0] > a.position[0]
+    assert all(v.position[0] >= top[0] and v.position[1] >= top[1] for v in (a, b, drawn["two/loose"]))
+    assert a.position == (top[0], top[1] + 220.0) and b.position[0] > a.position[0]
+    assert drawn["after"].position[0] > b.position[0] + 200
     assert [str(lk) for lk in model.drawn_links()][-1] == "two/a.Out -> two/b.In"
     assert model.drawn_links()[-1].count == 64  # sizes from the plan, as any wire's
     assert model.groups()["two"].kind == "composite" and model.groups()["two"].members == (
