@@ -184,7 +184,7 @@ def test_a_new_probe_needs_a_new_graph_and_an_unchanged_one_patches_warm():
     assert not isinstance(decide_warm_patch(new, again, {}, capacities=caps), WarmRefusal)
 
 
-def test_probe_grid_grows_with_the_values_up_to_a_wave():
+def test_probe_grid_grows_with_the_values_up_to_its_limit():
     assert probe_grid(0) == probe_grid(1) == probe_grid(2048) == 1
     assert probe_grid(2049) == 2
     assert probe_grid(10**9) == PROBE_MAX_BLOCKS
