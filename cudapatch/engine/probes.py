@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "PROBE_BESIDE_BLOCKS",
     "PROBE_KINDS",
     "PROBE_MAX_BLOCKS",
     "PROBE_SCRATCH_WORDS",
@@ -48,10 +49,14 @@ __all__ = [
 ]
 
 PROBE_THREADS = 256
-#: The most thread blocks one probe uses (about four per SM on an H100's 132 SMs: with four loads in
-#: flight per thread, enough to read a large buffer at the memory's speed, not its latency; at 128 a
-#: probe of 1M floats took 13 µs, measured on the H100).
+#: The most thread blocks one probe uses: about four per SM of an H100 (132 SMs), for a probe with
+#: nothing after it (a value no block reads: the probe ends the frame, so it reads at memory speed).
 PROBE_MAX_BLOCKS = 512
+#: ... and for a probe that runs beside the blocks reading its value: about one per SM, so it leaves
+#: the SMs to the work it runs beside. Measured on the H100 (100 Scales over 1M floats, 10 probes):
+#: at 512 blocks each probe beside the chain added 3 µs to the frame, at 128 about 1 µs; the probe at
+#: the chain's end took 13 µs at 128 blocks and one load in flight per thread, 9 µs at 512 and four.
+PROBE_BESIDE_BLOCKS = 128
 #: Values each thread reads at least, before the grid grows another block.
 _PER_THREAD = 8
 PROBE_WORDS = 8
@@ -229,10 +234,12 @@ extern "C" __global__ void probe(
 """
 
 
-def probe_grid(values: int) -> int:
+def probe_grid(values: int, *, beside: bool = False) -> int:
     """Thread blocks of a probe over ``values`` scalars: at least ``_PER_THREAD`` values per thread, at
-    most ``PROBE_MAX_BLOCKS`` blocks."""
-    return max(1, min(PROBE_MAX_BLOCKS, -(-values // (PROBE_THREADS * _PER_THREAD))))
+    most ``PROBE_MAX_BLOCKS`` blocks (``PROBE_BESIDE_BLOCKS`` when ``beside``: blocks read the value
+    while the probe runs)."""
+    most = PROBE_BESIDE_BLOCKS if beside else PROBE_MAX_BLOCKS
+    return max(1, min(most, -(-values // (PROBE_THREADS * _PER_THREAD))))
 
 
 def record_words(thumb_w: int, thumb_h: int) -> int:
