@@ -526,6 +526,7 @@ class EditorModel:
         if not gone:
             return ActionResult(False, f"'{op}' is not open")
         self._opened -= gone
+        self.probes.remove_inside(op)
         self.version += 1
         self.status = f"closed {op}"
         return ActionResult(True, self.status)
@@ -665,7 +666,7 @@ class EditorModel:
         self._groups = _groups(views)
         self._links = [self._link_view(*key) for key in link_keys]
         self._finish_insides(views, insides, layout)
-        self.probes.sync(views)
+        self.probes.sync(self._drawn[0])
         self._views_version = self.version
 
     def _plan_insides(self, ops: dict[str, str], blocks: dict[str, Any], placed: dict[str, str]) -> dict[str, Any]:
@@ -837,9 +838,9 @@ class EditorModel:
     def probe(self, op: str, port: str) -> ActionResult:
         """Probe the wires leaving output ``port`` of ``op``: their statistics come in ``probes.latest``
         from the next frames on (not an edit of the patch: nothing is written or undone)."""
-        if op not in self.nodes():
+        if op not in self.drawn_nodes():
             return self._refuse(f"unknown operator '{op}'")
-        problem = self.probes.add(op, port)
+        problem = self.probes.add(op, port, self._block_of(op))
         if problem is not None:
             return self._refuse(f"cannot probe {op}.{port}: {problem}")
         return ActionResult(True, f"probing {op}.{port}")

@@ -284,3 +284,28 @@ def test_an_inner_node_of_a_closed_composite_is_no_node(tmp_path, op):
     _, _, _, model = _model(tmp_path)
     assert model.inner_problem(op) == f"no node '{op}' (its composite is not open)"
     assert not model.move_many({op: (1.0, 2.0)})
+
+
+def test_an_inner_wire_can_be_probed_while_its_composite_is_open(tmp_path):
+    _, adapter, _, model = _model(tmp_path, engine=PlanOnlyEngine(fuse=False))
+    engine = adapter.engine
+    a = adapter.block("two").inner("a")
+    assert not model.probe("two/a", "Out")  # closed: no such node
+    model.open("two")
+    assert model.probe("two/a", "Out") and ("two/a", "Out") in model.probes
+    assert engine.context.probes == {(a.id, "Out"): None}
+    engine.update()
+    assert (a.id, "Out") in engine.plan.probes  # a probe node on the inner block's output
+    assert model.close("two") and not model.probes and not engine.context.probes
+    # A composite deleted with a probe inside takes it along; a file read again drops the old block's.
+    model.open("two")
+    assert model.probe("two/a", "Out")
+    assert model.delete("two") and not engine.context.probes
+    assert model.nodes() and not model.probes
+    assert model.undo()
+    model.open("two")
+    assert model.probe("two/b", "Out")
+    (tmp_path / "two.toml").write_text(TWO.replace("Offset = 1.0", "Offset = 2.0"))
+    adapter.block("two").refresh()
+    model.refresh()  # sees the new inside: the views are made again, without the old block's probe
+    assert model.nodes() and not model.probes and not engine.context.probes
