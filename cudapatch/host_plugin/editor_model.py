@@ -24,8 +24,12 @@ model knows nothing of imgui, so everything here is tested without a display or 
   node and the operators it holds (``groups()``, ``group_rects``); ``place`` puts an operator into a
   region or takes it out (``region = "..."`` in the file, ``HostAdapter.place``), ``move_group`` moves
   a region with everything it holds as one edit. ``refresh`` reads each loop's iterations of the
-  newest completed frame (``engine.iterations``, no stall). A composite stays one node; ``inside(op)``
-  describes its inner blocks, links and exposed names for a read-only look.
+  newest completed frame (``engine.iterations``, no stall). A composite is one node; ``open(op)`` draws
+  its inside in place (``editor_inside``): its inner blocks as nodes by path (``op/inner``) in a group
+  of kind ``composite``, its inner links as wires (``drawn_nodes``, ``drawn_links``), each inner node's
+  state and GPU time refreshed only while it is open. The inside is read-only (``inner_problem`` says
+  why), except an exposed parameter, which sets the composite's. ``inside(op)`` describes its inner
+  blocks, links and exposed names as data.
 - **Undo/redo** keep the patch text before and after each edit (``max_history``, 256 by default).
   Undo makes the running patch match the older text through ``apply_patch``, which again changes
   only what differs; renames are undone by renaming back.
