@@ -798,9 +798,11 @@ class EditorModel:
         from .editor_inside import refresh_inside
 
         block_ms = getattr(stats, "block_ms", None) if stats is not None else None
-        ops = self.adapter.operators()
         for op, inside in self._insides.items():
-            block = self.adapter.block(op) if op in ops else None
+            try:
+                block = self.adapter.block(op)
+            except CudapatchError:  # deleted by the host: the views are stale
+                block = None
             if block is not inside.block or block.layout is not inside.layout:
                 self.version += 1  # the next ``nodes()`` makes the views again
                 return

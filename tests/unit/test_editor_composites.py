@@ -309,3 +309,39 @@ def test_an_inner_wire_can_be_probed_while_its_composite_is_open(tmp_path):
     adapter.block("two").refresh()
     model.refresh()  # sees the new inside: the views are made again, without the old block's probe
     assert model.nodes() and not model.probes and not engine.context.probes
+
+
+def _random_edit(model, rng) -> None:
+    """An edit of the patch, or a look inside its composite (open, close, an inner edit: set through an
+    exposed parameter, or refused)."""
+    kind = rng.choice(["open", "close", "gain", "inner", "refused", "move", "param"])
+    ops = list(model.adapter.operators())
+    comps = [op for op in ops if model.nodes()[op].inner]
+    if kind == "open" and comps:
+        model.open(rng.choice(comps))
+    elif kind == "close" and model.opened:
+        model.close(rng.choice(sorted(model.opened)))
+    elif kind == "gain" and comps:
+        model.set_param(rng.choice(comps), "Gain", rng.uniform(0.1, 4.0))
+    elif kind == "inner" and model.opened:
+        model.set_param(f"{sorted(model.opened)[0]}/a", "Factor", rng.uniform(0.1, 4.0))
+    elif kind == "refused" and model.opened:
+        top = sorted(model.opened)[0]
+        assert not rng.choice([model.delete, model.bypass])(f"{top}/b")
+    elif kind == "move":
+        op = rng.choice(ops)
+        model.move(op, rng.uniform(0, 900), rng.uniform(0, 600))
+    else:
+        model.set_param("fill", "Count", rng.randrange(1, 200))
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_undo_redo_with_composites_opened_and_closed_between_edits(tmp_path, seed):
+    import random
+
+    from .test_editor_model import _file_state, _state, undo_redo_round_trip
+
+    text = _patch(tmp_path)
+    path, _, reloader, model = _model(tmp_path, text)
+    rng = random.Random(seed)
+    undo_redo_round_trip(model, reloader, path, lambda m: _random_edit(m, rng), 60, _state, _file_state, text)
