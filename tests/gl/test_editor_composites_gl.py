@@ -129,3 +129,35 @@ def test_zoomed_out_an_open_composite_keeps_its_inside_in_its_group(tmp_path):
     group = panel.layout.groups["two"]
     for op in ("two", "two/a", "two/b", "two/loose"):
         assert _inside(group, panel.layout.nodes[op], 0.0), op
+
+
+def test_a_probed_inner_wire_is_drawn_in_the_probe_colour(tmp_path):
+    from cudapatch.interop.editor import LINK_COLOR, PROBE_COLOR
+
+    from ..unit.plan_engine import PlanOnlyEngine
+
+    model = _model(_patch(tmp_path), PlanOnlyEngine(fuse=False))
+    model.open("two")
+    assert model.probe("two/a", "Out")
+    img, panel = _draw(model, frames=5)
+    p, q = panel.layout.pins[("two/a", "Out", "out")], panel.layout.pins[("two/b", "In", "in")]
+    mid = ((p[0] + q[0]) / 2, (p[1] + q[1]) / 2)
+    orange, blue = np.array(PROBE_COLOR[:3]) * 255, np.array(LINK_COLOR[:3]) * 255
+    assert _near(img, *mid, 3, lambda px: np.abs(px - orange).max(axis=1) < 50)
+    assert not _near(img, *mid, 3, lambda px: np.abs(px - blue).max(axis=1) < 50)
+
+
+def test_a_composite_open_inside_an_open_one_is_a_group_inside_its_group(tmp_path):
+    _patch(tmp_path)
+    text = 'links = ["fill.Out -> o.In"]\n\n[operators.fill]\ntype = "core.Fill"\n\n'
+    text += f'[operators.o]\ntype = "core.Composite"\nPath = "{tmp_path / "outer.toml"}"\n'
+    model = _model(text)
+    model.open("o")
+    model.open("o/sub")
+    _, panel = _draw(model, frames=5, rect=(0, 0, 1280, 720), prepare=lambda p: p.fit_all())
+    groups, nodes = panel.layout.groups, panel.layout.nodes
+    assert set(groups) == {"o", "o/sub"}
+    assert _inside(groups["o"], groups["o/sub"], 0.0)
+    for op in ("o/sub", "o/sub/a", "o/sub/b", "o/sub/loose"):
+        assert _inside(groups["o/sub"], nodes[op], 0.0), op
+    assert _inside(groups["o"], nodes["o/c"], 0.0) and not _inside(groups["o/sub"], nodes["o/c"], 0.0)
