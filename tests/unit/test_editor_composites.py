@@ -345,3 +345,36 @@ def test_undo_redo_with_composites_opened_and_closed_between_edits(tmp_path, see
     path, _, reloader, model = _model(tmp_path, text)
     rng = random.Random(seed)
     undo_redo_round_trip(model, reloader, path, lambda m: _random_edit(m, rng), 60, _state, _file_state, text)
+
+
+def test_the_engines_statistics_carry_the_inner_blocks_gpu_times(tmp_path):
+    """``EngineStats.block_ms`` holds every timed block, the composite's inner ones among them, while
+    ``blocks`` keeps one row per registered block (the composite's: the span of its inner blocks)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cudapatch.engine import compile_plan
+    from cudapatch.engine.stats import FrameReading, collect_stats
+
+    _, adapter, _, _ = _model(tmp_path, engine=PlanOnlyEngine(fuse=False))
+    engine = adapter.engine
+    plan = compile_plan(engine.context.snapshot(), level=ProfilingLevel.PER_BLOCK, fuse=False)
+    slots = max(max(p.start, p.end) for p in plan.timings) + 1
+    stamps = np.arange(slots, dtype=np.uint64) * 1_000_000  # 1 ms between slots, in order
+    graph = SimpleNamespace(plan=plan, readback=None, occupancy={}, kernel_count=0)
+    pool = SimpleNamespace(in_use_bytes=0, total_allocated_bytes=0)
+    stats = collect_stats(
+        level=plan.level,
+        blocks=engine.context.registry,
+        graph=graph,
+        reading=FrameReading(3, 1, stamps),
+        pool=pool,
+        diagnostics=(),
+    )
+    two = adapter.block("two")
+    a, b = two.inner("a"), two.inner("b")
+    assert {a.id, b.id, two.id} <= set(stats.block_ms)
+    row = next(r for r in stats.blocks if r.block_id == two.id)
+    assert row.gpu_ms == stats.block_ms[two.id] >= max(stats.block_ms[a.id], stats.block_ms[b.id]) > 0
+    assert {r.block_id for r in stats.blocks} == {adapter.block(op).id for op in ("fill", "two", "after")}
