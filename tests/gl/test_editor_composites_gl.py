@@ -161,3 +161,69 @@ def test_a_composite_open_inside_an_open_one_is_a_group_inside_its_group(tmp_pat
     for op in ("o/sub", "o/sub/a", "o/sub/b", "o/sub/loose"):
         assert _inside(groups["o/sub"], nodes[op], 0.0), op
     assert _inside(groups["o"], nodes["o/c"], 0.0) and not _inside(groups["o/sub"], nodes["o/c"], 0.0)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_an_open_composite_shows_its_inner_times_states_and_probes(engine, tmp_path):
+    """A real engine at PerBlock runs examples/composites/smooth.toml (box3.cu through NVRTC): opened in
+    the editor, each inner node has its own GPU time and the OK state, a probe on the inner wire
+    pass1.out -> pass2.in matches NumPy, and the panel draws the inner titles in the OK colour."""
+    import shutil
+
+    from OpenGL import GL
+
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
+    from cudapatch.host_plugin.editor_model import EditorModel
+    from cudapatch.interop import EglContext
+    from cudapatch.interop.editor import STATE_COLORS, EditorPanel
+    from cudapatch.interop.overlay import Overlay
+
+    from .test_editor_gl import ROOT
+
+    for name in ("smooth.toml", "box3.cu"):
+        shutil.copy(ROOT / "examples" / "composites" / name, tmp_path / name)
+    text = f'[operators.smooth]\ntype = "core.Composite"\nPath = "{tmp_path / "smooth.toml"}"\nGain = 2.0\n'
+    reg = PluginHost().registry
+    patch = parse_patch(text, registry=reg)
+    adapter = HostAdapter(engine, reg)
+    apply_patch(adapter, patch)
+    data = np.random.default_rng().standard_normal(1 << 16).astype(np.float32) * 5 + 1
+    engine.bind(adapter.block("smooth"), "In", data)  # an exposed input bound: binds pass1's in
+    engine.set_profiling("PerBlock")
+    model = EditorModel(adapter, patch)
+    assert model.open("smooth") and model.probe("smooth/pass1", "out")
+    engine.wait_ready()
+    ctx = EglContext(1280, 720)
+    panel = EditorPanel(model, rect=(0, 0, 1280, 720))
+    overlay = Overlay(ctx, panels=(panel.draw,))
+    overlay.visible = False
+    inner = ("smooth/pass1", "smooth/pass2", "smooth/gain")
+    try:
+        for _ in range(400):
+            engine.update()
+            GL.glBindFramebuffer(GL.GL_FRAMEBUFFER, ctx.framebuffer)
+            GL.glClear(GL.GL_COLOR_BUFFER_BIT)
+            overlay.draw(engine.stats())  # the panel refreshes the model from these
+            drawn = model.drawn_nodes()
+            probed = model.probes.latest.get(("smooth/pass1", "out"))
+            if probed is not None and all(drawn[p].gpu_ms for p in inner) and len(panel.layout.titles) == 4:
+                break
+        img = ctx.read_pixels()[..., :3].astype(int)
+        layout = panel.layout
+    finally:
+        panel.close()
+        overlay.close()
+        ctx.close()
+    drawn = model.drawn_nodes()
+    for p in inner:
+        assert drawn[p].state == "OK" and drawn[p].gpu_ms > 0, (p, drawn[p].state, drawn[p].message)
+        assert drawn[p].gpu_ms <= drawn["smooth"].gpu_ms
+        assert _colour(img, layout.titles[p], STATE_COLORS["OK"]) > 5, p
+    # pass1 = box3(In) * weight, in float32 as the kernel adds and scales.
+    left, right = np.concatenate([data[:1], data[:-1]]), np.concatenate([data[1:], data[-1:]])
+    want = ((left + data) + right) * np.float32(0.33333334)
+    st = model.probes.latest[("smooth/pass1", "out")]
+    v = want.astype(np.float64)
+    assert st.values == data.size and (st.nan, st.inf) == (0, 0)
+    assert (st.minimum, st.maximum) == (float(v.min()), float(v.max()))
+    assert st.mean == pytest.approx(float(v.mean()), rel=1e-9)
