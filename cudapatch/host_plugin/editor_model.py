@@ -576,8 +576,8 @@ class EditorModel:
         return False
 
     def inside(self, op: str) -> InsideView | None:
-        """What composite ``op`` holds (None: not a composite), for a read-only look inside it. Made
-        when asked (the panel asks while its window is open), not per frame."""
+        """What composite ``op`` holds (None: not a composite) as plain data: its inner blocks, links and
+        exposed names, made when asked (``open`` draws the same inside as nodes in the editor)."""
         if op not in self.adapter.operators():
             return None
         block = self.adapter.block(op)
