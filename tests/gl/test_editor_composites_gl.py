@@ -227,3 +227,28 @@ def test_on_the_gpu_an_open_composite_shows_its_inner_times_states_and_probes(en
     assert st.values == data.size and (st.nan, st.inf) == (0, 0)
     assert (st.minimum, st.maximum) == (float(v.min()), float(v.max()))
     assert st.mean == pytest.approx(float(v.mean()), rel=1e-9)
+
+
+def test_delete_on_a_selected_inner_node_is_refused_with_the_reason(tmp_path):
+    from imgui_bundle import imgui
+
+    model = _model(_patch(tmp_path))
+    model.open("two")
+    text = model.doc.text
+    seen: list = []
+
+    def each_frame(panel):
+        i = len(seen)
+        seen.append(i)
+        io = imgui.get_io()
+        if i == 3:  # click the inner node's title: selects it
+            x, y = panel.layout.titles["two/b"]
+            io.add_mouse_pos_event(x + 4.0, y + 6.0)
+        elif i in (4, 5):
+            io.add_mouse_button_event(0, i == 4)
+        elif i in (7, 8):
+            io.add_key_event(imgui.Key.delete, i == 7)
+
+    _, panel = _draw(model, frames=12, each_frame=each_frame)
+    assert "two/b" in model.drawn_nodes() and model.doc.text == text and not model.can_undo
+    assert "cannot delete: 'two/b' is inside composite 'two'" in panel._refusal
