@@ -108,9 +108,9 @@ def _immediate(text: str) -> int:
 
 
 def assemble(program: Program) -> Bytecode | None:
-    """``program``'s bytecode, or None when the interpreter cannot run it (more than one output, a
-    PTX instruction it lacks, more than ``MAX_SLOTS`` live values, more than ``MAX_WORDS`` words)."""
-    if len(program.outputs) != 1:
+    """``program``'s bytecode, or None when the interpreter cannot run it (more than one output, vector
+    lanes, a PTX instruction it lacks, more than ``MAX_SLOTS`` live values, more than ``MAX_WORDS`` words)."""
+    if len(program.outputs) != 1 or program.lanes > 1:  # vectors: several values per thread
         return None
     layout = ptx_layout(program)
     instrs: list[tuple[str, str, list[str]]] = []
