@@ -11,7 +11,7 @@ import pytest
 
 from cudapatch import BlockState, Engine, Expression, Scale
 from cudapatch.blocks.library.image import Pattern
-from cudapatch.expr import evaluate
+from cudapatch.expr import ExpressionError, evaluate
 
 from .conftest import run_until
 
@@ -102,6 +102,11 @@ def test_a_vector_code_edit_swaps_in_place_and_a_bad_edit_keeps_the_kernel(
     assert "column 13" in diag.message
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), want)  # the previous kernel keeps running
+    with pytest.raises(ExpressionError) as info:  # lanes that do not match: refused, nothing changes
+        block.set("Inputs", "c: float4, mask: float2")
+    assert info.value.param == "Inputs" and info.value.column == 12
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), want)
     block.set("Gain", -1.0)  # Hot: broadcast to every lane
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), c * mask[:, None] * np.float32(-1.0) + np.float32(1.0))

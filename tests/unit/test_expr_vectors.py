@@ -213,6 +213,12 @@ def test_a_code_edit_of_a_vector_expression_goes_to_the_code_tier() -> None:
     e.set("Code", "c * (Gain +")  # a typo: a compile error on the block, the running kernel stays
     assert swaps[-1] == (e.id, 0) and e.description.kernels[0].source.program is None  # type: ignore[union-attr]
     e.set("Code", "c * Gain")
+    ctx.dirty.structure = False
+    described = e.description
+    with pytest.raises(ExpressionError) as info:  # a live edit mixing lanes: refused, the block as it was
+        e.set("Inputs", "c: float4, d: float2")
+    assert (info.value.param, info.value.column) == ("Inputs", 12) and "every vector input" in info.value.message
+    assert e.get("Inputs") == "c: float4" and e.description is described and not ctx.dirty.structure
     e.set("Inputs", "c: float2")  # a new type re-describes the block (ports of another type)
     assert ctx.dirty.structure and e.inputs[0].dtype is DType.FLOAT2
 
@@ -273,3 +279,41 @@ def test_a_vector_input_of_another_length_is_an_input_size_error() -> None:
     (diag,) = [d for d in plan.diagnostics if d.block_id == e.id]
     assert diag.code == "input-size" and "input 'mask' has 7 elements but 'c'" in diag.message
     assert "(column 5)" in diag.message
+
+
+def test_a_float4_image_keeps_its_shape_through_a_vector_expression_in_a_patch_file(tmp_path) -> None:
+    from cudapatch.host_plugin.plan_view import plan_patch
+
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'links = ["cam.Out -> dim.c", "dim.Out -> blur.In"]\n'
+        '[operators.cam]\ntype = "image.Pattern"\nFormat = "rgba32f"\nWidth = 64\nHeight = 48\n'
+        '[operators.dim]\ntype = "core.Expression"\nCode = "c * Amount"\nInputs = "c: float4"\nAmount = 0.5\n'
+        '[operators.blur]\ntype = "image.Blur"\nFormat = "rgba32f"\n'
+    )
+    engine, plan = plan_patch(path)
+    assert plan is not None and not plan.diagnostics
+    dim = next(b for b in engine.context.snapshot().blocks if b.name == "dim")
+    buf = plan.buffers[plan.outputs[(dim.id, "Out")]]
+    assert (buf.dtype, buf.count) == (DType.FLOAT4, 48 * 64)
+    assert plan.shapes[(dim.id, "Out")].dims == (48, 64)  # an image stays an image: Blur takes it
+    (node,) = [k for k in plan.kernel_nodes if k.block_id == dim.id]
+    assert node.args[dim.description.kernels[0].source.program.count_param].value == 48 * 64
+
+
+def test_a_vector_type_that_does_not_fit_a_link_is_refused_by_the_link() -> None:
+    from cudapatch.blocks.library import Fill
+    from cudapatch.blocks.library.image import Pattern
+    from cudapatch.errors import GraphCompileError, LinkError
+
+    ctx = Context()
+    src = ctx.register_block(Fill(name="src", Count=10))  # floats
+    e = ctx.register_block(Expression(name="e", Code="c * 2", Inputs="c: float4"))
+    with pytest.raises(LinkError, match=r"cannot link src.Out \(float\) to e.c \(float4\)"):
+        ctx.connect(src, "Out", e, "c")
+    cam = ctx.register_block(Pattern(name="cam", Format="rgba32f", Width=8, Height=4))
+    ctx.connect(cam, "Out", e, "c")
+    assert not compile_plan(ctx.snapshot()).diagnostics
+    e.set("Inputs", "c: float2")  # a live edit of the type: the link no longer fits (the engine keeps its graph)
+    with pytest.raises(GraphCompileError, match=r"link cam.Out \(float4\) -> e.c \(float2\): element types differ"):
+        compile_plan(ctx.snapshot())
