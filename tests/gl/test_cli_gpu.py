@@ -115,3 +115,28 @@ def test_cli_run_isolated_renders_what_the_in_process_engine_renders(tmp_path):
         np.testing.assert_array_equal(isolated, first)
     for op in ("emit", "forces", "move", "points"):
         assert re.search(rf"\b{op}\s+OK\b", log), (op, log)
+
+
+@pytest.mark.gpu_fault
+def test_cli_run_isolated_survives_an_operator_that_faults_in_the_same_process(tmp_path):
+    """``--isolated``: the fault ends only the engine's child process; this process (its preview, its
+    PNG numbering) goes on, the child restarts without the operator, and the rest of the patch runs."""
+    from cudapatch.host_plugin.hosts.standalone import demo_patch_text
+
+    patch = tmp_path / "faulting.toml"
+    patch.write_text(demo_patch_text() + FAULTING_PATCH)
+    out_dir = tmp_path / "frames"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "cudapatch", "run", str(patch), "--headless", "--frames", "300", "--isolated"]
+    cmd += ["--out", str(out_dir), "--no-overlay", "--size", "640x360"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log  # the faulting operator's error is reported
+    assert "GPU fault in the isolated engine process" in log and "block 'bad'" in log, log
+    assert "ILLEGAL_ADDRESS" in log and "restarting it without" not in log, log  # no process restart here
+    pngs = sorted(out_dir.glob("*.png"))
+    assert [p.name for p in pngs] == ["frame_00300.png"]
+    assert read_png(pngs[0]).shape == (360, 640, 4)
+    for op in ("emit", "forces", "move", "points"):
+        assert re.search(rf"\b{op}\s+OK\s+\d+\.\d+ ms", log), (op, log)
+    assert re.search(r"\bbad\s+Error", log), log
