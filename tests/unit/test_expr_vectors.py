@@ -18,13 +18,14 @@ from cudapatch.engine import Context, compile_plan
 from cudapatch.engine.compiler.fusion import FusedSource, elementwise_member
 from cudapatch.engine.context import ExternalBinding
 from cudapatch.expr import ExpressionError, ProgramSource, compile_expression, evaluate, generate_cuda, generate_ptx
-from cudapatch.expr.bytecode import assemble
+from cudapatch.expr.bytecode import INTERPRETERS, assemble, interpreter_cuda, patch_program
 from cudapatch.expr.program import Program, single
 from cudapatch.expr.vectors import parse_declarations
 from cudapatch.kernels.ptx import check_signature, parse_ptx
 from cudapatch.kernels.types import DType
 
 from .plan_interp import run_plan
+from .test_expr_bytecode import run
 
 VEC = {2: DType.FLOAT2, 3: DType.FLOAT3, 4: DType.FLOAT4}
 CODE = "c * mask + sin(index * Freq) * d - where(mask > 0.5, 1.0, Bias)"
@@ -121,9 +122,39 @@ def test_vector_ptx_assembles_and_matches_its_descriptor(lanes: int, arch: str, 
     assert done.returncode == 0, done.stderr.decode()
 
 
-def test_vector_programs_skip_the_interpreter_and_refuse_several_elements_per_thread() -> None:
+@pytest.mark.parametrize("lanes", [2, 3, 4])
+def test_the_interpreter_runs_a_vector_program_lane_by_lane(lanes: int) -> None:
+    """The bytecode of a vector program is its float program's; the interpreter kernel runs it once per
+    lane (a vector input gives its lane, a float input its one value): emulated here as that kernel's
+    C does, against the NumPy interpreter bit for bit (no approximations in the code)."""
+    code_text = "c * mask + d * Gain - where(mask > 0.5, 1.0, Bias) + float(index % 3) + fma(c, mask, d)"
+    program = _program(lanes, code_text)
+    code = assemble(program)
+    assert code is not None
+    rng = np.random.default_rng(3)
+    n = 50
+    c = rng.standard_normal((n, lanes)).astype(np.float32)
+    mask = rng.random(n).astype(np.float32)
+    d = rng.standard_normal((1, lanes)).astype(np.float32)
+    scalars = [0.75, -2.0]
+    got = np.stack([run(code.words, [c[:, k].copy(), mask, d[:, k].copy()], scalars, n) for k in range(lanes)], axis=1)
+    np.testing.assert_array_equal(got, evaluate(program, [c, mask, d], scalars)["Out"])
+    cuda = interpreter_cuda(3, 2, program.input_lanes)
+    assert f"const float{lanes}* in0" in cuda and "const float* in1" in cuda and f"make_float{lanes}(res[0]" in cuda
+    assert interpreter_cuda(3, 2) == interpreter_cuda(3, 2, (1, 1, 1))  # float programs: the kernel as it was
+
+
+def test_a_vector_edit_runs_on_its_interpreter_or_else_on_ptx_jitted_quickly(monkeypatch) -> None:
+    pytest.importorskip("cuda.bindings.nvrtc")
     program = _program(4)
-    assert assemble(program) is None  # the interpreter runs one float per thread: the PTX is JITted
+    found = INTERPRETERS.get(3, 2, "sm_90", wait=True, lanes=program.input_lanes)
+    if found is None:
+        pytest.skip("NVRTC could not compile here")
+    assert INTERPRETERS.get(3, 2, "sm_90", wait=True) != found  # float programs have their own interpreter
+    image = ProgramSource.of(program, jit="quick").compile("sm_90")
+    assert image.kind == "cubin" and image.jit_level is None
+    assert image.image == patch_program(found[0], assemble(program))  # type: ignore[arg-type]
+    monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)  # still compiling: the PTX, JITted quickly
     image = ProgramSource.of(program, jit="quick").compile("sm_90")
     assert image.kind == "ptx" and image.jit_level == 0
     with pytest.raises(ValueError, match="one element"):
