@@ -204,6 +204,7 @@ def test_a_declared_vector_input_types_the_ports() -> None:
     assert e.outputs[0].dtype is DType.FLOAT4 and e.description.param("Gain").dtype is DType.FLOAT32  # type: ignore[union-attr]
     assert "float4: computed lane by lane" in e.inputs[0].description
     assert "lane by lane over float4" in e.generated_code and "ld.global.v4.f32" in e.generated_code
+    assert "Out (float4, lane by lane) = c * mask + Gain  (generated PTX:" in e.tooltip()
     assert elementwise_member(e) is None  # fusion fuses floats: a vector Expression keeps its own node
     assert not e.description.kernels[0].expression
     nvrtc = Expression(Code="c * 2", Inputs="c: float2", Compiler="nvrtc")

@@ -160,4 +160,5 @@ class Expression(Fusable, Block):
             return super().tooltip()
         lines = len(src.code().splitlines())  # generated once per source (``ProgramSource.code``)
         code = self.get("Code").strip()
-        return f"{super().tooltip()}\n  Out = {code}  (generated {src.backend.upper()}: {lines} lines)"
+        out = "Out" if src.program.lanes == 1 else f"Out ({vector_dtype(src.program.lanes).c_name}, lane by lane)"
+        return f"{super().tooltip()}\n  {out} = {code}  (generated {src.backend.upper()}: {lines} lines)"
