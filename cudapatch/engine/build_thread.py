@@ -99,6 +99,8 @@ class BuildWorker:
         self._closed = False
         #: True from ``submit`` until the outcome is taken (the engine's ``building``).
         self.busy = False
+        #: A job or deferred work runs or waits: the engine's frames hold ``pacing.FRAME_GUARD``.
+        self.active = False
         #: True once a job finished and its outcome waits to be taken: the frame path tests this.
         self.done = False
 
@@ -112,6 +114,7 @@ class BuildWorker:
             if self.busy or self._closed:
                 raise RuntimeError("a build is in flight" if self.busy else "the build worker is closed")
             self.busy, self.done, self._job = True, False, job
+            self.active = True
             self._hand_over()
 
     def later(self, fn: Callable[[], Any]) -> None:
@@ -125,6 +128,7 @@ class BuildWorker:
                     self._tail.append(fn)
                 else:
                     self._chores.append(fn)
+                    self.active = True
                     self._hand_over()
                 self._cv.notify_all()
                 return
@@ -164,7 +168,7 @@ class BuildWorker:
                     chores, self._chores = self._chores, []
                     if not chores:  # closed with nothing to do
                         return
-                    self._tailing = True
+                    self._tailing = self.active = True
                     job = None
                 else:
                     job = self._job
@@ -189,6 +193,7 @@ class BuildWorker:
             with self._cv:
                 tail, self._tail = self._tail, []
                 self._tailing = bool(tail)
+                self.active = True  # until the frame thread takes the outcome (and the tail is done)
                 self._job, self._outcome = None, outcome
                 self.done = True  # last: the frame thread takes the outcome once it sees this
                 self._cv.notify_all()
@@ -215,6 +220,7 @@ class BuildWorker:
             self.pace()
             with self._around_job():  # freeing a retired plan is build work too
                 for fn in tail:
+                    checkpoint()  # each piece between frames: freeing a retired plan is Python
                     try:
                         fn()
                     except Exception as exc:  # nothing waits for it: say so, and go on
@@ -222,6 +228,7 @@ class BuildWorker:
         finally:
             with self._cv:
                 self._tailing = False
+                self.active = self.busy or bool(self._chores)
                 self._cv.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -256,6 +263,7 @@ class BuildWorker:
                 raise RuntimeError("no finished build to take")
             outcome, self._outcome = self._outcome, None
             self.done = self.busy = False
+            self.active = self._tailing or bool(self._chores)
         if isinstance(outcome, _Raised):
             raise outcome.exc
         return outcome

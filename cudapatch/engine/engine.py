@@ -150,6 +150,7 @@ class Engine(PatchEditing, EngineResults):
             paced=True,
         )
         self._gate = builder.gate  # opened after each frame while the builder has work
+        self._builder = builder
         #: The thread structure edits are built on (``background_builds``).
         collector = CollectorFreeze(freeze_collector)
         self._worker = BuildWorker(lambda: self.resources.device.make_current(), around_job=collector.building)
@@ -274,9 +275,9 @@ class Engine(PatchEditing, EngineResults):
         if self._faults.lost is not None:  # CUDA refuses this process after a fault: nothing to launch
             self.counters.frames += 1
             return
-        # A build in flight waits at its checkpoints while this frame runs (``pacing.FrameGuard``; a
-        # build this frame starts waits too: ``_apply_changes``).
-        if self._worker.busy:
+        # A build in flight, its deferred work and the kernel builder's wait at their checkpoints while
+        # this frame runs (``pacing.FrameGuard``; a build this frame starts waits too: ``_apply_changes``).
+        if self._worker.active or self._builder.active:
             FRAME_GUARD.enter()
         try:
             with self._graph_lock:

@@ -30,7 +30,7 @@ from .cache import CubinCache
 from .compiler_process import CompileJob, CompilerProcess, compiler_process
 from .descriptor import KernelDescriptor
 from .module_cache import ModuleCache
-from .pacing import FrameGate
+from .pacing import FrameGate, checkpoint
 from .source import KernelImage, KernelSource
 
 __all__ = ["CompiledKernel", "KernelBuilder"]
@@ -102,6 +102,9 @@ class KernelBuilder:
         self._unpaced = 0
         self._closed = False
         self._current = False
+        #: Work is queued or in the compiler process: the engine's frames hold ``pacing.FRAME_GUARD``,
+        #: and this thread's Python waits at its checkpoints while one runs.
+        self.active = False
         self._thread = threading.Thread(target=self._serve, name="cudapatch-compile", daemon=True)
         self._thread.start()
 
@@ -117,6 +120,7 @@ class KernelBuilder:
             raise KernelLoadError("the kernel builder is closed", kernel=source.debug_name)
         fut: Future[CompiledKernel] = Future()
         self._queue.append(_Request(source, fut))
+        self.active = True
         if self.paced and not self._unpaced:
             self.gate.wanted = True  # the engine wakes the service thread once this frame is done
         else:
@@ -151,6 +155,7 @@ class KernelBuilder:
                 self._step()
             except Exception:  # never let the service thread die: every request must complete
                 log.exception("kernel builder step failed")
+            self.active = bool(self._queue or self._waiting)
         self._fail_all(KernelLoadError("the kernel builder closed before this kernel was built"))
 
     def _step(self) -> None:
@@ -158,9 +163,11 @@ class KernelBuilder:
             self._make_current()
             self._current = True
         queue = self._queue
+        pause = checkpoint if self.paced and not self._unpaced else _no_pause  # (a waiter: no pause)
         while queue:
             req = queue.popleft()
             if req.future.set_running_or_notify_cancel():
+                pause()  # a frame that started meanwhile first: a load takes the GIL and the driver
                 self._start(req)
         if self._waiting:
             pending = []
@@ -176,6 +183,7 @@ class KernelBuilder:
                     req.future.set_exception(self._compile_error(job.error, req.source))
                 else:
                     assert job.image is not None
+                    pause()
                     self._finish(req, job.image, "compiled")
             self._waiting = pending
 
@@ -301,3 +309,7 @@ class KernelBuilder:
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+
+def _no_pause() -> None:
+    pass

@@ -88,6 +88,7 @@ class FakeBuilder:
     def __init__(self, **_: Any) -> None:
         self.gate = FrameGate()
         self.modules = None
+        self.active = False  # nothing queued: every compile finishes in submit
 
     def submit(self, source: Any) -> Future:
         f: Future = Future()

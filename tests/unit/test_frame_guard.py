@@ -184,3 +184,26 @@ def test_pace_goes_at_once_when_the_gap_holds_the_call_and_waits_for_a_frame_oth
         opener.join()
     finally:
         worker.close()
+
+
+def test_update_holds_the_guard_while_the_kernel_builder_has_work(
+    engine: Any,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    guarded: list[bool] = []
+    launch = FakeGraph.launch
+
+    def recording(self: FakeGraph, stream: Any) -> None:
+        guarded.append(FRAME_GUARD.owner == threading.get_ident())
+        launch(self, stream)
+
+    monkeypatch.setattr(FakeGraph, "launch", recording)
+    _chain(engine)
+    _landed(engine)
+    guarded.clear()
+    engine.update()
+    monkeypatch.setattr(engine._builder, "active", True)  # a compile queued or in the compiler process
+    engine.update()
+    monkeypatch.setattr(engine._builder, "active", False)
+    engine.update()
+    assert guarded == [False, True, False] and not FRAME_GUARD.in_frame

@@ -177,3 +177,45 @@ def test_swaps_happen_through_the_swapper_and_only_news_reach_the_frame_thread()
     accept = False  # the graph was busy: the frame thread swaps it
     assert edit(GAIN.replace("gain;", "gain * 5.0f;")) == ["swap"] and len(swapped) == 2
     assert not t.pending
+
+
+def test_a_paced_builder_is_active_with_work_and_waits_for_a_running_frame(monkeypatch) -> None:
+    """While it has work the engine's frames hold the frame guard (``builder.active``), and the
+    builder starts a request (its cache lookups and module load take the GIL and the driver) only
+    once the frame that holds the guard is over."""
+    from cudapatch.kernels import pacing
+    from cudapatch.kernels.pacing import FRAME_GUARD
+
+    monkeypatch.setattr(pacing, "CHECKPOINT_TIMEOUT_S", 30.0)  # a missed frame end hangs, not passes
+    b = _builder(paced=True)
+    try:
+        warm = b.submit(CudaSource(code=GAIN))  # compiled once, so the next one is a memory hit
+        for _ in range(6000):  # frames: each one lets the builder take a step
+            if warm.done():
+                break
+            b.gate.open() if b.gate.wanted else None
+            time.sleep(0.01)
+        warm.result(timeout=0)
+        assert _settles(b)
+        assert FRAME_GUARD.enter()  # a frame runs on this thread
+        try:
+            fut = b.submit(CudaSource(code=GAIN))
+            assert b.active
+            b.gate.open()  # the gate opens, but the frame (the guard) is still running
+            time.sleep(0.2)
+            assert not fut.done()
+        finally:
+            FRAME_GUARD.leave()
+        assert fut.result(timeout=5).origin == "memory"
+        assert _settles(b)
+    finally:
+        b.close()
+
+
+def _settles(b: KernelBuilder) -> bool:
+    """The builder's ``active`` goes back to False once its work is done (its loop sets it after a step)."""
+    for _ in range(500):
+        if not b.active:
+            return True
+        time.sleep(0.01)
+    return False
