@@ -137,3 +137,50 @@ def test_a_job_handed_over_inside_a_frame_starts_after_it(long_checkpoints: None
     worker.take()
     worker.close()
     assert order == ["rest of the frame", "build"]
+
+
+def test_frames_guarded_in_a_row_give_the_gap_a_driver_call_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard, clock = FrameGuard(), [100.0]
+    monkeypatch.setattr(pacing.time, "perf_counter", lambda: clock[0])
+
+    def frame(at: float) -> None:
+        clock[0] = at
+        assert guard.enter()
+        guard.leave()
+
+    frame(100.0)
+    assert guard.gap_left() == 0.0  # one frame: no pace known yet
+    frame(100.016)
+    clock[0] = 100.020
+    assert guard.gap_left() == pytest.approx(0.012)  # 16 ms frames, 4 ms into the gap
+    clock[0] = 100.040
+    assert guard.gap_left() == 0.0  # the next frame is due
+    assert guard.enter()
+    assert guard.gap_left() == 0.0  # a frame runs
+    guard.leave()
+    frame(100.5)  # after a pause: no pace
+    assert guard.gap_left() == 0.0
+
+
+def test_pace_goes_at_once_when_the_gap_holds_the_call_and_waits_for_a_frame_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = BuildWorker(lambda: None, name="test-pace")
+    opened: list[float] = []
+
+    def frame_end() -> None:
+        opened.append(time.perf_counter())
+        worker.gate.open()
+
+    try:
+        monkeypatch.setattr(FRAME_GUARD, "period", 0.016)  # 16 ms frames, the last ended 4 ms ago
+        monkeypatch.setattr(FRAME_GUARD, "left_at", time.perf_counter() - 0.004)
+        worker.pace(0.002)  # fits: returns at once (no frame ends before the timer's below)
+        assert not opened
+        opener = threading.Timer(0.02, frame_end)
+        opener.start()
+        worker.pace(0.020)  # does not fit: waits for the next frame's end (the gate the timer opens)
+        assert opened and time.perf_counter() >= opened[0]
+        opener.join()
+    finally:
+        worker.close()
