@@ -34,6 +34,7 @@ from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
 from ..errors import CudapatchError, InteropError
 from ..kernels._driver import check, driver
+from .formats import conversion_for
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
 
 __all__ = ["GlBridge"]
@@ -141,15 +142,36 @@ class GlBridge:
         ring.attach(writer)
         self._rings.append(self._add_writer(_Link(block, port, ring), writer))
 
-    def show_texture(self, block: Block, port: str, texture: SharedTexture2D) -> None:
+    def show_texture(self, block: Block, port: str, texture: SharedTexture2D, *, channels: int = 1) -> None:
         """Copy output ``port`` (a linear image, ``width*height`` texels of the texture's format) into
         ``texture`` every frame: by surface stores of a ``GlSurfaceWriter`` block in the graph when
-        the texture is registered with ``surface_ldst``, else by a copy after each launch.
+        the texture is registered with ``surface_ldst``, else by a copy after each launch. An image no
+        texture holds texel for texel (``channels`` values of the output's type per pixel; see
+        ``formats.conversion_for``) shown in the R32F/RGBA32F texture of its conversion is converted
+        to floats by a ``GlConvertWriter`` block instead.
 
         Raises:
-            InteropError: unknown output port, or an element type that does not fit the texture.
+            InteropError: unknown output port, an element type that does not fit the texture, or a
+                converted image in a texture not registered with ``surface_ldst``.
         """
         spec = self._check(block, port, "output")
+        conv = conversion_for(spec.dtype, channels)
+        if conv is not None and texture.format == conv.texture:
+            if not texture.surface_writable:
+                raise InteropError(
+                    f"show_texture: output '{block.name}.{port}' ({spec.dtype.c_name} x{channels}) is converted "
+                    f"into {texture.label} by surface stores: register it with flags='surface_ldst'"
+                )
+            from .gl_writers import GlConvertWriter
+
+            name = self._writer_name(block, port)
+            writer = GlConvertWriter(name=name, Type=spec.dtype.c_name, Channels=str(channels))
+            writer.set("Width", texture.width)
+            writer.set("Height", texture.height)
+            link = self._add_writer(_Link(block, port, texture), writer)
+            self._textures.append(link)
+            self._regroup()
+            return
         if spec.dtype.itemsize not in (texture.texel_bytes, 1) and texture.texel_bytes % spec.dtype.itemsize:
             raise InteropError(
                 f"show_texture: output '{block.name}.{port}' holds {spec.dtype.c_name}, which does not tile "

@@ -5,6 +5,14 @@ picks one here for the output it shows. One element of the output is one texel (
 lanes are the texel's channels), so the image needs no conversion kernel: ``uchar4`` is RGBA8,
 ``float4`` RGBA32F, ``half`` R16F. Single-channel textures are shown grey (the preview swizzles
 red into green and blue).
+
+Types no GL texture holds texel for texel (signed 8/16-bit, bfloat16, float3, double, or 2 to 4
+interleaved channels of a scalar type without a format) are shown through a conversion
+(``conversion_for``): a writer kernel in the graph turns each pixel into floats and stores them in an
+R32F texture (one value) or an RGBA32F one (2 to 4 values; missing blue is 0, missing alpha 1). GL has
+SNORM formats for signed data, but CUDA cannot register them (``cuGraphicsGLRegisterImage`` takes
+8/16-bit UNORM, 16F/32F and integer formats), so signed values convert like SNORM: ``v / 127`` or
+``v / 32767``, at least -1 (negative values show black, as an SNORM texture would).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import NamedTuple
 
 from ..kernels.types import DType
 
-__all__ = ["TextureFormat", "TEXTURE_FORMATS", "texture_format_for"]
+__all__ = ["Conversion", "TextureFormat", "TEXTURE_FORMATS", "conversion_for", "texture_format_for"]
 
 
 class TextureFormat(NamedTuple):
@@ -72,3 +80,43 @@ def texture_format_for(dtype: DType, channels: int = 1) -> TextureFormat | None:
         return None
     name = _BY_DTYPE.get(dtype)
     return TEXTURE_FORMATS[name] if name is not None else None
+
+
+class Conversion(NamedTuple):
+    """How a conversion writer shows an image no texture holds texel for texel: ``texture`` (``r32f``
+    or ``rgba32f``), ``lane`` (the CUDA C type it reads each value as), ``values`` per pixel and
+    ``to_float`` (a C expression of ``v``, one value, giving the float shown)."""
+
+    texture: str
+    lane: str
+    values: int
+    to_float: str
+
+
+# The lane types a conversion reads, by the lane's NumPy name ("bfloat16" for its bits), and how each
+# value becomes the float a texel holds: UNORM / SNORM scaling for integers (as GL's normalized
+# formats read them), the bits widened for bfloat16 and half (no fp16 header needed).
+_LANE_FLOATS: dict[str, tuple[str, str]] = {
+    "int8": ("signed char", "fmaxf((float)v / 127.0f, -1.0f)"),
+    "uint8": ("unsigned char", "(float)v / 255.0f"),
+    "int16": ("short", "fmaxf((float)v / 32767.0f, -1.0f)"),
+    "uint16": ("unsigned short", "(float)v / 65535.0f"),
+    "float16": ("unsigned short", "half_bits_to_float(v)"),
+    "bfloat16": ("unsigned short", "__uint_as_float((unsigned int)v << 16)"),
+    "float32": ("float", "v"),
+    "float64": ("double", "(float)v"),
+}
+
+
+def conversion_for(dtype: DType, channels: int = 1) -> Conversion | None:
+    """The conversion that shows an image of ``dtype`` elements (``channels`` interleaved per pixel)
+    when ``texture_format_for`` has no texture for it, or None: a texture holds it as it is, or it is
+    not shown (32/64-bit integers, more than 4 values per pixel)."""
+    if texture_format_for(dtype, channels) is not None:
+        return None
+    lane = "bfloat16" if dtype is DType.BFLOAT16 else dtype.base.name
+    known = _LANE_FLOATS.get(lane)
+    values = dtype.lanes * channels
+    if known is None or values > 4:
+        return None
+    return Conversion("r32f" if values == 1 else "rgba32f", known[0], values, known[1])

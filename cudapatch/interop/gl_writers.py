@@ -3,7 +3,9 @@ for GL interop is its driver calls for mapping (register/map path) or one word (
 
 ``GlBufferWriter`` copies into a mapped GL buffer and ``GlSurfaceWriter`` into a mapped GL texture
 through surface stores (``GlBridge.show_buffer`` / ``show_texture``): the mapped address or surface
-object is a Hot scalar, set again only when a mapping moves.
+object is a Hot scalar, set again only when a mapping moves. ``GlConvertWriter`` stores images no
+texture holds texel for texel (signed 8/16-bit, bfloat16, float3 ...) as floats in an R32F or RGBA32F
+texture (``formats.conversion_for``).
 
 ``GlRingWriter`` feeds the zero-map path: CUDA memory shared with GL through a ring of three
 buffers (see ``imported.py``). Which buffer a frame may write is decided on the host (GL may be
@@ -24,8 +26,17 @@ from ..blocks.description import like
 from ..blocks.library.transfer import ELEMENT_TYPES
 from ..kernels.cuda_source import CudaSource
 from ..kernels.types import DType, cuda_spelling
+from .formats import conversion_for
 
-__all__ = ["GlBufferWriter", "GlRingWriter", "GlSurfaceWriter", "REQUESTS", "ring_writer_source"]
+__all__ = [
+    "GlBufferWriter",
+    "GlConvertWriter",
+    "GlRingWriter",
+    "GlSurfaceWriter",
+    "REQUESTS",
+    "convert_writer_source",
+    "ring_writer_source",
+]
 
 #: Entries of the request table: how many launches the host may be ahead of the GPU's copies.
 REQUESTS = 64
@@ -185,6 +196,89 @@ class GlSurfaceWriter(Block):
         texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16", choices=("4", "16"))
         code = _typed(_SURFACE_SOURCE, dtype).replace("TEXEL", texel)
         k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
+        b.input("In", k.in_(0))
+        k.set_count(1, like("In"))
+        b.scalar("Surface", k.in_(2), default=0)
+        b.scalar("Width", k.in_(3), default=1)
+        b.scalar("Height", k.in_(4), default=1)
+        k.auto_grid(like("In"))
+
+
+# One thread per texel: read the pixel's VALUES lanes, make each a float (formats._LANE_FLOATS), store
+# them with one surface store (x in bytes). Missing blue is 0 and missing alpha 1.
+_CONVERT_SOURCE = r"""
+__device__ __forceinline__ float half_bits_to_float(unsigned short h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+extern "C" __global__ void gl_convert_write(const ELEMENT* elements, unsigned int n, unsigned long long surf,
+                                            unsigned int width, unsigned int height)
+{
+    const LANE* in = (const LANE*)elements;
+    unsigned long long have = (unsigned long long)n * ELEMENT_LANES / VALUES;
+    unsigned long long texels = (unsigned long long)width * height;
+    unsigned long long count = have < texels ? have : texels;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned int x = (unsigned int)(i % width), y = (unsigned int)(i / width);
+        float c[4] = {0.0f, 0.0f, 0.0f, 1.0f};
+        for (int k = 0; k < VALUES; ++k) {
+            LANE v = in[i * VALUES + k];
+            c[k] = TO_FLOAT;
+        }
+        STORE
+    }
+}
+"""
+_CONVERT_STORES = {
+    "r32f": 'asm volatile("sust.b.2d.b32.trap [%0, {%1, %2}], {%3};" '
+    ':: "l"(surf), "r"(x * 4), "r"(y), "r"(__float_as_uint(c[0])) : "memory");',
+    "rgba32f": 'asm volatile("sust.b.2d.v4.b32.trap [%0, {%1, %2}], {%3, %4, %5, %6};" '
+    ':: "l"(surf), "r"(x * 16), "r"(y), "r"(__float_as_uint(c[0])), "r"(__float_as_uint(c[1])), '
+    '"r"(__float_as_uint(c[2])), "r"(__float_as_uint(c[3])) : "memory");',
+}
+
+
+def convert_writer_source(dtype: DType, channels: int = 1) -> str:
+    """The conversion writer's CUDA C++ for an image of ``dtype`` with ``channels`` per pixel.
+
+    Raises:
+        ValueError: no conversion shows that image (``formats.conversion_for`` is None).
+    """
+    conv = conversion_for(dtype, channels)
+    if conv is None:
+        raise ValueError(f"no conversion shows {dtype.c_name} x{channels} images")
+    code = _typed(_CONVERT_SOURCE.replace("ELEMENT_LANES", str(dtype.lanes)), dtype)
+    for key, value in (
+        ("VALUES", str(conv.values)),
+        ("TO_FLOAT", conv.to_float),
+        ("STORE", _CONVERT_STORES[conv.texture]),
+        ("LANE", conv.lane),
+    ):
+        code = code.replace(key, value)
+    return code
+
+
+class GlConvertWriter(Block):
+    """Writes input ``In`` (a linear image of ``Type`` elements, ``Channels`` per pixel, rows of
+    ``Width`` pixels) into a mapped R32F or RGBA32F texture as floats, through surface stores: the
+    preview's way to show types no texture holds texel for texel. ``Surface`` is the mapped array's
+    surface object (set by ``GlBridge``)."""
+
+    type_name = "GlConvertWriter"
+    internal = True
+
+    def describe(self, b: BlockBuilder) -> None:
+        dtype = _element_type(b)
+        channels = b.text("Channels", default="1", description="values per pixel", choices=("1", "2", "3", "4"))
+        try:
+            code = convert_writer_source(dtype, int(channels))
+        except ValueError as exc:
+            raise b.error(str(exc)) from None
+        k = b.add_kernel(CudaSource(code=code, name=f"{self.name}.cu"))
         b.input("In", k.in_(0))
         k.set_count(1, like("In"))
         b.scalar("Surface", k.in_(2), default=0)

@@ -2,7 +2,8 @@
 
 ``Preview(engine, context, points=(block, "Points"))`` draws the points a ToPoints-style block
 writes; ``image=(block, port)`` shows a 2-D output as a texture of its element type (RGBA8 for
-``uchar4`` and packed ``uint``, RGBA32F for ``float4``, grey for ``float``/``half``/``uchar`` ...),
+``uchar4`` and packed ``uint``, RGBA32F for ``float4``, grey for ``float``/``half``/``uchar`` ...;
+signed, bfloat16 and float3 images converted to floats in the graph),
 ``image=(block, port, width, height)`` any output of that many texels. Each
 ``frame()`` runs ``engine.update()`` (which maps the GL resources, launches, copies and unmaps on
 the engine's stream, never waiting), then draws with GL and presents. With an ``EglContext`` the
@@ -24,7 +25,7 @@ from ..errors import CudaLaunchError, InteropError
 from ._gl import gl
 from .bridge import GlBridge
 from .context import GlContext
-from .formats import texture_format_for
+from .formats import conversion_for, texture_format_for
 from .png import write_png
 from .render import PointRenderer, TextureRenderer, orbit_camera
 from .shared import SharedBuffer, SharedTexture2D
@@ -32,12 +33,13 @@ from .shared import SharedBuffer, SharedTexture2D
 __all__ = ["Preview", "PreviewReport"]
 
 
-def _image_spec(engine: Any, image: tuple) -> tuple[Block, str, int, int, str]:
-    """``(block, port, width, height, texture format)`` of the image to show: the size as given, or
-    the output's 2-D shape; the format from its element type (``formats.texture_format_for``).
+def _image_spec(engine: Any, image: tuple) -> tuple[Block, str, int, int, str, int]:
+    """``(block, port, width, height, texture format, channels)`` of the image to show: the size as
+    given, or the output's 2-D shape; the format from its element type (``formats.texture_format_for``,
+    else the R32F/RGBA32F texture of its conversion, ``formats.conversion_for``).
 
     Raises:
-        InteropError: no size and no 2-D shape, or an element type no texture holds.
+        InteropError: no size and no 2-D shape, or an element type no texture shows.
     """
     block, port = image[0], image[1]
     spec = block.description.output(port)
@@ -54,13 +56,17 @@ def _image_spec(engine: Any, image: tuple) -> tuple[Block, str, int, int, str]:
             )
         h, w, channels = shape.height, shape.width, shape.channels
     fmt = texture_format_for(spec.dtype, channels)
-    if fmt is None:
-        raise InteropError(
-            f"Preview: output '{block.name}.{port}' holds {spec.dtype.c_name}"
-            f"{f' x{channels}' if channels > 1 else ''}, which no GL texture shows texel for texel "
-            "(use uchar4, uint (packed RGBA8), float, float2, float4, half, uchar or ushort)"
-        )
-    return block, port, w, h, fmt.name
+    if fmt is not None:
+        return block, port, w, h, fmt.name, channels
+    conv = conversion_for(spec.dtype, channels)
+    if conv is not None:
+        return block, port, w, h, conv.texture, channels
+    raise InteropError(
+        f"Preview: output '{block.name}.{port}' holds {spec.dtype.c_name}"
+        f"{f' x{channels}' if channels > 1 else ''}, which the preview does not show (it shows 8/16-bit "
+        "integers, half, bfloat16, float and double with 1 to 4 values per pixel, float2/3/4 and uchar4; "
+        "convert 32/64-bit integers to float in a block)"
+    )
 
 
 log = logging.getLogger("cudapatch.interop")
@@ -135,9 +141,11 @@ class Preview:
         self._texture: SharedTexture2D | None = None
         self._texture_renderer: TextureRenderer | None = None
         self._image: Any = None
+        self._channels = 1
         if image is not None:
-            block, port, w, h, fmt = _image_spec(engine, image)
+            block, port, w, h, fmt, channels = _image_spec(engine, image)
             self.image = (block, port, w, h)
+            self._channels = channels
             label = f"{block.name}.{port}"
             if self.zero_map and fmt == "rgba8":  # CUDA writes a ring of imported buffers, GL copies the newest
                 from .imported import ImportedImage
@@ -153,7 +161,7 @@ class Preview:
             if self._image is None:
                 # surface_ldst: written by surface stores, 2.4x faster than a copy into the array
                 self._texture = SharedTexture2D.create(w, h, format=fmt, flags="surface_ldst", label=label)
-                self.bridge.show_texture(block, port, self._texture)
+                self.bridge.show_texture(block, port, self._texture, channels=channels)
             self._texture_renderer = TextureRenderer()
         self.overlay = None
         self.editor_panel = None
@@ -185,7 +193,12 @@ class Preview:
             self._ring = self._point_buffer = None
             self.bridge = GlBridge(self.engine, label="preview")
             if self._texture is not None:
-                self.bridge.show_texture(self.image[0], self.image[1], self._texture)  # type: ignore[index]
+                self.bridge.show_texture(
+                    self.image[0],  # type: ignore[index]
+                    self.image[1],  # type: ignore[index]
+                    self._texture,
+                    channels=self._channels,
+                )
             if self._image is not None:
                 self.bridge.show_buffer_ring(self.image[0], self.image[1], self._image.ring)  # type: ignore[index]
         label = f"{block.name}.{port}"

@@ -326,7 +326,7 @@ def test_each_image_element_type_has_a_texture_texel_for_texel() -> None:
         assert fmt is not None and fmt.name == name and fmt.texel_bytes == dtype.itemsize, dtype
     assert texture_format_for(DType.UINT8, 4).name == "rgba8" and texture_format_for(DType.FLOAT16, 4).name == "rgba16f"
     for dtype in (DType.FLOAT3, DType.FLOAT64, DType.BFLOAT16, DType.INT8):
-        assert texture_format_for(dtype) is None
+        assert texture_format_for(dtype) is None  # converted: test_types_without_a_texture_are_converted...
     assert len({f.internal for f in TEXTURE_FORMATS.values()}) == len(TEXTURE_FORMATS)
 
 
@@ -344,13 +344,74 @@ def test_the_preview_sizes_an_image_from_the_output_shape() -> None:
             return self.shape
 
     ramp = Ramp2D(name="ramp")
-    assert _image_spec(_Engine(Shape.of(480, 640)), (ramp, "Out")) == (ramp, "Out", 640, 480, "r32f")
-    assert _image_spec(_Engine(Shape.flat(9)), (ramp, "Out", 3, 3))[2:] == (3, 3, "r32f")
+    assert _image_spec(_Engine(Shape.of(480, 640)), (ramp, "Out")) == (ramp, "Out", 640, 480, "r32f", 1)
+    assert _image_spec(_Engine(Shape.flat(9)), (ramp, "Out", 3, 3))[2:] == (3, 3, "r32f", 1)
     with pytest.raises(InteropError, match="has shape 1000; show a 2-D output"):
         _image_spec(_Engine(Shape.flat(1000)), (ramp, "Out"))
-    bf = Copy(name="bf", Type="bfloat16")
-    with pytest.raises(InteropError, match="holds bfloat16, which no GL texture shows"):
-        _image_spec(_Engine(Shape.of(4, 4)), (bf, "Out"))
+    bf = Copy(name="bf", Type="bfloat16")  # converted into R32F, float3 into RGBA32F
+    assert _image_spec(_Engine(Shape.of(4, 6)), (bf, "Out")) == (bf, "Out", 6, 4, "r32f", 1)
+    f3 = Copy(name="f3", Type="float3")
+    assert _image_spec(_Engine(Shape.of(4, 6)), (f3, "Out"))[4:] == ("rgba32f", 1)
+    assert _image_spec(_Engine(Shape.of(4, 6, channels=3)), (bf, "Out"))[4:] == ("rgba32f", 3)
+    assert _image_spec(_Engine(Shape.of(4, 6, channels=4)), (bf, "Out"))[4:] == ("rgba32f", 4)
+    rgba = Copy(name="rgba", Type="uchar4")
+    with pytest.raises(InteropError, match="holds uchar4 x2, which the preview does not show"):
+        _image_spec(_Engine(Shape.of(4, 6, channels=2)), (rgba, "Out"))
+
+
+def test_types_without_a_texture_are_converted_to_floats() -> None:
+    from cudapatch.interop.formats import conversion_for
+
+    expect = {
+        (DType.INT8, 1): ("r32f", "signed char", 1),
+        (DType.INT16, 1): ("r32f", "short", 1),
+        (DType.BFLOAT16, 1): ("r32f", "unsigned short", 1),
+        (DType.FLOAT64, 1): ("r32f", "double", 1),
+        (DType.FLOAT3, 1): ("rgba32f", "float", 3),
+        (DType.INT8, 4): ("rgba32f", "signed char", 4),
+        (DType.BFLOAT16, 2): ("rgba32f", "unsigned short", 2),
+        (DType.UINT8, 3): ("rgba32f", "unsigned char", 3),
+        (DType.FLOAT32, 3): ("rgba32f", "float", 3),
+        (DType.FLOAT16, 3): ("rgba32f", "unsigned short", 3),
+    }
+    for (dtype, channels), want in expect.items():
+        conv = conversion_for(dtype, channels)
+        assert conv is not None and conv[:3] == want, (dtype, channels)
+    assert "/ 127.0f, -1.0f" in conversion_for(DType.INT8).to_float  # SNORM, as GL reads signed normalized data
+    for dtype, channels in (
+        (DType.UCHAR4, 1),
+        (DType.FLOAT32, 1),
+        (DType.INT32, 1),
+        (DType.UINT64, 1),
+        (DType.FLOAT4, 2),
+    ):
+        assert conversion_for(dtype, channels) is None, dtype  # a texture holds it, or nothing shows it
+
+
+@pytest.mark.parametrize(
+    ("type_name", "channels"),
+    [("char", 1), ("short", 1), ("bfloat16", 1), ("float3", 1), ("double", 1), ("char", 4), ("half", 3), ("uchar", 3)],
+)
+def test_the_conversion_writer_compiles_for_each_converted_type(type_name: str, channels: int) -> None:
+    from cudapatch.interop.gl_writers import GlConvertWriter
+
+    w = GlConvertWriter(name="w", Type=type_name, Channels=str(channels))
+    (port,) = w.description.inputs
+    assert port.dtype is DType.from_c_name(type_name)  # takes the output's own type: links type-check
+    assert [p.name for p in w.description.params if p.kind == "scalar"] == ["Surface", "Width", "Height"]
+    (kernel,) = w.description.kernels
+    code = kernel.source.text()
+    texture = "v4.b32" if channels * DType.from_c_name(type_name).lanes > 1 else "sust.b.2d.b32"
+    assert texture in code and "VALUES" not in code and "LANE" not in code
+    assert kernel.source.compile("sm_90").image  # NVRTC
+
+
+def test_a_type_nothing_shows_is_a_block_error_of_the_conversion_writer() -> None:
+    from cudapatch.errors import CudapatchError
+    from cudapatch.interop.gl_writers import GlConvertWriter
+
+    with pytest.raises(CudapatchError, match="block 'w': no conversion shows int x1 images"):
+        GlConvertWriter(name="w", Type="int")
 
 
 def test_gl_writers_spell_every_element_type_for_cuda() -> None:
