@@ -124,6 +124,7 @@ COPY_TYPES: dict[str, tuple[str, str]] = {
     "float3": ("float3", ""),
     "float4": ("float4", ""),
     "uchar4": ("uchar4", ""),
+    "double": ("double", ""),
 }
 
 
