@@ -179,7 +179,7 @@ class GraphBuilds:
         bypass: Callable[[CompiledGraph, BypassIndex | None], None] | None = None,
         fuse: bool = True,
         reuse_buffers: bool = True,
-        pace: Callable[[float], Any] | None = None,
+        pace: Callable[[], Any] | None = None,
     ) -> None:
         self._pace = pace
         self._fuse = fuse

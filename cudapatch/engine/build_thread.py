@@ -195,13 +195,9 @@ class BuildWorker:
             if tail:
                 self._run_tail(tail)
 
-    def pace(self, budget_s: float = 0.0) -> None:
+    def pace(self) -> None:
         """From a job: return at the end of the next frame (at most ``PACE_TIMEOUT_S`` later), so that
-        a driver call holding the driver's lock runs between two frames; at once when the gap between
-        the frames now running still holds ``budget_s`` (the call's expected length: a 1,000-node
-        instantiation that waited for the next frame went live a frame later, H100 host)."""
-        if budget_s and FRAME_GUARD.gap_left() > budget_s:
-            return
+        a driver call holding the driver's lock runs between two frames."""
         self.gate.next_frame(PACE_TIMEOUT_S)
 
     def defer(self, fn: Callable[[], Any]) -> None:

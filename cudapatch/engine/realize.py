@@ -41,13 +41,7 @@ from .probes import PROBE_SCRATCH_WORDS
 from .readback import ReadbackRing
 from .warm import same_topology
 
-__all__ = ["CompiledGraph", "GraphBuilder", "instantiate_budget", "realize"]
-
-
-def instantiate_budget(nodes: int) -> float:
-    """Seconds an instantiation of ``nodes`` nodes and its upload may take, with a margin (measured on
-    the H100 host: 1.7 to 4.3 ms of instantiation and 0.9 ms of upload at 1,000 nodes)."""
-    return 0.001 + 6e-6 * nodes
+__all__ = ["CompiledGraph", "GraphBuilder", "realize"]
 
 
 def programmatic_enabled(device: DeviceContext) -> bool:
@@ -93,7 +87,7 @@ class GraphBuilder:
         update_previous: bool = False,
         probe_function: Any = None,
         upload_stream: Any = None,
-        pace: Callable[[float], Any] | None = None,
+        pace: Callable[[], Any] | None = None,
     ) -> None:
         self.plan = plan
         self.pace = pace
@@ -153,8 +147,8 @@ class GraphBuilder:
                 exec_, original, taken_handles = taken
                 parts.take_over(original, taken_handles)
             else:
-                if self.pace is not None:  # the driver's lock taken between two frames, not during one
-                    self.pace(instantiate_budget(len(self.plan.nodes)))
+                if self.pace is not None:  # the driver's lock taken right after a frame, not during the next
+                    self.pace()
                     paced = time.perf_counter()
                 exec_ = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
             phases = None
@@ -363,7 +357,7 @@ def realize(
     update_previous: bool = False,
     probe_function: Any = None,
     upload_stream: Any = None,
-    pace: Callable[[float], Any] | None = None,
+    pace: Callable[[], Any] | None = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -383,9 +377,8 @@ def realize(
     ``probe_function`` is the probe kernel, for a plan with probes.
     ``upload_stream``: upload the executable graph to the device on this stream (``cuGraphUpload``)
     here, so that its first launch (on the frame thread) does not do it (``DeviceContext.upload_stream``).
-    ``pace`` (a build off the frame thread): called before the instantiation with its expected length
-    (``instantiate_budget``), it returns once the driver's lock can be taken between two frames: at
-    once if the gap now running holds it, else at the end of the next frame (``BuildWorker.pace``).
+    ``pace`` (a build off the frame thread): called before the instantiation, it returns at the end
+    of a frame (``FrameGate.next_frame``), so that the driver's lock is taken between two frames.
 
     Raises:
         KernelLoadError: a kernel has no function (``.block`` names the block).

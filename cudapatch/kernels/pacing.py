@@ -23,14 +23,11 @@ loops call ``checkpoint()``, which waits (without the GIL) until the frame is ov
 from __future__ import annotations
 
 import _thread
-import time
 
 __all__ = ["FRAME_GUARD", "FrameGate", "FrameGuard", "checkpoint"]
 
 #: The longest a checkpoint waits for a frame to end (a frame that never ends must not stop a build).
 CHECKPOINT_TIMEOUT_S = 0.05
-#: Two guarded frames further apart than this give no frame period (the host paused, or no build ran).
-_PERIOD_LIMIT_S = 0.1
 
 
 class FrameGate:
@@ -71,17 +68,13 @@ class FrameGuard:
     its frame) runs unguarded rather than wait for it.
     """
 
-    __slots__ = ("owner", "_free", "left_at", "period")
+    __slots__ = ("owner", "_free")
 
     def __init__(self) -> None:
         self._free = _thread.allocate_lock()
         #: The thread in its frame (its ident), 0 when none: read without the lock by ``checkpoint``
         #: (a stale read costs one wait or one pass).
         self.owner = 0
-        #: When the last guarded frame ended (``time.perf_counter``), and the time from the one before
-        #: (0.0: unknown): what ``gap_left`` reads. Taken only by frames that run while a build does.
-        self.left_at = 0.0
-        self.period = 0.0
 
     @property
     def in_frame(self) -> bool:
@@ -101,19 +94,8 @@ class FrameGuard:
         this thread does not hold the guard (``lift`` gave it up and could not take it back)."""
         if self.owner != _thread.get_ident():
             return
-        now = time.perf_counter()
-        since = now - self.left_at
-        self.period = since if since < _PERIOD_LIMIT_S else 0.0
-        self.left_at = now
         self.owner = 0
         self._free.release()
-
-    def gap_left(self) -> float:
-        """Seconds left, by the last frames' pace, until the next frame starts (0.0 while a frame runs,
-        or with no pace known): how long a background driver call may hold the driver's lock now."""
-        if self.owner or not self.period:
-            return 0.0
-        return max(0.0, self.period - (time.perf_counter() - self.left_at))
 
     def lift(self) -> bool:
         """Before a frame thread waits for background work (a build to finish): give the guard up, so
