@@ -51,6 +51,7 @@ def test_the_preview_converts_types_without_a_texture(gl_engine, rng: np.random.
     with Preview(engine, ctx, image=(c, "Out"), overlay=False, zero_map=False) as preview:
         tex = preview._texture
         assert tex is not None and tex.format == fmt and (tex.width, tex.height) == (W, H)
+        engine.wait_ready()  # the GlConvertWriter the preview added is built
         preview.run(3)
         engine.synchronize()
         GL.glFinish()
