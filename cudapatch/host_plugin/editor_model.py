@@ -145,6 +145,8 @@ class NodeView:
     append: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Compile errors of the Code parameter, each at its line (and column where the compiler says).
     code_errors: tuple[CodeError, ...] = ()
+    #: The diagnostics text ``code_errors`` were read from (``refresh``).
+    code_source: str = ""
     #: The block generates its kernel's code (an Expression): ``EditorModel.generated_code`` shows it.
     generates: bool = False
     #: The region operator holding it (None: the top level).
@@ -781,9 +783,13 @@ class EditorModel:
             b = by_id.get(view.block_id)
             if b is None:
                 continue
-            if b.message != view.message:  # stats carry a first line: the markers read the whole diagnostics
+            # Stats carry a first line: the markers read the whole diagnostics. An error's first line can
+            # stay the same while its column moves (the same line edited again): those are read each frame.
+            if b.message != view.message or (b.message and b.state == "Error"):
                 full = "; ".join(d.message for d in self.adapter.diagnostics(view.name)) if b.message else ""
-                view.code_errors = self._code_errors(view, full)
+                if full != view.code_source:
+                    view.code_source = full
+                    view.code_errors = self._code_errors(view, full)
             view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
             view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
-from ..errors import CudapatchError, InteropError
+from ..errors import CudaError, CudapatchError, InteropError
 from ..kernels._driver import check, driver
 from .formats import conversion_for
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
@@ -196,6 +196,7 @@ class GlBridge:
             InteropError: unknown input port.
         """
         self._check(block, port, "input")
+        self._refuse_input("bind_buffer")
         self._inputs.append(_Link(block, port, buffer))
         self._regroup()
 
@@ -209,6 +210,7 @@ class GlBridge:
             InteropError: unknown input port, or an element type that does not tile the texels.
         """
         spec = self._check(block, port, "input")
+        self._refuse_input("bind_texture")
         texel = texture.texel_bytes
         if texel % spec.dtype.itemsize:
             raise InteropError(
@@ -226,6 +228,13 @@ class GlBridge:
         self.engine.bind(block, port, buf, shape=Shape.of(texture.height, texture.width, channels=per_texel))
         self._texture_inputs.append(_Link(block, port, texture, buffer=buf))
         self._regroup()
+
+    def _refuse_input(self, what: str) -> None:
+        if self._by_copy:
+            raise InteropError(
+                f"{what}: the engine runs in a child process, which cannot read this process's GL memory; "
+                "bind a CUDA array (engine.bind) with the values instead"
+            )
 
     def _check(self, block: Block, port: str, kind: str) -> Any:
         if self._closed:
@@ -256,6 +265,13 @@ class GlBridge:
         if group is None:
             return
         group.map(stream=stream)
+        try:
+            self._give_mapped(group, stream)
+        except BaseException:
+            group.unmap()  # mapped until after the launch only: a failed frame leaves nothing mapped
+            raise
+
+    def _give_mapped(self, group: ResourceGroup, stream: Any) -> None:
         for link in self._texture_inputs:  # ordered before the launch on the same stream
             group.mapping(link.resource).copy_to(link.buffer.ptr, stream=stream)
         for link in self._inputs:
@@ -301,6 +317,20 @@ class GlBridge:
                     continue
                 tex = link.resource
                 need = tex.width * tex.height * tex.texel_bytes
+                if src.nbytes < need and self._by_copy:  # (in process a writer block writes what it has)
+                    if link.last_ptr != -1:
+                        log.warning(
+                            "%s: output '%s.%s' has %d bytes, fewer than its %dx%d texture's %d: not shown",
+                            self.label,
+                            link.block.name,
+                            link.port,
+                            src.nbytes,
+                            tex.width,
+                            tex.height,
+                            need,
+                        )
+                        link.last_ptr = -1
+                    continue
                 if src.nbytes < need:
                     raise InteropError(
                         f"show_texture: output '{link.block.name}.{link.port}' has {src.nbytes} bytes; "
@@ -322,7 +352,9 @@ class GlBridge:
         if self._by_copy:
             try:
                 return self.engine.output(block, port)
-            except CudapatchError:  # not running in the child (yet)
+            except CudaError:  # mapping the child's memory failed: say so, every frame
+                raise
+            except CudapatchError:  # not running in the child (yet), or kept from the next frame on
                 return None
         graph = self.engine.graph
         return graph.output(block.id, port) if graph is not None else None

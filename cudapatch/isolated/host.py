@@ -662,9 +662,15 @@ class IsolatedEngine:
         child.send(("frame", n, hot))
         gpu.sent_frame(n)
         self._frame = n
-        for h in self._frame_hooks:
-            h.after_launch(self._gpu.stream)
         self.counters.frames += 1
+        failed: BaseException | None = None
+        for h in self._frame_hooks:  # every hook unmaps what it mapped, whatever an earlier one raised
+            try:
+                h.after_launch(gpu.stream)
+            except BaseException as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def _send_structure(self, child: ChildLike) -> None:
         edits = self._mirror.diff(patch_view(self.context))

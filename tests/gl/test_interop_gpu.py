@@ -544,6 +544,11 @@ def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
         assert bridge.copies
         with pytest.raises(InteropError, match="child process"):
             bridge.show_buffer_ring(scale, "Out", object())
+        for refused in (lambda: bridge.bind_buffer(scale, "In", buf), lambda: bridge.bind_texture(scale, "In", tex)):
+            with pytest.raises(InteropError, match="child process"):
+                refused()
+        big = SharedTexture2D.create(w, 2 * h, format="r32f", flags="surface_ldst")  # more texels than the output
+        bridge.show_texture(scale, "Out", big)
         bridge.show_buffer(scale, "Out", buf)
         bridge.show_texture(scale, "Out", tex)
         engine.wait_ready()
@@ -556,7 +561,8 @@ def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
             GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
             texels = np.frombuffer(GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RED, GL.GL_FLOAT), np.float32)
             np.testing.assert_array_equal(texels, np.full(w * h, 2 * value, np.float32))
-        assert not engine.graph  # nothing of it ran in this process's graph
+        assert not engine.graph  # nothing of it ran in this process's graph (and the big texture: skipped)
         bridge.close()
         buf.close()
         tex.close()
+        big.close()

@@ -195,6 +195,12 @@ def test_model_reads_whole_diagnostics_when_stats_carry_a_first_line() -> None:
 
     model.refresh(stats(message.splitlines()[0]))
     assert [(e.line, e.column) for e in model.nodes()["fx"].code_errors][:1] == [(line, 25)]
+    # The same line edited again: the same first line, the caret elsewhere
+    moved = message.replace(" " * 26 + "^", " " * 12 + "^", 1)
+    assert moved != message
+    adapter.engine.errors = (Diagnostic("error", fx.id, "kernel-compile", moved),)
+    model.refresh(stats(moved.splitlines()[0]))
+    assert [(e.line, e.column) for e in model.nodes()["fx"].code_errors][:1] != [(line, 25)]
     adapter.engine.errors = ()
     model.refresh(stats(""))
     assert model.nodes()["fx"].code_errors == ()
