@@ -152,11 +152,17 @@ class GlBridge:
 
         Raises:
             InteropError: unknown output port, an element type that does not fit the texture, or a
-                converted image in a texture not registered with ``surface_ldst``.
+                converted image in a texture not registered with ``surface_ldst`` or of an isolated engine.
         """
         spec = self._check(block, port, "output")
         conv = conversion_for(spec.dtype, channels)
         if conv is not None and texture.format == conv.texture:
+            if self._by_copy:  # the writer would run in the child, which cannot reach this process's texture
+                raise InteropError(
+                    f"show_texture: output '{block.name}.{port}' ({spec.dtype.c_name} x{channels}) needs a conversion "
+                    "kernel, which an isolated engine cannot run into this process's texture: convert it to "
+                    "float, float4 or uchar4 in a block"
+                )
             if not texture.surface_writable:
                 raise InteropError(
                     f"show_texture: output '{block.name}.{port}' ({spec.dtype.c_name} x{channels}) is converted "
