@@ -87,7 +87,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .errors import CudapatchError, InteropError
@@ -146,11 +146,15 @@ class ContextRef:
         handle: The ``CUcontext``.
         ident: Its ``cuCtxGetId`` (None where the driver has no context ids).
         generation: Its reset count when the handles were made (see ``note_context_reset``).
+        driver: The driver module the handles came from: a finalizer asks that one, also when another
+            is installed by the time it runs (tests swap doubles; a context handle means nothing to
+            any other driver).
     """
 
     handle: Any
     ident: int | None
     generation: int
+    driver: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def current(cls) -> ContextRef | None:
@@ -166,7 +170,14 @@ class ContextRef:
             return None
         res = d.cuCtxGetId(ctx)
         ident = None if res[0] else int(res[1])
-        return cls(ctx, ident, _generations.get(int(ctx), 0))
+        return cls(ctx, ident, _generations.get(int(ctx), 0), d)
+
+    def _driver(self) -> Any:
+        if self.driver is not None:
+            return self.driver
+        from .kernels._driver import driver
+
+        return driver()
 
     def alive(self) -> bool:
         """Whether the context is still the one the handles were made in (not reset, not destroyed)."""
@@ -174,17 +185,15 @@ class ContextRef:
             return False
         if self.ident is None:
             return True
-        from .kernels._driver import driver
-
-        res = driver().cuCtxGetId(self.handle)
+        res = self._driver().cuCtxGetId(self.handle)
         return not res[0] and int(res[1]) == self.ident
 
     @contextmanager
     def pushed(self) -> Iterator[None]:
         """The context current on this thread for the duration (then the previous one again)."""
-        from .kernels._driver import check, driver
+        from .kernels._driver import check
 
-        d = driver()
+        d = self._driver()
         check(d.cuCtxPushCurrent(self.handle), "cuCtxPushCurrent")
         try:
             yield
@@ -263,8 +272,11 @@ class Releases:
         self._calls.clear()
 
 
-def _finalize(what: str, releases: Releases | None, context: ContextRef | None, gl_names: bool) -> None:
-    """The finalizer of an owner nobody closed (module level: it must not hold the owner)."""
+def _finalize(
+    what: str, releases: Releases | None, context: ContextRef | None, gl_names: bool, warn: bool = True
+) -> None:
+    """The finalizer of an owner nobody closed (module level: it must not hold the owner). ``releases``
+    is anything with ``__len__``, ``release_quietly`` and ``forget`` (a ``Releases`` mostly)."""
     outcome = ""
     try:
         if releases:
@@ -281,13 +293,16 @@ def _finalize(what: str, releases: Releases | None, context: ContextRef | None, 
     except Exception:  # pushing the context failed: the handles stay where they are
         outcome = "its driver handles could not be released"
     finally:
-        parts = [p for p in (outcome, "its GL names leak until its GL context is destroyed" if gl_names else "") if p]
-        detail = f" ({'; '.join(parts)})" if parts else ""
-        warnings.warn(
-            f"unclosed {what}{detail}: call close() (on its GL thread for GL objects) or use it in a with block",
-            ResourceWarning,
-            stacklevel=2,
-        )
+        # warn=False: an engine part (see the table above); its engine's DeviceContext warns instead.
+        if warn:
+            leak = "its GL names leak until its GL context is destroyed" if gl_names else ""
+            parts = [p for p in (outcome, leak) if p]
+            detail = f" ({'; '.join(parts)})" if parts else ""
+            warnings.warn(
+                f"unclosed {what}{detail}: call close() (on its GL thread for GL objects) or use it in a with block",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
 
 class HandleOwner:
@@ -360,13 +375,15 @@ class HandleOwner:
         releases: Releases | None = None,
         context: ContextRef | None = None,
         gl_names: bool = False,
+        warn: bool = True,
     ) -> None:
         """Register the finalizer (see the module docstring): it releases ``releases`` in ``context``
-        if that still lives, and warns that ``what`` was never closed. ``gl_names``: this owner also
-        made GL names on the calling thread (deleted only by ``close`` there)."""
+        if that still lives (forgets them if not), and warns that ``what`` was never closed.
+        ``gl_names``: this owner also made GL names on the calling thread (deleted only by ``close``
+        there). ``warn=False``: a quiet finalizer, for the parts an engine always closes itself."""
         if gl_names:
             self._gl_thread = threading.get_ident()
-        self._finalizer = weakref.finalize(self, _finalize, what, releases, context, gl_names)
+        self._finalizer = weakref.finalize(self, _finalize, what, releases, context, gl_names, warn)
 
     def _disarm(self) -> None:
         if self._finalizer is not None:
