@@ -7,8 +7,10 @@ executable graphs, GL buffers, textures, queries, programs, vertex arrays. Every
 
 - ``close()`` gives everything back. It is idempotent: a second call does nothing. Using an owner
   after ``close()`` raises a ``CudapatchError`` (the subclass of its package: ``InteropError`` for
-  GL interop objects), never a driver error about a stale handle or a fault on freed memory.
-  (``LibraryHandles``, ``CompiledGraph`` and ``DeviceContext`` do not check yet.)
+  GL interop objects) that names the owner, never a driver error about a stale handle or a fault
+  on freed memory. The frame path stays free of checks: ``CompiledGraph.launch`` and its Hot and
+  Warm updates look at ``is_closed`` only after the driver refused, ``DeviceContext.make_current``
+  only when it has to make the context current.
 - ``is_closed`` says whether it was closed (or abandoned).
 - An owner is a context manager: ``with ImportedRing(n) as ring: ...`` closes it on exit,
   exception or not.
@@ -22,9 +24,20 @@ Finalizer policy (the safety net for an owner nobody closed):
 - Owners register a ``weakref.finalize`` (``HandleOwner._arm``), never ``__del__`` (a ``__del__``
   runs on a half-torn-down object, can resurrect it, and chains of them run in an order nobody
   chose). The finalizer holds the handles, never the owner; ``close()`` and ``abandon()`` detach it.
-- That finalizer, run for an owner never closed, *always* emits a ``ResourceWarning`` naming it:
-  a leak is a bug in the caller (Python's own unclosed files warn the same way; the warning is
+- The finalizer of an owner a user makes and may forget emits a ``ResourceWarning`` naming it: a
+  leak is a bug in the caller (Python's own unclosed files warn the same way; the warning is
   silent unless warnings are enabled, and the test suite turns it into an error).
+- The parts of an engine are closed by the engine, always (``DeviceResources.close``; ``abandon``
+  after a lost context): a warning from each would only repeat, once per graph and buffer, that the
+  engine itself was not closed. So they warn not at all; ``DeviceContext``, the root every other
+  driver handle of an engine lives in, does: an unclosed engine gives one warning, from there, and
+  its finalizer's release of the primary context takes every allocation, module and graph of the
+  context with it when no other library (CuPy, PyTorch) retains it. Of the parts, ``CompiledGraph``
+  keeps a quiet finalizer (``_arm(..., warn=False)``) that destroys its graphs, and ``GpuBuffer``
+  one that gives its block back to its pool (no driver call: a block back in its pool is no leak);
+  ``BufferPool``, ``ModuleCache`` and ``LibraryHandles`` have none: an unclosed engine's go with
+  its context when its ``DeviceContext``'s release is the context's last (where CuPy or PyTorch
+  retain the primary context too, they stay until the process ends: close the engine).
 - **GL names are deleted only by ``close()``, on the thread that made them**, with their GL
   context current. The garbage collector runs finalizers on whatever thread drops the last
   reference, where that context is not current, or is current for another purpose (deleting a
@@ -33,7 +46,10 @@ Finalizer policy (the safety net for an owner nobody closed):
   that close through ``HandleOwner.close`` record the thread that made their GL names, and
   ``close()`` from another thread raises ``InteropError`` (the owner stays open). A ``GlfwWindow``
   is one such owner: GLFW destroys a window only on the thread that made it, so an unclosed window
-  only warns and lives, with its GL context, until the process ends.
+  only warns and lives, with its GL context, until the process ends. An ``EglContext`` is not: EGL
+  is thread-safe (EGL defers ``eglDestroyContext`` while the context is current on some thread), so its
+  finalizer destroys the context and gives back the display, with a warning and no GL call; the
+  names of its framebuffer go with the context.
 - **Driver handles whose CUDA context still lives are released by the finalizer**, with that
   context pushed current for the call (the finalizer's thread may have none), and a
   ``ResourceWarning``. Whether the context still lives is a ``ContextRef``: the context handle,
@@ -47,21 +63,24 @@ Finalizer policy (the safety net for an owner nobody closed):
 - Owners that only hold other owners (``ImportedImage`` holds an ``ImportedRing`` holding three
   ``ImportedBuffer``) let each part keep its own finalizer: a leaked composite warns once per part.
 
-The owners (what each holds; where it lives):
+The owners (what each holds; what its finalizer does with them):
 
-======================  =============================================  ==========================
+======================  =============================================  ================================
 owner                   holds                                          finalizer
-======================  =============================================  ==========================
-``DeviceContext``       primary context retain, engine stream          releases (own, silent)
+======================  =============================================  ================================
+``DeviceContext``       primary context retain, two streams            releases, warns (the engine's)
 ``BufferPool``          ``cuMemAlloc`` blocks                          none: its engine closes it
-``GpuBuffer``           a block leased from a ``BufferPool``           returns it to the pool
+``GpuBuffer``           a block leased from a ``BufferPool``           returns it to the pool, quiet
 ``LibraryHandles``      cuBLAS/cuSOLVER/cuSPARSE handles, a stream     none: its engine closes it
-``CompiledGraph``       graph, exec graph, pinned scalars, an event    destroys the graphs (own)
-``ReadbackRing``        mapped pinned host ring (``cuMemHostAlloc``)   releases, warns
+``CompiledGraph``       graph, exec graphs, pinned scalars, an event   destroys the graphs, quiet
 ``ModuleCache``         loaded modules (``cuModuleLoadData``)          none: its engine closes it
+``ReadbackRing``        mapped pinned host ring (``cuMemHostAlloc``)   releases, warns
+``UploadRing``          mapped pinned host slots and control words     releases, warns
+``DownloadRing``        mapped pinned host slots and control words     releases, warns
 ``SurfaceWriter``       a module and surface objects                   releases, warns
-``SharedBuffer``        a graphics registration (+ GL buffer)          unregisters (own, silent)
-``SharedTexture2D``     a graphics registration (+ GL texture)         unregisters (own, silent)
+``SharedBuffer``        a graphics registration (+ GL buffer)          unregisters, warns
+``SharedTexture2D``     a graphics registration (+ GL texture), a      unregisters, warns
+                        ``SurfaceWriter`` (surface_ldst)
 ``ImportedBuffer``      ``cuMemCreate`` memory + GL buffer and memory  releases CUDA side, warns
 ``ImportedRing``        events, mapped control words, 3 buffers, GL    releases CUDA side, warns
                         queries
@@ -69,16 +88,16 @@ owner                   holds                                          finalizer
 ``PointRenderer``       GL program and vertex arrays                   warns (GL only)
 ``TextureRenderer``     GL program and vertex array                    warns (GL only)
 ``Overlay``             imgui's GL objects and contexts                warns (GL only)
-``EglContext``          an EGL context, its offscreen framebuffer      releases the display (own)
+``EglContext``          an EGL context, its offscreen framebuffer      destroys the context, warns
 ``GlfwWindow``          a GLFW window and its GL context               warns (GL only)
-======================  =============================================  ==========================
+======================  =============================================  ================================
 
-Rows marked "own" keep the finalizers they had before this protocol, which release without a
-warning; rows marked "none" have no finalizer yet. Both are left to the modules that define them
-(their ``close`` is what their engine, preview or host calls). Parts owned by one of the above
-follow their owner: ``LibraryScope`` (plans, generators, workspaces) is closed by its
-``LibraryHandles``. ``Engine``, ``Preview`` and ``GlBridge`` own no handle themselves: they close
-the owners they made."""
+"Releases" is made inside the owner's CUDA context while that lives, and never in a dead one (the
+handles are forgotten then). ``GlContext`` is the base of ``EglContext`` and ``GlfwWindow``. Parts
+owned by one of the above follow their owner: ``LibraryScope`` (plans, generators, workspaces) is
+closed by its ``LibraryHandles``; a graph's buffers, captured calls and readback ring by its
+``CompiledGraph`` (the ring keeps a warning finalizer of its own). ``Engine``, ``DeviceResources``,
+``Preview`` and ``GlBridge`` own no handle themselves: they close the owners they made."""
 
 from __future__ import annotations
 

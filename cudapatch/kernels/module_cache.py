@@ -67,7 +67,9 @@ class ModuleCache(HandleOwner):
                 or the entry point is missing.
         """
         if self._closed:
-            raise KernelLoadError("module cache is closed", kernel=image.descriptor.entry_point)
+            raise KernelLoadError(
+                "ModuleCache.function: the module cache is closed", kernel=image.descriptor.entry_point
+            )
         key = (image.key, self._device_key)
         entry_point = image.descriptor.entry_point
         with self._lock:
