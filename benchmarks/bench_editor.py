@@ -11,7 +11,9 @@ rasterization on the CPU that a GPU does; the panel column is the editor's own c
     PYOPENGL_PLATFORM=egl python benchmarks/bench_editor.py [--nodes 100] [--frames 200] [--regions 10]
 
 ``--regions N`` puts the chain's blocks into N ``For`` regions (N of the nodes are the regions), so
-the editor draws N groups around them.
+the editor draws N groups around them. ``--composites N`` makes N of the chain's nodes composites of
+``--inner`` blocks each (a composite file of Scales): closed, each is one node, and their inner blocks
+must cost the frame nothing; ``--open`` opens them all (their inner nodes drawn in groups).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +34,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--regions", type=int, default=0, help="For regions holding the chain (drawn as groups)")
+    parser.add_argument("--composites", type=int, default=0, help="chain nodes that are composites")
+    parser.add_argument("--inner", type=int, default=10, help="blocks inside each composite")
+    parser.add_argument("--open", action="store_true", help="open every composite in the editor")
     args = parser.parse_args()
     from cudapatch.engine.profiling import EngineStats, ProfilingLevel
     from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
@@ -45,8 +51,15 @@ def main() -> None:
         lines += [f"[operators.r{r}]", 'type = "core.For"', "Count = 2", ""]
     chain = args.nodes - args.regions  # the Fill and the Scales; the rest of the nodes are regions
     per = max(1, (chain - 1) // args.regions) if args.regions else 0
+    comp_file = _composite_file(args.inner) if args.composites else None
+    every = max(1, (chain - 1) // args.composites) if args.composites else 0
+    composites = []
     for i in range(1, chain):
-        lines += [f"[operators.s{i}]", 'type = "core.Scale"', f"Factor = {1 + i / 100}"]
+        if every and i % every == 0 and len(composites) < args.composites:
+            composites.append(f"s{i}")
+            lines += [f"[operators.s{i}]", 'type = "core.Composite"', f'Path = "{comp_file}"']
+        else:
+            lines += [f"[operators.s{i}]", 'type = "core.Scale"', f"Factor = {1 + i / 100}"]
         if args.regions:
             lines.append(f'region = "r{min((i - 1) // per, args.regions - 1)}"')
         lines.append("")
@@ -58,6 +71,9 @@ def main() -> None:
         adapter.connect(f"s{i}", "Out", f"s{i + 1}", "In")
     adapter.engine.update()
     model = EditorModel(adapter, patch)
+    if args.open:
+        for op in composites:
+            model.open(op)
     stats = EngineStats(ProfilingLevel.NONE, None, None, None, (), 0, 0, 0)
     ctx = EglContext(1920, 1080)
     results = {}
@@ -92,7 +108,8 @@ def main() -> None:
             panel.close()
         overlay.close()
     ctx.close()
-    print(f"{args.nodes} nodes ({args.regions} of them regions), {args.frames} frames, ms per frame")
+    inside = f", {len(composites)} composites of {args.inner} blocks{' (open)' if args.open else ''}"
+    print(f"{args.nodes} nodes ({args.regions} of them regions{inside}), {args.frames} frames, ms per frame")
     print(f"{'what':<20} {'wall':>8} {'CPU':>8} {'panel wall':>11} {'panel CPU':>10}")
     for name, (wall, cpu, pwall, pcpu) in results.items():
         print(f"{name:<20} {wall:>8.3f} {cpu:>8.3f} {pwall:>11.3f} {pcpu:>10.3f}")
@@ -101,6 +118,17 @@ def main() -> None:
     for label, b in rows:
         alone = f"{b[0] - a[0]:>8.3f} {b[1] - a[1]:>8.3f} {b[2]:>11.3f} {b[3]:>10.3f}"
         print(f"{label:<20} {alone}   (target: CPU <= 1 ms)")
+
+
+def _composite_file(inner: int) -> Path:
+    """A composite file of ``inner`` Scales in a chain (In -> s0 ... -> Out, Gain sets the first)."""
+    lines = ["links = [" + ", ".join(f'"c{i}.Out -> c{i + 1}.In"' for i in range(inner - 1)) + "]", ""]
+    for i in range(inner):
+        lines += [f"[operators.c{i}]", 'type = "core.Scale"', ""]
+    lines += ["[expose]", 'In = "c0.In"', f'Out = "c{inner - 1}.Out"', 'Gain = "c0.Factor"', ""]
+    path = Path(tempfile.mkdtemp(prefix="bench_editor_")) / "chain.toml"
+    path.write_text("\n".join(lines))
+    return path
 
 
 if __name__ == "__main__":

@@ -168,7 +168,8 @@ class Context:
                 del parents[child]
             else:
                 parents[child] = outer
-        for key in [k for k in self.probes if k[0] == block.id]:
+        gone = {block.id} | {b.id for _, b in block.inner_blocks()} if hasattr(block, "inner_blocks") else {block.id}
+        for key in [k for k in self.probes if k[0] in gone]:  # a composite's inner probes go with it
             del self.probes[key]
         block.detach(self)
         self.dirty.mark_structure()
@@ -427,10 +428,14 @@ class Context:
         Returns:
             The probed ``(block_id, output port)``.
 
+        An inner block of a registered composite can be probed too (an output it makes: its wire runs in
+        the flattened graph); the probe goes when the composite does.
+
         Raises:
             LinkError: unknown port, an input that no link feeds, or another engine's block.
         """
-        self._owned(block, "probed")
+        if block.context is not None or self.registry.owner(block.id) is None:  # not an inner block here
+            self._owned(block, "probed")
         key = (block.id, port)
         if block.description.output(port) is None:
             if block.description.input(port) is None:

@@ -7,6 +7,7 @@ three in-flight frames and are read only when someone asks (``Engine.stats()``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -122,3 +123,7 @@ class EngineStats:
     #: (their ratio is what buffer reuse saves).
     buffer_bytes: int = 0
     value_bytes: int = 0
+    #: GPU time of every timed block by block id (PerBlock and up; a block in a region's body: its sum
+    #: over the frame). ``blocks`` has a row per registered block only; this also holds the blocks inside
+    #: composites (whose own row is the span of them all), for hosts that show a composite's inside.
+    block_ms: Mapping[int, float] = field(default_factory=dict)

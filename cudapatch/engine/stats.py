@@ -250,6 +250,8 @@ def collect_stats(
         diagnostics=diagnostics,
         buffer_bytes=graph.plan.total_buffer_bytes if graph is not None else 0,
         value_bytes=_value_bytes(graph.plan) if graph is not None else 0,
+        # The timings already read, not a copy per frame (a copy only when bodies add their sums).
+        block_ms={**block_ms, **{k: t.total_ms for k, t in body.items()}} if body else block_ms,
     )
 
 

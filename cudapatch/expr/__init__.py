@@ -3,8 +3,9 @@
 ``compile_expression("a * sin(x * Freq) + b")`` parses and types an expression (``syntax``,
 ``check``); ``program.single`` makes it a kernel program; ``ProgramSource`` generates PTX (or CUDA
 C++ for NVRTC) from it for the engine to load. ``interp.evaluate`` runs a program in NumPy, the
-reference the kernels are tested against. The ``Expression`` block and the fusion phase of the
-graph compiler use all of it. See docs/expressions.md.
+reference the kernels are tested against. ``vectors`` gives inputs vector types (``float4`` ...),
+computed lane by lane. The ``Expression`` block and the fusion phase of the graph compiler use all of
+it. See docs/expressions.md.
 """
 
 from .check import BUILTIN_NAMES, FUNCTIONS, Checked, check, compile_expression

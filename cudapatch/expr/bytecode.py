@@ -112,6 +112,8 @@ def assemble(program: Program) -> Bytecode | None:
     PTX instruction it lacks, more than ``MAX_SLOTS`` live values, more than ``MAX_WORDS`` words)."""
     if len(program.outputs) != 1:
         return None
+    if program.lanes > 1:  # a vector program: each lane is its float program (the interpreter loops over lanes)
+        program = Program(program.inputs, program.scalars, program.outputs, program.stages)
     layout = ptx_layout(program)
     instrs: list[tuple[str, str, list[str]]] = []
     for line in layout.body:
@@ -176,9 +178,13 @@ def assemble(program: Program) -> Bytecode | None:
     return Bytecode(words, top)
 
 
-def interpreter_cuda(n_inputs: int, n_scalars: int) -> str:
+def interpreter_cuda(n_inputs: int, n_scalars: int, lanes: tuple[int, ...] = ()) -> str:
     """The interpreter kernel for programs of ``n_inputs`` inputs and ``n_scalars`` scalars, as CUDA
-    C++: the parameters of the generated kernel (``program.py``), one output."""
+    C++: the parameters of the generated kernel (``program.py``), one output. ``lanes`` (each input's,
+    for a program of vector inputs): the kernel runs the program once per lane of its element
+    (``_vector_interpreter_cuda``)."""
+    if lanes and max(lanes) > 1:
+        return _vector_interpreter_cuda(n_inputs, n_scalars, lanes)
     # no __restrict__: an input and the output may share memory, as in the generated kernel
     params = [f"const float* in{i}, unsigned int in{i}_count" for i in range(n_inputs)]
     params.append("float* out0")
@@ -221,6 +227,66 @@ extern "C" __global__ void expression({", ".join(params)})
 """
 
 
+def _vector_interpreter_cuda(n_inputs: int, n_scalars: int, lanes: tuple[int, ...]) -> str:
+    """The interpreter for programs of vector inputs (``lanes`` per input): the generated kernel's
+    parameters (``const float4*`` ...), one thread per element, and the program, which is the float
+    program of one lane, run once per lane: a vector input gives each run its lane, a float input its
+    one value, and the results are stored as the element. Each run is the generated kernel's lane."""
+    out_lanes = max(lanes)
+    vec = {1: "float", 2: "float2", 3: "float3", 4: "float4"}
+    params = [f"const {vec[li]}* in{i}, unsigned int in{i}_count" for i, li in enumerate(lanes)]
+    params.append(f"{vec[out_lanes]}* out0")
+    params += [f"float s{s}" for s in range(n_scalars)]
+    params.append("unsigned int n")
+    marker = ", ".join(f"0x{w:08X}u" for w in MARKER)
+    cases = "\n".join(f"                case {code}: {stmt} break;" for code, _, stmt in OPS.values())
+    reads = []
+    for i, li in enumerate(lanes):
+        reads.append(f"    const {vec[li]} e{i} = in{i}[min(i, in{i}_count - 1u)];")
+        if li > 1:
+            reads.append(f"    const float v{i}[{li}] = {{{', '.join(f'e{i}.{c}' for c in 'xyzw'[:li])}}};")
+    loads = "\n".join(
+        f"        r[cp_program[5 + {i}]] = __float_as_uint({f'v{i}[lane]' if li > 1 else f'e{i}'});"
+        for i, li in enumerate(lanes)
+    )
+    scalars = "\n".join(f"        r[cp_program[5 + {n_inputs + s}]] = __float_as_uint(s{s});" for s in range(n_scalars))
+    store = f"make_{vec[out_lanes]}({', '.join(f'res[{k}]' for k in range(out_lanes))})"
+    return f"""// cudapatch expression interpreter: inputs of lanes {lanes}, {n_scalars} scalars (bytecode.py)
+__constant__ unsigned int cp_program[{MAX_WORDS}] = {{{marker}}};
+
+extern "C" __global__ void expression({", ".join(params)})
+{{
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+{chr(10).join(reads)}
+    unsigned int r[{MAX_SLOTS}];
+    float res[{out_lanes}];
+    for (unsigned int lane = 0; lane < {out_lanes}u; ++lane) {{
+        r[cp_program[2]] = i;
+        r[cp_program[3]] = n;
+{loads}
+{scalars}
+        const unsigned int constants = cp_program[1];
+        unsigned int at = 5 + {n_inputs + n_scalars};
+        for (unsigned int k = 0; k < constants; ++k, at += 2) r[cp_program[at]] = cp_program[at + 1];
+        const unsigned int count = cp_program[0];
+        for (unsigned int k = 0; k < count; ++k, at += 5) {{
+            const unsigned int a = r[cp_program[at + 2]], b = r[cp_program[at + 3]], c = r[cp_program[at + 4]];
+            const float fa = __uint_as_float(a), fb = __uint_as_float(b), fc = __uint_as_float(c);
+            unsigned int v = 0;
+            switch (cp_program[at]) {{
+{cases}
+                default: break;
+            }}
+            r[cp_program[at + 1]] = v;
+        }}
+        res[lane] = __uint_as_float(r[cp_program[4]]);
+    }}
+    out0[i] = {store};
+}}
+"""
+
+
 _MARKER_BYTES = struct.pack(f"<{len(MARKER)}I", *MARKER)
 
 
@@ -246,15 +312,17 @@ class _Interpreters:
     short script that edited an expression): ``join`` waits for them, and runs at exit."""
 
     def __init__(self) -> None:
-        self._done: dict[tuple[int, int, str], tuple[bytes, str] | None] = {}
-        self._started: set[tuple[int, int, str]] = set()
+        self._done: dict[tuple, tuple[bytes, str] | None] = {}
+        self._started: set[tuple] = set()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def get(self, n_inputs: int, n_scalars: int, arch: str, *, wait: bool = False) -> tuple[bytes, str] | None:
+    def get(
+        self, n_inputs: int, n_scalars: int, arch: str, *, wait: bool = False, lanes: tuple[int, ...] = ()
+    ) -> tuple[bytes, str] | None:
         """``(cubin, entry symbol)``, or None while it compiles (``wait``: compile it now) or when it
-        failed to compile."""
-        key = (n_inputs, n_scalars, arch)
+        failed to compile. ``lanes``: each input's, for a program of vector inputs."""
+        key: tuple = (n_inputs, n_scalars, arch, lanes) if lanes and max(lanes) > 1 else (n_inputs, n_scalars, arch)
         with self._lock:
             if key in self._done:
                 return self._done[key]
@@ -278,14 +346,14 @@ class _Interpreters:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    def _compile(self, key: tuple[int, int, str]) -> tuple[bytes, str] | None:
+    def _compile(self, key: tuple) -> tuple[bytes, str] | None:
         from ..kernels._toolchain import nvrtc_compile
         from .cuda_gen import NVRTC_OPTIONS
 
-        n_inputs, n_scalars, arch = key
+        n_inputs, n_scalars, arch, *vector = key
         try:
             cubin, symbol, _log = nvrtc_compile(
-                interpreter_cuda(n_inputs, n_scalars),
+                interpreter_cuda(n_inputs, n_scalars, *vector),
                 name="interpreter.cu",
                 entry="expression",
                 arch=arch,

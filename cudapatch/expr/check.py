@@ -18,6 +18,9 @@ Names: where the caller does not declare them, a name starting with an upper-cas
 scalar (``Freq``), any other an input buffer (``x``). A caller may declare some names (``declared``):
 those are what they are declared as whatever their case, come first (in the order declared) and stay
 even when the expression does not use them (``Checked.unused``); the rest follow the case rule.
+
+Vector inputs (``lanes``: ``float2``/``float3``/``float4``, see ``vectors.py``) do not change the
+types of nodes: the expression is typed once and computed lane by lane.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ExpressionError
-from .syntax import Binary, Call, Name, Node, Num, Unary, parse, start
+from .syntax import Binary, Call, Name, Node, Num, Unary, children, parse, start
 
 __all__ = ["Checked", "FUNCTIONS", "BUILTIN_NAMES", "NameKind", "Type", "check", "compile_expression", "declare"]
 
@@ -76,6 +79,8 @@ class Checked:
         scalars: Hot scalar names, in the same order.
         types: ``id(node)`` → its type, for every node of ``root``.
         unused: Declared names the expression does not use (still inputs or scalars), in order.
+        lanes: The lanes of each vector input (``float4`` → 4; ``float`` inputs are not listed). An
+            expression with vector inputs computes lane by lane (``vectors.py``).
     """
 
     text: str
@@ -84,20 +89,28 @@ class Checked:
     scalars: tuple[str, ...]
     types: dict[int, Type] = field(repr=False)
     unused: tuple[str, ...] = ()
+    lanes: Mapping[str, int] = field(default_factory=dict)
 
     def type_of(self, node: Node) -> Type:
         return self.types[id(node)]
 
+    @property
+    def out_lanes(self) -> int:
+        """The lanes of the result: those of the vector inputs, 1 without any."""
+        return max(self.lanes.values(), default=1)
+
     def __reduce__(self) -> tuple:
         # ``types`` is keyed by node identity, which a pickle does not keep: an unpickled expression is
         # parsed and checked again from its text (descriptions travel to an isolated engine's child).
-        return (_rebuild, (self.text, self.inputs, self.scalars))
+        return (_rebuild, (self.text, self.inputs, self.scalars, dict(self.lanes)))
 
 
-def _rebuild(text: str, inputs: tuple[str, ...], scalars: tuple[str, ...]) -> Checked:
+def _rebuild(
+    text: str, inputs: tuple[str, ...], scalars: tuple[str, ...], lanes: Mapping[str, int] | None = None
+) -> Checked:
     names: dict[str, NameKind] = {**dict.fromkeys(inputs, "input"), **dict.fromkeys(scalars, "scalar")}
     # declared as well: the same order, and the names the expression does not use stay (and are ``unused``)
-    return compile_expression(text, names=names, declared=names)
+    return compile_expression(text, names=names, declared=names, lanes=lanes)
 
 
 def _kind(name: str, names: Mapping[str, NameKind] | None, declared: Mapping[str, NameKind]) -> NameKind | None:
@@ -235,6 +248,7 @@ def check(
     names: Mapping[str, NameKind] | None = None,
     reserved: Mapping[str, str] | None = None,
     declared: Mapping[str, NameKind] | None = None,
+    lanes: Mapping[str, int] | None = None,
 ) -> Checked:
     """Resolve names and types of a parsed expression.
 
@@ -247,10 +261,13 @@ def check(
         declared: Names declared ``input`` or ``scalar`` whatever their case, in order: they come
             first among the inputs and scalars, and stay there when the expression does not use them
             (listed in ``Checked.unused``). The caller checks they are names (``declare``).
+        lanes: Input name → its lanes, for vector inputs (``vectors.parse_declarations`` reads them
+            from ``"c: float4"``); each must be an input, and all the same.
 
     Raises:
         ExpressionError: an unknown name or function, a wrong argument count, a type error, a
-            reserved name, a true/false result; with the column.
+            reserved name, a true/false result, a vector name that is no input or whose lanes differ
+            from the others'; with the column.
     """
     declared = declared or {}
     c = _Checker(names, reserved or {}, declared)
@@ -260,13 +277,54 @@ def check(
             "the result is true/false: write where(cond, 1.0, 0.0) to make it a number", column=root.col
         )
     if not declared:
-        return Checked(text, root, tuple(c.inputs), tuple(c.scalars), c.types)
-    inputs = [n for n, k in declared.items() if k == "input"]
-    scalars = [n for n, k in declared.items() if k == "scalar"]
-    unused = tuple(n for n in declared if n not in c.inputs and n not in c.scalars)
-    inputs += [n for n in c.inputs if n not in declared]
-    scalars += [n for n in c.scalars if n not in declared]
-    return Checked(text, root, tuple(inputs), tuple(scalars), c.types, unused)
+        inputs, scalars, unused = list(c.inputs), list(c.scalars), ()
+    else:
+        inputs = [n for n, k in declared.items() if k == "input"]
+        scalars = [n for n, k in declared.items() if k == "scalar"]
+        unused = tuple(n for n in declared if n not in c.inputs and n not in c.scalars)
+        inputs += [n for n in c.inputs if n not in declared]
+        scalars += [n for n in c.scalars if n not in declared]
+    vectors = _vector_lanes(root, lanes or {}, inputs)
+    return Checked(text, root, tuple(inputs), tuple(scalars), c.types, unused, vectors)
+
+
+def _vector_lanes(root: Node, lanes: Mapping[str, int], inputs: list[str]) -> dict[str, int]:
+    """The vector inputs' lanes, checked: inputs only, all alike (the error names the column where
+    the expression first uses the offending name)."""
+    out: dict[str, int] = {}
+    first: str | None = None
+    for name in inputs:
+        n = lanes.get(name, 1)
+        if n == 1:
+            continue
+        if n not in (2, 3, 4):
+            raise ExpressionError(
+                f"input '{name}' has {n} lanes: vector inputs have 2, 3 or 4", column=_use(root, name)
+            )
+        if first is not None and out[first] != n:
+            raise ExpressionError(
+                f"input '{name}' has {n} lanes but '{first}' has {out[first]}: every vector input of one "
+                "expression has the same lanes",
+                column=_use(root, name),
+            )
+        first = first or name
+        out[name] = n
+    for name, n in lanes.items():
+        if n != 1 and name not in out:
+            raise ExpressionError(f"'{name}' is declared a vector, but it is no input of the expression")
+    return out
+
+
+def _use(root: Node, name: str) -> int | None:
+    """The leftmost column where ``name`` appears in the tree, None where it does not."""
+    best = None
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Name) and node.id == name:
+            best = node.col if best is None else min(best, node.col)
+        stack.extend(children(node))
+    return best
 
 
 def declare(
@@ -305,10 +363,11 @@ def compile_expression(
     names: Mapping[str, NameKind] | None = None,
     reserved: Mapping[str, str] | None = None,
     declared: Mapping[str, NameKind] | None = None,
+    lanes: Mapping[str, int] | None = None,
 ) -> Checked:
     """``parse`` then ``check`` (see there).
 
     Raises:
         ExpressionError: with the column.
     """
-    return check(parse(text), text, names=names, reserved=reserved, declared=declared)
+    return check(parse(text), text, names=names, reserved=reserved, declared=declared, lanes=lanes)

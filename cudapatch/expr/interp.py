@@ -6,6 +6,10 @@
 ``tan``, ``exp``, ``log`` and ``pow`` are computed exactly and rounded, where the GPU uses hardware
 approximations (compare those with a tolerance). ``dtype=np.float64`` computes the mathematical
 value: the reference for GPU tests.
+
+A program of vector inputs (``Program.input_lanes``) runs lane by lane as its kernel does: a vector
+input is given as ``(elements, lanes)`` (or flat), a ``float`` input's element is used by every lane,
+and each output comes back as ``(n, lanes)``.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from .syntax import Binary, Call, Name, Node, Num, Unary
 __all__ = ["evaluate", "broadcast_read"]
 
 
-def broadcast_read(array: np.ndarray, n: int) -> np.ndarray:
-    """What the kernel reads from an input for ``n`` elements: element ``min(i, len - 1)``."""
-    a = np.asarray(array).reshape(-1)
+def broadcast_read(array: np.ndarray, n: int, lanes: int = 1) -> np.ndarray:
+    """What the kernel reads from an input for ``n`` elements: element ``min(i, len - 1)`` (of
+    ``lanes`` values each: ``(n, lanes)`` then)."""
+    a = np.asarray(array).reshape(-1) if lanes == 1 else np.asarray(array).reshape(-1, lanes)
     idx = np.minimum(np.arange(n), len(a) - 1)
     return a[idx]
 
@@ -213,21 +218,31 @@ def evaluate(
         dtype: ``np.float32`` (the kernel's rounding) or ``np.float64`` (the mathematical value).
 
     Returns:
-        ``{output name: array of n elements}`` (``dtype``).
+        ``{output name: array of n elements}`` (``dtype``; ``(n, lanes)`` for a vector program).
     """
     if isinstance(inputs, Mapping):
         inputs = [inputs[name] for name in program.inputs]
     if isinstance(scalars, Mapping):
         scalars = [scalars[name] for name in program.scalars]
     if n is None:
-        n = len(np.asarray(inputs[0]).reshape(-1)) if inputs else 1
-    env: dict[tuple[str, int], np.ndarray] = {}
-    for i, a in enumerate(inputs):
-        env[("input", i)] = broadcast_read(np.asarray(a, dtype=np.float32), n).astype(dtype)
-    for s, v in enumerate(scalars):
-        env[("scalar", s)] = np.full(n, np.float32(v), dtype=dtype)
-    for j, stage in enumerate(program.stages):
-        e = _Eval(stage, env, n, dtype)
-        value = e.ev(stage.expr.root)
-        env[("stage", j)] = value.astype(dtype)
-    return {name: env[("stage", j)] for name, j in program.outputs}
+        n = len(np.asarray(inputs[0]).reshape(-1)) // program.lanes_of(0) if inputs else 1
+    lanes = program.lanes
+    read = [
+        broadcast_read(np.asarray(a, dtype=np.float32), n, program.lanes_of(i)).astype(dtype)
+        for i, a in enumerate(inputs)
+    ]
+    results = []
+    for lane in range(lanes):  # a vector program: each lane as a program of floats, as the kernel does
+        env: dict[tuple[str, int], np.ndarray] = {}
+        for i, a in enumerate(read):
+            env[("input", i)] = a if a.ndim == 1 else np.ascontiguousarray(a[:, lane])
+        for s, v in enumerate(scalars):
+            env[("scalar", s)] = np.full(n, np.float32(v), dtype=dtype)
+        for j, stage in enumerate(program.stages):
+            e = _Eval(stage, env, n, dtype)
+            value = e.ev(stage.expr.root)
+            env[("stage", j)] = value.astype(dtype)
+        results.append({name: env[("stage", j)] for name, j in program.outputs})
+    if lanes == 1:
+        return results[0]
+    return {name: np.stack([r[name] for r in results], axis=1) for name, _ in program.outputs}

@@ -11,6 +11,11 @@ The kernel's parameters, in order: per input buffer a ``const float*`` and its e
 ``n`` of the launch. An input with as many elements as the launch is read element by element; an
 input of one element is broadcast (every element reads it); a shorter input repeats its last
 element, so no thread ever reads past a buffer.
+
+A program with vector inputs (``input_lanes``, see ``vectors.py``) computes each element's lanes
+one after the other in one thread: a vector input's pointer is a ``const float4*`` (``float2``,
+``float3``) read at the element, a ``float`` input's value is used by every lane, and the output is
+of the same vector type. Counts (``n``, each input's count) stay element counts.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Literal
 from ..kernels.descriptor import KernelDescriptor, KernelParamDescriptor
 from ..kernels.types import DType
 from .check import Checked
+from .vectors import vector_dtype
 
 __all__ = ["Program", "Stage", "Ref", "single", "GENERATOR_VERSION", "BLOCK_SIZE"]
 
@@ -63,12 +69,24 @@ class Program:
         scalars: Names of the Hot scalars.
         outputs: ``(name, stage index)`` per output buffer.
         stages: In evaluation order.
+        input_lanes: Lanes of each input (1 for ``float``, 2-4 for vectors, all vectors alike); empty
+            when every input is a ``float``.
     """
 
     inputs: tuple[str, ...]
     scalars: tuple[str, ...]
     outputs: tuple[tuple[str, int], ...]
     stages: tuple[Stage, ...]
+    input_lanes: tuple[int, ...] = ()
+
+    @cached_property
+    def lanes(self) -> int:
+        """Lanes of every output: those of the vector inputs, 1 without any."""
+        return max(self.input_lanes, default=1)
+
+    def lanes_of(self, i: int) -> int:
+        """Lanes of input ``i``."""
+        return self.input_lanes[i] if self.input_lanes else 1
 
     @cached_property
     def param_names(self) -> tuple[str, ...]:
@@ -95,11 +113,12 @@ class Program:
         """The kernel's descriptor (see the module docstring)."""
         names = iter(self.param_names)
         params: list[KernelParamDescriptor] = []
-        for _ in self.inputs:
-            params.append(KernelParamDescriptor(next(names), DType.FLOAT32, True, "in"))
+        for i in range(len(self.inputs)):
+            params.append(KernelParamDescriptor(next(names), vector_dtype(self.lanes_of(i)), True, "in"))
             params.append(KernelParamDescriptor(next(names), DType.UINT32, False, "in"))
+        out = vector_dtype(self.lanes)
         for _ in self.outputs:
-            params.append(KernelParamDescriptor(next(names), DType.FLOAT32, True, "out"))
+            params.append(KernelParamDescriptor(next(names), out, True, "out"))
         for _ in self.scalars:
             params.append(KernelParamDescriptor(next(names), DType.FLOAT32, False, "in"))
         params.append(KernelParamDescriptor(next(names), DType.UINT32, False, "in"))
@@ -124,6 +143,8 @@ class Program:
         """Content hash: the same program text and bindings give the same key."""
         h = hashlib.sha256(GENERATOR_VERSION.encode())
         h.update(repr((self.inputs, self.scalars, self.outputs)).encode())
+        if self.lanes > 1:  # float programs keep the keys they always had
+            h.update(repr(self.input_lanes).encode())
         for st in self.stages:
             h.update(b"\0" + st.expr.text.encode() + b"\0" + repr(sorted(st.bind.items())).encode())
         return h.hexdigest()
@@ -137,4 +158,5 @@ def single(expr: Checked, *, output: str = "Out", label: str = "") -> Program:
     """The program of one expression: its inputs, its scalars, one output."""
     bind: dict[str, Ref] = {n: ("input", i) for i, n in enumerate(expr.inputs)}
     bind.update({n: ("scalar", i) for i, n in enumerate(expr.scalars)})
-    return Program(expr.inputs, expr.scalars, ((output, 0),), (Stage(expr, bind, label),))
+    lanes = tuple(expr.lanes.get(n, 1) for n in expr.inputs) if expr.lanes else ()
+    return Program(expr.inputs, expr.scalars, ((output, 0),), (Stage(expr, bind, label),), lanes)

@@ -23,6 +23,7 @@ from .check import Type
 from .lower import F_OPS, PI, FloatLowering
 from .program import Program, Stage
 from .syntax import Binary, Call, Name, Node, Num, Unary
+from .vectors import LANE_BY_LANE, vector_dtype
 
 __all__ = ["Layout", "ScalarLoads", "generate_ptx", "ptx_layout", "ptx_version_for"]
 
@@ -260,6 +261,64 @@ def ptx_layout(program: Program) -> Layout:
     return layout
 
 
+def _vector_access(op: str, values: list[str], addr: str) -> list[str]:
+    """``ld.global``/``st.global`` of an element's lanes at ``addr``: one vector access for 2 and 4 lanes
+    (the element is aligned to its size, as CUDA's ``float2``/``float4`` are), three for ``float3``
+    (aligned to 4 bytes only)."""
+    if len(values) == 1:
+        return [f"{op}.f32 {values[0]}, [{addr}]" if op == "ld.global" else f"{op}.f32 [{addr}], {values[0]}"]
+    if len(values) in (2, 4):
+        regs = "{" + ", ".join(values) + "}"
+        v = f"{op}.v{len(values)}.f32"
+        return [f"{v} {regs}, [{addr}]" if op == "ld.global" else f"{v} [{addr}], {regs}"]
+    return [
+        f"{op}.f32 {v}, [{addr}+{4 * lane}]" if op == "ld.global" else f"{op}.f32 [{addr}+{4 * lane}], {v}"
+        for lane, v in enumerate(values)
+    ]
+
+
+def _load_lanes(
+    em: _Emitter, program: Program, names: tuple[str, ...], i: int, index: str, envs: list[dict[tuple[str, int], str]]
+) -> None:
+    """Input ``i`` of a vector program into each lane's environment: its element ``min(index, count - 1)``,
+    all its lanes for a vector input, its one value in every lane for a ``float`` input."""
+    li = program.lanes_of(i)
+    name = program.inputs[i]
+    what = f"its {li} lanes" if li > 1 else "one value for every lane"
+    em.comment(f"input {name}: element min(index, {name}_count - 1), {what}")
+    base = program.input_param(i)
+    ptr, n_in, last, at = em.reg("rd"), em.reg("r"), em.reg("r"), em.reg("r")
+    em.op(f"ld.param.u64 {ptr}, [{names[base]}]")
+    em.op(f"ld.param.u32 {n_in}, [{names[base + 1]}]")
+    em.op(f"sub.s32 {last}, {n_in}, 1")
+    em.op(f"min.u32 {at}, {index}, {last}")
+    gptr, off, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
+    em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
+    em.op(f"mul.wide.u32 {off}, {at}, {4 * li}")
+    em.op(f"add.s64 {addr}, {gptr}, {off}")
+    values = [em.reg("f") for _ in range(li)]
+    # a plain ld.global, not .nc: the pool may give an input and an output of one kernel the same memory
+    for line in _vector_access("ld.global", values, addr):
+        em.op(line)
+    for lane, env in enumerate(envs):
+        env[("input", i)] = values[lane if li > 1 else 0]
+
+
+def _store_lanes(
+    em: _Emitter, program: Program, names: tuple[str, ...], index: str, envs: list[dict[tuple[str, int], str]]
+) -> None:
+    """Each output of a vector program: the lanes' values of its stage, stored as the element ``index``."""
+    off = em.reg("rd")
+    em.op(f"mul.wide.u32 {off}, {index}, {4 * program.lanes}")
+    for o, (_, j) in enumerate(program.outputs):
+        ptr, gptr, addr = em.reg("rd"), em.reg("rd"), em.reg("rd")
+        em.op(f"ld.param.u64 {ptr}, [{names[program.output_param(o)]}]")
+        em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
+        em.op(f"add.s64 {addr}, {gptr}, {off}")
+        for line in _vector_access("st.global", [env[("stage", j)] for env in envs], addr):
+            em.op(line)
+
+
 def generate_ptx(
     program: Program, arch: str = "sm_90", *, per_thread: int = 1, scalar_loads: ScalarLoads = "param"
 ) -> str:
@@ -287,6 +346,9 @@ def _generate(
 ) -> str:
     if per_thread < 1:
         raise ValueError(f"per_thread must be at least 1, got {per_thread}")
+    lanes = program.lanes
+    if lanes > 1 and (per_thread != 1 or layout is not None):
+        raise ValueError("a program of vector inputs computes one element (all its lanes) per thread")
     if scalar_loads not in ("param", "prefetched"):
         raise ValueError(f"scalar_loads must be 'param' or 'prefetched', got {scalar_loads!r}")
     generic = scalar_loads == "prefetched" and bool(program.scalars) and _sm(arch) >= 70
@@ -323,6 +385,9 @@ def _generate(
         indices.append(at_k)
         inside.append(f"@{p} ")
     envs: list[dict[tuple[str, int], str]] = [{} for _ in indices]
+    if lanes > 1:  # one environment per lane of the thread's element; ``index`` is the element's in each
+        envs = [{} for _ in range(lanes)]
+        indices, inside = [index] * lanes, [""] * lanes
     scalar_at: list[str] = []  # the generic address of each scalar (``prefetched``)
     if generic:
         em.comment("scalars: their generic addresses, and a prefetch of each 128-byte line of them")
@@ -334,7 +399,9 @@ def _generate(
         last = len(scalar_at) - 1
         for s in (*range(0, last, _LINE_SCALARS), last):
             em.op(f"prefetch.L1 [{scalar_at[s]}]")
-    for i, name in enumerate(program.inputs):
+    for i in range(len(program.inputs) if lanes > 1 else 0):
+        _load_lanes(em, program, names, i, index, envs)
+    for i, name in enumerate(program.inputs if lanes == 1 else ()):
         em.comment(f"input {name}: element min(index, {name}_count - 1)")
         base, cnt = program.input_param(i), program.input_param(i) + 1
         ptr, n_in, last = em.reg("rd"), em.reg("r"), em.reg("r")
@@ -377,12 +444,14 @@ def _generate(
         layout.scalars = [env[("scalar", s)] for s in range(len(program.scalars))]
         layout.outputs = [env[("stage", j)] for _, j in program.outputs]
         layout.body = [ln.strip().rstrip(";") for ln in em.lines[body_start:] if not ln.strip().startswith("//")]
+    if lanes > 1:
+        _store_lanes(em, program, names, index, envs)
     offs = []
-    for at_k in indices:
+    for at_k in indices if lanes == 1 else ():
         off = em.reg("rd")
         em.op(f"mul.wide.u32 {off}, {at_k}, 4")
         offs.append(off)
-    for o, (_, j) in enumerate(program.outputs):
+    for o, (_, j) in enumerate(program.outputs if lanes == 1 else ()):
         ptr, gptr = em.reg("rd"), em.reg("rd")
         em.op(f"ld.param.u64 {ptr}, [{names[program.output_param(o)]}]")
         em.op(f"cvta.to.global.u64 {gptr}, {ptr}")
@@ -394,6 +463,11 @@ def _generate(
     head = [
         "// Generated by cudapatch.expr from:",
         *(f"//   {line}" for line in program.summary().splitlines()),
+        *(
+            [f"// {LANE_BY_LANE} {vector_dtype(lanes).c_name}: one thread per element, its lanes in turn"]
+            if lanes > 1
+            else []
+        ),
         f".version {ptx_version_for(arch)}",
         f".target {arch}",
         ".address_size 64",

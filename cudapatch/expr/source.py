@@ -239,7 +239,10 @@ class ProgramSource(KernelSource):
         code = assemble(program)
         if code is None:
             return None
-        found = INTERPRETERS.get(len(program.inputs), len(program.scalars), arch)
+        if program.lanes > 1:  # an interpreter of its own: the program runs once per lane
+            found = INTERPRETERS.get(len(program.inputs), len(program.scalars), arch, lanes=program.input_lanes)
+        else:
+            found = INTERPRETERS.get(len(program.inputs), len(program.scalars), arch)
         if found is None:
             return None
         cubin, symbol = found

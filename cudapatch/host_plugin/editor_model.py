@@ -24,8 +24,12 @@ model knows nothing of imgui, so everything here is tested without a display or 
   node and the operators it holds (``groups()``, ``group_rects``); ``place`` puts an operator into a
   region or takes it out (``region = "..."`` in the file, ``HostAdapter.place``), ``move_group`` moves
   a region with everything it holds as one edit. ``refresh`` reads each loop's iterations of the
-  newest completed frame (``engine.iterations``, no stall). A composite stays one node; ``inside(op)``
-  describes its inner blocks, links and exposed names for a read-only look.
+  newest completed frame (``engine.iterations``, no stall). A composite is one node; ``open(op)`` draws
+  its inside in place (``editor_inside``): its inner blocks as nodes by path (``op/inner``) in a group
+  of kind ``composite``, its inner links as wires (``drawn_nodes``, ``drawn_links``), each inner node's
+  state and GPU time refreshed only while it is open. The inside is read-only (``inner_problem`` says
+  why), except an exposed parameter, which sets the composite's. ``inside(op)`` describes its inner
+  blocks, links and exposed names as data.
 - **Undo/redo** keep the patch text before and after each edit (``max_history``, 256 by default).
   Undo makes the running patch match the older text through ``apply_patch``, which again changes
   only what differs; renames are undone by renaming back.
@@ -65,6 +69,7 @@ __all__ = [
     "InsideView",
     "auto_layout",
     "group_rects",
+    "source_text",
 ]
 
 log = logging.getLogger("cudapatch.editor")
@@ -152,6 +157,14 @@ class NodeView:
     inner: int = 0
     #: Inside a region's body: how often it ran in the frame its GPU time is from (None elsewhere).
     runs: int | None = None
+    #: An inner node of an open composite: the path of the composite whose inside holds it (its group).
+    composite: str | None = None
+    #: An inner node's ports and parameters its composite exposes: inner name -> ``composite.Outer``.
+    exposed: dict[str, str] = field(default_factory=dict)
+    #: A composite drawn open (its inner blocks shown in a group with it).
+    opened: bool = False
+    #: A composite: where its inside is defined (its file's name, or its Python class).
+    source: str = ""
 
 
 #: A rectangle in canvas units: ``(x0, y0, x1, y1)``.
@@ -445,6 +458,13 @@ class EditorModel:
         self._views_version = -1
         #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
         self.probes = WireProbes(adapter)
+        # Open composites (a view, like the probes: not written, not undone). Paths of the open ones (an
+        # operator, or ``op/inner`` for one inside it), where inner nodes were dragged (from their
+        # composite operator's node), and the views of each open operator's inside (``editor_inside``).
+        self._opened: set[str] = set()
+        self._offsets: dict[str, tuple[float, float]] = {}
+        self._insides: dict[str, Any] = {}
+        self._drawn: tuple[dict[str, NodeView], list[LinkView]] = ({}, [])
         # ``apply_patch`` applied the file's bypass flags when the patch was loaded; an adapter built
         # some other way gets them here (a flag already on is not set again).
         if self.doc.bypassed() and hasattr(adapter, "set_bypass"):
@@ -467,10 +487,71 @@ class EditorModel:
         return self._links  # type: ignore[return-value]
 
     def groups(self) -> dict[str, GroupView]:
-        """Regions as groups, by region operator, outer ones before the ones they hold (rebuilt with
-        the views). Empty for a patch without regions."""
+        """Regions and open composites as groups, by region operator or composite path, outer ones before
+        the ones they hold (rebuilt with the views). Empty for a patch without regions or open composites."""
         self.nodes()
         return self._groups
+
+    def drawn_nodes(self) -> dict[str, NodeView]:
+        """What the panel draws as nodes: the operators' (``nodes()``, the same dict while no composite is
+        open), then the inner nodes of open composites by path (``smooth/pass1``)."""
+        self.nodes()
+        return self._drawn[0]
+
+    def drawn_links(self) -> list[LinkView]:
+        """What the panel draws as wires: the patch's links, then the inner links of open composites."""
+        self.nodes()
+        return self._drawn[1]
+
+    @property
+    def opened(self) -> frozenset[str]:
+        """Paths of the composites drawn open."""
+        self.nodes()
+        return frozenset(self._opened)
+
+    def open(self, op: str) -> ActionResult:
+        """Draw composite ``op`` open: its inner blocks as nodes in a group with its node, its inner links
+        as wires (``op/inner`` for a composite inside an open one). A view: nothing is written or undone."""
+        view = self.drawn_nodes().get(op)
+        if view is None:
+            return self._refuse(f"unknown operator '{op}'")
+        if not view.inner:
+            return self._refuse(f"'{op}' is not a composite: it has no inside to open")
+        if op in self._opened:
+            return ActionResult(True, "unchanged")
+        self._opened.add(op)
+        self.version += 1
+        self.status = f"opened {op}"
+        return ActionResult(True, self.status)
+
+    def close(self, op: str) -> ActionResult:
+        """Draw composite ``op`` as one node again (composites open inside it close too)."""
+        gone = {p for p in self._opened if p == op or p.startswith(op + "/")}
+        if not gone:
+            return ActionResult(False, f"'{op}' is not open")
+        self._opened -= gone
+        self.probes.remove_inside(op)
+        self.version += 1
+        self.status = f"closed {op}"
+        return ActionResult(True, self.status)
+
+    def inner_problem(self, name: str) -> str | None:
+        """Why node ``name`` cannot be edited: it is an inner node of an open composite, whose inside is
+        defined by the composite's file (or Python class), not by the patch. None for an operator."""
+        if "/" not in name:
+            return None
+        self.nodes()
+        top = name.split("/", 1)[0]
+        inside = self._insides.get(top)
+        if inside is None:
+            return f"no node '{name}' (its composite is not open)"
+        where = source_text(inside.block)
+        fix = "edit that file (the running patch follows it)" if inside.block.composite_file() else "change that class"
+
+        return (
+            f"'{name}' is inside composite '{top}', which is read-only here: its inside comes from {where}; "
+            f"{fix}, or set what '{top}' exposes on its node"
+        )
 
     def is_region(self, op: str) -> bool:
         """Whether ``op`` is a region (If, While, For): a group operators can be placed in."""
@@ -495,8 +576,8 @@ class EditorModel:
         return False
 
     def inside(self, op: str) -> InsideView | None:
-        """What composite ``op`` holds (None: not a composite), for a read-only look inside it. Made
-        when asked (the panel asks while its window is open), not per frame."""
+        """What composite ``op`` holds (None: not a composite) as plain data: its inner blocks, links and
+        exposed names, made when asked (``open`` draws the same inside as nodes in the editor)."""
         if op not in self.adapter.operators():
             return None
         block = self.adapter.block(op)
@@ -512,19 +593,22 @@ class EditorModel:
     def port_text(self, op: str, port: str, direction: str) -> str:
         """A pin's tooltip: element type, shape and bytes of what it carries (an input: what its wire
         brings), then its description."""
+        outer = self.drawn_nodes()[op].exposed.get(port) if "/" in op else None  # an inner pin the composite exposes
         if direction == "out":
-            view = self._link_view(op, port, "", "")
+            view = self._link_view(op, port, "", "", self._block_of(op))
         else:
-            view = next((lk for lk in self.links() if lk.dst == op and lk.dst_port == port), None)
+            view = next((lk for lk in self.drawn_links() if lk.dst == op and lk.dst_port == port), None)
             if view is None:
-                spec = self.adapter.block(op).description.input(port)
-                return f"{spec.pin_type if spec is not None else ''}  not linked" + (
+                spec = self._block_of(op).description.input(port)
+                fed = f"fed by {outer}" if outer else "not linked"
+                return f"{spec.pin_type if spec is not None else ''}  {fed}" + (
                     f"\n{spec.description}" if spec is not None and spec.description else ""
                 )
-        spec = self.adapter.block(op).description
+        spec = self._block_of(op).description
         p = spec.output(port) if direction == "out" else spec.input(port)
         about = f"\n{p.description}" if p is not None and p.description else ""
-        return f"{op}.{port}\n{view.size_text}{about}"
+        exposed = f"\nexposed as {outer}" if outer else ""
+        return f"{op}.{port}\n{view.size_text}{exposed}{about}"
 
     def _build_views(self) -> None:
         adapter = self.adapter
@@ -537,7 +621,19 @@ class EditorModel:
         # Laid out over every operator, stored positions or not, so that storing some (a dragged node)
         # leaves where the others are drawn as it was.
         cells = {op: _cell(b.description) for op, b in blocks.items()}
-        layout = auto_layout(list(ops), link_keys, placed, containers, cells)
+        insides = self._plan_insides(ops, blocks, placed)
+        if insides:  # open composites are laid out with the operators, each as a block like a region's
+            items, edges, regions = list(ops), list(link_keys), dict(placed)
+            boxes, room = set(containers), dict(cells)
+            for inside in insides.values():
+                items += inside.ops
+                edges += inside.edges
+                regions.update(inside.regions)
+                boxes |= inside.containers
+                room.update(inside.cells)
+            layout = auto_layout(items, edges, regions, boxes, room)
+        else:
+            layout = auto_layout(list(ops), link_keys, placed, containers, cells)
         bypassed = set(self.doc.bypassed())
         old = self._views or {}
         views: dict[str, NodeView] = {}
@@ -559,6 +655,7 @@ class EditorModel:
                 region=placed.get(op),
                 kind=block.kind if op in containers else "",
                 inner=sum(1 for _ in block.inner_blocks()) if isinstance(block, Composite) else 0,
+                source=source_text(block) if isinstance(block, Composite) else "",
                 generates=hasattr(type(block), "generated_code"),
             )
             prev = old.get(op)
@@ -572,8 +669,66 @@ class EditorModel:
         self._loops = loops
         self._groups = _groups(views)
         self._links = [self._link_view(*key) for key in link_keys]
-        self.probes.sync(views)
+        self._finish_insides(views, insides, layout)
+        self.probes.sync(self._drawn[0])
         self._views_version = self.version
+
+    def _plan_insides(self, ops: dict[str, str], blocks: dict[str, Any], placed: dict[str, str]) -> dict[str, Any]:
+        """What each open composite shows inside (``editor_inside.plan_inside``); forgets the open paths
+        of composites that are gone."""
+        self._opened = {p for p in self._opened if isinstance(blocks.get(p.split("/", 1)[0]), Composite)}
+        if not self._opened:
+            return {}
+        from .editor_inside import plan_inside
+
+        return {
+            op: plan_inside(op, b, self._opened, placed.get(op))
+            for op, b in blocks.items()
+            if op in self._opened and isinstance(b, Composite) and b.layout is not None
+        }
+
+    def _finish_insides(self, views: dict[str, NodeView], insides: dict[str, Any], laid: dict[str, Any]) -> None:
+        """The views of every open composite's inside, and what the panel draws."""
+        self._insides = insides
+        if not insides:
+            self._drawn = (views, self._links)
+            return
+        from .editor_inside import finish_inside
+
+        type_names = {bt.cls: (bt.name, bt.doc) for bt in self.registry}
+        drawn, links, groups = dict(views), list(self._links), dict(self._groups)
+        for op, inside in insides.items():
+            view = views[op]
+            region = self._groups.get(view.region) if view.region is not None else None
+            finish_inside(
+                inside,
+                view,
+                laid=laid,
+                offsets={p: at for p, at in self._offsets.items() if p.startswith(op + "/")},
+                type_names=type_names,
+                link_view=lambda b, *key: self._link_view(*key[:4], b),
+                depth=region.depth + 1 if region is not None else 0,
+            )
+            view.opened = True
+            for path, inner in inside.views.items():
+                prev = self._drawn[0].get(path)
+                if prev is not None and prev.block_id == inner.block_id:  # the last statistics, until the next refresh
+                    inner.state, inner.message, inner.gpu_ms = prev.state, prev.message, prev.gpu_ms
+            drawn.update(inside.views)
+            links += inside.links
+            groups.update((g.region, g) for g in inside.groups)
+        self._groups = {g.region: g for g in sorted(groups.values(), key=lambda g: g.depth)}
+        self._drawn = (drawn, links)
+
+    def _block_of(self, name: str) -> Any:
+        """The block of node ``name``: an operator's, or an inner block of an open composite (``op/inner``)."""
+        if "/" not in name:
+            return self.adapter.block(name)
+        top, rest = name.split("/", 1)
+        inside = self._insides.get(top)
+        if inside is None:
+            raise CudapatchError(f"no node '{name}' (its composite is not open)")
+        return inside.block.inner(rest)
 
     def _value(self, op: str, block: Any, spec: Any) -> Any:
         if spec.name in block.params:
@@ -581,8 +736,8 @@ class EditorModel:
         spec_in_file = self.patch.operators.get(op)  # text parameters (Code, Path): as the file has them
         return spec_in_file.params.get(spec.name, spec.default) if spec_in_file is not None else spec.default
 
-    def _link_view(self, src: str, src_port: str, dst: str, dst_port: str) -> LinkView:
-        block = self.adapter.block(src)
+    def _link_view(self, src: str, src_port: str, dst: str, dst_port: str, block: Any = None) -> LinkView:
+        block = block if block is not None else self.adapter.block(src)
         port = block.description.output(src_port)
         count = nbytes = None
         engine = self.adapter.engine
@@ -618,6 +773,8 @@ class EditorModel:
                 view.code_errors = self._code_errors(view, view.message)
             if self._loops:
                 self._read_iterations()
+            if self._insides:
+                self._refresh_insides(None)
             return
         by_id = {b.block_id: b for b in stats.blocks}
         for view in views.values():
@@ -632,6 +789,24 @@ class EditorModel:
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
         if self._loops:
             self._read_iterations()
+        if self._insides:
+            self._refresh_insides(stats)
+
+    def _refresh_insides(self, stats: Any) -> None:
+        """The inner nodes of open composites (only those): states from each one's diagnostics, GPU times
+        from ``stats.block_ms``. A composite whose file was read again has a new inside: views made again."""
+        from .editor_inside import refresh_inside
+
+        block_ms = getattr(stats, "block_ms", None) if stats is not None else None
+        for op, inside in self._insides.items():
+            try:
+                block = self.adapter.block(op)
+            except CudapatchError:  # deleted by the host: the views are stale
+                block = None
+            if block is not inside.block or block.layout is not inside.layout:
+                self.version += 1  # the next ``nodes()`` makes the views again
+                return
+            refresh_inside(inside, self._views[op], self.adapter.diagnostics(op), block_ms)  # type: ignore[index]
 
     def _code_errors(self, view: NodeView, message: str) -> tuple[CodeError, ...]:
         """The errors of ``message`` at lines of the node's ``Code``: locations in the file its kernel
@@ -651,7 +826,7 @@ class EditorModel:
         """The code ``op`` generates for its kernel (an Expression's PTX or CUDA C++; None for a block
         that generates none, or while its ``Code`` does not compile). Generated once per ``Code`` and
         description, not per frame: the panel asks every frame its section is open."""
-        return generated_code(self.adapter.block(op))
+        return generated_code(self._block_of(op))
 
     def _read_iterations(self) -> None:
         """Each loop's iterations of the newest completed frame (``engine.iterations``: the readback
@@ -669,9 +844,9 @@ class EditorModel:
     def probe(self, op: str, port: str) -> ActionResult:
         """Probe the wires leaving output ``port`` of ``op``: their statistics come in ``probes.latest``
         from the next frames on (not an edit of the patch: nothing is written or undone)."""
-        if op not in self.nodes():
+        if op not in self.drawn_nodes():
             return self._refuse(f"unknown operator '{op}'")
-        problem = self.probes.add(op, port)
+        problem = self.probes.add(op, port, self._block_of(op))
         if problem is not None:
             return self._refuse(f"cannot probe {op}.{port}: {problem}")
         return ActionResult(True, f"probing {op}.{port}")
@@ -686,6 +861,9 @@ class EditorModel:
         """Why a wire from ``src.src_port`` to ``dst.dst_port`` would be refused, checked without
         changing anything (element types, an input already linked, a link to itself); None when it
         looks fine (the engine still has the last word, e.g. on cycles)."""
+        problem = self.inner_problem(src) or self.inner_problem(dst)
+        if problem is not None:
+            return problem
         views = self.nodes()
         if src not in views or dst not in views:
             return "unknown operator"
@@ -747,6 +925,8 @@ class EditorModel:
 
     def delete(self, op: str) -> ActionResult:
         """Delete an operator and its links."""
+        if (problem := self.inner_problem(op)) is not None:
+            return self._refuse(f"cannot delete: {problem}")
         if op not in self.adapter.operators():
             return self._refuse(f"unknown operator '{op}'")
         return self._do(f"delete {op}", lambda doc: doc.remove_operator(op), lambda: self.adapter.delete(op))
@@ -763,6 +943,9 @@ class EditorModel:
 
     def disconnect(self, src: str, src_port: str, dst: str, dst_port: str) -> ActionResult:
         """Remove a link."""
+        problem = self.inner_problem(src) or self.inner_problem(dst)
+        if problem is not None:
+            return self._refuse(f"cannot unlink {src}.{src_port} -> {dst}.{dst_port}: {problem}")
         key = (src, src_port, dst, dst_port)
         if key not in {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in self.adapter.links()}:
             return self._refuse(f"no link {src}.{src_port} -> {dst}.{dst_port}")
@@ -771,6 +954,8 @@ class EditorModel:
 
     def rename(self, op: str, new: str) -> ActionResult:
         """Rename an operator (its links, preview references and position follow)."""
+        if (problem := self.inner_problem(op)) is not None:
+            return self._refuse(f"cannot rename: {problem}")
         if op not in self.adapter.operators():
             return self._refuse(f"unknown operator '{op}'")
         if not _NAME.match(new):
@@ -786,6 +971,8 @@ class EditorModel:
 
     def bypass(self, op: str, on: bool = True) -> ActionResult:
         """Bypass an operator (its readers read its input; no rebuild) or turn it back on."""
+        if (problem := self.inner_problem(op)) is not None:
+            return self._refuse(f"cannot bypass: {problem}")
         if op not in self.adapter.operators():
             return self._refuse(f"unknown operator '{op}'")
         if not hasattr(self.adapter, "set_bypass"):
@@ -800,7 +987,14 @@ class EditorModel:
 
     def set_param(self, op: str, name: str, value: Any, *, live: bool = False) -> ActionResult:
         """Set a parameter (Hot for a scalar). ``live``: part of a drag; the drag's values make one
-        edit, written to the file by ``end_live`` (the panel calls it when the widget is released)."""
+        edit, written to the file by ``end_live`` (the panel calls it when the widget is released).
+        An inner parameter of an open composite that the composite exposes sets the composite's (the
+        same value, the same tier); any other inner parameter is refused with the reason."""
+        if "/" in op:
+            target = self._exposed_param(op, name)
+            if isinstance(target, str):
+                return self._refuse(f"cannot set {op}.{name}: {target}")
+            op, name = target
         try:
             block = self.adapter.block(op)
             self.adapter.set_param(op, name, value)
@@ -828,12 +1022,30 @@ class EditorModel:
 
     def move(self, op: str, x: float, y: float) -> ActionResult:
         """Store a node's position in the patch file (nothing changes in the engine)."""
+        if "/" in op:
+            return self.move_many({op: (x, y)})
         if op not in self.adapter.operators():
             return self._refuse(f"unknown operator '{op}'")
         return self._do(f"move {op}", lambda doc: doc.set_position(op, x, y), lambda: None)
 
     def move_many(self, positions: dict[str, tuple[float, float]], label: str | None = None) -> ActionResult:
-        """Store several nodes' positions as one edit (a dragged selection or group: one undo)."""
+        """Store several nodes' positions as one edit (a dragged selection or group: one undo). Inner nodes
+        of open composites (``op/inner``) keep their place from their composite's node for this session
+        only: the patch file has no place for them."""
+        inner = {p: at for p, at in positions.items() if "/" in p}
+        if inner:
+            drawn = self.drawn_nodes()
+            for p, (x, y) in inner.items():
+                top = p.split("/", 1)[0]
+                if p not in drawn:
+                    return self._refuse(f"no node '{p}' (its composite is not open)")
+                cx, cy = positions.get(top) or drawn[top].position
+                self._offsets[p] = (x - cx, y - cy)
+            positions = {op: at for op, at in positions.items() if "/" not in op}
+            if not positions:
+                self.version += 1
+                self.status = f"moved inside {next(iter(inner)).split('/', 1)[0]} (inner places are not saved)"
+                return ActionResult(True, self.status)
         unknown = [op for op in positions if op not in self.adapter.operators()]
         if unknown:
             return self._refuse(f"unknown operator '{unknown[0]}'")
@@ -862,6 +1074,8 @@ class EditorModel:
         """Put ``op`` inside region ``region`` (an If, While or For of the patch: its body runs it), or at
         the top level with None; ``position``: where its node goes (into the region's group). One
         ``HostAdapter.place`` call (a rebuild), written to the file as ``region = "..."``."""
+        if (problem := self.inner_problem(op)) is not None:
+            return self._refuse(f"cannot move {op} into a region: {problem}")
         views = self.nodes()
         if op not in views:
             return self._refuse(f"unknown operator '{op}'")
@@ -1026,11 +1240,39 @@ class EditorModel:
     def _rename(self, old: str, new: str) -> None:
         self.adapter.rename(old, new)
         self.probes.renamed(old, new)  # a bypass flag stays on the block, whatever it is called
+        if self._opened or self._offsets:  # an open composite stays open, its inner places stay
+            self._opened = {_renamed(p, old, new) for p in self._opened}
+            self._offsets = {_renamed(p, old, new): at for p, at in self._offsets.items()}
+
+    def _exposed_param(self, name: str, param: str) -> tuple[str, str] | str:
+        """``(composite operator, its parameter)`` that sets inner parameter ``param`` of inner node ``name``,
+        or why it cannot be set here."""
+        problem = self.inner_problem(name)
+        view = self.drawn_nodes().get(name)
+        top = name.split("/", 1)[0]
+        outer = view.exposed.get(param, "") if view is not None else ""
+        if view is not None and view.composite == top and outer.startswith(top + "."):
+            return top, outer.split(".", 1)[1]
+        return problem or f"no node '{name}'"
 
     def _refuse(self, message: str) -> ActionResult:
         self.status = message
         log.info("editor: %s", message)
         return ActionResult(False, message)
+
+
+def source_text(block: Composite) -> str:
+    """Where a composite's inside is defined, for messages: its file's name, or its Python class."""
+    file = block.composite_file()
+    if file:
+        return file.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"Python class {type(block).__name__}"
+
+
+def _renamed(path: str, old: str, new: str) -> str:
+    """``path`` (an operator or ``op/inner``) after operator ``old`` was renamed ``new``."""
+    top, sep, rest = path.partition("/")
+    return f"{new}{sep}{rest}" if top == old else path
 
 
 def _groups(views: dict[str, NodeView]) -> dict[str, GroupView]:

@@ -36,14 +36,15 @@ class WireProbes:
         """Whether the engine has probes (the isolated engine, for one, has none)."""
         return hasattr(self._adapter.engine, "probe")
 
-    def add(self, op: str, port: str) -> str | None:
-        """Probe output ``port`` of ``op``; returns why not, or None. Probing it again changes nothing."""
+    def add(self, op: str, port: str, block: Any = None) -> str | None:
+        """Probe output ``port`` of ``op`` (``block``: its block, when ``op`` names an inner block of an open
+        composite); returns why not, or None. Probing it again changes nothing."""
         if (op, port) in self._probes:
             return None
         if not self.available:
             return "this engine has no probes"
         try:
-            block = self._adapter.block(op)
+            block = block if block is not None else self._adapter.block(op)
             self._probes[(op, port)] = self._adapter.engine.probe(block, port)
         except CudapatchError as exc:
             return str(exc)
@@ -75,11 +76,23 @@ class WireProbes:
         for key, p in self._probes.items():
             self.latest[key] = p.stats
 
-    def sync(self, operators: Any) -> None:
-        """After an edit: forget probes of operators that are gone (their probes went with their blocks)."""
-        for key in [k for k in self._probes if k[0] not in operators]:
-            self._probes.pop(key)
+    def sync(self, nodes: Any) -> None:
+        """After an edit: forget the probes of nodes that are gone (an operator's went with its block) or
+        whose block changed (a composite file read again made new inner blocks). ``nodes``: node views
+        by name, the inner nodes of open composites among them."""
+        gone = [
+            k
+            for k, p in self._probes.items()
+            if k[0] not in nodes or ("/" in k[0] and nodes[k[0]].block_id != p.key[0])  # an inner block made anew
+        ]
+        for key in gone:
+            self._probes.pop(key).close()  # no change where the engine dropped it already
             self.latest.pop(key, None)
+
+    def remove_inside(self, op: str) -> None:
+        """Remove the probes inside composite ``op`` (closed: its inner wires are not drawn)."""
+        for key in [k for k in self._probes if k[0].startswith(op + "/")]:
+            self.remove(*key)
 
     def renamed(self, old: str, new: str) -> None:
         """``old`` is called ``new`` now: its probes follow (they probe the same block)."""

@@ -32,7 +32,8 @@ from typing import Any
 
 from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
-from ..errors import InteropError
+from ..errors import CudapatchError, InteropError
+from ..kernels._driver import check, driver
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
 
 __all__ = ["GlBridge"]
@@ -71,6 +72,10 @@ class GlBridge:
         self._rings: list[_Link] = []
         self._group: ResourceGroup | None = None
         self._closed = False
+        # An isolated engine's graph runs in its child process, which cannot reach this process's GL
+        # memory: its outputs are copied in after each frame, on the host's stream (ordered after the
+        # child's frame), from the child's buffers mapped here (``engine.output``).
+        self._by_copy = _isolated(engine)
         engine.add_frame_hook(self)
 
     # -- wiring (not on the frame path) ------------------------------------------------------------
@@ -84,6 +89,10 @@ class GlBridge:
         from .gl_writers import GlBufferWriter
 
         spec = self._check(block, port, "output")
+        if self._by_copy:  # copied after each frame (see __init__)
+            self._outputs.append(_Link(block, port, buffer))
+            self._regroup()
+            return
         writer = GlBufferWriter(name=self._writer_name(block, port), Type=spec.dtype.c_name)
         writer.set("Capacity", buffer.nbytes)
         self._outputs.append(self._add_writer(_Link(block, port, buffer), writer))
@@ -123,6 +132,11 @@ class GlBridge:
         from .gl_writers import GlRingWriter
 
         spec = self._check(block, port, "output")
+        if self._by_copy:
+            raise InteropError(
+                "show_buffer_ring: the engine runs in a child process, which cannot write this process's GL "
+                "memory; show the output through show_buffer (a copy after each frame) instead"
+            )
         writer = GlRingWriter(name=self._writer_name(block, port), Type=spec.dtype.c_name)
         ring.attach(writer)
         self._rings.append(self._add_writer(_Link(block, port, ring), writer))
@@ -142,7 +156,7 @@ class GlBridge:
                 f"{texture.label}'s {texture.format} texels"
             )
         link = _Link(block, port, texture)
-        if texture.surface_writable:
+        if texture.surface_writable and not self._by_copy:
             from .gl_writers import GlSurfaceWriter
 
             name = self._writer_name(block, port)
@@ -230,6 +244,8 @@ class GlBridge:
                 self.engine.bind(link.block, link.port, DeviceArray(ptr, count, spec.dtype), dtype=spec.dtype)
                 link.last_ptr = ptr
         for link in self._outputs:
+            if link.writer is None:  # copied after the frame
+                continue
             ptr = group.pointer(link.resource)
             if ptr != link.last_ptr:
                 link.writer.set("Dst", ptr)  # type: ignore[union-attr]
@@ -247,12 +263,18 @@ class GlBridge:
         group = self._group
         if group is None:
             return
-        graph = self.engine.graph
         try:
+            if self._by_copy:
+                for link in self._outputs:
+                    src = self.output_buffer(link.block, link.port)
+                    if src is not None:
+                        n = min(src.nbytes, link.resource.nbytes)
+                        dst = group.pointer(link.resource)
+                        check(driver().cuMemcpyDtoDAsync(dst, src.ptr, n, stream), "cuMemcpyDtoDAsync")
             for link in self._textures:
                 if link.writer is not None:
                     continue
-                src = graph.output(link.block.id, link.port) if graph is not None else None
+                src = self.output_buffer(link.block, link.port)
                 if src is None:  # the block is not running (yet): leave GL's contents alone
                     continue
                 tex = link.resource
@@ -265,6 +287,23 @@ class GlBridge:
                 group.mapping(tex).copy_from(src.ptr, stream=stream)
         finally:
             group.unmap()
+
+    @property
+    def copies(self) -> bool:
+        """Whether outputs reach GL by a copy after each frame (an isolated engine: its graph runs in a
+        child process), not by writer blocks in the graph."""
+        return self._by_copy
+
+    def output_buffer(self, block: Block, port: str) -> Any:
+        """The running graph's buffer of output ``port`` (``ptr``, ``nbytes``; an isolated engine's
+        mapped here), or None while the block is not running."""
+        if self._by_copy:
+            try:
+                return self.engine.output(block, port)
+            except CudapatchError:  # not running in the child (yet)
+                return None
+        graph = self.engine.graph
+        return graph.output(block.id, port) if graph is not None else None
 
     def close(self) -> None:
         """Detach from the engine (idempotent). The shared resources stay open: their owner closes them."""
@@ -285,3 +324,10 @@ class GlBridge:
     def __repr__(self) -> str:
         n = len(self._outputs) + len(self._textures) + len(self._inputs) + len(self._texture_inputs) + len(self._rings)
         return f"<GlBridge links={n} closed={self._closed}>"
+
+
+def _isolated(engine: Any) -> bool:
+    """Whether ``engine`` runs its graph in a child process (``Engine(isolated=True)``)."""
+    from ..isolated import IsolatedEngine
+
+    return isinstance(engine, IsolatedEngine)

@@ -19,8 +19,12 @@ holds; the panel sizes the group around where they are (``group_rects``) wheneve
 changed size, and dragging the group's title drags them along (imgui-node-editor moves every node
 inside a group with it), stored as one edit. The node menu moves a node into a region or out of its
 region (``EditorModel.place``); a group's menu is its region's, plus adding a block inside it. A
-composite is one node (its type and number of inner blocks); its menu shows what it holds in a
-read-only window.
+composite is one node (its type and number of inner blocks); its **Open** button (or a double-click,
+or its menu) draws its inside in place as a group of the same code: its inner blocks as nodes with
+their states, messages and GPU times, its inner links as wires, exposed pins and parameters marked with
+their outer names. The inside is read-only (its parameters drawn disabled, deleting or linking refused
+with the reason in the status line), except an exposed parameter, which sets the composite's;
+**Close** (or a double-click on the node or its group) draws it as one node again.
 
 Selecting a wire probes it (``EditorModel.probe``, a probe node in the graph): a window shows its
 min, max, mean and NaN/Inf counts (and a thumbnail for an image) from the newest completed frame;
@@ -75,8 +79,9 @@ GROUP_COLORS = {
     "if": ((0.25, 0.45, 0.95, 0.30), (0.45, 0.6, 1.0, 0.9)),
     "while": ((0.7, 0.3, 0.9, 0.30), (0.8, 0.5, 1.0, 0.9)),
     "for": ((0.15, 0.75, 0.65, 0.30), (0.3, 0.9, 0.8, 0.9)),
+    "composite": ((0.75, 0.6, 0.25, 0.22), (0.95, 0.8, 0.4, 0.9)),  # an open composite's inside
 }
-_KIND_NAMES = {"if": "If", "while": "While", "for": "For"}
+_KIND_NAMES = {"if": "If", "while": "While", "for": "For", "composite": "inside"}
 _GROUP_MARGIN = 16.0  # canvas units between a group's edge and the nodes it holds
 _NODE_WIDTH = 200.0
 #: The Code box grows with its text up to this many lines (then scrolls, and later lines go unmarked).
@@ -212,8 +217,6 @@ class EditorPanel:
         self._group_colors = {k: (imgui.ImVec4(*bg), imgui.ImVec4(*border)) for k, (bg, border) in GROUP_COLORS.items()}
         self._new_region: str | None = None  # the region the block browser creates into
         self._open_browser = False
-        self._inside: str | None = None  # the composite whose inside is shown
-        self._inside_view: tuple[int, Any] = (-1, None)
         self._menu_link: tuple[str, str, str, str] | None = None
         #: Operators fully drawn / drawn as stubs in the last frame (what culling left in).
         self.drawn: set[str] = set()
@@ -270,8 +273,8 @@ class EditorPanel:
         ed.set_current_editor(self._ctx)
         ed.begin("patch")
         layout = EditorLayout(self._to_screen)
-        nodes = model.nodes()
-        links = model.links()
+        nodes = model.drawn_nodes()  # the operators, and the inner nodes of open composites
+        links = model.drawn_links()
         groups = model.groups()
         if self._labels_version != model.version:
             self._labels, self._compact, self._compact_seen, self._origins = {}, {}, {}, {}
@@ -297,11 +300,12 @@ class EditorPanel:
                 self._stub(view)
         self._wires(wires)
         self._create_and_delete()
+        self._double_click()
         self._menus()
         if ed.has_selection_changed():
             self._selected_wire()
         if imgui.is_mouse_released(0):
-            self._store_moves(nodes)
+            self._store_moves(nodes)  # inner nodes of open composites too: the model keeps their places
         ed.end()
         if self._fit_in:
             self._fit_in -= 1
@@ -311,8 +315,6 @@ class EditorPanel:
         self.drawn, self.stubs = full, stubs
         imgui.end()
         self._probe_window()
-        if self._inside is not None:
-            self._inside_window()
         if not imgui.is_any_item_active():
             model.end_live()  # a drag ended: its values become one edit, written once
 
@@ -433,12 +435,16 @@ class EditorPanel:
 
     def _node_labels(self, view: NodeView) -> tuple:
         """The pin labels of ``view`` (and the padding that right-aligns an output's), made once per
-        patch version: formatting and measuring text every frame cost more than drawing it."""
+        patch version: formatting and measuring text every frame cost more than drawing it. An inner
+        pin its composite exposes says so (``= smooth.In``)."""
         imgui = self._imgui
-        ins = tuple((p.name, f"> {p.name}  {p.type}") for p in view.inputs)
+        ex = view.exposed
+        ins = tuple(
+            (p.name, f"> {p.name}  {p.type}" + (f"  = {ex[p.name]}" if p.name in ex else "")) for p in view.inputs
+        )
         outs = []
         for p in view.outputs:
-            label = f"{p.type}  {p.name} >"
+            label = (f"{ex[p.name]} =  " if p.name in ex else "") + f"{p.type}  {p.name} >"
             outs.append((p.name, label, imgui.ImVec2(max(0.0, _NODE_WIDTH - imgui.calc_text_size(label).x), 0)))
         labels = self._labels[view.name] = (ins, tuple(outs))
         return labels
@@ -463,6 +469,10 @@ class EditorPanel:
         if not compact:
             imgui.same_line()
             imgui.text_disabled(f"{view.type}, {view.inner} blocks" if view.inner else view.type)
+            if view.inner:
+                imgui.same_line()
+                if imgui.small_button("Close" if view.opened else "Open"):
+                    self._report(self.model.close(op) if view.opened else self.model.open(op))
             if view.gpu_ms is None:
                 imgui.text(state)
             elif view.runs:  # inside a body: the frame's sum, and one run's share
@@ -485,8 +495,11 @@ class EditorPanel:
         for port, label, pad in outs:
             pins[(port, "out")] = self._pin(op, port, "out", None if compact else label, pad, origin, layout)
         if not compact:
-            for param in view.params:
-                self._param(view, param)
+            if view.composite is None:
+                for param in view.params:
+                    self._param(view, param)
+            else:
+                self._inner_params(view)
             if view.generates:
                 self._generated_code(op)
         imgui.end_group()
@@ -564,7 +577,7 @@ class EditorPanel:
         for g in reversed(list(groups.values())):  # inner regions first: an outer one holds what they hold
             held[g.region] = tuple(op for m in g.members for op in (m, *held.get(m, ())))
         self._held = held
-        calc, nodes = self._imgui.calc_text_size, self.model.nodes()
+        calc, nodes = self._imgui.calc_text_size, self.model.drawn_nodes()
         widths, texts = {}, {}
         for r, g in groups.items():  # the widest its title and state line get (the state line changes per frame)
             limit = next((p.value for p in nodes[r].params if p.name in ("Max", "Count")), 0)
@@ -675,9 +688,12 @@ class EditorPanel:
 
     @staticmethod
     def _group_state(view: NodeView, iterations: tuple[int, int] | None = None) -> tuple[str, bool]:
-        """A group's state line, and whether it is a warning: a loop's iterations in the newest completed
-        frame (``iterations``: these instead; a While that ran ``Max`` of them was stopped by the guard),
+        """A group's state line, and whether it is a warning: an open composite's type, size and source; a
+        loop's iterations in the newest completed frame (``iterations``: these instead; a While that ran
+        ``Max`` of them was stopped by the guard),
         an If's rule."""
+        if view.opened:
+            return f"{view.type}, {view.inner} blocks, from {view.source} (read-only)", False
         if view.kind == "if":
             return "runs when Condition is not 0", False
         iterations = iterations or view.iterations
@@ -702,38 +718,6 @@ class EditorPanel:
         r = self._group_rects.get(region)
         y = self.model.nodes()[op].position[1]
         return (r[2] + 60.0, y) if r is not None else self.model.nodes()[op].position
-
-    def _inside_window(self) -> None:
-        """A composite's inside, read-only: its inner blocks, links and exposed names."""
-        imgui, model = self._imgui, self.model
-        op = self._inside
-        version, info = self._inside_view
-        if version != model.version or info is None or info.op != op:
-            info = model.inside(op)  # type: ignore[arg-type]
-            self._inside_view = (model.version, info)
-        if info is None:
-            self._inside = None
-            return
-        r = self.layout.nodes.get(op)  # opens right of the composite's node
-        if r is not None:
-            imgui.set_next_window_pos(imgui.ImVec2(r[2] + 12.0, r[1]), imgui.Cond_.appearing)
-        imgui.set_next_window_bg_alpha(0.9)
-        imgui.begin(f"Inside {op}###inside", None, imgui.WindowFlags_.always_auto_resize)
-        if info.file:
-            imgui.text_disabled(info.file)
-        imgui.text("Blocks")
-        for name, type_name in info.blocks:
-            imgui.bullet_text(f"{name}  ({type_name})")
-        if info.links:
-            imgui.text("Links")
-            for text in info.links:
-                imgui.bullet_text(text)
-        imgui.text("Exposed")
-        for name, kind, targets in info.exposed:
-            imgui.bullet_text(f"{name} ({kind}): {targets}")
-        if imgui.button("Close"):
-            self._inside = None
-        imgui.end()
 
     def _stub(self, view: NodeView) -> None:
         """A node outside the visible area that a visible wire ends at: its measured size and its pins at
@@ -776,8 +760,9 @@ class EditorPanel:
         ox, oy = origin.x, origin.y
         return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
 
-    def _param(self, view: NodeView, p: ParamView) -> None:
+    def _param(self, view: NodeView, p: ParamView, label: str | None = None) -> None:
         imgui, model = self._imgui, self.model
+        name = label or p.name  # an inner parameter's label also names what sets it (``Factor = smooth.Gain``)
         imgui.set_next_item_width(_NODE_WIDTH * 0.62)
         changed, value = False, p.value
         widget = p.widget
@@ -785,36 +770,36 @@ class EditorPanel:
             widget = "drag"  # a slider over millions of steps cannot be aimed
         if widget == "slider":
             if p.integer:
-                changed, value = imgui.slider_int(p.name, int(value), int(p.minimum), int(p.maximum))  # type: ignore[arg-type]
+                changed, value = imgui.slider_int(name, int(value), int(p.minimum), int(p.maximum))  # type: ignore[arg-type]
             else:
-                changed, value = imgui.slider_float(p.name, float(value), float(p.minimum), float(p.maximum))  # type: ignore[arg-type]
+                changed, value = imgui.slider_float(name, float(value), float(p.minimum), float(p.maximum))  # type: ignore[arg-type]
         elif widget == "drag":
             lo = p.minimum if p.minimum is not None else 0.0
             hi = p.maximum if p.maximum is not None else 0.0  # 0..0: unbounded
             if p.integer:  # imgui's int widgets take half the int32 range
                 lo, hi = (max(min(int(v), _INT_LIMIT), -_INT_LIMIT) for v in (lo, hi))
-                changed, value = imgui.drag_int(p.name, int(value), 1.0, lo, hi)
+                changed, value = imgui.drag_int(name, int(value), 1.0, lo, hi)
             else:
                 speed = max(abs(float(value)) * 0.01, 0.001)
-                changed, value = imgui.drag_float(p.name, float(value), speed, float(lo), float(hi), "%.4g")
+                changed, value = imgui.drag_float(name, float(value), speed, float(lo), float(hi), "%.4g")
         elif p.widget == "checkbox":
-            changed, on = imgui.checkbox(p.name, bool(value))
+            changed, on = imgui.checkbox(name, bool(value))
             value = int(on)
         elif p.widget == "enum":
             current = p.choices.index(value) if value in p.choices else 0
-            changed, picked = imgui.combo(p.name, current, [str(c) for c in p.choices])
+            changed, picked = imgui.combo(name, current, [str(c) for c in p.choices])
             value = p.choices[picked]
         elif p.widget == "color":
             fn = imgui.color_edit3 if p.lanes == 3 else imgui.color_edit4
-            changed, rgba = fn(p.name, list(value), imgui.ColorEditFlags_.no_inputs)
+            changed, rgba = fn(name, list(value), imgui.ColorEditFlags_.no_inputs)
             value = tuple(rgba)
         elif p.widget == "vector":
             fn = {2: imgui.drag_float2, 3: imgui.drag_float3, 4: imgui.drag_float4}.get(p.lanes)
             if fn is not None and not p.integer:
-                changed, vals = fn(p.name, list(value), 0.01)
+                changed, vals = fn(name, list(value), 0.01)
                 value = tuple(vals)
             else:
-                imgui.text(f"{p.name} {value}")
+                imgui.text(f"{name} {value}")
         elif p.widget == "code":
             imgui.text("Code")
             text = str(value)
@@ -837,12 +822,41 @@ class EditorPanel:
                 self._code_draft = None
                 self._report(model.set_param(op, p.name, text))
         else:
-            changed, value = imgui.input_text(p.name, str(value), imgui.InputTextFlags_.enter_returns_true)
+            changed, value = imgui.input_text(name, str(value), imgui.InputTextFlags_.enter_returns_true)
         if imgui.is_item_hovered() and p.description:
             imgui.set_tooltip(p.description)
         if changed:
             live = p.widget in ("slider", "drag", "color", "vector") and imgui.is_item_active()
             self._report(model.set_param(view.name, p.name, value, live=live))
+
+    def _inner_params(self, view: NodeView) -> None:
+        """An inner node's parameters: the ones its open composite exposes are edited as the composite's
+        (labelled with the outer name), the others shown with the values they run with, disabled."""
+        imgui = self._imgui
+        exposed, top = view.exposed, view.name.split("/", 1)[0]
+        for p in view.params:
+            outer = exposed.get(p.name, "")
+            if view.composite == top and outer.startswith(top + "."):
+                self._param(view, p, label=f"{p.name} = {outer}")
+                continue
+            imgui.begin_disabled()
+            self._param(view, p, label=f"{p.name} = {outer}" if outer else None)
+            imgui.end_disabled()
+
+    def _double_click(self) -> None:
+        """A double-click on a composite's node opens or closes it; on an open composite's group, closes it."""
+        node = self._ed.get_double_clicked_node()
+        if not node:
+            return
+        model, nid = self.model, node.id()
+        op = self._groups_by_id.get(nid)
+        if op is not None and model.groups().get(op) is not None and model.groups()[op].kind == "composite":
+            self._report(model.close(op))
+            return
+        op = next((k for k, v in self._node_ids.items() if v == nid), None)
+        view = model.drawn_nodes().get(op) if op is not None else None
+        if view is not None and view.inner:
+            self._report(model.close(op) if view.opened else model.open(op))  # type: ignore[arg-type]
 
     def _mark_code_errors(self, view: NodeView, text: str) -> None:
         """Mark each error at its line of the Code box just drawn: the line tinted red with a bar at its
@@ -920,18 +934,30 @@ class EditorPanel:
             link_id = ed.LinkId()
             while ed.query_deleted_link(link_id):
                 key = self._links_by_id.get(link_id.id())
-                if key is not None and ed.accept_deleted_item():
+                if key is None:
+                    continue
+                problem = model.inner_problem(key[0]) or model.inner_problem(key[2])
+                if problem is not None:  # a wire inside a composite: stays, the status line says why
+                    ed.reject_deleted_item()
+                    self._refusal = f"cannot unlink: {problem}"
+                elif ed.accept_deleted_item():
                     self._report(model.disconnect(*key))
             node_id = ed.NodeId()
             while ed.query_deleted_node(node_id):
                 op = next((k for k, v in self._node_ids.items() if v == node_id.id()), None)
-                if op is not None and ed.accept_deleted_item():
+                if op is None:
+                    continue
+                problem = model.inner_problem(op)
+                if problem is not None:
+                    ed.reject_deleted_item()
+                    self._refusal = f"cannot delete: {problem}"
+                elif ed.accept_deleted_item():
                     self._report(model.delete(op))
             ed.end_delete()
         hovered = ed.get_hovered_link()
         if hovered:
             key = self._links_by_id.get(hovered.id())
-            link = next((lk for lk in model.links() if lk.key == key), None)
+            link = next((lk for lk in model.drawn_links() if lk.key == key), None)
             if link is not None:
                 probe = model.probes.latest.get((link.src, link.src_port), False)
                 seen = "" if probe is False else f"\n{probe}" if probe is not None else "\nprobe: no frame yet"
@@ -972,8 +998,10 @@ class EditorPanel:
             imgui.end_popup()
         if imgui.begin_popup("Node"):
             op = self._menu_op
-            view = model.nodes().get(op)
-            if view is not None:
+            view = model.drawn_nodes().get(op)
+            if view is not None and view.composite is not None:  # inside a composite: read-only
+                self._inner_menu(op, view)
+            elif view is not None:
                 imgui.text(op)
                 changed, self._rename_text = imgui.input_text(
                     "Rename", self._rename_text, imgui.InputTextFlags_.enter_returns_true
@@ -1000,7 +1028,11 @@ class EditorPanel:
         block inside it; for a composite, show what it holds."""
         imgui, model = self._imgui, self.model
         groups = model.groups()
-        targets = [g for r, g in groups.items() if r != op and r != view.region and not model.holds(op, r)]
+        targets = [
+            g
+            for r, g in groups.items()
+            if g.kind != "composite" and r != op and r != view.region and not model.holds(op, r)
+        ]
         if targets and imgui.begin_menu("Move into region"):
             for g in targets:
                 if imgui.menu_item(self._group_title(g), "", False)[0]:
@@ -1012,8 +1044,20 @@ class EditorPanel:
                 self._report(model.place(op, outer, position=self._spot_out(view.region, op)))
         if view.kind and imgui.menu_item("Add block inside", "", False)[0]:
             self._new_region, self._new_at, self._open_browser = op, self._spot_in(op), True
-        if view.inner and imgui.menu_item("Show inside", "", False)[0]:
-            self._inside = op
+        if view.inner and imgui.menu_item("Close inside" if view.opened else "Open inside", "", False)[0]:
+            self._report(model.close(op) if view.opened else model.open(op))
+
+    def _inner_menu(self, op: str, view: NodeView) -> None:
+        """The menu of a node inside an open composite: why it is read-only; open or close a composite."""
+        imgui, model = self._imgui, self.model
+        imgui.text(op)
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + 320.0)
+        imgui.text_disabled(model.inner_problem(op) or "")
+        imgui.pop_text_wrap_pos()
+        if view.inner and imgui.menu_item("Close inside" if view.opened else "Open inside", "", False)[0]:
+            self._report(model.close(op) if view.opened else model.open(op))
+        if imgui.menu_item(f"Close {view.composite}", "", False)[0]:
+            self._report(model.close(view.composite))  # type: ignore[arg-type]
 
     def _browser(self) -> None:
         """The block browser: every registered type, grouped by package, filtered by the search text."""

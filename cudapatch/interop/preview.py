@@ -122,9 +122,11 @@ class Preview:
         context.make_current()
         from .imported import ImportedRing, zero_map_available
 
-        self.zero_map = zero_map_available(context) if zero_map is None else zero_map
-        self._ring_cls = ImportedRing
         self.bridge = GlBridge(engine, label="preview")
+        self.zero_map = zero_map_available(context) if zero_map is None else zero_map
+        if self.bridge.copies:  # an isolated engine's child cannot write into memory GL imported here
+            self.zero_map = False
+        self._ring_cls = ImportedRing
         how = "imported CUDA memory (zero-map)" if self.zero_map else "register + map/unmap"
         log.info("preview: outputs shared with GL through %s", how)
         self._ring: ImportedRing | None = None
@@ -170,8 +172,7 @@ class Preview:
     def _sync_points(self) -> None:
         """(Re)create the GL vertex buffer(s) when the points output appears or changes size."""
         block, port = self.points  # type: ignore[misc]
-        graph = self.engine.graph
-        out = graph.output(block.id, port) if graph is not None else None
+        out = self.bridge.output_buffer(block, port)
         if out is None:
             return
         current = self._ring or self._point_buffer

@@ -245,7 +245,8 @@ class _Server:
                 for hid, b in self.patch.blocks.items()
                 if "Iterations" in b.debug.append_fill
             }
-            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags), loops
+            times = {to_host[k]: ms for k, ms in stats.block_ms.items() if k in to_host}  # inner blocks too
+            return dataclasses.replace(stats, blocks=blocks, diagnostics=diags, block_ms=times), loops
         if what == "iterations":
             (hid,) = args
             b = self.patch.blocks.get(hid)

@@ -653,14 +653,14 @@ class IsolatedEngine:
                 self.counters.hot_updates += len(hot)
             else:
                 self._send_structure(child)
-        for h in self._frame_hooks:
-            h.before_launch(self._gpu.stream)
         n = self._frame + 1
         gpu = self._gpu
         if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= MAX_FRAMES_AHEAD:  # the child lags: drop this frame
             self.counters.frames += 1
             self.counters.frames_dropped += 1
-            return
+            return  # (before the hooks: a GL bridge maps in before_launch and unmaps in after_launch)
+        for h in self._frame_hooks:
+            h.before_launch(gpu.stream)
         gpu.begin_frame(n)
         child.send(("frame", n, hot))
         gpu.sent_frame(n)

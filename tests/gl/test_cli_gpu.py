@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cudapatch.interop import read_png
@@ -80,6 +81,62 @@ def test_cli_run_goes_on_without_an_operator_that_faults(tmp_path):
     # The rest of the patch runs in the new process: each operator's line in the final stats shows
     # it OK with a GPU time. (Not the PNG's pixels: after a fault the H100 machine's GL shows nothing
     # of what CUDA shares with it, in any later process; see tests/conftest.py.)
+    for op in ("emit", "forces", "move", "points"):
+        assert re.search(rf"\b{op}\s+OK\s+\d+\.\d+ ms", log), (op, log)
+    assert re.search(r"\bbad\s+Error", log), log
+
+
+def _render(tmp_path: Path, name: str, *extra: str) -> tuple[np.ndarray, str]:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    out_dir = tmp_path / name
+    cmd = [sys.executable, "-m", "cudapatch", "run", "--headless", "--frames", "120", "--out", str(out_dir)]
+    cmd += ["--no-overlay", "--size", "320x180", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (png,) = sorted(out_dir.glob("*.png"))
+    return read_png(png), out.stdout + out.stderr
+
+
+def test_cli_run_isolated_renders_what_the_in_process_engine_renders(tmp_path):
+    """``--isolated``: the engine runs in a child process, the preview in this one (outputs are the
+    child's memory, imported): the demo's frame 120 is the in-process run's, pixel for pixel where the
+    demo itself is deterministic (two in-process runs agree), and every operator runs."""
+    first, _ = _render(tmp_path, "a")
+    again, _ = _render(tmp_path, "b")
+    isolated, log = _render(tmp_path, "iso", "--isolated")
+    assert isolated.shape == first.shape == (180, 320, 4)
+
+    def lit(img: np.ndarray) -> float:
+        return float((img[..., :3].astype(int).sum(axis=2) > 60).mean())
+
+    assert lit(first) > 0.002, lit(first)  # the particle cloud
+    assert lit(isolated) > 0.5 * lit(first), (lit(isolated), lit(first))  # drawn from the child's buffers
+    if np.array_equal(first, again):
+        np.testing.assert_array_equal(isolated, first)
+    for op in ("emit", "forces", "move", "points"):
+        assert re.search(rf"\b{op}\s+OK\b", log), (op, log)
+
+
+@pytest.mark.gpu_fault
+def test_cli_run_isolated_survives_an_operator_that_faults_in_the_same_process(tmp_path):
+    """``--isolated``: the fault ends only the engine's child process; this process (its preview, its
+    PNG numbering) goes on, the child restarts without the operator, and the rest of the patch runs."""
+    from cudapatch.host_plugin.hosts.standalone import demo_patch_text
+
+    patch = tmp_path / "faulting.toml"
+    patch.write_text(demo_patch_text() + FAULTING_PATCH)
+    out_dir = tmp_path / "frames"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "cudapatch", "run", str(patch), "--headless", "--frames", "300", "--isolated"]
+    cmd += ["--out", str(out_dir), "--no-overlay", "--size", "640x360"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log  # the faulting operator's error is reported
+    assert "GPU fault in the isolated engine process" in log and "block 'bad'" in log, log
+    assert "ILLEGAL_ADDRESS" in log and "restarting it without" not in log, log  # no process restart here
+    pngs = sorted(out_dir.glob("*.png"))
+    assert [p.name for p in pngs] == ["frame_00300.png"]
+    assert read_png(pngs[0]).shape == (360, 640, 4)
     for op in ("emit", "forces", "move", "points"):
         assert re.search(rf"\b{op}\s+OK\s+\d+\.\d+ ms", log), (op, log)
     assert re.search(r"\bbad\s+Error", log), log

@@ -242,27 +242,3 @@ def test_zoomed_out_a_group_keeps_its_frame_and_shows_its_title_large_above_it()
     x0, y0 = int(group[0]), int(group[1])
     hint = img[max(0, y0 - 20) : y0 - 2, x0 : x0 + 120].reshape(-1, 3)  # the hint's text, above the frame
     assert (np.abs(hint - border).max(axis=1) < 60).sum() > 5
-
-
-def test_a_composite_is_one_node_and_its_inside_window_lists_what_it_holds(tmp_path):
-    import shutil
-
-    from cudapatch.interop.editor import STATE_COLORS
-
-    for name in ("smooth.toml", "box3.cu"):
-        shutil.copy(ROOT / "examples" / "composites" / name, tmp_path / name)
-    text = 'links = ["fill.Out -> smooth.In"]\n\n[operators.fill]\ntype = "core.Fill"\n\n'
-    text += f'[operators.smooth]\ntype = "core.Composite"\nPath = "{tmp_path / "smooth.toml"}"\n'
-    model = _model(text)
-    img, panel = _draw(model, frames=4, prepare=lambda p: setattr(p, "_inside", "smooth"))
-    assert set(panel.layout.nodes) == {"fill", "smooth"} and not panel.layout.groups  # one node, no group
-    assert panel._inside == "smooth"  # the window stayed open: its composite has an inside
-    info = panel._inside_view[1]
-    assert [name for name, _ in info.blocks] == ["pass1", "pass2", "gain"]
-    ok = np.array(STATE_COLORS["OK"][:3]) * 255
-    tx, ty = panel.layout.titles["smooth"]
-    title = img[int(ty) : int(ty) + 14, int(tx) : int(tx) + 40].reshape(-1, 3)
-    assert (np.abs(title - ok).max(axis=1) < 40).sum() > 5  # the window opens beside the node, not over it
-    x1, y0 = panel.layout.nodes["smooth"][2], panel.layout.nodes["smooth"][1]
-    window = img[int(y0) : int(y0) + 120, int(x1) + 14 : int(x1) + 200].reshape(-1, 3)
-    assert (window.min(axis=1) > 200).sum() > 20  # its text (white) where the node editor has none

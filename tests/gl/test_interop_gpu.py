@@ -522,3 +522,41 @@ extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int c
     x = np.arange(640) * 255 // 639
     assert np.abs(img[180, :, 0] - x).max() <= 2  # the ramp, texel for texel
     assert np.abs(img[:, :, 1] - 127).max() <= 2 and (img[..., 3] == 255).all()
+
+
+def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
+    """``Engine(isolated=True)``: the graph runs in a child process, which cannot write this process's
+    GL memory, so the bridge copies each frame's outputs (the child's buffers, mapped here) into the GL
+    buffer and texture after the frame, on the host's stream; GL sees every frame's values."""
+    from OpenGL import GL
+
+    from cudapatch import Engine, Fill, Scale
+    from cudapatch.interop import GlBridge, SharedBuffer, SharedTexture2D
+
+    w, h = 64, 32
+    with Engine(isolated=True, wait_for_compile=True) as engine:
+        fill = engine.add(Fill(name="f", Count=w * h, Value=1.0))
+        scale = engine.add(Scale(name="s", Factor=2.0))
+        engine.connect(fill, "Out", scale, "In")
+        buf = SharedBuffer.create(w * h * 4)
+        tex = SharedTexture2D.create(w, h, format="r32f", flags="surface_ldst")
+        bridge = GlBridge(engine)
+        assert bridge.copies
+        with pytest.raises(InteropError, match="child process"):
+            bridge.show_buffer_ring(scale, "Out", object())
+        bridge.show_buffer(scale, "Out", buf)
+        bridge.show_texture(scale, "Out", tex)
+        engine.wait_ready()
+        for value in (1.5, -3.0, 7.25):
+            fill.set("Value", value)
+            engine.update()
+            engine.synchronize()
+            GL.glFinish()
+            np.testing.assert_array_equal(_gl_reads(buf.gl_name, w * h * 4), np.full(w * h, 2 * value, np.float32))
+            GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
+            texels = np.frombuffer(GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RED, GL.GL_FLOAT), np.float32)
+            np.testing.assert_array_equal(texels, np.full(w * h, 2 * value, np.float32))
+        assert not engine.graph  # nothing of it ran in this process's graph
+        bridge.close()
+        buf.close()
+        tex.close()

@@ -129,3 +129,53 @@ def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
     top.close()
     gc.collect()
     assert CUDAMemory.live == held - 1
+
+
+def test_touchdesigner_with_an_isolated_engine_shows_and_feeds_tops():
+    """``TouchDesignerHost(isolated=True)``: the blocks run in the engine's child process; the engine
+    TOP copies the child's output (mapped here) on the host's engine stream, a Hot parameter reaches
+    the child, and a TOP's CUDA memory fed to an input is read by the child with no copy."""
+    import cupy
+
+    td = TouchDesignerHost(plugins=PluginHost(), isolated=True)
+    try:
+        engine = td.engine
+        assert engine.graph is None  # nothing runs in this process
+        fill = BlockOperatorExt(COMP("/p/fill"), td, "core.Fill")
+        scale = BlockOperatorExt(COMP("/p/scale"), td, "core.Scale")
+        fill.ownerComp.par.Count.val = 64 * 32 * 4
+        fill.OnParValueChange(fill.ownerComp.par.Count, 1024)
+        fill.ownerComp.par.Value.val = 0.75
+        fill.OnParValueChange(fill.ownerComp.par.Value, 0.0)
+        scale.Link(fill, "Out", "In")
+        shape = CUDAMemoryShape()
+        shape.width, shape.height, shape.numComps, shape.dataType = 64, 32, 4, np.float32
+        top = EngineTOP(td, ("/p/scale", "Out"), shape)
+        op = scriptTOP("/p/engine")
+        engine.wait_ready()
+        for _ in range(2):
+            top.onCook(op)
+        assert not op.errors, op.errors
+        last = op.copies[-1]
+        assert last["stream"] == int(engine.device.stream_handle) and last["size"] == 64 * 32 * 4 * 4
+        assert np.allclose(last["data"].view(np.float32), 0.75)
+        scale.ownerComp.par.Factor.val = 3.0  # Hot: goes to the child with the frame
+        scale.OnParValueChange(scale.ownerComp.par.Factor, 1.0)
+        top.onCook(op)
+        assert np.allclose(op.copies[-1]["data"].view(np.float32), 2.25)
+        rng = np.random.default_rng()
+        img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
+        cupy.cuda.get_current_stream().synchronize()
+        src_top = TOP("/p/movie", img, shape)
+        engine.remove(fill.block)
+        td.adapter._ops.pop("/p/fill")
+        td.adapter._types.pop("/p/fill")
+        top.BindInputTOP("/p/scale", "In", src_top)
+        engine.wait_ready()
+        for _ in range(2):
+            top.onCook(op)
+        assert not op.errors, op.errors
+        np.testing.assert_allclose(op.copies[-1]["data"].view(np.float32), 3.0 * img.get(), rtol=1e-6)
+        top.close()
+    finally:
+        td.close()

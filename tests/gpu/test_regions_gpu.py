@@ -124,6 +124,45 @@ def test_a_hot_max_of_0_on_a_running_while_is_refused_and_the_loop_runs_on(engin
     assert not [d for d in engine.diagnostics() if d.severity == "error"]
 
 
+def test_bad_region_edits_are_errors_on_the_region_and_the_last_graph_runs_on(engine: Engine) -> None:
+    """A While whose condition block leaves its body, then a cycle through the region: each an error
+    naming the region (and the blocks of the loop), and the running graph goes on halving every frame
+    until the patch is mended, which builds again."""
+    start = engine.add(Fill(name="Start", Count=256, Value=1024.0))
+    solve, halve, check = halving_while(engine, start)
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+    graph = engine.graph
+
+    def runs_on() -> None:
+        for _ in range(3):
+            np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+            assert engine.iterations(solve) == 10 and engine.graph is graph
+
+    engine.place(check, None)  # the condition's block leaves the body
+    engine.wait_ready()
+    runs_on()
+    errors = [d for d in engine.diagnostics() if d.severity == "error"]
+    assert any(d.block_id == solve.id and d.code == "region-condition" and "'Check'" in d.message for d in errors)
+    engine.place(check, solve)  # mended: builds again, and the loop runs in the new graph
+    engine.wait_ready()
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+    assert not [d for d in engine.diagnostics() if d.severity == "error"]
+    graph = engine.graph
+
+    after = engine.add(Scale(name="After", Factor=1.0))  # at the top level: it runs after the region
+    engine.connect(halve, "x", after, "In")
+    engine.connect(after, "Out", check, "in")  # ... and the condition inside would read it: a cycle
+    engine.wait_ready()
+    runs_on()
+    errors = [d for d in engine.diagnostics() if d.severity == "error" and d.code == "cycle"]
+    assert {d.block_id for d in errors} >= {solve.id, after.id}, errors
+    engine.remove(after)
+    engine.connect(halve, "x", check, "in")
+    engine.wait_ready()
+    np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))
+    assert not [d for d in engine.diagnostics() if d.severity == "error"]
+
+
 def test_an_if_runs_its_body_only_when_its_condition_holds(engine: Engine) -> None:
     level = engine.add(Fill(name="Level", Count=16, Value=5.0))
     check = engine.add(CustomKernel(name="Check", Code=ABOVE, level=1.0))

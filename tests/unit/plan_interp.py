@@ -238,7 +238,7 @@ class PlanInterpreter:
             out = by_role[("output", member.output)]
             count = next(a.value for (role, _), a in zip(roles, n.args, strict=True) if role == "count")
         result = evaluate(program, ins, scalars, count)["Out"]  # type: ignore[arg-type]
-        self.buffer(out.ref)[:count] = result  # type: ignore[index]
+        self.buffer(out.ref)[: count * program.lanes] = result.reshape(-1)  # type: ignore[index]
 
 
 def run_plan(

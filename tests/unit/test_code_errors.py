@@ -186,7 +186,7 @@ def test_model_reads_whole_diagnostics_when_stats_carry_a_first_line() -> None:
     fx = adapter.block("fx")
     code = fx.get("Code")
     line = next(i for i, ln in enumerate(code.splitlines(), 1) if "undefined_thing" in ln)
-    message = "fx.cu:%d: block 'fx': CUDA C++ does not compile\n" % line + NVRTC.replace("fx.cu(3)", f"fx.cu({line})")
+    message = f"fx.cu:{line}: block 'fx': CUDA C++ does not compile\n" + NVRTC.replace("fx.cu(3)", f"fx.cu({line})")
     adapter.engine.errors = (Diagnostic("error", fx.id, "kernel-compile", message),)
 
     def stats(text: str) -> SimpleNamespace:

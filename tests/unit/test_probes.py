@@ -12,6 +12,7 @@ from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.compiler.probes import image_shape
 from cudapatch.engine.plan import KernelNodePlan, ProbeNodePlan, PublishNodePlan, StampNodePlan, programmatic_edges
 from cudapatch.engine.probes import (
+    PROBE_BESIDE_BLOCKS,
     PROBE_KINDS,
     PROBE_MAX_BLOCKS,
     PROBE_WORDS,
@@ -184,10 +185,12 @@ def test_a_new_probe_needs_a_new_graph_and_an_unchanged_one_patches_warm():
     assert not isinstance(decide_warm_patch(new, again, {}, capacities=caps), WarmRefusal)
 
 
-def test_probe_grid_grows_with_the_values_up_to_a_wave():
+def test_probe_grid_grows_with_the_values_up_to_its_limit():
     assert probe_grid(0) == probe_grid(1) == probe_grid(2048) == 1
     assert probe_grid(2049) == 2
     assert probe_grid(10**9) == PROBE_MAX_BLOCKS
+    assert probe_grid(10**9, beside=True) == PROBE_BESIDE_BLOCKS < PROBE_MAX_BLOCKS  # leaves SMs to the readers
+    assert probe_grid(2049, beside=True) == 2
 
 
 @pytest.mark.parametrize(

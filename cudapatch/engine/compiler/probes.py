@@ -76,7 +76,8 @@ def add_probes(draft: PlanDraft, sized: BlockSizes, ports: list[tuple[str, Shape
         image = image_shape(values, given if given is not None else planned, [b.values, *readers])
         h, w, c = image if image is not None else (0, 0, 0)
         tw, th = min(w, THUMB), min(h, THUMB)
-        head = (len(drafts), len(draft.probe_keys), bi, values, kind, probe_grid(values), draft.probe_words)
+        grid = probe_grid(values, beside=bool(readers))  # readers run beside it: it leaves them SMs
+        head = (len(drafts), len(draft.probe_keys), bi, values, kind, grid, draft.probe_words)
         drafts.append(_new(NodeDraft, (ProbeNodePlan, head, (w, h, c, tw, th), [bi], [])))
         draft.probe_keys.append((b.id, port))
         draft.probe_words += record_words(tw, th)
