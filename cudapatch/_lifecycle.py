@@ -7,8 +7,10 @@ executable graphs, GL buffers, textures, queries, programs, vertex arrays. Every
 
 - ``close()`` gives everything back. It is idempotent: a second call does nothing. Using an owner
   after ``close()`` raises a ``CudapatchError`` (the subclass of its package: ``InteropError`` for
-  GL interop objects), never a driver error about a stale handle or a fault on freed memory.
-  (``LibraryHandles``, ``CompiledGraph`` and ``DeviceContext`` do not check yet.)
+  GL interop objects) that names the owner, never a driver error about a stale handle or a fault
+  on freed memory. The frame path stays free of checks: ``CompiledGraph.launch`` and its Hot and
+  Warm updates look at ``is_closed`` only after the driver refused, ``DeviceContext.make_current``
+  only when it has to make the context current.
 - ``is_closed`` says whether it was closed (or abandoned).
 - An owner is a context manager: ``with ImportedRing(n) as ring: ...`` closes it on exit,
   exception or not.
@@ -22,9 +24,20 @@ Finalizer policy (the safety net for an owner nobody closed):
 - Owners register a ``weakref.finalize`` (``HandleOwner._arm``), never ``__del__`` (a ``__del__``
   runs on a half-torn-down object, can resurrect it, and chains of them run in an order nobody
   chose). The finalizer holds the handles, never the owner; ``close()`` and ``abandon()`` detach it.
-- That finalizer, run for an owner never closed, *always* emits a ``ResourceWarning`` naming it:
-  a leak is a bug in the caller (Python's own unclosed files warn the same way; the warning is
+- The finalizer of an owner a user makes and may forget emits a ``ResourceWarning`` naming it: a
+  leak is a bug in the caller (Python's own unclosed files warn the same way; the warning is
   silent unless warnings are enabled, and the test suite turns it into an error).
+- The parts of an engine are closed by the engine, always (``DeviceResources.close``; ``abandon``
+  after a lost context): a warning from each would only repeat, once per graph and buffer, that the
+  engine itself was not closed. So they warn not at all; ``DeviceContext``, the root every other
+  driver handle of an engine lives in, does: an unclosed engine gives one warning, from there, and
+  its finalizer's release of the primary context takes every allocation, module and graph of the
+  context with it when no other library (CuPy, PyTorch) retains it. Of the parts, ``CompiledGraph``
+  keeps a quiet finalizer (``_arm(..., warn=False)``) that destroys its graphs, and ``GpuBuffer``
+  one that gives its block back to its pool (no driver call: a block back in its pool is no leak);
+  ``BufferPool``, ``ModuleCache`` and ``LibraryHandles`` have none: an unclosed engine's go with
+  its context when its ``DeviceContext``'s release is the context's last (where CuPy or PyTorch
+  retain the primary context too, they stay until the process ends: close the engine).
 - **GL names are deleted only by ``close()``, on the thread that made them**, with their GL
   context current. The garbage collector runs finalizers on whatever thread drops the last
   reference, where that context is not current, or is current for another purpose (deleting a
@@ -33,7 +46,10 @@ Finalizer policy (the safety net for an owner nobody closed):
   that close through ``HandleOwner.close`` record the thread that made their GL names, and
   ``close()`` from another thread raises ``InteropError`` (the owner stays open). A ``GlfwWindow``
   is one such owner: GLFW destroys a window only on the thread that made it, so an unclosed window
-  only warns and lives, with its GL context, until the process ends.
+  only warns and lives, with its GL context, until the process ends. An ``EglContext`` is not: EGL
+  is thread-safe (EGL defers ``eglDestroyContext`` while the context is current on some thread), so its
+  finalizer destroys the context and gives back the display, with a warning and no GL call; the
+  names of its framebuffer go with the context.
 - **Driver handles whose CUDA context still lives are released by the finalizer**, with that
   context pushed current for the call (the finalizer's thread may have none), and a
   ``ResourceWarning``. Whether the context still lives is a ``ContextRef``: the context handle,
@@ -47,21 +63,24 @@ Finalizer policy (the safety net for an owner nobody closed):
 - Owners that only hold other owners (``ImportedImage`` holds an ``ImportedRing`` holding three
   ``ImportedBuffer``) let each part keep its own finalizer: a leaked composite warns once per part.
 
-The owners (what each holds; where it lives):
+The owners (what each holds; what its finalizer does with them):
 
-======================  =============================================  ==========================
+======================  =============================================  ================================
 owner                   holds                                          finalizer
-======================  =============================================  ==========================
-``DeviceContext``       primary context retain, engine stream          releases (own, silent)
+======================  =============================================  ================================
+``DeviceContext``       primary context retain, two streams            releases, warns (the engine's)
 ``BufferPool``          ``cuMemAlloc`` blocks                          none: its engine closes it
-``GpuBuffer``           a block leased from a ``BufferPool``           returns it to the pool
+``GpuBuffer``           a block leased from a ``BufferPool``           returns it to the pool, quiet
 ``LibraryHandles``      cuBLAS/cuSOLVER/cuSPARSE handles, a stream     none: its engine closes it
-``CompiledGraph``       graph, exec graph, pinned scalars, an event    destroys the graphs (own)
-``ReadbackRing``        mapped pinned host ring (``cuMemHostAlloc``)   releases, warns
+``CompiledGraph``       graph, exec graphs, pinned scalars, an event   destroys the graphs, quiet
 ``ModuleCache``         loaded modules (``cuModuleLoadData``)          none: its engine closes it
+``ReadbackRing``        mapped pinned host ring (``cuMemHostAlloc``)   releases, warns
+``UploadRing``          mapped pinned host slots and control words     releases, warns
+``DownloadRing``        mapped pinned host slots and control words     releases, warns
 ``SurfaceWriter``       a module and surface objects                   releases, warns
-``SharedBuffer``        a graphics registration (+ GL buffer)          unregisters (own, silent)
-``SharedTexture2D``     a graphics registration (+ GL texture)         unregisters (own, silent)
+``SharedBuffer``        a graphics registration (+ GL buffer)          unregisters, warns
+``SharedTexture2D``     a graphics registration (+ GL texture), a      unregisters, warns
+                        ``SurfaceWriter`` (surface_ldst)
 ``ImportedBuffer``      ``cuMemCreate`` memory + GL buffer and memory  releases CUDA side, warns
 ``ImportedRing``        events, mapped control words, 3 buffers, GL    releases CUDA side, warns
                         queries
@@ -69,16 +88,16 @@ owner                   holds                                          finalizer
 ``PointRenderer``       GL program and vertex arrays                   warns (GL only)
 ``TextureRenderer``     GL program and vertex array                    warns (GL only)
 ``Overlay``             imgui's GL objects and contexts                warns (GL only)
-``EglContext``          an EGL context, its offscreen framebuffer      releases the display (own)
+``EglContext``          an EGL context, its offscreen framebuffer      destroys the context, warns
 ``GlfwWindow``          a GLFW window and its GL context               warns (GL only)
-======================  =============================================  ==========================
+======================  =============================================  ================================
 
-Rows marked "own" keep the finalizers they had before this protocol, which release without a
-warning; rows marked "none" have no finalizer yet. Both are left to the modules that define them
-(their ``close`` is what their engine, preview or host calls). Parts owned by one of the above
-follow their owner: ``LibraryScope`` (plans, generators, workspaces) is closed by its
-``LibraryHandles``. ``Engine``, ``Preview`` and ``GlBridge`` own no handle themselves: they close
-the owners they made."""
+"Releases" is made inside the owner's CUDA context while that lives, and never in a dead one (the
+handles are forgotten then). ``GlContext`` is the base of ``EglContext`` and ``GlfwWindow``. Parts
+owned by one of the above follow their owner: ``LibraryScope`` (plans, generators, workspaces) is
+closed by its ``LibraryHandles``; a graph's buffers, captured calls and readback ring by its
+``CompiledGraph`` (the ring keeps a warning finalizer of its own). ``Engine``, ``DeviceResources``,
+``Preview`` and ``GlBridge`` own no handle themselves: they close the owners they made."""
 
 from __future__ import annotations
 
@@ -87,7 +106,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .errors import CudapatchError, InteropError
@@ -146,11 +165,15 @@ class ContextRef:
         handle: The ``CUcontext``.
         ident: Its ``cuCtxGetId`` (None where the driver has no context ids).
         generation: Its reset count when the handles were made (see ``note_context_reset``).
+        driver: The driver module the handles came from: a finalizer asks that one, also when another
+            is installed by the time it runs (tests swap doubles; a context handle means nothing to
+            any other driver).
     """
 
     handle: Any
     ident: int | None
     generation: int
+    driver: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def current(cls) -> ContextRef | None:
@@ -166,7 +189,14 @@ class ContextRef:
             return None
         res = d.cuCtxGetId(ctx)
         ident = None if res[0] else int(res[1])
-        return cls(ctx, ident, _generations.get(int(ctx), 0))
+        return cls(ctx, ident, _generations.get(int(ctx), 0), d)
+
+    def _driver(self) -> Any:
+        if self.driver is not None:
+            return self.driver
+        from .kernels._driver import driver
+
+        return driver()
 
     def alive(self) -> bool:
         """Whether the context is still the one the handles were made in (not reset, not destroyed)."""
@@ -174,17 +204,15 @@ class ContextRef:
             return False
         if self.ident is None:
             return True
-        from .kernels._driver import driver
-
-        res = driver().cuCtxGetId(self.handle)
+        res = self._driver().cuCtxGetId(self.handle)
         return not res[0] and int(res[1]) == self.ident
 
     @contextmanager
     def pushed(self) -> Iterator[None]:
         """The context current on this thread for the duration (then the previous one again)."""
-        from .kernels._driver import check, driver
+        from .kernels._driver import check
 
-        d = driver()
+        d = self._driver()
         check(d.cuCtxPushCurrent(self.handle), "cuCtxPushCurrent")
         try:
             yield
@@ -263,8 +291,11 @@ class Releases:
         self._calls.clear()
 
 
-def _finalize(what: str, releases: Releases | None, context: ContextRef | None, gl_names: bool) -> None:
-    """The finalizer of an owner nobody closed (module level: it must not hold the owner)."""
+def _finalize(
+    what: str, releases: Releases | None, context: ContextRef | None, gl_names: bool, warn: bool = True
+) -> None:
+    """The finalizer of an owner nobody closed (module level: it must not hold the owner). ``releases``
+    is anything with ``__len__``, ``release_quietly`` and ``forget`` (a ``Releases`` mostly)."""
     outcome = ""
     try:
         if releases:
@@ -281,13 +312,16 @@ def _finalize(what: str, releases: Releases | None, context: ContextRef | None, 
     except Exception:  # pushing the context failed: the handles stay where they are
         outcome = "its driver handles could not be released"
     finally:
-        parts = [p for p in (outcome, "its GL names leak until its GL context is destroyed" if gl_names else "") if p]
-        detail = f" ({'; '.join(parts)})" if parts else ""
-        warnings.warn(
-            f"unclosed {what}{detail}: call close() (on its GL thread for GL objects) or use it in a with block",
-            ResourceWarning,
-            stacklevel=2,
-        )
+        # warn=False: an engine part (see the table above); its engine's DeviceContext warns instead.
+        if warn:
+            leak = "its GL names leak until its GL context is destroyed" if gl_names else ""
+            parts = [p for p in (outcome, leak) if p]
+            detail = f" ({'; '.join(parts)})" if parts else ""
+            warnings.warn(
+                f"unclosed {what}{detail}: call close() (on its GL thread for GL objects) or use it in a with block",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
 
 class HandleOwner:
@@ -360,13 +394,15 @@ class HandleOwner:
         releases: Releases | None = None,
         context: ContextRef | None = None,
         gl_names: bool = False,
+        warn: bool = True,
     ) -> None:
         """Register the finalizer (see the module docstring): it releases ``releases`` in ``context``
-        if that still lives, and warns that ``what`` was never closed. ``gl_names``: this owner also
-        made GL names on the calling thread (deleted only by ``close`` there)."""
+        if that still lives (forgets them if not), and warns that ``what`` was never closed.
+        ``gl_names``: this owner also made GL names on the calling thread (deleted only by ``close``
+        there). ``warn=False``: a quiet finalizer, for the parts an engine always closes itself."""
         if gl_names:
             self._gl_thread = threading.get_ident()
-        self._finalizer = weakref.finalize(self, _finalize, what, releases, context, gl_names)
+        self._finalizer = weakref.finalize(self, _finalize, what, releases, context, gl_names, warn)
 
     def _disarm(self) -> None:
         if self._finalizer is not None:

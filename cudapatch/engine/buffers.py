@@ -44,6 +44,10 @@ class BufferPool(HandleOwner):
     to its bucket without freeing it, so a Cold rebuild that needs the same sizes allocates
     nothing. ``trim`` frees the idle blocks.
 
+    Lifecycle (``cudapatch._lifecycle``): no finalizer. Its engine closes it (``DeviceResources``),
+    or abandons it after a lost context; the blocks of a pool nobody closed live as long as its CUDA
+    context (an unclosed engine's ``DeviceContext`` warns and releases that context).
+
     Args:
         make_current: Called before driver calls so the engine's context is current.
     """
@@ -71,7 +75,7 @@ class BufferPool(HandleOwner):
             CudapatchError: the pool is closed.
         """
         if self._closed:
-            raise CudapatchError("the buffer pool is closed")
+            raise CudapatchError("BufferPool.acquire: the buffer pool is closed")
         cls = size_class(max(1, int(nbytes)))
         bucket = self._free.get(cls)
         if bucket:
@@ -173,6 +177,13 @@ class GpuBuffer(HandleOwner):
     Exposes ``__cuda_array_interface__`` (v3, with the engine stream) so CuPy, Numba and PyTorch
     can view it without a copy: ``cupy.asarray(buf)``.
 
+    Its lifecycle (``cudapatch._lifecycle``): ``close()`` gives the block back to the pool, and so
+    does the finalizer of a buffer nobody closed, quietly: a block back in its pool is no leak (the
+    pool frees it), as a CuPy array's memory goes back to CuPy's pool. It makes no driver call, so it
+    never touches a lost context (the pool of one is abandoned and takes nothing back). A buffer
+    whose pool closed is closed too (the pool freed its block), and so is a ``view`` of a closed
+    buffer: using one raises ``CudapatchError``.
+
     Args:
         pool: Where the memory comes from and goes back to.
         dtype: Element type.
@@ -187,6 +198,7 @@ class GpuBuffer(HandleOwner):
         self.count = int(count)
         self._pool = pool
         self._stream = stream
+        self._base: GpuBuffer | None = None  # the buffer a view is of
         self._alloc = pool.acquire(max(1, self.count * dtype.itemsize))
         self._finalizer = weakref.finalize(self, pool.release, self._alloc)
 
@@ -202,6 +214,7 @@ class GpuBuffer(HandleOwner):
             raise BindingError(f"a view of {count * dtype.itemsize} bytes on a buffer of {self.capacity_bytes}")
         v = GpuBuffer.__new__(GpuBuffer)
         v.dtype, v.count, v._pool, v._stream, v._alloc = dtype, int(count), self._pool, self._stream, self._alloc
+        v._base = self._base or self
         v._finalizer = weakref.finalize(v, _no_release)
         return v
 
@@ -222,15 +235,18 @@ class GpuBuffer(HandleOwner):
 
     @property
     def is_closed(self) -> bool:
-        return not self._finalizer.alive
+        """True once closed or abandoned, once its pool is closed, and for a view once its buffer is."""
+        if self._closed or not self._finalizer.alive:
+            return True
+        return self._base.is_closed if self._base is not None else self._pool.is_closed
 
-    def _check_open(self) -> None:
+    def _check_open(self, what: str) -> None:
         if self.is_closed:
-            raise CudapatchError("GpuBuffer is closed")
+            raise CudapatchError(f"{what}: GpuBuffer {self.dtype.c_name}[{self.count}] is closed")
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        self._check_open()
+        self._check_open("GpuBuffer.__cuda_array_interface__")
         shape = (self.count,) if self.dtype.lanes == 1 else (self.count, self.dtype.lanes)
         return {
             "shape": shape,
@@ -262,7 +278,7 @@ class GpuBuffer(HandleOwner):
             CudaOutOfMemoryError: no memory for the block.
             CudapatchError: the buffer is closed.
         """
-        self._check_open()
+        self._check_open("GpuBuffer.reserve")
         return self._pool.acquire(max(1, int(nbytes)))
 
     def unreserve(self, alloc: _Allocation) -> None:
@@ -276,7 +292,7 @@ class GpuBuffer(HandleOwner):
         Raises:
             CudapatchError: the buffer is closed.
         """
-        self._check_open()
+        self._check_open("GpuBuffer.move_to")
         self._finalizer.detach()
         self._pool.release(self._alloc)
         self._alloc = alloc
@@ -289,7 +305,7 @@ class GpuBuffer(HandleOwner):
             BindingError: size or dtype mismatch.
             CudaError: the copy failed.
         """
-        self._check_open()
+        self._check_open("GpuBuffer.upload")
         host = np.ascontiguousarray(array)
         if host.dtype != self.dtype.base:
             raise BindingError(f"upload of {host.dtype} data into a {self.dtype.c_name} buffer")
@@ -306,7 +322,7 @@ class GpuBuffer(HandleOwner):
         Raises:
             CudaError: the copy failed (a sticky fault of an earlier launch surfaces here too).
         """
-        self._check_open()
+        self._check_open("GpuBuffer.download")
         shape = (self.count,) if self.dtype.lanes == 1 else (self.count, self.dtype.lanes)
         host = np.empty(shape, dtype=self.dtype.base)
         if self.nbytes:
@@ -322,7 +338,7 @@ class GpuBuffer(HandleOwner):
         Raises:
             CudaError: the memset failed.
         """
-        self._check_open()
+        self._check_open("GpuBuffer.fill_bytes")
         self._pool.make_current()
         check(driver().cuMemsetD8Async(self.ptr, value & 0xFF, self.nbytes, self._stream), "cuMemsetD8Async")
 

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
-from .._lifecycle import HandleOwner, note_context_reset
+from .._lifecycle import ContextRef, HandleOwner, Releases, note_context_reset
 from ..errors import CudaUnavailableError
 from ..kernels._driver import DRIVER_TOO_OLD, check, driver, driver_too_old_message, no_driver_message
 
 __all__ = ["DeviceContext"]
 
 
-def _release(d: Any, device: Any, *streams: Any) -> None:
-    # Safety net for a DeviceContext that was never closed; errors are ignored at interpreter exit.
-    try:
-        for stream in streams:
-            d.cuStreamDestroy(stream)
-        d.cuDevicePrimaryCtxRelease(device)
-    except Exception:
-        pass
-
-
 class DeviceContext(HandleOwner):
     """One CUDA device: ``cuInit``, its **primary context** (shared with CuPy, Numba and PyTorch,
     so their arrays interoperate with ours), and one non-blocking stream for all engine work.
+
+    The root owner of an engine (``cudapatch._lifecycle``): every other driver handle of the engine
+    lives in this context. One nobody closed is released by its finalizer with a ``ResourceWarning``
+    (the one an unclosed ``Engine`` gives): its streams, then its retain of the primary context, which
+    takes every allocation, module and graph of the context with it when no other library retains it.
 
     Args:
         ordinal: Device index.
@@ -65,13 +59,28 @@ class DeviceContext(HandleOwner):
         )
         self.total_memory: int = int(check(d.cuDeviceTotalMem(self._device), "cuDeviceTotalMem"))
         self.driver_version: int = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
+        self.resets = 0  # successful ``reset`` calls
+        self._closed = False
+        self._releases = Releases()  # the streams, then the retain: given back newest first
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
+        self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
+        try:
+            self._start(d)
+        except BaseException:
+            self._releases.release_quietly()  # the error that stopped us is the one to report
+            raise
+
+    def _start(self, d: Any) -> None:
+        """Make the retained context current here, make the streams and arm the finalizer (at
+        construction and after a ``reset``)."""
         check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
         self._current_thread = threading.get_ident()
-        self._stream, self._upload_stream = self._make_streams(d)
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream, self._upload_stream)
-        self.resets = 0  # successful ``reset`` calls
+        flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
+        self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
+        self._releases.push(d.cuStreamDestroy, self._stream, what="cuStreamDestroy")
+        self._upload_stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
+        self._releases.push(d.cuStreamDestroy, self._upload_stream, what="cuStreamDestroy")
+        self._arm(f"DeviceContext {self.ordinal} ({self.name})", releases=self._releases, context=ContextRef.current())
 
     @property
     def arch(self) -> str:
@@ -105,35 +114,24 @@ class DeviceContext(HandleOwner):
         outputs of the frames after each swap, passes with it.)"""
         return self._upload_stream
 
-    @staticmethod
-    def _make_streams(d: Any) -> tuple[Any, Any]:
-        flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
-        first = check(d.cuStreamCreate(flags), "cuStreamCreate")
-        try:
-            return first, check(d.cuStreamCreate(flags), "cuStreamCreate")
-        except BaseException:
-            d.cuStreamDestroy(first)  # result ignored: the creation error is the one to report
-            raise
-
     @property
     def stream_handle(self) -> int:
         """The stream as an integer handle, for ``__cuda_array_interface__`` and other libraries."""
         return int(self._stream)
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
     def make_current(self) -> None:
         """Make the primary context current on the calling thread, if it is not already.
 
-        Cheap when nothing changes: only a thread-id comparison, so the frame path can call it.
+        Cheap when nothing changes: only a thread-id comparison, so the frame path can call it (the
+        closed check is made only when the context has to be made current).
 
         Raises:
+            CudapatchError: the device is closed.
             CudaError: cuCtxSetCurrent failed.
         """
         tid = threading.get_ident()
         if tid != self._current_thread:
+            self._check_open("DeviceContext.make_current")
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             self._current_thread = tid
 
@@ -142,68 +140,60 @@ class DeviceContext(HandleOwner):
         it is gone, for every user of it in the process), then retain it again with a new stream.
 
         Raises:
-            CudaError: the reset or the new stream failed (the device is unusable).
+            CudapatchError: the device is closed.
+            CudaError: the reset or the new stream failed (the device is unusable: ``abandon`` it).
         """
+        self._check_open("DeviceContext.reset")
         d = driver()
-        self._finalizer.detach()
+        self._disarm()
         d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
         note_context_reset(self._context)  # finalizers of its owners forget their handles, never free them
+        self._releases.forget()  # the streams died with the context; the retain is given back again below
+        self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
         check(d.cuDevicePrimaryCtxReset(self._device), "cuDevicePrimaryCtxReset")
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         d.cuDevicePrimaryCtxRelease(self._device)  # the retain from __init__ still holds it
-        check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-        self._current_thread = threading.get_ident()
-        self._stream, self._upload_stream = self._make_streams(d)
-        self._finalizer = weakref.finalize(self, _release, d, self._device, self._stream, self._upload_stream)
+        self._start(d)
         self.resets += 1
-
-    def abandon(self) -> None:
-        """The context is lost for good (CUDA refuses the process after a fault): mark this closed
-        without a driver call (each would fail) and drop the finalizer that would make them."""
-        self._closed = True
-        self._finalizer.detach()
 
     def synchronize(self) -> None:
         """Wait for all work on the engine stream.
 
         Raises:
+            CudapatchError: the device is closed.
             CudaError: a launch on the stream failed (sticky errors surface here).
         """
+        self._check_open("DeviceContext.synchronize")
         check(driver().cuStreamSynchronize(self._stream), "cuStreamSynchronize")
 
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes.
 
         Raises:
+            CudapatchError: the device is closed.
             CudaError: cuMemGetInfo failed.
         """
+        self._check_open("DeviceContext.mem_info")
         self.make_current()
         free, total = check(driver().cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
-    def close(self) -> None:
-        """Destroy the streams and release the primary context; idempotent.
+    # ``close()`` (idempotent) and ``abandon()`` are HandleOwner's: ``close`` destroys the streams and
+    # releases the retain, every call made even when one fails (the first failure is raised after);
+    # ``abandon`` (the context is lost for good: CUDA refuses the process after a fault) forgets them.
+    def _release(self) -> None:
+        """Destroy the streams, then release the primary context (with it current on this thread).
 
         Raises:
             CudaError: cuStreamDestroy or cuDevicePrimaryCtxRelease failed.
         """
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
-        d = driver()
-        self.make_current()
-        # Every handle goes back even when one call fails; the first failure is raised after.
-        results = [d.cuStreamDestroy(self._stream)[:1], d.cuStreamDestroy(self._upload_stream)[:1]]
-        check(d.cuDevicePrimaryCtxRelease(self._device), "cuDevicePrimaryCtxRelease")
-        for result in results:
-            check(result, "cuStreamDestroy")
+        if threading.get_ident() != self._current_thread:
+            check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
+            self._current_thread = threading.get_ident()
+        self._releases.release()
 
     def __enter__(self) -> DeviceContext:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         mem = self.total_memory / 2**30

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._lifecycle import HandleOwner
+from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
@@ -148,16 +147,6 @@ def _top_level_kernel(node: Any) -> bool:
     return isinstance(node, KernelNode) and node.child is None and node.body is None
 
 
-def _release_graph(d: Any, exec_: Any, graph: Any, exec1: Any = None) -> None:
-    try:
-        d.cuGraphExecDestroy(exec_)
-        if exec1 is not None:
-            d.cuGraphExecDestroy(exec1)
-        d.cuGraphDestroy(graph)
-    except Exception:
-        pass
-
-
 @dataclass(eq=False)
 class PreparedPatch:
     """A Warm patch made ready on the build thread (``CompiledGraph.prepare_patch``).
@@ -226,7 +215,11 @@ class _BypassStep:
 class CompiledGraph(HandleOwner):
     """The instantiated CUDA graph of a GraphPlan, with its buffers and parameter slots.
 
-    Use ``realize(plan, ...)`` to make one.
+    Use ``realize(plan, ...)`` to make one. Its engine closes it (``retire`` then ``close`` once idle,
+    or ``abandon`` after a lost context); a graph nobody closed is destroyed by a quiet finalizer while
+    its context lives (``cudapatch._lifecycle``). A closed graph raises ``CudapatchError`` from every
+    public method; the frame path's (``launch``, Hot and Warm updates) check only when the driver
+    refused, so a launch that works costs no check.
 
     Attributes:
         plan: The plan it runs (a Warm resize replaces it).
@@ -306,7 +299,15 @@ class CompiledGraph(HandleOwner):
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
-        self._finalizer = weakref.finalize(self, _release_graph, d, exec_, parts.graph, self._exec1)
+        # The safety net of a graph nobody closed: its engine always closes (or abandons) the graphs it
+        # makes, so it is quiet (cudapatch._lifecycle); it destroys the executables and the graph only in
+        # a context that still lives, never in a reset one.
+        graphs = Releases()
+        graphs.push(d.cuGraphDestroy, parts.graph, what="cuGraphDestroy")
+        graphs.push(d.cuGraphExecDestroy, exec_, what="cuGraphExecDestroy")
+        if self._exec1 is not None:
+            graphs.push(d.cuGraphExecDestroy, self._exec1, what="cuGraphExecDestroy")
+        self._arm("CompiledGraph", releases=graphs, context=ContextRef.current(), warn=False)
 
     def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
         nodes = self._nodes
@@ -338,6 +339,7 @@ class CompiledGraph(HandleOwner):
     def adopt(self, previous: CompiledGraph | None) -> None:
         """Take ownership of the buffers borrowed from ``previous`` and set their element counts.
         Call once this graph replaces ``previous`` (before ``previous.retire``)."""
+        self._check_open("CompiledGraph.adopt")
         # Only the borrowed buffers (listed by ``realize``, on the build thread): the ones allocated
         # for this graph have their counts and are owned already.
         borrowed, self._borrowed = self._borrowed, []
@@ -364,6 +366,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: another driver failure.
         """
+        self._check_open("CompiledGraph.exec_update")
         d = driver()
         err, _info = d.cuGraphExecUpdate(self._exec, graph)
         if err == d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
@@ -401,7 +404,8 @@ class CompiledGraph(HandleOwner):
             (err,) = self._launch(self._exec, stream)
         else:  # FrameDelay feedback: this frame's phase; the same few operations at any number of delays
             err = phases.launch(self._launch, stream)
-        if err:
+        if err:  # only here, off the path of a launch that worked: a closed graph says so, not the driver
+            self._check_open("CompiledGraph.launch")
             check((err,), "cuGraphLaunch")
 
     # -- Hot / Warm updates -----------------------------------------------------------------------
@@ -421,6 +425,7 @@ class CompiledGraph(HandleOwner):
             if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
                 (err,) = set_params(exec1, kn.handle, kn.alt_params)
             if err:
+                self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
                 if kn.body is None:
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
                 if not self._body_fallback:
@@ -487,6 +492,7 @@ class CompiledGraph(HandleOwner):
                     slot.value = value
                 (err,) = self._set_params(self._exec, kn.handle, kn.params)
                 if err:
+                    self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
                 return 1
         touched: list[Any] = []
@@ -562,6 +568,7 @@ class CompiledGraph(HandleOwner):
             CudaError: cuGraphExecKernelNodeSetParams failed.
             CudapatchError: the node is not a kernel node.
         """
+        self._check_open("CompiledGraph.update_grid")
         kn = self._kernel(node_index)
         kn.params.gridDimX = kn.alt_params.gridDimX = max(1, int(grid))
         self._commit((kn,))
@@ -607,6 +614,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
+        self._check_open("CompiledGraph.try_patch")
         decision = (
             decided
             if decided is not None
@@ -692,6 +700,7 @@ class CompiledGraph(HandleOwner):
             child graphs or region bodies, region handles among the arguments (or no memory for a
             grown buffer: ``try_patch`` reports that).
         """
+        self._check_open("CompiledGraph.prepare_patch")
         if decision.calls or self._phases is not None or self._exec1 is not None:
             return None
         nodes, buffers, counters_ptr = self._nodes, self.buffers, self._counters_ptr
@@ -751,6 +760,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
+        self._check_open("CompiledGraph.apply_prepared")
         if prepared.base is not self.plan:
             prepared.discard()
             return None
@@ -809,6 +819,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: a driver call failed.
         """
+        self._check_open("CompiledGraph.set_bypass")
         old = self.bypass
         if bp is old:
             return 0
@@ -856,6 +867,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: the driver refused the new function.
         """
+        self._check_open("CompiledGraph.swap_function")
         nodes = self._by_kernel.get(key)
         if not nodes or any(n.plan.descriptor != descriptor for n in nodes):
             return False
@@ -896,6 +908,7 @@ class CompiledGraph(HandleOwner):
         """The buffer of output ``port`` of ``block_id``, or None if not in this graph, or if its value
         is in a buffer a later value of the frame overwrites (``overwritten``). A value that shares
         its buffer but is the last one in it comes as a typed view of that buffer."""
+        self._check_open("CompiledGraph.output")
         res = self.bypass.outputs.get((block_id, port))
         if isinstance(res, int):  # a bypassed output: what its readers read
             return self.buffers[res]
@@ -938,6 +951,7 @@ class CompiledGraph(HandleOwner):
 
     def node_arg(self, node_index: int, arg: int) -> Any:
         """Current value in a node's parameter slot (for tests and debugging)."""
+        self._check_open("CompiledGraph.node_arg")
         return read_slot(self._kernel(node_index).slots[arg])
 
     @property
@@ -952,6 +966,7 @@ class CompiledGraph(HandleOwner):
 
     def captured_graph(self, block_id: int, kernel: int = 0) -> Any:
         """The ``CUgraph`` a captured call was last captured into (tests check it was not replaced), or None."""
+        self._check_open("CompiledGraph.captured_graph")
         return self._calls.child_graph(block_id, kernel)
 
     # -- fault attribution ----------------------------------------------------------------------
@@ -966,6 +981,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: a failure that is not a kernel fault.
         """
+        self._check_open("CompiledGraph.replay")
         ph = self._phases
         if ph is None:
             return replay_by_block(self.plan, self._nodes, self.buffers, self._counters_ptr, stream)
@@ -990,6 +1006,7 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: event creation or record failed.
         """
+        self._check_open("CompiledGraph.retire")
         d = driver()
         for b in self._owned:
             b.close()

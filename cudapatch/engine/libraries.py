@@ -211,6 +211,10 @@ class CallLibraryScope:
 class LibraryHandles(HandleOwner):
     """The library state of one engine: handles, a capture stream and per-call scopes.
 
+    Lifecycle (``cudapatch._lifecycle``): no finalizer; its engine closes it (``DeviceResources``), or
+    abandons it after a lost context. Asking a closed one for a handle, scope or the capture stream
+    raises ``CudapatchError``.
+
     Args:
         device: The engine's device (its context must be current when calls are made).
         pool: Where workspaces come from.
@@ -237,8 +241,10 @@ class LibraryHandles(HandleOwner):
         orders against the legacy default stream).
 
         Raises:
+            CudapatchError: the handles are closed.
             CudaError: stream creation failed.
         """
+        self._check_open("LibraryHandles.capture_stream")
         if self._capture_stream is None:
             d = driver()
             flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
@@ -246,7 +252,12 @@ class LibraryHandles(HandleOwner):
         return self._capture_stream
 
     def scope(self, key: object) -> CallLibraryScope:
-        """The resources of captured call ``key`` (``(block id, kernel index)``), made on first use."""
+        """The resources of captured call ``key`` (``(block id, kernel index)``), made on first use.
+
+        Raises:
+            CudapatchError: the handles are closed.
+        """
+        self._check_open("LibraryHandles.scope")
         s = self._scopes.get(key)
         if s is None:
             s = self._scopes[key] = CallLibraryScope(self, key)
@@ -254,6 +265,7 @@ class LibraryHandles(HandleOwner):
 
     def cublas_handle(self) -> int:
         """The engine's cuBLAS handle (device pointer mode), created on first use."""
+        self._check_open("LibraryHandles.cublas_handle")
         if self._cublas is None:
             mod = nvmath_module("cublas")
             h = mod.create()
@@ -263,12 +275,14 @@ class LibraryHandles(HandleOwner):
 
     def cusolver_handle(self) -> int:
         """The engine's cuSOLVER dense handle, created on first use."""
+        self._check_open("LibraryHandles.cusolver_handle")
         if self._cusolver is None:
             self._cusolver = nvmath_module("cusolverDn").create()
         return self._cusolver
 
     def cusparse_handle(self) -> int:
         """The engine's cuSPARSE handle (device pointer mode), created on first use."""
+        self._check_open("LibraryHandles.cusparse_handle")
         if self._cusparse is None:
             mod = nvmath_module("cusparse")
             h = mod.create()

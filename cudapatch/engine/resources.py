@@ -9,10 +9,11 @@ forgotten together (``abandon``, no driver call: each would fail) and made anew 
 
 The frame path reads ``graph`` and ``stream``, plain attributes: one load each, no call.
 
-Finalizer policy: none of its own. Each part that holds driver handles (device and stream, graphs,
-buffers) has its own ``weakref.finalize`` safety net; ``close`` frees everything in order, and
-``abandon`` marks every part closed (graphs and device detach their nets) so nothing touches a dead
-context.
+Finalizer policy: none of its own. ``close`` frees everything in order, and ``abandon`` marks every
+part closed (detaching their finalizers) so nothing touches a dead context. Of the parts, the
+device warns and releases the context when nobody closed it (the one warning of an unclosed engine);
+graphs and buffers have quiet safety nets; pool, modules and library handles have none and live as
+long as the context (the table in ``cudapatch/_lifecycle.py``).
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ class DeviceResources:
                 g.abandon()
         self.graph, self._retired = None, []
         self.libraries.abandon()
+        self.modules.abandon()
         self.pool.abandon()
         self._uploads.clear()
         self._dropped.clear()

@@ -104,6 +104,9 @@ class _PinnedRing(HandleOwner):
         self._data = self._control = None  # type: ignore[assignment]
         self._releases.release()
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.dtype.c_name}[{self.count}] x{self.slots} closed={self._closed}>"
+
     def _forget(self) -> None:
         self._data = self._control = None  # type: ignore[assignment]
         self._releases.forget()

@@ -11,12 +11,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
 
-from .._lifecycle import HandleOwner
+from .._lifecycle import HandleOwner, Releases
 from ..errors import InteropError
 from . import _platform
 from ._gl import check_gl, gl, pyopengl_platform
@@ -29,7 +28,7 @@ _EGL_CUDA_DEVICE_NV = 0x323A
 # EGL displays are per-device singletons: two contexts on one device share a display, so it is
 # terminated only when its last context closes.
 _display_users: dict[int, int] = {}
-_display_lock = threading.Lock()
+_display_lock = threading.RLock()  # re-entrant: a finalizer may run (gc) on a thread that holds it
 _EGL_PLATFORM_SURFACELESS_MESA = 0x31DD
 
 
@@ -37,7 +36,8 @@ def _display_key(display: Any) -> int:
     return int(ctypes.cast(display, ctypes.c_void_p).value or 0)
 
 
-def _release_display(EGL: Any, display: Any) -> None:
+def _release_display(EGL: Any, display: Any) -> tuple[int]:
+    """One context fewer on ``display``: terminated with its last (a result tuple, as ``Releases`` takes)."""
     key = _display_key(display)
     with _display_lock:
         _display_users[key] = _display_users.get(key, 1) - 1
@@ -46,6 +46,14 @@ def _release_display(EGL: Any, display: Any) -> None:
             del _display_users[key]
     if last:
         EGL.eglTerminate(display)
+    return (0,)
+
+
+def _destroy_context(EGL: Any, display: Any, context: Any) -> tuple[int]:
+    """``eglDestroyContext``: thread-safe, and deferred by EGL while the context is current on some
+    thread, so a finalizer may call it (it makes no GL call; the framebuffer names go with the context)."""
+    EGL.eglDestroyContext(display, context)
+    return (0,)
 
 
 def _cuda_ordinal(EGL: Any, device: Any) -> int | None:
@@ -71,7 +79,10 @@ class GlContext(HandleOwner):
     """Base of the context providers. Subclasses create the context and call ``_init_target()``.
 
     Objects owning GL names must release them on the thread that owns the context: ``owner_thread``.
+    A closed context raises ``InteropError`` from every use (``cudapatch._lifecycle``).
     """
+
+    _closed_error = InteropError
 
     def __init__(self) -> None:
         self._closed = False
@@ -132,10 +143,6 @@ class GlContext(HandleOwner):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise InteropError(f"{what}: {type(self).__name__} is closed")
-
     # -- offscreen target ------------------------------------------------------------------------
     def _init_target(self, width: int, height: int) -> None:
         """An RGBA8 + depth framebuffer object: headless contexts draw into it."""
@@ -165,7 +172,12 @@ class GlContext(HandleOwner):
             self._fbo = 0
 
     def info(self) -> dict[str, str]:
-        """GL vendor, renderer and version strings of this context."""
+        """GL vendor, renderer and version strings of this context.
+
+        Raises:
+            InteropError: the context is closed.
+        """
+        self._check_open("info")
         GL = gl()
         return {
             "vendor": GL.glGetString(GL.GL_VENDOR).decode(),
@@ -174,7 +186,12 @@ class GlContext(HandleOwner):
         }
 
     def has_extension(self, name: str) -> bool:
-        """Whether the current GL context advertises extension ``name``."""
+        """Whether the current GL context advertises extension ``name``.
+
+        Raises:
+            InteropError: the context is closed.
+        """
+        self._check_open("has_extension")
         GL = gl()
         n = int(GL.glGetIntegerv(GL.GL_NUM_EXTENSIONS))
         return any(GL.glGetStringi(GL.GL_EXTENSIONS, i).decode() == name for i in range(n))
@@ -190,6 +207,12 @@ class EglContext(GlContext):
         width, height: Size of the offscreen framebuffer.
         cuda_device: Prefer the EGL device driving this CUDA device ordinal (``EGL_NV_device_cuda``);
             otherwise the first EGL device, then Mesa's surfaceless platform.
+
+    Lifecycle (``cudapatch._lifecycle``): ``close()`` deletes the framebuffer (with the context
+    current), destroys the context and gives the display back (terminated with its last context). One
+    nobody closed is destroyed by its finalizer, with a ``ResourceWarning``: EGL calls are
+    thread-safe and EGL defers the destruction while the context is current somewhere; the
+    finalizer makes no GL call (the framebuffer's names go with the context).
 
     Raises:
         InteropError: not on Linux, PyOpenGL is on another platform, or no EGL display/context.
@@ -210,6 +233,21 @@ class EglContext(GlContext):
             raise InteropError(f"EglContext: PyOpenGL's EGL bindings cannot load ({exc})") from exc
         self._egl = EGL
         self._display, self.device_name = self._open_display(cuda_device)
+        key = _display_key(self._display)
+        with _display_lock:
+            _display_users[key] = _display_users.get(key, 0) + 1
+        self._releases = Releases()  # EGL's, given back by the finalizer only (close makes its own calls)
+        self._releases.push(_release_display, EGL, self._display, what="eglTerminate")
+        try:
+            self._create(width, height)
+        except BaseException:
+            self._releases.release_quietly()
+            raise
+        self._arm(f"EglContext {width}x{height} on {self.device_name}", releases=self._releases)
+        log.info("EGL context %dx%d on %s (%s)", width, height, self.device_name, self.info()["renderer"])
+
+    def _create(self, width: int, height: int) -> None:
+        EGL = self._egl
         cfg = EGL.EGLConfig()
         n = EGL.EGLint()
         # Device displays have no window surfaces: ask for pbuffer configs (we draw into an FBO anyway).
@@ -227,13 +265,9 @@ class EglContext(GlContext):
         self._context = EGL.eglCreateContext(self._display, cfg, EGL.EGL_NO_CONTEXT, ctx_attrs)
         if not self._context:
             raise InteropError(f"EglContext: eglCreateContext failed (0x{EGL.eglGetError():x})")
+        self._releases.push(_destroy_context, EGL, self._display, self._context, what="eglDestroyContext")
         self.make_current()
         self._init_target(width, height)
-        key = _display_key(self._display)
-        with _display_lock:
-            _display_users[key] = _display_users.get(key, 0) + 1
-        self._finalizer = weakref.finalize(self, _release_display, EGL, self._display)
-        log.info("EGL context %dx%d on %s (%s)", width, height, self.device_name, self.info()["renderer"])
 
     def _open_display(self, cuda_device: int | None) -> tuple[Any, str]:
         EGL = self._egl
@@ -285,6 +319,12 @@ class EglContext(GlContext):
         gl().glFlush()
 
     def close(self) -> None:
+        """Delete the framebuffer, destroy the context and give the display back (idempotent).
+
+        Raises:
+            InteropError: the context could not be made current here to delete the framebuffer (it is
+                destroyed all the same, and the framebuffer with it).
+        """
         if self._closed:
             return
         EGL = self._egl
@@ -293,9 +333,9 @@ class EglContext(GlContext):
             self._release_target()
         finally:
             self._closed = True
+            self._disarm()
             EGL.eglMakeCurrent(self._display, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
-            EGL.eglDestroyContext(self._display, self._context)
-            self._finalizer()
+            self._releases.release_quietly()  # eglDestroyContext, then the display
 
     def __repr__(self) -> str:
         return f"<EglContext {self._size[0]}x{self._size[1]} on {self.device_name} closed={self._closed}>"

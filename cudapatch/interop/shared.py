@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import weakref
 from typing import Any, Literal
 
-from .._lifecycle import HandleOwner
+from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..errors import InteropError
 from ..kernels._driver import check, driver
 from ._gl import check_gl, gl
@@ -49,26 +48,41 @@ def _register_flags(flags: str, what: str) -> int:
     return int(getattr(driver().CUgraphicsRegisterFlags, name))
 
 
-def _unregister(handle: Any) -> None:
-    try:
-        driver().cuGraphicsUnregisterResource(handle)
-    except Exception:  # the safety net runs at interpreter exit too, when the driver may be gone
-        pass
-
-
 class _SharedResource(HandleOwner):
-    """Common lifecycle: registered handle, mapped state, idempotent close, GL name ownership."""
+    """Common lifecycle (``cudapatch._lifecycle``): the registration, mapped state, idempotent close,
+    GL name ownership. One nobody closed is unregistered by its finalizer inside its CUDA context
+    while that lives (``cuGraphicsUnregisterResource`` makes no GL call), with a ``ResourceWarning``;
+    a GL object this class created (``create``) is deleted only by ``close()``, on the thread that
+    made it, so an unclosed one leaks its GL name until its GL context is destroyed."""
 
     kind = "resource"
+    _closed_error = InteropError
 
     def __init__(self, gl_name: int, handle: Any, *, owns_gl: bool, label: str) -> None:
         self.gl_name = int(gl_name)
         self._handle = handle
-        self._owns_gl = owns_gl
+        self._owns_gl = False
         self.label = label
         self._mapped = False
         self._closed = False
-        self._finalizer = weakref.finalize(self, _unregister, handle)
+        self._releases = Releases()
+        self._releases.push(
+            driver().cuGraphicsUnregisterResource, handle, what=f"cuGraphicsUnregisterResource({label})"
+        )
+        self._arm(f"{type(self).__name__} {label}", releases=self._releases, context=ContextRef.current())
+        if owns_gl:
+            self._own_gl_name()
+
+    def _own_gl_name(self) -> None:
+        """This object made its GL object (``create``): ``close()`` deletes it, on this thread only."""
+        self._owns_gl = True
+        self._disarm()
+        self._arm(
+            f"{type(self).__name__} {self.label}",
+            releases=self._releases,
+            context=ContextRef.current(),
+            gl_names=True,
+        )
 
     @property
     def handle(self) -> Any:
@@ -116,23 +130,24 @@ class _SharedResource(HandleOwner):
 
     def close(self) -> None:
         """Unregister from CUDA and, if this object created the GL object, delete it (idempotent).
-        Call it on the thread that owns the GL context, with that context current."""
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
-        check(driver().cuGraphicsUnregisterResource(self._handle), f"cuGraphicsUnregisterResource({self.label})")
-        if self._owns_gl:
-            self._delete_gl()
+        Call it with the CUDA context current and, for an object ``create`` made, on the thread that
+        owns the GL context, with that context current.
+
+        Raises:
+            InteropError: an object ``create`` made, closed from another thread (it stays open).
+            CudaError: cuGraphicsUnregisterResource failed (the object is closed all the same).
+        """
+        HandleOwner.close(self)
+
+    def _release(self) -> None:
+        try:
+            self._releases.release()
+        finally:
+            if self._owns_gl:
+                self._delete_gl()
 
     def _delete_gl(self) -> None:
         raise NotImplementedError
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Mapping:
@@ -238,7 +253,7 @@ class SharedBuffer(_SharedResource):
         except Exception:
             GL.glDeleteBuffers(1, [name])
             raise
-        obj._owns_gl = True
+        obj._own_gl_name()
         return obj
 
     def _mapping(self, stream: Any) -> BufferMapping:
@@ -361,7 +376,7 @@ class SharedTexture2D(_SharedResource):
         except Exception:
             GL.glDeleteTextures(1, [name])
             raise
-        obj._owns_gl = True
+        obj._own_gl_name()
         return obj
 
     def _mapping(self, stream: Any) -> TextureMapping:
@@ -420,11 +435,27 @@ class SharedTexture2D(_SharedResource):
 
     def close(self) -> None:
         """Release the surface writer (if any), unregister, and delete the GL texture if this object
-        created it (idempotent); on the GL thread, with the context current."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        super().close()
+        created it (idempotent); on the GL thread, with the context current.
+
+        Raises:
+            InteropError: a texture ``create`` made, closed from another thread (it stays open).
+            CudaError: a release call failed (the texture is closed all the same).
+        """
+        HandleOwner.close(self)
+
+    def _release(self) -> None:
+        writer, self._writer = getattr(self, "_writer", None), None
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            super()._release()
+
+    def _forget(self) -> None:
+        writer, self._writer = getattr(self, "_writer", None), None
+        if writer is not None:
+            writer.abandon()
+        super()._forget()
 
     def _delete_gl(self) -> None:
         gl().glDeleteTextures(1, [self.gl_name])

@@ -38,6 +38,9 @@ class ModuleCache(HandleOwner):
     Loading PTX makes the driver JIT it (milliseconds), so a Cold rebuild that finds its modules
     here costs nothing for them. Thread-safe: a background compiler may warm it.
 
+    Lifecycle (``cudapatch._lifecycle``): no finalizer; its engine closes it (``DeviceResources``; after
+    a lost context a new cache replaces it and the old one's modules are forgotten with the context).
+
     Args:
         device_key: Identifies the device/context (e.g. ``"0:sm_90"``); part of every key.
     """
@@ -64,7 +67,9 @@ class ModuleCache(HandleOwner):
                 or the entry point is missing.
         """
         if self._closed:
-            raise KernelLoadError("module cache is closed", kernel=image.descriptor.entry_point)
+            raise KernelLoadError(
+                "ModuleCache.function: the module cache is closed", kernel=image.descriptor.entry_point
+            )
         key = (image.key, self._device_key)
         entry_point = image.descriptor.entry_point
         with self._lock:

@@ -138,6 +138,22 @@ def _graph(engine: Engine) -> tuple[Any, Any]:
     return g, None
 
 
+def _upload_ring(engine: Engine) -> tuple[Any, Any]:
+    from cudapatch.blocks.library.transfer import Upload
+    from cudapatch.engine import UploadRing
+
+    block = engine.add(Upload(name=f"up{len(engine.blocks)}", Count=16))
+    return UploadRing(engine, block), None
+
+
+def _download_ring(engine: Engine) -> tuple[Any, Any]:
+    from cudapatch.blocks.library.transfer import Download
+    from cudapatch.engine import DownloadRing
+
+    block = engine.add(Download(name=f"down{len(engine.blocks)}"))
+    return DownloadRing(engine, block, count=16), None
+
+
 _OWNERS: dict[str, tuple[Callable[[Engine], tuple[Any, Any]], Callable[[Any], Any] | None]] = {
     "ReadbackRing": (_readback, lambda r: r.publish_args()),
     "SurfaceWriter": (_surface_writer, lambda w: w.write(0, 0, 64, None)),
@@ -147,9 +163,11 @@ _OWNERS: dict[str, tuple[Callable[[Engine], tuple[Any, Any]], Callable[[Any], An
         lambda e: (ModuleCache(device_key=e.device.key), None),
         lambda c: c.function(bundled_kernel("scale").load()),
     ),
-    "LibraryHandles": (lambda e: (LibraryHandles(e.device, e.pool), None), None),
-    "CompiledGraph": (_graph, None),
-    "DeviceContext": (lambda e: (DeviceContext(0), None), None),
+    "LibraryHandles": (lambda e: (LibraryHandles(e.device, e.pool), None), lambda h: h.scope((1, 0))),
+    "CompiledGraph": (_graph, lambda g: g.replay(0)),
+    "DeviceContext": (lambda e: (DeviceContext(0), None), lambda d: d.mem_info()),
+    "UploadRing": (_upload_ring, lambda r: r.write(np.zeros(16, np.float32))),
+    "DownloadRing": (_download_ring, lambda r: r.read()),
 }
 
 
@@ -171,14 +189,42 @@ def test_every_owner_follows_the_lifecycle_protocol(engine: Engine, name: str) -
     del keep
 
 
-@pytest.mark.parametrize("name", ["ReadbackRing", "SurfaceWriter"])
+# (An Upload/DownloadRing bound to an engine is kept alive by the binding: tests/unit covers its finalizer.)
+@pytest.mark.parametrize("name", ["ReadbackRing", "SurfaceWriter", "DeviceContext"])
 def test_an_unclosed_driver_owner_is_released_by_its_finalizer_with_a_warning(engine: Engine, name: str) -> None:
     owner, keep = _OWNERS[name][0](engine)
     with pytest.warns(ResourceWarning, match=f"unclosed {name}.*released by its finalizer"):
         del owner
         gc.collect()
+    # A DeviceContext's finalizer released its streams and its retain of the primary context, which
+    # the engine retains too: the engine's context lives on and runs.
+    engine.device.make_current()
     engine.synchronize()
     del keep
+
+
+def test_engine_parts_dropped_unclosed_are_released_quietly(engine: Engine) -> None:
+    """A graph's finalizer destroys its graphs, a buffer's gives its block back to the pool: no
+    warning (warnings are errors here), no fault, and the pool reuses the block."""
+    pool = BufferPool(engine.device.make_current)
+    host = np.random.default_rng().standard_normal(1000).astype(np.float32)
+    buf = GpuBuffer(pool, DType.FLOAT32, 1000, stream=engine.device.stream)
+    buf.upload(host)
+    ptr = buf.ptr
+    del buf
+    gc.collect()
+    assert pool.in_use_bytes == 0 and pool.idle_bytes > 0
+    again = GpuBuffer(pool, DType.FLOAT32, 1000, stream=engine.device.stream)
+    assert again.ptr == ptr and pool.driver_allocations == 1  # the same block, no new cuMemAlloc
+    graph, _ = _graph(engine)
+    graph.launch(engine.device.stream)
+    del graph
+    gc.collect()
+    engine.synchronize()
+    pool.close()  # frees the block ``again`` still holds: the buffer is closed with it
+    assert again.is_closed
+    with pytest.raises(CudapatchError, match="GpuBuffer.download: GpuBuffer float\\[1000\\] is closed"):
+        again.download()
 
 
 def test_abandoned_owners_forget_their_handles_without_freeing_them(engine: Engine) -> None:

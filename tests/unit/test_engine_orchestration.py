@@ -81,6 +81,9 @@ class FakeModules:
     def close(self) -> None:
         pass
 
+    def abandon(self) -> None:  # the context was reset under its modules: forgotten, never unloaded
+        self.abandoned = True
+
 
 class FakeBuilder:
     """Finishes every compile at once (as the builder's thread would, between frames)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cudapatch import _lifecycle
@@ -44,7 +46,30 @@ class _Struct:
         return child
 
 
+class _Member(int):
+    """An enum member of cuda-bindings: an int with ``.value``."""
+
+    @property
+    def value(self) -> int:
+        return int(self)
+
+
+class _Values:
+    """An enum whose members are ints (flags the owners pass on as numbers): every member is 0."""
+
+    def __getattr__(self, name: str) -> _Member:
+        return _Member(0)
+
+
+_ATTRIBUTES = {  # cuDeviceGetAttribute of an H100
+    "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR": 9,
+    "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR": 0,
+    "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT": 132,
+    "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR": 2048,
+}
+
 _ENUMS = (
+    "CUdevice_attribute",
     "CUmemAllocationType",
     "CUmemLocationType",
     "CUmemAllocationHandleType",
@@ -64,6 +89,9 @@ class FakeDriver:
     class CUresult:
         CUDA_SUCCESS = 0
         CUDA_ERROR_OUT_OF_MEMORY = 2
+        CUDA_ERROR_NO_DEVICE = 100
+
+    CUstream_flags = CUgraphicsRegisterFlags = _Values()
 
     def __init__(self) -> None:
         self.live: dict[int, str] = {}
@@ -95,6 +123,88 @@ class FakeDriver:
         assert self.live.pop(int(handle)) == kind, f"{kind} {handle} released twice or never made"
         self.released_pushed += self.pushed > 0
         return (0,)
+
+    # the device and its primary context (each retain is a live handle until released)
+    def cuInit(self, flags: int) -> tuple[int]:
+        return (0,)
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        return 0, 1
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        return 0, ordinal
+
+    def cuDeviceGetName(self, n: int, device: int) -> tuple[int, bytes]:
+        return 0, b"Fake H100".ljust(n, b"\0")
+
+    def cuDeviceGetAttribute(self, attr: str, device: int) -> tuple[int, int]:
+        return 0, _ATTRIBUTES[attr]
+
+    def cuDeviceTotalMem(self, device: int) -> tuple[int, int]:
+        return 0, 80 << 30
+
+    def cuDriverGetVersion(self) -> tuple[int, int]:
+        return 0, 13000
+
+    def cuDevicePrimaryCtxRetain(self, device: int) -> tuple[int, int]:
+        self._make("retain", -self._next - 1)
+        self._next += 0x100
+        return 0, self.ctx
+
+    def cuDevicePrimaryCtxRelease(self, device: int) -> tuple[int]:
+        retains = [h for h, kind in self.live.items() if kind == "retain"]
+        assert retains, "the primary context was released more often than retained"
+        return self._drop("retain", retains[-1])
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[int]:
+        return (0,)
+
+    def cuMemGetInfo(self) -> tuple[int, int, int]:
+        return 0, 70 << 30, 80 << 30
+
+    # streams and graphs
+    def cuStreamCreate(self, flags: int) -> tuple[int, int]:
+        return self._make("stream")
+
+    def cuStreamDestroy(self, stream: int) -> tuple[int]:
+        return self._drop("stream", stream)
+
+    def cuStreamSynchronize(self, stream: int) -> tuple[int]:
+        return (0,)
+
+    def cuGraphCreate(self, flags: int) -> tuple[int, int]:
+        return self._make("graph")
+
+    def cuGraphDestroy(self, graph: int) -> tuple[int]:
+        return self._drop("graph", graph)
+
+    def cuGraphInstantiate(self, graph: int, flags: int) -> tuple[int, int]:
+        return self._make("exec")
+
+    def cuGraphExecDestroy(self, exec_: int) -> tuple[int]:
+        return self._drop("exec", exec_)
+
+    def cuGraphLaunch(self, exec_: Any, stream: int) -> tuple[int]:
+        ok = exec_ is not None and self.live.get(int(exec_)) == "exec"
+        return (0,) if ok else (400,)  # CUDA_ERROR_INVALID_HANDLE
+
+    def cuDevicePrimaryCtxReset(self, device: int) -> tuple[int]:
+        # Every allocation, stream, module and graph of the context is gone; its retains stay.
+        self.live = {h: kind for h, kind in self.live.items() if kind == "retain"}
+        return (0,)
+
+    def cuGraphExecKernelNodeSetParams(self, exec_: int, node: int, params: Any) -> tuple[int]:
+        return (0,)
+
+    # GL interop registrations
+    def cuGraphicsGLRegisterBuffer(self, name: int, flags: int) -> tuple[int, int]:
+        return self._make("registration")
+
+    def cuGraphicsGLRegisterImage(self, name: int, target: int, flags: int) -> tuple[int, int]:
+        return self._make("registration")
+
+    def cuGraphicsUnregisterResource(self, resource: int) -> tuple[int]:
+        return self._drop("registration", resource)
 
     # contexts
     def cuCtxGetCurrent(self) -> tuple[int, int]:
@@ -198,6 +308,14 @@ class FakeDriver:
         return (0,)
 
 
+_GL_ENUMS = {  # the values of GL's headers the doubles tell apart (any other constant reads as 0)
+    "GL_TEXTURE_WIDTH": 0x1000,
+    "GL_TEXTURE_HEIGHT": 0x1001,
+    "GL_TEXTURE_INTERNAL_FORMAT": 0x1003,
+    "GL_FRAMEBUFFER_COMPLETE": 0x8CD5,
+}
+
+
 class FakeGL:
     """What the owners call of GL: names handed out (``made``), names deleted (``deleted``), and
     every call by name (``calls``)."""
@@ -209,6 +327,8 @@ class FakeGL:
         self.deleted: list[tuple[str, int]] = []
         self.calls: list[str] = []
         self._next = 100
+        self._bound: dict[str, int] = {}  # kind -> the name bound now (targets are not told apart)
+        self._storage: dict[int, Any] = {}  # buffer -> bytes, texture -> (width, height, internal format)
 
     def make(self, kind: str) -> int:
         self._next += 1
@@ -219,10 +339,34 @@ class FakeGL:
         for i in range(n):
             names[i] = self.make(kind)
 
+    def _alive(self, kind: str, name: int) -> bool:
+        return (kind, int(name)) in self.made and (kind, int(name)) not in self.deleted
+
+    def _texture_level(self, pname: int) -> int:
+        w, h, internal = self._storage[self._bound["texture"]]
+        return {_GL_ENUMS["GL_TEXTURE_WIDTH"]: w, _GL_ENUMS["GL_TEXTURE_HEIGHT"]: h}.get(pname, internal)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("GL_"):
-            return 0
+            return _GL_ENUMS.get(name, 0)
         handlers = {
+            "glGenBuffers": lambda n: self.make("buffer"),
+            "glGenFramebuffers": lambda n: self.make("framebuffer"),
+            "glGenRenderbuffers": lambda n: [self.make("renderbuffer") for _ in range(n)],
+            "glBindBuffer": lambda target, name: self._bound.__setitem__("buffer", name),
+            "glBindTexture": lambda target, name: self._bound.__setitem__("texture", name),
+            "glBufferData": lambda target, size, data, usage: self._storage.__setitem__(self._bound["buffer"], size),
+            "glTexImage2D": lambda target, level, internal, w, h, *rest: self._storage.__setitem__(
+                self._bound["texture"], (w, h, internal)
+            ),
+            "glIsBuffer": lambda name: self._alive("buffer", name),
+            "glIsTexture": lambda name: self._alive("texture", name),
+            "glGetBufferParameteriv": lambda target, pname: self._storage[self._bound["buffer"]],
+            "glGetTexLevelParameteriv": lambda target, level, pname: self._texture_level(pname),
+            "glCheckFramebufferStatus": lambda target: _GL_ENUMS["GL_FRAMEBUFFER_COMPLETE"],
+            "glGetString": lambda what: b"fake GL",
+            "glDeleteFramebuffers": lambda n, names: self._gone("framebuffer", list(names)[:n]),
+            "glDeleteRenderbuffers": lambda n, names: self._gone("renderbuffer", list(names)[:n]),
             "glGenQueries": lambda n, names: self._fill("query", n, names),
             "glCreateBuffers": lambda n, names: self._fill("buffer", n, names),
             "glCreateMemoryObjectsEXT": lambda n, names: self._fill("memory", n, names),
@@ -253,25 +397,101 @@ class FakeGL:
         return getattr(self, name)
 
 
+class FakeEGL:
+    """What ``EglContext`` calls of PyOpenGL's EGL: displays initialised (``initialized``), contexts
+    made and not destroyed (``contexts``), the context current on each thread (``current``), and every
+    call by name (``calls``). Each double has a display of its own (EglContext counts its users)."""
+
+    EGLint = ctypes.c_int32
+    EGLConfig = ctypes.c_void_p
+    _displays = itertools.count(0xD10)
+
+    def __init__(self) -> None:
+        self.display = ctypes.c_void_p(next(self._displays))
+        self.initialized: set[int] = set()
+        self.contexts: set[int] = set()
+        self.current: dict[int, int] = {}
+        self.calls: list[str] = []
+        self._next = 0xE000
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("egl"):
+            object.__getattribute__(self, "calls").append(name)
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str) -> int:
+        if name.startswith("EGL_"):
+            return 0  # attributes and tokens (EGL_NO_CONTEXT and EGL_DEFAULT_DISPLAY are 0 in EGL's headers too)
+        raise AttributeError(name)
+
+    def eglGetDisplay(self, which: int) -> Any:
+        return self.display
+
+    def eglInitialize(self, display: Any, major: Any, minor: Any) -> bool:
+        self.initialized.add(display.value)
+        return True
+
+    def eglTerminate(self, display: Any) -> bool:
+        self.initialized.discard(display.value)
+        self.contexts.clear()  # terminating a display releases its contexts (when no longer current)
+        return True
+
+    def eglChooseConfig(self, display: Any, attrs: Any, config: Any, size: int, n: Any) -> bool:
+        n.contents.value = 1
+        return True
+
+    def eglBindAPI(self, api: int) -> bool:
+        return True
+
+    def eglCreateContext(self, display: Any, config: Any, share: Any, attrs: Any) -> int:
+        self._next += 1
+        self.contexts.add(self._next)
+        return self._next
+
+    def eglDestroyContext(self, display: Any, context: int) -> bool:
+        assert context in self.contexts, f"EGL context {context:#x} destroyed twice or never made"
+        self.contexts.discard(context)
+        return True
+
+    def eglMakeCurrent(self, display: Any, draw: Any, read: Any, context: int) -> bool:
+        self.current[threading.get_ident()] = context
+        return True
+
+    def eglGetError(self) -> int:
+        return 0x3000  # EGL_SUCCESS
+
+
 @dataclass
 class Doubles:
     driver: FakeDriver
     gl: FakeGL
+    egl: FakeEGL
 
     def balanced(self) -> bool:
-        """Every driver handle and GL name made was given back exactly once."""
-        return not self.driver.live and sorted(self.gl.made) == sorted(self.gl.deleted)
+        """Every driver handle, GL name and EGL object made was given back exactly once."""
+        gl_ok = sorted(self.gl.made) == sorted(self.gl.deleted)
+        return not self.driver.live and gl_ok and not self.egl.contexts and not self.egl.initialized
 
 
 @pytest.fixture
 def doubles(monkeypatch: pytest.MonkeyPatch) -> Doubles:
-    from cudapatch.interop import imported, render, surface
+    import OpenGL
 
-    d, g = FakeDriver(), FakeGL()
+    from cudapatch.interop import _platform, context, imported, render, shared, surface
+
+    d, g, e = FakeDriver(), FakeGL(), FakeEGL()
     monkeypatch.setattr(_driver, "_driver", d)
-    for mod in (imported, render):
+    for mod in (imported, render, shared, context):
         monkeypatch.setattr(mod, "gl", lambda: g)
         monkeypatch.setattr(mod, "check_gl", lambda what: None)
+    # EglContext on the EGL double: PyOpenGL's EGL module is the double, without the device extensions
+    # (EglContext then asks for the default display, as on an EGL without them)
+    monkeypatch.setattr(_platform, "HAS_EGL", True)
+    monkeypatch.setattr(context, "pyopengl_platform", lambda: "egl")
+    monkeypatch.setattr(OpenGL, "EGL", e, raising=False)
+    monkeypatch.setitem(sys.modules, "OpenGL.EGL", e)
+    for ext in ("device_enumeration", "device_query", "platform_base", "platform_device"):
+        monkeypatch.setitem(sys.modules, f"OpenGL.EGL.EXT.{ext}", None)  # an import of it fails
     monkeypatch.setattr(imported, "gl_function", g.function)
     monkeypatch.setattr(render, "_program", lambda vs, fs, what: g.make("program"))
     monkeypatch.setattr(render, "compile_program", lambda stages, what: g.make("program"))
@@ -283,19 +503,25 @@ def doubles(monkeypatch: pytest.MonkeyPatch) -> Doubles:
             setattr(ext, fn, getattr(g, fn))
         ext.GL_HANDLE_TYPE_OPAQUE_FD_EXT = 0x9586
         monkeypatch.setitem(sys.modules, f"OpenGL.GL.EXT.{name}", ext)
-    return Doubles(d, g)
+    return Doubles(d, g, e)
 
 
 # -- the owners ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
-    """One owner: how to make it, one use that must fail once it is closed (None: the class has no
-    closed check yet), whether it holds GL names, and whether it has a warning finalizer."""
+    """One owner: how to make it, one use that must fail once it is closed, whether it is a GL owner
+    (its closed error is an ``InteropError``), and its finalizer: ``"warns"`` (releases what it can and
+    warns), ``"quiet"`` (releases, no warning: a part its engine always closes) or None (none: its
+    engine closes it). ``leaks_gl``: an unclosed one leaves GL names to its GL context (default: ``gl``)."""
 
     make: Callable[[pytest.MonkeyPatch], Any]
-    use: Callable[[Any], Any] | None
+    use: Callable[[Any], Any]
     gl: bool = False
-    warns: bool = True
+    finalizer: str | None = "warns"
+    leaks_gl: bool | None = None
+    #: Frees what the owner gave back to another owner (a GpuBuffer's block goes back to its pool,
+    #: whose ``trim`` frees it), before the test counts the driver's live handles.
+    settle: Callable[[Any], Any] = lambda owner: None
 
 
 def _readback(mp: pytest.MonkeyPatch) -> Any:
@@ -366,6 +592,67 @@ def _library_handles(mp: pytest.MonkeyPatch) -> Any:
     return LibraryHandles(types.SimpleNamespace(compute_capability=(9, 0)), pool=None)
 
 
+def _device_context(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.engine import DeviceContext
+
+    return DeviceContext(0)
+
+
+# What a graph uses of its engine's device (the device itself is the DeviceContext case).
+_ENGINE_DEVICE = types.SimpleNamespace(make_current=lambda: None, stream=0, upload_stream=None, context=0xC0)
+
+
+def _compiled_graph(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.engine import BufferPool, Context, compile_plan, realize
+
+    plan = compile_plan(Context().snapshot())  # no block: the graph and its executable, nothing else
+    g = realize(plan, device=_ENGINE_DEVICE, pool=BufferPool(), functions={}, bindings={})
+    g.adopt(None)
+    return g
+
+
+def _gpu_buffer(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.engine import BufferPool, GpuBuffer
+    from cudapatch.kernels.types import DType
+
+    return GpuBuffer(BufferPool(), DType.FLOAT32, 100, stream=0)
+
+
+_TRANSFER_ENGINE = types.SimpleNamespace(bind=lambda block, port, view: None)  # what a ring asks of its engine
+
+
+def _upload_ring(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.blocks.library.transfer import Upload
+    from cudapatch.engine import UploadRing
+
+    return UploadRing(_TRANSFER_ENGINE, Upload(name="up", Count=16))
+
+
+def _download_ring(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.blocks.library.transfer import Download
+    from cudapatch.engine import DownloadRing
+
+    return DownloadRing(_TRANSFER_ENGINE, Download(name="down"), count=16)
+
+
+def _shared_buffer(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.interop import SharedBuffer
+
+    return SharedBuffer.create(4096, label="b")  # a GL buffer of its own, registered
+
+
+def _shared_texture(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.interop import SharedTexture2D
+
+    return SharedTexture2D.create(32, 16, format="rgba8", label="t")
+
+
+def _egl_context(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.interop import EglContext
+
+    return EglContext(64, 32)
+
+
 _IMAGE = types.SimpleNamespace(descriptor=types.SimpleNamespace(entry_point="k"), key="k", debug_name="k.ptx")
 _VIEW = [[1.0] * 4] * 4
 
@@ -377,13 +664,23 @@ CASES = {
     "ImportedImage": Case(_imported_image, lambda i: i.front(), gl=True),
     "PointRenderer": Case(_point_renderer, lambda r: r.draw(_VIEW, 100), gl=True),
     "TextureRenderer": Case(_texture_renderer, lambda r: r.draw(3), gl=True),
-    # Closed by their engine; no warning finalizer yet (see the table in cudapatch/_lifecycle.py).
-    "BufferPool": Case(_buffer_pool, lambda p: p.acquire(16), warns=False),
-    "ModuleCache": Case(_module_cache, lambda c: c.function(_IMAGE), warns=False),
-    "LibraryHandles": Case(_library_handles, None, warns=False),
+    "UploadRing": Case(_upload_ring, lambda r: r.write(np.zeros(16, np.float32))),
+    "DownloadRing": Case(_download_ring, lambda r: r.read()),
+    "SharedBuffer": Case(_shared_buffer, lambda b: b.map(stream=0), gl=True),
+    "SharedTexture2D": Case(_shared_texture, lambda t: t.map(stream=0), gl=True),
+    # Its finalizer destroys the EGL context (EGL is thread-safe) and with it the framebuffer's names.
+    "EglContext": Case(_egl_context, lambda c: c.make_current(), gl=True, leaks_gl=False),
+    # The root of an engine's handles: an unclosed engine warns once, from here.
+    "DeviceContext": Case(_device_context, lambda d: d.mem_info()),
+    # Parts an engine always closes (or abandons), see the table in cudapatch/_lifecycle.py.
+    "CompiledGraph": Case(_compiled_graph, lambda g: g.replay(0), finalizer="quiet"),
+    "GpuBuffer": Case(_gpu_buffer, lambda b: b.download(), finalizer="quiet", settle=lambda b: b._pool.trim()),
+    "BufferPool": Case(_buffer_pool, lambda p: p.acquire(16), finalizer=None),
+    "ModuleCache": Case(_module_cache, lambda c: c.function(_IMAGE), finalizer=None),
+    "LibraryHandles": Case(_library_handles, lambda h: h.scope((1, 0)), finalizer=None),
 }
-FINALIZED = [k for k, c in CASES.items() if c.warns]
-CHECKED = [k for k, c in CASES.items() if c.use is not None]  # LibraryHandles has no closed check yet
+FINALIZED = [k for k, c in CASES.items() if c.finalizer == "warns"]
+QUIET = [k for k, c in CASES.items() if c.finalizer == "quiet"]
 owners = pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 
 
@@ -397,24 +694,26 @@ def test_an_owner_follows_the_protocol_and_closes_once(case: str, doubles: Doubl
     assert doubles.driver.live or doubles.gl.made or case in ("ModuleCache", "LibraryHandles")
     owner.close()
     assert owner.is_closed and "closed=True" in repr(owner)
-    assert doubles.balanced(), (doubles.driver.live, doubles.gl.made, doubles.gl.deleted)
+    c.settle(owner)
+    assert doubles.balanced(), (doubles.driver.live, doubles.gl.made, doubles.gl.deleted, doubles.egl.contexts)
     calls = len(doubles.driver.calls), len(doubles.gl.calls)
     owner.close()  # idempotent: nothing more is released
     assert (len(doubles.driver.calls), len(doubles.gl.calls)) == calls
 
 
-@pytest.mark.parametrize("case", CHECKED, ids=CHECKED)
+@owners
 def test_using_a_closed_owner_raises_a_cudapatch_error(case: str, doubles: Doubles, monkeypatch) -> None:
     c = CASES[case]
     owner = c.make(monkeypatch)
     owner.close()
     calls = len(doubles.driver.calls), len(doubles.gl.calls)
-    with pytest.raises(CudapatchError, match="closed"):
-        c.use(owner)  # type: ignore[misc]
+    with pytest.raises(CudapatchError, match="closed") as info:
+        c.use(owner)
+    assert case in str(info.value) or getattr(owner, "label", "\0") in str(info.value)  # names the owner
     assert (len(doubles.driver.calls), len(doubles.gl.calls)) == calls  # refused before any call
     if c.gl:
         with pytest.raises(InteropError):
-            c.use(owner)  # type: ignore[misc]
+            c.use(owner)
 
 
 @owners
@@ -422,9 +721,11 @@ def test_an_owner_is_a_context_manager_that_closes_on_exception(case: str, doubl
     c = CASES[case]
     with c.make(monkeypatch) as owner:
         assert not owner.is_closed
+    c.settle(owner)
     assert owner.is_closed and doubles.balanced()
     with pytest.raises(RuntimeError, match="boom"), c.make(monkeypatch) as other:
         raise RuntimeError("boom")
+    c.settle(other)
     assert other.is_closed and doubles.balanced()
 
 
@@ -453,10 +754,27 @@ def test_an_unclosed_owner_warns_from_its_finalizer(case: str, doubles: Doubles,
     assert any(str(w.message).startswith(f"unclosed {case}") for w in record)
     # Driver handles go back inside their (living) context; GL names are never touched off the GL thread.
     assert not doubles.driver.live and doubles.driver.pushed == 0
-    assert doubles.driver.released_pushed > 0 or case in ("ImportedImage", "PointRenderer", "TextureRenderer")
+    gl_only = ("ImportedImage", "PointRenderer", "TextureRenderer", "EglContext")  # no driver handle of their own
+    assert doubles.driver.released_pushed > 0 or case in gl_only
     assert len(doubles.gl.calls) == gl_calls and not doubles.gl.deleted
-    if c.gl:
+    if c.gl and c.leaks_gl is not False:
         assert any("GL names leak" in str(w.message) for w in record)
+
+
+@pytest.mark.parametrize("case", QUIET, ids=QUIET)
+def test_an_unclosed_engine_part_is_released_quietly_in_its_living_context(
+    case: str, doubles: Doubles, monkeypatch
+) -> None:
+    c = CASES[case]
+    owner = c.make(monkeypatch)
+    keep = owner._pool if case == "GpuBuffer" else None  # where a buffer's block goes back to
+    del owner
+    gc.collect()  # no warning (warnings are errors here): its engine's DeviceContext is the one that warns
+    if keep is not None:
+        assert keep.in_use_bytes == 0 and keep.idle_bytes > 0  # back in the pool, for its next user
+        keep.close()
+    assert not doubles.driver.live and doubles.driver.pushed == 0
+    assert doubles.driver.released_pushed > 0 or case == "GpuBuffer"  # a buffer's finalizer makes no driver call
 
 
 # -- the finalizer policy in detail ----------------------------------------------------------------
@@ -478,8 +796,9 @@ def test_a_finalizer_forgets_the_handles_of_a_destroyed_context(doubles: Doubles
     assert sorted(doubles.driver.live.values()) == ["module", "surface"]
 
 
-def test_gl_owners_refuse_to_close_off_their_thread(doubles: Doubles, monkeypatch) -> None:
-    renderer = _point_renderer(monkeypatch)
+@pytest.mark.parametrize("case", ["PointRenderer", "SharedBuffer", "SharedTexture2D"])
+def test_gl_owners_refuse_to_close_off_their_thread(case: str, doubles: Doubles, monkeypatch) -> None:
+    renderer = CASES[case].make(monkeypatch)
     errors: list[BaseException] = []
 
     def close_elsewhere() -> None:
@@ -495,6 +814,77 @@ def test_gl_owners_refuse_to_close_off_their_thread(doubles: Doubles, monkeypatc
     assert not renderer.is_closed and not doubles.gl.deleted  # still open, nothing deleted from there
     renderer.close()
     assert doubles.balanced()
+
+
+def test_a_registration_of_a_gl_object_made_elsewhere_closes_on_any_thread(doubles: Doubles, monkeypatch) -> None:
+    from cudapatch.interop import SharedBuffer
+
+    gl = doubles.gl
+    name = gl.glGenBuffers(1)
+    gl.glBindBuffer(0, name)
+    gl.glBufferData(0, 256, None, 0)
+    shared = SharedBuffer.from_gl_buffer(name, label="theirs")
+    t = threading.Thread(target=shared.close)  # no GL name of its own: unregistering makes no GL call
+    t.start()
+    t.join()
+    assert shared.is_closed and not doubles.driver.live and not gl.deleted  # the GL buffer stays its maker's
+
+
+def test_a_reset_device_gives_back_its_new_streams_and_forgets_what_died(doubles: Doubles, monkeypatch) -> None:
+    dev = _device_context(monkeypatch)
+    graph = _compiled_graph(monkeypatch)  # made in the context before the reset
+    dev.reset()
+    assert dev.resets == 1 and not dev.is_closed
+    calls = len(doubles.driver.calls)
+    del graph
+    gc.collect()  # its quiet finalizer forgets the graphs of the reset context: no call for them
+    assert not any(c.startswith("cuGraph") for c in doubles.driver.calls[calls:])
+    assert sorted(doubles.driver.live.values()) == ["retain", "stream", "stream"]
+    with pytest.warns(ResourceWarning, match="unclosed DeviceContext 0 .*released by its finalizer"):
+        del dev
+        gc.collect()
+    assert not doubles.driver.live  # the new streams and the one retain, not the old streams again
+
+
+def test_a_closed_graph_says_so_where_the_frame_path_checks_nothing(doubles: Doubles, monkeypatch) -> None:
+    graph = _compiled_graph(monkeypatch)
+    graph.launch(0)
+    graph.close()
+    with pytest.raises(CudapatchError, match="CompiledGraph.launch: CompiledGraph is closed") as info:
+        graph.launch(0)  # the driver refused the launch; only then is the graph asked
+    assert not isinstance(info.value, CudaError)
+
+
+def test_a_buffer_is_closed_with_its_pool_and_a_view_with_its_buffer(doubles: Doubles) -> None:
+    from cudapatch.engine import BufferPool, GpuBuffer
+    from cudapatch.kernels.types import DType
+
+    pool = BufferPool()
+    buf = GpuBuffer(pool, DType.FLOAT32, 64, stream=0)
+    view = buf.view(DType.UINT8, 16)
+    other = GpuBuffer(pool, DType.FLOAT32, 64, stream=0)
+    buf.close()
+    assert view.is_closed and "closed=True" in repr(view) and not other.is_closed
+    with pytest.raises(CudapatchError, match="GpuBuffer.fill_bytes: GpuBuffer uchar\\[16\\] is closed"):
+        view.fill_bytes(0)
+    pool.close()  # frees the block ``other`` still holds
+    assert other.is_closed and not doubles.driver.live
+    with pytest.raises(CudapatchError, match="closed"):
+        other.__cuda_array_interface__  # noqa: B018
+    other.close()  # nothing left to give back
+
+
+def test_an_unclosed_egl_context_is_destroyed_without_a_gl_call(doubles: Doubles, monkeypatch) -> None:
+    ctx = _egl_context(monkeypatch)
+    other = _egl_context(monkeypatch)  # the same display: it stays initialised for this one
+    gl_calls = len(doubles.gl.calls)
+    with pytest.warns(ResourceWarning, match="unclosed EglContext 64x32"):
+        del ctx
+        gc.collect()
+    assert len(doubles.egl.contexts) == 1 and doubles.egl.initialized
+    assert len(doubles.gl.calls) == gl_calls  # the framebuffer's names went with the context
+    other.close()
+    assert not doubles.egl.contexts and not doubles.egl.initialized
 
 
 def test_a_failed_constructor_leaves_nothing_behind(doubles: Doubles, monkeypatch) -> None:
