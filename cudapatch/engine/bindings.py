@@ -174,7 +174,11 @@ def device_binding(
     except (TypeError, ValueError, RuntimeError, BufferError) as exc:  # torch: bfloat16 has no typestr
         refused = exc
     else:
-        return binding_from_cai(array, want, block, port, cai=cai)
+        typestr = cai["typestr"]
+        if not typestr.startswith("|V"):
+            return binding_from_cai(array, want, block, port, cai=cai)
+        # An opaque element type ("|V2": the PyTorch on the H100 host exports bfloat16 so): DLPack names it.
+        refused = TypeError(f"__cuda_array_interface__ gives the opaque type '{typestr}'")
     device = dlpack_device(array)
     if device in (None, DLPACK_CPU, DLPACK_CUDA_HOST):  # pinned host memory is copied like host arrays
         if refused is not None:

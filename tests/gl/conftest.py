@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ..gpu.conftest import engine  # noqa: F401 - the GPU suite's engine fixture, shared
+from ..gpu.conftest import engine, rng  # noqa: F401 - the GPU suite's fixtures, shared
 
 
 @pytest.fixture
