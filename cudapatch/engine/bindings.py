@@ -175,9 +175,10 @@ def device_binding(
         refused = exc
     else:
         typestr = cai["typestr"]
-        if not typestr.startswith("|V"):
+        if typestr[1:2] != "V":
             return binding_from_cai(array, want, block, port, cai=cai)
-        # An opaque element type ("|V2": the PyTorch on the H100 host exports bfloat16 so): DLPack names it.
+        # An opaque element type ("<V2": the PyTorch on the H100 host exports bfloat16 so; NumPy reads it
+        # as "|V2"): DLPack names the type.
         refused = TypeError(f"__cuda_array_interface__ gives the opaque type '{typestr}'")
     device = dlpack_device(array)
     if device in (None, DLPACK_CPU, DLPACK_CUDA_HOST):  # pinned host memory is copied like host arrays

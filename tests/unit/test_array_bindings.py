@@ -274,14 +274,17 @@ def test_a_real_torch_bfloat16_cpu_tensor_reads_as_its_bits() -> None:
 
 
 def test_a_bfloat16_tensor_whose_array_interface_gives_an_opaque_type_binds_through_dlpack() -> None:
-    """The PyTorch on the H100 host exports a bfloat16 tensor's ``__cuda_array_interface__`` with the
-    typestr ``|V2`` (two opaque bytes) instead of refusing it: DLPack names the type."""
+    """The PyTorch on the H100 host exports a bfloat16 tensor's ``__cuda_array_interface__`` with an
+    opaque typestr (two bytes, ``V2``) instead of refusing it: DLPack names the type."""
 
     class Opaque(_Tensor):
         @property
         def __cuda_array_interface__(self) -> dict:
-            return {"shape": (48,), "typestr": "|V2", "data": (0x5000_0000, False), "version": 3}
+            return {"shape": (48,), "typestr": self.typestr, "data": (0x5000_0000, False), "version": 3}
 
     bits = bfloat16_bits(np.linspace(-2.0, 2.0, 48))
-    b = device_binding(Opaque(bits, "bfloat", 16, ptr=0x5000_0000), DType.BFLOAT16, "blk", "In", stream=0x1234)
-    assert b is not None and (b.ptr, b.count, b.dtype) == (0x5000_0000, 48, DType.BFLOAT16)
+    for typestr in ("<V2", "|V2"):
+        t = Opaque(bits, "bfloat", 16, ptr=0x5000_0000)
+        t.typestr = typestr
+        b = device_binding(t, DType.BFLOAT16, "blk", "In", stream=0x1234)
+        assert b is not None and (b.ptr, b.count, b.dtype) == (0x5000_0000, 48, DType.BFLOAT16)
