@@ -357,7 +357,9 @@ class GlBridge:
         mapped here), or None while the block is not running."""
         if self._by_copy:
             try:
-                return self.engine.output(block, port)
+                # No pipe reading here (a frame hook runs inside update(): a restart the pipe holds is
+                # taken at the start of the next one), and no keep (the preview keeps what it shows).
+                return self.engine.output(block, port, keep=False, poll=False)
             except CudaError:  # mapping the child's memory failed: say so, every frame
                 raise
             except CudapatchError:  # not running in the child (yet), or kept from the next frame on

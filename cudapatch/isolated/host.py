@@ -744,14 +744,16 @@ class IsolatedEngine:
         """
         self.context.keep(block, port, keep)
 
-    def output(self, block: Block, port: str, *, keep: bool = True) -> Any:
+    def output(self, block: Block, port: str, *, keep: bool = True, poll: bool = True) -> Any:
         """The child's buffer of an output, mapped here with no copy (valid until the next rebuild, or a
         Warm edit that moves or resizes it, as ``Engine.output``'s buffer is). A
         value inside a FrameDelay loop lives in two buffers that swap every frame: this is the one the
         frame sent last writes (take it again each frame), as ``Engine.output``.
         The child never shares output buffers; ``keep`` (as ``Engine.output``) keeps the output out of
         fused groups: one the child's running graph computes inside a fused kernel raises once and is
-        held in a buffer from the next ``update()`` on.
+        held in a buffer from the next ``update()`` on. ``poll=False`` does not read the child's pipe
+        for outputs not known yet (a frame hook inside ``update()``: what the pipe holds, a restart
+        among it, is taken at the start of the next ``update()``, not halfway through this one).
 
         Raises:
             CudapatchError: the block is not running in the child's graph (or the output is fused
@@ -762,7 +764,7 @@ class IsolatedEngine:
         if buf is not None:
             return self._of_frame(buf)
         h = self._handles.get(key)
-        if h is None:
+        if h is None and poll:
             self._poll()  # its newest outputs may be waiting in the pipe
             h = self._handles.get(key)
         if keep and block.description.output(port) is not None:

@@ -341,6 +341,21 @@ def test_outputs_map_once_and_are_dropped_when_the_child_rebuilds(iso):
         iso.output(s, "Out")
 
 
+def test_an_output_asked_for_without_polling_leaves_the_pipe_to_the_next_update(iso):
+    """A frame hook (the GL bridge) asks for outputs inside ``update()``: with ``poll=False`` what the
+    child sent meanwhile (new outputs, a restart) waits for the next ``update()`` instead of being taken
+    halfway through this one (taking new outputs synchronizes the host's stream)."""
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}, True))
+    with pytest.raises(CudapatchError, match="not running"):
+        iso.output(s, "Out", keep=False, poll=False)
+    assert child.inbox and ("import", 128) not in iso.gpu.calls  # the pipe was not read
+    iso.update()
+    assert iso.output(s, "Out", keep=False, poll=False) == ("mapped", 128)
+
+
 def test_a_warm_patch_remaps_only_the_outputs_it_moved_or_resized(iso):
     """Outputs sent again after a Warm patch (``replaced`` False): the output whose buffer grew is mapped
     anew (its shape too), after the host's reads end, and only the allocation nothing uses any more is
