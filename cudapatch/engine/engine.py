@@ -113,6 +113,9 @@ class Engine(PatchEditing, EngineResults):
         CudaError: another driver call failed.
     """
 
+    #: The graph runs in this process (an ``IsolatedEngine``'s runs in a child: GL interop copies).
+    graph_in_child = False
+
     def __new__(cls, *args: Any, isolated: bool = False, **kwargs: Any) -> Any:
         # ``isolated=True``: the same API with the engine in a child process (``cudapatch.isolated``);
         # Python does not call ``__init__`` on what is returned here, which is no Engine.

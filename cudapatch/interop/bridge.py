@@ -76,7 +76,7 @@ class GlBridge:
         # An isolated engine's graph runs in its child process, which cannot reach this process's GL
         # memory: its outputs are copied in after each frame, on the host's stream (ordered after the
         # child's frame), from the child's buffers mapped here (``engine.output``).
-        self._by_copy = _isolated(engine)
+        self._by_copy = bool(getattr(engine, "graph_in_child", False))
         engine.add_frame_hook(self)
 
     # -- wiring (not on the frame path) ------------------------------------------------------------
@@ -386,10 +386,3 @@ class GlBridge:
     def __repr__(self) -> str:
         n = len(self._outputs) + len(self._textures) + len(self._inputs) + len(self._texture_inputs) + len(self._rings)
         return f"<GlBridge links={n} closed={self._closed}>"
-
-
-def _isolated(engine: Any) -> bool:
-    """Whether ``engine`` runs its graph in a child process (``Engine(isolated=True)``)."""
-    from ..isolated import IsolatedEngine
-
-    return isinstance(engine, IsolatedEngine)

@@ -286,6 +286,9 @@ class IsolatedEngine:
         CudaUnavailableError: no driver or device (host side).
     """
 
+    #: The graph runs in the child process: this process's GL memory is out of its reach.
+    graph_in_child = True
+
     def __init__(
         self,
         device: int = 0,

@@ -677,3 +677,11 @@ def test_an_output_the_child_holds_in_no_buffer_is_kept_from_the_next_update(iso
     assert iso._dirty.structure  # the next update sends the keep; the child rebuilds with s.Out in a buffer
     iso.update()
     assert SetKept(frozenset({(s.id, "Out"), (t.id, "Out")})) in child.sent[-2][1]
+
+
+def test_an_isolated_engine_says_its_graph_runs_in_the_child():
+    """What the GL bridge reads to copy outputs after each frame instead of writing them in the graph."""
+    from cudapatch import Engine
+    from cudapatch.isolated import IsolatedEngine
+
+    assert IsolatedEngine.graph_in_child and not Engine.graph_in_child
