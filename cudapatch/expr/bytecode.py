@@ -191,7 +191,6 @@ def interpreter_cuda(n_inputs: int, n_scalars: int, lanes: tuple[int, ...] = ())
     params += [f"float s{s}" for s in range(n_scalars)]
     params.append("unsigned int n")
     marker = ", ".join(f"0x{w:08X}u" for w in MARKER)
-    cases = "\n".join(f"            case {code}: {stmt} break;" for code, _, stmt in OPS.values())
     loads = "\n".join(
         f"    r[cp_program[5 + {i}]] = __float_as_uint(in{i}[min(i, in{i}_count - 1u)]);" for i in range(n_inputs)
     )
@@ -208,20 +207,7 @@ extern "C" __global__ void expression({", ".join(params)})
     r[cp_program[3]] = n;
 {loads}
 {scalars}
-    const unsigned int constants = cp_program[1];
-    unsigned int at = 5 + {n_inputs + n_scalars};
-    for (unsigned int k = 0; k < constants; ++k, at += 2) r[cp_program[at]] = cp_program[at + 1];
-    const unsigned int count = cp_program[0];
-    for (unsigned int k = 0; k < count; ++k, at += 5) {{
-        const unsigned int a = r[cp_program[at + 2]], b = r[cp_program[at + 3]], c = r[cp_program[at + 4]];
-        const float fa = __uint_as_float(a), fb = __uint_as_float(b), fc = __uint_as_float(c);
-        unsigned int v = 0;
-        switch (cp_program[at]) {{
-{cases}
-            default: break;
-        }}
-        r[cp_program[at + 1]] = v;
-    }}
+{_run_program(n_inputs + n_scalars, "    ")}
     out0[i] = __uint_as_float(r[cp_program[4]]);
 }}
 """
@@ -239,7 +225,6 @@ def _vector_interpreter_cuda(n_inputs: int, n_scalars: int, lanes: tuple[int, ..
     params += [f"float s{s}" for s in range(n_scalars)]
     params.append("unsigned int n")
     marker = ", ".join(f"0x{w:08X}u" for w in MARKER)
-    cases = "\n".join(f"                case {code}: {stmt} break;" for code, _, stmt in OPS.values())
     reads = []
     for i, li in enumerate(lanes):
         reads.append(f"    const {vec[li]} e{i} = in{i}[min(i, in{i}_count - 1u)];")
@@ -266,25 +251,34 @@ extern "C" __global__ void expression({", ".join(params)})
         r[cp_program[3]] = n;
 {loads}
 {scalars}
-        const unsigned int constants = cp_program[1];
-        unsigned int at = 5 + {n_inputs + n_scalars};
-        for (unsigned int k = 0; k < constants; ++k, at += 2) r[cp_program[at]] = cp_program[at + 1];
-        const unsigned int count = cp_program[0];
-        for (unsigned int k = 0; k < count; ++k, at += 5) {{
-            const unsigned int a = r[cp_program[at + 2]], b = r[cp_program[at + 3]], c = r[cp_program[at + 4]];
-            const float fa = __uint_as_float(a), fb = __uint_as_float(b), fc = __uint_as_float(c);
-            unsigned int v = 0;
-            switch (cp_program[at]) {{
-{cases}
-                default: break;
-            }}
-            r[cp_program[at + 1]] = v;
-        }}
+{_run_program(n_inputs + n_scalars, "        ")}
         res[lane] = __uint_as_float(r[cp_program[4]]);
     }}
     out0[i] = {store};
 }}
 """
+
+
+def _run_program(first_constant_slot: int, indent: str) -> str:
+    """The interpreter's loop over ``cp_program`` (its constants into their slots, then each
+    instruction), as CUDA C++ lines indented by ``indent``: the same in both interpreters."""
+    lines = [
+        "const unsigned int constants = cp_program[1];",
+        f"unsigned int at = 5 + {first_constant_slot};",
+        "for (unsigned int k = 0; k < constants; ++k, at += 2) r[cp_program[at]] = cp_program[at + 1];",
+        "const unsigned int count = cp_program[0];",
+        "for (unsigned int k = 0; k < count; ++k, at += 5) {",
+        "    const unsigned int a = r[cp_program[at + 2]], b = r[cp_program[at + 3]], c = r[cp_program[at + 4]];",
+        "    const float fa = __uint_as_float(a), fb = __uint_as_float(b), fc = __uint_as_float(c);",
+        "    unsigned int v = 0;",
+        "    switch (cp_program[at]) {",
+        *(f"        case {code}: {stmt} break;" for code, _, stmt in OPS.values()),
+        "        default: break;",
+        "    }",
+        "    r[cp_program[at + 1]] = v;",
+        "}",
+    ]
+    return "\n".join(indent + line for line in lines)
 
 
 _MARKER_BYTES = struct.pack(f"<{len(MARKER)}I", *MARKER)

@@ -299,13 +299,13 @@ def _vector_lanes(root: Node, lanes: Mapping[str, int], inputs: list[str]) -> di
             continue
         if n not in (2, 3, 4):
             raise ExpressionError(
-                f"input '{name}' has {n} lanes: vector inputs have 2, 3 or 4", column=_use(root, name)
+                f"input '{name}' has {n} lanes: vector inputs have 2, 3 or 4", column=first_use(root, name)
             )
         if first is not None and out[first] != n:
             raise ExpressionError(
                 f"input '{name}' has {n} lanes but '{first}' has {out[first]}: every vector input of one "
                 "expression has the same lanes",
-                column=_use(root, name),
+                column=first_use(root, name),
             )
         first = first or name
         out[name] = n
@@ -315,7 +315,7 @@ def _vector_lanes(root: Node, lanes: Mapping[str, int], inputs: list[str]) -> di
     return out
 
 
-def _use(root: Node, name: str) -> int | None:
+def first_use(root: Node, name: str) -> int | None:
     """The leftmost column where ``name`` appears in the tree, None where it does not."""
     best = None
     stack = [root]

@@ -37,11 +37,11 @@ from ..kernels.cache import cache_key
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelImage, KernelSource
 from .bytecode import INTERPRETERS, assemble, patch_program
+from .check import first_use
 from .cuda_gen import NVRTC_OPTIONS, generate_cuda
 from .errors import ExpressionError
 from .program import GENERATOR_VERSION, Program
 from .ptx_gen import ScalarLoads, generate_ptx
-from .syntax import Name, Node, children
 
 __all__ = ["Backend", "Jit", "ProgramSource", "BACKENDS", "QUICK_JIT_LEVEL"]
 
@@ -179,7 +179,7 @@ class ProgramSource(KernelSource):
             c = counts.get(name)
             if n is None or c is None or c in (n, 1):
                 continue
-            col = _first_use(program.stages[0].expr.root, name)
+            col = first_use(program.stages[0].expr.root, name)
             if col is None:  # a declared input the expression does not use: nothing reads it
                 continue
             return (
@@ -249,15 +249,3 @@ class ProgramSource(KernelSource):
         image = patch_program(cubin, code)
         key = hashlib.sha256(image).hexdigest()
         return KernelImage(self.describe(), image, "cubin", key, f"{self.name} (interpreted)", symbol=symbol)
-
-
-def _first_use(root: Node, name: str) -> int | None:
-    """The column where ``name`` first appears in the tree (leftmost), None where it does not."""
-    best = None
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Name) and node.id == name:
-            best = node.col if best is None else min(best, node.col)
-        stack.extend(children(node))
-    return best

@@ -21,7 +21,7 @@ call per frame.
 from __future__ import annotations
 
 from ..blocks.block import Block
-from ..blocks.builder import BlockBuilder
+from ..blocks.builder import BlockBuilder, KernelHandle
 from ..blocks.description import like
 from ..blocks.library.transfer import ELEMENT_TYPES
 from ..kernels.cuda_source import CudaSource
@@ -196,12 +196,7 @@ class GlSurfaceWriter(Block):
         texel = b.text("Texel", default="4", description="bytes per texel: 4 or 16", choices=("4", "16"))
         code = _typed(_SURFACE_SOURCE, dtype).replace("TEXEL", texel)
         k = b.add_kernel(CudaSource(code=code.replace("STORE", _STORES[int(texel)]), name=f"{self.name}.cu"))
-        b.input("In", k.in_(0))
-        k.set_count(1, like("In"))
-        b.scalar("Surface", k.in_(2), default=0)
-        b.scalar("Width", k.in_(3), default=1)
-        b.scalar("Height", k.in_(4), default=1)
-        k.auto_grid(like("In"))
+        _surface_ports(b, k)
 
 
 # One thread per texel: read the pixel's VALUES lanes, make each a float (formats._LANE_FLOATS), store
@@ -279,9 +274,15 @@ class GlConvertWriter(Block):
         except ValueError as exc:
             raise b.error(str(exc)) from None
         k = b.add_kernel(CudaSource(code=code, name=f"{self.name}.cu"))
-        b.input("In", k.in_(0))
-        k.set_count(1, like("In"))
-        b.scalar("Surface", k.in_(2), default=0)
-        b.scalar("Width", k.in_(3), default=1)
-        b.scalar("Height", k.in_(4), default=1)
-        k.auto_grid(like("In"))
+        _surface_ports(b, k)
+
+
+def _surface_ports(b: BlockBuilder, k: KernelHandle) -> None:
+    """The ports of a kernel ``(In, count, surface, width, height)`` that stores ``In`` into a surface:
+    one thread per element of ``In``."""
+    b.input("In", k.in_(0))
+    k.set_count(1, like("In"))
+    b.scalar("Surface", k.in_(2), default=0)
+    b.scalar("Width", k.in_(3), default=1)
+    b.scalar("Height", k.in_(4), default=1)
+    k.auto_grid(like("In"))
