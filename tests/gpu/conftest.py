@@ -11,6 +11,7 @@ import pytest
 from cudapatch import Block, BlockBuilder, CustomKernel, Engine, While
 from cudapatch.kernels import PtxFileSource
 from cudapatch.kernels._driver import check, driver
+from cudapatch.kernels.types import bfloat16_bits
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -137,3 +138,20 @@ class StreamMark:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng()
+
+
+def random_values(type_name: str, rng: np.random.Generator, n: int) -> np.ndarray:
+    """Fresh random data in the NumPy storage of element type ``type_name`` (``shape_blocks.COPY_TYPES``;
+    vector types: a last axis of lanes)."""
+    if type_name in ("char", "uchar", "short", "ushort"):
+        dt = {"char": np.int8, "uchar": np.uint8, "short": np.int16, "ushort": np.uint16}[type_name]
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dt)
+    if type_name == "half":
+        return rng.standard_normal(n).astype(np.float16)
+    if type_name == "bfloat16":
+        return bfloat16_bits(rng.standard_normal(n))
+    if type_name == "uchar4":
+        return rng.integers(0, 255, size=(n, 4), endpoint=True, dtype=np.uint8)
+    lanes = int(type_name[-1])
+    return rng.standard_normal((n, lanes)).astype(np.float32)

@@ -9,26 +9,12 @@ import pytest
 
 from cudapatch import Engine
 from cudapatch.errors import BindingError
-from cudapatch.kernels.types import bfloat16_bits
 from tests.unit.shape_blocks import Copy, NumbaLength3, NumbaRgbaInvert, NumbaSwizzle4
+
+from .conftest import random_values
 
 pytestmark = pytest.mark.gpu
 TYPES = ["char", "uchar", "short", "ushort", "half", "bfloat16", "float2", "float3", "float4", "uchar4"]
-
-
-def _data(type_name: str, rng: np.random.Generator, n: int) -> np.ndarray:
-    """Fresh random data in the NumPy storage of ``type_name`` (vector types: a last axis of lanes)."""
-    ints = {"char": np.int8, "uchar": np.uint8, "short": np.int16, "ushort": np.uint16}
-    if type_name in ints:
-        info = np.iinfo(ints[type_name])
-        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=ints[type_name])
-    if type_name == "half":
-        return rng.standard_normal(n).astype(np.float16)
-    if type_name == "bfloat16":
-        return bfloat16_bits(rng.standard_normal(n))
-    if type_name == "uchar4":
-        return rng.integers(0, 255, size=(n, 4), endpoint=True, dtype=np.uint8)
-    return rng.standard_normal((n, int(type_name[-1]))).astype(np.float32)
 
 
 def _round_trip(engine: Engine, block: Copy, array: object) -> bytes:
@@ -45,7 +31,7 @@ def test_cupy_arrays_of_each_type_bind_and_copy_bit_for_bit(
     engine: Engine, rng: np.random.Generator, type_name: str
 ) -> None:
     cp = pytest.importorskip("cupy")
-    data = _data(type_name, rng, 10_007)
+    data = random_values(type_name, rng, 10_007)
     c = engine.add(Copy(name="c", Type=type_name))
     device = cp.asarray(data)
     cp.cuda.get_current_stream().synchronize()
@@ -85,7 +71,7 @@ def test_torch_tensors_of_each_type_bind_and_copy_bit_for_bit(
     engine: Engine, rng: np.random.Generator, type_name: str
 ) -> None:
     torch = pytest.importorskip("torch")
-    data = _data(type_name, rng, 5_003)
+    data = random_values(type_name, rng, 5_003)
     t = torch.from_numpy(data).cuda()
     torch.cuda.synchronize()
     c = engine.add(Copy(name="c", Type=type_name))

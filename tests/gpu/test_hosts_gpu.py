@@ -86,10 +86,9 @@ def test_a_patch_files_bypassed_operators_apply_without_the_editor(tmp_path):
         assert np.allclose(more(), 1.5 + 1.0)
 
 
-def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
-    import cupy
-
-    td = TouchDesignerHost(engine=engine, plugins=PluginHost())
+def _fill_scale_top(td: TouchDesignerHost) -> tuple:
+    """Fill (64 x 32 x 4 values of 0.75) -> Scale as block COMPs, and an engine TOP showing the Scale's
+    output as a 64 x 32 RGBA float image: ``(fill, scale, shape, top, script TOP)``."""
     fill = BlockOperatorExt(COMP("/p/fill"), td, "core.Fill")
     scale = BlockOperatorExt(COMP("/p/scale"), td, "core.Scale")
     fill.ownerComp.par.Count.val = 64 * 32 * 4
@@ -99,8 +98,14 @@ def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
     scale.Link(fill, "Out", "In")
     shape = CUDAMemoryShape()
     shape.width, shape.height, shape.numComps, shape.dataType = 64, 32, 4, np.float32
-    top = EngineTOP(td, ("/p/scale", "Out"), shape)
-    op = scriptTOP("/p/engine")
+    return fill, scale, shape, EngineTOP(td, ("/p/scale", "Out"), shape), scriptTOP("/p/engine")
+
+
+def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
+    import cupy
+
+    td = TouchDesignerHost(engine=engine, plugins=PluginHost())
+    fill, scale, shape, top, op = _fill_scale_top(td)
     engine.wait_ready()
     for _ in range(2):
         top.onCook(op)
@@ -141,17 +146,7 @@ def test_touchdesigner_with_an_isolated_engine_shows_and_feeds_tops():
     try:
         engine = td.engine
         assert engine.graph is None  # nothing runs in this process
-        fill = BlockOperatorExt(COMP("/p/fill"), td, "core.Fill")
-        scale = BlockOperatorExt(COMP("/p/scale"), td, "core.Scale")
-        fill.ownerComp.par.Count.val = 64 * 32 * 4
-        fill.OnParValueChange(fill.ownerComp.par.Count, 1024)
-        fill.ownerComp.par.Value.val = 0.75
-        fill.OnParValueChange(fill.ownerComp.par.Value, 0.0)
-        scale.Link(fill, "Out", "In")
-        shape = CUDAMemoryShape()
-        shape.width, shape.height, shape.numComps, shape.dataType = 64, 32, 4, np.float32
-        top = EngineTOP(td, ("/p/scale", "Out"), shape)
-        op = scriptTOP("/p/engine")
+        fill, scale, shape, top, op = _fill_scale_top(td)
         engine.wait_ready()
         for _ in range(2):
             top.onCook(op)

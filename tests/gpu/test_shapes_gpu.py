@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from cudapatch import BlockState, Engine, Scale, Shape
-from cudapatch.kernels.types import bfloat16_bits
 from tests.unit.shape_blocks import Copy, Gain2D, NumbaCopy, NumbaGain2D, Ramp2D, Ramp3D, Transpose2D
+
+from .conftest import random_values
 
 pytestmark = pytest.mark.gpu
 SCENARIO = Path(__file__).with_name("short_input_scenario.py")
@@ -106,28 +107,12 @@ def test_cupy_and_torch_images_bind_with_their_shape(engine: Engine, rng: np.ran
 
 
 # -- element types ----------------------------------------------------------------------------------
-def _host_data(type_name: str, rng: np.random.Generator, n: int) -> np.ndarray:
-    """Fresh random data in the NumPy storage of each ``shape_blocks.COPY_TYPES`` type."""
-    if type_name in ("char", "uchar", "short", "ushort"):
-        dt = {"char": np.int8, "uchar": np.uint8, "short": np.int16, "ushort": np.uint16}[type_name]
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dt)
-    if type_name == "half":
-        return rng.standard_normal(n).astype(np.float16)
-    if type_name == "bfloat16":
-        return bfloat16_bits(rng.standard_normal(n))
-    if type_name == "uchar4":
-        return rng.integers(0, 255, size=(n, 4), endpoint=True, dtype=np.uint8)
-    lanes = int(type_name[-1])
-    return rng.standard_normal((n, lanes)).astype(np.float32)
-
-
 @pytest.mark.parametrize(
     "type_name", ["char", "uchar", "short", "ushort", "half", "bfloat16", "float2", "float3", "float4", "uchar4"]
 )
 def test_every_new_type_round_trips_through_cuda_cpp(engine: Engine, rng: np.random.Generator, type_name: str) -> None:
     n = 10_007
-    data = _host_data(type_name, rng, n)
+    data = random_values(type_name, rng, n)
     c = engine.add(Copy(name="c", Type=type_name))
     engine.bind(c, "In", data)
     engine.update()
