@@ -64,6 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"cudapatch: {_one_line(exc)}", file=sys.stderr)
         return 2
     host.disable_operators(resumed.get("disabled", {}))
+    if args.isolated and (args.frames is not None or args.out is not None):
+        # A count of frames, or frames written to files: each frame runs (the child is waited for, not
+        # skipped while it lags), so the picture at frame N is the patch's frame N as in process.
+        host.engine.drop_frames = False
     if resumed:
         # Measured on an H100 with driver 580 (benchmarks/probes/probe_after_fault.py): once a process has
         # faulted on a GPU, later processes' previews there can show nothing (CUDA results are right).

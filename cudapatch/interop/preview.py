@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..blocks.block import Block
-from ..errors import CudaLaunchError, InteropError
+from ..errors import CudaLaunchError, CudapatchError, InteropError
 from ._gl import gl
 from .bridge import GlBridge
 from .context import GlContext
@@ -177,6 +177,19 @@ class Preview:
             self.overlay.visible = overlay
         self._closed = False
 
+    def _points_before_first_launch(self) -> None:
+        """An isolated engine: build the child's graph and register the points buffer with CUDA before
+        the first frame runs any kernel. Measured on the H100 machine (driver 580): registering a GL
+        buffer in this process once a kernel in the child has faulted spins in
+        ``cuGraphicsGLRegisterBuffer`` for good (a patch whose new operator faults in its first frame
+        hung ``cudapatch run --isolated``); the buffer registered before stays usable."""
+        try:
+            self.engine.wait_ready()
+        except CudapatchError as exc:  # the child ended or did not answer: the frames say why
+            log.warning("preview: the engine process did not build its first graph: %s", exc)
+            return
+        self._sync_points()
+
     def _sync_points(self) -> None:
         """(Re)create the GL vertex buffer(s) when the points output appears or changes size."""
         block, port = self.points  # type: ignore[misc]
@@ -257,6 +270,8 @@ class Preview:
         ctx.make_current()
         if settle:
             self.engine.wait_ready()
+        if self.frames == 0 and self.points is not None and self.bridge.copies:
+            self._points_before_first_launch()
         rings = self._ring is not None or self._image is not None
         if settle and rings:
             gl().glFinish()  # GL is done with every buffer: this launch's copy request is not dropped

@@ -343,6 +343,11 @@ class IsolatedEngine:
         self.profiling = ProfilingLevel.NONE
         self.wait_for_compile = wait_for_compile
         self._frame = 0
+        #: True (a live host): while the child is ``MAX_FRAMES_AHEAD`` frames behind, ``update()`` drops
+        #: the frame (counted in ``counters.frames_dropped``) rather than wait. False (offline: frames
+        #: rendered to files, a fixed count of frames): ``update()`` waits until the child catches up,
+        #: so every frame runs, as it does in an engine in this process.
+        self.drop_frames = True
         self._frame_hooks: tuple[Any, ...] = ()
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
         self._child_busy = False  # the child's last word on ``building``
@@ -631,7 +636,7 @@ class IsolatedEngine:
 
         The host's stream (``engine.stream``) waits on the GPU for this frame, so host work queued
         there afterwards sees its outputs."""
-        child = self._poll()
+        child = self._poll() if self.drop_frames else self._wait_for_frames(MAX_FRAMES_AHEAD - 1)
         if child is None:  # lost: nothing launches any more, as a lost Engine
             self.counters.frames += 1
             return
@@ -734,9 +739,23 @@ class IsolatedEngine:
         self._poll()  # its outputs and diagnostics arrived before the reply
 
     def synchronize(self) -> None:
-        """Wait for every frame sent so far (the host's stream waits on them). Raises: CudaError."""
-        self._poll()
+        """Wait for every frame sent so far (the host's stream waits on them), and the host's work after
+        them. A child that faults meanwhile is taken while waiting (restarted, its unfinished frames let
+        past). Raises: CudaError."""
+        self._wait_for_frames(0)
         self._gpu.synchronize()
+
+    def _wait_for_frames(self, behind: int) -> ChildLike | None:
+        """Wait until the child has finished all but ``behind`` of the frames sent, reading its pipe
+        meanwhile: a child that faults reports and then waits for this process to let it go, and its
+        unfinished frames never finish, so a wait on the host's stream alone never ended (measured on
+        the H100: ``synchronize()`` after a fault). The child to talk to (None: lost)."""
+        gpu = self._gpu
+        while True:
+            child = self._poll()
+            if child is None or ((self._frame - gpu.finished()) & 0xFFFFFFFF) <= behind:
+                return child
+            child.wait_readable(0.0005)
 
     def keep(self, block: Block, port: str, keep: bool = True) -> None:
         """As ``Engine.keep``: the child keeps the port in a buffer of its own, never computed inside a

@@ -281,13 +281,7 @@ class VectorAddDouble(Block):
 
 def _particles(engine, capacity):
     """The demo's particle chain in ``engine``, compiled; returns its ToPoints block."""
-    from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
-
-    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
-    e.set("Capacity", capacity)
-    engine.connect(e, "Particles", f, "Particles")
-    engine.connect(f, "Particles", i, "Particles")
-    engine.connect(i, "Particles", t, "Particles")
+    t = _particles_unbuilt(engine, capacity)
     engine.wait_ready()
     return t
 
@@ -522,6 +516,50 @@ extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int c
     x = np.arange(640) * 255 // 639
     assert np.abs(img[180, :, 0] - x).max() <= 2  # the ramp, texel for texel
     assert np.abs(img[:, :, 1] - 127).max() <= 2 and (img[..., 3] == 255).all()
+
+
+def test_an_isolated_preview_registers_its_points_buffer_before_the_first_frame(monkeypatch):
+    """On the H100 machine, registering a GL buffer once a kernel in the child has faulted spins for
+    good: the preview of an isolated engine builds the child's graph and registers the points buffer
+    before its first frame is sent (a patch that faults in its first frame then previews as before)."""
+    from cudapatch import Engine
+    from cudapatch.interop import EglContext
+    from cudapatch.interop.preview import Preview
+    from cudapatch.interop.shared import SharedBuffer
+
+    frames_sent_at_register = []
+    create = SharedBuffer.create.__func__
+
+    ctx = EglContext(320, 200)
+    try:
+        with Engine(isolated=True) as engine:
+            t = _particles_unbuilt(engine, 10_000)
+
+            def recording_create(cls, nbytes, **kw):
+                frames_sent_at_register.append(engine.counters.frames)
+                return create(cls, nbytes, **kw)
+
+            monkeypatch.setattr(SharedBuffer, "create", classmethod(recording_create))
+            with Preview(engine, ctx, points=(t, "Points"), overlay=False) as preview:
+                for _ in range(5):
+                    preview.frame()
+                engine.synchronize()
+                assert preview._point_buffer is not None and preview._point_buffer.nbytes == 10_000 * 32
+    finally:
+        ctx.close()
+    assert frames_sent_at_register == [0]  # once, before the first frame
+
+
+def _particles_unbuilt(engine, capacity):
+    """The demo's particle chain in ``engine``, not built yet; returns its ToPoints block."""
+    from cudapatch.blocks.library import Emitter, Forces, Integrate, ToPoints
+
+    e, f, i, t = (engine.add(cls()) for cls in (Emitter, Forces, Integrate, ToPoints))
+    e.set("Capacity", capacity)
+    engine.connect(e, "Particles", f, "Particles")
+    engine.connect(f, "Particles", i, "Particles")
+    engine.connect(i, "Particles", t, "Particles")
+    return t
 
 
 def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):

@@ -250,6 +250,7 @@ class FakeHostSide:
 
     def release(self, n):
         self.released.append(n)
+        self.done = n  # as the frame word: every wait up to n is satisfied
 
     def export(self, binding):
         return _export(binding)
@@ -519,6 +520,53 @@ def test_a_lagging_child_gets_at_most_three_frames_ahead_and_the_rest_are_droppe
     iso.gpu.lagging, iso.gpu.done = False, iso._frame  # it catches up: frames flow again
     iso.update()
     assert iso.gpu.calls[-1] == ("wait", iso._frame)
+
+
+def test_without_dropping_frames_update_waits_for_a_lagging_child(iso):
+    _patch(iso)
+    iso.drop_frames = False
+    iso.update()
+    iso.gpu.lagging = True
+    waits = []
+
+    def catch_up(timeout):  # the child finishes one frame each time the host waits on its pipe
+        waits.append(timeout)
+        iso.gpu.done += 1
+
+    iso.children[0].wait_readable = catch_up
+    for _ in range(20):
+        iso.update()
+    assert iso.counters.frames_dropped == 0 and iso.counters.frames == 21
+    assert [m[1] for m in iso.children[0].frames()] == list(range(1, 22))  # every frame sent
+    assert len(waits) == 20 - 3  # the child was 1 behind: 2 more ahead, then one wait per frame
+    assert all(t <= 0.001 for t in waits)
+
+
+def test_synchronize_reads_the_pipe_while_a_faulted_childs_frames_never_finish(iso):
+    """A faulting child reports and waits for the host to let it go; its frame never finishes. A wait
+    on the host's stream alone never ended (``cudapatch run --isolated`` hung on the H100)."""
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}, True))
+    iso.update()
+    iso.gpu.lagging, iso.gpu.done = True, 0
+    polls = []
+
+    def report_fault(timeout):
+        polls.append(timeout)
+        if len(polls) == 3:  # the child named the block by replay: it reports and waits
+            why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+            child.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+
+    child.wait_readable = report_fault
+
+    iso.output(s, "Out")  # mapped here: unmapped once the host's stream is done with it
+    iso.synchronize()
+    assert len(polls) == 3 and iso.restarts == 1 and len(iso.children) == 2
+    assert iso.gpu.released[-1] == 2  # its unfinished frames let past before the host's stream is waited on
+    # unmapped after the host's stream is done, a new child, then the wait asked for
+    assert iso.gpu.calls[-4:] == [("sync",), ("drop",), ("start", 2), ("sync",)]
 
 
 def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(monkeypatch) -> None:
