@@ -169,10 +169,12 @@ class PatchEditing:
         self.context.keep(block, port, keep)
 
     def add_frame_hook(self, hook: Any) -> None:
-        """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch.
+        """Call ``hook.before_launch(stream)`` and ``hook.after_launch(stream)`` around every launch,
+        and ``hook.before_wait()`` before this process blocks on the engine's stream (``synchronize``).
 
         For GL interop (``cudapatch.interop.GlBridge``): mapping and unmapping shared resources on
-        the engine's stream. Hooks run in the order they were added."""
+        the engine's stream, and finishing the GL work those maps wait for. Hooks run in the order
+        they were added."""
         if hook not in self._frame_hooks:
             self._frame_hooks += (hook,)
 

@@ -8,7 +8,7 @@ editing half in ``editing.py`` and the frame in ``engine.py``). Nothing here run
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class EngineResults:
     _board: DiagnosticBoard
     _structure: StructureTier
     _last_gpu_ms: float | None
+    _frame_hooks: tuple[Any, ...]
 
     @property
     def graph(self) -> CompiledGraph | None:
@@ -59,6 +60,8 @@ class EngineResults:
             CudaError: a launched kernel faulted.
         """
         self.device.make_current()
+        for h in self._frame_hooks:  # GL's work first: the stream's next map waits for it (GlBridge)
+            h.before_wait()
         self.device.synchronize()
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> GpuBuffer:

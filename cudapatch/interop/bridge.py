@@ -34,6 +34,7 @@ from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
 from ..errors import CudaError, CudapatchError, InteropError
 from ..kernels._driver import check, driver
+from ._gl import gl
 from .formats import conversion_for
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
 
@@ -300,6 +301,16 @@ class GlBridge:
                 if int(array) != link.last_ptr:
                     link.writer.set("Surface", link.resource.surface_object(array))
                     link.last_ptr = int(array)
+
+    def before_wait(self) -> None:
+        """Finish GL's work before the engine blocks on its stream. A map on the stream waits for the
+        GL work issued before it, and that work waits for the stream's last unmap; a GL driver may hold
+        it back on the CPU until a GL call makes it go, and no GL call comes while this thread blocks.
+        (The preview's PNG frames always did ``glFinish`` before ``synchronize``.) Call it only when
+        every frame the stream waits for will finish: an isolated engine calls it after its child's
+        frames are done or let past."""
+        if self._group is not None:
+            gl().glFinish()
 
     def after_launch(self, stream: Any) -> None:
         """Copy outputs into textures that surface stores cannot write, then unmap everything (one

@@ -437,7 +437,7 @@ class IsolatedEngine:
 
     def _drop_outputs(self) -> None:
         if self._outputs:
-            self._gpu.synchronize()  # host work reading the child's memory ends before it is unmapped
+            self._wait_host_stream()  # host work reading the child's memory ends before it is unmapped
             self._outputs.clear()
             self._gpu.drop_outputs()
 
@@ -616,7 +616,8 @@ class IsolatedEngine:
         return h if h is not None else self._gpu.export(binding)
 
     def add_frame_hook(self, hook: Any) -> None:
-        """Call ``hook.before_launch(stream)`` / ``after_launch(stream)`` around each frame, on the host's stream."""
+        """Call ``hook.before_launch(stream)`` / ``after_launch(stream)`` around each frame, on the host's
+        stream, and ``hook.before_wait()`` before this process blocks on that stream (as ``Engine``)."""
         if hook not in self._frame_hooks:
             self._frame_hooks += (hook,)
 
@@ -743,6 +744,14 @@ class IsolatedEngine:
         them. A child that faults meanwhile is taken while waiting (restarted, its unfinished frames let
         past). Raises: CudaError."""
         self._wait_for_frames(0)
+        self._wait_host_stream()
+
+    def _wait_host_stream(self) -> None:
+        """Block until the host's stream is done, once every frame it waits for is finished or let past
+        (so the hooks' GL work, which waits for the stream's unmaps, can finish first: the stream's next
+        map waits for that GL work)."""
+        for h in self._frame_hooks:
+            h.before_wait()
         self._gpu.synchronize()
 
     def _wait_for_frames(self, behind: int) -> ChildLike | None:

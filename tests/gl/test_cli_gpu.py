@@ -119,9 +119,9 @@ def test_cli_run_isolated_renders_the_demo_from_the_childs_buffers(tmp_path):
 
 @pytest.mark.gpu_fault
 @pytest.mark.xfail(
-    run=False,
-    reason="hangs on the H100 (driver 580): after the child's fault the host's stream never finishes the "
-    "preview's copy of the points; narrowed down in docs/findings.md, not solved",
+    reason="hung on the H100 (driver 580): after the child's fault the host's stream stayed unfinished in the "
+    "preview's copy of the points (docs/findings.md); GlBridge.before_wait (glFinish before the stream wait) "
+    "is the fix for the likely cause and has not run on the GPU yet: an XPASS says it works",
 )
 def test_cli_run_isolated_survives_an_operator_that_faults_in_the_same_process(tmp_path):
     """``--isolated``: the fault ends only the engine's child process; this process (its preview, its

@@ -545,3 +545,26 @@ def test_an_expression_edited_again_before_its_optimised_build_starts_never_buil
     second()
     engine.update()
     assert engine.counters.kernel_upgrades == upgrades + 1
+
+
+def test_synchronize_lets_frame_hooks_finish_their_gl_work_before_it_blocks(engine: Engine) -> None:
+    """A GL bridge's map on the stream waits for GL work that a GL driver may hold back until a GL call
+    comes; none comes while the thread blocks in the stream wait, so the hooks go first."""
+    order: list[str] = []
+
+    class Hook:
+        def before_launch(self, stream: Any) -> None:
+            order.append("map")
+
+        def after_launch(self, stream: Any) -> None:
+            order.append("unmap")
+
+        def before_wait(self) -> None:
+            order.append(f"finish GL (stream waits so far: {engine.device.syncs})")
+
+    engine.add(Fill(name="f", Count=16))
+    engine.add_frame_hook(Hook())
+    engine.update()
+    before = engine.device.syncs
+    engine.synchronize()
+    assert order[-1] == f"finish GL (stream waits so far: {before})" and engine.device.syncs == before + 1

@@ -561,12 +561,25 @@ def test_synchronize_reads_the_pipe_while_a_faulted_childs_frames_never_finish(i
 
     child.wait_readable = report_fault
 
+    class Hook:  # as the GL bridge: finishes GL's work before the host blocks on its stream
+        def before_launch(self, stream):
+            pass
+
+        def after_launch(self, stream):
+            pass
+
+        def before_wait(self):
+            assert iso.gpu.done >= iso._frame  # only once no frame the stream waits for can stay unfinished
+            iso.gpu.calls.append(("finish GL",))
+
+    iso.add_frame_hook(Hook())
     iso.output(s, "Out")  # mapped here: unmapped once the host's stream is done with it
     iso.synchronize()
     assert len(polls) == 3 and iso.restarts == 1 and len(iso.children) == 2
     assert iso.gpu.released[-1] == 2  # its unfinished frames let past before the host's stream is waited on
-    # unmapped after the host's stream is done, a new child, then the wait asked for
-    assert iso.gpu.calls[-4:] == [("sync",), ("drop",), ("start", 2), ("sync",)]
+    # unmapped after GL's work and the host's stream are done, a new child, then the wait asked for
+    expected = [("finish GL",), ("sync",), ("drop",), ("start", 2), ("finish GL",), ("sync",)]
+    assert iso.gpu.calls[-6:] == expected
 
 
 def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(monkeypatch) -> None:
