@@ -747,9 +747,10 @@ class IsolatedEngine:
         self._wait_host_stream()
 
     def _wait_host_stream(self) -> None:
-        """Block until the host's stream is done, once every frame it waits for is finished or let past
-        (so the hooks' GL work, which waits for the stream's unmaps, can finish first: the stream's next
-        map waits for that GL work)."""
+        """Block until the host's stream is done. The hooks finish their GL work first (it waits for the
+        stream's unmaps, and the stream's next map waits for it): called once every frame the stream
+        waits for is finished or let past (``synchronize``, a child that ended), or when a rebuild's
+        new outputs arrive from a child that goes on finishing its frames."""
         for h in self._frame_hooks:
             h.before_wait()
         self._gpu.synchronize()
