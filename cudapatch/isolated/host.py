@@ -23,14 +23,12 @@ here is tested on the CPU with fakes (``tests/unit/test_isolated.py``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import sys
 import time
-import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +41,7 @@ from ..engine.profiling import ProfilingLevel
 from ..engine.stats import BuildTiming, EngineCounters, show_on_blocks
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
+from .host_side import ChildLike, CudaHostSide, HostSide, ProcessLauncher
 from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling, patch_view
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
@@ -85,116 +84,6 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
-class ChildLike(Protocol):
-    """What the host needs of a child process (``process.EngineProcess``, or a fake)."""
-
-    eof: bool
-
-    def send(self, message: Any) -> None: ...
-    def read(self) -> list[Any]: ...
-    def wait_readable(self, timeout: float) -> None: ...
-    def stderr_text(self) -> str: ...
-    def close(self, timeout: float = 5.0) -> str: ...
-
-
-class HostSide(Protocol):
-    """The host's CUDA side of an isolated engine (``_CudaHostSide``, or a fake)."""
-
-    stream: Any
-    device: Any
-
-    def start_parts(self, start_frame: int) -> int: ...  # the frame words' fd
-    def begin_frame(self, n: int) -> None: ...
-    def sent_frame(self, n: int) -> None: ...
-    def finished(self) -> int: ...
-    def release(self, n: int) -> None: ...
-    def export(self, binding: ExternalBinding) -> InputHandle: ...
-    def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
-    def import_output(self, handle: Any) -> Any: ...
-    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None: ...  # None: every mapping
-    def synchronize(self) -> None: ...
-    def close(self, *, unmap: bool = True) -> None: ...
-
-
-class _CudaHostSide:
-    """The real host side: the device's primary context and a stream of the host's, the frame word,
-    the host event, and the child's output allocations opened here (``ipc.py``)."""
-
-    def __init__(self, device: int) -> None:
-        from ..engine.device import DeviceContext
-        from .ipc import FrameWord, IpcImports
-
-        self.device = DeviceContext(device)
-        self.device.make_current()
-        self.stream = self.device.stream
-        self.word = FrameWord.create(0)
-        self.imports = IpcImports()
-        self._shared: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # serial -> pages
-        self._serials = itertools.count(1)
-
-    def start_parts(self, start_frame: int) -> int:
-        from .ipc import CHILD_DONE, HOST_READY
-
-        self.word.release(start_frame, CHILD_DONE)
-        self.word.release(start_frame, HOST_READY)
-        return self.word.fd
-
-    def begin_frame(self, n: int) -> None:
-        from .ipc import HOST_READY
-
-        self.device.make_current()
-        self.word.signal(self.stream, n, HOST_READY)
-
-    def sent_frame(self, n: int) -> None:
-        self.word.wait(self.stream, n)
-
-    def finished(self) -> int:
-        return self.word.value  # a plain load of the shared page: the child's last finished frame
-
-    def release(self, n: int) -> None:
-        self.word.release(n)
-
-    def export(self, binding: ExternalBinding) -> InputHandle:
-        from .ipc import export_device_memory
-
-        if isinstance(binding.owner, np.ndarray):
-            return InputHandle(binding.count, binding.dtype, array=binding.owner)
-        for serial, pages in list(self._shared.items()):  # an Upload/Download ring made for this engine
-            if pages.contains(binding.ptr):
-                where = (serial, pages.path, pages.nbytes, binding.ptr - pages.device_ptr)
-                return InputHandle(binding.count, binding.dtype, shape=binding.shape, shared=where)
-        self.device.make_current()
-        handle, offset = export_device_memory(binding.ptr)
-        return InputHandle(binding.count, binding.dtype, handle=handle, offset=offset, shape=binding.shape)
-
-    def share(self, nbytes: int) -> Any:
-        from .ipc import SharedPages
-
-        self.device.make_current()
-        pages = SharedPages.create(nbytes)
-        self._shared[next(self._serials)] = pages  # kept by the ring that releases it
-        return pages
-
-    def import_output(self, h: Any) -> Any:
-        from .ipc import SharedOutput
-
-        self.device.make_current()
-        return SharedOutput(self.imports.pointer(h.handle, h.offset), h.count, h.dtype, h.nbytes, self.stream)
-
-    def drop_outputs(self, keep: Collection[bytes] | None = None) -> None:
-        self.device.make_current()
-        self.imports.close(keep=keep or ())
-
-    def synchronize(self) -> None:
-        self.device.make_current()
-        self.device.synchronize()
-
-    def close(self, *, unmap: bool = True) -> None:
-        self.imports.close(unmap=unmap)
-        self.word.close()
-        self.device.close()
-
-
 def _export_key(binding: ExternalBinding) -> tuple:
     return (binding.ptr, binding.count, binding.dtype, binding.shape)
 
@@ -213,41 +102,6 @@ class _DelayPair:
     first: Any
     other: Any
     frame: int
-
-
-class _ProcessLauncher:
-    """Starts engine children, keeping one started in reserve (``standby``): a restart then skips the
-    interpreter start, the imports and the CUDA context the reserve made while waiting (most of a
-    restart's second, measured on the H100 host). The reserve waits for its ``start`` message with
-    nothing on the GPU but its context (a few hundred MB of device memory)."""
-
-    def __init__(self, python: str, *, standby: bool) -> None:
-        self._python = python
-        self._standby = standby
-        self._spare: Any = None
-        self._spare_fds: tuple[int, ...] = ()
-
-    def _spawn(self, fds: tuple[int, ...], device: int) -> Any:
-        from .process import EngineProcess
-
-        return EngineProcess(self._python, pass_fds=fds, device=device)
-
-    def __call__(self, cfg: StartConfig) -> ChildLike:
-        fds = (cfg.frame_word_fd,) if cfg.frame_word_fd >= 0 else ()
-        child, self._spare = self._spare, None
-        if child is None or self._spare_fds != fds or not child.alive:
-            if child is not None:
-                child.close(timeout=1.0)
-            child = self._spawn(fds, cfg.device)
-        child.send(("start", cfg))
-        if self._standby:  # the next restart's child warms up while this one runs
-            self._spare, self._spare_fds = self._spawn(fds, cfg.device), fds
-        return child
-
-    def close(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.close(timeout=5.0)
 
 
 class IsolatedEngine:
@@ -324,9 +178,9 @@ class IsolatedEngine:
         )
         self.background_builds = background_builds
         self.debug_launch = debug_launch
-        self._gpu: HostSide = host_side if host_side is not None else _CudaHostSide(device)
+        self._gpu: HostSide = host_side if host_side is not None else CudaHostSide(device)
         chosen = python or (compiler_python() or (sys.executable, ""))[0]
-        self._launcher = _ProcessLauncher(chosen, standby=standby) if launch is None else None
+        self._launcher = ProcessLauncher(chosen, standby=standby) if launch is None else None
         self._launch: Callable[[StartConfig], ChildLike] = launch or self._launcher  # type: ignore[assignment]
         self.policy = policy or RestartPolicy()
         self.context = Context()

@@ -583,7 +583,7 @@ def test_synchronize_reads_the_pipe_while_a_faulted_childs_frames_never_finish(i
 
 
 def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(monkeypatch) -> None:
-    from cudapatch.isolated import host as host_module
+    from cudapatch.isolated import host_side
     from cudapatch.isolated.protocol import StartConfig
 
     spawned: list[Any] = []
@@ -604,8 +604,8 @@ def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(
         spawned.append(Proc())
         return spawned[-1]
 
-    monkeypatch.setattr(host_module._ProcessLauncher, "_spawn", spawn)
-    launcher = host_module._ProcessLauncher("python3", standby=True)
+    monkeypatch.setattr(host_side.ProcessLauncher, "_spawn", spawn)
+    launcher = host_side.ProcessLauncher("python3", standby=True)
     cfg = StartConfig(device=0, name="e", cache_dir=None, wait_for_compile=False, watch_files=False, frame_word_fd=7)
     first = launcher(cfg)
     assert len(spawned) == 2 and first is spawned[0] and first.sent[0][0] == "start" and not spawned[1].sent
@@ -616,7 +616,7 @@ def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(
     assert third is spawned[3] and spawned[2].closed and len(spawned) == 5
     launcher.close()
     assert spawned[4].closed
-    assert not host_module._ProcessLauncher("python3", standby=False)._standby
+    assert not host_side.ProcessLauncher("python3", standby=False)._standby
 
 
 def test_a_bypass_goes_to_the_child_as_one_edit_and_with_every_whole_patch(iso):

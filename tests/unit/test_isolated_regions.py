@@ -686,7 +686,7 @@ def test_a_ring_in_pages_both_processes_map_is_bound_by_name_and_mapped_once_in_
     from cudapatch.engine.bindings import DeviceArray
     from cudapatch.isolated import child as child_module
     from cudapatch.isolated import ipc
-    from cudapatch.isolated.host import _CudaHostSide
+    from cudapatch.isolated.host_side import CudaHostSide
 
     class Pages:
         def __init__(self, device_ptr, nbytes, path="/proc/1/fd/7"):
@@ -695,7 +695,7 @@ def test_a_ring_in_pages_both_processes_map_is_bound_by_name_and_mapped_once_in_
         def contains(self, ptr):
             return self.device_ptr <= ptr < self.device_ptr + self.nbytes
 
-    side = _CudaHostSide.__new__(_CudaHostSide)
+    side = CudaHostSide.__new__(CudaHostSide)
     side._shared, side._serials = weakref.WeakValueDictionary(), itertools.count(1)
     pages = Pages(1 << 30, 8192)
     side._shared[next(side._serials)] = pages
