@@ -31,7 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..blocks.composite import Composite
-from .editor_model import GroupView, LinkView, NodeView, PinView, _cell, _param_view, source_text
+from .editor_layout import node_cell
+from .editor_model import source_text
+from .editor_views import GroupView, LinkView, NodeView, PinView, param_view
 
 __all__ = ["Inside", "finish_inside", "plan_inside", "refresh_inside"]
 
@@ -100,7 +102,7 @@ def plan_inside(op: str, block: Composite, opened: set[str] | frozenset[str], re
             members.append(p)
             inside.ops.append(p)
             inside.regions[p] = path
-            inside.cells[p] = _cell(inner.description)
+            inside.cells[p] = node_cell(inner.description)
             inner_values = {k: prm.value for k, prm in inner.params.items()}
             inner_values.update(per_op.get(local, {}))
             inside.made.append((p, path, inner, inner_values, exposed.get(local, {})))
@@ -167,7 +169,7 @@ def finish_inside(
             position=(x0 + at[0], y0 + at[1]),
             inputs=tuple(PinView(p, s.name, "in", str(s.pin_type), s.description) for s in desc.inputs),
             outputs=tuple(PinView(p, s.name, "out", str(s.pin_type), s.description) for s in desc.outputs),
-            params=tuple(_param_view(s, inner_values.get(s.name, s.default)) for s in desc.params),
+            params=tuple(param_view(s, inner_values.get(s.name, s.default)) for s in desc.params),
             block_id=inner.id,
             inner=sum(1 for _ in inner.inner_blocks()) if nested else 0,
             generates=hasattr(type(inner), "generated_code"),

@@ -7,7 +7,8 @@ model knows nothing of imgui, so everything here is tested without a display or 
   operator with its ports as pins, its parameters with their declared types and ranges (``ParamView``
   picks the widget), its position, and, after ``refresh(stats)``, its state, diagnostic text, GPU
   time and append fill. Views are rebuilt only when an edit changed the patch (``version``); a frame
-  with no edit costs one pass over the block statistics.
+  with no edit costs one pass over the block statistics. The view classes are in ``editor_views.py``,
+  where nodes go (``auto_layout``, ``group_rects``) in ``editor_layout.py``.
 - **Actions** (``create``, ``delete``, ``connect``, ``disconnect``, ``rename``, ``bypass``,
   ``set_param``, ``move``) each make the one ``HostAdapter`` call that does it, so the engine applies
   it with the cheapest tier (a value is Hot, a link is Cold), then edit the patch file's text with
@@ -43,7 +44,7 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,18 @@ from ..errors import CudapatchError, PatchFileError
 from ..expr import ProgramSource
 from .adapter import HostAdapter
 from .code_errors import CodeError, code_errors
+from .editor_layout import auto_layout, group_rects, node_cell
+from .editor_views import (
+    ActionResult,
+    GroupView,
+    InsideView,
+    LinkView,
+    NodeView,
+    ParamView,
+    PinView,
+    groups_of,
+    param_view,
+)
 from .generated_code import generated_code
 from .patch import Patch, apply_patch, parse_patch
 from .patch_writer import PatchDocument
@@ -75,155 +88,6 @@ __all__ = [
 log = logging.getLogger("cudapatch.editor")
 
 _NAME = re.compile(r"^[A-Za-z_][\w-]*$")
-# Vector parameters drawn as colour pickers: named or described as a colour (ToPoints' Young and Old
-# are its particles' colours by age).
-_COLOUR = re.compile(r"colou?r|tint|rgb|^young$|^old$", re.I)
-
-
-@dataclass(frozen=True)
-class ActionResult:
-    """What an action did: ``ok``, and a ``message`` (the reason when refused)."""
-
-    ok: bool
-    message: str = ""
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-@dataclass(frozen=True)
-class PinView:
-    """A port of a node: ``direction`` ``in``/``out``, element type text (``float[]``)."""
-
-    op: str
-    name: str
-    direction: str
-    type: str
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class ParamView:
-    """A parameter and the widget that edits it.
-
-    Attributes:
-        widget: ``slider`` (number with a range), ``drag`` (number without one), ``checkbox`` (0/1
-            integer), ``enum`` (``choices``), ``color`` (3 or 4 floats), ``vector``, ``code``
-            (``Code``: multi-line), ``text``.
-        lanes: Components (1 for scalars).
-        integer: Whole numbers only.
-    """
-
-    name: str
-    widget: str
-    value: Any
-    minimum: float | None
-    maximum: float | None
-    lanes: int = 1
-    integer: bool = False
-    structural: bool = False
-    description: str = ""
-    choices: tuple[str | int, ...] = ()  # the enum's values (a text or integer parameter's); str() names them
-
-
-@dataclass
-class NodeView:
-    """One operator as the editor draws it (state fields follow ``refresh``)."""
-
-    name: str
-    type: str
-    doc: str
-    position: tuple[float, float]
-    inputs: tuple[PinView, ...]
-    outputs: tuple[PinView, ...]
-    params: tuple[ParamView, ...]
-    bypassed: bool = False
-    block_id: int = -1
-    state: str = "OK"
-    message: str = ""
-    gpu_ms: float | None = None
-    append: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: Compile errors of the Code parameter, each at its line (and column where the compiler says).
-    code_errors: tuple[CodeError, ...] = ()
-    #: The diagnostics text ``code_errors`` were read from (``refresh``).
-    code_source: str = ""
-    #: The block generates its kernel's code (an Expression): ``EditorModel.generated_code`` shows it.
-    generates: bool = False
-    #: The region operator holding it (None: the top level).
-    region: str | None = None
-    #: ``if``, ``while`` or ``for`` for a region's own node, else "".
-    kind: str = ""
-    #: A loop's iterations in the newest completed frame and its limit (``Count``/``Max``), after ``refresh``.
-    iterations: tuple[int, int] | None = None
-    #: A composite's number of inner blocks (0: not a composite).
-    inner: int = 0
-    #: Inside a region's body: how often it ran in the frame its GPU time is from (None elsewhere).
-    runs: int | None = None
-    #: An inner node of an open composite: the path of the composite whose inside holds it (its group).
-    composite: str | None = None
-    #: An inner node's ports and parameters its composite exposes: inner name -> ``composite.Outer``.
-    exposed: dict[str, str] = field(default_factory=dict)
-    #: A composite drawn open (its inner blocks shown in a group with it).
-    opened: bool = False
-    #: A composite: where its inside is defined (its file's name, or its Python class).
-    source: str = ""
-
-
-#: A rectangle in canvas units: ``(x0, y0, x1, y1)``.
-Rect = tuple[float, float, float, float]
-
-
-@dataclass(frozen=True)
-class GroupView:
-    """A region drawn as a group: its operator, kind, the operators it holds directly (nested regions
-    among them), the region around it and how deep it is nested (0: at the top level)."""
-
-    region: str
-    kind: str
-    members: tuple[str, ...]
-    parent: str | None
-    depth: int
-
-
-@dataclass(frozen=True)
-class InsideView:
-    """What a composite holds, for a read-only look: inner blocks ``(name, type)``, inner links and
-    exposed names ``(outer name, kind, "inner.port, ...")``."""
-
-    op: str
-    file: str | None
-    blocks: tuple[tuple[str, str], ...]
-    links: tuple[str, ...]
-    exposed: tuple[tuple[str, str, str], ...]
-
-
-@dataclass(frozen=True)
-class LinkView:
-    """A wire: its ends, element type, element count and bytes (None until the graph has the buffer)."""
-
-    src: str
-    src_port: str
-    dst: str
-    dst_port: str
-    type: str = ""
-    count: int | None = None
-    nbytes: int | None = None
-    shape: str = ""  # "1080x1920" for 2-D/3-D data, "" for flat data or before the graph has it
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.src, self.src_port, self.dst, self.dst_port)
-
-    @property
-    def size_text(self) -> str:
-        """Shape, element type and bytes, for the wire's tooltip (``float4 1080x1920, 33,177,600 bytes``)."""
-        if self.count is None:
-            return f"{self.type}  not built yet"
-        dims = f" {self.shape}" if self.shape else ""
-        return f"{self.type}{dims}  {self.count:,} elements, {self.nbytes:,} bytes"
-
-    def __str__(self) -> str:
-        return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
 
 
 @dataclass(frozen=True)
@@ -241,175 +105,6 @@ def _shape_text(engine: Any, block: Any, port: str) -> str:
     shapes = getattr(plan, "shapes", None) or {}
     shape = shapes.get((block.id, port))
     return str(shape) if shape is not None else ""
-
-
-#: Auto layout: a node's cell (node width and the gap to the next column, a row's height) and the room
-#: a group takes around what it holds (its title strip above, a margin all round).
-_CELL = (300.0, 220.0)
-_GROUP_PAD = 40.0
-_GROUP_TITLE = 48.0
-
-
-def auto_layout(
-    ops: list[str],
-    links: list[tuple[str, str, str, str]],
-    regions: dict[str, str] | None = None,
-    containers: set[str] | frozenset[str] = frozenset(),
-    cells: dict[str, tuple[float, float]] | None = None,
-) -> dict[str, tuple[float, float]]:
-    """Positions for operators that have none: columns by link depth (sources left), rows in order.
-
-    Region-aware: a region in ``containers`` (operators of ``ops`` that are regions) is laid out as one
-    block of its scope, its own node first and the operators it holds (``regions``: operator -> region)
-    in columns inside it, with room for the group drawn around them; a link into or out of a region's
-    body counts as a link of the region in the scope around it. ``cells``: the room an operator's node
-    takes with the gaps around it (default: a 300 x 220 cell), so tall or wide nodes do not overlap."""
-    regions = regions or {}
-    cells = cells or {}
-    inside = set(ops)
-
-    def parent(op: str) -> str | None:  # the nearest enclosing region that is laid out here
-        seen = {op}
-        r = regions.get(op)
-        while r is not None and (r not in inside or r not in containers):
-            if r in seen:
-                return None
-            seen.add(r)
-            r = regions.get(r)
-        return r
-
-    parents = {op: parent(op) for op in ops}
-    scopes: dict[str | None, list[str]] = {}
-    for op in ops:
-        scopes.setdefault(parents[op], []).append(op)
-
-    def item(op: str, scope: str | None) -> str | None:  # ``op``'s stand-in in ``scope``: itself or a region holding it
-        cur: str | None = op if op in inside else None
-        for _ in range(len(ops)):
-            if cur is None or parents[cur] == scope:
-                return cur
-            cur = parents[cur]
-        return None
-
-    blocks: dict[str, tuple[float, float]] = {}  # a region holding operators: the size of its block
-    columns: dict[str | None, list[list[str]]] = {}
-
-    def measure(scope: str | None) -> tuple[float, float]:
-        members = ([scope] if scope is not None else []) + scopes.get(scope, [])
-        depth = dict.fromkeys(members, 0)
-        edges = []
-        for src, _, dst, _ in links:
-            a, b = item(src, scope), item(dst, scope)
-            if a in depth and b in depth and a != b and b != scope:
-                edges.append((a, b))
-        depth = _depths(members, edges)
-        cols: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-        for op in members:
-            cols[depth[op]].append(op)
-        columns[scope] = cols
-        w = h = 0.0
-        for col in cols:
-            cw = ch = 0.0
-            for op in col:
-                if op != scope and op in scopes:
-                    iw, ih = measure(op)
-                    blocks[op] = (iw + 2 * _GROUP_PAD, ih + _GROUP_TITLE + 2 * _GROUP_PAD)
-                size = blocks[op] if op != scope and op in blocks else cells.get(op, _CELL)
-                cw, ch = max(cw, size[0]), ch + size[1]
-            w, h = w + cw, max(h, ch)
-        return w, h
-
-    out: dict[str, tuple[float, float]] = {}
-
-    def place(scope: str | None, x0: float, y0: float) -> None:
-        x = x0
-        for col in columns[scope]:
-            y, cw = y0, 0.0
-            for op in col:
-                out[op] = (x, y)
-                size = cells.get(op, _CELL)
-                if op != scope and op in blocks:  # its own node goes first inside its block
-                    place(op, x + _GROUP_PAD, y + _GROUP_TITLE + _GROUP_PAD)
-                    size = blocks[op]
-                cw = max(cw, size[0])
-                y += size[1]
-            x += cw
-
-    measure(None)
-    place(None, 40.0, 40.0)
-    return out
-
-
-def _cell(desc: Any) -> tuple[float, float]:
-    """The room a node of ``desc`` takes in the auto layout, from what the panel draws in it: title and
-    state lines, a line per pin, a widget per parameter, a wider and taller editor for ``Code``."""
-    code = any(p.name == "Code" and p.kind == "text" for p in desc.params)
-    w = 336.0 if code else 216.0
-    h = 50.0 + 17.0 * (len(desc.inputs) + len(desc.outputs)) + 23.0 * (len(desc.params) - code) + 165.0 * code
-    return (max(_CELL[0], w + 84.0), max(_CELL[1], h + 40.0))
-
-
-def _depths(members: list[str], edges: list[tuple[str, str]]) -> dict[str, int]:
-    """Longest path from a source for each member, over ``edges`` less the ones that close a cycle (a
-    FrameDelay's feedback: the engine allows a cycle through a delay), found by a depth-first walk in
-    the members' order."""
-    succ: dict[str, list[str]] = {m: [] for m in members}
-    for a, b in edges:
-        succ[a].append(b)
-    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
-    post: list[str] = []
-    forward: dict[str, list[str]] = {m: [] for m in members}
-    for root in members:
-        if root in state:
-            continue
-        state[root] = 1
-        stack = [(root, iter(succ[root]))]
-        while stack:  # iterative: a long chain would overflow Python's recursion
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                state[node] = 2
-                post.append(node)
-                stack.pop()
-            elif state.get(nxt) != 1:  # an edge back to the path closes a cycle: left out
-                forward[node].append(nxt)
-                if nxt not in state:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(succ[nxt])))
-    depth = dict.fromkeys(members, 0)
-    for node in reversed(post):  # a topological order of the edges kept
-        for nxt in forward[node]:
-            depth[nxt] = max(depth[nxt], depth[node] + 1)
-    return depth
-
-
-def group_rects(
-    groups: dict[str, GroupView],
-    rects: dict[str, Rect],
-    *,
-    margin: float = 16.0,
-    frame: tuple[float, float, float, float] = (8.0, 40.0, 8.0, 8.0),
-    widths: dict[str, float] | None = None,
-) -> dict[str, Rect]:
-    """Where each region's group goes: around the region's own node and the nodes it holds (a nested
-    region: around its group), ``margin`` inside the group's area, and ``frame`` (left, top: the title
-    strip, right, bottom) around the area for the group node's padding and title. ``rects`` are the
-    nodes' rectangles (canvas units); ``widths`` the least width of a group (its title's). Returns each
-    group node's rectangle; a group with no rectangle to go around is left out."""
-    out: dict[str, Rect] = {}
-    left, top, right, bottom = frame
-    for g in sorted(groups.values(), key=lambda g: -g.depth):  # innermost first: the outer ones hold them
-        boxes = [r for r in (out.get(op) or rects.get(op) for op in (g.region, *g.members)) if r is not None]
-        if not boxes:
-            continue
-        x0 = min(b[0] for b in boxes) - margin - left
-        y0 = min(b[1] for b in boxes) - margin - top
-        x1 = max(b[2] for b in boxes) + margin + right
-        y1 = max(b[3] for b in boxes) + margin + bottom
-        if widths is not None and g.region in widths:
-            x1 = max(x1, x0 + widths[g.region])
-        out[g.region] = (x0, y0, x1, y1)
-    return out
 
 
 class EditorModel:
@@ -622,7 +317,7 @@ class EditorModel:
         containers = {op for op, b in blocks.items() if isinstance(b, Region)}
         # Laid out over every operator, stored positions or not, so that storing some (a dragged node)
         # leaves where the others are drawn as it was.
-        cells = {op: _cell(b.description) for op, b in blocks.items()}
+        cells = {op: node_cell(b.description) for op, b in blocks.items()}
         insides = self._plan_insides(ops, blocks, placed)
         if insides:  # open composites are laid out with the operators, each as a block like a region's
             items, edges, regions = list(ops), list(link_keys), dict(placed)
@@ -651,7 +346,7 @@ class EditorModel:
                 position=stored.get(op) or layout.get(op, (40.0, 40.0)),
                 inputs=tuple(PinView(op, p.name, "in", str(p.pin_type), p.description) for p in desc.inputs),
                 outputs=tuple(PinView(op, p.name, "out", str(p.pin_type), p.description) for p in desc.outputs),
-                params=tuple(_param_view(spec, self._value(op, block, spec)) for spec in desc.params),
+                params=tuple(param_view(spec, self._value(op, block, spec)) for spec in desc.params),
                 bypassed=op in bypassed,
                 block_id=block.id,
                 region=placed.get(op),
@@ -669,7 +364,7 @@ class EditorModel:
                 loops.append((view, block, "Max" if view.kind == "while" else "Count"))
         self._views = views
         self._loops = loops
-        self._groups = _groups(views)
+        self._groups = groups_of(views)
         self._links = [self._link_view(*key) for key in link_keys]
         self._finish_insides(views, insides, layout)
         self.probes.sync(self._drawn[0])
@@ -1279,49 +974,6 @@ def _renamed(path: str, old: str, new: str) -> str:
     """``path`` (an operator or ``op/inner``) after operator ``old`` was renamed ``new``."""
     top, sep, rest = path.partition("/")
     return f"{new}{sep}{rest}" if top == old else path
-
-
-def _groups(views: dict[str, NodeView]) -> dict[str, GroupView]:
-    """Every region of ``views`` as a group, outer ones first (then in the patch's order)."""
-    members: dict[str, list[str]] = {op: [] for op, v in views.items() if v.kind}
-    for op, v in views.items():
-        if v.region in members:
-            members[v.region].append(op)
-
-    def depth(op: str) -> int:
-        d, cur, seen = 0, views[op].region, {op}
-        while cur is not None and cur in views and cur not in seen:
-            seen.add(cur)
-            d, cur = d + 1, views[cur].region
-        return d
-
-    groups = [GroupView(r, views[r].kind, tuple(m), views[r].region, depth(r)) for r, m in members.items()]
-    return {g.region: g for g in sorted(groups, key=lambda g: g.depth)}
-
-
-def _param_view(spec: Any, value: Any) -> ParamView:
-    choices = tuple(getattr(spec, "choices", ()) or ())
-    if spec.kind == "text":
-        widget = "enum" if choices else "code" if spec.name == "Code" else "text"
-        return ParamView(spec.name, widget, value, None, None, description=spec.description, choices=choices)
-    dtype = spec.dtype
-    integer = dtype.base.kind in "iu"
-    lanes = dtype.lanes
-    if choices:
-        widget = "enum"
-    elif lanes in (3, 4) and not integer and (_COLOUR.search(spec.name) or _COLOUR.search(spec.description)):
-        widget = "color"
-    elif lanes > 1:
-        widget = "vector"
-    elif integer and spec.minimum == 0 and spec.maximum == 1:
-        widget = "checkbox"
-    elif spec.minimum is not None and spec.maximum is not None:
-        widget = "slider"
-    else:
-        widget = "drag"
-    return ParamView(
-        spec.name, widget, value, spec.minimum, spec.maximum, lanes, integer, spec.structural, spec.description, choices
-    )
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -51,7 +51,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ..host_plugin.editor_model import EditorModel, GroupView, NodeView, ParamView, group_rects
+from ..host_plugin.editor_layout import group_rects
+from ..host_plugin.editor_model import EditorModel
+from ..host_plugin.editor_views import GroupView, NodeView, ParamView
 
 __all__ = [
     "EditorPanel",

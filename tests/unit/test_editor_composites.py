@@ -13,7 +13,7 @@ import pytest
 
 from cudapatch.engine.diagnostics import Diagnostic
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
-from cudapatch.host_plugin.editor_model import group_rects
+from cudapatch.host_plugin.editor_layout import group_rects
 
 from .plan_engine import PlanOnlyEngine
 from .test_editor_model import _open

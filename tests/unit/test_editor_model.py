@@ -10,7 +10,8 @@ import stat
 import pytest
 
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch, parse_patch
-from cudapatch.host_plugin.editor_model import EditorModel, auto_layout
+from cudapatch.host_plugin.editor_layout import auto_layout
+from cudapatch.host_plugin.editor_model import EditorModel
 from cudapatch.host_plugin.hosts.live_reload import PatchReloader
 from cudapatch.host_plugin.patch_writer import PatchDocument
 
@@ -108,15 +109,15 @@ def test_views_carry_pins_params_ranges_and_wire_sizes(tmp_path):
 
 def test_param_widgets_follow_the_declared_types():
     from cudapatch.blocks.description import ParamSpec
-    from cudapatch.host_plugin.editor_model import _param_view
+    from cudapatch.host_plugin.editor_views import param_view
     from cudapatch.kernels.types import DType
 
-    assert _param_view(ParamSpec("Spread", DType.FLOAT32, 0.3, 0.0, 1.0), 0.3).widget == "slider"
-    assert _param_view(ParamSpec("Curl", DType.FLOAT32, 1.0), 1.0).widget == "drag"
-    assert _param_view(ParamSpec("Young", DType.FLOAT3, (1, 1, 1)), (1, 1, 1)).widget == "color"
-    assert _param_view(ParamSpec("Gravity", DType.FLOAT3, (0, 0, 0)), (0, 0, 0)).widget == "vector"
-    assert _param_view(ParamSpec("TransA", DType.INT32, 0, 0, 1), 0).widget == "checkbox"
-    assert _param_view(ParamSpec("Code", None, "", kind="text"), "").widget == "code"
+    assert param_view(ParamSpec("Spread", DType.FLOAT32, 0.3, 0.0, 1.0), 0.3).widget == "slider"
+    assert param_view(ParamSpec("Curl", DType.FLOAT32, 1.0), 1.0).widget == "drag"
+    assert param_view(ParamSpec("Young", DType.FLOAT3, (1, 1, 1)), (1, 1, 1)).widget == "color"
+    assert param_view(ParamSpec("Gravity", DType.FLOAT3, (0, 0, 0)), (0, 0, 0)).widget == "vector"
+    assert param_view(ParamSpec("TransA", DType.INT32, 0, 0, 1), 0).widget == "checkbox"
+    assert param_view(ParamSpec("Code", None, "", kind="text"), "").widget == "code"
 
 
 def test_write_back_keeps_comments_and_order_and_the_watcher_sees_no_change(tmp_path):
@@ -307,7 +308,7 @@ def test_the_patch_loader_accepts_the_editor_table():
 
 
 def test_wire_and_pin_tooltips_show_type_shape_and_bytes(tmp_path):
-    from cudapatch.host_plugin.editor_model import LinkView
+    from cudapatch.host_plugin.editor_views import LinkView
 
     _, adapter, _, model = _open(tmp_path)
     adapter.engine.update()

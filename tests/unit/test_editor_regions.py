@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch
-from cudapatch.host_plugin.editor_model import EditorModel, GroupView, auto_layout, group_rects
+from cudapatch.host_plugin.editor_layout import auto_layout, group_rects
+from cudapatch.host_plugin.editor_model import EditorModel
+from cudapatch.host_plugin.editor_views import GroupView
 from cudapatch.host_plugin.patch_writer import PatchDocument
 
 from .plan_engine import PlanOnlyEngine

@@ -17,7 +17,8 @@ from cudapatch.errors import ParameterError
 from cudapatch.expr import BACKENDS
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch
 from cudapatch.host_plugin.coerce import coerce_host_value
-from cudapatch.host_plugin.editor_model import EditorModel, _param_view
+from cudapatch.host_plugin.editor_model import EditorModel
+from cudapatch.host_plugin.editor_views import param_view
 from cudapatch.interop.gl_writers import GlBufferWriter, GlSurfaceWriter
 
 from .plan_engine import PlanOnlyEngine
@@ -200,11 +201,11 @@ def test_a_patch_file_names_choices_in_any_case(tmp_path) -> None:
 
 # -- the editor ---------------------------------------------------------------------------------------
 def test_the_editor_shows_choices_as_an_enum() -> None:
-    view = _param_view(ParamSpec("Compiler", None, "ptx", kind="text", choices=BACKENDS), "ptx")
+    view = param_view(ParamSpec("Compiler", None, "ptx", kind="text", choices=BACKENDS), "ptx")
     assert view.widget == "enum" and view.choices == BACKENDS and view.value == "ptx"
-    view = _param_view(ParamSpec("Lanes", DType.UINT32, 4, choices=(1, 4, 16)), 4)
+    view = param_view(ParamSpec("Lanes", DType.UINT32, 4, choices=(1, 4, 16)), 4)
     assert view.widget == "enum" and view.choices == (1, 4, 16) and view.integer
-    assert _param_view(ParamSpec("Code", None, "", kind="text"), "").widget == "code"  # no choices: as before
+    assert param_view(ParamSpec("Code", None, "", kind="text"), "").widget == "code"  # no choices: as before
 
 
 def test_the_editor_sets_a_choice_and_refuses_others_with_the_reason(tmp_path) -> None:
@@ -276,4 +277,4 @@ def test_a_composite_exposing_a_parameter_with_choices_keeps_them() -> None:
     with pytest.raises(ParameterError, match="block 's', parameter 'Kind': 'R2R' is not one of its choices"):
         s.set("Kind", "R2R")
     assert s.params["Kind"].value == "R2C"
-    assert _param_view(s.description.param("Kind"), "R2C").widget == "enum"
+    assert param_view(s.description.param("Kind"), "R2C").widget == "enum"
