@@ -54,6 +54,7 @@ from typing import Any
 from ..host_plugin.editor_layout import group_rects
 from ..host_plugin.editor_model import EditorModel
 from ..host_plugin.editor_views import GroupView, NodeView, ParamView
+from .editor_style import GROUP_COLORS, LINK_COLOR, NODE_WIDTH, PROBE_COLOR, REFUSED_COLOR, STATE_COLORS
 
 __all__ = [
     "EditorPanel",
@@ -65,27 +66,9 @@ __all__ = [
     "GROUP_COLORS",
 ]
 
-STATE_COLORS = {
-    "OK": (0.45, 0.85, 0.45, 1.0),
-    "Compiling": (0.9, 0.8, 0.3, 1.0),
-    "Warning": (0.95, 0.65, 0.2, 1.0),
-    "Error": (0.95, 0.3, 0.3, 1.0),
-    "Bypassed": (0.55, 0.55, 0.6, 1.0),
-}
-LINK_COLOR = (0.3, 0.75, 1.0, 1.0)  # wires (the GL tests look for it)
-REFUSED_COLOR = (1.0, 0.25, 0.25, 1.0)  # a refused link, and a probed wire carrying NaN or Inf
 _ERROR_LINE_TINT = (1.0, 0.25, 0.25, 0.3)  # a Code line with a compile error, under its text
-PROBE_COLOR = (1.0, 0.6, 0.15, 1.0)  # a probed wire
-#: A region's group, by kind: its tint (drawn over the canvas at this alpha) and its border.
-GROUP_COLORS = {
-    "if": ((0.25, 0.45, 0.95, 0.30), (0.45, 0.6, 1.0, 0.9)),
-    "while": ((0.7, 0.3, 0.9, 0.30), (0.8, 0.5, 1.0, 0.9)),
-    "for": ((0.15, 0.75, 0.65, 0.30), (0.3, 0.9, 0.8, 0.9)),
-    "composite": ((0.75, 0.6, 0.25, 0.22), (0.95, 0.8, 0.4, 0.9)),  # an open composite's inside
-}
 _KIND_NAMES = {"if": "If", "while": "While", "for": "For", "composite": "inside"}
 _GROUP_MARGIN = 16.0  # canvas units between a group's edge and the nodes it holds
-_NODE_WIDTH = 200.0
 #: The Code box grows with its text up to this many lines (then scrolls, and later lines go unmarked).
 _CODE_LINES = 40
 _INT_LIMIT = 2**30 - 1
@@ -232,7 +215,7 @@ class EditorPanel:
         self.compact = False
         self._fit_in = 0  # frames until ``fit_all`` moves the view
         self._to_screen = (0.0, 0.0, 1.0)
-        self._pin_box = imgui.ImVec2(_NODE_WIDTH, 12.0)
+        self._pin_box = imgui.ImVec2(NODE_WIDTH, 12.0)
         self._pivot_in, self._pivot_out = imgui.ImVec2(0.0, 0.5), imgui.ImVec2(1.0, 0.5)
 
     # -- ids: stable per operator name for the panel's life ------------------------------------------------
@@ -344,7 +327,7 @@ class EditorPanel:
                     ed.set_node_position(ed.NodeId(nid), imgui.ImVec2(*v.position))
                     placed[op] = v.position
                     g = geometry.get(op)
-                    w, h = g.size if g is not None else (_NODE_WIDTH, 100.0)
+                    w, h = g.size if g is not None else (NODE_WIDTH, 100.0)
                     rects[op] = (v.position[0], v.position[1], v.position[0] + w, v.position[1] + h)
             self._placed_version = version
         if self._fit_in:  # the editor fits what it was given this frame: give it every node
@@ -447,7 +430,7 @@ class EditorPanel:
         outs = []
         for p in view.outputs:
             label = (f"{ex[p.name]} =  " if p.name in ex else "") + f"{p.type}  {p.name} >"
-            outs.append((p.name, label, imgui.ImVec2(max(0.0, _NODE_WIDTH - imgui.calc_text_size(label).x), 0)))
+            outs.append((p.name, label, imgui.ImVec2(max(0.0, NODE_WIDTH - imgui.calc_text_size(label).x), 0)))
         labels = self._labels[view.name] = (ins, tuple(outs))
         return labels
 
@@ -483,10 +466,10 @@ class EditorPanel:
                 imgui.text(f"{state}  {view.gpu_ms:.3f} ms")
         for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
-                count / capacity if capacity else 0.0, imgui.ImVec2(_NODE_WIDTH, 0), f"{port} {count}/{capacity}"
+                count / capacity if capacity else 0.0, imgui.ImVec2(NODE_WIDTH, 0), f"{port} {count}/{capacity}"
             )
         if view.message and state != "OK" and not compact:
-            imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH)
+            imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + NODE_WIDTH)
             # The Code's errors are listed at the Code box: here the message's first line says what failed.
             message = view.message.split("\n", 1)[0] if view.code_errors else view.message
             imgui.text_colored(color, message[:300])
@@ -765,7 +748,7 @@ class EditorPanel:
     def _param(self, view: NodeView, p: ParamView, label: str | None = None) -> None:
         imgui, model = self._imgui, self.model
         name = label or p.name  # an inner parameter's label also names what sets it (``Factor = smooth.Gain``)
-        imgui.set_next_item_width(_NODE_WIDTH * 0.62)
+        imgui.set_next_item_width(NODE_WIDTH * 0.62)
         changed, value = False, p.value
         widget = p.widget
         if widget == "slider" and p.integer and p.maximum - p.minimum > 10_000:  # type: ignore[operator]
@@ -809,7 +792,7 @@ class EditorPanel:
             lines = min(max(text.count("\n") + 1, 10), _CODE_LINES)
             height = lines * imgui.get_text_line_height() + 2 * imgui.get_style().frame_padding.y + 2
             changed, value = imgui.input_text_multiline(
-                "##code", text, imgui.ImVec2(_NODE_WIDTH * 1.6, height), imgui.InputTextFlags_.allow_tab_input
+                "##code", text, imgui.ImVec2(NODE_WIDTH * 1.6, height), imgui.InputTextFlags_.allow_tab_input
             )
             deactivated = imgui.is_item_deactivated_after_edit()
             if view.code_errors:
@@ -883,7 +866,7 @@ class EditorPanel:
                 draw.add_line(imgui.ImVec2(x, y + h - 1), imgui.ImVec2(x + h * 0.6, y + h - 1), red, 2.0)
             marks.append((e.line, ox + lo.x * k, oy + (y + h * 0.5) * k))
         self.code_marks[view.name] = marks
-        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + _NODE_WIDTH * 1.6)
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + NODE_WIDTH * 1.6)
         for e in view.code_errors:
             where = f"{e.line}:{e.column}" if e.column is not None else f"{e.line}"
             imgui.text_colored(imgui.ImVec4(*REFUSED_COLOR), f"{where}  {e.message}")
@@ -904,7 +887,7 @@ class EditorPanel:
             imgui.text_disabled("(none while the Code does not compile)")
             return
         imgui.input_text_multiline(
-            "##generated", code, imgui.ImVec2(_NODE_WIDTH * 1.6, 220), imgui.InputTextFlags_.read_only
+            "##generated", code, imgui.ImVec2(NODE_WIDTH * 1.6, 220), imgui.InputTextFlags_.read_only
         )
 
     def _create_and_delete(self) -> None:
