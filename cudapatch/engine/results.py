@@ -61,7 +61,9 @@ class EngineResults:
         """
         self.device.make_current()
         for h in self._frame_hooks:  # GL's work first: the stream's next map waits for it (GlBridge)
-            h.before_wait()
+            wait = getattr(h, "before_wait", None)
+            if wait is not None:
+                wait()
         self.device.synchronize()
 
     def output(self, block: Block, port: str, *, keep: bool = True) -> GpuBuffer:

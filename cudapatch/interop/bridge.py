@@ -305,10 +305,10 @@ class GlBridge:
     def before_wait(self) -> None:
         """Finish GL's work before the engine blocks on its stream. A map on the stream waits for the
         GL work issued before it, and that work waits for the stream's last unmap; a GL driver may hold
-        it back on the CPU until a GL call makes it go, and no GL call comes while this thread blocks.
-        (The preview's PNG frames always did ``glFinish`` before ``synchronize``.) Call it only when
-        every frame the stream waits for will finish: an isolated engine calls it after its child's
-        frames are done or let past."""
+        it back on the CPU until a GL call makes it go, and no GL call comes while this thread blocks
+        (a guess at the hang of an isolated preview after a fault, not yet confirmed on the GPU). Call
+        it only when every frame the stream waits for will finish: an isolated engine calls it after
+        its child's frames are done or let past."""
         if self._group is not None:
             gl().glFinish()
 

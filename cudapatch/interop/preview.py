@@ -182,7 +182,9 @@ class Preview:
         the first frame runs any kernel. Measured on the H100 machine (driver 580): registering a GL
         buffer in this process once a kernel in the child has faulted spins in
         ``cuGraphicsGLRegisterBuffer`` for good (a patch whose new operator faults in its first frame
-        hung ``cudapatch run --isolated``); the buffer registered before stays usable."""
+        hung ``cudapatch run --isolated``); the buffer registered before stays usable. Only the first
+        registration: points that appear later (a build that failed here) or change size are
+        registered when they do, after a fault too. A live window's first frame waits for the build."""
         try:
             self.engine.wait_ready()
         except CudapatchError as exc:  # the child ended or did not answer: the frames say why
@@ -349,8 +351,12 @@ class Preview:
             report.frames += 1
             if png:
                 report.pngs.append(write_png(out / f"frame_{number:05d}.png", self.context.read_pixels()))
-        gl().glFinish()
-        if not getattr(self.engine, "lost", None):  # a lost engine's stream only returns its fault
+        lost = getattr(self.engine, "lost", None)
+        if lost or not self.bridge.copies:
+            # (An isolated engine's synchronize finishes GL itself once its child's frames are done: GL
+            # work after the last unmap waits for a frame only a fault report read from the pipe lets go.)
+            gl().glFinish()
+        if not lost:  # a lost engine's stream only returns its fault
             self.engine.synchronize()
         report.seconds = time.perf_counter() - t0
         return report

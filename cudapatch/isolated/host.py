@@ -206,6 +206,11 @@ class IsolatedEngine:
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
         self._child_busy = False  # the child's last word on ``building``
         self._outputs: dict[tuple[int, str], Any] = {}  # mapped here, on first use
+        # Mappings no output uses any more since the child's last new outputs ("all": a new graph, every
+        # mapping; "unused": a Warm patch, those no output uses now): unmapped at the end of the
+        # ``_poll`` that took them, once the child's frames and the host's stream are done with them.
+        self._unmap_due = ""
+        self._unmapping = False
         self._diags: tuple[Diagnostic, ...] = ()
         self._engine_diags: tuple[Diagnostic, ...] = ()  # the host's own: restarts, a lost engine
         self._fault_report: tuple | None = None
@@ -290,28 +295,47 @@ class IsolatedEngine:
         self.last_restart_s = time.perf_counter() - t0
 
     def _drop_outputs(self) -> None:
-        if self._outputs:
+        """Unmap every output of the child (it ended, or this engine closes; its frames were let past)."""
+        if self._outputs or self._unmap_due:
             self._wait_host_stream()  # host work reading the child's memory ends before it is unmapped
             self._outputs.clear()
             self._gpu.drop_outputs()
+            self._unmap_due = ""
 
     def _new_outputs(self, handles: dict[tuple[int, str], Any], replaced: bool) -> None:
-        """The child's output handles after a build. With a new graph every mapping of the old one goes,
-        once the host's stream has finished reading them (``_drop_outputs``). After a Warm patch into the
-        running graph, by the same rule, only what changed goes: outputs whose memory, count or shape
-        moved are mapped again on their next ``output()``, and only allocations no output uses any more
-        are unmapped; views of the rest stay valid, as the buffers of an engine in the host do."""
+        """The child's output handles after a build. With a new graph every output of the old one is
+        mapped again on its next ``output()``; after a Warm patch into the running graph only outputs
+        whose memory, count or shape moved are, and views of the rest stay valid, as the buffers of an
+        engine in the host do. Allocations no output uses any more are unmapped by ``_unmap_stale``
+        at the end of this poll, not here: the host's stream may still read them in frames the child
+        has not finished, and a child that faults in its new graph's first frame never finishes it
+        (waiting here for the stream, without reading the pipe, would wait for good)."""
         old, self._handles = self._handles, handles
-        if replaced:
-            self._drop_outputs()
-            return
-        stale = [k for k in self._outputs if not _same_memory(old.get(k), handles.get(k))]
-        if stale:
-            self._gpu.synchronize()  # host work reading the old memory ends before it is unmapped
-            for k in stale:
-                del self._outputs[k]
-            used = {h.handle for h in handles.values()} | {h.alt[0] for h in handles.values() if h.alt}
-            self._gpu.drop_outputs(keep=used)
+        stale = [k for k in self._outputs if replaced or not _same_memory(old.get(k), handles.get(k))]
+        for k in stale:
+            del self._outputs[k]
+        if replaced and (stale or self._unmap_due):
+            self._unmap_due = "all"
+        elif stale and not self._unmap_due:
+            self._unmap_due = "unused"
+
+    def _unmap_stale(self) -> None:
+        """Unmap the allocations no output uses any more, once the child has finished every frame sent
+        (its pipe read meanwhile: a fault is taken, and the ended child's memory all goes) and the
+        host's stream is done with them."""
+        self._unmapping = True
+        try:
+            self._wait_for_frames(0)
+            if self._unmap_due:
+                self._wait_host_stream()
+                if self._unmap_due == "all":
+                    self._gpu.drop_outputs()
+                else:
+                    handles = self._handles.values()
+                    self._gpu.drop_outputs(keep={h.handle for h in handles} | {h.alt[0] for h in handles if h.alt})
+                self._unmap_due = ""
+        finally:
+            self._unmapping = False
 
     def _take(self, messages: list[Any]) -> None:
         for m in messages:
@@ -382,6 +406,8 @@ class IsolatedEngine:
             self._take(msgs)
         if child is self._child and child.eof:
             self._child_ended(child)
+        if self._unmap_due and not self._unmapping:
+            self._unmap_stale()
         return self._child
 
     # -- patch editing (as Engine: validates here, the child gets it with the next frame) ------------
@@ -487,7 +513,9 @@ class IsolatedEngine:
 
     # -- the frame ----------------------------------------------------------------------------------
     def update(self) -> None:
-        """Send pending edits and one frame to the child; never waits for it or the GPU.
+        """Send pending edits and one frame to the child; waits for neither it nor the GPU, except: with
+        ``drop_frames`` off, for a child three frames behind; and when the child's new outputs replace
+        mapped ones, for the frames that may still read those (then unmapped).
 
         The host's stream (``engine.stream``) waits on the GPU for this frame, so host work queued
         there afterwards sees its outputs."""
@@ -606,19 +634,38 @@ class IsolatedEngine:
         waits for is finished or let past (``synchronize``, a child that ended), or when a rebuild's
         new outputs arrive from a child that goes on finishing its frames."""
         for h in self._frame_hooks:
-            h.before_wait()
+            wait = getattr(h, "before_wait", None)
+            if wait is None:
+                continue
+            try:
+                wait()
+            except Exception as exc:  # a GL error: the wait goes on (an escape would leave a child half-ended)
+                log.warning("frame hook %r: before_wait failed: %s", h, exc)
         self._gpu.synchronize()
 
     def _wait_for_frames(self, behind: int) -> ChildLike | None:
         """Wait until the child has finished all but ``behind`` of the frames sent, reading its pipe
         meanwhile: a child that faults reports and then waits for this process to let it go, and its
         unfinished frames never finish, so a wait on the host's stream alone never ended (measured on
-        the H100: ``synchronize()`` after a fault). The child to talk to (None: lost)."""
+        the H100: ``synchronize()`` after a fault). The child to talk to (None: lost).
+
+        Raises:
+            CudapatchError: the child finished no frame for ``REQUEST_TIMEOUT_S`` (hung, not ended).
+        """
         gpu = self._gpu
+        end, last = time.monotonic() + REQUEST_TIMEOUT_S, gpu.finished()
         while True:
             child = self._poll()
-            if child is None or ((self._frame - gpu.finished()) & 0xFFFFFFFF) <= behind:
+            done = gpu.finished()
+            if child is None or ((self._frame - done) & 0xFFFFFFFF) <= behind:
                 return child
+            if done != last:  # progress: the deadline counts from the last finished frame
+                end, last = time.monotonic() + REQUEST_TIMEOUT_S, done
+            elif time.monotonic() > end:
+                raise CudapatchError(
+                    f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "
+                    f"(frame {done} done of {self._frame} sent): it is stuck"
+                )
             child.wait_readable(0.0005)
 
     def keep(self, block: Block, port: str, keep: bool = True) -> None:

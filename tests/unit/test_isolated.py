@@ -240,10 +240,11 @@ class FakeHostSide:
 
     def sent_frame(self, n):
         self.calls.append(("wait", n))
+        self.sent = n
         self.done = n if not self.lagging else self.done
 
     lagging = False
-    done = 0
+    done = sent = 0
 
     def finished(self):
         return self.done
@@ -263,6 +264,9 @@ class FakeHostSide:
         self.calls.append(("drop",) if keep is None else ("drop", frozenset(keep)))
 
     def synchronize(self):
+        # The real wait on the host's stream never ends while a frame it waits for is unfinished (a
+        # faulted child's): the engine must wait for the child's frames, reading its pipe, first.
+        assert self.done >= self.sent, f"the host's stream waits for frame {self.sent}, the child finished {self.done}"
         self.calls.append(("sync",))
 
     def close(self, *, unmap=True):
@@ -580,6 +584,71 @@ def test_synchronize_reads_the_pipe_while_a_faulted_childs_frames_never_finish(i
     # unmapped after GL's work and the host's stream are done, a new child, then the wait asked for
     expected = [("finish GL",), ("sync",), ("drop",), ("start", 2), ("finish GL",), ("sync",)]
     assert iso.gpu.calls[-6:] == expected
+
+
+def test_new_outputs_from_a_child_whose_new_graph_faults_do_not_wait_for_its_unfinished_frame(iso):
+    """A rebuilt graph's first frame runs before its outputs reach the host; if it faults, the child
+    reports and waits. Unmapping the old outputs waits for the host's stream, which waits for that frame:
+    the host reads the pipe until the child's frames are done or it ended (then all its memory goes)."""
+    f, s = _patch(iso)
+    iso.update()
+    child = iso.children[0]
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"x" * 64, 128, 64, DType.FLOAT32, 256)}, True))
+    iso.update()
+    assert iso.output(s, "Out") == ("mapped", 128)  # mapped here: the host's stream may read it
+    iso.gpu.lagging = True  # the next frames never finish: the new graph faults
+    iso.update()
+    child.inbox.append(("outputs", {(s.id, "Out"): OutputHandle(b"y" * 64, 0, 64, DType.FLOAT32, 256)}, True))
+    reads = []
+
+    def fault_on_second_wait(timeout):
+        reads.append(timeout)
+        if len(reads) == 2:
+            why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+            child.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+
+    child.wait_readable = fault_on_second_wait
+    iso.update()  # takes the new outputs, waits for the frames (reading the pipe), meets the fault
+    assert len(reads) == 2 and iso.restarts == 1 and len(iso.children) == 2
+    calls = iso.gpu.calls
+    assert calls.index(("sync",)) < calls.index(("drop",))  # every mapping goes, after the stream is done
+    assert iso.children[1].frames()  # the new child runs this frame
+
+
+def test_frame_hooks_without_before_wait_or_failing_in_it_do_not_stop_a_restart(iso):
+    f, s = _patch(iso)
+    iso.update()
+
+    class Old:  # a hook written before ``before_wait`` existed
+        def before_launch(self, stream):
+            pass
+
+        def after_launch(self, stream):
+            pass
+
+    class Failing(Old):
+        def before_wait(self):
+            raise RuntimeError("GL error: no context current")
+
+    iso.add_frame_hook(Old())
+    iso.add_frame_hook(Failing())
+    iso.synchronize()
+    why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+    iso.children[0].inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+    iso.update()
+    assert iso.restarts == 1 and len(iso.children) == 2 and iso.children[1].frames()
+
+
+def test_a_child_that_finishes_no_frame_is_reported_stuck_not_waited_for_forever(iso, monkeypatch):
+    from cudapatch.isolated import host as host_module
+
+    monkeypatch.setattr(host_module, "REQUEST_TIMEOUT_S", 0.05)
+    _patch(iso)
+    iso.update()
+    iso.gpu.lagging = True
+    iso.update()
+    with pytest.raises(CudapatchError, match="finished no frame within"):
+        iso.synchronize()
 
 
 def test_the_launcher_starts_the_next_child_in_reserve_and_uses_it_at_a_restart(monkeypatch) -> None:
