@@ -328,11 +328,12 @@ class IsolatedEngine:
             self._wait_for_frames(0)
             if self._unmap_due:
                 self._wait_host_stream()
-                if self._unmap_due == "all":
-                    self._gpu.drop_outputs()
-                else:
-                    handles = self._handles.values()
-                    self._gpu.drop_outputs(keep={h.handle for h in handles} | {h.alt[0] for h in handles if h.alt})
+                # A new graph: only what was mapped since (none, unless an earlier wait here raised).
+                # A Warm patch: every allocation the child's outputs use now.
+                h = self._handles
+                handles = [h[k] for k in self._outputs if k in h] if self._unmap_due == "all" else h.values()
+                keep = {x.handle for x in handles} | {x.alt[0] for x in handles if x.alt}
+                self._gpu.drop_outputs(keep=keep or None)
                 self._unmap_due = ""
         finally:
             self._unmapping = False
