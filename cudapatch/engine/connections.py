@@ -70,6 +70,10 @@ class ConnectionGraph:
             )
         return False
 
+    def links(self) -> tuple[Link, ...]:
+        """Every link, in the order they were made (a snapshot's: one C-level copy)."""
+        return tuple(self._by_input.values())
+
     def __iter__(self) -> Iterator[Link]:
         return iter(list(self._by_input.values()))
 
