@@ -155,3 +155,35 @@ def random_values(type_name: str, rng: np.random.Generator, n: int) -> np.ndarra
         return rng.integers(0, 255, size=(n, 4), endpoint=True, dtype=np.uint8)
     lanes = int(type_name[-1])
     return rng.standard_normal((n, lanes)).astype(np.float32)
+
+
+def interpreted_then_jitted(monkeypatch: pytest.MonkeyPatch, make_block) -> np.ndarray:
+    """An Expression's quick build run twice in fresh engines: by the bytecode interpreter's cubin (no
+    JIT), then, the interpreter turned off, by the program's PTX the driver JITs. ``make_block(engine)``
+    adds the Expression (and what feeds it). Asserts both builds ran and gave the same bits; returns
+    the output."""
+    from cudapatch.expr import ProgramSource
+    from cudapatch.expr.bytecode import INTERPRETERS
+
+    monkeypatch.setattr(ProgramSource, "upgrade", lambda self: None)  # keep the first build running
+    results, kinds = [], []
+    for interpreted in (True, False):
+        with Engine(wait_for_compile=True, cache_dir=False) as e:
+            block = make_block(e)
+            program = block.source.program
+            assert program is not None
+            if interpreted:
+                found = INTERPRETERS.get(
+                    len(program.inputs), len(program.scalars), e.device.arch, wait=True, lanes=program.input_lanes
+                )
+                assert found is not None, "the interpreter did not compile"
+            else:
+                monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)
+            e.update()
+            running = e.kernels.running((block.id, 0))
+            assert running is not None
+            kinds.append(running.image.kind)
+            results.append(e.read(block, "Out"))
+    assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
+    np.testing.assert_array_equal(results[0], results[1])
+    return results[0]

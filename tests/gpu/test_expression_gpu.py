@@ -11,7 +11,7 @@ import pytest
 from cudapatch import BlockState, Engine, Expression
 from cudapatch.expr import evaluate
 
-from .conftest import run_until
+from .conftest import interpreted_then_jitted, run_until
 
 pytestmark = pytest.mark.gpu
 
@@ -193,29 +193,9 @@ def test_the_interpreter_gives_the_generated_kernels_bits(
     rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, code: str
 ) -> None:
     """An edit's quick build run by the bytecode interpreter (no JIT) against the same program's PTX."""
-    from cudapatch.expr import ProgramSource, compile_expression, single
-    from cudapatch.expr.bytecode import INTERPRETERS
-
-    monkeypatch.setattr(ProgramSource, "upgrade", lambda self: None)  # keep the first build running
     data = _inputs(rng, 50_001)
     data["b"] = data["b"][:1]  # broadcast
-    program = single(compile_expression(code))
-    results, kinds = [], []
-    for interpreted in (True, False):
-        with Engine(wait_for_compile=True, cache_dir=False) as e:
-            if interpreted:
-                found = INTERPRETERS.get(len(program.inputs), len(program.scalars), e.device.arch, wait=True)
-                assert found is not None, "the interpreter did not compile"
-            else:
-                monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)
-            block = _expression(e, code, data, Hi=0.75, Freq=3.0)
-            e.update()
-            running = e.kernels.running((block.id, 0))
-            assert running is not None
-            kinds.append(running.image.kind)
-            results.append(e.read(block, "Out"))
-    assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
-    np.testing.assert_array_equal(results[0], results[1])
+    interpreted_then_jitted(monkeypatch, lambda e: _expression(e, code, data, Hi=0.75, Freq=3.0))
 
 
 def test_declared_names_compute_and_an_unused_declared_input_is_a_warning(

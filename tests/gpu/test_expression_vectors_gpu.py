@@ -13,7 +13,7 @@ from cudapatch import BlockState, Engine, Expression, Scale
 from cudapatch.blocks.library.image import Pattern
 from cudapatch.expr import ExpressionError, evaluate
 
-from .conftest import run_until
+from .conftest import interpreted_then_jitted, run_until
 
 pytestmark = pytest.mark.gpu
 
@@ -147,30 +147,9 @@ def test_the_interpreter_gives_a_vector_kernels_bits(
 ) -> None:
     """A vector edit's quick build run by the bytecode interpreter (its lane loop, no JIT) against the
     same program's generated PTX."""
-    from cudapatch.expr import ProgramSource
-    from cudapatch.expr.bytecode import INTERPRETERS
-
-    monkeypatch.setattr(ProgramSource, "upgrade", lambda self: None)  # keep the first build running
     data = _data(rng, 50_001, lanes)
     code = "c * sin(mask * Freq) + exp(d * 0.5) * mask + " + EXACT
-    results, kinds = [], []
-    for interpreted in (True, False):
-        with Engine(wait_for_compile=True, cache_dir=False) as e:
-            block = _vector_block(e, lanes, code, data, Freq=3.0, Gain=0.75, Lift=2.0)
-            program = block.source.program
-            assert program is not None
-            if interpreted:
-                found = INTERPRETERS.get(
-                    len(program.inputs), len(program.scalars), e.device.arch, wait=True, lanes=program.input_lanes
-                )
-                assert found is not None, "the vector interpreter did not compile"
-            else:
-                monkeypatch.setattr(INTERPRETERS, "get", lambda *a, **k: None)
-            e.update()
-            running = e.kernels.running((block.id, 0))
-            assert running is not None
-            kinds.append(running.image.kind)
-            results.append(e.read(block, "Out"))
-    assert kinds == ["cubin", "ptx"]  # the interpreter's cubin, then the PTX the driver JITs
-    np.testing.assert_array_equal(results[0], results[1])
-    assert results[0].shape == (50_001, lanes)
+    out = interpreted_then_jitted(
+        monkeypatch, lambda e: _vector_block(e, lanes, code, data, Freq=3.0, Gain=0.75, Lift=2.0)
+    )
+    assert out.shape == (50_001, lanes)

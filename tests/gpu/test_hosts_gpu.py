@@ -4,6 +4,7 @@ TouchDesigner engine TOP against the documented-API double."""
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -101,8 +102,22 @@ def _fill_scale_top(td: TouchDesignerHost) -> tuple:
     return fill, scale, shape, EngineTOP(td, ("/p/scale", "Out"), shape), scriptTOP("/p/engine")
 
 
-def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
+def _top_in_place_of_fill(td: TouchDesignerHost, fill: Any, shape: Any, top: Any) -> tuple:
+    """A TOP of fresh random floats (CuPy) bound to the Scale's input, the Fill removed: ``(values, TOP)``."""
     import cupy
+
+    rng = np.random.default_rng()
+    img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
+    cupy.cuda.get_current_stream().synchronize()  # written before the engine reads it
+    src_top = TOP("/p/movie", img, shape)
+    td.engine.remove(fill.block)
+    td.adapter._ops.pop("/p/fill")
+    td.adapter._types.pop("/p/fill")
+    top.BindInputTOP("/p/scale", "In", src_top)
+    return img, src_top
+
+
+def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
 
     td = TouchDesignerHost(engine=engine, plugins=PluginHost())
     fill, scale, shape, top, op = _fill_scale_top(td)
@@ -114,14 +129,7 @@ def test_touchdesigner_engine_top_copies_on_the_engine_stream(engine):
     assert last["stream"] == int(engine.device.stream_handle) and last["size"] == 64 * 32 * 4 * 4
     assert np.allclose(last["data"].view(np.float32), 0.75)
     # a TOP as an input: its CUDAMemory is held while the engine reads it
-    rng = np.random.default_rng()
-    img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
-    cupy.cuda.get_current_stream().synchronize()  # written before the engine reads it
-    src_top = TOP("/p/movie", img, shape)
-    engine.remove(fill.block)
-    td.adapter._ops.pop("/p/fill")
-    td.adapter._types.pop("/p/fill")
-    top.BindInputTOP("/p/scale", "In", src_top)
+    img, src_top = _top_in_place_of_fill(td, fill, shape, top)
     gc.collect()
     assert CUDAMemory.live >= 1 and src_top.streams[-1] == int(engine.device.stream_handle)
     scale.ownerComp.par.Factor.val = 2.0
@@ -140,7 +148,6 @@ def test_touchdesigner_with_an_isolated_engine_shows_and_feeds_tops():
     """``TouchDesignerHost(isolated=True)``: the blocks run in the engine's child process; the engine
     TOP copies the child's output (mapped here) on the host's engine stream, a Hot parameter reaches
     the child, and a TOP's CUDA memory fed to an input is read by the child with no copy."""
-    import cupy
 
     td = TouchDesignerHost(plugins=PluginHost(), isolated=True)
     try:
@@ -158,14 +165,7 @@ def test_touchdesigner_with_an_isolated_engine_shows_and_feeds_tops():
         scale.OnParValueChange(scale.ownerComp.par.Factor, 1.0)
         top.onCook(op)
         assert np.allclose(op.copies[-1]["data"].view(np.float32), 2.25)
-        rng = np.random.default_rng()
-        img = cupy.asarray(rng.standard_normal(64 * 32 * 4).astype(np.float32))
-        cupy.cuda.get_current_stream().synchronize()
-        src_top = TOP("/p/movie", img, shape)
-        engine.remove(fill.block)
-        td.adapter._ops.pop("/p/fill")
-        td.adapter._types.pop("/p/fill")
-        top.BindInputTOP("/p/scale", "In", src_top)
+        img, src_top = _top_in_place_of_fill(td, fill, shape, top)
         engine.wait_ready()
         for _ in range(2):
             top.onCook(op)
