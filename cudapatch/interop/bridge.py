@@ -3,7 +3,10 @@
 The bridge registers itself as a frame hook of the engine: before each launch it maps all its
 resources with one ``cuGraphicsMapResources`` call on the engine's stream, rebinds a GL buffer
 input whose mapped pointer moved (a Warm update), and after the launch unmaps everything with one
-call. Nothing waits: the unmap orders GL's later use after the graph's writes.
+call. Nothing waits: the unmap orders GL's later use after the graph's writes. An isolated
+engine's graph runs in its child process: its outputs are copied in from the child's buffers once
+the child has finished the frame (one frame later in a live preview; ``catch_up`` for a frame saved
+to a file, and ``synchronize`` copies the last one).
 
 Outputs are copied into GL by blocks the bridge adds to the engine (``gl_writers.py``), so the
 copies are graph nodes, not host calls: ``GlBufferWriter`` into a mapped buffer,
@@ -34,7 +37,6 @@ from ..blocks.block import Block
 from ..engine.bindings import DeviceArray
 from ..errors import CudaError, CudapatchError, InteropError
 from ..kernels._driver import check, driver
-from ._gl import gl
 from .formats import conversion_for
 from .shared import ResourceGroup, SharedBuffer, SharedTexture2D
 
@@ -75,9 +77,10 @@ class GlBridge:
         self._group: ResourceGroup | None = None
         self._closed = False
         # An isolated engine's graph runs in its child process, which cannot reach this process's GL
-        # memory: its outputs are copied in after each frame, on the host's stream (ordered after the
-        # child's frame), from the child's buffers mapped here (``engine.output``).
+        # memory: its outputs are copied in from the child's buffers mapped here (``engine.output``),
+        # once the frame word says the child finished the frame (``_copy_finished``).
         self._by_copy = bool(getattr(engine, "graph_in_child", False))
+        self._sent: int | None = None  # an isolated engine's frame whose outputs are not copied yet
         engine.add_frame_hook(self)
 
     # -- wiring (not on the frame path) ------------------------------------------------------------
@@ -265,7 +268,11 @@ class GlBridge:
     # -- the frame (called by Engine.update) -----------------------------------------------------
     def before_launch(self, stream: Any) -> None:
         """Request this launch's ring buffers; map every resource (one driver call); give the graph's
-        writers and GL inputs the mapped addresses where they moved (Hot / Warm updates)."""
+        writers and GL inputs the mapped addresses where they moved (Hot / Warm updates). With an
+        isolated engine: copy in the outputs of the frame sent last, if the child has finished it."""
+        if self._by_copy:
+            self._copy_finished(stream, wait=not getattr(self.engine, "drop_frames", True))
+            return
         for link in self._rings:
             link.resource.request()
         group = self._group
@@ -302,60 +309,96 @@ class GlBridge:
                     link.writer.set("Surface", link.resource.surface_object(array))
                     link.last_ptr = int(array)
 
-    def before_wait(self) -> None:
-        """Finish GL's work before the engine blocks on its stream. A map on the stream waits for the
-        GL work issued before it, and that work waits for the stream's last unmap; a GL driver may hold
-        it back on the CPU until a GL call makes it go, and no GL call comes while this thread blocks
-        (a guess at the hang of an isolated preview after a fault, not yet confirmed on the GPU). Call
-        it only when every frame the stream waits for will finish: an isolated engine calls it after
-        its child's frames are done or let past."""
-        if self._group is not None:
-            gl().glFinish()
-
     def after_launch(self, stream: Any) -> None:
         """Copy outputs into textures that surface stores cannot write, then unmap everything (one
-        driver call)."""
+        driver call). With an isolated engine: note the frame sent, copied in by a later call."""
+        if self._by_copy:
+            self._sent = self.engine.frames_sent
+            return
         group = self._group
         if group is None:
             return
         try:
-            if self._by_copy:
-                for link in self._outputs:
-                    src = self.output_buffer(link.block, link.port)
-                    if src is not None:
-                        n = min(src.nbytes, link.resource.nbytes)
-                        dst = group.pointer(link.resource)
-                        check(driver().cuMemcpyDtoDAsync(dst, src.ptr, n, stream), "cuMemcpyDtoDAsync")
             for link in self._textures:
                 if link.writer is not None:
                     continue
                 src = self.output_buffer(link.block, link.port)
                 if src is None:  # the block is not running (yet): leave GL's contents alone
                     continue
-                tex = link.resource
-                need = tex.width * tex.height * tex.texel_bytes
-                if src.nbytes < need and self._by_copy:  # (in process a writer block writes what it has)
-                    if link.last_ptr != -1:
-                        log.warning(
-                            "%s: output '%s.%s' has %d bytes, fewer than its %dx%d texture's %d: not shown",
-                            self.label,
-                            link.block.name,
-                            link.port,
-                            src.nbytes,
-                            tex.width,
-                            tex.height,
-                            need,
-                        )
-                        link.last_ptr = -1
-                    continue
-                if src.nbytes < need:
-                    raise InteropError(
-                        f"show_texture: output '{link.block.name}.{link.port}' has {src.nbytes} bytes; "
-                        f"{tex.label} ({tex.width}x{tex.height} {tex.format}) needs {need}"
-                    )
-                group.mapping(tex).copy_from(src.ptr, stream=stream)
+                self._copy_texture(group, link, src, stream)
         finally:
             group.unmap()
+
+    def before_wait(self) -> None:
+        """An isolated engine's frames are all finished (or let past) and this process is about to wait
+        for its stream: copy in the last frame's outputs, so GL holds them once ``synchronize`` returns."""
+        if self._by_copy:
+            self._copy_finished(self.engine.stream, wait=False)
+
+    def catch_up(self) -> None:
+        """An isolated engine: wait for the frame sent last and copy its outputs in now (a frame saved
+        to a file shows the frame it is named for). Nothing otherwise: the graph wrote GL already."""
+        if self._by_copy:
+            self._copy_finished(self.engine.stream, wait=True)
+
+    def _copy_finished(self, stream: Any, *, wait: bool) -> None:
+        """Map, copy and unmap on ``stream`` the outputs of the isolated engine's frame sent last, once
+        the frame word says the child finished it (``wait``: wait for that, reading its pipe; else a
+        frame still running is copied by a later call, or never if another is sent first).
+
+        So no map, and no GL work after an unmap, waits on the GPU for a frame the child has not
+        finished: a slow or stuck child leaves GL drawing the last frame it finished. The child's next
+        frame waits for the host's stream to let it start, after these copies: no frame is read while
+        it is written.
+        """
+        n, group = self._sent, self._group
+        if n is None or group is None:
+            return
+        done = self.engine.frame_finished(n, wait=wait)
+        if done is False:
+            return
+        self._sent = None
+        if done is None:  # the child ended before finishing it: its outputs are gone, GL keeps the last
+            return
+        group.map(stream=stream)
+        try:
+            for link in self._outputs:
+                src = self.output_buffer(link.block, link.port)
+                if src is not None:
+                    count = min(src.nbytes, link.resource.nbytes)
+                    dst = group.pointer(link.resource)
+                    check(driver().cuMemcpyDtoDAsync(dst, src.ptr, count, stream), "cuMemcpyDtoDAsync")
+            for link in self._textures:
+                src = self.output_buffer(link.block, link.port)
+                if src is not None:
+                    self._copy_texture(group, link, src, stream)
+        finally:
+            group.unmap()
+
+    def _copy_texture(self, group: ResourceGroup, link: _Link, src: Any, stream: Any) -> None:
+        """Copy ``src`` (an output's buffer) into the texture of ``link``, mapped in ``group``."""
+        tex = link.resource
+        need = tex.width * tex.height * tex.texel_bytes
+        if src.nbytes < need and self._by_copy:  # (in process a writer block writes what it has)
+            if link.last_ptr != -1:
+                log.warning(
+                    "%s: output '%s.%s' has %d bytes, fewer than its %dx%d texture's %d: not shown",
+                    self.label,
+                    link.block.name,
+                    link.port,
+                    src.nbytes,
+                    tex.width,
+                    tex.height,
+                    need,
+                )
+                link.last_ptr = -1
+            return
+        if src.nbytes < need:
+            raise InteropError(
+                f"show_texture: output '{link.block.name}.{link.port}' has {src.nbytes} bytes; "
+                f"{tex.label} ({tex.width}x{tex.height} {tex.format}) needs {need}"
+            )
+        group.mapping(tex).copy_from(src.ptr, stream=stream)
 
     @property
     def copies(self) -> bool:

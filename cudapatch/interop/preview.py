@@ -281,6 +281,8 @@ class Preview:
         self.engine.update()
         if settle and rings:
             self.engine.synchronize()  # this launch's copy is done: front() returns it
+        if settle:
+            self.bridge.catch_up()  # an isolated engine's outputs of this frame, not the one before
         if self.points is not None:
             self._sync_points()
         GL = gl()
@@ -352,10 +354,7 @@ class Preview:
             if png:
                 report.pngs.append(write_png(out / f"frame_{number:05d}.png", self.context.read_pixels()))
         lost = getattr(self.engine, "lost", None)
-        if lost or not self.bridge.copies:
-            # (An isolated engine's synchronize finishes GL itself once its child's frames are done: GL
-            # work after the last unmap waits for a frame only a fault report read from the pipe lets go.)
-            gl().glFinish()
+        gl().glFinish()
         if not lost:  # a lost engine's stream only returns its fault
             self.engine.synchronize()
         report.seconds = time.perf_counter() - t0

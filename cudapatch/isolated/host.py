@@ -51,6 +51,8 @@ __all__ = ["IsolatedEngine", "HostSide", "ChildLike", "NotInIsolatedEngine"]
 log = logging.getLogger("cudapatch.isolated")
 
 REQUEST_TIMEOUT_S = 300.0
+#: A wait for the child's frames that sees none finish for this long logs where both streams stand.
+SLOW_FRAME_S = 10.0
 # Frames the host may send ahead of the child's finished ones. Each frame puts two stream-memory
 # operations on the host's stream; a child that stops finishing frames (busy finding a faulting
 # block, dead) would otherwise fill that stream's queue until a driver call blocks the host thread
@@ -197,6 +199,7 @@ class IsolatedEngine:
         self.profiling = ProfilingLevel.NONE
         self.wait_for_compile = wait_for_compile
         self._frame = 0
+        self._ended_at = -1  # the last frame sent to a child that ended: never finished with outputs here
         #: True (a live host): while the child is ``MAX_FRAMES_AHEAD`` frames behind, ``update()`` drops
         #: the frame (counted in ``counters.frames_dropped``) rather than wait. False (offline: frames
         #: rendered to files, a fixed count of frames): ``update()`` waits until the child catches up,
@@ -269,6 +272,7 @@ class IsolatedEngine:
         start another (or give up, per the policy)."""
         t0 = time.perf_counter()
         self._gpu.release(self._frame)
+        self._ended_at = self._frame
         self._drop_outputs()
         how = child.close()
         report = self._fault_report
@@ -629,6 +633,30 @@ class IsolatedEngine:
         self._wait_for_frames(0)
         self._wait_host_stream()
 
+    @property
+    def frames_sent(self) -> int:
+        """The number of the last frame sent to the child (frames the host dropped are not sent)."""
+        return self._frame
+
+    def frame_finished(self, n: int, *, wait: bool = False) -> bool | None:
+        """Whether the child has finished frame ``n`` (a number ``frames_sent`` gave): True once it has,
+        and its outputs hold that frame until the host's stream lets the next frame start; False while
+        it runs; None when it never will (the child ended first: its outputs are unmapped here). A plain
+        load of the frame word, no driver call.
+
+        Args:
+            n: The frame.
+            wait: Wait until it is not running (reading the child's pipe, as ``synchronize``).
+
+        Raises:
+            CudapatchError: ``wait`` and the child finished no frame for ``REQUEST_TIMEOUT_S``.
+        """
+        if wait and self._child is not None:
+            self._wait_for_frames((self._frame - n) & 0xFFFFFFFF)
+        if self._child is None or ((self._ended_at - n) & 0xFFFFFFFF) < 1 << 31:
+            return None  # lost, or sent to a child that ended: at or before the frame it ended at
+        return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31
+
     def _wait_host_stream(self) -> None:
         """Block until the host's stream is done. The hooks finish their GL work first (it waits for the
         stream's unmaps, and the stream's next map waits for it): called once every frame the stream
@@ -655,6 +683,7 @@ class IsolatedEngine:
         """
         gpu = self._gpu
         end, last = time.monotonic() + REQUEST_TIMEOUT_S, gpu.finished()
+        warn = time.monotonic() + SLOW_FRAME_S
         while True:
             child = self._poll()
             done = gpu.finished()
@@ -662,6 +691,18 @@ class IsolatedEngine:
                 return child
             if done != last:  # progress: the deadline counts from the last finished frame
                 end, last = time.monotonic() + REQUEST_TIMEOUT_S, done
+                warn = time.monotonic() + SLOW_FRAME_S
+            elif time.monotonic() > warn:  # once per stall: where the two processes' streams stand
+                warn = end
+                log.warning(
+                    "the engine process (pid %s) has finished no frame for %.0f s: frame %d done of %d sent, "
+                    "the host's stream let it start frame %d (lower: the host's stream is behind)",
+                    self.child_pid,
+                    SLOW_FRAME_S,
+                    done,
+                    self._frame,
+                    gpu.let_start(),
+                )
             elif time.monotonic() > end:
                 raise CudapatchError(
                     f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "

@@ -46,6 +46,7 @@ class HostSide(Protocol):
     def begin_frame(self, n: int) -> None: ...
     def sent_frame(self, n: int) -> None: ...
     def finished(self) -> int: ...
+    def let_start(self) -> int: ...  # the last frame the host's stream let the child start
     def release(self, n: int) -> None: ...
     def export(self, binding: ExternalBinding) -> InputHandle: ...
     def share(self, nbytes: int) -> Any: ...  # ipc.SharedPages
@@ -89,6 +90,11 @@ class CudaHostSide:
 
     def finished(self) -> int:
         return self.word.value  # a plain load of the shared page: the child's last finished frame
+
+    def let_start(self) -> int:
+        from .ipc import HOST_READY
+
+        return self.word.read(HOST_READY)  # the last frame the host's stream let the child start
 
     def release(self, n: int) -> None:
         self.word.release(n)

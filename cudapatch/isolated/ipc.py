@@ -107,6 +107,10 @@ class FrameWord:
         """The frame number last written (a plain load; the GPU writes it after the frame's work)."""
         return _WORD.unpack_from(self._map, 0)[0]
 
+    def read(self, slot: int) -> int:
+        """The word ``slot`` (``CHILD_DONE`` or ``HOST_READY``): a plain load."""
+        return _WORD.unpack_from(self._map, slot * _WORD.size)[0]
+
     def release(self, n: int, slot: int = 0) -> None:
         """Store ``n`` from the CPU: every stream wait for a frame up to ``n`` is satisfied (a child
         that died without finishing them, a restart that starts counting there)."""

@@ -4,6 +4,8 @@ the host-side ``IsolatedEngine`` driven against a fake child and a fake GPU side
 from __future__ import annotations
 
 import pickle
+import time
+import types
 from typing import Any
 
 import numpy as np
@@ -248,6 +250,9 @@ class FakeHostSide:
 
     def finished(self):
         return self.done
+
+    def let_start(self):
+        return self.sent
 
     def release(self, n):
         self.released.append(n)
@@ -565,7 +570,7 @@ def test_synchronize_reads_the_pipe_while_a_faulted_childs_frames_never_finish(i
 
     child.wait_readable = report_fault
 
-    class Hook:  # as the GL bridge: finishes GL's work before the host blocks on its stream
+    class Hook:  # as the GL bridge: copies the last frame in before the host blocks on its stream
         def before_launch(self, stream):
             pass
 
@@ -815,3 +820,57 @@ def test_an_isolated_engine_says_its_graph_runs_in_the_child():
     from cudapatch.isolated import IsolatedEngine
 
     assert IsolatedEngine.graph_in_child and not Engine.graph_in_child
+
+
+def test_frame_finished_says_running_finished_or_never_for_a_child_that_ended(iso):
+    """What the GL bridge asks before it copies an isolated engine's outputs: a frame still running is
+    not copied yet, and one sent to a child that ended never is (its memory is unmapped here)."""
+    f, s = _patch(iso)
+    iso.update()
+    assert iso.frames_sent == 1 and iso.frame_finished(1) is True
+    iso.gpu.lagging = True
+    iso.update()
+    assert iso.frame_finished(2) is False and iso.frame_finished(1) is True
+    child = iso.children[0]
+    waits = []
+
+    def finish(timeout):
+        waits.append(timeout)
+        iso.gpu.done = 2
+
+    child.wait_readable = finish
+    assert iso.frame_finished(2, wait=True) is True and waits  # read the pipe until it finished
+    iso.update()  # frame 3, never finished: the child faults in it
+    why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+    child.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+    child.wait_readable = lambda timeout: None
+    assert iso.frame_finished(3, wait=True) is None  # let past, not finished: nothing to copy
+    assert iso.restarts == 1 and iso.frame_finished(2) is None  # the ended child's outputs are gone
+    iso.gpu.lagging = False
+    iso.update()
+    assert iso.frames_sent == 4 and iso.frame_finished(4) is True  # the new child's frames count on
+
+
+def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monkeypatch, caplog):
+    from cudapatch.isolated import host
+
+    f, s = _patch(iso)
+    iso.update()
+    iso.gpu.lagging = True
+    iso.update()
+    clock = iter(range(0, 10_000, 4))  # 4 s a reading: only this module's clock, not pytest's
+    fake_time = types.SimpleNamespace(monotonic=lambda: float(next(clock)), perf_counter=time.perf_counter)
+    monkeypatch.setattr(host, "time", fake_time)
+    child = iso.children[0]
+    waits = []
+
+    def finish_late(timeout):
+        waits.append(timeout)
+        if len(waits) == 5:  # 20 s on the fake clock
+            iso.gpu.done = 2
+
+    child.wait_readable = finish_late
+    with caplog.at_level("WARNING", logger="cudapatch.isolated"):
+        iso.synchronize()
+    (warning,) = [r.getMessage() for r in caplog.records if "finished no frame" in r.getMessage()]
+    assert "frame 1 done of 2 sent" in warning and "let it start frame 2" in warning, warning
