@@ -554,10 +554,15 @@ class IsolatedEngine:
             return  # (before the hooks: a GL bridge maps in before_launch and unmaps in after_launch)
         for h in self._frame_hooks:
             h.before_launch(gpu.stream)
-        gpu.begin_frame(n)
-        child.send(("frame", n, hot))
-        gpu.sent_frame(n)
-        self._frame = n
+        if self._child is not child:  # a hook waited for the child's frame and met its end (GlBridge.catch_up)
+            child = self._child
+            if child is not None:  # the next child: the whole patch first (its start marked it to send)
+                self._send_structure(child)
+        if child is not None:  # (None: lost; the hooks still unmap what they mapped)
+            gpu.begin_frame(n)
+            child.send(("frame", n, hot))
+            gpu.sent_frame(n)
+            self._frame = n
         self.counters.frames += 1
         failed: BaseException | None = None
         for h in self._frame_hooks:  # every hook unmaps what it mapped, whatever an earlier one raised

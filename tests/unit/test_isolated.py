@@ -874,3 +874,37 @@ def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monk
         iso.synchronize()
     (warning,) = [r.getMessage() for r in caplog.records if "finished no frame" in r.getMessage()]
     assert "frame 1 done of 2 sent" in warning and "let it start frame 2" in warning, warning
+
+
+def test_a_hook_that_meets_the_childs_end_before_the_launch_sends_the_frame_to_the_next_child(iso):
+    """The GL bridge of an isolated engine waits in ``before_launch`` for the frame it copies (frames
+    saved to files); the child may fault meanwhile and a new one start. The frame and the patch go to
+    the new child, not to the ended one (seen on the H100: ``cudapatch run --isolated`` then waited
+    for good for frames no child had been sent)."""
+    f, s = _patch(iso)
+    iso.update()
+    first = iso.children[0]
+    iso.gpu.lagging = True
+    iso.update()  # frame 2 never finishes: the child faults in it
+
+    class Bridge:
+        def before_launch(self, stream):
+            if len(iso.children) == 1:
+                why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
+                first.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+                assert iso.frame_finished(iso.frames_sent, wait=True) is None
+
+        def after_launch(self, stream):
+            pass
+
+    iso.add_frame_hook(Bridge())
+    frames_to_first = len(first.frames())
+    iso.gpu.lagging = False
+    iso.update()
+    second = iso.children[1]
+    assert len(first.frames()) == frames_to_first  # nothing more to the ended child
+    assert second.frames() == [("frame", 3, ())]
+    assert any(isinstance(e, AddBlock) and e.id == f.id for e in second.edits())  # the patch came first
+    sent = second.sent
+    assert sent.index(next(m for m in sent if m[0] == "edits")) < sent.index(("frame", 3, ()))
+    assert iso.frame_finished(3) is True
