@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+from .chunked import Chunked, ChunkedOrder
+
 __all__ = ["Link", "ConnectionGraph"]
 
 
@@ -23,34 +25,56 @@ class ConnectionGraph:
 
     def __init__(self) -> None:
         self._by_input: dict[tuple[int, str], Link] = {}
+        self._order = ChunkedOrder()  # the inputs in ``_by_input``'s order: what ``links()`` copies
+        # Block id -> the inputs of the links from or to it: removing a block looks at its own links
+        # only (a scan of every link was 0.5 ms of the frame thread at 10,000 blocks).
+        self._keys_of: dict[int, set[tuple[int, str]]] = {}
 
     def add(self, link: Link) -> Link | None:
         """Add ``link``; returns the link it replaced on the same input, if any."""
         key = (link.dst, link.dst_port)
         old = self._by_input.get(key)
         self._by_input[key] = link
+        if old is not None:
+            self._forget(old, key)
+        self._order.append(key)  # (a replaced link keeps its place, as in the dict)
+        self._keys_of.setdefault(link.src, set()).add(key)
+        self._keys_of.setdefault(link.dst, set()).add(key)
         return old
+
+    def _forget(self, link: Link, key: tuple[int, str]) -> None:
+        for b in (link.src, link.dst):
+            keys = self._keys_of.get(b)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._keys_of[b]
 
     def remove(self, link: Link) -> bool:
         """Remove ``link``; returns whether it existed."""
         key = (link.dst, link.dst_port)
         if self._by_input.get(key) == link:
             del self._by_input[key]
+            self._order.discard(key)
+            self._forget(link, key)
             return True
         return False
 
     def remove_block(self, block_id: int) -> list[Link]:
-        """Remove every link from or to ``block_id``; returns them."""
-        gone = [lk for lk in self._by_input.values() if block_id in (lk.src, lk.dst)]
+        """Remove every link from or to ``block_id``; returns them (in no particular order)."""
+        by_input = self._by_input
+        gone = [by_input[k] for k in list(self._keys_of.get(block_id, ()))]
         for lk in gone:
-            del self._by_input[(lk.dst, lk.dst_port)]
+            self.remove(lk)
         return gone
 
     def link_into(self, block_id: int, port: str) -> Link | None:
         return self._by_input.get((block_id, port))
 
     def links_from(self, block_id: int) -> list[Link]:
-        return [lk for lk in self._by_input.values() if lk.src == block_id]
+        """The links out of ``block_id`` (in no particular order)."""
+        by_input = self._by_input
+        return [lk for lk in map(by_input.__getitem__, self._keys_of.get(block_id, ())) if lk.src == block_id]
 
     def reaches(self, start: int, target: int, *, cut: Collection[tuple[int, str]] = ()) -> bool:
         """True if ``target`` is downstream of (or equal to) ``start`` within one frame: links into
@@ -63,16 +87,14 @@ class ConnectionGraph:
             if b in seen:
                 continue
             seen.add(b)
-            stack.extend(
-                lk.dst
-                for lk in self._by_input.values()
-                if lk.src == b and (not cut or (lk.dst, lk.dst_port) not in cut)
-            )
+            by_input = self._by_input
+            stack.extend(k[0] for k in self._keys_of.get(b, ()) if by_input[k].src == b and (not cut or k not in cut))
         return False
 
-    def links(self) -> tuple[Link, ...]:
-        """Every link, in the order they were made (a snapshot's: one C-level copy)."""
-        return tuple(self._by_input.values())
+    def links(self) -> Chunked:
+        """Every link, in the order they were made, frozen (a snapshot's: copies only the chunks of
+        links changed since the last call, ``chunked.py``)."""
+        return self._order.freeze(self._by_input.__getitem__)
 
     def __iter__(self) -> Iterator[Link]:
         return iter(list(self._by_input.values()))

@@ -26,6 +26,7 @@ from ..blocks.regions import Region, accepts_condition
 from ..errors import BindingError, CudapatchError, LinkError
 from ..kernels.source import KernelSource
 from ..kernels.types import DType
+from .chunked import Chunked, ChunkedOrder
 from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
@@ -72,8 +73,9 @@ class PatchSnapshot:
     keep in a buffer of their own (``Context.keep``)."""
 
     context_id: int
-    blocks: tuple[BlockSnapshot, ...]
-    links: tuple[Link, ...]
+    #: Sequences equal to tuples of the same items (``chunked.Chunked`` where the patch has no composites).
+    blocks: Sequence[BlockSnapshot]
+    links: Sequence[Link]
     bindings: dict[tuple[int, str], ExternalBinding] = field(compare=False)
     #: Probed outputs: ``((block_id, port), shape or None)``, ``shape`` an ``(height, width)`` given by
     #: the user (see ``engine/probes.py``).
@@ -123,6 +125,9 @@ class Context:
         # Blocks whose frozen snapshot was dropped since the last snapshot (or never made): the next
         # snapshot freezes only those, so the frame that starts a build does not visit every block.
         self._thawed: set[int] = set()
+        # The registered blocks' ids in the registry's order, with each chunk's last frozen snapshots:
+        # a snapshot copies only the chunks of blocks frozen again since (``chunked.py``).
+        self._block_order = ChunkedOrder()
         self._code_listener = code_listener
 
     @property
@@ -144,6 +149,7 @@ class Context:
         if host is not None:
             raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
+        self._block_order.append(block.id)
         self._thawed.add(block.id)
         block.attach(self)
         if not block.enabled:
@@ -155,6 +161,7 @@ class Context:
         """Remove a block, its links and bindings (Cold on the next update). Unknown blocks are ignored."""
         if not self.registry.remove(block):
             return
+        self._block_order.discard(block.id)
         self.connections.remove_block(block.id)
         self._thaw(block.id)
         for key in [k for k in self.bindings if k[0] == block.id]:
@@ -483,6 +490,7 @@ class Context:
             s = frozen.get(b.id)
             if s is None or s.description is not b.description or s.name != b.name:
                 s = frozen[b.id] = self._freeze(b)
+                self._block_order.touch(b.id)
             blocks.append(s)
         probes = tuple(self.probes.items())
         parents = dict(self.parents)
@@ -496,18 +504,19 @@ class Context:
             return replace(snap, bypassed=frozenset(self.bypassed)) if self.bypassed else snap
         return self._patch_snapshot(blocks)
 
-    def _thawed_snapshot(self) -> tuple[BlockSnapshot, ...] | None:
+    def _thawed_snapshot(self) -> Chunked | None:
         """Every block's snapshot, in the registry's order, freezing again only the blocks thawed since
-        the last snapshot (a value, name or description changed, or the block is new); None when one is
-        missing anyway (the whole patch is then looked at)."""
-        frozen, thawed, registry = self._frozen, self._thawed, self.registry
+        the last snapshot (a value, name or description changed, or the block is new) and copying only
+        the chunks that hold them; None when one is missing anyway (the whole patch is then looked at)."""
+        frozen, thawed, registry, order = self._frozen, self._thawed, self.registry, self._block_order
         for bid in list(thawed):
             thawed.discard(bid)  # before freezing: a change made meanwhile thaws it again
             b = registry.get(bid)
             if b is not None:
                 frozen[bid] = self._freeze(b)
+                order.touch(bid)
         try:
-            return tuple(map(frozen.__getitem__, registry.ids()))  # (a C loop: 10,000 blocks each build)
+            return order.freeze(frozen.__getitem__)
         except KeyError:
             return None
 
@@ -517,7 +526,7 @@ class Context:
     def _patch_snapshot(self, blocks: Sequence[Any]) -> PatchSnapshot:
         return PatchSnapshot(
             self.id,
-            tuple(blocks),
+            blocks if isinstance(blocks, Chunked) else tuple(blocks),
             self.connections.links(),
             dict(self.bindings),
             tuple(self.probes.items()),
