@@ -90,7 +90,9 @@ class BuildWorker:
         self._tail: list[Callable[[], Any]] = []  # run after the outcome is out (``defer``)
         self._chores: list[Callable[[], Any]] = []  # run with no job in flight (``later``)
         self._short_switch = False  # the switch interval is lowered for this worker's work (``_hand_over``)
-        self._tailing = False
+        #: True while work deferred after a build (``defer``, ``later``) runs or waits for a frame's end:
+        #: the frame thread then holds ``FRAME_GUARD`` too, and that work yields at its checkpoints.
+        self.tailing = False
         self._name = name
         self._cv = threading.Condition()
         self._job: Callable[[], Any] | None = None
@@ -164,7 +166,7 @@ class BuildWorker:
                     chores, self._chores = self._chores, []
                     if not chores:  # closed with nothing to do
                         return
-                    self._tailing = True
+                    self.tailing = True
                     job = None
                 else:
                     job = self._job
@@ -188,7 +190,7 @@ class BuildWorker:
                 outcome = _Raised(exc)
             with self._cv:
                 tail, self._tail = self._tail, []
-                self._tailing = bool(tail)
+                self.tailing = bool(tail)
                 self._job, self._outcome = None, outcome
                 self.done = True  # last: the frame thread takes the outcome once it sees this
                 self._cv.notify_all()
@@ -217,14 +219,14 @@ class BuildWorker:
                         log.warning("work deferred after a build failed: %s", exc)
         finally:
             with self._cv:
-                self._tailing = False
+                self.tailing = False
                 self._cv.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the job in flight (if any) finished; returns whether none is running now."""
 
         def idle() -> bool:
-            return self._job is None and not self._tailing and not self._chores
+            return self._job is None and not self.tailing and not self._chores
 
         deadline = None if timeout is None else time.monotonic() + timeout
         lifted = FRAME_GUARD.lift()  # waited for inside a frame (a fault's recovery): the build must not wait for it

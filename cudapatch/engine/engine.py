@@ -279,7 +279,7 @@ class Engine(PatchEditing, EngineResults):
             return
         # A build in flight waits at its checkpoints while this frame runs (``pacing.FrameGuard``; a
         # build this frame starts waits too: ``_apply_changes``).
-        if self._worker.busy:
+        if self._worker.busy or self._worker.tailing:  # (a replaced plan freed after a build yields too)
             FRAME_GUARD.enter()
         try:
             with self._graph_lock:

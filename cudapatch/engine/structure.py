@@ -21,6 +21,7 @@ from .build import BuildOutcome, GraphBuilds
 from .build_thread import BuildWorker
 from .collector import CollectorFreeze
 from .context import Context
+from .garbage import drop_gradually
 from .profiling import ProfilingLevel
 from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, log_build
@@ -86,7 +87,7 @@ class StructureTier:
             if graphs and off_thread:
                 idle = self._resources.take_idle()
                 if idle:
-                    self._worker.later(lambda: close_graphs(idle))
+                    self._worker.later(lambda: (close_graphs(idle), drop_gradually(idle)))
             self._resources.reap(graphs=graphs)
             self._timing.reap_ms = (time.perf_counter() - t0) * 1e3
 
@@ -131,7 +132,7 @@ class StructureTier:
             # The retired graphs the GPU is done with, and what the frame thread no longer uses: freed
             # off the frame thread, after the build and between two frames (destroying an executable
             # graph holds the driver's lock, which the frame's launch would wait for).
-            worker.defer(lambda: (close_graphs(idle), garbage.clear()))
+            worker.defer(lambda: (close_graphs(idle), drop_gradually(idle), drop_gradually(garbage)))
             return builds.prepare(job)
 
         self._worker.submit(build)

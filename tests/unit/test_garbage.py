@@ -1,0 +1,54 @@
+"""``drop_gradually``: a replaced plan is freed a piece at a time off the frame thread, each piece
+small, with a checkpoint between pieces (a frame that starts meanwhile runs first)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from cudapatch.engine import garbage
+from cudapatch.engine.garbage import PIECE, drop_gradually
+
+
+class Node:
+    """A small object standing for a plan's node (weakly referenceable: its death is counted)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+        self.args = (i, i + 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: tuple[Node, ...]
+    by_id: dict[int, Node]
+    order: tuple[int, ...]
+
+
+def test_a_big_plan_is_freed_in_pieces_with_a_checkpoint_between(monkeypatch) -> None:
+    freed_per_piece: list[int] = []
+    freed = [0]
+
+    def checkpoint() -> None:
+        freed_per_piece.append(freed[0])
+        freed[0] = 0
+
+    monkeypatch.setattr(garbage, "checkpoint", checkpoint)
+    nodes = tuple(Node(i) for i in range(20 * PIECE))
+    refs = [weakref.ref(n, lambda _r: freed.__setitem__(0, freed[0] + 1)) for n in nodes]
+    plan = Plan(nodes, {n.i: n for n in nodes}, tuple(range(len(nodes))))
+    shown = {"big": list(range(5 * PIECE))}
+    trash = [(plan, None, shown)]  # as ``discard_later`` keeps a replaced plan with what came with it
+    del nodes, plan, shown
+    drop_gradually(trash)
+    assert trash == [] and all(r() is None for r in refs)  # everything went
+    assert len(freed_per_piece) > 20 and max(freed_per_piece) <= PIECE  # in pieces, none bigger than PIECE
+
+
+def test_what_someone_else_still_holds_is_left_as_it_is(monkeypatch) -> None:
+    monkeypatch.setattr(garbage, "checkpoint", lambda: None)
+    nodes = tuple(Node(i) for i in range(3 * PIECE))
+    plan = Plan(nodes, {n.i: n for n in nodes}, tuple(range(len(nodes))))
+    kept = plan  # the next plan shares it (incremental planning)
+    drop_gradually([plan])
+    assert kept.nodes is nodes and len(kept.by_id) == 3 * PIECE and kept.order[-1] == 3 * PIECE - 1
