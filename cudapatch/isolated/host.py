@@ -658,9 +658,9 @@ class IsolatedEngine:
         """
         if wait and self._child is not None:
             self._wait_for_frames((self._frame - n) & 0xFFFFFFFF)
-        if self._child is None or ((self._ended_at - n) & 0xFFFFFFFF) < 1 << 31:
+        if self._child is None or n <= self._ended_at:  # (host frame numbers never wrap: Python ints)
             return None  # lost, or sent to a child that ended: at or before the frame it ended at
-        return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31
+        return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31  # (the frame word wraps at 2**32)
 
     def _wait_host_stream(self) -> None:
         """Block until the host's stream is done. The hooks finish their GL work first (it waits for the

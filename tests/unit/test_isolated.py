@@ -851,6 +851,15 @@ def test_frame_finished_says_running_finished_or_never_for_a_child_that_ended(is
     assert iso.frames_sent == 4 and iso.frame_finished(4) is True  # the new child's frames count on
 
 
+def test_frame_finished_holds_past_two_to_the_31_frames_with_no_child_ended(iso):
+    """The host counts frames in Python ints; only the child's frame word wraps (at 2**32)."""
+    _patch(iso)
+    iso.update()
+    iso._frame = iso.gpu.done = iso.gpu.sent = 2**31 + 1  # as after 2**31 frames (25 days at 1 kHz)
+    iso.update()
+    assert iso.frames_sent == 2**31 + 2 and iso.frame_finished(2**31 + 2) is True
+
+
 def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monkeypatch, caplog):
     from cudapatch.isolated import host
 
