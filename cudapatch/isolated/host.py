@@ -200,11 +200,16 @@ class IsolatedEngine:
         self.wait_for_compile = wait_for_compile
         self._frame = 0
         self._ended_at = -1  # the last frame sent to a child that ended: never finished with outputs here
-        #: True (a live host): while the child is ``MAX_FRAMES_AHEAD`` frames behind, ``update()`` drops
+        #: True (a live host): while the child is ``frames_ahead`` frames behind, ``update()`` drops
         #: the frame (counted in ``counters.frames_dropped``) rather than wait. False (offline: frames
         #: rendered to files, a fixed count of frames): ``update()`` waits until the child catches up,
         #: so every frame runs, as it does in an engine in this process.
         self.drop_frames = True
+        #: Frames ``update()`` sends ahead of the child's finished ones, at most (``MAX_FRAMES_AHEAD``). A
+        #: ``GlBridge`` sets 1: it copies a frame's outputs only once the child finished it and before the
+        #: next frame may start, so with frames in flight it copied only when the child caught up, never
+        #: while the child was slower than the host's frames (the preview showed none of its frames).
+        self.frames_ahead = MAX_FRAMES_AHEAD
         self._frame_hooks: tuple[Any, ...] = ()
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
         self._child_busy = False  # the child's last word on ``building``
@@ -519,12 +524,13 @@ class IsolatedEngine:
     # -- the frame ----------------------------------------------------------------------------------
     def update(self) -> None:
         """Send pending edits and one frame to the child; waits for neither it nor the GPU, except: with
-        ``drop_frames`` off, for a child three frames behind; and when the child's new outputs replace
+        ``drop_frames`` off, for a child ``frames_ahead`` frames behind; and when the child's new outputs replace
         mapped ones, for the frames that may still read those (then unmapped).
 
         The host's stream (``engine.stream``) waits on the GPU for this frame, so host work queued
         there afterwards sees its outputs."""
-        child = self._poll() if self.drop_frames else self._wait_for_frames(MAX_FRAMES_AHEAD - 1)
+        ahead = self.frames_ahead
+        child = self._poll() if self.drop_frames else self._wait_for_frames(ahead - 1)
         if child is None:  # lost: nothing launches any more, as a lost Engine
             self.counters.frames += 1
             return
@@ -548,7 +554,7 @@ class IsolatedEngine:
                 self._send_structure(child)
         n = self._frame + 1
         gpu = self._gpu
-        if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= MAX_FRAMES_AHEAD:  # the child lags: drop this frame
+        if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= ahead:  # the child lags: drop this frame
             self.counters.frames += 1
             self.counters.frames_dropped += 1
             return  # (before the hooks: a GL bridge maps in before_launch and unmaps in after_launch)

@@ -917,3 +917,35 @@ def test_a_hook_that_meets_the_childs_end_before_the_launch_sends_the_frame_to_t
     sent = second.sent
     assert sent.index(next(m for m in sent if m[0] == "edits")) < sent.index(("frame", 3, ()))
     assert iso.frame_finished(3) is True
+
+
+def test_a_gl_bridge_copies_every_frame_of_a_child_slower_than_the_host(iso):
+    """The GL bridge of an isolated engine copies a frame's outputs once the child finished it and
+    before the next frame may start (no frame is read while it is written); the engine then sends a
+    frame only once the last one finished, or a child slower than the host's frames (2.5 of them a
+    frame here) never had the frame sent last finished when the bridge looked, and GL got none."""
+    from cudapatch.interop.bridge import GlBridge
+
+    _patch(iso)
+    bridge = GlBridge(iso)
+    copied = []
+
+    class Group:  # the bridge's mapped GL resources (none shown here: the map is the copy's moment)
+        def map(self, stream):
+            copied.append((iso.gpu.done, iso.frames_sent))
+
+        def unmap(self):
+            pass
+
+    bridge._group = Group()
+    iso.gpu.lagging = True
+    finish: dict[int, float] = {}  # frame -> the host frame by which the child finished it
+    busy = 0.0
+    for tick in range(1, 101):
+        iso.gpu.done = max((k for k, t in finish.items() if t <= tick), default=0)
+        sent = iso.frames_sent
+        iso.update()
+        if iso.frames_sent != sent:  # the child runs the frames sent one after another
+            busy = finish[iso.frames_sent] = max(tick, busy) + 2.5
+    assert all(done == sent for done, sent in copied)  # the frame sent last was finished: none running
+    assert [done for done, _ in copied] == list(range(1, len(copied) + 1)) and len(copied) >= 30
