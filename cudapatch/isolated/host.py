@@ -703,7 +703,12 @@ class IsolatedEngine:
             if done != last:  # progress: the deadline counts from the last finished frame
                 end, last = time.monotonic() + REQUEST_TIMEOUT_S, done
                 warn = time.monotonic() + SLOW_FRAME_S
-            elif time.monotonic() > warn:  # once per stall: where the two processes' streams stand
+            elif time.monotonic() > end:
+                raise CudapatchError(
+                    f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "
+                    f"(frame {done} done of {self._frame} sent): it is stuck"
+                )
+            elif time.monotonic() > warn:  # once per stall (then the deadline): where both streams stand
                 warn = end
                 log.warning(
                     "the engine process (pid %s) has finished no frame for %.0f s: frame %d done of %d sent, "
@@ -713,11 +718,6 @@ class IsolatedEngine:
                     done,
                     self._frame,
                     gpu.let_start(),
-                )
-            elif time.monotonic() > end:
-                raise CudapatchError(
-                    f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "
-                    f"(frame {done} done of {self._frame} sent): it is stuck"
                 )
             child.wait_readable(0.0005)
 

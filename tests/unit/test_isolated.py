@@ -885,6 +885,28 @@ def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monk
     assert "frame 1 done of 2 sent" in warning and "let it start frame 2" in warning, warning
 
 
+def test_a_child_stuck_past_the_slow_frame_warning_is_still_reported_stuck(iso, monkeypatch, caplog):
+    """The warning after ``SLOW_FRAME_S`` comes first; the error after ``REQUEST_TIMEOUT_S`` still comes
+    (once warned, the wait logged again at every reading past the deadline and never raised)."""
+    from cudapatch.isolated import host
+
+    _patch(iso)
+    iso.update()
+    iso.gpu.lagging = True
+    iso.update()
+    now = [0.0]  # the fake clock moves while the host waits on the child's pipe, as time does
+    monkeypatch.setattr(host, "time", types.SimpleNamespace(monotonic=lambda: now[0], perf_counter=time.perf_counter))
+
+    def wait_readable(timeout):
+        now[0] += 4.0
+        assert now[0] < 2 * host.REQUEST_TIMEOUT_S, "waited past the deadline"
+
+    iso.children[0].wait_readable = wait_readable
+    with caplog.at_level("WARNING", logger="cudapatch.isolated"), pytest.raises(CudapatchError, match="it is stuck"):
+        iso.synchronize()
+    assert len([r for r in caplog.records if "has finished no frame for" in r.getMessage()]) == 1
+
+
 def test_a_hook_that_meets_the_childs_end_before_the_launch_sends_the_frame_to_the_next_child(iso):
     """The GL bridge of an isolated engine waits in ``before_launch`` for the frame it copies (frames
     saved to files); the child may fault meanwhile and a new one start. The frame and the patch go to
