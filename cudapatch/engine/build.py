@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
 from ..kernels.pacing import checkpoint
-from .board import DiagnosticBoard
+from .board import DiagnosticBoard, RunningChange, running_change
 from .built_view import BuiltShower, BuiltView, built_view
 from .bypass import BypassIndex
 from .compiler import NodeCache, compile_plan
@@ -105,6 +105,8 @@ class BuildOutcome:
             the build thread (``CompiledGraph.prepare_patch``), or None.
         bypass_index: The plan's ``BypassIndex`` (a build on the build thread makes it there).
         view: What the blocks show of the plan, and which blocks changed (``built_view``).
+        running: The blocks the plan runs and how they differ from those shown running, made on the
+            build thread (``board.running_change``).
     """
 
     job: BuildJob
@@ -122,6 +124,7 @@ class BuildOutcome:
     prepared: PreparedPatch | None = None
     bypass_index: BypassIndex | None = None
     view: BuiltView | None = None
+    running: RunningChange | None = None
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -286,6 +289,8 @@ class GraphBuilds:
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
         checkpoint()
         out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)
+        if job.off_thread:
+            out.running = running_change(out.plan.block_order, self._board.running)
         checkpoint()
         out.compile_ms = (time.perf_counter() - t0) * 1e3
         if g is not None and not job.cold and self._warm_candidate(g, out, snap.bindings, functions):
@@ -519,4 +524,5 @@ class GraphBuilds:
         self._shower.apply(view, graph.appends)
         if shown is not None:
             self._resources.discard_later(shown)  # freed by the next build, off the frame thread
-        self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), plan.block_order)
+        running = out.running if out.running is not None and out.plan is plan else plan.block_order
+        self._board.build_done(plan.diagnostics + occupancy_warnings(graph.occupancy, registry), running)

@@ -9,7 +9,7 @@ import pytest
 from cudapatch import Diagnostic, DiagnosticCode, Fill, Scale
 from cudapatch.blocks import BlockState
 from cudapatch.engine import Context
-from cudapatch.engine.board import DiagnosticBoard
+from cudapatch.engine.board import DiagnosticBoard, running_change
 from cudapatch.engine.faults import FaultState
 
 
@@ -177,3 +177,27 @@ def test_publishing_writes_only_what_changed_and_every_block_shows_what_a_full_p
     board.graph_gone()
     check()
     assert all(b.debug.state is not BlockState.OK for b in c.registry)
+
+
+def test_a_running_change_made_off_the_frame_thread_writes_what_a_plain_one_writes() -> None:
+    """The build thread compares a new plan's blocks with what the board shows running
+    (``running_change``); the swap frame uses that difference only if the board still shows that set,
+    else it compares again: every block ends as after a full publish either way."""
+    c = Context()
+    blocks = [c.register_block(Scale(name=f"s{i}")) for i in range(8)]
+    ids = [b.id for b in blocks]
+    board = DiagnosticBoard(c.registry, kernels=Compiles(), faults=FaultState(), logger=logging.getLogger("t"))
+
+    def check() -> None:
+        assert {b.id: (b.debug.state, b.debug.message) for b in c.registry} == _every_block(board, c)
+
+    board.build_done((), ids[:4])
+    made = running_change(ids[2:7], board.running)  # on the build thread, against what shows now
+    assert made.changed == frozenset(ids[:2] + ids[4:7])
+    board.build_done((), made)
+    check()
+    assert board.running == frozenset(ids[2:7]) and blocks[0].debug.state is BlockState.NOT_COMPILED
+    stale = running_change(ids[:3], frozenset(ids[:4]))  # made against a set no longer shown
+    board.build_done((), stale)
+    check()
+    assert [b.debug.state is BlockState.OK for b in blocks] == [True] * 3 + [False] * 5
