@@ -669,10 +669,10 @@ class IsolatedEngine:
         return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31  # (the frame word wraps at 2**32)
 
     def _wait_host_stream(self) -> None:
-        """Block until the host's stream is done. The hooks finish their GL work first (it waits for the
-        stream's unmaps, and the stream's next map waits for it): called once every frame the stream
-        waits for is finished or let past (``synchronize``, a child that ended), or when a rebuild's
-        new outputs arrive from a child that goes on finishing its frames."""
+        """Block until the host's stream is done. The hooks' ``before_wait`` goes first (a GL bridge
+        copies the last finished frame's outputs in, so GL holds them once this returns): called once
+        every frame the stream waits for is finished or let past (``synchronize``, a child that ended),
+        or when a rebuild's new outputs arrive from a child that goes on finishing its frames."""
         for h in self._frame_hooks:
             wait = getattr(h, "before_wait", None)
             if wait is None:
