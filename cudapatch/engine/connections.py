@@ -60,10 +60,13 @@ class ConnectionGraph:
             return True
         return False
 
+    def links_of(self, block_id: int) -> list[Link]:
+        """The links from or to ``block_id`` (in no particular order): its own, not a scan of every link."""
+        return list(map(self._by_input.__getitem__, self._keys_of.get(block_id, ())))
+
     def remove_block(self, block_id: int) -> list[Link]:
         """Remove every link from or to ``block_id``; returns them (in no particular order)."""
-        by_input = self._by_input
-        gone = [by_input[k] for k in list(self._keys_of.get(block_id, ()))]
+        gone = self.links_of(block_id)
         for lk in gone:
             self.remove(lk)
         return gone
@@ -73,8 +76,7 @@ class ConnectionGraph:
 
     def links_from(self, block_id: int) -> list[Link]:
         """The links out of ``block_id`` (in no particular order)."""
-        by_input = self._by_input
-        return [lk for lk in map(by_input.__getitem__, self._keys_of.get(block_id, ())) if lk.src == block_id]
+        return [lk for lk in self.links_of(block_id) if lk.src == block_id]
 
     def reaches(self, start: int, target: int, *, cut: Collection[tuple[int, str]] = ()) -> bool:
         """True if ``target`` is downstream of (or equal to) ``start`` within one frame: links into
@@ -87,8 +89,9 @@ class ConnectionGraph:
             if b in seen:
                 continue
             seen.add(b)
-            by_input = self._by_input
-            stack.extend(k[0] for k in self._keys_of.get(b, ()) if by_input[k].src == b and (not cut or k not in cut))
+            stack.extend(
+                lk.dst for lk in self.links_of(b) if lk.src == b and (not cut or (lk.dst, lk.dst_port) not in cut)
+            )
         return False
 
     def links(self) -> Chunked:

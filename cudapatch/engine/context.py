@@ -267,7 +267,7 @@ class Context:
         """A block's description changed: drop links to ports that no longer fit, rebuild."""
         self._thaw(block.id)
         d = block.description
-        for lk in list(self.connections):
+        for lk in self.connections.links_of(block.id):
             if lk.src == block.id and d.output(lk.src_port) is None:
                 self.connections.remove(lk)
             elif lk.dst == block.id and d.input(lk.dst_port) is None:

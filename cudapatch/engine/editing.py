@@ -173,8 +173,8 @@ class PatchEditing:
         and ``hook.before_wait()`` before this process blocks on the engine's stream (``synchronize``).
 
         For GL interop (``cudapatch.interop.GlBridge``): mapping and unmapping shared resources on
-        the engine's stream, and finishing the GL work those maps wait for. Hooks run in the order
-        they were added."""
+        the engine's stream (an isolated engine's bridge copies the last frame in at ``before_wait``).
+        Hooks run in the order they were added."""
         if hook not in self._frame_hooks:
             self._frame_hooks += (hook,)
 

@@ -60,7 +60,7 @@ class EngineResults:
             CudaError: a launched kernel faulted.
         """
         self.device.make_current()
-        for h in self._frame_hooks:  # GL's work first: the stream's next map waits for it (GlBridge)
+        for h in self._frame_hooks:  # what a hook does before this thread blocks (``add_frame_hook``)
             wait = getattr(h, "before_wait", None)
             if wait is not None:
                 wait()

@@ -81,6 +81,8 @@ class GlBridge:
         # once the frame word says the child finished the frame (``_copy_finished``).
         self._by_copy = bool(getattr(engine, "graph_in_child", False))
         self._sent: int | None = None  # an isolated engine's frame whose outputs are not copied yet
+        if self._by_copy:  # each frame finished before the next is sent: the next update copies it
+            engine.frames_ahead = 1
         engine.add_frame_hook(self)
 
     # -- wiring (not on the frame path) ------------------------------------------------------------

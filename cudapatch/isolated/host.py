@@ -200,11 +200,16 @@ class IsolatedEngine:
         self.wait_for_compile = wait_for_compile
         self._frame = 0
         self._ended_at = -1  # the last frame sent to a child that ended: never finished with outputs here
-        #: True (a live host): while the child is ``MAX_FRAMES_AHEAD`` frames behind, ``update()`` drops
+        #: True (a live host): while the child is ``frames_ahead`` frames behind, ``update()`` drops
         #: the frame (counted in ``counters.frames_dropped``) rather than wait. False (offline: frames
         #: rendered to files, a fixed count of frames): ``update()`` waits until the child catches up,
         #: so every frame runs, as it does in an engine in this process.
         self.drop_frames = True
+        #: Frames ``update()`` sends ahead of the child's finished ones, at most (``MAX_FRAMES_AHEAD``). A
+        #: ``GlBridge`` sets 1: it copies a frame's outputs only once the child finished it and before the
+        #: next frame may start, so with frames in flight it copied only when the child caught up, never
+        #: while the child was slower than the host's frames (the preview showed none of its frames).
+        self.frames_ahead = MAX_FRAMES_AHEAD
         self._frame_hooks: tuple[Any, ...] = ()
         self._handles: dict[tuple[int, str], Any] = {}  # (block id, port) -> OutputHandle from the child
         self._child_busy = False  # the child's last word on ``building``
@@ -519,12 +524,13 @@ class IsolatedEngine:
     # -- the frame ----------------------------------------------------------------------------------
     def update(self) -> None:
         """Send pending edits and one frame to the child; waits for neither it nor the GPU, except: with
-        ``drop_frames`` off, for a child three frames behind; and when the child's new outputs replace
+        ``drop_frames`` off, for a child ``frames_ahead`` frames behind; and when the child's new outputs replace
         mapped ones, for the frames that may still read those (then unmapped).
 
         The host's stream (``engine.stream``) waits on the GPU for this frame, so host work queued
         there afterwards sees its outputs."""
-        child = self._poll() if self.drop_frames else self._wait_for_frames(MAX_FRAMES_AHEAD - 1)
+        ahead = self.frames_ahead
+        child = self._poll() if self.drop_frames else self._wait_for_frames(ahead - 1)
         if child is None:  # lost: nothing launches any more, as a lost Engine
             self.counters.frames += 1
             return
@@ -548,7 +554,7 @@ class IsolatedEngine:
                 self._send_structure(child)
         n = self._frame + 1
         gpu = self._gpu
-        if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= MAX_FRAMES_AHEAD:  # the child lags: drop this frame
+        if ((n - 1 - gpu.finished()) & 0xFFFFFFFF) >= ahead:  # the child lags: drop this frame
             self.counters.frames += 1
             self.counters.frames_dropped += 1
             return  # (before the hooks: a GL bridge maps in before_launch and unmaps in after_launch)
@@ -658,15 +664,15 @@ class IsolatedEngine:
         """
         if wait and self._child is not None:
             self._wait_for_frames((self._frame - n) & 0xFFFFFFFF)
-        if self._child is None or ((self._ended_at - n) & 0xFFFFFFFF) < 1 << 31:
+        if self._child is None or n <= self._ended_at:  # (host frame numbers never wrap: Python ints)
             return None  # lost, or sent to a child that ended: at or before the frame it ended at
-        return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31
+        return ((self._gpu.finished() - n) & 0xFFFFFFFF) < 1 << 31  # (the frame word wraps at 2**32)
 
     def _wait_host_stream(self) -> None:
-        """Block until the host's stream is done. The hooks finish their GL work first (it waits for the
-        stream's unmaps, and the stream's next map waits for it): called once every frame the stream
-        waits for is finished or let past (``synchronize``, a child that ended), or when a rebuild's
-        new outputs arrive from a child that goes on finishing its frames."""
+        """Block until the host's stream is done. The hooks' ``before_wait`` goes first (a GL bridge
+        copies the last finished frame's outputs in, so GL holds them once this returns): called once
+        every frame the stream waits for is finished or let past (``synchronize``, a child that ended),
+        or when a rebuild's new outputs arrive from a child that goes on finishing its frames."""
         for h in self._frame_hooks:
             wait = getattr(h, "before_wait", None)
             if wait is None:
@@ -697,7 +703,12 @@ class IsolatedEngine:
             if done != last:  # progress: the deadline counts from the last finished frame
                 end, last = time.monotonic() + REQUEST_TIMEOUT_S, done
                 warn = time.monotonic() + SLOW_FRAME_S
-            elif time.monotonic() > warn:  # once per stall: where the two processes' streams stand
+            elif time.monotonic() > end:
+                raise CudapatchError(
+                    f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "
+                    f"(frame {done} done of {self._frame} sent): it is stuck"
+                )
+            elif time.monotonic() > warn:  # once per stall (then the deadline): where both streams stand
                 warn = end
                 log.warning(
                     "the engine process (pid %s) has finished no frame for %.0f s: frame %d done of %d sent, "
@@ -707,11 +718,6 @@ class IsolatedEngine:
                     done,
                     self._frame,
                     gpu.let_start(),
-                )
-            elif time.monotonic() > end:
-                raise CudapatchError(
-                    f"the engine process finished no frame within {REQUEST_TIMEOUT_S:.0f} s "
-                    f"(frame {done} done of {self._frame} sent): it is stuck"
                 )
             child.wait_readable(0.0005)
 

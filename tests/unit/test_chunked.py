@@ -107,6 +107,7 @@ def test_connections_agree_with_a_plain_dict_through_random_edits(seed: int) -> 
     links = list(ref.values())
     for b in range(40):
         assert sorted(g.links_from(b), key=repr) == sorted((lk for lk in links if lk.src == b), key=repr)
+        assert sorted(g.links_of(b), key=repr) == sorted((lk for lk in links if b in (lk.src, lk.dst)), key=repr)
     for _ in range(200):
         s, t = rng.randrange(40), rng.randrange(40)
         assert g.reaches(s, t) == _naive_reaches(links, s, t)

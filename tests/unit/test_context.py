@@ -185,3 +185,14 @@ def test_a_snapshot_refreezes_only_the_blocks_that_changed() -> None:
     assert second[b.id].name == "bee"
     ctx.unregister_block(c)
     assert [s.id for s in ctx.snapshot().blocks] == [a.id, b.id]
+
+
+def test_a_changed_description_drops_only_that_blocks_links_to_ports_it_lost() -> None:
+    f, a, s, t = Fill(name="f"), Scale(name="a"), Scale(name="s"), Scale(name="t")
+    c = _ctx(f, a, s, t)
+    c.connect(f, "Out", a, "In")
+    c.connect(a, "Out", s, "In")
+    c.connect(s, "Out", t, "In")
+    s.description = Fill(name="s").description  # no input any more; its output stays
+    c.on_structure_changed(s)
+    assert [(lk.src, lk.dst) for lk in c.connections] == [(f.id, a.id), (s.id, t.id)] and c.dirty.structure

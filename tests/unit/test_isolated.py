@@ -851,6 +851,15 @@ def test_frame_finished_says_running_finished_or_never_for_a_child_that_ended(is
     assert iso.frames_sent == 4 and iso.frame_finished(4) is True  # the new child's frames count on
 
 
+def test_frame_finished_holds_past_two_to_the_31_frames_with_no_child_ended(iso):
+    """The host counts frames in Python ints; only the child's frame word wraps (at 2**32)."""
+    _patch(iso)
+    iso.update()
+    iso._frame = iso.gpu.done = iso.gpu.sent = 2**31 + 1  # as after 2**31 frames (25 days at 1 kHz)
+    iso.update()
+    assert iso.frames_sent == 2**31 + 2 and iso.frame_finished(2**31 + 2) is True
+
+
 def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monkeypatch, caplog):
     from cudapatch.isolated import host
 
@@ -874,6 +883,28 @@ def test_a_wait_that_sees_no_frame_finish_says_where_the_streams_stand(iso, monk
         iso.synchronize()
     (warning,) = [r.getMessage() for r in caplog.records if "finished no frame" in r.getMessage()]
     assert "frame 1 done of 2 sent" in warning and "let it start frame 2" in warning, warning
+
+
+def test_a_child_stuck_past_the_slow_frame_warning_is_still_reported_stuck(iso, monkeypatch, caplog):
+    """The warning after ``SLOW_FRAME_S`` comes first; the error after ``REQUEST_TIMEOUT_S`` still comes
+    (once warned, the wait logged again at every reading past the deadline and never raised)."""
+    from cudapatch.isolated import host
+
+    _patch(iso)
+    iso.update()
+    iso.gpu.lagging = True
+    iso.update()
+    now = [0.0]  # the fake clock moves while the host waits on the child's pipe, as time does
+    monkeypatch.setattr(host, "time", types.SimpleNamespace(monotonic=lambda: now[0], perf_counter=time.perf_counter))
+
+    def wait_readable(timeout):
+        now[0] += 4.0
+        assert now[0] < 2 * host.REQUEST_TIMEOUT_S, "waited past the deadline"
+
+    iso.children[0].wait_readable = wait_readable
+    with caplog.at_level("WARNING", logger="cudapatch.isolated"), pytest.raises(CudapatchError, match="it is stuck"):
+        iso.synchronize()
+    assert len([r for r in caplog.records if "has finished no frame for" in r.getMessage()]) == 1
 
 
 def test_a_hook_that_meets_the_childs_end_before_the_launch_sends_the_frame_to_the_next_child(iso):
@@ -908,3 +939,35 @@ def test_a_hook_that_meets_the_childs_end_before_the_launch_sends_the_frame_to_t
     sent = second.sent
     assert sent.index(next(m for m in sent if m[0] == "edits")) < sent.index(("frame", 3, ()))
     assert iso.frame_finished(3) is True
+
+
+def test_a_gl_bridge_copies_every_frame_of_a_child_slower_than_the_host(iso):
+    """The GL bridge of an isolated engine copies a frame's outputs once the child finished it and
+    before the next frame may start (no frame is read while it is written); the engine then sends a
+    frame only once the last one finished, or a child slower than the host's frames (2.5 of them a
+    frame here) never had the frame sent last finished when the bridge looked, and GL got none."""
+    from cudapatch.interop.bridge import GlBridge
+
+    _patch(iso)
+    bridge = GlBridge(iso)
+    copied = []
+
+    class Group:  # the bridge's mapped GL resources (none shown here: the map is the copy's moment)
+        def map(self, stream):
+            copied.append((iso.gpu.done, iso.frames_sent))
+
+        def unmap(self):
+            pass
+
+    bridge._group = Group()
+    iso.gpu.lagging = True
+    finish: dict[int, float] = {}  # frame -> the host frame by which the child finished it
+    busy = 0.0
+    for tick in range(1, 101):
+        iso.gpu.done = max((k for k, t in finish.items() if t <= tick), default=0)
+        sent = iso.frames_sent
+        iso.update()
+        if iso.frames_sent != sent:  # the child runs the frames sent one after another
+            busy = finish[iso.frames_sent] = max(tick, busy) + 2.5
+    assert all(done == sent for done, sent in copied)  # the frame sent last was finished: none running
+    assert [done for done, _ in copied] == list(range(1, len(copied) + 1)) and len(copied) >= 30
