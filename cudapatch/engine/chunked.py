@@ -130,6 +130,15 @@ class ChunkedOrder:
         c.view = None
         if not c.keys:
             self._chunks.remove(c)
+        if len(self._chunks) > 4 and len(self._chunks) * CHUNK > 4 * len(self._at):
+            self._compact()  # mostly empty chunks: a snapshot would copy one reference per key again
+
+    def _compact(self) -> None:
+        """Chunk the keys afresh, full (after many removals); every chunk is looked up at the next freeze."""
+        keys = [k for c in self._chunks for k in c.keys]
+        self._chunks, self._at = [], {}
+        for k in keys:
+            self.append(k)
 
     def freeze(self, lookup: Callable[[Any], Any]) -> Chunked:
         """The values of every key in order, ``lookup(key)`` called for the keys of touched chunks only.

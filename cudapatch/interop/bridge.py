@@ -81,6 +81,9 @@ class GlBridge:
         # once the frame word says the child finished the frame (``_copy_finished``).
         self._by_copy = bool(getattr(engine, "graph_in_child", False))
         self._sent: int | None = None  # an isolated engine's frame whose outputs are not copied yet
+        others = [h for h in getattr(engine, "frame_hooks", ()) if isinstance(h, GlBridge)]
+        # What the engine had before any bridge, given back when the last one closes.
+        self._frames_ahead = others[0]._frames_ahead if others else getattr(engine, "frames_ahead", None)
         if self._by_copy:  # each frame finished before the next is sent: the next update copies it
             engine.frames_ahead = 1
         engine.add_frame_hook(self)
@@ -429,6 +432,8 @@ class GlBridge:
             return
         self._closed = True
         self.engine.remove_frame_hook(self)
+        if self._by_copy and not any(isinstance(h, GlBridge) for h in getattr(self.engine, "frame_hooks", ())):
+            self.engine.frames_ahead = self._frames_ahead  # the last bridge: the child may run ahead again
         for link in self._outputs + self._textures + self._rings:
             if link.writer is not None:
                 self.engine.remove(link.writer)

@@ -514,6 +514,11 @@ class IsolatedEngine:
     def remove_frame_hook(self, hook: Any) -> None:
         self._frame_hooks = tuple(h for h in self._frame_hooks if h is not hook)
 
+    @property
+    def frame_hooks(self) -> tuple[Any, ...]:
+        """The frame hooks added (``add_frame_hook``), in order."""
+        return self._frame_hooks
+
     def set_profiling(self, level: str | ProfilingLevel) -> None:
         """Set the profiling level (as ``Engine.set_profiling``). Raises: CudapatchError."""
         new = ProfilingLevel.parse(level)

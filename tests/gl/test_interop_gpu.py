@@ -565,7 +565,8 @@ def _particles_unbuilt(engine, capacity):
 def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
     """``Engine(isolated=True)``: the graph runs in a child process, which cannot write this process's
     GL memory, so the bridge copies each frame's outputs (the child's buffers, mapped here) into the GL
-    buffer and texture after the frame, on the host's stream; GL sees every frame's values."""
+    buffer and texture once the child finished the frame, on the host's stream (``synchronize`` copies
+    the last one); GL sees every frame's values."""
     from OpenGL import GL
 
     from cudapatch import Engine, Fill, Scale

@@ -127,3 +127,16 @@ def test_a_snapshot_after_one_hot_edit_shares_every_other_chunk() -> None:
     assert [i for i, (a, b) in enumerate(pairs) if a is not b] == [1]  # the chunk holding that block
     assert second.blocks[CHUNK + 3].values["Factor"] == 2.5 and first.blocks[CHUNK + 3].values["Factor"] == 1.0
     assert first.links._chunks == second.links._chunks  # no link changed
+
+
+def test_chunks_emptied_by_removals_are_filled_again() -> None:
+    values = {k: k for k in range(20 * CHUNK)}
+    order = ChunkedOrder()
+    for k in values:
+        order.append(k)
+    for k in [k for k in values if k % 10]:  # nine in ten go, from every chunk
+        del values[k]
+        order.discard(k)
+    frozen = order.freeze(values.__getitem__)
+    assert frozen == tuple(values.values())
+    assert len(frozen._chunks) <= 4 * len(values) // CHUNK + 4  # not 20 chunks of a tenth each

@@ -548,8 +548,8 @@ def test_an_expression_edited_again_before_its_optimised_build_starts_never_buil
 
 
 def test_synchronize_lets_frame_hooks_finish_their_gl_work_before_it_blocks(engine: Engine) -> None:
-    """A GL bridge's map on the stream waits for GL work that a GL driver may hold back until a GL call
-    comes; none comes while the thread blocks in the stream wait, so the hooks go first."""
+    """Frame hooks get ``before_wait()`` before the thread blocks on the engine's stream (a GL bridge of
+    an isolated engine copies the last frame in there, so GL holds it once ``synchronize`` returns)."""
     order: list[str] = []
 
     class Hook:

@@ -947,6 +947,7 @@ def test_a_gl_bridge_copies_every_frame_of_a_child_slower_than_the_host(iso):
     frame only once the last one finished, or a child slower than the host's frames (2.5 of them a
     frame here) never had the frame sent last finished when the bridge looked, and GL got none."""
     from cudapatch.interop.bridge import GlBridge
+    from cudapatch.isolated.host import MAX_FRAMES_AHEAD
 
     _patch(iso)
     bridge = GlBridge(iso)
@@ -971,3 +972,9 @@ def test_a_gl_bridge_copies_every_frame_of_a_child_slower_than_the_host(iso):
             busy = finish[iso.frames_sent] = max(tick, busy) + 2.5
     assert all(done == sent for done, sent in copied)  # the frame sent last was finished: none running
     assert [done for done, _ in copied] == list(range(1, len(copied) + 1)) and len(copied) >= 30
+    assert iso.frames_ahead == 1
+    second = GlBridge(iso)
+    bridge.close()
+    assert iso.frames_ahead == 1  # another bridge still copies
+    second.close()
+    assert iso.frames_ahead == MAX_FRAMES_AHEAD  # the last one gone: the child may run ahead again
