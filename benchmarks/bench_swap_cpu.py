@@ -5,7 +5,8 @@ build in spends in pure-Python bookkeeping, beside the quiet ``update()`` of the
 The real Engine (build thread, tiers, board, stats) over the stand-in device, kernel builder and
 executable graphs of the unit tests (``tests/unit/test_engine_orchestration.py``): no driver calls,
 so what is timed is only the engine's own Python. Chains of N ``Scale`` blocks; add a block at the
-end while ``update()`` runs, and time every ``update()`` until the build is swapped in, with a phase
+end, remove it, add a link from the middle of the chain to a block of its own and remove it (issue
+18's edits) while ``update()`` runs, and time every ``update()`` until the build is swapped in, with a phase
 timer around the swap's parts (``GraphBuilds.finish``, ``_done``, ``BuiltShower.apply``,
 ``DiagnosticBoard.build_done`` and ``publish``, ``DeviceResources.install``) and the frame that
 starts the build (``GraphBuilds.job``). Target (issue 18): slowest ``update()`` during the edit
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import statistics
 import sys
 import time
@@ -135,19 +137,31 @@ def bench(n: int, edits: int) -> None:
         GAPS.clear()
         COLLECTIONS.clear()
         gc.callbacks.append(_gc_callback)
-        worst, swap = [], []
+        worst: dict[str, list[float]] = {"add block": [], "remove block": [], "add link": [], "remove link": []}
+        swap = []
+        mid = e.context.registry.get(prev.id - n // 2) or prev  # a block in the middle of the chain
         for k in range(edits):
             more = e.add(Scale(name=f"more{k}"))
             e.connect(prev, "Out", more, "In")
             times = _landed(e)
-            worst.append(max(times))
+            worst["add block"].append(max(times))
             swap.append(times[-1])
             e.remove(more)
+            worst["remove block"].append(max(_landed(e)))
+            side = e.add(Scale(name=f"side{k}"))  # a block of its own, then a link into it from mid-chain
+            _landed(e)
+            e.connect(mid, "Out", side, "In")
+            worst["add link"].append(max(_landed(e)))
+            e.disconnect(mid, "Out", side, "In")
+            worst["remove link"].append(max(_landed(e)))
+            e.remove(side)
             _landed(e)
         gc.callbacks.remove(_gc_callback)
-        print(f"\n{n} blocks: quiet update() {quiet * 1e3:.1f} µs; add-block edit over {edits} edits")
-        print(f"  slowest update() during an edit: median {statistics.median(worst):.2f} ms, max {max(worst):.2f} ms")
-        print(f"  swap frame update():              median {statistics.median(swap):.2f} ms")
+        print(f"\n{n} blocks: quiet update() {quiet * 1e3:.1f} µs; {edits} edits of each kind")
+        for kind, ms in worst.items():
+            med, top = statistics.median(ms), max(ms)
+            print(f"  slowest update() during {kind + ':':<14} median {med:.2f} ms, max {top:.2f} ms")
+        print(f"  swap frame update() (add block):     median {statistics.median(swap):.2f} ms")
         print(f"  target max(1 ms, 3x quiet) = {max(1.0, 3 * quiet):.2f} ms (the driver calls come on top on the GPU)")
         print(f"  slowest gap between frame starts beyond the 1 ms pause: {max(GAPS):.2f} ms")
         for gen in (0, 1, 2):
@@ -166,6 +180,7 @@ def main() -> None:
     ap.add_argument("--edits", type=int, default=5)
     args = ap.parse_args()
     _stand_ins()
+    logging.getLogger("cudapatch").setLevel(logging.ERROR)  # the side block's "not linked" warnings
     for n in args.sizes:
         bench(n, args.edits)
 
