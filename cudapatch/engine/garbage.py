@@ -22,54 +22,56 @@ PIECE = 256
 
 _CONTAINERS = (tuple, list, set, frozenset)
 
-
-def _big(value: Any) -> bool:
-    return (isinstance(value, (*_CONTAINERS, dict))) and len(value) > PIECE
+#: Levels of objects taken apart (a retired graph, the plan it holds) and of big containers (a plan's
+#: nodes, what a big dict maps to) below ``drop_gradually``'s objects.
+_OBJECT_LEVELS = 2
+_CONTAINER_LEVELS = 2
 
 
 def _parts(obj: Any) -> list[Any] | None:
-    """What ``obj`` refers to, if dropping it would free many objects at once: the items of a big
-    container, or the attributes of an object that holds one. None: ``obj`` is freed as it is."""
-    parts = _container_parts(obj)
-    if parts is not None or isinstance(obj, (*_CONTAINERS, dict)):
-        return parts
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        values = [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
-        extra = getattr(obj, "__dict__", None)  # cached properties beside the fields
-        if extra:
-            values += list(extra.values())
-    else:
-        attrs = getattr(obj, "__dict__", None)
-        if not attrs:
-            return None
-        values = list(attrs.values())
-    return values if any(_big(v) for v in values) else None
+    """The fields of ``obj`` (its ``__dict__``, which holds a dataclass's fields and cached properties
+    too; a slotted dataclass's fields), or None: it has none."""
+    if isinstance(obj, type):
+        return None
+    attrs = getattr(obj, "__dict__", None)
+    if attrs:
+        return list(attrs.values())
+    if dataclasses.is_dataclass(obj):
+        return [getattr(obj, f.name, None) for f in dataclasses.fields(obj)] or None
+    return None
 
 
 def drop_gradually(objects: list[Any]) -> None:
     """Drop the references in ``objects`` (emptied here), taking big objects apart first so that no
     single release frees more than about ``PIECE`` of their parts; ``checkpoint()`` between pieces.
 
-    Two levels are taken apart: ``objects`` themselves (a plan: its fields), and the big containers
-    they hold (a plan's 10,000 nodes); the items of those are dropped a piece at a time as they are
-    (looking into each would cost more than freeing it)."""
-    work: list[tuple[list[Any], int]] = [(objects[:], 0)]
+    Objects are taken apart two levels down (a replaced graph: its fields; the plan it holds: the
+    plan's fields), big containers two levels down too (a plan's 10,000 nodes, and what a big dict
+    maps to); the items of a big container are not looked into as objects (looking into each would
+    cost more than freeing it). A few things dropped together (a tuple of ``objects``) count as
+    ``objects`` themselves."""
+    # (items, object levels left, container levels left)
+    work: list[tuple[list[Any], int, int]] = [(objects[:], _OBJECT_LEVELS, _CONTAINER_LEVELS)]
     objects.clear()
     while work:
-        items, depth = work[-1]
+        items, objs, conts = work[-1]
         if not items:
             work.pop()
             continue
         batch = items[-PIECE:]
         del items[-PIECE:]
-        if depth < 2:
+        if objs or conts:
             for obj in batch:
-                if depth == 0 and isinstance(obj, (*_CONTAINERS, dict)) and len(obj) <= PIECE:
-                    work.append((_items(obj), 0))  # a few things dropped together: each as one of ``objects``
+                if isinstance(obj, (*_CONTAINERS, dict)):
+                    if len(obj) > PIECE:
+                        if conts:
+                            work.append((_items(obj), 0, conts - 1))  # held here: dropping ``obj`` frees only itself
+                    elif objs == _OBJECT_LEVELS:
+                        work.append((_items(obj), objs, conts))  # a few things dropped together
                     continue
-                parts = _parts(obj) if depth == 0 else _container_parts(obj)
+                parts = _parts(obj) if objs else None
                 if parts:
-                    work.append((parts, depth + 1))  # held here: dropping ``obj`` frees only the object itself
+                    work.append((parts, objs - 1, conts))  # its fields, held here
             obj = parts = None  # (the loop's last one too)
         batch = None
         checkpoint()
@@ -77,9 +79,3 @@ def drop_gradually(objects: list[Any]) -> None:
 
 def _items(obj: Any) -> list[Any]:
     return [*obj.keys(), *obj.values()] if isinstance(obj, dict) else list(obj)
-
-
-def _container_parts(obj: Any) -> list[Any] | None:
-    if isinstance(obj, (*_CONTAINERS, dict)) and len(obj) > PIECE:
-        return _items(obj)
-    return None

@@ -52,3 +52,30 @@ def test_what_someone_else_still_holds_is_left_as_it_is(monkeypatch) -> None:
     kept = plan  # the next plan shares it (incremental planning)
     drop_gradually([plan])
     assert kept.nodes is nodes and len(kept.by_id) == 3 * PIECE and kept.order[-1] == 3 * PIECE - 1
+
+
+class Graph:
+    """Stands for a retired ``CompiledGraph``: it holds its plan beside node objects of its own."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._nodes = [object() for _ in plan.nodes]
+        self.closed = True
+
+
+def test_the_plan_a_retired_graph_holds_is_freed_in_pieces_too(monkeypatch) -> None:
+    freed_per_piece: list[int] = []
+    freed = [0]
+
+    def checkpoint() -> None:
+        freed_per_piece.append(freed[0])
+        freed[0] = 0
+
+    monkeypatch.setattr(garbage, "checkpoint", checkpoint)
+    nodes = tuple(Node(i) for i in range(20 * PIECE))
+    refs = [weakref.ref(n, lambda _r: freed.__setitem__(0, freed[0] + 1)) for n in nodes]
+    idle = [Graph(Plan(nodes, {n.i: n for n in nodes}, tuple(range(len(nodes)))))]  # as ``take_idle`` hands them
+    del nodes
+    drop_gradually(idle)
+    assert idle == [] and all(r() is None for r in refs)
+    assert max(freed_per_piece) <= PIECE  # the plan's nodes too, not all at once with the plan
