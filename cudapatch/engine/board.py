@@ -87,8 +87,6 @@ class DiagnosticBoard:
         # 10,000 blocks a loop over all of them costs the frame that swaps a build in ~8 ms.
         self._marked: set[int] = set()  # registered blocks that showed diagnostics
         self._shown_running: frozenset[int] = frozenset()
-        # (running, running ^ shown running) made off the frame thread for the next publish, or None.
-        self._changed_hint: tuple[frozenset[int], frozenset[int]] | None = None
         self._published = False
         #: Everything published last, in publishing order (read it; the board replaces it).
         self.current: tuple[Diagnostic, ...] = ()
@@ -97,20 +95,21 @@ class DiagnosticBoard:
     @property
     def running(self) -> frozenset[int]:
         """The blocks shown running (the base of a ``running_change`` made on another thread)."""
-        return self._running
+        return self._shown_running
 
     def build_done(self, diags: Iterable[Diagnostic], running: Collection[int] | RunningChange) -> None:
         """A build swapped in a graph running ``running`` (block ids, or a ``RunningChange`` made off the
         frame thread); ``diags`` replace the last build's."""
         self._build = tuple(diags)
         self._recapture = ()
+        changed = None
         if isinstance(running, RunningChange):
             self._running = running.ids
             if running.base is self._shown_running:  # what it was compared with is what the blocks show
-                self._changed_hint = (running.ids, running.changed)
+                changed = running.changed
         else:
             self._running = frozenset(running)
-        self.publish()
+        self._publish(changed)
 
     def build_failed(self, diags: Iterable[Diagnostic]) -> None:
         """A build failed: ``diags`` say why; the graph running before keeps running."""
@@ -165,6 +164,10 @@ class DiagnosticBoard:
 
     def publish(self) -> None:
         """Merge every source, log new diagnostics once, and set each block's state and message."""
+        self._publish(None)
+
+    def _publish(self, changed: frozenset[int] | None) -> None:
+        # ``changed``: the blocks whose running state differs from the shown one, if known (``build_done``)
         self._kernel_version = self._kernels.diag_version
         merged = (
             self._build
@@ -185,9 +188,9 @@ class DiagnosticBoard:
             if b is not None:
                 on.setdefault(b.id, []).append(d)
         added = blocks.take_added()
-        hint, self._changed_hint = self._changed_hint, None
         if self._published:  # only what may have changed: diagnostics, running state, new blocks
-            changed = hint[1] if hint is not None and hint[0] is running else running ^ self._shown_running
+            if changed is None:
+                changed = running ^ self._shown_running
             touched: set[int] = self._marked | on.keys() | changed | added
         else:
             touched = {b.id for b in blocks}
