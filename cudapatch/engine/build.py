@@ -69,6 +69,7 @@ class BuildJob:
         off_thread: The build runs beside frames that launch and patch ``previous``.
         cold: Skip the Warm decision (the last one was refused at the swap).
         shown: What the blocks showed of the last build when the job was taken (``BuiltShower``).
+        kernel_edits: ``KernelTracker.edits`` before the snapshot (``resolve``'s ``since``).
         started: ``time.perf_counter()`` at the start.
     """
 
@@ -80,6 +81,7 @@ class BuildJob:
     off_thread: bool = False
     cold: bool = False
     shown: BuiltView | None = None
+    kernel_edits: int | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -207,6 +209,7 @@ class GraphBuilds:
     def job(self, level: ProfilingLevel, *, off_thread: bool = False) -> BuildJob:
         """Take what a build starts from (frame thread): the snapshot, left-out library calls,
         disabled blocks and the running graph."""
+        edits = self._kernels.edits  # before the snapshot: an edit after it is newer than the snapshot
         snap = self._context.snapshot()
         cold, self._cold_next = self._cold_next, False
         return BuildJob(
@@ -218,6 +221,7 @@ class GraphBuilds:
             off_thread=off_thread,
             cold=cold,
             shown=self._shower.shown,
+            kernel_edits=edits,
         )
 
     def prepare(self, job: BuildJob, resolved: tuple[dict[Any, Any], dict[Any, Any]] | None = None) -> BuildOutcome:
@@ -234,15 +238,15 @@ class GraphBuilds:
         """
         t0 = job.started
         snap = job.snap
-        functions, status = resolved if resolved is not None else self._kernels.resolve(snap)
+        functions, status = resolved if resolved is not None else self._kernels.resolve(snap, job.kernel_edits)
         if status:
             compiling = _compiling(status)
             if compiling and self._kernels.take_cached(compiling):  # compiled before: it runs in this build
-                functions, status = self._kernels.resolve(snap)
+                functions, status = self._kernels.resolve(snap, job.kernel_edits)
                 compiling = _compiling(status)
             if job.off_thread and compiling:  # off the frame thread, a compile about to land is worth a wait
                 self._kernels.await_compiles(compiling, COMPILE_WAIT_S)
-                functions, status = self._kernels.resolve(snap)
+                functions, status = self._kernels.resolve(snap, job.kernel_edits)
         out = BuildOutcome(job, functions=functions)
         g = job.previous
         if g is not None and status:
@@ -490,11 +494,11 @@ class GraphBuilds:
         """
         for _ in range(len(self._context.registry) + 2):  # a retry leaves out one more failed library call
             job = self.job(level)
-            resolved = self._kernels.resolve(job.snap)
+            resolved = self._kernels.resolve(job.snap, job.kernel_edits)
             if resolved[1] and wait_for_compile and self._kernels.pending:
                 self._settle_compiles()
                 job = self.job(level)  # a compile may have re-described a block
-                resolved = self._kernels.resolve(job.snap)
+                resolved = self._kernels.resolve(job.snap, job.kernel_edits)
             out = self.prepare(job, resolved)
             retry = out.call_failure is not None
             if self.finish(out):

@@ -137,3 +137,30 @@ def test_a_cached_kernel_is_taken_by_the_build_and_the_builders_late_result_is_i
     b.in_flight[0].set_result(late)  # the builder's own answer for the request the build took over
     assert t.collect() == [] and t.resolve(c.snapshot())[0][(hit.id, 0)] is functions[(hit.id, 0)]
     assert t.take_cached([(hit.id, 0)]) == 0  # nothing in flight for it any more
+
+
+def test_a_code_edit_after_a_builds_snapshot_is_not_undone_by_that_build() -> None:
+    """A build resolves the snapshot it took; a Code edit made after (while the build runs) made a slot
+    for the new code. Resolving the older snapshot keeps that slot (the build runs its last good build:
+    the edit's, once compiled) instead of going back to the snapshot's code and compiling it again."""
+    b = FinishedBuilder()
+    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
+    c = Context()
+    ck = c.register_block(CustomKernel(name="ck", Code=GAIN))
+    key = (ck.id, 0)
+    t.resolve(c.snapshot())
+    t.collect()
+    first = t.resolve(c.snapshot())[0][key]
+    since = t.edits
+    snap = c.snapshot()  # a build's snapshot: the old code
+    newer = GAIN.replace("in[i] * gain", "in[i] * gain * 2.0f")
+    _edit(c, t, ck, newer)  # the host edits the code while the build runs
+    (o,) = t.collect()
+    assert o.action == "swap"  # the edit's compile landed: it swaps into the running graph
+    requests = len(b.requests)
+    functions, status = t.resolve(snap, since)
+    edited = t.running(key)
+    assert newer in edited.source.code and len(b.requests) == requests  # the edit's slot stays, no recompile
+    assert functions[key] is edited.function is not first and not status  # the newest good build runs
+    functions, _ = t.resolve(c.snapshot(), t.edits)  # the next build's snapshot has the new code
+    assert functions[key] is edited.function and len(b.requests) == requests
