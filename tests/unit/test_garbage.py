@@ -25,17 +25,23 @@ class Plan:
     order: tuple[int, ...]
 
 
-def test_a_big_plan_is_freed_in_pieces_with_a_checkpoint_between(monkeypatch) -> None:
-    freed_per_piece: list[int] = []
+def _count_frees(monkeypatch, nodes: tuple[Node, ...]) -> tuple[list[int], list[weakref.ref]]:  # noqa: ANN001
+    """How many of ``nodes`` each piece frees (one entry per ``checkpoint()``, filled as they go), and a
+    weak reference to each node."""
+    per_piece: list[int] = []
     freed = [0]
 
     def checkpoint() -> None:
-        freed_per_piece.append(freed[0])
+        per_piece.append(freed[0])
         freed[0] = 0
 
     monkeypatch.setattr(garbage, "checkpoint", checkpoint)
+    return per_piece, [weakref.ref(n, lambda _r: freed.__setitem__(0, freed[0] + 1)) for n in nodes]
+
+
+def test_a_big_plan_is_freed_in_pieces_with_a_checkpoint_between(monkeypatch) -> None:
     nodes = tuple(Node(i) for i in range(20 * PIECE))
-    refs = [weakref.ref(n, lambda _r: freed.__setitem__(0, freed[0] + 1)) for n in nodes]
+    freed_per_piece, refs = _count_frees(monkeypatch, nodes)
     plan = Plan(nodes, {n.i: n for n in nodes}, tuple(range(len(nodes))))
     shown = {"big": list(range(5 * PIECE))}
     trash = [(plan, None, shown)]  # as ``discard_later`` keeps a replaced plan with what came with it
@@ -64,16 +70,8 @@ class Graph:
 
 
 def test_the_plan_a_retired_graph_holds_is_freed_in_pieces_too(monkeypatch) -> None:
-    freed_per_piece: list[int] = []
-    freed = [0]
-
-    def checkpoint() -> None:
-        freed_per_piece.append(freed[0])
-        freed[0] = 0
-
-    monkeypatch.setattr(garbage, "checkpoint", checkpoint)
     nodes = tuple(Node(i) for i in range(20 * PIECE))
-    refs = [weakref.ref(n, lambda _r: freed.__setitem__(0, freed[0] + 1)) for n in nodes]
+    freed_per_piece, refs = _count_frees(monkeypatch, nodes)
     idle = [Graph(Plan(nodes, {n.i: n for n in nodes}, tuple(range(len(nodes)))))]  # as ``take_idle`` hands them
     del nodes
     drop_gradually(idle)

@@ -81,14 +81,19 @@ def test_first_compile_rebuilds_then_edits_swap_and_errors_keep_the_old_version(
     assert t.diag_version == version + 2  # the engine republishes: the block is no longer red
 
 
-def test_signature_change_asks_for_a_refresh_and_stale_results_are_dropped() -> None:
+def _compiled() -> tuple[FinishedBuilder, KernelTracker, Context, CustomKernel, tuple[int, int]]:
+    """A tracker whose one CustomKernel (``GAIN``) has compiled: builder, tracker, context, block, key."""
     b = FinishedBuilder()
     t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
     c = Context()
     ck = c.register_block(CustomKernel(name="ck", Code=GAIN))
-    key = (ck.id, 0)
     t.resolve(c.snapshot())
     t.collect()
+    return b, t, c, ck, (ck.id, 0)
+
+
+def test_signature_change_asks_for_a_refresh_and_stale_results_are_dropped() -> None:
+    b, t, c, ck, key = _compiled()
     new_sig = GAIN.replace("float gain,", "float gain, float bias,")
     t.source_changed(key, CudaSource(code=new_sig, name="ck.cu"), "ck")
     (o,) = t.collect()
@@ -143,13 +148,7 @@ def test_a_code_edit_after_a_builds_snapshot_is_not_undone_by_that_build() -> No
     """A build resolves the snapshot it took; a Code edit made after (while the build runs) made a slot
     for the new code. Resolving the older snapshot keeps that slot (the build runs its last good build:
     the edit's, once compiled) instead of going back to the snapshot's code and compiling it again."""
-    b = FinishedBuilder()
-    t = KernelTracker(b, watch_files=False)  # type: ignore[arg-type]
-    c = Context()
-    ck = c.register_block(CustomKernel(name="ck", Code=GAIN))
-    key = (ck.id, 0)
-    t.resolve(c.snapshot())
-    t.collect()
+    b, t, c, ck, key = _compiled()
     first = t.resolve(c.snapshot())[0][key]
     since = t.edits
     snap = c.snapshot()  # a build's snapshot: the old code
