@@ -224,12 +224,13 @@ def main() -> None:
     ap.add_argument("--fuse", action="store_true", help="the engine's default: Scale chains fuse into groups")
     args = ap.parse_args()
     rows = []
-    for n in args.sizes:
-        rows += bench_size(n, args.elements, args.fuse)
     print(f"{'measure':56} {'ours':>10} {'peer':>22} {'peer val':>10} {'ratio':>8}  note")
-    for name, ours, peer, pv, note in rows:
-        ratio = f"{ours / pv:.2f}" if pv else "-"
-        print(f"{name:56} {ours:10.1f} {peer:>22} {pv:10.1f} {ratio:>8}  {note}")
+    for n in args.sizes:  # each size's rows as soon as it is done (10,000 blocks take a while)
+        size_rows = bench_size(n, args.elements, args.fuse)
+        for name, ours, peer, pv, note in size_rows:
+            ratio = f"{ours / pv:.2f}" if pv else "-"
+            print(f"{name:56} {ours:10.1f} {peer:>22} {pv:10.1f} {ratio:>8}  {note}", flush=True)
+        rows += size_rows
     write_results(
         "liveness.json", [dict(zip(("measure", "ours", "peer", "peer_val", "note"), r, strict=True)) for r in rows]
     )

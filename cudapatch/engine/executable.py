@@ -876,6 +876,12 @@ class CompiledGraph(HandleOwner):
         self._commit(nodes)
         return True
 
+    def runs_function(self, key: tuple[int, int], function: Any) -> bool:
+        """Whether every node of kernel ``key`` (block id, kernel index) runs ``function`` (False where
+        the kernel is not in this graph)."""
+        nodes = self._by_kernel.get(key)
+        return bool(nodes) and all(int(n.params.func) == int(function) for n in nodes)  # (handles compared)
+
     def _kernel(self, node_index: int) -> KernelNode:
         kn = self._nodes[node_index] if 0 <= node_index < len(self._nodes) else None
         if not isinstance(kn, KernelNode):

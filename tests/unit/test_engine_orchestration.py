@@ -120,8 +120,9 @@ class FakeGraph:
 
     fault = False
 
-    def __init__(self, plan: Any, **_: Any) -> None:
+    def __init__(self, plan: Any, **kw: Any) -> None:
         self.plan, self.readback, self.appends, self.occupancy = plan, None, {}, {}
+        self.functions = dict(kw.get("functions") or {})
         self.kernel_count = sum(1 for n in plan.nodes if hasattr(n, "descriptor"))
         self.recaptures, self.call_errors, self.stale, self.counters = 0, {}, False, None
         self.has_calls = False  # no captured library calls: nothing re-captures
@@ -145,6 +146,9 @@ class FakeGraph:
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
         self.swaps.append(key)
         return True
+
+    def runs_function(self, key: tuple[int, int], function: Any) -> bool:
+        return key[0] in self.plan.block_order and self.functions.get(key) is function
 
     def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         return None  # always Cold

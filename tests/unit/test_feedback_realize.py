@@ -114,8 +114,10 @@ def test_hot_updates_and_resets_reach_both_phases(rec) -> None:
     g.launch(0)
     assert rec.calls == [("enabled", exec1, dn.handle, 1), ("launch", exec1), ("enabled", exec1, dn.handle, 0)]
     rec.calls.clear()
+    assert not g.runs_function((scale.id, 0), 555)
     assert g.swap_function((scale.id, 0), 555, sn.plan.descriptor)  # Code tier
     assert int(sn.params.func) == 555 and int(sn.alt_params.func) == 555
+    assert g.runs_function((scale.id, 0), 555) and not g.runs_function((scale.id + 1000, 0), 555)
     assert rec.calls == [("set_params", exec0, sn.handle), ("set_params", exec1, sn.handle)]
     g.close()
 

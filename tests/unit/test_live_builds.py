@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -610,3 +611,57 @@ def test_a_bypass_undone_before_its_pin_build_lands_leaves_the_block_running(rea
     finally:
         realizer.gate.set()
         e.close()
+
+
+def test_a_new_blocks_kernel_that_its_build_runs_starts_no_second_build(
+    engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build of an added block waits for its kernel's compile and runs it; the builder's result for
+    that compile also reaches the frame thread, as a first compile that asks for a build. The graph the
+    build swapped in runs that function already, so no second build follows (on the H100 host one did,
+    and a block added to a 1,000-block chain went live one or two frames later)."""
+    _, scale = _chain(engine)
+    _landed(engine)
+    jobs = []
+    job = build_module.GraphBuilds.job
+    monkeypatch.setattr(build_module.GraphBuilds, "job", lambda self, *a, **k: jobs.append(1) or job(self, *a, **k))
+    more = engine.add(Scale(name="more"))
+    engine.connect(scale, "Out", more, "In")
+    engine.update()  # starts the build
+    assert engine._worker.wait(5.0)
+    engine.update()  # the swap
+    g, rebuilds = engine.graph, engine.counters.rebuilds
+    assert g is not None and more.id in g.plan.block_order
+    for _ in range(3):
+        engine._worker.wait(1.0)
+        engine.update()
+    assert not engine.building and not engine.context.dirty.structure
+    assert engine.graph is g and engine.counters.rebuilds == rebuilds and len(jobs) == 1
+
+
+def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(engine: Engine, realizer: Realizer) -> None:
+    """The other way round: a build that planned without the new block's kernel (its compile landed
+    after the build resolved the kernels) is followed by one that runs it."""
+    _, scale = _chain(engine)
+    _landed(engine)
+    builder = engine.kernels.builder
+    held: list[Any] = []
+    real_submit = builder.submit
+
+    def later(source: Any) -> Future:  # the compile finishes only when the test says so
+        f: Future = Future()
+        held.append((f, source))
+        return f
+
+    builder.submit = later
+    more = engine.add(Scale(name="more", Factor=5.0, Offset=1.0))  # its own source: a compile of its own
+    engine.connect(scale, "Out", more, "In")
+    engine.update()
+    assert engine._worker.wait(5.0)
+    engine.update()
+    assert more.id not in engine.graph.plan.block_order  # compiling: left out
+    builder.submit = real_submit
+    for f, source in held:
+        f.set_result(real_submit(source).result())
+    _landed(engine)
+    assert more.id in engine.graph.plan.block_order
