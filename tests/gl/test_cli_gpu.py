@@ -120,9 +120,9 @@ def test_cli_run_isolated_renders_the_demo_from_the_childs_buffers(tmp_path):
 @pytest.mark.gpu_fault
 @pytest.mark.xfail(
     raises=subprocess.TimeoutExpired,
-    reason="hung on the H100 (driver 580): after the child's fault the host waited for frames the new child never "
-    "got (the bridge's wait in before_launch took the restart and update() sent the frame to the ended child); "
-    "fixed since (tests/unit/test_isolated.py), not yet run on the GPU: an XPASS confirms it (docs/findings.md)",
+    reason="hangs on the H100 (driver 580): after the child's fault the preview's first GL map on the host's "
+    "stream never completes, so the new child is never let start its next frame (docs/findings.md, fourth "
+    "session: the trace, and the bare peers that go on)",
 )
 def test_cli_run_isolated_survives_an_operator_that_faults_in_the_same_process(tmp_path):
     """``--isolated``: the fault ends only the engine's child process; this process (its preview, its
