@@ -230,8 +230,8 @@ class CodeTier:
                 if o.compiled is not None:
                     g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
         new, self._new_kernels = self._new_kernels, {}
-        for key, o in new.items():
-            if g is None or not g.runs_function(key, o.compiled.function):  # type: ignore[union-attr]
+        for o in new.values():
+            if g is None or not self._needs_none(g, o):
                 self._context.dirty.mark_structure()  # the build left it out: the next one runs it
                 break
 
@@ -263,9 +263,9 @@ class CodeTier:
         self._fused_edit(bid)
         return True
 
-    def _fused(self, block_id: int) -> KernelNodePlan | None:
-        """The fused node of the running graph that ``block_id`` is a member of, if any."""
-        g = self._resources.graph
+    def _fused(self, block_id: int, g: CompiledGraph | None = None) -> KernelNodePlan | None:
+        """The fused node of ``g`` (default: the running graph) that ``block_id`` is a member of, if any."""
+        g = self._resources.graph if g is None else g
         if g is None:
             return None
         for node in g.plan.kernel_nodes:
@@ -409,15 +409,21 @@ class CodeTier:
         a build takes kernels that are in the cache when it resolves them (``KernelTracker.take_cached``),
         so the builder's own result for the same compile often lands after that build started, and a
         second build for it made a new block in a 1,000-block chain live one or two frames later.
-        The build in flight is checked when it lands (``end_carry``)."""
+        The build in flight is checked when it lands (``end_carry``). A block fused into a group needs
+        no build for its own kernel either (a build that splits the group runs it)."""
         g = self._resources.graph
-        assert o.compiled is not None
-        if g is not None and g.runs_function(o.key, o.compiled.function):
+        if g is not None and self._needs_none(g, o):
             return True
         if self._carried is None:
             return False
         self._new_kernels[o.key] = o
         return True
+
+    def _needs_none(self, g: CompiledGraph, o: KernelOutcome) -> bool:
+        """``g`` runs ``o``'s function already, or its block inside a fused kernel (which its own
+        kernel is not needed for)."""
+        assert o.compiled is not None
+        return g.runs_function(o.key, o.compiled.function) or self._fused(o.key[0], g) is not None
 
     def _refresh(self, block_id: int) -> None:
         block = self._context.registry.get(block_id)

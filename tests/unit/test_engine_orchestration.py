@@ -147,8 +147,9 @@ class FakeGraph:
         self.swaps.append(key)
         return True
 
-    def runs_function(self, key: tuple[int, int], function: Any) -> bool:
-        return key[0] in self.plan.block_order and self.functions.get(key) is function
+    def runs_function(self, key: tuple[int, int], function: Any) -> bool:  # as CompiledGraph: a node of its own
+        own = any((n.block_id, n.kernel) == key for n in self.plan.kernel_nodes)
+        return own and self.functions.get(key) is function
 
     def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         return None  # always Cold

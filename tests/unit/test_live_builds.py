@@ -613,13 +613,20 @@ def test_a_bypass_undone_before_its_pin_build_lands_leaves_the_block_running(rea
         e.close()
 
 
+@pytest.mark.parametrize("fuse", [False, True])
 def test_a_new_blocks_kernel_that_its_build_runs_starts_no_second_build(
-    engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch
+    realizer: Realizer, monkeypatch: pytest.MonkeyPatch, fuse: bool
 ) -> None:
-    """The build of an added block waits for its kernel's compile and runs it; the builder's result for
-    that compile also reaches the frame thread, as a first compile that asks for a build. The graph the
-    build swapped in runs that function already, so no second build follows (on the H100 host one did,
-    and a block added to a 1,000-block chain went live one or two frames later)."""
+    """The build of an added block waits for its kernel's compile and runs it (or fuses the block into
+    its neighbours' kernel); the builder's result for that compile also reaches the frame thread, as a
+    first compile that asks for a build. The graph the build swapped in runs that function already, or
+    needs none, so no second build follows (on the H100 host one did, and a block added to a
+    1,000-block chain went live one or two frames later)."""
+    with Engine(cache_dir=False, watch_files=False, fuse=fuse) as engine:
+        _new_block_lands_in_one_build(engine, monkeypatch, fuse)
+
+
+def _new_block_lands_in_one_build(engine: Engine, monkeypatch: pytest.MonkeyPatch, fuse: bool) -> None:
     _, scale = _chain(engine)
     _landed(engine)
     jobs = []
@@ -637,6 +644,8 @@ def test_a_new_blocks_kernel_that_its_build_runs_starts_no_second_build(
         engine.update()
     assert not engine.building and not engine.context.dirty.structure
     assert engine.graph is g and engine.counters.rebuilds == rebuilds and len(jobs) == 1
+    fused = [n for n in g.plan.kernel_nodes if more.id in getattr(n.source, "members", ())]
+    assert bool(fused) == fuse  # (the case each run covers)
 
 
 def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(engine: Engine, realizer: Realizer) -> None:
