@@ -421,9 +421,13 @@ class CodeTier:
 
     def _needs_none(self, g: CompiledGraph, o: KernelOutcome) -> bool:
         """``g`` runs ``o``'s function already, or its block inside a fused kernel (which its own
-        kernel is not needed for)."""
+        kernel is not needed for). Fusion takes blocks of one kernel only: a block described now with
+        more (a kernel added to a fused block) runs its new one only after a build."""
         assert o.compiled is not None
-        return g.runs_function(o.key, o.compiled.function) or self._fused(o.key[0], g) is not None
+        if g.runs_function(o.key, o.compiled.function):
+            return True
+        block = self._context.registry.get(o.key[0])
+        return block is not None and len(block.description.kernels) == 1 and self._fused(o.key[0], g) is not None
 
     def _refresh(self, block_id: int) -> None:
         block = self._context.registry.get(block_id)

@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from cudapatch import DiagnosticCode, Engine, Fill, Scale
+from cudapatch.blocks.description import like
 from cudapatch.engine import build as build_module
 from cudapatch.engine import engine as engine_module
 from cudapatch.engine import resources as resources_module
 from cudapatch.engine.build_thread import BuildWorker
 from cudapatch.errors import CudaError
+from cudapatch.kernels import bundled_kernel
 
 from .test_engine_orchestration import FakeBuilder, FakeDevice, FakeGraph, FakeModules
 
@@ -674,3 +676,56 @@ def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(engin
         f.set_result(real_submit(source).result())
     _landed(engine)
     assert more.id in engine.graph.plan.block_order
+
+
+class _Growing(Scale):
+    """A Scale (elementwise: it fuses) that gains a second kernel when ``extra`` is set and it is
+    described again: then it no longer fuses, and its new kernel compiles for the first time."""
+
+    extra = False
+
+    def describe(self, b: Any) -> None:
+        super().describe(b)
+        if self.extra:
+            k = b.add_kernel(bundled_kernel("fill"))
+            b.output("Extra", k.out(0), size=like("In"))
+            b.scalar("Value", k.in_(1), default=0.0)
+            k.auto_grid(like("In"), count_param=2)
+
+
+def test_a_fused_blocks_new_second_kernel_is_built_once_it_compiles(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block running inside a fused kernel gains a kernel: the build for its new description waits
+    for that kernel's compile (keeping the running graph, whose fused kernel stands for the block's
+    old description), and the compile, when it lands, asks for the build that runs the block with both
+    kernels (the fused node runs the block's one kernel of before, not this one)."""
+    monkeypatch.setattr(build_module, "COMPILE_WAIT_S", 0.01)
+    _, scale = _chain(engine)
+    grow = engine.add(_Growing(name="grow"))
+    engine.connect(scale, "Out", grow, "In")
+    _landed(engine)
+    g = engine.graph
+    assert any(grow.id in getattr(n.source, "members", ()) for n in g.plan.kernel_nodes)  # fused
+    builder = engine.kernels.builder
+    held: list[Any] = []
+    real_submit = builder.submit
+
+    def later(source: Any) -> Future:
+        f: Future = Future()
+        held.append((f, source))
+        return f
+
+    builder.submit = later
+    grow.extra = True
+    assert grow.refresh()
+    for _ in range(3):  # the build waits for the new kernel: the fused graph keeps running
+        engine.update()
+        assert engine._worker.wait(5.0)
+    engine.update()
+    assert engine.graph is g and held and not engine.building and not engine.context.dirty.structure
+    builder.submit = real_submit
+    for f, source in held:
+        f.set_result(real_submit(source).result())
+    _landed(engine)
+    assert (grow.id, 1) in {(n.block_id, n.kernel) for n in engine.graph.plan.kernel_nodes}
