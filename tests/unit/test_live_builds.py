@@ -650,30 +650,62 @@ def _new_block_lands_in_one_build(engine: Engine, monkeypatch: pytest.MonkeyPatc
     assert bool(fused) == fuse  # (the case each run covers)
 
 
-def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(engine: Engine, realizer: Realizer) -> None:
-    """The other way round: a build that planned without the new block's kernel (its compile landed
-    after the build resolved the kernels) is followed by one that runs it."""
-    _, scale = _chain(engine)
-    _landed(engine)
-    builder = engine.kernels.builder
-    held: list[Any] = []
-    real_submit = builder.submit
+class _HeldCompiles:
+    """Takes over the engine's compiles: each finishes only at ``release``."""
 
-    def later(source: Any) -> Future:  # the compile finishes only when the test says so
+    def __init__(self, engine: Engine) -> None:
+        self._builder = engine.kernels.builder
+        self._submit = self._builder.submit
+        self.held: list[tuple[Future, Any]] = []
+        self._builder.submit = self._later
+
+    def _later(self, source: Any) -> Future:
         f: Future = Future()
-        held.append((f, source))
+        self.held.append((f, source))
         return f
 
-    builder.submit = later
+    def release(self) -> None:
+        self._builder.submit = self._submit
+        held, self.held = self.held, []
+        for f, source in held:
+            f.set_result(self._submit(source).result())
+
+
+@pytest.mark.parametrize("lands", ["after", "during"])
+def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(
+    engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch, lands: str
+) -> None:
+    """The other way round: a build that planned without the new block's kernel (its compile landed
+    after the build resolved the kernels) is followed by one that runs it, whether the compile lands
+    once that build was swapped in or while it still runs (then the Code tier decides at its end)."""
+    _, scale = _chain(engine)
+    _landed(engine)
+    compiles = _HeldCompiles(engine)
+    planned, finish = threading.Event(), threading.Event()
+    prepare = build_module.GraphBuilds.prepare
+
+    def held_prepare(self: Any, *a: Any, **k: Any) -> Any:  # the build ends when the test says so
+        out = prepare(self, *a, **k)
+        planned.set()
+        assert finish.wait(10.0)
+        return out
+
+    monkeypatch.setattr(build_module.GraphBuilds, "prepare", held_prepare)
+    if lands == "after":
+        finish.set()
     more = engine.add(Scale(name="more", Factor=5.0, Offset=1.0))  # its own source: a compile of its own
     engine.connect(scale, "Out", more, "In")
     engine.update()
+    if lands == "during":
+        assert planned.wait(5.0)  # planned without the new kernel
+        compiles.release()
+        engine.update()  # the compile's outcome waits for the build in flight
+        assert engine.building and not engine.context.dirty.structure
+        finish.set()
     assert engine._worker.wait(5.0)
     engine.update()
     assert more.id not in engine.graph.plan.block_order  # compiling: left out
-    builder.submit = real_submit
-    for f, source in held:
-        f.set_result(real_submit(source).result())
+    compiles.release()
     _landed(engine)
     assert more.id in engine.graph.plan.block_order
 
@@ -707,25 +739,14 @@ def test_a_fused_blocks_new_second_kernel_is_built_once_it_compiles(
     _landed(engine)
     g = engine.graph
     assert any(grow.id in getattr(n.source, "members", ()) for n in g.plan.kernel_nodes)  # fused
-    builder = engine.kernels.builder
-    held: list[Any] = []
-    real_submit = builder.submit
-
-    def later(source: Any) -> Future:
-        f: Future = Future()
-        held.append((f, source))
-        return f
-
-    builder.submit = later
+    compiles = _HeldCompiles(engine)
     grow.extra = True
     assert grow.refresh()
     for _ in range(3):  # the build waits for the new kernel: the fused graph keeps running
         engine.update()
         assert engine._worker.wait(5.0)
     engine.update()
-    assert engine.graph is g and held and not engine.building and not engine.context.dirty.structure
-    builder.submit = real_submit
-    for f, source in held:
-        f.set_result(real_submit(source).result())
+    assert engine.graph is g and compiles.held and not engine.building and not engine.context.dirty.structure
+    compiles.release()
     _landed(engine)
     assert (grow.id, 1) in {(n.block_id, n.kernel) for n in engine.graph.plan.kernel_nodes}
