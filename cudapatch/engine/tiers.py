@@ -225,15 +225,17 @@ class CodeTier:
             CudaError: the driver refused a swap.
         """
         carried, self._carried = self._carried, None
-        if carried and g is not None:
-            for o in carried.values():
-                if o.compiled is not None:
-                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
+        # First compiles first: with the functions the build ran (an optimised build of the new kernel,
+        # carried, is swapped in below), and decided even where a swap below raises.
         new, self._new_kernels = self._new_kernels, {}
         for o in new.values():
             if g is None or not self._needs_none(g, o):
                 self._context.dirty.mark_structure()  # the build left it out: the next one runs it
                 break
+        if carried and g is not None:
+            for o in carried.values():
+                if o.compiled is not None:
+                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
 
     def submit(self, keys: Iterable[tuple[int, int]]) -> None:
         """Kernels whose code changed ``(block id, kernel index)``: queue their compiles (``flush``

@@ -145,6 +145,7 @@ class FakeGraph:
 
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
         self.swaps.append(key)
+        self.functions[key] = function  # what ``runs_function`` answers from then on
         return True
 
     def runs_function(self, key: tuple[int, int], function: Any) -> bool:  # as CompiledGraph: a node of its own

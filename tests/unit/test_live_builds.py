@@ -20,6 +20,7 @@ from cudapatch.engine import build as build_module
 from cudapatch.engine import engine as engine_module
 from cudapatch.engine import resources as resources_module
 from cudapatch.engine.build_thread import BuildWorker
+from cudapatch.engine.kernels import KernelOutcome
 from cudapatch.errors import CudaError
 from cudapatch.kernels import bundled_kernel
 
@@ -671,6 +672,21 @@ class _HeldCompiles:
             f.set_result(self._submit(source).result())
 
 
+def _held_builds(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Builds end when the test sets the second event, once planned (the first: set then)."""
+    planned, finish = threading.Event(), threading.Event()
+    prepare = build_module.GraphBuilds.prepare
+
+    def held_prepare(self: Any, *a: Any, **k: Any) -> Any:
+        out = prepare(self, *a, **k)
+        planned.set()
+        assert finish.wait(10.0)
+        return out
+
+    monkeypatch.setattr(build_module.GraphBuilds, "prepare", held_prepare)
+    return planned, finish
+
+
 @pytest.mark.parametrize("lands", ["after", "during"])
 def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(
     engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch, lands: str
@@ -681,16 +697,7 @@ def test_a_new_blocks_kernel_that_its_build_left_out_starts_the_next_build(
     _, scale = _chain(engine)
     _landed(engine)
     compiles = _HeldCompiles(engine)
-    planned, finish = threading.Event(), threading.Event()
-    prepare = build_module.GraphBuilds.prepare
-
-    def held_prepare(self: Any, *a: Any, **k: Any) -> Any:  # the build ends when the test says so
-        out = prepare(self, *a, **k)
-        planned.set()
-        assert finish.wait(10.0)
-        return out
-
-    monkeypatch.setattr(build_module.GraphBuilds, "prepare", held_prepare)
+    planned, finish = _held_builds(monkeypatch)
     if lands == "after":
         finish.set()
     more = engine.add(Scale(name="more", Factor=5.0, Offset=1.0))  # its own source: a compile of its own
@@ -750,3 +757,30 @@ def test_a_fused_blocks_new_second_kernel_is_built_once_it_compiles(
     compiles.release()
     _landed(engine)
     assert (grow.id, 1) in {(n.block_id, n.kernel) for n in engine.graph.plan.kernel_nodes}
+
+
+def test_an_optimised_build_of_a_new_kernel_landing_during_its_build_starts_no_second_build(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build of an added block runs its kernel's first compile; that kernel's optimised build
+    lands while the build still runs and is swapped into the new graph at its end. The new graph ran
+    the first compile: no second build follows."""
+    _, scale = _chain(engine)
+    _landed(engine)
+    planned, finish = _held_builds(monkeypatch)
+    more = engine.add(Scale(name="more", fuse=False))
+    engine.connect(scale, "Out", more, "In")
+    engine.update()  # starts the build, which waits for the new kernel's compile and runs it
+    assert planned.wait(5.0)
+    engine.update()  # the first compile's outcome waits for the build in flight
+    key = (more.id, 0)
+    better = engine.kernels.builder.submit(more.description.kernels[0].source).result()
+    engine.kernels.ready.append(KernelOutcome("upgrade", key, better))
+    engine.update()  # carried to the new graph
+    rebuilds = engine.counters.rebuilds
+    finish.set()
+    assert engine._worker.wait(5.0)
+    engine.update()  # the swap
+    g = engine.graph
+    assert engine.counters.rebuilds == rebuilds + 1 and g.runs_function(key, better.function)
+    assert not engine.building and not engine.context.dirty.structure  # (a Warm one would not count as a rebuild)
