@@ -96,7 +96,9 @@ def measure(fuse: bool, blocks: int, calls: int, repeats: int) -> dict[str, floa
             e.connect(a, "Out", b, "In")
         e.update()
         e.update()
-        assert e.graph is not None and len(e.graph.plan.nodes) == (1 if fuse else blocks)
+        nodes = len(e.graph.plan.nodes) if e.graph is not None else 0
+        # Unfused a node per block; fused a kernel per group (a long chain is cut into groups of a few hundred)
+        assert nodes == blocks if not fuse else 1 <= nodes <= max(1, blocks // 100), (fuse, nodes)
         target, values = chain[blocks // 2], [1.0 + k * 1e-3 for k in range(7)]
 
         def hot_set(i: int) -> None:
