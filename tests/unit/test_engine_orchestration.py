@@ -149,7 +149,11 @@ class FakeGraph:
         return True
 
     def runs_function(self, key: tuple[int, int], function: Any) -> bool:  # as CompiledGraph: a node of its own
-        own = any((n.block_id, n.kernel) == key for n in self.plan.kernel_nodes)
+        nodes = self.plan.nodes  # (the block's nodes looked up, as the real one does: bench_swap_cpu times this)
+        own = any(
+            (getattr(nodes[i], "block_id", None), getattr(nodes[i], "kernel", None)) == key
+            for i in self.plan.block_nodes.get(key[0], ())
+        )
         return own and self.functions.get(key) is function
 
     def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
