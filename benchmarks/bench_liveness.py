@@ -4,7 +4,8 @@
 Chains of N ``Scale`` blocks (1024 floats). With ``update()`` running every frame: add a block at
 the end, remove it, add a link, remove it. For each edit: the slowest ``update()`` from the edit
 until it is live, against the quiet median (target ≤ max(1 ms, 3× quiet)), and the frames until
-live (target ≤ 3 at 100 and 1,000 blocks, ≤ 500 ms at 10,000). Peer: a bare ``cuGraphLaunch`` of
+live (target ≤ 3 at 100 and 1,000 blocks, ≤ 500 ms at 10,000), and the builds the four edits took
+(one each: a second build after an edit made it live frames later). Peer: a bare ``cuGraphLaunch`` of
 the same executable graph, measured in the same run (target: quiet ``update()`` ≤ 1.5× it). Beside
 the edits, the driver's floor in the same run: a thread builds a graph of the same kernel nodes with
 raw driver calls (add the nodes, instantiate, upload, 10 times) while the running graph is launched
@@ -106,6 +107,7 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
         tail = e.add(Scale(name="tail"))
         e.connect(blocks[-1], "Out", tail, "In")
         instantiations = e.counters.rebuilds
+        builds = e.counters.rebuilds + e.counters.warm_resizes  # a second build after an edit shows here
         worst, frames, secs = until_live(e, lambda: running(e, tail))
         rows.append(
             (f"{n}: add block, slowest update() µs", worst, "budget µs", budget, f"live in {frames} frames; {peer}")
@@ -126,6 +128,8 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
             (f"{n}: remove block, slowest update() µs", worst, "budget µs", budget, f"{secs * 1e3:.0f} ms; {peer}")
         )
         rows.append((f"{n}: instantiations for 4 edits", e.counters.rebuilds - instantiations, "edits", 4, ""))
+        built = e.counters.rebuilds + e.counters.warm_resizes - builds
+        rows.append((f"{n}: builds (Cold + Warm) for 4 edits", built, "edits", 4, "one each"))
         if not fuse:  # a fused member has no node of its own to turn off until a build takes it out
             rows += bench_bypass(e, blocks[n // 2], blocks[n // 2 + 1], quiet)
         rows += bench_growth(e, blocks, elements, budget)
