@@ -134,7 +134,9 @@ class GlBridge:
         """Copy output ``port`` into the next free buffer of an ``ImportedRing`` every frame (the
         zero-map path). The copy is a ``GlRingWriter`` block added to the engine (it shows in the
         stats with its GPU time; the next update rebuilds the graph once); per frame the host only
-        writes the ring's request word: no map, no unmap, no driver call.
+        writes the ring's request word: no map, no unmap, no driver call. An isolated engine's child
+        cannot write this process's memory: its finished frames are copied in from here
+        (``ImportedRing.write`` on the engine's stream), still without a map.
 
         Raises:
             InteropError: unknown output port, the bridge is closed, or the ring cannot be attached.
@@ -142,11 +144,9 @@ class GlBridge:
         from .gl_writers import GlRingWriter
 
         spec = self._check(block, port, "output")
-        if self._by_copy:
-            raise InteropError(
-                "show_buffer_ring: the engine runs in a child process, which cannot write this process's GL "
-                "memory; show the output through show_buffer (a copy after each frame) instead"
-            )
+        if self._by_copy:  # the child cannot write this process's memory: fed from here (ring.write)
+            self._rings.append(_Link(block, port, ring))
+            return
         writer = GlRingWriter(name=self._writer_name(block, port), Type=spec.dtype.c_name)
         ring.attach(writer)
         self._rings.append(self._add_writer(_Link(block, port, ring), writer))
@@ -347,9 +347,10 @@ class GlBridge:
             self._copy_finished(self.engine.stream, wait=True)
 
     def _copy_finished(self, stream: Any, *, wait: bool) -> None:
-        """Map, copy and unmap on ``stream`` the outputs of the isolated engine's frame sent last, once
-        the frame word says the child finished it (``wait``: wait for that, reading its pipe; else a
-        frame still running is copied by a later call, or never if another is sent first).
+        """Copy on ``stream`` the outputs of the isolated engine's frame sent last (into rings as they
+        are, into buffers and textures mapped for the copy), once the frame word says the child
+        finished it (``wait``: wait for that, reading its pipe; else a frame still running is copied
+        by a later call, or never if another is sent first).
 
         So no map, and no GL work after an unmap, waits on the GPU for a frame the child has not
         finished: a slow or stuck child leaves GL drawing the last frame it finished. The child's next
@@ -357,13 +358,19 @@ class GlBridge:
         it is written.
         """
         n, group = self._sent, self._group
-        if n is None or group is None:
+        if n is None or (group is None and not self._rings):
             return
         done = self.engine.frame_finished(n, wait=wait)
         if done is False:
             return
         self._sent = None
         if done is None:  # the child ended before finishing it: its outputs are gone, GL keeps the last
+            return
+        for link in self._rings:  # imported memory: a copy and an event, no map
+            src = self.output_buffer(link.block, link.port)
+            if src is not None:
+                link.resource.write(src.ptr, src.nbytes, stream)
+        if group is None:
             return
         group.map(stream=stream)
         try:

@@ -129,9 +129,10 @@ class Preview:
         from .imported import ImportedRing, zero_map_available
 
         self.bridge = GlBridge(engine, label="preview")
+        # An isolated engine's outputs are copied into the imported memory from this process (the child
+        # cannot reach it): no GL map at all. Measured on the H100 (driver 580): after the child's fault,
+        # the host's first map of the points buffer never completed on its stream (docs/findings.md).
         self.zero_map = zero_map_available(context) if zero_map is None else zero_map
-        if self.bridge.copies:  # an isolated engine's child cannot write into memory GL imported here
-            self.zero_map = False
         self._ring_cls = ImportedRing
         how = "imported CUDA memory (zero-map)" if self.zero_map else "register + map/unmap"
         log.info("preview: outputs shared with GL through %s", how)
@@ -283,6 +284,8 @@ class Preview:
             self.engine.synchronize()  # this launch's copy is done: front() returns it
         if settle:
             self.bridge.catch_up()  # an isolated engine's outputs of this frame, not the one before
+            if rings and self.bridge.copies:
+                self.engine.synchronize()  # catch_up's copy into the ring is done: front() returns it
         if self.points is not None:
             self._sync_points()
         GL = gl()

@@ -518,10 +518,12 @@ extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int c
     assert np.abs(img[:, :, 1] - 127).max() <= 2 and (img[..., 3] == 255).all()
 
 
-def test_an_isolated_preview_registers_its_points_buffer_before_the_first_frame(monkeypatch):
+@pytest.mark.parametrize("zero_map", [True, False], ids=["zero-map", "map-unmap"])
+def test_an_isolated_preview_registers_its_points_buffer_before_the_first_frame(monkeypatch, zero_map):
     """On the H100 machine, registering a GL buffer once a kernel in the child has faulted spins for
-    good: the preview of an isolated engine builds the child's graph and registers the points buffer
-    before its first frame is sent (a patch that faults in its first frame then previews as before)."""
+    good: the preview of an isolated engine builds the child's graph and makes the points' GL memory
+    (an imported ring, or a registered buffer) before its first frame is sent (a patch that faults in
+    its first frame then previews as before)."""
     from cudapatch import Engine
     from cudapatch.interop import EglContext
     from cudapatch.interop.preview import Preview
@@ -540,11 +542,20 @@ def test_an_isolated_preview_registers_its_points_buffer_before_the_first_frame(
                 return create(cls, nbytes, **kw)
 
             monkeypatch.setattr(SharedBuffer, "create", classmethod(recording_create))
-            with Preview(engine, ctx, points=(t, "Points"), overlay=False) as preview:
+            with Preview(engine, ctx, points=(t, "Points"), overlay=False, zero_map=zero_map) as preview:
+                make_ring = preview._ring_cls
+
+                def recording_ring(nbytes, **kw):
+                    frames_sent_at_register.append(engine.counters.frames)
+                    return make_ring(nbytes, **kw)
+
+                preview._ring_cls = recording_ring
                 for _ in range(5):
                     preview.frame()
                 engine.synchronize()
-                assert preview._point_buffer is not None and preview._point_buffer.nbytes == 10_000 * 32
+                assert preview.zero_map is zero_map
+                shared = preview._ring if zero_map else preview._point_buffer
+                assert shared is not None and shared.nbytes == 10_000 * 32
     finally:
         ctx.close()
     assert frames_sent_at_register == [0]  # once, before the first frame
@@ -565,12 +576,13 @@ def _particles_unbuilt(engine, capacity):
 def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
     """``Engine(isolated=True)``: the graph runs in a child process, which cannot write this process's
     GL memory, so the bridge copies each frame's outputs (the child's buffers, mapped here) into the GL
-    buffer and texture once the child finished the frame, on the host's stream (``synchronize`` copies
-    the last one); GL sees every frame's values."""
+    buffer, texture and imported ring once the child finished the frame, on the host's stream
+    (``synchronize`` copies the last one); GL sees every frame's values."""
     from OpenGL import GL
 
     from cudapatch import Engine, Fill, Scale
     from cudapatch.interop import GlBridge, SharedBuffer, SharedTexture2D
+    from cudapatch.interop.imported import ImportedRing
 
     w, h = 64, 32
     with Engine(isolated=True, wait_for_compile=True) as engine:
@@ -581,8 +593,10 @@ def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
         tex = SharedTexture2D.create(w, h, format="r32f", flags="surface_ldst")
         bridge = GlBridge(engine)
         assert bridge.copies
-        with pytest.raises(InteropError, match="child process"):
-            bridge.show_buffer_ring(scale, "Out", object())
+        ring = ImportedRing(w * h * 4)
+        for b in ring.buffers:  # poisoned: a slot never written shows NaN
+            _cupy_view(b.ptr, w * h * 4, np.float32, b).fill(np.nan)
+        bridge.show_buffer_ring(scale, "Out", ring)  # fed from this process: copies, no map
         for refused in (lambda: bridge.bind_buffer(scale, "In", buf), lambda: bridge.bind_texture(scale, "In", tex)):
             with pytest.raises(InteropError, match="child process"):
                 refused()
@@ -600,8 +614,11 @@ def test_an_isolated_engines_outputs_reach_gl_every_frame(egl):
             GL.glBindTexture(GL.GL_TEXTURE_2D, tex.gl_name)
             texels = np.frombuffer(GL.glGetTexImage(GL.GL_TEXTURE_2D, 0, GL.GL_RED, GL.GL_FLOAT), np.float32)
             np.testing.assert_array_equal(texels, np.full(w * h, 2 * value, np.float32))
+            np.testing.assert_array_equal(_gl_reads(ring.front(), w * h * 4), np.full(w * h, 2 * value, np.float32))
+        assert ring.dropped == 0
         assert not engine.graph  # nothing of it ran in this process's graph (and the big texture: skipped)
         bridge.close()
         buf.close()
         tex.close()
         big.close()
+        ring.close()
