@@ -136,6 +136,11 @@ class Preview:
         self._ring_cls = ImportedRing
         how = "imported CUDA memory (zero-map)" if self.zero_map else "register + map/unmap"
         log.info("preview: outputs shared with GL through %s", how)
+        if self.bridge.copies and not self.zero_map:
+            log.warning(
+                "preview: an isolated engine shown through register + map/unmap: after a GPU fault of its "
+                "process this preview has hung on a GL map (H100, driver 580; docs/faults.md)"
+            )
         self._ring: ImportedRing | None = None
         self._point_buffer: SharedBuffer | None = None
         self._point_renderer: PointRenderer | None = None
