@@ -66,6 +66,15 @@ def _add_programmatic(graph: Any, node: Any, sources: list[tuple[Any, str]]) -> 
     check(d.cuGraphAddDependencies(graph, froms, [node] * len(froms), edges, len(froms)), "cuGraphAddDependencies")
 
 
+#: Graphs of fewer nodes instantiate without waiting for the end of a frame (``pace``). While a
+#: build instantiates, a frame's ``cuGraphLaunch`` waits for the driver's lock: measured beside raw
+#: launches at 60 fps (``bench_liveness.py``, "bare build beside launches", H100 host, driver 580),
+#: the slowest launch took 0.04 ms during builds of 100 nodes, 0.22 ms of 1,000 and 13.9 ms of
+#: 10,000. Waiting for a frame's end cost every build up to a frame: an added block of a 1,000-block
+#: chain went live in 4 frames, not 3.
+PACE_FROM_NODES = 2_000
+
+
 class GraphBuilder:
     """Builds the ``CompiledGraph`` of one plan; see ``realize`` for the arguments. One use: ``build()``."""
 
@@ -147,7 +156,8 @@ class GraphBuilder:
                 exec_, original, taken_handles = taken
                 parts.take_over(original, taken_handles)
             else:
-                if self.pace is not None:  # the driver's lock taken right after a frame, not during the next
+                if self.pace is not None and len(self.plan.nodes) >= PACE_FROM_NODES:
+                    # the driver's lock taken right after a frame, not during the next
                     self.pace()
                     paced = time.perf_counter()
                 exec_ = check(d.cuGraphInstantiate(parts.graph, 0), "cuGraphInstantiate")
@@ -377,8 +387,9 @@ def realize(
     ``probe_function`` is the probe kernel, for a plan with probes.
     ``upload_stream``: upload the executable graph to the device on this stream (``cuGraphUpload``)
     here, so that its first launch (on the frame thread) does not do it (``DeviceContext.upload_stream``).
-    ``pace`` (a build off the frame thread): called before the instantiation, it returns at the end
-    of a frame (``FrameGate.next_frame``), so that the driver's lock is taken between two frames.
+    ``pace`` (a build off the frame thread): called before the instantiation of a graph of
+    ``PACE_FROM_NODES`` or more, it returns at the end of a frame (``FrameGate.next_frame``), so that
+    the driver's lock is taken between two frames.
 
     Raises:
         KernelLoadError: a kernel has no function (``.block`` names the block).
