@@ -978,3 +978,41 @@ def test_a_gl_bridge_copies_every_frame_of_a_child_slower_than_the_host(iso):
     assert iso.frames_ahead == 1  # another bridge still copies
     second.close()
     assert iso.frames_ahead == MAX_FRAMES_AHEAD  # the last one gone: the child may run ahead again
+
+
+def test_a_gl_bridge_feeds_an_imported_ring_of_an_isolated_engine_without_a_map(iso, monkeypatch):
+    """An isolated engine's outputs shown through an imported ring (the preview's zero-map path) are
+    copied from the host into the ring (``ImportedRing.write`` on the engine's stream) once the child
+    finished the frame, one copy per finished frame; nothing is mapped (a GL map after a child's fault
+    hung the preview on the H100), and no writer block goes to the child."""
+    from cudapatch.interop.bridge import GlBridge
+
+    _, s = _patch(iso)
+    bridge = GlBridge(iso)
+
+    class Ring:  # an ImportedRing fed from the host
+        def __init__(self):
+            self.writes = []
+
+        def attach(self, writer):  # the graph-fed path: must not be taken
+            raise AssertionError("an isolated engine's ring is fed from the host")
+
+        def write(self, ptr, nbytes, stream):
+            self.writes.append((ptr, nbytes, iso.gpu.done))
+            return True
+
+    class Out:
+        ptr, nbytes = 0xB000, 256
+
+    ring = Ring()
+    blocks_before = len(iso.blocks)
+    bridge.show_buffer_ring(s, "Out", ring)
+    assert len(iso.blocks) == blocks_before and bridge.copies
+    assert bridge._group is None  # nothing to map
+    monkeypatch.setattr(bridge, "output_buffer", lambda block, port: Out() if (block, port) == (s, "Out") else None)
+    for tick in range(1, 8):
+        iso.gpu.done = iso.frames_sent  # the child finished every frame sent
+        iso.update()
+    assert [w[:2] for w in ring.writes] == [(0xB000, 256)] * len(ring.writes) and len(ring.writes) >= 5
+    assert [w[2] for w in ring.writes] == list(range(1, len(ring.writes) + 1))  # each finished frame, once
+    bridge.close()
