@@ -1010,7 +1010,7 @@ def test_a_gl_bridge_feeds_an_imported_ring_of_an_isolated_engine_without_a_map(
     assert len(iso.blocks) == blocks_before and bridge.copies
     assert bridge._group is None  # nothing to map
     monkeypatch.setattr(bridge, "output_buffer", lambda block, port: Out() if (block, port) == (s, "Out") else None)
-    for tick in range(1, 8):
+    for _ in range(7):
         iso.gpu.done = iso.frames_sent  # the child finished every frame sent
         iso.update()
     assert [w[:2] for w in ring.writes] == [(0xB000, 256)] * len(ring.writes) and len(ring.writes) >= 5
