@@ -21,6 +21,9 @@
    this run the only ratio was ours per frame against ``cupy graph`` per kernel: at 1,024 floats that
    charged our side a graph launch per kernel and CuPy's side none. ``cupy calls`` (events around 200
    calls from Python: each call a Python launch, so small arrays measure the host) stays for reference.
+   Then the same twice more once the engine specialised the fused kernel on its resting scalar values
+   (``engine/specialize.py``: the values compiled in, swapped in between frames; a Hot edit puts the
+   generic kernel back): ``specialised``, with its results against the unfused graph's, bit for bit.
 2. Expression edit → running: ``set("Code", ...)`` until the new kernel is swapped into the running
    graph (``live``: the quick build, the bytecode interpreter where it can run the program, else the
    PTX JITted at a low level), and until its optimised build is swapped
@@ -138,8 +141,21 @@ def bench_chain(n_blocks: int, elements: int, variants: bool = False) -> dict:
                 row["empty_frame_ms"] = empty_frame_ms(e.device.arch, stream)
                 if variants:
                     row["launch_variants"] = launch_variants(e, g, node)
+                results["generic"] = e.read(blocks[-1], "Out")
+                # Resting values: the Specializer swaps in a build with them compiled in (engine/specialize.py).
+                end = time.perf_counter() + 10.0
+                while e.counters.specializations < 1 and time.perf_counter() < end:
+                    e.update()
+                    time.sleep(0.01)
+                e.synchronize()
+                if e.counters.specializations:
+                    row["special_ms"] = gpu_ms(lambda g=g, s=stream: g.launch(s), stream)
+                    row["special_kernel_ms"] = kernel_graph_ms(g._nodes[node.index].params, stream)
+                    results["special"] = e.read(blocks[-1], "Out")
             results[fuse] = e.read(blocks[-1], "Out")
-    row["bitwise_equal"] = bool(np.array_equal(results[True], results[False]))
+    row["bitwise_equal"] = bool(np.array_equal(results["generic"], results[False]))
+    if "special" in results:
+        row["special_bitwise_equal"] = bool(np.array_equal(results["special"], results[False]))
     try:
         import cupy as cp
 
@@ -430,6 +446,19 @@ def main() -> None:
         print(
             f"{r['elements']:>10} {kernel:>13.4f} {_ms(graph):>11} {_ratio(kernel, graph):>14} "
             f"{_ratio(r['fused_ms'], graph):>17} {_ms(r['cupy_calls_ms']):>11}  {launch}"
+        )
+    print("   specialised: the same fused kernel once its scalars rest, rebuilt with their values compiled in:")
+    head = ("elements", "frame", "kernel", "frame/cupy frame", "kernel/cupy graph", "bitwise")
+    print("{:>10} {:>9} {:>9} {:>17} {:>18} {:>8}".format(*head))
+    for r in rows:
+        if "special_ms" not in r:
+            print(f"{r['elements']:>10}   (not specialised within 10 s)")
+            continue
+        print(
+            f"{r['elements']:>10} {r['special_ms']:>9.4f} {r['special_kernel_ms']:>9.4f} "
+            f"{_ratio(r['special_ms'], r['cupy_frame_ms']):>17} "
+            f"{_ratio(r['special_kernel_ms'], r['cupy_fuse_ms']):>18} "
+            f"{r['special_bitwise_equal']!s:>8}"
         )
     print("   cupy.fuse with the factors and offsets as float32 arguments (kernel parameters, as ours):")
     head = ("elements", "args kernel", "kernel/kernel", "args frame", "frame/frame")

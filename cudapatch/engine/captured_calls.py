@@ -184,6 +184,8 @@ class CapturedCall:
         "_replay",
     )
 
+    generic = None  # never runs a specialised kernel (``KernelNode.generic``)
+
     def __init__(
         self, plan: CapturedNodePlan, values: list[Any], block_name: str | None, device_slots: dict[int, DeviceSlot]
     ) -> None:

@@ -59,6 +59,7 @@ from .replay import ReplayStandby
 from .resources import PUBLISH_KERNEL as PUBLISH_KERNEL  # re-exported: the kernel that ends timed graphs
 from .resources import DeviceResources
 from .results import EngineResults
+from .specialize import Specializer
 from .stats import BuildTiming, EngineCounters
 from .structure import StructureTier
 from .tiers import BypassTier, CodeTier, ParamTier
@@ -220,6 +221,11 @@ class Engine(PatchEditing, EngineResults):
             timing=self.last_build,
             collector=collector,
         )
+        # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
+        self._specializer: Specializer | None = None
+        if fuse:
+            self._specializer = Specializer(lambda: self.resources.graph, builder, self.kernels.ready)
+            self.resources.on_install = self._graph_installed
         self.background_builds = background_builds
         self._dirty = self.context.dirty
         self._probes = ProbeSet(self.context, lambda: self.resources.graph)
@@ -477,6 +483,14 @@ class Engine(PatchEditing, EngineResults):
         blocks = len(self.context.registry)
         return f"<Engine '{self.name}' device={self.device.ordinal} blocks={blocks} closed={self._closed}>"
 
+    def _graph_installed(self, graph: Any) -> None:
+        """A new running graph: its fused kernels are specialised once their values rest, and the
+        patch that puts a node's generic kernel back asks for that again."""
+        specializer = self._specializer
+        if specializer is not None:  # (it finds the fused kernels on its own thread, not in this frame)
+            graph.on_generalize = specializer.arm
+            specializer.arm()
+
     # -- teardown --------------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for the GPU, release graph, modules, buffers, stream and context; idempotent.
@@ -487,6 +501,8 @@ class Engine(PatchEditing, EngineResults):
         if self._closed:
             return
         self._closed = True
+        if self._specializer is not None:
+            self._specializer.close()
         self._code.close()
         with self._graph_lock:  # a swap between frames that began before the flag was set ends first
             self._structure.drop()  # the build in flight ends; its graph is freed, never installed

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Iterable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
-from .params import PackedLaunch, ParamStorage, pack_arguments, read_slot, write_slot
+from .params import PackedLaunch, ParamStorage, argument_offsets, pack_arguments, read_slot, write_slot
 from .phases import Phases, lending_keys, phase_nodes
 from .plan import GraphPlan, ProbeNodePlan
 from .probes import ProbeStats, decode_probe, record_words
@@ -48,6 +49,7 @@ from .warm import WarmPatch, WarmRefusal, decide_warm_patch
 
 __all__ = ["CompiledGraph", "GraphParts", "PreparedPatch"]
 
+_U32 = struct.Struct("<I")
 log = logging.getLogger("cudapatch.engine")
 
 
@@ -275,6 +277,10 @@ class CompiledGraph(HandleOwner):
         self.reallocations = 0
         self.warm_refusal: WarmRefusal | None = None
         self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
+        #: Nodes put back from a specialised kernel to their generic one by a patch (``specialize``).
+        self.generalized = 0
+        #: Called when a patch puts a node's generic kernel back (the engine's ``Specializer.arm``).
+        self.on_generalize: Callable[[], Any] | None = None
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -490,6 +496,8 @@ class CompiledGraph(HandleOwner):
                     slot[:] = value
                 else:
                     slot.value = value
+                if kn.generic is not None:  # a specialised kernel ignores the value: back to the generic one
+                    self._generalize(kn)
                 (err,) = self._set_params(self._exec, kn.handle, kn.params)
                 if err:
                     self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
@@ -508,8 +516,18 @@ class CompiledGraph(HandleOwner):
                 write_slot(slot, value)
                 if kn not in touched:
                     touched.append(kn)
+                    if kn.generic is not None:  # a specialised kernel ignores the value: back to the generic one
+                        self._generalize(kn)
         self._commit(touched)
         return len(touched)
+
+    def _generalize(self, kn: KernelNode) -> None:
+        """Put the node's generic kernel back (it runs a specialised one); the caller patches the node."""
+        kn.params.func = kn.alt_params.func = kn.generic
+        kn.generic = None
+        self.generalized += 1
+        if self.on_generalize is not None:
+            self.on_generalize()
 
     def update_scalars(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Hot update: write new scalar values into their slots and patch the affected nodes.
@@ -676,6 +694,7 @@ class CompiledGraph(HandleOwner):
                 changed = True
             if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
                 kn.params.func = kn.alt_params.func = kp.function
+                kn.generic = None  # (or a specialised one ran: the build's generic kernel again)
                 changed = True
             kn.plan = kp.plan
             if changed:
@@ -785,6 +804,9 @@ class CompiledGraph(HandleOwner):
             params.gridDimY, params.gridDimZ = node.yz[0], node.yz[1]
             if kp.function is not None:
                 params.func = kp.function
+                if kn.generic is not None:  # it ran a specialised kernel: the build's generic one, both phases
+                    kn.alt_params.func = kp.function
+                    kn.generic = None
             kn.plan = node
             touched.append(kn)
         redirects = self.bypass.redirects
@@ -873,8 +895,52 @@ class CompiledGraph(HandleOwner):
             return False
         for n in nodes:
             n.params.func = n.alt_params.func = function
+            n.generic = None  # the new code is the generic kernel now (a specialisation of the old is out of date)
         self._commit(nodes)
         return True
+
+    def specialize(self, key: tuple[int, int], function: Any, constants: Sequence[tuple[int, int]]) -> bool:
+        """Run ``function``, kernel ``key`` compiled with ``constants`` (``(argument index, float32
+        bits)``) in place of those arguments, in every node of that kernel whose arguments hold exactly
+        those values now. The node's next Hot or Warm patch puts its generic kernel back
+        (``on_generalize`` is then called, on the thread patching).
+
+        Returns:
+            False (and changes nothing) where the kernel is not in this graph, or a value changed since
+            ``constants`` were read.
+
+        Raises:
+            CudaError: the driver refused the new function.
+        """
+        self._check_open("CompiledGraph.specialize")
+        nodes = self._by_kernel.get(key)
+        if not nodes or any(self._argument_bits(n, [i for i, _ in constants]) != tuple(constants) for n in nodes):
+            return False
+        for n in nodes:
+            if n.generic is None:  # a copy: the struct's getter returns a view of the field set below
+                func = n.params.func
+                n.generic = type(func)(int(func))
+            n.params.func = n.alt_params.func = function
+        self._commit(nodes)
+        return True
+
+    def specialized(self, key: tuple[int, int]) -> bool:
+        """Whether kernel ``key``'s nodes run a specialised kernel now (``specialize``)."""
+        nodes = self._by_kernel.get(key)
+        return bool(nodes) and nodes[0].generic is not None
+
+    def argument_bits(self, key: tuple[int, int], indices: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
+        """``(argument index, the 32 bits it holds now)`` for ``indices`` of kernel ``key``'s first node
+        (None: not in this graph). Plain loads of the parameter storage: any thread may ask; a Hot
+        patch meanwhile makes the answer stale, which ``specialize`` sees."""
+        nodes = self._by_kernel.get(key)
+        return self._argument_bits(nodes[0], indices) if nodes else None
+
+    @staticmethod
+    def _argument_bits(kn: KernelNode, indices: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        offsets = argument_offsets(kn.store.descriptor)
+        raw = kn.store.storage
+        return tuple((i, _U32.unpack_from(raw, offsets[i])[0]) for i in indices)
 
     def runs_function(self, key: tuple[int, int], function: Any) -> bool:
         """Whether every node of kernel ``key`` (block id, kernel index) runs ``function`` (False where

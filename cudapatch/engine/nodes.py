@@ -54,7 +54,7 @@ __all__ = [
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body", "alt", "alt_params")
+    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body", "alt", "alt_params", "generic")
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -69,6 +69,9 @@ class KernelNode:
         #: pointers), or None; ``alt_params`` is what the second executable is patched with.
         self.alt: ParamStorage | None = None
         self.alt_params = store.params
+        #: While the node runs a kernel specialised on its scalars' values (``CompiledGraph.specialize``):
+        #: the function it ran before, put back by the node's next Hot or Warm patch. None otherwise.
+        self.generic: Any = None
 
     def set_alt(self, alt: ParamStorage) -> None:
         """Give the node its second-phase storage (``phases.second_phase``)."""

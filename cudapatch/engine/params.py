@@ -33,6 +33,7 @@ from .plan import KernelNodePlan
 
 __all__ = [
     "BUFFER_FROM_ARGS",
+    "argument_offsets",
     "PackedLaunch",
     "ParamSlots",
     "ParamStorage",
@@ -136,6 +137,11 @@ def _layout(desc: Any) -> _Layout:
             _layouts.clear()
         lay = _layouts[id(desc)] = _Layout(desc)
     return lay
+
+
+def argument_offsets(desc: Any) -> Sequence[int]:
+    """The byte offset of each argument slot of ``desc`` in a ``ParamStorage``'s ``storage``."""
+    return _layout(desc).offsets
 
 
 def _pack_into(storage: Any, lay: _Layout, values: Sequence[Any], slots: Sequence[Any] | None = None) -> None:

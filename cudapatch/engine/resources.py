@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudaError
@@ -103,6 +104,8 @@ class DeviceResources:
         self._publish_function: Any = None
         self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
         self._probe_function: Any = None
+        #: Called with each graph ``install`` makes the running one (the engine's ``Specializer``).
+        self.on_install: Callable[[CompiledGraph], Any] | None = None
         self._closed = False
 
     # -- graphs -------------------------------------------------------------------------------------
@@ -118,6 +121,8 @@ class DeviceResources:
         if old is not None:
             old.retire(self.stream)
             self._retired.append(old)
+        if self.on_install is not None:
+            self.on_install(graph)
 
     def free_dropped(self, snapshot_time: float) -> None:
         """Free the uploads ``drop_uploads(later=True)`` kept from before ``snapshot_time``

@@ -63,6 +63,7 @@ class EngineCounters:
     bypass_updates: int = 0  # ``enabled`` flags applied to the running graph (nodes off/on, readers redirected)
     code_swaps: int = 0  # recompiled kernels swapped into the running graph
     kernel_upgrades: int = 0  # optimised builds swapped in after a quick one (an Expression edit)
+    specializations: int = 0  # fused kernels swapped for a build with their resting scalars compiled in
     recaptures: int = 0  # library calls captured again in place (pointer, size or host scalar changes)
     nodes_patched: int = 0
     faults: int = 0  # sticky GPU faults survived (context reset, faulting block disabled)

@@ -393,6 +393,11 @@ class CodeTier:
         for o in outcomes:
             if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                 continue
+            if o.action == "specialize":  # the running graph only, if its values are still those
+                g = self._resources.graph
+                if g is not None and o.compiled is not None and g.specialize(o.key, o.compiled.function, o.constants):
+                    self._counters.specializations += 1
+                continue
             if o.action == "upgrade":  # an optimised build of what runs: swap it in where it runs
                 if not self.swap(o) and self._carried is not None:
                     self._carried[o.key] = o  # the build in flight may hold the quick build: end_carry swaps

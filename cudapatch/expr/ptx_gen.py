@@ -16,6 +16,7 @@ functions are lowered to instructions once, in ``lower.py``, for both back ends.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -320,7 +321,12 @@ def _store_lanes(
 
 
 def generate_ptx(
-    program: Program, arch: str = "sm_90", *, per_thread: int = 1, scalar_loads: ScalarLoads = "param"
+    program: Program,
+    arch: str = "sm_90",
+    *,
+    per_thread: int = 1,
+    scalar_loads: ScalarLoads = "param",
+    constants: Mapping[int, int] | None = None,
 ) -> str:
     """The PTX module of ``program`` for ``arch``: one ``.entry expression`` (see ``program.py``).
 
@@ -337,12 +343,22 @@ def generate_ptx(
     addresses, beside the input loads) and reads the scalars from there (``ld`` through
     ``cvta.param``: the launch's own argument bytes, so a Hot edit reaches them as before). Same
     values, same bits; sm_70 and newer (``cvta.param``), else ``param``.
+
+    ``constants``: scalar index -> the bits of a float32 value compiled into the code in place of
+    that scalar's load (a kernel specialised on the values its scalars hold; ``mov.f32`` of the exact
+    bits, so it computes what the argument would). The kernel keeps every parameter (the same
+    launch arguments), and ignores the scalars it was given constants for.
     """
-    return _generate(program, arch, per_thread, None, scalar_loads)
+    return _generate(program, arch, per_thread, None, scalar_loads, constants)
 
 
 def _generate(
-    program: Program, arch: str, per_thread: int, layout: Layout | None, scalar_loads: ScalarLoads = "param"
+    program: Program,
+    arch: str,
+    per_thread: int,
+    layout: Layout | None,
+    scalar_loads: ScalarLoads = "param",
+    constants: Mapping[int, int] | None = None,
 ) -> str:
     if per_thread < 1:
         raise ValueError(f"per_thread must be at least 1, got {per_thread}")
@@ -424,7 +440,10 @@ def _generate(
             envs[k][("input", i)] = value
     for s in range(len(program.scalars)):
         value = em.reg("f")
-        if generic:
+        bits = constants.get(s) if constants else None
+        if bits is not None:
+            em.op(f"mov.f32 {value}, 0f{bits & 0xFFFFFFFF:08X}")
+        elif generic:
             em.op(f"ld.f32 {value}, [{scalar_at[s]}]")
         else:
             em.op(f"ld.param.f32 {value}, [{names[program.scalar_param(s)]}]")

@@ -74,6 +74,8 @@ class ProgramSource(KernelSource):
             ``count / per_thread`` threads (the fusion phase sets both for fused groups).
         scalar_loads: How the kernel reads its scalars (PTX only, see ``generate_ptx``; the fusion phase
             chooses for fused groups). Either way the scalars are the launch's arguments.
+        constants: ``(scalar index, float32 bits)`` compiled into the code in place of those scalars'
+            loads (PTX only; ``specialized``): the same arguments, some of them ignored.
     """
 
     key: str
@@ -85,6 +87,7 @@ class ProgramSource(KernelSource):
     jit: Jit = "full"
     per_thread: int = 1
     scalar_loads: ScalarLoads = "param"
+    constants: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(
@@ -98,6 +101,14 @@ class ProgramSource(KernelSource):
             raise ValueError("only the ptx back end computes several elements per thread")
         if self.scalar_loads != "param" and self.backend != "ptx":
             raise ValueError("only the ptx back end prefetches its scalars")
+        if self.constants and self.backend != "ptx":
+            raise ValueError("only the ptx back end compiles scalars in as constants")
+
+    def specialized(self, constants: tuple[tuple[int, int], ...]) -> ProgramSource:
+        """This kernel with ``constants`` (``(scalar index, float32 bits)``) compiled in place of those
+        scalars' loads, JITted at the driver's default level: the same arguments, the same results for
+        the values given, fewer loads (a fused chain's scalars cost a constant-bank load each)."""
+        return dataclasses.replace(self, constants=tuple(constants), jit="full")
 
     def upgrade(self) -> ProgramSource | None:
         """The same kernel JITted at the driver's default level, for a quick source (else None)."""
@@ -144,7 +155,13 @@ class ProgramSource(KernelSource):
         code = memo.get(arch)
         if code is None:
             if self.backend == "ptx":
-                code = generate_ptx(self.program, arch, per_thread=self.per_thread, scalar_loads=self.scalar_loads)
+                code = generate_ptx(
+                    self.program,
+                    arch,
+                    per_thread=self.per_thread,
+                    scalar_loads=self.scalar_loads,
+                    constants=dict(self.constants),
+                )
             else:
                 code = generate_cuda(self.program)
             memo[arch] = code
@@ -193,6 +210,8 @@ class ProgramSource(KernelSource):
         parts = ["expr", GENERATOR_VERSION, self.backend, self.key, arch, tool, self.jit, str(self.per_thread)]
         if self.scalar_loads != "param":  # ``param`` kernels keep the keys they always had
             parts.append(self.scalar_loads)
+        if self.constants:
+            parts.append("const-" + ",".join(f"{i}:{bits:08x}" for i, bits in self.constants))
         if self.backend == "ptx" and self.jit != "quick":  # the cubin this nvJitLink links, or the PTX ("none")
             parts.append(f"link-{linker_version()}")
         return cache_key(*parts)

@@ -1,0 +1,80 @@
+"""Fused kernels specialised on their resting scalars (``engine/specialize.py``) on a real GPU: the
+specialised kernel gives the generic one's results bit for bit (math functions included), a Hot edit
+puts the generic kernel back in the same frame (the new value is what the next frame computes with),
+and the group is specialised again once the values rest."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from cudapatch import Engine, Expression, Scale
+from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+
+pytestmark = pytest.mark.gpu
+
+
+def _chain(e: Engine, x: np.ndarray, *, fuse: bool) -> tuple[list, object]:
+    blocks = [e.add(Scale(Factor=1.0 + i / 7, Offset=0.25 - i / 11, fuse=fuse)) for i in range(6)]
+    code = "sin(a * Freq) * Gain + exp(-a * a) + pow(abs(a), Power)"
+    ex = e.add(Expression(Code=code, Freq=2.5, Gain=0.75, Power=1.5, fuse=fuse))
+    tail = e.add(Scale(Factor=-0.5, Offset=0.125, fuse=fuse))
+    e.bind(blocks[0], "In", x)
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        e.connect(a, "Out", b, "In")
+    e.connect(blocks[-1], "Out", ex, "a")
+    e.connect(ex, "Out", tail, "In")
+    return [*blocks, ex, tail], tail
+
+
+def _until_specialized(e: Engine, count: int, limit_s: float = 10.0) -> None:
+    end = time.perf_counter() + limit_s
+    while e.counters.specializations < count:
+        assert time.perf_counter() < end, f"not specialised in {limit_s} s ({e.counters.specializations} of {count})"
+        e.update()
+        time.sleep(0.01)
+
+
+def test_a_resting_group_runs_specialised_bitwise_and_a_hot_edit_takes_effect_at_once(
+    rng: np.random.Generator,
+) -> None:
+    x = rng.standard_normal(100_000).astype(np.float32)
+    with Engine(wait_for_compile=True) as e:
+        fused, sink = _chain(e, x, fuse=True)
+        plain, plain_sink = _chain(e, x, fuse=False)
+        e.update()
+        rebuilds = e.counters.rebuilds
+        key = (sink.id, FUSED_KERNEL)
+        assert e.graph.plan.block_nodes[fused[0].id] == e.graph.plan.block_nodes[sink.id]
+        generic = e.read(sink, "Out")
+        np.testing.assert_array_equal(generic, e.read(plain_sink, "Out"))
+        assert not e.graph.specialized(key)
+        _until_specialized(e, 1)
+        assert e.graph.specialized(key)
+        e.update()
+        np.testing.assert_array_equal(e.read(sink, "Out"), generic)  # the constants compute what the arguments did
+        for i, (factor, freq) in enumerate([(3.25, 1.5), (-0.75, 4.0)]):
+            for blocks in (fused, plain):
+                blocks[2].set("Factor", factor)
+                blocks[6].set("Freq", freq)
+            e.update()  # the same frame: generic kernel, new values
+            assert not e.graph.specialized(key)
+            moved = e.read(sink, "Out")
+            np.testing.assert_array_equal(moved, e.read(plain_sink, "Out"))
+            assert not np.array_equal(moved, generic)
+            _until_specialized(e, 2 + i)  # resting again: specialised on the new values
+            e.update()
+            np.testing.assert_array_equal(e.read(sink, "Out"), moved)
+        assert e.graph.generalized == 2 and e.counters.rebuilds == rebuilds
+
+
+def test_an_engine_without_fusion_specialises_nothing(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(1000).astype(np.float32)
+    with Engine(wait_for_compile=True, fuse=False) as e:
+        _, sink = _chain(e, x, fuse=True)
+        for _ in range(40):
+            e.update()
+            time.sleep(0.02)
+        assert e.counters.specializations == 0 and all(n.kernel != FUSED_KERNEL for n in e.graph.plan.kernel_nodes)

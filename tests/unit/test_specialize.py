@@ -1,0 +1,173 @@
+"""Fused kernels specialised on their resting scalar values (``engine/specialize.py``), on the CPU: the
+generated PTX, the executable graph's swap and its way back on a Hot patch (recording driver), and the
+Specializer's looks. The GPU suite checks the results bit for bit (``tests/gpu/test_specialize_gpu.py``)."""
+
+from __future__ import annotations
+
+import struct
+from concurrent.futures import Future
+
+import pytest
+
+from cudapatch import DType, Scale
+from cudapatch.engine import Context, ExternalBinding
+from cudapatch.engine.buffers import BufferPool
+from cudapatch.engine.compiler import compile_plan
+from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource
+from cudapatch.engine.kernels import KernelOutcome
+from cudapatch.engine.specialize import Specializer
+from cudapatch.expr.ptx_gen import generate_ptx
+
+from .recording_driver import OK, RecordingDriver, install, realize_recorded
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _fused_chain(n: int = 4):
+    ctx = Context()
+    blocks = [ctx.register_block(Scale(name=f"s{i}", Factor=1.0 + i / 8, Offset=-0.25 * i)) for i in range(n)]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        ctx.connect(a, "Out", b, "In")
+    ctx.bind_input(blocks[0], "In", ExternalBinding(0xA000, 1024, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.kernel_nodes
+    assert node.kernel == FUSED_KERNEL and isinstance(node.source, FusedSource)
+    return ctx, blocks, plan, node
+
+
+def test_a_specialized_kernel_moves_the_exact_bits_in_place_of_each_scalar_load() -> None:
+    _, blocks, _, node = _fused_chain()
+    program = node.source.program
+    values = [1.0 + i / 8 if s % 2 == 0 else -0.25 * i for i in range(len(blocks)) for s in (0, 1)]
+    constants = tuple((s, _bits(v)) for s, v in enumerate(values))
+    special = node.source.specialized(constants)
+    ptx, plain = special.code("sm_90"), node.source.code("sm_90")
+    assert plain.count("ld.param.f32") == len(values) and "ld.param.f32" not in ptx
+    assert ptx.count("mov.f32") - plain.count("mov.f32") == len(values)
+    for v in values:
+        assert f"0f{_bits(v):08X}" in ptx
+    # Nothing else changes: the same parameters (a launch keeps its arguments), the same arithmetic.
+    assert [ln for ln in ptx.splitlines() if ".param" in ln and "ld." not in ln] == [
+        ln for ln in plain.splitlines() if ".param" in ln and "ld." not in ln
+    ]
+    assert [ln for ln in ptx.splitlines() if "fma" in ln] == [ln for ln in plain.splitlines() if "fma" in ln]
+    assert special.jit == "full" and special.members == node.source.members
+    assert special != node.source and special.cache_key("sm_90") != node.source.cache_key("sm_90")
+    other = node.source.specialized(((0, _bits(2.0)),) + constants[1:])
+    assert other.cache_key("sm_90") != special.cache_key("sm_90")
+    # Only the scalars given: a partial specialisation loads the rest.
+    assert generate_ptx(program, "sm_90", constants={0: _bits(3.0)}).count("ld.param.f32") == len(values) - 1
+
+
+class FuncDriver(RecordingDriver):
+    """Also records the function each node patch hands the driver."""
+
+    def cuGraphExecKernelNodeSetParams(self, exec_, node, kp):  # noqa: N802
+        self._rec("set_params", node, int(kp.func))
+        return (OK,)
+
+
+@pytest.fixture
+def rec(monkeypatch) -> FuncDriver:
+    return install(monkeypatch, FuncDriver())
+
+
+def test_a_specialized_node_goes_back_to_its_generic_kernel_in_the_patch_that_changes_a_value(rec) -> None:
+    ctx, blocks, plan, node = _fused_chain()
+    key = (node.block_id, FUSED_KERNEL)
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    program = node.source.program
+    args = [program.scalar_param(s) for s in range(len(program.scalars))]
+    now = g.argument_bits(key, args)
+    assert [bits for _, bits in now] == [_bits(a.value) for a in (node.args[i] for i in args)]
+    armed = []
+    g.on_generalize = lambda: armed.append(1)
+    stale = ((args[0], now[0][1] ^ 1),) + now[1:]
+    rec.calls.clear()
+    assert not g.specialize(key, 600, stale) and rec.calls == [] and not g.specialized(key)
+    assert g.specialize(key, 600, now) and g.specialized(key)
+    assert [c for c in rec.calls if c[0] == "set_params"] == [("set_params", g._nodes[0].handle, 600)]
+    assert g.runs_function(key, 600)
+    rec.calls.clear()
+    g.update_scalar(blocks[1].id, "Factor", 7.5)  # the one-change path: generic kernel, new value, one call
+    assert rec.calls == [("set_params", g._nodes[0].handle, 500)] and armed == [1] and not g.specialized(key)
+    assert g.argument_bits(key, [args[2]]) == ((args[2], _bits(7.5)),)
+    assert g.specialize(key, 601, g.argument_bits(key, args))
+    rec.calls.clear()
+    g.update_scalars({(blocks[0].id, "Offset"): 0.125, (blocks[2].id, "Factor"): 2.0})  # the general path
+    assert [c[2] for c in rec.calls if c[0] == "set_params"] == [500] and armed == [1, 1]
+    assert g.specialize(key, 602, g.argument_bits(key, args))
+    assert g.swap_function(key, 700, node.descriptor) and not g.specialized(key)  # a Code edit: its kernel
+    rec.calls.clear()
+    g.update_scalar(blocks[1].id, "Factor", 1.0)
+    assert rec.calls == [("set_params", g._nodes[0].handle, 700)] and armed == [1, 1]  # nothing to put back
+    g.close()
+
+
+class FakeGraph:
+    def __init__(self, plan, key) -> None:
+        self.plan, self.key = plan, key
+        self.values = ((3, 1), (4, 2))
+        self.special = False
+        self.is_closed = False
+
+    def argument_bits(self, key, indices):
+        return self.values if key == self.key else None
+
+    def specialized(self, key) -> bool:
+        return self.special
+
+
+class FakeBuilder:
+    def __init__(self) -> None:
+        self.submitted: list[tuple[object, Future]] = []
+
+    def submit(self, source) -> Future:
+        f: Future = Future()
+        self.submitted.append((source, f))
+        return f
+
+
+def test_the_specializer_asks_once_the_values_rest_and_again_after_they_moved() -> None:
+    _, _, plan, node = _fused_chain(2)
+    key = (node.block_id, FUSED_KERNEL)
+    g, builder, ready = FakeGraph(plan, key), FakeBuilder(), []
+    sp = Specializer(lambda: g, builder, ready)
+    program = node.source.program
+    g.values = tuple((program.scalar_param(s), 100 + s) for s in range(len(program.scalars)))
+    assert sp.look() and builder.submitted == []  # first look: values seen, not yet resting
+    assert not sp.look() and len(builder.submitted) == 1  # the same values a look later: one build
+    source, fut = builder.submitted[0]
+    assert source.constants == tuple((s, 100 + s) for s in range(len(program.scalars)))
+    assert not sp.look() and len(builder.submitted) == 1  # asked already
+    fut.set_result("compiled")
+    assert ready == [KernelOutcome("specialize", key, "compiled", g.values)]
+    g.special = True
+    assert not sp.look() and len(builder.submitted) == 1
+    g.special = False  # a Hot patch put the generic kernel back and armed the specializer
+    g.values = g.values[:1] + ((g.values[1][0], 7),)
+    sp.arm()
+    assert sp.look() and len(builder.submitted) == 1  # moved: wait for them to rest
+    assert not sp.look() and len(builder.submitted) == 2
+    failed = builder.submitted[1][1]
+    failed.set_exception(RuntimeError("no"))
+    assert len(ready) == 1  # a failed build changes nothing
+    sp.close()
+    sp.close()
+    g.values = tuple((i, b + 1) for i, b in g.values)
+    assert sp.look()  # (a closed specializer's thread is gone; a look by hand still reads)
+
+
+def test_a_specializer_with_no_graph_or_no_fused_kernel_has_nothing_to_do() -> None:
+    ctx = Context()
+    s = ctx.register_block(Scale(name="s", Factor=2.0))
+    ctx.bind_input(s, "In", ExternalBinding(0xA000, 64, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    builder, ready = FakeBuilder(), []
+    assert not Specializer(lambda: None, builder, ready).look()
+    g = FakeGraph(plan, (s.id, FUSED_KERNEL))
+    sp = Specializer(lambda: g, builder, ready)
+    assert [n.kernel for n in plan.kernel_nodes] == [0]  # a block alone runs its own kernel: nothing fused
+    assert not sp.look() and not sp.look() and builder.submitted == []
