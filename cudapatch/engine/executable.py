@@ -141,6 +141,7 @@ class GraphParts:
         self.graph = None
 
 
+_PLAN = object()  # ``kernel_source``: no Code swap, the plan's source
 _NO_SINGLE_TARGETS: dict[tuple[int, str], Any] = {}  # ``_patch``'s one-target table where there is none (read only)
 
 
@@ -279,8 +280,13 @@ class CompiledGraph(HandleOwner):
         self._body_fallback = False  # region body nodes updated through cuGraphExecUpdate (``_commit``)
         #: Nodes put back from a specialised kernel to their generic one by a patch (``specialize``).
         self.generalized = 0
-        #: Called when a patch puts a node's generic kernel back (the engine's ``Specializer.arm``).
+        #: Called when nodes run new generic code, or a specialisation came too late: a patch put a
+        #: node's generic kernel back, a Code swap or Warm patch brought new code, ``specialize`` refused
+        #: one whose values or code changed meanwhile (the engine's ``Specializer.arm``).
         self.on_generalize: Callable[[], Any] | None = None
+        # Kernels a Code swap gave other code than the plan's: the source it was built from (None: not
+        # said). ``kernel_source`` answers from here; a Warm patch that brings the build's code drops it.
+        self._swapped: dict[tuple[int, int], Any] = {}
         self._closed = False
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
@@ -478,7 +484,10 @@ class CompiledGraph(HandleOwner):
         targets: dict[tuple[int, str], list],
         ones: dict[tuple[int, str], tuple[KernelNode, Any]],
         changes: Mapping[tuple[int, str], Any],
+        scalars: bool,
     ) -> int:
+        # ``scalars``: the values are scalars, which a specialised kernel holds as constants (its node
+        # goes back to the generic kernel); pointers it reads from its arguments as the generic one does.
         if len(changes) == 1 and not self._body_fallback:
             # One change of one top-level node (``ones``): one slot write and one driver call. This is
             # the Hot/Warm budget, so no helper calls, no list of touched nodes.
@@ -496,7 +505,7 @@ class CompiledGraph(HandleOwner):
                     slot[:] = value
                 else:
                     slot.value = value
-                if kn.generic is not None:  # a specialised kernel ignores the value: back to the generic one
+                if scalars and kn.generic is not None:  # a specialised kernel ignores the value: generic again
                     self._generalize(kn)
                 (err,) = self._set_params(self._exec, kn.handle, kn.params)
                 if err:
@@ -516,7 +525,7 @@ class CompiledGraph(HandleOwner):
                 write_slot(slot, value)
                 if kn not in touched:
                     touched.append(kn)
-                    if kn.generic is not None:  # a specialised kernel ignores the value: back to the generic one
+                    if scalars and kn.generic is not None:  # a specialised kernel ignores the value: generic again
                         self._generalize(kn)
         self._commit(touched)
         return len(touched)
@@ -528,6 +537,16 @@ class CompiledGraph(HandleOwner):
         self.generalized += 1
         if self.on_generalize is not None:
             self.on_generalize()
+
+    def _build_code(self, kn: KernelNode, function: Any) -> None:
+        """A Warm patch's ``function`` (the build's, from the node's new plan source) into both phases
+        of ``kn``, in place of a swapped or specialised kernel; the caller patches the node and calls
+        ``on_generalize``."""
+        kn.params.func = kn.alt_params.func = function
+        self._swapped.pop((kn.plan.block_id, kn.plan.kernel), None)
+        if kn.generic is not None:
+            kn.generic = None
+            self.generalized += 1
 
     def update_scalars(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Hot update: write new scalar values into their slots and patch the affected nodes.
@@ -544,7 +563,7 @@ class CompiledGraph(HandleOwner):
         """
         if self._phases is not None:  # a FrameDelay's Reset arms its init node for the next launch
             self._phases.reset(changes)
-        return self._patch(self._scalar_targets, self._scalar_one, changes)
+        return self._patch(self._scalar_targets, self._scalar_one, changes, True)
 
     def update_bindings(self, changes: Mapping[tuple[int, str], Any]) -> int:
         """Warm update: point every kernel reading an external input at a new device address.
@@ -558,9 +577,9 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
-        n = self._patch(self._binding_targets, self._binding_one, changes)
+        n = self._patch(self._binding_targets, self._binding_one, changes, False)
         if self._redirect_targets:  # readers of a bypassed output that read this binding instead
-            n += self._patch(self._redirect_targets, _NO_SINGLE_TARGETS, changes)
+            n += self._patch(self._redirect_targets, _NO_SINGLE_TARGETS, changes, False)
         return n
 
     def update_scalar(self, block_id: int, name: str, value: Any) -> int:
@@ -669,6 +688,7 @@ class CompiledGraph(HandleOwner):
         buffers = self.buffers
         # Everything fits: write the new values (scalars too: Hot edits pending with this one land here).
         touched = []
+        new_code = False
         for kp in decision.kernels:
             kn: KernelNode = nodes[kp.index]  # type: ignore[assignment]
             changed = False
@@ -692,10 +712,11 @@ class CompiledGraph(HandleOwner):
             if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
                 kn.params.gridDimY, kn.params.gridDimZ = gy, gz
                 changed = True
-            if kp.function is not None and int(kp.function) != int(kn.params.func):  # a kernel recompiled meanwhile
-                kn.params.func = kn.alt_params.func = kp.function
-                kn.generic = None  # (or a specialised one ran: the build's generic kernel again)
-                changed = True
+            if kp.function is not None and int(kp.function) != int(kn.params.func):
+                self._build_code(kn, kp.function)  # a kernel recompiled meanwhile (or a specialised one ran)
+                changed = new_code = True
+            elif changed and kn.generic is not None:  # new values for a specialised kernel: the generic one
+                self._generalize(kn)
             kn.plan = kp.plan
             if changed:
                 touched.append(kn)
@@ -703,6 +724,8 @@ class CompiledGraph(HandleOwner):
             buf.count = count
         self._commit(touched)
         self.plan = plan
+        if new_code and self.on_generalize is not None:
+            self.on_generalize()
         return len(touched) + recaptured
 
     def prepare_patch(
@@ -797,16 +820,17 @@ class CompiledGraph(HandleOwner):
             kn.plan = node
         memmove = ctypes.memmove
         touched = []
+        new_code = False
         for kn, raw, kp in prepared.writes:
             memmove(kn.store.storage, raw, len(raw))
             node, params = kp.plan, kn.params
             params.gridDimX = node.grid
             params.gridDimY, params.gridDimZ = node.yz[0], node.yz[1]
-            if kp.function is not None:
-                params.func = kp.function
-                if kn.generic is not None:  # it ran a specialised kernel: the build's generic one, both phases
-                    kn.alt_params.func = kp.function
-                    kn.generic = None
+            if kp.function is not None and int(kp.function) != int(params.func):
+                self._build_code(kn, kp.function)  # a kernel recompiled meanwhile (or a specialised one ran)
+                new_code = True
+            elif kn.generic is not None:  # new values for a specialised kernel: the generic one
+                self._generalize(kn)
             kn.plan = node
             touched.append(kn)
         redirects = self.bypass.redirects
@@ -827,6 +851,8 @@ class CompiledGraph(HandleOwner):
             buf.count = count
         self._commit(touched)
         self.plan = plan
+        if new_code and self.on_generalize is not None:
+            self.on_generalize()
         return len(touched)
 
     def set_bypass(self, bp: BypassPlan) -> int:
@@ -879,9 +905,11 @@ class CompiledGraph(HandleOwner):
         kn, slot = self._binding_targets[key][0]
         return int(read_slot(slot))
 
-    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
+    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any, source: Any = None) -> bool:
         """Code tier: put a recompiled ``function`` into every node of kernel ``key`` (block id, kernel
-        index), in place, if its parameter layout is the one the nodes were built with.
+        index), in place, if its parameter layout is the one the nodes were built with. ``source``: the
+        ``KernelSource`` it was built from (``kernel_source``; without it the kernel is not specialised
+        until the graph's next build brings it code of its own).
 
         Returns:
             False (and changes nothing) if the kernel is not in this graph or its layout differs.
@@ -896,25 +924,38 @@ class CompiledGraph(HandleOwner):
         for n in nodes:
             n.params.func = n.alt_params.func = function
             n.generic = None  # the new code is the generic kernel now (a specialisation of the old is out of date)
+        self._swapped[key] = source
         self._commit(nodes)
+        if self.on_generalize is not None:  # new code: specialised on its values once they rest
+            self.on_generalize()
         return True
 
-    def specialize(self, key: tuple[int, int], function: Any, constants: Sequence[tuple[int, int]]) -> bool:
-        """Run ``function``, kernel ``key`` compiled with ``constants`` (``(argument index, float32
-        bits)``) in place of those arguments, in every node of that kernel whose arguments hold exactly
-        those values now. The node's next Hot or Warm patch puts its generic kernel back
-        (``on_generalize`` is then called, on the thread patching).
+    def specialize(
+        self, key: tuple[int, int], function: Any, constants: Sequence[tuple[int, int]], generic: Any
+    ) -> bool:
+        """Run ``function``, kernel ``key``'s ``generic`` source compiled with ``constants`` (``(argument
+        index, float32 bits)``) in place of those arguments, in every node of that kernel, if the nodes
+        run ``generic``'s code (``kernel_source``) and their arguments hold exactly those values now.
+        The node's next Hot (or Warm) patch of a scalar puts its generic kernel back (``on_generalize``
+        is then called, on the thread patching).
 
         Returns:
-            False (and changes nothing) where the kernel is not in this graph, or a value changed since
-            ``constants`` were read.
+            False (and changes nothing) where the kernel is not in this graph, or its code or a value
+            changed since ``constants`` were read (``on_generalize`` is then called: it is looked at
+            again).
 
         Raises:
             CudaError: the driver refused the new function.
         """
         self._check_open("CompiledGraph.specialize")
         nodes = self._by_kernel.get(key)
-        if not nodes or any(self._argument_bits(n, [i for i, _ in constants]) != tuple(constants) for n in nodes):
+        if not nodes:
+            return False
+        if self.kernel_source(key) is not generic or any(
+            self._argument_bits(n, [i for i, _ in constants]) != tuple(constants) for n in nodes
+        ):
+            if self.on_generalize is not None:
+                self.on_generalize()
             return False
         for n in nodes:
             if n.generic is None:  # a copy: the struct's getter returns a view of the field set below
@@ -923,6 +964,15 @@ class CompiledGraph(HandleOwner):
             n.params.func = n.alt_params.func = function
         self._commit(nodes)
         return True
+
+    def kernel_source(self, key: tuple[int, int]) -> Any:
+        """The ``KernelSource`` of the generic code kernel ``key``'s nodes run now: their plan's, or
+        the one a Code swap brought (None: not in this graph, or a swap that did not say)."""
+        swapped = self._swapped.get(key, _PLAN)  # (one lookup: the specializer's thread asks too)
+        if swapped is not _PLAN:
+            return swapped
+        nodes = self._by_kernel.get(key)
+        return nodes[0].plan.source if nodes else None
 
     def specialized(self, key: tuple[int, int]) -> bool:
         """Whether kernel ``key``'s nodes run a specialised kernel now (``specialize``)."""

@@ -83,11 +83,13 @@ class KernelOutcome:
 
     # swapped: done between frames; republish. upgrade: an optimised build of the running kernel (a
     # swap where the kernel runs; nothing, never a rebuild, where it does not). specialize: a fused
-    # kernel built with ``constants`` ((argument index, float32 bits)) compiled in (``specialize.py``)
+    # kernel, its ``generic`` source built with ``constants`` ((argument index, float32 bits)) compiled
+    # in (``specialize.py``)
     action: Literal["swap", "swapped", "rebuild", "refresh", "upgrade", "specialize"]
     key: Key
     compiled: CompiledKernel | None = None
     constants: tuple[tuple[int, int], ...] = ()
+    generic: Any = None
 
 
 def _forward(src: Future, dst: Future) -> None:

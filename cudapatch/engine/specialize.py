@@ -8,14 +8,17 @@ A slider that rests is a constant, so once a group's scalars have held the same 
 ``SPECIALIZE_AFTER_S`` (two looks that far apart), its kernel is generated again with those values
 compiled in (``ProgramSource.specialized``: ``mov.f32`` of the exact bits, the same results), built on
 the kernel builder, and swapped into the running graph by the Code tier between frames
-(``CompiledGraph.specialize``, which checks the values once more). The node keeps its arguments, so the
-next Hot (or Warm) patch of the node puts the generic kernel back in the same driver call, before the
-frame that reads the new value (``CompiledGraph._generalize``): a Hot edit stays Hot. That patch calls
-``arm`` again, and the group is specialised anew once the values rest.
+(``CompiledGraph.specialize``, which checks once more that the node runs the code it was made from,
+with those values). The node keeps its arguments, so the next Hot (or Warm) patch of one of its scalars
+puts the generic kernel back in the same driver call, before the frame that reads the new value
+(``CompiledGraph._generalize``): a Hot edit stays Hot. A rebind leaves it specialised (the kernel
+reads its pointers as before). That patch calls ``arm`` again, and the group is specialised anew once
+the values rest; so do a Code swap or a Warm patch that brings new code, and a specialisation that
+came too late.
 
 Nothing runs per frame: one thread per engine sleeps until armed (a new graph swapped in, a node
-generalised), then looks every ``SPECIALIZE_AFTER_S`` until every fused kernel of the running graph is
-specialised or submitted for its current values.
+generalised, new code), then looks every ``SPECIALIZE_AFTER_S`` until every fused kernel of the running
+graph is specialised or submitted for its current code and values.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class Specializer:
         graph: Returns the running ``CompiledGraph`` (or None).
         builder: The engine's ``KernelBuilder`` (``submit``).
         ready: Where finished builds go for the frame thread (the ``KernelTracker``'s ``ready`` queue):
-            a ``KernelOutcome("specialize", key, compiled)`` each.
+            a ``KernelOutcome("specialize", key, compiled, constants, generic)`` each.
     """
 
     def __init__(self, graph: Callable[[], Any], builder: Any, ready: Any) -> None:
@@ -58,14 +61,16 @@ class Specializer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: dict[Key, tuple[tuple[int, int], ...]] = {}  # values read at the last look
-        self._asked: dict[Key, tuple[tuple[int, int], ...]] = {}  # values a build was submitted for
+        # The generic source and the values a build was submitted for.
+        self._asked: dict[Key, tuple[Any, tuple[tuple[int, int], ...]]] = {}
         self._graph_seen: Any = None
-        self._fused: list[Any] = []  # the fused kernel nodes of ``_graph_seen``
+        self._fused: list[Key] = []  # the fused kernels of ``_graph_seen``
         self._lock = threading.Lock()
 
     def arm(self) -> None:
-        """Look at the running graph's fused kernels again (a graph was swapped in, or a patch put a
-        node's generic kernel back): a flag for the thread, which starts on the first call."""
+        """Look at the running graph's fused kernels again (a graph was swapped in, a patch put a
+        node's generic kernel back, new code came, a specialisation came too late): a flag for the
+        thread, which starts on the first call."""
         if self._stop.is_set():
             return
         self._asked = {}  # a node put back to its generic kernel is specialised again, on any values
@@ -100,17 +105,21 @@ class Specializer:
 
     def look(self) -> bool:
         """One look: submit a specialised build for each fused kernel whose values are those of the last
-        look and not yet asked for. Returns whether another look is due (values still moving)."""
+        look and not yet asked for. Returns whether another look is due (values still moving).
+
+        The code specialised is the one the kernel runs now (``kernel_source``: a member's Code edit
+        swaps in a regenerated kernel, the plan's is out of date then); ``specialize`` takes the build
+        only while the kernel still runs that code with those values."""
         g = self._graph()
         if g is None or getattr(g, "is_closed", False):
             return False
         if g is not self._graph_seen:  # a new graph: what was seen or asked of the old one is void
-            fused = [n for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+            fused = [(n.block_id, n.kernel) for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
             self._graph_seen, self._fused, self._seen, self._asked = g, fused, {}, {}
         again = False
-        for node in self._fused:
-            key = (node.block_id, node.kernel)
-            program = getattr(node.source, "program", None)
+        for key in self._fused:
+            source = g.kernel_source(key)
+            program = getattr(source, "program", None)
             if program is None or not program.scalars:
                 continue
             values = g.argument_bits(key, [program.scalar_param(s) for s in range(len(program.scalars))])
@@ -120,14 +129,15 @@ class Specializer:
                 self._seen[key] = values
                 again = True
                 continue
-            if self._asked.get(key) == values or g.specialized(key):
+            asked = self._asked.get(key)
+            if (asked is not None and asked[0] is source and asked[1] == values) or g.specialized(key):
                 continue
-            self._asked[key] = values
+            self._asked[key] = (source, values)
             by_scalar = tuple((s, bits) for s, (_, bits) in enumerate(values))
-            self._submit(key, node.source.specialized(by_scalar), values)
+            self._submit(key, source, source.specialized(by_scalar), values)
         return again
 
-    def _submit(self, key: Key, source: Any, values: tuple[tuple[int, int], ...]) -> None:
+    def _submit(self, key: Key, generic: Any, source: Any, values: tuple[tuple[int, int], ...]) -> None:
         try:
             fut = self._builder.submit(source)
         except CudapatchError:  # the builder closed: the engine is closing
@@ -136,6 +146,6 @@ class Specializer:
         def done(f: Any) -> None:
             if f.cancelled() or f.exception() is not None or self._stop.is_set():
                 return  # a failed specialisation changes nothing: the generic kernel runs on
-            self._ready.append(KernelOutcome("specialize", key, f.result(), values))
+            self._ready.append(KernelOutcome("specialize", key, f.result(), values, generic))
 
         fut.add_done_callback(done)

@@ -235,7 +235,7 @@ class CodeTier:
         if carried and g is not None:
             for o in carried.values():
                 if o.compiled is not None:
-                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor)
+                    g.swap_function(o.key, o.compiled.function, o.compiled.descriptor, o.compiled.source)
 
     def submit(self, keys: Iterable[tuple[int, int]]) -> None:
         """Kernels whose code changed ``(block id, kernel index)``: queue their compiles (``flush``
@@ -357,7 +357,9 @@ class CodeTier:
             CudaError: the driver refused the new function.
         """
         g = self._resources.graph
-        if g is None or o.compiled is None or not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor):
+        if g is None or o.compiled is None:
+            return False
+        if not g.swap_function(o.key, o.compiled.function, o.compiled.descriptor, o.compiled.source):
             return False
         carried = self._carried
         if carried is not None:
@@ -393,9 +395,10 @@ class CodeTier:
         for o in outcomes:
             if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                 continue
-            if o.action == "specialize":  # the running graph only, if its values are still those
+            if o.action == "specialize":  # the running graph only, if its code and values are still those
                 g = self._resources.graph
-                if g is not None and o.compiled is not None and g.specialize(o.key, o.compiled.function, o.constants):
+                c = o.compiled
+                if g is not None and c is not None and g.specialize(o.key, c.function, o.constants, o.generic):
                     self._counters.specializations += 1
                 continue
             if o.action == "upgrade":  # an optimised build of what runs: swap it in where it runs

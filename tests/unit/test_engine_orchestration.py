@@ -143,7 +143,7 @@ class FakeGraph:
     def update_bindings(self, bindings: dict) -> int:
         return len(bindings)
 
-    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any) -> bool:
+    def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any, source: Any = None) -> bool:
         self.swaps.append(key)
         self.functions[key] = function  # what ``runs_function`` answers from then on
         return True

@@ -4,18 +4,24 @@ Specializer's looks. The GPU suite checks the results bit for bit (``tests/gpu/t
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+import threading
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
-from cudapatch import DType, Scale
+from cudapatch import DType, Expression, Scale
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.compiler import compile_plan
-from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource
+from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource, regenerate
 from cudapatch.engine.kernels import KernelOutcome
 from cudapatch.engine.specialize import Specializer
+from cudapatch.engine.stats import EngineCounters
+from cudapatch.engine.tiers import CodeTier
+from cudapatch.engine.warm import WarmPatch, decide_warm_patch
 from cudapatch.expr.ptx_gen import generate_ptx
 
 from .recording_driver import OK, RecordingDriver, install, realize_recorded
@@ -86,23 +92,27 @@ def test_a_specialized_node_goes_back_to_its_generic_kernel_in_the_patch_that_ch
     g.on_generalize = lambda: armed.append(1)
     stale = ((args[0], now[0][1] ^ 1),) + now[1:]
     rec.calls.clear()
-    assert not g.specialize(key, 600, stale) and rec.calls == [] and not g.specialized(key)
-    assert g.specialize(key, 600, now) and g.specialized(key)
+    assert g.kernel_source(key) is node.source
+    assert not g.specialize(key, 600, stale, node.source) and rec.calls == [] and not g.specialized(key)
+    assert armed == [1]  # refused: the specializer looks again
+    armed.clear()
+    assert g.specialize(key, 600, now, node.source) and g.specialized(key)
     assert [c for c in rec.calls if c[0] == "set_params"] == [("set_params", g._nodes[0].handle, 600)]
     assert g.runs_function(key, 600)
     rec.calls.clear()
     g.update_scalar(blocks[1].id, "Factor", 7.5)  # the one-change path: generic kernel, new value, one call
     assert rec.calls == [("set_params", g._nodes[0].handle, 500)] and armed == [1] and not g.specialized(key)
     assert g.argument_bits(key, [args[2]]) == ((args[2], _bits(7.5)),)
-    assert g.specialize(key, 601, g.argument_bits(key, args))
+    assert g.specialize(key, 601, g.argument_bits(key, args), node.source)
     rec.calls.clear()
     g.update_scalars({(blocks[0].id, "Offset"): 0.125, (blocks[2].id, "Factor"): 2.0})  # the general path
     assert [c[2] for c in rec.calls if c[0] == "set_params"] == [500] and armed == [1, 1]
-    assert g.specialize(key, 602, g.argument_bits(key, args))
+    assert g.specialize(key, 602, g.argument_bits(key, args), node.source)
     assert g.swap_function(key, 700, node.descriptor) and not g.specialized(key)  # a Code edit: its kernel
+    assert armed == [1, 1, 1]  # new code: specialised once its values rest
     rec.calls.clear()
     g.update_scalar(blocks[1].id, "Factor", 1.0)
-    assert rec.calls == [("set_params", g._nodes[0].handle, 700)] and armed == [1, 1]  # nothing to put back
+    assert rec.calls == [("set_params", g._nodes[0].handle, 700)] and armed == [1, 1, 1]  # nothing to put back
     g.close()
 
 
@@ -115,6 +125,10 @@ class FakeGraph:
 
     def argument_bits(self, key, indices):
         return self.values if key == self.key else None
+
+    def kernel_source(self, key):
+        (node,) = (n for n in self.plan.kernel_nodes if (n.block_id, n.kernel) == key)
+        return node.source
 
     def specialized(self, key) -> bool:
         return self.special
@@ -143,7 +157,7 @@ def test_the_specializer_asks_once_the_values_rest_and_again_after_they_moved() 
     assert source.constants == tuple((s, 100 + s) for s in range(len(program.scalars)))
     assert not sp.look() and len(builder.submitted) == 1  # asked already
     fut.set_result("compiled")
-    assert ready == [KernelOutcome("specialize", key, "compiled", g.values)]
+    assert ready == [KernelOutcome("specialize", key, "compiled", g.values, node.source)]
     g.special = True
     assert not sp.look() and len(builder.submitted) == 1
     g.special = False  # a Hot patch put the generic kernel back and armed the specializer
@@ -171,3 +185,114 @@ def test_a_specializer_with_no_graph_or_no_fused_kernel_has_nothing_to_do() -> N
     sp = Specializer(lambda: g, builder, ready)
     assert [n.kernel for n in plan.kernel_nodes] == [0]  # a block alone runs its own kernel: nothing fused
     assert not sp.look() and not sp.look() and builder.submitted == []
+
+
+def _expression_chain():
+    """A Scale fused with an Expression whose code a test edits (same names: the Code tier's swap)."""
+    ctx = Context()
+    s = ctx.register_block(Scale(name="s", Factor=2.0, Offset=0.5))
+    e = ctx.register_block(Expression(name="e", Code="a * F + 1.0", F=3.0))
+    ctx.connect(s, "Out", e, "a")
+    ctx.bind_input(s, "In", ExternalBinding(0xA000, 1024, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = plan.kernel_nodes
+    assert node.kernel == FUSED_KERNEL and node.source.members == (s.id, e.id)
+    return ctx, s, e, plan, node
+
+
+def _code_tier(g) -> CodeTier:
+    """The Code tier over ``g`` alone: what it does with swaps and specialisations."""
+    return CodeTier(
+        resources=SimpleNamespace(graph=g),
+        context=SimpleNamespace(dirty=None),
+        kernels=None,
+        faults=None,
+        board=SimpleNamespace(refresh=lambda: None),
+        counters=EngineCounters(),
+        graph_lock=threading.Lock(),
+    )
+
+
+def test_a_member_code_edit_voids_a_specialisation_of_the_old_code_and_the_new_code_is_specialised(rec) -> None:
+    ctx, _, e, plan, node = _expression_chain()
+    key = (node.block_id, FUSED_KERNEL)
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    builder, ready = FakeBuilder(), []
+    sp, tier = Specializer(lambda: g, builder, ready), _code_tier(g)
+    armed = []
+    g.on_generalize = lambda: armed.append(1)
+    assert sp.look() and not sp.look()  # the values rest: the group's kernel is built with them
+    ((old, old_build),) = builder.submitted
+    assert old.program == node.source.program
+    e.set("Code", "a * F - 1.0")  # a member's Code edit while that build runs: the group's kernel is regenerated
+    edited = regenerate(node.source, {m: ctx.registry.get(m) for m in node.source.members})
+    assert edited is not None and edited.program != node.source.program
+    tier.apply([KernelOutcome("swap", key, SimpleNamespace(function=700, descriptor=node.descriptor, source=edited))])
+    assert g.runs_function(key, 700) and g.kernel_source(key) is edited and armed == [1]
+    old_build.set_result(SimpleNamespace(function=800))  # the old code's specialisation lands after the edit
+    tier.apply(ready[:])
+    assert g.runs_function(key, 700) and not g.specialized(key)  # the edit runs on, not the old expression
+    assert tier._counters.specializations == 0 and armed == [1, 1]  # refused: looked at again
+    sp.arm()
+    assert not sp.look()  # the same values, the new code: built now
+    new, new_build = builder.submitted[-1]
+    assert new.program == edited.program and new.constants and new.jit == "full"
+    assert dataclasses.replace(new, constants=(), jit=edited.jit) == edited
+    new_build.set_result(SimpleNamespace(function=801))
+    tier.apply(ready[1:])
+    assert g.runs_function(key, 801) and g.specialized(key) and tier._counters.specializations == 1
+    g.close()
+
+
+def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_it(rec) -> None:
+    ctx, _, e, plan, node = _expression_chain()
+    key = (node.block_id, FUSED_KERNEL)
+    old = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    graph = [old]
+    builder, ready = FakeBuilder(), []
+    sp = Specializer(lambda: graph[0], builder, ready)
+    assert sp.look() and not sp.look()
+    e.set("Code", "a * F - 1.0")  # an edit that rebuilds (a new graph, the group under the same key)
+    plan2 = compile_plan(ctx.snapshot(), fuse=True)
+    (node2,) = plan2.kernel_nodes
+    assert (node2.block_id, node2.kernel) == key and node2.source.program != node.source.program
+    graph[0] = new = realize_recorded(ctx, plan2, BufferPool(), functions={key: 510})
+    builder.submitted[0][1].set_result(SimpleNamespace(function=800))
+    (o,) = ready
+    assert new.argument_bits(key, [i for i, _ in o.constants]) == o.constants  # the same values
+    tier = _code_tier(new)
+    tier.apply([o])
+    assert new.runs_function(key, 510) and not new.specialized(key) and tier._counters.specializations == 0
+    assert sp.look() and not sp.look()  # the new graph's code, once its values rest
+    assert builder.submitted[-1][0].program == node2.source.program
+    old.close()
+    new.close()
+
+
+def test_a_rebind_leaves_a_node_specialised_and_a_warm_patch_puts_the_generic_kernel_back(rec) -> None:
+    for prepared in (False, True):
+        ctx, blocks, plan, node = _fused_chain()
+        key = (node.block_id, FUSED_KERNEL)
+        g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+        program = node.source.program
+        args = [program.scalar_param(s) for s in range(len(program.scalars))]
+        armed = []
+        g.on_generalize = lambda armed=armed: armed.append(1)
+        assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
+        rec.calls.clear()
+        g.update_pointer(blocks[0].id, "In", 0xB000)  # a pointer: the specialised kernel reads it as before
+        assert rec.calls == [("set_params", g._nodes[0].handle, 600)] and g.specialized(key) and armed == []
+        blocks[1].set("Factor", 9.0)  # with a build (a Warm patch of the running graph)
+        snap = ctx.snapshot()
+        plan2 = compile_plan(snap, fuse=True)
+        capacities = [b.capacity_bytes for b in g.buffers]
+        decision = decide_warm_patch(g.plan, plan2, snap.bindings, capacities=capacities, functions={key: 500})
+        assert isinstance(decision, WarmPatch)
+        if prepared:
+            ready_patch = g.prepare_patch(g.trim_patch(decision), snap.bindings)
+            assert ready_patch is not None and g.apply_prepared(ready_patch, plan2) == 1
+        else:
+            assert g.try_patch(plan2, snap.bindings, {key: 500}, decided=g.trim_patch(decision)) == 1
+        assert g.runs_function(key, 500) and not g.specialized(key) and g.generalized == 1
+        assert armed == [1] and g.kernel_source(key) is plan2.kernel_nodes[0].source
+        g.close()
