@@ -255,3 +255,23 @@ def test_a_fused_chain_at_level_none_is_one_kernel_node_and_one_launch(rec) -> N
     timed = compile_plan(ctx.snapshot(), level=ProfilingLevel.parse("Summary"), fuse=True)
     kinds = [type(n) for n in timed.nodes]
     assert kinds.count(KernelNodePlan) == 1 and StampNodePlan in kinds and kinds[-1] is PublishNodePlan
+
+
+def test_only_a_large_graph_waits_for_the_end_of_a_frame_to_instantiate(rec, patch, monkeypatch) -> None:
+    import importlib
+
+    realize_module = importlib.import_module("cudapatch.engine.realize")  # (the package's ``realize`` is the function)
+    ctx, _ = patch
+    plan = compile_plan(ctx.snapshot())
+    paced: list[int] = []
+
+    def pace() -> None:
+        paced.append(rec.names().count("instantiate"))  # called before the instantiation, not after
+
+    g = realize_recorded(ctx, plan, BufferPool(), pace=pace)
+    assert paced == [] and rec.names().count("instantiate") == 1  # 3 nodes: instantiated at once
+    monkeypatch.setattr(realize_module, "PACE_FROM_NODES", len(plan.nodes))
+    h = realize_recorded(ctx, plan, BufferPool(), pace=pace)
+    assert paced == [1] and rec.names().count("instantiate") == 2 and h.timing["pace_ms"] >= 0
+    g.close()
+    h.close()
