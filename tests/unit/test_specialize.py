@@ -296,3 +296,18 @@ def test_a_rebind_leaves_a_node_specialised_and_a_warm_patch_puts_the_generic_ke
         assert g.runs_function(key, 500) and not g.specialized(key) and g.generalized == 1
         assert armed == [1] and g.kernel_source(key) is plan2.kernel_nodes[0].source
         g.close()
+
+
+def test_a_specialisation_that_lands_after_the_engine_closed_its_specializer_is_dropped() -> None:
+    _, _, plan, node = _fused_chain(2)
+    key = (node.block_id, FUSED_KERNEL)
+    g, builder, ready = FakeGraph(plan, key), FakeBuilder(), []
+    sp = Specializer(lambda: g, builder, ready)
+    assert sp.look() and not sp.look()
+    sp.arm()  # the thread runs (it looks on its own)
+    sp.close()  # ``Engine.close``: the build in flight lands afterwards
+    assert sp._thread is not None and not sp._thread.is_alive()
+    builder.submitted[0][1].set_result("compiled")
+    assert ready == []
+    sp.arm()  # armed after close (a patch of the last frame): nothing starts again
+    assert not sp._thread.is_alive()
