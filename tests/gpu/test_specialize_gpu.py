@@ -78,3 +78,37 @@ def test_an_engine_without_fusion_specialises_nothing(rng: np.random.Generator) 
             e.update()
             time.sleep(0.02)
         assert e.counters.specializations == 0 and all(n.kernel != FUSED_KERNEL for n in e.graph.plan.kernel_nodes)
+
+
+def test_a_member_code_edit_runs_at_once_and_its_new_code_is_specialised_in_turn(rng: np.random.Generator) -> None:
+    """A member's Code edit swaps the group's regenerated kernel in (a specialisation of the old code,
+    in flight or made later, never comes back: ``CompiledGraph.kernel_source``), and the new code is
+    specialised once its values rest; results bit for bit those of the unfused twin throughout."""
+    x = rng.standard_normal(50_000).astype(np.float32)
+    with Engine(wait_for_compile=True) as e:
+
+        def chain(fuse: bool) -> tuple:
+            ex = e.add(Expression(Code="a * Gain + 1.0", Gain=2.0, fuse=fuse))
+            s = e.add(Scale(Factor=0.5, Offset=0.25, fuse=fuse))
+            e.bind(ex, "a", x)
+            e.connect(ex, "Out", s, "In")
+            return ex, s
+
+        (ex, sink), (plain_ex, plain_sink) = chain(True), chain(False)
+        e.update()
+        key, graph = (sink.id, FUSED_KERNEL), e.graph
+        assert key in {(n.block_id, n.kernel) for n in graph.plan.kernel_nodes}
+        _until_specialized(e, 1)
+        for code in ("a * Gain - 1.0", "a * Gain * Gain"):  # same names: the Code tier, no rebuild
+            for block in (ex, plain_ex):
+                block.set("Code", code)
+            e.update()  # waits for the regenerated group kernel: the edit runs in this frame
+            assert not e.graph.specialized(key)
+            np.testing.assert_array_equal(e.read(sink, "Out"), e.read(plain_sink, "Out"))
+            done = e.counters.specializations
+            _until_specialized(e, done + 1)  # the new code, specialised (its optimised build may follow)
+            for _ in range(3):
+                e.update()
+                time.sleep(0.05)
+            np.testing.assert_array_equal(e.read(sink, "Out"), e.read(plain_sink, "Out"))
+        assert e.graph is graph
