@@ -32,13 +32,19 @@ from ..errors import CudapatchError
 from .compiler.fusion import FUSED_KERNEL
 from .kernels import KernelOutcome
 
-__all__ = ["SPECIALIZE_AFTER_S", "Specializer"]
+__all__ = ["MAX_SPECIALIZED", "SPECIALIZE_AFTER_S", "Specializer"]
 
 log = logging.getLogger("cudapatch.engine")
 
 #: How long a fused group's scalars must keep their values before its kernel is specialised on them
 #: (the values are read twice, this far apart). A slider being dragged changes them every frame.
 SPECIALIZE_AFTER_S = 0.25
+
+#: Distinct specialised kernels one engine builds at most. Each is a module loaded for good (a module
+#: a retired graph may still run cannot be unloaded safely), so a show whose sliders rest on a new
+#: value every few seconds must not grow without bound: past this many the generic kernels run on
+#: (logged once). Values that were specialised before are cached and still taken.
+MAX_SPECIALIZED = 256
 
 Key = tuple[int, int]
 
@@ -66,6 +72,8 @@ class Specializer:
         self._graph_seen: Any = None
         self._fused: list[Key] = []  # the fused kernels of ``_graph_seen``
         self._lock = threading.Lock()
+        self._made: set[tuple[Key, Any, tuple[tuple[int, int], ...]]] = set()  # distinct builds submitted
+        self._full = False  # MAX_SPECIALIZED reached (logged once)
 
     def arm(self) -> None:
         """Look at the running graph's fused kernels again (a graph was swapped in, a patch put a
@@ -133,6 +141,14 @@ class Specializer:
             if (asked is not None and asked[0] is source and asked[1] == values) or g.specialized(key):
                 continue
             self._asked[key] = (source, values)
+            made = (key, source, values)
+            if made not in self._made:
+                if len(self._made) >= MAX_SPECIALIZED:
+                    if not self._full:
+                        self._full = True
+                        log.info("specializer: %d kernels specialised; new values run generic", MAX_SPECIALIZED)
+                    continue
+                self._made.add(made)
             by_scalar = tuple((s, bits) for s, (_, bits) in enumerate(values))
             self._submit(key, source, source.specialized(by_scalar), values)
         return again

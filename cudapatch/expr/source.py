@@ -110,6 +110,12 @@ class ProgramSource(KernelSource):
         the values given, fewer loads (a fused chain's scalars cost a constant-bank load each)."""
         return dataclasses.replace(self, constants=tuple(constants), jit="full")
 
+    @property
+    def disk_cached(self) -> bool:
+        """A specialised kernel (a slider's resting values) is kept in memory only: the disk cache
+        would grow with every value a slider ever rested on."""
+        return not self.constants
+
     def upgrade(self) -> ProgramSource | None:
         """The same kernel JITted at the driver's default level, for a quick source (else None)."""
         if self.jit != "quick" or self.backend != "ptx" or self.program is None:

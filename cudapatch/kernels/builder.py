@@ -271,7 +271,7 @@ class KernelBuilder:
 
     def _store(self, source: KernelSource, image: KernelImage) -> None:
         meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key, "jit_level": image.jit_level}
-        self.cache.put(source.cache_key(self.arch), image.image, meta)
+        self.cache.put(source.cache_key(self.arch), image.image, meta, disk=source.disk_cached)
 
     def _compile(self, source: KernelSource) -> KernelImage:
         process = compiler_process() if source.portable else None

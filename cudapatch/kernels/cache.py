@@ -190,12 +190,13 @@ class CubinCache:
         while len(self._memory) > self._memory_items:
             self._memory.popitem(last=False)
 
-    def put(self, key: str, payload: bytes, meta: dict | None = None) -> None:
-        """Store an entry in memory and (atomically) on disk; disk errors are logged, not raised."""
+    def put(self, key: str, payload: bytes, meta: dict | None = None, *, disk: bool = True) -> None:
+        """Store an entry in memory and (atomically, unless ``disk`` is False) on disk; disk errors
+        are logged, not raised."""
         entry = (bytes(payload), dict(meta or {}))
         with self._lock:
             self._remember(key, entry)
-        path = self._path(key)
+        path = self._path(key) if disk else None
         if path is None:
             return
         try:

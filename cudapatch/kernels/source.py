@@ -106,6 +106,12 @@ class KernelSource:
         """True if the source can be sent to a compiler process (pickled by value or importable name)."""
         return False
 
+    @property
+    def disk_cached(self) -> bool:
+        """Whether its build is worth keeping in the disk cache (False: one of many short-lived
+        variants, kept in memory only; a specialised fused kernel, ``ProgramSource.specialized``)."""
+        return True
+
 
 def _read_ptx(path: Path) -> bytes:
     return read_user_bytes(path, what="PTX file", limit=MAX_PTX_BYTES, error=KernelLoadError)

@@ -27,6 +27,14 @@ from cudapatch.expr.ptx_gen import generate_ptx
 from .recording_driver import OK, RecordingDriver, install, realize_recorded
 
 
+@pytest.fixture(autouse=True)
+def _looks_by_hand(monkeypatch) -> None:
+    """A Specializer's thread, once armed, would look on its own while a test makes its looks by hand."""
+    from cudapatch.engine import specialize as specialize_module
+
+    monkeypatch.setattr(specialize_module, "SPECIALIZE_AFTER_S", 3600.0)
+
+
 def _bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
@@ -311,3 +319,39 @@ def test_a_specialisation_that_lands_after_the_engine_closed_its_specializer_is_
     assert ready == []
     sp.arm()  # armed after close (a patch of the last frame): nothing starts again
     assert not sp._thread.is_alive()
+
+
+def test_specialised_builds_stay_out_of_the_disk_cache_and_their_number_is_bounded(monkeypatch, tmp_path) -> None:
+    """Every value a slider rests on is a kernel of its own: none goes to the disk cache (it would grow
+    for good), and past ``MAX_SPECIALIZED`` distinct ones an engine builds no more (the generic kernel
+    runs on; values specialised before are still asked for: they are cached)."""
+    from cudapatch.engine import specialize as specialize_module
+    from cudapatch.kernels.cache import CubinCache
+
+    _, _, plan, node = _fused_chain(2)
+    special = node.source.specialized(((0, _bits(1.5)),))
+    assert node.source.disk_cached and not special.disk_cached
+    cache = CubinCache(tmp_path)
+    cache.put("generic", b"cubin", {})
+    cache.put("special", b"cubin", {}, disk=special.disk_cached)
+    assert sorted(p.stem for p in tmp_path.iterdir()) == ["generic"] and cache.get("special") is not None
+
+    monkeypatch.setattr(specialize_module, "MAX_SPECIALIZED", 2)
+    key = (node.block_id, FUSED_KERNEL)
+    g, builder, ready = FakeGraph(plan, key), FakeBuilder(), []
+    sp = Specializer(lambda: g, builder, ready)
+    program = node.source.program
+    slots = [program.scalar_param(s) for s in range(len(program.scalars))]
+
+    def rest_on(v: int) -> None:
+        g.values = tuple((i, v + k) for k, i in enumerate(slots))
+        sp.arm()  # (as a Hot patch does; no thread runs here: the looks are made by hand)
+        sp.look()
+        sp.look()
+
+    for v in (10, 20, 30, 40):
+        rest_on(v)
+    assert len(builder.submitted) == 2  # 10 and 20; 30 and 40 run the generic kernel
+    rest_on(10)
+    assert len(builder.submitted) == 3 and builder.submitted[-1][0].constants[0] == (0, 10)
+    sp.close()
