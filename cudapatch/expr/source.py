@@ -133,8 +133,10 @@ class ProgramSource(KernelSource):
         """Generated PTX is built here, not in a compiler process: no compiler runs (0.1 ms of Python),
         and the interpreter's cubin is compiled once per signature in this process, so a quick build
         finds it (in a compiler process it was never ready: every edit JITted its PTX, 6 ms on the
-        H200 host). NVRTC builds go to a compiler process as every NVRTC compile does."""
-        return self.backend != "ptx"
+        H200 host). NVRTC builds go to a compiler process as every NVRTC compile does, and so do
+        specialised kernels (``constants``): nobody waits for them, and their nvJitLink link (8-14 ms
+        on the H100 host) then takes no CPU or GIL from this process's frames."""
+        return self.backend != "ptx" or bool(self.constants)
 
     @property
     def debug_name(self) -> str:

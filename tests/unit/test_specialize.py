@@ -355,3 +355,25 @@ def test_specialised_builds_stay_out_of_the_disk_cache_and_their_number_is_bound
     rest_on(10)
     assert len(builder.submitted) == 3 and builder.submitted[-1][0].constants[0] == (0, 10)
     sp.close()
+
+
+def test_a_specialised_kernel_is_built_in_the_compiler_process() -> None:
+    """Nobody waits for a specialised build: it goes to the compiler process (its nvJitLink link takes
+    no CPU or GIL from the host's frames), pickled with its program, and comes back the kernel the
+    host would have built (the same PTX linked, or the PTX itself where nvJitLink is missing)."""
+    import pickle
+
+    from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache
+
+    _, _, _, node = _fused_chain(3)
+    special = node.source.specialized(((0, _bits(1.25)), (1, _bits(-0.5))))
+    assert special.portable and not node.source.portable  # (the generic one: built here, at once)
+    again = pickle.loads(pickle.dumps(special))
+    assert again == special and again.code("sm_90") == special.code("sm_90")
+    modules = ModuleCache(device_key="t")
+    b = KernelBuilder(arch="sm_90", cache=CubinCache(False), modules=modules, make_current=lambda: None)
+    try:
+        there, here = b._compile(special), special.compile("sm_90")
+        assert (there.kind, there.image) == (here.kind, here.image) and there.descriptor == node.descriptor
+    finally:
+        b.close()
