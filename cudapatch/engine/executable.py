@@ -293,14 +293,17 @@ class CompiledGraph(HandleOwner):
         for n in self._nodes:
             if isinstance(n, KernelNode):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
-        # Pre-resolved targets of Hot/Warm updates: key -> [(node, slot)], no plan lookups per frame.
         self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
-        self._scalar_targets = self._targets(plan.scalar_slots)
-        self._binding_targets = self._targets(plan.binding_slots)
+        # The targets of Hot/Warm updates, key -> [(node, slot)], resolved at a key's first update
+        # (``_target``) and kept: no plan lookups per frame after that. Made here for every key, they
+        # cost a build 3-4 ms at 1,000 blocks (a ctypes slot object each), on the build thread that
+        # an edit waits for.
+        self._scalar_targets: dict[tuple[int, str], list] = {}
+        self._binding_targets: dict[tuple[int, str], list] = {}
         # The same targets where a key is one slot of one top-level kernel node and the graph has one
         # executable: what a slider or a rebind patches nearly always, written by ``_patch`` with no loop.
-        self._scalar_one = self._single(self._scalar_targets)
-        self._binding_one = self._single(self._binding_targets)
+        self._scalar_one: dict[tuple[int, str], tuple[KernelNode, Any]] = {}
+        self._binding_one: dict[tuple[int, str], tuple[KernelNode, Any]] = {}
         #: Whether the graph holds captured library calls: only those re-capture in a Hot or Warm update.
         self.has_calls = len(self._calls) > 0
         #: The bypass applied now (``set_bypass``), and the redirected slots that read a binding: a
@@ -321,19 +324,22 @@ class CompiledGraph(HandleOwner):
             graphs.push(d.cuGraphExecDestroy, self._exec1, what="cuGraphExecDestroy")
         self._arm("CompiledGraph", releases=graphs, context=ContextRef.current(), warn=False)
 
-    def _targets(self, slots: dict[tuple[int, str], tuple[tuple[int, int], ...]]) -> dict[tuple[int, str], list]:
+    def _target(self, key: tuple[int, str], scalars: bool) -> list | None:
+        """The ``(node, slot)`` targets of a scalar's (``scalars``) or binding's ``key`` in this graph,
+        resolved from the plan and kept (None: the graph does not use it), and kept in the one-target
+        table too where there is one target, a top-level kernel node's, and one executable."""
+        slots = (self.plan.scalar_slots if scalars else self.plan.binding_slots).get(key)
+        if slots is None:
+            return None
         nodes = self._nodes
-        out = {key: [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in v] for key, v in slots.items()}  # type: ignore[union-attr]
+        tgt = [(nodes[ni], nodes[ni].slots[ai]) for ni, ai in slots]  # type: ignore[union-attr]
         if self._phases is not None:  # the second phase's storage gets every value too
-            for key, v in slots.items():
-                alts = [(nodes[ni], getattr(nodes[ni], "alt", None), ai) for ni, ai in v]  # captured calls have none
-                out[key] += [(kn, alt.slots[ai]) for kn, alt, ai in alts if alt is not None]
-        return out
-
-    def _single(self, targets: dict[tuple[int, str], list]) -> dict[tuple[int, str], tuple[KernelNode, Any]]:
-        if self._phases is not None:  # a second executable to patch as well: the general path
-            return {}
-        return {key: tgt[0] for key, tgt in targets.items() if len(tgt) == 1 and _top_level_kernel(tgt[0][0])}
+            alts = [(nodes[ni], getattr(nodes[ni], "alt", None), ai) for ni, ai in slots]  # captured calls have none
+            tgt += [(kn, alt.slots[ai]) for kn, alt, ai in alts if alt is not None]
+        (self._scalar_targets if scalars else self._binding_targets)[key] = tgt
+        if self._phases is None and len(tgt) == 1 and _top_level_kernel(tgt[0][0]):
+            (self._scalar_one if scalars else self._binding_one)[key] = tgt[0]
+        return tgt
 
     # -- handing over from the previous graph -------------------------------------------------------
     def lendable_buffers(self) -> dict[tuple[int, str], GpuBuffer]:
@@ -515,6 +521,8 @@ class CompiledGraph(HandleOwner):
         touched: list[Any] = []
         for key, value in changes.items():
             tgt = targets.get(key)
+            if tgt is None and targets is not self._redirect_targets:
+                tgt = self._target(key, scalars)  # the key's first update in this graph
             if tgt is None:
                 continue  # not in this graph (a skipped block, or a failed rebuild's new block)
             if isinstance(value, BlockParameter):
@@ -822,7 +830,7 @@ class CompiledGraph(HandleOwner):
         touched = []
         new_code = False
         for kn, raw, kp in prepared.writes:
-            memmove(kn.store.storage, raw, len(raw))
+            memmove(ctypes.addressof(kn.store.storage), raw, len(raw))
             node, params = kp.plan, kn.params
             params.gridDimX = node.grid
             params.gridDimY, params.gridDimZ = node.yz[0], node.yz[1]
@@ -902,7 +910,9 @@ class CompiledGraph(HandleOwner):
     def _binding_ptr(self, key: Any) -> int:
         # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm
         # rebind writes them all).
-        kn, slot = self._binding_targets[key][0]
+        tgt = self._binding_targets.get(key) or self._target(key, False)
+        assert tgt is not None, key
+        kn, slot = tgt[0]
         return int(read_slot(slot))
 
     def swap_function(self, key: tuple[int, int], function: Any, descriptor: Any, source: Any = None) -> bool:

@@ -323,7 +323,7 @@ class KernelTracker:
         slot = self._slots.get(key)
         if slot is not None and since is not None and slot.made > since and slot.source != source:
             return slot  # a code edit made after the snapshot (``since``): it stays; the build runs its fallback
-        if slot is None or slot.source != source:
+        if slot is None or (slot.source is not source and slot.source != source):  # (`is`: a dataclass `==` costs µs)
             new = _Slot(source, block_name)
             if slot is not None:
                 new.good = slot.good  # the running version stays the fallback while the new one compiles

@@ -59,7 +59,6 @@ class KernelNode:
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
         self.params = store.params
-        self.slots = store.slots
         self.handle = handle
         self.plan = plan
         #: The child-graph node it sits in (``child_graphs.ChildGraphNode``), None at the top level.
@@ -72,6 +71,12 @@ class KernelNode:
         #: While the node runs a kernel specialised on its scalars' values (``CompiledGraph.specialize``):
         #: the function it ran before, put back by the node's next Hot or Warm patch. None otherwise.
         self.generic: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "slots":  # the storage's slot objects, made at first use (``ParamStorage.slots``)
+            self.slots = slots = self.store.slots
+            return slots
+        raise AttributeError(name)
 
     def set_alt(self, alt: ParamStorage) -> None:
         """Give the node its second-phase storage (``phases.second_phase``)."""

@@ -118,8 +118,10 @@ class _Layout:
         "packer",
         "vectors",
         "buffer",
-        "storage_type",
-        "pointers_type",
+        "block_type",
+        "pointers_at",
+        "pointers_packer",
+        "size_at",
     )
 
     def __init__(self, desc: Any) -> None:
@@ -149,9 +151,19 @@ class _Layout:
         self.buffer = len(self.offsets) >= max(1, BUFFER_FROM_ARGS) and all(
             s.size in (4, 8) and s.align == s.size for s in desc.slots
         )
-        # The ctypes array types of a storage and its pointer array, made once (a build makes thousands).
-        self.storage_type = ctypes.c_uint8 * max(self.size, 8)
-        self.pointers_type = ctypes.c_uint64 * (5 if self.buffer else max(len(self.offsets), 1))
+        # One ctypes object per storage holds the arguments (at 0), the pointer array after them and,
+        # in buffer mode, the size the ``extra`` array points at: its type is made once here, and a
+        # storage is then one allocation and one ``pack_into`` of its pointers (a build makes thousands:
+        # three ctypes objects each cost 7 µs a storage on the H100 host).
+        self.pointers_at = (max(self.size, 8) + 7) // 8 * 8
+        n_pointers = 5 if self.buffer else len(self.offsets)
+        fields: list[tuple[str, Any]] = [("args", ctypes.c_uint8 * self.pointers_at)]
+        fields.append(("pointers", ctypes.c_uint64 * max(n_pointers, 1)))
+        self.size_at = self.pointers_at + 8 * max(n_pointers, 1)
+        if self.buffer:
+            fields.append(("size", ctypes.c_size_t))
+        self.block_type = type("ParamBlock", (ctypes.Structure,), {"_fields_": fields})
+        self.pointers_packer = struct.Struct(f"<{n_pointers}Q")
 
 
 _layouts: dict[int, _Layout] = {}
@@ -209,7 +221,7 @@ def pack_arguments(node: KernelNodePlan, values: Sequence[Any]) -> bytes:
     lay = _layout(node.descriptor)
     if len(values) != len(lay.types):
         raise ValueError(f"{len(values)} values for {len(lay.types)} parameter slots")
-    raw = (ctypes.c_uint8 * max(lay.size, 8))()
+    raw = (ctypes.c_uint8 * lay.pointers_at)()  # as long as a storage's ``storage``
     _pack_into(raw, lay, values)
     return bytes(raw)
 
@@ -243,14 +255,15 @@ class ParamSlots(Sequence):
 
 class ParamStorage:
     """Pinned parameter storage of one kernel launch: a byte buffer holding every parameter, a
-    ``void**`` array pointing into it, ctypes slot objects over each parameter (``ParamSlots``, made
-    on first use), and the reusable ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``) pointing at the array.
+    ``void**`` array pointing into it (both in one ctypes block), ctypes slot objects over each
+    parameter (``slots``, a ``ParamSlots`` made at its first use, as is each of its slots), and the
+    reusable ``CUDA_KERNEL_NODE_PARAMS`` struct (``params``) pointing at the array.
 
     Slots follow the descriptor's ABI slots one to one (a Numba array expands to several), as do the
     plan's ``args``.
     """
 
-    __slots__ = ("descriptor", "storage", "pointers", "slots", "params", "_size")
+    __slots__ = ("descriptor", "storage", "slots", "params")
 
     def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
         """Lay out the storage for ``node``'s descriptor and ``load`` it.
@@ -263,24 +276,36 @@ class ParamStorage:
         desc = node.descriptor
         lay = _layout(desc)
         self.descriptor = desc
-        offsets = lay.offsets
-        self.storage = storage = lay.storage_type()
-        base = _addressof(storage)
-        self.slots = ParamSlots(storage, lay)
+        # One block holds the arguments at offset 0, then the pointer array (``_Layout.block_type``);
+        # ``storage`` is its argument bytes (a view that keeps the block alive).
+        block = lay.block_type()
+        self.storage = block.args
+        base = _addressof(block)
         kp = _node_params()
-        if lay.buffer:  # the whole storage in one: ``pointers`` is the ``extra`` array
-            self._size = ctypes.c_size_t(lay.size)
-            self.pointers = lay.pointers_type(_BUFFER_POINTER, base, _BUFFER_SIZE, _addressof(self._size), _END)
+        at = base + lay.pointers_at
+        if lay.buffer:  # the whole argument block in one: the pointer array is the ``extra`` array
+            block.size = lay.size
+            lay.pointers_packer.pack_into(
+                block, lay.pointers_at, _BUFFER_POINTER, base, _BUFFER_SIZE, base + lay.size_at, _END
+            )
             kp.kernelParams = 0
-            kp.extra = _addressof(self.pointers)
+            kp.extra = at
         else:
-            self._size = None
-            # (a pointer array of 64-bit integers: filled from ints, it is made 2x faster than of c_void_p)
-            self.pointers = lay.pointers_type(*map(base.__add__, offsets))
-            kp.kernelParams = _addressof(self.pointers) if offsets else 0
+            offsets = lay.offsets
+            if offsets:
+                lay.pointers_packer.pack_into(block, lay.pointers_at, *[base + o for o in offsets])
+            kp.kernelParams = at if offsets else 0
             kp.extra = 0
         self.params = kp
         self._load(lay, node, function, values)
+
+    def __getattr__(self, name: str) -> Any:
+        # ``slots`` is made on first use: most storages of a build are never patched, and making it
+        # for each cost the build a microsecond a node.
+        if name == "slots":
+            self.slots = slots = ParamSlots(self.storage, _layout(self.descriptor))
+            return slots
+        raise AttributeError(name)
 
     def fits(self, node: KernelNodePlan) -> bool:
         """Whether this storage's layout serves ``node`` (same descriptor, so the same slots)."""
@@ -297,7 +322,7 @@ class ParamStorage:
     def _load(self, lay: _Layout, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
         if len(values) != len(lay.types):
             raise ValueError(f"{len(values)} values for {len(lay.types)} parameter slots")
-        _pack_into(self.storage, lay, values, self.slots)
+        _pack_into(self.storage, lay, values)
         kp = self.params
         kp.func = function
         kp.gridDimX = node.grid
@@ -315,7 +340,7 @@ class ParamStorage:
     def restore(self, saved: Backup) -> None:
         """Put back what ``backup`` returned (a failed rebuild leaves the running graph's values intact)."""
         raw, func, grid, block, shared, yz = saved
-        ctypes.memmove(self.storage, raw, len(raw))
+        ctypes.memmove(_addressof(self.storage), raw, len(raw))
         kp = self.params
         kp.func, kp.gridDimX, kp.blockDimX, kp.sharedMemBytes = func, grid, block, shared
         kp.gridDimY, kp.gridDimZ, kp.blockDimY, kp.blockDimZ = yz

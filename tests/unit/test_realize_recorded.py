@@ -71,6 +71,10 @@ def test_hot_and_warm_updates_patch_only_the_nodes_they_change(rec, patch) -> No
     assert g.update_scalars({(s1.id, "Factor"): 9.0}) == 1
     assert rec.calls == [("set_params", node[100 + s1.id], 4)]
     assert g.node_arg(plan.block_nodes[s1.id][0], 2) == 9.0
+    # The first update resolved the key's target (none is made at the build); the next takes it as is.
+    assert g.update_scalars({(s1.id, "Factor"): 8.0}) == 1 and g.node_arg(plan.block_nodes[s1.id][0], 2) == 8.0
+    assert g.update_scalars({(s1.id, "NoSuchParam"): 1.0, (999, "Factor"): 1.0}) == 0
+    assert rec.calls == [("set_params", node[100 + s1.id], 4)] * 2
     rec.calls.clear()
     assert g.update_pointer(s0.id, "In", 0xB000) == 1
     assert rec.calls == [("set_params", node[100 + s0.id], 4)]
