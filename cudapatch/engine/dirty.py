@@ -49,7 +49,8 @@ class DirtyTracker:
     def take_bypass(self) -> bool:
         """Return and clear the pending bypass change."""
         bypass, self.bypass = self.bypass, False
-        self._recompute()
+        # (``beyond_params`` does not change: only what a bypass adds is taken)
+        self.any = bool(self.beyond_params or self.params or self.bindings)
         return bypass
 
     def mark_param(self, block_id: int, name: str, param: Any = None) -> None:

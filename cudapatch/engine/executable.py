@@ -185,8 +185,9 @@ class _BypassStep:
         old: The bypass it starts from.
         new: The bypass it ends in.
         switches: ``(node handle, 1 on / 0 off, its node)`` of each kernel node turned on or off.
-        pointers: ``(node, slot, resource read instead or None for the plan's own, argument index)``
-            of each reader whose pointer the step may change.
+        pointers: ``(node, slot, resource read instead, argument index)`` of each reader whose pointer
+            the step may change; the resource is a buffer index, a binding key, or, where the reader
+            reads what its plan says again, None (or the buffer index its plan argument names).
         targets: Binding key -> ``(node, slot)`` of the readers ``new`` redirects to that binding (a
             Warm rebind of it writes them too).
     """
@@ -208,7 +209,11 @@ class _BypassStep:
         for key in (old.redirects.keys() | redirects.keys()) if old.redirects else redirects:
             ni, ai = key
             kn = nodes[ni]
-            self.pointers.append((kn, kn.slots[ai], redirects.get(key), ai))
+            res = redirects.get(key)
+            if res is None:  # what the plan says: its buffer, looked up at each step (a growth may move it)
+                a = kn.plan.args[ai]
+                res = a.ref if a.kind == "buffer" else None
+            self.pointers.append((kn, kn.slots[ai], res, ai))
         self.targets: dict[Any, list] = {}
         for (ni, ai), res in redirects.items():
             if not isinstance(res, int):
@@ -314,6 +319,7 @@ class CompiledGraph(HandleOwner):
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
+        self._set_enabled = d.cuGraphNodeSetEnabled
         # The safety net of a graph nobody closed: its engine always closes (or abandons) the graphs it
         # makes, so it is quiet (cudapatch._lifecycle); it destroys the executables and the graph only in
         # a context that still lives, never in a reset one.
@@ -884,23 +890,30 @@ class CompiledGraph(HandleOwner):
             if len(self._bypass_steps) >= 16:
                 self._bypass_steps.clear()
             step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp)
-        set_enabled, exec_ = driver().cuGraphNodeSetEnabled, self._exec
+        set_enabled, exec_ = self._set_enabled, self._exec
         for handle, on, kn in step.switches:
             (err,) = set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
         buffers, touched = self.buffers, []
         for kn, slot, res, ai in step.pointers:
-            if res is None:  # no longer redirected: what the plan says
-                ptr = arg_value(kn.plan.args[ai], buffers, {}, self._counters_ptr)
-            elif type(res) is int:
+            if type(res) is int:
                 ptr = buffers[res].ptr
+            elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
+                ptr = arg_value(kn.plan.args[ai], buffers, {}, self._counters_ptr)
             else:
                 ptr = self._binding_ptr(res)
             if slot.value != ptr:  # pointer slots are scalars
                 slot.value = ptr
                 if kn not in touched:  # each node's storage goes to the driver once
                     touched.append(kn)
+        if len(touched) == 1 and exec_ is not None and self._exec1 is None and not self._body_fallback:
+            kn = touched[0]
+            if type(kn) is KernelNode and kn.child is None and kn.body is None:  # one driver call, as ``_commit``
+                (err,) = self._set_params(exec_, kn.handle, kn.params)
+                if err:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                touched = []
         if touched:
             self._commit(touched)
         self._redirect_targets = step.targets

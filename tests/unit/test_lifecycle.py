@@ -196,6 +196,9 @@ class FakeDriver:
     def cuGraphExecKernelNodeSetParams(self, exec_: int, node: int, params: Any) -> tuple[int]:
         return (0,)
 
+    def cuGraphNodeSetEnabled(self, exec_: int, node: int, on: int) -> tuple[int]:
+        return (0,)
+
     # GL interop registrations
     def cuGraphicsGLRegisterBuffer(self, name: int, flags: int) -> tuple[int, int]:
         return self._make("registration")
