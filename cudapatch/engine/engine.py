@@ -303,25 +303,25 @@ class Engine(PatchEditing, EngineResults):
                 res = self.resources
                 if res.graph is g:  # (else another thread swapped or closed it meanwhile: the general path)
                     self.device.make_current()
-                    if dirty.any:
-                        try:
+                    try:
+                        if dirty.any:
                             if not self._edits(res):
                                 return  # a fault of an earlier frame surfaced: recovered, no launch
-                        finally:
-                            if FRAME_GUARD.owner:  # an edit that started a build entered it
-                                FRAME_GUARD.leave()
-                        g = res.graph
-                    if g is not None:
-                        try:
-                            g.launch(res.stream)
-                        except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in this launch
-                            self._recover(exc, None)
-                            return
-                        except CudaError as exc:
-                            self._launch_failed(exc)
-                            raise
-                        if g.readback is not None:
-                            g.readback.record(self.counters.frames)
+                            g = res.graph
+                        if g is not None:
+                            try:
+                                g.launch(res.stream)
+                            except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in this launch
+                                self._recover(exc, None)
+                                return
+                            except CudaError as exc:
+                                self._launch_failed(exc)
+                                raise
+                            if g.readback is not None:
+                                g.readback.record(self.counters.frames)
+                    finally:
+                        if FRAME_GUARD.owner:  # an edit that started a build entered it: the launch ran first
+                            FRAME_GUARD.leave()
                     self.counters.frames += 1
                     g = None
             if g is None:

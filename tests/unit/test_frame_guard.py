@@ -124,6 +124,37 @@ def test_update_holds_the_guard_while_a_build_is_in_flight(
     assert guarded == [False] and not FRAME_GUARD.in_frame
 
 
+def test_a_build_a_bypass_edit_starts_waits_for_the_rest_of_its_frame(
+    engine: Any,  # noqa: F811 (the fixture)
+    realizer: Realizer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bypass inside a fused group needs a build (the inline path of ``update()`` takes that frame):
+    # as for a structure edit, the launch of the frame that starts it runs before the build's Python.
+    guarded: list[bool] = []
+    launch = FakeGraph.launch
+
+    def recording(self: FakeGraph, stream: Any) -> None:
+        guarded.append(FRAME_GUARD.owner == threading.get_ident())
+        launch(self, stream)
+
+    monkeypatch.setattr(FakeGraph, "launch", recording)
+    _fill, scale = _chain(engine)
+    after = engine.add(Scale(name="after", Factor=0.5))
+    engine.connect(scale, "Out", after, "In")
+    _landed(engine)
+    assert "fused" in str(scale)
+    guarded.clear()
+    realizer.hold()
+    scale.enabled = False
+    engine.update()  # starts the build that takes scale out of the group: this frame's launch first
+    assert realizer.started.wait(5.0) and engine.building
+    assert guarded == [True]
+    assert not FRAME_GUARD.in_frame  # let go after the frame
+    realizer.gate.set()
+    _landed(engine)
+
+
 def test_a_job_handed_over_inside_a_frame_starts_after_it(long_checkpoints: None) -> None:
     worker, order = BuildWorker(lambda: None), []
     assert FRAME_GUARD.enter()
