@@ -92,19 +92,25 @@ def test_waiting_for_a_build_inside_a_frame_lets_its_checkpoints_go_on(long_chec
     assert not FRAME_GUARD.in_frame
 
 
-def test_update_holds_the_guard_while_a_build_is_in_flight(
-    engine: Any,  # noqa: F811 (the fixture)
-    realizer: Realizer,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    guarded: list[bool] = []
+@pytest.fixture
+def guarded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each launch of a ``FakeGraph``: whether the launching thread held the frame guard."""
+    held: list[bool] = []
     launch = FakeGraph.launch
 
     def recording(self: FakeGraph, stream: Any) -> None:
-        guarded.append(FRAME_GUARD.owner == threading.get_ident())
+        held.append(FRAME_GUARD.owner == threading.get_ident())
         launch(self, stream)
 
     monkeypatch.setattr(FakeGraph, "launch", recording)
+    return held
+
+
+def test_update_holds_the_guard_while_a_build_is_in_flight(
+    engine: Any,  # noqa: F811 (the fixture)
+    realizer: Realizer,  # noqa: F811
+    guarded: list[bool],
+) -> None:
     _fill, scale = _chain(engine)
     _landed(engine)
     guarded.clear()
@@ -127,18 +133,10 @@ def test_update_holds_the_guard_while_a_build_is_in_flight(
 def test_a_build_a_bypass_edit_starts_waits_for_the_rest_of_its_frame(
     engine: Any,  # noqa: F811 (the fixture)
     realizer: Realizer,  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
+    guarded: list[bool],
 ) -> None:
     # A bypass inside a fused group needs a build (the inline path of ``update()`` takes that frame):
     # as for a structure edit, the launch of the frame that starts it runs before the build's Python.
-    guarded: list[bool] = []
-    launch = FakeGraph.launch
-
-    def recording(self: FakeGraph, stream: Any) -> None:
-        guarded.append(FRAME_GUARD.owner == threading.get_ident())
-        launch(self, stream)
-
-    monkeypatch.setattr(FakeGraph, "launch", recording)
     _fill, scale = _chain(engine)
     after = engine.add(Scale(name="after", Factor=0.5))
     engine.connect(scale, "Out", after, "In")
