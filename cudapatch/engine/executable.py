@@ -185,18 +185,22 @@ class _BypassStep:
         old: The bypass it starts from.
         new: The bypass it ends in.
         switches: ``(node handle, 1 on / 0 off, its node)`` of each kernel node turned on or off.
-        pointers: ``(node, slot, resource read instead, argument index)`` of each reader whose pointer
-            the step may change; the resource is a buffer index, a binding key, or, where the reader
-            reads what its plan says again, None (or the buffer index its plan argument names).
+        pointers: ``(slot, buffer, binding key, node, argument index)`` of each reader whose pointer
+            the step may change, to the buffer it reads (a ``GpuBuffer``: a growth moves it in place),
+            else the binding it reads, else (both None) what its plan argument says.
+        one: The node of every pointer, where that is one top-level kernel node (one driver call
+            applies the step's pointers), else None.
         targets: Binding key -> ``(node, slot)`` of the readers ``new`` redirects to that binding (a
             Warm rebind of it writes them too).
+        back: The step from ``new`` to ``old`` (made at the first step back): a toggle finds it here.
     """
 
-    __slots__ = ("old", "new", "switches", "pointers", "targets")
+    __slots__ = ("old", "new", "switches", "pointers", "one", "targets", "back")
 
     def __init__(self, graph: CompiledGraph, old: BypassPlan, new: BypassPlan) -> None:
         self.old, self.new = old, new
-        nodes = graph._nodes
+        self.back: _BypassStep | None = None
+        nodes, buffers = graph._nodes, graph.buffers
         self.switches: list[tuple[Any, int, Any]] = []
         for on, which in ((1, old.disabled - new.disabled), (0, new.disabled - old.disabled)):
             for ni in sorted(which):
@@ -205,15 +209,21 @@ class _BypassStep:
                     continue
                 self.switches.append((kn.handle, on, kn))
         redirects = new.redirects
-        self.pointers: list[tuple[Any, Any, Any, int]] = []
+        self.pointers: list[tuple[Any, Any, Any, Any, int]] = []
         for key in (old.redirects.keys() | redirects.keys()) if old.redirects else redirects:
             ni, ai = key
             kn = nodes[ni]
             res = redirects.get(key)
-            if res is None:  # what the plan says: its buffer, looked up at each step (a growth may move it)
+            if res is None:  # what the plan says: its buffer (a growth moves it in place)
                 a = kn.plan.args[ai]
                 res = a.ref if a.kind == "buffer" else None
-            self.pointers.append((kn, kn.slots[ai], res, ai))
+            if type(res) is int:
+                self.pointers.append((kn.slots[ai], buffers[res], None, kn, ai))
+            else:
+                self.pointers.append((kn.slots[ai], None, res, kn, ai))
+        readers = {id(p[3]) for p in self.pointers}
+        kn = self.pointers[0][3] if len(readers) == 1 else None
+        self.one = kn if type(kn) is KernelNode and kn.child is None and kn.body is None else None
         self.targets: dict[Any, list] = {}
         for (ni, ai), res in redirects.items():
             if not isinstance(res, int):
@@ -316,6 +326,7 @@ class CompiledGraph(HandleOwner):
         self.bypass: BypassPlan = NO_BYPASS
         self._redirect_targets: dict[tuple[int, str], list] = {}
         self._bypass_steps: dict[tuple[int, int], _BypassStep] = {}  # by (id(from), id(to)): ``set_bypass``
+        self._bypass_back: _BypassStep | None = None  # the step back from the last one ``set_bypass`` took
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
         self._launch = d.cuGraphLaunch
         self._set_params = d.cuGraphExecKernelNodeSetParams
@@ -885,39 +896,45 @@ class CompiledGraph(HandleOwner):
         old = self.bypass
         if bp is old:
             return 0
-        step = self._bypass_steps.get((id(old), id(bp)))
-        if step is None or step.old is not old or step.new is not bp:  # once per pair: a toggle alternates
-            if len(self._bypass_steps) >= 16:
-                self._bypass_steps.clear()
-            step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp)
+        step = self._bypass_back  # a toggle goes back where the last step came from
+        if step is None or step.new is not bp or step.old is not old:
+            step = self._bypass_steps.get((id(old), id(bp)))
+            if step is None or step.old is not old or step.new is not bp:  # once per pair
+                if len(self._bypass_steps) >= 16:
+                    self._bypass_steps.clear()
+                step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp)
         set_enabled, exec_ = self._set_enabled, self._exec
         for handle, on, kn in step.switches:
             (err,) = set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
-        buffers, touched = self.buffers, []
-        for kn, slot, res, ai in step.pointers:
-            if type(res) is int:
-                ptr = buffers[res].ptr
+        touched: list[Any] = []
+        for slot, buf, res, kn, ai in step.pointers:
+            if buf is not None:
+                ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
             elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
-                ptr = arg_value(kn.plan.args[ai], buffers, {}, self._counters_ptr)
+                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
             else:
                 ptr = self._binding_ptr(res)
             if slot.value != ptr:  # pointer slots are scalars
                 slot.value = ptr
                 if kn not in touched:  # each node's storage goes to the driver once
                     touched.append(kn)
-        if len(touched) == 1 and exec_ is not None and self._exec1 is None and not self._body_fallback:
-            kn = touched[0]
-            if type(kn) is KernelNode and kn.child is None and kn.body is None:  # one driver call, as ``_commit``
+        if touched:
+            kn = step.one
+            if kn is not None and self._exec1 is None and not self._body_fallback:  # one driver call, as ``_commit``
                 (err,) = self._set_params(exec_, kn.handle, kn.params)
                 if err:
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-                touched = []
-        if touched:
-            self._commit(touched)
+            else:
+                self._commit(touched)
         self._redirect_targets = step.targets
         self.bypass = bp
+        back = step.back
+        if back is None:
+            back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old)
+            back.back = step
+        self._bypass_back = back
         return len(step.switches) + len(touched)
 
     def _binding_ptr(self, key: Any) -> int:

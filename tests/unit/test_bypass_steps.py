@@ -2,7 +2,7 @@
 steps are taken again), with Warm growths between them that move the buffers: after every step each
 kernel node is on exactly when the bypass leaves it on, each slot holds the pointer the plan or the
 redirect names, resolved against where the buffers are now, and each node changed goes to the driver
-once."""
+once, every one of them."""
 
 from __future__ import annotations
 
@@ -45,6 +45,16 @@ def _expected_pointers(g: CompiledGraph, bp: BypassPlan, binding_ptr: int) -> di
     return out
 
 
+def _pointers_now(g: CompiledGraph) -> dict[tuple[int, int], int]:
+    return {
+        (ni, ai): kn.slots[ai].value
+        for ni, kn in enumerate(g._nodes)
+        if isinstance(kn, KernelNode)
+        for ai, a in enumerate(kn.plan.args)
+        if a.is_pointer and a.kind in ("buffer", "external")
+    }
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) -> None:
     rng = random.Random(seed)
@@ -72,6 +82,7 @@ def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) 
             assert g.try_patch(new, snap.bindings, decided=d) is not None
             index = BypassIndex(g.plan)
         _, bp = index.decide(rng.choice(sets))
+        before = _pointers_now(g)
         rec.calls.clear()
         g.set_bypass(bp)
         for call in rec.calls:
@@ -80,6 +91,8 @@ def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) 
         assert {ni for ni, on in enabled.items() if not on} == set(bp.disabled), f"step {step}"
         sent = Counter(handles[c[1]] for c in rec.calls if c[0] == "set_params")
         assert all(v == 1 for v in sent.values()), "a node went to the driver twice in one step"
+        changed = {ni for (ni, _), ptr in _pointers_now(g).items() if before[(ni, _)] != ptr}
+        assert changed <= set(sent), f"step {step}: nodes {sorted(changed - set(sent))} changed but not sent"
         for (ni, ai), ptr in _expected_pointers(g, bp, binding).items():
             assert g._nodes[ni].slots[ai].value == ptr, f"step {step}: node {ni} argument {ai}"
     g.close()
