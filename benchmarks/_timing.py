@@ -240,6 +240,29 @@ def bare_bypass_toggle_us(engine: Any, node: Any, reader: Any, calls: int = 2000
     return medians["toggle"], medians["launch"]
 
 
+def bare_patch_every_node_us(engine: Any, repeats: int = 5) -> float:
+    """Host µs of what the driver alone does for a Warm patch that changes every node (a growth of a
+    chain): ``cuGraphExecKernelNodeSetParams`` of each top-level kernel node of the running graph
+    with the parameters it holds, then ``cuGraphLaunch``. The smallest of ``repeats`` (the graph is
+    left as it was: every node gets its own values)."""
+    with engine._graph_lock:
+        exec_, stream = _quiet_executable(engine)
+        nodes = [(n.handle, n.params) for n in kernel_nodes(engine)]
+        set_params, launch = d.cuGraphExecKernelNodeSetParams, d.cuGraphLaunch
+        best = float("inf")
+        for _ in range(repeats):
+            engine.synchronize()
+            t = time.perf_counter_ns()
+            for handle, params in nodes:
+                (err,) = set_params(exec_, handle, params)
+                if err:
+                    check((err,), "cuGraphExecKernelNodeSetParams")
+            check(launch(exec_, stream))
+            best = min(best, (time.perf_counter_ns() - t) / 1e3)
+        engine.synchronize()
+    return best
+
+
 def bare_build_beside_launches(
     engine: Any, repeats: int = 10, fps: float = 60.0, pause_s: float = 0.003
 ) -> tuple[float, int, dict[str, float]]:

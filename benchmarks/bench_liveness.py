@@ -20,7 +20,9 @@ buffers their own, is listed apart; peer: the bare toggle, ``cuGraphNodeSetEnabl
 block's node, ``cuGraphExecKernelNodeSetParams`` of its reader and ``cuGraphLaunch`` on the running
 graph, beside a bare launch, same run), and grow the bound input to twice its size (slowest
 ``update()`` until the chain runs at the new size, frames until live, instantiations: target none,
-the buffers are reallocated in place).
+the buffers are reallocated in place; peer: ``cuGraphExecKernelNodeSetParams`` of every kernel node
+and a launch, bare on the same executable, same run: the driver's part of a patch that changes every
+node).
 
 With ``--fuse`` the engine fuses (its default; the chain runs as groups of about 500 blocks, one
 kernel each, and an edit plans the groups from the first one it touches): the four edits and the
@@ -48,6 +50,7 @@ from _timing import (  # noqa: E402
     bare_build_beside_launches,
     bare_bypass_toggle_us,
     bare_launch_us,
+    bare_patch_every_node_us,
     kernel_node,
     update_us,
 )
@@ -215,8 +218,10 @@ def bench_growth(e: Engine, blocks: list, elements: int, budget: float) -> list[
 
     worst, frames, secs = until_live(e, grown)
     note = f"live in {frames} frames, {e.counters.growths - growths} buffers grown"
+    bare = bare_patch_every_node_us(e)  # the driver's floor: every node patched, then the launch
     return [
         (f"{n}: grow input 2x, slowest update() µs", worst, "budget µs", budget, note),
+        (f"{n}: grow input 2x, slowest update() µs", worst, "bare patch of every node µs", bare, "the driver's floor"),
         (f"{n}: instantiations for the growth", _graphs_made(e) - made, "edits", 1, "target 0"),
     ]
 

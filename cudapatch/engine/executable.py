@@ -21,7 +21,6 @@ plan.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -158,14 +157,15 @@ class PreparedPatch:
         base: The plan of the running graph it was decided against.
         decision: The trimmed decision.
         allocs: ``(buffer, pool block)`` of each buffer that grows (reserved, not yet moved to).
-        writes: ``(node, its packed arguments, its patch)`` of each node that changes.
+        writes: ``(node, a byte view of its storage, its packed arguments, its grid, its new function or
+            None, its new plan node)`` of each node that changes.
         same: ``(node, its new plan node)`` of each node the patch named that keeps its values.
     """
 
     base: GraphPlan
     decision: WarmPatch
     allocs: list[tuple[GpuBuffer, Any]]
-    writes: list[tuple[KernelNode, bytes, Any]] = field(default_factory=list)
+    writes: list[tuple[KernelNode, memoryview, bytes, tuple[int, int, int], Any, Any]] = field(default_factory=list)
     same: list[tuple[KernelNode, Any]] = field(default_factory=list)
 
     def discard(self) -> None:
@@ -803,13 +803,14 @@ class CompiledGraph(HandleOwner):
                     values.append(arg_value(a, buffers, bindings, counters_ptr))
             kn, raw = nodes[kp.index], pack_arguments(kp.plan, values)
             p, node = kn.params, kp.plan  # type: ignore[union-attr]
-            if (
-                raw != bytes(kn.store.storage)  # type: ignore[union-attr]
-                or (p.gridDimX, p.gridDimY, p.gridDimZ) != (node.grid, node.yz[0], node.yz[1])
-                or (kp.function is not None and int(kp.function) != int(p.func))
-            ):  # else nothing to write (``trim_patch`` keeps every node reading a binding)
-                writes.append((kn, raw, kp))  # type: ignore[arg-type]
-            else:
+            grid = (node.grid, node.yz[0], node.yz[1])
+            function = kp.function if kp.function is not None and int(kp.function) != int(p.func) else None
+            storage = kn.store.storage  # type: ignore[union-attr]
+            if raw != bytes(storage) or (p.gridDimX, p.gridDimY, p.gridDimZ) != grid or function is not None:
+                # A view of the storage made here: the frame thread only copies (a memoryview slice
+                # assignment is a memcpy; ``ctypes.memmove`` is a foreign call, ~1 µs a node on the CPU).
+                writes.append((kn, memoryview(storage).cast("B"), raw, grid, function, node))  # type: ignore[arg-type]
+            else:  # nothing to write (``trim_patch`` keeps every node reading a binding)
                 prepared.same.append((kn, node))  # type: ignore[arg-type]
         return prepared
 
@@ -843,22 +844,32 @@ class CompiledGraph(HandleOwner):
         self.reallocations += len(allocs)
         for kn, node in prepared.same:
             kn.plan = node
-        memmove = ctypes.memmove
         touched = []
         new_code = False
-        for kn, raw, kp in prepared.writes:
-            memmove(ctypes.addressof(kn.store.storage), raw, len(raw))
-            node, params = kp.plan, kn.params
-            params.gridDimX = node.grid
-            params.gridDimY, params.gridDimZ = node.yz[0], node.yz[1]
-            if kp.function is not None and int(kp.function) != int(params.func):
-                self._build_code(kn, kp.function)  # a kernel recompiled meanwhile (or a specialised one ran)
+        # Every node of a long chain changes in a 2x growth: this loop is all the frame thread does per
+        # node (each touches a handful of objects scattered over the heap), and each node goes to the
+        # driver as it is written, unless a bypass redirects readers (they are written below first).
+        # Every node here is a top-level kernel node of a graph without a second phase (``prepare_patch``).
+        redirects = self.bypass.redirects
+        direct = not redirects and not self._body_fallback
+        set_params, exec_ = self._set_params, self._exec
+        for kn, view, raw, grid, function, node in prepared.writes:
+            view[:] = raw
+            params = kn.params
+            params.gridDimX, params.gridDimY, params.gridDimZ = grid
+            if function is not None:
+                self._build_code(kn, function)  # a kernel recompiled meanwhile (or a specialised one ran)
                 new_code = True
             elif kn.generic is not None:  # new values for a specialised kernel: the generic one
                 self._generalize(kn)
             kn.plan = node
-            touched.append(kn)
-        redirects = self.bypass.redirects
+            if direct:
+                (err,) = set_params(exec_, kn.handle, params)
+                if err:
+                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=node.entry_point)
+            else:
+                touched.append(kn)
+        sent = len(prepared.writes) if direct else 0  # (given to the driver in the loop)
         if redirects:
             # The packed values are the plan's: a bypassed output's readers read its input again (also
             # readers the patch left alone, where the input they are redirected to moved).
@@ -878,7 +889,7 @@ class CompiledGraph(HandleOwner):
         self.plan = plan
         if new_code and self.on_generalize is not None:
             self.on_generalize()
-        return len(touched)
+        return sent + len(touched)
 
     def set_bypass(self, bp: BypassPlan) -> int:
         """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.

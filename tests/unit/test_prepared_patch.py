@@ -1,6 +1,7 @@
 """A Warm patch prepared on the build thread (``CompiledGraph.prepare_patch``) and applied at the swap
 (``apply_prepared``) leaves the graph exactly as ``try_patch`` does: the same argument bytes, grids,
-buffer counts and driver calls, over random growths and shrinks, with a bypass redirect in place."""
+buffer counts and driver calls, over random growths and shrinks, without and with a bypass redirect in
+place (without one, each node goes to the driver as it is written)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,11 @@ def _decide(g: CompiledGraph, ctx: Context) -> tuple:
     return new, snap.bindings, g.trim_patch(d)
 
 
+@pytest.mark.parametrize("bypassed", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_a_prepared_patch_leaves_the_graph_as_try_patch_does(rec, seed: int) -> None:
+def test_a_prepared_patch_leaves_the_graph_as_try_patch_does(rec, seed: int, bypassed: bool) -> None:
     rng = random.Random(seed)
-    n = rng.randint(2, 12)
+    n = rng.randint(3 if bypassed else 2, 12)
     ctx, blocks = _chain(n, rng.choice([100, 1000, 4000]))
     plan = compile_plan(ctx.snapshot(), reuse=False)
     pools = [BufferPool(), BufferPool()]
@@ -72,7 +74,7 @@ def test_a_prepared_patch_leaves_the_graph_as_try_patch_does(rec, seed: int) -> 
     a.adopt(None)
     b.adopt(None)
     mid = None
-    if n > 2:  # a bypassed middle block: its reader reads its input (a redirect the packed bytes do not hold)
+    if bypassed:  # a bypassed middle block: its reader reads its input (a redirect the packed bytes do not hold)
         mid = blocks[rng.randrange(1, n - 1)].id
         for g in (a, b):
             g.set_bypass(plan_bypass(BypassIndex(g.plan), {mid}))
