@@ -578,3 +578,46 @@ def test_synchronize_lets_frame_hooks_finish_their_gl_work_before_it_blocks(engi
     before = engine.device.syncs
     engine.synchronize()
     assert order[-1] == f"finish GL (stream waits so far: {before})" and engine.device.syncs == before + 1
+
+
+class _Hook:
+    """A frame hook that does nothing: with one, ``update()`` takes its general path, not the inline one."""
+
+    def before_launch(self, stream: Any) -> None:
+        pass
+
+    def after_launch(self, stream: Any) -> None:
+        pass
+
+    def before_wait(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["inline", "general"])
+def test_both_frame_paths_report_a_refused_launch_and_survive_a_fault_alike(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The quiet frame's inline path and ``_frame`` each launch: a refused launch is raised and put on
+    the board as ``launch``, with the frame not counted; a fault surfacing in the launch is recovered
+    from (the culprit disabled, a new graph built) without raising."""
+    fill, scale = _chain(engine)
+    engine.wait_ready()
+    if path == "general":
+        engine.add_frame_hook(_Hook())
+    engine.update()
+    g, frames = engine.graph, engine.counters.frames
+
+    def refuse(stream: Any) -> None:
+        raise CudaError("the launch was refused", name="CUDA_ERROR_INVALID_VALUE")
+
+    g.launch = refuse  # type: ignore[method-assign]
+    with pytest.raises(CudaError, match="refused"):
+        engine.update()
+    assert engine.counters.frames == frames and engine.graph is g
+    assert any(d.code == DiagnosticCode.LAUNCH and "refused" in d.message for d in engine.diagnostics())
+    del g.launch  # the class's again
+    monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (scale.id, "faulted"))
+    monkeypatch.setattr(FakeGraph, "fault", True)
+    engine.update()  # no exception: recovered
+    assert engine.counters.faults == 1 and g.abandoned and engine.lost is None
+    assert scale.debug.state is BlockState.ERROR
