@@ -171,6 +171,11 @@ def bench_bypass(
     assert frames > 0, "the first bypass never reached the running graph"
     pin_builds = _graphs_made(e) - made
     made, updates = _graphs_made(e), e.counters.bypass_updates
+    # The toggles start on a quiet engine: the build thread frees the replaced plan a piece at a time
+    # after the first bypass's build (1,000 blocks: a few ms), and toggles timed back to back meanwhile
+    # would time its share of the interpreter (a host toggling at 60 fps finds it done).
+    e._worker.wait(10.0)
+    e.update()
     e.synchronize()
     times = []
     for i in range(2 * toggles):
