@@ -305,14 +305,16 @@ class Engine(PatchEditing, EngineResults):
                     self.device.make_current()
                     try:
                         if dirty.any:
-                            if not self._edits(res):
-                                return  # a fault of an earlier frame surfaced: recovered, no launch
+                            if not self._edits(res):  # a fault of an earlier frame surfaced: recovered, no launch
+                                self._open_gates()
+                                return
                             g = res.graph
                         if g is not None:
                             try:
                                 g.launch(res.stream)
                             except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in this launch
                                 self._recover(exc, None)
+                                self._open_gates()
                                 return
                             except CudaError as exc:
                                 self._launch_failed(exc)
@@ -354,6 +356,10 @@ class Engine(PatchEditing, EngineResults):
         finally:
             if FRAME_GUARD.owner:
                 FRAME_GUARD.leave()  # (nothing when another engine's frame thread holds it)
+        self._open_gates()
+
+    def _open_gates(self) -> None:
+        # (the quiet frame's inline path tests the two flags itself: a call less)
         if self._gate.wanted:  # the kernel builder has work: it runs now, between this frame and the next
             self._gate.open()
         if self._build_gate.wanted:  # a build waits to instantiate: the driver is ours until the next frame

@@ -599,7 +599,8 @@ def test_both_frame_paths_report_a_refused_launch_and_survive_a_fault_alike(
 ) -> None:
     """The quiet frame's inline path and ``_frame`` each launch: a refused launch is raised and put on
     the board as ``launch``, with the frame not counted; a fault surfacing in the launch is recovered
-    from (the culprit disabled, a new graph built) without raising."""
+    from (the culprit disabled, a new graph built) without raising, and the frame still opens the gate
+    of a builder waiting for it."""
     fill, scale = _chain(engine)
     engine.wait_ready()
     if path == "general":
@@ -618,6 +619,21 @@ def test_both_frame_paths_report_a_refused_launch_and_survive_a_fault_alike(
     del g.launch  # the class's again
     monkeypatch.setattr(recovery_module, "attribute_in_child", lambda snap, **_: (scale.id, "faulted"))
     monkeypatch.setattr(FakeGraph, "fault", True)
+    gate = _WantedGate()
+    monkeypatch.setattr(engine, "_gate", gate)  # the kernel builder waits for the end of a frame
     engine.update()  # no exception: recovered
     assert engine.counters.faults == 1 and g.abandoned and engine.lost is None
     assert scale.debug.state is BlockState.ERROR
+    assert gate.opened == 1, "the frame that recovered did not let the waiting builder run"
+
+
+class _WantedGate:
+    """A builder's frame gate with work waiting: counts how often a frame opens it."""
+
+    wanted = True
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def open(self) -> None:
+        self.opened += 1
