@@ -26,7 +26,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CudaError, CudaOutOfMemoryError, GraphCompileError, KernelLoadError, LibraryCallError
+from ..errors import (
+    CudaError,
+    CudaLaunchError,
+    CudaOutOfMemoryError,
+    GraphCompileError,
+    KernelLoadError,
+    LibraryCallError,
+)
 from ..kernels.pacing import checkpoint
 from .board import DiagnosticBoard, RunningChange, running_change
 from .built_view import BuiltShower, BuiltView, built_view
@@ -450,6 +457,11 @@ class GraphBuilds:
                 if patched is None:
                     patched = g.try_patch(plan, out.bindings, out.functions, decided=decided)
             except CudaError as exc:
+                if not isinstance(exc, CudaLaunchError):  # (a fault: the launch surfaces it, recovery rebuilds)
+                    # The driver refused a node midway: the running graph is patched in part (buffers
+                    # moved, nodes after the refused one not sent). The next build makes a new one.
+                    self._cold_next = True
+                    self._context.dirty.mark_structure()
                 return self._failed((Diagnostic("error", None, DiagnosticCode.REALIZE, str(exc)),))
             if patched is None:  # refused now (a re-capture changed its topology): realize next build
                 self._cold_next = True

@@ -828,6 +828,8 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: cuGraphExecKernelNodeSetParams failed.
         """
+        if self._closed:  # (the reserved blocks go back to the pool first)
+            prepared.discard()
         self._check_open("CompiledGraph.apply_prepared")
         if prepared.base is not self.plan:
             prepared.discard()

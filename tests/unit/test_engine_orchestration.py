@@ -637,3 +637,25 @@ class _WantedGate:
 
     def open(self) -> None:
         self.opened += 1
+
+
+def test_a_warm_patch_the_driver_refuses_midway_is_followed_by_a_new_graph(engine: Engine) -> None:
+    """A Warm resize the driver refuses after some nodes were written leaves the running graph patched
+    in part: the build counts as failed (its error logged and put on the board) and the next build is
+    Cold, from the plan; once that runs, the error is gone from the board."""
+    fill, scale = _chain(engine)
+    engine.wait_ready()
+    engine.update()
+    g = engine.graph
+    assert g is not None
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise CudaError("cuGraphExecKernelNodeSetParams refused a node", name="CUDA_ERROR_INVALID_VALUE")
+
+    g.try_patch = refuse  # type: ignore[method-assign]
+    failed = engine.counters.failed_rebuilds
+    fill.set("Count", 2048)  # sizes only: a Warm resize of the running graph
+    engine.update()
+    assert engine.counters.failed_rebuilds == failed + 1
+    assert engine.graph is not g and engine.graph is not None and g.retired, "the half-patched graph runs on"
+    assert engine.graph.plan.buffers[engine.graph.plan.outputs[(scale.id, "Out")]].count == 2048

@@ -16,6 +16,7 @@ from cudapatch.engine.bypass import BypassIndex, plan_bypass
 from cudapatch.engine.executable import CompiledGraph
 from cudapatch.engine.nodes import KernelNode
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
+from cudapatch.errors import CudapatchError
 
 from .recording_driver import RecordingDriver, install, realize_recorded
 from .unfused import compile_plan
@@ -129,6 +130,22 @@ def test_a_prepared_patch_reserves_on_the_build_thread_and_gives_back_what_is_no
     prepared.discard()  # idempotent
     assert pool.in_use_bytes == before
     g.close()
+
+
+def test_a_prepared_patch_for_a_graph_closed_meanwhile_gives_its_blocks_back(rec) -> None:
+    ctx, blocks = _chain(3, 1000)
+    pool = BufferPool()
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
+    g.adopt(None)
+    ctx.bind_input(blocks[0], "In", ExternalBinding(0xB000, 8000, DType.FLOAT32))
+    new, bindings, decision = _decide(g, ctx)
+    prepared = g.prepare_patch(decision, bindings)
+    assert prepared is not None and prepared.allocs
+    g.close()
+    closed = pool.in_use_bytes  # the graph's own blocks are back; the reserved ones are not yet
+    with pytest.raises(CudapatchError, match="closed"):
+        g.apply_prepared(prepared, new)
+    assert prepared.allocs == [] and pool.in_use_bytes < closed
 
 
 def test_a_hot_value_set_after_the_snapshot_is_overwritten_until_the_carry_writes_it_again(rec) -> None:
