@@ -946,7 +946,7 @@ class CompiledGraph(HandleOwner):
         back = step.back
         if back is None:
             back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old)
-            back.back = step
+            back.back = step  # (a cycle of two small objects: the collector frees it with the graph)
         self._bypass_back = back
         return len(step.switches) + len(touched)
 
