@@ -11,6 +11,7 @@ It only reads and drops references: objects someone else still holds are left as
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ..kernels.pacing import checkpoint
@@ -41,9 +42,12 @@ def _parts(obj: Any) -> list[Any] | None:
     return None
 
 
-def drop_gradually(objects: list[Any]) -> None:
+def drop_gradually(objects: list[Any], stop: Callable[[], bool] | None = None) -> Callable[[], Any] | None:
     """Drop the references in ``objects`` (emptied here), taking big objects apart first so that no
     single release frees more than about ``PIECE`` of their parts; ``checkpoint()`` between pieces.
+
+    ``stop``: asked between pieces; when it says True (a build waits for the thread), the rest is
+    returned as a callable that goes on where this stopped (and may stop again), else None: done.
 
     Objects are taken apart two levels down (a replaced graph: its fields; the plan it holds: the
     plan's fields), big containers two levels down too (a plan's 10,000 nodes, and what a big dict
@@ -53,7 +57,13 @@ def drop_gradually(objects: list[Any]) -> None:
     # (items, object levels left, container levels left)
     work: list[tuple[list[Any], int, int]] = [(objects[:], _OBJECT_LEVELS, _CONTAINER_LEVELS)]
     objects.clear()
+    return _drop(work, stop)
+
+
+def _drop(work: list[tuple[list[Any], int, int]], stop: Callable[[], bool] | None) -> Callable[[], Any] | None:
     while work:
+        if stop is not None and stop():
+            return lambda: _drop(work, stop)
         items, objs, conts = work[-1]
         if not items:
             work.pop()
@@ -75,6 +85,7 @@ def drop_gradually(objects: list[Any]) -> None:
             obj = parts = None  # (the loop's last one too)
         batch = None
         checkpoint()
+    return None
 
 
 def _items(obj: Any) -> list[Any]:

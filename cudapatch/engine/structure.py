@@ -132,7 +132,9 @@ class StructureTier:
             # The retired graphs the GPU is done with, and what the frame thread no longer uses: freed
             # off the frame thread, after the build and between two frames (destroying an executable
             # graph holds the driver's lock, which the frame's launch would wait for).
-            worker.defer(lambda: (close_graphs(idle), drop_gradually(idle), drop_gradually(garbage)))
+            worker.defer(lambda: close_graphs(idle))  # (device memory: closed before the next build)
+            worker.defer(lambda: drop_gradually(idle, worker.preempted), yields=True)
+            worker.defer(lambda: drop_gradually(garbage, worker.preempted), yields=True)
             return builds.prepare(job)
 
         self._worker.submit(build)

@@ -23,6 +23,7 @@ loops call ``checkpoint()``, which waits (without the GIL) until the frame is ov
 from __future__ import annotations
 
 import _thread
+from collections.abc import Callable
 
 __all__ = ["FRAME_GUARD", "FrameGate", "FrameGuard", "checkpoint"]
 
@@ -48,11 +49,17 @@ class FrameGate:
         except RuntimeError:  # already open: the thread has not come back to wait yet
             pass
 
-    def next_frame(self, timeout: float) -> bool:
+    def next_frame(self, timeout: float, unless: Callable[[], bool] | None = None) -> bool:
         """Wait for the end of the next frame (at most ``timeout`` seconds): an ``open`` left over
-        from before does not count. True when a frame ended."""
+        from before does not count. True when a frame ended (or someone opened the gate).
+
+        ``unless``: asked once the gate is closed again; True: no wait (False returned). Whoever makes
+        it true and then opens the gate cannot be missed: either it is seen here, or the open ends the
+        wait."""
         self._lock.acquire(blocking=False)  # closed again, whatever it was
         self.wanted = True
+        if unless is not None and unless():
+            return False
         return self._lock.acquire(timeout=timeout)
 
     def wait(self, timeout: float) -> bool:

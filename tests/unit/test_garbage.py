@@ -77,3 +77,24 @@ def test_the_plan_a_retired_graph_holds_is_freed_in_pieces_too(monkeypatch) -> N
     drop_gradually(idle)
     assert idle == [] and all(r() is None for r in refs)
     assert max(freed_per_piece) <= PIECE  # the plan's nodes too, not all at once with the plan
+
+
+def test_a_drop_told_to_stop_returns_the_rest_which_frees_everything_later(monkeypatch) -> None:
+    nodes = [Node(i) for i in range(20 * PIECE)]
+    freed_per_piece, refs = _count_frees(monkeypatch, tuple(nodes))
+    trash = [nodes]  # a big list of nodes nothing else holds: each piece frees PIECE of them
+    del nodes
+    asked = [0]
+
+    def stop() -> bool:  # a build waits twice, between pieces, then never again
+        asked[0] += 1
+        return asked[0] in (4, 8)
+
+    rest = drop_gradually(trash, stop)
+    assert callable(rest) and trash == []
+    alive = sum(r() is not None for r in refs)
+    assert 0 < alive < len(refs)  # stopped midway: some freed, the rest still held by ``rest``
+    rest = rest()
+    assert callable(rest) and 0 < sum(r() is not None for r in refs) < alive  # stopped again, further on
+    assert rest() is None and all(r() is None for r in refs)  # and the third call ends it
+    assert max(freed_per_piece) <= PIECE

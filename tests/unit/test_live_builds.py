@@ -784,3 +784,137 @@ def test_an_optimised_build_of_a_new_kernel_landing_during_its_build_starts_no_s
     g = engine.graph
     assert engine.counters.rebuilds == rebuilds + 1 and g.runs_function(key, better.function)
     assert not engine.building and not engine.context.dirty.structure  # (a Warm one would not count as a rebuild)
+
+
+def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_after_it() -> None:
+    """Freeing what a build replaced must not hold up the next build: deferred work waiting for a
+    frame's end gives way at once, work that can stop (``preempted``) stops between pieces, and what
+    is left runs after the new job's outcome, before that job's own deferred work; ``wait`` covers it."""
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+    piece_ran = threading.Event()
+    second_submitted = threading.Event()
+
+    def freeing(pieces: list[int]) -> Any:
+        while pieces:
+            if w.preempted():
+                return lambda: freeing(pieces)
+            order.append(f"piece {pieces.pop(0)}")
+            piece_ran.set()
+            second_submitted.wait(5.0)  # (the first piece waits for the second job to come)
+        return None
+
+    def first() -> str:
+        w.defer(lambda: order.append("closed"))
+        w.defer(lambda: freeing([1, 2, 3]), yields=True)
+        return "first"
+
+    def second() -> str:
+        order.append("second job")
+        w.defer(lambda: order.append("second's deferred"))
+        return "second"
+
+    try:
+        w.submit(first)
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "first"
+        w.gate.open()  # a frame ends: the deferred work starts
+        assert piece_ran.wait(5.0)
+        w.submit(second)
+        second_submitted.set()
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "second"
+        assert w.wait(5.0)
+        assert order == ["closed", "piece 1", "second job", "piece 2", "piece 3", "second's deferred"], order
+    finally:
+        w.close(5.0)
+
+
+def test_deferred_work_waiting_for_a_frame_gives_way_to_a_job_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No frame comes: deferred work waiting for one starts when a job is submitted; what does not
+    yield (closing retired graphs: device memory) runs first, what yields after the job."""
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "PACE_TIMEOUT_S", 60.0)  # no frame comes
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+
+    def first() -> str:
+        w.defer(lambda: order.append("closed"))
+        w.defer(lambda: order.append("dropped"), yields=True)
+        return "first"
+
+    try:
+        w.submit(first)
+        deadline = time.monotonic() + 5.0
+        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "first" and w.tailing and order == []  # waiting for a frame's end
+        w.submit(lambda: (order.append("second job"), "second")[1])
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "second"  # no frame came, no 60 s wait
+        assert w.wait(5.0) and order == ["closed", "second job", "dropped"]
+    finally:
+        w.close(5.0)
+
+
+def test_deferred_work_that_gave_way_as_often_as_it_may_runs_to_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edits coming every frame must not pile up freeing work: what gave way to ``GIVE_WAY`` jobs (here
+    one) runs to its end after the last of them, a next job waiting or not."""
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "GIVE_WAY", 1)
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+    submitted = {n: threading.Event() for n in ("second", "third")}
+
+    def freeing(pieces: list[int]) -> Any:
+        while pieces:
+            if w.preempted():
+                return lambda: freeing(pieces)
+            piece = pieces.pop(0)
+            order.append(f"piece {piece}")
+            submitted["second" if piece == 1 else "third"].wait(5.0)
+        return None
+
+    def job(name: str, defer: bool = False) -> Any:
+        def run() -> str:
+            order.append(f"{name} job")
+            if defer:
+                w.defer(lambda: freeing([1, 2, 3]), yields=True)
+            return name
+
+        return run
+
+    def finish(name: str) -> None:
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == name
+
+    try:
+        w.submit(job("first", defer=True))
+        finish("first")
+        w.gate.open()  # a frame ends: piece 1 runs, then waits for the second job
+        deadline = time.monotonic() + 5.0
+        while "piece 1" not in order and time.monotonic() < deadline:
+            time.sleep(0.001)
+        w.submit(job("second"))
+        submitted["second"].set()
+        finish("second")  # piece 2 runs now (put off once), then waits for the third job
+        deadline = time.monotonic() + 5.0
+        while "piece 2" not in order and time.monotonic() < deadline:
+            time.sleep(0.001)
+        w.submit(job("third"))
+        submitted["third"].set()
+        finish("third")
+        assert w.wait(5.0)
+        assert order == ["first job", "piece 1", "second job", "piece 2", "piece 3", "third job"], order
+    finally:
+        w.close(5.0)
