@@ -234,8 +234,10 @@ class BuildWorker:
         tail = list(tail)
         try:
             # After the end of the next frame; with a job waiting (``submit`` opens the gate: one that
-            # comes meanwhile ends the wait), after the end of the frame that submitted it.
-            if not self.gate.next_frame(PACE_TIMEOUT_S, unless=lambda: self._job is not None):
+            # comes meanwhile ends the wait), after the end of the frame that submitted it (which holds
+            # the frame guard while the worker tails: closing a graph holds the driver's lock).
+            self.gate.next_frame(PACE_TIMEOUT_S, unless=lambda: self._job is not None)
+            if self._job is not None:
                 checkpoint()
             with self._around_job():  # freeing a retired plan is build work too
                 while tail:

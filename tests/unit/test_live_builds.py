@@ -918,3 +918,32 @@ def test_deferred_work_that_gave_way_as_often_as_it_may_runs_to_its_end(monkeypa
         assert order == ["first job", "piece 1", "second job", "piece 2", "piece 3", "third job"], order
     finally:
         w.close(5.0)
+
+
+def test_deferred_work_a_job_ends_the_wait_of_starts_after_the_frame_that_submitted_it() -> None:
+    """A job submitted in an edit frame wakes deferred work waiting for a frame's end; what runs first
+    (closing retired graphs holds the driver's lock) waits for that frame to end (its launch)."""
+    from cudapatch.kernels.pacing import FRAME_GUARD
+
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+    try:
+        w.submit(lambda: (w.defer(lambda: order.append("closed")), "first")[1])
+        deadline = time.monotonic() + 5.0
+        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "first" and order == []
+        assert FRAME_GUARD.enter()  # this thread is in its frame
+        try:
+            w.submit(lambda: (order.append("second job"), "second")[1])  # the edit of this frame
+            time.sleep(0.02)  # (the worker is awake now: it waits for the frame, not for the next one)
+            order.append("launch")
+        finally:
+            FRAME_GUARD.leave()
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "second" and w.wait(5.0)
+        assert order == ["launch", "closed", "second job"], order
+    finally:
+        w.close(5.0)
