@@ -242,10 +242,12 @@ class BuildWorker:
             with self._around_job():  # freeing a retired plan is build work too
                 while tail:
                     fn, yields = tail[0]
-                    if yields and self._job is not None:  # a build waits: it first, the rest after it
-                        with self._cv:
-                            self._tail[:0] = [(f, max(0, y - 1)) for f, y in tail]
-                        return
+                    if yields and self._job is not None:  # a build waits: it first, what yields after it
+                        with self._cv:  # (what does not yield, closing retired graphs, still runs first)
+                            self._tail[:0] = [(f, y - 1) for f, y in tail if y]
+                        tail = [(f, y) for f, y in tail if not y]
+                        checkpoint()  # (the job came during this work: the frame that submitted it first)
+                        continue
                     del tail[0]
                     self._yielding = yields > 0
                     try:

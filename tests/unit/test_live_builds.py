@@ -947,3 +947,43 @@ def test_deferred_work_a_job_ends_the_wait_of_starts_after_the_frame_that_submit
         assert order == ["launch", "closed", "second job"], order
     finally:
         w.close(5.0)
+
+
+def test_work_that_does_not_yield_is_not_put_off_behind_work_that_gave_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeing put off by one job comes first in the next job's deferred work; closing that job's
+    retired graphs (does not yield: device memory) must still run before a third job, not be put off
+    with the freeing in front of it."""
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "PACE_TIMEOUT_S", 60.0)  # no frame comes
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+
+    def job(name: str) -> Any:
+        def run() -> str:
+            order.append(f"{name} job")
+            w.defer(lambda: order.append(f"{name} closed"))
+            w.defer(lambda: order.append(f"{name} dropped"), yields=True)
+            return name
+
+        return run
+
+    def finish(name: str) -> None:
+        deadline = time.monotonic() + 5.0
+        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == name and w.tailing  # its deferred work waits for a frame's end
+
+    try:
+        w.submit(job("first"))
+        finish("first")
+        w.submit(job("second"))
+        finish("second")  # first's freeing gave way to it: it comes first in second's deferred work
+        w.submit(job("third"))
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "third" and w.wait(5.0)
+        assert order.index("second closed") < order.index("third job"), order
+    finally:
+        w.close(5.0)
