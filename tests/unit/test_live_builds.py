@@ -987,3 +987,52 @@ def test_work_that_does_not_yield_is_not_put_off_behind_work_that_gave_way(monke
         assert order.index("second closed") < order.index("third job"), order
     finally:
         w.close(5.0)
+
+
+def test_work_that_does_not_yield_left_when_freeing_gives_way_starts_after_the_frame_that_submitted_the_job() -> None:
+    """A job submitted in an edit frame stops freeing that yields; what does not yield behind it
+    (closing retired graphs holds the driver's lock) runs before the job, but after that frame."""
+    from cudapatch.kernels.pacing import FRAME_GUARD
+
+    w = BuildWorker(lambda: None)
+    order: list[str] = []
+    piece_ran = threading.Event()
+    submitted = threading.Event()
+
+    def freeing(pieces: list[int]) -> Any:
+        while pieces:
+            if w.preempted():
+                return lambda: freeing(pieces)
+            order.append(f"piece {pieces.pop(0)}")
+            piece_ran.set()
+            submitted.wait(5.0)
+        return None
+
+    def first() -> str:
+        w.defer(lambda: freeing([1, 2]), yields=True)
+        w.defer(lambda: order.append("closed"))
+        return "first"
+
+    try:
+        w.submit(first)
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "first"
+        w.gate.open()  # a frame ends: the deferred work starts
+        assert piece_ran.wait(5.0)
+        assert FRAME_GUARD.enter()  # this thread is in its frame
+        try:
+            w.submit(lambda: (order.append("second job"), "second")[1])  # the edit of this frame
+            submitted.set()
+            time.sleep(0.02)
+            order.append("launch")
+        finally:
+            FRAME_GUARD.leave()
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert w.take() == "second" and w.wait(5.0)
+        assert order == ["piece 1", "launch", "closed", "second job", "piece 2"], order
+    finally:
+        w.close(5.0)
