@@ -41,8 +41,8 @@ BUILD_SWITCH_INTERVAL_S = 1e-4
 #: How many jobs deferred work that yields (``BuildWorker.defer``) gives way to before it runs to its
 #: end: freeing what a build replaced (Python objects; retired graphs are closed first, not put off)
 #: waits for at most this many later builds. Five edits of a 1,000-block chain, each right after the
-#: last went live, on the CPU machine: live in 4-5 / 3-5 / 3 / 3 / 4 frames at 4, 4-5 / 3-4 / 3 / 3 / 5
-#: at 2, 4 / 3 / 4 / 5 / 6 when nothing gave way.
+#: last went live, on the CPU machine: live in 4 / 3 / 3 / 3 / 4 frames at 4 (three runs), 4 / 3 / 4 /
+#: 5 / 6 when nothing gave way.
 GIVE_WAY = 4
 
 #: How long a build waits for the end of a frame before it goes on anyway (frames stopped coming):
