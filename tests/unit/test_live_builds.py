@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -786,6 +787,29 @@ def test_an_optimised_build_of_a_new_kernel_landing_during_its_build_starts_no_s
     assert not engine.building and not engine.context.dirty.structure  # (a Warm one would not count as a rebuild)
 
 
+def _until(condition: Callable[[], Any], timeout: float = 5.0) -> None:
+    """Poll until ``condition()`` holds or ``timeout`` seconds have passed (the caller asserts what it needs)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _freeing(
+    w: BuildWorker, order: list[str], pieces: list[int], ran: threading.Event, go: Callable[[int], threading.Event]
+) -> Any:
+    """Deferred work that yields and frees ``pieces`` one at a time, as ``drop_gradually`` does: it stops
+    when a job waits (``preempted``) and returns the rest; after each piece it sets ``ran`` and waits
+    for ``go(piece)``."""
+    while pieces:
+        if w.preempted():
+            return lambda: _freeing(w, order, pieces, ran, go)
+        piece = pieces.pop(0)
+        order.append(f"piece {piece}")
+        ran.set()
+        go(piece).wait(5.0)
+    return None
+
+
 def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_after_it() -> None:
     """Freeing what a build replaced must not hold up the next build: deferred work waiting for a
     frame's end gives way at once, work that can stop (``preempted``) stops between pieces, and what
@@ -793,20 +817,11 @@ def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_a
     w = BuildWorker(lambda: None)
     order: list[str] = []
     piece_ran = threading.Event()
-    second_submitted = threading.Event()
-
-    def freeing(pieces: list[int]) -> Any:
-        while pieces:
-            if w.preempted():
-                return lambda: freeing(pieces)
-            order.append(f"piece {pieces.pop(0)}")
-            piece_ran.set()
-            second_submitted.wait(5.0)  # (the first piece waits for the second job to come)
-        return None
+    second_submitted = threading.Event()  # (the first piece waits for the second job to come)
 
     def first() -> str:
         w.defer(lambda: order.append("closed"))
-        w.defer(lambda: freeing([1, 2, 3]), yields=True)
+        w.defer(lambda: _freeing(w, order, [1, 2, 3], piece_ran, lambda _: second_submitted), yields=True)
         return "first"
 
     def second() -> str:
@@ -816,17 +831,13 @@ def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_a
 
     try:
         w.submit(first)
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "first"
         w.gate.open()  # a frame ends: the deferred work starts
         assert piece_ran.wait(5.0)
         w.submit(second)
         second_submitted.set()
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "second"
         assert w.wait(5.0)
         assert order == ["closed", "piece 1", "second job", "piece 2", "piece 3", "second's deferred"], order
@@ -850,14 +861,10 @@ def test_deferred_work_waiting_for_a_frame_gives_way_to_a_job_without_one(monkey
 
     try:
         w.submit(first)
-        deadline = time.monotonic() + 5.0
-        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done and w.gate.wanted)
         assert w.take() == "first" and w.tailing and order == []  # waiting for a frame's end
         w.submit(lambda: (order.append("second job"), "second")[1])
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "second"  # no frame came, no 60 s wait
         assert w.wait(5.0) and order == ["closed", "second job", "dropped"]
     finally:
@@ -874,43 +881,31 @@ def test_deferred_work_that_gave_way_as_often_as_it_may_runs_to_its_end(monkeypa
     order: list[str] = []
     submitted = {n: threading.Event() for n in ("second", "third")}
 
-    def freeing(pieces: list[int]) -> Any:
-        while pieces:
-            if w.preempted():
-                return lambda: freeing(pieces)
-            piece = pieces.pop(0)
-            order.append(f"piece {piece}")
-            submitted["second" if piece == 1 else "third"].wait(5.0)
-        return None
+    def after(piece: int) -> threading.Event:
+        return submitted["second" if piece == 1 else "third"]
 
     def job(name: str, defer: bool = False) -> Any:
         def run() -> str:
             order.append(f"{name} job")
             if defer:
-                w.defer(lambda: freeing([1, 2, 3]), yields=True)
+                w.defer(lambda: _freeing(w, order, [1, 2, 3], threading.Event(), after), yields=True)
             return name
 
         return run
 
     def finish(name: str) -> None:
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == name
 
     try:
         w.submit(job("first", defer=True))
         finish("first")
         w.gate.open()  # a frame ends: piece 1 runs, then waits for the second job
-        deadline = time.monotonic() + 5.0
-        while "piece 1" not in order and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: "piece 1" in order)
         w.submit(job("second"))
         submitted["second"].set()
         finish("second")  # piece 2 runs now (put off once), then waits for the third job
-        deadline = time.monotonic() + 5.0
-        while "piece 2" not in order and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: "piece 2" in order)
         w.submit(job("third"))
         submitted["third"].set()
         finish("third")
@@ -929,9 +924,7 @@ def test_deferred_work_a_job_ends_the_wait_of_starts_after_the_frame_that_submit
     order: list[str] = []
     try:
         w.submit(lambda: (w.defer(lambda: order.append("closed")), "first")[1])
-        deadline = time.monotonic() + 5.0
-        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done and w.gate.wanted)
         assert w.take() == "first" and order == []
         assert FRAME_GUARD.enter()  # this thread is in its frame
         try:
@@ -940,9 +933,7 @@ def test_deferred_work_a_job_ends_the_wait_of_starts_after_the_frame_that_submit
             order.append("launch")
         finally:
             FRAME_GUARD.leave()
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "second" and w.wait(5.0)
         assert order == ["launch", "closed", "second job"], order
     finally:
@@ -969,9 +960,7 @@ def test_work_that_does_not_yield_is_not_put_off_behind_work_that_gave_way(monke
         return run
 
     def finish(name: str) -> None:
-        deadline = time.monotonic() + 5.0
-        while not (w.done and w.gate.wanted) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done and w.gate.wanted)
         assert w.take() == name and w.tailing  # its deferred work waits for a frame's end
 
     try:
@@ -980,9 +969,7 @@ def test_work_that_does_not_yield_is_not_put_off_behind_work_that_gave_way(monke
         w.submit(job("second"))
         finish("second")  # first's freeing gave way to it: it comes first in second's deferred work
         w.submit(job("third"))
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "third" and w.wait(5.0)
         assert order.index("second closed") < order.index("third job"), order
     finally:
@@ -999,25 +986,14 @@ def test_work_that_does_not_yield_left_when_freeing_gives_way_starts_after_the_f
     piece_ran = threading.Event()
     submitted = threading.Event()
 
-    def freeing(pieces: list[int]) -> Any:
-        while pieces:
-            if w.preempted():
-                return lambda: freeing(pieces)
-            order.append(f"piece {pieces.pop(0)}")
-            piece_ran.set()
-            submitted.wait(5.0)
-        return None
-
     def first() -> str:
-        w.defer(lambda: freeing([1, 2]), yields=True)
+        w.defer(lambda: _freeing(w, order, [1, 2], piece_ran, lambda _: submitted), yields=True)
         w.defer(lambda: order.append("closed"))
         return "first"
 
     try:
         w.submit(first)
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "first"
         w.gate.open()  # a frame ends: the deferred work starts
         assert piece_ran.wait(5.0)
@@ -1029,9 +1005,7 @@ def test_work_that_does_not_yield_left_when_freeing_gives_way_starts_after_the_f
             order.append("launch")
         finally:
             FRAME_GUARD.leave()
-        deadline = time.monotonic() + 5.0
-        while not w.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        _until(lambda: w.done)
         assert w.take() == "second" and w.wait(5.0)
         assert order == ["piece 1", "launch", "closed", "second job", "piece 2"], order
     finally:
