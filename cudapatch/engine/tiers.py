@@ -516,7 +516,7 @@ class BypassTier:
             self._context.dirty.mark_structure()
         self._counters.nodes_patched += g.set_bypass(bp)
         self._counters.bypass_updates += 1
-        self._bypassing = g if bp.disabled or bp.redirects else None  # (``not bp.empty``, without the call)
+        self._bypassing = None if bp.empty else g
         if (bp.refused or self._refused) and bp.refused.keys() != self._refused:  # (no set made per toggle)
             for bid in self._refused - set(bp.refused):
                 self._board.clear_block_error(bid, DiagnosticCode.BYPASS)
