@@ -278,8 +278,28 @@ def bare_patch_every_node_us(engine: Any, repeats: int = 5) -> float:
     return best
 
 
+def _split(nodes: list[Any], split: int | None) -> list[list[Any]]:
+    """``nodes`` in runs of at most ``split`` (all in one when ``split`` is None)."""
+    if not split:
+        return [nodes]
+    return [nodes[i : i + split] for i in range(0, len(nodes), split)]
+
+
+def _chained_graph(nodes: list[Any]) -> Any:
+    """A new graph of ``nodes``' kernel launches (their parameters), each depending on the one before."""
+    graph = check(d.cuGraphCreate(0))
+    try:
+        prev: list[Any] = []
+        for n in nodes:
+            prev = [check(d.cuGraphAddKernelNode(graph, prev, len(prev), n.params))]
+    except BaseException:
+        check(d.cuGraphDestroy(graph))
+        raise
+    return graph
+
+
 def bare_build_beside_launches(
-    engine: Any, repeats: int = 10, fps: float = 60.0, pause_s: float = 0.003
+    engine: Any, repeats: int = 10, fps: float = 60.0, pause_s: float = 0.003, split: int | None = None
 ) -> tuple[float, int, dict[str, float]]:
     """What the driver's lock alone costs a frame during a build: a thread builds, ``repeats`` times, a
     graph of the running graph's kernel nodes (``kernel_nodes``: ``cuGraphAddKernelNode`` each, chained,
@@ -287,6 +307,11 @@ def bare_build_beside_launches(
     ``pause_s`` between builds; meanwhile this thread launches the engine's executable with a raw
     ``cuGraphLaunch`` at ``fps`` and records each launch's host time. No engine code runs during it:
     the peer of the slowest ``update()`` during a structure edit.
+
+    With ``split``, the same nodes are built as several graphs of at most ``split`` nodes (the graph a
+    patch split into several executables would build), each instantiated and uploaded right after a
+    frame's launch: what splitting would save the frame (its cost to a quiet frame:
+    ``bare_split_launch_us``).
 
     Returns:
         ``(slowest launch µs, frames launched, median ms of each build phase)``, the phases ``add``
@@ -297,9 +322,9 @@ def bare_build_beside_launches(
     """
     with engine._graph_lock:
         exec_, stream = _quiet_executable(engine)
-        nodes = kernel_nodes(engine)
+        parts = _split(kernel_nodes(engine), split)
         context = engine.device.context
-        done, stop = threading.Event(), threading.Event()
+        done, stop, frame = threading.Event(), threading.Event(), threading.Event()
         failed: list[BaseException] = []
         phases: dict[str, list[float]] = {"add": [], "instantiate": [], "upload": []}
 
@@ -309,23 +334,29 @@ def bare_build_beside_launches(
                 for _ in range(repeats):
                     if stop.is_set():  # the launch loop failed: no more builds
                         break
-                    t0 = time.perf_counter()
-                    graph = check(d.cuGraphCreate(0))
+                    graphs: list[Any] = []
                     try:
-                        prev: list[Any] = []
-                        for n in nodes:
-                            prev = [check(d.cuGraphAddKernelNode(graph, prev, len(prev), n.params))]
+                        t0 = time.perf_counter()
+                        for part in parts:
+                            graphs.append(_chained_graph(part))
                         t1 = time.perf_counter()
-                        built = check(d.cuGraphInstantiate(graph, 0))
-                        t2 = time.perf_counter()
-                        try:
-                            check(d.cuGraphUpload(built, stream))
+                        instantiate = upload = 0.0
+                        for graph in graphs:
+                            if split:  # right after a frame's launch: the lock taken between frames
+                                frame.clear()
+                                frame.wait(1.0)
+                            t2 = time.perf_counter()
+                            built = check(d.cuGraphInstantiate(graph, 0))
                             t3 = time.perf_counter()
-                        finally:
-                            check(d.cuGraphExecDestroy(built))
+                            try:
+                                check(d.cuGraphUpload(built, stream))
+                            finally:
+                                check(d.cuGraphExecDestroy(built))
+                            instantiate, upload = instantiate + t3 - t2, upload + time.perf_counter() - t3
                     finally:
-                        check(d.cuGraphDestroy(graph))
-                    for name, ms in (("add", t1 - t0), ("instantiate", t2 - t1), ("upload", t3 - t2)):
+                        for graph in graphs:
+                            check(d.cuGraphDestroy(graph))
+                    for name, ms in (("add", t1 - t0), ("instantiate", instantiate), ("upload", upload)):
                         phases[name].append(ms * 1e3)
                     time.sleep(pause_s)
             except BaseException as exc:  # raised again on the calling thread, after the join
@@ -344,6 +375,7 @@ def bare_build_beside_launches(
                 t = time.perf_counter_ns()
                 (err,) = launch(exec_, stream)
                 dt = time.perf_counter_ns() - t
+                frame.set()
                 check((err,))
                 worst, frames = max(worst, dt / 1e3), frames + 1
                 time.sleep(max(0.0, period - dt / 1e9))
@@ -354,3 +386,41 @@ def bare_build_beside_launches(
     if failed:
         raise failed[0]
     return worst, frames, {name: statistics.median(v) for name, v in phases.items() if v}
+
+
+def bare_split_launch_us(engine: Any, split: int, calls: int = 400) -> tuple[float, float, int]:
+    """What splitting a patch into several executables costs a quiet frame: the running graph's kernel
+    nodes built as graphs of at most ``split`` nodes (``bare_build_beside_launches``' split), each
+    instantiated, and one ``cuGraphLaunch`` of each timed as a frame, beside the engine's one
+    executable launched alone (medians of the same run, taken in turn).
+
+    Returns:
+        ``(launches of the split executables µs, launch of the one executable µs, executables)``.
+    """
+    with engine._graph_lock:
+        exec_, stream = _quiet_executable(engine)
+        graphs: list[Any] = []
+        execs: list[Any] = []
+        try:
+            for part in _split(kernel_nodes(engine), split):
+                graphs.append(_chained_graph(part))
+                execs.append(check(d.cuGraphInstantiate(graphs[-1], 0)))
+                check(d.cuGraphUpload(execs[-1], stream))
+            launch = d.cuGraphLaunch
+
+            def split_frame() -> None:
+                for ex in execs:
+                    launch(ex, stream)
+
+            split_frame()
+            engine.synchronize()
+            medians = _alternate_medians(
+                {"one": lambda: launch(exec_, stream), "split": split_frame}, calls, engine.synchronize
+            )
+        finally:
+            engine.synchronize()
+            for ex in execs:
+                check(d.cuGraphExecDestroy(ex))
+            for graph in graphs:
+                check(d.cuGraphDestroy(graph))
+    return medians["split"], medians["one"], len(execs)

@@ -11,7 +11,9 @@ the edits, the driver's floor in the same run: a thread builds a graph of the sa
 raw driver calls (add the nodes, instantiate, upload, 10 times) while the running graph is launched
 bare at 60 fps, no engine code running; its slowest launch shows what the driver's lock alone costs
 a launch during a build, so each edit's slowest ``update()`` reads against it (in the note) as well
-as against the budget.
+as against the budget. From 2,000 blocks, the same floor had the patch been split into executables
+of at most 2,000 nodes, each instantiated right after a frame (the one way around the lock), beside
+what launching the split executables costs a quiet frame against launching the one.
 
 Then, on the same chain: bypass a block in the middle and turn it back on, 50 times (the host time
 of ``enabled = False`` plus the ``update()`` that applies it, beside a quiet ``update()``; target
@@ -51,6 +53,7 @@ from _timing import (  # noqa: E402
     bare_bypass_toggle_us,
     bare_launch_us,
     bare_patch_every_node_us,
+    bare_split_launch_us,
     kernel_node,
     update_us,
 )
@@ -107,6 +110,8 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
         note = f"{frames} frames; build ms: {build}"
         rows.append((f"{n}: bare build beside launches, slowest launch µs", floor, "budget µs", budget, note))
         peer = f"bare build {floor:.0f} µs"
+        if n >= SPLIT_NODES:  # the one way around the driver's lock, and what it would cost a quiet frame
+            rows += bare_split_rows(e, n, budget)
         tail = e.add(Scale(name="tail"))
         e.connect(blocks[-1], "Out", tail, "In")
         instantiations = e.counters.rebuilds
@@ -139,6 +144,38 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
     if fuse:
         rows = [(f"{name} (fused)", *rest) for name, *rest in rows]
     return rows
+
+
+#: The executables' size in the split peer: 2,000 chained kernel nodes instantiate in about 5 ms on
+#: the H100 host, which fits between two frames at 60 fps.
+SPLIT_NODES = 2_000
+
+
+def bare_split_rows(e: Engine, n: int, budget: float) -> list[tuple[str, float, str, float, str]]:
+    """The driver's floor had the patch been split into executables of at most ``SPLIT_NODES`` nodes:
+    the slowest raw launch while a thread builds the split graphs (each instantiated right after a
+    frame), and a quiet frame's raw launches of the split executables beside one launch of the
+    engine's single executable (a quiet ``update()`` may take 1.5x that)."""
+    floor, frames, phases = bare_build_beside_launches(e, split=SPLIT_NODES)
+    build = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+    split, one, execs = bare_split_launch_us(e, SPLIT_NODES)
+    return [
+        (
+            f"{n}: bare split build beside launches, slowest launch µs",
+            floor,
+            "budget µs",
+            budget,
+            f"{execs} executables of ≤ {SPLIT_NODES:,} nodes, each instantiated after a frame; "
+            f"{frames} frames; build ms: {build}",
+        ),
+        (
+            f"{n}: bare launch of the split executables µs",
+            split,
+            "bare launch of one µs",
+            one,
+            "what the split would cost every quiet frame (target for update(): ≤ 1.5× one)",
+        ),
+    ]
 
 
 def _graphs_made(e: Engine) -> int:
