@@ -30,7 +30,7 @@ from .captured_calls import CapturedCalls, DeviceScalars
 from .child_graphs import add_grouped_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
-from .executable import CompiledGraph, GraphParts
+from .executable import CompiledGraph, GraphParts, Handover
 from .libraries import LibraryHandles
 from .memory_check import device_free_bytes, lends, memory_shortfall
 from .nodes import NodeBuild, add_node, make_conditions
@@ -141,6 +141,8 @@ class GraphBuilder:
         t0 = time.perf_counter()
         try:
             fresh = self._buffers(parts, lent)
+            if prev is not None:
+                parts.handover = Handover.work_out(prev, parts.borrowed)
             stamps_ptr = self._readback(parts)
             parts.scalars = DeviceScalars(self.plan.nodes, self.pool, self.device)
             if parts.scalars.buffer is not None:

@@ -231,6 +231,56 @@ def test_adopt_takes_over_the_borrowed_buffers_and_gives_them_the_new_counts(rec
     assert pool.in_use_bytes == 0
 
 
+def test_adopt_uses_the_hand_over_worked_out_by_the_build(rec, patch) -> None:
+    # The build works out which borrowed counts change and what the previous graph keeps (a removed
+    # block's buffer), so the swap frame visits neither every buffer nor every owned one.
+    ctx, (s0, s1, s2) = patch
+    pool = BufferPool()
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
+    g.adopt(None)
+    ctx.unregister_block(s2)
+    ctx.bind_input(s0, "In", ExternalBinding(0xA000, 600, DType.FLOAT32))
+    shorter = compile_plan(ctx.snapshot())
+    g2 = realize_recorded(ctx, shorter, pool, previous=g)
+    handover = g2._handover
+    assert handover is not None and handover.previous is g and len(handover.counts) == len(shorter.buffers)
+    assert handover.kept == [g.buffers[-1]]  # s2's output: borrowed by nothing
+    kept_bytes = g.buffers[-1].capacity_bytes
+    epoch = g.buffer_epoch
+    g2.adopt(g)
+    assert g.buffer_epoch == epoch + 1 and g.owned_buffers() == [g.buffers[-1]]
+    assert [b.count for b in g2.buffers] == [600] * len(shorter.buffers)
+    in_use = pool.in_use_bytes
+    g.retire(0)  # gives back only what it kept
+    assert pool.in_use_bytes == in_use - kept_bytes
+    g.close()
+    g2.close()
+    assert pool.in_use_bytes == 0
+
+
+def test_a_warm_patch_between_build_and_swap_makes_adopt_visit_every_buffer(rec, patch) -> None:
+    # Built for the counts the running graph has (so the hand-over changes no count), then the running
+    # graph is patched Warm to other counts: adopt must still give the new graph its own counts.
+    ctx, (s0, _, _) = patch
+    pool = BufferPool()
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
+    g.adopt(None)
+    g2 = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
+    assert g2._handover is not None and g2._handover.counts == []
+    ctx.bind_input(s0, "In", ExternalBinding(0xA000, 600, DType.FLOAT32))
+    snap = ctx.snapshot()
+    assert g.try_patch(compile_plan(snap), snap.bindings) is not None
+    assert [b.count for b in g.buffers] == [600] * len(g.buffers)
+    g2.adopt(g)
+    assert [b.count for b in g2.buffers] == [1000] * len(g2.buffers)
+    assert g.owned_buffers() == []
+    g.retire(0)
+    g.close()
+    assert pool.in_use_bytes > 0  # g2's now
+    g2.close()
+    assert pool.in_use_bytes == 0
+
+
 def test_a_fused_chain_at_level_none_is_one_kernel_node_and_one_launch(rec) -> None:
     # What a frame of a fused chain launches (benchmarks/bench_fusion.py compares it with cupy.fuse):
     # at profiling level None, the group's kernel and nothing else: no stamp, publish, memset, copy or

@@ -377,3 +377,50 @@ def test_a_specialised_kernel_is_built_in_the_compiler_process() -> None:
         assert (there.kind, there.image) == (here.kind, here.image) and there.descriptor == node.descriptor
     finally:
         b.close()
+
+
+def test_argument_bits_read_every_scalar_of_a_large_fused_kernel_as_its_storage_holds_it(rec) -> None:
+    import random
+
+    from cudapatch.engine.params import argument_offsets
+
+    rng = random.Random(7)
+    ctx = Context()
+    blocks = [
+        ctx.register_block(Scale(name=f"s{i}", Factor=rng.uniform(-4, 4), Offset=rng.uniform(-1, 1)))
+        for i in range(300)
+    ]
+    for a, b in zip(blocks, blocks[1:], strict=False):
+        ctx.connect(a, "Out", b, "In")
+    ctx.bind_input(blocks[0], "In", ExternalBinding(0xA000, 1024, DType.FLOAT32))
+    plan = compile_plan(ctx.snapshot(), fuse=True)
+    (node,) = [n for n in plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    key = (node.block_id, FUSED_KERNEL)
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    program = node.source.program
+    args = [program.scalar_param(s) for s in range(len(program.scalars))]
+    assert len(args) >= 600
+    storage = g._nodes[0].store.storage
+    offsets = argument_offsets(node.descriptor)
+
+    def reference(indices):
+        return tuple((i, struct.unpack_from("<I", storage, offsets[i])[0]) for i in indices)
+
+    shuffled = rng.sample(args, len(args))
+    for indices in (args, shuffled, shuffled[:1], []):
+        assert g.argument_bits(key, indices) == reference(indices)
+    assert [bits for _, bits in g.argument_bits(key, args)] == [_bits(node.args[i].value) for i in args]
+    g.close()
+
+
+def test_argument_bits_at_any_offsets_in_any_order_are_the_words_there(monkeypatch) -> None:
+    from cudapatch.engine import executable
+
+    raw = bytes(range(40))
+    desc = object()
+    monkeypatch.setattr(executable, "argument_offsets", lambda d: [0, 5, 12, 3, 12])
+    for indices in ([1, 2], [2, 1, 0], [3], [], [2, 4]):  # unaligned, out of order, one, none, one twice
+        read = executable._bits_reader(desc, indices)
+        offsets = [[0, 5, 12, 3, 12][i] for i in indices]
+        assert read(raw) == tuple(struct.unpack_from("<I", raw, o)[0] for o in offsets)
+        assert read(bytearray(raw)) == read(raw)
