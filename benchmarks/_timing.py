@@ -350,9 +350,10 @@ def bare_build_beside_launches(
                             t3 = time.perf_counter()
                             try:
                                 check(d.cuGraphUpload(built, stream))
+                                t4 = time.perf_counter()  # (the executable's destroy is no phase)
                             finally:
                                 check(d.cuGraphExecDestroy(built))
-                            instantiate, upload = instantiate + t3 - t2, upload + time.perf_counter() - t3
+                            instantiate, upload = instantiate + t3 - t2, upload + t4 - t3
                     finally:
                         for graph in graphs:
                             check(d.cuGraphDestroy(graph))

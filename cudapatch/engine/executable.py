@@ -347,7 +347,9 @@ class CompiledGraph(HandleOwner):
         self.buffers = parts.buffers
         self._owned = parts.owned
         self._borrowed = parts.borrowed
-        self._handover = parts.handover
+        # Taken out of ``parts`` (kept for the graph's life): it names the previous graph, which each
+        # graph would otherwise keep alive, and so every graph replaced before it.
+        self._handover, parts.handover = parts.handover, None
         #: Moved on after every change of the buffers' counts or of the buffers this graph owns, so
         #: that a ``Handover`` worked out before it is not used.
         self.buffer_epoch = 0
@@ -1301,6 +1303,7 @@ class CompiledGraph(HandleOwner):
         if self._closed:
             return
         self._closed = True
+        self._handover = None  # (a graph never adopted: it names the previous graph)
         self._device.make_current()
         self._finalizer.detach()
         d = driver()

@@ -329,3 +329,26 @@ def test_only_a_large_graph_waits_for_the_end_of_a_frame_to_instantiate(rec, pat
     assert paced == [1] and rec.names().count("instantiate") == 2 and h.timing["pace_ms"] >= 0
     g.close()
     h.close()
+
+
+def test_a_replaced_graph_is_freed_once_closed_not_kept_by_the_graph_that_adopted_it(rec, patch) -> None:
+    # The hand-over names the graph it was worked out from; once adopted, nothing of the new graph may
+    # still hold it, or every graph replaced since the engine started would stay in memory (each one
+    # holding the one before), and the build thread's freeing of retired graphs would free nothing.
+    import gc
+    import weakref
+
+    ctx, (s0, _, _) = patch
+    pool = BufferPool()
+    g = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool)
+    g.adopt(None)
+    ctx.bind_input(s0, "In", ExternalBinding(0xA000, 600, DType.FLOAT32))
+    g2 = realize_recorded(ctx, compile_plan(ctx.snapshot()), pool, previous=g)
+    g2.adopt(g)
+    g.retire(0)
+    g.close()
+    gone = weakref.ref(g)
+    del g
+    gc.collect()
+    assert gone() is None
+    g2.close()

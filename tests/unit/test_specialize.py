@@ -424,3 +424,28 @@ def test_argument_bits_at_any_offsets_in_any_order_are_the_words_there(monkeypat
         offsets = [[0, 5, 12, 3, 12][i] for i in indices]
         assert read(raw) == tuple(struct.unpack_from("<I", raw, o)[0] for o in offsets)
         assert read(bytearray(raw)) == read(raw)
+
+
+def test_one_unpack_reads_the_words_at_random_offsets_in_the_order_asked_as_unpack_from_each() -> None:
+    # Property: for any offsets (aligned or not, in any order, repeated, overlapping, adjacent or far
+    # apart), the one-struct reader gives what one ``unpack_from('<I', raw, off)`` per word gives.
+    import ctypes
+    import random
+
+    from cudapatch.engine.executable import _one_unpack
+
+    rng = random.Random(20261127)
+    raw = bytes(rng.randrange(256) for _ in range(512))
+    for trial in range(3000):
+        n = rng.choice((0, 1, 2, 3, rng.randrange(4, 40)))
+        span = rng.choice((8, 64, len(raw) - 3))  # dense (many overlaps) or sparse
+        if trial % 3 == 0:  # aligned, distinct: the one-struct path
+            at = [4 * k for k in rng.sample(range(span // 4), min(n, span // 4))]
+        else:
+            at = [rng.randrange(span) for _ in range(n)]
+        if at and rng.random() < 0.2:  # an offset asked twice
+            at.insert(rng.randrange(len(at) + 1), rng.choice(at))
+        read = _one_unpack(list(at))
+        expected = tuple(struct.unpack_from("<I", raw, o)[0] for o in at)
+        for storage in (raw, bytearray(raw), (ctypes.c_ubyte * len(raw)).from_buffer_copy(raw)):  # (a ParamStorage's)
+            assert read(storage) == expected, (trial, at)
