@@ -180,7 +180,8 @@ _bit_readers: dict[tuple[int, tuple[int, ...]], tuple[Any, Callable[[Any], tuple
 def _bits_reader(descriptor: Any, indices: Sequence[int]) -> Callable[[Any], tuple[int, ...]]:
     """A reader of the 32 bits each argument of ``indices`` holds in a storage of ``descriptor``'s
     layout: one ``struct`` unpack for all of them (a fused group's ~1,000 scalars are compared on the
-    frame thread when its specialised kernel lands: one ``unpack_from`` each took 2-4 ms there).
+    frame thread when its specialised kernel lands: one ``unpack_from`` each took 0.27 ms a 1,000 on
+    the CPU machine, the pairs included; now 0.09).
     Cached by the descriptor's identity and the indices."""
     key = (id(descriptor), tuple(indices))
     known = _bit_readers.get(key)
@@ -1282,6 +1283,7 @@ class CompiledGraph(HandleOwner):
         for b in self._owned:
             b.close()
         self._owned.clear()
+        self.buffer_epoch += 1  # a hand-over worked out before this would put closed buffers back
         self._retire_event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
         check(d.cuEventRecord(self._retire_event, stream), "cuEventRecord")
 
