@@ -102,6 +102,9 @@ def bench_size(n: int, elements: int, fuse: bool = False) -> list[tuple[str, flo
         blocks = scale_chain(e, n, np.random.default_rng(1).standard_normal(elements).astype(np.float32))
         e.wait_ready()
         e.update()
+        # Quiet frames on a quiet engine: the build thread may still free what the first builds
+        # replaced, a piece at a time, and would take its share of the interpreter (as for the toggles).
+        e._worker.wait(10.0)
         quiet = update_us(e, 500, 50)
         bare = bare_launch_us(e)
         rows.append((f"{n}: quiet update() µs", quiet, "bare cuGraphLaunch µs", bare, "≤ 1.5×"))
