@@ -810,6 +810,16 @@ def _freeing(
     return None
 
 
+def _freeing_started(w: BuildWorker, first: Callable[[], str], piece_ran: threading.Event) -> None:
+    """Run job ``first`` on ``w`` and take its outcome, then end a frame: its deferred freeing starts
+    and frees its first piece."""
+    w.submit(first)
+    _until(lambda: w.done)
+    assert w.take() == "first"
+    w.gate.open()  # a frame ends: the deferred work starts
+    assert piece_ran.wait(5.0)
+
+
 def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_after_it() -> None:
     """Freeing what a build replaced must not hold up the next build: deferred work waiting for a
     frame's end gives way at once, work that can stop (``preempted``) stops between pieces, and what
@@ -830,11 +840,7 @@ def test_a_job_submitted_while_deferred_work_runs_goes_first_and_the_rest_runs_a
         return "second"
 
     try:
-        w.submit(first)
-        _until(lambda: w.done)
-        assert w.take() == "first"
-        w.gate.open()  # a frame ends: the deferred work starts
-        assert piece_ran.wait(5.0)
+        _freeing_started(w, first, piece_ran)
         w.submit(second)
         second_submitted.set()
         _until(lambda: w.done)
@@ -992,11 +998,7 @@ def test_work_that_does_not_yield_left_when_freeing_gives_way_starts_after_the_f
         return "first"
 
     try:
-        w.submit(first)
-        _until(lambda: w.done)
-        assert w.take() == "first"
-        w.gate.open()  # a frame ends: the deferred work starts
-        assert piece_ran.wait(5.0)
+        _freeing_started(w, first, piece_ran)
         assert FRAME_GUARD.enter()  # this thread is in its frame
         try:
             w.submit(lambda: (order.append("second job"), "second")[1])  # the edit of this frame
