@@ -49,6 +49,14 @@ from .stats import EngineCounters
 
 __all__ = ["BypassTier", "CodeTier", "ParamTier"]
 
+#: Specialised kernels (``specialize.py``) swapped in per frame at most; the others wait for the next
+#: frames. Each costs the frame a look at the ~1,000 scalars of its group and a driver call, and a
+#: growth or a Warm patch of a long fused chain generalises every group at once, so their
+#: specialisations land together: on the CPU machine (stand-in driver, ``bench_hot_cpu``'s) 10 of a
+#: fused 10,000-block chain's 20 landed in one frame after a 2x growth, 6-8 ms. A specialisation is an
+#: optimisation the running graph does not wait for.
+SPECIALIZED_PER_FRAME = 4
+
 
 class ParamTier:
     """Hot, Warm and Recapture updates of one engine.
@@ -392,10 +400,15 @@ class CodeTier:
         if not outcomes:
             return
         dirty = self._context.dirty
+        specialized, later = 0, []
         for o in outcomes:
             if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                 continue
             if o.action == "specialize":  # the running graph only, if its code and values are still those
+                if specialized == SPECIALIZED_PER_FRAME:
+                    later.append(o)
+                    continue
+                specialized += 1
                 g = self._resources.graph
                 c = o.compiled
                 if g is not None and c is not None and g.specialize(o.key, c.function, o.constants, o.generic):
@@ -415,6 +428,8 @@ class CodeTier:
             elif o.action == "rebuild" and o.compiled is not None and self._runs_or_may_run(o):
                 continue
             dirty.mark_structure()
+        if later:  # the next frames take them, in the order they came
+            self._kernels.ready.extendleft(reversed(later))
         self._board.refresh()  # a swap alone changes no block's state, but may clear a compile error
 
     def _runs_or_may_run(self, o: KernelOutcome) -> bool:

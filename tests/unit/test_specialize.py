@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
+from collections import deque
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -17,10 +18,11 @@ from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.compiler import compile_plan
 from cudapatch.engine.compiler.fusion import FUSED_KERNEL, FusedSource, regenerate
+from cudapatch.engine.executable import ArgumentBits
 from cudapatch.engine.kernels import KernelOutcome
 from cudapatch.engine.specialize import Specializer
 from cudapatch.engine.stats import EngineCounters
-from cudapatch.engine.tiers import CodeTier
+from cudapatch.engine.tiers import SPECIALIZED_PER_FRAME, CodeTier
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
 from cudapatch.expr.ptx_gen import generate_ptx
 
@@ -250,6 +252,51 @@ def test_a_member_code_edit_voids_a_specialisation_of_the_old_code_and_the_new_c
     tier.apply(ready[1:])
     assert g.runs_function(key, 801) and g.specialized(key) and tier._counters.specializations == 1
     g.close()
+
+
+def test_values_read_for_a_specialisation_are_checked_again_with_the_reader_they_were_read_with(rec) -> None:
+    ctx, blocks, plan, node = _fused_chain(6)
+    key = (node.block_id, FUSED_KERNEL)
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    program = node.source.program
+    args = [program.scalar_param(s) for s in range(len(program.scalars))]
+    read = g.argument_bits(key, args)
+    assert isinstance(read, ArgumentBits) and read == tuple(zip(args, read.bits, strict=True))
+    assert read.indices == tuple(args) and read.descriptor is g._nodes[0].store.descriptor
+    assert hash(read) == hash(tuple(read))  # the specializer keys its sets and dicts by the pairs
+    g.update_scalar(blocks[3].id, "Offset", 0.375)  # a Hot patch after the read: the read is stale
+    assert not g.specialize(key, 600, read, node.source) and not g.specialized(key)
+    fresh = g.argument_bits(key, args)
+    assert fresh != read and g.specialize(key, 600, fresh, node.source) and g.runs_function(key, 600)
+    g.update_scalar(blocks[3].id, "Offset", 0.5)
+    plain = tuple(g.argument_bits(key, args))  # pairs alone (no reader kept): read by the node's layout
+    assert type(plain) is tuple and g.specialize(key, 601, plain, node.source) and g.runs_function(key, 601)
+    g.update_scalar(blocks[3].id, "Offset", 0.625)
+    assert not g.specialize(key, 602, plain, node.source)
+    # The node's layout changed since the read (a Code swap with another descriptor): its own is used.
+    again = g.argument_bits(key, args)
+    kn = g._nodes[0]
+    kn.store.descriptor = dataclasses.replace(kn.store.descriptor)
+    assert kn.store.descriptor is not again.descriptor
+    assert g.specialize(key, 603, again, node.source) and g.runs_function(key, 603)
+    g.close()
+
+
+def test_at_most_a_few_specialisations_land_in_one_frame_and_the_rest_in_the_next_frames_in_order() -> None:
+    landed: list[int] = []
+    g = SimpleNamespace(specialize=lambda key, function, constants, generic: landed.append(function) or True)
+    ready: deque = deque()
+    tier = _code_tier(g)
+    tier._kernels = SimpleNamespace(ready=ready)
+    n = SPECIALIZED_PER_FRAME + 3
+    outcomes = [KernelOutcome("specialize", (7, i), SimpleNamespace(function=i), (), None) for i in range(n)]
+    tier.apply(outcomes)
+    assert landed == list(range(SPECIALIZED_PER_FRAME))
+    assert [o.compiled.function for o in ready] == list(range(SPECIALIZED_PER_FRAME, n))
+    ready.append(KernelOutcome("specialize", (7, 9), SimpleNamespace(function=9), (), None))  # came meanwhile
+    tier.apply([ready.popleft() for _ in range(len(ready))])
+    assert landed == [*range(n), 9] and not ready
+    assert tier._counters.specializations == n + 1
 
 
 def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_it(rec) -> None:
