@@ -136,7 +136,14 @@ class Block:
         self.description = self._describe()
         self._make_params({})
         for key, value in params.items():
-            self.set(key, value)
+            p = self.params.get(key)
+            if p is not None and p.spec.kind == "text" and key in self._texts:
+                # describe() built from it already: the parameter takes it without a second description
+                # (half of a CustomKernel's or an Expression's construction, a host's hot swap)
+                p.set(value)
+                self._texts[key] = p.value
+            else:
+                self.set(key, value)
 
     @property
     def name(self) -> str:

@@ -30,6 +30,7 @@ from .chunked import Chunked, ChunkedOrder
 from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
+from .link_order import SameFrameOrder
 from .registry import BlockRegistry
 
 __all__ = ["Context", "ExternalBinding", "BlockSnapshot", "PatchSnapshot"]
@@ -110,6 +111,9 @@ class Context:
         self.id = next(_context_ids)
         self.registry = BlockRegistry()
         self.connections = ConnectionGraph()
+        # Ranks every same-frame link climbs: a cycle check without a walk of the patch (``connect``).
+        self._order = SameFrameOrder(self.connections, self._same_frame)
+        self._feedback_of: dict[int, frozenset[str]] = {}  # blocks with feedback inputs, as last described
         self.dirty = DirtyTracker()
         self.bindings: dict[tuple[int, str], ExternalBinding] = {}
         #: Ids of the registered blocks whose ``enabled`` flag is off (the Bypass tier reads it).
@@ -149,6 +153,7 @@ class Context:
         if host is not None:
             raise CudapatchError("block is registered with another engine; close() it there first", block=block.name)
         self.registry.add(block)
+        self._note_feedback(block)
         self._block_order.append(block.id)
         self._thawed.add(block.id)
         block.attach(self)
@@ -163,6 +168,8 @@ class Context:
             return
         self._block_order.discard(block.id)
         self.connections.remove_block(block.id)
+        self._order.forget(block.id)
+        self._feedback_of.pop(block.id, None)
         self._thaw(block.id)
         for key in [k for k in self.bindings if k[0] == block.id]:
             del self.bindings[key]
@@ -203,6 +210,9 @@ class Context:
     def on_snapshot_stale(self, block: Block) -> None:
         """``block`` was renamed or given another description: the next snapshot freezes it again."""
         self._thaw(block.id)
+        self.registry.renamed(block)
+        if block.id in self._feedback_of or block.description.feedback_inputs:
+            self._note_feedback(block)
 
     def on_parameter_changed(self, block: Block, name: str) -> None:
         """Mark a parameter dirty: Hot on the next update, or Cold if sizes depend on it."""
@@ -311,9 +321,7 @@ class Context:
                 block=dst.name,
                 port=dst_port,
             )
-        if dst_port not in dst.description.feedback_inputs and self.connections.reaches(
-            dst.id, src.id, cut=self._feedback_inputs()
-        ):
+        if dst_port not in dst.description.feedback_inputs and not self._order.admit(src.id, dst.id):
             raise LinkError(
                 f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle; "
                 "a loop must pass through a FrameDelay",
@@ -326,9 +334,20 @@ class Context:
             self.dirty.mark_structure()
         return link
 
-    def _feedback_inputs(self) -> set[tuple[int, str]]:
-        """``(block_id, port)`` of every input read one frame late (a FrameDelay's ``In``)."""
-        return {(b.id, p) for b in self.registry if b.description.feedback for p in b.description.feedback_inputs}
+    def _same_frame(self, link: Link) -> bool:
+        """Whether ``link`` is followed within a frame (not into an input read a frame late, a
+        FrameDelay's ``In``)."""
+        return link.dst_port not in self._feedback_of.get(link.dst, ())
+
+    def _note_feedback(self, block: Block) -> None:
+        """Keep ``block``'s feedback inputs as described now; a change re-ranks the links (``_order``)."""
+        now = block.description.feedback_inputs
+        if now != self._feedback_of.get(block.id, frozenset()):
+            if now:
+                self._feedback_of[block.id] = now
+            else:
+                self._feedback_of.pop(block.id, None)
+            self._order.invalidate()
 
     def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
         """Remove a link; returns whether it existed."""

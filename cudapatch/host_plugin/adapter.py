@@ -11,7 +11,6 @@ precise (operator, port, parameter) and leave the previous state in place.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +19,12 @@ from ..blocks.composite import Composite
 from ..engine.diagnostics import Diagnostic
 from ..errors import CudapatchError, LinkError, ParameterError
 from .coerce import check_param, coerce_host_value
+from .operator_index import OperatorLink, OperatorLinks, Placements
 from .registry import BlockType, BlockTypeRegistry
 
 __all__ = ["HostAdapter", "EngineOperator", "OperatorLink"]
 
 log = logging.getLogger("cudapatch.host")
-
-
-@dataclass(frozen=True)
-class OperatorLink:
-    """A link between host operators: ``src.src_port -> dst.dst_port``."""
-
-    src: str
-    src_port: str
-    dst: str
-    dst_port: str
-
-    def __str__(self) -> str:
-        return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
 
 
 class HostAdapter:
@@ -56,8 +43,8 @@ class HostAdapter:
         self.search_paths: list[Path] = list(search_paths or [])
         self._ops: dict[str, Block] = {}
         self._types: dict[str, BlockType] = {}
-        self._links: list[OperatorLink] = []
-        self._regions: dict[str, str] = {}  # operator id -> the region operator holding it
+        self._links = OperatorLinks()
+        self._regions = Placements()
         self.engine_operator = EngineOperator(self)
 
     # -- queries -----------------------------------------------------------------------------------
@@ -82,7 +69,7 @@ class HostAdapter:
 
     def regions(self) -> dict[str, str]:
         """Operator id → the region operator (``If``, ``While``, ``For``) holding it; top-level ones are absent."""
-        return dict(self._regions)
+        return self._regions.as_dict()
 
     def operators_by_block(self) -> dict[int, str]:
         """Block id → operator id, for routing the engine's per-block results to operators. The inner
@@ -166,10 +153,7 @@ class HostAdapter:
         if place is None:
             raise CudapatchError(f"this engine ({type(self.engine).__name__}) runs no regions", block=op_id)
         place(block, region)
-        if region_op is None:
-            self._regions.pop(op_id, None)
-        else:
-            self._regions[op_id] = region_op
+        self._regions.place(op_id, region_op)
 
     def delete(self, op_id: str) -> None:
         """Remove operator ``op_id`` and its links (a region's operators move to the region around it).
@@ -178,16 +162,11 @@ class HostAdapter:
             CudapatchError: unknown operator.
         """
         block = self.block(op_id)
-        self._links = [lk for lk in self._links if op_id not in (lk.src, lk.dst)]
+        self._links.remove_operator(op_id)
         self.engine.remove(block)
         del self._ops[op_id]
         del self._types[op_id]
-        outer = self._regions.pop(op_id, None)
-        for child in [c for c, r in self._regions.items() if r == op_id]:
-            if outer is None:
-                del self._regions[child]
-            else:
-                self._regions[child] = outer
+        self._regions.remove_operator(op_id)
 
     def rename(self, op_id: str, new_id: str) -> None:
         """Rename an operator (its block, links and messages follow).
@@ -201,13 +180,8 @@ class HostAdapter:
         self._ops[new_id] = self._ops.pop(op_id)
         self._types[new_id] = self._types.pop(op_id)
         block.name = new_id
-        self._links = [
-            OperatorLink(
-                new_id if lk.src == op_id else lk.src, lk.src_port, new_id if lk.dst == op_id else lk.dst, lk.dst_port
-            )
-            for lk in self._links
-        ]
-        self._regions = {(new_id if c == op_id else c): (new_id if r == op_id else r) for c, r in self._regions.items()}
+        self._links.rename(op_id, new_id)
+        self._regions.rename(op_id, new_id)
 
     def connect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> None:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
@@ -221,14 +195,12 @@ class HostAdapter:
         except CudapatchError as exc:
             raise LinkError(exc.message) from None
         self.engine.connect(src, src_port, dst, dst_port)
-        self._links.append(OperatorLink(src_op, src_port, dst_op, dst_port))
+        self._links.add(OperatorLink(src_op, src_port, dst_op, dst_port))  # (replaces the link into that input)
 
     def disconnect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> bool:
         """Remove a link; returns whether it existed."""
-        link = OperatorLink(src_op, src_port, dst_op, dst_port)
-        if link not in self._links:
+        if not self._links.remove(OperatorLink(src_op, src_port, dst_op, dst_port)):
             return False
-        self._links.remove(link)
         return self.engine.disconnect(self._ops[src_op], src_port, self._ops[dst_op], dst_port)
 
     def hot_swap(self, op_id: str, new_type_or_code: str) -> Block:
@@ -247,9 +219,9 @@ class HostAdapter:
             bt, texts = self.registry.get("core.CustomKernel"), {"Code": new_type_or_code}
         new = bt.create(op_id, **texts)  # fails before anything changes
         values = {n: p.value for n, p in old.params.items() if p.spec.kind != "text"}
-        links = [lk for lk in self._links if op_id in (lk.src, lk.dst)]
-        region = self._regions.get(op_id)
-        held = [c for c, r in self._regions.items() if r == op_id]  # a swapped region keeps its operators
+        links = self._links.of(op_id)
+        region = self._regions.region(op_id)
+        held = self._regions.held(op_id)  # a swapped region keeps its operators
         self.delete(op_id)
         for name, value in values.items():
             if name in new.params and new.params[name].spec.kind != "text":

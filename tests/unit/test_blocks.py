@@ -183,3 +183,27 @@ def test_block_state_and_close_without_engine() -> None:
     assert s.debug.state is BlockState.NOT_COMPILED and s.context is None
     s.close()
     s.close()
+
+
+def test_texts_given_at_construction_are_described_once_and_held_as_their_parameters_say() -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Texts(Block):
+        type_name = "Texts"
+
+        def describe(self, b: BlockBuilder) -> None:
+            note = b.text("Note", default="none")
+            kind = b.text("Kind", default="float", choices=("float", "double"))
+            calls.append((note, kind))
+            b.scalar("Gain", dtype=DType.FLOAT32, default=1.0)
+
+    t = Texts(name="t", Note="hello", Kind="Double ", Gain=2.5)
+    assert calls == [("hello", "double")]  # one description, from the texts given
+    assert t.params["Note"].value == "hello" and t.params["Kind"].value == "double" and t.params["Gain"].value == 2.5
+    assert t._texts == {"Note": "hello", "Kind": "double"}  # as the parameter spells it
+    t.set("Kind", "float")  # a later edit re-describes, as before
+    assert calls[-1] == ("hello", "float") and len(calls) == 2
+    with pytest.raises(ParameterError, match="choices"):
+        Texts(name="u", Kind="half")
+    assert len(calls) == 2  # refused while describing
+    assert Texts(name="v").params["Note"].value == "none" and len(calls) == 3

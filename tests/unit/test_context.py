@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from cudapatch import DType, Fill, Scale, VectorAdd
@@ -65,6 +67,35 @@ def test_dirty_tracker_flags_follow_the_change_sets_through_any_sequence() -> No
         beyond = bool(d.structure or d.code or d.captured)
         assert d.beyond_params == beyond and d.only_params == (not beyond)
         assert d.any == bool(beyond or d.params or d.bindings or d.bypass)
+
+
+def test_names_stay_taken_and_free_as_blocks_are_renamed_registered_and_removed_in_any_order() -> None:
+    # Property: the registry refuses a name exactly when a registered block has it now (the check is
+    # an index the renames keep, not a scan), and ``by_name`` finds the first registered holder.
+    rng = random.Random(20261127)
+    names = ["a", "b", "c", "d"]
+    c = Context()
+    pool = [Scale(name=rng.choice(names)) for _ in range(8)]
+    for _ in range(3000):
+        block = rng.choice(pool)
+        step = rng.randrange(3)
+        if step == 0:  # register
+            taken = any(b.name == block.name for b in c.registry if b is not block)
+            if block.context is c:
+                continue
+            if taken:
+                with pytest.raises(CudapatchError, match="another block already has this name"):
+                    c.register_block(block)
+                assert block.context is None
+            else:
+                c.register_block(block)
+        elif step == 1:  # a host's rename, registered or not (a rename may make two of a name)
+            block.name = rng.choice(names)
+        else:
+            c.unregister_block(block)
+        for name in names:
+            holders = [b for b in c.registry if b.name == name]
+            assert c.registry.by_name(name) is (holders[0] if holders else None)
 
 
 def test_register_unregister_and_names() -> None:

@@ -84,6 +84,30 @@ def test_signature_matches(tmp_path: Path) -> None:
     assert PtxFileSource(ptx) == PtxFileSource(ptx) and hash(PtxFileSource(ptx)) == hash(PtxFileSource(ptx))
 
 
+def test_a_description_is_read_once_per_version_of_the_files(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from cudapatch.kernels import source as source_module
+
+    reads: list[str] = []
+    real = source_module.read_user_bytes
+    monkeypatch.setattr(
+        source_module, "read_user_bytes", lambda path, **kw: reads.append(str(path)) or real(path, **kw)
+    )
+    ptx = write_kernel(tmp_path, "k", [".u64", ".f32"], _sidecar([("a", "float*"), ("s", "float")]))
+    first = PtxFileSource(ptx).describe()
+    assert [p.name for p in first.parameters] == ["a", "s"] and len(reads) == 2
+    assert PtxFileSource(ptx).describe() is first and len(reads) == 2  # the same files: not read again
+    side = ptx.with_suffix(".json")
+    side.write_text(side.read_text().replace('"s"', '"gain"'))  # an edit: the same size here, not the same time
+    st = side.stat()
+    os.utime(side, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert [p.name for p in PtxFileSource(ptx).describe().parameters] == ["a", "gain"] and len(reads) == 4
+    ptx.unlink()
+    with pytest.raises(KernelLoadError):  # a file gone is reported, not described from memory
+        PtxFileSource(ptx).describe()
+
+
 def test_signature_count_mismatch(tmp_path: Path) -> None:
     ptx = write_kernel(tmp_path, "k", [".u64", ".u32"], _sidecar([("a", "float*")]))
     with pytest.raises(PtxSignatureError, match="has 2 parameters but the sidecar .* declares 1") as info:
