@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,7 +155,10 @@ def _checked(ptx: bytes, sidecar: bytes, ptx_file: str, sidecar_file: str) -> Ke
 # Descriptors by what the files' stats say (path, inode, size, modification time of the PTX and the
 # sidecar): making a block of a bundled kernel (a ``Scale``) read and hashed both files at every
 # description, a third of a host's ``create`` of one (0.4 ms on the CPU machine). An edited file has
-# another modification time, so it is read again.
+# another modification time, so it is read again, unless the edit came within the clock tick of the
+# last look (file times advance by ticks, ms apart): a file modified less than ``_SETTLED_NS`` ago is
+# read every time, as git does for its "racily clean" entries.
+_SETTLED_NS = 2_000_000_000
 _DESCRIBED: OrderedDict[tuple[tuple[str, int, int, int], ...], KernelDescriptor] = OrderedDict()
 
 
@@ -162,6 +166,8 @@ def _stat_key(*paths: Path) -> tuple[tuple[str, int, int, int], ...] | None:
     try:
         stats = [(str(p), os.stat(p)) for p in paths]
     except OSError:  # (``load`` reports it)
+        return None
+    if any(time.time_ns() - st.st_mtime_ns < _SETTLED_NS for _, st in stats):  # (see ``_SETTLED_NS``)
         return None
     return tuple((name, st.st_ino, st.st_size, st.st_mtime_ns) for name, st in stats)
 

@@ -95,6 +95,8 @@ def test_a_description_is_read_once_per_version_of_the_files(tmp_path: Path, mon
         source_module, "read_user_bytes", lambda path, **kw: reads.append(str(path)) or real(path, **kw)
     )
     ptx = write_kernel(tmp_path, "k", [".u64", ".f32"], _sidecar([("a", "float*"), ("s", "float")]))
+    for f in (ptx, ptx.with_suffix(".json")):  # files written a while ago (a fresh one is read every time)
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns - 60_000_000_000))
     first = PtxFileSource(ptx).describe()
     assert [p.name for p in first.parameters] == ["a", "s"] and len(reads) == 2
     assert PtxFileSource(ptx).describe() is first and len(reads) == 2  # the same files: not read again
@@ -161,3 +163,18 @@ def test_not_ptx(tmp_path: Path) -> None:
     (tmp_path / "k.ptx").write_text("hello world")
     with pytest.raises(PtxSignatureError, match="not a PTX module"):
         PtxFileSource(tmp_path / "k.ptx").load()
+
+
+def test_an_edit_in_the_same_clock_tick_as_the_last_description_is_described_anew(tmp_path: Path) -> None:
+    # A file rewritten right after a description, with the same size, can keep its modification time
+    # (the kernel's file times advance by clock ticks, ms apart): its stats say nothing changed, so a
+    # file this fresh must be read again, not described from memory.
+    import os
+
+    ptx = write_kernel(tmp_path, "k", [".u64", ".f32"], _sidecar([("a", "float*"), ("s", "float")]))
+    side = ptx.with_suffix(".json")
+    assert [p.name for p in PtxFileSource(ptx).describe().parameters] == ["a", "s"]
+    st = side.stat()
+    side.write_text(side.read_text().replace('"s"', '"g"'))  # the same size
+    os.utime(side, ns=(st.st_atime_ns, st.st_mtime_ns))  # as a write within the same tick leaves it
+    assert [p.name for p in PtxFileSource(ptx).describe().parameters] == ["a", "g"]
