@@ -557,8 +557,9 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             counts["regions"] += 1
     # 5. add new links (a swapped operator had its links restored by hot_swap)
     existing = {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()}
+    kept = {(key[2], key[3]): key for key in new_links}  # an input keeps the last link listed into it
     for key, lk in new_links.items():
-        if key not in existing:
+        if key not in existing and kept[(key[2], key[3])] == key:
             try:
                 adapter.connect(*key)
             except CudapatchError as exc:

@@ -79,3 +79,28 @@ def test_placements_hold_what_a_dict_of_every_operator_holds_over_random_edits()
             for name in names:
                 assert index.region(name) == model.get(name)
                 assert sorted(index.held(name)) == sorted(c for c, r in model.items() if r == name)
+
+
+def test_a_patch_listing_two_links_into_one_input_keeps_the_last_across_reloads() -> None:
+    # The adapter holds one link per input (as the engine does): reapplying the same file must not
+    # link the first one listed again (a rebuild at every reload, and the live link flipping).
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
+
+    from .plan_engine import PlanOnlyEngine
+
+    reg = PluginHost().registry
+    text = (
+        'links = ["A.Out -> S.In", "B.Out -> S.In"]\n\n[operators.A]\ntype = "Fill"\nCount = 8\n\n'
+        '[operators.B]\ntype = "Fill"\nCount = 8\n\n[operators.S]\ntype = "Scale"\n'
+    )
+    eng = PlanOnlyEngine()
+    adapter = HostAdapter(eng, reg)
+    first = parse_patch(text, path="p.toml", registry=reg)
+    apply_patch(adapter, first)
+    b, s = adapter.block("B"), adapter.block("S")
+    assert eng.context.connections.link_into(s.id, "In").src == b.id
+    eng.context.dirty.clear_structure()
+    counts = apply_patch(adapter, parse_patch(text, path="p.toml", registry=reg), first)
+    assert counts["links"] == 0 and not eng.context.dirty.any
+    assert eng.context.connections.link_into(s.id, "In").src == b.id
+    assert [(lk.src, lk.dst) for lk in adapter.links()] == [("B", "S")]
