@@ -347,7 +347,8 @@ class Context:
                 self._feedback_of[block.id] = now
             else:
                 self._feedback_of.pop(block.id, None)
-            self._order.invalidate()
+            if any(lk.dst == block.id for lk in self.connections.links_of(block.id)):  # (a block just added has none)
+                self._order.invalidate()
 
     def disconnect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> bool:
         """Remove a link; returns whether it existed."""

@@ -87,3 +87,22 @@ def test_a_loop_through_a_frame_delay_is_linked_and_one_around_it_is_refused() -
     with pytest.raises(LinkError, match="cycle"):
         c.connect(a, "Out", b, "In")  # a -> b -> a within one frame
     assert c.connections.link_into(b.id, "In") == Link(d.id, "Out", b.id, "In")  # the old link stays
+
+
+def test_adding_a_frame_delay_to_a_large_patch_ranks_nothing_afresh() -> None:
+    # A block just registered has no links: its feedback inputs change no link's kind, so the next
+    # connect must not rank every block again (15 ms in a 10,000-block chain on the CPU machine).
+    c = Context()
+    chain = [c.register_block(Scale(name=f"s{i}")) for i in range(50)]
+    for a, b in zip(chain, chain[1:], strict=False):
+        c.connect(a, "Out", b, "In")
+    afresh = []
+    real = c._order._rank_afresh
+    c._order._rank_afresh = lambda: afresh.append(1) or real()  # type: ignore[method-assign]
+    d = c.register_block(FrameDelay(name="d"))
+    c.connect(chain[40], "Out", d, "In")
+    c.connect(d, "Out", chain[10], "In")  # through d's In (a frame late): linked
+    assert afresh == [] and len(c.connections) == 50  # (d.Out replaced s9 -> s10)
+    with pytest.raises(LinkError, match="cycle"):
+        c.connect(chain[40], "Out", d, "Init")  # Init is read within the frame
+    assert afresh == []
