@@ -1178,9 +1178,9 @@ class CompiledGraph(HandleOwner):
 
     @staticmethod
     def _argument_bits(kn: KernelNode, indices: Sequence[int]) -> ArgumentBits:
-        indices = tuple(indices)
-        read = _bits_reader(kn.store.descriptor, indices)
-        return ArgumentBits(indices, read(kn.store.storage), kn.store.descriptor, read)
+        indices, desc = tuple(indices), kn.store.descriptor
+        read = _bits_reader(desc, indices)
+        return ArgumentBits(indices, read(kn.store.storage), desc, read)
 
     def runs_function(self, key: tuple[int, int], function: Any) -> bool:
         """Whether every node of kernel ``key`` (block id, kernel index) runs ``function`` (False where

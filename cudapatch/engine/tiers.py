@@ -401,35 +401,37 @@ class CodeTier:
             return
         dirty = self._context.dirty
         specialized, later = 0, []
-        for o in outcomes:
-            if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
-                continue
-            if o.action == "specialize":  # the running graph only, if its code and values are still those
-                if specialized == SPECIALIZED_PER_FRAME:
-                    later.append(o)
+        try:
+            for o in outcomes:
+                if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                     continue
-                specialized += 1
-                g = self._resources.graph
-                c = o.compiled
-                if g is not None and c is not None and g.specialize(o.key, c.function, o.constants, o.generic):
-                    self._counters.specializations += 1
-                continue
-            if o.action == "upgrade":  # an optimised build of what runs: swap it in where it runs
-                if not self.swap(o) and self._carried is not None:
-                    self._carried[o.key] = o  # the build in flight may hold the quick build: end_carry swaps
-                continue
-            if o.action == "swap":
-                if self.swap(o):
+                if o.action == "specialize":  # the running graph only, if its code and values are still those
+                    if specialized == SPECIALIZED_PER_FRAME:
+                        later.append(o)
+                        continue
+                    specialized += 1
+                    g = self._resources.graph
+                    c = o.compiled
+                    if g is not None and c is not None and g.specialize(o.key, c.function, o.constants, o.generic):
+                        self._counters.specializations += 1
                     continue
-                if self._fused(o.key[0]) is not None:  # a fused member's own kernel: the group's is swapped
+                if o.action == "upgrade":  # an optimised build of what runs: swap it in where it runs
+                    if not self.swap(o) and self._carried is not None:
+                        self._carried[o.key] = o  # the build in flight may hold the quick build: end_carry swaps
                     continue
-            elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
-                self._refresh(o.key[0])
-            elif o.action == "rebuild" and o.compiled is not None and self._runs_or_may_run(o):
-                continue
-            dirty.mark_structure()
-        if later:  # the next frames take them, in the order they came
-            self._kernels.ready.extendleft(reversed(later))
+                if o.action == "swap":
+                    if self.swap(o):
+                        continue
+                    if self._fused(o.key[0]) is not None:  # a fused member's own kernel: the group's is swapped
+                        continue
+                elif o.action == "refresh":  # a file edit changed the kernel's signature: re-describe the block
+                    self._refresh(o.key[0])
+                elif o.action == "rebuild" and o.compiled is not None and self._runs_or_may_run(o):
+                    continue
+                dirty.mark_structure()
+        finally:
+            if later:  # the next frames take them, in the order they came (also when a swap raised)
+                self._kernels.ready.extendleft(reversed(later))
         self._board.refresh()  # a swap alone changes no block's state, but may clear a compile error
 
     def _runs_or_may_run(self, o: KernelOutcome) -> bool:

@@ -297,6 +297,12 @@ def test_at_most_a_few_specialisations_land_in_one_frame_and_the_rest_in_the_nex
     tier.apply([ready.popleft() for _ in range(len(ready))])
     assert landed == [*range(n), 9] and not ready
     assert tier._counters.specializations == n + 1
+    # A swap the driver refuses later in the same frame raises; the specialisations held back still land.
+    tier.swap = lambda o: (_ for _ in ()).throw(RuntimeError("refused"))  # type: ignore[method-assign]
+    refused = KernelOutcome("swap", (8, 0), SimpleNamespace(function=99), (), None)
+    with pytest.raises(RuntimeError, match="refused"):
+        tier.apply([*outcomes, refused])
+    assert [o.compiled.function for o in ready] == list(range(SPECIALIZED_PER_FRAME, n))
 
 
 def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_it(rec) -> None:
