@@ -211,6 +211,27 @@ def _holds(constants: Sequence[tuple[int, int]]) -> Callable[[KernelNode], bool]
     return lambda n: _bits_reader(n.store.descriptor, indices)(n.store.storage) == bits
 
 
+def _new_code(kn: KernelNode, function: Any) -> Any:
+    """``function`` (a Warm patch's, from the build) where it is other code than the node runs: not
+    its function, nor the generic kernel behind the specialised one it runs (read from another thread,
+    ``generic`` may change meanwhile: ``apply_prepared`` decides about the specialisation again). Else None."""
+    if function is None:
+        return None
+    f = int(function)
+    if f == int(kn.params.func):
+        return None
+    generic = kn.generic
+    return None if generic is not None and f == int(generic) else function
+
+
+def _keeps_special(kn: KernelNode) -> bool:
+    """Whether the specialised kernel ``kn`` runs may stay after a Warm patch wrote its storage: the
+    scalars it was made with hold the same bits (it reads pointers, counts and grids as arguments, as
+    the generic one does). A growth of a long fused chain then keeps every group specialised, where
+    each used to go back to its generic kernel and be specialised again a quarter second later."""
+    return kn.special is not None and _holds(kn.special)(kn)
+
+
 _first, _second = itemgetter(0), itemgetter(1)
 
 _bit_readers: dict[tuple[int, tuple[int, ...]], tuple[Any, Callable[[Any], tuple[int, ...]]]] = {}
@@ -695,7 +716,7 @@ class CompiledGraph(HandleOwner):
     def _generalize(self, kn: KernelNode) -> None:
         """Put the node's generic kernel back (it runs a specialised one); the caller patches the node."""
         kn.params.func = kn.alt_params.func = kn.generic
-        kn.generic = None
+        kn.generic = kn.special = None
         self.generalized += 1
         if self.on_generalize is not None:
             self.on_generalize()
@@ -707,7 +728,7 @@ class CompiledGraph(HandleOwner):
         kn.params.func = kn.alt_params.func = function
         self._swapped.pop((kn.plan.block_id, kn.plan.kernel), None)
         if kn.generic is not None:
-            kn.generic = None
+            kn.generic = kn.special = None
             self.generalized += 1
 
     def update_scalars(self, changes: Mapping[tuple[int, str], Any]) -> int:
@@ -874,10 +895,10 @@ class CompiledGraph(HandleOwner):
             if kn.params.gridDimY != gy or kn.params.gridDimZ != gz:  # a 2-D/3-D image resized (Warm)
                 kn.params.gridDimY, kn.params.gridDimZ = gy, gz
                 changed = True
-            if kp.function is not None and int(kp.function) != int(kn.params.func):
-                self._build_code(kn, kp.function)  # a kernel recompiled meanwhile (or a specialised one ran)
+            if _new_code(kn, kp.function) is not None:
+                self._build_code(kn, kp.function)  # a kernel recompiled meanwhile
                 changed = new_code = True
-            elif changed and kn.generic is not None:  # new values for a specialised kernel: the generic one
+            elif changed and kn.generic is not None and not _keeps_special(kn):  # new scalar values: generic
                 self._generalize(kn)
             kn.plan = kp.plan
             if changed:
@@ -942,7 +963,7 @@ class CompiledGraph(HandleOwner):
             kn, raw = nodes[kp.index], pack_arguments(kp.plan, values)
             p, node = kn.params, kp.plan  # type: ignore[union-attr]
             grid = (node.grid, node.yz[0], node.yz[1])
-            function = kp.function if kp.function is not None and int(kp.function) != int(p.func) else None
+            function = _new_code(kn, kp.function)
             storage = kn.store.storage  # type: ignore[union-attr]
             if raw != bytes(storage) or (p.gridDimX, p.gridDimY, p.gridDimZ) != grid or function is not None:
                 # A view of the storage made here: the frame thread only copies (a memoryview slice
@@ -1000,7 +1021,7 @@ class CompiledGraph(HandleOwner):
             if function is not None:
                 self._build_code(kn, function)  # a kernel recompiled meanwhile (or a specialised one ran)
                 new_code = True
-            elif kn.generic is not None:  # new values for a specialised kernel: the generic one
+            elif kn.generic is not None and not _keeps_special(kn):  # new scalar values: the generic one
                 self._generalize(kn)
             kn.plan = node
             if direct:
@@ -1115,7 +1136,7 @@ class CompiledGraph(HandleOwner):
             return False
         for n in nodes:
             n.params.func = n.alt_params.func = function
-            n.generic = None  # the new code is the generic kernel now (a specialisation of the old is out of date)
+            n.generic = n.special = None  # the new code is the generic kernel now
         self._swapped[key] = source
         self._commit(nodes)
         if self.on_generalize is not None:  # new code: specialised on its values once they rest
@@ -1152,6 +1173,7 @@ class CompiledGraph(HandleOwner):
                 func = n.params.func
                 n.generic = type(func)(int(func))
             n.params.func = n.alt_params.func = function
+            n.special = constants
         self._commit(nodes)
         return True
 

@@ -54,7 +54,19 @@ __all__ = [
 class KernelNode:
     """A kernel node of one executable graph: its handle, plan and (possibly inherited) storage."""
 
-    __slots__ = ("store", "params", "slots", "handle", "plan", "child", "body", "alt", "alt_params", "generic")
+    __slots__ = (
+        "store",
+        "params",
+        "slots",
+        "handle",
+        "plan",
+        "child",
+        "body",
+        "alt",
+        "alt_params",
+        "generic",
+        "special",
+    )
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
         self.store = store
@@ -71,6 +83,9 @@ class KernelNode:
         #: While the node runs a kernel specialised on its scalars' values (``CompiledGraph.specialize``):
         #: the function it ran before, put back by the node's next Hot or Warm patch. None otherwise.
         self.generic: Any = None
+        #: The ``(argument index, 32 bits)`` values the specialised kernel was made with (while ``generic``
+        #: is set): a Warm patch that leaves them as they are (new pointers, counts, grids) keeps it.
+        self.special: Any = None
 
     def __getattr__(self, name: str) -> Any:
         if name == "slots":  # the storage's slot objects, made at first use (``ParamStorage.slots``)

@@ -359,6 +359,45 @@ def test_a_rebind_leaves_a_node_specialised_and_a_warm_patch_puts_the_generic_ke
         g.close()
 
 
+def test_a_growth_keeps_a_node_specialised_and_a_later_value_change_puts_the_generic_kernel_back(rec) -> None:
+    # A Warm patch that writes new pointers, counts and grids (a 2x growth of the bound input) leaves
+    # the scalars the specialised kernel was made with: it stays, with its arguments patched.
+    for prepared in (False, True):
+        ctx, blocks, plan, node = _fused_chain()
+        key = (node.block_id, FUSED_KERNEL)
+        g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+        program = node.source.program
+        args = [program.scalar_param(s) for s in range(len(program.scalars))]
+        armed = []
+        g.on_generalize = lambda armed=armed: armed.append(1)
+        assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
+        grid = g._nodes[0].params.gridDimX
+        for count, factor in ((2048, None), (4096, 9.0)):
+            ctx.bind_input(blocks[0], "In", ExternalBinding(0xC000 + count, count, DType.FLOAT32))
+            if factor is not None:  # a value changes too: the generic kernel, in the same patch
+                blocks[1].set("Factor", factor)
+            snap = ctx.snapshot()
+            plan2 = compile_plan(snap, fuse=True)
+            capacities = [b.capacity_bytes for b in g.buffers]
+            decision = decide_warm_patch(g.plan, plan2, snap.bindings, capacities=capacities, functions={key: 500})
+            assert isinstance(decision, WarmPatch)
+            rec.calls.clear()
+            if prepared:
+                ready_patch = g.prepare_patch(g.trim_patch(decision), snap.bindings)
+                assert ready_patch is not None and g.apply_prepared(ready_patch, plan2) == 1
+            else:
+                assert g.try_patch(plan2, snap.bindings, {key: 500}, decided=g.trim_patch(decision)) == 1
+            assert g._nodes[0].params.gridDimX > grid  # the node's launch follows the growth
+            grid = g._nodes[0].params.gridDimX
+            if factor is None:
+                assert g.runs_function(key, 600) and g.specialized(key) and armed == [] and g.generalized == 0
+                assert [c[2] for c in rec.calls if c[0] == "set_params"] == [600]
+            else:
+                assert g.runs_function(key, 500) and not g.specialized(key) and armed == [1]
+                assert g.generalized == 1 and [c[2] for c in rec.calls if c[0] == "set_params"] == [500]
+        g.close()
+
+
 def test_a_specialisation_that_lands_after_the_engine_closed_its_specializer_is_dropped() -> None:
     _, _, plan, node = _fused_chain(2)
     key = (node.block_id, FUSED_KERNEL)
