@@ -11,8 +11,8 @@ the kernel builder, and swapped into the running graph by the Code tier between 
 (``CompiledGraph.specialize``, which checks once more that the node runs the code it was made from,
 with those values). The node keeps its arguments, so the next Hot (or Warm) patch of one of its scalars
 puts the generic kernel back in the same driver call, before the frame that reads the new value
-(``CompiledGraph._generalize``): a Hot edit stays Hot. A rebind leaves it specialised (the kernel
-reads its pointers as before). That patch calls ``arm`` again, and the group is specialised anew once
+(``CompiledGraph._generalize``): a Hot edit stays Hot. A rebind or a growth leaves it specialised
+(the kernel reads its pointers, counts and grid as before). That patch calls ``arm`` again, and the group is specialised anew once
 the values rest; so do a Code swap or a Warm patch that brings new code, and a specialisation that
 came too late.
 
