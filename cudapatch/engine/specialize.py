@@ -11,10 +11,10 @@ the kernel builder, and swapped into the running graph by the Code tier between 
 (``CompiledGraph.specialize``, which checks once more that the node runs the code it was made from,
 with those values). The node keeps its arguments, so the next Hot (or Warm) patch of one of its scalars
 puts the generic kernel back in the same driver call, before the frame that reads the new value
-(``CompiledGraph._generalize``): a Hot edit stays Hot. A rebind or a growth leaves it specialised
-(the kernel reads its pointers, counts and grid as before). That patch calls ``arm`` again, and the group is specialised anew once
-the values rest; so do a Code swap or a Warm patch that brings new code, and a specialisation that
-came too late.
+(``CompiledGraph._generalize``): a Hot edit stays Hot, and calls ``arm`` again: the group is
+specialised anew once the values rest. A rebind or a growth leaves it specialised (the kernel reads
+its pointers, counts and grid as before). A Code swap or a Warm patch that brings new code, and a
+specialisation that came too late, arm it too.
 
 Nothing runs per frame: one thread per engine sleeps until armed (a new graph swapped in, a node
 generalised, new code), then looks every ``SPECIALIZE_AFTER_S`` until every fused kernel of the running
