@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .chunked import Chunked, ChunkedOrder
@@ -78,9 +78,9 @@ class ConnectionGraph:
         """The links out of ``block_id`` (in no particular order)."""
         return [lk for lk in self.links_of(block_id) if lk.src == block_id]
 
-    def reaches(self, start: int, target: int, *, cut: Collection[tuple[int, str]] = ()) -> bool:
-        """True if ``target`` is downstream of (or equal to) ``start`` within one frame: links into
-        the inputs in ``cut`` (``(block_id, port)``: feedback inputs, read a frame late) are not followed."""
+    def reaches(self, start: int, target: int, *, follow: Callable[[Link], bool] | None = None) -> bool:
+        """True if ``target`` is downstream of (or equal to) ``start``, following only the links
+        ``follow`` accepts (None: every link; ``SameFrameOrder`` follows the same-frame ones)."""
         seen, stack = set(), [start]
         while stack:
             b = stack.pop()
@@ -89,9 +89,7 @@ class ConnectionGraph:
             if b in seen:
                 continue
             seen.add(b)
-            stack.extend(
-                lk.dst for lk in self.links_of(b) if lk.src == b and (not cut or (lk.dst, lk.dst_port) not in cut)
-            )
+            stack.extend(lk.dst for lk in self.links_of(b) if lk.src == b and (follow is None or follow(lk)))
         return False
 
     def links(self) -> Chunked:

@@ -211,8 +211,7 @@ class Context:
         """``block`` was renamed or given another description: the next snapshot freezes it again."""
         self._thaw(block.id)
         self.registry.renamed(block)
-        if block.id in self._feedback_of or block.description.feedback_inputs:
-            self._note_feedback(block)
+        self._note_feedback(block)
 
     def on_parameter_changed(self, block: Block, name: str) -> None:
         """Mark a parameter dirty: Hot on the next update, or Cold if sizes depend on it."""

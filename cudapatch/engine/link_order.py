@@ -64,7 +64,7 @@ class SameFrameOrder:
             self._rank_afresh()
         if not self._acyclic:
             self._valid = False  # (rank afresh at the next check: the cycle may be gone by then)
-            return not self._walk_reaches(dst, src)
+            return not self._links.reaches(dst, src, follow=self._same_frame)
         try:
             return self._admit_ranked(src, dst)
         except KeyError:  # a linked block with no rank (cannot happen while links come through here): afresh
@@ -180,15 +180,3 @@ class SameFrameOrder:
             if v not in rank:
                 rank[v] = float(len(rank))
         self._rank, self._top, self._valid = rank, float(len(rank)), True
-
-    def _walk_reaches(self, start: int, target: int) -> bool:
-        seen, stack = {start}, [start]
-        while stack:
-            v = stack.pop()
-            if v == target:
-                return True
-            for w in self._forward(v):
-                if w not in seen:
-                    seen.add(w)
-                    stack.append(w)
-        return False

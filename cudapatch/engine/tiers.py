@@ -50,11 +50,11 @@ from .stats import EngineCounters
 __all__ = ["BypassTier", "CodeTier", "ParamTier"]
 
 #: Specialised kernels (``specialize.py``) swapped in per frame at most; the others wait for the next
-#: frames. Each costs the frame a look at the ~1,000 scalars of its group and a driver call, and a
-#: growth or a Warm patch of a long fused chain generalises every group at once, so their
-#: specialisations land together: on the CPU machine (stand-in driver, ``bench_hot_cpu``'s) 10 of a
-#: fused 10,000-block chain's 20 landed in one frame after a 2x growth, 6-8 ms. A specialisation is an
-#: optimisation the running graph does not wait for.
+#: frames. Each costs the frame a look at the ~1,000 scalars of its group and a driver call, and every
+#: group of a long fused chain is specialised anew at once after a build gives it a new graph (a
+#: growth used to do the same; it keeps them now): on the CPU machine (stand-in driver,
+#: ``bench_hot_cpu``'s) 10 of a fused 10,000-block chain's 20 landed in one frame, 6-8 ms. A
+#: specialisation is an optimisation the running graph does not wait for.
 SPECIALIZED_PER_FRAME = 4
 
 

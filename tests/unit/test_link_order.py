@@ -15,7 +15,7 @@ from cudapatch.errors import LinkError
 
 
 def _walk_reaches(links: ConnectionGraph, start: int, target: int, cut: set[tuple[int, str]]) -> bool:
-    return links.reaches(start, target, cut=cut)
+    return links.reaches(start, target, follow=lambda lk: (lk.dst, lk.dst_port) not in cut)
 
 
 def _climbs(order: SameFrameOrder, links: ConnectionGraph, cut: set[tuple[int, str]]) -> bool:

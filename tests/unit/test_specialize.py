@@ -330,30 +330,43 @@ def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_i
     new.close()
 
 
+def _specialised(rec):
+    """A fused chain's group realized (generic kernel 500), specialised on its values (600), with the
+    calls of ``on_generalize`` counted."""
+    ctx, blocks, plan, node = _fused_chain()
+    key = (node.block_id, FUSED_KERNEL)
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    program = node.source.program
+    args = [program.scalar_param(s) for s in range(len(program.scalars))]
+    armed: list[int] = []
+    g.on_generalize = lambda: armed.append(1)
+    assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
+    return ctx, blocks, node, key, g, armed
+
+
+def _warm_patch(ctx, g, key, prepared: bool):
+    """Build the patch as it is now and patch ``g`` with it in place (prepared on the side, or not)."""
+    snap = ctx.snapshot()
+    plan2 = compile_plan(snap, fuse=True)
+    capacities = [b.capacity_bytes for b in g.buffers]
+    decision = decide_warm_patch(g.plan, plan2, snap.bindings, capacities=capacities, functions={key: 500})
+    assert isinstance(decision, WarmPatch)
+    if prepared:
+        ready_patch = g.prepare_patch(g.trim_patch(decision), snap.bindings)
+        assert ready_patch is not None and g.apply_prepared(ready_patch, plan2) == 1
+    else:
+        assert g.try_patch(plan2, snap.bindings, {key: 500}, decided=g.trim_patch(decision)) == 1
+    return plan2
+
+
 def test_a_rebind_leaves_a_node_specialised_and_a_warm_patch_puts_the_generic_kernel_back(rec) -> None:
     for prepared in (False, True):
-        ctx, blocks, plan, node = _fused_chain()
-        key = (node.block_id, FUSED_KERNEL)
-        g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
-        program = node.source.program
-        args = [program.scalar_param(s) for s in range(len(program.scalars))]
-        armed = []
-        g.on_generalize = lambda armed=armed: armed.append(1)
-        assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
+        ctx, blocks, node, key, g, armed = _specialised(rec)
         rec.calls.clear()
         g.update_pointer(blocks[0].id, "In", 0xB000)  # a pointer: the specialised kernel reads it as before
         assert rec.calls == [("set_params", g._nodes[0].handle, 600)] and g.specialized(key) and armed == []
         blocks[1].set("Factor", 9.0)  # with a build (a Warm patch of the running graph)
-        snap = ctx.snapshot()
-        plan2 = compile_plan(snap, fuse=True)
-        capacities = [b.capacity_bytes for b in g.buffers]
-        decision = decide_warm_patch(g.plan, plan2, snap.bindings, capacities=capacities, functions={key: 500})
-        assert isinstance(decision, WarmPatch)
-        if prepared:
-            ready_patch = g.prepare_patch(g.trim_patch(decision), snap.bindings)
-            assert ready_patch is not None and g.apply_prepared(ready_patch, plan2) == 1
-        else:
-            assert g.try_patch(plan2, snap.bindings, {key: 500}, decided=g.trim_patch(decision)) == 1
+        plan2 = _warm_patch(ctx, g, key, prepared)
         assert g.runs_function(key, 500) and not g.specialized(key) and g.generalized == 1
         assert armed == [1] and g.kernel_source(key) is plan2.kernel_nodes[0].source
         g.close()
@@ -363,30 +376,14 @@ def test_a_growth_keeps_a_node_specialised_and_a_later_value_change_puts_the_gen
     # A Warm patch that writes new pointers, counts and grids (a 2x growth of the bound input) leaves
     # the scalars the specialised kernel was made with: it stays, with its arguments patched.
     for prepared in (False, True):
-        ctx, blocks, plan, node = _fused_chain()
-        key = (node.block_id, FUSED_KERNEL)
-        g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
-        program = node.source.program
-        args = [program.scalar_param(s) for s in range(len(program.scalars))]
-        armed = []
-        g.on_generalize = lambda armed=armed: armed.append(1)
-        assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
+        ctx, blocks, node, key, g, armed = _specialised(rec)
         grid = g._nodes[0].params.gridDimX
         for count, factor in ((2048, None), (4096, 9.0)):
             ctx.bind_input(blocks[0], "In", ExternalBinding(0xC000 + count, count, DType.FLOAT32))
             if factor is not None:  # a value changes too: the generic kernel, in the same patch
                 blocks[1].set("Factor", factor)
-            snap = ctx.snapshot()
-            plan2 = compile_plan(snap, fuse=True)
-            capacities = [b.capacity_bytes for b in g.buffers]
-            decision = decide_warm_patch(g.plan, plan2, snap.bindings, capacities=capacities, functions={key: 500})
-            assert isinstance(decision, WarmPatch)
             rec.calls.clear()
-            if prepared:
-                ready_patch = g.prepare_patch(g.trim_patch(decision), snap.bindings)
-                assert ready_patch is not None and g.apply_prepared(ready_patch, plan2) == 1
-            else:
-                assert g.try_patch(plan2, snap.bindings, {key: 500}, decided=g.trim_patch(decision)) == 1
+            _warm_patch(ctx, g, key, prepared)
             assert g._nodes[0].params.gridDimX > grid  # the node's launch follows the growth
             grid = g._nodes[0].params.gridDimX
             if factor is None:
