@@ -17,7 +17,11 @@ values are ``int``. The result is stored as ``float``; a ``bool`` result is an e
 Names: where the caller does not declare them, a name starting with an upper-case letter is a Hot
 scalar (``Freq``), any other an input buffer (``x``). A caller may declare some names (``declared``):
 those are what they are declared as whatever their case, come first (in the order declared) and stay
-even when the expression does not use them (``Checked.unused``); the rest follow the case rule.
+even when the expression does not use them (``Checked.unused``); the rest follow the case rule. With
+``closed``, a kind that has declared names has only those: a name the case rule would add to it is an
+unknown name (a typo such as ``Freqq`` beside a declared ``Freq`` is an error, not a new scalar),
+while a kind with none declared still takes names by case (``Inputs="c: float4"`` declares a vector
+input without having to declare every Hot scalar).
 
 Vector inputs (``lanes``: ``float2``/``float3``/``float4``, see ``vectors.py``) do not change the
 types of nodes: the expression is typed once and computed lane by lane.
@@ -25,6 +29,7 @@ types of nodes: the expression is typed once and computed lane by lane.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -113,27 +118,50 @@ def _rebuild(
     return compile_expression(text, names=names, declared=names, lanes=lanes)
 
 
-def _kind(name: str, names: Mapping[str, NameKind] | None, declared: Mapping[str, NameKind]) -> NameKind | None:
+def _by_case(name: str) -> NameKind:
+    return "scalar" if name[0].isupper() else "input"
+
+
+def _kind(
+    name: str, names: Mapping[str, NameKind] | None, declared: Mapping[str, NameKind], closed: bool
+) -> NameKind | None:
     if names is not None:
         return names.get(name)
     kind = declared.get(name)
     if kind is not None:
         return kind
-    return "scalar" if name[0].isupper() else "input"
+    kind = _by_case(name)
+    if closed and kind in declared.values():  # this kind's names are all declared
+        return None
+    return kind
 
 
-def _known(names: Mapping[str, NameKind] | None) -> str:
-    known = sorted(set(names or ()) | set(BUILTIN_NAMES))
-    return ", ".join(known)
+def _unknown_name(name: str, known: Iterable[str], col: int, *, closed_kind: NameKind | None) -> ExpressionError:
+    """ "unknown name" with the known names listed, the closest to ``name`` first (a typo's fix leads),
+    and, where ``name`` would have been a new input or scalar had that kind not been declared, how to
+    make it one."""
+    known = set(known) | set(BUILTIN_NAMES)
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+    listed = ", ".join([*close, *sorted(known - set(close))])
+    hint = f", did you mean '{close[0]}'?" if close else ""
+    if closed_kind is not None:
+        listed += f"; {closed_kind}s are declared here: declare a new one too"
+    return ExpressionError(f"unknown name '{name}'{hint} (known: {listed})", column=col)
 
 
 class _Checker:
     def __init__(
-        self, names: Mapping[str, NameKind] | None, reserved: Mapping[str, str], declared: Mapping[str, NameKind]
+        self,
+        names: Mapping[str, NameKind] | None,
+        reserved: Mapping[str, str],
+        declared: Mapping[str, NameKind],
+        closed: bool,
     ) -> None:
         self.names = names
         self.reserved = reserved
         self.declared = declared
+        self.closed = closed
+        self.open_names: tuple[str, ...] = ()  # names of the kinds not declared, which the case rule takes
         self.inputs: dict[str, None] = {}
         self.scalars: dict[str, None] = {}
         self.types: dict[int, Type] = {}
@@ -172,9 +200,12 @@ class _Checker:
         builtin = BUILTIN_NAMES.get(n)
         if builtin is not None:
             return builtin
-        kind = _kind(n, self.names, self.declared)
+        kind = _kind(n, self.names, self.declared, self.closed)
         if kind is None:
-            raise ExpressionError(f"unknown name '{n}' (known: {_known(self.names)})", column=node.col)
+            if self.names is not None:
+                raise _unknown_name(n, self.names, node.col, closed_kind=None)
+            known = [*self.declared, *self.open_names]
+            raise _unknown_name(n, known, node.col, closed_kind=_by_case(n))
         (self.inputs if kind == "input" else self.scalars)[n] = None
         return "float"
 
@@ -221,7 +252,7 @@ class _Checker:
     def _call(self, node: Call) -> Type:
         spec = FUNCTIONS.get(node.func)
         if spec is None:
-            if node.func in BUILTIN_NAMES or (self.names is not None and node.func in self.names):
+            if node.func in BUILTIN_NAMES or node.func in (self.names or self.declared):
                 raise ExpressionError(f"'{node.func}' is a value, not a function", column=node.col)
             known = ", ".join(sorted(FUNCTIONS))
             raise ExpressionError(f"unknown function '{node.func}' (known: {known})", column=node.col)
@@ -249,6 +280,7 @@ def check(
     reserved: Mapping[str, str] | None = None,
     declared: Mapping[str, NameKind] | None = None,
     lanes: Mapping[str, int] | None = None,
+    closed: bool = False,
 ) -> Checked:
     """Resolve names and types of a parsed expression.
 
@@ -263,6 +295,9 @@ def check(
             (listed in ``Checked.unused``). The caller checks they are names (``declare``).
         lanes: Input name → its lanes, for vector inputs (``vectors.parse_declarations`` reads them
             from ``"c: float4"``); each must be an input, and all the same.
+        closed: A kind (input, scalar) with ``declared`` names has only those: a name the case rule
+            would make one more of that kind is an unknown name (listing the known ones, the closest
+            first). A kind with no declared name still takes names by case.
 
     Raises:
         ExpressionError: an unknown name or function, a wrong argument count, a type error, a
@@ -270,7 +305,14 @@ def check(
             from the others'; with the column.
     """
     declared = declared or {}
-    c = _Checker(names, reserved or {}, declared)
+    c = _Checker(names, reserved or {}, declared, closed)
+    if closed and names is None:
+        c.open_names = tuple(
+            n
+            for n in _used_names(root)
+            if n not in declared and n not in FUNCTIONS and n not in BUILTIN_NAMES and n not in c.reserved
+            if _by_case(n) not in declared.values()
+        )
     t = c.visit(root)
     if t == "bool":
         raise ExpressionError(
@@ -312,6 +354,18 @@ def _vector_lanes(root: Node, lanes: Mapping[str, int], inputs: list[str]) -> di
     for name, n in lanes.items():
         if n != 1 and name not in out:
             raise ExpressionError(f"'{name}' is declared a vector, but it is no input of the expression")
+    return out
+
+
+def _used_names(root: Node) -> dict[str, None]:
+    """Every name the tree reads (not the functions it calls), once each."""
+    out: dict[str, None] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Name):
+            out[node.id] = None
+        stack.extend(children(node))
     return out
 
 
@@ -364,10 +418,11 @@ def compile_expression(
     reserved: Mapping[str, str] | None = None,
     declared: Mapping[str, NameKind] | None = None,
     lanes: Mapping[str, int] | None = None,
+    closed: bool = False,
 ) -> Checked:
     """``parse`` then ``check`` (see there).
 
     Raises:
         ExpressionError: with the column.
     """
-    return check(parse(text), text, names=names, reserved=reserved, declared=declared, lanes=lanes)
+    return check(parse(text), text, names=names, reserved=reserved, declared=declared, lanes=lanes, closed=closed)

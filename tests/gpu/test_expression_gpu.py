@@ -203,7 +203,7 @@ def test_declared_names_compute_and_an_unused_declared_input_is_a_warning(
 ) -> None:
     e = live_engine
     x, c, spare = (rng.standard_normal(n).astype(np.float32) for n in (3000, 1, 5))
-    block = e.add(Expression(name="ex", Code="c * X + gain", Inputs="X, spare", Scalars="gain", gain=0.5))
+    block = e.add(Expression(name="ex", Code="c * X + gain", Inputs="X, spare, c", Scalars="gain", gain=0.5))
     assert [p.name for p in block.inputs] == ["X", "spare", "c"]
     for port, data in (("X", x), ("spare", spare), ("c", c)):  # X, declared first, sets the length
         e.bind(block, port, data)  # spare: 5 elements, no error (nothing reads it)

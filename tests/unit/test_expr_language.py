@@ -88,6 +88,23 @@ def test_unknown_name_lists_the_known_ones_when_names_are_declared() -> None:
     err = _error("In * Factr + Offset", names={"In": "input", "Factor": "scalar", "Offset": "scalar"})
     assert err.column == 6 and "unknown name 'Factr'" in err.message
     assert "Factor" in err.message and "In" in err.message and "index" in err.message
+    assert "did you mean 'Factor'? (known: Factor, " in err.message  # the closest first
+
+
+def test_closed_declarations_make_a_new_name_of_a_declared_kind_unknown() -> None:
+    declared = {"x": "input", "Freq": "scalar"}
+    err = _error("x * Freqq + y", declared=declared, closed=True)
+    assert err.column == 5 and "unknown name 'Freqq', did you mean 'Freq'?" in err.message
+    assert "(known: Freq, count, index, pi, x; scalars are declared here: declare a new one too)" in err.message
+    err = _error("x * Freq + yy", declared={"x": "input"}, closed=True)  # scalars not declared: Freq by case
+    assert err.column == 12 and "unknown name 'yy'" in err.message and "Freq" in err.message
+    assert "did you mean" not in err.message  # nothing close: the names in order
+    err = _error("x(2) + Freq", declared=declared, closed=True)
+    assert err.column == 1 and "'x' is a value, not a function" in err.message
+    opened = compile_expression("x * Freqq + y", declared=declared)  # not closed: the case rule adds them
+    assert opened.inputs == ("x", "y") and opened.scalars == ("Freq", "Freqq")
+    some = compile_expression("x * Gain + y", declared={"x": "input", "y": "input"}, closed=True)
+    assert some.scalars == ("Gain",) and some.unused == ()
 
 
 @pytest.mark.parametrize(

@@ -186,8 +186,8 @@ def test_descriptions_survive_a_pickle_as_an_isolated_engine_sends_them() -> Non
 
 
 def test_declared_names_override_the_case_rule_and_come_first() -> None:
-    e = Expression(Code="a * X + gain * Bias", Inputs="X, b", Scalars="gain", gain=2.0)
-    assert [p.name for p in e.inputs] == ["X", "b", "a"]  # declared first, in order; then by first use
+    e = Expression(Code="a * X + gain * Bias", Inputs="X, b, a", Scalars="gain, Bias", gain=2.0)
+    assert [p.name for p in e.inputs] == ["X", "b", "a"]  # in the order declared, not of first use
     assert e.description.param("gain").kind == "scalar" and e.get("gain") == 2.0  # type: ignore[union-attr]
     assert e.description.param("Bias").kind == "scalar"  # type: ignore[union-attr]
     program = e.source.program
@@ -197,12 +197,38 @@ def test_declared_names_override_the_case_rule_and_come_first() -> None:
     assert [p.name for p in plain.inputs] == ["a", "gain"] and plain.get("Inputs") == plain.get("Scalars") == ""
 
 
+def test_a_kind_with_nothing_declared_keeps_the_case_rule() -> None:
+    vec = Expression(Code="c * mask + Lift", Inputs="c: float4, mask")  # the scalars go by case
+    assert [p.name for p in vec.inputs] == ["c", "mask"] and vec.description.param("Lift").kind == "scalar"  # type: ignore[union-attr]
+    e = Expression(Code="y * gain + x", Scalars="gain")  # the inputs go by case, in order of first use
+    assert [p.name for p in e.inputs] == ["y", "x"] and e.source.program.scalars == ("gain",)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("code", "inputs", "scalars", "column", "words"),
+    [
+        ("x * Freqq + y", "x", "Freq", 5, "unknown name 'Freqq', did you mean 'Freq'? (known: Freq, "),
+        ("x * Freq + yy", "x, y", "Freq", 12, "unknown name 'yy', did you mean 'y'? (known: y, "),
+        ("x * Freq + y", "x", "Freq", 12, "unknown name 'y' (known: Freq, count, index, pi, x; inputs are declared"),
+        ("x * gain * Gain", "", "gain", 12, "unknown name 'Gain', did you mean 'gain'? (known: gain, "),
+        ("c * Lift + d", "c: float4", "", 12, "unknown name 'd' (known: Lift, c, count, index, pi; inputs"),
+    ],
+)
+def test_declaring_a_kind_makes_an_undeclared_name_of_it_an_error_listing_the_known_ones(
+    code: str, inputs: str, scalars: str, column: int, words: str
+) -> None:
+    with pytest.raises(ExpressionError) as info:
+        Expression(name="e", Code=code, Inputs=inputs, Scalars=scalars)
+    assert info.value.column == column and words in info.value.message, info.value.message
+    assert (info.value.block, info.value.param) == ("e", "Code")
+
+
 def test_a_declared_input_sets_the_length_and_an_unused_one_keeps_its_port_with_a_warning() -> None:
     ctx = Context()
     short = ctx.register_block(Fill(name="short", Count=1))
     long = ctx.register_block(Fill(name="long", Count=100))
     odd = ctx.register_block(Fill(name="odd", Count=7))
-    e = ctx.register_block(Expression(name="e", Code="c * x + index", Inputs="x, spare", Scalars="Unused"))
+    e = ctx.register_block(Expression(name="e", Code="c * x + index", Inputs="x, spare, c", Scalars="Unused"))
     ctx.connect(short, "Out", e, "c")
     ctx.connect(long, "Out", e, "x")  # declared first: x sets the length, c (one element) is broadcast
     ctx.connect(odd, "Out", e, "spare")  # nothing reads it: its length is no error

@@ -1,7 +1,9 @@
 """The ``Expression`` block: a line of math as a kernel, live while the patch runs.
 
 ``Expression(Code="a * sin(x * Freq) + b")``: lower-case names are input ports, capitalised names
-Hot scalars (``Freq``), unless the ``Inputs`` and ``Scalars`` parameters declare them otherwise; the
+Hot scalars (``Freq``), unless the ``Inputs`` and ``Scalars`` parameters declare them otherwise. Once
+``Inputs`` (or ``Scalars``) declares names, the inputs (or scalars) are those: an undeclared name of
+that kind is an "unknown name" error at its column, listing the known names. The
 output ``Out`` is as long as the first input. The kernel is generated
 (PTX, see ``cudapatch.expr``), so an edit that keeps the names goes live through the Code tier in
 about a millisecond plus the driver's JIT; an edit that changes them re-describes the block (new
@@ -44,10 +46,13 @@ class Expression(Fusable, Block):
     upper-case letter Hot scalars (default 1.0). ``Inputs`` and ``Scalars`` (comma-separated names,
     ``Inputs="x, y", Scalars="gain"``) declare names whatever their case: declared inputs come first,
     in that order, and a declared name the code does not use still makes its port or scalar (a
-    warning on the block says so). With no input, ``Count`` (default 1024) sets the element count.
-    An input of one element is broadcast. An input declared with a vector type
-    (``Inputs="c: float4, mask"``; ``float2``, ``float3``, ``float4``) makes the expression compute
-    lane by lane, ``Out`` of that type, ``float`` inputs and Hot scalars broadcast across the lanes;
+    warning on the block says so). Declaring closes the kind: with ``Inputs`` given, a name the case
+    rule would make a new input is an unknown name (an error at its column listing the known names,
+    the closest first), and likewise for ``Scalars``; a kind with nothing declared keeps the case rule.
+    With no input, ``Count`` (default 1024) sets the element count. An input of one element is
+    broadcast. An input declared with a vector type (``Inputs="c: float4, mask"``; ``float2``,
+    ``float3``, ``float4``) makes the expression compute lane by lane, ``Out`` of that type,
+    ``float`` inputs and Hot scalars broadcast across the lanes;
     see docs/expressions.md for the language, its types and its floating-point
     rules. ``Compiler`` is ``ptx`` (generated PTX, the fast path)
     or ``nvrtc`` (the same kernel as CUDA C++ through NVRTC). ``fuse=False`` keeps it out of fused
@@ -112,7 +117,8 @@ class Expression(Fusable, Block):
 
     def _check(self, code: str, declared: dict[str, NameKind], lanes: dict[str, int]) -> Checked:
         try:
-            return compile_expression(code, reserved=_RESERVED, declared=declared, lanes=lanes)
+            # closed: once Inputs (or Scalars) are declared, a typo is an unknown name, not a new port
+            return compile_expression(code, reserved=_RESERVED, declared=declared, lanes=lanes, closed=True)
         except ExpressionError as exc:
             exc.block, exc.param = self.name, "Code"
             raise
