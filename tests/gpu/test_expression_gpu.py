@@ -1,7 +1,8 @@
 """The Expression block on a real GPU: results against NumPy (float64, and the f32 interpreter bit
 for bit where only correctly rounded operations are used), the PTX path against the NVRTC path bit
-for bit, Hot scalars, Code-tier edits, bad edits that keep the running kernel, name changes, and
-names declared by Inputs and Scalars."""
+for bit, Hot scalars, Code-tier edits, bad edits of each kind (syntax, unknown function or name,
+type, a port's name) that keep the running kernel, name changes, and names declared by Inputs and
+Scalars."""
 
 from __future__ import annotations
 
@@ -129,6 +130,50 @@ def test_code_edit_swaps_in_place_and_bad_edit_keeps_the_kernel(live_engine: Eng
     run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.code_swaps == 2)
     e.update()
     np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(3.0))
+    assert not e.diagnostics(block)
+
+
+# Bad live edits of "x * Gain" other than syntax errors: (code, its column, words of the error).
+BAD_EDITS = [
+    ("x * sinn(Gain)", 5, "unknown function 'sinn'"),
+    ("x * Gain + x % 2", 12, "takes integers"),
+    ("x * Gain + Out", 12, "taken by the output port"),
+    ("x * Gainn", 5, "unknown name 'Gainn'"),  # Scalars="Gain" declares the scalars
+]
+
+
+def test_bad_edits_of_each_kind_are_errors_at_their_column_and_the_previous_kernel_runs_on(
+    live_engine: Engine, rng: np.random.Generator
+) -> None:
+    e = live_engine
+    x = rng.standard_normal(4099).astype(np.float32)
+    block = e.add(Expression(name="ex", Code="x * Gain", Inputs="x", Scalars="Gain", Gain=2.0))
+    e.bind(block, "x", x)
+    run_until(e, lambda: block.debug.state is BlockState.OK)
+    block.set("Code", "x * Gain - 0.5")  # the previous expression, gone live by the Code tier
+    run_until(e, lambda: e.counters.code_swaps == 1)
+    e.update()
+    want = x * np.float32(2.0) - np.float32(0.5)
+    np.testing.assert_array_equal(e.read(block, "Out"), want)
+    for code, column, words in BAD_EDITS:
+
+        def failed(words: str = words, column: int = column) -> bool:
+            return any(
+                d.code == "kernel-compile" and words in d.message and f"(column {column})" in d.message
+                for d in e.diagnostics(block)
+            )
+
+        block.set("Code", code)
+        run_until(e, lambda failed=failed: block.debug.state is BlockState.ERROR and failed())
+        (diag,) = [d for d in e.diagnostics(block) if d.code == "kernel-compile"]
+        assert "keeps running" in diag.message, diag.message
+        assert [p.name for p in block.inputs] == ["x"]  # no port came or went
+        e.update()
+        np.testing.assert_array_equal(e.read(block, "Out"), want)  # the previous expression's result
+    block.set("Code", "x * Gain + 1")
+    run_until(e, lambda: block.debug.state is BlockState.OK and e.counters.code_swaps == 2)
+    e.update()
+    np.testing.assert_array_equal(e.read(block, "Out"), x * np.float32(2.0) + np.float32(1.0))
     assert not e.diagnostics(block)
 
 
