@@ -1,4 +1,5 @@
-"""Fusion on a real GPU (on by default): fused chains and trees give the unfused results bit for bit,
+"""Fusion on a real GPU (on by default): fused chains and trees (two branches from blocks' outputs,
+joined) give the unfused results bit for bit,
 Hot edits of a member's scalar patch the fused node, a member's Code edit regenerates the fused
 kernel, a fused intermediate read by the host raises once and is kept in a buffer from the next
 update on (also through an isolated engine), a bypassed member leaves its group, and a plugin whose
@@ -43,6 +44,71 @@ def test_fused_chain_equals_unfused_bitwise(engine: Engine, rng: np.random.Gener
     assert len(nodes) == 1 + 4 and sum(n.kernel == FUSED_KERNEL for n in nodes) == 1
     assert all(e.graph.plan.block_nodes[b.id] == e.graph.plan.block_nodes[fused_sink.id] for b in fused)
     np.testing.assert_array_equal(e.read(fused_sink, "Sum"), e.read(plain_sink, "Sum"))
+
+
+def _tree(e: Engine, x: np.ndarray, y: np.ndarray, join: str) -> tuple[list, object, object]:
+    """Two elementwise branches from one source joined by ``join`` (``VectorAdd`` or ``Expression``), the
+    right branch also reading another block's output: a tree whose inputs come from blocks, not the host.
+
+    ``src`` and ``other`` opt out of fusion (buffers of their own); ``left`` reads ``src``, ``scale``
+    reads ``src`` too and feeds ``right``, which reads ``other`` as well. Returns the tree's members (the
+    sink last), ``(the sink, its output port)`` and ``left``, whose ``Freq`` the test changes.
+    """
+    src = e.add(Scale(name="src", Factor=1.25, Offset=-0.5, fuse=False))
+    other = e.add(Scale(name="other", Factor=0.5, Offset=0.25, fuse=False))
+    left = e.add(Expression(name="left", Code="a * Freq + a / (1 + a * a)", Freq=2.5))
+    scale = e.add(Scale(name="scale", Factor=0.75, Offset=0.125))
+    right = e.add(Expression(name="right", Code="u * v - Bias", Bias=0.5))
+    e.bind(src, "In", x)
+    e.bind(other, "In", y)
+    e.connect(src, "Out", left, "a")
+    e.connect(src, "Out", scale, "In")
+    e.connect(scale, "Out", right, "u")
+    e.connect(other, "Out", right, "v")
+    if join == "VectorAdd":
+        sink, out, ports = e.add(VectorAdd(name="join")), "Sum", ("A", "B")
+    else:
+        sink = e.add(Expression(name="join", Code="l * Mix + r", Inputs="l, r", Mix=0.25))
+        out, ports = "Out", ("l", "r")
+    e.connect(left, "Out", sink, ports[0])
+    e.connect(right, "Out", sink, ports[1])
+    return [left, scale, right, sink], (sink, out), left
+
+
+@pytest.mark.parametrize("join", ["VectorAdd", "Expression"])
+def test_a_fused_tree_of_two_branches_from_blocks_equals_unfused_bitwise_and_takes_a_branchs_hot_edit(
+    engine: Engine, unfused_engine: Engine, rng: np.random.Generator, join: str
+) -> None:
+    x, y = (rng.standard_normal(100_003).astype(np.float32) for _ in range(2))
+    members, (sink, out), left = _tree(engine, x, y, join)
+    _, (plain_sink, _), plain_left = _tree(unfused_engine, x, y, join)
+    for e in (engine, unfused_engine):
+        e.update()
+    plan = engine.graph.plan
+    assert len(plan.kernel_nodes) == 3 and sum(n.kernel == FUSED_KERNEL for n in plan.kernel_nodes) == 1
+    (fused,) = [n for n in plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+    assert all(plan.block_nodes[b.id] == (fused.index,) for b in members)  # one group: the whole tree
+    assert len(unfused_engine.graph.plan.kernel_nodes) == 6
+    got = engine.read(sink, out)
+    np.testing.assert_array_equal(got, unfused_engine.read(plain_sink, out))
+
+    def reference(freq: float) -> np.ndarray:  # float64: the f32 kernels round each step, so only close
+        a = x.astype(np.float64) * 1.25 - 0.5
+        v = y.astype(np.float64) * 0.5 + 0.25
+        lhs, rhs = a * freq + a / (1 + a * a), (a * 0.75 + 0.125) * v - 0.5
+        return lhs + rhs if join == "VectorAdd" else lhs * 0.25 + rhs
+
+    np.testing.assert_allclose(got, reference(2.5), rtol=1e-5, atol=1e-5)
+    rebuilds, hot = engine.counters.rebuilds, engine.counters.hot_updates
+    for block in (left, plain_left):
+        block.set("Freq", -1.75)  # one branch's Hot scalar: a slot of the fused node
+    for e in (engine, unfused_engine):
+        e.update()
+    assert engine.counters.rebuilds == rebuilds and engine.counters.hot_updates > hot
+    changed = engine.read(sink, out)
+    np.testing.assert_array_equal(changed, unfused_engine.read(plain_sink, out))
+    np.testing.assert_allclose(changed, reference(-1.75), rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(changed, got)
 
 
 def test_hot_edit_of_a_member_patches_the_fused_node(engine: Engine, rng: np.random.Generator) -> None:
