@@ -8,7 +8,10 @@ Usage::
     python tools/fuzz_loaders.py --loader cu --seed 22 --start 876 --cases 1 --save /tmp/case  # replay one
 
 Prints one line per loader (cases, how many were refused with a cudapatch error, the slowest case)
-and every failing case: a non-cudapatch exception, or a case slower than ``--bound`` seconds. With
+and every failing case: a non-cudapatch exception, a cudapatch error that names none of the case's
+files, or a case slower than ``--bound`` seconds. Some cases put a FIFO, a symlink to one or to
+``/dev/zero``, or a directory where a file (or a ``.cu``'s ``#include``) is expected; the failure line
+says which. A read blocked on a FIFO never returns, so run this under ``timeout``: a hang is a failure. With
 ``--save DIR`` the failing inputs are written there (``<loader>-<seed>-<case>.bin``). Exits 1 if any
 case failed. The cases are those of the CI test (tests/unit/loader_fuzz.py), so a seed and case number
 reproduce a failure anywhere.

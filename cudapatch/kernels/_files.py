@@ -40,6 +40,7 @@ __all__ = [
     "read_user_bytes",
     "read_user_text",
     "describe_size",
+    "file_kind",
 ]
 
 #: Size limits per kind of file. Real files are far below them (a sidecar is a few hundred bytes,
@@ -70,7 +71,8 @@ def describe_size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words (``a FIFO (named pipe)``), from its ``st_mode``."""
     return next((name for test, name in _KIND_NAMES if test(mode)), "not a regular file")
 
 
@@ -139,7 +141,7 @@ def read_user_bytes(
     try:
         st = os.stat(file)
         if not stat.S_ISREG(st.st_mode):
-            raise fail(f"the {what} is {_kind(st.st_mode)}, not a regular file")
+            raise fail(f"the {what} is {file_kind(st.st_mode)}, not a regular file")
         _check_size(st.st_size, what, limit, fail)
         # O_NONBLOCK: if the path became a FIFO since the stat, opening it does not wait for a writer.
         flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -147,7 +149,7 @@ def read_user_bytes(
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise fail(f"the {what} is {_kind(st.st_mode)}, not a regular file")
+                raise fail(f"the {what} is {file_kind(st.st_mode)}, not a regular file")
             _check_size(st.st_size, what, limit, fail)
             chunks = []
             left = limit + 1  # one byte more than allowed tells a file that grew past the limit

@@ -14,7 +14,10 @@ hidden thread of the host process wakes up to run Python when a result arrives. 
 job at a time, once it has said it is ready (the rest wait here): neither side then blocks on a
 full pipe while the other does too, and a crash is pinned on the job that caused it. A crash fails
 that job with the reason (exit code or signal, the tail of the child's stderr), logs it, and the
-next job starts a new child; jobs queued behind it are not lost. The host is never touched.
+next job starts a new child; jobs queued behind it are not lost. The host is never touched. A job
+that runs longer than ``JOB_DEADLINE_S`` is treated the same way: the child is ended, the job fails
+saying the compile took longer than the deadline, and the next job starts a new child (a compiler
+that hangs, as NVRTC did reading a FIFO it took for a header, must not hold up every later kernel).
 
 Which interpreter runs the child:
 
@@ -61,6 +64,10 @@ log = logging.getLogger("cudapatch.kernels")
 
 ENV_PYTHON = "CUDAPATCH_COMPILER_PYTHON"
 CRASHED = "the compiler process crashed on this kernel"
+#: A compile still running after this many seconds ends the child and fails its job. Generous on
+#: purpose: real kernels compile in well under a second and a large templated one in tens of seconds
+#: (NVRTC at ``-O3`` on a slow, busy machine); only a compiler that hangs should ever reach it.
+JOB_DEADLINE_S = 120.0
 _STDERR_LINES = 8  # of the child's stderr, in a block's message
 
 _explicit: str | None = None
@@ -134,26 +141,35 @@ class CompileJob:
         self.image: KernelImage | None = None
         self.error: BaseException | None = None
 
-    def _fail(self, message: str) -> None:
-        self.error, self.done = KernelCompileError(message, kernel=self.source.debug_name), True
+    def _fail(self, message: str, *, file: str | None = None) -> None:
+        self.error, self.done = KernelCompileError(message, kernel=self.source.debug_name, file=file), True
 
 
 class CompilerProcess:
-    """The compiler child and the jobs sent to it; restarts the child after a crash. Thread-safe.
+    """The compiler child and the jobs sent to it; restarts the child after a crash or a job past its deadline.
+    Thread-safe.
 
     The child starts with the first job, not here, so a process that is never used costs nothing.
+
+    Args:
+        job_deadline_s: How long one compile may run in the child before the child is ended and the
+            job fails (checked whenever results are polled).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, job_deadline_s: float = JOB_DEADLINE_S) -> None:
         self._lock = threading.RLock()
         self._child: ChildPipe | None = None
         self._jobs: dict[int, CompileJob] = {}  # every job not done: waiting here or in the child
         self._queue: deque[tuple[int, bytes]] = deque()  # (job id, request frame) not sent yet
         self._sent: int | None = None  # the job the child is compiling
+        self._sent_at = 0.0  # time.monotonic() when it was sent
         self._next_id = 0
         self._closed = False
+        self.job_deadline_s = job_deadline_s
         #: How many children ended without being asked to (crashes and failed starts).
         self.crashes = 0
+        #: How many jobs ran past ``job_deadline_s`` (each ended its child).
+        self.overdue = 0
 
     # -- jobs ----------------------------------------------------------------------------------------
     def send(self, source: KernelSource, arch: str) -> CompileJob:
@@ -233,7 +249,7 @@ class CompilerProcess:
             if not child.ready:  # the first job goes once the child reads its stdin (see _take), so
                 return  # neither side ever blocks on a full pipe while the other does too
             job_id, frame = self._queue.popleft()
-            self._sent = job_id
+            self._sent, self._sent_at = job_id, time.monotonic()
             try:
                 child.write(frame)
             except OSError:  # it died (maybe before it read anything): find out why
@@ -276,6 +292,8 @@ class CompilerProcess:
                 self._complete(*message)
         if child.eof:
             self._died(child)
+        elif self._sent is not None and time.monotonic() - self._sent_at > self.job_deadline_s:
+            self._overdue(child)
         else:
             self._pump()
 
@@ -335,6 +353,32 @@ class CompilerProcess:
         )
         if culprit is not None:
             culprit._fail(f"{CRASHED} ({how}; the host is fine): edit the source to retry{said}")
+        self._pump()  # the jobs behind it start a new child
+
+    def _overdue(self, child: ChildPipe) -> None:
+        """The job in ``child`` ran past the deadline: end the child, fail that job, go on with the next."""
+        culprit = self._jobs.pop(self._sent, None) if self._sent is not None else None
+        self._sent, self._child = None, None
+        self.overdue += 1
+        name = culprit.source.debug_name if culprit is not None else "a kernel"
+        child.kill(f"compiling {name} took longer than {self.job_deadline_s:g} s")
+        how = child.finish()
+        log.warning(
+            "the compiler process (pid %d) was ended (%s): compiling %s took longer than %g s",
+            child.pid,
+            how,
+            name,
+            self.job_deadline_s,
+        )
+        if culprit is not None:
+            path = getattr(culprit.source, "path", None)  # a kernel file's path, for the message's file
+            culprit._fail(
+                f"compiling {name} took longer than the compiler's {self.job_deadline_s:g} s deadline, so the "
+                "compiler process was ended (the host and the other kernels are fine): look for what the "
+                "source makes the compiler wait on or loop over (an #include of a pipe or device, a huge "
+                "unrolled loop), then edit it to retry",
+                file=None if path is None else str(path),
+            )
         self._pump()  # the jobs behind it start a new child
 
     def _fail_pending(self, message: str) -> None:

@@ -1,20 +1,26 @@
 """CudaSource: a CUDA C++ kernel (text or ``.cu`` file) compiled by NVRTC to a cubin for the device.
 
 Files (the ``.cu`` and its quoted ``#include``s) are read through ``_files``: a regular file of at
-most 16 MiB, UTF-8; anything else is a ``KernelLoadError`` naming the file. An include that cannot be
-read is left to NVRTC, which reports it with the line that includes it.
+most 16 MiB, UTF-8; anything else is a ``KernelLoadError`` naming the file. Quoted includes are found
+as NVRTC finds them (an absolute name as it is; otherwise the directory of the including file, then
+the ``-I`` directories in order, skipping directories of that name). One that names a FIFO, a device
+or a socket is refused before compiling, naming the include and the file and line that include it:
+NVRTC would open it and wait forever for a writer. An include that is missing or cannot be read is
+left to NVRTC, which reports it with the line that includes it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CudapatchError, KernelLoadError
-from ._files import MAX_CU_BYTES, read_user_bytes, read_user_text
+from ._files import MAX_CU_BYTES, file_kind, read_user_bytes, read_user_text
 from ._toolchain import nvrtc_compile, toolchain_version
 from .cache import cache_key
 from .descriptor import KernelDescriptor
@@ -27,14 +33,46 @@ __all__ = ["CudaSource"]
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
 
 
-def _regular_file(path: Path) -> Path | None:
-    """``path`` resolved if it names a regular file; None for anything else, and for paths the OS
-    refuses (a NUL byte, too long) rather than an exception."""
-    try:
-        resolved = path.resolve()
-        return resolved if resolved.is_file() else None
-    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop (before Python 3.13)
-        return None
+_INCLUDE_PATH_OPTION = re.compile(r"^(?:-I|--include-path=)(.+)$")
+
+
+def _quoted_includes(text: str) -> Iterator[tuple[str, int]]:
+    """``(name, line)`` of each quoted ``#include`` of ``text``, the line 1-based."""
+    line, pos = 1, 0
+    for m in _INCLUDE.finditer(text):
+        line += text.count("\n", pos, m.start())  # counted from the last match: linear in the text
+        pos = m.start()
+        yield m.group(1), line
+
+
+def _resolve_include(name: str, dirs: Sequence[Path], *, including: str, line: int) -> Path | None:
+    """Where NVRTC finds ``#include "name"``: an absolute name as it is, otherwise the first of
+    ``dirs`` that holds it (a directory of that name is passed over); None where none does.
+
+    Raises:
+        KernelLoadError: what it finds is a FIFO, a device or a socket; NVRTC would block reading it
+            (a FIFO nobody writes to hung the compile for good). Names the include, ``including`` and ``line``.
+    """
+    candidates = [Path(name)] if os.path.isabs(name) else [d / name for d in dirs]
+    for candidate in candidates:
+        try:
+            mode = os.stat(candidate).st_mode  # stat never opens: it cannot block on a FIFO
+        except (OSError, ValueError):  # missing, unreadable, a NUL byte, too long: NVRTC reports it
+            continue
+        if stat.S_ISDIR(mode):
+            continue
+        if not stat.S_ISREG(mode):
+            raise KernelLoadError(
+                f'#include "{name}" finds {candidate}, {file_kind(mode)} and not a regular file: '
+                "NVRTC would wait on it forever; include a regular file",
+                file=including,
+                line=line,
+            )
+        try:
+            return candidate.resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (before Python 3.13)
+            return candidate
+    return None
 
 
 @dataclass(frozen=True)
@@ -102,36 +140,45 @@ class CudaSource(KernelSource):
         dirs = [self.path.parent] if self.path is not None else []
         return dirs + list(self.include_paths)
 
+    def _include_dirs(self) -> list[Path]:
+        """The ``-I`` directories NVRTC gets from us and from ``options``, in its search order (the
+        CUDA headers' directory, searched last, is no user input and is left out)."""
+        extra = [Path(m.group(1)) for o in self.options if (m := _INCLUDE_PATH_OPTION.match(o))]
+        return self._search_dirs() + extra
+
     def includes(self) -> tuple[Path, ...]:
-        """The quoted ``#include`` files this source pulls in (recursively), that exist."""
+        """The quoted ``#include`` files this source pulls in (recursively) that exist, found as NVRTC finds them.
+
+        Raises:
+            KernelLoadError: the ``.cu`` cannot be read, or an include names a FIFO, a device or a
+                socket (NVRTC would block on it); the error names the include, the including file and line.
+        """
         found: list[Path] = []
         seen: set[Path] = set()
-        stack = [(self.text(), self._search_dirs())]
+        search = self._include_dirs()
+        # NVRTC looks first beside the program's name (for ``code``, a bare name: the working directory).
+        stack = [(self.text(), self._label, [Path(self._label).parent, *search])]
         while stack:
-            text, dirs = stack.pop()
-            for name in _INCLUDE.findall(text):
-                for d in dirs:
-                    candidate = _regular_file(d / name)
-                    if candidate is not None:
-                        if candidate not in seen:
-                            seen.add(candidate)
-                            found.append(candidate)
-                            try:
-                                inc = read_user_text(candidate, what="included file", limit=MAX_CU_BYTES)
-                            except CudapatchError:
-                                pass  # NVRTC reports it, at the line that includes it
-                            else:
-                                stack.append((inc, [candidate.parent, *dirs]))
-                        break
+            text, including, dirs = stack.pop()
+            for name, line in _quoted_includes(text):
+                target = _resolve_include(name, dirs, including=including, line=line)
+                if target is None or target in seen:
+                    continue
+                seen.add(target)
+                found.append(target)
+                try:
+                    inc = read_user_text(target, what="included file", limit=MAX_CU_BYTES)
+                except CudapatchError:
+                    continue  # NVRTC reports it, at the line that includes it
+                stack.append((inc, str(target), [target.parent, *search]))
         return tuple(found)
 
     def watched_files(self) -> tuple[Path, ...]:
-        if self.path is None:
-            return tuple(self.includes())
+        own = () if self.path is None else (self.path,)
         try:
-            return (self.path, *self.includes())
-        except KernelLoadError:
-            return (self.path,)
+            return (*own, *self.includes())
+        except KernelLoadError:  # the build reports it (cache_key and compile raise it)
+            return own
 
     def describe(self) -> KernelDescriptor:
         return describe_cuda_source(self.text(), self.entry, file=self._label)
@@ -156,6 +203,7 @@ class CudaSource(KernelSource):
     def compile(self, arch: str) -> KernelImage:
         text = self.text()
         desc = describe_cuda_source(text, self.entry, file=self._label)
+        self.includes()  # refuses an include NVRTC would block on (a FIFO), before NVRTC opens it
         cubin, symbol, _log = nvrtc_compile(
             text, name=self._label, entry=desc.entry_point, arch=arch, options=self._nvrtc_options()
         )

@@ -238,6 +238,28 @@ def load_sidecar(path: str | Path) -> KernelDescriptor:
     return parse_sidecar(text, file=str(p))
 
 
+_DIGITS = re.compile(r"\d+")
+_INT_DIGITS_LIMIT = 4300  # sys.get_int_max_str_digits()'s default: int() refuses longer decimal text
+
+
+def _huge_integer_line(text: str) -> int | None:
+    """The line of the first JSON integer of more than 4,300 digits in ``text`` (None if none is found).
+
+    ``json`` says only that ``int()`` refused one, not where. A JSON number starts after ``:``, ``[``,
+    ``,`` or a ``-`` (spaces between), and an integer has no ``.`` or exponent after its digits;
+    digits inside a string do not follow those. One pass over the text, on the error path only.
+    """
+    for m in _DIGITS.finditer(text):
+        if m.end() - m.start() <= _INT_DIGITS_LIMIT or text[m.end() : m.end() + 1] in (".", "e", "E"):
+            continue
+        i = m.start() - 1
+        while i >= 0 and text[i] in " \t\r\n-":  # back over the gap since the last non-space (linear in all)
+            i -= 1
+        if i < 0 or text[i] in ":[,":
+            return LineIndex(text).line(m.start())
+    return None
+
+
 def _load_json(text: str, file: str) -> Any:
     try:
         data = json.loads(text)
@@ -248,7 +270,9 @@ def _load_json(text: str, file: str) -> Any:
             f"values are nested too deep to read (the limit is {MAX_NESTING} levels)", file=file
         ) from None
     except ValueError:  # the only other ValueError: an integer of more than 4,300 digits, which int() refuses
-        raise SidecarError("malformed JSON: a number has more than 4,300 digits", file=file) from None
+        raise SidecarError(
+            "malformed JSON: a number has more than 4,300 digits", file=file, line=_huge_integer_line(text)
+        ) from None
     problem = data_problem(data)
     if problem is not None:
         message, path = problem

@@ -19,7 +19,13 @@ from math import prod
 
 from ..errors import KernelCompileError
 from ._text import MAX_KERNEL_PARAMETERS, LineIndex, short_repr, strip_c_comments
-from .descriptor import KernelDescriptor, KernelParamDescriptor, check_launch_settings
+from .descriptor import (
+    MAX_BLOCK_SIZE,
+    MAX_SHARED_MEMORY_BYTES,
+    KernelDescriptor,
+    KernelParamDescriptor,
+    check_launch_settings,
+)
 from .types import DType, parse_type_name
 
 __all__ = ["describe_cuda_source", "find_entry_points"]
@@ -32,6 +38,8 @@ _SIG = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*\)\s+)?void\s+([
 _META = re.compile(r"^[ \t]*//[ \t]*cudapatch:[ \t]*(\w+)[ \t]*=([^\n]*)", re.MULTILINE)
 _INT_SETTING = re.compile(r"[+-]?\d{1,9}")
 _AXES_SETTING = re.compile(r"[+-]?\d{1,9}(?:[ \t]*[x,][ \t]*[+-]?\d{1,9}){1,2}")  # 16x16, 8,8,8
+# The same shapes with any number of digits: a value of 10 or more digits is out of range, not "not an integer".
+_LONG_SETTING = re.compile(r"[+-]?\d+(?:[ \t]*[x,][ \t]*[+-]?\d+){0,2}")
 _SETTINGS = {"blockSize", "sharedMemoryBytes", "description"}
 _MAX_DECL = 4096  # characters in one parameter declaration (a bound on any pattern's work)
 # The type and the name are separated by a "*" or by spaces, never by nothing: a pattern where both
@@ -51,6 +59,17 @@ def _strip_comments_keep_inout(text: str) -> tuple[str, int | None]:
 def find_entry_points(text: str) -> list[str]:
     """Names of the ``__global__`` functions in ``text`` (comments ignored)."""
     return [m.group(1) for m in _SIG.finditer(_strip_comments_keep_inout(text)[0])]
+
+
+def _not_a_setting(key: str, value: str) -> str:
+    """Why ``value`` (neither an integer of at most 9 digits nor ``blockSize`` axes) is no ``key`` setting."""
+    if not _LONG_SETTING.fullmatch(value):
+        return f"{key}={short_repr(value)} is not an integer"
+    if key == "sharedMemoryBytes":
+        allowed = f"0..{MAX_SHARED_MEMORY_BYTES} (227 KiB, the most a GPU grants a block)"
+    else:
+        allowed = f"1..{MAX_BLOCK_SIZE} threads"
+    return f"{key}={short_repr(value)} is {'out of range' if '-' in value else 'too large'}: it must be in {allowed}"
 
 
 def _settings(text: str, file: str) -> tuple[int | list[int], int, str]:
@@ -76,7 +95,7 @@ def _settings(text: str, file: str) -> tuple[int | list[int], int, str]:
             numbers[key] = [int(v) for v in re.split(r"[x,]", value.replace(" ", "").replace("\t", ""))]
             continue
         if not _INT_SETTING.fullmatch(value):
-            raise fail(f"{key}={short_repr(value)} is not an integer", pos)
+            raise fail(_not_a_setting(key, value), pos)
         numbers[key] = int(value)
     launch = check_launch_settings(numbers["blockSize"], numbers["sharedMemoryBytes"])
     if launch is not None:

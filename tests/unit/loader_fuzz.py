@@ -4,9 +4,13 @@ files (and CustomKernel Code), and cubin cache entries.
 Each case starts from a valid file of its loader, applies one to four mutations (byte flips,
 truncation, deletion, duplication of a slice, splicing, insertion of inputs known to break parsers:
 invalid UTF-8, NUL bytes, deep nesting, huge integers, unclosed comments, loader keywords ...) and
-runs the loader the way cudapatch runs it. A case fails when anything but a ``CudapatchError``
-escapes, or when it takes longer than the time bound. Case ``i`` of loader ``L`` under seed ``S``
-is generated from ``random.Random(f"{S}:{L}:{i}")`` alone, so any case can be replayed by itself.
+runs the loader the way cudapatch runs it. One case in ``SPECIAL_RATE`` also puts a non-regular
+file where the loader (or a ``.cu``'s ``#include``) expects a file: a FIFO, a symlink to one or to
+``/dev/zero``, a directory. A case fails when anything but a ``CudapatchError`` escapes, when a
+``CudapatchError`` does not name one of the case's files, or when it takes longer than the time
+bound (a read blocked on a FIFO never returns: the bound is what a hang looks like, so run the
+fuzzer under a timeout). Case ``i`` of loader ``L`` under seed ``S`` is generated from
+``random.Random(f"{S}:{L}:{i}")`` alone, so any case can be replayed by itself.
 
 Used by ``tests/unit/test_fuzz_loaders.py`` (1,000 cases per loader in CI) and by
 ``tools/fuzz_loaders.py`` (as many as asked, nightly).
@@ -14,7 +18,9 @@ Used by ``tests/unit/test_fuzz_loaders.py`` (1,000 cases per loader in CI) and b
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -139,6 +145,9 @@ KEYWORDS: dict[str, tuple[bytes, ...]] = {
         b"/*inout*/ ",
         b'#include "k.cuh"\n',
         b'#include "/dev/null"\n',
+        b'#include "/dev/zero"\n',
+        b'#include "fifo.cuh"\n',  # a FIFO in every case's directory (see _run_cu)
+        b'#include "."\n',
         b"const float* ",
         b"unsigned long long ",
         b"float Count",
@@ -324,6 +333,64 @@ def mutate(rng: random.Random, data: bytes, loader: str) -> bytes:
     return data
 
 
+# -- non-regular files ------------------------------------------------------------------------------------
+#: One case in this many puts a non-regular file in place of one of its files (``SPECIAL_TARGETS``).
+SPECIAL_RATE = 12
+_HAS_FIFOS = hasattr(os, "mkfifo")
+#: What may stand where a file is expected. FIFOs and symlinks are POSIX; Windows gets directories.
+SPECIAL_KINDS: tuple[str, ...] = ("fifo", "fifo-link", "dev-zero-link", "directory") if _HAS_FIFOS else ("directory",)
+#: Which of a loader's files a special case replaces: the file it is given, and the files that file
+#: names (a PTX's sidecar, a ``.cu``'s ``#include``, a patch's KernelFile). "entry": the cache entry.
+SPECIAL_TARGETS: dict[str, tuple[str, ...]] = {
+    "sidecar": ("k.json",),
+    "ptx": ("k.ptx", "k.json"),
+    "cu": ("k.cu", "k.cuh"),
+    "patch": ("p.toml", "k.cu"),
+    "cache": ("entry",),
+}
+#: The files a case's cudapatch errors may name (``ck.cu``: the CustomKernel's Code, named after its block).
+CASE_FILES: dict[str, tuple[str, ...]] = {
+    "sidecar": ("k.json",),
+    "ptx": ("k.ptx", "k.json"),
+    "cu": ("k.cu", "k.cuh", "ck.cu"),
+    "patch": ("p.toml", "base.toml"),  # base.toml: the running patch a live edit starts from
+    "cache": (),
+}
+
+
+def _clear(path: Path) -> None:
+    """Remove whatever non-regular file a special case left at ``path`` (writing to a FIFO would block)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _write(path: Path, data: bytes) -> None:
+    _clear(path)
+    path.write_bytes(data)
+
+
+def make_special(kind: str, path: Path) -> None:
+    """Put a non-regular file of ``kind`` (one of ``SPECIAL_KINDS``) at ``path``, replacing what is there."""
+    _clear(path)
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "fifo-link":
+        fifo = path.with_name(path.name + ".fifo")
+        _clear(fifo)
+        os.mkfifo(fifo)
+        path.symlink_to(fifo)
+    elif kind == "dev-zero-link":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        raise ValueError(f"unknown special file kind {kind!r}")
+
+
 @dataclass(frozen=True)
 class Case:
     """One generated input: which loader, its index, and the bytes (for the cache: the entry file)."""
@@ -333,42 +400,65 @@ class Case:
     data: bytes
     #: For PTX: the sidecar beside it (its seed's own, or now and then another kernel's).
     sidecar: bytes = b""
+    #: ``(kind, file)``: a non-regular file put in place of one of the case's files (see ``SPECIAL_TARGETS``).
+    special: tuple[str, str] | None = None
 
 
 def make_case(loader: str, index: int, seed: int) -> Case:
     """Case ``index`` of ``loader`` under ``seed`` (deterministic)."""
     rng = random.Random(f"{seed}:{loader}:{index}")
+    # Drawn from a generator of its own, so the bytes of a case stay what they were before specials existed.
+    special_rng = random.Random(f"{seed}:{loader}:{index}:special")
+    special = None
+    if special_rng.randrange(SPECIAL_RATE) == 0:
+        special = (special_rng.choice(SPECIAL_KINDS), special_rng.choice(SPECIAL_TARGETS[loader]))
     if loader == "cache":
-        return Case(loader, index, b"")  # the entry is made and mutated in run_case
+        return Case(loader, index, b"", special=special)  # the entry is made and mutated in run_case
     seed_data = rng.choice(SEEDS[loader])
     sidecar = b""
     if loader == "ptx":
         sidecar = _SIDECAR_OF[seed_data] if rng.random() < 0.8 else rng.choice(list(_SIDECAR_OF.values()))
-    return Case(loader, index, mutate(rng, seed_data, loader), sidecar)
+    return Case(loader, index, mutate(rng, seed_data, loader), sidecar, special)
+
+
+def _special(case: Case, tmp: Path, name: str) -> None:
+    """Put the case's non-regular file in place of ``name`` (in ``tmp``), if the case has one there."""
+    if case.special is not None and case.special[1] == name:
+        make_special(case.special[0], tmp / name)
 
 
 # -- running the loaders ----------------------------------------------------------------------------------
 def _run_sidecar(case: Case, tmp: Path, seed: int) -> None:
     path = tmp / "k.json"
-    path.write_bytes(case.data)
+    _write(path, case.data)
+    _special(case, tmp, "k.json")
     load_sidecar(path)
 
 
 def _run_ptx(case: Case, tmp: Path, seed: int) -> None:
     ptx = tmp / "k.ptx"
-    ptx.write_bytes(case.data)
-    (tmp / "k.json").write_bytes(case.sidecar or _SIDECAR_OF[case.data])
+    _write(ptx, case.data)
+    _write(tmp / "k.json", case.sidecar or _SIDECAR_OF[case.data])
+    _special(case, tmp, "k.ptx")
+    _special(case, tmp, "k.json")
     PtxFileSource(ptx).load()
     KernelFile(path=ptx, name="kf")
 
 
 def _run_cu(case: Case, tmp: Path, seed: int) -> None:
     cu = tmp / "k.cu"
-    cu.write_bytes(case.data)
-    (tmp / "k.cuh").write_bytes(case.data[: len(case.data) // 3])
+    _write(cu, case.data)
+    _write(tmp / "k.cuh", case.data[: len(case.data) // 3])  # an include target: fuzzed bytes too
+    if _HAS_FIFOS and not (tmp / "fifo.cuh").exists():
+        os.mkfifo(tmp / "fifo.cuh")  # for the '#include "fifo.cuh"' keyword
+    _special(case, tmp, "k.cu")
+    _special(case, tmp, "k.cuh")
     source = CudaSource(path=cu)
     source.watched_files()
     try:
+        source.includes()  # what the build does before NVRTC (cache key, compile): where an include is refused
+        if _reaches_a_blocking_include(case):
+            raise AssertionError("an #include of a FIFO or device was accepted: NVRTC would block reading it")
         source.describe()
         KernelFile(path=cu, name="kf")
     finally:
@@ -380,15 +470,30 @@ def _run_cu(case: Case, tmp: Path, seed: int) -> None:
             CustomKernel(name="ck", Code=text)
 
 
+_FIFO_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"fifo\.cuh"', re.MULTILINE)
+_K_CUH_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"k\.cuh"', re.MULTILINE)
+
+
+def _reaches_a_blocking_include(case: Case) -> bool:
+    """Whether the ``.cu`` of ``case`` includes, on a line of its own, a file NVRTC would block on (a
+    directory is not one: NVRTC searches on past it)."""
+    if _HAS_FIFOS and _FIFO_INCLUDE.search(case.data):
+        return True
+    special = case.special is not None and case.special[1] == "k.cuh" and case.special[0] != "directory"
+    return special and _K_CUH_INCLUDE.search(case.data) is not None
+
+
 def _run_patch(case: Case, tmp: Path, seed: int) -> None:
-    (tmp / "k.cu").write_bytes(_CU_SEED.replace(b'#include "k.cuh"\n', b""))
+    _write(tmp / "k.cu", _CU_SEED.replace(b'#include "k.cuh"\n', b""))
     path = tmp / "p.toml"
-    path.write_bytes(case.data)
+    _write(path, case.data)
+    _special(case, tmp, "p.toml")
+    _special(case, tmp, "k.cu")
     new = load_patch(path, REGISTRY)
     adapter = HostAdapter(PlanOnlyEngine(), REGISTRY, search_paths=[tmp])
     if case.index % 2:  # a live edit over the seed patch
         base = tmp / "base.toml"
-        base.write_bytes(_PATCH_SEED)
+        _write(base, _PATCH_SEED)
         old = load_patch(base, REGISTRY)
         apply_patch(adapter, old)
         apply_patch(adapter, new, old)
@@ -405,6 +510,8 @@ def _run_cache(case: Case, tmp: Path, seed: int) -> None:
     path = directory / f"{key}.cubin"
     mutated = mutate(rng, path.read_bytes(), "cache")
     path.write_bytes(mutated)
+    if case.special is not None:
+        make_special(case.special[0], path)
     hit = CubinCache(directory).get(key)  # must not raise, whatever the file holds
     if hit is not None and (hit.payload, hit.meta) != (_CACHE_PAYLOAD, _CACHE_META):
         raise AssertionError("a damaged cache entry was returned as a hit")
@@ -428,7 +535,11 @@ class Failure:
     def __str__(self) -> str:
         shown = self.case.data[:120]
         more = f" (+{len(self.case.data) - 120} bytes)" if len(self.case.data) > 120 else ""
-        return f"{self.case.loader} case {self.case.index} ({self.seconds:.3f} s): {self.error}; input {shown!r}{more}"
+        special = f", {self.case.special[1]} is a {self.case.special[0]}" if self.case.special else ""
+        return (
+            f"{self.case.loader} case {self.case.index}{special} ({self.seconds:.3f} s): {self.error}; "
+            f"input {shown!r}{more}"
+        )
 
 
 @dataclass
@@ -450,8 +561,10 @@ def run_case(case: Case, tmp: Path, seed: int, *, bound: float) -> tuple[Failure
     error = None
     try:
         LOADERS[case.loader](case, tmp, seed)
-    except CudapatchError:
+    except CudapatchError as exc:
         refused = True
+        if exc.file is None or Path(exc.file).name not in CASE_FILES[case.loader]:
+            error = f"{type(exc).__name__} names no file of the case (file={exc.file!r}): {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - any other type is what the fuzzer looks for
         error = f"{type(exc).__name__}: {str(exc)[:200]}"
     took = time.perf_counter() - t0

@@ -66,6 +66,14 @@ class _ChattySource(CudaSource):
         return super().compile(arch)
 
 
+class _UncheckedIncludes(CudaSource):
+    """A CudaSource whose includes go to NVRTC unchecked, as every include did before FIFOs were
+    refused: NVRTC opens a FIFO include and waits for a writer that never comes."""
+
+    def includes(self) -> tuple[Path, ...]:
+        return ()
+
+
 class _Loader(ModuleCache):
     """Loads nothing: returns the image's key (a GPU-less stand-in for cuModuleLoadData)."""
 
@@ -161,6 +169,34 @@ def test_a_crash_fails_only_its_job_says_why_and_the_next_job_restarts_the_child
     assert behind.error is None and behind.image is not None and behind.image.image.startswith(ELF)
     assert proc.child_pid not in (None, pid) and proc.crashes == 1
     assert any("exited with code 3" in r.getMessage() and "pass 7" in r.getMessage() for r in caplog.records)
+
+
+@posix_only
+def test_a_compile_past_the_deadline_ends_the_child_fails_its_job_and_the_next_job_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os.mkfifo(tmp_path / "pipe.cuh")
+    kernel = tmp_path / "hangs.cu"
+    kernel.write_text('#include "pipe.cuh"\n' + GAIN)
+    p = CompilerProcess(job_deadline_s=3.0)  # the product's deadline is JOB_DEADLINE_S; a test waits less
+    try:
+        with caplog.at_level(logging.WARNING, logger="cudapatch.kernels"):
+            hung = p.send(_UncheckedIncludes(path=kernel), "sm_90")  # real NVRTC, blocked on the FIFO
+            behind = p.send(CudaSource(code=_gain(11)), "sm_90")
+            first = p.child_pid
+            p.wait(hung, timeout=120)
+            pid = p.child_pid
+            p.job_deadline_s = cp.JOB_DEADLINE_S  # the job behind runs under the product's deadline
+            p.wait(behind, timeout=120)
+        assert isinstance(hung.error, KernelCompileError)
+        text = str(hung.error)
+        assert "compiling hangs.cu took longer than the compiler's 3 s deadline" in text, text
+        assert hung.error.file == str(kernel) and hung.error.kernel == "hangs.cu"
+        assert behind.error is None and behind.image is not None and behind.image.image.startswith(ELF)
+        assert p.overdue == 1 and p.crashes == 0 and p.child_pid == pid and pid not in (None, first)
+        assert any("took longer than 3 s" in r.getMessage() for r in caplog.records)
+    finally:
+        p.close()
 
 
 @posix_only

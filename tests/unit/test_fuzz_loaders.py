@@ -1,6 +1,8 @@
 """Fuzzing the file loaders: 1,000 seeded mutations of valid files per loader (sidecar JSON, PTX,
-patch TOML, ``.cu``, cubin cache entries). Only ``CudapatchError`` may escape, and no case may take
-longer than the bound. ``tools/fuzz_loaders.py`` runs many more with other seeds.
+patch TOML, ``.cu``, cubin cache entries), some with a FIFO, a device link or a directory in place of
+one of their files (an include target too). Only ``CudapatchError`` may escape, it must name one of
+the case's files, and no case may take longer than the bound. ``tools/fuzz_loaders.py`` runs many
+more with other seeds.
 
 A failure prints the cases that failed; replay one with
 ``python tools/fuzz_loaders.py --loader L --seed S --start I --cases 1 --save DIR``.
@@ -15,7 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from .loader_fuzz import LOADERS, SEEDS, Case, fuzz, mutate, run_case
+from .loader_fuzz import (
+    _SIDECAR_OF,
+    LOADERS,
+    SEEDS,
+    SPECIAL_KINDS,
+    SPECIAL_TARGETS,
+    Case,
+    fuzz,
+    make_case,
+    mutate,
+    run_case,
+)
 
 SEED = int(os.environ.get("CUDAPATCH_FUZZ_SEED", "22"))
 CASES = int(os.environ.get("CUDAPATCH_FUZZ_CASES", "1000"))
@@ -56,3 +69,27 @@ def test_mutations_are_deterministic_and_varied() -> None:
     again = [mutate(random.Random(f"1:patch:{i}"), data, "patch") for i in range(50)]
     assert first == again  # case i of a seed is the same input on every run
     assert len(set(first)) > 40 and sum(m != data for m in first) > 45
+
+
+@pytest.mark.parametrize("loader", sorted(LOADERS))
+def test_non_regular_files_are_refused_naming_the_file(loader: str, tmp_path: Path) -> None:
+    """Each kind of non-regular file in place of each file a loader reads (a ``.cu``'s include too), on
+    a valid seed: refused with a cudapatch error naming a file of the case, within the bound (a read
+    that blocked on a FIFO would never return). The cache takes it as a miss."""
+    data = SEEDS[loader][0]
+    sidecar = _SIDECAR_OF[data] if loader == "ptx" else b""
+    for kind in SPECIAL_KINDS:
+        for target in SPECIAL_TARGETS[loader]:
+            case = Case(loader, 0, data, sidecar, (kind, target))
+            failure, _, refused = run_case(case, tmp_path, SEED, bound=BOUND_S)
+            assert failure is None, failure
+            # NVRTC searches on past a directory named by an include, so that case is no error (nor a hang).
+            passed_over = loader == "cu" and target == "k.cuh" and kind == "directory"
+            assert refused == (loader != "cache" and not passed_over), (kind, target)
+
+
+def test_the_fuzz_cases_include_non_regular_files() -> None:
+    for loader in LOADERS:
+        specials = {make_case(loader, i, SEED).special for i in range(CASES)} - {None}
+        assert specials, loader
+        assert {target for _, target in specials} <= set(SPECIAL_TARGETS[loader])

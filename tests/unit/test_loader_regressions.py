@@ -101,7 +101,11 @@ def test_huge_integers_are_errors_in_patch_sidecar_and_ptx() -> None:
     err = _raised(lambda: parse_patch(f"[engine]\ndevice = 0x{'f' * 5000}\n", path="p.toml"))  # hex has no limit
     assert isinstance(err, PatchFileError) and "bits" in err.message and err.line == 2
     err = _raised(lambda: parse_sidecar('{"entryPoint": "k", "blockSize": ' + digits + "}", file="k.json"))
-    assert isinstance(err, SidecarError) and "4,300 digits" in err.message
+    assert isinstance(err, SidecarError) and "4,300 digits" in err.message and err.line == 1
+    # The line of the number, not of digits in a string before it (which int() never sees).
+    text = f'{{"entryPoint": "k",\n"description": "{digits}",\n"parameters": [],\n"blockSize":\n  -{digits}}}'
+    err = _raised(lambda: parse_sidecar(text, file="k.json"))
+    assert isinstance(err, SidecarError) and err.file == "k.json" and err.line == 5, err
     err = _raised(lambda: parse_ptx(f".version {digits}.0\n", file="k.ptx"))
     assert isinstance(err, PtxSignatureError) and err.file == "k.ptx" and err.line == 1
     err = _raised(lambda: parse_ptx(f".version 8.0\n.entry k(.param .b8 p[{digits[:4000]}])\n", file="k.ptx"))
@@ -297,6 +301,10 @@ def test_a_ptx_of_3000_entries_is_parsed_once(tmp_path: Path, monkeypatch: pytes
         ("blockSize=lots", "not an integer"),
         ("sharedMemoryBytes=-1", "0..232448"),
         ("sharedMemoryBytes=1000000", "0..232448"),
+        ("sharedMemoryBytes=99999999999", r"is too large: it must be in 0\.\.232448 \(227 KiB"),
+        ("sharedMemoryBytes=-99999999999", r"is out of range: it must be in 0\.\.232448"),
+        ("blockSize=16x99999999999", r"is too large: it must be in 1\.\.1024 threads"),
+        ("sharedMemoryBytes=1e9", "not an integer"),
         ("blocksize=128", "unknown key 'blocksize'"),
     ],
 )
