@@ -11,7 +11,7 @@ neighbours share one kernel and hold no buffers between them), so they launch th
 
 Measures (the issue's targets): the device memory the chain's values take (every output, each
 Blur's internal image and its 65 weights, as planned; the pool's bytes in use beside it), in images'
-worth: <= 3 with reuse (the weights add a few hundred bytes: 3.000), against one per value without;
+worth: <= 3 with reuse (the weights add about a kilobyte: 3.000), against one per value without;
 and the GPU time per frame with reuse / without: <= 1.05x (sharing adds no edge between kernels).
 GPU time is CUDA events around frames on each engine's stream (``_timing.gpu_ms_samples``), the two
 engines taken in turn for several rounds, so clock or thermal drift hits both alike; the median of
