@@ -5,7 +5,7 @@ same chain over flat data, all in one run.
 
 The checks run when a graph is planned (Cold rebuilds), never per frame: ``update()`` with nothing dirty
 stays one graph launch. The plan-time cost is printed too: ``compile_plan`` of the image patch beside
-the flat one (same blocks, same count).
+the flat one (same blocks, same count). No peer library is needed (CuPy or not, the same rows).
 
 Prints a table (ours, peer, ratio) and writes ``shapes.json`` to ``$RESULTS_DIR`` when set.
 Usage: ``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--height 1080]``.
@@ -51,11 +51,12 @@ def build(eng: Engine, nb: int, data: np.ndarray, image: bool) -> list:
 
 
 def plan_ms(eng: Engine, repeats: int = 20) -> float:
+    """Median ms of ``compile_plan`` of the engine's patch, unfused as the engine plans it."""
     snap = eng.context.snapshot()
     times = []
     for _ in range(repeats):
         t = time.perf_counter_ns()
-        compile_plan(snap)
+        compile_plan(snap, fuse=False)
         times.append(time.perf_counter_ns() - t)
     return statistics.median(times) / 1e6
 

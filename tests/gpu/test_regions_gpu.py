@@ -369,3 +369,29 @@ def test_an_unrolled_jacobi_while_makes_decide_once_per_pass_and_matches_numpy(e
     ref, _ = mod.jacobi_numpy(nx, f, h2, -1.0, its)  # a negative tolerance never stops: exactly its iterations
     np.testing.assert_array_equal(u, ref)
     assert engine.read(d, "more")[0] == 0  # the last iteration said stop (the output is sized like its input)
+
+
+def test_iterations_are_read_without_synchronizing(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.iterations`` reads the readback ring with plain loads: frames launched and counts read
+    with every synchronizing driver call refused, a While and a For (Count Hot meanwhile) alike."""
+    from .test_feedback_gpu import _refuse_synchronize
+
+    start = engine.add(Fill(name="From", Count=256, Value=1024.0))
+    solve, _, _ = halving_while(engine, start)  # 10 halvings reach 1.0
+    _, loop, add = _for_patch(engine, 7, n=256)
+    engine.wait_ready()
+    engine.update()  # built (wait_for_compile) and launched
+    engine.synchronize()
+    _refuse_synchronize(monkeypatch)
+    seen = []
+    for frame in range(60):
+        if frame == 30:
+            loop.set("Count", 9)  # Hot: patched into the running graph, no wait either
+        engine.update()
+        seen.append((engine.iterations(solve), engine.iterations(loop)))
+    monkeypatch.undo()
+    engine.synchronize()
+    assert {w for w, _ in seen} == {10}  # a frame or two old, but never missing once a frame completed
+    assert {f for _, f in seen} <= {7, 9} and seen[0][1] == 7
+    assert (engine.iterations(solve), engine.iterations(loop)) == (10, 9)  # after the wait: the last frame's
+    np.testing.assert_array_equal(engine.read(add, "x"), np.full(256, 1.0 + 9 * 0.5, np.float32))

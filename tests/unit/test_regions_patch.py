@@ -50,12 +50,16 @@ def test_the_jacobi_example_patch_plans_a_while_with_its_body() -> None:
     eng.update()
     assert eng.errors == ()
     plan = eng.plan
-    (cond,) = [n for n in plan.nodes if isinstance(n, ConditionalNodePlan)]
+    conds = [n for n in plan.nodes if isinstance(n, ConditionalNodePlan)]
     solve = adapter.block("Solve")
-    assert cond.block_id == solve.id and cond.kind == "while"
-    body = {plan.nodes[i].block_id for i, p in plan.scopes.items() if p == cond.index}
-    assert body == {adapter.block(n).id for n in ("SweepA", "SweepB", "Decide")} | {solve.id}
-    assert plan.regions[solve.id].limit == "Max"
+    region = plan.regions[solve.id]
+    assert region.unroll == 8  # the example's Unroll: a WHILE node for the passes of 8, one for the tail
+    assert [c.index for c in conds] == [region.node, region.tail]
+    for cond in conds:
+        assert cond.block_id == solve.id and cond.kind == "while"
+        body = {plan.nodes[i].block_id for i, p in plan.scopes.items() if p == cond.index}
+        assert body == {adapter.block(n).id for n in ("SweepA", "SweepB", "Decide")} | {solve.id}
+    assert region.limit == "Max"
 
 
 def test_a_region_key_is_checked_with_its_line() -> None:
