@@ -8,7 +8,8 @@ stays one graph launch. The plan-time cost is printed too: ``compile_plan`` of t
 the flat one (same blocks, same count). No peer library is needed (CuPy or not, the same rows).
 
 Prints a table (ours, peer, ratio) and writes ``shapes.json`` to ``$RESULTS_DIR`` when set.
-Usage: ``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--height 1080]``.
+Both patches are timed in alternating rounds. Usage:
+``python benchmarks/bench_shapes.py [--blocks 100] [--width 1920] [--height 1080] [--rounds 5]``.
 """
 
 from __future__ import annotations
@@ -66,20 +67,30 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=100)
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of 1,000 calls per side")
     args = ap.parse_args()
     logging.getLogger("cudapatch").setLevel(logging.ERROR)
     rng = np.random.default_rng(0)
     img = rng.standard_normal((args.height, args.width)).astype(np.float32)
     rows: list[tuple[str, float, str, float]] = []
 
+    # Both patches are built first and timed in alternating rounds (median of the rounds' medians), so
+    # neither side is the one timed while the other engine's build threads settle or the machine drifts.
+    engines = []
     for label, data, image in (("image (2-D)", img, True), ("flat (1-D)", img.ravel(), False)):
         eng = Engine(wait_for_compile=True, fuse=False)  # the flat chain as many nodes as the image patch
         blocks = build(eng, args.blocks, data, image)
-        stream, sync, gexec = eng.device.stream, eng.device.synchronize, eng.graph.handle
         kinds = {n.yz != (1, 1, 1, 1) for n in eng.graph.plan.kernel_nodes}
         assert kinds == {image}, f"{label}: expected {'2-D' if image else '1-D'} launches"
-        ours = host_us(eng.update, 3000, sync)
-        bare = host_us(lambda g=gexec, s=stream: d.cuGraphLaunch(g, s), 3000, sync)
+        engines.append((label, eng, blocks))
+    timed: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label, _, _ in engines}
+    for _ in range(args.rounds):
+        for label, eng, _ in engines:
+            stream, sync, gexec = eng.device.stream, eng.device.synchronize, eng.graph.handle
+            timed[label][0].append(host_us(eng.update, 1000, sync))
+            timed[label][1].append(host_us(lambda g=gexec, s=stream: d.cuGraphLaunch(g, s), 1000, sync))
+    for label, eng, blocks in engines:
+        ours, bare = (statistics.median(v) for v in timed[label])
         rows.append((f"{label}: update() host µs, nothing dirty", ours, "bare cuGraphLaunch µs", bare))
         rows.append((f"{label}: compile_plan ms ({args.blocks} blocks)", plan_ms(eng), "-", 0.0))
         got = eng.read(blocks[-1], "Out")
