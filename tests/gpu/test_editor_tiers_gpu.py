@@ -1,16 +1,23 @@
 """The node editor's edits on a running engine take the cheapest tier: a parameter edit is Hot (the
 running graph is patched: no new graph, no rebuild), a bypass is the Bypass tier (the block's nodes off,
-its readers redirected: no new graph either), and a link edit is a structure edit (one rebuild). Each is
-checked on the engine's counters and on the values the graph computes."""
+its readers redirected: no new graph either), a link edit is a structure edit (one rebuild), and a Code
+edit is the Code tier (the previous kernel runs, the node shows Compiling, until the new one is swapped
+in: no new graph). Each is checked on the engine's counters and on the values the graph computes."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
 from cudapatch import Engine
+from cudapatch.blocks.library.custom import DEFAULT_CUSTOM_CODE
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
 from cudapatch.host_plugin.editor_model import EditorModel
+from cudapatch.host_plugin.editor_views import COMPILING_EDIT
+
+from .conftest import run_until
 
 pytestmark = pytest.mark.gpu
 
@@ -36,10 +43,10 @@ Factor = 5.0
 """
 
 
-def _running(engine: Engine) -> tuple[EditorModel, HostAdapter]:
-    """``PATCH`` applied to ``engine`` and built, with the editor's model of it."""
+def _running(engine: Engine, text: str = PATCH) -> tuple[EditorModel, HostAdapter]:
+    """``text`` applied to ``engine`` and built, with the editor's model of it."""
     reg = PluginHost().registry
-    patch = parse_patch(PATCH, registry=reg)
+    patch = parse_patch(text, registry=reg)
     adapter = HostAdapter(engine, reg)
     apply_patch(adapter, patch)
     engine.update()
@@ -94,3 +101,62 @@ def test_editor_edits_take_the_cheapest_tier(unfused_engine: Engine) -> None:
     np.testing.assert_allclose(engine.read(b, "Out"), np.full(10007, 1.5 * 7 * 3), rtol=1e-6)
     model.refresh(engine.stats())
     assert {op: v.state for op, v in model.nodes().items()} == {op: "OK" for op in ("fill", "a", "b", "c")}
+
+
+FX = """\
+links = ["fill.Out -> fx.in"]
+
+[operators.fill]
+type = "core.Fill"
+Count = 4099
+Value = 1.5
+
+[operators.fx]
+type = "core.CustomKernel"
+"""
+
+
+def _settled(engine: Engine) -> bool:
+    """Built, with nothing compiling or waiting to be built."""
+    waiting = engine.building or engine.context.dirty.structure or engine.kernels.pending
+    return engine.graph is not None and not waiting
+
+
+def test_a_code_edit_shows_compiling_while_the_previous_kernel_runs_then_swaps_in(
+    live_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = live_engine  # compiles in the background, as a live host's
+    model, adapter = _running(engine, FX)
+    fx = adapter.block("fx")
+    run_until(engine, lambda: _settled(engine) and fx.debug.state.value == "OK")
+    before = engine.read(fx, "Out").astype(np.float64)
+    model.refresh(engine.stats())
+    assert (model.nodes()["fx"].state, model.nodes()["fx"].compiling) == ("OK", "")
+    graph, built = engine.graph, _counts(engine)
+
+    # Hold the kernel builder's service thread at its next compile: the edit stays in flight.
+    gate = threading.Event()
+    builder = engine.kernels.builder
+    start = builder._start
+
+    def held(req):
+        assert gate.wait(30.0)
+        start(req)
+
+    monkeypatch.setattr(builder, "_start", held)
+    try:
+        assert model.set_param("fx", "Code", DEFAULT_CUSTOM_CODE.replace("in[i] * gain", "in[i] * gain + 1.0f"))
+        for _ in range(3):
+            engine.update()
+        model.refresh(engine.stats())
+        view = model.nodes()["fx"]
+        assert (view.state, view.compiling) == ("Compiling", COMPILING_EDIT)
+        assert fx.debug.state.value == "OK"  # the engine runs the previous version meanwhile
+        np.testing.assert_allclose(engine.read(fx, "Out"), before, rtol=1e-6)
+    finally:
+        gate.set()
+    run_until(engine, lambda: _settled(engine) and engine.counters.code_swaps > 0)
+    run_until(engine, lambda: (model.refresh(engine.stats()), model.nodes()["fx"].state == "OK")[1])
+    assert model.nodes()["fx"].compiling == ""
+    np.testing.assert_allclose(engine.read(fx, "Out"), before + 1.0, rtol=1e-6)
+    assert engine.graph is graph and _counts(engine) == built  # swapped into the running graph
