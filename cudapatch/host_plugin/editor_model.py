@@ -160,6 +160,7 @@ class EditorModel:
         self._groups: dict[str, GroupView] = {}
         self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
         self._owners: dict[int, str] = {}  # block id -> the operator showing it (a composite's inner blocks too)
+        self._browsed: tuple[tuple[str, int], list[BrowserEntry]] | None = None  # the last ``browse``, by query
         self._views_version = -1
         #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
         self.probes = WireProbes(adapter)
@@ -611,7 +612,10 @@ class EditorModel:
         """The block browser's listing: every registered block type matching ``query`` (by name, category
         or docstring words), plugins' types included, each with its category and the first line of its
         docstring (``editor_browser.browse``). ``create(entry.name)`` makes one."""
-        return browse(self.registry, query)
+        key = (query, len(self.registry))
+        if self._browsed is None or self._browsed[0] != key:  # the panel asks every frame its browser is open
+            self._browsed = (key, browse(self.registry, query))
+        return list(self._browsed[1])
 
     # -- actions --------------------------------------------------------------------------------------
     def create(
