@@ -1,7 +1,7 @@
 """The editor panel under EGL (Mesa in CI, the NVIDIA driver on the GPU machine): a node whose kernel
 compiles is drawn in the Compiling colour, and in the OK colour once its compile has landed; a wire is
-unlinked by dragging from its linked input pin into empty space (mouse events fed to imgui), as one
-edit."""
+unlinked by dragging from its linked input pin into empty space, and by its menu's Unlink (mouse events
+fed to imgui), each as one edit."""
 
 from __future__ import annotations
 
@@ -71,3 +71,35 @@ def test_dragging_from_a_linked_input_into_empty_space_unlinks_it_as_one_edit():
     assert not model.links() and model.status == "unlink fill.Out -> scale.In"
     assert len(model._undo) == 1 and "fill.Out -> scale.In" not in model.doc.text
     assert model.undo() and model.doc.text == text and [str(lk) for lk in model.links()] == ["fill.Out -> scale.In"]
+
+
+def test_the_wire_menus_unlink_removes_the_wire():
+    from imgui_bundle import imgui
+
+    from .test_editor_gl import _model
+
+    model = _model()
+    frames: list = []  # each frame's number; the wire's middle once measured
+
+    def each_frame(panel):
+        n = len([f for f in frames if isinstance(f, int)])
+        frames.append(n)
+        io = imgui.get_io()
+        if n == 2:  # the nodes are measured: over the wire's middle (symmetric tangents pass through it)
+            (ax, ay), (bx, by) = panel.layout.pins[("fill", "Out", "out")], panel.layout.pins[("scale", "In", "in")]
+            frames.append(((ax + bx) / 2, (ay + by) / 2))
+            io.add_mouse_pos_event((ax + bx) / 2, (ay + by) / 2)
+        elif n == 4:
+            io.add_mouse_button_event(1, True)
+        elif n == 5:
+            io.add_mouse_button_event(1, False)  # the wire's menu opens at the mouse
+        elif n == 8:  # its second row: the wire's text, then Unlink
+            x, y = next(f for f in frames if isinstance(f, tuple))
+            io.add_mouse_pos_event(x + 30.0, y + imgui.get_style().window_padding.y + imgui.get_frame_height() * 1.5)
+        elif n == 10:
+            io.add_mouse_button_event(0, True)
+        elif n == 11:
+            io.add_mouse_button_event(0, False)
+
+    _draw(model, frames=16, each_frame=each_frame)
+    assert not model.links() and model.status == "unlink fill.Out -> scale.In" and len(model._undo) == 1
