@@ -494,6 +494,12 @@ class KernelTracker:
             slot = self._slots.get(key)
             return None if slot is None else slot.good
 
+    def compiling(self) -> frozenset[int]:
+        """Ids of the blocks with a kernel compile in flight: a first compile, or an edit's while the
+        previous version keeps running (not an optimised build of a running kernel). For displays (the
+        node editor's Compiling state); read without the lock, from a copy of ``pending``."""
+        return frozenset(key[0] for key in tuple(self.pending))
+
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         """Compile errors that persist until the kernel compiles again."""
         return tuple(self._diags.values())

@@ -33,7 +33,7 @@ from typing import Any
 from ..blocks.composite import Composite
 from .editor_layout import node_cell
 from .editor_model import source_text
-from .editor_views import GroupView, LinkView, NodeView, PinView, param_view
+from .editor_views import COMPILING_FIRST, GroupView, LinkView, NodeView, PinView, param_view, shown_state
 
 __all__ = ["Inside", "finish_inside", "plan_inside", "refresh_inside"]
 
@@ -183,11 +183,18 @@ def finish_inside(
         inside.links.append(link_view(by_path[src], src, sp, dst, dp, str(out.pin_type) if out is not None else ""))
 
 
-def refresh_inside(inside: Inside, top: NodeView, diags: Any, block_ms: Mapping[int, float] | None) -> None:
+def refresh_inside(
+    inside: Inside,
+    top: NodeView,
+    diags: Any,
+    block_ms: Mapping[int, float] | None,
+    compiling: frozenset[int] = frozenset(),
+) -> None:
     """Each inner node's state and message from the composite's diagnostics ``diags``, and its GPU time
     from ``block_ms`` (``EngineStats.block_ms``; None: not measured). A node with no diagnostic of its
-    own is OK, or not compiled yet while its composite is not. An open nested composite's node shows
-    what its inside has."""
+    own is OK, or not compiled yet while its composite is not; one whose kernel compiles (its block id in
+    ``compiling``, ``KernelTracker.compiling``) is Compiling (``shown_state``). An open nested composite's
+    node shows what its inside has."""
     per: dict[str, list[Any]] = {}
     for d in diags:
         target = inside.leaves.get(d.block_id) if d.block_id is not None else None
@@ -197,13 +204,23 @@ def refresh_inside(inside: Inside, top: NodeView, diags: Any, block_ms: Mapping[
         while target is not None and target != inside.op:  # the node, then the open composites around it
             per.setdefault(target, []).append(d)
             target = target.rsplit("/", 1)[0]
-    base = top.state if top.state in ("NotCompiled", "Compiling") else "OK"
+    busy: set[str] = set()  # nodes with a leaf compiling: the leaf's node, then the open composites around it
+    for bid in compiling:
+        target = inside.leaves.get(bid)
+        while target is not None and target != inside.op:
+            busy.add(target)
+            target = target.rsplit("/", 1)[0]
+    # The composite runs (OK, or Compiling an edit while the previous version runs) or it does not yet.
+    waiting = top.state == "NotCompiled" or (top.state == "Compiling" and top.compiling == COMPILING_FIRST)
+    base = "NotCompiled" if waiting else "OK"
     for path, view in inside.views.items():
         found = per.get(path)
+        state = base
         if found:
             errors = any(d.severity == "error" for d in found)
-            view.state = "Error" if errors else "Warning" if any(d.severity == "warning" for d in found) else base
+            state = "Error" if errors else "Warning" if any(d.severity == "warning" for d in found) else base
             view.message = "; ".join(d.message for d in found)
         else:
-            view.state, view.message = base, ""
+            view.message = ""
+        view.state, view.compiling = shown_state(state, path in busy)
         view.gpu_ms = block_ms.get(view.block_id) if block_ms else None

@@ -6,14 +6,17 @@ model knows nothing of imgui, so everything here is tested without a display or 
 - **Views.** ``nodes()`` and ``links()`` describe the patch as the editor draws it: one node per
   operator with its ports as pins, its parameters with their declared types and ranges (``ParamView``
   picks the widget), its position, and, after ``refresh(stats)``, its state, diagnostic text, GPU
-  time and append fill. Views are rebuilt only when an edit changed the patch (``version``); a frame
-  with no edit costs one pass over the block statistics. The view classes are in ``editor_views.py``,
-  where nodes go (``auto_layout``, ``group_rects``) in ``editor_layout.py``.
-- **Actions** (``create``, ``delete``, ``connect``, ``disconnect``, ``rename``, ``bypass``,
-  ``set_param``, ``move``) each make the one ``HostAdapter`` call that does it, so the engine applies
-  it with the cheapest tier (a value is Hot, a link is Cold), then edit the patch file's text with
-  ``PatchDocument`` (comments and order kept) and write it. An action the adapter or the patch checks
-  refuse returns an ``ActionResult`` with the reason and changes nothing.
+  time and append fill; a block whose kernel compiles shows ``Compiling`` (``shown_state``, from what
+  the engine's kernel tracker has in flight: ``KernelTracker.compiling``). Views are rebuilt only when
+  an edit changed the patch (``version``); a frame with no edit costs one pass over the block
+  statistics. The view classes are in ``editor_views.py``, where nodes go (``auto_layout``,
+  ``group_rects``) in ``editor_layout.py``.
+- **Actions** (``create``, ``delete``, ``connect``, ``disconnect``, ``unlink_input``, ``rename``,
+  ``bypass``, ``set_param``, ``move``) each make the one ``HostAdapter`` call that does it, so the
+  engine applies it with the cheapest tier (a value is Hot, a link is Cold), then edit the patch file's
+  text with ``PatchDocument`` (comments and order kept) and write it. An action the adapter or the
+  patch checks refuse returns an ``ActionResult`` with the reason and changes nothing. ``browse(query)``
+  lists the block types ``create`` takes, for the block browser (``editor_browser.py``).
 - **The file.** After writing, the host's ``PatchReloader`` adopts the new patch, so its watcher
   sees its own write as no change. A file that cannot be written (read-only) keeps the edit in
   memory; ``status`` says so and the next successful write saves it. An edit made outside (another
@@ -50,10 +53,12 @@ from typing import Any
 
 from ..blocks.composite import Composite
 from ..blocks.regions import Region
+from ..engine.diagnostics import DiagnosticCode
 from ..errors import CudapatchError, PatchFileError
 from ..expr import ProgramSource
 from .adapter import HostAdapter
 from .code_errors import CodeError, code_errors
+from .editor_browser import BrowserEntry, browse
 from .editor_layout import auto_layout, group_rects, node_cell
 from .editor_views import (
     ActionResult,
@@ -65,6 +70,7 @@ from .editor_views import (
     PinView,
     groups_of,
     param_view,
+    shown_state,
 )
 from .generated_code import generated_code
 from .patch import Patch, apply_patch, parse_patch
@@ -80,6 +86,7 @@ __all__ = [
     "LinkView",
     "GroupView",
     "InsideView",
+    "BrowserEntry",
     "auto_layout",
     "group_rects",
     "source_text",
@@ -152,6 +159,8 @@ class EditorModel:
         self._links: list[LinkView] | None = None
         self._groups: dict[str, GroupView] = {}
         self._loops: list[tuple[NodeView, Any, str]] = []  # (view, block, "Count"/"Max") of each loop
+        self._owners: dict[int, str] = {}  # block id -> the operator showing it (a composite's inner blocks too)
+        self._browsed: tuple[tuple[str, int], list[BrowserEntry]] | None = None  # the last ``browse``, by query
         self._views_version = -1
         #: Probes on wires (``engine.probe``), by the output they read: selected wires show their statistics.
         self.probes = WireProbes(adapter)
@@ -359,11 +368,17 @@ class EditorModel:
             if prev is not None:  # keep the last statistics until the next refresh
                 view.state, view.message, view.gpu_ms, view.append = prev.state, prev.message, prev.gpu_ms, prev.append
                 view.code_errors, view.iterations, view.runs = prev.code_errors, prev.iterations, prev.runs
+                view.compiling = prev.compiling
             views[op] = view
             if view.kind in ("while", "for"):
                 loops.append((view, block, "Max" if view.kind == "while" else "Count"))
         self._views = views
         self._loops = loops
+        owners = {b.id: op for op, b in blocks.items()}
+        for op, b in blocks.items():
+            if isinstance(b, Composite):
+                owners.update((leaf.id, op) for _, leaf in b.inner_blocks())
+        self._owners = owners
         self._groups = groups_of(views)
         self._links = [self._link_view(*key) for key in link_keys]
         self._finish_insides(views, insides, layout)
@@ -461,17 +476,22 @@ class EditorModel:
         views = self.nodes()
         if self.probes:
             self.probes.refresh()
+        ids = self._compiling()
+        compiling = {op for bid in ids if (op := self._owners.get(bid)) is not None} if ids else set()
         if stats is None:
             for view in views.values():
                 diags = self.adapter.diagnostics(view.name)
-                errors = [d for d in diags if d.severity == "error"]
-                view.state = "Error" if errors else "Warning" if diags else "OK"
+                severities = {d.severity for d in diags}
+                # An info (a first compile in flight) is no warning: the block is not built yet.
+                waiting = "NotCompiled" if any(d.code == DiagnosticCode.KERNEL_COMPILING for d in diags) else "OK"
+                state = "Error" if "error" in severities else "Warning" if "warning" in severities else waiting
+                view.state, view.compiling = shown_state(state, view.name in compiling)
                 view.message = "; ".join(d.message for d in diags)
                 view.code_errors = self._code_errors(view, view.message)
             if self._loops:
                 self._read_iterations()
             if self._insides:
-                self._refresh_insides(None)
+                self._refresh_insides(None, ids)
             return
         by_id = {b.block_id: b for b in stats.blocks}
         for view in views.values():
@@ -485,15 +505,23 @@ class EditorModel:
                 if full != view.code_source:
                     view.code_source = full
                     view.code_errors = self._code_errors(view, full)
-            view.state, view.message, view.gpu_ms = b.state, b.message, b.gpu_ms
+            view.state, view.compiling = shown_state(b.state, view.name in compiling)
+            view.message, view.gpu_ms = b.message, b.gpu_ms
             view.runs = getattr(b, "runs", None)
             view.append = {port: (a.count, a.capacity) for port, a in b.append.items()} if b.append else {}
         if self._loops:
             self._read_iterations()
         if self._insides:
-            self._refresh_insides(stats)
+            self._refresh_insides(stats, ids)
 
-    def _refresh_insides(self, stats: Any) -> None:
+    def _compiling(self) -> frozenset[int]:
+        """Ids of the blocks with a kernel compile in flight (``KernelTracker.compiling``: what the engine's
+        kernel tracker has pending; an operator shows its inner blocks' too). Empty for an engine without
+        one (one that only plans, or an isolated engine, whose compiles happen in its own process)."""
+        kernels = getattr(self.adapter.engine, "kernels", None)
+        return kernels.compiling() if kernels is not None else frozenset()
+
+    def _refresh_insides(self, stats: Any, compiling: frozenset[int]) -> None:
         """The inner nodes of open composites (only those): states from each one's diagnostics, GPU times
         from ``stats.block_ms``. A composite whose file was read again has a new inside: views made again."""
         from .editor_inside import refresh_inside
@@ -507,7 +535,7 @@ class EditorModel:
             if block is not inside.block or block.layout is not inside.layout:
                 self.version += 1  # the next ``nodes()`` makes the views again
                 return
-            refresh_inside(inside, self._views[op], self.adapter.diagnostics(op), block_ms)  # type: ignore[index]
+            refresh_inside(inside, self._views[op], self.adapter.diagnostics(op), block_ms, compiling)  # type: ignore[index]
 
     def _code_errors(self, view: NodeView, message: str) -> tuple[CodeError, ...]:
         """The errors of ``message`` at lines of the node's ``Code``: locations in the file its kernel
@@ -579,6 +607,15 @@ class EditorModel:
         if any(lk.dst == dst and lk.dst_port == dst_port for lk in self.adapter.links()):
             return f"{dst}.{dst_port} is already linked (an input takes one link)"
         return None
+
+    def browse(self, query: str = "") -> list[BrowserEntry]:
+        """The block browser's listing: every registered block type matching ``query`` (by name, category
+        or docstring words), plugins' types included, each with its category and the first line of its
+        docstring (``editor_browser.browse``). ``create(entry.name)`` makes one."""
+        key = (query, len(self.registry))
+        if self._browsed is None or self._browsed[0] != key:  # the panel asks every frame its browser is open
+            self._browsed = (key, browse(self.registry, query))
+        return list(self._browsed[1])
 
     # -- actions --------------------------------------------------------------------------------------
     def create(
@@ -652,6 +689,19 @@ class EditorModel:
             return self._refuse(f"no link {src}.{src_port} -> {dst}.{dst_port}")
         text = f"{src}.{src_port} -> {dst}.{dst_port}"
         return self._do(f"unlink {text}", lambda doc: doc.remove_link(text), lambda: self.adapter.disconnect(*key))
+
+    def link_into(self, op: str, port: str) -> LinkView | None:
+        """The wire feeding input ``port`` of node ``op`` (an inner node's too), or None when it is not
+        linked."""
+        return next((lk for lk in self.drawn_links() if lk.dst == op and lk.dst_port == port), None)
+
+    def unlink_input(self, op: str, port: str) -> ActionResult:
+        """Remove the wire feeding input ``port`` of ``op``: what dragging from a linked input pin into
+        empty space does in the panel. The same edit as ``disconnect`` (one adapter call, written, undone)."""
+        link = self.link_into(op, port)
+        if link is None:
+            return self._refuse(f"{op}.{port} is not linked")
+        return self.disconnect(*link.key)
 
     def rename(self, op: str, new: str) -> ActionResult:
         """Rename an operator (its links, preview references and position follow)."""

@@ -21,6 +21,7 @@ __all__ = [
     "Rect",
     "groups_of",
     "param_view",
+    "shown_state",
 ]
 
 # Vector parameters drawn as colour pickers: named or described as a colour (ToPoints' Young and Old
@@ -115,6 +116,8 @@ class NodeView:
     opened: bool = False
     #: A composite: where its inside is defined (its file's name, or its Python class).
     source: str = ""
+    #: While one of its kernels compiles: a line saying so for the state's tooltip ("" otherwise).
+    compiling: str = ""
 
 
 #: A rectangle in canvas units: ``(x0, y0, x1, y1)``.
@@ -172,6 +175,30 @@ class LinkView:
 
     def __str__(self) -> str:
         return f"{self.src}.{self.src_port} -> {self.dst}.{self.dst_port}"
+
+
+#: The tooltip lines of ``shown_state``: a running block's edit, a first compile, a new version behind a
+#: warning or an error.
+COMPILING_EDIT = "compiling the edited kernel: the previous version runs until it is ready"
+COMPILING_FIRST = "compiling its kernel: it runs once the compile is done"
+COMPILING_AGAIN = "a new version of its kernel is compiling"
+
+
+def shown_state(state: str, compiling: bool) -> tuple[str, str]:
+    """The state a node shows and the line its state's tooltip adds, from the engine's state of the block
+    (``OK``, ``NotCompiled``, ``Warning``, ``Error``) and whether one of its kernels is compiling.
+
+    A compile in flight shows as ``Compiling`` where nothing worse is known: a block waiting for its first
+    compile (``NotCompiled``), or a running block whose edited kernel compiles while the previous version
+    runs (``OK``). A warning or an error says more and stays (an error's markers stay at their lines until
+    the new compile lands); the tooltip line still says a new version is compiling."""
+    if not compiling:
+        return state, ""
+    if state == "OK":
+        return "Compiling", COMPILING_EDIT
+    if state == "NotCompiled":
+        return "Compiling", COMPILING_FIRST
+    return state, COMPILING_AGAIN
 
 
 def groups_of(views: dict[str, NodeView]) -> dict[str, GroupView]:

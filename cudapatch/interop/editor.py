@@ -1,15 +1,18 @@
 """The node editor panel: the running patch drawn with imgui-node-editor, edited through ``EditorModel``.
 
 Every operator is a node (title coloured by its state, type, GPU time, append fill, diagnostic
-text), its ports are pins, its parameters are widgets chosen by ``ParamView.widget`` (sliders with the
-declared ranges, checkboxes, enums, colour pickers, a multi-line ``Code`` editor whose compile errors
-are marked at their line: tinted, a red bar, a tick at the column, and listed below as ``line:column``;
-a block that generates its kernel, an Expression, can show its generated code). Wires and pins
-show dtype, shape, element count and bytes on hover. Dragging from a pin to
-a pin connects (a refused link turns red and shows the reason), Delete removes the selection, the
-node menu renames and bypasses, the background menu opens the block browser (every registered
-type, grouped by package, with its docstring). Ctrl+Z / Ctrl+Y undo and redo; F2 shows or hides
-the panel (F1 stays the overlay).
+text; a block whose kernel compiles, at its first compile or after a ``Code`` edit, is ``Compiling``,
+its state line's tooltip saying what runs meanwhile), its ports are pins, its parameters are widgets
+chosen by ``ParamView.widget`` (sliders with the declared ranges, checkboxes, enums, colour pickers, a
+multi-line ``Code`` editor whose compile errors are marked at their line: tinted, a red bar, a tick at
+the column, and listed below as ``line:column``; a block that generates its kernel, an Expression, can
+show its generated code). Wires and pins show dtype, shape, element count and bytes on hover. Dragging
+from a pin to a pin connects (a refused link turns red and shows the reason); Delete removes the
+selection, the wire menu's **Unlink** removes a wire, and so does dragging from a linked input pin into
+empty space and releasing there. The node menu renames and bypasses, the background menu opens the
+block browser (``EditorModel.browse``: every registered type, plugins' too, grouped by category,
+searchable by name and docstring words, each with its docstring's first line). Ctrl+Z / Ctrl+Y undo
+and redo; F2 shows or hides the panel (F1 stays the overlay).
 
 A region (If, While, For) is a group: a tinted frame titled with its name, kind and state (a loop's
 iterations in the newest completed frame, a While stopped at ``Max`` in the warning colour) around the
@@ -466,6 +469,8 @@ class EditorPanel(EditorGroups, EditorWidgets, EditorMenus):
                 imgui.text(f"{state}  {view.gpu_ms:.3f} ms, {view.runs} runs of {view.gpu_ms / view.runs:.3f}")
             else:
                 imgui.text(f"{state}  {view.gpu_ms:.3f} ms")
+            if view.compiling and imgui.is_item_hovered():  # a compile in flight: what runs meanwhile
+                self._tooltip(f"{state}: {view.compiling}")
         for port, (count, capacity) in () if compact else view.append.items():
             imgui.progress_bar(
                 count / capacity if capacity else 0.0, imgui.ImVec2(NODE_WIDTH, 0), f"{port} {count}/{capacity}"

@@ -1,8 +1,9 @@
 """What the user does in the editor panel besides editing parameters: links made and refused, nodes
-and wires deleted, the node, group, wire and background menus (rename, bypass, delete, move into or
-out of a region, open or close a composite, probe), the block browser, double clicks, a selected
-wire's probe window, and dragged nodes' positions written back as one edit; plus the tooltips of
-hovered wires and pins.
+and wires deleted (Delete, the wire menu's Unlink, or a linked input's wire dragged off into empty
+space), the node, group, wire and background menus (rename, bypass, delete, move into or out of a
+region, open or close a composite, probe, unlink), the block browser (``EditorModel.browse``), double
+clicks, a selected wire's probe window, and dragged nodes' positions written back as one edit; plus the
+tooltips of hovered wires and pins.
 
 ``EditorMenus`` is a base class of ``EditorPanel`` (``editor.py``), whose ``draw`` calls these after
 submitting the nodes and wires (the editor answers its queries about them inside ``ed.begin``..``ed.end``).
@@ -69,11 +70,8 @@ class EditorMenus:
                     elif ed.accept_new_item(imgui.ImVec4(*LINK_COLOR), 2.5):
                         self._report(model.connect(out[0], out[1], inp[0], inp[1]))
             pin = ed.PinId()
-            if ed.query_new_node(pin) and ed.accept_new_item():
-                self._new_at = _xy(ed.get_mouse_pos_on_canvas())
-                ed.suspend()
-                imgui.open_popup("Add block")
-                ed.resume()
+            if ed.query_new_node(pin):
+                self._dropped(self._pins_by_id.get(pin.id()))
             ed.end_create()
         if ed.begin_delete():
             link_id = ed.LinkId()
@@ -109,6 +107,28 @@ class EditorMenus:
                 self._tooltip(f"{link}\n{link.size_text}{seen}")
         elif (pin := ed.get_hovered_pin()) and (where := self._pins_by_id.get(pin.id())) is not None:
             self._tooltip(model.port_text(*where))  # shape, element type and bytes of what the pin carries
+
+    def _dropped(self, pin: tuple[str, str, str] | None) -> None:
+        """A wire dragged from ``pin`` is over empty space. From a linked input it unlinks it when released
+        (imgui-node-editor has no dragging of a wire's end off its pin: this stands in for it); from any
+        other pin the block browser opens where it was released."""
+        imgui, ed, model = self._imgui, self._ed, self.model
+        link = model.link_into(pin[0], pin[1]) if pin is not None and pin[2] == "in" else None
+        if link is not None:
+            problem = model.inner_problem(link.src) or model.inner_problem(link.dst)
+            if problem is not None:
+                ed.reject_new_item(imgui.ImVec4(*REFUSED_COLOR), 2.0)
+                self._tooltip(f"cannot unlink: {problem}")
+                return
+            self._tooltip(f"release to unlink {link}")
+            if ed.accept_new_item(imgui.ImVec4(*REFUSED_COLOR), 2.0):
+                self._report(model.unlink_input(pin[0], pin[1]))  # type: ignore[index]
+            return
+        if ed.accept_new_item():
+            self._new_at = _xy(ed.get_mouse_pos_on_canvas())
+            ed.suspend()
+            imgui.open_popup("Add block")
+            ed.resume()
 
     def _double_click(self) -> None:
         """A double-click on a composite's node opens or closes it; on an open composite's group, closes it."""
@@ -149,6 +169,10 @@ class EditorMenus:
             if key is not None:
                 src, port = key[0], key[1]
                 imgui.text(f"{src}.{port} -> {key[2]}.{key[3]}")
+                if imgui.menu_item("Unlink", "Del", False)[0]:
+                    self._report(model.disconnect(*key))  # an inner wire is refused, the reason in the status line
+                    if self._wire == key:
+                        self._wire = None
                 if (src, port) in model.probes:
                     if imgui.menu_item("Remove probe", "", False)[0]:
                         self._report(model.unprobe(src, port))
@@ -220,22 +244,24 @@ class EditorMenus:
             self._report(model.close(view.composite))  # type: ignore[arg-type]
 
     def _browser(self) -> None:
-        """The block browser: every registered type, grouped by package, filtered by the search text."""
+        """The block browser: what ``EditorModel.browse`` lists for the search text, grouped by category,
+        each type with its docstring's first line (the whole first paragraph in its tooltip)."""
         imgui, model = self._imgui, self.model
         _, self._search = imgui.input_text("Search", self._search)
-        needle = self._search.lower()
         groups: dict[str, list[Any]] = {}
-        for bt in model.registry:
-            if not needle or needle in bt.name.lower() or needle in bt.doc.lower():
-                groups.setdefault(bt.name.split(".", 1)[0], []).append(bt)
-        for package, types in groups.items():
-            if imgui.tree_node_ex(package, imgui.TreeNodeFlags_.default_open):
-                for bt in types:
-                    if imgui.selectable(bt.name.split(".", 1)[1], False)[0]:
-                        self._report(model.create(bt.name, position=self._new_at, region=self._new_region))
+        for entry in model.browse(self._search):
+            groups.setdefault(entry.category, []).append(entry)
+        for category, entries in groups.items():
+            if imgui.tree_node_ex(category, imgui.TreeNodeFlags_.default_open):
+                for entry in entries:
+                    if imgui.selectable(f"{entry.label}##{entry.name}", False)[0]:
+                        self._report(model.create(entry.name, position=self._new_at, region=self._new_region))
                         imgui.close_current_popup()
-                    if imgui.is_item_hovered() and bt.doc:
-                        imgui.set_tooltip(f"{bt.name} (from {bt.origin})\n{bt.doc}")
+                    if imgui.is_item_hovered() and entry.doc:
+                        imgui.set_tooltip(f"{entry.name} (from {entry.origin})\n{entry.doc}")
+                    if entry.summary:
+                        imgui.same_line()
+                        imgui.text_disabled(entry.summary[:80])
                 imgui.tree_pop()
 
     def _selected_wire(self) -> None:
