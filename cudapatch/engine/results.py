@@ -154,10 +154,15 @@ class EngineResults:
         Raises:
             CudapatchError: not compiled or no such output.
         """
-        buf = self.output(block, port)
+        if block.description.output(port) is None:
+            raise CudapatchError("no such output port", block=block.name, port=port)
         g = self.resources.graph
-        shape = g.plan.shapes.get((block.id, port)) if g is not None else None
-        return shape if shape is not None else Shape.flat(buf.count)
+        shape = g.plan.shapes.get((block.id, port)) if g is not None and block.id in g.plan.block_nodes else None
+        if shape is not None:  # the plan knows it, whether or not a buffer of its own holds the value yet
+            return shape
+        # Only looks (keep=False): asking a value's shape (a preview about to show it, which keeps it
+        # itself) must not raise because the running graph lets a later value reuse its buffer.
+        return Shape.flat(self.output(block, port, keep=False).count)
 
     def iterations(self, region: Block) -> int | None:
         """The iterations a ``While`` or ``For`` ran in the newest completed frame, read from the

@@ -129,7 +129,7 @@ def test_a_code_edit_shows_compiling_while_the_previous_kernel_runs_then_swaps_i
     model, adapter = _running(engine, FX)
     fx = adapter.block("fx")
     run_until(engine, lambda: _settled(engine) and fx.debug.state.value == "OK")
-    before = engine.read(fx, "Out").astype(np.float64)
+    before = engine.read(fx, "out").astype(np.float64)
     model.refresh(engine.stats())
     assert (model.nodes()["fx"].state, model.nodes()["fx"].compiling) == ("OK", "")
     graph, built = engine.graph, _counts(engine)
@@ -152,11 +152,11 @@ def test_a_code_edit_shows_compiling_while_the_previous_kernel_runs_then_swaps_i
         view = model.nodes()["fx"]
         assert (view.state, view.compiling) == ("Compiling", COMPILING_EDIT)
         assert fx.debug.state.value == "OK"  # the engine runs the previous version meanwhile
-        np.testing.assert_allclose(engine.read(fx, "Out"), before, rtol=1e-6)
+        np.testing.assert_allclose(engine.read(fx, "out"), before, rtol=1e-6)
     finally:
         gate.set()
     run_until(engine, lambda: _settled(engine) and engine.counters.code_swaps > 0)
     run_until(engine, lambda: (model.refresh(engine.stats()), model.nodes()["fx"].state == "OK")[1])
     assert model.nodes()["fx"].compiling == ""
-    np.testing.assert_allclose(engine.read(fx, "Out"), before + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(engine.read(fx, "out"), before + 1.0, rtol=1e-6)
     assert engine.graph is graph and _counts(engine) == built  # swapped into the running graph
