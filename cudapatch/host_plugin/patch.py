@@ -86,6 +86,7 @@ _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+
 # never closes ends at the end of its line (else every later quote on the line rescans it).
 _TABLE = re.compile(r"^[ \t]*\[([^\[\]\n]*)\]")
 _STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)')
+_DIGITS = re.compile(r"\d[\d_]*")  # a run of digits, for the line of a number too long to read
 #: Largest preview image side, in pixels (a GPU's largest texture is 16K-32K).
 MAX_PREVIEW_SIDE = 16384
 #: Highest CUDA device ordinal a patch may name.
@@ -139,6 +140,17 @@ class Patch:
     def fuse(self) -> bool:
         """``[engine] fuse``: elementwise fusion, on unless the file says ``fuse = false``."""
         return bool(self.engine.get("fuse", True))
+
+
+def _long_number_line(text: str) -> int | None:
+    """The first line with a decimal integer of more than 4,300 digits (``int()``'s limit; underscores
+    between digits do not count), outside strings and comments; None if none is found there."""
+    for i, line in enumerate(text.splitlines()):
+        code = _STRING.sub('""', line).split("#", 1)[0]
+        for m in _DIGITS.finditer(code):
+            if len(m.group()) - m.group().count("_") > 4300:
+                return i + 1
+    return None
 
 
 class _Lines:
@@ -214,7 +226,7 @@ def parse_patch(
             f"values are nested too deep to read (the limit is {MAX_NESTING} levels)", file=file
         ) from None
     except ValueError:  # tomllib's only other error: an integer of more than 4,300 digits, refused by int()
-        raise PatchFileError("a number has more than 4,300 digits", file=file) from None
+        raise PatchFileError("a number has more than 4,300 digits", file=file, line=_long_number_line(text)) from None
     lines = _Lines(text)
     problem = data_problem(data)
     if problem is not None:
