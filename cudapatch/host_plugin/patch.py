@@ -15,6 +15,10 @@ Format::
     [operators.forces]
     type = "particles.Forces"
 
+    [operators.gain]
+    type = "core.Scale"
+    fuse = false                  # an elementwise block kept out of fused groups (Scale(fuse=False))
+
     [operators.solve]
     type = "While"                # a region: If, While (Max required) or For (Count)
     Max = 500
@@ -41,6 +45,9 @@ declares.
 
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
+An edit applies all or nothing (``apply_patch``; the checks and the undo are ``_patch_guard``'s): a
+link, region or kept output the engine would refuse is refused before anything changes, and an edit
+that fails part way is undone.
 
 ``[editor]`` holds the node editor's settings (``patch_writer``): ``positions`` is for the editor
 only, ``bypassed`` is applied wherever the file is (the first load, every reload, an editor's undo),
