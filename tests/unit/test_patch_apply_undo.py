@@ -10,14 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from cudapatch import Engine
 from cudapatch.blocks.block import Block
 from cudapatch.blocks.description import like
+from cudapatch.engine import build as build_module
+from cudapatch.engine import engine as engine_module
+from cudapatch.engine import resources as resources_module
 from cudapatch.errors import KernelLoadError, PatchFileError
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, load_patch, parse_patch
 from cudapatch.host_plugin.hosts.live_reload import PatchReloader
 from cudapatch.kernels.source import bundled_kernel
 
 from .plan_engine import PlanOnlyEngine
+from .test_engine_orchestration import FakeBuilder, FakeDevice, FakeGraph, FakeModules
 
 REG = PluginHost().registry
 
@@ -254,3 +259,52 @@ def test_a_refused_reload_keeps_the_last_good_patch_running(tmp_path: Path) -> N
     path.write_text(LOOP_EDIT.replace('"b.Out -> a.In", ', ""))  # the loop taken out: it applies
     os.utime(path, ns=(2_000_000_000,) * 2)
     assert reloader.poll(force=True) and adapter.block("b").get("Factor") == 5.0 and "c" in adapter.operators()
+
+
+# -- the real Engine (the unit tests' stand-in device, kernel builder and graph) ---------------------
+@pytest.fixture
+def real_engine(monkeypatch: pytest.MonkeyPatch):
+    """The real Engine on the stand-in device, kernel builder and graph of ``test_engine_orchestration``."""
+    monkeypatch.setattr(resources_module, "DeviceContext", FakeDevice)
+    monkeypatch.setattr(resources_module, "ModuleCache", FakeModules)
+    monkeypatch.setattr(engine_module, "KernelBuilder", FakeBuilder)
+    monkeypatch.setattr(build_module, "realize", FakeGraph)
+    monkeypatch.setattr(FakeDevice, "refuse_reset", False)
+    monkeypatch.setattr(FakeGraph, "fault", False)
+    e = Engine(cache_dir=False, watch_files=False, background_builds=False)
+    yield e
+    e.close()
+
+
+def test_on_the_engine_a_refused_edit_keeps_the_built_graph_and_an_undone_one_builds_the_same_patch(
+    real_engine: Engine,
+) -> None:
+    engine = real_engine
+    registry = PluginHost().registry
+    registry.add(_ReadOnce, name="test.ReadOnce")
+    adapter = HostAdapter(engine, registry)
+    base = parse_patch(BASE, path="p.toml", registry=registry)
+    apply_patch(adapter, base)
+    for _ in range(3):  # built, then its kernels compiled in: the graph a quiet frame keeps
+        engine.update()
+    graph = engine.resources.graph
+    engine.update()
+    assert engine.resources.graph is graph
+    assert graph is not None and _errors(engine) == []
+    before = _state(adapter)
+    with pytest.raises(PatchFileError, match=r"\(loop: b -> a -> b\)"):
+        apply_patch(adapter, parse_patch(LOOP_EDIT, path="p.toml", registry=registry), base)
+    engine.update()
+    assert engine.resources.graph is graph and _state(adapter) == before  # nothing to rebuild
+    _ReadOnce.reads = 0
+    edit = BASE.replace("Factor = 3.0", "Factor = 4.0") + '\n[operators.r]\ntype = "test.ReadOnce"\n'
+    with pytest.raises(PatchFileError, match="its source is gone"):
+        apply_patch(adapter, parse_patch(edit.replace('"b.Out -> d.In"]', '"b.Out -> r.In"]'), registry=registry), base)
+    assert _state(adapter) == before
+    engine.update()
+    assert _errors(engine) == [] and {b.name for b in engine.context.registry} == {"f", "a", "b", "d"}
+    assert engine.resources.graph.plan.scalar_slots.keys() == graph.plan.scalar_slots.keys()
+
+
+def _errors(engine: Engine) -> list:
+    return [d for d in engine.diagnostics() if d.severity == "error"]
