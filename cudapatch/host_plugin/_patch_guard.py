@@ -69,7 +69,7 @@ def check_structure(adapter: HostAdapter, new: Patch, old: Patch | None, probes:
     running = {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()}
     added = [lk for lk in listed if lk.key not in running or {lk.src, lk.dst} & changed]
     _check_loops(links, added, descs, file)
-    _check_keep(adapter, new, descs, file, lines.key("keep", lines.table("engine")))
+    _check_keep(adapter, new, descs, file, lines)
 
 
 def _final_links(
@@ -131,8 +131,8 @@ def _check_link(lk: LinkSpec, descs: dict[str, BlockDescription], file: str) -> 
 
 def _check_loops(links: list[LinkSpec], added: list[LinkSpec], descs: dict[str, BlockDescription], file: str) -> None:
     """Refuse a link of ``added`` that closes a loop of same-frame links (not into a ``FrameDelay``'s
-    ``In``), naming the loop's blocks. One pass (Kahn's algorithm) when there is none; only a patch
-    with a loop pays for finding which link closes it and the blocks on it."""
+    ``In``), naming the loop's blocks. A patch without a loop costs one pass over its links
+    (``_cyclic_core``); only one with a loop pays for finding which link closes it and its blocks."""
     succ: dict[str, list[str]] = {}
     for lk in links:
         if lk.dst_port not in descs[lk.dst].feedback_inputs:
@@ -179,20 +179,18 @@ def _cyclic_core(succ: dict[str, list[str]]) -> set[str]:
     return nodes - gone
 
 
-def _check_keep(
-    adapter: HostAdapter, new: Patch, descs: dict[str, BlockDescription], file: str, line: int | None
-) -> None:
+def _check_keep(adapter: HostAdapter, new: Patch, descs: dict[str, BlockDescription], file: str, lines: Any) -> None:
     """``[engine] keep`` names ports of operators of ``new`` (as ``Context.keep`` checks them)."""
     wanted = new.engine.get("keep", [])
     if not wanted or getattr(adapter.engine, "keep", None) is None:
         return
     for text in wanted:
         op, _, port = text.strip().partition(".")
-        if op not in descs:
-            raise PatchFileError(f"keep: no operator '{op}'", file=file, line=line)
-        d = descs[op]
-        if d.output(port) is None and d.input(port) is None:
-            raise PatchFileError(f"keep: no such port '{port}' on '{op}'", file=file, line=line, block=op, port=port)
+        d = descs.get(op)
+        if d is None or (d.output(port) is None and d.input(port) is None):
+            what = f"no operator '{op}'" if d is None else f"no such port '{port}' on '{op}'"
+            line = lines.key("keep", lines.table("engine"))
+            raise PatchFileError(f"keep: {what}", file=file, line=line, block=op if d is not None else None)
 
 
 @dataclass
