@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .chunked import Chunked, ChunkedOrder
 
-__all__ = ["Link", "ConnectionGraph"]
+__all__ = ["Link", "ConnectionGraph", "find_path"]
+
+_Node = TypeVar("_Node", bound=Hashable)
+
+
+def find_path(start: _Node, target: _Node, successors: Callable[[_Node], Iterable[_Node]]) -> list[_Node] | None:
+    """A shortest path ``[start, ..., target]`` following ``successors`` (breadth first), or None when
+    ``target`` is not downstream of ``start``. For naming the blocks of a loop in an error: it keeps
+    a parent per block seen, which ``reaches`` (the check on every link) does not pay for."""
+    parent: dict[_Node, _Node | None] = {start: None}
+    queue = [start]
+    for node in queue:  # (the list grows while it is read: a queue without pops)
+        if node == target:
+            path = [node]
+            while (up := parent[path[-1]]) is not None:
+                path.append(up)
+            return path[::-1]
+        for nxt in successors(node):
+            if nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    return None
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,15 @@ class ConnectionGraph:
             seen.add(b)
             stack.extend(lk.dst for lk in self.links_of(b) if lk.src == b and (follow is None or follow(lk)))
         return False
+
+    def path(self, start: int, target: int, *, follow: Callable[[Link], bool] | None = None) -> list[int] | None:
+        """The blocks of a shortest path from ``start`` to ``target`` (both included), following only the
+        links ``follow`` accepts; None when ``reaches`` would say False."""
+
+        def successors(b: int) -> list[int]:
+            return [lk.dst for lk in self.links_of(b) if lk.src == b and (follow is None or follow(lk))]
+
+        return find_path(start, target, successors)
 
     def links(self) -> Chunked:
         """Every link, in the order they were made, frozen (a snapshot's: copies only the chunks of

@@ -30,7 +30,7 @@ from .chunked import Chunked, ChunkedOrder
 from .composites import CompositeInfo, flatten_snapshot
 from .connections import ConnectionGraph, Link
 from .dirty import DirtyTracker
-from .link_order import SameFrameOrder
+from .link_order import SameFrameOrder, cycle_message
 from .registry import BlockRegistry
 
 __all__ = ["Context", "ExternalBinding", "BlockSnapshot", "PatchSnapshot"]
@@ -322,8 +322,7 @@ class Context:
             )
         if dst_port not in dst.description.feedback_inputs and not self._order.admit(src.id, dst.id):
             raise LinkError(
-                f"linking {src.name}.{src_port} to {dst.name}.{dst_port} would make a cycle; "
-                "a loop must pass through a FrameDelay",
+                cycle_message(src.name, src_port, dst.name, dst_port, self._loop_names(dst.id, src.id)),
                 block=dst.name,
                 port=dst_port,
             )
@@ -332,6 +331,14 @@ class Context:
         if old != link:
             self.dirty.mark_structure()
         return link
+
+    def _loop_names(self, start: int, target: int) -> list[str] | None:
+        """The names of the blocks on a same-frame path ``start`` ... ``target``: only looked for once
+        a link is refused, so a link that is admitted pays nothing for the message."""
+        path = self.connections.path(start, target, follow=self._same_frame)
+        if path is None:
+            return None
+        return [getattr(self.registry.get(b), "name", f"#{b}") for b in path]
 
     def _same_frame(self, link: Link) -> bool:
         """Whether ``link`` is followed within a frame (not into an input read a frame late, a

@@ -23,11 +23,24 @@ from collections.abc import Callable, Iterable
 
 from .connections import ConnectionGraph, Link
 
-__all__ = ["SameFrameOrder"]
+__all__ = ["SameFrameOrder", "cycle_message"]
 
 #: A gap this small (relative to the ranks it lies between) is not split again: the next check
 #: ranks every block afresh.
 _TIGHTEST = 1e-9
+
+
+def cycle_message(src: str, src_port: str, dst: str, dst_port: str, loop: list[str] | None) -> str:
+    """The error for a link ``src.src_port -> dst.dst_port`` that would close a same-frame loop.
+
+    Args:
+        loop: The blocks from ``dst`` back to ``src`` along same-frame links (``[dst, ..., src]``, one
+            name when the link goes back into its own block); None when unknown.
+    """
+    where = f" (loop: {' -> '.join([src, *loop])})" if loop else ""
+    return (
+        f"linking {src}.{src_port} to {dst}.{dst_port} would make a cycle; a loop must pass through a FrameDelay{where}"
+    )
 
 
 class SameFrameOrder:

@@ -81,8 +81,9 @@ class HostAdapter:
         return out
 
     # -- structure (Cold on the next cook) ------------------------------------------------------------
-    def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None) -> Block:
-        """Create operator ``op_id`` as a block of ``type_name`` with ``params``.
+    def create(self, op_id: str, type_name: str, params: dict[str, Any] | None = None, *, fuse: bool = True) -> Block:
+        """Create operator ``op_id`` as a block of ``type_name`` with ``params`` (``fuse=False``: the
+        constructor keyword of an elementwise block, kept out of fused groups).
 
         Raises:
             CudapatchError: the id is taken, or the type is unknown.
@@ -98,7 +99,7 @@ class HostAdapter:
         if issubclass(bt.cls, Composite):
             block, texts = self._create_composite(op_id, bt, texts)
         else:
-            block = bt.create(op_id, **texts)
+            block = bt.create(op_id, **texts) if fuse else bt.create(op_id, fuse=False, **texts)
         for name, value in params.items():
             if name not in texts:
                 self._set(block, name, value)

@@ -212,7 +212,7 @@ class FileComposite(Composite):
                 op_texts.update({k: v for k, v in exposed_texts.get(op, {}).items() if k in text_names})
                 if "Path" in op_texts and op_texts["Path"] and not Path(op_texts["Path"]).is_absolute():
                     op_texts["Path"] = str(path.parent / op_texts["Path"])
-                block = build_operator(bt, op, ospec.params, op_texts)
+                block = build_operator(bt, op, ospec.params, op_texts, fuse=ospec.fuse)
             except CudapatchError as exc:
                 line = ospec.line
                 if exc.param is not None:

@@ -15,6 +15,10 @@ Format::
     [operators.forces]
     type = "particles.Forces"
 
+    [operators.gain]
+    type = "core.Scale"
+    fuse = false                  # an elementwise block kept out of fused groups (Scale(fuse=False))
+
     [operators.solve]
     type = "While"                # a region: If, While (Max required) or For (Count)
     Max = 500
@@ -41,6 +45,9 @@ declares.
 
 Editing the file while it runs applies the difference: changed parameters are Hot updates, new or
 removed operators and links rebuild; a broken edit is reported and the last good patch keeps running.
+An edit applies all or nothing (``apply_patch``; the checks and the undo are ``_patch_guard``'s): a
+link, region or kept output the engine would refuse is refused before anything changes, and an edit
+that fails part way is undone.
 
 ``[editor]`` holds the node editor's settings (``patch_writer``): ``positions`` is for the editor
 only, ``bypassed`` is applied wherever the file is (the first load, every reload, an editor's undo),
@@ -65,10 +72,12 @@ from typing import Any
 
 import tomllib
 
+from ..blocks.library.basic import Fusable
 from ..engine.profiling import ProfilingLevel
 from ..errors import CudapatchError, ParameterError, PatchFileError
 from ..kernels._files import MAX_PATCH_BYTES, check_path_text, read_user_text
 from ..kernels._text import MAX_NESTING, data_problem, short_repr
+from ._patch_guard import Saved, check_structure, same_spec, set_fuse
 from .adapter import HostAdapter
 from .coerce import coerce_host_value
 from .registry import BlockTypeRegistry
@@ -86,6 +95,7 @@ _LINK = re.compile(r"^\s*([A-Za-z_][\w-]*)\.(\w+)\s*->\s*([A-Za-z_][\w-]*)\.(\w+
 # never closes ends at the end of its line (else every later quote on the line rescans it).
 _TABLE = re.compile(r"^[ \t]*\[([^\[\]\n]*)\]")
 _STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)(?:"|$)')
+_DIGITS = re.compile(r"\d[\d_]*")  # a run of digits, for the line of a number too long to read
 #: Largest preview image side, in pixels (a GPU's largest texture is 16K-32K).
 MAX_PREVIEW_SIDE = 16384
 #: Highest CUDA device ordinal a patch may name.
@@ -99,6 +109,8 @@ class OperatorSpec:
     params: dict[str, Any]
     line: int | None = None
     region: str | None = None  # the region operator (If, While, For) holding it
+    #: ``fuse = false``: kept out of fused groups (the ``fuse=False`` of ``Scale(fuse=False)``).
+    fuse: bool = True
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,17 @@ class Patch:
     def fuse(self) -> bool:
         """``[engine] fuse``: elementwise fusion, on unless the file says ``fuse = false``."""
         return bool(self.engine.get("fuse", True))
+
+
+def _long_number_line(text: str) -> int | None:
+    """The first line with a decimal integer of more than 4,300 digits (``int()``'s limit; underscores
+    between digits do not count), outside strings and comments; None if none is found there."""
+    for i, line in enumerate(text.splitlines()):
+        code = _STRING.sub('""', line).split("#", 1)[0]
+        for m in _DIGITS.finditer(code):
+            if len(m.group()) - m.group().count("_") > 4300:
+                return i + 1
+    return None
 
 
 class _Lines:
@@ -214,7 +237,7 @@ def parse_patch(
             f"values are nested too deep to read (the limit is {MAX_NESTING} levels)", file=file
         ) from None
     except ValueError:  # tomllib's only other error: an integer of more than 4,300 digits, refused by int()
-        raise PatchFileError("a number has more than 4,300 digits", file=file) from None
+        raise PatchFileError("a number has more than 4,300 digits", file=file, line=_long_number_line(text)) from None
     lines = _Lines(text)
     problem = data_problem(data)
     if problem is not None:
@@ -255,13 +278,21 @@ def parse_patch(
                 lines.key("region", line),
                 block=name,
             )
+        fuse = body.pop("fuse", True)
+        if not isinstance(fuse, bool):
+            raise fail(
+                f"operator '{name}': fuse = {short_repr(fuse)}: write true or false",
+                lines.key("fuse", line),
+                block=name,
+                param="fuse",
+            )
         path_value = body.get("Path")
         if isinstance(path_value, str):
             try:
                 check_path_text(path_value, what="kernel file", error=PatchFileError)
             except PatchFileError as exc:
                 raise fail(exc.message, lines.key("Path", line), block=name, param="Path") from None
-        spec = OperatorSpec(name, type_name, body, line, region)
+        spec = OperatorSpec(name, type_name, body, line, region, fuse)
         if registry is not None:
             shapes[name] = _check_operator(spec, registry, lines, fail, base=patch.path)
         patch.operators[name] = spec
@@ -417,6 +448,10 @@ def _check_operator(
         bt = registry.get(spec.type)
     except CudapatchError as exc:
         raise fail(exc.message, lines.key("type", spec.line), block=spec.name) from None
+    try:
+        _check_fuse(spec, bt)
+    except CudapatchError as exc:
+        raise fail(exc.message, lines.key("fuse", spec.line), block=spec.name, param="fuse") from None
     texts = _shaping_texts(spec, bt)
     if texts:
         shape = _described_shape(spec, bt, texts, base)
@@ -497,8 +532,12 @@ def load_patch(path: str | Path, registry: BlockTypeRegistry | None = None) -> P
 def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> dict[str, int]:
     """Make ``adapter`` match ``new``, changing only what differs from ``old`` (None: build all).
 
-    Everything is validated first by building the new operators off to the side, so a bad edit
-    raises before the running patch is touched.
+    All or nothing: everything that can be checked is checked before the running patch is touched.
+    Every new or changed operator is built off to the side (its values, its text), and the regions,
+    links and kept outputs the edit would make are checked against those blocks: ports, element
+    types, loops that do not pass through a FrameDelay (named block by block). An edit that still
+    fails part way (a kernel file changed meanwhile) is undone before the error is raised: the
+    adapter is as it was, operators the edit did not change keeping their blocks.
 
     Returns:
         Counts of what changed: ``created``, ``deleted``, ``swapped``, ``params``, ``links``, ``regions``
@@ -506,47 +545,67 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
         ``[editor] bypassed``).
 
     Raises:
-        PatchFileError: a value or link the blocks refuse, with the file and line.
+        PatchFileError: a value, region or link the blocks refuse, with the file and line.
     """
     file = str(new.path) if new.path else "<patch>"
     old_ops = old.operators if old is not None else {}
-    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0, "regions": 0, "bypass": 0}
-    # 1. validate: every new or changed operator must build, every value must be accepted
+    probes = _probe_operators(adapter, new, old_ops, file)
+    check_structure(adapter, new, old, probes, _Lines(new.text))
+    present = adapter.operators()
+    changing = {n for n, spec in new.operators.items() if n in present and not same_spec(adapter, old_ops.get(n), spec)}
+    saved = Saved.of(adapter, changing)
+    try:
+        return _change(adapter, new, old, file)
+    except BaseException:
+        keep_before = {_port(v) for v in old.engine.get("keep", [])} if old is not None else set()
+        saved.restore(adapter, keep_before, {_port(v) for v in new.engine.get("keep", [])})
+        raise
+
+
+def _probe_operators(adapter: HostAdapter, new: Patch, old_ops: dict[str, OperatorSpec], file: str) -> dict[str, Any]:
+    """Build every operator of ``new`` off to the side, with its values: each must build, each value
+    must be accepted. Returns the blocks by operator name (``check_structure`` reads their ports)."""
+    probes: dict[str, Any] = {}
     for name, spec in new.operators.items():
         try:
             bt = adapter.registry.get(spec.type)
+            _check_fuse(spec, bt)
             probe_texts = {
                 k: adapter.resolve_text(k, v)
                 for k, v in spec.params.items()
                 if isinstance(v, str) and k not in _scalars(bt)
             }
-            probe = build_operator(bt, name, spec.params, probe_texts)
+            probes[name] = build_operator(bt, name, spec.params, probe_texts, fuse=spec.fuse)
             was = old_ops.get(name)
             if was is not None and adapter.registry.get(was.type).name == bt.name:  # not swapped: values go back
-                _check_defaults(probe, was.params.keys() - spec.params.keys())
+                _check_defaults(probes[name], was.params.keys() - spec.params.keys())
         except CudapatchError as exc:
             line = spec.line
             if exc.param is not None:
                 line = _Lines(new.text).key(exc.param, spec.line)
             raise _at_operator(exc, file, line, name) from None
+    return probes
+
+
+def _change(adapter: HostAdapter, new: Patch, old: Patch | None, file: str) -> dict[str, int]:
+    """The steps of ``apply_patch`` that change the adapter, once ``new`` is checked. Operators that
+    went away are deleted last, after every step that may fail, so undoing never needs them back."""
+    old_ops = old.operators if old is not None else {}
+    counts = {"created": 0, "deleted": 0, "swapped": 0, "params": 0, "links": 0, "regions": 0, "bypass": 0}
     new_links = {lk.key: lk for lk in new.links}
     old_links = {lk.key: lk for lk in (old.links if old is not None else [])}
-    # 2. remove links and operators that went away (links first: removing a block drops its links)
+    # 1. remove links that went away (before new ones: a loop they closed may be opened by the edit)
     for key in old_links.keys() - new_links.keys():
         if key[0] in adapter.operators() and key[2] in adapter.operators():
             adapter.disconnect(*key)
             counts["links"] += 1
-    for name in old_ops.keys() - new.operators.keys():
-        if name in adapter.operators():
-            adapter.delete(name)
-            counts["deleted"] += 1
-    # 3. create, swap or update operators
+    # 2. create, swap or update operators
     for name, spec in new.operators.items():
         try:
             _apply_operator(adapter, name, spec, old_ops.get(name), counts)
         except CudapatchError as exc:  # refused after the probe passed (a file changed meanwhile ...)
             raise _at_operator(exc, file, spec.line, name) from None
-    # 4. regions: put each operator in the region the file names (or back at the top level)
+    # 3. regions: put each operator in the region the file names (or back at the top level)
     placed = adapter.regions()
     for name, spec in new.operators.items():
         if placed.get(name) != spec.region:
@@ -555,7 +614,7 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             except CudapatchError as exc:
                 raise _at_operator(exc, file, _Lines(new.text).key("region", spec.line), name) from None
             counts["regions"] += 1
-    # 5. add new links (a swapped operator had its links restored by hot_swap)
+    # 4. add new links (a swapped operator had its links restored by hot_swap)
     existing = {(lk.src, lk.src_port, lk.dst, lk.dst_port) for lk in adapter.links()}
     kept = {(key[2], key[3]): key for key in new_links}  # an input keeps the last link listed into it
     for key, lk in new_links.items():
@@ -565,10 +624,15 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
             except CudapatchError as exc:
                 raise PatchFileError(f"link {lk}: {exc.message}", file=file, line=lk.line) from None
             counts["links"] += 1
+    _apply_keep(adapter, new, old, file)
+    # 5. delete the operators that went away (their links went in step 1)
+    for name in old_ops.keys() - new.operators.keys():
+        if name in adapter.operators():
+            adapter.delete(name)
+            counts["deleted"] += 1
+    counts["bypass"] = _apply_bypassed(adapter, new, old, file)
     if "profiling" in new.engine:
         adapter.engine.set_profiling(new.profiling)
-    _apply_keep(adapter, new, old, file)
-    counts["bypass"] = _apply_bypassed(adapter, new, old, file)
     return counts
 
 
@@ -640,7 +704,7 @@ def _apply_operator(
 ) -> None:
     """Create, swap or update one operator to match ``spec`` (``before``: its previous spec)."""
     if name not in adapter.operators():
-        adapter.create(name, spec.type, spec.params)
+        adapter.create(name, spec.type, spec.params, fuse=spec.fuse)
         counts["created"] += 1
         return
     bt = adapter.registry.get(spec.type)
@@ -651,6 +715,8 @@ def _apply_operator(
         adapter.hot_swap(name, bt.name)
         for key, value in ordered:
             adapter.set_param(name, key, value)
+        if not spec.fuse:
+            set_fuse(adapter.block(name), False)
         counts["swapped"] += 1
         return
     prev = before.params if before is not None else {}
@@ -664,6 +730,9 @@ def _apply_operator(
         if p is not None:
             block.set(key, p.spec.default)
             counts["params"] += 1
+    if getattr(block, "fuse", True) != spec.fuse:  # a Fusable's constructor keyword: it describes the block again
+        set_fuse(block, spec.fuse)
+        counts["params"] += 1
 
 
 def _check_defaults(probe: Any, removed: set[str]) -> None:
@@ -684,15 +753,16 @@ def _check_defaults(probe: Any, removed: set[str]) -> None:
             ) from None
 
 
-def build_operator(bt: Any, name: str, params: dict[str, Any], texts: dict[str, str]) -> Any:
+def build_operator(bt: Any, name: str, params: dict[str, Any], texts: dict[str, str], *, fuse: bool = True) -> Any:
     """A block of type ``bt`` named ``name``: ``texts`` (its text parameters) go to the constructor,
-    every other value of ``params`` is set as a host value (``coerce_host_value``).
+    with ``fuse=False`` when ``fuse`` is off (a ``Fusable`` type), and every other value of ``params``
+    is set as a host value (``coerce_host_value``).
 
     Raises:
         CudapatchError: the block does not describe, has no such parameter (``param`` names it, so
             the caller can point at its line), or refuses a value.
     """
-    block = bt.create(name, **texts)
+    block = bt.create(name, **texts) if fuse else bt.create(name, fuse=False, **texts)
     for key, value in params.items():
         if key in texts:
             continue
@@ -701,6 +771,21 @@ def build_operator(bt: Any, name: str, params: dict[str, Any], texts: dict[str, 
             raise CudapatchError(f"operator '{name}' ({bt.name}) has no parameter '{key}'", param=key)
         block.set(key, coerce_host_value(p.spec, value))
     return block
+
+
+def _check_fuse(spec: OperatorSpec, bt: Any) -> None:
+    """``fuse = false`` is a constructor keyword of the elementwise blocks (``Fusable``), no parameter.
+
+    Raises:
+        CudapatchError: on a type that never fuses (``param`` is ``fuse``).
+    """
+    if not spec.fuse and not issubclass(bt.cls, Fusable):
+        raise CudapatchError(
+            f"operator '{spec.name}' ({bt.name}) never fuses: fuse = false applies to elementwise blocks "
+            "(VectorAdd, Scale, Expression and plugin types built on Fusable)",
+            block=spec.name,
+            param="fuse",
+        )
 
 
 def _scalars(bt: Any) -> set[str]:

@@ -7,9 +7,11 @@ and an edit changes only the lines it concerns (a value, an operator's table, on
 ``links``). Every method is a pure text edit: nothing here validates a block type or touches an
 engine (``parse_patch`` checks the result, the ``HostAdapter`` applies it).
 
-An operator's ``region = "loop"`` (the If, While or For holding it) is a key of its table like a
-parameter: ``set_region`` writes or removes it, and renaming or removing a region rewrites the
-operators it holds (removed: they move to the region around it, as the host adapter moves them).
+An operator's ``region = "loop"`` (the If, While or For holding it) and ``fuse = false`` (an
+elementwise block kept out of fused groups) are keys of its table like a parameter's:
+``set_region`` writes or removes the region, ``set_param(op, "fuse", False)`` the flag; renaming or
+removing a region rewrites the operators it holds (removed: they move to the region around it, as
+the host adapter moves them).
 
 The editor's own settings live in an ``[editor]`` table: node positions
 (``[editor.positions] emit = [40.0, 60.0]``, for the editor only) and the bypassed operators
@@ -72,13 +74,22 @@ class PatchDocument:
         return ops[name]
 
     def add_operator(
-        self, name: str, type_name: str, params: dict[str, Any] | None = None, region: str | None = None
+        self,
+        name: str,
+        type_name: str,
+        params: dict[str, Any] | None = None,
+        region: str | None = None,
+        *,
+        fuse: bool = True,
     ) -> None:
-        """Append ``[operators.name]`` after the last operator, with ``type``, ``region`` and ``params``."""
+        """Append ``[operators.name]`` after the last operator, with ``type``, ``region``, ``fuse = false``
+        (only when ``fuse`` is off: on is the default) and ``params``."""
         table = tomlkit.table()
         table["type"] = type_name
         if region is not None:
             table["region"] = region
+        if not fuse:
+            table["fuse"] = False
         for key, value in (params or {}).items():
             table[key] = _plain(value)
         table.add(tomlkit.nl())  # a blank line before whatever table follows

@@ -59,8 +59,10 @@ def test_a_loop_without_a_delay_is_refused_at_its_link() -> None:
     text = text.replace('    "delay.Out -> add.B",\n', "")
     engine = PlanOnlyEngine()
     adapter = HostAdapter(engine, REG)
-    with pytest.raises((LinkError, CudapatchError), match="cycle"):
+    with pytest.raises((LinkError, CudapatchError), match="cycle") as info:
         apply_patch(adapter, parse_patch(text, path="loop.toml", registry=REG))
+    assert info.value.file == "loop.toml" and info.value.line == 4  # the link that closes it
+    assert info.value.message.endswith("(loop: decay -> add -> decay)") and adapter.operators() == {}
 
 
 def test_upload_download_and_frame_delay_are_core_block_types() -> None:

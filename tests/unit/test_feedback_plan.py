@@ -82,10 +82,14 @@ def test_a_link_may_close_a_loop_only_through_a_delay() -> None:
     s2 = Scale(name="s2")
     c.register_block(s2)
     c.connect(s, "Out", s2, "In")
-    with pytest.raises(LinkError, match="would make a cycle; a loop must pass through a FrameDelay"):
+    with pytest.raises(LinkError, match="would make a cycle; a loop must pass through a FrameDelay") as info:
         c.connect(s2, "Out", a, "B")  # a -> s -> s2 -> a
-    with pytest.raises(LinkError, match="would make a cycle"):
+    assert info.value.message.endswith(f"(loop: s2 -> {a.name} -> s -> s2)")  # every block of the loop, s too
+    with pytest.raises(LinkError, match="would make a cycle") as info:
         c.connect(s2, "Out", d, "Init")  # Init is read this frame: d -> a -> s -> s2 -> d
+    assert info.value.message.endswith(f"(loop: s2 -> {d.name} -> {a.name} -> s -> s2)")
+    with pytest.raises(LinkError, match=r"\(loop: s2 -> s2\)"):
+        c.connect(s2, "Out", s2, "In")  # into its own block
 
 
 def test_a_same_frame_loop_in_a_snapshot_is_an_error_naming_the_loop() -> None:

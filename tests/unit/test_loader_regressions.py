@@ -112,6 +112,14 @@ def test_huge_integers_are_errors_in_patch_sidecar_and_ptx() -> None:
     assert isinstance(err, PtxSignatureError) and "array size" in err.message and err.kernel == "k"
 
 
+def test_a_huge_integer_in_a_patch_names_its_line() -> None:
+    digits = "9_" * 2600 + "9"  # 2,601 digits with underscores: under the limit
+    text = f'# {"9" * 5000} in a comment\nname = "{"9" * 5000}"\n[engine]\nx = {digits}\ny = -{"9" * 4400}\n'
+    err = _raised(lambda: parse_patch(text, path="p.toml"))
+    assert isinstance(err, PatchFileError) and "4,300 digits" in err.message
+    assert err.file == "p.toml" and err.line == 5  # not the comment's, the string's or the short number's
+
+
 def test_a_huge_hex_string_for_an_integer_parameter() -> None:
     adapter = HostAdapter(PlanOnlyEngine(), REG)
     patch = parse_patch(f'[operators.a]\ntype = "core.Fill"\nCount = "0x{"f" * 5000}"\n', path="p.toml")

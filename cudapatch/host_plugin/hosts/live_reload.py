@@ -5,7 +5,8 @@ that editing never ends the run:
 
 - An edit that fails in any way (unreadable file, TOML error, a value a block refuses, and any
   exception a bug lets through) is logged (with its traceback when it is not a cudapatch error),
-  kept in ``errors`` and shown in ``status``; the last good patch keeps running.
+  kept in ``errors`` and shown in ``status``; the last good patch keeps running. ``apply_patch``
+  makes that true of the engine too: it refuses an edit before changing anything, or undoes it.
 - An edit that empties a patch that has operators is most likely a half-finished save (an editor
   truncates, then writes). It is held: applied only once the file is saved empty a second time, or
   stays empty for ``empty_hold_s`` (1 s). Until then ``status`` says it is held.
