@@ -179,8 +179,9 @@ class EngineResults:
 
     def stats(self) -> EngineStats:
         """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
-        frame, read without waiting. Taking that frame also sets its per-frame warnings (append outputs
-        nearly full) and refreshes what ``str(block)`` and ``str(engine)`` show.
+        frame, read without waiting. It only reads: no diagnostic and no block changes (its
+        ``diagnostics`` include the frame's own warnings, e.g. an append output nearly full;
+        ``show_frame`` publishes them and puts the numbers on the blocks).
 
         Cost is paid only here (host-side arithmetic on the ring's copy of the timestamps), never on
         the frame path.
@@ -188,26 +189,46 @@ class EngineResults:
         Raises:
             CudaError: a driver call failed (a GPU fault surfaces here).
         """
+        return self._read_frame(show=False)
+
+    def show_frame(self) -> EngineStats:
+        """Read the newest completed frame as ``stats()`` does, and show it: its per-frame warnings
+        (append outputs nearly full, a While stopped at ``Max``) replace the last shown frame's on the
+        diagnostics board, published on the blocks, and its numbers go where ``str(block)`` and
+        ``str(engine)`` show them (GPU time, append fill at the Deep levels, a loop's ``Iterations:
+        n/limit``). A host calls it at its frame boundary where it displays the patch (the preview's
+        overlay does, once per frame); ``update()`` never does, so a quiet frame pays nothing for it.
+
+        Returns:
+            The ``EngineStats`` shown.
+
+        Raises:
+            CudaError: a driver call failed (a GPU fault surfaces here).
+        """
+        return self._read_frame(show=True)
+
+    def _read_frame(self, *, show: bool) -> EngineStats:
         self.device.make_current()
         g = self.resources.graph
         registry = self.context.registry
-        with newest_frame(g) as reading:
-            full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+        with newest_frame(g) as reading:  # every value below is of this one frame
+            warned = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
             if g is not None and reading.frame is not None and g.plan.regions:
-                full += region_warnings(g, registry)
-            self._board.frame_warnings(full)
+                warned += region_warnings(g, registry)
             stats = collect_stats(
                 level=self.profiling,
                 blocks=registry,
                 graph=g,
                 reading=reading,
                 pool=self.resources.pool,
-                diagnostics=self._board.current,
+                diagnostics=self._board.with_frame(warned),
             )
-            show_on_blocks(stats, registry)
-            if g is not None and g.plan.regions:  # of the same frame: the ring stays on it until the block ends
-                show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
-        self._last_gpu_ms = stats.gpu_ms
+            if show:
+                self._board.frame_warnings(warned)
+                show_on_blocks(stats, registry)
+                if g is not None and g.plan.regions:
+                    show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
+                self._last_gpu_ms = stats.gpu_ms  # "Launch: 2.10ms" in str(engine)
         return stats
 
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:

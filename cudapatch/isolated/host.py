@@ -873,10 +873,16 @@ class IsolatedEngine(HandleOwner):
 
     def stats(self) -> Any:
         """``EngineStats`` of the child's newest completed frame (waits for the child). As
-        ``Engine.stats``, it puts the frame's GPU times (and append fill at the Deep levels) and each
-        loop's ``Iterations: n/limit`` on the host's blocks, and the child's per-frame warnings (a
-        While that stopped at ``Max``) into ``diagnostics()``."""
-        stats, loops = self._request("stats")
+        ``Engine.stats``, it only reads: no diagnostic and no block changes here or in the child."""
+        stats, _ = self._request("stats")
+        return dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+
+    def show_frame(self) -> Any:
+        """As ``Engine.show_frame`` (waits for the child): the frame's GPU times (and append fill at the
+        Deep levels) and each loop's ``Iterations: n/limit`` go on the host's blocks, and the child's
+        per-frame warnings (a While that stopped at ``Max``) into ``diagnostics()`` (the child publishes
+        them and reports its diagnostics before it answers)."""
+        stats, loops = self._request("show_frame")
         stats = dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
         registry = self.context.registry
         show_on_blocks(stats, registry)

@@ -309,7 +309,7 @@ def _patch(e):
 
 def test_engine_isolated_returns_the_proxy_with_the_engine_api(iso):
     assert isinstance(iso, IsolatedEngine)
-    for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats",
+    for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats", "show_frame",
                  "diagnostics", "close", "wait_ready", "disable", "set_profiling", "synchronize"):  # fmt: skip
         assert callable(getattr(iso, name)) and callable(getattr(Engine, name))
     assert iso.children[0].cfg.frame_word_fd == 9
