@@ -144,7 +144,7 @@ class Engine(PatchEditing, EngineResults):
         freeze_collector: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
-        self.resources = DeviceResources(device)
+        self.resources = DeviceResources(device, on_install=self._graph_installed if fuse else None)
         self.device = self.resources.device
         self.name = name
         self.kernel_cache = CubinCache(cache_dir)
@@ -190,6 +190,10 @@ class Engine(PatchEditing, EngineResults):
         self._bypass = BypassTier(
             context=self.context, board=self._board, counters=self.counters, discard=self.resources.discard_later
         )
+        # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
+        self._specializer: Specializer | None = None
+        if fuse:
+            self._specializer = Specializer(lambda: self.resources.graph, builder, self.kernels.ready)
         self._builds = GraphBuilds(
             context=self.context,
             kernels=self.kernels,
@@ -203,6 +207,7 @@ class Engine(PatchEditing, EngineResults):
             fuse=fuse,
             reuse_buffers=reuse_buffers,
             pace=self._worker.pace,
+            on_generalize=self._specializer.arm if self._specializer is not None else None,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -223,11 +228,6 @@ class Engine(PatchEditing, EngineResults):
             timing=self.last_build,
             collector=collector,
         )
-        # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
-        self._specializer: Specializer | None = None
-        if fuse:
-            self._specializer = Specializer(lambda: self.resources.graph, builder, self.kernels.ready)
-            self.resources.on_install = self._graph_installed
         self.background_builds = background_builds
         self._dirty = self.context.dirty
         self._probes = ProbeSet(self.context, lambda: self.resources.graph)
@@ -552,11 +552,10 @@ class Engine(PatchEditing, EngineResults):
         return f"<Engine '{self.name}' device={self.device.ordinal} blocks={blocks} closed={self._closed}>"
 
     def _graph_installed(self, graph: Any) -> None:
-        """A new running graph: its fused kernels are specialised once their values rest, and the
-        patch that puts a node's generic kernel back asks for that again."""
+        """A new running graph: its fused kernels are specialised once their values rest (the patch that
+        puts a node's generic kernel back asks for that again: its ``on_generalize``, given at ``realize``)."""
         specializer = self._specializer
         if specializer is not None:  # (it finds the fused kernels on its own thread, not in this frame)
-            graph.on_generalize = specializer.arm
             specializer.arm()
 
     # -- teardown --------------------------------------------------------------------------------
