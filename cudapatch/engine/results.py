@@ -1,5 +1,5 @@
 """What a host reads from an engine: the running graph's outputs, append buffers, statistics and
-diagnostics, and the engine's one-line summary.
+diagnostics, the engine's one-line summary, and its stream, pool, libraries and modules.
 
 ``EngineResults`` is a base class of ``Engine`` (the reading half of its public API, apart from the
 editing half in ``editing.py`` and the frame in ``engine.py``). Nothing here runs on the frame path:
@@ -15,7 +15,7 @@ import numpy as np
 from ..blocks.block import Block
 from ..blocks.shape import Shape
 from ..errors import CudapatchError
-from .buffers import AppendBuffer, GpuBuffer
+from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .compiler.fusion import in_fused_node
 from .diagnostics import Diagnostic
 from .profiling import EngineStats, ProfilingLevel
@@ -23,10 +23,12 @@ from .region_stats import region_iterations, region_warnings, show_iterations
 from .stats import append_warnings, collect_stats, newest_frame, show_on_blocks
 
 if TYPE_CHECKING:
+    from ..kernels.module_cache import ModuleCache
     from .board import DiagnosticBoard
     from .context import Context
     from .device import DeviceContext
     from .kernels import KernelTracker
+    from .libraries import LibraryHandles
     from .realize import CompiledGraph
     from .resources import DeviceResources
     from .structure import StructureTier
@@ -47,6 +49,46 @@ class EngineResults:
     _structure: StructureTier
     _last_gpu_ms: float | None
     _frame_hooks: tuple[Any, ...]
+
+    # -- the device, for hosts that interoperate ------------------------------------------------------
+    @property
+    def stream(self) -> Any:
+        """The ``CUstream`` every frame is launched on (read-only): a non-blocking stream of the
+        device's primary context.
+
+        For hosts that interoperate: work queued on this stream after ``update()`` runs after that
+        frame, and work queued before it runs before the frame, with no synchronize, e.g. CuPy::
+
+            s = cupy.cuda.Stream.from_external(engine)  # CuPy >= 14; before: ExternalStream(int(engine.stream))
+            engine.update()
+            with s:
+                result = cupy.asarray(engine.output(block, "Out")) * 2  # after the frame
+
+        Outputs are only valid for work ordered after the frame this way (or after
+        ``synchronize()``). A GPU fault renews the stream with the context (see ``engine.recovery``):
+        take it again after a fault instead of keeping it.
+        """
+        return self.resources.stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, ``int(engine.stream)``): libraries that take a stream
+        object (CuPy's ``Stream.from_external``, cuda.core) order their work with the engine's frames."""
+        return 0, int(self.resources.stream)
+
+    @property
+    def pool(self) -> BufferPool:
+        """The buffer pool (a new one after a GPU fault reset the context)."""
+        return self.resources.pool
+
+    @property
+    def libraries(self) -> LibraryHandles:
+        """cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls."""
+        return self.resources.libraries
+
+    @property
+    def modules(self) -> ModuleCache:
+        """The modules loaded into the engine's context."""
+        return self.resources.modules
 
     @property
     def graph(self) -> CompiledGraph | None:
