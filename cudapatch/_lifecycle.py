@@ -90,6 +90,9 @@ owner                   holds                                          finalizer
 ``Overlay``             imgui's GL objects and contexts                warns (GL only)
 ``EglContext``          an EGL context, its offscreen framebuffer      destroys the context, warns
 ``GlfwWindow``          a GLFW window and its GL context               warns (GL only)
+``FrameWord``           a ``memfd`` page registered for the device     unregisters, quiet
+``SharedPages``         ``memfd`` pages registered for the device      unregisters, quiet
+``IpcImports``          allocations of the engine process opened here  closes them, quiet
 ======================  =============================================  ================================
 
 "Releases" is made inside the owner's CUDA context while that lives, and never in a dead one (the
@@ -97,7 +100,13 @@ handles are forgotten then). ``GlContext`` is the base of ``EglContext`` and ``G
 owned by one of the above follow their owner: ``LibraryScope`` (plans, generators, workspaces) is
 closed by its ``LibraryHandles``; a graph's buffers, captured calls and readback ring by its
 ``CompiledGraph`` (the ring keeps a warning finalizer of its own). ``Engine``, ``DeviceResources``,
-``Preview`` and ``GlBridge`` own no handle themselves: they close the owners they made."""
+``Preview`` and ``GlBridge`` own no handle themselves: they close the owners they made.
+
+``IsolatedEngine`` (``cudapatch.isolated``) owns no driver handle either, but it owns its engine
+process: it follows the protocol (``HandleOwner``), and the finalizer of an unclosed one lets the host's
+stream past the child's frames, ends the process (its memory goes with it) and warns. Its host side's
+``FrameWord`` and ``IpcImports``, and the ``SharedPages`` of a transfer ring, are parts (quiet, above):
+the host side's ``DeviceContext`` warns for them."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
         u = engine.read(sweep_b, "u")  # synchronizes: only for checking
-        engine.stats()  # the newest frame's numbers (and a warning if the While stopped at Max)
+        engine.show_frame()  # the newest frame's numbers on the blocks (a warning if the While stopped at Max)
         its = engine.iterations(solve)
         f = np.ones(n, np.float32)
         _, ref_its = jacobi_numpy(nx, f, h2, float(np.float32(decide.get("tol"))), args.max)

@@ -12,8 +12,9 @@ replacing one kind never drops another:
   (a kernel file whose new signature cannot re-describe its block).
 - **faults** (read from ``FaultState``) and **kernel compiles** (read from the ``KernelTracker``):
   those objects own the state; the board only reads it when it publishes.
-- **per-frame warnings**: what the newest completed frame showed (append outputs nearly full);
-  replaced whenever the engine reads a new frame.
+- **per-frame warnings**: what the newest completed frame showed (append outputs nearly full, a
+  While stopped at ``Max``); replaced when the engine shows a frame (``Engine.show_frame``, which a
+  host calls at its frame boundary: never ``update()``, never ``stats()``, which only reads).
 
 ``publish`` merges them (in that order, without duplicates), logs each new one once, and sets every
 block's state and message: nothing else writes those. Pure: tested without a GPU
@@ -155,6 +156,13 @@ class DiagnosticBoard:
             self._frame = diags
             self.publish()
 
+    def with_frame(self, diags: tuple[Diagnostic, ...]) -> tuple[Diagnostic, ...]:
+        """What ``current`` would be with ``diags`` as the per-frame warnings: a read (``Engine.stats``
+        reports them with the frame they are of), nothing published or logged."""
+        if diags == self._frame and self._kernels.diag_version == self._kernel_version:
+            return self.current
+        return self._merged(diags)
+
     # -- publishing -----------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Publish if the kernel compile diagnostics changed since the last publish (a swapped-in fix
@@ -169,16 +177,7 @@ class DiagnosticBoard:
     def _publish(self, changed: frozenset[int] | None) -> None:
         # ``changed``: the blocks whose running state differs from the shown one, if known (``build_done``)
         self._kernel_version = self._kernels.diag_version
-        merged = (
-            self._build
-            + self._recapture
-            + tuple(self._block_errors.values())
-            + self._faults.diagnostics()
-            + self._kernels.diagnostics()
-            + self._frame
-        )
-        diags = tuple(dict.fromkeys(merged))
-        self.current = diags
+        diags = self.current = self._merged(self._frame)
         self._log.emit(diags)
         self._log.forget(set(diags))
         blocks, running = self._blocks, self._running
@@ -208,6 +207,18 @@ class DiagnosticBoard:
                     message = d.message.splitlines()[0]
             b.debug.state, b.debug.message = state, message
         self._marked, self._shown_running, self._published = set(on), running, True
+
+    def _merged(self, frame: tuple[Diagnostic, ...]) -> tuple[Diagnostic, ...]:
+        """Every source in publishing order, without duplicates, with ``frame`` as the per-frame warnings."""
+        merged = (
+            self._build
+            + self._recapture
+            + tuple(self._block_errors.values())
+            + self._faults.diagnostics()
+            + self._kernels.diagnostics()
+            + frame
+        )
+        return tuple(dict.fromkeys(merged))
 
     def _shown_on(self, block_id: int | None) -> Block | None:
         """The registered block showing ``block_id``'s diagnostics: itself, or the composite holding it."""

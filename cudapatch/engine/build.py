@@ -192,8 +192,10 @@ class GraphBuilds:
         fuse: bool = True,
         reuse_buffers: bool = True,
         pace: Callable[[], Any] | None = None,
+        on_generalize: Callable[[], Any] | None = None,
     ) -> None:
         self._pace = pace
+        self._on_generalize = on_generalize  # handed to every graph realized here
         self._fuse = fuse
         self.reuse_buffers = reuse_buffers
         self._context = context
@@ -368,6 +370,7 @@ class GraphBuilds:
                 probe_function=probe_function,
                 upload_stream=res.device.upload_stream if job.off_thread and not out.realize_on_frame else None,
                 pace=self._pace if job.off_thread and not out.realize_on_frame else None,
+                on_generalize=self._on_generalize,
             )
         except LibraryCallError as exc:
             bid = self._block_id(snap, exc)

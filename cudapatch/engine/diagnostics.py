@@ -70,6 +70,7 @@ class DiagnosticCode(str, Enum):
     # Measurements (profiling levels that read them).
     LOW_OCCUPANCY = "low-occupancy"  # a kernel keeps few of an SM's threads busy
     APPEND_FULL = "append-full"  # per frame: an append output is nearly full
+    PROBE = "probe"  # warning: a probed output cannot be read (no probe node for it; why)
 
     # ``str`` behaviour, not ``Enum``'s: "gpu-fault" in messages, logs and f-strings, and the hash of
     # the text, so a dict keyed by plain strings finds a member (Python 3.10 has no ``StrEnum``).

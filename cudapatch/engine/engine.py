@@ -11,12 +11,15 @@ The engine orchestrates; each concept it uses lives in its own object:
 - ``GraphBuilds`` (``build.py``): the Cold tier and the Warm resize (growth included), prepared on
   the ``BuildWorker`` (``build_thread.py``) while the old graph keeps launching; ``StructureTier``
   (``structure.py``) decides where a structure edit builds and swaps the outcome in at a frame boundary.
+- ``EditApplier`` (``applying.py``): the edit frame, the tiers above asked in order (and
+  ``wait_ready``'s loop).
 - ``FaultState`` (``faults.py``): disabled blocks, failed library calls, a lost context.
 - ``DiagnosticBoard`` (``board.py``): every diagnostic by source; the one writer of block states.
 - ``stats.py``: what a completed frame measured, read without side effects; the tier counters.
 - ``Recovery`` (``recovery.py``): surviving a sticky GPU fault through the objects above.
 - ``PatchEditing`` (``editing.py``) and ``EngineResults`` (``results.py``): the editing and the
-  reading halves of the public API, base classes of ``Engine``.
+  reading halves of the public API (the stream, pool, libraries and modules too), base classes of
+  ``Engine``.
 
 ``update()`` with nothing dirty tests a few flags and launches: one driver call (a graph with
 FrameDelays picks the executable of this frame's phase), no allocation, no synchronize, no per-block
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +42,9 @@ from ..errors import (
 from ..kernels._driver import check, driver
 from ..kernels.builder import KernelBuilder
 from ..kernels.cache import CubinCache
-from ..kernels.module_cache import ModuleCache
 from ..kernels.pacing import FRAME_GUARD
+from .applying import EditApplier, settle_compiles
 from .board import DiagnosticBoard
-from .buffers import BufferPool
 from .build import GraphBuilds
 from .build_thread import BuildWorker
 from .collector import CollectorFreeze, pause_collector, resume_collector
@@ -51,7 +54,6 @@ from .diagnostics import Diagnostic, DiagnosticCode
 from .editing import PatchEditing
 from .faults import FaultState
 from .kernels import KernelOutcome, KernelTracker
-from .libraries import LibraryHandles
 from .probes import ProbeSet
 from .profiling import ProfilingLevel
 from .recovery import Recovery
@@ -144,7 +146,7 @@ class Engine(PatchEditing, EngineResults):
         freeze_collector: bool = True,
     ) -> None:
         #: The CUDA context and everything in it (renewed in place after a GPU fault).
-        self.resources = DeviceResources(device)
+        self.resources = DeviceResources(device, on_install=self._graph_installed if fuse else None)
         self.device = self.resources.device
         self.name = name
         self.kernel_cache = CubinCache(cache_dir)
@@ -190,6 +192,10 @@ class Engine(PatchEditing, EngineResults):
         self._bypass = BypassTier(
             context=self.context, board=self._board, counters=self.counters, discard=self.resources.discard_later
         )
+        # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
+        self._specializer: Specializer | None = None
+        if fuse:
+            self._specializer = Specializer(lambda: self.resources.graph, builder, self.kernels.ready)
         self._builds = GraphBuilds(
             context=self.context,
             kernels=self.kernels,
@@ -198,11 +204,12 @@ class Engine(PatchEditing, EngineResults):
             board=self._board,
             counters=self.counters,
             timing=self.last_build,
-            settle_compiles=self._settle_compiles,
+            settle_compiles=partial(settle_compiles, self._code, self.kernels),
             bypass=self._bypass.apply,
             fuse=fuse,
             reuse_buffers=reuse_buffers,
             pace=self._worker.pace,
+            on_generalize=self._specializer.arm if self._specializer is not None else None,
         )
         self._recovery = Recovery(
             context=self.context,
@@ -223,11 +230,18 @@ class Engine(PatchEditing, EngineResults):
             timing=self.last_build,
             collector=collector,
         )
-        # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
-        self._specializer: Specializer | None = None
-        if fuse:
-            self._specializer = Specializer(lambda: self.resources.graph, builder, self.kernels.ready)
-            self.resources.on_install = self._graph_installed
+        self._applier = EditApplier(
+            settings=self,
+            dirty=self.context.dirty,
+            resources=self.resources,
+            kernels=self.kernels,
+            code=self._code,
+            params=self._params,
+            bypass=self._bypass,
+            structure=self._structure,
+            worker=self._worker,
+            graph_lock=self._graph_lock,
+        )
         self.background_builds = background_builds
         self._dirty = self.context.dirty
         self._probes = ProbeSet(self.context, lambda: self.resources.graph)
@@ -235,45 +249,6 @@ class Engine(PatchEditing, EngineResults):
         self._last_gpu_ms: float | None = None
         self._closed = False
         log.info("engine on %r", self.device)
-
-    @property
-    def stream(self) -> Any:
-        """The ``CUstream`` every frame is launched on (read-only): a non-blocking stream of the
-        device's primary context.
-
-        For hosts that interoperate: work queued on this stream after ``update()`` runs after that
-        frame, and work queued before it runs before the frame, with no synchronize, e.g. CuPy::
-
-            s = cupy.cuda.Stream.from_external(engine)  # CuPy >= 14; before: ExternalStream(int(engine.stream))
-            engine.update()
-            with s:
-                result = cupy.asarray(engine.output(block, "Out")) * 2  # after the frame
-
-        Outputs are only valid for work ordered after the frame this way (or after
-        ``synchronize()``). A GPU fault renews the stream with the context (see ``engine.recovery``):
-        take it again after a fault instead of keeping it.
-        """
-        return self.resources.stream
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        """The CUDA stream protocol (version 0, ``int(engine.stream)``): libraries that take a stream
-        object (CuPy's ``Stream.from_external``, cuda.core) order their work with the engine's frames."""
-        return 0, int(self.resources.stream)
-
-    @property
-    def pool(self) -> BufferPool:
-        """The buffer pool (a new one after a GPU fault reset the context)."""
-        return self.resources.pool
-
-    @property
-    def libraries(self) -> LibraryHandles:
-        """cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls."""
-        return self.resources.libraries
-
-    @property
-    def modules(self) -> ModuleCache:
-        """The modules loaded into the engine's context."""
-        return self.resources.modules
 
     # -- the frame --------------------------------------------------------------------------------
     def update(self) -> None:
@@ -338,7 +313,7 @@ class Engine(PatchEditing, EngineResults):
             self.counters.frames += 1
             return
         # A build in flight waits at its checkpoints while this frame runs (``pacing.FrameGuard``; a
-        # build this frame starts waits too: ``_apply_changes``).
+        # build this frame starts waits too: ``EditApplier.apply``).
         if self._worker.busy or self._worker.tailing:  # (a replaced plan freed after a build yields too)
             FRAME_GUARD.enter()
         try:
@@ -417,7 +392,7 @@ class Engine(PatchEditing, EngineResults):
 
     def _edits(self, res: DeviceResources) -> bool:
         """Apply the pending edits at this frame boundary with the cheapest tier: Hot, Warm and Bypass
-        on the running graph, anything else (or a graph being retired) through ``_apply_changes``.
+        on the running graph, anything else (or a graph being retired) through ``EditApplier.apply``.
 
         Returns:
             False when a fault of an earlier frame surfaced meanwhile (recovered from: no launch now).
@@ -428,11 +403,11 @@ class Engine(PatchEditing, EngineResults):
                 if dirty.bypass:
                     self._bypass.apply(res.graph)
                 if dirty.structure:  # a bypassed block runs in a fused kernel or shared buffers: rebuild now
-                    self._apply_changes()
+                    self._applier.apply()
                 elif (dirty.params or dirty.bindings) and self._params.apply(res.graph):
-                    self._apply_changes()  # a re-capture only a new graph can hold
+                    self._applier.apply()  # a re-capture only a new graph can hold
             else:
-                self._apply_changes()
+                self._applier.apply()
         except CudaLaunchError as exc:  # a fault of an earlier frame surfaced in an update call
             self._recover(exc, None)
             return False
@@ -479,10 +454,6 @@ class Engine(PatchEditing, EngineResults):
         (which waits there) or when the kernel is not in the patch."""
         return not (self.wait_for_compile or self._closed) and self._code.edited(key)
 
-    def _settle_compiles(self, timeout: float | None = None) -> None:
-        self._code.settle_fused(timeout)  # kernels of fused groups a member's edit regenerated
-        self._code.apply(self.kernels.collect(wait=True, timeout=timeout))
-
     def wait_ready(self, timeout: float | None = 120.0) -> None:
         """Wait until every kernel in the patch has compiled (or failed), and build the graph.
 
@@ -492,54 +463,7 @@ class Engine(PatchEditing, EngineResults):
             CudaError: a driver call failed while building.
         """
         self.device.make_current()
-        waiting, self.wait_for_compile = self.wait_for_compile, True  # one build, with every kernel in it
-        try:
-            with self._graph_lock:
-                if self._worker.busy:  # the build in flight first: its outcome is applied, then built anew
-                    self._worker.wait()
-                    self._structure.finish()
-                while True:
-                    self._settle_compiles(timeout)
-                    if self._dirty.any:
-                        self._apply_changes()
-                    if not self.kernels.pending:
-                        return
-        finally:
-            self.wait_for_compile = waiting
-
-    # -- an edit frame: the tiers in order -----------------------------------------------------------
-    def _apply_changes(self) -> None:
-        """Apply what is dirty, most expensive tier first: Code (queue compiles), Structure (start a
-        build, or build now: ``structure.py``), then Bypass and Hot/Warm on the graph that runs now."""
-        structure, dirty = self._structure, self._dirty
-        # A build about to start closes the idle retired graphs on its own thread.
-        off_thread = self._builds_off_thread
-        structure.reap(graphs=not (dirty.structure and off_thread), off_thread=off_thread)
-        if dirty.code:
-            self._code.submit(dirty.take_code())
-            if self.wait_for_compile:
-                self._settle_compiles()
-        if dirty.structure:  # with a build in flight, the edit waits and coalesces into the next one
-            here = self.wait_for_compile or not self.background_builds
-            if structure.apply(self.profiling, here=here, wait_for_compile=self.wait_for_compile):
-                return
-            if self._worker.busy and not FRAME_GUARD.owner:  # started now: the rest of this frame first
-                FRAME_GUARD.enter()  # (``update`` lets go of it)
-        dirty.forget_code_and_captured()
-        g = self.resources.graph
-        if dirty.bypass:
-            self._bypass.apply(g)  # no graph yet: the build applies the flags to the graph it makes
-            if dirty.structure:  # the graph that takes it out of a fused group (or shared buffers) first
-                self._apply_changes()
-                return
-        if g is None:
-            self._params.carry(*dirty.take_params())  # nothing runs yet: the build in flight gets them
-        elif (dirty.params or dirty.bindings) and self._params.apply(g) and not structure.building:
-            self._apply_changes()  # a re-capture only a new graph can hold
-
-    @property
-    def _builds_off_thread(self) -> bool:
-        return self.background_builds and not self.wait_for_compile
+        self._applier.wait_ready(timeout)
 
     @property
     def building(self) -> bool:
@@ -552,11 +476,10 @@ class Engine(PatchEditing, EngineResults):
         return f"<Engine '{self.name}' device={self.device.ordinal} blocks={blocks} closed={self._closed}>"
 
     def _graph_installed(self, graph: Any) -> None:
-        """A new running graph: its fused kernels are specialised once their values rest, and the
-        patch that puts a node's generic kernel back asks for that again."""
+        """A new running graph: its fused kernels are specialised once their values rest (the patch that
+        puts a node's generic kernel back asks for that again: its ``on_generalize``, given at ``realize``)."""
         specializer = self._specializer
         if specializer is not None:  # (it finds the fused kernels on its own thread, not in this frame)
-            graph.on_generalize = specializer.arm
             specializer.arm()
 
     # -- teardown --------------------------------------------------------------------------------

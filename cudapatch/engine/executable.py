@@ -396,6 +396,7 @@ class CompiledGraph(HandleOwner):
         timing: Mapping[str, float],
         phases: Phases | None = None,
         updated: bool = False,
+        on_generalize: Callable[[], Any] | None = None,
     ) -> None:
         """Take over ``parts`` and the executable ``exec_`` built from them (``realize`` does this);
         with FrameDelays, ``phases`` holds ``exec_`` and its second-phase twin (``phases.py``);
@@ -437,8 +438,8 @@ class CompiledGraph(HandleOwner):
         self.generalized = 0
         #: Called when nodes run new generic code, or a specialisation came too late: a patch put a
         #: node's generic kernel back, a Code swap or Warm patch brought new code, ``specialize`` refused
-        #: one whose values or code changed meanwhile (the engine's ``Specializer.arm``).
-        self.on_generalize: Callable[[], Any] | None = None
+        #: one whose values or code changed meanwhile (the engine's ``Specializer.arm``, passed in).
+        self.on_generalize = on_generalize
         # Kernels a Code swap gave other code than the plan's: the source it was built from (None: not
         # said). ``kernel_source`` answers from here; a Warm patch that brings the build's code drops it.
         self._swapped: dict[tuple[int, int], Any] = {}

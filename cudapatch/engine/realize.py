@@ -97,9 +97,11 @@ class GraphBuilder:
         probe_function: Any = None,
         upload_stream: Any = None,
         pace: Callable[[], Any] | None = None,
+        on_generalize: Callable[[], Any] | None = None,
     ) -> None:
         self.plan = plan
         self.pace = pace
+        self.on_generalize = on_generalize
         self.probe_function = probe_function
         self.lend_stores = lend_stores
         self.update_previous = update_previous
@@ -183,7 +185,15 @@ class GraphBuilder:
                 "instantiate_ms": (t3 - paced) * 1e3,
                 "upload_ms": (t4 - t3) * 1e3,
             }
-            return CompiledGraph(self.plan, parts, exec_, timing=timing, phases=phases, updated=taken is not None)
+            return CompiledGraph(
+                self.plan,
+                parts,
+                exec_,
+                timing=timing,
+                phases=phases,
+                updated=taken is not None,
+                on_generalize=self.on_generalize,
+            )
         except BaseException:
             loans.restore()  # the previous graph keeps running with its values intact
             for ex in (exec_, exec1):
@@ -370,6 +380,7 @@ def realize(
     probe_function: Any = None,
     upload_stream: Any = None,
     pace: Callable[[], Any] | None = None,
+    on_generalize: Callable[[], Any] | None = None,
 ) -> CompiledGraph:
     """Make the driver objects for ``plan``: buffers from the pool, modules from the cache, the graph.
 
@@ -391,7 +402,8 @@ def realize(
     here, so that its first launch (on the frame thread) does not do it (``DeviceContext.upload_stream``).
     ``pace`` (a build off the frame thread): called before the instantiation of a graph of
     ``PACE_FROM_NODES`` or more, it returns at the end of a frame (``FrameGate.next_frame``), so that
-    the driver's lock is taken between two frames.
+    the driver's lock is taken between two frames. ``on_generalize``: the graph's ``on_generalize`` (the
+    engine's ``Specializer.arm``).
 
     Raises:
         KernelLoadError: a kernel has no function (``.block`` names the block).
@@ -415,4 +427,5 @@ def realize(
         probe_function=probe_function,
         upload_stream=upload_stream,
         pace=pace,
+        on_generalize=on_generalize,
     ).build()

@@ -35,6 +35,7 @@ __all__ = [
     "engine_kernel_sources",
     "main",
     "replay_by_block",
+    "replay_environment",
     "replay_plan",
     "replayed_nodes",
 ]
@@ -116,6 +117,24 @@ def _portable(snap: Any) -> Any:
     return dataclasses.replace(snap, bindings=bindings)
 
 
+def replay_environment(device: int) -> dict[str, str]:
+    """The replay process's environment: this one's, no compiler processes of its own, the device to
+    warm up on, and ``PYTHONPATH`` led by this process's ``sys.path`` entries that exist (then what
+    ``PYTHONPATH`` held), so it imports cudapatch, and the modules of Numba kernels, from where this
+    process did: also where they are found only through ``sys.path`` (an embedded host's, a
+    ``sys.path.insert``, a checkout run from its root).
+    """
+    here = [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)]
+    paths = [p for p in dict.fromkeys(here) if os.path.exists(p)]
+    before = os.environ.get("PYTHONPATH", "")
+    return dict(
+        os.environ,
+        CUDAPATCH_COMPILE_PROCESSES="0",
+        CUDAPATCH_REPLAY_DEVICE=str(device),
+        PYTHONPATH=os.pathsep.join(paths + ([before] if before else [])),
+    )
+
+
 class ReplayStandby:
     """A replay process: it imports the engine and makes its CUDA context, then waits for the patch on
     stdin. Started before it is needed (``Engine.prepare_fault_replay``), naming a faulting block skips
@@ -133,7 +152,7 @@ class ReplayStandby:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=dict(os.environ, CUDAPATCH_COMPILE_PROCESSES="0", CUDAPATCH_REPLAY_DEVICE=str(device)),
+            env=replay_environment(device),
         )
 
     @property

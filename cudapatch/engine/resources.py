@@ -82,7 +82,7 @@ class DeviceResources:
         CudaError: another driver call failed.
     """
 
-    def __init__(self, ordinal: int = 0) -> None:
+    def __init__(self, ordinal: int = 0, *, on_install: Callable[[CompiledGraph], Any] | None = None) -> None:
         self.device = DeviceContext(ordinal)
         #: The engine's stream (the device's; renewed by ``reset``).
         self.stream: Any = self.device.stream
@@ -105,7 +105,7 @@ class DeviceResources:
         self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
         self._probe_function: Any = None
         #: Called with each graph ``install`` makes the running one (the engine's ``Specializer``).
-        self.on_install: Callable[[CompiledGraph], Any] | None = None
+        self.on_install = on_install
         self._closed = False
 
     # -- graphs -------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What a host reads from an engine: the running graph's outputs, append buffers, statistics and
-diagnostics, and the engine's one-line summary.
+diagnostics, the engine's one-line summary, and its stream, pool, libraries and modules.
 
 ``EngineResults`` is a base class of ``Engine`` (the reading half of its public API, apart from the
 editing half in ``editing.py`` and the frame in ``engine.py``). Nothing here runs on the frame path:
@@ -15,7 +15,7 @@ import numpy as np
 from ..blocks.block import Block
 from ..blocks.shape import Shape
 from ..errors import CudapatchError
-from .buffers import AppendBuffer, GpuBuffer
+from .buffers import AppendBuffer, BufferPool, GpuBuffer
 from .compiler.fusion import in_fused_node
 from .diagnostics import Diagnostic
 from .profiling import EngineStats, ProfilingLevel
@@ -23,10 +23,12 @@ from .region_stats import region_iterations, region_warnings, show_iterations
 from .stats import append_warnings, collect_stats, newest_frame, show_on_blocks
 
 if TYPE_CHECKING:
+    from ..kernels.module_cache import ModuleCache
     from .board import DiagnosticBoard
     from .context import Context
     from .device import DeviceContext
     from .kernels import KernelTracker
+    from .libraries import LibraryHandles
     from .realize import CompiledGraph
     from .resources import DeviceResources
     from .structure import StructureTier
@@ -47,6 +49,46 @@ class EngineResults:
     _structure: StructureTier
     _last_gpu_ms: float | None
     _frame_hooks: tuple[Any, ...]
+
+    # -- the device, for hosts that interoperate ------------------------------------------------------
+    @property
+    def stream(self) -> Any:
+        """The ``CUstream`` every frame is launched on (read-only): a non-blocking stream of the
+        device's primary context.
+
+        For hosts that interoperate: work queued on this stream after ``update()`` runs after that
+        frame, and work queued before it runs before the frame, with no synchronize, e.g. CuPy::
+
+            s = cupy.cuda.Stream.from_external(engine)  # CuPy >= 14; before: ExternalStream(int(engine.stream))
+            engine.update()
+            with s:
+                result = cupy.asarray(engine.output(block, "Out")) * 2  # after the frame
+
+        Outputs are only valid for work ordered after the frame this way (or after
+        ``synchronize()``). A GPU fault renews the stream with the context (see ``engine.recovery``):
+        take it again after a fault instead of keeping it.
+        """
+        return self.resources.stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (version 0, ``int(engine.stream)``): libraries that take a stream
+        object (CuPy's ``Stream.from_external``, cuda.core) order their work with the engine's frames."""
+        return 0, int(self.resources.stream)
+
+    @property
+    def pool(self) -> BufferPool:
+        """The buffer pool (a new one after a GPU fault reset the context)."""
+        return self.resources.pool
+
+    @property
+    def libraries(self) -> LibraryHandles:
+        """cuBLAS/cuFFT/cuRAND/cuSOLVER/cuSPARSE handles, plans and workspaces for captured calls."""
+        return self.resources.libraries
+
+    @property
+    def modules(self) -> ModuleCache:
+        """The modules loaded into the engine's context."""
+        return self.resources.modules
 
     @property
     def graph(self) -> CompiledGraph | None:
@@ -184,8 +226,9 @@ class EngineResults:
 
     def stats(self) -> EngineStats:
         """GPU times (per block, per kernel), append fill, occupancy and pool use of the newest completed
-        frame, read without waiting. Taking that frame also sets its per-frame warnings (append outputs
-        nearly full) and refreshes what ``str(block)`` and ``str(engine)`` show.
+        frame, read without waiting. It only reads: no diagnostic and no block changes (its
+        ``diagnostics`` include the frame's own warnings, e.g. an append output nearly full;
+        ``show_frame`` publishes them and puts the numbers on the blocks).
 
         Cost is paid only here (host-side arithmetic on the ring's copy of the timestamps), never on
         the frame path.
@@ -193,26 +236,46 @@ class EngineResults:
         Raises:
             CudaError: a driver call failed (a GPU fault surfaces here).
         """
+        return self._read_frame(show=False)
+
+    def show_frame(self) -> EngineStats:
+        """Read the newest completed frame as ``stats()`` does, and show it: its per-frame warnings
+        (append outputs nearly full, a While stopped at ``Max``) replace the last shown frame's on the
+        diagnostics board, published on the blocks, and its numbers go where ``str(block)`` and
+        ``str(engine)`` show them (GPU time, append fill at the Deep levels, a loop's ``Iterations:
+        n/limit``). A host calls it at its frame boundary where it displays the patch (the preview's
+        overlay does, once per frame); ``update()`` never does, so a quiet frame pays nothing for it.
+
+        Returns:
+            The ``EngineStats`` shown.
+
+        Raises:
+            CudaError: a driver call failed (a GPU fault surfaces here).
+        """
+        return self._read_frame(show=True)
+
+    def _read_frame(self, *, show: bool) -> EngineStats:
         self.device.make_current()
         g = self.resources.graph
         registry = self.context.registry
-        with newest_frame(g) as reading:
-            full = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
+        with newest_frame(g) as reading:  # every value below is of this one frame
+            warned = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
             if g is not None and reading.frame is not None and g.plan.regions:
-                full += region_warnings(g, registry)
-            self._board.frame_warnings(full)
+                warned += region_warnings(g, registry)
             stats = collect_stats(
                 level=self.profiling,
                 blocks=registry,
                 graph=g,
                 reading=reading,
                 pool=self.resources.pool,
-                diagnostics=self._board.current,
+                diagnostics=self._board.with_frame(warned),
             )
-            show_on_blocks(stats, registry)
-            if g is not None and g.plan.regions:  # of the same frame: the ring stays on it until the block ends
-                show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
-        self._last_gpu_ms = stats.gpu_ms
+            if show:
+                self._board.frame_warnings(warned)
+                show_on_blocks(stats, registry)
+                if g is not None and g.plan.regions:
+                    show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip
+                self._last_gpu_ms = stats.gpu_ms  # "Launch: 2.10ms" in str(engine)
         return stats
 
     def diagnostics(self, block: Block | None = None) -> tuple[Diagnostic, ...]:

@@ -313,7 +313,7 @@ class Preview:
                 self._point_renderer.draw(vp, h, which)
         stats = None
         if self.overlay is not None:
-            stats = self.engine.stats()  # once per frame: the overlay and its plot share it
+            stats = self.engine.show_frame()  # once per frame: the overlay, its plot and the tooltips
             self.overlay.draw(stats, title=self.engine.name, internal=self.bridge.internal_blocks)
         ctx.swap()
         self.frames += 1

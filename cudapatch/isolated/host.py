@@ -26,12 +26,15 @@ import dataclasses
 import logging
 import sys
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._lifecycle import HandleOwner
 from ..blocks.block import Block, BlockState
 from ..blocks.shape import Shape, shape_from_array
 from ..engine.bindings import checked_host_values, device_binding
@@ -41,7 +44,7 @@ from ..engine.profiling import ProfilingLevel
 from ..engine.stats import BuildTiming, EngineCounters, show_on_blocks
 from ..errors import BindingError, CudapatchError
 from ..kernels.types import DType
-from .host_side import ChildLike, CudaHostSide, HostSide, ProcessLauncher
+from .host_side import ChildLike, CudaHostSide, HostSide, ProcessLauncher, let_every_frame_past
 from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling, patch_view
 from .policy import ChildEnd, RestartPolicy
 from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
@@ -106,7 +109,41 @@ class _DelayPair:
     frame: int
 
 
-class IsolatedEngine:
+class _Processes:
+    """What an unclosed ``IsolatedEngine``'s finalizer ends (it must not hold the engine): the running
+    child, the launcher's reserve, and the host's side whose stream waits for the child's frames."""
+
+    __slots__ = ("child", "gpu", "launcher")
+
+    def __init__(self, gpu: HostSide, launcher: ProcessLauncher | None) -> None:
+        self.gpu, self.launcher = gpu, launcher
+        self.child: ChildLike | None = None
+
+    def end(self) -> None:
+        """Let the host's stream past every frame it waits for, then end the processes (their
+        memory goes with them). No driver call: the frame word is a plain store."""
+        child, self.child = self.child, None
+        if child is not None:
+            let_every_frame_past(self.gpu)
+            child.close(timeout=1.0)  # its stdin closed: it exits (killed if it does not in a second)
+        if self.launcher is not None:
+            self.launcher.close()
+
+
+def _unclosed(name: str, processes: _Processes) -> None:
+    """The finalizer of an ``IsolatedEngine`` nobody closed (module level: it must not hold it)."""
+    try:
+        processes.end()
+    finally:
+        warnings.warn(
+            f"unclosed IsolatedEngine '{name}' (its engine process was ended by its finalizer): call close() "
+            "or use it in a with block",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+
+class IsolatedEngine(HandleOwner):
     """An engine whose GPU work runs in a child process; the same API as ``Engine``.
 
     Made by ``Engine(isolated=True)``. What differs: ``output()`` returns the child's buffer mapped
@@ -138,8 +175,13 @@ class IsolatedEngine:
             mapped by the host (no value may overwrite another's buffer).
         freeze_collector: As ``Engine`` (the child's collector; this process's is left alone).
 
+    Lifecycle (``cudapatch._lifecycle``): ``close()`` is idempotent, the engine is a context manager,
+    and an unclosed one's finalizer ends its engine process and warns (``ResourceWarning``); the host's
+    CUDA side keeps the policy of its own owners.
+
     Raises:
         CudaUnavailableError: no driver or device (host side).
+        CudapatchError: not Linux (the processes share memory through ``os.memfd_create``).
     """
 
     #: The graph runs in the child process: this process's GL memory is out of its reach.
@@ -166,6 +208,10 @@ class IsolatedEngine:
     ) -> None:
         from ..kernels.compiler_process import compiler_python
 
+        if host_side is None:
+            from .ipc import check_platform
+
+            check_platform()  # before any CUDA or process work: say why plainly
         self.name = name
         self._config = StartConfig(
             device=device,
@@ -184,6 +230,8 @@ class IsolatedEngine:
         chosen = python or (compiler_python() or (sys.executable, ""))[0]
         self._launcher = ProcessLauncher(chosen, standby=standby) if launch is None else None
         self._launch: Callable[[StartConfig], ChildLike] = launch or self._launcher  # type: ignore[assignment]
+        self._processes = _Processes(self._gpu, self._launcher)
+        self._finalizer = weakref.finalize(self, _unclosed, name, self._processes)
         self.policy = policy or RestartPolicy()
         self.context = Context()
         self._dirty = self.context.dirty
@@ -225,7 +273,6 @@ class IsolatedEngine:
         self._replies: dict[int, tuple[bool, Any]] = {}
         self._next_request = 0
         self._child: ChildLike | None = None
-        self._closed = False
         #: New children started after one ended (GPU faults and crashes).
         self.restarts = 0
         #: Seconds from noticing the end of the last child to the new child's first frame sent.
@@ -267,7 +314,7 @@ class IsolatedEngine:
     def _start_child(self) -> None:
         fd = self._gpu.start_parts(self._frame)
         cfg = dataclasses.replace(self._config, frame_word_fd=fd, start_frame=self._frame)
-        self._child = self._launch(cfg)
+        self._child = self._processes.child = self._launch(cfg)
         self._mirror.forget()
         self._dirty.mark_structure()  # the next update sends the whole patch
         self._handles.clear()
@@ -290,7 +337,7 @@ class IsolatedEngine:
         else:
             log.error("GPU fault in the isolated engine process (%s): %s", how, "; ".join(disabled.values()) or "?")
         self.counters.faults += 1
-        self._child = None
+        self._child = self._processes.child = None
         if not self.policy.child_ended(end):
             self._engine_diags = (Diagnostic("error", None, DiagnosticCode.GPU_LOST, self.policy.lost or ""),)
             self._publish(tuple(diag_from_record(r) for r in records), None)
@@ -826,10 +873,16 @@ class IsolatedEngine:
 
     def stats(self) -> Any:
         """``EngineStats`` of the child's newest completed frame (waits for the child). As
-        ``Engine.stats``, it puts the frame's GPU times (and append fill at the Deep levels) and each
-        loop's ``Iterations: n/limit`` on the host's blocks, and the child's per-frame warnings (a
-        While that stopped at ``Max``) into ``diagnostics()``."""
-        stats, loops = self._request("stats")
+        ``Engine.stats``, it only reads: no diagnostic and no block changes here or in the child."""
+        stats, _ = self._request("stats")
+        return dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
+
+    def show_frame(self) -> Any:
+        """As ``Engine.show_frame`` (waits for the child): the frame's GPU times (and append fill at the
+        Deep levels) and each loop's ``Iterations: n/limit`` go on the host's blocks, and the child's
+        per-frame warnings (a While that stopped at ``Max``) into ``diagnostics()`` (the child publishes
+        them and reports its diagnostics before it answers)."""
+        stats, loops = self._request("show_frame")
         stats = dataclasses.replace(stats, diagnostics=tuple(diag_from_record(r) for r in stats.diagnostics))
         registry = self.context.registry
         show_on_blocks(stats, registry)
@@ -908,7 +961,9 @@ class IsolatedEngine:
         if self._closed:
             return
         self._closed = True
+        self._disarm()
         child, self._child = self._child, None
+        self._processes.child = None
         if child is not None:
             self._gpu.release(self._frame)
             self._drop_outputs()
@@ -920,12 +975,16 @@ class IsolatedEngine:
             self.context.unregister_block(b)
         self._gpu.close()
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def abandon(self) -> None:
+        """End the engine process and forget the host's CUDA side without a driver call (its context
+        is gone); closes. The process's memory goes with it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._disarm()
+        self._child = None
+        self._processes.end()
+        self._gpu.abandon()
 
     def __enter__(self) -> IsolatedEngine:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -54,6 +54,19 @@ class HostSide(Protocol):
     def drop_outputs(self, keep: Collection[bytes] | None = None) -> None: ...  # None: every mapping
     def synchronize(self) -> None: ...
     def close(self, *, unmap: bool = True) -> None: ...
+    def abandon(self) -> None: ...  # forget every handle without a driver call (the context is gone)
+
+
+#: How far past the last frame it let start the host's stream is let on: every frame it may wait for.
+#: Its waits compare with wrap-around (``cuStreamWaitValue32`` GEQ: ``word - n`` as a signed 32-bit
+#: number), so any value up to 2**31 - 1 ahead satisfies them all, however many frames were in flight.
+_EVERY_FRAME = 1 << 30
+
+
+def let_every_frame_past(side: HostSide) -> None:
+    """Satisfy every wait of the host's stream for a child's frame without knowing the newest frame
+    sent (an unclosed engine's finalizer: the engine is gone); a plain store, no driver call."""
+    side.release(side.let_start() + _EVERY_FRAME)
 
 
 class CudaHostSide:
@@ -128,14 +141,22 @@ class CudaHostSide:
 
     def drop_outputs(self, keep: Collection[bytes] | None = None) -> None:
         self.device.make_current()
-        self.imports.close(keep=keep or ())
+        self.imports.drop(keep=keep or ())
 
     def synchronize(self) -> None:
         self.device.make_current()
         self.device.synchronize()
 
+    def abandon(self) -> None:
+        self.imports.abandon()
+        self.word.abandon()
+        self.device.abandon()
+
     def close(self, *, unmap: bool = True) -> None:
-        self.imports.close(unmap=unmap)
+        if unmap:
+            self.imports.close()
+        else:  # the driver refuses this process (a lost context): forget them without a call
+            self.imports.abandon()
         self.word.close()
         self.device.close()
 

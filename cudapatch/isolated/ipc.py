@@ -39,12 +39,14 @@ import ctypes
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Collection
 from typing import Any
 
 import numpy as np
 
-from ..errors import BindingError, CudaError
+from .._lifecycle import ContextRef, HandleOwner, Releases
+from ..errors import BindingError, CudaError, CudapatchError
 from ..kernels._driver import check, driver
 
 __all__ = [
@@ -64,12 +66,138 @@ _WORD = struct.Struct("<I")
 CHILD_DONE = 0  # the page's first word: the last frame the child's stream finished
 HOST_READY = 1  # the second: the last frame the host's stream let the child start
 
+#: Whether this platform has what an isolated engine shares through: ``memfd`` pages (Linux only).
+SHARED_PAGES = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
 
-class FrameWord:
+
+def check_platform() -> None:
+    """Refuse an isolated engine where its shared pages cannot exist.
+
+    Raises:
+        CudapatchError: not Linux (``os.memfd_create`` is missing).
+    """
+    if not SHARED_PAGES:
+        raise CudapatchError(
+            f"Engine(isolated=True) needs Linux: the engine process shares its frame word and rings with "
+            f"this one through os.memfd_create, which {sys.platform} does not have; use Engine() here"
+        )
+
+
+def _memfd(name: str, nbytes: int) -> int:
+    """A new zeroed ``memfd`` of ``nbytes`` (Linux); closed again if it cannot be sized."""
+    check_platform()
+    fd = os.memfd_create(name, 0)  # type: ignore[attr-defined]  (Linux)
+    try:
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _PageHandles:
+    """What pages registered for the device give back: the registration (a driver call, made in the
+    context it was made in) and, for the process that made them, the ``memfd`` (an OS call, made
+    also when the context is gone). The finalizer holds this, never the pages (see ``_lifecycle``)."""
+
+    __slots__ = ("driver", "fd")
+
+    def __init__(self) -> None:
+        self.driver = Releases()
+        self.fd = -1
+
+    def __len__(self) -> int:
+        return len(self.driver) + (self.fd >= 0)
+
+    def release(self) -> None:
+        try:
+            self.driver.release()
+        finally:
+            self._close_fd()
+
+    def release_quietly(self) -> None:
+        self.driver.release_quietly()
+        self._close_fd()
+
+    def forget(self) -> None:
+        self.driver.forget()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class _RegisteredPages(HandleOwner):
+    """``nbytes`` of a ``memfd`` mapped into this process and registered for the device
+    (``cuMemHostRegister``, DEVICEMAP | PORTABLE): the part ``FrameWord`` and ``SharedPages`` share.
+
+    An engine part: its owner (the host's CUDA side, a transfer ring) closes it; an unclosed one's
+    finalizer unregisters it in its living context, quietly. ``close()`` unregisters, unmaps, and closes
+    the ``memfd`` of the process that owns it; the other process's mapping keeps the memory until it
+    unmaps too.
+
+    Raises:
+        OSError: the pages cannot be mapped. CudaError: registering them failed (nothing is left behind).
+    """
+
+    def __init__(self, fd: int, nbytes: int, *, owner: bool, what: str) -> None:
+        self.nbytes = nbytes
+        self._what = what
+        self._handles = _PageHandles()
+        self._handles.fd = fd if owner else -1  # from here on, close() closes it: also when this fails
+        self._arm(what, releases=self._handles, context=ContextRef.current(), warn=False)
+        try:
+            self._map = mmap.mmap(fd, nbytes)
+            self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in close()
+            self._host_ptr = ctypes.addressof(self._anchor)
+            d = driver()
+            flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
+            check(d.cuMemHostRegister(self._host_ptr, nbytes, flags), f"cuMemHostRegister({what})")
+            self._handles.driver.push(d.cuMemHostUnregister, self._host_ptr, what=f"cuMemHostUnregister({what})")
+            self._device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host_ptr, 0), "cuMemHostGetDevicePointer"))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def host_ptr(self) -> int:
+        """This process's address of the first byte. Raises: CudapatchError once closed."""
+        self._check_open(f"{type(self).__name__}.host_ptr")
+        return self._host_ptr
+
+    @property
+    def device_ptr(self) -> int:
+        """The device's address of the first byte. Raises: CudapatchError once closed."""
+        self._check_open(f"{type(self).__name__}.device_ptr")
+        return self._device_ptr
+
+    def _release(self) -> None:
+        try:
+            self._handles.release()  # unregister first: the registration must not outlive the mapping
+        finally:
+            self._unmap()
+
+    def _forget(self) -> None:
+        self._handles.forget()  # no driver call: the registration died with its context
+        self._unmap()
+
+    def _unmap(self) -> None:
+        if hasattr(self, "_anchor"):  # no other reference to it may live while the map closes
+            del self._anchor
+        if hasattr(self, "_map"):
+            self._map.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._what} {self.nbytes} bytes closed={self._closed}>"
+
+
+class FrameWord(_RegisteredPages):
     """The shared frame word (see the module docstring).
 
     Use ``FrameWord.create()`` in the host (it owns the page and passes ``fd`` to the child) and
-    ``FrameWord.attach(fd)`` in the child.
+    ``FrameWord.attach(fd)`` in the child. An engine part (see ``_RegisteredPages``).
 
     Raises:
         CudaError: registering the page failed.
@@ -77,21 +205,16 @@ class FrameWord:
 
     def __init__(self, fd: int, *, owner: bool) -> None:
         self.fd = fd
-        self._owner = owner
-        self._map = mmap.mmap(fd, _PAGE)
-        self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in close()
-        self._host_ptr = ctypes.addressof(self._anchor)
-        d = driver()
-        flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
-        check(d.cuMemHostRegister(self._host_ptr, _PAGE, flags), "cuMemHostRegister(frame word)")
-        self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self._host_ptr, 0), "cuMemHostGetDevicePointer"))
-        self._closed = False
+        super().__init__(fd, _PAGE, owner=owner, what="frame word")
 
     @classmethod
     def create(cls, start: int = 0) -> FrameWord:
-        """A new page (host side) holding ``start``; its ``fd`` is inheritable for the child."""
-        fd = os.memfd_create("cudapatch-frame", 0)  # type: ignore[attr-defined]  (Linux)
-        os.ftruncate(fd, _PAGE)
+        """A new page (host side) holding ``start``; its ``fd`` is inheritable for the child.
+
+        Raises:
+            CudapatchError: not Linux. CudaError: registering the page failed.
+        """
+        fd = _memfd("cudapatch-frame", _PAGE)
         os.set_inheritable(fd, True)
         word = cls(fd, owner=True)
         word.release(start)
@@ -120,77 +243,51 @@ class FrameWord:
         """Make ``stream`` wait until frame ``n`` is written (host side, right after sending it).
 
         Raises:
-            CudaError: the driver refused the stream wait.
+            CudapatchError: the word is closed. CudaError: the driver refused the stream wait.
         """
+        self._check_open("FrameWord.wait")  # a closed word's address may belong to other memory now
         d = driver()
         flag = d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
-        ptr = self.device_ptr + slot * _WORD.size
+        ptr = self._device_ptr + slot * _WORD.size
         check(d.cuStreamWaitValue32(stream, ptr, n & 0xFFFFFFFF, flag), "cuStreamWaitValue32")
 
     def signal(self, stream: Any, n: int, slot: int = CHILD_DONE) -> None:
         """Write ``n`` on ``stream`` after the work before it (child side, after each frame).
 
         Raises:
-            CudaError: the driver refused the write.
+            CudapatchError: the word is closed. CudaError: the driver refused the write.
         """
+        self._check_open("FrameWord.signal")
         d = driver()
         flag = d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT.value
-        ptr = self.device_ptr + slot * _WORD.size
+        ptr = self._device_ptr + slot * _WORD.size
         check(d.cuStreamWriteValue32(stream, ptr, n & 0xFFFFFFFF, flag), "cuStreamWriteValue32")
 
-    def close(self, *, unregister: bool = True) -> None:
-        """Unregister and unmap; idempotent. ``unregister=False`` after a fault (the driver refuses)."""
-        if self._closed:
-            return
-        self._closed = True
-        if unregister:
-            driver().cuMemHostUnregister(self._host_ptr)  # result ignored: teardown
-        del self._anchor
-        self._map.close()
-        if self._owner:
-            os.close(self.fd)
 
-
-class SharedPages:
+class SharedPages(_RegisteredPages):
     """Host memory the host and its engine process both map, registered for the device in each.
 
     ``SharedPages.create(nbytes)`` in the host (it owns the ``memfd``; ``path`` names it for the child),
     ``SharedPages.attach(path, nbytes)`` in the child. ``host_ptr`` and ``device_ptr`` are this
-    process's addresses of the first byte.
+    process's addresses of the first byte. An engine part (see ``_RegisteredPages``): the ring that
+    asked for it closes it (``release``).
 
     Raises:
         OSError: the memory cannot be made or opened. CudaError: registering it failed.
     """
 
     def __init__(self, fd: int, nbytes: int, *, owner: bool) -> None:
-        self.nbytes = -(-max(nbytes, 1) // _PAGE) * _PAGE
-        self._fd = -1  # the owner's descriptor, once the pages are set up (create() closes it on a failure)
         self.path = f"/proc/{os.getpid()}/fd/{fd}" if owner else ""
-        self._registered = False
-        self._map = mmap.mmap(fd, self.nbytes)
-        self._anchor = ctypes.c_char.from_buffer(self._map)  # pins the map; released in release()
-        self.host_ptr = ctypes.addressof(self._anchor)
-        d = driver()
-        flags = 0x2 | 0x1  # CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE
-        try:
-            check(d.cuMemHostRegister(self.host_ptr, self.nbytes, flags), "cuMemHostRegister(shared pages)")
-            self._registered = True
-            self.device_ptr = int(check(d.cuMemHostGetDevicePointer(self.host_ptr, 0), "cuMemHostGetDevicePointer"))
-        except BaseException:
-            self.release()
-            raise
-        self._fd = fd if owner else -1
+        super().__init__(fd, _pages(nbytes), owner=owner, what="shared pages")
 
     @classmethod
     def create(cls, nbytes: int) -> SharedPages:
-        """New zeroed pages of at least ``nbytes`` (host side)."""
-        fd = os.memfd_create("cudapatch-ring", 0)  # type: ignore[attr-defined]  (Linux)
-        try:
-            os.ftruncate(fd, -(-max(nbytes, 1) // _PAGE) * _PAGE)
-            return cls(fd, nbytes, owner=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        """New zeroed pages of at least ``nbytes`` (host side).
+
+        Raises:
+            CudapatchError: not Linux. OSError, CudaError: as the class.
+        """
+        return cls(_memfd("cudapatch-ring", _pages(nbytes)), nbytes, owner=True)
 
     @classmethod
     def attach(cls, path: str, nbytes: int) -> SharedPages:
@@ -202,26 +299,22 @@ class SharedPages:
             os.close(fd)  # the mapping keeps the memory
 
     def contains(self, ptr: int) -> bool:
-        """Whether device address ``ptr`` lies in these pages (False once released)."""
-        return self._registered and self.device_ptr <= ptr < self.device_ptr + self.nbytes
+        """Whether device address ``ptr`` lies in these pages (False once closed)."""
+        return not self._closed and self._device_ptr <= ptr < self._device_ptr + self.nbytes
 
     def release(self) -> tuple[Any, ...]:
-        """Unregister, unmap, close; idempotent. Returns the unregister call's result (a driver result
-        tuple, for ``Releases``). The other process's mapping keeps the memory until it unmaps too."""
-        result: tuple[Any, ...] = (0,)
-        if self._registered:
-            self._registered = False
-            result = driver().cuMemHostUnregister(self.host_ptr)
-        self._unmap()
-        return result
+        """``close()`` as a release call of a ``Releases`` (a driver result tuple): how a ring gives its
+        pages back.
 
-    def _unmap(self) -> None:
-        if hasattr(self, "_anchor"):  # no other reference to it may live while the map closes
-            del self._anchor
-            self._map.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        Raises:
+            CudaError: unregistering failed (the pages are closed all the same).
+        """
+        self.close()
+        return (0,)
+
+
+def _pages(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // _PAGE) * _PAGE
 
 
 def export_device_memory(ptr: int) -> tuple[bytes, int]:
@@ -242,16 +335,52 @@ def export_device_memory(ptr: int) -> tuple[bytes, int]:
     return bytes(handle.reserved), int(ptr) - int(base)
 
 
-class IpcImports:
-    """Allocations of another process opened in this one, once each (opening one twice fails)."""
+class _Opened(dict):
+    """The allocations ``IpcImports`` opened (handle -> base address), as its finalizer releases them:
+    ``cuIpcCloseMemHandle`` each (the memory is freed once its exporter freed it too)."""
+
+    def __init__(self, d: Any) -> None:
+        super().__init__()
+        self.driver = d  # the driver the bases came from (tests swap doubles)
+
+    def close_all_but(self, keep: Collection[bytes] = ()) -> None:
+        """Close every opened allocation but those of the handles in ``keep``."""
+        for h in [h for h in self if h not in keep]:
+            # Result ignored: the child that exported it may be gone; nothing here can act on a failure.
+            self.driver.cuIpcCloseMemHandle(self.pop(h))
+
+    def release_quietly(self) -> None:
+        for base in self.values():
+            try:
+                self.driver.cuIpcCloseMemHandle(base)
+            except Exception:  # a finalizer's: at interpreter exit the driver may be gone
+                pass
+        self.clear()
+
+    def forget(self) -> None:
+        self.clear()
+
+
+class IpcImports(HandleOwner):
+    """Allocations of another process opened in this one, once each (opening one twice fails).
+
+    An engine part: its owner (the host's CUDA side) closes it; an unclosed one's finalizer closes its
+    allocations in their living context, quietly (see ``_lifecycle``).
+    """
 
     def __init__(self) -> None:
-        self._opened: dict[bytes, int] = {}
+        self._opened = _Opened(driver())
+        self._arm("IpcImports", releases=self._opened, context=ContextRef.current(), warn=False)
 
     def pointer(self, handle: bytes, offset: int) -> int:
-        """This process's address of ``offset`` in the allocation of ``handle``. Raises: CudaError."""
+        """This process's address of ``offset`` in the allocation of ``handle``.
+
+        Raises:
+            CudapatchError: closed. CudaError: the driver refused to open it.
+        """
         base = self._opened.get(handle)
         if base is None:
+            self._check_open("IpcImports.pointer")
             d = driver()
             h = d.CUipcMemHandle()
             h.reserved = handle
@@ -259,16 +388,19 @@ class IpcImports:
             base = self._opened[handle] = int(check(d.cuIpcOpenMemHandle(h, flag), "cuIpcOpenMemHandle"))
         return base + offset
 
-    def close(self, *, unmap: bool = True, keep: Collection[bytes] = ()) -> None:
-        """Close every opened allocation but those of the handles in ``keep`` (their memory is freed
-        once the exporter freed it too)."""
-        opened = self._opened
-        self._opened = {h: base for h, base in opened.items() if h in keep} if keep else {}
-        if unmap:
-            d = driver()
-            for h, base in opened.items():
-                if h not in self._opened:
-                    d.cuIpcCloseMemHandle(base)  # result ignored: teardown
+    def drop(self, keep: Collection[bytes] = ()) -> None:
+        """Close every opened allocation but those of the handles in ``keep`` (this stays usable: a
+        handle asked for again later is opened anew)."""
+        self._opened.close_all_but(keep)
+
+    def _release(self) -> None:
+        self._opened.close_all_but()
+
+    def _forget(self) -> None:
+        self._opened.forget()
+
+    def __repr__(self) -> str:
+        return f"<IpcImports opened={len(self._opened)} closed={self._closed}>"
 
 
 class SharedOutput:

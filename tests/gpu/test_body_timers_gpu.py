@@ -38,7 +38,7 @@ def _frames(engine: Engine, n: int = 4) -> None:
 
 
 def _rows(engine: Engine) -> dict[str, object]:
-    return {b.name: b for b in engine.stats().blocks}
+    return {b.name: b for b in engine.show_frame().blocks}
 
 
 def _timer_nodes(engine: Engine) -> int:

@@ -69,7 +69,7 @@ def test_the_jacobi_while_gives_the_same_solve_isolated_and_in_process() -> None
             e.wait_ready()
             e.update()
             u1, its1 = e.read(sb, "u"), e.iterations(solve)
-            e.stats()
+            e.show_frame()
             quiet = not [x for x in e.diagnostics(solve) if x.code == "region-max"]
             rebuilds = e.counters.rebuilds
             d.set("tol", 1e-5)  # Hot, a block inside the body: no rebuild in either
@@ -79,7 +79,7 @@ def test_the_jacobi_while_gives_the_same_solve_isolated_and_in_process() -> None
             solve.set("Max", 5)  # Hot: the guard stops it, and the stats say so
             e.update()
             u3, its3 = e.read(sb, "u"), e.iterations(solve)
-            e.stats()
+            e.show_frame()
             warned = any(x.code == "region-max" for x in e.diagnostics(solve))
             got[name] = (u1, its1, u2, its2, u3, its3, quiet, warned, str(solve))
         (u1, its1, u2, its2, u3, its3, quiet, warned, tip) = got["isolated"]
@@ -196,7 +196,7 @@ def test_a_loops_time_and_iterations_reach_the_host_blocks_and_outputs_keep_thei
         for _ in range(4):
             iso.update()
         iso.synchronize()
-        stats = iso.stats()
+        stats = iso.show_frame()
         assert loop.debug.gpu_ms is not None and loop.debug.gpu_ms > 0
         assert "Iterations: 50/50" in str(loop)
         assert stats.gpu_ms is not None and loop.debug.gpu_ms <= stats.gpu_ms
@@ -270,7 +270,7 @@ def test_a_composite_runs_isolated_as_in_process(rng: np.random.Generator, child
             for _ in range(3):
                 e.update()
             e.synchronize()
-            e.stats()
+            e.show_frame()
             got[name] = (first, second, pair.debug.gpu_ms is not None, str(pair).split(":")[1].split(",")[0])
         for a, b in zip(got["normal"], got["isolated"], strict=True):
             np.testing.assert_array_equal(a, b)

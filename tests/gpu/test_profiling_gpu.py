@@ -30,7 +30,7 @@ def test_block_times_follow_the_work(engine: Engine) -> None:
         blk = engine.add(Scale(name=name))
         engine.connect(src, "Out", blk, "In")
         _frames(engine)
-        stats = engine.stats()
+        stats = engine.show_frame()  # the numbers on the blocks and the engine too
         ms.update({b.name: b.gpu_ms for b in stats.blocks})
         assert stats.gpu_ms >= ms[name] > 0 and stats.age is not None and stats.frame is not None
         if name == "big":
@@ -56,7 +56,7 @@ def test_levels_switch_live(engine: Engine) -> None:
         rebuilds = engine.counters.rebuilds
         engine.set_profiling(level)
         _frames(engine)
-        st = engine.stats()
+        st = engine.show_frame()
         assert engine.counters.rebuilds == rebuilds + 1 and st.level.value == level
         assert st.gpu_ms is not None and st.gpu_ms > 0
         blocks = {b.name: b for b in st.blocks}
@@ -70,7 +70,7 @@ def test_levels_switch_live(engine: Engine) -> None:
         assert any(d.code == "append-full" for d in engine.diagnostics(k))  # 100 % full: a per-frame warning
     k.set("Capacity", 1 << 17)
     _frames(engine)
-    engine.stats()
+    engine.show_frame()
     assert not any(d.code == "append-full" for d in engine.diagnostics(k))  # warnings are per frame
 
 

@@ -94,12 +94,12 @@ def test_a_while_stops_when_its_condition_turns_false_and_warns_at_max(engine: E
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.ones(256, np.float32))  # 1024 / 2**10
     assert engine.iterations(solve) == 10
     rebuilds = engine.counters.rebuilds
-    engine.stats()
+    engine.show_frame()
     assert not [d for d in engine.diagnostics(solve) if d.code == "region-max"]
     solve.set("Max", 4)  # Hot: the guard stops it early, and says so
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 64.0, np.float32))
     assert engine.iterations(solve) == 4
-    engine.stats()
+    engine.show_frame()
     assert any(d.code == "region-max" for d in engine.diagnostics(solve))
     check.set("level", 100.0)  # Hot, inside the body: the condition turns false sooner
     solve.set("Max", 100)
@@ -202,7 +202,7 @@ def test_profiling_shows_a_regions_time(engine: Engine) -> None:
     for _ in range(4):
         engine.update()
     engine.synchronize()
-    stats = engine.stats()
+    stats = engine.show_frame()
     assert loop.debug.gpu_ms is not None and loop.debug.gpu_ms > 0
     assert "Iterations: 50/50" in str(loop)
     assert stats.gpu_ms is not None and loop.debug.gpu_ms <= stats.gpu_ms
@@ -290,13 +290,13 @@ def test_an_unrolled_while_checks_once_per_pass_counts_what_ran_and_never_passes
     # 10 halvings reach 1.0; the condition is read after each pass of 4: 12 run (1024 / 2**12)
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 0.25, np.float32))
     assert engine.iterations(solve) == 12
-    engine.stats()
+    engine.show_frame()
     assert not [d for d in engine.diagnostics(solve) if d.code == "region-max"]
     rebuilds = engine.counters.rebuilds
     solve.set("Max", 6)  # one pass of 4, then the tail one at a time up to Max
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 16.0, np.float32))
     assert engine.iterations(solve) == 6
-    engine.stats()
+    engine.show_frame()
     assert any(d.code == "region-max" for d in engine.diagnostics(solve))
     solve.set("Max", 3)  # below one pass: the tail alone, from the first iteration
     np.testing.assert_array_equal(_frame(engine, halve, "x"), np.full(256, 128.0, np.float32))

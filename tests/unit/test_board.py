@@ -45,7 +45,7 @@ def test_codes_are_strings_for_hosts() -> None:
     same = Diagnostic("error", 1, DiagnosticCode.GPU_FAULT, "boom")
     assert d == same and hash(d) == hash(same) and Diagnostic("error", 1, "gpu-fault", "boom") in {same}
     assert Diagnostic("info", None, "my-host-code", "x").code == "my-host-code"  # a host's own code stays text
-    assert len(DiagnosticCode) == 36 and all(c.value == str(c) for c in DiagnosticCode)
+    assert len(DiagnosticCode) == 37 and all(c.value == str(c) for c in DiagnosticCode)
 
 
 def test_a_build_sets_states_and_a_failed_build_keeps_the_running_set(patch) -> None:  # noqa: ANN001

@@ -659,3 +659,16 @@ def test_a_warm_patch_the_driver_refuses_midway_is_followed_by_a_new_graph(engin
     assert engine.counters.failed_rebuilds == failed + 1
     assert engine.graph is not g and engine.graph is not None and g.retired, "the half-patched graph runs on"
     assert engine.graph.plan.buffers[engine.graph.plan.outputs[(scale.id, "Out")]].count == 2048
+
+
+def test_wait_ready_builds_with_every_kernel_through_the_applier_and_keeps_the_setting(engine: Engine) -> None:
+    fill, scale = _chain(engine)
+    assert engine._applier.off_thread is False  # this fixture builds in update(): background_builds=False
+    engine.wait_ready()
+    g = engine.graph
+    assert g is not None and set(g.plan.block_order) == {fill.id, scale.id} and g.launches == 0  # built, not run
+    assert engine.wait_for_compile is False  # waiting was for this call only
+    engine.background_builds = True
+    assert engine._applier.off_thread  # the applier reads the engine's settings when it applies
+    engine.wait_for_compile = True
+    assert not engine._applier.off_thread

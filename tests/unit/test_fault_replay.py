@@ -6,6 +6,7 @@ refused such a patch, so a fault inside a loop body was never named), and a faul
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any
 
@@ -173,3 +174,34 @@ def test_replayed_nodes_keep_the_body_work_of_the_faulting_block() -> None:
     assert [n.block_id for n in work if n.block_id == b["bad"].id] == [b["bad"].id]
     assert len(plan.block_nodes[b["bad"].id]) > 1  # unrolled copies in the plan, one replayed
     assert run == sorted(run)
+
+
+def test_the_replay_process_imports_what_this_process_finds_only_through_sys_path(tmp_path, monkeypatch) -> None:
+    """The replay child starts with ``sys.executable``: a module this process imports only because its
+    directory is on ``sys.path`` (as cudapatch in an embedded host) must import there too."""
+    import subprocess
+    import sys
+
+    from cudapatch.engine import replay
+
+    (tmp_path / "only_on_sys_path.py").write_text("WHERE = 'found'\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path, str(tmp_path / "gone")])
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    env = replay.replay_environment(3)
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert paths[0] == str(tmp_path) and paths[-1] == "/somewhere/else" and str(tmp_path / "gone") not in paths
+    assert env["CUDAPATCH_REPLAY_DEVICE"] == "3" and env["CUDAPATCH_COMPILE_PROCESSES"] == "0"
+    code = "import only_on_sys_path, cudapatch.engine.replay; print(only_on_sys_path.WHERE)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "found", done.stderr
+
+    started = []
+
+    class Popen:  # what ReplayStandby starts, recorded instead of run (the real one needs a GPU)
+        def __init__(self, args, **kw):
+            started.append((args, kw["env"]))
+
+    monkeypatch.setattr(replay.subprocess, "Popen", Popen)
+    replay.ReplayStandby(3)
+    ((args, child_env),) = started
+    assert args == [sys.executable, "-m", "cudapatch.engine.replay"] and child_env["PYTHONPATH"] == env["PYTHONPATH"]

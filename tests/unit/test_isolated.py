@@ -277,6 +277,9 @@ class FakeHostSide:
     def close(self, *, unmap=True):
         self.calls.append(("close",))
 
+    def abandon(self):
+        self.calls.append(("abandon",))
+
 
 def fake_isolated():
     """An isolated Engine over fakes: ``.children`` (each a ``FakeChild``) and ``.gpu`` (the ``FakeHostSide``).
@@ -306,7 +309,7 @@ def _patch(e):
 
 def test_engine_isolated_returns_the_proxy_with_the_engine_api(iso):
     assert isinstance(iso, IsolatedEngine)
-    for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats",
+    for name in ("add", "remove", "connect", "disconnect", "bind", "update", "read", "output", "stats", "show_frame",
                  "diagnostics", "close", "wait_ready", "disable", "set_profiling", "synchronize"):  # fmt: skip
         assert callable(getattr(iso, name)) and callable(getattr(Engine, name))
     assert iso.children[0].cfg.frame_word_fd == 9
@@ -515,6 +518,52 @@ def test_close_stops_the_child_and_releases(iso):
     iso.close()
     assert child.closed and child.sent[-1] == ("close",) and ("close",) in iso.gpu.calls
     assert iso.is_closed
+
+
+def test_the_isolated_engine_follows_the_lifecycle_protocol(iso):
+    from cudapatch._lifecycle import HandleOwner, Lifecycle
+
+    assert isinstance(iso, Lifecycle) and isinstance(iso, HandleOwner) and "closed=False" in repr(iso)
+    gpu, children = FakeHostSide(), []
+    with Engine(isolated=True, host_side=gpu, launch=lambda cfg: children.append(FakeChild(cfg)) or children[-1]) as e:
+        e.update()
+    assert e.is_closed and children[0].closed and ("close",) in gpu.calls and "closed=True" in repr(e)
+    e.close()  # idempotent: nothing more happens
+    assert gpu.calls.count(("close",)) == 1
+
+
+def test_an_unclosed_isolated_engine_ends_its_process_and_warns():
+    import gc
+
+    gpu, children = FakeHostSide(), []
+    e = Engine(isolated=True, host_side=gpu, launch=lambda cfg: children.append(FakeChild(cfg)) or children[-1])
+    e.update()
+    gpu.lagging = True
+    e.update()  # the host's stream now waits for a frame the child never finished
+    with pytest.warns(ResourceWarning, match="unclosed IsolatedEngine 'CudaEngine'"):
+        del e
+        gc.collect()
+    assert children[0].closed  # the process ends with it; its memory goes with the process
+    assert gpu.released and gpu.released[-1] > gpu.sent  # every frame the host's stream waits for is let past
+    assert ("close",) not in gpu.calls  # the host's CUDA side keeps its own owners' policy
+
+
+def test_an_abandoned_isolated_engine_ends_its_process_without_closing_the_cuda_side(iso):
+    iso.update()
+    iso.abandon()
+    assert iso.is_closed and iso.children[0].closed and iso.gpu.calls[-1] == ("abandon",)
+    iso.close()  # a no-op now
+    assert ("close",) not in iso.gpu.calls
+
+
+def test_isolated_mode_says_plainly_that_it_needs_linux(monkeypatch):
+    from cudapatch.isolated import ipc
+
+    monkeypatch.setattr(ipc, "SHARED_PAGES", False)  # as on macOS or Windows: no os.memfd_create
+    with pytest.raises(CudapatchError, match=r"Engine\(isolated=True\) needs Linux"):
+        Engine(isolated=True)
+    with pytest.raises(CudapatchError, match="needs Linux"):
+        ipc.FrameWord.create()
 
 
 def test_a_lagging_child_gets_at_most_three_frames_ahead_and_the_rest_are_dropped(iso):

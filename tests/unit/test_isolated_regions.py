@@ -293,7 +293,23 @@ def test_iterations_asks_the_child_for_the_region(iso):
     assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("iterations", (solve.id,))
 
 
-def test_stats_puts_times_iterations_and_the_max_warning_on_the_host_blocks(iso):
+def test_stats_reads_the_childs_frame_and_changes_no_host_block(iso):
+    solve, sweep_b, decide = _jacobi(iso)
+    iso.set_profiling("PerBlock")
+    iso.update()
+    child = iso.children[0]
+    warning = ("warning", solve.id, "region-max", "While 'Solve' stopped at Max (500 iterations) before ...")
+    rows = (BlockStats(solve.id, "Solve", "Warning", "", 1.25), BlockStats(decide.id, "Decide", "OK", "", None))
+    stats = EngineStats(ProfilingLevel.PER_BLOCK, 7, 1, 2.5, rows, 3, 0, 0, diagnostics=(warning,))
+    before = str(solve), dict(solve.debug.append_fill)
+    _answer(child, (stats, {}))
+    got = iso.stats()
+    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("stats", ())
+    assert got.diagnostics[0].code == "region-max" and got.blocks[0].gpu_ms == 1.25
+    assert (str(solve), dict(solve.debug.append_fill)) == before and not iso.diagnostics(solve)
+
+
+def test_show_frame_puts_times_iterations_and_the_max_warning_on_the_host_blocks(iso):
     solve, sweep_b, decide = _jacobi(iso)
     iso.set_profiling("PerBlock")
     iso.update()
@@ -302,8 +318,8 @@ def test_stats_puts_times_iterations_and_the_max_warning_on_the_host_blocks(iso)
     rows = (BlockStats(solve.id, "Solve", "Warning", "", 1.25), BlockStats(decide.id, "Decide", "OK", "", None))
     stats = EngineStats(ProfilingLevel.PER_BLOCK, 7, 1, 2.5, rows, 3, 0, 0, diagnostics=(warning,))
     _answer(child, (stats, {solve.id: (500, 500)}), ("diagnostics", (warning,), {solve.id: ("Warning", "")}))
-    got = iso.stats()
-    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("stats", ())
+    got = iso.show_frame()
+    assert [m for m in child.sent if m[0] == "request"][-1][2:] == ("show_frame", ())
     assert got.diagnostics[0].code == "region-max" and got.blocks[0].gpu_ms == 1.25
     assert any(d.code == "region-max" for d in iso.diagnostics(solve))
     assert str(solve).startswith("Solve: Warning, 1.25ms") and "Iterations: 500/500" in str(solve)
@@ -413,15 +429,20 @@ def test_the_child_answers_iterations_and_stats_with_its_loops():
             return 5 if b is mine else None
 
         def stats(self):
-            mine.debug.append_fill = {"Iterations": (5, 5)}
             rows = (BlockStats(mine.id, "L", "OK", "", 0.5), BlockStats(patch.blocks[f.id].id, "f", "OK", "", None))
             return EngineStats(ProfilingLevel.PER_BLOCK, 3, 1, 1.0, rows, 1, 0, 0)
+
+        def show_frame(self):
+            mine.debug.append_fill = {"Iterations": (5, 5)}
+            return self.stats()
 
     server = child_module._Server.__new__(child_module._Server)
     server.engine, server.patch = FakeEngine(), patch
     assert server.request("iterations", (loop.id,)) == 5
     assert server.request("iterations", (f.id,)) is None
     stats, loops = pickle.loads(pickle.dumps(server.request("stats", ())))
+    assert loops == {} and not mine.debug.append_fill  # a read: no tooltip changed, none sent
+    stats, loops = pickle.loads(pickle.dumps(server.request("show_frame", ())))
     assert loops == {loop.id: (5, 5)} and [b.block_id for b in stats.blocks] == [loop.id, f.id]
     assert np.isclose(stats.blocks[0].gpu_ms, 0.5)
 
@@ -732,13 +753,15 @@ def test_shared_pages_are_the_same_bytes_through_their_name_and_release_cleanly(
         cuMemHostUnregister=lambda ptr: calls.append(("unregister",)) or (0,),
     )
     monkeypatch.setattr(ipc, "driver", lambda: fake)
+    monkeypatch.setattr(ipc.ContextRef, "current", classmethod(lambda cls: None))  # no context to push
     host = ipc.SharedPages.create(100)
-    assert host.nbytes == 4096 and host.path == f"/proc/{os.getpid()}/fd/{host._fd}"
+    assert host.nbytes == 4096 and os.path.exists(host.path) and host.path.startswith(f"/proc/{os.getpid()}/fd/")
     child = ipc.SharedPages.attach(host.path, host.nbytes)
     ctypes.memmove(host.host_ptr + 8, b"frame 42", 8)  # a store on one side ...
     assert ctypes.string_at(child.host_ptr + 8, 8) == b"frame 42"  # ... is seen on the other
-    assert host.contains(host.device_ptr + 4095) and not host.contains(host.device_ptr + 4096)
-    assert host.release() == (0,) and host.release() == (0,) and not host.contains(host.device_ptr)
-    assert ctypes.string_at(child.host_ptr + 8, 8) == b"frame 42"  # the other mapping keeps the memory
+    dev, seen = host.device_ptr, child.host_ptr
+    assert host.contains(dev + 4095) and not host.contains(dev + 4096)
+    assert host.release() == (0,) and host.release() == (0,) and not host.contains(dev)
+    assert ctypes.string_at(seen + 8, 8) == b"frame 42"  # the other mapping keeps the memory
     child.release()
     assert calls == [("register", 4096, 3), ("register", 4096, 3), ("unregister",), ("unregister",)]

@@ -310,6 +310,25 @@ class FakeDriver:
     def cuLaunchKernel(self, *args: Any) -> tuple[int]:
         return (0,)
 
+    # the isolated engine's sharing (isolated/ipc.py)
+    CUipcMemHandle = _Struct
+    CUipcMem_flags = CUstreamWaitValue_flags = CUstreamWriteValue_flags = _Values()
+
+    def cuMemHostRegister(self, ptr: int, nbytes: int, flags: int) -> tuple[int]:
+        return self._make("registered", ptr)[:1]
+
+    def cuMemHostUnregister(self, ptr: int) -> tuple[int]:
+        return self._drop("registered", ptr)
+
+    def cuIpcOpenMemHandle(self, handle: Any, flags: int) -> tuple[int, int]:
+        return self._make("ipc")
+
+    def cuIpcCloseMemHandle(self, ptr: int) -> tuple[int]:
+        return self._drop("ipc", ptr)
+
+    def cuStreamWaitValue32(self, *args: Any) -> tuple[int]:
+        return (0,)
+
 
 _GL_ENUMS = {  # the values of GL's headers the doubles tell apart (any other constant reads as 0)
     "GL_TEXTURE_WIDTH": 0x1000,
@@ -656,6 +675,27 @@ def _egl_context(mp: pytest.MonkeyPatch) -> Any:
     return EglContext(64, 32)
 
 
+def _frame_word(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.isolated.ipc import FrameWord
+
+    return FrameWord.create(5)  # a memfd page of its own, registered
+
+
+def _shared_pages(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.isolated.ipc import SharedPages
+
+    return SharedPages.create(100)
+
+
+def _ipc_imports(mp: pytest.MonkeyPatch) -> Any:
+    from cudapatch.isolated.ipc import IpcImports
+
+    imports = IpcImports()
+    imports.pointer(b"a" * 64, 16)  # two allocations of the engine process, opened here
+    imports.pointer(b"b" * 64, 0)
+    return imports
+
+
 _IMAGE = types.SimpleNamespace(descriptor=types.SimpleNamespace(entry_point="k"), key="k", debug_name="k.ptx")
 _VIEW = [[1.0] * 4] * 4
 
@@ -681,6 +721,10 @@ CASES = {
     "BufferPool": Case(_buffer_pool, lambda p: p.acquire(16), finalizer=None),
     "ModuleCache": Case(_module_cache, lambda c: c.function(_IMAGE), finalizer=None),
     "LibraryHandles": Case(_library_handles, lambda h: h.scope((1, 0)), finalizer=None),
+    # The isolated engine's sharing: parts its host side or a transfer ring always closes.
+    "FrameWord": Case(_frame_word, lambda w: w.wait(0, 6), finalizer="quiet"),
+    "SharedPages": Case(_shared_pages, lambda p: p.device_ptr, finalizer="quiet"),
+    "IpcImports": Case(_ipc_imports, lambda i: i.pointer(b"c" * 64, 0), finalizer="quiet"),
 }
 FINALIZED = [k for k, c in CASES.items() if c.finalizer == "warns"]
 QUIET = [k for k, c in CASES.items() if c.finalizer == "quiet"]
@@ -944,5 +988,6 @@ def test_context_ref_is_none_without_a_current_context(doubles: Doubles) -> None
 def test_the_module_docstring_lists_every_owner() -> None:
     doc = _lifecycle.__doc__ or ""
     gl_only = ("PointRenderer", "TextureRenderer", "Overlay", "GlfwWindow")  # tests/gl/test_lifecycle_gl.py
-    for name in (*CASES, *gl_only, "DeviceContext", "GpuBuffer", "CompiledGraph", "SharedBuffer", "SharedTexture2D"):
+    named = ("DeviceContext", "GpuBuffer", "CompiledGraph", "SharedBuffer", "SharedTexture2D", "IsolatedEngine")
+    for name in (*CASES, *gl_only, *named):  # IsolatedEngine: tests/unit/test_isolated.py
         assert f"``{name}``" in doc, name

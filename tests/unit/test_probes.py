@@ -10,6 +10,7 @@ import pytest
 from cudapatch import CustomKernel, Fill, Scale, VectorAdd
 from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.compiler.probes import image_shape
+from cudapatch.engine.diagnostics import DiagnosticCode
 from cudapatch.engine.plan import KernelNodePlan, ProbeNodePlan, PublishNodePlan, StampNodePlan, programmatic_edges
 from cudapatch.engine.probes import (
     PROBE_BESIDE_BLOCKS,
@@ -145,6 +146,7 @@ def test_a_through_port_carrying_bound_memory_is_not_probed_and_says_why():
     assert not _probes(plan)
     (d,) = [d for d in plan.diagnostics if d.code == "probe"]
     assert d.block_id == bump.id and "bound from outside" in d.message
+    assert d.code is DiagnosticCode.PROBE  # one of the engine's codes, not a plain string a host must guess
 
 
 def test_probes_of_a_block_that_is_not_running_are_left_out():

@@ -220,3 +220,29 @@ def test_buffer_pool_make_current_calls_the_engines_function() -> None:
     BufferPool(lambda: calls.append(1)).make_current()
     BufferPool().make_current()  # without one: nothing to do
     assert calls == [1]
+
+
+def test_no_module_wires_a_callback_into_another_object_after_construction() -> None:
+    """Collaborators and callbacks are passed in constructors: nothing outside a class assigns one of
+    its ``on_*`` attributes (``graph.on_generalize = ...`` after the graph was made)."""
+    import ast
+    from pathlib import Path
+
+    import cudapatch
+
+    root = Path(cudapatch.__file__).parent
+    wired = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr.startswith("on_"):
+                    if not (isinstance(t.value, ast.Name) and t.value.id == "self"):
+                        wired.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(t)}")
+    assert not wired, wired

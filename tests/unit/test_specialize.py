@@ -93,13 +93,12 @@ def rec(monkeypatch) -> FuncDriver:
 def test_a_specialized_node_goes_back_to_its_generic_kernel_in_the_patch_that_changes_a_value(rec) -> None:
     ctx, blocks, plan, node = _fused_chain()
     key = (node.block_id, FUSED_KERNEL)
-    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    armed = []
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500}, on_generalize=lambda: armed.append(1))
     program = node.source.program
     args = [program.scalar_param(s) for s in range(len(program.scalars))]
     now = g.argument_bits(key, args)
     assert [bits for _, bits in now] == [_bits(a.value) for a in (node.args[i] for i in args)]
-    armed = []
-    g.on_generalize = lambda: armed.append(1)
     stale = ((args[0], now[0][1] ^ 1),) + now[1:]
     rec.calls.clear()
     assert g.kernel_source(key) is node.source
@@ -226,11 +225,10 @@ def _code_tier(g) -> CodeTier:
 def test_a_member_code_edit_voids_a_specialisation_of_the_old_code_and_the_new_code_is_specialised(rec) -> None:
     ctx, _, e, plan, node = _expression_chain()
     key = (node.block_id, FUSED_KERNEL)
-    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    armed = []
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500}, on_generalize=lambda: armed.append(1))
     builder, ready = FakeBuilder(), []
     sp, tier = Specializer(lambda: g, builder, ready), _code_tier(g)
-    armed = []
-    g.on_generalize = lambda: armed.append(1)
     assert sp.look() and not sp.look()  # the values rest: the group's kernel is built with them
     ((old, old_build),) = builder.submitted
     assert old.program == node.source.program
@@ -335,11 +333,10 @@ def _specialised(rec):
     calls of ``on_generalize`` counted."""
     ctx, blocks, plan, node = _fused_chain()
     key = (node.block_id, FUSED_KERNEL)
-    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
+    armed: list[int] = []
+    g = realize_recorded(ctx, plan, BufferPool(), functions={key: 500}, on_generalize=lambda: armed.append(1))
     program = node.source.program
     args = [program.scalar_param(s) for s in range(len(program.scalars))]
-    armed: list[int] = []
-    g.on_generalize = lambda: armed.append(1)
     assert g.specialize(key, 600, g.argument_bits(key, args), node.source)
     return ctx, blocks, node, key, g, armed
 

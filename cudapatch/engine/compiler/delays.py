@@ -18,7 +18,7 @@ block computing it not running: ``Out`` then keeps its start value.
 from __future__ import annotations
 
 from ...blocks.captured import CapturedSpec
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, DiagnosticCode
 from .draft import PlanDraft
 
 __all__ = ["delays"]
@@ -51,7 +51,10 @@ def delays(draft: PlanDraft, *, alternating: bool = True) -> None:
                 )
                 draft.warnings.append(
                     Diagnostic(
-                        "warning", bid, "delay-open", f"FrameDelay '{name}': {why}; '{outp}' keeps its start value"
+                        "warning",
+                        bid,
+                        DiagnosticCode.DELAY_OPEN,
+                        f"FrameDelay '{name}': {why}; '{outp}' keeps its start value",
                     )
                 )
                 draft.delays.append((bid, prev.ref, None))
@@ -75,7 +78,7 @@ def delays(draft: PlanDraft, *, alternating: bool = True) -> None:
                     f"'{outp}' holds {prev.count} (Init's count, or Count)"
                 )
             if problem is not None:
-                draft.error(bid, "delay-mismatch", f"FrameDelay '{name}': {problem}")
+                draft.error(bid, DiagnosticCode.DELAY_MISMATCH, f"FrameDelay '{name}': {problem}")
                 continue
             paired[src.ref] = name
             draft.delays.append((bid, prev.ref, src.ref))
@@ -92,7 +95,7 @@ def delays(draft: PlanDraft, *, alternating: bool = True) -> None:
         if touched:
             draft.error(
                 s.block.id,
-                "delay-captured",
+                DiagnosticCode.DELAY_CAPTURED,
                 f"library call '{calls[0].descriptor.entry_point}' of '{s.block.name}' reads or writes a FrameDelay's "
                 "buffers, whose pointers alternate every frame; put a kernel block between",
             )

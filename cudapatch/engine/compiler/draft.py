@@ -20,7 +20,7 @@ from ...blocks.shape import Shape
 from ...errors import GraphCompileError
 from ..connections import Link
 from ..context import BlockSnapshot, PatchSnapshot
-from ..diagnostics import Diagnostic, Severity
+from ..diagnostics import Diagnostic, DiagnosticCode, Severity
 from ..memory_plan import MemoryPlan
 from ..plan import BufferPlan, DelayPlan, GraphPlan, NodePlan, Slot, TimingPair
 from ..profiling import ProfilingLevel
@@ -191,7 +191,7 @@ class PlanDraft:
             r = parents.get(r)
         return False
 
-    def error(self, block_id: int | None, code: str, message: str) -> None:
+    def error(self, block_id: int | None, code: DiagnosticCode, message: str) -> None:
         """Record a validation error (``compile_plan`` raises them together after ordering)."""
         self.errors.append(Diagnostic("error", block_id, code, message))
 

@@ -15,6 +15,7 @@ from itertools import islice
 from typing import Any
 
 from ..connections import Link
+from ..diagnostics import DiagnosticCode
 from .draft import PlanDraft
 
 __all__ = ["order", "topological_order"]
@@ -156,12 +157,14 @@ def order(draft: PlanDraft, last: Any = None, changes: Any = None) -> None:
                 on_loop.add(b)
                 draft.error(
                     b,
-                    "cycle",
+                    DiagnosticCode.CYCLE,
                     f"block '{blocks[b].name}' is part of a cycle ({names}); a loop must pass through a FrameDelay",
                 )
         for b in cyclic:
             if b not in on_loop:
-                draft.error(b, "cycle", f"block '{blocks[b].name}' runs after a cycle, which cannot be ordered")
+                draft.error(
+                    b, DiagnosticCode.CYCLE, f"block '{blocks[b].name}' runs after a cycle, which cannot be ordered"
+                )
 
 
 def resumed_order(draft: PlanDraft, last: Any, changes: Any) -> list[int] | None:

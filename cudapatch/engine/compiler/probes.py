@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, DiagnosticCode
 from ..plan import ProbeNodePlan
 from ..probes import PROBE_KINDS, THUMB, probe_grid, record_words
 from .draft import BlockSizes, NodeDraft, PlanDraft
@@ -60,14 +60,18 @@ def add_probes(draft: PlanDraft, sized: BlockSizes, ports: list[tuple[str, Shape
         src = sized.outputs.get(port)
         if src is None or src.kind != "value":
             why = "it is not an output of the block" if src is None else "it carries memory bound from outside"
-            draft.warnings.append(Diagnostic("warning", b.id, "probe", f"'{b.name}.{port}' is not probed: {why}"))
+            draft.warnings.append(
+                Diagnostic("warning", b.id, DiagnosticCode.PROBE, f"'{b.name}.{port}' is not probed: {why}")
+            )
             continue
         bi = draft.value_buffer[src.ref]  # type: ignore[index]
         buf = draft.buffers[bi]
         kind = PROBE_KINDS.get(buf.dtype.base.name)
         if kind is None:
             what = f"probes cannot read {buf.dtype.c_name} values"
-            draft.warnings.append(Diagnostic("warning", b.id, "probe", f"'{b.name}.{port}' is not probed: {what}"))
+            draft.warnings.append(
+                Diagnostic("warning", b.id, DiagnosticCode.PROBE, f"'{b.name}.{port}' is not probed: {what}")
+            )
             continue
         values = buf.count * buf.dtype.lanes
         readers = [draft.blocks[lk.dst].values for lk in draft.links if lk.src == b.id and lk.src_port == port]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from ...kernels.types import DType
 from ..delay_copy import COPY_ENTRIES, copy_entry, copy_grid, copy_kernel
+from ..diagnostics import DiagnosticCode
 from ..plan import Arg, CapturedNodePlan, KernelNodePlan, MemsetNodePlan, ProbeNodePlan
 from .draft import NodeDraft, PlanDraft
 from .memory import pins_read
@@ -94,7 +95,7 @@ def check_region_delays(draft: PlanDraft) -> None:
         if lk is not None and (lk.src == top or draft.inside(lk.src, top)):
             draft.error(
                 bid,
-                "delay-region",
+                DiagnosticCode.DELAY_REGION,
                 f"FrameDelay '{draft.blocks[bid].name}': its Init comes from '{draft.blocks[lk.src].name}', inside "
                 f"region '{draft.blocks[top].name}'; the start value is written before the region runs, so Init "
                 "must come from a block before it",

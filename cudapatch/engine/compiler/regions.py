@@ -42,7 +42,7 @@ from collections.abc import Container
 from ...blocks.regions import CONDITION, RegionDescription
 from ...kernels.types import DType
 from ..connections import Link
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, DiagnosticCode
 from ..plan import (
     Arg,
     ConditionalNodePlan,
@@ -106,7 +106,7 @@ def check_regions(draft: PlanDraft) -> None:
             continue
         if rid not in regions:
             where = f"'{blocks[rid].name}', which is not a region" if rid in blocks else "a region not in this engine"
-            draft.error(bid, "region-parent", f"block '{blocks[bid].name}' is placed in {where}")
+            draft.error(bid, DiagnosticCode.REGION_PARENT, f"block '{blocks[bid].name}' is placed in {where}")
             continue
         parents[bid] = rid
     for rid in regions:  # a region inside itself (a hand-made snapshot; Context.place refuses it)
@@ -114,7 +114,7 @@ def check_regions(draft: PlanDraft) -> None:
         r = parents.get(rid)
         while r is not None:
             if r in seen:
-                draft.error(rid, "region-parent", f"region '{blocks[rid].name}' is placed inside itself")
+                draft.error(rid, DiagnosticCode.REGION_PARENT, f"region '{blocks[rid].name}' is placed inside itself")
                 parents.pop(rid, None)
                 break
             seen.add(r)
@@ -136,7 +136,7 @@ def _check_region(draft: PlanDraft, rid: int) -> None:
     if kind == "while" and not b.values.get("Max"):
         draft.error(
             rid,
-            "region-max",
+            DiagnosticCode.REGION_MAX,
             f"{name} needs Max, the most iterations per frame (a guard against a condition that never turns false)",
         )
     if kind == "for":
@@ -144,20 +144,24 @@ def _check_region(draft: PlanDraft, rid: int) -> None:
     lk = draft.incoming.get((rid, CONDITION))
     if lk is None:
         made = "before it" if kind == "if" else "inside it"
-        draft.error(rid, "region-condition", f"{name} needs a Condition: link a one-element output of a block {made}")
+        draft.error(
+            rid,
+            DiagnosticCode.REGION_CONDITION,
+            f"{name} needs a Condition: link a one-element output of a block {made}",
+        )
         return
     src = draft.blocks[lk.src]
     if kind == "if" and (lk.src == rid or draft.inside(lk.src, rid)):
         draft.error(
             rid,
-            "region-condition",
+            DiagnosticCode.REGION_CONDITION,
             f"the Condition of {name} comes from '{src.name}', inside its body: an If decides before its body runs, "
             "so the condition must be made by a block before the region",
         )
     elif kind == "while" and not draft.inside(lk.src, rid):
         draft.error(
             rid,
-            "region-condition",
+            DiagnosticCode.REGION_CONDITION,
             f"the Condition of {name} comes from '{src.name}', outside its body: a While re-reads its condition "
             "after every iteration, so it must be made by a block inside the region",
         )
@@ -201,7 +205,7 @@ def order_regions(draft: PlanDraft) -> None:
         if cyclic:
             names = ", ".join(blocks[b].name for b in cyclic)
             for b in cyclic:
-                draft.error(b, "cycle", f"block '{blocks[b].name}' is part of a cycle ({names})")
+                draft.error(b, DiagnosticCode.CYCLE, f"block '{blocks[b].name}' is part of a cycle ({names})")
         ordered[scope] = order
     draft.units = ordered
     out: list[int] = []
@@ -231,7 +235,9 @@ def size_regions(draft: PlanDraft) -> None:
             draft.left_out[rid] = reason
             name = draft.blocks[rid].name
             region_warnings.append(
-                Diagnostic("warning", rid, "region-not-running", f"region '{name}' is not running: {reason}")
+                Diagnostic(
+                    "warning", rid, DiagnosticCode.REGION_NOT_RUNNING, f"region '{name}' is not running: {reason}"
+                )
             )
         for bid in draft.order:  # the blocks inside them, each naming the outermost
             top, r = None, draft.parents.get(bid)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ...blocks.description import KernelSpec, SizeRule
 from ...blocks.shape import Shape
+from ..diagnostics import DiagnosticCode
 from .draft import resolve_count
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def check_inputs(
     d: BlockDescription,
     inputs: Mapping[str, Source],
     params: Mapping[str, object],
-) -> tuple[str, str] | None:
+) -> tuple[DiagnosticCode, str] | None:
     """The first input of a block that does not cover what its kernels read, as ``(code, message)``.
 
     Each input's ``needs`` rules (by default the grids of the kernels it feeds; of a 1-D launch only
@@ -141,12 +142,12 @@ def check_inputs(
                     continue  # the common case, decided on counts alone
             want = resolve_shape(rule, inputs, params)
             if have.count < want.count:
-                return "input-short", (
+                return DiagnosticCode.INPUT_SHORT, (
                     f"input '{port.name}' holds {have.count} elements{_axes(have)} but needs {want.count}"
                     f"{_axes(want)} ({rule}): the kernel would read past its end"
                 )
             if have.ndim >= 2 and want.ndim >= 2 and (have.dims != want.dims or have.channels != want.channels):
-                return "input-shape", f"input '{port.name}' has shape {have} but needs {want} ({rule})"
+                return DiagnosticCode.INPUT_SHAPE, f"input '{port.name}' has shape {have} but needs {want} ({rule})"
     return None
 
 

@@ -18,7 +18,7 @@ read (else ``input-short`` / ``input-shape``): errors on the block, which then n
 from __future__ import annotations
 
 from ..context import BlockSnapshot
-from ..diagnostics import Diagnostic, Severity
+from ..diagnostics import Diagnostic, DiagnosticCode, Severity
 from ..plan import BufferPlan
 from .draft import BlockSizes, KernelStatus, PlanDraft, Source, resolve_count
 from .shapes import ShapeError, check_inputs, flat, launch_of, resolve_shape
@@ -67,7 +67,7 @@ def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
                     Diagnostic(
                         "warning",
                         bid,
-                        "input-faulted",
+                        DiagnosticCode.INPUT_FAULTED,
                         f"input '{port.name}' of '{b.name}' reads zeros: '{blocks[lk.src].name}' faulted on the GPU",
                     )
                 )
@@ -84,7 +84,13 @@ def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
         else:
             inputs[port.name] = _NULL
     severity: Severity = "warning"
-    code = "region-not-running" if bid in draft.left_out else "input-not-running" if cascade else "input-unlinked"
+    code = (
+        DiagnosticCode.REGION_NOT_RUNNING
+        if bid in draft.left_out
+        else DiagnosticCode.INPUT_NOT_RUNNING
+        if cascade
+        else DiagnosticCode.INPUT_UNLINKED
+    )
     if skip_reason is None:
         problem = _kernels_not_ready(b, inputs, kernel_status)
         if problem is not None:
@@ -95,7 +101,7 @@ def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
             launches = _launches(b, inputs)
             problem = check_inputs(d, inputs, b.values)
         except ShapeError as exc:
-            problem = ("shape-unresolved", str(exc))
+            problem = (DiagnosticCode.SHAPE_UNRESOLVED, str(exc))
         if problem is not None:
             severity, code, skip_reason = "error", problem[0], problem[1]
     if skip_reason is None:
@@ -104,7 +110,7 @@ def size_block(draft: PlanDraft, bid: int, skipped: set[int]) -> None:
             _source_warnings(b, warnings)
             return
         except ShapeError as exc:
-            severity, code, skip_reason = "error", "shape-unresolved", str(exc)
+            severity, code, skip_reason = "error", DiagnosticCode.SHAPE_UNRESOLVED, str(exc)
     warnings.append(Diagnostic(severity, bid, code, f"block '{b.name}' is not running: {skip_reason}"))
     skipped.add(bid)
     draft.skipped.append(bid)
@@ -116,7 +122,9 @@ def _source_warnings(b: BlockSnapshot, warnings: list[Diagnostic]) -> None:
     for ks in b.description.kernels:
         note = getattr(ks.source, "warning", None)
         if note:
-            warnings.append(Diagnostic("warning", b.id, "expression-declaration", f"block '{b.name}': {note}"))
+            warnings.append(
+                Diagnostic("warning", b.id, DiagnosticCode.EXPRESSION_DECLARATION, f"block '{b.name}': {note}")
+            )
 
 
 def _launches(b: BlockSnapshot, inputs: dict[str, Source]) -> tuple:
@@ -159,9 +167,9 @@ def _kernels_not_ready(
                 return status
     for ks in kernels:
         if ks.source is None:  # a captured call checks its input shapes
-            check, code = ks.validate, "library-shape"
+            check, code = ks.validate, DiagnosticCode.LIBRARY_SHAPE
         else:  # a generated kernel checks its inputs' lengths (``ProgramSource.check_counts``)
-            check, code = getattr(ks.source, "check_counts", None), "input-size"
+            check, code = getattr(ks.source, "check_counts", None), DiagnosticCode.INPUT_SIZE
         if check is not None:
             problem = check({name: src.count for name, src in inputs.items()}, b.values)  # type: ignore[misc]
             if problem:

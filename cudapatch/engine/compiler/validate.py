@@ -13,6 +13,7 @@ from typing import Any
 
 from ...blocks.regions import accepts_condition
 from ..connections import Link
+from ..diagnostics import DiagnosticCode
 from .draft import PlanDraft
 
 __all__ = ["validate"]
@@ -34,7 +35,7 @@ def validate(
     snap, blocks, err = draft.snap, draft.blocks, draft.error
     for b in snap.blocks:
         if b.context_id != snap.context_id:
-            err(b.id, "cross-engine", f"block '{b.name}' belongs to another engine")
+            err(b.id, DiagnosticCode.CROSS_ENGINE, f"block '{b.name}' belongs to another engine")
     incoming, links = draft.incoming, draft.links
     old_blocks, old_incoming, old_links, unchanged = known if known is not None else ({}, {}, (), False)
     start = 0
@@ -65,7 +66,7 @@ def validate(
             present = dst or src
             err(
                 present.id if present else None,
-                "cross-engine",
+                DiagnosticCode.CROSS_ENGINE,
                 f"link {lk.src_port} -> {lk.dst_port} of '{present.name if present else '?'}' reaches a block that is "
                 "not part of this engine",
             )
@@ -73,22 +74,22 @@ def validate(
         out = src.description.output(lk.src_port)
         inp = dst.description.input(lk.dst_port)
         if out is None:
-            err(src.id, "unknown-port", f"block '{src.name}' has no output port '{lk.src_port}'")
+            err(src.id, DiagnosticCode.UNKNOWN_PORT, f"block '{src.name}' has no output port '{lk.src_port}'")
             continue
         if inp is None:
-            err(dst.id, "unknown-port", f"block '{dst.name}' has no input port '{lk.dst_port}'")
+            err(dst.id, DiagnosticCode.UNKNOWN_PORT, f"block '{dst.name}' has no input port '{lk.dst_port}'")
             continue
         if out.dtype != inp.dtype and not accepts_condition(dst.description, lk.dst_port, out.dtype):
             err(
                 dst.id,
-                "type-mismatch",
+                DiagnosticCode.TYPE_MISMATCH,
                 f"link {src.name}.{lk.src_port} ({out.dtype.c_name}) -> {dst.name}.{lk.dst_port} ({inp.dtype.c_name}): "
                 "element types differ",
             )
             continue
         key = (lk.dst, lk.dst_port)
         if key in incoming:
-            err(dst.id, "duplicate-link", f"input '{dst.name}.{lk.dst_port}' has more than one link")
+            err(dst.id, DiagnosticCode.DUPLICATE_LINK, f"input '{dst.name}.{lk.dst_port}' has more than one link")
             continue
         incoming[key] = lk
         links.append(lk)
