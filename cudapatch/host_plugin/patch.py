@@ -59,11 +59,10 @@ from __future__ import annotations
 
 import logging
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from ..engine.profiling import ProfilingLevel
 from ..errors import CudapatchError, ParameterError, PatchFileError

@@ -10,10 +10,10 @@ import ast
 import builtins
 import importlib
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_composite, parse_patch
 

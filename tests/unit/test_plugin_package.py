@@ -18,11 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from cudapatch.host_plugin import PluginHost, load_patch, parse_patch
 
