@@ -25,9 +25,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -213,11 +213,16 @@ def _why(exc: Exception, name: str) -> str:
 
 
 def _library_fix(*names: str) -> str:
-    """The pip command for the ``cuda-toolkit`` wheels that ship ``names`` (and where all five come from)."""
+    """The pip command for the ``cuda-toolkit`` wheels that ship ``names`` (and how to get all five)."""
     major = _cuda_major()
-    extra = "libs" if major >= 13 else "libs-cu12"
     components = ",".join(dict.fromkeys(_COMPONENTS[n] for n in names))
-    return f"pip install \"cuda-toolkit[{components}]=={major}.*\" (all five libraries: the '{extra}' extra)"
+    command = f'pip install "cuda-toolkit[{components}]=={major}.*"'
+    if major >= 13:
+        return f"{command} (all five libraries: the 'libs' extra)"
+    # CUDA 12: no extra does it (pip installs an extra only with the package's CUDA 13 dependencies), so
+    # the command for all five is the one docs/setup.md's CUDA 12 recipe runs (a unit test keeps them in step).
+    every = ",".join(dict.fromkeys(_COMPONENTS[lib] for _, lib, _ in _LIBRARIES))
+    return f'{command} (all five libraries: pip install "cuda-toolkit[{every}]=={major}.*", see docs/setup.md)'
 
 
 def _library_item(label: str, name: str, needs: tuple[str, ...]) -> CheckItem:

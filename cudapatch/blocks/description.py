@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from math import prod
-from typing import TYPE_CHECKING, Literal, NamedTuple, Union
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 PortKind = Literal["buffer", "append", "through"]
-ScalarValue = Union[int, float, tuple]
+ScalarValue = int | float | tuple
 
 
 class PinRef(NamedTuple):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 __all__ = ["SUMMARISED", "Diagnostic", "DiagnosticCode", "DiagnosticLog", "Severity"]
@@ -19,7 +19,7 @@ Severity = Literal["error", "warning", "info"]
 _LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 
 
-class DiagnosticCode(str, Enum):
+class DiagnosticCode(StrEnum):
     """Every code a diagnostic of the engine carries. Members compare and hash equal to their text
     (``DiagnosticCode.GPU_FAULT == "gpu-fault"``) and print as it."""
 
@@ -71,12 +71,6 @@ class DiagnosticCode(str, Enum):
     LOW_OCCUPANCY = "low-occupancy"  # a kernel keeps few of an SM's threads busy
     APPEND_FULL = "append-full"  # per frame: an append output is nearly full
     PROBE = "probe"  # warning: a probed output cannot be read (no probe node for it; why)
-
-    # ``str`` behaviour, not ``Enum``'s: "gpu-fault" in messages, logs and f-strings, and the hash of
-    # the text, so a dict keyed by plain strings finds a member (Python 3.10 has no ``StrEnum``).
-    __str__ = str.__str__
-    __format__ = str.__format__
-    __hash__ = str.__hash__
 
 
 _CODES: dict[str, DiagnosticCode] = {c.value: c for c in DiagnosticCode}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from ctypes import c_uint32, c_uint64
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from ..errors import CudapatchError, KernelLoadError, LibraryCallError
 from ..kernels._driver import check, driver
@@ -104,7 +104,7 @@ class KernelNode:
 
 
 #: What the executable graph keeps per plan node (None: nothing to patch after the build).
-RuntimeNode = Union[KernelNode, CapturedCall, None]
+RuntimeNode = KernelNode | CapturedCall | None
 
 
 def arg_value(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple
 
 from ..kernels.descriptor import KernelDescriptor
 from ..kernels.source import KernelSource
@@ -264,15 +264,15 @@ class DelayPlan(NamedTuple):
     copy: int | None = None
 
 
-NodePlan = Union[
-    KernelNodePlan,
-    CapturedNodePlan,
-    MemsetNodePlan,
-    StampNodePlan,
-    PublishNodePlan,
-    ProbeNodePlan,
-    ConditionalNodePlan,
-]
+NodePlan = (
+    KernelNodePlan
+    | CapturedNodePlan
+    | MemsetNodePlan
+    | StampNodePlan
+    | PublishNodePlan
+    | ProbeNodePlan
+    | ConditionalNodePlan
+)
 WorkNode = (KernelNodePlan, CapturedNodePlan)  # the nodes a block's work becomes (for isinstance)
 Slot = tuple[int, int]  # (node index, argument index)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan
@@ -60,7 +60,7 @@ def grown_bytes(need: int) -> int:
     return need + need // 2
 
 
-class Refusal(str, Enum):
+class Refusal(StrEnum):
     """Why a new plan cannot be patched into the running graph (each needs a Cold rebuild)."""
 
     PROFILING_LEVEL = "profiling-level"  #: the profiling level changed (other stamp and publish nodes)

@@ -33,12 +33,11 @@ does not exist, and a composite that includes itself (directly or through others
 
 from __future__ import annotations
 
+import tomllib
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
-
-import tomllib
 
 from ..blocks.composite import Composite, CompositeBuilder
 from ..errors import CudapatchError, PatchFileError

@@ -66,11 +66,10 @@ from __future__ import annotations
 
 import logging
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from ..blocks.library.basic import Fusable
 from ..engine.profiling import ProfilingLevel

@@ -19,8 +19,9 @@ read linear memory, textures are CUDA arrays).
 
 The writer blocks are internal (``Block.internal``): each is named after the output it copies
 and where the bridge shows it, ``points.Points -> preview`` (stable across runs, readable in logs
-and stats), and ``internal_blocks`` maps each to the block it copies from, so the overlay shows it
-dimmed under that block.
+and stats; ``points.Points -> preview 2`` for a second writer of that output and label), and
+``internal_blocks`` maps each to the block it copies from, so the overlay shows it dimmed under
+that block.
 
 Copying an output into GL is an explicit choice made here (``show_buffer``/``show_texture``),
 never a silent fallback. A device-to-device copy of 1M points (32 MB) is ~15 µs of GPU time.
@@ -109,9 +110,17 @@ class GlBridge:
         self._regroup()
 
     def _writer_name(self, block: Block, port: str) -> str:
-        # Stable and readable: no addresses or counters (it is what logs and the overlay show). ASCII
-        # "->", not an arrow: Windows consoles with a legacy code page cannot print one.
-        return f"{block.name}.{port} -> {self.label}"
+        # Stable and readable: no addresses (it is what logs and the overlay show). ASCII "->", not an
+        # arrow: Windows consoles with a legacy code page cannot print one. Unique in the engine, which
+        # refuses a second block of a name: the same output shown twice under one label (two textures,
+        # or two bridges of one label) gets "points.Points -> preview 2" for the second, and so on.
+        name = base = f"{block.name}.{port} -> {self.label}"
+        taken = self.engine.context.registry
+        n = 1
+        while taken.by_name(name) is not None:
+            n += 1
+            name = f"{base} {n}"
+        return name
 
     def _add_writer(self, link: _Link, writer: Block) -> _Link:
         self.engine.add(writer)

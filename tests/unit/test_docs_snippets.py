@@ -1,5 +1,6 @@
-"""The snippets in README.md and docs/*.md: every TOML snippet loads as a patch (or a composite
-file) and, where it names no other file, plans as the engine would plan it; every Python snippet
+"""The snippets in README.md, docs/*.md and examples/*/README.md: every TOML snippet loads as a patch
+(or a composite file) and plans as the engine would plan it (with the kernel files it names, found
+in the page's folder or an examples/ folder; an example plugin's README with that plugin's blocks); every Python snippet
 compiles, imports only what exists, uses no name it does not define and imports nothing it leaves
 unused. (Running the Python snippets needs a GPU: tests/examples run them there.) Also the pages'
 claims about the project: the Python floor, the CUDA 12 recipe, the environment variables."""
@@ -10,18 +11,27 @@ import ast
 import builtins
 import importlib
 import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
-from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_composite, parse_patch
+from cudapatch.host_plugin import (
+    BlockTypeRegistry,
+    HostAdapter,
+    PluginHost,
+    apply_patch,
+    make_plugin_manager,
+    parse_composite,
+    parse_patch,
+)
 
 from .plan_engine import PlanOnlyEngine
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE_PAGES = sorted((ROOT / "examples").glob("*/README.md"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *EXAMPLE_PAGES]
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 _OPENING = re.compile(r"^```(.*)$", re.M)  # every fence line; an opening one carries the language
 LANGUAGES = {"python", "toml", "bash"}  # a snippet in another language would be checked by nothing here
@@ -53,7 +63,7 @@ def test_readme_is_short():
 
 
 def test_every_fenced_snippet_is_in_a_checked_language():
-    for page in [*PAGES, *EXAMPLE_PAGES]:
+    for page in PAGES:
         fences = _OPENING.findall(page.read_text(encoding="utf-8"))
         openings = fences[::2]  # fences pair up: opening, closing
         assert len(fences) % 2 == 0 and not any(fences[1::2]), f"{page.name}: unpaired fences"
@@ -63,9 +73,33 @@ def test_every_fenced_snippet_is_in_a_checked_language():
         )
 
 
+@pytest.fixture
+def page_registry(monkeypatch):
+    """The block types a snippet of a page may use: the built-ins and the installed plugins, plus, on an
+    example plugin's README, that plugin (imported from its folder for the test, as its entry point would)."""
+
+    def registry(where: str) -> BlockTypeRegistry:
+        folder = (ROOT / where.split(":")[0]).parent
+        project = folder / "pyproject.toml"
+        if not project.is_file():
+            return PluginHost().registry
+        modules = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["entry-points"]["cudapatch"]
+        monkeypatch.syspath_prepend(str(folder))
+        plugins = []
+        for name, module in modules.items():
+            # The module's entry in sys.modules (or its absence) comes back after the test; none now, so the
+            # import reads the plugin's folder, not an installed copy.
+            monkeypatch.setitem(sys.modules, module, None)
+            del sys.modules[module]
+            plugins.append((name, importlib.import_module(module)))
+        return PluginHost(make_plugin_manager(plugins=tuple(plugins))).registry
+
+    return registry
+
+
 @pytest.mark.parametrize(("where", "text"), TOML, ids=[w for w, _ in TOML])
-def test_toml_snippets_load_as_patches(where, text):
-    registry = PluginHost().registry
+def test_toml_snippets_load_as_patches(where, text, page_registry):
+    registry = page_registry(where)
     if "[expose]" in text:  # a composite file (docs/composites.md): a patch with what it exposes
         patch = parse_composite(text, path=where, registry=registry).patch
     else:
@@ -74,9 +108,8 @@ def test_toml_snippets_load_as_patches(where, text):
     if "[expose]" in text:
         return  # a composite plans inside a patch that uses it (the next snippet on its page)
     files = {op.params["Path"] for op in patch.operators.values() if "Path" in op.params}
-    folder = _folder_holding(files)
-    if folder is None:
-        return  # it names kernel or composite files that no example ships together (a shortened example)
+    folder = _folder_holding(where, files)
+    assert folder is not None, f"{where}: no folder holds the files it names: {sorted(files)}"
     engine = PlanOnlyEngine()
     apply_patch(HostAdapter(engine, registry, search_paths=[folder]), patch)
     engine.update()
@@ -84,11 +117,12 @@ def test_toml_snippets_load_as_patches(where, text):
     assert len(engine.context.snapshot().blocks) >= len(patch.operators)
 
 
-def _folder_holding(files: set[str]) -> Path | None:
-    """The page's folder for a snippet that names no file, else an examples/ folder that has them all."""
-    if not files:
-        return ROOT / "docs"
-    for folder in sorted(p for p in (ROOT / "examples").rglob("*") if p.is_dir()):
+def _folder_holding(where: str, files: set[str]) -> Path | None:
+    """The page's folder when it has every file the snippet names (or it names none), else examples/
+    or a folder in it that has them all."""
+    page_folder = (ROOT / where.split(":")[0]).parent
+    examples = ROOT / "examples"
+    for folder in [page_folder, examples, *sorted(p for p in examples.rglob("*") if p.is_dir())]:
         if all((folder / name).is_file() for name in files):
             return folder
     return None
@@ -192,7 +226,7 @@ def test_every_environment_variable_the_package_reads_is_documented():
 
 def test_relative_links_point_at_files_that_exist():
     broken = []
-    for page in [*PAGES, *EXAMPLE_PAGES]:
+    for page in PAGES:
         for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             if "://" not in link and not (page.parent / link).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {link}")

@@ -10,16 +10,19 @@ from typing import Any
 from cudapatch import Scale, VectorAdd
 from cudapatch.blocks.block import Block
 from cudapatch.engine.profiling import BlockStats, EngineStats, ProfilingLevel
+from cudapatch.engine.registry import BlockRegistry
 from cudapatch.interop.bridge import GlBridge
 from cudapatch.interop.gl_writers import GlBufferWriter, GlRingWriter, GlSurfaceWriter
 from cudapatch.interop.overlay import block_rows, engine_line
 
 
 class StandInEngine:
-    """What GlBridge uses of an engine while wiring: blocks added, links, frame hooks."""
+    """What GlBridge uses of an engine while wiring: blocks added (in the engine's own registry, which
+    refuses a second block of a name), links, frame hooks."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
+        self.context = SimpleNamespace(registry=BlockRegistry())
         self.links: list[tuple[str, str, str, str]] = []
         self.hooks: list[Any] = []
 
@@ -30,10 +33,12 @@ class StandInEngine:
         self.hooks.remove(hook)
 
     def add(self, block: Block) -> Block:
+        self.context.registry.add(block)
         self.blocks.append(block)
         return block
 
     def remove(self, block: Block) -> None:
+        self.context.registry.remove(block)
         self.blocks.remove(block)
 
     def connect(self, src: Block, src_port: str, dst: Block, dst_port: str) -> None:
@@ -91,6 +96,25 @@ def test_names_are_stable_across_bridges_and_say_where_the_output_goes() -> None
     (writer,) = [b for b in engine.blocks if b is not source]
     assert isinstance(writer, GlBufferWriter) and writer.name == "add.Sum -> GL" and writer.internal
     assert dict(bridge.internal_blocks) == {writer.id: source.id}
+
+
+def test_the_same_output_shown_twice_under_one_label_gets_two_names() -> None:
+    engine = StandInEngine()
+    source = engine.add(VectorAdd(name="add"))
+    bridge = GlBridge(engine, label="preview")
+    ring = StandInRing()
+    bridge.show_buffer_ring(source, "Sum", ring)
+    bridge.show_buffer(source, "Sum", stand_in_buffer("GL buffer 7"))  # the same output, a second view
+    other = GlBridge(engine, label="preview")  # a second bridge of the same label
+    other.show_buffer(source, "Sum", stand_in_buffer("GL buffer 8"))
+    names = [b.name for b in engine.blocks if b is not source]
+    assert names == ["add.Sum -> preview", "add.Sum -> preview 2", "add.Sum -> preview 3"]
+    assert all(engine.context.registry.by_name(name) is not None for name in names)
+    assert engine.links == [("add", "Sum", name, "In") for name in names]
+    bridge.close()  # its writers leave the engine: their names are free again
+    again = GlBridge(engine, label="preview")
+    again.show_buffer(source, "Sum", stand_in_buffer("GL buffer 9"))
+    assert [b.name for b in engine.blocks if b is not source] == ["add.Sum -> preview 3", "add.Sum -> preview"]
 
 
 def _stats(block_id: int, name: str) -> BlockStats:

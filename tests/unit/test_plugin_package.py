@@ -1,11 +1,14 @@
-"""Packaging, without touching the environment the tests run in and without the package index.
+"""Packaging, without touching the environment the tests run in.
 
 The third-party plugin example is found through its entry point: for the tests' duration its
 source folder and a ``.dist-info`` made from its ``pyproject.toml`` go on ``sys.path`` (and on
 ``PYTHONPATH`` for the CLI), which is all ``importlib.metadata`` needs. The install recipe the docs
 give for TouchDesigner (``pip install --target``) is run on a wheel built from the checkout, into a
-temporary folder. The module's last test checks, from a fresh interpreter, that the environment
-still lists what it listed before the first one (no ``example.Wave`` left behind).
+temporary folder, without the package index. The plugin README's recipe runs as written in a
+temporary environment (a venv that sees this one's packages) and needs the package index for the
+build backend: it skips where the index cannot be reached. Each test that runs pip checks, from a
+fresh interpreter, that this environment lists after it what it listed before it (no
+``example.Wave`` left behind), whichever order the tests run in.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
+import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from cudapatch.host_plugin import PluginHost, load_patch, parse_patch
 
@@ -67,10 +73,42 @@ def _environment() -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def environment_before() -> dict:
-    """The environment as the module's first test finds it."""
-    return _environment()
+@pytest.fixture
+def unchanged_environment():
+    """For a test that runs pip: this environment, probed before the test, is the same after it."""
+    before = _environment()
+    yield
+    assert _environment() == before, "the test changed the environment the tests run in"
+
+
+@pytest.fixture(scope="session")
+def package_index(tmp_path_factory) -> None:
+    """Skip unless pip can fetch from the package index (the build backend, for isolated builds)."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--timeout", "15", "--retries", "0"]
+    where = tmp_path_factory.mktemp("index-probe")
+    out = subprocess.run([*cmd, "-d", str(where), "setuptools>=77"], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        pytest.skip(f"the package index cannot be reached (offline?): {out.stderr.strip().splitlines()[-1:]}")
+
+
+def copy_checkout(dest: Path, *more: str) -> Path:
+    """What pip reads of the checkout (and the folders ``more`` names), copied to ``dest``: a build
+    writes build/ and *.egg-info beside the sources, which must not land in the checkout."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    for folder in ("cudapatch", *more):
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+def bare_environment() -> dict[str, str]:
+    """This process's environment for a command that must see only what is installed (no PYTHONPATH
+    pointing at the checkout, no plugin disabled)."""
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "CUDAPATCH_DISABLE_PLUGINS"):
+        env.pop(name, None)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +200,7 @@ def _offline_wheel_builds() -> bool:
 def wheel(tmp_path_factory):
     if not _offline_wheel_builds():
         pytest.skip("building a wheel offline needs setuptools>=77 (in the test extra)")
-    src = tmp_path_factory.mktemp("checkout")  # a copy: the build writes build/ and *.egg-info beside the sources
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "cudapatch", src / "cudapatch", ignore=shutil.ignore_patterns("__pycache__"))
+    src = copy_checkout(tmp_path_factory.mktemp("checkout"))
     dist = tmp_path_factory.mktemp("dist")
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
     out = subprocess.run([*cmd, "-w", str(dist), str(src)], capture_output=True, text=True, timeout=300)
@@ -183,7 +218,7 @@ def test_the_wheel_states_its_license_as_an_spdx_expression(wheel):
     assert "License-Expression: MIT" in metadata.splitlines()
 
 
-def test_a_wheel_of_the_checkout_installs_into_a_target_folder(wheel, tmp_path):
+def test_a_wheel_of_the_checkout_installs_into_a_target_folder(wheel, tmp_path, unchanged_environment):
     assert wheel.name == "cudapatch-0.1.0-py3-none-any.whl"  # the name docs/setup.md gives
     target = tmp_path / "td-modules"
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target), str(wheel)]
@@ -205,12 +240,50 @@ def test_a_wheel_of_the_checkout_installs_into_a_target_folder(wheel, tmp_path):
     assert Path(where).is_relative_to(target) and int(size) > 0
 
 
-def test_the_tests_leave_the_environment_as_they_found_it(environment_before) -> None:
-    """Runs last in this module: nothing above installed the example (or anything else) for good."""
-    after = _environment()
-    assert after == environment_before
-    if environment_before["distribution"]:
-        pytest.skip(
-            "cudapatch-example-plugin was installed before the tests ran: pip uninstall -y cudapatch-example-plugin"
+def _readme_commands() -> list[str]:
+    """The command lines of the plugin README's bash block, without their comments."""
+    text = (PACKAGE / "README.md").read_text(encoding="utf-8")
+    (block,) = [body for lang, body in re.findall(r"^```(\w+)\n(.*?)^```", text, re.S | re.M) if lang == "bash"]
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_the_readme_installs_cudapatch_before_the_plugin():
+    commands = _readme_commands()
+    assert commands[:2] == ["python3 -m pip install -e .", "python3 -m pip install ./examples/plugin_package"]
+    assert commands[2:] == ["cudapatch blocks", "cudapatch run examples/plugin_package/wave.toml"]
+
+
+def test_the_readme_recipe_runs_in_a_temporary_environment(package_index, unchanged_environment, tmp_path):
+    """The README's lines, as written, in a copy of the checkout and a venv of their own. The venv
+    sees this environment's packages, so pip takes cudapatch's dependencies from here and fetches only
+    the build backend; the plugin's ``cudapatch`` requirement is met by the line before it."""
+    checkout = copy_checkout(tmp_path / "checkout", "examples/plugin_package")
+    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=True)
+    bin_dir = tmp_path / "venv" / ("Scripts" if os.name == "nt" else "bin")
+    programs = {"python3": str(bin_dir / "python"), "cudapatch": str(bin_dir / "cudapatch")}
+    env = bare_environment()
+    run = {}
+    for line in _readme_commands():
+        words = shlex.split(line)
+        if words[:2] == ["cudapatch", "run"]:  # needs a GPU and opens a window: its patch is loaded below
+            patch = words[2]
+            continue
+        out = subprocess.run(
+            [programs[words[0]], *words[1:]], capture_output=True, text=True, timeout=600, cwd=checkout, env=env
         )
-    assert not after["wave"] and not any(e.startswith("example = ") for e in after["entry_points"])
+        assert out.returncode == 0, f"{line}\n{out.stdout}{out.stderr}"
+        run[line] = out.stdout
+    assert "example.Wave  (v0.1.0, from example)" in run["cudapatch blocks"]
+    probe = (
+        "import sys, cudapatch, cudapatch_example_plugin as p\n"
+        "from cudapatch.host_plugin import PluginHost, load_patch\n"
+        "patch = load_patch(sys.argv[1], registry=PluginHost().registry)\n"
+        "print(cudapatch.__file__); print(p.__file__); print(patch.operators['wave'].type)\n"
+    )
+    out = subprocess.run(
+        [programs["python3"], "-c", probe, patch], capture_output=True, text=True, timeout=120, cwd=checkout, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    package, plugin, wave = out.stdout.split()
+    assert Path(package).is_relative_to(checkout)  # the editable install of the copy, not this environment's
+    assert Path(plugin).is_relative_to(tmp_path / "venv") and wave == "example.Wave"

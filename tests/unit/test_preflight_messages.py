@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -431,9 +432,27 @@ def test_a_missing_library_itself_and_a_broken_one(monkeypatch: pytest.MonkeyPat
     assert "cuda-toolkit[curand]" in items["cuRAND"].fix
 
 
+def _cuda12_recipe_libraries() -> str:
+    """The quoted ``cuda-toolkit`` requirement of docs/setup.md's CUDA 12 recipe (the bash block with cupy-cuda12x)."""
+    setup = (ROOT / "docs" / "setup.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```bash\n(.*?)^```", setup, re.S | re.M)
+    recipe = next(block for block in blocks if "cupy-cuda12x" in block)
+    (line,) = [line for line in recipe.splitlines() if "cuda-toolkit[" in line]
+    assert line.startswith("python3 -m pip install ")
+    (requirement,) = re.findall(r'"cuda-toolkit\[[^\]]+\]==12\.\*"', line)
+    return requirement
+
+
 def test_with_cuda_12_bindings_the_fix_names_the_cuda_12_wheels(monkeypatch: pytest.MonkeyPatch) -> None:
     items = library_items(monkeypatch, loader({"cufft": "libcufft.so.11"}), major=12)
-    assert items["cuFFT"].fix == "pip install \"cuda-toolkit[cufft]==12.*\" (all five libraries: the 'libs-cu12' extra)"
+    every = _cuda12_recipe_libraries()
+    assert every == '"cuda-toolkit[cublas,cufft,curand,cusolver,cusparse]==12.*"'
+    # No extra: pip cannot install one without the package's CUDA 13 dependencies (docs/setup.md says why),
+    # so the fix for all five is the command the docs' CUDA 12 recipe runs.
+    assert items["cuFFT"].fix == (
+        f'pip install "cuda-toolkit[cufft]==12.*" (all five libraries: pip install {every}, see docs/setup.md)'
+    )
+    assert "extra" not in items["cuFFT"].fix
 
 
 def test_check_prints_each_library_with_what_is_missing_and_the_fix(
