@@ -15,7 +15,10 @@ model knows nothing of imgui, so everything here is tested without a display or 
   ``bypass``, ``set_param``, ``move``) each make the one ``HostAdapter`` call that does it, so the
   engine applies it with the cheapest tier (a value is Hot, a link is Cold), then edit the patch file's
   text with ``PatchDocument`` (comments and order kept) and write it. An action the adapter or the
-  patch checks refuse returns an ``ActionResult`` with the reason and changes nothing. ``browse(query)``
+  patch checks refuse returns an ``ActionResult`` with the reason and changes nothing. A refused link
+  (element types, an input already linked, a cycle the engine found) also marks its target pin:
+  ``refusals()`` gives ``{(op, port): reason}`` until the next edit, for the panel to draw at the pin.
+  ``browse(query)``
   lists the block types ``create`` takes, for the block browser (``editor_browser.py``).
 - **The file.** After writing, the host's ``PatchReloader`` adopts the new patch, so its watcher
   sees its own write as no change. A file that cannot be written (read-only) keeps the edit in
@@ -149,6 +152,7 @@ class EditorModel:
         self._undo: list[_Edit] = []
         self._redo: list[_Edit] = []
         self._live: _Edit | None = None  # a slider drag in progress: one edit, written when it ends
+        self._refused: dict[tuple[str, str], str] = {}  # target pin -> why its last link was refused
         #: Whether the last write failed: the running patch has edits the file lacks.
         self.unsaved = False
         #: One line on the last action or write, for the panel's status bar.
@@ -586,6 +590,12 @@ class EditorModel:
             return ActionResult(False, f"{op}.{port} is not probed")
         return ActionResult(True, f"probe on {op}.{port} removed")
 
+    def refusals(self) -> dict[tuple[str, str], str]:
+        """Pins whose link was refused since the last edit, as ``{(op, port): reason}``: the target pin of
+        each refused ``connect`` (the input, or the pin the wire was dropped on), with the whole message.
+        The panel marks these pins and shows the reason as their tooltip; the next edit clears them."""
+        return dict(self._refused)
+
     def link_problem(self, src: str, src_port: str, dst: str, dst_port: str) -> str | None:
         """Why a wire from ``src.src_port`` to ``dst.dst_port`` would be refused, checked without
         changing anything (element types, an input already linked, a link to itself); None when it
@@ -673,11 +683,17 @@ class EditorModel:
         """Link ``src.src_port`` to ``dst.dst_port``; refused with the reason when the pins do not fit."""
         problem = self.link_problem(src, src_port, dst, dst_port)
         if problem is not None:
-            return self._refuse(f"cannot link {src}.{src_port} -> {dst}.{dst_port}: {problem}")
-        text = f"{src}.{src_port} -> {dst}.{dst_port}"
-        return self._do(
-            f"link {text}", lambda doc: doc.add_link(text), lambda: self.adapter.connect(src, src_port, dst, dst_port)
-        )
+            result = self._refuse(f"cannot link {src}.{src_port} -> {dst}.{dst_port}: {problem}")
+        else:
+            text = f"{src}.{src_port} -> {dst}.{dst_port}"
+            result = self._do(
+                f"link {text}",
+                lambda doc: doc.add_link(text),
+                lambda: self.adapter.connect(src, src_port, dst, dst_port),
+            )
+        if not result:  # refused by the checks or by the engine (a cycle): the reason goes to the pin
+            self._refused[(dst, dst_port)] = result.message
+        return result
 
     def disconnect(self, src: str, src_port: str, dst: str, dst_port: str) -> ActionResult:
         """Remove a link."""
@@ -952,6 +968,7 @@ class EditorModel:
     def _saved(self, new: Patch) -> None:
         """``new`` runs now: write it, and tell the watcher it is no change."""
         self.patch = new
+        self._refused.clear()  # an edit landed: the marks of earlier refusals are stale
         self.version += 1
         if self.path is not None:
             try:
@@ -979,6 +996,7 @@ class EditorModel:
         self._undo.clear()
         self._redo.clear()
         self._live = None
+        self._refused.clear()
         self.unsaved = False  # the reloader's apply_patch set the bypass flags as the file lists them
         self.version += 1
         self.status = "the patch file was edited outside: merged (undo history cleared)"

@@ -7,7 +7,9 @@ chosen by ``ParamView.widget`` (sliders with the declared ranges, checkboxes, en
 multi-line ``Code`` editor whose compile errors are marked at their line: tinted, a red bar, a tick at
 the column, and listed below as ``line:column``; a block that generates its kernel, an Expression, can
 show its generated code). Wires and pins show dtype, shape, element count and bytes on hover. Dragging
-from a pin to a pin connects (a refused link turns red and shows the reason); Delete removes the
+from a pin to a pin connects (a refused link turns red and shows the reason; dropped there, the pin it
+was dropped on keeps a red dot and the reason as its tooltip until the next edit:
+``EditorModel.refusals``, cycles the engine finds included); Delete removes the
 selection, the wire menu's **Unlink** removes a wire, and so does dragging from a linked input pin into
 empty space and releasing there. The node menu renames and bypasses, the background menu opens the
 block browser (``EditorModel.browse``: every registered type, plugins' too, grouped by category,
@@ -82,6 +84,8 @@ _MARGIN = 40.0  # canvas units around the visible area that count as visible (pi
 #: Zoomed out beyond this (canvas units per screen pixel), nodes are drawn compact: title and pins, no
 #: parameter widgets or pin labels (unreadable at that size, and most of a node's cost).
 _COMPACT_ZOOM = 1.6
+#: A refused pin's red dot (canvas units): its radius, and how far its centre is from the wire's end.
+_MARK_RADIUS, _MARK_GAP = 4.5, 6.0
 
 
 @dataclass
@@ -107,6 +111,9 @@ class EditorLayout:
         self._pins: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._to_screen = to_screen  # canvas -> screen: x = sx + cx * k, y = sy + cy * k
         self._compact: list[tuple[str, float, float, tuple]] = []  # (op, content origin x, y, geometry)
+        #: Centres of the red dots of pins whose link was refused (``EditorModel.refusals``), by
+        #: ``(op, port, direction)``: beside the pin's wire end, outside the node's text.
+        self.refused: dict[tuple[str, str, str], tuple[float, float]] = {}
         #: Group rectangles ``(x0, y0, x1, y1)`` by region operator, and where their titles start.
         self.groups: dict[str, tuple[float, float, float, float]] = {}
         self.group_titles: dict[str, tuple[float, float]] = {}
@@ -172,6 +179,9 @@ class EditorPanel(EditorGroups, EditorWidgets, EditorMenus):
         self._menu_op = ""
         self._rename_text = ""
         self._refusal = ""
+        self._refused: dict[tuple[str, str], str] = {}  # the model's refusals, read once per frame
+        self._refused_drag: tuple[str, str, str, str] | None = None  # a refused link under the held mouse
+        self._red = imgui.color_convert_float4_to_u32(imgui.ImVec4(*REFUSED_COLOR))
         self._code_draft: tuple[str, str] | None = None
         self._geometry: dict[str, _Geometry] = {}
         self._rects: dict[str, tuple[float, float, float, float]] = {}  # op -> canvas rectangle, last known
@@ -248,6 +258,7 @@ class EditorPanel(EditorGroups, EditorWidgets, EditorMenus):
             elif imgui.is_key_pressed(imgui.Key.y):
                 model.redo()
         model.refresh(stats)
+        self._refused = model.refusals()
         if self._ctx is None:
             config = ed.Config()
             config.settings_file = ""  # positions live in the patch file, not in a settings file
@@ -552,6 +563,10 @@ class EditorPanel(EditorGroups, EditorWidgets, EditorMenus):
             dummy(box)
             align_pivot(align)  # the wire's end: the middle of the pin's outer edge
             end_pin()
+        if self._refused:
+            for key, _, _, _, px, cy in rows:
+                if key[:2] in self._refused:
+                    self._refused_mark(key, o.x + px, o.y + cy, layout)
         ed.end_node()
         ox, oy = o.x, o.y
         layout._compact.append((op, ox, oy, entry))
@@ -599,9 +614,20 @@ class EditorPanel(EditorGroups, EditorWidgets, EditorMenus):
         ed.pin_pivot_rect(imgui.ImVec2(x, lo.y), imgui.ImVec2(x, hi.y))
         ed.end_pin()
         sx, sy, k = self._to_screen
-        layout._pins[key] = (sx + x * k, sy + (lo.y + hi.y) * 0.5 * k)
+        cy = (lo.y + hi.y) * 0.5
+        layout._pins[key] = (sx + x * k, sy + cy * k)
+        if self._refused and (op, port) in self._refused:
+            self._refused_mark(key, x, cy, layout)
         ox, oy = origin.x, origin.y
         return (lo.x - ox, lo.y - oy, hi.x - ox, hi.y - oy, x - ox)
+
+    def _refused_mark(self, key: tuple[str, str, str], x: float, y: float, layout: EditorLayout) -> None:
+        """The red dot of a pin whose link was refused, beside its wire end at canvas ``(x, y)`` (left of an
+        input, right of an output); its reason is the pin's tooltip (``_create_and_delete``)."""
+        cx = x - _MARK_GAP if key[2] == "in" else x + _MARK_GAP
+        self._imgui.get_window_draw_list().add_circle_filled(self._imgui.ImVec2(cx, y), _MARK_RADIUS, self._red)
+        sx, sy, k = self._to_screen
+        layout.refused[key] = (sx + cx * k, sy + y * k)
 
     def _report(self, result: Any) -> None:
         self._refusal = "" if result else result.message

@@ -42,6 +42,8 @@ class EditorMenus:
     _link_colors: dict[str, tuple[Any, float]]
     _placed: dict[str, tuple[float, float]]
     _refusal: str
+    _refused: dict[tuple[str, str], str]
+    _refused_drag: tuple[str, str, str, str] | None
     _search: str
     _new_at: tuple[float, float]
     _new_region: str | None
@@ -53,6 +55,7 @@ class EditorMenus:
 
     def _create_and_delete(self) -> None:
         imgui, ed, model = self._imgui, self._ed, self.model
+        refused: tuple[str, str, str, str] | None = None  # the refused link the wire hangs over this frame
         if ed.begin_create(imgui.ImVec4(1, 1, 1, 1), 2.0):
             start, end = ed.PinId(), ed.PinId()
             if ed.query_new_link(start, end):
@@ -67,6 +70,7 @@ class EditorMenus:
                     if problem is not None:
                         ed.reject_new_item(imgui.ImVec4(*REFUSED_COLOR), 2.0)
                         self._tooltip(problem)
+                        refused = (out[0], out[1], inp[0], inp[1])
                     elif ed.accept_new_item(imgui.ImVec4(*LINK_COLOR), 2.5):
                         self._report(model.connect(out[0], out[1], inp[0], inp[1]))
             pin = ed.PinId()
@@ -97,6 +101,7 @@ class EditorMenus:
                 elif ed.accept_deleted_item():
                     self._report(model.delete(op))
             ed.end_delete()
+        self._dropped_refused(refused)
         hovered = ed.get_hovered_link()
         if hovered:
             key = self._links_by_id.get(hovered.id())
@@ -106,7 +111,21 @@ class EditorMenus:
                 seen = "" if probe is False else f"\n{probe}" if probe is not None else "\nprobe: no frame yet"
                 self._tooltip(f"{link}\n{link.size_text}{seen}")
         elif (pin := ed.get_hovered_pin()) and (where := self._pins_by_id.get(pin.id())) is not None:
-            self._tooltip(model.port_text(*where))  # shape, element type and bytes of what the pin carries
+            text = model.port_text(*where)  # shape, element type and bytes of what the pin carries
+            reason = self._refused.get(where[:2])
+            self._tooltip(f"{reason}\n\n{text}" if reason else text)  # a marked pin: why its link was refused first
+
+    def _dropped_refused(self, refused: tuple[str, str, str, str] | None) -> None:
+        """Mark the pin a refused wire was dropped on. imgui-node-editor drops a rejected link without a
+        word, so the panel remembers the refused link under the mouse while the button is held; released
+        over it, the link goes to ``EditorModel.connect``, which refuses it again (the same checks, the
+        status line) and keeps the reason at the target pin (``refusals()``), drawn until the next edit."""
+        if self._imgui.is_mouse_down(0):
+            self._refused_drag = refused
+            return
+        dropped, self._refused_drag = self._refused_drag, None
+        if dropped is not None:
+            self._report(self.model.connect(*dropped))
 
     def _dropped(self, pin: tuple[str, str, str] | None) -> None:
         """A wire dragged from ``pin`` is over empty space. From a linked input it unlinks it when released

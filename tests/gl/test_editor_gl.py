@@ -122,10 +122,55 @@ def test_cli_run_headless_editor_renders_the_editor(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     img = read_png(tmp_path / "out" / "frame_00030.png")[..., :3].astype(int)
-    # The editor's window fills the right of the frame with its grey canvas.
-    right = img[100:600, 600:1200]
-    assert (np.abs(right - right.mean(axis=(0, 1))).max(axis=2) < 30).mean() > 0.3
+    # The run's panel is laid out as this process lays out the same patch in a panel of the same default
+    # place: each visible node's title is at its place, and a wire crosses the gap between linked nodes.
+    layout = _demo_layout(demo_patch_text())
+    titles = {op: at for op, at in layout.titles.items() if at[0] + 40 < 1280 and at[1] + 14 < 720}
+    assert {"emit", "forces"} <= set(titles), layout.titles
+    for op, at in titles.items():
+        assert _title_drawn(img, at, op), (op, at)
+    assert _is_wire(_wire_gap(img, layout, "emit", "forces")).sum() >= 3, "no wire between emit and forces"
+    x0, y0, _, y1 = layout.nodes["emit"]  # left of the first node (it has no input) no wire runs
+    assert not _is_wire(img[int(y0) : int(y1), max(0, int(x0) - 60) : int(x0) - 4].reshape(-1, 3)).any()
     assert patch.read_text() == demo_patch_text()  # opening the editor writes nothing
+
+
+def _demo_layout(text):
+    """Where an editor panel at its default place (the right of a 1280 x 720 frame) draws ``text``'s
+    nodes, drawn here on an engine that only plans (node places come from the patch and its layout)."""
+    from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
+    from cudapatch.host_plugin.editor_model import EditorModel
+
+    reg = PluginHost().registry
+    patch = parse_patch(text, registry=reg)
+    adapter = HostAdapter(PlanOnlyEngine(), reg)
+    apply_patch(adapter, patch)
+    adapter.engine.update()
+    _, panel = _draw(EditorModel(adapter, patch), 4, rect=None)
+    return panel.layout
+
+
+def _title_drawn(img, at, op):
+    """Whether ``op``'s title is drawn at ``at`` in one of the state colours (a running patch's node may
+    still be compiling)."""
+    from cudapatch.interop.editor import STATE_COLORS
+
+    x, y = at
+    title = img[int(y) : int(y) + 14, int(x) : int(x) + 8 * len(op)].reshape(-1, 3)
+    return any((np.abs(title - np.array(c[:3]) * 255).max(axis=1) < 40).sum() > 5 for c in STATE_COLORS.values())
+
+
+def _wire_gap(img, layout, src, dst):
+    """The pixels between node ``src``'s right edge and ``dst``'s left edge, over the rows both span:
+    where the wire between them runs, whatever row of each its pins are on."""
+    a, b = layout.nodes[src], layout.nodes[dst]
+    return img[int(max(a[1], b[1])) : int(min(a[3], b[3])), int(a[2]) + 4 : int(b[0]) - 4].reshape(-1, 3)
+
+
+def _is_wire(px):
+    from cudapatch.interop.editor import LINK_COLOR
+
+    return np.abs(px - np.array(LINK_COLOR[:3]) * 255).max(axis=1) < 50
 
 
 def _code_model(only=None):
@@ -178,3 +223,64 @@ def test_an_expression_shows_its_generated_code_when_opened():
         for n, p in (("c", closed), ("o", opened))
     }
     assert h["o"] > h["c"] + 150, h
+
+
+def _red(px):
+    from cudapatch.interop.editor import REFUSED_COLOR
+
+    return np.abs(px - np.array(REFUSED_COLOR[:3]) * 255).max(axis=1) < 60
+
+
+def _assert_marked(img, layout, pin):
+    """``pin``'s red dot is drawn where the layout says: beside its wire end, on its row."""
+    assert set(layout.refused) == {pin}, layout.refused
+    (x, y), (px, py) = layout.refused[pin], layout.pins[pin]
+    assert abs(y - py) < 1 and 0 < px - x < 12, (layout.refused[pin], layout.pins[pin])
+    assert _near(img, x, y, 1, _red)
+    for other, (ox, oy) in layout.pins.items():  # no other pin has one
+        if other != pin and other[2] == "in":
+            assert not _near(img, ox - (px - x), oy, 1, _red), other
+
+
+def test_a_refused_link_is_marked_at_its_target_pin_until_the_next_edit():
+    model = _model()
+    refused = model.connect("add", "Sum", "scale", "In")  # scale.In is linked already
+    assert not refused
+    img, layout = _render(model)
+    _assert_marked(img, layout, ("scale", "In", "in"))
+    assert model.set_param("fill", "Value", 0.25)  # the next edit clears the mark
+    img, layout = _render(model)
+    x, y = layout.pins[("scale", "In", "in")]
+    assert not layout.refused and not _near(img, x - 6, y, 2, _red)
+
+
+def test_a_link_dropped_on_a_pin_that_refuses_it_marks_that_pin():
+    from imgui_bundle import imgui
+
+    model = _model()
+    text = model.doc.text
+    steps: list = []
+
+    def each_frame(panel):
+        i = len([s for s in steps if isinstance(s, int)])
+        steps.append(i)
+        io = imgui.get_io()
+        pins = panel.layout.pins
+        if i == 2:  # the nodes are measured: over add's output pin, inside its label
+            x, y = pins[("add", "Sum", "out")]
+            steps.append((x - 3.0, y))
+            io.add_mouse_pos_event(x - 3.0, y)
+        elif i == 4:
+            io.add_mouse_button_event(0, True)
+        elif 5 <= i <= 25:  # dragged onto scale's input pin (linked already), inside its label
+            (x0, y0), (x1, y1) = next(s for s in steps if isinstance(s, tuple)), pins[("scale", "In", "in")]
+            t = (i - 5) / 20
+            io.add_mouse_pos_event(x0 + (x1 + 3.0 - x0) * t, y0 + (y1 - y0) * t)
+        elif i == 28:
+            io.add_mouse_button_event(0, False)
+
+    img, panel = _draw(model, frames=34, each_frame=each_frame)
+    refusals = model.refusals()
+    assert list(refusals) == [("scale", "In")] and "already linked" in refusals[("scale", "In")]
+    assert model.doc.text == text and [str(lk) for lk in model.links()] == ["fill.Out -> scale.In"]
+    _assert_marked(img, panel.layout, ("scale", "In", "in"))

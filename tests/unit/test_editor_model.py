@@ -179,6 +179,26 @@ def test_refusals_give_the_reason_and_change_nothing(tmp_path):
     assert _state(adapter) == before and path.read_text() == text
 
 
+def test_a_refused_link_marks_its_target_pin_until_the_next_edit(tmp_path):
+    path, adapter, _, model = _open(tmp_path)
+    model.create("linalg.LUSolve", "lu")
+    assert model.refusals() == {}
+    r = model.connect("lu", "Info", "add", "A")  # int[] into float[]
+    assert not r and model.refusals() == {("add", "A"): r.message} and "int[]" in r.message
+    already = model.connect("add", "Sum", "scale", "In")
+    assert model.refusals()[("scale", "In")] == already.message and "already linked" in already.message
+    # A cycle passes the editor's own checks: the engine refuses it, and the reason still lands at the pin.
+    assert model.create("core.Scale", "s2") and model.refusals() == {}  # an edit clears the marks
+    assert model.connect("add", "Sum", "s2", "In")
+    before, text = _state(adapter), path.read_text()
+    cycle = model.connect("s2", "Out", "add", "A")
+    assert not cycle and "cycle" in cycle.message and model.refusals() == {("add", "A"): cycle.message}
+    assert _state(adapter) == before and path.read_text() == text
+    model.refusals().clear()  # a copy: the caller cannot unmark a pin
+    assert ("add", "A") in model.refusals()
+    assert model.set_param("fill", "Value", 0.25) and model.refusals() == {}
+
+
 def test_read_only_file_keeps_the_edit_in_memory(tmp_path):
     path, adapter, reloader, model = _open(tmp_path)
     path.chmod(stat.S_IRUSR | stat.S_IRGRP)
