@@ -186,3 +186,30 @@ def test_touchdesigner_block_comps_feed_and_read_their_rings(rec, rng: np.random
     assert not mic.Upload(np.zeros(3, np.float32)) and "the block takes 4 float" in mic.ownerComp.errors[-1]
     assert tap.Upload(samples) is False and "not a core.Upload" in tap.ownerComp.errors[-1]
     td.adapter.close_rings()
+
+
+class FreeRecordingDriver(RecordingDriver):
+    """Also records each pinned free (a ring's memory going back)."""
+
+    def cuMemFreeHost(self, p):  # noqa: N802
+        self._rec("free_host", p)
+        return super().cuMemFreeHost(p)
+
+
+def test_a_replaced_ring_is_freed_only_once_the_engine_builds_nothing(monkeypatch) -> None:
+    rec = FreeRecordingDriver()
+    monkeypatch.setattr(driver_module, "_driver", rec)
+    engine = BindingEngine()
+    engine.building = True  # a structure edit on the build thread: the last graph still reads the old ring
+    adapter = HostAdapter(engine, REG)
+    apply_patch(adapter, parse_patch(PATCH, path="mic.toml", registry=REG))
+    old = _bound(adapter, "mic", "Ring").ptr
+    adapter.set_param("mic", "Count", 16)
+    assert adapter.upload("mic", np.ones(16, np.float32))  # a new ring, bound in the old one's place
+    assert adapter.upload("mic", np.ones(16, np.float32))
+    assert _bound(adapter, "mic", "Ring").ptr != old and "free_host" not in rec.names()
+    engine.building = False
+    adapter.upload("mic", np.ones(16, np.float32))
+    assert rec.calls[-1] == ("free_host", old)
+    adapter.close_rings()
+    assert rec.names().count("free_host") == 3  # and the two rings in use
