@@ -118,7 +118,7 @@ class HostRings:
         """The ring of ``op_id``, made again if its block's type or ``Count`` changed."""
         if block.description.type_name != type_name:
             raise CudapatchError(
-                f"operator '{op_id}' is a {block.description.type_name}, not a core.{type_name}", block=op_id
+                f"operator '{op_id}' ({block.description.type_name}) is not a core.{type_name}", block=op_id
             )
         if not self.binds:
             raise CudapatchError(f"this engine ({type(self.engine).__name__}) binds no rings", block=op_id)
