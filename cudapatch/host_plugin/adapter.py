@@ -14,10 +14,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..blocks.block import Block
 from ..blocks.composite import Composite
 from ..engine.diagnostics import Diagnostic
 from ..errors import CudapatchError, LinkError, ParameterError
+from ._host_rings import HostRings
 from .coerce import check_param, coerce_host_value
 from .operator_index import OperatorLink, OperatorLinks, Placements
 from .registry import BlockType, BlockTypeRegistry
@@ -45,6 +48,7 @@ class HostAdapter:
         self._types: dict[str, BlockType] = {}
         self._links = OperatorLinks()
         self._regions = Placements()
+        self._rings = HostRings(engine)  # the pinned rings of Upload and Download operators
         self.engine_operator = EngineOperator(self)
 
     # -- queries -----------------------------------------------------------------------------------
@@ -104,6 +108,11 @@ class HostAdapter:
             if name not in texts:
                 self._set(block, name, value)
         self.engine.add(block)
+        try:
+            self._rings.attach(op_id, block)  # an Upload or Download: its Ring and Control are bound now
+        except BaseException:
+            self.engine.remove(block)
+            raise
         self._ops[op_id] = block
         self._types[op_id] = bt
         log.debug("created %s as %s", op_id, bt.name)
@@ -165,6 +174,7 @@ class HostAdapter:
         block = self.block(op_id)
         self._links.remove_operator(op_id)
         self.engine.remove(block)
+        self._rings.drop(op_id)
         del self._ops[op_id]
         del self._types[op_id]
         self._regions.remove_operator(op_id)
@@ -183,6 +193,7 @@ class HostAdapter:
         block.name = new_id
         self._links.rename(op_id, new_id)
         self._regions.rename(op_id, new_id)
+        self._rings.rename(op_id, new_id)
 
     def connect(self, src_op: str, src_port: str, dst_op: str, dst_port: str) -> None:
         """Link ``src_op.src_port`` to ``dst_op.dst_port``.
@@ -233,6 +244,10 @@ class HostAdapter:
         self.engine.add(new)
         self._ops[op_id] = new
         self._types[op_id] = bt
+        try:
+            self._rings.attach(op_id, new)
+        except CudapatchError as exc:  # the operator stays, unbound: its next upload or download tries again
+            log.warning("hot swap of '%s': no ring: %s", op_id, exc)
         for child, where in [(op_id, region), *((c, op_id) for c in held)]:
             if where is not None:
                 try:
@@ -289,6 +304,36 @@ class HostAdapter:
             CudapatchError: unknown operator.
         """
         return not self.block(op_id).enabled
+
+    # -- per-frame data (Upload and Download operators) -----------------------------------------------
+    def upload(self, op_id: str, array: Any) -> bool:
+        """Feed Upload operator ``op_id``: ``array`` (``Count`` elements of its ``Type``; a vector type's
+        lanes may be a last axis) goes into its pinned ring, and the next frame copies it into ``Out``.
+        Never waits: returns False when the write was dropped because the GPU still reads the slot it
+        needs (``UploadRing.write``). A ring that no longer fits the operator's ``Type`` or ``Count`` is
+        made again first.
+
+        Raises:
+            CudapatchError: unknown operator, or it is no ``core.Upload``.
+            BindingError: ``array`` has another element type or size than the operator takes.
+            CudaError: a new ring could not be allocated.
+        """
+        return self._rings.upload(op_id, self.block(op_id), array)
+
+    def download(self, op_id: str) -> np.ndarray | None:
+        """The newest values Download operator ``op_id`` copied in a completed frame (a frame or two
+        old; the same values again until a newer frame completes), or None before its first frame
+        completes. Plain loads from its pinned ring: no synchronize, no driver call.
+
+        Raises:
+            CudapatchError: unknown operator, or it is no ``core.Download``.
+            CudaError: a new ring could not be allocated.
+        """
+        return self._rings.download(op_id, self.block(op_id))
+
+    def close_rings(self) -> None:
+        """Free the Upload and Download operators' rings; a host calls it before closing the engine."""
+        self._rings.close()
 
     # -- per operator, for the host's nodes ----------------------------------------------------------
     def tooltip(self, op_id: str) -> str:

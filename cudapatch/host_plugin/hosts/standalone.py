@@ -268,6 +268,7 @@ class StandaloneHost:
         self.plugins.engine_stopping(self.engine)
         if self.preview is not None:
             self.preview.close()
+        self.adapter.close_rings()  # before the engine: their frees wait for frames still running
         self.engine.close()
 
     def __enter__(self) -> StandaloneHost:

@@ -111,6 +111,7 @@ class TouchDesignerHost:
 
     def close(self) -> None:
         self.plugins.engine_stopping(self.engine)
+        self.adapter.close_rings()  # before the engine: their frees wait for frames still running
         self.engine.close()
 
 
@@ -301,6 +302,29 @@ class BlockOperatorExt:
 
     def Unlink(self, src_ext: BlockOperatorExt, src_port: str, dst_port: str) -> None:
         self.host.adapter.disconnect(src_ext.op_id, src_port, self.op_id, dst_port)
+
+    def Upload(self, values: Any) -> bool:
+        """Feed this block, a ``core.Upload``, for the next cook: ``values`` is a NumPy array (a CHOP's
+        ``numpyArray()``, a sensor frame) of the block's ``Count`` elements and ``Type`` (a CHOP gives
+        float32: ``Type`` float; channels x samples are taken in that order). Never waits: returns
+        False when the write was dropped (the GPU still reads the slot it needs) or refused (the error
+        is shown on the COMP). Call it every frame, before the engine TOP cooks.
+        """
+        try:
+            return self.host.adapter.upload(self.op_id, np.ascontiguousarray(values))
+        except CudapatchError as exc:
+            self.ownerComp.addError(str(exc))
+            return False
+
+    def Download(self) -> np.ndarray | None:
+        """The newest values this block, a ``core.Download``, copied in a completed frame (a frame or two
+        old; for a Script CHOP's ``copyNumpyArray``, say), or None before its first frame completes.
+        Never waits. A refusal (not a Download) is shown on the COMP and gives None."""
+        try:
+            return self.host.adapter.download(self.op_id)
+        except CudapatchError as exc:
+            self.ownerComp.addError(str(exc))
+            return None
 
     def Tooltip(self) -> str:
         """The block's state line for the COMP's info (``str(block)``)."""
