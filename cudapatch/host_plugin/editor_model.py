@@ -883,12 +883,12 @@ class EditorModel:
             return ActionResult(False, "nothing to undo")
         edit = self._undo.pop()
         result = self._restore(edit.before, edit.after, (edit.rename[1], edit.rename[0]) if edit.rename else None)
-        if result:
-            self._redo.append(edit)
-            self.status = f"undone: {edit.label}"
-        else:
+        if not result:
             self._undo.append(edit)
-        return result
+            return result
+        self._redo.append(edit)
+        self.status = f"undone: {edit.label}"
+        return ActionResult(True, self.status)
 
     def redo(self) -> ActionResult:
         """Redo the last undone edit."""
@@ -896,12 +896,12 @@ class EditorModel:
             return ActionResult(False, "nothing to redo")
         edit = self._redo.pop()
         result = self._restore(edit.after, edit.before, edit.rename)
-        if result:
-            self._undo.append(edit)
-            self.status = f"redone: {edit.label}"
-        else:
+        if not result:
             self._redo.append(edit)
-        return result
+            return result
+        self._undo.append(edit)
+        self.status = f"redone: {edit.label}"
+        return ActionResult(True, self.status)
 
     def _restore(self, text: str, current_text: str, rename: tuple[str, str] | None) -> ActionResult:
         try:

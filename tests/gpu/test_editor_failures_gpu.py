@@ -112,7 +112,13 @@ def test_a_link_the_build_refuses_shows_on_its_node_and_the_rest_keeps_running(e
     assert _reads(engine, adapter, "fx", "out", 5.0)
     assert _node(engine, model, "add").state == "Error"
 
-    # Undone (the refused link, then the unlink), the link the build took is back: add runs again.
-    assert model.undo() and model.undo()
+    # Undone (the Hot value, the refused link, then the unlink), the link the build took is back: add
+    # runs again, on the first value.
+    assert [model.undo().message for _ in range(3)] == [
+        "undone: set src.Value",
+        "undone: link short.Out -> add.B",
+        "undone: unlink src.Out -> add.B",
+    ]
     run_until(engine, lambda: _node(engine, model, "add").state == "OK")
-    run_until(engine, lambda: _reads(engine, adapter, "add", "Sum", 5.0 + 5.0))
+    run_until(engine, lambda: _reads(engine, adapter, "add", "Sum", 2.0 + 2.0))
+    assert _reads(engine, adapter, "a", "Out", 2.0 * 3.0)

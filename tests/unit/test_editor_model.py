@@ -309,6 +309,14 @@ def test_undo_redo_over_random_edit_sequences(tmp_path, seed):
     undo_redo_round_trip(model, reloader, path, lambda m: _random_edit(m, rng), 120, _state, _file_state, PATCH)
 
 
+def test_undo_and_redo_say_what_they_undid_and_redid(tmp_path):
+    _, _, _, model = _open(tmp_path)
+    assert model.set_param("fill", "Value", 2.0) and model.set_param("fill", "Value", 3.0)
+    assert [model.undo().message for _ in range(2)] == ["undone: set fill.Value"] * 2
+    assert model.redo().message == "redone: set fill.Value" == model.status
+    assert model.undo() and not model.undo() and model.undo().message == "nothing to undo"
+
+
 def test_history_is_bounded(tmp_path):
     _, _, _, model = _open(tmp_path)
     model.max_history = 150
