@@ -7,7 +7,10 @@ per trial and as median and max, the time from the fault to the host noticing it
 replay names the block and reports; the host starts a new child), and to the engine running again
 (a correct frame from the new child, which builds without the block, read here); whether the block
 was named, and whether the host's own CuPy work before, after the fault and after the restart gave
-the right results. Target: running again within 1 s of the fault in every trial.
+the right results. Target: running again within 1 s of the fault in every trial. Then the peer
+that bounds the noticing from below on this machine right after the faults: a new process's CUDA
+context (init, primary context, an allocation, a synchronize), which any replay in another process
+needs, timed inside that process and from its start to its exit.
 
 Usage: ``python benchmarks/bench_isolated.py [--trials N] [--no-fault]``; writes ``isolated.json`` to
 ``$RESULTS_DIR`` when set. Run the fault part on a machine whose later GL previews do not matter
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -222,6 +226,39 @@ def fault_trials(n: int) -> dict[str, float]:
     return results
 
 
+_CONTEXT_PEER = """
+import time
+t0 = time.perf_counter()
+from cuda.bindings import driver as d
+t1 = time.perf_counter()
+assert d.cuInit(0)[0] == 0
+err, dev = d.cuDeviceGet(0)
+err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+assert err == 0 and d.cuCtxSetCurrent(ctx)[0] == 0
+err, ptr = d.cuMemAlloc(1 << 20)
+assert err == 0 and d.cuCtxSynchronize()[0] == 0
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def context_peer(repeats: int = 5) -> dict[str, float]:
+    """The floor of naming a faulting block by replay, on this machine right after the faults: a new
+    process's CUDA context (``cuInit``, the primary context, an allocation and a synchronize), timed
+    inside the process, and the process from start to exit (the interpreter and the import too)."""
+    inside, whole = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", _CONTEXT_PEER], capture_output=True, text=True, check=True)
+        whole.append(time.perf_counter() - t)
+        inside.append(float(out.stdout.split()[1]))
+    med_in, med_whole = statistics.median(inside), statistics.median(whole)
+    print(
+        f"peer: a new process's CUDA context (init, primary context, alloc, synchronize) median {med_in:.3f} s"
+        f" (max {max(inside):.3f}); the process start to exit median {med_whole:.3f} s ({repeats} runs)"
+    )
+    return {"peer new context median s": med_in, "peer new process median s": med_whole}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Isolated engine overhead, and planted faults: how soon it runs again.")
     ap.add_argument("--trials", type=int, default=20, help="planted faults, each in a new isolated engine")
@@ -248,6 +285,7 @@ def main() -> None:
         print(f"{k:<22} {v:9.2f} {v / base:16.2f}x")
     if not args.no_fault:
         results |= fault_trials(args.trials)
+        results |= context_peer()
     write_results("isolated.json", results, indent=2)
 
 
