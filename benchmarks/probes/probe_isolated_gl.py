@@ -17,7 +17,10 @@ process of its own:
 
 Each step prints its fps and how much of its last frame is correct (every pixel within 2 of the
 ramp and level). A step that hangs is ended after its timeout (60 s in all) and reported as such.
-Not measured yet. WARNING: as ``probe_after_fault.py``, run it on a machine you can replace.
+H100, driver 580, a fresh machine (2026-11-27): the host's preview drew correct frames before the
+child's fault and none after it (the isolated step ended at its bound); a later process drew GL
+alone correctly and its CUDA preview stalled (docs/faults.md).
+WARNING: as ``probe_after_fault.py``, run it on a machine you can replace.
 
 Usage: python benchmarks/probes/probe_isolated_gl.py
 """
