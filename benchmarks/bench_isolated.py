@@ -241,64 +241,6 @@ print(t1 - t0, time.perf_counter() - t1)
 """
 
 
-# A kernel that writes to address 8: the driver reports an illegal address at the next synchronize.
-_FAULT_PTX = """.version 7.8
-.target sm_{arch}
-.address_size 64
-.visible .entry k()
-{{
-.reg .b64 %rd<2>;
-.reg .b32 %r<2>;
-mov.u64 %rd1, 8;
-mov.u32 %r1, 1;
-st.global.u32 [%rd1], %r1;
-ret;
-}}
-"""
-
-_FAULT_PEER = r"""
-import sys, time
-from cuda.bindings import driver as d
-assert d.cuInit(0)[0] == 0
-err, dev = d.cuDeviceGet(0)
-err, ctx = d.cuDevicePrimaryCtxRetain(dev)
-assert err == 0 and d.cuCtxSetCurrent(ctx)[0] == 0
-attr = d.CUdevice_attribute
-major = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)[1]
-minor = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)[1]
-err, mod = d.cuModuleLoadData(sys.argv[1].format(arch=f"{major}{minor}").encode() + b"\0")
-assert err == 0, err
-err, fn = d.cuModuleGetFunction(mod, b"k")
-assert err == 0 and d.cuCtxSynchronize()[0] == 0
-t = time.perf_counter()
-assert d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)[0] == 0
-err = d.cuCtxSynchronize()[0]
-print(int(err), time.perf_counter() - t)
-"""
-
-
-def fault_peer(repeats: int = 3) -> dict[str, float]:
-    """The driver's own floor of noticing a fault: a bare process launches a kernel that writes to an
-    illegal address and times its ``cuCtxSynchronize`` until it returns the error (a new process each
-    time: the context is gone after it)."""
-    times = []
-    for _ in range(repeats):
-        run = [sys.executable, "-c", _FAULT_PEER, _FAULT_PTX]
-        out = subprocess.run(run, capture_output=True, text=True, check=False)
-        try:
-            err, seconds = out.stdout.split()
-        except ValueError:
-            print(f"peer: the bare fault did not run: {out.stderr.strip()[-300:]}")
-            return {}
-        times.append(float(seconds))
-    med = statistics.median(times)
-    print(
-        f"peer: a bare illegal-address kernel, launch to the synchronize returning error {err}: "
-        f"median {med:.3f} s (max {max(times):.3f}, {repeats} runs)"
-    )
-    return {"peer bare fault median s": med}
-
-
 def context_peer(repeats: int = 5) -> dict[str, float]:
     """The floor of naming a faulting block by replay, on this machine right after the faults: a new
     process's CUDA context (``cuInit``, the primary context, an allocation and a synchronize), timed
@@ -344,7 +286,6 @@ def main() -> None:
     if not args.no_fault:
         results |= fault_trials(args.trials)
         results |= context_peer()
-        results |= fault_peer()
     write_results("isolated.json", results, indent=2)
 
 
