@@ -68,12 +68,7 @@ def hot(e, block):
 
 # The illegal-address kernel of tests/gpu/isolated_fault_scenario.py, planted the same way: harmless
 # until a Hot edit sets ``trigger``, then thread 0 stores to address 8.
-BAD = """
-extern "C" __global__ void k(const float* in, float* out, float trigger, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = in[i] + 1.0f;
-    if (trigger > 0.5f && i == 0) *((volatile float*)(size_t)8) = 1.0f;   // an illegal address
-}"""
+BAD = (Path(__file__).resolve().parents[1] / "tests" / "gpu" / "kernels" / "illegal_address.cu").read_text()
 PHASE_DEADLINE_S = 30.0  # a phase that takes longer is reported as not reached, and the trial ends
 TARGET_S = 1.0  # the engine runs again within this long of the fault
 HAVE_CUPY = importlib.util.find_spec("cupy") is not None

@@ -43,12 +43,7 @@ extern "C" __global__ void image(unsigned int* rgba, float level, unsigned int c
     if (i < count) rgba[i] = (unsigned int)((i % 640u) * 255u / 639u) | green | (255u << 24);
 }"""
 # The illegal-address kernel of tests/gpu/isolated_fault_scenario.py: harmless until ``trigger`` is set.
-BAD = """
-extern "C" __global__ void k(const float* in, float* out, float trigger, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = in[i] + 1.0f;
-    if (trigger > 0.5f && i == 0) *((volatile float*)(size_t)8) = 1.0f;   // an illegal address
-}"""
+BAD = (Path(__file__).resolve().parents[2] / "tests" / "gpu" / "kernels" / "illegal_address.cu").read_text()
 LIVE_FRAMES = 120
 FAULT_WAIT_S = 10.0  # from the planting edit to the host's restart of the child
 RESTART_WAIT_S = 8.0  # from the restart to the host's preview showing the new child's frame

@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from cudapatch import Engine, Fill, For, Scale
 from cudapatch.blocks.library import CustomKernel
 
-BAD = """
-extern "C" __global__ void k(const float* in, float* out, float trigger, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = in[i] + 1.0f;
-    if (trigger > 0.5f && i == 0) *((volatile float*)(size_t)8) = 1.0f;   // an illegal address
-}"""
+BAD = (Path(__file__).resolve().parent / "kernels" / "illegal_address.cu").read_text()
 GOOD = BAD.replace("if (trigger > 0.5f && i == 0) *((volatile float*)(size_t)8) = 1.0f;", "")
 
 
