@@ -7,11 +7,12 @@ and the chain after it plans and runs from the first frame (an Upload's ``Out`` 
 the host writes). The host then feeds and reads them by operator id: plain stores and loads in
 pinned memory, never a synchronize.
 
-A ring made for another element type or ``Count`` than its block has now (the host changed them)
-is replaced on the next ``upload``/``download``. The ring it replaces may still be read by the
-running graph while the new structure builds (the engine keeps launching the last graph meanwhile),
-so it is closed only once the engine builds nothing: its free then waits only for frames already
-launched.
+A ring made for another element type or ``Count`` than its block has now is replaced when the
+host changes them through the adapter (and on the next ``upload``/``download`` otherwise), so the
+graph built for the new size binds the new ring. The ring it replaces, or the ring of a deleted
+operator, is still read by the graph that runs when it is dropped: the engine keeps launching that
+graph until the edit's build is swapped in. So it is closed only once another graph runs and no build
+is in flight or waiting to start; its free then waits only for frames already launched.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class HostRings:
         #: Whether the engine binds arrays (a plan-only stand-in does not: its operators get no ring).
         self.binds = callable(getattr(engine, "bind", None))
         self._rings: dict[str, _Attached] = {}
-        self._retired: list[UploadRing | DownloadRing] = []
+        #: Dropped rings, each with the graph that ran when it was dropped (which may still read it).
+        self._retired: list[tuple[Any, UploadRing | DownloadRing]] = []
 
     def __repr__(self) -> str:
         return f"<HostRings rings={len(self._rings)} retired={len(self._retired)}>"
@@ -134,21 +136,33 @@ class HostRings:
             self._rings[new_id] = att
 
     def drop(self, op_id: str) -> None:
-        """Forget the ring of ``op_id`` (deleted, or swapped to another type); it is closed once the
-        engine no longer builds (the running graph may read it until the new one runs)."""
+        """Forget the ring of ``op_id`` (deleted, swapped to another type, or replaced); it is closed
+        once another graph than the one running now runs, with no build in flight or waiting (this one,
+        or one a build in flight made, may read it until then)."""
         att = self._rings.pop(op_id, None)
         if att is not None:
-            self._retired.append(att.ring)
+            self._retired.append((getattr(self.engine, "graph", None), att.ring))
+
+    def _settling(self) -> bool:
+        """Whether a build is in flight or a structure edit waits for one: the graph that runs may
+        still be one built before the drop (an edit made during a build is built after it)."""
+        dirty = getattr(getattr(self.engine, "context", None), "dirty", None)
+        return bool(getattr(self.engine, "building", False) or (dirty is not None and dirty.structure))
 
     def _close_retired(self) -> None:
-        if self._retired and not getattr(self.engine, "building", False):
-            retired, self._retired = self._retired, []
-            for ring in retired:
+        if not self._retired or self._settling():
+            return
+        now = getattr(self.engine, "graph", None)
+        # A ring dropped while no graph ran was never read; one dropped under a graph waits for the next.
+        done = [ring for ran, ring in self._retired if ran is None or ran is not now]
+        if done:
+            self._retired = [(ran, ring) for ran, ring in self._retired if not (ran is None or ran is not now)]
+            for ring in done:
                 ring.close()
 
     def close(self) -> None:
         """Close every ring (before the engine closes: their frees wait for frames still running)."""
-        rings = [att.ring for att in self._rings.values()] + self._retired
+        rings = [att.ring for att in self._rings.values()] + [ring for _, ring in self._retired]
         self._rings, self._retired = {}, []
         for ring in rings:
             ring.close()

@@ -278,6 +278,8 @@ class HostAdapter:
         if p is not None and p.spec.kind == "text" and isinstance(value, str):
             value = self.resolve_text(name, value)
         self._set(block, name, value)  # type: ignore[arg-type]
+        if name in ("Count", "Type") and self._rings.takes_ring(block):  # type: ignore[arg-type]
+            self._rings.attach(op_id, block)  # type: ignore[arg-type]  # the build for the new size binds a ring of it
 
     @staticmethod
     def _set(block: Block, name: str, value: Any) -> None:

@@ -157,8 +157,10 @@ class CudaHostSide:
             self.imports.close()
         else:  # the driver refuses this process (a lost context): forget them without a call
             self.imports.abandon()
-        self.word.close()
-        self.device.close()
+        try:
+            self.word.close()  # (its unregister may fail in a context that met an error: the device still closes)
+        finally:
+            self.device.close()
 
 
 class ProcessLauncher:

@@ -196,20 +196,49 @@ class FreeRecordingDriver(RecordingDriver):
         return super().cuMemFreeHost(p)
 
 
-def test_a_replaced_ring_is_freed_only_once_the_engine_builds_nothing(monkeypatch) -> None:
+class SwappingEngine(BindingEngine):
+    """The binding engine with the real engine's view of its builds: ``building`` while a build is in
+    flight, and ``graph``, the one that runs, replaced when a build takes a structure edit."""
+
+    building = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.graph: object | None = None
+
+    def build(self) -> None:
+        """A build swapped in: it took the structure edits made so far."""
+        self.update()
+        self.context.dirty.clear_structure()
+        self.graph = object()
+
+
+def test_a_dropped_ring_is_freed_only_once_a_graph_built_after_the_drop_runs(monkeypatch) -> None:
     rec = FreeRecordingDriver()
     monkeypatch.setattr(driver_module, "_driver", rec)
-    engine = BindingEngine()
-    engine.building = True  # a structure edit on the build thread: the last graph still reads the old ring
+    engine = SwappingEngine()
     adapter = HostAdapter(engine, REG)
     apply_patch(adapter, parse_patch(PATCH, path="mic.toml", registry=REG))
+    engine.build()
     old = _bound(adapter, "mic", "Ring").ptr
-    adapter.set_param("mic", "Count", 16)
-    assert adapter.upload("mic", np.ones(16, np.float32))  # a new ring, bound in the old one's place
+    adapter.set_param("mic", "Count", 16)  # the ring is replaced at once: the build for 16 binds the new one
+    assert _bound(adapter, "mic", "Ring").ptr != old and _bound(adapter, "mic", "Ring").count == UPLOAD_SLOTS * 16
+    assert adapter.upload("mic", np.ones(16, np.float32))  # the edit waits for its build: the graph reads the old
+    engine.building = True  # the build in flight; the last graph still launches with the old ring
     assert adapter.upload("mic", np.ones(16, np.float32))
-    assert _bound(adapter, "mic", "Ring").ptr != old and "free_host" not in rec.names()
+    assert "free_host" not in rec.names()
     engine.building = False
+    adapter.set_param("mic", "Type", "float")  # (the same type: no new ring) and a build swapped in
+    engine.build()
     adapter.upload("mic", np.ones(16, np.float32))
     assert rec.calls[-1] == ("free_host", old)
+    # A deleted operator's ring: read by the graph that runs until the build without it is swapped in.
+    tap = _bound(adapter, "tap", "Ring").ptr
+    adapter.delete("tap")
+    adapter.upload("mic", np.ones(16, np.float32))
+    assert ("free_host", tap) not in rec.calls
+    engine.build()
+    adapter.upload("mic", np.ones(16, np.float32))
+    assert rec.calls[-1] == ("free_host", tap)
     adapter.close_rings()
-    assert rec.names().count("free_host") == 3  # and the two rings in use
+    assert rec.names().count("free_host") == 3  # and the ring in use
