@@ -275,9 +275,15 @@ class HostAdapter:
         if block is None:
             self.block(op_id)  # raises the precise error
         p = block.params.get(name)  # type: ignore[union-attr]
-        if p is not None and p.spec.kind == "text" and isinstance(value, str):
-            value = self.resolve_text(name, value)
-        self._set(block, name, value)  # type: ignore[arg-type]
+        if p is None:
+            check_param(block, name)  # raises, naming the block's parameters
+        spec = p.spec  # type: ignore[union-attr]
+        if spec.kind == "text":
+            if isinstance(value, str):
+                value = self.resolve_text(name, value)
+            block.set(name, coerce_host_value(spec, value))  # type: ignore[union-attr]
+        else:
+            p.set(coerce_host_value(spec, value))  # type: ignore[union-attr]  # (what Block.set does for it)
         if name in ("Count", "Type") and self._rings.takes_ring(block):  # type: ignore[arg-type]
             self._rings.attach(op_id, block)  # type: ignore[arg-type]  # the build for the new size binds a ring of it
 

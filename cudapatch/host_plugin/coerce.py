@@ -67,6 +67,13 @@ def coerce_host_value(spec: ParamSpec, value: Any) -> Any:
     Raises:
         ParameterError: a value no number parameter takes (a table, a date, nested or long lists).
     """
+    kind = type(value)
+    if (kind is float or kind is int) and spec.kind != "text" and not spec.choices:  # a slider's value, every frame
+        dtype = spec.dtype
+        if dtype is not None and dtype.lanes == 1:  # what the general path below gives it, without its tests
+            if kind is float and dtype.base.kind in "iu" and value.is_integer():
+                return int(value)
+            return value
     if spec.choices:
         picked = spec.choice(value)
         if picked is not None:

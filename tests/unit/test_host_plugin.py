@@ -193,6 +193,33 @@ def test_host_value_coercion():
         e.set("Rate", coerce_host_value(d.param("Rate"), "fast"))
 
 
+def test_plain_numbers_take_the_fast_path_to_what_the_general_path_gives():
+    """Floats and ints for scalar number parameters skip the general checks (a slider's value, every
+    frame): the value and its type are what the general path gives (subclasses go the general way)."""
+    from cudapatch.blocks.library import Emitter, Fill
+
+    class SlowFloat(float):
+        pass
+
+    class SlowInt(int):
+        pass
+
+    specs = [
+        spec
+        for block in (Emitter(), Scale(), Fill())
+        for spec in block.description.params
+        if spec.kind != "text" and not spec.choices and spec.dtype is not None and spec.dtype.lanes == 1
+    ]
+    assert {s.dtype.base.kind for s in specs} >= {"f", "u"} or {s.dtype.base.kind for s in specs} >= {"f", "i"}
+    for spec in specs:
+        for value in (0.0, 2.0, 2.5, -3.0, 1e30):
+            fast, slow = coerce_host_value(spec, value), coerce_host_value(spec, SlowFloat(value))
+            assert fast == slow and type(fast) is (int if isinstance(slow, int) else float), (spec.name, value)
+        for value in (7, -1, 0):
+            fast, slow = coerce_host_value(spec, value), coerce_host_value(spec, SlowInt(value))
+            assert fast == slow and type(fast) is int, (spec.name, value)
+
+
 def test_cli_blocks_and_check(capsys):
     from cudapatch.cli import main
 
