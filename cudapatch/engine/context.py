@@ -33,7 +33,7 @@ from .dirty import DirtyTracker
 from .link_order import SameFrameOrder, cycle_message
 from .registry import BlockRegistry
 
-__all__ = ["Context", "ExternalBinding", "BlockSnapshot", "PatchSnapshot"]
+__all__ = ["Context", "ExternalBinding", "BlockSnapshot", "PatchSnapshot", "check_link_ports"]
 
 _context_ids = itertools.count(1)
 
@@ -94,6 +94,36 @@ class PatchSnapshot:
     def names(self) -> dict[int, str]:
         """Block id -> name, made once per snapshot (a build asks for it at several steps)."""
         return {b.id: b.name for b in self.blocks}
+
+
+def check_link_ports(
+    src: BlockDescription, src_name: str, src_port: str, dst: BlockDescription, dst_name: str, dst_port: str
+) -> None:
+    """That ``src_name.src_port`` is an output, ``dst_name.dst_port`` an input, and their element types
+    fit: what ``Context.connect`` checks before a link, and a patch edit before it changes anything.
+
+    Raises:
+        LinkError: unknown port, wrong direction, incompatible element types.
+    """
+    out = src.output(src_port)
+    if out is None:
+        if src.input(src_port) is not None:
+            raise LinkError("is an input; links start at an output", block=src_name, port=src_port)
+        known = ", ".join(p.name for p in src.outputs) or "none"
+        raise LinkError(f"unknown output port (outputs: {known})", block=src_name, port=src_port)
+    inp = dst.input(dst_port)
+    if inp is None:
+        if dst.output(dst_port) is not None:
+            raise LinkError("is an output; links end at an input", block=dst_name, port=dst_port)
+        known = ", ".join(p.name for p in dst.inputs) or "none"
+        raise LinkError(f"unknown input port (inputs: {known})", block=dst_name, port=dst_port)
+    if out.dtype != inp.dtype and not accepts_condition(dst, dst_port, out.dtype):
+        raise LinkError(
+            f"cannot link {src_name}.{src_port} ({out.dtype.c_name}) to "
+            f"{dst_name}.{dst_port} ({inp.dtype.c_name}): element types differ",
+            block=dst_name,
+            port=dst_port,
+        )
 
 
 class Context:
@@ -301,25 +331,7 @@ class Context:
         """
         self._owned(src, "source")
         self._owned(dst, "destination")
-        out = src.description.output(src_port)
-        if out is None:
-            if src.description.input(src_port) is not None:
-                raise LinkError("is an input; links start at an output", block=src.name, port=src_port)
-            known = ", ".join(p.name for p in src.outputs) or "none"
-            raise LinkError(f"unknown output port (outputs: {known})", block=src.name, port=src_port)
-        inp = dst.description.input(dst_port)
-        if inp is None:
-            if dst.description.output(dst_port) is not None:
-                raise LinkError("is an output; links end at an input", block=dst.name, port=dst_port)
-            known = ", ".join(p.name for p in dst.inputs) or "none"
-            raise LinkError(f"unknown input port (inputs: {known})", block=dst.name, port=dst_port)
-        if out.dtype != inp.dtype and not accepts_condition(dst.description, dst_port, out.dtype):
-            raise LinkError(
-                f"cannot link {src.name}.{src_port} ({out.dtype.c_name}) to "
-                f"{dst.name}.{dst_port} ({inp.dtype.c_name}): element types differ",
-                block=dst.name,
-                port=dst_port,
-            )
+        check_link_ports(src.description, src.name, src_port, dst.description, dst.name, dst_port)
         if dst_port not in dst.description.feedback_inputs and not self._order.admit(src.id, dst.id):
             raise LinkError(
                 cycle_message(src.name, src_port, dst.name, dst_port, self._loop_names(dst.id, src.id)),

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..blocks.block import Block
 from ..blocks.description import BlockDescription
-from ..blocks.regions import Region, accepts_condition
+from ..blocks.regions import Region
 from ..engine.connections import find_path
+from ..engine.context import check_link_ports
 from ..engine.link_order import cycle_message
-from ..errors import PatchFileError
+from ..errors import LinkError, PatchFileError
 
 if TYPE_CHECKING:
     from .adapter import HostAdapter, OperatorLink
@@ -96,37 +97,13 @@ def _final_links(
 
 
 def _check_link(lk: LinkSpec, descs: dict[str, BlockDescription], file: str) -> None:
-    """The ports of ``lk`` exist on the blocks the edit makes, and their element types fit (as
-    ``Context.connect`` checks them)."""
-    src, dst = descs[lk.src], descs[lk.dst]
-    out, inp = src.output(lk.src_port), dst.input(lk.dst_port)
-    if out is None:
-        known = ", ".join(p.name for p in src.outputs) or "none"
-        raise PatchFileError(
-            f"link {lk}: unknown output port (outputs: {known})",
-            file=file,
-            line=lk.line,
-            block=lk.src,
-            port=lk.src_port,
-        )
-    if inp is None:
-        known = ", ".join(p.name for p in dst.inputs) or "none"
-        raise PatchFileError(
-            f"link {lk}: unknown input port (inputs: {known})",
-            file=file,
-            line=lk.line,
-            block=lk.dst,
-            port=lk.dst_port,
-        )
-    if out.dtype != inp.dtype and not accepts_condition(dst, lk.dst_port, out.dtype):
-        raise PatchFileError(
-            f"link {lk}: cannot link {lk.src}.{lk.src_port} ({out.dtype.c_name}) to "
-            f"{lk.dst}.{lk.dst_port} ({inp.dtype.c_name}): element types differ",
-            file=file,
-            line=lk.line,
-            block=lk.dst,
-            port=lk.dst_port,
-        )
+    """The ports of ``lk`` exist on the blocks the edit makes, and their element types fit: what
+    ``Context.connect`` will check, at the link's line."""
+    try:
+        check_link_ports(descs[lk.src], lk.src, lk.src_port, descs[lk.dst], lk.dst, lk.dst_port)
+    except LinkError as exc:
+        message = f"link {lk}: {exc.message}"
+        raise PatchFileError(message, file=file, line=lk.line, block=exc.block, port=exc.port) from None
 
 
 def _check_loops(links: list[LinkSpec], added: list[LinkSpec], descs: dict[str, BlockDescription], file: str) -> None:
