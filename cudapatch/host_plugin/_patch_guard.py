@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..blocks.block import Block
 from ..blocks.description import BlockDescription
 from ..blocks.regions import Region
+from ..engine.compiler.order import topological_order
 from ..engine.connections import find_path
 from ..engine.context import check_link_ports
 from ..engine.link_order import cycle_message
@@ -108,52 +109,23 @@ def _check_link(lk: LinkSpec, descs: dict[str, BlockDescription], file: str) -> 
 
 def _check_loops(links: list[LinkSpec], added: list[LinkSpec], descs: dict[str, BlockDescription], file: str) -> None:
     """Refuse a link of ``added`` that closes a loop of same-frame links (not into a ``FrameDelay``'s
-    ``In``), naming the loop's blocks. A patch without a loop costs one pass over its links
-    (``_cyclic_core``); only one with a loop pays for finding which link closes it and its blocks."""
-    succ: dict[str, list[str]] = {}
-    for lk in links:
-        if lk.dst_port not in descs[lk.dst].feedback_inputs:
-            succ.setdefault(lk.src, []).append(lk.dst)
-    core = _cyclic_core(succ)
-    if not core:
+    ``In``), naming the loop's blocks. A patch without a loop costs one ordering of its blocks (the
+    compiler's ``topological_order``); only one with a loop pays for finding which link closes it."""
+    same_frame = [lk for lk in links if lk.dst_port not in descs[lk.dst].feedback_inputs]
+    _, cyclic = topological_order(list(descs), same_frame)
+    if not cyclic:
         return
-
-    def within(v: str) -> list[str]:
-        return [w for w in succ.get(v, ()) if w in core]
-
+    behind = set(cyclic)  # the blocks on a loop, and those after one: every loop lies within them
+    succ: dict[str, list[str]] = {}
+    for lk in same_frame:
+        if lk.src in behind and lk.dst in behind:
+            succ.setdefault(lk.src, []).append(lk.dst)
     for lk in reversed(added):  # step by step, the last link listed is the one that closes the loop
-        if lk.src in core and lk.dst in core and lk.dst_port not in descs[lk.dst].feedback_inputs:
-            loop = find_path(lk.dst, lk.src, within)
+        if lk.src in behind and lk.dst in behind and lk.dst_port not in descs[lk.dst].feedback_inputs:
+            loop = find_path(lk.dst, lk.src, lambda v: succ.get(v, ()))
             if loop is not None:
                 msg = cycle_message(lk.src, lk.src_port, lk.dst, lk.dst_port, loop)
                 raise PatchFileError(f"link {lk}: {msg}", file=file, line=lk.line, block=lk.dst, port=lk.dst_port)
-
-
-def _cyclic_core(succ: dict[str, list[str]]) -> set[str]:
-    """The blocks left once those with no link in, or no link out, are taken away again and again:
-    empty when the links hold no loop; else every loop lies within it."""
-    nodes = set(succ) | {w for ws in succ.values() for w in ws}
-    pred: dict[str, list[str]] = {}
-    for v, ws in succ.items():
-        for w in ws:
-            pred.setdefault(w, []).append(v)
-    ins = {v: len(pred.get(v, ())) for v in nodes}
-    outs = {v: len(succ.get(v, ())) for v in nodes}
-    gone = {v for v in nodes if ins[v] == 0 or outs[v] == 0}
-    stack = list(gone)
-    while stack:
-        v = stack.pop()
-        for w in succ.get(v, ()):
-            ins[w] -= 1
-            if ins[w] == 0 and w not in gone:
-                gone.add(w)
-                stack.append(w)
-        for p in pred.get(v, ()):
-            outs[p] -= 1
-            if outs[p] == 0 and p not in gone:
-                gone.add(p)
-                stack.append(p)
-    return nodes - gone
 
 
 def _check_keep(adapter: HostAdapter, new: Patch, descs: dict[str, BlockDescription], file: str, lines: Any) -> None:
