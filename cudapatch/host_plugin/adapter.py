@@ -278,12 +278,9 @@ class HostAdapter:
         if p is None:
             check_param(block, name)  # raises, naming the block's parameters
         spec = p.spec  # type: ignore[union-attr]
-        if spec.kind == "text":
-            if isinstance(value, str):
-                value = self.resolve_text(name, value)
-            block.set(name, coerce_host_value(spec, value))  # type: ignore[union-attr]
-        else:
-            p.set(coerce_host_value(spec, value))  # type: ignore[union-attr]  # (what Block.set does for it)
+        if spec.kind == "text" and isinstance(value, str):
+            value = self.resolve_text(name, value)
+        block.set(name, coerce_host_value(spec, value))  # type: ignore[union-attr]
         if name in ("Count", "Type") and self._rings.takes_ring(block):  # type: ignore[arg-type]
             self._rings.attach(op_id, block)  # type: ignore[arg-type]  # the build for the new size binds a ring of it
 
