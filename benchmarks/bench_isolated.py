@@ -4,13 +4,15 @@ isolated engine beside a normal engine on the same 20-block chain and a bare ``c
 that graph, medians in the same run; then ``--trials`` planted GPU faults (20 by default), each in a
 new isolated engine with the illegal-address kernel of ``tests/gpu/isolated_fault_scenario.py``:
 per trial and as median and max, the time from the fault to the host noticing it (the child's
-replay names the block and reports; the host starts a new child), and to the engine running again
+replay names the block and reports; the host starts a new child; the medians of each step from
+``fault_times``), and to the engine running again
 (a correct frame from the new child, which builds without the block, read here); whether the block
 was named, and whether the host's own CuPy work before, after the fault and after the restart gave
 the right results. Target: running again within 1 s of the fault in every trial. Then the peer
 that bounds the noticing from below on this machine right after the faults: a new process's CUDA
 context (init, primary context, an allocation, a synchronize), which any replay in another process
-needs, timed inside that process and from its start to its exit.
+needs, timed inside that process and from its start to its exit; and a bare process's fault: an
+illegal-address launch to its error, and that error to the process's exit (the driver's teardown).
 
 Usage: ``python benchmarks/bench_isolated.py [--trials N] [--no-fault]``; writes ``isolated.json`` to
 ``$RESULTS_DIR`` when set. Run the fault part on a machine whose later GL previews do not matter
@@ -25,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +87,7 @@ class FaultTrial:
     host_ok: bool | None = None  # the host's CuPy work right before, after the fault and after the restart;
     # None: not checked (no CuPy, or the trial ended first)
     error: str = ""
+    steps: dict[str, float] = field(default_factory=dict)  # seconds of each step of the fault (``STEPS``)
 
     @property
     def within_target(self) -> bool:
@@ -134,6 +137,7 @@ def fault_trial(rng: np.random.Generator) -> FaultTrial:
             return result
 
         bad.set("trigger", 1.0)  # a Hot edit that makes the kernel fault in the child
+        edited = time.monotonic()
         t0 = time.perf_counter()
         while engine.restarts == 0 and time.perf_counter() - t0 < PHASE_DEADLINE_S:
             engine.update()
@@ -142,6 +146,7 @@ def fault_trial(rng: np.random.Generator) -> FaultTrial:
             result.error = f"no restart within {PHASE_DEADLINE_S:.0f} s"
             return result
         result.noticed_s = time.perf_counter() - t0
+        result.steps = fault_steps(edited, engine.fault_times)
         checks.append(_host_work(rng))  # the host's CUDA is untouched
         faults = [d for d in engine.diagnostics() if d.code == "gpu-fault"]
         result.named = len(faults) == 1 and faults[0].block_id == bad.id and "'bad'" in faults[0].message
@@ -164,6 +169,23 @@ def fault_trial(rng: np.random.Generator) -> FaultTrial:
         return result
     finally:
         engine.close()
+
+
+#: The steps of a fault in an isolated engine, each from the stamp before it (``fault_times``; the
+#: first from the Hot edit): the fault surfacing in the child, the replay naming the block, the
+#: child's context reset (refused on this driver), the report sent, read by the host, the faulted
+#: child let go (its exit is reaped in the background) and the next child started.
+STEPS = ("surfaced", "named", "reset", "sent", "received", "released", "restarted")
+
+
+def fault_steps(edited: float, stamps: dict[str, float]) -> dict[str, float]:
+    """Seconds of each step in ``STEPS`` from the monotonic stamps (the edit's first)."""
+    steps, last = {}, edited
+    for name in STEPS:
+        if name in stamps:
+            steps[name] = stamps[name] - last
+            last = stamps[name]
+    return steps
 
 
 def _seconds(v: float | None, width: int = 9) -> str:
@@ -205,6 +227,13 @@ def fault_trials(n: int) -> dict[str, float]:
         [t.running_s - t.noticed_s if t.running_s is not None and t.noticed_s is not None else None for t in trials],
     )
     results |= _summary("fault to running again", [t.running_s for t in trials])
+    print("the steps to noticed (medians; each from the step before, the first from the edit):")
+    for name in STEPS:
+        got = [t.steps[name] for t in trials if name in t.steps]
+        if got:
+            med = statistics.median(got)
+            print(f"  {name:<10} {med * 1e3:8.1f} ms (max {max(got) * 1e3:.1f})")
+            results[f"step {name} median s"] = med
     within = sum(t.within_target for t in trials)
     named = sum(t.named for t in trials)
     print(f"ran again within {TARGET_S:.0f} s of the fault: {within}/{n} (target {n}/{n})")
@@ -254,6 +283,64 @@ def context_peer(repeats: int = 5) -> dict[str, float]:
     return {"peer new context median s": med_in, "peer new process median s": med_whole}
 
 
+_FAULT_PEER = r'''
+import os, sys, time
+from cuda.bindings import driver as d
+PTX = b"""
+.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry bad()
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    mov.u64 %rd1, 8;
+    mov.u32 %r1, 1;
+    st.volatile.global.u32 [%rd1], %r1;
+    ret;
+}
+\0"""
+assert d.cuInit(0)[0] == 0
+err, dev = d.cuDeviceGet(0)
+err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+assert err == 0 and d.cuCtxSetCurrent(ctx)[0] == 0
+err, mod = d.cuModuleLoadData(PTX)
+assert err == 0, err
+err, fn = d.cuModuleGetFunction(mod, b"bad")
+assert err == 0 and d.cuCtxSynchronize()[0] == 0
+t0 = time.monotonic()
+assert d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, None, None)[0] == 0
+err = d.cuCtxSynchronize()[0]
+t1 = time.monotonic()
+print(int(err), t1 - t0, t1, flush=True)
+os._exit(3)
+'''
+
+
+def fault_peer(repeats: int = 5) -> dict[str, float]:
+    """The driver's part of a fault, bare: a process launches a kernel that stores to an illegal
+    address; timed from the launch to the error its synchronize returns, and from that error to the
+    process's exit as its parent sees it (the driver tears the faulted context down meanwhile)."""
+    to_error, to_exit = [], []
+    for _ in range(repeats):
+        proc = subprocess.Popen([sys.executable, "-c", _FAULT_PEER], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        proc.wait()
+        gone = time.monotonic()
+        if len(line) != 3 or line[0] == "0":
+            print(f"peer: the planted fault did not fault ({line})")
+            return {}
+        to_error.append(float(line[1]))
+        to_exit.append(gone - float(line[2]))
+    err_med, exit_med = statistics.median(to_error), statistics.median(to_exit)
+    print(
+        f"peer: a bare illegal-address launch to its error median {err_med * 1e3:.1f} ms, the error to the"
+        f" process's exit median {exit_med * 1e3:.1f} ms (max {max(to_exit) * 1e3:.1f}; {repeats} runs)"
+    )
+    return {"peer fault to error median s": err_med, "peer error to exit median s": exit_med}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Isolated engine overhead, and planted faults: how soon it runs again.")
     ap.add_argument("--trials", type=int, default=20, help="planted faults, each in a new isolated engine")
@@ -281,6 +368,7 @@ def main() -> None:
     if not args.no_fault:
         results |= fault_trials(args.trials)
         results |= context_peer()
+        results |= fault_peer()
     write_results("isolated.json", results, indent=2)
 
 

@@ -444,6 +444,13 @@ class Engine(PatchEditing, EngineResults):
         """Why the engine stopped launching, when CUDA refused to continue after a fault; else None."""
         return self._faults.lost
 
+    @property
+    def fault_times(self) -> dict[str, float]:
+        """When the last fault's recovery steps happened, as ``time.monotonic()`` stamps: ``surfaced``,
+        ``named`` (the faulting block found), ``reset`` (the context reset, or refused). Empty before a
+        fault."""
+        return dict(self._recovery.times)
+
     # -- Code tier (``tiers.py``) -----------------------------------------------------------------------
     def _swap_between_frames(self, o: KernelOutcome) -> bool:
         return self._code.swap_between_frames(o)  # the KernelTracker's swapper, made before the CodeTier

@@ -19,6 +19,7 @@ Recovery works only through the public operations of the objects it is handed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import CudaError
@@ -72,6 +73,9 @@ class Recovery:
         self._cache_dir: str | bool = False if cache_dir is None else str(cache_dir)
         #: A replay process started ahead (``Engine.prepare_fault_replay``); used by the next fault.
         self.replay_standby: ReplayStandby | None = None
+        #: The last fault's steps as ``time.monotonic()`` stamps: ``surfaced`` (recovery began),
+        #: ``named`` (the faulting block found), ``reset`` (the context reset, or refused). Empty before.
+        self.times: dict[str, float] = {}
 
     def close(self) -> None:
         """End the replay process started ahead, if any."""
@@ -95,8 +99,10 @@ class Recovery:
             The faulting block's id, or None when it could not be found.
         """
         self._counters.faults += 1
+        self.times = {"surfaced": time.monotonic()}
         log.error("GPU fault: %s; resetting the CUDA context and finding the block", exc)
         culprit, what = self._find(exc, culprit)
+        self.times["named"] = time.monotonic()
         if culprit is not None:
             self._faults.disable(
                 culprit, f"{what}: the block is disabled and its outputs read as zeros until its code changes"
@@ -116,6 +122,7 @@ class Recovery:
             )
         else:
             self._unbind(bound)
+        self.times["reset"] = time.monotonic()
         self._board.graph_gone()
         return culprit
 

@@ -20,11 +20,14 @@ import dataclasses
 import json
 import os
 import pickle
+import select
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from .._reaper import reap_in_background
 from ..errors import CudaLaunchError
 from ..kernels._driver import check, driver, error_from_code
 from .plan import GraphPlan, MemsetNodePlan, WorkNode
@@ -160,21 +163,54 @@ class ReplayStandby:
         return self.proc.poll() is None
 
     def run(self, payload: bytes) -> tuple[bytes, bytes]:
-        """Send the request, wait for the answer: (stdout, stderr).
+        """Send the request, wait for the answer: (stdout, stderr) so far. The answer is the line that
+        starts ``{"culprit"``; once it came, the process's exit (the driver's teardown of the context
+        the replay faulted, a large part of a second) is waited for in the background
+        (``_reaper``), not here. Without an answer, everything it wrote until it ended.
 
         Raises:
             OSError, subprocess.TimeoutExpired: the process failed or took longer than ``TIMEOUT_S``.
         """
+        deadline = time.monotonic() + TIMEOUT_S
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
-            return self.proc.communicate(payload, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.close()
-            raise
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it ended before it read the request: its stderr says why
+        proc.stdin = None  # written and closed: ``communicate`` (in ``close``) must not flush it
+        out, err = bytearray(), bytearray()
+        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        while streams and not _answered(out):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise subprocess.TimeoutExpired(proc.args, TIMEOUT_S)
+            for fd in select.select(list(streams), [], [], left)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    streams[fd] += chunk
+                else:
+                    del streams[fd]
+        if streams:  # answered: it has nothing more to say
+            reap_in_background(proc, timeout=TIMEOUT_S)
+        else:
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        return bytes(out), bytes(err)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.communicate()
+
+
+def _answered(out: bytearray) -> bool:
+    """Whether the replay's stdout holds its whole answer line."""
+    i = out.find(b'{"culprit"')
+    return i >= 0 and (i == 0 or out[i - 1] == 0x0A) and out.find(b"\n", i) >= 0
 
 
 def attribute_in_child(
@@ -199,7 +235,7 @@ def attribute_in_child(
         stdout, stderr = standby.run(payload)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"the replay process failed: {exc}"
-    lines = stdout.decode(errors="replace").strip().splitlines()
+    lines = [x for x in stdout.decode(errors="replace").splitlines() if x.startswith('{"culprit"')]
     try:
         result = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):

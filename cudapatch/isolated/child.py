@@ -20,6 +20,7 @@ import os
 import pickle
 import select
 import sys
+import time
 from typing import Any
 
 from ..kernels._compiler_child import MAX_FRAME, encode_frame
@@ -220,7 +221,7 @@ class _Server:
             return False
         records = self._records(e.diagnostics())
         disabled = {r[1]: r[3] for r in records if r[2] == "gpu-fault" and r[1] is not None}
-        self.send(("fault", records, disabled))
+        self.send(("fault", records, disabled, dict(e.fault_times, sent=time.monotonic())))
         return True
 
     # -- requests -----------------------------------------------------------------------------------

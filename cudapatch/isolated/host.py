@@ -47,7 +47,7 @@ from ..kernels.types import DType
 from .host_side import ChildLike, CudaHostSide, HostSide, ProcessLauncher, let_every_frame_past
 from .mirror import Disable, PatchMirror, Redescribe, RemoveBlock, SetBypassed, SetProfiling, patch_view
 from .policy import ChildEnd, RestartPolicy
-from .protocol import PROTOCOL, InputHandle, StartConfig, diag_from_record
+from .protocol import EXIT_FAULT, PROTOCOL, InputHandle, StartConfig, diag_from_record
 
 __all__ = ["IsolatedEngine", "HostSide", "ChildLike", "NotInIsolatedEngine"]
 
@@ -277,6 +277,7 @@ class IsolatedEngine(HandleOwner):
         self.restarts = 0
         #: Seconds from noticing the end of the last child to the new child's first frame sent.
         self.last_restart_s: float | None = None
+        self._fault_times: dict[str, float] = {}
         self._start_child()
 
     @property
@@ -307,6 +308,16 @@ class IsolatedEngine(HandleOwner):
         return 0, int(self._gpu.stream)
 
     @property
+    def fault_times(self) -> dict[str, float]:
+        """When the last GPU fault's steps happened, as ``time.monotonic()`` stamps (one clock for
+        every process of the machine), as ``Engine.fault_times`` with the host's steps added:
+        ``surfaced`` (the child's engine met the fault), ``named`` (its replay named the block),
+        ``reset`` (the context reset, refused on this driver), ``sent`` (the report left the child),
+        ``received`` (here), ``released`` (the child let go: its exit is reaped in the background),
+        ``restarted`` (the next child started). Empty before a fault."""
+        return dict(self._fault_times)
+
+    @property
     def child_pid(self) -> int | None:
         return getattr(self._child, "pid", None)
 
@@ -326,9 +337,16 @@ class IsolatedEngine(HandleOwner):
         self._gpu.release(self._frame)
         self._ended_at = self._frame
         self._drop_outputs()
-        how = child.close()
         report = self._fault_report
         self._fault_report = None
+        if report is not None:
+            # It said all it had to; its exit waits for the driver to tear its faulted context
+            # down, which the next child need not wait for (measured in ``bench_isolated.py``).
+            child.release()
+            how = f"reported a GPU fault (exit status {EXIT_FAULT})"
+        else:
+            how = child.close()
+        released = time.monotonic()
         disabled, records = (report[1], report[0]) if report is not None else ({}, ())
         end = ChildEnd(how, dict(disabled), records)
         if report is None:
@@ -344,6 +362,8 @@ class IsolatedEngine(HandleOwner):
             return
         self._start_child()
         self.restarts += 1
+        if report is not None:
+            self._fault_times = dict(report[2], released=released, restarted=time.monotonic())
         if report is None:
             self._engine_diags = (
                 Diagnostic("warning", None, DiagnosticCode.GPU_LOST, f"the engine process {how}; restarted it"),
@@ -408,7 +428,8 @@ class IsolatedEngine(HandleOwner):
             elif kind == "reply":
                 self._replies[m[1]] = (m[2], m[3])
             elif kind == "fault":
-                self._fault_report = (m[1], m[2])
+                times = dict(m[3] if len(m) > 3 else {}, received=time.monotonic())
+                self._fault_report = (m[1], m[2], times)
                 self._publish(tuple(diag_from_record(r) for r in m[1]), None)
                 child = self._child
                 if child is not None:  # it waits for us: unmap its memory, then let it go

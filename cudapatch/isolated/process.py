@@ -16,9 +16,11 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
+from .._reaper import reap_in_background
 from ..kernels._child_pipe import STDERR_KEEP, describe_exit
 from ..kernels._compiler_child import FrameReader, encode_frame
 from .child import BOOTSTRAP
@@ -134,6 +136,26 @@ class EngineProcess:
     def stderr_text(self) -> str:
         self._read_stderr()
         return self.stderr.decode("utf-8", "replace")
+
+    def release(self, timeout: float = 10.0) -> threading.Thread:
+        """Close the child's stdin (it exits) and reap it on a background thread, killed after
+        ``timeout`` seconds: for a child that reported a GPU fault, whose exit waits for the driver to
+        tear its faulted context down. The next child starts meanwhile. Nothing else may be called on
+        this object afterwards.
+
+        Returns:
+            The reaping thread.
+        """
+        self.flush()
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        self._selector.close()
+        return reap_in_background(self.proc, timeout=timeout, kill=self._kill_group)
+
+    def _kill_group(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
 
     def close(self, timeout: float = 5.0) -> str:
         """Close the child's stdin (it exits), reap it, release the pipes; how it ended, in words."""

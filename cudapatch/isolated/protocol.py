@@ -31,8 +31,10 @@ Child → host:
   after every ``edits`` message and whenever it changes.
 - ``("diagnostics", (DiagRecord, ...), {block id: (state, message)})``: when they changed.
 - ``("reply", rid, ok, value)``: the answer to a request (``ok`` False: ``value`` is the error).
-- ``("fault", (DiagRecord, ...), {block id: reason})``: CUDA refuses the child after a GPU fault;
-  the blocks to disable in the next child, with why. The child exits right after.
+- ``("fault", (DiagRecord, ...), {block id: reason}, {step: time.monotonic()})``: CUDA refuses the
+  child after a GPU fault; the blocks to disable in the next child, with why, and when the fault
+  surfaced, was named and the report was sent (``IsolatedEngine.fault_times``). The child
+  exits once the host closes its stdin.
 
 Block ids in messages are always the **host's** block ids; the child maps them to its own blocks.
 """
@@ -54,8 +56,8 @@ __all__ = [
 ]
 
 #: Bumped when a message changes; a child of another version is refused at the handshake.
-PROTOCOL = 4  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations;
-# 4: outputs after a Warm patch (``replaced``)
+PROTOCOL = 5  # 2: StartConfig.fuse, the SetKept edit; 3: regions (Place), built, building, iterations;
+# 4: outputs after a Warm patch (``replaced``); 5: the fault's times
 #: The child's exit status after it reported a GPU fault (CUDA refuses the process from then on).
 EXIT_FAULT = 3
 

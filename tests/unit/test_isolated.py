@@ -198,7 +198,7 @@ class FakeChild:
         self.sent: list = []
         self.inbox: list = []
         self.eof = False
-        self.closed = False
+        self.closed = self.released = False
         self.exit = "exited with code 0"
 
     def send(self, message):
@@ -218,6 +218,9 @@ class FakeChild:
     def close(self, timeout=5.0):
         self.closed = True
         return self.exit
+
+    def release(self):
+        self.closed = self.released = True
 
     def frames(self):
         return [m for m in self.sent if m[0] == "frame"]
@@ -427,9 +430,15 @@ def test_a_fault_ends_only_the_child_and_the_next_one_runs_without_the_block(iso
     first = iso.children[0]
     why = "CUDA_ERROR_ILLEGAL_ADDRESS in block 'bad' (kernel scale): the block is disabled"
     first.exit = f"exited with code {EXIT_FAULT}"
-    first.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}))
+    t = time.monotonic()
+    times = {"surfaced": t - 0.3, "named": t - 0.2, "reset": t - 0.1, "sent": t}
+    first.inbox.append(("fault", (("error", s.id, "gpu-fault", why),), {s.id: why}, times))
     iso.update()  # notices the report, lets its stream go, starts another child, sends it a frame
-    assert first.closed and len(iso.children) == 2
+    # Not waited for: its exit (the driver's teardown of a faulted context) is reaped in the background.
+    assert first.released and len(iso.children) == 2
+    stamps = iso.fault_times
+    assert list(stamps) == ["surfaced", "named", "reset", "sent", "received", "released", "restarted"]
+    assert list(stamps.values()) == sorted(stamps.values())
     assert iso.gpu.released[-1] == 3  # frames up to the last sent are released on the host's stream
     second = iso.children[1]
     assert second.cfg.start_frame == 3
@@ -448,7 +457,9 @@ def test_a_crash_without_report_restarts_as_it_was(iso):
     iso.children[0].eof = True
     iso.children[0].exit = "killed by SIGSEGV"
     iso.update()
+    assert iso.children[0].closed and not iso.children[0].released  # reaped here: its exit says how it ended
     assert len(iso.children) == 2 and not any(isinstance(e, Disable) for e in iso.children[1].edits())
+    assert iso.fault_times == {}
     assert any("killed by SIGSEGV" in d.message for d in iso.diagnostics())
 
 

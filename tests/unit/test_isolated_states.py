@@ -61,6 +61,7 @@ class BoardEngine(PlanOnlyEngine):
         )
         self.graph = None
         self.lost = None
+        self.fault_times: dict = {}
         self.building = False
         self.device = SimpleNamespace(stream=0)
 
@@ -153,6 +154,9 @@ class ServedChild:
     def close(self, timeout=5.0):
         self.closed = True
         return "exited with code 0"
+
+    def release(self):
+        self.closed = True
 
 
 class Pair(Composite):

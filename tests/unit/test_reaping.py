@@ -1,0 +1,117 @@
+"""Processes whose answer is taken before they exit: the fault replay and the faulted isolated child.
+
+A process that met a GPU fault exits slowly (the driver tears its faulted context down); these
+stand-ins answer and then take seconds to end, and the callers must not wait for that.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cudapatch._reaper import reap_in_background
+from cudapatch.engine import replay
+from cudapatch.isolated.process import EngineProcess
+
+
+def _standby(script: str) -> replay.ReplayStandby:
+    """A ReplayStandby over a stand-in process running ``script`` (the real one needs a GPU)."""
+    standby = replay.ReplayStandby.__new__(replay.ReplayStandby)
+    standby.proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    return standby
+
+
+def test_the_replay_answer_is_taken_before_the_process_ends() -> None:
+    # It reads the whole request, floods stderr past a pipe's buffer (read meanwhile: no deadlock),
+    # prints a line of its own, the answer, then "tears down" for 30 s.
+    standby = _standby(
+        "import sys, time, pickle\n"
+        "req = pickle.loads(sys.stdin.buffer.read())\n"
+        "sys.stderr.write('w' * 200000); sys.stderr.flush()\n"
+        "print('a library says hello')\n"
+        'print(\'{"culprit": %d, "detail": "faulted"}\' % req[\'id\'], flush=True)\n'
+        "time.sleep(30)\n"
+    )
+    t0 = time.monotonic()
+    out, err = standby.run(pickle.dumps({"id": 7, "big": b"x" * 3_000_000}))
+    took = time.monotonic() - t0
+    try:
+        assert took < 20, f"waited {took:.1f} s: the process's end was waited for"
+        assert b'{"culprit": 7' in out and len(err) == 200000
+        assert standby.proc.poll() is None  # still "tearing down"; reaped in the background
+    finally:
+        standby.proc.kill()
+    for _ in range(500):  # the reaper collects it once killed
+        if standby.proc.returncode is not None:
+            break
+        time.sleep(0.01)
+    assert standby.proc.returncode is not None
+
+
+def test_attribute_in_child_reads_the_answer_line_among_others(monkeypatch) -> None:
+    standby = _standby(
+        "import sys\nsys.stdin.buffer.read()\n"
+        "print('noise'); print('{\"culprit\": 12, \"detail\": \"faulted\"}'); print('more noise', flush=True)\n"
+    )
+    monkeypatch.setattr(replay, "_portable", lambda snap: snap)
+    assert replay.attribute_in_child({}, device=0, cache_dir=False, standby=standby) == (12, "faulted")
+
+
+def test_a_replay_that_ends_without_an_answer_says_why() -> None:
+    standby = _standby("import sys\nsys.stdin.buffer.read()\nsys.stderr.write('no CUDA here')\nsys.exit(1)\n")
+    out, err = standby.run(b"request")
+    assert out == b"" and err == b"no CUDA here" and standby.proc.returncode == 1
+
+
+def test_a_replay_past_its_deadline_is_killed(monkeypatch) -> None:
+    monkeypatch.setattr(replay, "TIMEOUT_S", 0.5)
+    standby = _standby("import sys, time\nsys.stdin.buffer.read()\ntime.sleep(30)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        standby.run(b"request")
+    assert standby.proc.returncode is not None
+
+
+def test_reap_in_background_kills_past_the_deadline_and_reports_the_code() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE)
+    codes = []
+    thread = reap_in_background(proc, timeout=0.2, then=codes.append)
+    thread.join(10)
+    assert not thread.is_alive() and codes == [proc.returncode] and proc.returncode < 0
+    assert proc.stdout is not None and proc.stdout.closed
+
+
+def test_a_released_engine_child_is_reaped_while_the_host_goes_on(tmp_path) -> None:
+    # A stand-in interpreter: it ignores the bootstrap, waits for its stdin to close (as the child
+    # does after its fault report), then takes 1 s to end (the faulted context's teardown).
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\nimport sys, time\nsys.stdin.buffer.read()\ntime.sleep(1.0)\nsys.exit(3)\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    child = EngineProcess(str(python))
+    t0 = time.monotonic()
+    thread = child.release(timeout=10.0)
+    assert time.monotonic() - t0 < 0.5
+    thread.join(10)
+    assert child.proc.returncode == 3
+
+
+def test_a_released_child_that_does_not_end_is_killed_with_its_group(tmp_path) -> None:
+    python = tmp_path / "python"
+    python.write_text(
+        f"#!{sys.executable}\nimport os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "os.close(0)\ntime.sleep(60)\n"
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    child = EngineProcess(str(python))
+    thread = child.release(timeout=0.3)
+    thread.join(10)
+    assert child.proc.returncode == -9
+    with pytest.raises(ProcessLookupError):
+        os.killpg(child.proc.pid, 0)
