@@ -173,9 +173,22 @@ def fault_trial(rng: np.random.Generator) -> FaultTrial:
 
 #: The steps of a fault in an isolated engine, each from the stamp before it (``fault_times``; the
 #: first from the Hot edit): the fault surfacing in the child, the replay naming the block, the
+#: replay's own steps (request read, kernels loaded, graph realized, launched block by block), the
 #: child's context reset (refused on this driver), the report sent, read by the host, the faulted
 #: child let go (its exit is reaped in the background) and the next child started.
-STEPS = ("surfaced", "named", "reset", "sent", "received", "released", "restarted")
+STEPS = (
+    "surfaced",
+    "replay_read",
+    "replay_kernels",
+    "replay_built",
+    "replay_faulted",
+    "named",
+    "reset",
+    "sent",
+    "received",
+    "released",
+    "restarted",
+)
 
 
 def fault_steps(edited: float, stamps: dict[str, float]) -> dict[str, float]:
@@ -309,7 +322,7 @@ assert err == 0, err
 err, fn = d.cuModuleGetFunction(mod, b"bad")
 assert err == 0 and d.cuCtxSynchronize()[0] == 0
 t0 = time.monotonic()
-assert d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, None, None)[0] == 0
+assert d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)[0] == 0
 err = d.cuCtxSynchronize()[0]
 t1 = time.monotonic()
 print(int(err), t1 - t0, t1, flush=True)

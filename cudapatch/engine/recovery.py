@@ -73,8 +73,9 @@ class Recovery:
         self._cache_dir: str | bool = False if cache_dir is None else str(cache_dir)
         #: A replay process started ahead (``Engine.prepare_fault_replay``); used by the next fault.
         self.replay_standby: ReplayStandby | None = None
-        #: The last fault's steps as ``time.monotonic()`` stamps: ``surfaced`` (recovery began),
-        #: ``named`` (the faulting block found), ``reset`` (the context reset, or refused). Empty before.
+        #: The last fault's steps as ``time.monotonic()`` stamps: ``surfaced`` (recovery began), the
+        #: replay's (``attribute_in_child``), ``named`` (the faulting block found), ``reset`` (the
+        #: context reset, or refused). Empty before.
         self.times: dict[str, float] = {}
 
     def close(self) -> None:
@@ -134,7 +135,7 @@ class Recovery:
             device = self._resources.device.ordinal
             standby, self.replay_standby = self.replay_standby, None
             culprit, detail = attribute_in_child(
-                self._context.snapshot(), device=device, cache_dir=self._cache_dir, standby=standby
+                self._context.snapshot(), device=device, cache_dir=self._cache_dir, standby=standby, times=self.times
             )
         if culprit is None:
             log.warning("the faulting block was not found (%s)", detail)

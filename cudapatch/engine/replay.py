@@ -214,9 +214,17 @@ def _answered(out: bytearray) -> bool:
 
 
 def attribute_in_child(
-    snap: Any, *, device: int, cache_dir: Any, standby: ReplayStandby | None = None
+    snap: Any,
+    *,
+    device: int,
+    cache_dir: Any,
+    standby: ReplayStandby | None = None,
+    times: dict[str, float] | None = None,
 ) -> tuple[int | None, str]:
     """Replay ``snap`` block by block in a child process (``standby`` if it is alive, else a new one).
+    ``times`` takes the replay's steps as ``time.monotonic()`` stamps (``replay_read``: the request
+    read, ``replay_kernels``: the blocks' kernels loaded, ``replay_built``: the graph realized,
+    ``replay_faulted``: the block by block launch done).
 
     Returns:
         ``(block id or None, what happened)``.
@@ -240,6 +248,8 @@ def attribute_in_child(
         result = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         return None, f"the replay process failed: {stderr.decode(errors='replace')[-400:]}"
+    if times is not None and isinstance(result.get("times"), dict):
+        times.update(result["times"])
     return result.get("culprit"), result.get("detail", "")
 
 
@@ -295,6 +305,7 @@ def main() -> None:
     warm = os.environ.get("CUDAPATCH_REPLAY_DEVICE")
     ready = DeviceContext(int(warm)) if warm is not None else None  # a standby: the context before the request
     req = pickle.loads(sys.stdin.buffer.read())
+    times = {"replay_read": time.monotonic()}
     snap = req["snapshot"]
     dev = ready if ready is not None and ready.ordinal == req["device"] else DeviceContext(req["device"])
     pool = BufferPool(dev.make_current)
@@ -319,6 +330,7 @@ def main() -> None:
             for ki, spec in enumerate(b.description.kernels):
                 if spec.source is not None:  # captured library calls are captured again by realize
                     functions[(b.id, ki)] = builder.build(spec.source).function
+        times["replay_kernels"] = time.monotonic()
         plan = replay_plan(snap)
         own, stamp, publish = engine_kernel_sources(plan)
         functions.update({key: builder.build(source).function for key, source in own.items()})
@@ -331,12 +343,14 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001  (said to the engine, which names no block then)
         print(json.dumps({"culprit": None, "detail": f"the replay could not build the patch: {exc}"}), flush=True)
         os._exit(0)
+    times["replay_built"] = time.monotonic()
     try:
         culprit = graph.replay(dev.stream)
         detail = "faulted" if culprit is not None else "no fault when replayed"
     except CudaError as exc:
         culprit, detail = None, f"replay failed: {exc}"
-    print(json.dumps({"culprit": culprit, "detail": detail}), flush=True)
+    times["replay_faulted"] = time.monotonic()
+    print(json.dumps({"culprit": culprit, "detail": detail, "times": times}), flush=True)
     os._exit(0)  # a faulted context cannot be torn down cleanly; the process ends here
 
 
