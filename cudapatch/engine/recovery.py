@@ -73,6 +73,10 @@ class Recovery:
         self._cache_dir: str | bool = False if cache_dir is None else str(cache_dir)
         #: A replay process started ahead (``Engine.prepare_fault_replay``); used by the next fault.
         self.replay_standby: ReplayStandby | None = None
+        #: Whether a fault tries to reset the context (the engine goes on in this process if the
+        #: driver allows it; H100 + driver 580 refuses, after about 0.1 s). False: the engine is
+        #: lost at once (a process that is replaced after a fault: the isolated engine's child).
+        self.reset_context = True
         #: The last fault's steps as ``time.monotonic()`` stamps: ``surfaced`` (recovery began), the
         #: replay's (``attribute_in_child``), ``named`` (the faulting block found), ``reset`` (the
         #: context reset, or refused). Empty before.
@@ -110,6 +114,8 @@ class Recovery:
             )
         bound = list(self._context.bindings)
         try:
+            if not self.reset_context:
+                raise CudaError("not tried: this engine's process is replaced after a fault")
             self._resources.reset()
             self._kernels.reload(self._resources.modules)
         except CudaError as reset_error:
@@ -117,9 +123,10 @@ class Recovery:
                 self._faults.disable(culprit, f"{what}: this block's kernel faulted on the GPU")
             block = self._context.registry.get(culprit) if culprit is not None else None
             where = f"block '{block.name}'" if block is not None else "a block"
+            why = f"{reset_error.name} on reset" if self.reset_context else "a reset was not tried"
             self._faults.mark_lost(
                 f"the GPU context is lost after {exc.name} in {where}; CUDA refuses to continue in this process "
-                f"({reset_error.name} on reset): restart the engine's process"
+                f"({why}): restart the engine's process"
             )
         else:
             self._unbind(bound)

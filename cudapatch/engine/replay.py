@@ -150,6 +150,7 @@ class ReplayStandby:
     """
 
     def __init__(self, device: int) -> None:
+        self.device = device
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cudapatch.engine.replay"],
             stdin=subprocess.PIPE,
@@ -304,7 +305,10 @@ def main() -> None:
 
     warm = os.environ.get("CUDAPATCH_REPLAY_DEVICE")
     ready = DeviceContext(int(warm)) if warm is not None else None  # a standby: the context before the request
-    req = pickle.loads(sys.stdin.buffer.read())
+    data = sys.stdin.buffer.read()
+    if not data:  # a standby its engine closed unused
+        os._exit(0)
+    req = pickle.loads(data)
     times = {"replay_read": time.monotonic()}
     snap = req["snapshot"]
     dev = ready if ready is not None and ready.ordinal == req["device"] else DeviceContext(req["device"])

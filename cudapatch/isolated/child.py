@@ -91,7 +91,9 @@ class _Server:
             debug_launch=cfg.debug_launch,
             freeze_collector=cfg.freeze_collector,
         )
-        engine.prepare_fault_replay()  # a fault is named without starting an interpreter then
+        # A fault is named without starting an interpreter then (the replay process started at warm-up,
+        # ready by the time a patch runs), and not reset: this process is replaced after a fault.
+        engine.prepare_fault_replay(_REPLAY.pop() if _REPLAY else None, reset=False)
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 
@@ -312,12 +314,18 @@ def _detach_stdio() -> tuple[int, int]:
 
 
 _WARM: list[Any] = []
+_REPLAY: list[Any] = []  # the fault replay process started at warm-up, for the engine (``_Server``)
 
 
 def _warm_up(device: str | None) -> None:
-    """Before ``start`` arrives: import the engine and make the device's context, so that a child
-    kept in reserve starts serving at once (a failure here is met again, and reported, at start)."""
+    """Before ``start`` arrives: start the fault replay process, import the engine and make the
+    device's context, so that a child kept in reserve starts serving at once and a fault soon after
+    the start finds its replay ready (a failure here is met again, and reported, at start)."""
     try:
+        if device is not None:  # first: it imports and makes its context while this process does
+            from ..engine.replay import ReplayStandby
+
+            _REPLAY.append(ReplayStandby(int(device)))
         from ..engine.engine import Engine  # noqa: F401  (the import is the work)
 
         if device is not None:

@@ -7,6 +7,7 @@ test_fault_gpu, test_profiling_gpu)."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import Any
@@ -273,6 +274,44 @@ def test_a_fault_disables_its_block_and_a_refused_reset_loses_the_engine(
     device = engine.device
     engine.close()  # forgets, frees nothing
     assert device.abandoned and not device.closed  # type: ignore[attr-defined]
+
+
+def test_a_replaced_process_takes_its_prepared_replay_and_skips_the_reset(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Standby:  # a replay process started before the engine (the isolated child's warm-up)
+        def __init__(self, device: int) -> None:
+            self.device, self.closed = device, False
+
+        def close(self) -> None:
+            self.closed = True
+
+    started: list[Standby] = []
+    monkeypatch.setattr(engine_module, "ReplayStandby", lambda device: started.append(Standby(device)) or started[-1])
+    other = Standby(engine.device.ordinal + 1)
+    engine.prepare_fault_replay(other, reset=False)  # another device's: closed, a new one started
+    assert other.closed and [s.device for s in started] == [engine.device.ordinal]
+    ready = Standby(engine.device.ordinal)
+    engine.prepare_fault_replay(ready, reset=False)  # one is prepared already: this one is closed
+    assert ready.closed
+    ready = engine._recovery.replay_standby
+    fill, scale = _chain(engine)
+    engine.wait_ready()
+    used = []
+
+    def attribute(snap, *, standby, times, **_):
+        used.append(standby)
+        times["replay_read"] = time.monotonic()
+        return scale.id, "faulted"
+
+    monkeypatch.setattr(recovery_module, "attribute_in_child", attribute)
+    monkeypatch.setattr(FakeGraph, "fault", True)
+    engine.update()
+    assert used == [ready] and ready is started[0] and not ready.closed
+    assert engine.device.resets == 0  # type: ignore[attr-defined]  (it would have been allowed)
+    assert engine.lost is not None and "a reset was not tried" in engine.lost and "block 'scale'" in engine.lost
+    assert list(engine.fault_times) == ["surfaced", "replay_read", "named", "reset"]
+    assert list(engine.fault_times.values()) == sorted(engine.fault_times.values())
 
 
 def test_a_fault_with_a_reset_rebuilds_without_the_block_until_its_code_changes(
