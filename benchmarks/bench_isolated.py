@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
 """Isolated engine overhead: host microseconds of ``update()`` (clean, and with one Hot value) of an
 isolated engine beside a normal engine on the same 20-block chain and a bare ``cuGraphLaunch`` of
-that graph, medians in the same run; then ``--trials`` planted GPU faults (20 by default), each in a
-new isolated engine with the illegal-address kernel of ``tests/gpu/isolated_fault_scenario.py``:
-per trial and as median and max, the time from the fault to the host noticing it (the child's
-replay names the block and reports; the host starts a new child; the medians of each step from
-``fault_times``), and to the engine running again
+that graph, medians in the same run.
+
+Then planted GPU faults, each in a new isolated engine with the illegal-address kernel of
+``tests/gpu/isolated_fault_scenario.py``: ``--trials`` (20) after ``--settle`` seconds (2) of 60 fps
+frames, a running engine; then ``--start-trials`` (10) in the engine's first frames, where the
+child's fault replay process may still be starting. Per trial and as median and max: the time from
+the fault to the host noticing it (the child's replay names the block and reports; the host starts
+a new child), the medians of each step on the way (``fault_times``), and to the engine running again
 (a correct frame from the new child, which builds without the block, read here); whether the block
 was named, and whether the host's own CuPy work before, after the fault and after the restart gave
-the right results. Target: running again within 1 s of the fault in every trial. Then the peer
-that bounds the noticing from below on this machine right after the faults: a new process's CUDA
-context (init, primary context, an allocation, a synchronize), which any replay in another process
-needs, timed inside that process and from its start to its exit; and a bare process's fault: an
-illegal-address launch to its error, and that error to the process's exit (the driver's teardown).
+the right results. Target: running again within 1 s of the fault in every trial.
 
-Usage: ``python benchmarks/bench_isolated.py [--trials N] [--no-fault]``; writes ``isolated.json`` to
-``$RESULTS_DIR`` when set. Run the fault part on a machine whose later GL previews do not matter
-(docs/faults.md, "After a fault, on that machine").
+Then the peers on this machine right after the faults: a new process's CUDA context (init, primary
+context, an allocation, a synchronize), which any replay in another process needs, timed inside
+that process and from its start to its exit; and a bare process's fault: an illegal-address launch
+to its error (a floor of both the fault surfacing and the replay meeting it again), and that error
+to the process's exit (the driver's teardown).
+
+Usage: ``python benchmarks/bench_isolated.py [--trials N] [--settle S] [--start-trials M]
+[--no-fault]``; writes ``isolated.json`` to ``$RESULTS_DIR`` when set. Run the fault part on a
+machine whose later GL previews do not matter (docs/faults.md, "After a fault, on that machine").
 """
 
 from __future__ import annotations
@@ -114,9 +119,9 @@ def _all_ok(checks: list[bool | None]) -> bool | None:
     return None if None in checks else all(checks)
 
 
-def fault_trial(rng: np.random.Generator) -> FaultTrial:
-    """Plant the fault in a new isolated engine, as ``isolated_fault_scenario.trial`` does, and time it
-    (no assertions: each outcome is reported)."""
+def fault_trial(rng: np.random.Generator, settle_s: float) -> FaultTrial:
+    """Plant the fault in a new isolated engine, as ``isolated_fault_scenario.trial`` does, after
+    ``settle_s`` seconds of 60 fps frames, and time it (no assertions: each outcome is reported)."""
     from cudapatch.blocks.library import CustomKernel
 
     result = FaultTrial()
@@ -132,6 +137,10 @@ def fault_trial(rng: np.random.Generator) -> FaultTrial:
         engine.wait_ready()
         for _ in range(3):
             engine.update()
+        settled = time.perf_counter() + settle_s
+        while time.perf_counter() < settled:  # a running engine: its processes have settled
+            engine.update()
+            time.sleep(1 / 60)
         if not np.allclose(engine.read(after, "Out"), 10.0):  # (2 + 1) * 3 + 1 before the fault
             result.error = "wrong output before the fault"
             return result
@@ -215,16 +224,19 @@ def _summary(label: str, values: list[float | None]) -> dict[str, float]:
     return {f"{label} median s": med, f"{label} max s": top}
 
 
-def fault_trials(n: int) -> dict[str, float]:
-    """``n`` planted faults, each in a new isolated engine: per-trial lines, then the summary."""
+def fault_trials(n: int, settle_s: float) -> dict[str, float]:
+    """``n`` planted faults, each in a new isolated engine after ``settle_s`` seconds of frames:
+    per-trial lines, then the summary (its keys led by ``settle_s``)."""
     rng = np.random.default_rng()
     start = time.perf_counter()
-    print(f"\n{n} planted illegal-address faults (times from the Hot edit that plants the fault)")
+    when = f"after {settle_s:g} s of 60 fps frames" if settle_s else "in its first frames"
+    print(f"\n{n} planted illegal-address faults, each in a new isolated engine {when}")
+    print("(times from the Hot edit that plants the fault)")
     print(f"{'trial':>5} {'noticed s':>9} {'running s':>9} {'again s':>8} {'named':>6} {'host CuPy':>9}  note")
     trials: list[FaultTrial] = []
     for i in range(n):
         try:
-            t = fault_trial(rng)
+            t = fault_trial(rng, settle_s)
         except Exception as exc:  # reported with the others: the host process lives on to say so
             t = FaultTrial(error=f"{type(exc).__name__}: {exc}")
         trials.append(t)
@@ -260,7 +272,7 @@ def fault_trials(n: int) -> dict[str, float]:
     print(f"host process survived: {n}/{n} trials (this line is printed by it after the last)")
     print(f"fault part: {time.perf_counter() - start:.1f} s")
     results |= {"trials": n, "ran again within 1 s": within, "named": named}
-    return results
+    return {f"settle {settle_s:g} s: {k}": v for k, v in results.items()}
 
 
 _CONTEXT_PEER = """
@@ -357,6 +369,11 @@ def fault_peer(repeats: int = 5) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description="Isolated engine overhead, and planted faults: how soon it runs again.")
     ap.add_argument("--trials", type=int, default=20, help="planted faults, each in a new isolated engine")
+    ap.add_argument("--settle", type=float, default=2.0, help="seconds of frames before each of those faults")
+    ap.add_argument(
+        "--start-trials", type=int, default=10, help="then faults in a new engine's first frames (its replay "
+        "process may still be starting: a fault soon after the start waits for it)"
+    )  # fmt: skip
     ap.add_argument("--no-fault", action="store_true", help="the overhead part only")
     args = ap.parse_args()
     results: dict[str, float] = {}
@@ -379,7 +396,9 @@ def main() -> None:
     for k, v in results.items():
         print(f"{k:<22} {v:9.2f} {v / base:16.2f}x")
     if not args.no_fault:
-        results |= fault_trials(args.trials)
+        results |= fault_trials(args.trials, args.settle)
+        if args.start_trials:
+            results |= fault_trials(args.start_trials, 0.0)
         results |= context_peer()
         results |= fault_peer()
     write_results("isolated.json", results, indent=2)
