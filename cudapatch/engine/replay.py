@@ -147,11 +147,13 @@ class ReplayStandby:
 
     Args:
         device: The device it makes its context on.
+        proc: The process, if started already (``python -m cudapatch.engine.replay`` with pipes for
+            its stdin, stdout and stderr and ``replay_environment(device)``), else started here.
     """
 
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: int, proc: subprocess.Popen | None = None) -> None:
         self.device = device
-        self.proc = subprocess.Popen(
+        self.proc = proc or subprocess.Popen(
             [sys.executable, "-m", "cudapatch.engine.replay"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import subprocess
 import sys
 import time
 from typing import Any
@@ -38,8 +39,15 @@ faulthandler.enable()
 _paths = json.loads(os.environ.pop("CUDAPATCH_ISOLATED_PATH", "[]"))
 sys.path[:] = _paths + [p for p in sys.path if p not in _paths]
 del _paths
+_replay = None
+if "CUDAPATCH_ISOLATED_REPLAY" in os.environ:  # first: it imports and makes its context while we do
+    import subprocess
+    _replay = subprocess.Popen(
+        [sys.executable, "-m", "cudapatch.engine.replay"], stdin=-1, stdout=-1, stderr=-1,
+        env=dict(os.environ, **json.loads(os.environ.pop("CUDAPATCH_ISOLATED_REPLAY"))),
+    )
 from cudapatch.isolated.child import main
-sys.exit(main())
+sys.exit(main(_replay))
 """
 
 _HEADER = 8
@@ -73,7 +81,7 @@ class _Server:
     #: What the host was last sent of the output buffers (``_output_memory``); None before any graph.
     _outputs_sent: dict[tuple[int, str], tuple] | None = None
 
-    def __init__(self, cfg: StartConfig, out_fd: int) -> None:
+    def __init__(self, cfg: StartConfig, out_fd: int, replay: Any = None) -> None:
         from ..engine.engine import Engine
         from .ipc import FrameWord, IpcImports
         from .mirror import ChildPatch
@@ -91,9 +99,9 @@ class _Server:
             debug_launch=cfg.debug_launch,
             freeze_collector=cfg.freeze_collector,
         )
-        # A fault is named without starting an interpreter then (the replay process started at warm-up,
-        # ready by the time a patch runs), and not reset: this process is replaced after a fault.
-        engine.prepare_fault_replay(_REPLAY.pop() if _REPLAY else None, reset=False)
+        # A fault is named without starting an interpreter then (the replay process ``BOOTSTRAP``
+        # started), and not reset: this process is replaced after a fault.
+        engine.prepare_fault_replay(replay, reset=False)
         self.word = FrameWord.attach(cfg.frame_word_fd) if cfg.frame_word_fd >= 0 else None
         self.imports = IpcImports()
 
@@ -314,18 +322,12 @@ def _detach_stdio() -> tuple[int, int]:
 
 
 _WARM: list[Any] = []
-_REPLAY: list[Any] = []  # the fault replay process started at warm-up, for the engine (``_Server``)
 
 
 def _warm_up(device: str | None) -> None:
-    """Before ``start`` arrives: start the fault replay process, import the engine and make the
-    device's context, so that a child kept in reserve starts serving at once and a fault soon after
-    the start finds its replay ready (a failure here is met again, and reported, at start)."""
+    """Before ``start`` arrives: import the engine and make the device's context, so that a child
+    kept in reserve starts serving at once (a failure here is met again, and reported, at start)."""
     try:
-        if device is not None:  # first: it imports and makes its context while this process does
-            from ..engine.replay import ReplayStandby
-
-            _REPLAY.append(ReplayStandby(int(device)))
         from ..engine.engine import Engine  # noqa: F401  (the import is the work)
 
         if device is not None:
@@ -337,8 +339,13 @@ def _warm_up(device: str | None) -> None:
         pass
 
 
-def main() -> int:
-    """Serve the host until it closes our stdin or says ``close``; the exit status."""
+def main(replay: subprocess.Popen | None = None) -> int:
+    """Serve the host until it closes our stdin or says ``close``; the exit status.
+
+    Args:
+        replay: The fault replay process ``BOOTSTRAP`` started before it imported cudapatch (so that
+            a fault soon after the start finds it ready), handed to the engine.
+    """
     import faulthandler
     import signal
 
@@ -347,11 +354,17 @@ def main() -> int:
     proto_in, proto_out = _detach_stdio()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when the child ends
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where a stuck child is
-    _warm_up(os.environ.pop("CUDAPATCH_ISOLATED_DEVICE", None))
+    device = os.environ.pop("CUDAPATCH_ISOLATED_DEVICE", None)
+    _warm_up(device)
     first = _read_message(proto_in)
     if first is None or first[0] != "start":
         return 2
-    server = _Server(first[1], proto_out)
+    standby = None
+    if replay is not None:
+        from ..engine.replay import ReplayStandby
+
+        standby = ReplayStandby(int(device) if device is not None else -1, replay)
+    server = _Server(first[1], proto_out, standby)
     server.send(("ready", PROTOCOL, os.getpid()))
     while True:
         if not select.select([proto_in], [], [], IDLE_CHECK_S)[0]:

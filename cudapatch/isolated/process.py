@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from .._reaper import reap_in_background
+from ..engine.replay import replay_environment
 from ..kernels._child_pipe import STDERR_KEEP, describe_exit
 from ..kernels._compiler_child import FrameReader, encode_frame
 from .child import BOOTSTRAP
@@ -49,6 +50,9 @@ class EngineProcess:
         env["CUDAPATCH_ISOLATED_PATH"] = json.dumps(_host_path())
         if device is not None:
             env["CUDAPATCH_ISOLATED_DEVICE"] = str(device)
+            # The child's fault replay process, started by its bootstrap before anything is imported.
+            replay = replay_environment(device)
+            env["CUDAPATCH_ISOLATED_REPLAY"] = json.dumps({k: v for k, v in replay.items() if env.get(k) != v})
         self.proc = subprocess.Popen(
             [python, "-c", BOOTSTRAP],
             stdin=subprocess.PIPE,

@@ -6,6 +6,7 @@ stand-ins answer and then take seconds to end, and the callers must not wait for
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import stat
@@ -17,6 +18,7 @@ import pytest
 
 from cudapatch._reaper import reap_in_background
 from cudapatch.engine import replay
+from cudapatch.isolated.child import BOOTSTRAP
 from cudapatch.isolated.process import EngineProcess
 
 
@@ -115,3 +117,43 @@ def test_a_released_child_that_does_not_end_is_killed_with_its_group(tmp_path) -
     assert child.proc.returncode == -9
     with pytest.raises(ProcessLookupError):
         os.killpg(child.proc.pid, 0)
+
+
+def test_the_engine_child_starts_its_replay_process_before_it_imports(tmp_path) -> None:
+    # The stand-in interpreter records what the child's bootstrap is given: the replay process's
+    # environment (``replay_environment``'s, as differences), which it starts before importing cudapatch.
+    python = tmp_path / "python"
+    seen = tmp_path / "env.json"
+    python.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(seen)!r}, 'w'))\n"
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    child = EngineProcess(str(python), device=2)
+    child.close(timeout=10)
+    got = json.loads(seen.read_text())
+    assert got["argv"][0] == "-c" and "CUDAPATCH_ISOLATED_REPLAY" in got["argv"][1]
+    env = got["env"]
+    assert env["CUDAPATCH_ISOLATED_DEVICE"] == "2"
+    replay_env = dict(env, **json.loads(env["CUDAPATCH_ISOLATED_REPLAY"]))
+    expected = replay.replay_environment(2)
+    for key in ("CUDAPATCH_REPLAY_DEVICE", "CUDAPATCH_COMPILE_PROCESSES", "PYTHONPATH"):
+        assert replay_env[key] == expected[key]
+    # The bootstrap's own start of it, run up to the import of the child (a stand-in replay module).
+    boot = BOOTSTRAP.split("from cudapatch.isolated.child import main")[0]
+    fake = tmp_path / "fake"
+    (fake / "cudapatch" / "engine").mkdir(parents=True)
+    (fake / "cudapatch" / "__init__.py").write_text("")
+    (fake / "cudapatch" / "engine" / "__init__.py").write_text("")
+    (fake / "cudapatch" / "engine" / "replay.py").write_text(
+        "import os, sys\nprint(os.environ['CUDAPATCH_REPLAY_DEVICE'], 'CUDAPATCH_ISOLATED_REPLAY' in os.environ)\n"
+    )
+    run_env = dict(env, CUDAPATCH_ISOLATED_PATH=json.dumps([str(fake)]))
+    run_env["CUDAPATCH_ISOLATED_REPLAY"] = json.dumps(
+        dict(json.loads(env["CUDAPATCH_ISOLATED_REPLAY"]), PYTHONPATH=str(fake))
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", boot + "print(_replay.communicate(timeout=60)[0].decode().strip())"],
+        env=run_env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "2 False", done.stderr
