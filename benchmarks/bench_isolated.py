@@ -348,11 +348,11 @@ def fault_peer(repeats: int = 5) -> dict[str, float]:
     process's exit as its parent sees it (the driver tears the faulted context down meanwhile)."""
     to_error, to_exit = [], []
     for _ in range(repeats):
-        proc = subprocess.Popen([sys.executable, "-c", _FAULT_PEER], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        proc.wait()
-        gone = time.monotonic()
+        with subprocess.Popen([sys.executable, "-c", _FAULT_PEER], stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            proc.wait()
+            gone = time.monotonic()
         if len(line) != 3 or line[0] == "0":
             print(f"peer: the planted fault did not fault ({line})")
             return {}

@@ -1,19 +1,28 @@
 """Waiting for a child process's exit off the caller's thread.
 
 A process that met a sticky GPU fault (the isolated engine's child, the fault replay) has nothing
-more to say once it has answered, but its exit is slow: the driver tears its faulted context down
-as the process ends. Nothing the caller does next depends on that exit (the device memory of the
-old process is not needed by the next one), so the caller hands the process here and goes on; a
-daemon thread waits for it, kills it past a deadline, and closes its pipes.
+more to say once it has answered, but its exit takes a while: the driver tears its faulted context
+down as the process ends (about 0.06 s for a bare process on H100 + driver 580). What the caller
+does next does not wait for that exit, so it hands the process here and goes on; a daemon thread
+waits for it, kills it past a deadline, and closes its pipes. Until then the old process's device
+memory is still held: on a nearly full GPU the next process's allocations can fail meanwhile.
+
+A process about to end itself calls ``wait_for_all`` first, so that it never leaves a process it
+started behind unreaped (its daemon threads end with it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
-__all__ = ["reap_in_background"]
+__all__ = ["reap_in_background", "wait_for_all"]
+
+_pending: dict[threading.Thread, Callable[[], None]] = {}  # each reaping thread: how to kill its process
+_pending_lock = threading.Lock()
 
 
 def reap_in_background(
@@ -38,6 +47,7 @@ def reap_in_background(
 
     def reap() -> None:
         code: int | None = None
+        me = threading.current_thread()
         try:
             try:
                 code = proc.wait(timeout=timeout)
@@ -56,9 +66,29 @@ def reap_in_background(
                         f.close()
                     except OSError:
                         pass
+            with _pending_lock:
+                _pending.pop(me, None)
             if then is not None:
                 then(code)
 
     thread = threading.Thread(target=reap, name=f"cudapatch-reap-{proc.pid}", daemon=True)
+    with _pending_lock:
+        _pending[thread] = kill or proc.kill
     thread.start()
     return thread
+
+
+def wait_for_all(timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for every process handed to ``reap_in_background``; kill those
+    still running then, and reap them (a process about to end calls this: its daemon threads die
+    with it, and what they waited for would be left to the system)."""
+    deadline = time.monotonic() + timeout
+    with _pending_lock:
+        pending = list(_pending.items())
+    for thread, _ in pending:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    for thread, kill in pending:
+        if thread.is_alive():
+            with contextlib.suppress(OSError):
+                kill()
+            thread.join(5.0)

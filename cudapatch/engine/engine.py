@@ -462,8 +462,10 @@ class Engine(PatchEditing, EngineResults):
     @property
     def fault_times(self) -> dict[str, float]:
         """When the last fault's recovery steps happened, as ``time.monotonic()`` stamps: ``surfaced``,
-        ``named`` (the faulting block found), ``reset`` (the context reset, or refused). Empty before a
-        fault."""
+        the replay process's ``replay_read`` (the request read), ``replay_kernels`` (kernels loaded),
+        ``replay_built`` (graph realized), ``replay_faulted`` (launched block by block), then ``named``
+        (the faulting block found) and ``reset`` (the context reset, refused, or not tried). Empty
+        before a fault; the replay's steps are missing when a block was named without one."""
         return dict(self._recovery.times)
 
     # -- Code tier (``tiers.py``) -----------------------------------------------------------------------

@@ -105,7 +105,7 @@ class Recovery:
         """
         self._counters.faults += 1
         self.times = {"surfaced": time.monotonic()}
-        log.error("GPU fault: %s; resetting the CUDA context and finding the block", exc)
+        log.error("GPU fault: %s; finding the block", exc)
         culprit, what = self._find(exc, culprit)
         self.times["named"] = time.monotonic()
         if culprit is not None:

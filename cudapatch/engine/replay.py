@@ -16,11 +16,12 @@ faulting block's id as JSON. Faults that depend on the external data cannot repr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pickle
-import select
+import selectors
 import subprocess
 import sys
 import time
@@ -140,7 +141,8 @@ def replay_environment(device: int) -> dict[str, str]:
 
 class ReplayStandby:
     """A replay process: it imports the engine and makes its CUDA context, then waits for the patch on
-    stdin. Started before it is needed (``Engine.prepare_fault_replay``), naming a faulting block skips
+    stdin. Started before it is needed (``Engine.prepare_fault_replay``; the isolated engine's child
+    starts its process first thing, in ``BOOTSTRAP``, and hands it over), naming a faulting block skips
     the interpreter start, the imports and the context (most of the second a fresh replay process
     takes, measured on the H200 host); ``attribute_in_child`` starts one at the fault otherwise. One
     use; ``close`` ends it unused.
@@ -168,46 +170,77 @@ class ReplayStandby:
     def run(self, payload: bytes) -> tuple[bytes, bytes]:
         """Send the request, wait for the answer: (stdout, stderr) so far. The answer is the line that
         starts ``{"culprit"``; once it came, the process's exit (the driver's teardown of the context
-        the replay faulted, a large part of a second) is waited for in the background
-        (``_reaper``), not here. Without an answer, everything it wrote until it ended.
+        the replay faulted) is waited for in the background (``_reaper``), not here. Without an
+        answer, everything it wrote until it ended. The request is written as the process reads it
+        (a snapshot outgrows a pipe's buffer), under the same deadline as the answer.
 
         Raises:
-            OSError, subprocess.TimeoutExpired: the process failed or took longer than ``TIMEOUT_S``.
+            OSError, subprocess.TimeoutExpired: the process failed or took longer than ``TIMEOUT_S``
+                (it is killed then).
         """
         deadline = time.monotonic() + TIMEOUT_S
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        try:
-            proc.stdin.write(payload)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it ended before it read the request: its stderr says why
-        proc.stdin = None  # written and closed: ``communicate`` (in ``close``) must not flush it
         out, err = bytearray(), bytearray()
-        streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-        while streams and not _answered(out):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                raise subprocess.TimeoutExpired(proc.args, TIMEOUT_S)
-            for fd in select.select(list(streams), [], [], left)[0]:
-                chunk = os.read(fd, 1 << 16)
-                if chunk:
-                    streams[fd] += chunk
-                else:
-                    del streams[fd]
-        if streams:  # answered: it has nothing more to say
+        todo = memoryview(payload)
+        reads = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+        try:
+            with selectors.DefaultSelector() as sel:  # (poll: any descriptor number, unlike select())
+                for fd in reads:
+                    os.set_blocking(fd, False)
+                    sel.register(fd, selectors.EVENT_READ)
+                stdin = proc.stdin.fileno()
+                os.set_blocking(stdin, False)
+                sel.register(stdin, selectors.EVENT_WRITE)
+                while reads and not _answered(out):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise subprocess.TimeoutExpired(proc.args, TIMEOUT_S)
+                    for key, _ in sel.select(left):
+                        fd = key.fd
+                        if fd == stdin:
+                            try:
+                                todo = todo[os.write(fd, todo) :]
+                            except BrokenPipeError:  # it ended before it read the request: stderr says why
+                                todo = todo[:0]
+                            if not todo:
+                                sel.unregister(fd)
+                                proc.stdin.close()
+                            continue
+                        chunk = os.read(fd, 1 << 16)
+                        if chunk:
+                            reads[fd] += chunk
+                        else:
+                            sel.unregister(fd)
+                            del reads[fd]
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if reads:  # answered: it has nothing more to say; its exit is waited for elsewhere
             reap_in_background(proc, timeout=TIMEOUT_S)
-        else:
-            proc.wait()
+        else:  # it ended without an answer
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.close()
+                raise
             proc.stdout.close()
             proc.stderr.close()
         return bytes(out), bytes(err)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
+        """End it, unused or stuck (killed), and close its pipes."""
+        proc = self.proc
+        if proc.poll() is None:
+            proc.kill()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        proc.wait()
 
 
 def _answered(out: bytearray) -> bool:
@@ -244,7 +277,7 @@ def attribute_in_child(
                 standby.close()  # it ended before it was needed: a new one takes the request
             standby = ReplayStandby(device)
         stdout, stderr = standby.run(payload)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:  # (run killed it)
         return None, f"the replay process failed: {exc}"
     lines = [x for x in stdout.decode(errors="replace").splitlines() if x.startswith('{"culprit"')]
     try:

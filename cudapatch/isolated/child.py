@@ -42,10 +42,15 @@ del _paths
 _replay = None
 if "CUDAPATCH_ISOLATED_REPLAY" in os.environ:  # first: it imports and makes its context while we do
     import subprocess
-    _replay = subprocess.Popen(
-        [sys.executable, "-m", "cudapatch.engine.replay"], stdin=-1, stdout=-1, stderr=-1,
-        env=dict(os.environ, **json.loads(os.environ.pop("CUDAPATCH_ISOLATED_REPLAY"))),
-    )
+    _env = {k: v for k, v in os.environ.items() if not k.startswith("CUDAPATCH_ISOLATED_")}
+    try:
+        _replay = subprocess.Popen(
+            [sys.executable, "-m", "cudapatch.engine.replay"], stdin=-1, stdout=-1, stderr=-1,
+            env=dict(_env, **json.loads(os.environ.pop("CUDAPATCH_ISOLATED_REPLAY"))),
+        )
+    except OSError:  # the engine starts one when it needs it
+        pass
+    del _env
 from cudapatch.isolated.child import main
 sys.exit(main(_replay))
 """
@@ -349,6 +354,7 @@ def main(replay: subprocess.Popen | None = None) -> int:
     import faulthandler
     import signal
 
+    from .._reaper import wait_for_all
     from ..errors import CudaError, CudaLaunchError
 
     proto_in, proto_out = _detach_stdio()
@@ -357,14 +363,21 @@ def main(replay: subprocess.Popen | None = None) -> int:
     device = os.environ.pop("CUDAPATCH_ISOLATED_DEVICE", None)
     _warm_up(device)
     first = _read_message(proto_in)
-    if first is None or first[0] != "start":
-        return 2
     standby = None
     if replay is not None:
         from ..engine.replay import ReplayStandby
 
         standby = ReplayStandby(int(device) if device is not None else -1, replay)
-    server = _Server(first[1], proto_out, standby)
+    if first is None or first[0] != "start":
+        if standby is not None:
+            standby.close()
+        return 2
+    try:
+        server = _Server(first[1], proto_out, standby)
+    except BaseException:
+        if standby is not None:
+            standby.close()
+        raise
     server.send(("ready", PROTOCOL, os.getpid()))
     while True:
         if not select.select([proto_in], [], [], IDLE_CHECK_S)[0]:
@@ -374,6 +387,7 @@ def main(replay: subprocess.Popen | None = None) -> int:
         if msg is None or msg[0] == "close":
             try:
                 server.engine.close()
+                wait_for_all(10.0)
             finally:
                 os._exit(0)  # no interpreter teardown: nothing of it would run on the GPU any more
         kind = msg[0]
@@ -411,6 +425,7 @@ def main(replay: subprocess.Popen | None = None) -> int:
             sys.stderr.flush()
             while _read_message(proto_in) is not None:
                 pass
+            wait_for_all(10.0)  # the replay's exit (the host no longer waits for ours)
             os._exit(EXIT_FAULT)  # CUDA refuses this process; no teardown can run
         server.tell(edited=edited)
 

@@ -168,7 +168,8 @@ class ProcessLauncher:
     """Starts engine children, keeping one started in reserve (``standby``): a restart then skips the
     interpreter start, the imports and the CUDA context the reserve made while waiting (most of a
     restart's second, measured on the H100 host). The reserve waits for its ``start`` message with
-    nothing on the GPU but its context (a few hundred MB of device memory)."""
+    nothing on the GPU but its context and its fault replay process's (a few hundred MB of device
+    memory each)."""
 
     def __init__(self, python: str, *, standby: bool) -> None:
         self._python = python

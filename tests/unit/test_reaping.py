@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from cudapatch._reaper import reap_in_background
+from cudapatch._reaper import reap_in_background, wait_for_all
 from cudapatch.engine import replay
 from cudapatch.isolated.child import BOOTSTRAP
 from cudapatch.isolated.process import EngineProcess
@@ -67,18 +67,42 @@ def test_attribute_in_child_reads_the_answer_line_among_others(monkeypatch) -> N
     assert replay.attribute_in_child({}, device=0, cache_dir=False, standby=standby) == (12, "faulted")
 
 
-def test_a_replay_that_ends_without_an_answer_says_why() -> None:
-    standby = _standby("import sys\nsys.stdin.buffer.read()\nsys.stderr.write('no CUDA here')\nsys.exit(1)\n")
-    out, err = standby.run(b"request")
+@pytest.mark.parametrize("size", [7, 3_000_000])
+def test_a_replay_that_ends_without_an_answer_says_why(size) -> None:
+    # It dies before reading a request larger than a pipe's buffer (its context failed, say): the
+    # write meets a broken pipe, the answer is its stderr, and no pipe is left open.
+    standby = _standby("import sys\nsys.stderr.write('no CUDA here')\nsys.exit(1)\n")
+    out, err = standby.run(b"x" * size)
     assert out == b"" and err == b"no CUDA here" and standby.proc.returncode == 1
+    assert all(f is None or f.closed for f in (standby.proc.stdin, standby.proc.stdout, standby.proc.stderr))
 
 
-def test_a_replay_past_its_deadline_is_killed(monkeypatch) -> None:
+@pytest.mark.parametrize("reads", [True, False])
+def test_a_replay_past_its_deadline_is_killed(monkeypatch, reads) -> None:
+    # Stuck after reading the request, or before reading any of it (a request the pipe cannot hold).
     monkeypatch.setattr(replay, "TIMEOUT_S", 0.5)
-    standby = _standby("import sys, time\nsys.stdin.buffer.read()\ntime.sleep(30)\n")
+    standby = _standby("import sys, time\n" + "sys.stdin.buffer.read()\n" * reads + "time.sleep(30)\n")
+    t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        standby.run(b"request")
-    assert standby.proc.returncode is not None
+        standby.run(b"x" * 3_000_000)
+    assert time.monotonic() - t0 < 10 and standby.proc.returncode is not None
+
+
+def test_a_failed_replay_names_no_block_and_ends_the_process(monkeypatch) -> None:
+    monkeypatch.setattr(replay, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(replay, "_portable", lambda snap: snap)
+    standby = _standby("import time\ntime.sleep(30)\n")
+    culprit, detail = replay.attribute_in_child({"big": b"x" * 1_000_000}, device=0, cache_dir=False, standby=standby)
+    assert culprit is None and "the replay process failed" in detail and standby.proc.returncode is not None
+
+
+def test_wait_for_all_kills_and_reaps_what_is_left() -> None:
+    # A process about to end (the faulted child) leaves nothing it started behind unreaped.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    thread = reap_in_background(proc, timeout=60)
+    t0 = time.monotonic()
+    wait_for_all(0.2)
+    assert time.monotonic() - t0 < 10 and not thread.is_alive() and proc.returncode is not None
 
 
 def test_reap_in_background_kills_past_the_deadline_and_reports_the_code() -> None:
@@ -135,10 +159,11 @@ def test_the_engine_child_starts_its_replay_process_before_it_imports(tmp_path) 
     assert got["argv"][0] == "-c" and "CUDAPATCH_ISOLATED_REPLAY" in got["argv"][1]
     env = got["env"]
     assert env["CUDAPATCH_ISOLATED_DEVICE"] == "2"
-    replay_env = dict(env, **json.loads(env["CUDAPATCH_ISOLATED_REPLAY"]))
-    expected = replay.replay_environment(2)
-    for key in ("CUDAPATCH_REPLAY_DEVICE", "CUDAPATCH_COMPILE_PROCESSES", "PYTHONPATH"):
-        assert replay_env[key] == expected[key]
+    # What the bootstrap gives the replay: the child's environment without its own variables, and
+    # the differences the host sent: the environment ``replay_environment`` gives (the child's sys.path
+    # is the host's).
+    own = {k: v for k, v in env.items() if not k.startswith("CUDAPATCH_ISOLATED_")}
+    assert dict(own, **json.loads(env["CUDAPATCH_ISOLATED_REPLAY"])) == replay.replay_environment(2)
     # The bootstrap's own start of it, run up to the import of the child (a stand-in replay module).
     boot = BOOTSTRAP.split("from cudapatch.isolated.child import main")[0]
     fake = tmp_path / "fake"
@@ -146,7 +171,8 @@ def test_the_engine_child_starts_its_replay_process_before_it_imports(tmp_path) 
     (fake / "cudapatch" / "__init__.py").write_text("")
     (fake / "cudapatch" / "engine" / "__init__.py").write_text("")
     (fake / "cudapatch" / "engine" / "replay.py").write_text(
-        "import os, sys\nprint(os.environ['CUDAPATCH_REPLAY_DEVICE'], 'CUDAPATCH_ISOLATED_REPLAY' in os.environ)\n"
+        "import os\nprint(os.environ['CUDAPATCH_REPLAY_DEVICE'],"
+        " any(k.startswith('CUDAPATCH_ISOLATED_') for k in os.environ))\n"
     )
     run_env = dict(env, CUDAPATCH_ISOLATED_PATH=json.dumps([str(fake)]))
     run_env["CUDAPATCH_ISOLATED_REPLAY"] = json.dumps(
