@@ -112,24 +112,26 @@ class Recovery:
             self._faults.disable(
                 culprit, f"{what}: the block is disabled and its outputs read as zeros until its code changes"
             )
-        bound = list(self._context.bindings)
-        try:
-            if not self.reset_context:
-                raise CudaError("not tried: this engine's process is replaced after a fault")
-            self._resources.reset()
-            self._kernels.reload(self._resources.modules)
-        except CudaError as reset_error:
+        refused = "a reset was not tried"
+        if self.reset_context:
+            bound = list(self._context.bindings)
+            try:
+                self._resources.reset()
+                self._kernels.reload(self._resources.modules)
+            except CudaError as reset_error:
+                refused = f"{reset_error.name} on reset"
+            else:
+                refused = ""
+                self._unbind(bound)
+        if refused:
             if culprit is not None:
                 self._faults.disable(culprit, f"{what}: this block's kernel faulted on the GPU")
             block = self._context.registry.get(culprit) if culprit is not None else None
             where = f"block '{block.name}'" if block is not None else "a block"
-            why = f"{reset_error.name} on reset" if self.reset_context else "a reset was not tried"
             self._faults.mark_lost(
                 f"the GPU context is lost after {exc.name} in {where}; CUDA refuses to continue in this process "
-                f"({why}): restart the engine's process"
+                f"({refused}): restart the engine's process"
             )
-        else:
-            self._unbind(bound)
         self.times["reset"] = time.monotonic()
         self._board.graph_gone()
         return culprit

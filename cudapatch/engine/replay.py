@@ -30,6 +30,7 @@ from typing import Any
 
 from .._reaper import reap_in_background
 from ..errors import CudaLaunchError
+from ..kernels._child_pipe import parent_sys_path
 from ..kernels._driver import check, driver, error_from_code
 from .plan import GraphPlan, MemsetNodePlan, WorkNode
 
@@ -128,8 +129,7 @@ def replay_environment(device: int) -> dict[str, str]:
     process did: also where they are found only through ``sys.path`` (an embedded host's, a
     ``sys.path.insert``, a checkout run from its root).
     """
-    here = [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)]
-    paths = [p for p in dict.fromkeys(here) if os.path.exists(p)]
+    paths = [p for p in dict.fromkeys(parent_sys_path()) if os.path.exists(p)]
     before = os.environ.get("PYTHONPATH", "")
     return dict(
         os.environ,

@@ -262,6 +262,8 @@ class EngineResults:
             warned = append_warnings(g.appends, registry) if g is not None and reading.frame is not None else ()
             if g is not None and reading.frame is not None and g.plan.regions:
                 warned += region_warnings(g, registry)
+            if show:  # published first: ``with_frame`` then finds them merged already
+                self._board.frame_warnings(warned)
             stats = collect_stats(
                 level=self.profiling,
                 blocks=registry,
@@ -271,7 +273,6 @@ class EngineResults:
                 diagnostics=self._board.with_frame(warned),
             )
             if show:
-                self._board.frame_warnings(warned)
                 show_on_blocks(stats, registry)
                 if g is not None and g.plan.regions:
                     show_iterations(g, registry)  # "Iterations: 1860/20000" in a loop's tooltip

@@ -257,11 +257,15 @@ class _Server:
             blocks = tuple(dataclasses.replace(b, block_id=to_host.get(b.block_id, -1)) for b in stats.blocks)
             diags = tuple(diag_record(d, to_host) for d in stats.diagnostics)
             # Each loop's "Iterations: n/limit" of the same frame, which ``show_frame()`` put in its tooltip.
-            loops = {
-                hid: b.debug.append_fill["Iterations"]
-                for hid, b in self.patch.blocks.items()
-                if show and "Iterations" in b.debug.append_fill
-            }
+            loops = (
+                {
+                    hid: b.debug.append_fill["Iterations"]
+                    for hid, b in self.patch.blocks.items()
+                    if "Iterations" in b.debug.append_fill
+                }
+                if show
+                else {}
+            )
             times = {to_host[k]: ms for k, ms in stats.block_ms.items() if k in to_host}  # inner blocks too
             return dataclasses.replace(stats, blocks=blocks, diagnostics=diags, block_ms=times), loops
         if what == "iterations":

@@ -54,7 +54,7 @@ class HostSide(Protocol):
     def import_output(self, handle: Any) -> Any: ...
     def drop_outputs(self, keep: Collection[bytes] | None = None) -> None: ...  # None: every mapping
     def synchronize(self) -> None: ...
-    def close(self, *, unmap: bool = True) -> None: ...
+    def close(self) -> None: ...
     def abandon(self) -> None: ...  # forget every handle without a driver call (the context is gone)
 
 
@@ -153,11 +153,8 @@ class CudaHostSide:
         self.word.abandon()
         self.device.abandon()
 
-    def close(self, *, unmap: bool = True) -> None:
-        if unmap:
-            self.imports.close()
-        else:  # the driver refuses this process (a lost context): forget them without a call
-            self.imports.abandon()
+    def close(self) -> None:
+        self.imports.close()  # (a lost context: ``abandon`` instead, which calls no driver)
         try:
             self.word.close()  # (its unregister may fail in a context that met an error: the device still closes)
         finally:

@@ -15,22 +15,17 @@ import pickle
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 from .._reaper import reap_in_background
 from ..engine.replay import replay_environment
-from ..kernels._child_pipe import STDERR_KEEP, describe_exit
+from ..kernels._child_pipe import STDERR_KEEP, describe_exit, parent_sys_path
 from ..kernels._compiler_child import FrameReader, encode_frame
 from .child import BOOTSTRAP
 
 __all__ = ["EngineProcess"]
-
-
-def _host_path() -> list[str]:
-    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)]
 
 
 class EngineProcess:
@@ -47,7 +42,7 @@ class EngineProcess:
 
     def __init__(self, python: str, pass_fds: tuple[int, ...] = (), device: int | None = None) -> None:
         env = dict(os.environ)
-        env["CUDAPATCH_ISOLATED_PATH"] = json.dumps(_host_path())
+        env["CUDAPATCH_ISOLATED_PATH"] = json.dumps(parent_sys_path())
         if device is not None:
             env["CUDAPATCH_ISOLATED_DEVICE"] = str(device)
             # The child's fault replay process, started by its bootstrap before anything is imported.
@@ -174,7 +169,7 @@ class EngineProcess:
             time.sleep(0.002)
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self._kill_group()
             except OSError:
                 pass
             self.proc.wait(timeout=5.0)

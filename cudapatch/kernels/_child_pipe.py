@@ -45,8 +45,9 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def _parent_path() -> list[str]:
-    # "" means the current directory; the child starts there too, but say so explicitly.
+def parent_sys_path() -> list[str]:
+    """This process's ``sys.path`` as absolute paths, for a child process to import from where this one
+    does ("" means the current directory; the child starts there too, but it is said explicitly)."""
     return [os.path.abspath(p) if p else os.getcwd() for p in sys.path if isinstance(p, str)]
 
 
@@ -65,7 +66,7 @@ class ChildPipe:
 
     def __init__(self, python: str, origin: str) -> None:
         env = dict(os.environ)
-        env["CUDAPATCH_COMPILER_PATH"] = json.dumps(_parent_path())
+        env["CUDAPATCH_COMPILER_PATH"] = json.dumps(parent_sys_path())
         # Our own interpreter: the parent's path exactly. Another one keeps its own standard library first.
         env["CUDAPATCH_COMPILER_PATH_ORDER"] = "first" if origin == "sys.executable" else "last"
         flags = 0

@@ -277,7 +277,7 @@ class FakeHostSide:
         assert self.done >= self.sent, f"the host's stream waits for frame {self.sent}, the child finished {self.done}"
         self.calls.append(("sync",))
 
-    def close(self, *, unmap=True):
+    def close(self):
         self.calls.append(("close",))
 
     def abandon(self):
