@@ -8,8 +8,9 @@ the host writes). The host then feeds and reads them by operator id: plain store
 pinned memory, never a synchronize.
 
 A ring made for another element type or ``Count`` than its block has now is replaced when the
-host changes them through the adapter (and on the next ``upload``/``download`` otherwise), so the
-graph built for the new size binds the new ring. The ring it replaces, or the ring of a deleted
+host changes them through the adapter's ``set_param``, when a patch file is applied (``sync``: a
+value back at its default, a failed edit undone), and on the next ``upload``/``download`` otherwise,
+so the graph built for the new size binds the new ring. The ring it replaces, or the ring of a deleted
 operator, is still read by the graph that runs when it is dropped: the engine keeps launching that
 graph until the edit's build is swapped in. So it is closed only once another graph runs and no build
 is in flight or waiting to start; its free then waits only for frames already launched.
@@ -18,6 +19,7 @@ is in flight or waiting to start; its free then waits only for frames already la
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +94,18 @@ class HostRings:
         self.drop(op_id)
         self._rings[op_id] = _Attached(block, dtype, count, ring)
         log.debug("attached %r to operator '%s'", ring, op_id)
+
+    def sync(self, blocks: Mapping[str, Block]) -> None:
+        """Make every ring fit its operator's block in ``blocks`` again (``attach``; a ring that fits
+        stays): after values were set on the blocks directly, as a patch file's apply does.
+
+        Raises:
+            CudaError: a pinned allocation failed.
+        """
+        for op_id in list(self._rings):
+            block = blocks.get(op_id)
+            if block is not None:
+                self.attach(op_id, block)
 
     def upload(self, op_id: str, block: Block, array: Any) -> bool:
         """Write ``array`` into the ring of Upload ``block``: the next frame copies it into ``Out``.

@@ -336,6 +336,11 @@ class HostAdapter:
         """
         return self._rings.download(op_id, self.block(op_id))
 
+    def sync_rings(self) -> None:
+        """Give each Upload and Download operator a ring of its block's ``Type`` and ``Count`` again, if
+        they were changed on the block directly (``apply_patch`` calls it; ``set_param`` does it)."""
+        self._rings.sync(self._ops)
+
     def close_rings(self) -> None:
         """Free the Upload and Download operators' rings; a host calls it before closing the engine."""
         self._rings.close()

@@ -559,6 +559,8 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
         keep_before = {_port(v) for v in old.engine.get("keep", [])} if old is not None else set()
         saved.restore(adapter, keep_before, {_port(v) for v in new.engine.get("keep", [])})
         raise
+    finally:  # values set on blocks directly (back to a default, or undone) may change a ring's size
+        adapter.sync_rings()
 
 
 def _probe_operators(adapter: HostAdapter, new: Patch, old_ops: dict[str, OperatorSpec], file: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 import cudapatch.kernels._driver as driver_module
 from cudapatch.blocks.library.transfer import DOWNLOAD_SLOTS, UPLOAD_SLOTS
 from cudapatch.engine.bindings import binding_from_cai
-from cudapatch.errors import BindingError, CudapatchError
+from cudapatch.errors import BindingError, CudapatchError, PatchFileError
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
 from cudapatch.host_plugin.hosts.touchdesigner import BlockOperatorExt, TouchDesignerHost
 from cudapatch.kernels.types import DType
@@ -22,6 +22,7 @@ from cudapatch.kernels.types import DType
 from ..td_double import COMP
 from .plan_engine import PlanOnlyEngine
 from .recording_driver import RecordingDriver
+from .test_patch_apply_undo import _ReadOnce
 
 REG = PluginHost().registry
 
@@ -242,3 +243,28 @@ def test_a_dropped_ring_is_freed_only_once_a_graph_built_after_the_drop_runs(mon
     assert rec.calls[-1] == ("free_host", tap)
     adapter.close_rings()
     assert rec.names().count("free_host") == 3  # and the ring in use
+
+
+def test_a_reload_or_an_undone_edit_that_changes_count_gives_a_ring_of_the_new_size(adapter: HostAdapter) -> None:
+    # Count removed from the file: back to its default on the block directly, and the ring follows.
+    base = parse_patch(PATCH, path="mic.toml", registry=REG)
+    reloaded = parse_patch(PATCH.replace('type = "core.Upload"\nCount = 8\n', 'type = "core.Upload"\n'), registry=REG)
+    apply_patch(adapter, reloaded, base)
+    count = int(adapter.block("mic").get("Count"))
+    assert count != 8 and _bound(adapter, "mic", "Ring").count == UPLOAD_SLOTS * count
+    # An edit that sets Count 16 through the adapter, then fails part way: the undo puts 8 back on the
+    # block directly, and the ring of 16 goes with it.
+    apply_patch(adapter, base, reloaded)
+    assert _bound(adapter, "mic", "Ring").count == UPLOAD_SLOTS * 8
+    registry = PluginHost().registry
+    registry.add(_ReadOnce, name="test.ReadOnce")
+    adapter.registry = registry
+    _ReadOnce.reads = 0
+    failing = PATCH.replace("Count = 8\n\n[operators.gain]", "Count = 16\n\n[operators.gain]") + (
+        '\n[operators.r]\ntype = "test.ReadOnce"\n'
+    )
+    with pytest.raises(PatchFileError, match="its source is gone"):
+        apply_patch(adapter, parse_patch(failing, path="mic.toml", registry=registry), base)
+    assert adapter.block("mic").get("Count") == 8 and _bound(adapter, "mic", "Ring").count == UPLOAD_SLOTS * 8
+    adapter.engine_operator.cook()
+    assert adapter.engine.errors == ()
