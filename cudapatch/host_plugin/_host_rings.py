@@ -41,9 +41,7 @@ RING_TYPES: dict[str, type[UploadRing] | type[DownloadRing]] = {"Upload": Upload
 @dataclass
 class _Attached:
     block: Block  # the block the ring was made for (a hot swap makes another one)
-    dtype: DType
-    count: int
-    ring: UploadRing | DownloadRing
+    ring: UploadRing | DownloadRing  # (its ``dtype`` and ``count``: the block's when it was made)
     last: np.ndarray | None = None  # a Download's newest values read so far
 
 
@@ -88,11 +86,11 @@ class HostRings:
             return
         had = self._rings.get(op_id)
         dtype, count = _shape_of(block)
-        if had is not None and had.block is block and had.dtype is dtype and had.count == count:
+        if had is not None and had.block is block and had.ring.dtype is dtype and had.ring.count == count:
             return
         ring = RING_TYPES[block.description.type_name](self.engine, block)
         self.drop(op_id)
-        self._rings[op_id] = _Attached(block, dtype, count, ring)
+        self._rings[op_id] = _Attached(block, ring)
         log.debug("attached %r to operator '%s'", ring, op_id)
 
     def sync(self, blocks: Mapping[str, Block]) -> None:
