@@ -75,7 +75,7 @@ from ..blocks.library.basic import Fusable
 from ..engine.profiling import ProfilingLevel
 from ..errors import CudapatchError, ParameterError, PatchFileError
 from ..kernels._files import MAX_PATCH_BYTES, check_path_text, read_user_text
-from ..kernels._text import MAX_NESTING, data_problem, short_repr
+from ..kernels._text import INT_DIGITS_LIMIT, MAX_NESTING, data_problem, short_repr
 from ._patch_guard import Saved, check_structure, same_spec, set_fuse
 from .adapter import HostAdapter
 from .coerce import coerce_host_value
@@ -158,7 +158,7 @@ def _long_number_line(text: str) -> int | None:
     for i, line in enumerate(text.splitlines()):
         code = _STRING.sub('""', line).split("#", 1)[0]
         for m in _DIGITS.finditer(code):
-            if len(m.group()) - m.group().count("_") > 4300:
+            if len(m.group()) - m.group().count("_") > INT_DIGITS_LIMIT:
                 return i + 1
     return None
 

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "MAX_NESTING",
     "MAX_INT_BITS",
+    "INT_DIGITS_LIMIT",
     "MAX_KERNEL_PARAMETERS",
     "LineIndex",
     "data_problem",
@@ -29,6 +30,9 @@ __all__ = [
 MAX_NESTING = 32
 #: Largest integer (in bits, sign apart) accepted in a sidecar or a patch file: 64-bit values.
 MAX_INT_BITS = 64
+#: ``sys.get_int_max_str_digits()``'s default: ``int()`` (and so ``json`` and ``tomllib``) refuses
+#: longer decimal text, saying not where; the loaders find the line themselves.
+INT_DIGITS_LIMIT = 4300
 #: Most parameters a kernel may have. CUDA's parameter buffer holds 32,764 bytes (4,096 before
 #: CUDA 12.1), so a real kernel has far fewer; the limit keeps every per-parameter check bounded.
 MAX_KERNEL_PARAMETERS = 1024

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from ..errors import SidecarError
 from ._files import MAX_SIDECAR_BYTES, read_user_text
-from ._text import MAX_KERNEL_PARAMETERS, MAX_NESTING, LineIndex, data_problem, short_repr
+from ._text import INT_DIGITS_LIMIT, MAX_KERNEL_PARAMETERS, MAX_NESTING, LineIndex, data_problem, short_repr
 from .types import DType, parse_type_name
 
 __all__ = [
@@ -239,7 +239,6 @@ def load_sidecar(path: str | Path) -> KernelDescriptor:
 
 
 _DIGITS = re.compile(r"\d+")
-_INT_DIGITS_LIMIT = 4300  # sys.get_int_max_str_digits()'s default: int() refuses longer decimal text
 
 
 def _huge_integer_line(text: str) -> int | None:
@@ -250,7 +249,7 @@ def _huge_integer_line(text: str) -> int | None:
     digits inside a string do not follow those. One pass over the text, on the error path only.
     """
     for m in _DIGITS.finditer(text):
-        if m.end() - m.start() <= _INT_DIGITS_LIMIT or text[m.end() : m.end() + 1] in (".", "e", "E"):
+        if m.end() - m.start() <= INT_DIGITS_LIMIT or text[m.end() : m.end() + 1] in (".", "e", "E"):
             continue
         i = m.start() - 1
         while i >= 0 and text[i] in " \t\r\n-":  # back over the gap since the last non-space (linear in all)
