@@ -127,21 +127,26 @@ class BuildWorker:
             self.gate.open()  # deferred work waiting for a frame's end (``_run_tail``) yields to the job now
             self._hand_over()
 
-    def later(self, fn: Callable[[], Any]) -> None:
+    def later(self, fn: Callable[[], Any], *, yields: bool = False) -> None:
         """From the frame thread: run ``fn`` on the worker's thread after the end of a frame (closing
         retired graphs an edit frame found idle: 12 ms at 10,000 nodes, measured on the H100 host, which
         the frame would otherwise spend). With a job in flight, ``fn`` runs after it, with its deferred
-        work; once closed, here and now. ``wait`` and ``close`` wait for it."""
+        work; once closed, here and now. ``wait`` and ``close`` wait for it.
+
+        ``yields``: ``fn`` gives way to jobs as work ``defer(yields=True)`` does; it only prepares for
+        later builds (spare parameter storages), so once closed it is dropped instead."""
+        gives = GIVE_WAY if yields else 0
         with self._cv:
             if not self._closed:
                 if self._job is not None:
-                    self._tail.append((fn, 0))
+                    self._tail.append((fn, gives))
                 else:
-                    self._chores.append((fn, 0))
+                    self._chores.append((fn, gives))
                     self._hand_over()
                 self._cv.notify_all()
                 return
-        fn()
+        if not yields:
+            fn()
 
     def _hand_over(self) -> None:
         # Under ``_cv``, on the frame thread: lower the switch interval here, before the worker's thread

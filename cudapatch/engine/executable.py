@@ -21,6 +21,7 @@ plan.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,7 +40,16 @@ from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
-from .params import PackedLaunch, ParamStorage, argument_offsets, pack_arguments, read_slot, write_slot
+from .params import (
+    PackedLaunch,
+    ParamStorage,
+    argument_offsets,
+    give_back,
+    pack_arguments,
+    read_slot,
+    stock_spares,
+    write_slot,
+)
 from .phases import Phases, lending_keys, phase_nodes
 from .plan import GraphPlan, ProbeNodePlan
 from .probes import ProbeStats, decode_probe, record_words
@@ -51,6 +61,9 @@ __all__ = ["CompiledGraph", "GraphParts", "PreparedPatch"]
 
 _U32 = struct.Struct("<I")
 log = logging.getLogger("cudapatch.engine")
+
+#: ``GraphParts.token``s, one per graph built (0 is no graph's).
+_tokens = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,8 @@ class GraphParts:
         graph: The ``CUgraph``.
         handles: The graph node of each plan node, in insertion order.
         occupancy: ``(block_id, kernel)`` -> occupancy, measured at DeepAsync and up.
+        token: This graph's own number: its kernel nodes' parameter storages name it as their owner
+            (``ParamStorage.owner``), and ``release`` gives those back for later builds.
     """
 
     device: DeviceContext
@@ -128,6 +143,7 @@ class GraphParts:
     graph: Any = None
     handles: list[Any] = field(default_factory=list)
     occupancy: dict[tuple[int, int], float] = field(default_factory=dict)
+    token: int = field(default_factory=lambda: next(_tokens))
 
     def take_over(self, graph: Any, handles: list[Any]) -> None:
         """Use ``graph`` (the one another executable was instantiated from, now updated with this
@@ -162,6 +178,12 @@ class GraphParts:
         if self.graph is not None:
             graph, self.graph = self.graph, None
             check(driver().cuGraphDestroy(graph), "cuGraphDestroy")
+        self.give_back_stores()  # the executable is gone (or never was)
+
+    def give_back_stores(self) -> None:
+        """Hand the parameter storages this graph owns to later builds (``params.give_back``): only
+        once nothing patches or launches this graph's nodes again (it is closed, or retired and idle)."""
+        give_back((n.store for n in self.nodes if type(n) is KernelNode), self.token)
 
     def abandon(self) -> None:
         """Forget every driver object without freeing it: the context was reset under them."""
@@ -1349,6 +1371,19 @@ class CompiledGraph(HandleOwner):
         self.buffer_epoch += 1  # a hand-over worked out before this would put closed buffers back
         self._retire_event = check(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING.value), "cuEventCreate")
         check(d.cuEventRecord(self._retire_event, stream), "cuEventRecord")
+
+    def give_back_stores(self) -> None:
+        """Hand this graph's parameter storages to the next builds before ``close`` (``params.give_back``):
+        it is retired and idle, so nothing patches or launches its nodes again, and the driver copied
+        their bytes when it added them."""
+        if self._retire_event is None:
+            raise CudapatchError("CompiledGraph.give_back_stores: the graph still runs (retire it first)")
+        self._parts.give_back_stores()
+
+    def stock_spares(self, stop: Callable[[], bool] | None = None) -> Callable[[], Any] | None:
+        """Make spare parameter storages for the next builds, one per kernel node of this graph, less
+        the spares there are (``params.stock_spares``; ``stop`` and the returned rest as there)."""
+        return stock_spares((n.store for n in self._nodes if type(n) is KernelNode), stop)
 
     def is_idle(self) -> bool:
         """True when nothing this graph launched is still running (after ``retire``)."""

@@ -11,7 +11,8 @@ values are packed in one ``struct.pack_into`` by a layout made once per kernel d
 ctypes slot objects are made only for the slots something patches later (``ParamSlots``). A Cold
 rebuild on the frame thread also reuses the running graph's storage for the same kernel of the same
 block and rewrites every slot (``load``); ``backup``/``restore`` give it back untouched if that
-build fails.
+build fails. A closed graph's storages are kept for the next builds (``give_back``, then
+``new_storage``): a storage loaded again costs a quarter of a new one.
 
 A kernel with many arguments (``BUFFER_FROM_ARGS``, a fused group's kernel) hands the driver the
 byte buffer itself (the ``extra`` launch option) instead of the pointer array: the driver copies one
@@ -25,10 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..kernels._driver import driver
+from ..kernels.pacing import checkpoint
 from .plan import KernelNodePlan
 
 __all__ = [
@@ -38,6 +40,9 @@ __all__ = [
     "ParamSlots",
     "ParamStorage",
     "StoreLoans",
+    "give_back",
+    "new_storage",
+    "stock_spares",
     "pack_arguments",
     "read_slot",
     "write_slot",
@@ -122,6 +127,7 @@ class _Layout:
         "pointers_at",
         "pointers_packer",
         "size_at",
+        "spares",
     )
 
     def __init__(self, desc: Any) -> None:
@@ -164,6 +170,10 @@ class _Layout:
             fields.append(("size", ctypes.c_size_t))
         self.block_type = type("ParamBlock", (ctypes.Structure,), {"_fields_": fields})
         self.pointers_packer = struct.Struct(f"<{n_pointers}Q")
+        #: Storages of this layout that closed graphs gave back (``give_back``), for ``new_storage``.
+        #: ``list.append`` and ``list.pop`` are atomic: a graph closed on one thread gives back while a
+        #: build on another takes.
+        self.spares: list[ParamStorage] = []
 
 
 _layouts: dict[int, _Layout] = {}
@@ -263,19 +273,33 @@ class ParamStorage:
     plan's ``args``.
     """
 
-    __slots__ = ("descriptor", "storage", "slots", "params")
+    __slots__ = ("descriptor", "storage", "slots", "params", "owner")
 
-    def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> None:
+    def __init__(self, node: KernelNodePlan, function: Any, values: Sequence[Any], owner: int = 0) -> None:
         """Lay out the storage for ``node``'s descriptor and ``load`` it.
 
         Args:
             node: The planned launch (descriptor, grid, block size, shared memory).
             function: The loaded ``CUfunction``.
             values: One value per ABI slot (pointers as ints, scalars, tuples for vectors).
+            owner: The token of the graph whose node uses it (``GraphParts.token``; 0: none), which gives
+                it back when it closes (``give_back``).
         """
-        desc = node.descriptor
-        lay = _layout(desc)
-        self.descriptor = desc
+        lay = _layout(node.descriptor)
+        self._lay_out(lay, owner)
+        self._load(lay, node, function, values)
+
+    @classmethod
+    def blank(cls, layout: _Layout) -> ParamStorage:
+        """A storage of ``layout`` holding nothing yet: a spare, loaded by ``new_storage`` before use."""
+        store = cls.__new__(cls)
+        store._lay_out(layout, 0)
+        return store
+
+    def _lay_out(self, lay: _Layout, owner: int) -> None:
+        self.descriptor = lay.descriptor
+        #: Which graph's node uses this storage (``GraphParts.token``): only that graph gives it back.
+        self.owner = owner
         # One block holds the arguments at offset 0, then the pointer array (``_Layout.block_type``);
         # ``storage`` is its argument bytes (a view that keeps the block alive).
         block = lay.block_type()
@@ -297,7 +321,6 @@ class ParamStorage:
             kp.kernelParams = at if offsets else 0
             kp.extra = 0
         self.params = kp
-        self._load(lay, node, function, values)
 
     def __getattr__(self, name: str) -> Any:
         # ``slots`` is made on first use: most storages of a build are never patched, and making it
@@ -372,29 +395,112 @@ class StoreLoans:
     the build fails: ``restore`` then puts every borrowed storage back as it was).
     """
 
-    def __init__(self, stores: Mapping[tuple[int, int], ParamStorage]) -> None:
+    def __init__(self, stores: Mapping[tuple[int, int], ParamStorage], owner: int = 0) -> None:
         """Offer the running graph's storages to one rebuild.
 
         Args:
             stores: ``(block_id, kernel index)`` -> storage of the running graph (nothing is touched yet).
+            owner: The token of the graph being built (``GraphParts.token``): every storage it takes is its own.
         """
         self._stores = dict(stores)
-        self._saved: list[tuple[ParamStorage, Backup]] = []
+        self._owner = owner
+        self._saved: list[tuple[ParamStorage, Backup, int]] = []
 
     def storage(self, node: KernelNodePlan, function: Any, values: Sequence[Any]) -> ParamStorage:
-        """A loaded storage for ``node``: the borrowed one of its kernel if it fits, else a new one."""
+        """A loaded storage for ``node``: the borrowed one of its kernel if it fits, else a spare or a
+        new one (``new_storage``)."""
         store = self._stores.pop((node.block_id, node.kernel), None)
         if store is not None and store.fits(node):
-            self._saved.append((store, store.backup()))
+            self._saved.append((store, store.backup(), store.owner))
             store.load(node, function, values)
+            store.owner = self._owner  # the graph that closes first must not give it back
             return store
-        return ParamStorage(node, function, values)
+        return new_storage(node, function, values, self._owner)
 
     def restore(self) -> None:
         """Give back every borrowed storage as it was (the build failed; the running graph goes on)."""
-        for store, saved in self._saved:
+        for store, saved, owner in self._saved:
             store.restore(saved)
+            store.owner = owner
         self._saved.clear()
+
+
+#: The most storages one layout keeps for later builds (``give_back``): a 10,000-node patch's worth.
+SPARES_PER_LAYOUT = 16_384
+
+
+def new_storage(node: KernelNodePlan, function: Any, values: Sequence[Any], owner: int = 0) -> ParamStorage:
+    """A storage for ``node`` loaded with ``function`` and ``values``: one a closed graph gave back
+    (``give_back``) where its layout has one, else a new ``ParamStorage``. Loading a spare writes
+    everything a new one holds (every argument, the function, the launch configuration), so the two
+    are the same to the graph; it costs 2.5 µs against 11 µs for a new one (CPU machine), most of a
+    1,000-node build's realize.
+
+    Raises:
+        ValueError: not one value per slot.
+    """
+    desc = node.descriptor
+    lay = _layout(desc)
+    try:
+        store = lay.spares.pop()
+    except IndexError:
+        return ParamStorage(node, function, values, owner)
+    try:
+        store._load(lay, node, function, values)
+    except BaseException:
+        lay.spares.append(store)
+        raise
+    store.descriptor = desc  # (an equal one: the layout is cached by identity)
+    store.owner = owner
+    return store
+
+
+def stock_spares(stores: Iterable[ParamStorage], stop: Callable[[], bool] | None = None) -> Callable[[], Any] | None:
+    """Make spare storages ahead of the next build (``new_storage``): of each layout among ``stores``
+    (a running graph's), as many as ``stores`` hold, less the spares it has. The first edit of a patch
+    then loads spares too, as every later one does with the storages of the graph it replaced
+    (``give_back``). ``checkpoint()`` between pieces; when ``stop()`` says True (a build waits for the
+    thread), returns a callable that makes the rest, else None."""
+    wanted: dict[int, list[Any]] = {}
+    for store in stores:
+        lay = _layouts.get(id(store.descriptor))
+        if lay is not None and lay.descriptor is store.descriptor:
+            wanted.setdefault(id(lay), [lay, 0])[1] += 1
+    work = [(lay, min(n, SPARES_PER_LAYOUT)) for lay, n in wanted.values()]
+    return _stock(work, stop)
+
+
+def _stock(work: list[tuple[_Layout, int]], stop: Callable[[], bool] | None) -> Callable[[], Any] | None:
+    while work:
+        lay, n = work[-1]
+        short = n - len(lay.spares)
+        if short <= 0:
+            work.pop()
+            continue
+        if stop is not None and stop():
+            return lambda: _stock(work, stop)
+        for _ in range(min(short, STOCK_PIECE)):
+            lay.spares.append(ParamStorage.blank(lay))
+        checkpoint()
+    return None
+
+
+#: Spare storages made between two checkpoints (``stock_spares``): about 0.5 ms on the CPU machine.
+STOCK_PIECE = 64
+
+
+def give_back(stores: Iterable[ParamStorage], owner: int) -> None:
+    """Keep the storages of ``stores`` that ``owner`` (a closed graph's ``GraphParts.token``) owns for
+    later builds (``new_storage``). Only once nothing reads them again: the graph's executable is
+    destroyed (the driver copied their bytes when the nodes were added), and neither a newer graph
+    (a storage lent to one is its own: ``StoreLoans``) nor anything else patches them."""
+    for store in stores:
+        if store.owner != owner or not owner:
+            continue
+        store.owner = 0
+        lay = _layouts.get(id(store.descriptor))
+        if lay is not None and lay.descriptor is store.descriptor and len(lay.spares) < SPARES_PER_LAYOUT:
+            lay.spares.append(store)
 
 
 class PackedLaunch:

@@ -136,8 +136,8 @@ class GraphBuilder:
         # failure restores what was touched.
         # Parameter storage is lent only by a graph the frame thread is not patching meanwhile: a build on
         # the build thread would rewrite the slots a Hot update of the running graph sends to the driver.
-        loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {})
         parts = GraphParts(self.device, CapturedCalls(self.libraries))
+        loans = StoreLoans(prev.lendable_stores() if prev is not None and self.lend_stores else {}, parts.token)
         exec_: Any = None
         exec1: Any = None
         t0 = time.perf_counter()

