@@ -65,10 +65,45 @@ def host_us(run: Callable[[], Any], calls: int, sync: Callable[[], Any] | None =
     return statistics.median(times) / 1e3
 
 
+def host_us_side_by_side(
+    ours: Callable[[], Any],
+    peer: Callable[[], Any],
+    calls: int,
+    sync: Callable[[], Any],
+    rounds: int = 10,
+    every: int = 50,
+) -> tuple[float, float]:
+    """Median host µs of ``ours()`` and of ``peer()``, timed in ``rounds`` alternating runs of
+    ``calls / rounds`` calls each (``sync()`` untimed every ``every`` calls): a machine that speeds up
+    or slows down during the run (clocks, another tenant) moves both, not one."""
+    a: list[int] = []
+    b: list[int] = []
+    per = max(1, calls // rounds)
+    for _ in range(rounds):
+        for run, times in ((ours, a), (peer, b)):
+            for i in range(per):
+                if i % every == 0:
+                    sync()
+                t = time.perf_counter_ns()
+                run()
+                times.append(time.perf_counter_ns() - t)
+            sync()
+    return statistics.median(a) / 1e3, statistics.median(b) / 1e3
+
+
 def update_us(engine: Any, frames: int = 1000, sync_every: int = 20) -> float:
     """Median host µs of ``engine.update()``, the stream drained every ``sync_every`` frames (this
     measures the host, not a full launch queue)."""
     return host_us(engine.update, frames, engine.synchronize, sync_every)
+
+
+def update_and_bare_launch_us(engine: Any, frames: int = 1000) -> tuple[float, float]:
+    """``update_us`` and ``bare_launch_us`` side by side (``host_us_side_by_side``): a quiet
+    ``update()`` and its peer, timed in alternating runs."""
+    graph = engine.graph
+    assert graph is not None
+    bare = functools.partial(graph.launch, engine.resources.stream)
+    return host_us_side_by_side(engine.update, bare, frames, engine.synchronize)
 
 
 def bare_launch_us(engine: Any, frames: int = 500, sync_every: int = 50) -> float:
