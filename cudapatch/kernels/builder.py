@@ -9,8 +9,9 @@ from the service thread, between frames. A compiler crash fails only the kernel 
 with the reason; the next compile starts a new compiler process.
 
 An engine's builder is *paced*: the service thread does its Python only after a frame ends (see
-``pacing.FrameGate``), or after ``idle_s`` without frames. ``unpaced()`` lifts that for callers that
-wait for compiles (``Engine.wait_ready``).
+``pacing.FrameGate``), or after ``idle_s`` without frames, and starts new requests for at most
+``STEP_BUDGET_S`` after that (the rest wait for the next frame's end). ``unpaced()`` lifts that for
+callers that wait for compiles (``Engine.wait_ready``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ __all__ = ["CompiledKernel", "KernelBuilder"]
 
 log = logging.getLogger("cudapatch.kernels")
 
+#: How long a paced step starts new requests for after the frame that woke it (seconds). A request's
+#: Python holds the interpreter in long C calls a frame cannot interrupt: a fused group of 500 blocks
+#: renders its source (a 2-3 ms ``str.join``) and pickles it for the compiler process (a 4 ms
+#: ``pickle.dumps``). Twenty such requests taken in one step ran into the next frames, and one waited
+#: 4 ms for the interpreter (H100 host, a fused 10,000-block chain, nothing cached). Started within
+#: this much of a frame's end, a request's Python is over well before the next frame at 60 fps.
+STEP_BUDGET_S = 0.004
+
+
+def _key_after_compile(source: KernelSource, key: str) -> str | None:
+    """The cache key to store a compiled ``source`` under: the one looked up before the compile for a
+    source held in memory (a fused group's source is rendered for its key: 2-3 ms at 500 blocks), None
+    (worked out again) for one read from files, which may have changed while it compiled."""
+    return None if source.watched_files() else key
+
 
 @dataclass(frozen=True)
 class CompiledKernel:
@@ -56,12 +72,13 @@ class CompiledKernel:
 class _Request:
     """A submitted source on its way through the service thread."""
 
-    __slots__ = ("source", "future", "started", "process", "job")
+    __slots__ = ("source", "future", "started", "process", "job", "key")
 
     def __init__(self, source: KernelSource, future: Future) -> None:
         self.source = source
         self.future = future
         self.started = 0.0
+        self.key = ""  # its cache key, worked out once (``_start``)
         self.process: CompilerProcess | None = None
         self.job: CompileJob | None = None
 
@@ -158,7 +175,11 @@ class KernelBuilder:
             self._make_current()
             self._current = True
         queue = self._queue
+        budget = self.paced and not self._unpaced
+        t0 = time.perf_counter()
         while queue:
+            if budget and time.perf_counter() - t0 > STEP_BUDGET_S:
+                break  # the rest after the next frame (``_serve`` asks for it: the queue is not empty)
             req = queue.popleft()
             if req.future.set_running_or_notify_cancel():
                 self._start(req)
@@ -176,30 +197,37 @@ class KernelBuilder:
                     req.future.set_exception(self._compile_error(job.error, req.source))
                 else:
                     assert job.image is not None
-                    self._finish(req, job.image, "compiled")
+                    self._finish(req, job.image, "compiled", _key_after_compile(req.source, req.key))
             self._waiting = pending
 
     def _start(self, req: _Request) -> None:
         req.started = time.perf_counter()
         source = req.source
         try:
-            hit = self._cached(source)
+            key = req.key = source.cache_key(self.arch)
+            hit = self._cached(source, key)
             if hit is not None:
                 self._finish(req, *hit)
                 return
             process = compiler_process() if source.portable else None
             if process is None:
-                self._finish(req, source.compile(self.arch), "compiled")
+                self._finish(req, source.compile(self.arch), "compiled", _key_after_compile(source, key))
                 return
             req.process, req.job = process, process.send(source, self.arch)
             self._waiting.append(req)
         except Exception as exc:  # compile and load errors complete the future; nothing escapes
             req.future.set_exception(exc)
 
-    def _finish(self, req: _Request, image: KernelImage, origin: Literal["memory", "disk", "compiled"]) -> None:
+    def _finish(
+        self,
+        req: _Request,
+        image: KernelImage,
+        origin: Literal["memory", "disk", "compiled"],
+        key: str | None = None,
+    ) -> None:
         try:
             if origin == "compiled":
-                self._store(req.source, image)
+                self._store(req.source, image, key)
             function = self.modules.function(image)  # loads the module here, off the frame thread
         except Exception as exc:
             req.future.set_exception(exc)
@@ -226,12 +254,13 @@ class KernelBuilder:
         """
         t0 = time.perf_counter()
         self._make_current()
-        hit = self._cached(source)
+        key = source.cache_key(self.arch)
+        hit = self._cached(source, key)
         if hit is not None:
             image, origin = hit
         else:
             image, origin = self._compile(source), "compiled"
-            self._store(source, image)
+            self._store(source, image, _key_after_compile(source, key))
         function = self.modules.function(image)
         return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
 
@@ -252,8 +281,11 @@ class KernelBuilder:
         function = self.modules.function(image)
         return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
 
-    def _cached(self, source: KernelSource) -> tuple[KernelImage, Literal["memory", "disk"]] | None:
-        key = source.cache_key(self.arch)
+    def _cached(
+        self, source: KernelSource, key: str | None = None
+    ) -> tuple[KernelImage, Literal["memory", "disk"]] | None:
+        if key is None:
+            key = source.cache_key(self.arch)
         hit = self.cache.get(key)
         if hit is None:
             return None
@@ -269,9 +301,11 @@ class KernelBuilder:
         )
         return image, hit.level
 
-    def _store(self, source: KernelSource, image: KernelImage) -> None:
+    def _store(self, source: KernelSource, image: KernelImage, key: str | None = None) -> None:
         meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key, "jit_level": image.jit_level}
-        self.cache.put(source.cache_key(self.arch), image.image, meta, disk=source.disk_cached)
+        if key is None:
+            key = source.cache_key(self.arch)
+        self.cache.put(key, image.image, meta, disk=source.disk_cached)
 
     def _compile(self, source: KernelSource) -> KernelImage:
         process = compiler_process() if source.portable else None

@@ -8,16 +8,19 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
 
 from cudapatch import CudaSource, CustomKernel
 from cudapatch.engine import Context
 from cudapatch.engine.kernels import KernelOutcome, KernelTracker
 from cudapatch.errors import KernelCompileError
 from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache
+from cudapatch.kernels import builder as builder_module
 from cudapatch.kernels.builder import CompiledKernel
 from cudapatch.kernels.compiler_process import CompilerProcess
 from cudapatch.kernels.pacing import FrameGate
-from cudapatch.kernels.source import KernelImage
+from cudapatch.kernels.source import KernelImage, KernelSource
 
 ELF = b"\x7fELF"
 GAIN = """extern "C" __global__ void k(const float* in, float* out, float gain, unsigned int n)
@@ -102,6 +105,66 @@ def test_an_unpaced_builder_and_unpaced_blocks_start_at_once() -> None:
         bad = free.submit(CudaSource(code=GAIN.replace("gain;", "undefined_thing;")))
         exc = bad.exception(timeout=60)
         assert isinstance(exc, KernelCompileError) and "undefined_thing" in str(exc)
+    finally:
+        free.close()
+
+
+@dataclass(frozen=True)
+class _Heavy(KernelSource):
+    """A source whose Python costs ``ms`` before anything is compiled (a fused group's source rendered
+    for its cache key), compiled at once; it notes when it was taken up."""
+
+    name: str
+    ms: float
+    taken: list = field(default_factory=list, compare=False, hash=False)
+
+    @property
+    def debug_name(self) -> str:
+        return self.name
+
+    def describe(self) -> Any:
+        return CudaSource(code=GAIN).describe()
+
+    def cache_key(self, arch: str) -> str:
+        self.taken.append((self.name, time.monotonic()))
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return f"heavy-{self.name}"
+
+    def compile(self, arch: str) -> KernelImage:
+        return KernelImage(self.describe(), ELF, "cubin", f"k-{self.name}", self.name)
+
+
+def test_a_paced_step_starts_requests_only_just_after_the_frame_that_woke_it() -> None:
+    # Requests whose Python takes 3 ms each: the step after a frame takes two (the budget ran out
+    # after the second), the next frame's end the next two; none starts late in a frame interval.
+    # The cache key is worked out once per request, compiled or not (a fused source renders for it).
+    b = _builder(paced=True)
+    taken: list = []
+    try:
+        futures = [b.submit(_Heavy(f"h{i}", 3.0, taken)) for i in range(5)]
+        time.sleep(0.05)
+        assert not taken and b.gate.wanted
+        opened: list[float] = []
+        while len(taken) < 5 and len(opened) < 10:
+            opened.append(time.monotonic())
+            b.gate.open()
+            time.sleep(0.05)  # a frame interval
+        steps = [len([t for _, t in taken if a <= t < a + 0.05]) for a in opened]
+        assert sum(steps) == 5 and all(n in (1, 2) for n in steps)  # 2 unless a preempted one ran past the budget
+        late = [t - max(a for a in opened if a <= t) for _, t in taken]
+        assert max(late) < builder_module.STEP_BUDGET_S + 0.01  # (scheduling slack)
+        assert [n for n, _ in taken] == [f"h{i}" for i in range(5)]  # each keyed once, compiled or not
+        assert all(f.result(timeout=5).origin == "compiled" for f in futures)
+    finally:
+        b.close()
+    free = _builder(paced=True)
+    taken.clear()
+    try:
+        with free.unpaced():  # waited for (``Engine.wait_ready``): all at once
+            futures = [free.submit(_Heavy(f"u{i}", 3.0, taken)) for i in range(5)]
+            assert all(f.result(timeout=5).origin == "compiled" for f in futures)
     finally:
         free.close()
 
