@@ -229,6 +229,11 @@ class BuildWorker:
         ``GIVE_WAY`` jobs at most, then runs to its end (edits coming every frame cannot pile it up)."""
         self._tail.append((fn, GIVE_WAY if yields else 0))
 
+    @property
+    def closing(self) -> bool:
+        """``close`` was called: work that only prepares later builds can stop (``later(yields=True)``)."""
+        return self._closed
+
     def preempted(self) -> bool:
         """From deferred work that yields: a job waits for this thread (stop, and return the rest)."""
         return self._yielding and self._job is not None

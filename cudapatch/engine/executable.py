@@ -466,6 +466,7 @@ class CompiledGraph(HandleOwner):
         # said). ``kernel_source`` answers from here; a Warm patch that brings the build's code drops it.
         self._swapped: dict[tuple[int, int], Any] = {}
         self._closed = False
+        self._stores_given = False  # its parameter storages are later graphs' (``give_back_stores``)
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
         for n in self._nodes:
@@ -716,6 +717,7 @@ class CompiledGraph(HandleOwner):
                     self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
                 return 1
+        self._check_open("CompiledGraph.update")  # (off the one-change path: a replaced graph writes nothing)
         touched: list[Any] = []
         for key, value in changes.items():
             tgt = targets.get(key)
@@ -1378,12 +1380,22 @@ class CompiledGraph(HandleOwner):
         their bytes when it added them."""
         if self._retire_event is None:
             raise CudapatchError("CompiledGraph.give_back_stores: the graph still runs (retire it first)")
+        self._stores_given = True  # from now on every patch or read of a node refuses (``_check_open``)
+        for found in (self._scalar_one, self._binding_one, self._scalar_targets, self._binding_targets):
+            found.clear()  # (a one-change patch looks here first, then takes the checked path)
         self._parts.give_back_stores()
 
-    def stock_spares(self, stop: Callable[[], bool] | None = None) -> Callable[[], Any] | None:
+    def _check_open(self, what: str) -> None:
+        if self._stores_given:
+            raise CudapatchError(f"{what}: this graph was replaced, and its parameter storages are a newer graph's")
+        super()._check_open(what)
+
+    def stock_spares(
+        self, stop: Callable[[], bool] | None = None, give_up: Callable[[], bool] | None = None
+    ) -> Callable[[], Any] | None:
         """Make spare parameter storages for the next builds, one per kernel node of this graph, less
-        the spares there are (``params.stock_spares``; ``stop`` and the returned rest as there)."""
-        return stock_spares((n.store for n in self._nodes if type(n) is KernelNode), stop)
+        the spares there are (``params.stock_spares``; ``stop``, ``give_up`` and the rest as there)."""
+        return stock_spares((n.store for n in self._nodes if type(n) is KernelNode), stop, give_up)
 
     def is_idle(self) -> bool:
         """True when nothing this graph launched is still running (after ``retire``)."""

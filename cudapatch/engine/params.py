@@ -42,6 +42,7 @@ __all__ = [
     "StoreLoans",
     "give_back",
     "new_storage",
+    "clear_spares",
     "stock_spares",
     "pack_arguments",
     "read_slot",
@@ -455,34 +456,49 @@ def new_storage(node: KernelNodePlan, function: Any, values: Sequence[Any], owne
     return store
 
 
-def stock_spares(stores: Iterable[ParamStorage], stop: Callable[[], bool] | None = None) -> Callable[[], Any] | None:
+def stock_spares(
+    stores: Iterable[ParamStorage],
+    stop: Callable[[], bool] | None = None,
+    give_up: Callable[[], bool] | None = None,
+) -> Callable[[], Any] | None:
     """Make spare storages ahead of the next build (``new_storage``): of each layout among ``stores``
     (a running graph's), as many as ``stores`` hold, less the spares it has. The first edit of a patch
     then loads spares too, as every later one does with the storages of the graph it replaced
     (``give_back``). ``checkpoint()`` between pieces; when ``stop()`` says True (a build waits for the
-    thread), returns a callable that makes the rest, else None."""
+    thread), returns a callable that makes the rest, else None; when ``give_up()`` says True (the
+    engine closes), makes no more."""
     wanted: dict[int, list[Any]] = {}
-    for store in stores:
+    for i, store in enumerate(stores):
+        if i % STOCK_PIECE == STOCK_PIECE - 1:
+            checkpoint()
         lay = _layouts.get(id(store.descriptor))
         if lay is not None and lay.descriptor is store.descriptor:
             wanted.setdefault(id(lay), [lay, 0])[1] += 1
     work = [(lay, min(n, SPARES_PER_LAYOUT)) for lay, n in wanted.values()]
-    return _stock(work, stop)
+    return _stock(work, stop, give_up)
 
 
-def _stock(work: list[tuple[_Layout, int]], stop: Callable[[], bool] | None) -> Callable[[], Any] | None:
+def _stock(
+    work: list[tuple[_Layout, int]], stop: Callable[[], bool] | None, give_up: Callable[[], bool] | None
+) -> Callable[[], Any] | None:
     while work:
         lay, n = work[-1]
         short = n - len(lay.spares)
-        if short <= 0:
+        if short <= 0 or (give_up is not None and give_up()):
             work.pop()
             continue
         if stop is not None and stop():
-            return lambda: _stock(work, stop)
+            return lambda: _stock(work, stop, give_up)
         for _ in range(min(short, STOCK_PIECE)):
             lay.spares.append(ParamStorage.blank(lay))
         checkpoint()
     return None
+
+
+def clear_spares() -> None:
+    """Let go of every spare storage (an engine closed: the next builds make new ones, as at the start)."""
+    for lay in list(_layouts.values()):
+        lay.spares.clear()
 
 
 #: Spare storages made between two checkpoints (``stock_spares``): about 0.5 ms on the CPU machine.

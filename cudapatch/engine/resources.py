@@ -34,6 +34,7 @@ from .buffers import BufferPool, GpuBuffer
 from .context import ExternalBinding
 from .device import DeviceContext
 from .libraries import LibraryHandles
+from .params import clear_spares
 from .plan import GraphPlan
 from .probes import PROBE_SOURCE
 from .readback import PUBLISH_SOURCE, STAMP_SOURCE
@@ -317,6 +318,7 @@ class DeviceResources:
         for g in self._retired:
             g.close()
         self._retired.clear()
+        clear_spares()  # what the closed graphs gave back, and other engines' (they make new ones)
         for buf in (*self._uploads.values(), *(b for _, b in self._dropped)):
             buf.close()
         self._uploads.clear()

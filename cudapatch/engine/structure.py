@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 from .build import BuildOutcome, GraphBuilds
 from .build_thread import BuildWorker
@@ -66,6 +69,7 @@ class StructureTier:
         self._resources = resources
         self._context = context
         self._timing = timing
+        self._stocked: Callable[[], Any] = lambda: None  # the graph spares were last made for (a weak reference)
 
     @property
     def building(self) -> bool:
@@ -109,7 +113,6 @@ class StructureTier:
                 self.finish()
             if self._builds.rebuild(level, wait_for_compile=wait_for_compile):
                 self._collector.after_build()
-                self._stock_spares()
                 self.log()
                 return True
             dirty.defer_structure()  # a failed rebuild is not retried every frame; the next edit retries
@@ -166,13 +169,15 @@ class StructureTier:
             self.log()
 
     def _stock_spares(self) -> None:
-        # The first graph of a patch (it replaced none): spare parameter storages for the build of the
-        # first edit, made on the build thread between frames. Later builds load the storages of the
-        # graph they replace (``CompiledGraph.give_back_stores``): a 1,000-block build's realize took
-        # 23 ms with new storages, 15 ms with spares (CPU machine).
+        # The first graph a build thread made for a patch (it replaced none): spare parameter storages
+        # for the build of the first edit, made on the build thread between frames. Later builds load
+        # the storages of the graph they replace (``CompiledGraph.give_back_stores``): a 1,000-block
+        # build's realize took 23 ms with new storages, 15 ms with spares (CPU machine). Once per graph
+        # (a Warm resize keeps the graph), and not for builds on the frame thread (no build thread).
         g, worker = self._resources.graph, self._worker
-        if g is not None and not self._resources.retiring:
-            worker.later(lambda: g.stock_spares(worker.preempted), yields=True)
+        if g is not None and self._stocked() is not g and not self._resources.retiring:
+            self._stocked = weakref.ref(g)
+            worker.later(lambda: g.stock_spares(worker.preempted, lambda: worker.closing), yields=True)
 
     def drop(self) -> None:
         """Wait for the build in flight and throw its outcome away (closing, or a fault resets the

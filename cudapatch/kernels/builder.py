@@ -47,13 +47,6 @@ log = logging.getLogger("cudapatch.kernels")
 STEP_BUDGET_S = 0.004
 
 
-def _key_after_compile(source: KernelSource, key: str) -> str | None:
-    """The cache key to store a compiled ``source`` under: the one looked up before the compile for a
-    source held in memory (a fused group's source is rendered for its key: 2-3 ms at 500 blocks), None
-    (worked out again) for one read from files, which may have changed while it compiled."""
-    return None if source.watched_files() else key
-
-
 @dataclass(frozen=True)
 class CompiledKernel:
     """A kernel ready to launch: its cubin, the loaded ``CUfunction`` and how it was obtained."""
@@ -119,6 +112,7 @@ class KernelBuilder:
         self._unpaced = 0
         self._closed = False
         self._current = False
+        self._frame_woke = True  # the step to come was woken by a frame's end (``STEP_BUDGET_S`` applies)
         self._thread = threading.Thread(target=self._serve, name="cudapatch-compile", daemon=True)
         self._thread.start()
 
@@ -159,7 +153,8 @@ class KernelBuilder:
                 self.gate.wait(0.001 if self._waiting else -1)
             elif busy:
                 self.gate.wanted = True
-                self.gate.wait(self.idle_s)
+                if not self.gate.wait(self.idle_s):  # no frame came: no frame to keep clear of either
+                    self._frame_woke = False
             else:
                 self.gate.wait(-1)  # submit() asks for the next frame; that frame opens the gate
             if self._closed:
@@ -175,14 +170,15 @@ class KernelBuilder:
             self._make_current()
             self._current = True
         queue = self._queue
-        budget = self.paced and not self._unpaced
+        budget = self.paced and not self._unpaced and self._frame_woke
+        self._frame_woke = True
         t0 = time.perf_counter()
         while queue:
-            if budget and time.perf_counter() - t0 > STEP_BUDGET_S:
-                break  # the rest after the next frame (``_serve`` asks for it: the queue is not empty)
             req = queue.popleft()
             if req.future.set_running_or_notify_cancel():
                 self._start(req)
+            if budget and time.perf_counter() - t0 > STEP_BUDGET_S:
+                break  # the rest after the next frame (``_serve`` asks for it: the queue is not empty)
         if self._waiting:
             pending = []
             for process in {id(r.process): r.process for r in self._waiting}.values():
@@ -197,7 +193,7 @@ class KernelBuilder:
                     req.future.set_exception(self._compile_error(job.error, req.source))
                 else:
                     assert job.image is not None
-                    self._finish(req, job.image, "compiled", _key_after_compile(req.source, req.key))
+                    self._finish(req, job.image, "compiled")
             self._waiting = pending
 
     def _start(self, req: _Request) -> None:
@@ -211,23 +207,17 @@ class KernelBuilder:
                 return
             process = compiler_process() if source.portable else None
             if process is None:
-                self._finish(req, source.compile(self.arch), "compiled", _key_after_compile(source, key))
+                self._finish(req, source.compile(self.arch), "compiled")
                 return
             req.process, req.job = process, process.send(source, self.arch)
             self._waiting.append(req)
         except Exception as exc:  # compile and load errors complete the future; nothing escapes
             req.future.set_exception(exc)
 
-    def _finish(
-        self,
-        req: _Request,
-        image: KernelImage,
-        origin: Literal["memory", "disk", "compiled"],
-        key: str | None = None,
-    ) -> None:
+    def _finish(self, req: _Request, image: KernelImage, origin: Literal["memory", "disk", "compiled"]) -> None:
         try:
             if origin == "compiled":
-                self._store(req.source, image, key)
+                self._store(req.source, image, req.key)
             function = self.modules.function(image)  # loads the module here, off the frame thread
         except Exception as exc:
             req.future.set_exception(exc)
@@ -260,7 +250,7 @@ class KernelBuilder:
             image, origin = hit
         else:
             image, origin = self._compile(source), "compiled"
-            self._store(source, image, _key_after_compile(source, key))
+            self._store(source, image, key)
         function = self.modules.function(image)
         return CompiledKernel(source, image, function, origin, time.perf_counter() - t0)
 
@@ -301,10 +291,19 @@ class KernelBuilder:
         )
         return image, hit.level
 
-    def _store(self, source: KernelSource, image: KernelImage, key: str | None = None) -> None:
+    def _store(self, source: KernelSource, image: KernelImage, key: str) -> None:
+        """Keep ``image``, compiled from ``source``, under ``key``: the cache key worked out before the
+        compile. A source read from files whose key is another one now changed while it compiled, so
+        which version ``image`` holds is not known: it is not kept (the change compiles again)."""
+        if source.watched_files():
+            try:
+                now = source.cache_key(self.arch)
+            except KernelLoadError:  # gone or unreadable now: changed all the same
+                now = None
+            if now != key:
+                log.debug("kernel %s changed while it compiled: its build is not cached", source.debug_name)
+                return
         meta = {"symbol": image.symbol, "name": image.debug_name, "sha": image.key, "jit_level": image.jit_level}
-        if key is None:
-            key = source.cache_key(self.arch)
         self.cache.put(key, image.image, meta, disk=source.disk_cached)
 
     def _compile(self, source: KernelSource) -> KernelImage:

@@ -173,8 +173,9 @@ class FakeGraph:
         assert self.retired and not self.closed
         self.gave_back_on = threading.current_thread().name
 
-    def stock_spares(self, stop: Any = None) -> None:
+    def stock_spares(self, stop: Any = None, give_up: Any = None) -> None:
         self.stocked_on = threading.current_thread().name
+        self.stocks = getattr(self, "stocks", 0) + 1
 
     def close(self) -> None:
         self.closed = True

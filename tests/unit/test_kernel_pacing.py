@@ -159,6 +159,17 @@ def test_a_paced_step_starts_requests_only_just_after_the_frame_that_woke_it() -
         assert all(f.result(timeout=5).origin == "compiled" for f in futures)
     finally:
         b.close()
+    idle = _builder(paced=True, idle_s=0.05)  # no frames come (a host paused): no frame to keep clear of
+    taken.clear()
+    try:
+        futures = [idle.submit(_Heavy(f"i{i}", 3.0, taken)) for i in range(6)]
+        idle.gate.open()  # one frame, then none: what its step left runs after idle_s, all in one step
+        assert all(f.result(timeout=5).origin == "compiled" for f in futures)
+        starts = [t for _, t in taken]
+        gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+        assert max(gaps) > 0.04 and sum(g > 0.04 for g in gaps) == 1  # one wait of idle_s, not one per request pair
+    finally:
+        idle.close()
     free = _builder(paced=True)
     taken.clear()
     try:
@@ -167,6 +178,48 @@ def test_a_paced_step_starts_requests_only_just_after_the_frame_that_woke_it() -
             assert all(f.result(timeout=5).origin == "compiled" for f in futures)
     finally:
         free.close()
+
+
+@dataclass(frozen=True)
+class _FileKernel(KernelSource):
+    """A source read from a file, which ``edit_during_compile`` rewrites while the compile runs."""
+
+    path: Any
+    edit_during_compile: str = ""
+
+    @property
+    def debug_name(self) -> str:
+        return "file"
+
+    def describe(self) -> Any:
+        return CudaSource(code=GAIN).describe()
+
+    def watched_files(self) -> tuple:
+        return (self.path,)
+
+    def cache_key(self, arch: str) -> str:
+        return "file-" + self.path.read_text()
+
+    def compile(self, arch: str) -> KernelImage:
+        text = self.path.read_text()
+        if self.edit_during_compile:
+            self.path.write_text(self.edit_during_compile)
+        return KernelImage(self.describe(), ELF + text.encode(), "cubin", f"k-{text}", "file")
+
+
+def test_a_kernel_whose_file_changed_while_it_compiled_is_not_cached_under_either_version(tmp_path) -> None:
+    path = tmp_path / "k.cu"
+    path.write_text("v1")
+    b = _builder(paced=False)
+    try:
+        first = b.submit(_FileKernel(path, edit_during_compile="v2")).result(timeout=5)
+        assert first.image.image == ELF + b"v1" and first.origin == "compiled"
+        again = b.submit(_FileKernel(path)).result(timeout=5)  # v2 now: compiled, not v1 from the cache
+        assert again.image.image == ELF + b"v2" and again.origin == "compiled"
+        third = b.build(_FileKernel(path))  # unchanged while it compiled: kept
+        assert third.origin == "memory" and third.image.image == ELF + b"v2"
+    finally:
+        b.close()
 
 
 def test_closing_fails_what_was_not_built() -> None:

@@ -93,6 +93,13 @@ def engine(realizer: Realizer) -> Any:
     e.close()
 
 
+@pytest.fixture
+def engine_here(realizer: Realizer) -> Any:
+    e = Engine(cache_dir=False, watch_files=False, background_builds=False)
+    yield e
+    e.close()
+
+
 def _landed(e: Engine, timeout: float = 5.0) -> None:
     """Run frames until no build is in flight and nothing structural is pending."""
     deadline = time.monotonic() + timeout
@@ -428,6 +435,36 @@ def test_the_first_graph_stocks_spare_storages_and_a_replaced_one_gives_its_own_
     engine.connect(scale, "Out", engine.add(Scale(name="three")), "In")
     _landed(engine)
     assert given == [None, "cudapatch-build"] and first.closed  # given back before the second build realized
+    assert first.stocks == 1
+
+
+def test_spares_are_stocked_once_per_graph_and_let_go_when_an_engine_closes(realizer: Realizer) -> None:
+    from cudapatch.engine.params import ParamStorage, _layout
+
+    from .test_params import VALUES, _scale_node
+
+    e = Engine(cache_dir=False, watch_files=False)
+    _, scale = _chain(e)
+    _landed(e)
+    g = e.graph
+    e._worker.wait(5.0)
+    for i in range(3):  # builds the stand-in graph takes in place (Warm): the same graph
+        e.connect(scale, "Out", e.add(Scale(name=f"w{i}")), "In")
+        e.remove(e.blocks[-1])
+        _landed(e)
+        e._worker.wait(5.0)
+    assert e.graph is g and g.stocks == 1
+    node = _scale_node()
+    _layout(node.descriptor).spares.append(ParamStorage(node, 42, VALUES))
+    e.close()
+    assert not _layout(node.descriptor).spares
+
+
+def test_a_frame_thread_build_stocks_nothing(engine_here: Engine) -> None:
+    _chain(engine_here)
+    engine_here.update()
+    assert engine_here.graph is not None and not hasattr(engine_here.graph, "stocks")
+    assert engine_here._worker._thread is None  # no build thread started for it
 
 
 def test_work_that_only_prepares_later_builds_gives_way_to_a_job_and_is_dropped_once_closed(

@@ -288,6 +288,8 @@ def test_stocking_makes_one_spare_per_storage_less_those_there_are(no_spares) ->
     assert stock_spares(stores) is None and len(_layout(scale.descriptor).spares) == 150  # the one taken, made again
     before = list(_layout(scale.descriptor).spares)
     assert stock_spares(stores) is None and _layout(scale.descriptor).spares == before  # none short: none made
+    _layout(scale.descriptor).spares.clear()
+    assert stock_spares(stores, give_up=lambda: True) is None and not _layout(scale.descriptor).spares
 
 
 def test_packed_launch_points_at_its_values() -> None:

@@ -13,7 +13,7 @@ from cudapatch.engine import Context, ExternalBinding, compile_plan
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.nodes import KernelNode, arg_value
 from cudapatch.engine.params import _layout, pack_arguments
-from cudapatch.errors import KernelLoadError
+from cudapatch.errors import CudapatchError, KernelLoadError
 
 from .recording_driver import RecordingDriver, install, realize_recorded
 
@@ -84,12 +84,19 @@ def test_a_build_after_a_retired_idle_graph_loads_its_storages(rec, spares) -> N
     ctx.connect(blocks[-1], "Out", tail, "In")
     with pytest.raises(Exception, match="still runs"):
         g1.give_back_stores()  # never while it runs
+    g1.update_scalars({(blocks[1].id, "Factor"): 0.5})  # (its one-change lookup is made: the fast path)
     g1.retire(0)
     g1.give_back_stores()
     assert len(spares) == 6
     g2 = realize_recorded(ctx, compile_plan(ctx.snapshot(), fuse=False), pool, previous=g1, lend_stores=False)
     g2.adopt(g1)
     assert sum(id(n.store) in first for n in _kernel_nodes(g2)) == 6 and not spares
+    _loaded_as_planned(g2, ctx)
+    for changes in ({(blocks[1].id, "Factor"): 123.0}, {(blocks[1].id, "Factor"): 1.0, (blocks[3].id, "Factor"): 2.0}):
+        with pytest.raises(CudapatchError, match="replaced"):  # the old graph must not write g2's storages
+            g1.update_scalars(changes)
+    with pytest.raises(CudapatchError, match="replaced"):
+        g1.node_arg(0, 2)
     _loaded_as_planned(g2, ctx)
     g1.close()  # its storages are g2's now: none come back
     assert not spares
