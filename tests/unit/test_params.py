@@ -184,18 +184,9 @@ def _other_descriptor_node(node: KernelNodePlan) -> KernelNodePlan:
 # -- spare storages (a closed graph's, loaded again by a later build) ----------------------------
 
 
-def _launch_config(store: ParamStorage) -> tuple[int, ...]:
-    kp = store.params
-    return (
-        int(kp.func),
-        kp.gridDimX,
-        kp.gridDimY,
-        kp.gridDimZ,
-        kp.blockDimX,
-        kp.blockDimY,
-        kp.blockDimZ,
-        kp.sharedMemBytes,
-    )
+def _launch_config(store: ParamStorage) -> tuple:
+    """The function, grid, block, shared memory and the y/z dimensions: what ``backup`` keeps besides the bytes."""
+    return store.backup()[1:]
 
 
 def _poison(store: ParamStorage) -> None:
