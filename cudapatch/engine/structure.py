@@ -139,7 +139,7 @@ class StructureTier:
             worker.defer(lambda: close_graphs(idle))  # (device memory: closed before the next build)
             worker.defer(lambda: drop_gradually(idle, worker.preempted), yields=True)
             worker.defer(lambda: drop_gradually(garbage, worker.preempted), yields=True)
-            for g in idle:  # their parameter storages are this build's (a quarter of the cost of new ones)
+            for g in idle:  # their parameter storages are this build's (less than half the cost of new ones)
                 g.give_back_stores()
             return builds.prepare(job)
 
