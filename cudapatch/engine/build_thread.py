@@ -18,23 +18,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..kernels.pacing import (
-    BUILD_SWITCH_INTERVAL_S,
-    FRAME_GUARD,
-    FrameGate,
-    checkpoint,
-    lower_switch_interval,
-    restore_switch_interval,
-)
+from ..kernels.pacing import FRAME_GUARD, FrameGate, checkpoint
 
-__all__ = ["BUILD_SWITCH_INTERVAL_S", "BuildWorker"]
+__all__ = ["BuildWorker"]
 
 log = logging.getLogger("cudapatch.engine")
+
+#: GIL switch interval while a build runs. A build is pure Python between short driver calls, and a
+#: thread that waits for the GIL gets it only after the holder's interval (5 ms by default). The
+#: frame thread gives the GIL up in every driver call of ``update()`` (cuda-bindings releases it), so
+#: at the default it waited several intervals per frame: 27 ms slowest ``update()`` during a build of
+#: a 1,000-block chain (measured on the H200 host). At 0.1 ms a frame waits at most a fraction of a
+#: millisecond, and the build slows by the switches (a few per cent).
+BUILD_SWITCH_INTERVAL_S = 1e-4
 
 #: How many jobs deferred work that yields (``BuildWorker.defer``) gives way to before it runs to its
 #: end: freeing what a build replaced (Python objects; retired graphs are closed first, not put off)
@@ -46,6 +48,27 @@ GIVE_WAY = 4
 #: How long a build waits for the end of a frame before it goes on anyway (frames stopped coming):
 #: before it instantiates and before its deferred work (``BuildWorker.pace``, ``BuildWorker.defer``).
 PACE_TIMEOUT_S = 0.05
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+def _lower_switch_interval() -> None:
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, BUILD_SWITCH_INTERVAL_S))
+        _switch_users += 1
+
+
+def _restore_switch_interval() -> None:
+    global _switch_users
+    with _switch_lock:
+        _switch_users -= 1
+        if _switch_users == 0:
+            sys.setswitchinterval(_switch_saved)
 
 
 class BuildWorker:
@@ -131,7 +154,7 @@ class BuildWorker:
         # the woken thread take it) waited up to the default 5 ms for the GIL again: 5.2-5.8 ms
         # launches in edit frames at 1,000 blocks (H100 host). The thread restores it once idle.
         if not self._short_switch:
-            lower_switch_interval()
+            _lower_switch_interval()
             self._short_switch = True
         if self._thread is None or not self._thread.is_alive():  # (again, if an error escaped a chore)
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -144,14 +167,14 @@ class BuildWorker:
         finally:  # the thread ends (closed, or something escaped a chore): the interval as it was
             with self._cv:
                 if self._short_switch:
-                    restore_switch_interval()
+                    _restore_switch_interval()
                     self._short_switch = False
 
     def _serve(self) -> None:
         while True:
             with self._cv:
                 if self._job is None and not self._chores and self._short_switch:  # idle: as it was
-                    restore_switch_interval()
+                    _restore_switch_interval()
                     self._short_switch = False
                 while self._job is None and not self._chores and not self._closed:
                     self._cv.wait()

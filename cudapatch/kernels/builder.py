@@ -31,7 +31,7 @@ from .cache import CubinCache
 from .compiler_process import CompileJob, CompilerProcess, compiler_process
 from .descriptor import KernelDescriptor
 from .module_cache import ModuleCache
-from .pacing import FrameGate, short_switch_interval
+from .pacing import FrameGate
 from .source import KernelImage, KernelSource
 
 __all__ = ["CompiledKernel", "KernelBuilder"]
@@ -45,16 +45,6 @@ log = logging.getLogger("cudapatch.kernels")
 #: 4 ms for the interpreter (H100 host, a fused 10,000-block chain, nothing cached). Started within
 #: this much of a frame's end, a request's Python is over well before the next frame at 60 fps.
 STEP_BUDGET_S = 0.004
-
-
-def _compile_here(source: KernelSource, arch: str) -> KernelImage:
-    """Compile ``source`` on this thread (a source the compiler process cannot take: a fused group's
-    kernel, generated here), with the switch interval short meanwhile. Generating a fused group's
-    PTX is 12 ms of Python at 500 blocks; at the default 5 ms interval a frame that wanted the
-    interpreter meanwhile waited for it that long (3.4-6.7 ms frames beside a fused 10,000-block
-    chain's specialisations, H100 host, with no collection and no long driver call)."""
-    with short_switch_interval():
-        return source.compile(arch)
 
 
 @dataclass(frozen=True)
@@ -217,7 +207,7 @@ class KernelBuilder:
                 return
             process = compiler_process() if source.portable else None
             if process is None:
-                self._finish(req, _compile_here(source, self.arch), "compiled")
+                self._finish(req, source.compile(self.arch), "compiled")
                 return
             req.process, req.job = process, process.send(source, self.arch)
             self._waiting.append(req)
@@ -319,7 +309,7 @@ class KernelBuilder:
     def _compile(self, source: KernelSource) -> KernelImage:
         process = compiler_process() if source.portable else None
         if process is None:
-            return _compile_here(source, self.arch)
+            return source.compile(self.arch)
         job = process.send(source, self.arch)
         process.wait(job)
         if job.error is not None:

@@ -18,30 +18,14 @@ frame waits for it again: up to the switch interval (0.1 ms while a build runs) 
 that patches 20 Hot values took 2 ms (H100 host, ``benchmarks/bench_host_driven.py``). ``FRAME_GUARD``
 stops that: the frame thread holds it through ``update()`` while a build is in flight, and the build's
 loops call ``checkpoint()``, which waits (without the GIL) until the frame is over.
-
-The switch interval itself is lowered (``short_switch_interval``) while a build runs and while the
-kernel builder generates and compiles a kernel on its own thread: both are long runs of Python,
-and a frame that wants the interpreter meanwhile waits up to one interval for it.
 """
 
 from __future__ import annotations
 
 import _thread
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-__all__ = [
-    "BUILD_SWITCH_INTERVAL_S",
-    "FRAME_GUARD",
-    "FrameGate",
-    "FrameGuard",
-    "checkpoint",
-    "lower_switch_interval",
-    "restore_switch_interval",
-    "short_switch_interval",
-]
+__all__ = ["FRAME_GUARD", "FrameGate", "FrameGuard", "checkpoint"]
 
 #: The longest a checkpoint waits for a frame to end (a frame that never ends must not stop a build).
 CHECKPOINT_TIMEOUT_S = 0.05
@@ -143,46 +127,3 @@ FRAME_GUARD = FrameGuard()
 
 #: ``FRAME_GUARD.checkpoint``, bound once for the build's loops.
 checkpoint = FRAME_GUARD.checkpoint
-
-
-#: GIL switch interval while a build or an in-process compile runs. Both are pure Python between
-#: short driver calls, and a thread that waits for the GIL gets it only after the holder's interval
-#: (5 ms by default). The frame thread gives the GIL up in every driver call of ``update()``
-#: (cuda-bindings releases it), so at the default it waited several intervals per frame: 27 ms
-#: slowest ``update()`` during a build of a 1,000-block chain (measured on the H200 host). At 0.1 ms a
-#: frame waits at most a fraction of a millisecond, and the work slows by the switches (a few per cent).
-BUILD_SWITCH_INTERVAL_S = 1e-4
-
-_switch_lock = threading.Lock()
-_switch_users = 0
-_switch_saved = 0.0
-
-
-def lower_switch_interval() -> None:
-    """Lower the process's switch interval to ``BUILD_SWITCH_INTERVAL_S`` (counted: the last
-    ``restore_switch_interval`` puts back what it was)."""
-    global _switch_users, _switch_saved
-    with _switch_lock:
-        if _switch_users == 0:
-            _switch_saved = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_saved, BUILD_SWITCH_INTERVAL_S))
-        _switch_users += 1
-
-
-def restore_switch_interval() -> None:
-    """Undo one ``lower_switch_interval``."""
-    global _switch_users
-    with _switch_lock:
-        _switch_users -= 1
-        if _switch_users == 0:
-            sys.setswitchinterval(_switch_saved)
-
-
-@contextmanager
-def short_switch_interval() -> Iterator[None]:
-    """``lower_switch_interval`` for the block's duration."""
-    lower_switch_interval()
-    try:
-        yield
-    finally:
-        restore_switch_interval()

@@ -4,15 +4,12 @@ cubin needs a driver, so the module loader here hands out a token instead of a C
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from cudapatch import CudaSource, CustomKernel
 from cudapatch.engine import Context
@@ -223,45 +220,6 @@ def test_a_kernel_whose_file_changed_while_it_compiled_is_not_cached_under_eithe
         assert third.origin == "memory" and third.image.image == ELF + b"v2"
     finally:
         b.close()
-
-
-@dataclass(frozen=True)
-class _Noting(KernelSource):
-    """A source compiled on the builder's thread (not portable) that notes the switch interval then."""
-
-    seen: list = field(default_factory=list, compare=False, hash=False)
-
-    @property
-    def debug_name(self) -> str:
-        return "noting"
-
-    def describe(self) -> Any:
-        return CudaSource(code=GAIN).describe()
-
-    def cache_key(self, arch: str) -> str:
-        return f"noting-{id(self)}"
-
-    def compile(self, arch: str) -> KernelImage:
-        self.seen.append(sys.getswitchinterval())
-        return KernelImage(self.describe(), ELF, "cubin", f"noting-{id(self)}", "noting")
-
-
-def test_a_kernel_compiled_on_the_builders_thread_compiles_with_a_short_switch_interval() -> None:
-    # A fused group's kernel is generated in this process (12 ms of Python at 500 blocks): at the
-    # default interval a frame waited that long for the interpreter.
-    from cudapatch.kernels.pacing import BUILD_SWITCH_INTERVAL_S
-
-    before = sys.getswitchinterval()
-    b = _builder(paced=False)
-    try:
-        queued = _Noting()
-        assert b.submit(queued).result(timeout=5).origin == "compiled"
-        here = _Noting()
-        assert b.build(here).origin == "compiled"
-    finally:
-        b.close()
-    assert queued.seen == here.seen == [pytest.approx(min(before, BUILD_SWITCH_INTERVAL_S))]
-    assert sys.getswitchinterval() == before
 
 
 def test_closing_fails_what_was_not_built() -> None:
