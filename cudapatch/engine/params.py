@@ -40,12 +40,12 @@ __all__ = [
     "ParamSlots",
     "ParamStorage",
     "StoreLoans",
+    "clear_spares",
     "give_back",
     "new_storage",
-    "clear_spares",
-    "stock_spares",
     "pack_arguments",
     "read_slot",
+    "stock_spares",
     "write_slot",
 ]
 
@@ -188,6 +188,12 @@ def _layout(desc: Any) -> _Layout:
             _layouts.clear()
         lay = _layouts[id(desc)] = _Layout(desc)
     return lay
+
+
+def _known_layout(desc: Any) -> _Layout | None:
+    """The cached layout of ``desc``, or None where none is (spares are kept only on cached layouts)."""
+    lay = _layouts.get(id(desc))
+    return lay if lay is not None and lay.descriptor is desc else None
 
 
 def argument_offsets(desc: Any) -> Sequence[int]:
@@ -440,10 +446,9 @@ def new_storage(node: KernelNodePlan, function: Any, values: Sequence[Any], owne
     Raises:
         ValueError: not one value per slot.
     """
-    desc = node.descriptor
-    lay = _layout(desc)
+    lay = _layout(node.descriptor)
     try:
-        store = lay.spares.pop()
+        store = lay.spares.pop()  # (its ``descriptor`` is the layout's: spares are kept by identity)
     except IndexError:
         return ParamStorage(node, function, values, owner)
     try:
@@ -451,7 +456,6 @@ def new_storage(node: KernelNodePlan, function: Any, values: Sequence[Any], owne
     except BaseException:
         lay.spares.append(store)
         raise
-    store.descriptor = desc  # (an equal one: the layout is cached by identity)
     store.owner = owner
     return store
 
@@ -471,8 +475,8 @@ def stock_spares(
     for i, store in enumerate(stores):
         if i % STOCK_PIECE == STOCK_PIECE - 1:
             checkpoint()
-        lay = _layouts.get(id(store.descriptor))
-        if lay is not None and lay.descriptor is store.descriptor:
+        lay = _known_layout(store.descriptor)
+        if lay is not None:
             wanted.setdefault(id(lay), [lay, 0])[1] += 1
     work = [(lay, min(n, SPARES_PER_LAYOUT)) for lay, n in wanted.values()]
     return _stock(work, stop, give_up)
@@ -514,8 +518,8 @@ def give_back(stores: Iterable[ParamStorage], owner: int) -> None:
         if store.owner != owner or not owner:
             continue
         store.owner = 0
-        lay = _layouts.get(id(store.descriptor))
-        if lay is not None and lay.descriptor is store.descriptor and len(lay.spares) < SPARES_PER_LAYOUT:
+        lay = _known_layout(store.descriptor)
+        if lay is not None and len(lay.spares) < SPARES_PER_LAYOUT:
             lay.spares.append(store)
 
 
