@@ -112,7 +112,6 @@ class KernelBuilder:
         self._unpaced = 0
         self._closed = False
         self._current = False
-        self._frame_woke = True  # the step to come was woken by a frame's end (``STEP_BUDGET_S`` applies)
         self._thread = threading.Thread(target=self._serve, name="cudapatch-compile", daemon=True)
         self._thread.start()
 
@@ -148,30 +147,29 @@ class KernelBuilder:
     def _serve(self) -> None:
         while not self._closed:
             busy = bool(self._queue or self._waiting)
+            by_frame = True  # the step below follows a frame's end (``STEP_BUDGET_S`` applies)
             if self._unpaced or not self.paced:
                 # Unpaced: wake for submits at once, and look for compiler results every millisecond.
                 self.gate.wait(0.001 if self._waiting else -1)
             elif busy:
                 self.gate.wanted = True
-                if not self.gate.wait(self.idle_s):  # no frame came: no frame to keep clear of either
-                    self._frame_woke = False
+                by_frame = self.gate.wait(self.idle_s)  # False: no frame came, none to keep clear of
             else:
                 self.gate.wait(-1)  # submit() asks for the next frame; that frame opens the gate
             if self._closed:
                 break
             try:
-                self._step()
+                self._step(by_frame)
             except Exception:  # never let the service thread die: every request must complete
                 log.exception("kernel builder step failed")
         self._fail_all(KernelLoadError("the kernel builder closed before this kernel was built"))
 
-    def _step(self) -> None:
+    def _step(self, by_frame: bool = True) -> None:
         if not self._current:
             self._make_current()
             self._current = True
         queue = self._queue
-        budget = self.paced and not self._unpaced and self._frame_woke
-        self._frame_woke = True
+        budget = self.paced and not self._unpaced and by_frame
         t0 = time.perf_counter()
         while queue:
             req = queue.popleft()
