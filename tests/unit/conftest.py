@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .recording_driver import RecordingDriver, install
+
 
 def ptx_entry(name: str, params: list[str]) -> str:
     """A minimal PTX module with one entry whose parameters are the given PTX declarations."""
@@ -30,3 +32,10 @@ def write_kernel(tmp: Path, name: str, ptx_params: list[str], sidecar: dict | st
 @pytest.fixture
 def kernel_dir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def rec(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
+    """The recording driver in place of cuda-bindings' ``cu*`` functions (a test module that needs
+    another stand-in driver defines its own ``rec``)."""
+    return install(monkeypatch, RecordingDriver())

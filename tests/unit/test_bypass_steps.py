@@ -19,13 +19,8 @@ from cudapatch.engine.executable import CompiledGraph
 from cudapatch.engine.nodes import KernelNode, arg_value
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
 
-from .recording_driver import RecordingDriver, install, realize_recorded
+from .recording_driver import realize_recorded
 from .unfused import compile_plan
-
-
-@pytest.fixture
-def rec(monkeypatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
 
 
 def _expected_pointers(g: CompiledGraph, bp: BypassPlan, binding_ptr: int) -> dict[tuple[int, int], int]:

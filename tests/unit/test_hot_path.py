@@ -19,12 +19,7 @@ from cudapatch.engine.stats import EngineCounters
 from cudapatch.engine.tiers import ParamTier
 from cudapatch.errors import CudaError
 
-from .recording_driver import RecordingDriver, install, realize_recorded
-
-
-@pytest.fixture
-def rec(monkeypatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
+from .recording_driver import realize_recorded
 
 
 def _chain(n: int) -> tuple[Context, list]:

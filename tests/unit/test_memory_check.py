@@ -12,7 +12,7 @@ from cudapatch.engine.buffers import BufferPool, size_class
 from cudapatch.engine.memory_check import RESERVE_BYTES, lends, memory_shortfall, new_buffers
 from cudapatch.errors import CudaOutOfMemoryError
 from cudapatch.kernels.types import DType
-from tests.unit.recording_driver import RecordingDriver, install, realize_recorded
+from tests.unit.recording_driver import realize_recorded
 
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
 
@@ -94,9 +94,6 @@ def test_a_shared_buffer_is_named_by_the_values_in_it() -> None:
 
 
 # -- realize with shared buffers and the check, against the recording driver -------------------------
-@pytest.fixture
-def rec(monkeypatch: pytest.MonkeyPatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
 
 
 def _recorded_chain(n: int = 6, count: int = 1000):

@@ -18,13 +18,8 @@ from cudapatch.engine.nodes import KernelNode
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
 from cudapatch.errors import CudapatchError
 
-from .recording_driver import RecordingDriver, install, realize_recorded
+from .recording_driver import RecordingDriver, realize_recorded
 from .unfused import compile_plan
-
-
-@pytest.fixture
-def rec(monkeypatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
 
 
 def _chain(n: int, count: int) -> tuple[Context, list]:

@@ -17,13 +17,8 @@ from cudapatch.engine import Context, ExternalBinding
 from cudapatch.engine.buffers import BufferPool
 from cudapatch.engine.profiling import ProfilingLevel
 
-from .recording_driver import ChildGraphDriver, RecordingDriver, install, realize_recorded
+from .recording_driver import ChildGraphDriver, realize_recorded
 from .unfused import compile_plan  # one node per block: these tests are about unfused plans
-
-
-@pytest.fixture
-def rec(monkeypatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
 
 
 @pytest.fixture

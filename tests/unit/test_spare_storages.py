@@ -15,12 +15,7 @@ from cudapatch.engine.nodes import KernelNode, arg_value
 from cudapatch.engine.params import _layout, pack_arguments
 from cudapatch.errors import CudapatchError, KernelLoadError
 
-from .recording_driver import RecordingDriver, install, realize_recorded
-
-
-@pytest.fixture
-def rec(monkeypatch) -> RecordingDriver:
-    return install(monkeypatch, RecordingDriver())
+from .recording_driver import realize_recorded
 
 
 @pytest.fixture
