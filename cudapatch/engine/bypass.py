@@ -10,6 +10,14 @@ A block fused into one generated kernel with others (``compiler/fusion.py``) has
 the tier asks for a rebuild instead (the fusion phase leaves bypassed blocks out of groups), and the
 bypass applies to the graph that rebuild swaps in, as for a block whose buffers others share.
 
+Until that rebuild lands, a block whose buffers others share is *carried* where it can be: its one
+kernel node runs the engine's copy kernel (``delay_copy``) from its input of the same size into its
+own output, in place of its own code (``cuGraphExecKernelNodeSetParams``). The node keeps its place
+and its dependencies and touches only buffers it touched before, so buffer reuse cannot race it, and
+its readers see its input from the next frame on. A carried block is one kernel node (not fused,
+not a library call) with one output of its own whose value, and every value in the input's buffer,
+has that input's element type and count.
+
 The driver can disable kernel, memset and memcpy nodes only (``cuGraphNodeSetEnabled``); a block
 with a captured library call (a child-graph node) keeps running, and the decision says why.
 
@@ -27,18 +35,20 @@ touch, not the size of the patch. Tested without a GPU (``tests/unit/test_bypass
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..kernels.types import DType
+from .delay_copy import copy_entry
 from .memory_plan import shares_with_others
 from .plan import CapturedNodePlan, GraphPlan, KernelNodePlan, Slot
 
 if TYPE_CHECKING:
     from .compiler.resume import PlanDelta
 
-__all__ = ["BypassIndex", "BypassPlan", "Resource", "plan_bypass"]
+__all__ = ["BypassIndex", "BypassPlan", "Carry", "Resource", "plan_bypass"]
 
 #: A planned buffer (its index) or an external binding (its ``(block_id, port)`` key).
 Resource = Hashable
@@ -54,16 +64,30 @@ class BypassPlan:
             bypassed block's output.
         outputs: ``(block_id, port)`` of a bypassed output -> the resource it passes on.
         refused: Bypassed block id -> why its nodes keep running.
+        carried: Node index -> the copy it runs instead of its kernel (a block whose buffers others
+            share, until the rebuild that pins them lands).
     """
 
     disabled: frozenset[int] = frozenset()
     redirects: dict[Slot, Resource] = field(default_factory=dict)
     outputs: dict[tuple[int, str], Resource] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
+    carried: dict[int, Carry] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not (self.disabled or self.redirects)
+        return not (self.disabled or self.redirects or self.carried)
+
+
+class Carry(NamedTuple):
+    """A carried block's node copies argument ``src`` (its input) into argument ``dst`` (its output):
+    ``count`` elements of the copy kernel ``entry`` (``delay_copy.copy_entry``). The pointers are read
+    from the node's arguments whenever it goes to the driver (a Warm patch may move them)."""
+
+    src: int
+    dst: int
+    entry: str
+    count: int
 
 
 NO_BYPASS = BypassPlan()
@@ -108,9 +132,11 @@ class BypassIndex:
         self.nested: set[int] = set(plan.scopes) | {ni for c in plan.children for ni in c.nodes}
         #: block id -> its place in the plan's topological order (a decision sorts only what it bypasses)
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
-        #: bypassed blocks -> ``decide``'s answer: a toggle alternates between two sets, and an answer
-        #: depends on nothing else than this plan
-        self.decisions: dict[frozenset[int], tuple[frozenset[int], BypassPlan]] = {}
+        #: (bypassed blocks, carry) -> ``decide``'s answer: a toggle alternates between two sets, and an
+        #: answer depends on nothing else than this plan
+        self.decisions: dict[tuple[frozenset[int], bool], tuple[frozenset[int], BypassPlan]] = {}
+        #: block id -> ``(buffer, value)`` of each output of its own (made at the first carry)
+        self._own_values: dict[int, list] | None = None
         for n in plan.nodes:
             if isinstance(n, KernelNodePlan):
                 self._add(n, captured=False)
@@ -123,22 +149,78 @@ class BypassIndex:
             if buffers[bi].block_id == bid:  # a ``through`` output names its input's buffer: nothing to pass on
                 self.outputs.setdefault(bid, []).append((port, bi))
 
-    def decide(self, bypassed: Collection[int]) -> tuple[frozenset[int], BypassPlan]:
+    def decide(self, bypassed: Collection[int], carry: bool = False) -> tuple[frozenset[int], BypassPlan]:
         """What bypassing ``bypassed`` does to the graph running this plan, made once per set: the
         blocks that must wait for a rebuild, and the ``BypassPlan`` of the others.
 
         Buffer reuse gave the first ones' values to other blocks too, or fusion their node (computed in
         a fused kernel with others: no node of their own to turn off): bypassed now, their readers would
-        read another block's data (or the whole group would stop). They keep running until a rebuild
-        pins their values and takes them out of fused groups (the snapshot carries ``bypassed``)."""
+        read another block's data (or the whole group would stop). They wait for a rebuild that pins
+        their values and takes them out of fused groups (the snapshot carries ``bypassed``); with
+        ``carry`` (the copy kernels are loaded), those that can be are carried meanwhile (``Carry``)."""
         key = frozenset(bypassed)
-        decided = self.decisions.get(key)
+        decided = self.decisions.get((key, carry))
         if decided is None:
             shared = frozenset(shares_with_others(self.plan, key)) | self.fused.intersection(key)
             if len(self.decisions) >= 64:
                 self.decisions.clear()
-            decided = self.decisions[key] = (shared, plan_bypass(self, key - shared))
+            bp = plan_bypass(self, key - shared)
+            if carry and shared and not self.plan.delays:
+                carried = {}
+                for bid in shared:
+                    c = self._carry(bid)
+                    if c is not None:
+                        carried[c[0]] = c[1]
+                if carried:
+                    bp = dataclasses.replace(bp, carried=carried)
+            decided = self.decisions[(key, carry)] = (shared, bp)
         return decided
+
+    def _carry(self, bid: int) -> tuple[int, Carry] | None:
+        """Block ``bid``'s node and the copy that carries it, or None where it cannot be carried."""
+        plan, mem = self.plan, self.plan.memory
+        nodes = plan.block_nodes.get(bid, ())
+        if len(nodes) != 1 or bid in self.fused or mem is None or nodes[0] in self.nested:
+            return None
+        n = plan.nodes[nodes[0]]
+        if not isinstance(n, KernelNodePlan) or n.block_id != bid:
+            return None
+        # Its outputs of its own (a ``through`` port carries another block's value): exactly one.
+        if self._own_values is None:  # once per plan, at its first carry
+            self._own_values = {}
+            for key, vi in mem.ports.items():
+                v = mem.values[vi]
+                if v.block_id == key[0] and key in plan.outputs:
+                    self._own_values.setdefault(key[0], []).append((plan.outputs[key], v))
+        own = self._own_values.get(bid, ())
+        if len(own) != 1 or own[0][1].append:
+            return None
+        bo, out = own[0]
+        slots, params = n.descriptor.slots, n.descriptor.parameters
+        dst = src = None
+        for ai, a in enumerate(n.args):
+            if not a.is_pointer or a.kind not in ("buffer", "external"):
+                continue
+            direction = params[slots[ai].param].direction if ai < len(slots) else "inout"
+            if direction != "in":
+                if a.ref == bo and dst is None:
+                    dst = ai
+            elif src is None and a.ref != bo and a.dtype == out.dtype and self._holds_only(a.ref, out.dtype, out.count):
+                src = ai
+        if src is None or dst is None or plan.buffers[bo].count < out.count:
+            return None
+        entry, count = copy_entry(out.count * out.dtype.itemsize)
+        return n.index, Carry(src, dst, entry, count)
+
+    def _holds_only(self, res: Resource, dtype: DType, count: int) -> bool:
+        """Whether every value in ``res`` (a buffer: those that take turns in it) is ``count`` x ``dtype``."""
+        if not isinstance(res, int):
+            return self.plan.binding_counts.get(res) == count  # type: ignore[call-overload]
+        mem = self.plan.memory
+        values = mem.buffer_values().get(res) if mem is not None else None
+        if values is None:
+            return self.plan.buffers[res].count == count and self.plan.buffers[res].dtype == dtype
+        return all(mem.values[v].count == count and mem.values[v].dtype == dtype for v in values)  # type: ignore[union-attr]
 
     def _resume(self, plan: GraphPlan, previous: BypassIndex, delta: PlanDelta) -> None:
         """The index of ``plan`` from ``previous``'s: the nodes the delta names leave it and come back
@@ -154,6 +236,7 @@ class BypassIndex:
         self.nested = set()
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
         self.decisions = {}
+        self._own_values = None
         first, renumbered = delta.nodes, delta.renumbered
         old_nodes, new_nodes = delta.source.nodes, plan.nodes
         gone = [old_nodes[i] for i in sorted(renumbered)]

@@ -190,7 +190,11 @@ class Engine(PatchEditing, EngineResults):
         )
         self._params = ParamTier(dirty=self.context.dirty, board=self._board, counters=self.counters)
         self._bypass = BypassTier(
-            context=self.context, board=self._board, counters=self.counters, discard=self.resources.discard_later
+            context=self.context,
+            board=self._board,
+            counters=self.counters,
+            discard=self.resources.discard_later,
+            copies=self.resources.copy_kernels,
         )
         # Fused kernels recompiled with their resting scalar values, swapped in by the Code tier.
         self._specializer: Specializer | None = None

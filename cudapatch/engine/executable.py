@@ -21,6 +21,7 @@ plan.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import struct
@@ -34,10 +35,12 @@ from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
 from ..kernels._driver import check, driver
 from .buffers import AppendBuffer, GpuBuffer
-from .bypass import NO_BYPASS, BypassPlan
+from .bypass import NO_BYPASS, BypassPlan, Carry
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
 from .child_graphs import commit_child_nodes
 from .context import ExternalBinding
+from .delay_copy import BLOCK as COPY_BLOCK
+from .delay_copy import copy_grid
 from .device import DeviceContext
 from .nodes import KernelNode, RuntimeNode, arg_value
 from .params import (
@@ -331,6 +334,30 @@ class PreparedPatch:
             buf.unreserve(alloc)
 
 
+class _Carrier:
+    """The copy a carried node runs instead of its kernel (``bypass.Carry``): its launch, packed once,
+    with the pointers the node's own arguments hold (read again each time it goes to the driver)."""
+
+    __slots__ = ("launch", "src", "dst")
+
+    def __init__(self, function: Any, carry: Carry) -> None:
+        self.src, self.dst = carry.src, carry.dst
+        values = (ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint32(carry.count))
+        self.launch = PackedLaunch(function, values, threads=COPY_BLOCK, grid=copy_grid(carry.count))
+
+    def params(self, kn: KernelNode) -> Any:
+        """The copy's ``CUDA_KERNEL_NODE_PARAMS`` with the node's input and output pointers now."""
+        values, slots = self.launch.values, kn.slots
+        values[0].value = slots[self.src].value
+        values[1].value = slots[self.dst].value
+        return self.launch.params
+
+
+def _params(kn: KernelNode) -> Any:
+    """What the driver runs for kernel node ``kn``: its kernel, or the copy that carries it."""
+    return kn.params if kn.carrier is None else kn.carrier.params(kn)
+
+
 class _BypassStep:
     """What going from one bypass to another does to a graph's nodes, found once per pair of
     ``BypassPlan`` (``CompiledGraph.set_bypass``): a toggle alternates between two, and the frame then
@@ -348,15 +375,25 @@ class _BypassStep:
             applies the step's pointers), else None.
         targets: Binding key -> ``(node, slot)`` of the readers ``new`` redirects to that binding (a
             Warm rebind of it writes them too).
+        carries: ``(node, its _Carrier or None)`` of each node whose carry ``new`` starts, changes or ends.
         back: The step from ``new`` to ``old`` (made at the first step back): a toggle finds it here.
     """
 
-    __slots__ = ("old", "new", "switches", "pointers", "one", "targets", "back")
+    __slots__ = ("old", "new", "switches", "pointers", "one", "targets", "carries", "back")
 
-    def __init__(self, graph: CompiledGraph, old: BypassPlan, new: BypassPlan) -> None:
+    def __init__(
+        self, graph: CompiledGraph, old: BypassPlan, new: BypassPlan, copies: Mapping[str, Any] | None = None
+    ) -> None:
         self.old, self.new = old, new
         self.back: _BypassStep | None = None
         nodes, buffers = graph._nodes, graph.buffers
+        self.carries: list[tuple[KernelNode, _Carrier | None]] = []
+        for ni in old.carried.keys() | new.carried.keys():
+            carry = new.carried.get(ni)
+            if carry != old.carried.get(ni):
+                kn = nodes[ni]
+                fn = copies.get(carry.entry) if copies is not None and carry is not None else None
+                self.carries.append((kn, None if fn is None else _Carrier(fn, carry)))  # type: ignore[arg-type]
         self.switches: list[tuple[Any, int, Any]] = []
         for on, which in ((1, old.disabled - new.disabled), (0, new.disabled - old.disabled)):
             for ni in sorted(which):
@@ -638,7 +675,7 @@ class CompiledGraph(HandleOwner):
             if kn.child is not None:  # inside a composite's child graph: patched through it, below
                 inside.append(kn)
                 continue
-            (err,) = set_params(exec_, kn.handle, kn.params)
+            (err,) = set_params(exec_, kn.handle, kn.params if kn.carrier is None else kn.carrier.params(kn))
             if not err and exec1 is not None:  # the second phase of a graph with FrameDelays
                 (err,) = set_params(exec1, kn.handle, kn.alt_params)
             if err:
@@ -679,7 +716,7 @@ class CompiledGraph(HandleOwner):
     @staticmethod
     def _set_template(kn: KernelNode) -> None:
         check(
-            driver().cuGraphKernelNodeSetParams(kn.handle, kn.params),
+            driver().cuGraphKernelNodeSetParams(kn.handle, _params(kn)),
             "cuGraphKernelNodeSetParams",
             kernel=kn.plan.entry_point,
         )
@@ -712,7 +749,8 @@ class CompiledGraph(HandleOwner):
                     slot.value = value
                 if scalars and kn.generic is not None:  # a specialised kernel ignores the value: generic again
                     self._generalize(kn)
-                (err,) = self._set_params(self._exec, kn.handle, kn.params)
+                params = kn.params if kn.carrier is None else kn.carrier.params(kn)  # (carried: ``bypass.Carry``)
+                (err,) = self._set_params(self._exec, kn.handle, params)
                 if err:
                     self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
@@ -1037,7 +1075,7 @@ class CompiledGraph(HandleOwner):
         # driver as it is written, unless a bypass redirects readers (they are written below first).
         # Every node here is a top-level kernel node of a graph without a second phase (``prepare_patch``).
         redirects = self.bypass.redirects
-        direct = not redirects and not self._body_fallback
+        direct = not redirects and not self._body_fallback and not self.bypass.carried  # (carried: ``_commit``)
         set_params, exec_ = self._set_params, self._exec
         for kn, view, raw, grid, function, node in prepared.writes:
             view[:] = raw
@@ -1078,11 +1116,13 @@ class CompiledGraph(HandleOwner):
             self.on_generalize()
         return sent + len(touched)
 
-    def set_bypass(self, bp: BypassPlan) -> int:
+    def set_bypass(self, bp: BypassPlan, copies: Mapping[str, Any] | None = None) -> int:
         """Bypass: make ``bp`` (from ``bypass.plan_bypass`` of this graph's plan) the graph's bypass.
         Nodes leaving it are enabled and their readers read what the plan says again; nodes joining
         it are disabled (``cuGraphNodeSetEnabled``: kernel nodes only) and the readers it redirects
-        read the input instead. Visible from the next launch; nothing is re-instantiated.
+        read the input instead; the nodes it carries run the copy kernel ``copies`` holds for their
+        ``Carry`` (entry point -> loaded function; without one a node runs its own kernel).
+        Visible from the next launch; nothing is re-instantiated.
 
         Returns:
             The number of nodes enabled, disabled or patched.
@@ -1100,13 +1140,16 @@ class CompiledGraph(HandleOwner):
             if step is None or step.old is not old or step.new is not bp:  # once per pair
                 if len(self._bypass_steps) >= 16:
                     self._bypass_steps.clear()
-                step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp)
+                step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp, copies)
         set_enabled, exec_ = self._set_enabled, self._exec
         for handle, on, kn in step.switches:
             (err,) = set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
         touched: list[Any] = []
+        for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
+            kn.carrier = carrier
+            touched.append(kn)
         for slot, buf, res, kn, ai in step.pointers:
             if buf is not None:
                 ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
@@ -1120,8 +1163,8 @@ class CompiledGraph(HandleOwner):
                     touched.append(kn)
         if touched:
             kn = step.one
-            if kn is not None and self._exec1 is None and not self._body_fallback:  # one driver call, as ``_commit``
-                (err,) = self._set_params(exec_, kn.handle, kn.params)
+            if kn is not None and len(touched) == 1 and self._exec1 is None and not self._body_fallback:
+                (err,) = self._set_params(exec_, kn.handle, _params(kn))  # one driver call, as ``_commit``
                 if err:
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
             else:
@@ -1130,7 +1173,7 @@ class CompiledGraph(HandleOwner):
         self.bypass = bp
         back = step.back
         if back is None:
-            back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old)
+            back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old, copies)
             back.back = step  # (a cycle of two small objects: the collector frees it with the graph)
         self._bypass_back = back
         return len(step.switches) + len(touched)

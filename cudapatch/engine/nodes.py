@@ -66,6 +66,7 @@ class KernelNode:
         "alt_params",
         "generic",
         "special",
+        "carrier",
     )
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
@@ -86,6 +87,9 @@ class KernelNode:
         #: The ``(argument index, 32 bits)`` values the specialised kernel was made with (while ``generic``
         #: is set): a Warm patch that leaves them as they are (new pointers, counts, grids) keeps it.
         self.special: Any = None
+        #: While the node's block is carried (``bypass.Carry``): the copy it runs instead of its kernel
+        #: (``executable._Carrier``), which every update of the node gives the driver. None otherwise.
+        self.carrier: Any = None
 
     def __getattr__(self, name: str) -> Any:
         if name == "slots":  # the storage's slot objects, made at first use (``ParamStorage.slots``)

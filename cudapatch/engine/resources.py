@@ -21,7 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from ..errors import CudaError
@@ -105,6 +107,9 @@ class DeviceResources:
         self._publish_function: Any = None
         self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
         self._probe_function: Any = None
+        self._copies: dict[str, Any] | None = None  # the copy kernels that carry a bypass, once loaded
+        self._copies_wanted = 0  # the module generation they were asked for in (0: not asked)
+        self._generation = 1  # of the loaded modules: a context reset loads everything again
         #: Called with each graph ``install`` makes the running one (the engine's ``Specializer``).
         self.on_install = on_install
         self._closed = False
@@ -229,6 +234,35 @@ class DeviceResources:
             out[(n.block_id, n.kernel)] = fn
         return out
 
+    def copy_kernels(self) -> Mapping[str, Any] | None:
+        """The copy kernels that carry a bypassed block until its rebuild lands (``bypass.Carry``), by
+        entry point, or None until ``want_copy_kernels`` has them loaded."""
+        return self._copies
+
+    def want_copy_kernels(self, builder: KernelBuilder) -> None:
+        """Have ``builder`` compile and load the copy kernels in the background (the first build on the
+        build thread asks, so the first bypass finds them); once per context."""
+        generation = self._generation
+        if self._copies_wanted == generation:
+            return
+        self._copies_wanted = generation
+        from .delay_copy import copy_kernel
+
+        loaded: dict[str, Any] = {}
+        entries = ("delay_copy4", "delay_copy1")
+
+        def done(entry: str, future: Future) -> None:  # on the builder's thread
+            try:
+                loaded[entry] = future.result().function
+            except Exception as exc:  # noqa: BLE001 (a bypass then waits for its rebuild, as without them)
+                log.warning("the copy kernel %s did not load (%s): bypasses wait for their rebuild", entry, exc)
+                return
+            if len(loaded) == len(entries) and self._generation == generation:
+                self._copies = loaded
+
+        for entry in entries:
+            builder.submit(copy_kernel(entry)[0]).add_done_callback(partial(done, entry))
+
     def probe_function(self, plan: GraphPlan, builder: KernelBuilder) -> Any:
         """The probe kernel (``engine/probes.py``) when ``plan`` has probes, built at the first such plan.
 
@@ -273,6 +307,8 @@ class DeviceResources:
         self._dropped.clear()
         self._stamp_function = self._publish_function = self._probe_function = None
         self._region_functions = {}
+        self._copies, self._copies_wanted = None, 0
+        self._generation += 1
 
     def reset(self) -> None:
         """After a sticky fault: forget everything the dead context owned without touching it, reset

@@ -26,7 +26,7 @@ What neither can do in place becomes a structure change: the Cold tier (``build.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -486,6 +486,8 @@ class BypassTier:
         counters: ``bypass_updates`` is counted here.
         discard: Takes the index of a plan no longer running, to free it off the frame thread
             (``DeviceResources.discard_later``); None: it is freed where it is replaced.
+        copies: The loaded copy kernels that carry a block whose buffers others share until its
+            rebuild lands (``DeviceResources.copy_kernels``), or None while they are not loaded.
     """
 
     def __init__(
@@ -495,8 +497,10 @@ class BypassTier:
         board: DiagnosticBoard,
         counters: EngineCounters,
         discard: Callable[[Any], None] | None = None,
+        copies: Callable[[], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self._discard = discard
+        self._copies = copies
         self._context = context
         self._board = board
         self._counters = counters
@@ -528,10 +532,11 @@ class BypassTier:
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
             index = BypassIndex(g.plan)
             self._take_index(index)
-        shared, bp = index.decide(bypassed)  # once per set of bypassed blocks and plan
-        if shared:
+        copies = self._copies() if self._copies is not None else None
+        shared, bp = index.decide(bypassed, copies is not None)  # once per set of bypassed blocks and plan
+        if shared:  # the build that pins their values (those carried meanwhile copy their input)
             self._context.dirty.mark_structure()
-        self._counters.nodes_patched += g.set_bypass(bp)
+        self._counters.nodes_patched += g.set_bypass(bp, copies)
         self._counters.bypass_updates += 1
         self._bypassing = None if bp.empty else g
         if (bp.refused or self._refused) and bp.refused.keys() != self._refused:  # (no set made per toggle)

@@ -1,7 +1,8 @@
 """Bypass on a real GPU: ``block.enabled = False`` turns the block's kernels off in the running graph
 (``cuGraphNodeSetEnabled``) and its readers read its input, from the next frame, with no new graph;
-a block whose values share buffers (buffer reuse) or a fused kernel with others is bypassed once the
-one build that gives it its own is swapped in."""
+a block whose values share buffers (buffer reuse) copies its input into its output from the next frame
+(carried) until the one build that gives it buffers of its own is swapped in; a block fused into a
+kernel with others is bypassed once the build that gives it a node of its own is swapped in."""
 
 from __future__ import annotations
 
@@ -79,11 +80,12 @@ def test_bypassing_a_fused_member_builds_once_then_toggles_without_a_new_graph(
     assert engine.graph is graph and graph.instantiations == 1 and c.rebuilds == rebuilds + 1
 
 
-def test_a_bypass_whose_values_share_buffers_applies_once_the_build_that_pins_them_lands(
+def test_a_bypass_whose_values_share_buffers_is_carried_next_frame_until_the_build_that_pins_them_lands(
     tmp_path, rng: np.random.Generator
 ) -> None:
     # A live engine (builds on the build thread), unfused, buffer reuse on: the chain's values take turns
-    # in a few buffers, so the block keeps running until the build that gives its values their own lands.
+    # in a few buffers, so the block cannot be turned off until the build that gives its values their own
+    # lands; meanwhile its node copies its input into its output (carried), from the next frame on.
     with Engine(cache_dir=tmp_path / "kernel-cache", fuse=False) as e:
         x = _rand(rng, 4099)
         factors = [1.0 + i / 8 for i in range(8)]
@@ -93,16 +95,28 @@ def test_a_bypass_whose_values_share_buffers_applies_once_the_build_that_pins_th
         e.bind(blocks[0], "In", x)
         last, s3 = blocks[-1], blocks[3]
         run_until(e, lambda: e.graph is not None and last.id in e.graph.plan.block_order and not e.building)
+        run_until(e, lambda: e.resources.copy_kernels() is not None)  # asked for by the first build
         g = e.graph
         assert shares_with_others(g.plan, {s3.id})
+        x64 = x.astype(np.float64)
+        e.output(last, "Out").fill_bytes(0xFF)  # poison: the carried frame must write every element
         s3.enabled = False
-        e.update()  # nothing can be turned off yet (its readers would read another block's data): the build starts
-        assert e.building and e.graph is g and not g.bypass.disabled
+        e.update()  # carried: s3's node copies s2's output into its own; the build that pins them starts
+        assert e.building and e.graph is g and g.instantiations == 1 and not g.bypass.disabled
+        assert set(g.bypass.carried) == set(g.plan.block_nodes[s3.id])
+        np.testing.assert_allclose(e.read(last, "Out"), x64 * np.prod(factors) / factors[3], rtol=1e-5)
+        # Hot edits while it is carried: the carried block's value is kept for when it runs, another's lands.
+        s3.set("Factor", 5.0)
+        blocks[5].set("Factor", 2.0)
+        e.update()
+        factors[3], factors[5] = 5.0, 2.0
+        if e.graph is g:  # (the build may have landed in this frame)
+            want = np.prod([f for i, f in enumerate(factors) if i != 3])
+            np.testing.assert_allclose(e.read(last, "Out"), x64 * want, rtol=1e-5)
         run_until(e, lambda: not e.building)
         g2 = e.graph
         assert g2 is not g and not shares_with_others(g2.plan, {s3.id})
         assert set(g2.plan.block_nodes[s3.id]) <= g2.bypass.disabled  # applied before its first launch
-        x64 = x.astype(np.float64)
         for on in (False, True, False, True):  # the Bypass tier alone from here on
             s3.enabled = on
             e.output(last, "Out").fill_bytes(0xFF)  # poison: the next frame must write every element

@@ -191,7 +191,7 @@ class FakeGraph:
     def overwritten(self, block_id: int, port: str) -> bool:
         return False
 
-    def set_bypass(self, bp: Any) -> int:
+    def set_bypass(self, bp: Any, copies: Any = None) -> int:
         self.bypasses.append(bp)
         return len(bp.disabled) + len(bp.redirects)
 

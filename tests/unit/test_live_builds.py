@@ -647,13 +647,26 @@ def test_a_bypass_whose_values_share_buffers_applies_to_the_graph_the_pin_build_
         _landed(e)
         g, s40 = e.graph, blocks[40]
         assert g is not None and shares_with_others(g.plan, {s40.id})
+        deadline = time.monotonic() + 5.0
+        while e.resources.copy_kernels() is None:  # asked for by the first build on the build thread
+            assert time.monotonic() < deadline, "the copy kernels never loaded"
+            e.update()
+            time.sleep(0.005)
         realizer.hold()
         s40.enabled = False
         # Only the update that decides knows a build is needed: a wait for "no build, no structure edit"
         # must run a frame first (tests/gpu/test_incremental_plan_gpu.py's wait did not, and read too early).
         assert not (e.building or e.context.dirty.structure) and e.context.dirty.bypass
-        e.update()  # nothing turned off yet (its readers would read another block's data): the pin build starts
-        assert realizer.started.wait(5.0) and e.building and e.graph is g and all(bp.empty for bp in g.bypasses)
+        # Nothing turned off (its readers would read another block's data): its node copies its input into
+        # its output from this frame on (carried), and the pin build starts.
+        e.update()
+        assert realizer.started.wait(5.0) and e.building and e.graph is g
+        carried = g.bypasses[-1]
+        (node,) = g.plan.block_nodes[s40.id]
+        assert set(carried.carried) == {node} and not (carried.disabled or carried.redirects)
+        src, dst = carried.carried[node].src, carried.carried[node].dst
+        args = g.plan.nodes[node].args
+        assert args[src].ref == g.plan.outputs[(blocks[39].id, "Out")] and args[dst].ref == g.plan.outputs[(s40.id, "Out")]
         e.update()
         assert e.graph is g and "(bypassed)" in str(s40)
         realizer.gate.set()
