@@ -135,8 +135,6 @@ class BypassIndex:
         #: (bypassed blocks, carry) -> ``decide``'s answer: a toggle alternates between two sets, and an
         #: answer depends on nothing else than this plan
         self.decisions: dict[tuple[frozenset[int], bool], tuple[frozenset[int], BypassPlan]] = {}
-        #: block id -> ``(buffer, value)`` of each output of its own (made at the first carry)
-        self._own_values: dict[int, list] | None = None
         for n in plan.nodes:
             if isinstance(n, KernelNodePlan):
                 self._add(n, captured=False)
@@ -144,8 +142,11 @@ class BypassIndex:
             elif isinstance(n, CapturedNodePlan):
                 self._add(n, captured=True)
                 self.captured_blocks.add(n.block_id)
+        #: block id -> ``(port, buffer)`` of each of its outputs (``_carry`` looks for its own among them)
+        self.ports: dict[int, list[tuple[str, int]]] = {}
         buffers = plan.buffers
         for (bid, port), bi in plan.outputs.items():
+            self.ports.setdefault(bid, []).append((port, bi))
             if buffers[bi].block_id == bid:  # a ``through`` output names its input's buffer: nothing to pass on
                 self.outputs.setdefault(bid, []).append((port, bi))
 
@@ -186,13 +187,11 @@ class BypassIndex:
         if not isinstance(n, KernelNodePlan) or n.block_id != bid:
             return None
         # Its outputs of its own (a ``through`` port carries another block's value): exactly one.
-        if self._own_values is None:  # once per plan, at its first carry
-            self._own_values = {}
-            for key, vi in mem.ports.items():
-                v = mem.values[vi]
-                if v.block_id == key[0] and key in plan.outputs:
-                    self._own_values.setdefault(key[0], []).append((plan.outputs[key], v))
-        own = self._own_values.get(bid, ())
+        own = []
+        for port, bi in self.ports.get(bid, ()):
+            vi = mem.ports.get((bid, port))
+            if vi is not None and mem.values[vi].block_id == bid:
+                own.append((bi, mem.values[vi]))
         if len(own) != 1 or own[0][1].append:
             return None
         bo, out = own[0]
@@ -205,22 +204,32 @@ class BypassIndex:
             if direction != "in":
                 if a.ref == bo and dst is None:
                     dst = ai
-            elif src is None and a.ref != bo and a.dtype == out.dtype and self._holds_only(a.ref, out.dtype, out.count):
+            elif (
+                src is None and a.ref != bo and a.dtype == out.dtype and self._reads(n, a.ref) == (out.count, out.dtype)
+            ):
                 src = ai
         if src is None or dst is None or plan.buffers[bo].count < out.count:
             return None
         entry, count = copy_entry(out.count * out.dtype.itemsize)
         return n.index, Carry(src, dst, entry, count)
 
-    def _holds_only(self, res: Resource, dtype: DType, count: int) -> bool:
-        """Whether every value in ``res`` (a buffer: those that take turns in it) is ``count`` x ``dtype``."""
+    def _reads(self, n: KernelNodePlan, res: Resource) -> tuple[int, DType] | None:
+        """Element count and type of the value node ``n`` reads in ``res``: a binding's, or that of the
+        value in buffer ``res`` written by a node ``n`` depends on (a buffer several values take turns in
+        holds the one its last writer before ``n`` made). None where no such writer is found."""
+        plan = self.plan
         if not isinstance(res, int):
-            return self.plan.binding_counts.get(res) == count  # type: ignore[call-overload]
-        mem = self.plan.memory
-        values = mem.buffer_values().get(res) if mem is not None else None
-        if values is None:
-            return self.plan.buffers[res].count == count and self.plan.buffers[res].dtype == dtype
-        return all(mem.values[v].count == count and mem.values[v].dtype == dtype for v in values)  # type: ignore[union-attr]
+            count = plan.binding_counts.get(res)  # type: ignore[call-overload]
+            return None if count is None else (count, next(a.dtype for a in n.args if a.ref == res))
+        mem = plan.memory
+        for d in n.deps:
+            bid = getattr(plan.nodes[d], "block_id", None)
+            for port, bi in self.ports.get(bid, ()) if bid is not None else ():
+                vi = mem.ports.get((bid, port)) if bi == res and mem is not None else None
+                if vi is not None and mem.value_buffer[vi] == res:  # type: ignore[union-attr]
+                    v = mem.values[vi]  # type: ignore[union-attr]
+                    return v.count, v.dtype
+        return None
 
     def _resume(self, plan: GraphPlan, previous: BypassIndex, delta: PlanDelta) -> None:
         """The index of ``plan`` from ``previous``'s: the nodes the delta names leave it and come back
@@ -236,7 +245,6 @@ class BypassIndex:
         self.nested = set()
         self.position = {bid: i for i, bid in enumerate(plan.block_order)}
         self.decisions = {}
-        self._own_values = None
         first, renumbered = delta.nodes, delta.renumbered
         old_nodes, new_nodes = delta.source.nodes, plan.nodes
         gone = [old_nodes[i] for i in sorted(renumbered)]
@@ -299,17 +307,16 @@ class BypassIndex:
                     if isinstance(n, CapturedNodePlan):
                         self.captured_blocks.add(n.block_id)
         self.outputs = dict(previous.outputs)
+        self.ports = dict(previous.ports)
         buffers, outputs = plan.buffers, plan.outputs
         for bid in delta.blocks:
-            own = [
-                (port, outputs[(bid, port)])
-                for port in delta.ports.get(bid, ())
-                if (bid, port) in outputs and buffers[outputs[(bid, port)]].block_id == bid
-            ]
-            if own:
-                self.outputs[bid] = own
-            else:
-                self.outputs.pop(bid, None)
+            ports = [(port, outputs[(bid, port)]) for port in delta.ports.get(bid, ()) if (bid, port) in outputs]
+            own = [(port, bi) for port, bi in ports if buffers[bi].block_id == bid]
+            for table, entries in ((self.ports, ports), (self.outputs, own)):
+                if entries:
+                    table[bid] = entries
+                else:
+                    table.pop(bid, None)
 
     def _inputs_of(self, n: KernelNodePlan | CapturedNodePlan) -> None:
         slots, params = n.descriptor.slots, n.descriptor.parameters

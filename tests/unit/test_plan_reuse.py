@@ -237,7 +237,7 @@ def _edit_chain(c: Context, rng: random.Random, made: list, tail: list) -> dict:
     return {}
 
 
-INDEX = ("readers", "writers", "captured_readers", "inputs", "captured_blocks", "fused", "outputs", "nested")
+INDEX = ("readers", "writers", "captured_readers", "inputs", "captured_blocks", "fused", "outputs", "ports", "nested")
 
 
 def _both(snap, cache: NodeCache, last: tuple = (None, None), **kw) -> tuple:
@@ -263,6 +263,8 @@ def _both(snap, cache: NodeCache, last: tuple = (None, None), **kw) -> tuple:
         assert getattr(index_resumed, name) == getattr(index_whole, name), name
     assert index_resumed.position == index_whole.position
     assert plan_bypass(index_resumed, snap.bypassed) == plan_bypass(index_whole, snap.bypassed)
+    for b in snap.blocks[-3:]:  # carried decisions too (``bypass.Carry``: from ``ports``)
+        assert index_resumed.decide({b.id}, True) == index_whole.decide({b.id}, True)
     return resumed, index_resumed
 
 
