@@ -166,6 +166,9 @@ class Engine(PatchEditing, EngineResults):
         # recompiled kernel into the graph between frames: an executable graph takes one caller at a time.
         self._graph_lock = threading.Lock()
         self.kernels = KernelTracker(builder, watch_files=watch_files, swapper=self._swap_between_frames)
+        # The copy kernels that carry a first bypass (``bypass.Carry``): built in the background from the
+        # first frame on, beside the patch's own first kernels, so a bypass finds them loaded.
+        self.resources.want_copy_kernels(builder)
         self.wait_for_compile = wait_for_compile
         self.context = Context(code_listener=self._code_edited)
         #: How often each update tier ran since the engine started (``EngineCounters``: ``frames``,

@@ -240,8 +240,8 @@ class DeviceResources:
         return self._copies
 
     def want_copy_kernels(self, builder: KernelBuilder) -> None:
-        """Have ``builder`` compile and load the copy kernels in the background (the first build on the
-        build thread asks, so the first bypass finds them); once per context."""
+        """Have ``builder`` compile and load the copy kernels in the background (the engine asks at its
+        start, and the first build on the build thread after a context reset); once per context."""
         generation = self._generation
         if self._copies_wanted == generation:
             return
@@ -255,7 +255,8 @@ class DeviceResources:
             try:
                 loaded[entry] = future.result().function
             except Exception as exc:  # noqa: BLE001 (a bypass then waits for its rebuild, as without them)
-                log.warning("the copy kernel %s did not load (%s): bypasses wait for their rebuild", entry, exc)
+                if not builder.is_closed:  # (closing fails what is queued: nothing to say then)
+                    log.warning("the copy kernel %s did not load (%s): bypasses wait for their rebuild", entry, exc)
                 return
             if len(loaded) == len(entries) and self._generation == generation:
                 self._copies = loaded
