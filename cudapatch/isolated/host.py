@@ -976,13 +976,10 @@ class IsolatedEngine(HandleOwner):
             f"restarts={self.restarts} closed={self._closed}>"
         )
 
-    # -- teardown -----------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the child (it closes its engine), unmap its memory, release the host's side; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._disarm()
+    # -- teardown (``close()``: HandleOwner's, idempotent, around ``_release``) ----------------------
+    def _release(self) -> None:
+        """Stop the child (it closes its engine), unmap its memory, release the host's side (once, by
+        ``close()``)."""
         child, self._child = self._child, None
         self._processes.child = None
         if child is not None:
@@ -998,11 +995,13 @@ class IsolatedEngine(HandleOwner):
 
     def abandon(self) -> None:
         """End the engine process and forget the host's CUDA side without a driver call (its context
-        is gone); closes. The process's memory goes with it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._disarm()
+        is gone); closes. The process's memory goes with it. Does nothing once closed."""
+        # HandleOwner.abandon forgets again after close(): here that would abandon a closed host side.
+        if not self._closed:
+            super().abandon()
+
+    def _forget(self) -> None:
+        """End the engine process, forget the host's CUDA side (once, by ``abandon()``)."""
         self._child = None
         self._processes.end()
         self._gpu.abandon()

@@ -567,6 +567,13 @@ def test_an_abandoned_isolated_engine_ends_its_process_without_closing_the_cuda_
     assert ("close",) not in iso.gpu.calls
 
 
+def test_abandoning_a_closed_isolated_engine_leaves_its_closed_cuda_side_alone(iso):
+    iso.update()
+    iso.close()
+    iso.abandon()  # a no-op now: the host's side was closed, not lost
+    assert iso.is_closed and iso.gpu.calls[-1] == ("close",) and ("abandon",) not in iso.gpu.calls
+
+
 def test_isolated_mode_says_plainly_that_it_needs_linux(monkeypatch):
     from cudapatch.isolated import ipc
 
