@@ -111,7 +111,8 @@ class _DelayPair:
 
 class _Processes:
     """What an unclosed ``IsolatedEngine``'s finalizer ends (it must not hold the engine): the running
-    child, the launcher's reserve, and the host's side whose stream waits for the child's frames."""
+    child, the launcher's reserve, and the host's side whose stream waits for the child's frames. The
+    engine's one record of its child too (``IsolatedEngine._child`` reads it)."""
 
     __slots__ = ("child", "gpu", "launcher")
 
@@ -272,7 +273,6 @@ class IsolatedEngine(HandleOwner):
         self._fault_report: tuple | None = None
         self._replies: dict[int, tuple[bool, Any]] = {}
         self._next_request = 0
-        self._child: ChildLike | None = None
         #: New children started after one ended (GPU faults and crashes).
         self.restarts = 0
         #: Seconds from noticing the end of the last child to the new child's first frame sent.
@@ -321,11 +321,17 @@ class IsolatedEngine(HandleOwner):
     def child_pid(self) -> int | None:
         return getattr(self._child, "pid", None)
 
+    @property
+    def _child(self) -> ChildLike | None:
+        """The running child (None: lost, or closed). Kept in ``_processes``, which the finalizer of an
+        unclosed engine ends without holding the engine."""
+        return self._processes.child
+
     # -- the child ----------------------------------------------------------------------------------
     def _start_child(self) -> None:
         fd = self._gpu.start_parts(self._frame)
         cfg = dataclasses.replace(self._config, frame_word_fd=fd, start_frame=self._frame)
-        self._child = self._processes.child = self._launch(cfg)
+        self._processes.child = self._launch(cfg)
         self._mirror.forget()
         self._dirty.mark_structure()  # the next update sends the whole patch
         self._handles.clear()
@@ -355,7 +361,7 @@ class IsolatedEngine(HandleOwner):
         else:
             log.error("GPU fault in the isolated engine process (%s): %s", how, "; ".join(disabled.values()) or "?")
         self.counters.faults += 1
-        self._child = self._processes.child = None
+        self._processes.child = None
         if not self.policy.child_ended(end):
             self._engine_diags = (Diagnostic("error", None, DiagnosticCode.GPU_LOST, self.policy.lost or ""),)
             self._publish(tuple(diag_from_record(r) for r in records), None)
@@ -980,8 +986,7 @@ class IsolatedEngine(HandleOwner):
     def _release(self) -> None:
         """Stop the child (it closes its engine), unmap its memory, release the host's side (once, by
         ``close()``)."""
-        child, self._child = self._child, None
-        self._processes.child = None
+        child, self._processes.child = self._processes.child, None
         if child is not None:
             self._gpu.release(self._frame)
             self._drop_outputs()
@@ -1002,7 +1007,6 @@ class IsolatedEngine(HandleOwner):
 
     def _forget(self) -> None:
         """End the engine process, forget the host's CUDA side (once, by ``abandon()``)."""
-        self._child = None
         self._processes.end()
         self._gpu.abandon()
 
