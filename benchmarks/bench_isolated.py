@@ -45,6 +45,7 @@ from _timing import host_us  # noqa: E402
 
 from cudapatch import Engine, Fill, Scale  # noqa: E402
 from cudapatch.kernels._driver import check, driver  # noqa: E402
+from tests.gpu.isolated_fault_scenario import faulting_patch  # noqa: E402
 
 BLOCKS = 20
 
@@ -73,9 +74,6 @@ def hot(e, block):
     return step
 
 
-# The illegal-address kernel of tests/gpu/isolated_fault_scenario.py, planted the same way: harmless
-# until a Hot edit sets ``trigger``, then thread 0 stores to address 8.
-BAD = (Path(__file__).resolve().parents[1] / "tests" / "gpu" / "kernels" / "illegal_address.cu").read_text()
 PHASE_DEADLINE_S = 30.0  # a phase that takes longer is reported as not reached, and the trial ends
 TARGET_S = 1.0  # the engine runs again within this long of the fault
 HAVE_CUPY = importlib.util.find_spec("cupy") is not None
@@ -120,20 +118,14 @@ def _all_ok(checks: list[bool | None]) -> bool | None:
 
 
 def fault_trial(rng: np.random.Generator, settle_s: float) -> FaultTrial:
-    """Plant the fault in a new isolated engine, as ``isolated_fault_scenario.trial`` does, after
-    ``settle_s`` seconds of 60 fps frames, and time it (no assertions: each outcome is reported)."""
-    from cudapatch.blocks.library import CustomKernel
-
+    """Plant the fault in a new isolated engine (``isolated_fault_scenario.faulting_patch``, as its
+    ``trial`` does), after ``settle_s`` seconds of 60 fps frames, and time it (no assertions: each
+    outcome is reported)."""
     result = FaultTrial()
     checks = [_host_work(rng)]
     engine = Engine(isolated=True, wait_for_compile=True)
     try:
-        fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
-        bad = engine.add(CustomKernel(name="bad", Code=BAD))
-        bad.set("trigger", 0.0)
-        after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
-        engine.connect(fill, "Out", bad, "in")
-        engine.connect(bad, "out", after, "In")
+        bad, after, _ = faulting_patch(engine)
         engine.wait_ready()
         for _ in range(3):
             engine.update()

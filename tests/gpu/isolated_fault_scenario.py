@@ -12,18 +12,42 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-import cupy as cp
 import numpy as np
 
 from cudapatch import Engine, Fill, For, Scale
+from cudapatch.blocks.block import Block
 from cudapatch.blocks.library import CustomKernel
 
 BAD = (Path(__file__).resolve().parent / "kernels" / "illegal_address.cu").read_text()
 
 
+def faulting_patch(engine: Any, *, in_for: bool = False) -> tuple[Block, Block, Block | None]:
+    """Add the trial's patch to ``engine``: fill (2) -> 'bad' (the illegal-address kernel: out = in + 1,
+    until a Hot edit sets its ``trigger`` to 1) -> after (x 3 + 1): 10 before the fault, 1 once 'bad'
+    is disabled. ``in_for``: 'bad' runs in a ``For`` body (three iterations a frame) beside a Fill.
+    Also ``benchmarks/bench_isolated.py``'s patch.
+
+    Returns:
+        ``(bad, after, loop)``; ``loop`` is None without ``in_for``.
+    """
+    fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
+    loop = engine.add(For(name="loop", Count=3)) if in_for else None
+    if loop is not None:  # the body keeps a block running once 'bad' is disabled
+        engine.add(Fill(name="beside", Count=64, Value=1.0), region=loop)
+    bad = engine.add(CustomKernel(name="bad", Code=BAD), region=loop)
+    bad.set("trigger", 0.0)
+    after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
+    engine.connect(fill, "Out", bad, "in")
+    engine.connect(bad, "out", after, "In")
+    return bad, after, loop
+
+
 def host_work(rng: np.random.Generator) -> None:
     """The host's own CUDA work: must give the right result before and after every fault."""
+    import cupy as cp  # here, not at the top: the benchmark imports this module where CuPy may be missing
+
     a = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256, 256)).astype(np.float32)
     got = cp.asnumpy(cp.asarray(a) @ cp.asarray(b))
@@ -34,15 +58,7 @@ def trial(rng: np.random.Generator, in_for: bool = False) -> float:
     host_work(rng)
     engine = Engine(isolated=True, wait_for_compile=True)
     try:
-        fill = engine.add(Fill(name="fill", Count=4096, Value=2.0))
-        loop = engine.add(For(name="loop", Count=3)) if in_for else None
-        if loop is not None:  # the body keeps a block running once 'bad' is disabled
-            engine.add(Fill(name="beside", Count=64, Value=1.0), region=loop)
-        bad = engine.add(CustomKernel(name="bad", Code=BAD), region=loop)
-        bad.set("trigger", 0.0)
-        after = engine.add(Scale(name="after", Factor=3.0, Offset=1.0))
-        engine.connect(fill, "Out", bad, "in")
-        engine.connect(bad, "out", after, "In")
+        bad, after, loop = faulting_patch(engine, in_for=in_for)
         engine.wait_ready()
         for _ in range(3):
             engine.update()
