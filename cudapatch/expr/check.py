@@ -152,16 +152,17 @@ def _unknown_name(name: str, known: Iterable[str], col: int, *, closed_kind: Nam
 class _Checker:
     def __init__(
         self,
+        root: Node,
         names: Mapping[str, NameKind] | None,
         reserved: Mapping[str, str],
         declared: Mapping[str, NameKind],
         closed: bool,
     ) -> None:
+        self.root = root
         self.names = names
         self.reserved = reserved
         self.declared = declared
         self.closed = closed
-        self.open_names: tuple[str, ...] = ()  # names of the kinds not declared, which the case rule takes
         self.inputs: dict[str, None] = {}
         self.scalars: dict[str, None] = {}
         self.types: dict[int, Type] = {}
@@ -204,10 +205,20 @@ class _Checker:
         if kind is None:
             if self.names is not None:
                 raise _unknown_name(n, self.names, node.col, closed_kind=None)
-            known = [*self.declared, *self.open_names]
+            known = [*self.declared, *self._open_names()]
             raise _unknown_name(n, known, node.col, closed_kind=_by_case(n))
         (self.inputs if kind == "input" else self.scalars)[n] = None
         return "float"
+
+    def _open_names(self) -> tuple[str, ...]:
+        """The names of the whole expression that the case rule takes (their kind has none declared),
+        for an unknown name's message: only an error needs them, so only an error walks the tree for them."""
+        return tuple(
+            n
+            for n in _used_names(self.root)
+            if n not in self.declared and n not in FUNCTIONS and n not in BUILTIN_NAMES and n not in self.reserved
+            if _by_case(n) not in self.declared.values()
+        )
 
     @staticmethod
     def _want_number(operand: Node, t: Type, op: str) -> None:
@@ -305,14 +316,7 @@ def check(
             from the others'; with the column.
     """
     declared = declared or {}
-    c = _Checker(names, reserved or {}, declared, closed)
-    if closed and names is None:
-        c.open_names = tuple(
-            n
-            for n in _used_names(root)
-            if n not in declared and n not in FUNCTIONS and n not in BUILTIN_NAMES and n not in c.reserved
-            if _by_case(n) not in declared.values()
-        )
+    c = _Checker(root, names, reserved or {}, declared, closed)
     t = c.visit(root)
     if t == "bool":
         raise ExpressionError(
