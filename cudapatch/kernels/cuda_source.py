@@ -153,11 +153,20 @@ class CudaSource(KernelSource):
             KernelLoadError: the ``.cu`` cannot be read, or an include names a FIFO, a device or a
                 socket (NVRTC would block on it); the error names the include, the including file and line.
         """
+        return self._includes_of(self.text())
+
+    def _includes_of(self, text: str) -> tuple[Path, ...]:
+        """``includes`` of ``text``, this source's text as already read: ``cache_key`` and ``compile`` walk
+        the text they hash or compile, not a second read of the ``.cu`` that an edit may have changed.
+
+        Raises:
+            KernelLoadError: an include names a FIFO, a device or a socket (as ``includes``).
+        """
         found: list[Path] = []
         seen: set[Path] = set()
         search = self._include_dirs()
         # NVRTC looks first beside the program's name (for ``code``, a bare name: the working directory).
-        stack = [(self.text(), self._label, [Path(self._label).parent, *search])]
+        stack = [(text, self._label, [Path(self._label).parent, *search])]
         while stack:
             text, including, dirs = stack.pop()
             for name, line in _quoted_includes(text):
@@ -193,7 +202,7 @@ class CudaSource(KernelSource):
     def cache_key(self, arch: str) -> str:
         text = self.text()
         parts: list[str | bytes] = ["cuda", text, self.entry or "", arch, toolchain_version(), *self._nvrtc_options()]
-        for inc in self.includes():
+        for inc in self._includes_of(text):
             try:
                 parts += [str(inc), read_user_bytes(inc, what="included file", limit=MAX_CU_BYTES)]
             except CudapatchError:
@@ -203,7 +212,10 @@ class CudaSource(KernelSource):
     def compile(self, arch: str) -> KernelImage:
         text = self.text()
         desc = describe_cuda_source(text, self.entry, file=self._label)
-        self.includes()  # refuses an include NVRTC would block on (a FIFO), before NVRTC opens it
+        # Walked again, not taken from the cache key's walk: a header can become a FIFO after the key was made
+        # (and a compile mostly runs in the compiler process, from a pickled copy); refused here, just before
+        # NVRTC opens it, it cannot block NVRTC.
+        self._includes_of(text)
         cubin, symbol, _log = nvrtc_compile(
             text, name=self._label, entry=desc.entry_point, arch=arch, options=self._nvrtc_options()
         )

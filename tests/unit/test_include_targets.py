@@ -67,6 +67,27 @@ def test_a_fifo_include_in_a_cu_file_names_the_include_the_file_and_the_line(tmp
 
 
 @posix_only
+def test_the_key_and_the_compile_walk_the_includes_of_the_text_they_read(tmp_path: Path) -> None:
+    # The .cu saved again right after it was read: a second read for the walk would miss the FIFO include
+    # of the text that is hashed and handed to NVRTC.
+    os.mkfifo(tmp_path / "pipe.cuh")
+    cu = tmp_path / "k.cu"
+    clean = "#define V 2.0f\n" + KERNEL
+
+    class SavedAfterRead(CudaSource):
+        def text(self) -> str:
+            read = super().text()
+            cu.write_text(clean)
+            return read
+
+    source = SavedAfterRead(path=cu)
+    for step in (lambda: source.cache_key("sm_90"), lambda: source.compile("sm_90")):
+        cu.write_text('#include "pipe.cuh"\n' + clean)
+        err = _refusal(step)
+        assert err.file == str(cu) and err.line == 1 and "FIFO" in err.message, err
+
+
+@posix_only
 def test_a_fifo_include_fails_the_build_not_the_builder(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.cuh")
     cu = tmp_path / "k.cu"
