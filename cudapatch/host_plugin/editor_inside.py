@@ -33,7 +33,7 @@ from typing import Any
 from ..blocks.composite import Composite
 from .editor_layout import node_cell
 from .editor_model import source_text
-from .editor_views import COMPILING_FIRST, GroupView, LinkView, NodeView, PinView, param_view, shown_state
+from .editor_views import GroupView, LinkView, NodeView, PinView, param_view, shown_state
 
 __all__ = ["Inside", "finish_inside", "plan_inside", "refresh_inside"]
 
@@ -211,7 +211,7 @@ def refresh_inside(
             busy.add(target)
             target = target.rsplit("/", 1)[0]
     # The composite runs (OK, or Compiling an edit while the previous version runs) or it does not yet.
-    waiting = top.state == "NotCompiled" or (top.state == "Compiling" and top.compiling == COMPILING_FIRST)
+    waiting = top.block_state == "NotCompiled"
     base = "NotCompiled" if waiting else "OK"
     for path, view in inside.views.items():
         found = per.get(path)
@@ -222,5 +222,6 @@ def refresh_inside(
             view.message = "; ".join(d.message for d in found)
         else:
             view.message = ""
+        view.block_state = state
         view.state, view.compiling = shown_state(state, path in busy)
         view.gpu_ms = block_ms.get(view.block_id) if block_ms else None

@@ -372,7 +372,7 @@ class EditorModel:
             if prev is not None:  # keep the last statistics until the next refresh
                 view.state, view.message, view.gpu_ms, view.append = prev.state, prev.message, prev.gpu_ms, prev.append
                 view.code_errors, view.iterations, view.runs = prev.code_errors, prev.iterations, prev.runs
-                view.compiling = prev.compiling
+                view.compiling, view.block_state = prev.compiling, prev.block_state
             views[op] = view
             if view.kind in ("while", "for"):
                 loops.append((view, block, "Max" if view.kind == "while" else "Count"))
@@ -489,6 +489,7 @@ class EditorModel:
                 # An info (a first compile in flight) is no warning: the block is not built yet.
                 waiting = "NotCompiled" if any(d.code == DiagnosticCode.KERNEL_COMPILING for d in diags) else "OK"
                 state = "Error" if "error" in severities else "Warning" if "warning" in severities else waiting
+                view.block_state = state
                 view.state, view.compiling = shown_state(state, view.name in compiling)
                 view.message = "; ".join(d.message for d in diags)
                 view.code_errors = self._code_errors(view, view.message)
@@ -509,6 +510,7 @@ class EditorModel:
                 if full != view.code_source:
                     view.code_source = full
                     view.code_errors = self._code_errors(view, full)
+            view.block_state = b.state
             view.state, view.compiling = shown_state(b.state, view.name in compiling)
             view.message, view.gpu_ms = b.message, b.gpu_ms
             view.runs = getattr(b, "runs", None)

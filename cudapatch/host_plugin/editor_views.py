@@ -118,6 +118,9 @@ class NodeView:
     source: str = ""
     #: While one of its kernels compiles: a line saying so for the state's tooltip ("" otherwise).
     compiling: str = ""
+    #: The engine's state of the block (``OK``, ``NotCompiled``, ``Warning``, ``Error``), which ``state``
+    #: shows as ``Compiling`` while a compile is in flight (``shown_state``).
+    block_state: str = "OK"
 
 
 #: A rectangle in canvas units: ``(x0, y0, x1, y1)``.

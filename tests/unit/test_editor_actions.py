@@ -133,6 +133,7 @@ def test_a_composite_shows_its_inner_blocks_compiling_closed_and_open(tmp_path):
     assert {b.id for _, b in two.inner_blocks()} <= engine.kernels.compiling()
     model.refresh(_stats(adapter, "NotCompiled"))
     assert (model.nodes()["two"].state, model.nodes()["two"].compiling) == ("Compiling", COMPILING_FIRST)
+    assert model.nodes()["two"].block_state == "NotCompiled"  # what its inner nodes follow once open
     assert model.open("two")
     model.refresh(_stats(adapter, "NotCompiled"))
     drawn = model.drawn_nodes()
