@@ -40,20 +40,20 @@ def same_spec(adapter: HostAdapter, a: OperatorSpec | None, b: OperatorSpec) -> 
     return a.type == b.type or adapter.registry.get(a.type).name == adapter.registry.get(b.type).name
 
 
-def check_structure(adapter: HostAdapter, new: Patch, old: Patch | None, probes: dict[str, Block], lines: Any) -> None:
+def check_structure(
+    adapter: HostAdapter, new: Patch, old: Patch | None, probes: dict[str, Block], changed: set[str], lines: Any
+) -> None:
     """Refuse ``new`` before anything changes when its regions, links or kept outputs would be refused.
 
     Args:
         probes: A block built off to the side for each operator of ``new``, as the edit makes it.
+        changed: The operators of ``new`` the edit creates, swaps or changes (``same_spec`` tells).
         lines: ``new``'s line index (``patch._Lines``).
 
     Raises:
         PatchFileError: at the line of the region, link or ``keep`` setting.
     """
     file = str(new.path) if new.path else "<patch>"
-    old_ops = old.operators if old is not None else {}
-    present = adapter.operators()
-    changed = {n for n, s in new.operators.items() if n not in present or not same_spec(adapter, old_ops.get(n), s)}
     # An operator the edit leaves alone keeps its block: its description is the running one.
     descs = {n: (probes[n] if n in changed else adapter.block(n)).description for n in new.operators}
     for name, spec in new.operators.items():
@@ -156,7 +156,7 @@ class Saved:
 
     @classmethod
     def of(cls, adapter: HostAdapter, changing: set[str]) -> Saved:
-        """The adapter's state now; parameter values only of the operators in ``changing``."""
+        """The adapter's state now; parameter values only of the running operators in ``changing``."""
         types = adapter.operators()
         blocks = {op: adapter.block(op) for op in types}
         return cls(

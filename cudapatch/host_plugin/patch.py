@@ -549,10 +549,11 @@ def apply_patch(adapter: HostAdapter, new: Patch, old: Patch | None = None) -> d
     file = str(new.path) if new.path else "<patch>"
     old_ops = old.operators if old is not None else {}
     probes = _probe_operators(adapter, new, old_ops, file)
-    check_structure(adapter, new, old, probes, _Lines(new.text))
+    # Once the probes passed: they looked up every type same_spec looks up, an unknown one at its line.
     present = adapter.operators()
-    changing = {n for n, spec in new.operators.items() if n in present and not same_spec(adapter, old_ops.get(n), spec)}
-    saved = Saved.of(adapter, changing)
+    changed = {n for n, s in new.operators.items() if n not in present or not same_spec(adapter, old_ops.get(n), s)}
+    check_structure(adapter, new, old, probes, changed, _Lines(new.text))
+    saved = Saved.of(adapter, changed)
     try:
         return _change(adapter, new, old, file)
     except BaseException:
