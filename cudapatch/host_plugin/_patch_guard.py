@@ -218,7 +218,8 @@ class Saved:
             log.error("a failed edit could not be undone in full: %s", "; ".join(failures))
 
     def _unswap(self, adapter: HostAdapter, op: str) -> None:
-        adapter.hot_swap(op, self.types[op])
+        # fused as it was from the constructor (_put_values's set_fuse would describe the block a second time)
+        adapter.hot_swap(op, self.types[op], fuse=self.fuse.get(op, True))
         self._put_values(adapter.block(op), op)
 
     def _put_values(self, block: Block, op: str) -> None:

@@ -215,10 +215,11 @@ class HostAdapter:
             return False
         return self.engine.disconnect(self._ops[src_op], src_port, self._ops[dst_op], dst_port)
 
-    def hot_swap(self, op_id: str, new_type_or_code: str) -> Block:
+    def hot_swap(self, op_id: str, new_type_or_code: str, *, fuse: bool = True) -> Block:
         """Replace operator ``op_id``'s block, as a live-coding host does: a block type name makes a
         block of that type; anything else is CUDA code for a ``core.CustomKernel``. Links and values
         whose names still exist are restored; links that no longer fit are dropped (and logged).
+        ``fuse=False``: the constructor keyword of an elementwise block, as ``create`` takes it.
 
         Raises:
             CudapatchError: unknown operator or type; the old block stays in place.
@@ -229,7 +230,8 @@ class HostAdapter:
             bt, texts = self.registry.get(new_type_or_code), {}
         else:
             bt, texts = self.registry.get("core.CustomKernel"), {"Code": new_type_or_code}
-        new = bt.create(op_id, **texts)  # fails before anything changes
+        # fails before anything changes
+        new = bt.create(op_id, **texts) if fuse else bt.create(op_id, fuse=False, **texts)
         values = {n: p.value for n, p in old.params.items() if p.spec.kind != "text"}
         links = self._links.of(op_id)
         region = self._regions.region(op_id)

@@ -714,11 +714,9 @@ def _apply_operator(
     scalars = _scalars(bt)
     ordered = sorted(spec.params.items(), key=lambda kv: not (isinstance(kv[1], str) and kv[0] not in scalars))
     if before is not None and adapter.registry.get(before.type).name != bt.name:
-        adapter.hot_swap(name, bt.name)
+        adapter.hot_swap(name, bt.name, fuse=spec.fuse)  # fuse to the constructor: one description
         for key, value in ordered:
             adapter.set_param(name, key, value)
-        if not spec.fuse:
-            set_fuse(adapter.block(name), False)
         counts["swapped"] += 1
         return
     prev = before.params if before is not None else {}

@@ -1,13 +1,15 @@
 """``fuse = false`` in a patch file's operator table: the per-block opt-out of ``Scale(fuse=False)``,
-checked with its line, applied on load and on a reload (the same block, described again), and kept by
-the node editor's document."""
+checked with its line, applied on load and on a reload (the same block, described again; a swapped-in
+block, or one an undone edit swaps back, is built with it and described once), and kept by the node
+editor's document."""
 
 from __future__ import annotations
 
 import pytest
 
+from cudapatch.blocks.library.basic import Scale
 from cudapatch.engine.compiler.fusion import FusedSource
-from cudapatch.errors import PatchFileError
+from cudapatch.errors import CudapatchError, PatchFileError
 from cudapatch.host_plugin import HostAdapter, PluginHost, apply_patch, parse_patch
 from cudapatch.host_plugin.patch_writer import PatchDocument
 
@@ -79,6 +81,55 @@ def test_a_reload_that_changes_fuse_describes_the_same_block_again() -> None:
     assert counts["params"] == 2 and counts["created"] == counts["swapped"] == 0
     engine.update()
     assert _groups(engine, adapter) == [("f", "a", "b")]
+
+
+def _descriptions(monkeypatch: pytest.MonkeyPatch) -> list[Scale]:
+    """The ``core.Scale`` blocks described from now on, once per description."""
+    described: list[Scale] = []
+    describe = Scale.describe
+
+    def counting(self: Scale, b: object) -> None:
+        described.append(self)
+        describe(self, b)
+
+    monkeypatch.setattr(Scale, "describe", counting)
+    return described
+
+
+def test_a_reload_that_swaps_in_an_operator_with_fuse_false_describes_its_block_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adapter = HostAdapter(PlanOnlyEngine(), REG)
+    first = parse_patch(CHAIN, path="p.toml", registry=REG)
+    apply_patch(adapter, first)
+    described = _descriptions(monkeypatch)
+    expression = 'type = "core.Expression"\nCode = "In + 1.0"\nInputs = "In"\n'
+    second = parse_patch(CHAIN.replace(expression, 'type = "core.Scale"\nfuse = false\n'), path="p.toml", registry=REG)
+    counts = apply_patch(adapter, second, first)
+    c = adapter.block("c")
+    assert counts["swapped"] == 1 and isinstance(c, Scale) and c.fuse is False
+    assert sum(b is c for b in described) == 1  # fuse=False to the constructor, not set on it afterwards
+
+
+def test_an_undone_edit_swaps_back_an_operator_with_fuse_false_described_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = HostAdapter(PlanOnlyEngine(), REG)
+    first = parse_patch(CHAIN, path="p.toml", registry=REG)
+    apply_patch(adapter, first)
+    b = adapter.block("b")
+    expression = 'type = "core.Expression"\nCode = "In * 4.0"\nInputs = "In"'
+    swapped = CHAIN.replace('type = "core.Scale"\nfuse = false\nFactor = 3.0', expression)
+    second = parse_patch(swapped + '\n[operators.x]\ntype = "core.Scale"\n', path="p.toml", registry=REG)
+
+    def refuse(*args: object, **kwargs: object) -> None:  # refused after the probe passed (a file changed ...)
+        raise CudapatchError("refused", block="x")
+
+    monkeypatch.setattr(adapter, "create", refuse)
+    described = _descriptions(monkeypatch)
+    with pytest.raises(PatchFileError, match="refused"):
+        apply_patch(adapter, second, first)  # b is swapped to an Expression before x fails: the undo swaps it back
+    back = adapter.block("b")
+    assert back is not b and isinstance(back, Scale) and back.fuse is False and back.params["Factor"].value == 3.0
+    assert sum(blk is back for blk in described) == 1
 
 
 @pytest.mark.parametrize(
