@@ -273,25 +273,21 @@ class HostAdapter:
             CudapatchError: unknown operator.
             ParameterError: unknown parameter, wrong type, out of range (the old value stays).
         """
-        block = self._ops.get(op_id)
-        if block is None:
-            self.block(op_id)  # raises the precise error
-        p = block.params.get(name)  # type: ignore[union-attr]
+        block = self.block(op_id)
+        self._set(block, name, value, resolve=True)
+        if name in ("Count", "Type") and self._rings.takes_ring(block):
+            self._rings.attach(op_id, block)  # the build for the new size binds a ring of it
+
+    def _set(self, block: Block, name: str, value: Any, *, resolve: bool = False) -> None:
+        """Set ``block``'s parameter ``name`` from a host value, coerced to the parameter's type; with
+        ``resolve``, a text value is resolved first (``resolve_text``). ``create`` leaves it off: its
+        text values went to the constructor, resolved there."""
+        p = block.params.get(name)
         if p is None:
             check_param(block, name)  # raises, naming the block's parameters
         spec = p.spec  # type: ignore[union-attr]
-        if spec.kind == "text" and isinstance(value, str):
+        if resolve and spec.kind == "text" and isinstance(value, str):
             value = self.resolve_text(name, value)
-        block.set(name, coerce_host_value(spec, value))  # type: ignore[union-attr]
-        if name in ("Count", "Type") and self._rings.takes_ring(block):  # type: ignore[arg-type]
-            self._rings.attach(op_id, block)  # type: ignore[arg-type]  # the build for the new size binds a ring of it
-
-    @staticmethod
-    def _set(block: Block, name: str, value: Any) -> None:
-        p = block.params.get(name)
-        if p is None:
-            check_param(block, name)
-        spec = p.spec  # type: ignore[union-attr]
         block.set(name, coerce_host_value(spec, value))
 
     def set_bypass(self, op_id: str, on: bool) -> None:
