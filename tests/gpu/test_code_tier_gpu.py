@@ -147,8 +147,9 @@ def test_second_engine_hits_the_disk_cache(tmp_path: Path, rng: np.random.Genera
             slot = e.kernels._slots[(ck.id, 0)]
             assert slot.good is not None and slot.good.origin == expected
             np.testing.assert_allclose(e.read(ck, "out"), x.astype(np.float64) + 7.0, rtol=1e-6)
-    entry = next(tmp_path.glob("*.cubin"))
-    entry.write_bytes(entry.read_bytes()[:100])  # a corrupt entry is detected and rebuilt
+    # The kernel's entry (the engine's own copy kernels are cached beside it): corrupt, detected and rebuilt.
+    (entry,) = [p for p in tmp_path.glob("*.cubin") if b'"symbol": "k"' in p.read_bytes()[:4096]]
+    entry.write_bytes(entry.read_bytes()[:100])
     with Engine(cache_dir=tmp_path, wait_for_compile=True) as e:
         ck = e.add(CustomKernel(name="ck", Code=code))
         e.bind(ck, "in", x)
