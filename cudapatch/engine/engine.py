@@ -285,6 +285,8 @@ class Engine(PatchEditing, EngineResults):
                 res = self.resources
                 if res.graph is g:  # (else another thread swapped or closed it meanwhile: the general path)
                     self.device.make_current()
+                    if FRAME_GUARD.busy:  # background Python runs beside frames: it waits for this one
+                        FRAME_GUARD.enter()
                     try:
                         if dirty.any:
                             if not self._edits(res):  # a fault of an earlier frame surfaced: recovered, no launch
@@ -304,7 +306,7 @@ class Engine(PatchEditing, EngineResults):
                             if g.readback is not None:
                                 g.readback.record(self.counters.frames)
                     finally:
-                        if FRAME_GUARD.owner:  # an edit that started a build entered it: the launch ran first
+                        if FRAME_GUARD.owner:  # (entered above, or by an edit that started a build)
                             FRAME_GUARD.leave()
                     self.counters.frames += 1
                     g = None
@@ -320,8 +322,9 @@ class Engine(PatchEditing, EngineResults):
             self.counters.frames += 1
             return
         # A build in flight waits at its checkpoints while this frame runs (``pacing.FrameGuard``; a
-        # build this frame starts waits too: ``EditApplier.apply``).
-        if self._worker.busy or self._worker.tailing:  # (a replaced plan freed after a build yields too)
+        # build this frame starts waits too: ``EditApplier.apply``), as do a replaced plan being freed
+        # after a build and other background Python that says it is ``working``.
+        if self._worker.busy or self._worker.tailing or FRAME_GUARD.busy:
             FRAME_GUARD.enter()
         try:
             with self._graph_lock:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudapatchError
+from ..kernels.pacing import FRAME_GUARD, checkpoint
 from .compiler.fusion import FUSED_KERNEL
 from .kernels import KernelOutcome
 
@@ -124,13 +125,18 @@ class Specializer:
         if g is not self._graph_seen:  # a new graph: what was seen or asked of the old one is void
             fused = [(n.block_id, n.kernel) for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
             self._graph_seen, self._fused, self._seen, self._asked = g, fused, {}, {}
+        with FRAME_GUARD.working():  # a look over 10,000 fused scalars: frames first (``pacing``)
+            return self._look(g)
+
+    def _look(self, g: Any) -> bool:
         again = False
         for key in self._fused:
+            checkpoint()  # (a group's scalars at a time, between frames)
             source = g.kernel_source(key)
             program = getattr(source, "program", None)
             if program is None or not program.scalars:
                 continue
-            values = g.argument_bits(key, [program.scalar_param(s) for s in range(len(program.scalars))])
+            values = g.argument_bits(key, program.scalar_params)
             if values is None:
                 continue
             if self._seen.get(key) != values:

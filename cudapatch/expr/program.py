@@ -134,6 +134,13 @@ class Program:
     def scalar_param(self, s: int) -> int:
         return 2 * len(self.inputs) + len(self.outputs) + s
 
+    @cached_property
+    def scalar_params(self) -> tuple[int, ...]:
+        """Descriptor index of every scalar, in order (the specialiser reads them every look: a fused
+        group's 500 made one at a time were most of a look)."""
+        first = 2 * len(self.inputs) + len(self.outputs)
+        return tuple(range(first, first + len(self.scalars)))
+
     @property
     def count_param(self) -> int:
         return 2 * len(self.inputs) + len(self.outputs) + len(self.scalars)

@@ -18,12 +18,17 @@ frame waits for it again: up to the switch interval (0.1 ms while a build runs) 
 that patches 20 Hot values took 2 ms (H100 host, ``benchmarks/bench_host_driven.py``). ``FRAME_GUARD``
 stops that: the frame thread holds it through ``update()`` while a build is in flight, and the build's
 loops call ``checkpoint()``, which waits (without the GIL) until the frame is over.
+
+Other background Python that runs beside frames for a while (the specialiser's looks over a fused
+patch's scalars) says so with ``FRAME_GUARD.working()``: frames hold the guard then too, quiet ones
+included (one attribute test otherwise), and its loops call ``checkpoint()`` as a build's do.
 """
 
 from __future__ import annotations
 
 import _thread
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 __all__ = ["FRAME_GUARD", "FrameGate", "FrameGuard", "checkpoint"]
 
@@ -75,13 +80,28 @@ class FrameGuard:
     its frame) runs unguarded rather than wait for it.
     """
 
-    __slots__ = ("owner", "_free")
+    __slots__ = ("owner", "busy", "_free", "_count")
 
     def __init__(self) -> None:
         self._free = _thread.allocate_lock()
+        self._count = _thread.allocate_lock()
         #: The thread in its frame (its ident), 0 when none: read without the lock by ``checkpoint``
         #: (a stale read costs one wait or one pass).
         self.owner = 0
+        #: How many background threads are ``working()`` now: a frame holds the guard while any is.
+        self.busy = 0
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """Around background Python that is not a build (which the engine knows of): frames hold the
+        guard while it runs, so its ``checkpoint()`` calls wait for them."""
+        with self._count:
+            self.busy += 1
+        try:
+            yield
+        finally:
+            with self._count:
+                self.busy -= 1
 
     @property
     def in_frame(self) -> bool:

@@ -166,3 +166,18 @@ def test_a_job_handed_over_inside_a_frame_starts_after_it(long_checkpoints: None
     worker.take()
     worker.close()
     assert order == ["rest of the frame", "build"]
+
+
+def test_frames_hold_the_guard_while_background_python_says_it_is_working(
+    engine: Any,  # noqa: F811 (the fixture)
+    realizer: Realizer,  # noqa: F811
+    guarded: list[bool],
+) -> None:
+    _fill, _scale = _chain(engine)
+    _landed(engine)
+    guarded.clear()
+    engine.update()  # quiet, nothing working: no guard
+    with FRAME_GUARD.working():  # as the specialiser's look (its checkpoints then wait for frames)
+        assert FRAME_GUARD.busy == 1
+        engine.update()  # quiet, but held
+    assert guarded == [False, True] and FRAME_GUARD.busy == 0 and not FRAME_GUARD.in_frame

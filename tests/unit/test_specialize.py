@@ -535,3 +535,13 @@ def test_one_unpack_reads_the_words_at_random_offsets_in_the_order_asked_as_unpa
         expected = tuple(struct.unpack_from("<I", raw, o)[0] for o in at)
         for storage in (raw, bytearray(raw), (ctypes.c_ubyte * len(raw)).from_buffer_copy(raw)):  # (a ParamStorage's)
             assert read(storage) == expected, (trial, at)
+
+
+def test_a_programs_scalar_arguments_are_one_tuple_made_once() -> None:
+    from cudapatch.expr.check import compile_expression
+    from cudapatch.expr.program import single
+
+    program = single(compile_expression("x * Gain + Offset + y"))
+    assert program.scalars == ("Gain", "Offset")
+    assert program.scalar_params == tuple(program.scalar_param(s) for s in range(len(program.scalars)))
+    assert program.scalar_params is program.scalar_params  # (a look reads a group's 500 every time)
