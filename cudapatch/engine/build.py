@@ -300,7 +300,6 @@ class GraphBuilds:
             # The bypass decision for what is bypassed now (none, usually) is made here, with what shares
             # buffers (O(blocks): 10 ms at 10,000), not at the swap or the graph's first bypass toggle.
             out.bypass_index.decide(snap.bypassed)
-            self._resources.want_copy_kernels(self._kernels.builder)  # to carry a first bypass (``bypass.Carry``)
         # What the blocks show of it, as differences from what they show now: the swap frame writes only those.
         checkpoint()
         out.view = built_view(out.plan, snap.names, job.shown, self._plans.delta)

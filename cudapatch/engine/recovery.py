@@ -118,6 +118,7 @@ class Recovery:
             try:
                 self._resources.reset()
                 self._kernels.reload(self._resources.modules)
+                self._resources.want_copy_kernels(self._kernels.builder)  # (the old context's went with it)
             except CudaError as reset_error:
                 refused = f"{reset_error.name} on reset"
             else:

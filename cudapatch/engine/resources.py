@@ -108,7 +108,6 @@ class DeviceResources:
         self._region_functions: dict[str, Any] = {}  # set-condition kernels of regions, by entry point
         self._probe_function: Any = None
         self._copies: dict[str, Any] | None = None  # the copy kernels that carry a bypass, once loaded
-        self._copies_wanted = 0  # the module generation they were asked for in (0: not asked)
         self._generation = 1  # of the loaded modules: a context reset loads everything again
         #: Called with each graph ``install`` makes the running one (the engine's ``Specializer``).
         self.on_install = on_install
@@ -241,11 +240,8 @@ class DeviceResources:
 
     def want_copy_kernels(self, builder: KernelBuilder) -> None:
         """Have ``builder`` compile and load the copy kernels in the background (the engine asks at its
-        start, and the first build on the build thread after a context reset); once per context."""
+        start, the recovery after a context reset). Loads for an earlier context are dropped."""
         generation = self._generation
-        if self._copies_wanted == generation:
-            return
-        self._copies_wanted = generation
         from .delay_copy import copy_kernel
 
         loaded: dict[str, Any] = {}
@@ -308,7 +304,7 @@ class DeviceResources:
         self._dropped.clear()
         self._stamp_function = self._publish_function = self._probe_function = None
         self._region_functions = {}
-        self._copies, self._copies_wanted = None, 0
+        self._copies = None
         self._generation += 1
 
     def reset(self) -> None:

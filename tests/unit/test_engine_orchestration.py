@@ -669,8 +669,11 @@ def test_both_frame_paths_report_a_refused_launch_and_survive_a_fault_alike(
     monkeypatch.setattr(FakeGraph, "fault", True)
     gate = _WantedGate()
     monkeypatch.setattr(engine, "_gate", gate)  # the kernel builder waits for the end of a frame
+    copies = engine.resources.copy_kernels()
     engine.update()  # no exception: recovered
     assert engine.counters.faults == 1 and g.abandoned and engine.lost is None
+    reloaded = engine.resources.copy_kernels()  # asked for again in the new context (a bypass carries with them)
+    assert copies is not None and reloaded is not None and reloaded is not copies
     assert scale.debug.state is BlockState.ERROR
     assert gate.opened == 1, "the frame that recovered did not let the waiting builder run"
 
