@@ -204,31 +204,27 @@ class BypassIndex:
             if direction != "in":
                 if a.ref == bo and dst is None:
                     dst = ai
-            elif (
-                src is None and a.ref != bo and a.dtype == out.dtype and self._reads(n, a.ref) == (out.count, out.dtype)
-            ):
+            elif src is None and a.ref != bo and a.dtype == out.dtype and self._count_read(n, a.ref) == out.count:
                 src = ai
         if src is None or dst is None or plan.buffers[bo].count < out.count:
             return None
         entry, count = copy_entry(out.count * out.dtype.itemsize)
         return n.index, Carry(src, dst, entry, count)
 
-    def _reads(self, n: KernelNodePlan, res: Resource) -> tuple[int, DType] | None:
-        """Element count and type of the value node ``n`` reads in ``res``: a binding's, or that of the
-        value in buffer ``res`` written by a node ``n`` depends on (a buffer several values take turns in
-        holds the one its last writer before ``n`` made). None where no such writer is found."""
+    def _count_read(self, n: KernelNodePlan, res: Resource) -> int | None:
+        """Element count of the value node ``n`` reads in ``res``: a binding's, or that of the value in
+        buffer ``res`` written by a node ``n`` depends on (a buffer several values take turns in holds
+        the one its last writer before ``n`` made). None where no such writer is found."""
         plan = self.plan
         if not isinstance(res, int):
-            count = plan.binding_counts.get(res)  # type: ignore[call-overload]
-            return None if count is None else (count, next(a.dtype for a in n.args if a.ref == res))
+            return plan.binding_counts.get(res)  # type: ignore[call-overload]
         mem = plan.memory
         for d in n.deps:
             bid = getattr(plan.nodes[d], "block_id", None)
             for port, bi in self.ports.get(bid, ()) if bid is not None else ():
                 vi = mem.ports.get((bid, port)) if bi == res and mem is not None else None
                 if vi is not None and mem.value_buffer[vi] == res:  # type: ignore[union-attr]
-                    v = mem.values[vi]  # type: ignore[union-attr]
-                    return v.count, v.dtype
+                    return mem.values[vi].count  # type: ignore[union-attr]
         return None
 
     def _resume(self, plan: GraphPlan, previous: BypassIndex, delta: PlanDelta) -> None:
