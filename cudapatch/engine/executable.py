@@ -376,10 +376,13 @@ class _BypassStep:
         targets: Binding key -> ``(node, slot)`` of the readers ``new`` redirects to that binding (a
             Warm rebind of it writes them too).
         carries: ``(node, its _Carrier or None)`` of each node whose carry ``new`` starts, changes or ends.
+        direct: ``(slot, buffer)`` of every pointer, where all are buffers of ``one`` and nothing is
+            carried (a toggle's usual step), else None: ``set_bypass`` then writes them and makes its
+            one driver call without comparing or collecting anything.
         back: The step from ``new`` to ``old`` (made at the first step back): a toggle finds it here.
     """
 
-    __slots__ = ("old", "new", "switches", "pointers", "one", "targets", "carries", "back")
+    __slots__ = ("old", "new", "switches", "pointers", "one", "targets", "carries", "direct", "back")
 
     def __init__(
         self, graph: CompiledGraph, old: BypassPlan, new: BypassPlan, copies: Mapping[str, Any] | None = None
@@ -417,6 +420,8 @@ class _BypassStep:
         readers = {id(p[3]) for p in self.pointers}
         kn = self.pointers[0][3] if len(readers) == 1 else None
         self.one = kn if type(kn) is KernelNode and kn.child is None and kn.body is None else None
+        direct = self.one is not None and not self.carries and all(p[1] is not None for p in self.pointers)
+        self.direct = [(p[0], p[1]) for p in self.pointers] if direct else None
         self.targets: dict[Any, list] = {}
         for (ni, ai), res in redirects.items():
             if not isinstance(res, int):
@@ -1130,7 +1135,8 @@ class CompiledGraph(HandleOwner):
         Raises:
             CudaError: a driver call failed.
         """
-        self._check_open("CompiledGraph.set_bypass")
+        if self._closed or self._stores_given:  # (two attribute tests: a toggle is a frame's edit)
+            self._check_open("CompiledGraph.set_bypass")
         old = self.bypass
         if bp is old:
             return 0
@@ -1146,6 +1152,16 @@ class CompiledGraph(HandleOwner):
             (err,) = set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
+        direct = step.direct
+        if direct is not None and self._exec1 is None and not self._body_fallback:
+            for slot, buf in direct:  # (the buffers' pointers now: a Warm growth may have moved them)
+                slot.value = buf._alloc.ptr
+            kn = step.one
+            (err,) = self._set_params(exec_, kn.handle, _params(kn))  # (carried by an earlier step: the copy)
+            if err:
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+            self._stepped(step, bp, old, copies)
+            return len(step.switches) + 1
         touched: list[Any] = []
         for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
             kn.carrier = carrier
@@ -1169,6 +1185,11 @@ class CompiledGraph(HandleOwner):
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
             else:
                 self._commit(touched)
+        self._stepped(step, bp, old, copies)
+        return len(step.switches) + len(touched)
+
+    def _stepped(self, step: _BypassStep, bp: BypassPlan, old: BypassPlan, copies: Mapping[str, Any] | None) -> None:
+        # ``set_bypass`` took ``step``: ``bp`` is the graph's bypass now, and a toggle back finds its step.
         self._redirect_targets = step.targets
         self.bypass = bp
         back = step.back
@@ -1176,7 +1197,6 @@ class CompiledGraph(HandleOwner):
             back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old, copies)
             back.back = step  # (a cycle of two small objects: the collector frees it with the graph)
         self._bypass_back = back
-        return len(step.switches) + len(touched)
 
     def _binding_ptr(self, key: Any) -> int:
         # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm

@@ -522,11 +522,14 @@ class BypassTier:
         Raises:
             CudaError: a driver call failed.
         """
-        self._context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
-        if g is not None and index is not None and index.plan is g.plan:
+        context = self._context
+        context.dirty.take_bypass()  # and ``dirty.any`` recomputed: the next clean frame tests one flag
+        if g is None:
+            return
+        if index is not None and index.plan is g.plan:
             self._take_index(index)
-        bypassed = self._context.bypassed
-        if g is None or (not bypassed and self._bypassing is not g and not self._refused):
+        bypassed = context.bypassed
+        if not bypassed and self._bypassing is not g and not self._refused:
             return  # the common case, after every build: nothing bypassed, nothing to undo
         index = self._index
         if index is None or index.plan is not g.plan:  # once per plan: a toggle then costs what it touches
@@ -535,9 +538,10 @@ class BypassTier:
         copies = self._copies() if self._copies is not None else None
         shared, bp = index.decide(bypassed, copies is not None)  # once per set of bypassed blocks and plan
         if shared:  # the build that pins their values (those carried meanwhile copy their input)
-            self._context.dirty.mark_structure()
-        self._counters.nodes_patched += g.set_bypass(bp, copies)
-        self._counters.bypass_updates += 1
+            context.dirty.mark_structure()
+        counters = self._counters
+        counters.nodes_patched += g.set_bypass(bp, copies)
+        counters.bypass_updates += 1
         self._bypassing = None if bp.empty else g
         if (bp.refused or self._refused) and bp.refused.keys() != self._refused:  # (no set made per toggle)
             for bid in self._refused - set(bp.refused):
