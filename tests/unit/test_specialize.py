@@ -465,6 +465,22 @@ def test_a_specialised_kernel_is_built_in_the_compiler_process() -> None:
         b.close()
 
 
+def test_a_program_is_pickled_without_what_its_cached_properties_hold() -> None:
+    """The compiler process gets a program's fields and works its descriptor out again: pickling the
+    descriptor of a large fused group was most of the one C call that held the frames' interpreter."""
+    import pickle
+
+    _, _, _, node = _fused_chain(40)
+    program = node.source.program
+    assert program.descriptor and program.key and program.param_names  # (cached now)
+    data = pickle.dumps(program)
+    assert b"KernelParamDescriptor" not in data and program.key.encode() not in data
+    again = pickle.loads(data)
+    assert "descriptor" not in again.__dict__
+    assert again.descriptor == program.descriptor and again.key == program.key
+    assert again.param_names == program.param_names and again.stages[39].bind == program.stages[39].bind
+
+
 def test_argument_bits_read_every_scalar_of_a_large_fused_kernel_as_its_storage_holds_it(rec) -> None:
     import random
 
