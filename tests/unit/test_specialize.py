@@ -303,6 +303,34 @@ def test_at_most_a_few_specialisations_land_in_one_frame_and_the_rest_in_the_nex
     assert [o.compiled.function for o in ready] == list(range(SPECIALIZED_PER_FRAME, n))
 
 
+def test_specialisations_that_cost_the_frame_their_budget_leave_the_rest_to_the_next_frames(monkeypatch) -> None:
+    """A frame takes one specialisation, then more only while they have cost less than
+    ``SPECIALIZE_BUDGET_S`` of its host time (a clock the fake graph advances)."""
+    from cudapatch.engine import tiers
+
+    clock = [0.0]
+    monkeypatch.setattr(tiers.time, "perf_counter", lambda: clock[0])
+    landed: list[int] = []
+    cost = {0: 0.1, 1: 0.1, 2: 0.1, 3: 3.0, 4: 0.1, 5: 0.1}  # in budgets
+
+    def specialize(key, function, constants, generic) -> bool:
+        clock[0] += cost[function] * tiers.SPECIALIZE_BUDGET_S
+        landed.append(function)
+        return True
+
+    ready: deque = deque()
+    tier = _code_tier(SimpleNamespace(specialize=specialize))
+    tier._kernels = SimpleNamespace(ready=ready)
+    tier.apply([KernelOutcome("specialize", (7, i), SimpleNamespace(function=i), (), None) for i in range(6)])
+    assert landed == [0, 1, 2, 3]  # (the fourth is the cap as well)
+    tier.apply([ready.popleft() for _ in range(len(ready))])
+    assert landed == [0, 1, 2, 3, 4, 5]
+    cost[0] = 2.0
+    landed.clear()
+    tier.apply([KernelOutcome("specialize", (7, i), SimpleNamespace(function=i), (), None) for i in range(3)])
+    assert landed == [0] and [o.compiled.function for o in ready] == [1, 2]  # one over the budget: the rest wait
+
+
 def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_it(rec) -> None:
     ctx, _, e, plan, node = _expression_chain()
     key = (node.block_id, FUSED_KERNEL)
