@@ -357,8 +357,8 @@ class Engine(PatchEditing, EngineResults):
         for h in hooks:  # GL interop: map shared resources (may rebind a moved pointer: Warm)
             h.before_launch(res.stream)
         kt = self.kernels
-        if kt.ready:  # a deque test when no compile finished
-            self._code.apply(kt.collect())
+        if kt.ready:  # a deque test when no compile finished (specialisations wait while a build lands)
+            self._code.apply(kt.collect(), specialize=not self._worker.done)
         if kt.watcher is not None and kt.watcher.ready:
             kt.file_events()  # recompiles start in the background; results arrive in later frames
         if self._worker.done:  # a build finished on the build thread: swap it in at this frame boundary

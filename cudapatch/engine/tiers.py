@@ -395,9 +395,12 @@ class CodeTier:
         finally:
             self._lock.release()
 
-    def apply(self, outcomes: list[KernelOutcome]) -> None:
+    def apply(self, outcomes: list[KernelOutcome], *, specialize: bool = True) -> None:
         """On the frame thread: swap finished kernels into the running graph; mark a structure change
-        where that cannot be done, re-describing blocks whose kernel signature changed.
+        where that cannot be done, re-describing blocks whose kernel signature changed. ``specialize``
+        False: specialisations wait for the next frames (a build lands in this one: the swap frame
+        already costs most of a fused 10,000-block frame's millisecond on the H100 host, and a graph
+        it swaps in refuses what was made for the graph it replaces).
 
         Raises:
             CudaError: the driver refused a swap.
@@ -411,7 +414,11 @@ class CodeTier:
                 if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                     continue
                 if o.action == "specialize":  # the running graph only, if its code and values are still those
-                    if specialized == SPECIALIZED_PER_FRAME or (specialized and time.perf_counter() > until):
+                    if (
+                        not specialize
+                        or specialized == SPECIALIZED_PER_FRAME
+                        or (specialized and time.perf_counter() > until)
+                    ):
                         later.append(o)
                         continue
                     if not specialized:

@@ -329,6 +329,9 @@ def test_specialisations_that_cost_the_frame_their_budget_leave_the_rest_to_the_
     landed.clear()
     tier.apply([KernelOutcome("specialize", (7, i), SimpleNamespace(function=i), (), None) for i in range(3)])
     assert landed == [0] and [o.compiled.function for o in ready] == [1, 2]  # one over the budget: the rest wait
+    # A frame a build lands in takes none: they wait, in order, for the next.
+    tier.apply([ready.popleft() for _ in range(len(ready))], specialize=False)
+    assert landed == [0] and [o.compiled.function for o in ready] == [1, 2]
 
 
 def test_a_specialisation_made_for_a_graph_is_refused_by_the_graph_built_after_it(rec) -> None:
