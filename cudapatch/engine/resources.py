@@ -122,7 +122,9 @@ class DeviceResources:
             CudaError: recording the retire event failed.
         """
         old, self.graph = self.graph, graph
-        graph.adopt(old)
+        replaced = graph.adopt(old)
+        if replaced:
+            self.discard_later(replaced)  # (freed by the next build, on its thread)
         if old is not None:
             old.retire(self.stream)
             self._retired.append(old)

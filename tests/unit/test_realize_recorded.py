@@ -242,8 +242,14 @@ def test_adopt_uses_the_hand_over_worked_out_by_the_build(rec, patch) -> None:
     assert handover.kept == [g.buffers[-1]]  # s2's output: borrowed by nothing
     kept_bytes = g.buffers[-1].capacity_bytes
     epoch = g.buffer_epoch
-    g2.adopt(g)
+    before = (g2._owned, g._owned)
+    replaced = g2.adopt(g)
     assert g.buffer_epoch == epoch + 1 and g.owned_buffers() == [g.buffers[-1]]
+    # The lists were taken whole (the swap frame copies none), each graph's parts hold the one it
+    # owns now, and the lists replaced come back for the caller to free later.
+    assert replaced == before and all(a is b for a, b in zip(replaced, before, strict=True))
+    assert g2._owned is g2._parts.owned and g._owned is g._parts.owned is handover.kept
+    assert sorted(map(id, g2.owned_buffers())) == sorted(map(id, g2.buffers))
     assert [b.count for b in g2.buffers] == [600] * len(shorter.buffers)
     in_use = pool.in_use_bytes
     g.retire(0)  # gives back only what it kept
