@@ -1174,7 +1174,7 @@ class CompiledGraph(HandleOwner):
             for slot, buf in direct:  # (the buffers' pointers now: a Warm growth may have moved them)
                 slot.value = buf._alloc.ptr
             kn = step.one
-            (err,) = self._set_params(exec_, kn.handle, _params(kn))  # (carried by an earlier step: the copy)
+            (err,) = self._set_params(exec_, kn.handle, _params(kn))  # (the copy, where an earlier step carries it)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
             self._stepped(step, bp, old, copies)
