@@ -21,7 +21,9 @@ loops call ``checkpoint()``, which waits (without the GIL) until the frame is ov
 
 Other background Python that runs beside frames for a while (the specialiser's looks over a fused
 patch's scalars) says so with ``FRAME_GUARD.working()``: frames hold the guard then too, quiet ones
-included (one attribute test otherwise), and its loops call ``checkpoint()`` as a build's do.
+included (one attribute test otherwise), and its loops call ``checkpoint()`` as a build's do. A
+host's structure edits (``HostAdapter.create``, ``hot_swap`` ...) are frame-thread work as well and
+hold the guard while each call runs.
 """
 
 from __future__ import annotations

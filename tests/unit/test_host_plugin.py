@@ -175,6 +175,39 @@ def test_adapter_hot_swap_keeps_links_and_values(adapter):
     assert "renamed" not in adapter.operators() and all("renamed" not in (lk.src, lk.dst) for lk in adapter.links())
 
 
+def test_adapter_structure_edits_hold_the_frame_guard_while_they_run(adapter, monkeypatch):
+    """A build in flight waits at its checkpoints while the host's edit call runs (``_frame_first``):
+    the guard is the calling thread's during the call, once for nested edits (a hot swap deletes
+    and links), and free after it, raised or not."""
+    import threading
+
+    from cudapatch.kernels.pacing import FRAME_GUARD
+
+    me, seen = threading.get_ident(), []
+    engine = adapter.engine
+    for name in ("add", "connect", "remove"):
+        original = getattr(engine, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            seen.append((_name, FRAME_GUARD.owner == me))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(engine, name, spy)
+    adapter.create("fill", "core.Fill", {"Count": 64})
+    adapter.create("op", "core.Scale")
+    adapter.connect("fill", "Out", "op", "In")
+    assert FRAME_GUARD.owner == 0
+    adapter.hot_swap("op", "thirdparty.Doubler")  # remove, add, connect inside one call
+    assert FRAME_GUARD.owner == 0
+    adapter.delete("op")
+    assert [n for n, _ in seen] == ["add", "add", "connect", "remove", "add", "connect", "remove"]
+    assert all(held for _, held in seen)
+    with pytest.raises(LinkError):
+        adapter.connect("fill", "Out", "nobody", "In")
+    assert FRAME_GUARD.owner == 0 and FRAME_GUARD.enter()  # free: a frame takes it
+    FRAME_GUARD.leave()
+
+
 def test_host_value_coercion():
     from cudapatch.blocks.library import Emitter
 
