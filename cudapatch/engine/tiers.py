@@ -26,11 +26,11 @@ What neither can do in place becomes a structure change: the Cold tier (``build.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from time import perf_counter as _now  # (the specialisation budget's clock; tests set their own)
 from typing import Any, Literal
 
 from ..errors import CudaError, CudapatchError
@@ -414,15 +414,11 @@ class CodeTier:
                 if o.action == "swapped":  # swapped between frames; its diagnostics changed (below)
                     continue
                 if o.action == "specialize":  # the running graph only, if its code and values are still those
-                    if (
-                        not specialize
-                        or specialized == SPECIALIZED_PER_FRAME
-                        or (specialized and time.perf_counter() > until)
-                    ):
+                    if not specialize or specialized == SPECIALIZED_PER_FRAME or (specialized and _now() > until):
                         later.append(o)
                         continue
                     if not specialized:
-                        until = time.perf_counter() + SPECIALIZE_BUDGET_S
+                        until = _now() + SPECIALIZE_BUDGET_S
                     specialized += 1
                     g = self._resources.graph
                     c = o.compiled
