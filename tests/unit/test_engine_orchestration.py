@@ -723,3 +723,30 @@ def test_wait_ready_builds_with_every_kernel_through_the_applier_and_keeps_the_s
     assert engine._applier.off_thread  # the applier reads the engine's settings when it applies
     engine.wait_for_compile = True
     assert not engine._applier.off_thread
+
+
+def test_a_frame_a_build_lands_in_leaves_specialisations_to_the_next(engine: Engine, monkeypatch) -> None:
+    """The Code tier is told not to land specialisations in the frame that swaps a build in (that frame
+    costs the most; a new graph refuses what was made for the old one), and told to in the next."""
+    from types import SimpleNamespace
+
+    from cudapatch.engine.kernels import KernelOutcome
+
+    _chain(engine)
+    engine.wait_ready()
+    told: list[bool] = []
+    monkeypatch.setattr(engine._code, "apply", lambda outcomes, *, specialize=True: told.append(specialize))
+    landed: list[bool] = []
+    monkeypatch.setattr(engine._structure, "finish", lambda: landed.append(True))
+    worker = engine._worker
+    outcome = KernelOutcome("specialize", (1, 0), None, (), None)
+    engine._worker = SimpleNamespace(done=True, busy=False, tailing=False)  # a build finished: it lands now
+    try:
+        engine.kernels.ready.append(outcome)
+        engine.update()
+        engine._worker.done = False
+        engine.kernels.ready.append(outcome)
+        engine.update()
+    finally:
+        engine._worker = worker
+    assert landed == [True] and told == [False, True]
