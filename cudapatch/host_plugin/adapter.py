@@ -44,12 +44,8 @@ def _frame_first(edit: _Edit) -> _Edit:
 
     @functools.wraps(edit)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        held = FRAME_GUARD.enter()  # (False: this thread holds it already, or another engine's frame)
-        try:
+        with FRAME_GUARD.held():
             return edit(*args, **kwargs)
-        finally:
-            if held:
-                FRAME_GUARD.leave()
 
     return guarded  # type: ignore[return-value]
 

@@ -105,6 +105,18 @@ class FrameGuard:
             with self._count:
                 self.busy -= 1
 
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Around frame-thread work outside ``update()`` (a host's edit call): the guard is held while
+        it runs, unless this thread holds it already (then it stays held) or another engine's frame
+        thread does (then the work runs unguarded, as such a frame does)."""
+        entered = self.enter()
+        try:
+            yield
+        finally:
+            if entered:
+                self.leave()
+
     @property
     def in_frame(self) -> bool:
         """A frame thread holds the guard."""

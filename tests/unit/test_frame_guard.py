@@ -181,3 +181,16 @@ def test_frames_hold_the_guard_while_background_python_says_it_is_working(
         assert FRAME_GUARD.busy == 1
         engine.update()  # quiet, but held
     assert guarded == [False, True] and FRAME_GUARD.busy == 0 and not FRAME_GUARD.in_frame
+
+
+def test_work_outside_a_frame_holds_the_guard_once_and_lets_go_of_it_raised_or_not() -> None:
+    me = threading.get_ident()
+    with FRAME_GUARD.held():
+        assert FRAME_GUARD.owner == me
+        with FRAME_GUARD.held():  # nested: still held, and the outer one lets go
+            assert FRAME_GUARD.owner == me
+        assert FRAME_GUARD.owner == me
+    assert not FRAME_GUARD.in_frame
+    with pytest.raises(RuntimeError), FRAME_GUARD.held():
+        raise RuntimeError("an edit that failed")
+    assert not FRAME_GUARD.in_frame
