@@ -281,7 +281,9 @@ class Engine(PatchEditing, EngineResults):
             and self._faults.lost is None
             and (kt.watcher is None or not kt.watcher.ready)
         ):
-            with self._graph_lock:
+            lock = self._graph_lock
+            lock.acquire()  # (not ``with``: its two special-method calls were a fifth of this path's Python)
+            try:
                 res = self.resources
                 if res.graph is g:  # (else another thread swapped or closed it meanwhile: the general path)
                     self.device.make_current()
@@ -310,6 +312,8 @@ class Engine(PatchEditing, EngineResults):
                             FRAME_GUARD.leave()
                     self.counters.frames += 1
                     g = None
+            finally:
+                lock.release()
             if g is None:
                 if kt.to_submit:
                     kt.flush()
