@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,12 +69,20 @@ from cudapatch.engine.memory_plan import shares_with_others  # noqa: E402
 EDITS = ("add block", "remove link", "add link", "remove block")
 
 
-def until_live(
-    e: Engine, live, fps: float = 60.0, limit_s: float = 30.0, settled: bool = True
-) -> tuple[float, int, float]:
-    """Run frames at ``fps`` until ``live()`` (and, ``settled``, no build in flight): (slowest update()
-    µs, frames, seconds)."""
-    worst, frames, t_start = 0.0, 0, time.perf_counter()
+class LiveRun(NamedTuple):
+    """What ``until_live`` saw: the slowest ``update()`` (µs), the frames until live (-1: never), the
+    seconds that took, and the latest a frame started (ms past its time: another thread of the
+    process held the interpreter when the frame thread woke, which ``update()``'s time cannot show)."""
+
+    worst: float
+    frames: int
+    seconds: float
+    late_ms: float
+
+
+def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0, settled: bool = True) -> LiveRun:
+    """Run frames at ``fps`` until ``live()`` (and, ``settled``, no build in flight)."""
+    worst, frames, late, t_start = 0.0, 0, 0.0, time.perf_counter()
     period = 1.0 / fps
     while True:
         t = time.perf_counter_ns()
@@ -81,10 +90,13 @@ def until_live(
         worst = max(worst, (time.perf_counter_ns() - t) / 1e3)
         frames += 1
         if live() and not (settled and e.building):
-            return worst, frames, time.perf_counter() - t_start
+            return LiveRun(worst, frames, time.perf_counter() - t_start, late)
         if time.perf_counter() - t_start > limit_s:
-            return worst, -1, limit_s
-        time.sleep(max(0.0, period - (time.perf_counter_ns() - t) / 1e9))
+            return LiveRun(worst, -1, limit_s, late)
+        wait = max(0.0, period - (time.perf_counter_ns() - t) / 1e9)
+        slept = time.perf_counter()
+        time.sleep(wait)
+        late = max(late, (time.perf_counter() - slept - wait) * 1e3)
 
 
 def scale_chain(e: Engine, n: int, x: np.ndarray) -> list[Scale]:
@@ -125,7 +137,7 @@ def bench_size(n: int, elements: int, fuse: bool = False, rounds: int = 3) -> li
             rows += bare_split_rows(e, n, budget)
         instantiations = e.counters.rebuilds
         builds = e.counters.rebuilds + e.counters.warm_resizes  # a second build after an edit shows here
-        runs: dict[str, list[tuple[float, int, float]]] = {k: [] for k in EDITS}
+        runs: dict[str, list[LiveRun]] = {k: [] for k in EDITS}
         for r in range(rounds):  # the four edits again with a new block: one sample of each per round
             tail = e.add(Scale(name=f"tail{r}"))
             e.connect(blocks[-1], "Out", tail, "In")
@@ -139,13 +151,14 @@ def bench_size(n: int, elements: int, fuse: bool = False, rounds: int = 3) -> li
                 until_live(e, lambda t=tail: e.graph is not None and t.id not in e.graph.plan.block_order)
             )
         for kind, got in runs.items():
-            worst = [w for w, _, _ in got]
+            worst = [run.worst for run in got]
             if kind == "remove block":  # the block is gone at once; the frames say when its nodes are
-                live = "; ".join(f"{secs * 1e3:.0f}" for _, _, secs in got) + " ms"
+                live = "; ".join(f"{run.seconds * 1e3:.0f}" for run in got) + " ms"
             else:
-                live = "live in " + "; ".join(str(f) for _, f, _ in got) + " frames"
+                live = "live in " + "; ".join(str(run.frames) for run in got) + " frames"
             each = ", ".join(f"{w:.0f}" for w in worst)
-            note = f"{live}; each round µs: {each} (max {max(worst):.0f}); {peer}"
+            late = max(run.late_ms for run in got)
+            note = f"{live}; each round µs: {each} (max {max(worst):.0f}); {peer}; frames up to {late:.1f} ms late"
             rows.append(
                 (f"{n}: {kind}, slowest update() µs (median)", statistics.median(worst), "budget µs", budget, note)
             )
@@ -231,12 +244,12 @@ def bench_bypass(
     made = _graphs_made(e)
     copies = e.resources.copy_kernels() is not None
     block.enabled = False
-    first, seen, _ = until_live(e, lambda: _carried(e, block) or _bypassed(e, block), settled=False)
+    first, seen, _, _ = until_live(e, lambda: _carried(e, block) or _bypassed(e, block), settled=False)
     assert seen > 0, "the first bypass never reached the running graph"
     how = "carried" if _carried(e, block) else "turned off"
     worst, frames, after = first, seen, 0.0
     if not (_bypassed(e, block) and not e.building):
-        after, more, _ = until_live(e, lambda: _bypassed(e, block))
+        after, more, _, _ = until_live(e, lambda: _bypassed(e, block))
         assert more > 0, "the build that pins the first bypass never landed"
         worst, frames = max(first, after), seen + more
     pin_builds = _graphs_made(e) - made
@@ -298,7 +311,7 @@ def bench_growth(e: Engine, blocks: list, elements: int, budget: float) -> list[
             and e.output(last, "Out").count == 2 * elements
         )
 
-    worst, frames, secs = until_live(e, grown)
+    worst, frames, _, _ = until_live(e, grown)
     note = f"live in {frames} frames, {e.counters.growths - growths} buffers grown"
     # the driver's floor: every node patched, then the launch (on a quiet engine: not after a timeout)
     bare = bare_patch_every_node_us(e) if frames > 0 else float("nan")
