@@ -9,9 +9,11 @@ own and took the compiler down. Nothing here imports ``__main__``.
 Protocol, over the child's stdin (requests) and stdout (replies): frames of an 8-byte big-endian
 length and a pickle. The child first sends ``("ready", PROTOCOL, (major, minor), pid)`` once its
 imports are done; then, for each request ``(job id, pickled source, arch)``, one reply
-``(job id, pickled (image, error))``. Sources and results are pickled separately from the frame so
-that one which does not load on the other side fails its own job, not the pipe. The child compiles
-one job at a time and exits when its stdin closes (the parent closed it, or died).
+``(job id, pickled (image, error))``; an image whose descriptor is its source's comes without it
+(``descriptor`` None), and the parent, which has the source, puts it back. Sources and results
+are pickled separately from the frame so that one which does not load on the other side fails its
+own job, not the pipe. The child compiles one job at a time and exits when its stdin closes (the
+parent closed it, or died).
 
 Anything else written to the child's stdout (a library that prints) would corrupt the frames, so
 the child moves the protocol onto duplicated descriptors and points fd 1 at stderr, whose tail the
@@ -21,6 +23,7 @@ signal (a compiler that segfaults).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import struct
@@ -30,7 +33,7 @@ from typing import Any
 __all__ = ["PROTOCOL", "BOOTSTRAP", "FrameReader", "encode_frame", "main"]
 
 #: Bumped when the frames change; a child of another cudapatch version is refused at the handshake.
-PROTOCOL = 1
+PROTOCOL = 2
 
 _HEADER = struct.Struct(">Q")
 #: Larger frames are refused: a corrupt header must not make either side allocate without bound.
@@ -113,9 +116,21 @@ def _compile(source_bytes: bytes, arch: str) -> tuple[Any, BaseException | None]
     except Exception as exc:  # e.g. the module that defines a Numba kernel is not importable here
         return None, KernelLoadError(f"the compiler process cannot load this source: {type(exc).__name__}: {exc}")
     try:
-        return source.compile(arch), None
+        image = source.compile(arch)
     except Exception as exc:  # every compiler error goes back to the parent, as it was raised
         return None, exc
+    return _without_own_descriptor(image, source), None
+
+
+def _without_own_descriptor(image: Any, source: Any) -> Any:
+    # The parent has the source, and its descriptor (a fused group's is worked out there anyway):
+    # unpickling the descriptor of a 500-stage group was one C call of 2.2 ms (CPU machine) that
+    # held the parent's interpreter, so a frame starting meanwhile waited for it.
+    try:
+        same = image.descriptor == source.describe()
+    except Exception:  # (a descriptor that cannot be worked out here goes back as it is)
+        return image
+    return dataclasses.replace(image, descriptor=None) if same else image
 
 
 def _reply(job_id: int, image: Any, error: BaseException | None) -> bytes:

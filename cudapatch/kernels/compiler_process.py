@@ -37,6 +37,7 @@ Which interpreter runs the child:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import pickle
@@ -321,7 +322,10 @@ class CompilerProcess:
         if job is None:
             return
         try:
-            job.image, job.error = pickle.loads(payload)
+            image, job.error = pickle.loads(payload)
+            if image is not None and image.descriptor is None:  # its source's own (``_compiler_child``)
+                image = dataclasses.replace(image, descriptor=job.source.describe())
+            job.image = image
         except Exception as exc:  # e.g. an exception class whose constructor pickle cannot call
             job.error = KernelCompileError(
                 f"the compiler's result does not load here: {type(exc).__name__}: {exc}", kernel=job.source.debug_name

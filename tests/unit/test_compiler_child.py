@@ -5,8 +5,10 @@ child can import them (it imports this module, which has no side effects)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from cudapatch.engine import Context
 from cudapatch.engine.kernels import KernelTracker
 from cudapatch.errors import KernelCompileError, KernelLoadError
 from cudapatch.kernels import CubinCache, KernelBuilder, ModuleCache, _child_pipe
+from cudapatch.kernels import _compiler_child as ch
 from cudapatch.kernels import compiler_process as cp
 from cudapatch.kernels._compiler_child import MAX_FRAME, FrameReader, encode_frame
 from cudapatch.kernels.compiler_process import CompilerProcess, compiler_python, describe_exit, processes_allowed
@@ -411,3 +414,31 @@ def test_threads_share_one_process(proc: CompilerProcess) -> None:
     for th in threads:
         th.join(180)
     assert results == {t: [True] * 3 for t in range(4)} and proc.in_flight == 0 and proc.crashes == 0
+
+
+class _OtherDescriptor(CudaSource):
+    """A source whose compiled image carries another descriptor than ``describe()`` gives."""
+
+    def compile(self, arch: str) -> KernelImage:
+        image = super().compile(arch)
+        return dataclasses.replace(image, descriptor=dataclasses.replace(image.descriptor, entry_point="other"))
+
+
+def test_an_image_comes_back_without_its_sources_descriptor_and_the_parent_puts_it_back(proc: CompilerProcess) -> None:
+    """Unpickling a fused group's descriptor held the parent's interpreter in one C call: the child
+    leaves out a descriptor the parent can take from the source, and only that one."""
+    from tests.unit.test_specialize import _bits, _fused_chain
+
+    _, _, _, node = _fused_chain(40)
+    special = node.source.specialized(((0, _bits(1.5)),))
+    reply = ch._reply(7, *ch._compile(pickle.dumps(special), "sm_90"))
+    assert b"KernelParamDescriptor" not in reply and b"KernelDescriptor" not in reply
+    other = _OtherDescriptor(code=GAIN)
+    assert b"KernelDescriptor" in ch._reply(8, *ch._compile(pickle.dumps(other), "sm_90"))
+    jobs = [proc.send(s, "sm_90") for s in (special, other, CudaSource(code=GAIN))]
+    for job in jobs:
+        proc.wait(job, timeout=60)
+    assert all(j.done and j.error is None for j in jobs), [j.error for j in jobs]
+    assert jobs[0].image.descriptor == node.descriptor == special.describe()  # type: ignore[union-attr]
+    assert jobs[1].image.descriptor.entry_point == "other"  # type: ignore[union-attr]
+    assert jobs[2].image.descriptor == CudaSource(code=GAIN).describe()  # type: ignore[union-attr]

@@ -24,6 +24,7 @@ from cudapatch.engine.specialize import Specializer
 from cudapatch.engine.stats import EngineCounters
 from cudapatch.engine.tiers import SPECIALIZED_PER_FRAME, CodeTier
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
+from cudapatch.expr.program import STAGES_PER_PICKLE
 from cudapatch.expr.ptx_gen import generate_ptx
 
 from .recording_driver import OK, RecordingDriver, install, realize_recorded
@@ -513,6 +514,14 @@ def test_a_program_is_pickled_without_what_its_cached_properties_hold() -> None:
     assert "descriptor" not in again.__dict__
     assert again.descriptor == program.descriptor and again.key == program.key
     assert again.param_names == program.param_names and again.stages[39].bind == program.stages[39].bind
+    # the stages in pieces (each ``pickle.dumps`` a short C call), back as one tuple
+    pieces = program.__getstate__()["stages"]
+    assert isinstance(pieces, list) and len(pieces) == -(-40 // STAGES_PER_PICKLE) >= 2
+    assert type(again.stages) is tuple and len(again.stages) == 40
+    assert [s.label for s in again.stages] == [s.label for s in program.stages]
+    assert dataclasses.replace(node.source, program=again).code("sm_90") == node.source.code("sm_90")
+    small = _fused_chain(3)[3].source.program
+    assert type(small.__getstate__()["stages"]) is tuple and pickle.loads(pickle.dumps(small)).key == small.key
 
 
 def test_argument_bits_read_every_scalar_of_a_large_fused_kernel_as_its_storage_holds_it(rec) -> None:
