@@ -24,7 +24,7 @@ from cudapatch.engine.compiler import (
     validate,
 )
 from cudapatch.engine.compiler.draft import NodeDraft, Source, resolve_count
-from cudapatch.engine.compiler.order import topological_order
+from cudapatch.engine.compiler.order import RANKS_PER_CALL, _ranked_above, topological_order
 from cudapatch.engine.compiler.shapes import flat
 from cudapatch.engine.compiler.stamps import place_stamps
 from cudapatch.engine.plan import (
@@ -123,6 +123,20 @@ def test_topological_order_breaks_ties_by_position() -> None:
 def test_topological_order_reports_blocks_on_and_behind_a_cycle() -> None:
     links = [Link(1, "o", 2, "i"), Link(2, "o", 3, "i"), Link(3, "o", 2, "i"), Link(3, "o", 4, "i")]
     assert topological_order([1, 2, 3, 4, 5], links) == ([1, 5], [2, 3, 4])
+
+
+def test_ranked_above_looks_over_long_orders_in_slices_as_one_max_would() -> None:
+    import random
+
+    rng = random.Random(3)
+    order = list(range(3 * RANKS_PER_CALL + 17))
+    rng.shuffle(order)
+    rank = {b: rng.randrange(10**6) for b in order}
+    for _ in range(200):
+        lo = rng.randrange(len(order))
+        hi = rng.randrange(lo + 1, len(order) + 1)
+        r = rng.choice([rank[order[rng.randrange(lo, hi)]], rng.randrange(10**6)])
+        assert _ranked_above(rank, order, lo, hi, r) == (max(rank[b] for b in order[lo:hi]) > r)
 
 
 def test_order_fills_the_order_and_records_a_cycle_error_per_block() -> None:

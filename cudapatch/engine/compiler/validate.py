@@ -44,7 +44,9 @@ def validate(
         # this patch's, in the same order, are valid again (it had no errors, so all were).
         start = _common_prefix(snap.links, old_links)
         if start:
-            incoming.update(old_incoming)
+            # (a copy: ``update`` into the new, empty dict was one C call of 1.0 ms at 10,000 links on
+            # the H100 host, holding the interpreter from the frames; a copy takes about a third)
+            draft.incoming = incoming = old_incoming.copy()
             for lk in old_links[start:]:  # the last plan's links after them are checked below, if still here
                 del incoming[(lk.dst, lk.dst_port)]
             links.extend(old_links[:start])
