@@ -125,6 +125,34 @@ def test_topological_order_reports_blocks_on_and_behind_a_cycle() -> None:
     assert topological_order([1, 2, 3, 4, 5], links) == ([1, 5], [2, 3, 4])
 
 
+def test_relinked_is_the_symmetric_difference_of_the_links_with_or_without_the_touched_keys() -> None:
+    import random
+
+    from cudapatch.engine.compiler.validate import relinked
+
+    rng = random.Random(5)
+    for _ in range(100):
+        old = {(d, "In"): Link(rng.randrange(50), "Out", d, "In") for d in rng.sample(range(60), 30)}
+        new = dict(old)
+        touched = []
+        for _ in range(rng.randrange(6)):
+            d = rng.randrange(60)
+            key = (d, "In")
+            touched.append(key)
+            what = rng.random()
+            if what < 0.3:
+                new.pop(key, None)
+            elif what < 0.6 and key in new:  # an equal link, another object: no change
+                lk = new[key]
+                new[key] = Link(lk.src, lk.src_port, lk.dst, lk.dst_port)
+            else:
+                new[key] = Link(rng.randrange(50), "Out", d, "In")
+        want = set(new.items() ^ old.items())
+        assert set(relinked(new, old)) == want and len(relinked(new, old)) == len(want)
+        assert set(relinked(new, old, touched + touched[:1])) == want
+        assert len(relinked(new, old, touched)) == len(want)
+
+
 def test_ranked_above_looks_over_long_orders_in_slices_as_one_max_would() -> None:
     import random
 

@@ -138,6 +138,9 @@ class PlanDraft:
     # validate: the links that make sense, and the one link into each linked input
     links: list[Link] = field(default_factory=list)
     incoming: dict[tuple[int, str], Link] = field(default_factory=dict)
+    # the links added or removed since the last plan (``validate.relinked``), and its ``incoming``
+    relinked: list[tuple[tuple[int, str], Link]] | None = None
+    relinked_from: Mapping[tuple[int, str], Link] | None = None
     # order: blocks in topological order
     order: list[int] = field(default_factory=list)
     # sizes: the blocks that run (in order) with what they read and make; the blocks left out

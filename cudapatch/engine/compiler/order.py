@@ -16,6 +16,7 @@ from typing import Any
 from ..connections import Link
 from ..diagnostics import DiagnosticCode
 from .draft import PlanDraft
+from .validate import relinked_since
 
 __all__ = ["order", "topological_order"]
 
@@ -181,7 +182,7 @@ def resumed_order(draft: PlanDraft, last: Any, changes: Any) -> list[int] | None
     blocks, old, pos = draft.blocks, last.order, last.pos
     incoming, old_incoming = draft.incoming, last.incoming
     added = set(changes.added)
-    touched = {lk.dst for _, lk in incoming.items() ^ old_incoming.items()}
+    touched = {lk.dst for _, lk in relinked_since(draft, old_incoming)}
     touched.update(changes.removed)
     touched.update(changes.redescribed)  # its feedback inputs may differ
     p = len(old)

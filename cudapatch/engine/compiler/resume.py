@@ -73,6 +73,7 @@ from .memory import _buffers, block_pins, finish_pins, memory, order_keys
 from .nodes import _work_node, block_nodes, counters_memset, node_env
 from .reuse import NodeCache, signature
 from .sizes import size_block
+from .validate import relinked_since
 
 __all__ = ["BlockChanges", "PlanDelta", "PlanState", "block_changes", "divergence", "plan_resumed", "resumable"]
 
@@ -238,7 +239,7 @@ def divergence(prev: PlanState, draft: PlanDraft, changes: BlockChanges) -> tupl
     snap = draft.snap
     dirty = list(changes.changed)
     hot = changes.hot
-    relinked = list(draft.incoming.items() ^ prev.incoming.items())
+    relinked = relinked_since(draft, prev.incoming)
     dirty += [key[0] for key, _ in relinked]
     dirty += [k[0] for k in _rebound(snap.bindings, prev.bindings)]
     dirty += [k[0] for k in _changed(draft.kernel_status or {}, prev.kernel_status)]
