@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import CudapatchError
 from ..kernels.pacing import FRAME_GUARD, checkpoint
 from .compiler.fusion import FUSED_KERNEL
+from .garbage import drop_gradually
 from .kernels import KernelOutcome
 
 __all__ = ["MAX_SPECIALIZED", "SPECIALIZE_AFTER_S", "Specializer"]
@@ -70,7 +72,11 @@ class Specializer:
         self._seen: dict[Key, tuple[tuple[int, int], ...]] = {}  # values read at the last look
         # The generic source and the values a build was submitted for.
         self._asked: dict[Key, tuple[Any, tuple[tuple[int, int], ...]]] = {}
-        self._graph_seen: Any = None
+        # The graph of the last look, weakly: the engine frees a replaced graph a piece at a time
+        # (``garbage.drop_gradually``), and a reference held here made its last release, here, one
+        # cascade of deallocations (2.3 ms at fused 10,000 blocks on the CPU machine) that held the
+        # interpreter from the frames.
+        self._graph_seen: weakref.ref | None = None
         self._fused: list[Key] = []  # the fused kernels of ``_graph_seen``
         self._lock = threading.Lock()
         self._made: set[tuple[Key, Any, tuple[tuple[int, int], ...]]] = set()  # distinct builds submitted
@@ -122,10 +128,13 @@ class Specializer:
         g = self._graph()
         if g is None or getattr(g, "is_closed", False):
             return False
-        if g is not self._graph_seen:  # a new graph: what was seen or asked of the old one is void
-            fused = [(n.block_id, n.kernel) for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
-            self._graph_seen, self._fused, self._seen, self._asked = g, fused, {}, {}
         with FRAME_GUARD.working():  # a look over 10,000 fused scalars: frames first (``pacing``)
+            seen = self._graph_seen
+            if seen is None or seen() is not g:  # a new graph: what was seen or asked of the old one is void
+                fused = [(n.block_id, n.kernel) for n in g.plan.kernel_nodes if n.kernel == FUSED_KERNEL]
+                void = [self._seen, self._asked]  # (the old kernels' sources: freed a piece at a time)
+                self._graph_seen, self._fused, self._seen, self._asked = weakref.ref(g), fused, {}, {}
+                drop_gradually(void)
             return self._look(g)
 
     def _look(self, g: Any) -> bool:
