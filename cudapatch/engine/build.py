@@ -116,6 +116,8 @@ class BuildOutcome:
         view: What the blocks show of the plan, and which blocks changed (``built_view``).
         running: The blocks the plan runs and how they differ from those shown running, made on the
             build thread (``board.running_change``).
+        spent: The planning drafts of the build, no longer used: a build on the build thread frees
+            them a piece at a time after it (``NodeCache.spent``); elsewhere they go with the outcome.
     """
 
     job: BuildJob
@@ -134,6 +136,7 @@ class BuildOutcome:
     bypass_index: BypassIndex | None = None
     view: BuiltView | None = None
     running: RunningChange | None = None
+    spent: list[Any] = field(default_factory=list)
 
     @property
     def bindings(self) -> dict[tuple[int, str], ExternalBinding]:
@@ -283,6 +286,8 @@ class GraphBuilds:
         except GraphCompileError as exc:
             out.diagnostics = tuple(exc.diagnostics)
             return out
+        finally:
+            out.spent, self._plans.spent = self._plans.spent, []
         if self._fuse:
             failed = self._load_fused(out)
             if failed is not None:
@@ -292,6 +297,8 @@ class GraphBuilds:
                     snap, status, job.level, job.disabled, fuse=False, cache=self._plans, reuse=self.reuse_buffers
                 )
                 out.plan = dataclasses.replace(out.plan, diagnostics=out.plan.diagnostics + (failed,))
+                out.spent += self._plans.spent
+                self._plans.spent = []
         functions = out.functions
         checkpoint()  # off the frame thread: a frame that runs now first (``pacing.FrameGuard``)
         if job.off_thread:  # a bypass of this plan's graph then costs the frame only what it touches

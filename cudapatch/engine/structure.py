@@ -141,7 +141,10 @@ class StructureTier:
             worker.defer(lambda: drop_gradually(garbage, worker.preempted), yields=True)
             for g in idle:  # their parameter storages are this build's (less than half the cost of new ones)
                 g.give_back_stores()
-            return builds.prepare(job)
+            out = builds.prepare(job)
+            spent, out.spent = out.spent, []  # the planning drafts: a piece at a time, after the build
+            worker.defer(lambda: drop_gradually(spent, worker.preempted), yields=True)
+            return out
 
         self._worker.submit(build)
 

@@ -308,3 +308,21 @@ def test_an_edit_at_the_end_of_a_long_chain_resumes_after_the_blocks_before_it()
     c.connect(blocks[-1], "Out", tail, "In")
     _same(compile_plan(c.snapshot(), cache=cache), compile_plan(c.snapshot()))
     assert (cache.resumed, cache.resumed_blocks) == (5, 1500)
+
+
+def test_a_plan_leaves_its_drafts_in_the_cache_for_the_caller_to_free() -> None:
+    """Freed at ``compile_plan``'s return, a large draft was one long cascade of deallocations: the
+    cache keeps a plan's drafts (a resumed plan's two) until its caller takes them."""
+    from cudapatch.engine.compiler.draft import PlanDraft
+
+    c, blocks = _chain(40)
+    cache = NodeCache()
+    compile_plan(c.snapshot(), cache=cache)
+    first = len(cache.spent)
+    assert first >= 1 and all(type(d) is PlanDraft for d in cache.spent)
+    tail = c.register_block(Scale(name="tail"))
+    c.connect(blocks[-1], "Out", tail, "In")
+    compile_plan(c.snapshot(), cache=cache)
+    assert cache.resumed == 1 and len(cache.spent) == first + 2 and all(type(d) is PlanDraft for d in cache.spent)
+    compile_plan(c.snapshot())  # no cache: nothing kept
+    assert len(cache.spent) == first + 2

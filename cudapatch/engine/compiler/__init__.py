@@ -144,11 +144,13 @@ def compile_plan(
     checkpoint()
     if cache is not None and resumable(draft):
         # Incremental planning: the phases from sizes to share resume from the last plan (``resume.py``).
+        first = draft
         draft = plan_resumed(draft, cache, fuse, changes)
         plan = _finish(draft)
         delta = cache.state.delta
         cache.delta = PlanDelta(cache.plan, plan, *delta) if delta is not None else None
         cache.plan = plan
+        cache.spent += (first, draft)
         return plan
     if cache is not None:
         cache.state = None
@@ -168,7 +170,10 @@ def compile_plan(
     edges(draft)
     share(draft)
     checkpoint()
-    return _finish(draft)
+    plan = _finish(draft)
+    if cache is not None:
+        cache.spent.append(draft)
+    return plan
 
 
 def _finish(draft: PlanDraft) -> GraphPlan:
