@@ -22,9 +22,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..kernels.pacing import FRAME_GUARD, FrameGate, checkpoint
+from .garbage import drop_gradually
 
 __all__ = ["BuildWorker"]
 
@@ -171,6 +173,11 @@ class BuildWorker:
                     self._short_switch = False
 
     def _serve(self) -> None:
+        # The outcome handed over last: once the frame thread let it go, the reference here is its
+        # last, and dropping it frees the build's snapshot and job in one cascade of deallocations
+        # (1.5 ms at fused 10,000 blocks on the CPU machine, where the next job's outcome replaced it)
+        # that holds the interpreter from the frames. The next job frees it a piece at a time after it.
+        last: Any = None
         while True:
             with self._cv:
                 if self._job is None and not self._chores and self._short_switch:  # idle: as it was
@@ -200,16 +207,21 @@ class BuildWorker:
                 # (1.0-1.4 ms for 20 Hot values, H100 host).
                 checkpoint()
                 self._make_current()
+                if last is not None:
+                    self.defer(partial(drop_gradually, [last], self.preempted), yields=True)
+                    last = None
                 with self._around_job():
                     outcome = job()
             except BaseException as exc:  # handed to the frame thread, which raises or reports it
                 outcome = _Raised(exc)
+            job = None
             with self._cv:
                 tail, self._tail = self._tail, []
                 self.tailing = bool(tail)
                 self._job, self._outcome = None, outcome
                 self.done = True  # last: the frame thread takes the outcome once it sees this
                 self._cv.notify_all()
+            last, outcome = outcome, None
             if tail:
                 self._run_tail(tail)
 

@@ -318,6 +318,43 @@ def test_waiting_for_a_paced_job_lets_it_go_on_without_a_frame(monkeypatch: pyte
         w.close(5.0)
 
 
+def test_an_outcome_handed_over_is_freed_a_piece_at_a_time_after_the_next_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker holds the last outcome it handed over (a frame thread dropping the last reference
+    would free a whole build's snapshot there): the next job hands it to ``drop_gradually``."""
+    import weakref
+
+    from cudapatch.engine import build_thread
+
+    dropped: list[list[type]] = []
+    real = build_thread.drop_gradually
+
+    def spy(objects: list[Any], stop: Any = None) -> Any:
+        dropped.append([type(o) for o in objects])
+        return real(objects, stop)
+
+    monkeypatch.setattr(build_thread, "drop_gradually", spy)
+
+    class Outcome:
+        pass
+
+    w = BuildWorker(lambda: None)
+    try:
+        w.submit(Outcome)
+        assert w.wait(5.0)
+        first = w.take()
+        gone = weakref.ref(first)
+        del first
+        assert gone() is not None and dropped == []  # the worker's reference: not freed on this thread
+        w.submit(lambda: "second")
+        w.gate.open()
+        assert w.wait(5.0) and w.take() == "second"
+        w.gate.open()  # (the deferred drop runs after the end of a frame)
+        assert w.wait(5.0)
+        assert gone() is None and dropped == [[Outcome]]
+    finally:
+        w.close(5.0)
+
+
 def test_a_kernel_swapped_in_during_a_build_is_swapped_into_the_new_graph(engine: Engine, realizer: Realizer) -> None:
     from cudapatch import CustomKernel
 
