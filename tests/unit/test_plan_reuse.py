@@ -312,17 +312,25 @@ def test_an_edit_at_the_end_of_a_long_chain_resumes_after_the_blocks_before_it()
 
 def test_a_plan_leaves_its_drafts_in_the_cache_for_the_caller_to_free() -> None:
     """Freed at ``compile_plan``'s return, a large draft was one long cascade of deallocations: the
-    cache keeps a plan's drafts (a resumed plan's two) until its caller takes them."""
+    cache keeps a plan's drafts (a resumed plan's two), and the state and plan it replaced, until its
+    caller takes them."""
     from cudapatch.engine.compiler.draft import PlanDraft
 
     c, blocks = _chain(40)
     cache = NodeCache()
     compile_plan(c.snapshot(), cache=cache)
-    first = len(cache.spent)
-    assert first >= 1 and all(type(d) is PlanDraft for d in cache.spent)
+
+    def drafts() -> int:
+        return sum(type(d) is PlanDraft for d in cache.spent)
+
+    first = drafts()
+    assert first >= 1
+    state, plan = cache.state, cache.plan
     tail = c.register_block(Scale(name="tail"))
     c.connect(blocks[-1], "Out", tail, "In")
     compile_plan(c.snapshot(), cache=cache)
-    assert cache.resumed == 1 and len(cache.spent) == first + 2 and all(type(d) is PlanDraft for d in cache.spent)
+    assert cache.resumed == 1 and drafts() == first + 2
+    assert any(x is state for x in cache.spent) and any(x is plan for x in cache.spent)  # what it replaced
+    n = len(cache.spent)
     compile_plan(c.snapshot())  # no cache: nothing kept
-    assert len(cache.spent) == first + 2
+    assert len(cache.spent) == n

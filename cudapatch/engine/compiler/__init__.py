@@ -126,6 +126,9 @@ def compile_plan(
     if last is not None and last.context_id != snap.context_id:  # another patch: planned whole
         last = cache.state = None  # type: ignore[union-attr]
     if cache is not None:
+        # What this plan replaces (the last plan's state, the delta before it and the plan it holds)
+        # goes with the drafts: freed here, each was a cascade of deallocations (``NodeCache.spent``).
+        cache.spent += (cache.state, cache.delta, cache.plan)
         cache.delta = None  # set again by a plan that resumes
     changes = block_changes(snap.blocks, last.blocks) if last is not None else None
     if last is not None and changes is not None:
