@@ -32,6 +32,7 @@ from ..blocks.block import Block, BlockState
 from .diagnostics import Diagnostic, DiagnosticLog
 from .faults import FaultState
 from .registry import BlockRegistry
+from .slices import set_of
 
 __all__ = ["DiagnosticBoard", "KernelDiagnostics", "RunningChange", "running_change"]
 
@@ -57,8 +58,11 @@ class RunningChange:
 
 def running_change(block_order: Iterable[int], base: frozenset[int]) -> RunningChange:
     """``RunningChange`` of a plan running ``block_order`` against ``base`` (``DiagnosticBoard.running``)."""
-    ids = frozenset(block_order)
-    return RunningChange(ids, base, ids ^ base)
+    # (in slices and comprehensions: the set and its difference were C calls of 0.6-0.9 ms each at
+    # 10,000 blocks on the build thread, CPU machine, holding the interpreter from the frames)
+    ids = frozenset(set_of(block_order))
+    changed = frozenset({i for i in ids if i not in base} | {i for i in base if i not in ids})
+    return RunningChange(ids, base, changed)
 
 
 class DiagnosticBoard:

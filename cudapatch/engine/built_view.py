@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .plan import GraphPlan
 from .registry import BlockRegistry
+from .slices import dict_copy
 from .stats import readings_shown
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _resumed_view(plan: GraphPlan, names: Mapping[int, str], base: BuiltView, de
     gone = [_members(n) for n in (*(old_nodes[i] for i in delta.renumbered), *old_nodes[first:])]
     back = [_members(n) for n in (*(new_nodes[i] for i in delta.renumbered), *new_nodes[first:])]
     if any(gone) or any(back):
-        groups = dict(groups)
+        groups = dict_copy(groups)
         regrouped: set[int] = set()
         for members in gone:  # a block of a group keeps it unless its node is one of these
             for m in members:

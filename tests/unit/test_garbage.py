@@ -98,3 +98,12 @@ def test_a_drop_told_to_stop_returns_the_rest_which_frees_everything_later(monke
     assert callable(rest) and 0 < sum(r() is not None for r in refs) < alive  # stopped again, further on
     assert rest() is None and all(r() is None for r in refs)  # and the third call ends it
     assert max(freed_per_piece) <= PIECE
+
+
+def test_a_big_containers_items_are_listed_in_slices_in_order() -> None:
+    from cudapatch.engine.garbage import TAKE, _items
+
+    d = {i: str(i) for i in range(2 * TAKE + 5)}
+    assert _items(d) == [*d.keys(), *d.values()]
+    s = set(range(TAKE))
+    assert sorted(_items(s)) == sorted(s) and _items(tuple(range(3))) == [0, 1, 2] and _items({}) == []
