@@ -117,7 +117,8 @@ class BuildOutcome:
         running: The blocks the plan runs and how they differ from those shown running, made on the
             build thread (``board.running_change``).
         spent: The planning drafts of the build, no longer used: a build on the build thread frees
-            them a piece at a time after it (``NodeCache.spent``); elsewhere they go with the outcome.
+            them right after the next frame ends (``NodeCache.spent``); elsewhere they go with the
+            outcome.
     """
 
     job: BuildJob

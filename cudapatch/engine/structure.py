@@ -142,8 +142,12 @@ class StructureTier:
             for g in idle:  # their parameter storages are this build's (less than half the cost of new ones)
                 g.give_back_stores()
             out = builds.prepare(job)
-            spent, out.spent = out.spent, []  # the planning drafts: a piece at a time, after the build
-            worker.defer(lambda: drop_gradually(spent, worker.preempted), yields=True)
+            # The planning drafts (``NodeCache.spent``): freed in one go right after the next frame,
+            # long before the one after it. (A piece at a time, ``drop_gradually``, cost ten times
+            # the CPU and held the next builds back: fused 10,000-block edits went live 40-90 frames
+            # late instead of 10-30.)
+            worker.defer(out.spent.clear)
+            out.spent = []
             return out
 
         self._worker.submit(build)

@@ -318,39 +318,29 @@ def test_waiting_for_a_paced_job_lets_it_go_on_without_a_frame(monkeypatch: pyte
         w.close(5.0)
 
 
-def test_an_outcome_handed_over_is_freed_a_piece_at_a_time_after_the_next_job(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_outcome_handed_over_is_freed_on_the_worker_after_the_next_jobs_frame() -> None:
     """The worker holds the last outcome it handed over (a frame thread dropping the last reference
-    would free a whole build's snapshot there): the next job hands it to ``drop_gradually``."""
+    would free a whole build's snapshot in its frame): the next job frees it right after a frame."""
     import weakref
-
-    from cudapatch.engine import build_thread
-
-    dropped: list[list[type]] = []
-    real = build_thread.drop_gradually
-
-    def spy(objects: list[Any], stop: Any = None) -> Any:
-        dropped.append([type(o) for o in objects])
-        return real(objects, stop)
-
-    monkeypatch.setattr(build_thread, "drop_gradually", spy)
 
     class Outcome:
         pass
 
+    freed: list[str] = []
     w = BuildWorker(lambda: None)
     try:
         w.submit(Outcome)
         assert w.wait(5.0)
         first = w.take()
-        gone = weakref.ref(first)
+        weakref.finalize(first, lambda: freed.append(threading.current_thread().name))
         del first
-        assert gone() is not None and dropped == []  # the worker's reference: not freed on this thread
+        assert freed == []  # the worker's reference: not freed on this thread
         w.submit(lambda: "second")
         w.gate.open()
         assert w.wait(5.0) and w.take() == "second"
-        w.gate.open()  # (the deferred drop runs after the end of a frame)
+        w.gate.open()  # (the end of a frame: then it goes)
         assert w.wait(5.0)
-        assert gone() is None and dropped == [[Outcome]]
+        assert len(freed) == 1 and freed[0] != threading.current_thread().name
     finally:
         w.close(5.0)
 

@@ -74,10 +74,11 @@ class NodeCache:
         self.plan: Any = None
         #: How ``plan`` differs from the plan before it (``resume.PlanDelta``; None: planned whole).
         self.delta: Any = None
-        #: The drafts of the plans made since the caller last took them (``compile_plan`` leaves them
-        #: here): freed at its return, a 10,000-block draft was one cascade of deallocations of up to
-        #: 3.7 ms (CPU machine) that held the interpreter from the frames, so a build hands them to
-        #: ``garbage.drop_gradually`` instead (``GraphBuilds.prepare``, ``BuildOutcome.spent``).
+        #: The drafts of the plans made since the caller last took them, with the state, delta and
+        #: plan they replaced (``compile_plan`` leaves them here): freed at its return, a 10,000-block
+        #: draft was one cascade of deallocations of up to 3.7 ms (CPU machine) that held the
+        #: interpreter from the frames whenever the build got there; a build on the build thread
+        #: frees them right after a frame ends instead (``BuildOutcome.spent``).
         self.spent: list[Any] = []
 
     def begin(self) -> None:
