@@ -25,9 +25,9 @@ class Plan:
     order: tuple[int, ...]
 
 
-def _count_frees(monkeypatch, nodes: tuple[Node, ...]) -> tuple[list[int], list[weakref.ref]]:  # noqa: ANN001
-    """How many of ``nodes`` each piece frees (one entry per ``checkpoint()``, filled as they go), and a
-    weak reference to each node."""
+def _count_frees(monkeypatch, nodes: tuple[object, ...]) -> tuple[list[int], list[weakref.ref]]:  # noqa: ANN001
+    """How many of ``nodes`` (any weakly referenceable objects) each piece frees (one entry per
+    ``checkpoint()``, filled as they go), and a weak reference to each node."""
     per_piece: list[int] = []
     freed = [0]
 
@@ -128,15 +128,7 @@ def test_each_big_container_is_released_in_a_piece_of_its_own(monkeypatch) -> No
     """Releasing a 10,000-item container is 10,000 reference counts even when its items live on: a
     piece holding several of them (a plan's big dicts) was milliseconds of one release."""
     bigs = [Big(Node(i) for i in range(2 * PIECE)) for _ in range(4)]
-    per_piece: list[int] = []
-    freed = [0]
-
-    def checkpoint() -> None:
-        per_piece.append(freed[0])
-        freed[0] = 0
-
-    monkeypatch.setattr(garbage, "checkpoint", checkpoint)
-    refs = [weakref.ref(b, lambda _r: freed.__setitem__(0, freed[0] + 1)) for b in bigs]
+    per_piece, refs = _count_frees(monkeypatch, tuple(bigs))
     trash = [Tables(*bigs)]
     del bigs
     drop_gradually(trash)
