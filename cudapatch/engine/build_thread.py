@@ -207,7 +207,7 @@ class BuildWorker:
                 checkpoint()
                 self._make_current()
                 if last is not None:
-                    self.defer([last].clear)  # (in one go right after the next frame: ``structure``)
+                    self.defer([last].clear)  # (right after the next frame: ``structure``)
                     last = None
                 with self._around_job():
                     outcome = job()

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..kernels.pacing import checkpoint
 
-__all__ = ["PIECE", "drop_gradually"]
+__all__ = ["PIECE", "drop_each", "drop_gradually"]
 
 #: References dropped between two checkpoints (each frees its own small objects: tens of microseconds).
 PIECE = 256
@@ -62,6 +62,15 @@ def drop_gradually(objects: list[Any], stop: Callable[[], bool] | None = None) -
     work: list[tuple[list[Any], int, int]] = [(objects[:], _OBJECT_LEVELS, _CONTAINER_LEVELS)]
     objects.clear()
     return _drop(work, stop)
+
+
+def drop_each(objects: list[Any]) -> None:
+    """Drop the references in ``objects`` (emptied here) one at a time, last first: each one's
+    cascade of deallocations is a hold of its own, not one with all the others (a build's drafts,
+    state and plan at fused 10,000 blocks were 6.7 ms in one ``list.clear`` on the CPU machine). For
+    what is freed right after a frame, where ``drop_gradually``'s CPU is not worth it."""
+    while objects:
+        objects.pop()
 
 
 def _drop(work: list[tuple[list[Any], int, int]], stop: Callable[[], bool] | None) -> Callable[[], Any] | None:

@@ -18,13 +18,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .build import BuildOutcome, GraphBuilds
 from .build_thread import BuildWorker
 from .collector import CollectorFreeze
 from .context import Context
-from .garbage import drop_gradually
+from .garbage import drop_each, drop_gradually
 from .profiling import ProfilingLevel
 from .resources import DeviceResources, close_graphs
 from .stats import BuildTiming, log_build
@@ -142,11 +143,11 @@ class StructureTier:
             for g in idle:  # their parameter storages are this build's (less than half the cost of new ones)
                 g.give_back_stores()
             out = builds.prepare(job)
-            # The planning drafts (``NodeCache.spent``): freed in one go right after the next frame,
+            # The planning drafts (``NodeCache.spent``): freed one by one right after the next frame,
             # long before the one after it. (A piece at a time, ``drop_gradually``, cost ten times
             # the CPU and held the next builds back: fused 10,000-block edits went live 40-90 frames
             # late instead of 10-30.)
-            worker.defer(out.spent.clear)
+            worker.defer(partial(drop_each, out.spent))
             out.spent = []
             return out
 

@@ -133,3 +133,16 @@ def test_each_big_container_is_released_in_a_piece_of_its_own(monkeypatch) -> No
     del bigs
     drop_gradually(trash)
     assert all(r() is None for r in refs) and sum(per_piece) == 4 and max(per_piece) == 1
+
+
+def test_drop_each_lets_go_of_one_object_at_a_time_last_first() -> None:
+    from cudapatch.engine.garbage import drop_each
+
+    nodes = [Node(i) for i in range(5)]
+    order: list[int] = []
+    for n in nodes:
+        weakref.finalize(n, order.append, n.i)
+    objects = list(nodes)
+    del nodes, n
+    drop_each(objects)
+    assert objects == [] and order == [4, 3, 2, 1, 0]
