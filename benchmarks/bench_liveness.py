@@ -80,14 +80,24 @@ class LiveRun(NamedTuple):
     late_ms: float
 
 
+#: Where ``until_live`` also records, when a list: ``(start, end, "late" or "update", ms)`` (perf_counter
+#: seconds) of each frame that started over 0.5 ms late and each ``update()`` over 1 ms
+#: (``probes/probe_late_starts.py``).
+EVENTS: list[tuple[float, float, str, float]] | None = None
+
+
 def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0, settled: bool = True) -> LiveRun:
     """Run frames at ``fps`` until ``live()`` (and, ``settled``, no build in flight)."""
     worst, frames, late, t_start = 0.0, 0, 0.0, time.perf_counter()
     period = 1.0 / fps
+    events = EVENTS
     while True:
         t = time.perf_counter_ns()
         e.update()
-        worst = max(worst, (time.perf_counter_ns() - t) / 1e3)
+        took = (time.perf_counter_ns() - t) / 1e3
+        worst = max(worst, took)
+        if events is not None and took > 1000:
+            events.append((t / 1e9, t / 1e9 + took / 1e6, "update", took / 1e3))
         frames += 1
         if live() and not (settled and e.building):
             return LiveRun(worst, frames, time.perf_counter() - t_start, late)
@@ -96,7 +106,10 @@ def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0, settle
         wait = max(0.0, period - (time.perf_counter_ns() - t) / 1e9)
         slept = time.perf_counter()
         time.sleep(wait)
-        late = max(late, (time.perf_counter() - slept - wait) * 1e3)
+        late_ms = (time.perf_counter() - slept - wait) * 1e3
+        if events is not None and late_ms > 0.5:
+            events.append((slept + wait, time.perf_counter(), "late", late_ms))
+        late = max(late, late_ms)
 
 
 def scale_chain(e: Engine, n: int, x: np.ndarray) -> list[Scale]:

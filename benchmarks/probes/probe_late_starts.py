@@ -98,30 +98,7 @@ def main() -> None:
 
     gc.callbacks.append(on_gc)
 
-    def until_live(e, is_live, fps: float = 60.0, limit_s: float = 30.0, settled: bool = True) -> live.LiveRun:  # noqa: ANN001
-        worst, frames, late, t_start = 0.0, 0, 0.0, time.perf_counter()
-        period = 1.0 / fps
-        while True:
-            t = time.perf_counter()
-            e.update()
-            took = time.perf_counter() - t
-            if took > 1e-3:
-                events.append((t, t + took, "update", took * 1e3))
-            worst = max(worst, took * 1e6)
-            frames += 1
-            if is_live() and not (settled and e.building):
-                return live.LiveRun(worst, frames, time.perf_counter() - t_start, late)
-            if time.perf_counter() - t_start > limit_s:
-                return live.LiveRun(worst, -1, limit_s, late)
-            wait = max(0.0, period - (time.perf_counter() - t))
-            slept = time.perf_counter()
-            time.sleep(wait)
-            late_ms = (time.perf_counter() - slept - wait) * 1e3
-            if late_ms > 0.5:
-                events.append((slept + wait, time.perf_counter(), "late", late_ms))
-            late = max(late, late_ms)
-
-    live.until_live = until_live
+    live.EVENTS = events
     rounds_start: list[float] = []
     quiet_row = live.update_and_bare_launch_us
 
