@@ -104,11 +104,12 @@ def test_a_drop_told_to_stop_returns_the_rest_which_frees_everything_later(monke
 
 
 def test_a_big_containers_items_are_listed_in_slices_in_order() -> None:
-    from cudapatch.engine.garbage import TAKE, _items
+    from cudapatch.engine.garbage import _items
+    from cudapatch.engine.slices import SLICE
 
-    d = {i: str(i) for i in range(2 * TAKE + 5)}
+    d = {i: str(i) for i in range(2 * SLICE + 5)}
     assert _items(d) == [*d.keys(), *d.values()]
-    s = set(range(TAKE))
+    s = set(range(SLICE))
     assert sorted(_items(s)) == sorted(s) and _items(tuple(range(3))) == [0, 1, 2] and _items({}) == []
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from cudapatch.engine.slices import SLICE, dict_copy, set_of
+from cudapatch.engine.slices import SLICE, dict_copy, list_of, set_of
 
 
 def test_a_dict_copy_in_slices_is_the_whole_copy_or_its_first_items_in_order() -> None:
@@ -24,3 +24,8 @@ def test_a_set_in_slices_has_every_item_even_when_items_repeat() -> None:
     items = [i % (SLICE // 2) for i in range(3 * SLICE)] + list(range(SLICE, 2 * SLICE + 3))
     assert set_of(items) == set(items)
     assert set_of(iter(range(SLICE))) == set(range(SLICE)) and set_of(()) == set()
+
+
+def test_a_list_in_slices_has_every_part_in_order() -> None:
+    a, b = list(range(2 * SLICE + 3)), {i: i for i in range(SLICE)}
+    assert list_of(a, b.values()) == [*a, *b.values()] and list_of() == [] and list_of((), [1]) == [1]

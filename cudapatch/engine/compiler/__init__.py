@@ -126,9 +126,9 @@ def compile_plan(
     if last is not None and last.context_id != snap.context_id:  # another patch: planned whole
         last = cache.state = None  # type: ignore[union-attr]
     if cache is not None:
-        # What this plan replaces (the last plan's state, the delta before it and the plan it holds)
+        # What this plan replaces (the last plan's state, the delta before it; below, the last plan)
         # goes with the drafts: freed here, each was a cascade of deallocations (``NodeCache.spent``).
-        cache.spent += (cache.state, cache.delta, cache.plan)
+        cache.spent += (cache.state, cache.delta)
         cache.delta = None  # set again by a plan that resumes
     changes = block_changes(snap.blocks, last.blocks) if last is not None else None
     if last is not None and changes is not None:
@@ -152,8 +152,8 @@ def compile_plan(
         plan = _finish(draft)
         delta = cache.state.delta
         cache.delta = PlanDelta(cache.plan, plan, *delta) if delta is not None else None
+        cache.spent += (first, draft, cache.plan)
         cache.plan = plan
-        cache.spent += (first, draft)
         return plan
     if cache is not None:
         cache.state = None
