@@ -33,7 +33,8 @@ from typing import Any
 from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..blocks.parameter import BlockParameter
 from ..errors import CudapatchError, LibraryCallError
-from ..kernels._driver import check, driver
+from ..kernels._driver import check, driver, error_from_code
+from ..kernels.held_calls import frame_calls
 from .buffers import AppendBuffer, GpuBuffer
 from .bypass import NO_BYPASS, BypassPlan, Carry
 from .captured_calls import CapturedCall, CapturedCalls, DeviceScalars
@@ -533,10 +534,9 @@ class CompiledGraph(HandleOwner):
         self._redirect_targets: dict[tuple[int, str], list] = {}
         self._bypass_steps: dict[tuple[int, int], _BypassStep] = {}  # by (id(from), id(to)): ``set_bypass``
         self._bypass_back: _BypassStep | None = None  # the step back from the last one ``set_bypass`` took
-        # Bound once: the frame path is one call of each, no attribute lookups on the driver module.
-        self._launch = d.cuGraphLaunch
-        self._set_params = d.cuGraphExecKernelNodeSetParams
-        self._set_enabled = d.cuGraphNodeSetEnabled
+        # Bound once: the frame path is one call of each, no attribute lookups on the driver module; and
+        # made with the GIL held, so that no other thread takes it from the frame (``held_calls``).
+        self._launch, self._set_params, self._set_enabled = frame_calls()
         # The safety net of a graph nobody closed: its engine always closes (or abandons) the graphs it
         # makes, so it is quiet (cudapatch._lifecycle); it destroys the executables and the graph only in
         # a context that still lives, never in a reset one.
@@ -729,7 +729,8 @@ class CompiledGraph(HandleOwner):
         graph the executable was instantiated from, and a body node's update applies that graph with
         one ``cuGraphExecUpdate``; first, every kernel node's current values go there, so the update
         reverts nothing patched before. (Re-captured library calls are not carried over: untested.)"""
-        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", err)
+        said = error_from_code(err).name  # (a held call returns a plain int: named as the driver names it)
+        log.info("region body nodes are updated through cuGraphExecUpdate (the driver said %s)", said)
         self._body_fallback = True
         for kn in self._nodes:
             if isinstance(kn, KernelNode):

@@ -106,6 +106,8 @@ def error_from_code(err: Any, what: str = "", **context: Any) -> CudaError:
     d = driver()
     code = int(err)
     try:
+        if type(err) is int:  # the frame path's held calls return a plain int (``held_calls``)
+            err = d.CUresult(code)
         name_res = d.cuGetErrorName(err)
         text_res = d.cuGetErrorString(err)
         name = name_res[1].decode() if not name_res[0] else f"CUDA_ERROR_{code}"

@@ -1,0 +1,94 @@
+"""The frame path's driver calls on a real GPU (``kernels.held_calls``): a graph's Hot patches and
+bypass toggles go through the driver's own entry points with the GIL held, land as the bindings'
+calls do, keep every other Python thread out while they run, and fail with the driver's error name."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as d
+
+from cudapatch import Engine, Scale
+from cudapatch.errors import CudaError
+from cudapatch.kernels._driver import check
+from cudapatch.kernels.held_calls import frame_calls
+
+pytestmark = pytest.mark.gpu
+
+
+def _chain(engine: Engine, x: np.ndarray) -> tuple[Scale, Scale]:
+    s1 = engine.add(Scale(name="s1", Factor=2.0))
+    s2 = engine.add(Scale(name="s2", Factor=3.0))
+    engine.connect(s1, "Out", s2, "In")
+    engine.bind(s1, "In", x)
+    engine.update()
+    return s1, s2
+
+
+def test_the_graph_patches_and_toggles_through_held_calls(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine
+    x = rng.standard_normal(4099).astype(np.float32)
+    s1, s2 = _chain(engine, x)
+    g = engine.graph
+    held = frame_calls()
+    assert held.set_params is not d.cuGraphExecKernelNodeSetParams, "this driver gives the entry points"
+    assert held.set_enabled is not d.cuGraphNodeSetEnabled and held.launch is d.cuGraphLaunch
+    assert (g._launch, g._set_params, g._set_enabled) == tuple(held)
+    x64 = x.astype(np.float64)
+    for factor in rng.uniform(-4, 4, size=5):  # Hot: one held cuGraphExecKernelNodeSetParams each
+        engine.output(s2, "Out").fill_bytes(0xFF)  # poison: the frame must write every element
+        s1.set("Factor", float(factor))
+        engine.update()
+        np.testing.assert_allclose(engine.read(s2, "Out"), x64 * float(np.float32(factor)) * 3, rtol=1e-6)
+    engine.output(s2, "Out").fill_bytes(0xFF)
+    s2.enabled = False  # Bypass: held cuGraphNodeSetEnabled; s2's output is s1's
+    engine.update()
+    np.testing.assert_allclose(engine.read(s2, "Out"), x64 * float(np.float32(factor)), rtol=1e-6)
+    assert engine.graph is g and g.instantiations == 1
+
+
+def test_held_calls_keep_other_threads_out(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine
+    _chain(engine, rng.standard_normal(1024).astype(np.float32))
+    g = engine.graph
+    node = next(n for n in g._nodes if getattr(n, "params", None) is not None)
+    _, set_params, set_enabled = frame_calls()
+    gate, ran = threading.Lock(), []
+
+    def waiter() -> None:
+        with gate:  # blocked here (without the GIL) until the gate opens; then it needs the GIL to go on
+            ran.append(True)
+
+    saved = sys.getswitchinterval()
+    gate.acquire()
+    sys.setswitchinterval(30.0)  # no forced switch in this test: the waiter runs only where we let go
+    thread = threading.Thread(target=waiter, daemon=True)
+    try:
+        thread.start()
+        gate.release()  # the waiter wakes and waits for the GIL, which this thread keeps...
+        for _ in range(200):  # ... unless a call lets go of it
+            check(set_params(g.handle, node.handle, node.params), "cuGraphExecKernelNodeSetParams")
+            check(set_enabled(g.handle, node.handle, 1), "cuGraphNodeSetEnabled")
+        during = list(ran)
+    finally:
+        sys.setswitchinterval(saved)
+        thread.join(10.0)  # (lets go of the GIL: the waiter runs now)
+    assert during == [], "a held call let another thread run"
+    assert ran == [True]
+    engine.synchronize()
+
+
+def test_a_held_call_fails_with_the_drivers_error_name(unfused_engine: Engine, rng: np.random.Generator) -> None:
+    engine = unfused_engine
+    _chain(engine, rng.standard_normal(256).astype(np.float32))
+    _, _, set_enabled = frame_calls()
+    result = set_enabled(engine.graph.handle, d.CUgraphNode(), 1)  # no such node
+    assert type(result[0]) is int and result[0] != 0
+    with pytest.raises(CudaError) as info:
+        check(result, "cuGraphNodeSetEnabled")
+    assert info.value.name == "CUDA_ERROR_INVALID_VALUE" and "cuGraphNodeSetEnabled" in str(info.value)
+    engine.update()  # the graph runs on
+    engine.synchronize()
