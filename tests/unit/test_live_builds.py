@@ -1182,3 +1182,23 @@ def test_work_that_does_not_yield_left_when_freeing_gives_way_starts_after_the_f
         assert order == ["piece 1", "launch", "closed", "second job", "piece 2"], order
     finally:
         w.close(5.0)
+
+
+def test_retired_graphs_are_taken_for_closing_without_walking_their_plans() -> None:
+    class Plan:
+        @property
+        def captured_nodes(self) -> tuple:  # one pass over every node, in the edit frame that starts a build
+            raise AssertionError("a retired plan's nodes were walked")
+
+    class Retired:
+        def __init__(self, has_calls: bool, idle: bool) -> None:
+            self.plan, self.has_calls, self._idle = Plan(), has_calls, idle
+
+        def is_idle(self) -> bool:
+            return self._idle
+
+    res = resources_module.DeviceResources.__new__(resources_module.DeviceResources)
+    done, with_calls, running = Retired(False, True), Retired(True, True), Retired(False, False)
+    res._retired = [done, with_calls, running]
+    assert res.take_idle() == [done]  # library calls release into scopes the frame thread uses: they stay
+    assert res._retired == [with_calls, running]
