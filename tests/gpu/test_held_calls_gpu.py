@@ -11,21 +11,14 @@ import numpy as np
 import pytest
 from cuda.bindings import driver as d
 
-from cudapatch import Engine, Scale
+from cudapatch import Engine
 from cudapatch.errors import CudaError
 from cudapatch.kernels._driver import check
 from cudapatch.kernels.held_calls import frame_calls
 
+from .test_bypass_gpu import _chain
+
 pytestmark = pytest.mark.gpu
-
-
-def _chain(engine: Engine, x: np.ndarray) -> tuple[Scale, Scale]:
-    s1 = engine.add(Scale(name="s1", Factor=2.0))
-    s2 = engine.add(Scale(name="s2", Factor=3.0))
-    engine.connect(s1, "Out", s2, "In")
-    engine.bind(s1, "In", x)
-    engine.update()
-    return s1, s2
 
 
 def test_the_graph_patches_and_toggles_through_held_calls(unfused_engine: Engine, rng: np.random.Generator) -> None:
