@@ -23,9 +23,13 @@ int: ``_driver.check`` names it as the driver does.
 frame loop faster than the GPU would then hold the GIL from every other thread nearly all the time
 (a build would never land). It is one opening per frame, at its end.
 
+Holding the GIL through a driver call also holds it while that call waits for the driver's own lock
+(another thread in ``cuGraphInstantiate`` or a module load): every Python thread waits then, not
+only the frame thread. These two calls take that lock briefly, as a launch does.
+
 Where the driver module is not the bindings' (a stand-in on a machine without a GPU), or a test
 replaced one of its functions, or the driver does not give the entry point, the bindings' own
-function is used.
+function is used (a resolution that failed is logged once and tried again with the next graph).
 """
 
 from __future__ import annotations
@@ -68,43 +72,55 @@ def frame_calls() -> FrameCalls:
     def pick(name: str) -> Callable[..., Any]:
         current = getattr(d, name)
         fn = held.get(name)
-        return fn if fn is not None and current is _originals.get(name) else current
+        return fn if fn is not None and _bindings_own(current, name) else current
 
     return FrameCalls(d.cuGraphLaunch, pick("cuGraphExecKernelNodeSetParams"), pick("cuGraphNodeSetEnabled"))
 
 
-_held: dict[str, Callable[..., tuple[int]]] | None = None  # the held calls, resolved once (None: not yet)
-_originals: dict[str, Any] = {}  # the bindings' functions they stand for
-_bindings: Any = None  # ``cuda.bindings.driver``, once resolved
+def _bindings_own(fn: Any, name: str) -> bool:
+    """Whether ``fn`` is the bindings' function ``name`` (not one a test put in its place; by name, not
+    identity: it may have been replaced before the first look)."""
+    return getattr(fn, "__module__", None) == _BINDINGS and getattr(fn, "__name__", None) == name
+
+
+_BINDINGS = "cuda.bindings.driver"
+_held: dict[str, Callable[..., tuple[int]]] | None = None  # the held calls, once resolved (None: not yet)
+_said = False  # whether a resolution that failed was logged
 
 
 def _held_calls(d: Any) -> dict[str, Callable[..., tuple[int]]]:
-    global _held, _bindings
+    global _held
+    if getattr(d, "__name__", None) != _BINDINGS:  # a stand-in driver: its own functions
+        return {}
     if _held is None:
-        try:
-            from cuda.bindings import driver as bindings
-        except ImportError:  # pragma: no cover - no bindings, no GPU
-            return {}
-        if d is not bindings:  # a stand-in driver: its own functions (resolved once the real one is used)
-            return {}
-        _bindings, _held = bindings, _resolve(bindings)
-    return _held if d is _bindings else {}
+        _held = _resolve(d)  # (a failure is not kept: asked again with the next graph)
+    return _held or {}
 
 
-def _resolve(bindings: Any) -> dict[str, Callable[..., tuple[int]]]:
-    version = bindings_major() * 1000  # the entry points of the bindings' CUDA version: their structs
+def _resolve(bindings: Any) -> dict[str, Callable[..., tuple[int]]] | None:
+    global _said
+    # The entry points of the bindings' CUDA version take the parameter struct the bindings fill:
+    # ``CUDA_KERNEL_NODE_PARAMS_v2`` in CUDA 12 and 13 (another struct: the bindings' own calls).
+    v2 = getattr(bindings, "CUDA_KERNEL_NODE_PARAMS_v2", None)
+    why = "the bindings' kernel node parameters are not CUDA_KERNEL_NODE_PARAMS_v2"
     pointers = {}
-    for name, prototype in _PROTOTYPES.items():
-        _originals[name] = getattr(bindings, name)
-        try:
-            err, pfn, _ = bindings.cuGetProcAddress(name.encode(), version, 0)
-        except Exception as exc:  # noqa: BLE001 - no driver, or another signature: the bindings' calls
-            log.debug("cuGetProcAddress(%s) failed: %s; frames release the GIL in it", name, exc)
-            return {}
-        if err or not int(pfn):
-            log.debug("cuGetProcAddress(%s): %s; frames release the GIL in it", name, err)
-            return {}
-        pointers[name] = prototype(int(pfn))
+    if v2 is not None and issubclass(bindings.CUDA_KERNEL_NODE_PARAMS, v2):
+        version = bindings_major() * 1000
+        for name, prototype in _PROTOTYPES.items():
+            try:
+                err, pfn, _ = bindings.cuGetProcAddress(name.encode(), version, 0)
+            except Exception as exc:  # noqa: BLE001 - no driver, or another signature: the bindings' calls
+                why = f"cuGetProcAddress({name}) failed: {exc}"
+                break
+            if err or not int(pfn):
+                why = f"cuGetProcAddress({name}): {err}"
+                break
+            pointers[name] = prototype(int(pfn))
+    if len(pointers) < len(_PROTOTYPES):
+        if not _said:
+            _said = True
+            log.info("%s; frames let go of the GIL in their driver calls", why)
+        return None
     return _wrap(pointers)
 
 
@@ -112,11 +128,12 @@ def _wrap(pointers: dict[str, Any]) -> dict[str, Callable[..., tuple[int]]]:
     set_params = pointers["cuGraphExecKernelNodeSetParams"]
     set_enabled = pointers["cuGraphNodeSetEnabled"]
 
-    # (handles go in as ints: a bindings handle's ``int()`` is its value; parameters by address)
+    # Handles go in as ints (a bindings handle's ``int()`` is its value; None, a closed graph's, as
+    # NULL, which the driver refuses as the bindings' call does), parameters by address.
     def held_set_params(exec_: Any, node: Any, params: Any) -> tuple[int]:
-        return (set_params(int(exec_), int(node), params.getPtr()),)
+        return (set_params(int(exec_ or 0), int(node or 0), params.getPtr()),)
 
     def held_set_enabled(exec_: Any, node: Any, on: int) -> tuple[int]:
-        return (set_enabled(int(exec_), int(node), on),)
+        return (set_enabled(int(exec_ or 0), int(node or 0), on),)
 
     return {"cuGraphExecKernelNodeSetParams": held_set_params, "cuGraphNodeSetEnabled": held_set_enabled}

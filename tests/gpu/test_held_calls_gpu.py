@@ -4,6 +4,7 @@ calls do, keep every other Python thread out while they run, and fail with the d
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 
@@ -55,8 +56,12 @@ def test_held_calls_keep_other_threads_out(unfused_engine: Engine, rng: np.rando
         with gate:  # blocked here (without the GIL) until the gate opens; then it needs the GIL to go on
             ran.append(True)
 
+    engine.wait_ready()  # no background work that runs Python while the interval is long
+    engine._worker.wait(10.0)
     saved = sys.getswitchinterval()
     gate.acquire()
+    collecting = gc.isenabled()
+    gc.disable()  # (a finalizer's driver call in the loop would let go of the GIL: not a held call)
     sys.setswitchinterval(30.0)  # no forced switch in this test: the waiter runs only where we let go
     thread = threading.Thread(target=waiter, daemon=True)
     try:
@@ -68,6 +73,8 @@ def test_held_calls_keep_other_threads_out(unfused_engine: Engine, rng: np.rando
         during = list(ran)
     finally:
         sys.setswitchinterval(saved)
+        if collecting:
+            gc.enable()
         thread.join(10.0)  # (lets go of the GIL: the waiter runs now)
     assert during == [], "a held call let another thread run"
     assert ran == [True]

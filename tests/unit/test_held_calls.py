@@ -46,12 +46,43 @@ def test_a_replaced_bindings_function_is_used_as_replaced(monkeypatch: pytest.Mo
     from cuda.bindings import driver as bindings
 
     monkeypatch.setattr(_driver, "_driver", bindings)
+    held = {"cuGraphExecKernelNodeSetParams": object(), "cuGraphNodeSetEnabled": object()}
+    monkeypatch.setattr(held_calls, "_held", held)  # as resolved where the driver gives the entry points
     replaced = lambda ex, n, on: (0,)  # noqa: E731 - a test's stand-in (an injected failure, say)
     monkeypatch.setattr(bindings, "cuGraphNodeSetEnabled", replaced)
     calls = held_calls.frame_calls()
-    assert calls.set_enabled is replaced and calls.launch is bindings.cuGraphLaunch
-    # The other: held where this machine's driver gives its entry point, else the bindings' own.
-    assert calls.set_params is bindings.cuGraphExecKernelNodeSetParams or calls.set_params.__name__.startswith("held")
+    assert calls.set_enabled is replaced  # the replacement, even where it came before the first look
+    assert calls.set_params is held["cuGraphExecKernelNodeSetParams"] and calls.launch is bindings.cuGraphLaunch
+    monkeypatch.undo()
+    monkeypatch.setattr(_driver, "_driver", bindings)
+    monkeypatch.setattr(held_calls, "_held", held)
+    assert held_calls.frame_calls().set_enabled is held["cuGraphNodeSetEnabled"]  # held again once put back
+
+
+def test_no_held_calls_where_the_entry_points_or_their_struct_are_not_there(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cuda.bindings import driver as bindings
+
+    monkeypatch.setattr(held_calls, "_said", False)
+
+    def refused(name: bytes, version: int, flags: int) -> tuple:
+        raise RuntimeError("no driver")
+
+    no_driver = types.SimpleNamespace(
+        CUDA_KERNEL_NODE_PARAMS=bindings.CUDA_KERNEL_NODE_PARAMS,
+        CUDA_KERNEL_NODE_PARAMS_v2=bindings.CUDA_KERNEL_NODE_PARAMS_v2,
+        cuGetProcAddress=refused,
+    )
+    with caplog.at_level("INFO", logger="cudapatch.kernels"):
+        assert held_calls._resolve(no_driver) is None
+    assert "cuGetProcAddress(cuGraphExecKernelNodeSetParams) failed: no driver" in caplog.text
+    other_struct = types.SimpleNamespace(
+        CUDA_KERNEL_NODE_PARAMS=bindings.CUDA_KERNEL_NODE_PARAMS_v1,
+        CUDA_KERNEL_NODE_PARAMS_v2=bindings.CUDA_KERNEL_NODE_PARAMS_v2,
+        cuGetProcAddress=lambda *a: pytest.fail("asked for an entry point whose struct is not the bindings'"),
+    )
+    assert held_calls._resolve(other_struct) is None
 
 
 def test_held_calls_pass_handle_values_and_the_parameters_address() -> None:
@@ -65,7 +96,8 @@ def test_held_calls_pass_handle_values_and_the_parameters_address() -> None:
     exec_, node = _Handle(0x1000), _Handle(0x2000)
     assert wrapped["cuGraphExecKernelNodeSetParams"](exec_, node, _Params()) == (0,)
     assert wrapped["cuGraphNodeSetEnabled"](exec_, node, 1) == (0,)
-    assert seen == [(0x1000, 0x2000, 0x5000), (0x1000, 0x2000, 1)]
+    assert wrapped["cuGraphNodeSetEnabled"](None, node, 0) == (0,)  # a closed graph's: NULL, refused by the driver
+    assert seen == [(0x1000, 0x2000, 0x5000), (0x1000, 0x2000, 1), (0, 0x2000, 0)]
 
 
 def test_a_plain_int_error_code_is_named_as_the_driver_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
