@@ -23,9 +23,9 @@ int: ``_driver.check`` names it as the driver does.
 frame loop faster than the GPU would then hold the GIL from every other thread nearly all the time
 (a build would never land). It is one opening per frame, at its end.
 
-Holding the GIL through a driver call also holds it while that call waits for the driver's own lock
-(another thread in ``cuGraphInstantiate`` or a module load): every Python thread waits then, not
-only the frame thread. These two calls take that lock briefly, as a launch does.
+Holding the GIL through a driver call also holds it while that call waits inside the driver (for
+its lock, where another thread is in ``cuGraphInstantiate`` or a module load): every Python thread
+waits then, not only the frame thread, which waited anyway.
 
 Where the driver module is not the bindings' (a stand-in on a machine without a GPU), or a test
 replaced one of its functions, or the driver does not give the entry point, the bindings' own
