@@ -98,9 +98,8 @@ def validate(
             continue
         incoming[key] = lk
         links.append(lk)
-    if known is not None:
-        draft.relinked = relinked(incoming, old_incoming, touched)
-        draft.relinked_from = old_incoming
+    if touched is not None:  # (else worked out where asked for: ``relinked_since``)
+        draft.relinked, draft.relinked_from = relinked(incoming, old_incoming, touched), old_incoming
 
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -156,7 +155,8 @@ def relinked(new: Incoming, old: Incoming, keys: Sequence[tuple[int, str]] | Non
 
 def relinked_since(draft: PlanDraft, old_incoming: Incoming) -> Relinked:
     """The links added or removed since the plan whose links were ``old_incoming``: what ``validate``
-    found when it compared with that plan, else worked out now (``relinked``)."""
-    if draft.relinked is not None and draft.relinked_from is old_incoming:
-        return draft.relinked
-    return relinked(draft.incoming, old_incoming)
+    found among the keys it touched, else worked out at the first asking, over all links, and kept
+    on the draft (a plan that asks for none, a region's, never pays for the loops)."""
+    if draft.relinked is None or draft.relinked_from is not old_incoming:
+        draft.relinked, draft.relinked_from = relinked(draft.incoming, old_incoming), old_incoming
+    return draft.relinked
