@@ -18,8 +18,9 @@ as against the budget. Above 2,000 nodes, the same floor had the patch been spli
 of at most 2,000 nodes, each instantiated right after a frame (the one way around the lock), beside
 what launching the split executables costs a quiet frame against launching the one.
 
-Then, on the same chain: bypass a block in the middle and turn it back on, 50 times (the host time
-of ``enabled = False`` plus the ``update()`` that applies it, beside a quiet ``update()``; target
+Then, on the same chain: bypass a block in the middle and turn it back on, 200 times (the host time
+of ``enabled = False`` plus the ``update()`` that applies it, beside quiet ``update()`` calls timed
+in alternating runs with the toggles; target
 ≤ 10 µs of host time, 0 instantiations; the first bypass, carried (the block's node copies its
 input) from the frame that applies it until a build that gives the block's shared buffers their own
 lands, is listed apart; peer: the bare toggle, ``cuGraphNodeSetEnabled`` of the
@@ -58,6 +59,7 @@ from _timing import (  # noqa: E402
     bare_bypass_toggle_us,
     bare_patch_every_node_us,
     bare_split_launch_us,
+    host_us_side_by_side,
     kernel_node,
     kernel_nodes,
     update_and_bare_launch_us,
@@ -250,7 +252,7 @@ def _carried(e: Engine, block: Scale) -> bool:
 
 
 def bench_bypass(
-    e: Engine, block: Scale, reader: Scale, quiet: float, toggles: int = 50
+    e: Engine, block: Scale, reader: Scale, quiet: float, toggles: int = 200
 ) -> list[tuple[str, float, str, float, str]]:
     """Host time of a bypass toggle: the flag set plus the ``update()`` that applies it, beside the
     driver's part of it on the running graph (``bare_bypass_toggle_us``: ``block``'s node turned on
@@ -280,20 +282,21 @@ def bench_bypass(
     e._worker.wait(10.0)
     e.update()
     e.synchronize()
-    times = []
-    for i in range(2 * toggles):
-        t = time.perf_counter_ns()
-        block.enabled = i % 2 == 0  # on, off, on, ... (it starts off)
+    flips = [0]
+
+    def toggle_and_update() -> None:
+        block.enabled = flips[0] % 2 == 0  # on, off, on, ... (it starts off)
+        flips[0] += 1
         e.update()
-        times.append((time.perf_counter_ns() - t) / 1e3)
-        if i % 20 == 19:
-            e.synchronize()
+
+    # In alternating runs with quiet frames (as the bare toggle with bare launches): a machine that
+    # drifts meanwhile moves both; ``quiet`` (timed before the edits) is printed beside them
+    toggle, quiet_now = host_us_side_by_side(toggle_and_update, e.update, 2 * toggles, e.synchronize)
     e.synchronize()
     assert e.counters.bypass_updates - updates == 2 * toggles and _bypassed(e, block)  # it ends off
-    toggle = statistics.median(times)
     # The driver's part, on the graph the toggles left running (the block off, its reader redirected).
     bare, launch = bare_bypass_toggle_us(e, kernel_node(e, block.id), kernel_node(e, reader.id))
-    more = f"ours +{toggle - quiet:.1f} beyond quiet update(), bare +{bare - launch:.1f} beyond a launch"
+    more = f"ours +{toggle - quiet_now:.1f} beyond quiet update(), bare +{bare - launch:.1f} beyond a launch"
     return [
         (
             f"{n}: first bypass, slowest update() µs",
@@ -309,7 +312,7 @@ def bench_bypass(
             bare,
             "bare launch µs",
             launch,
-            f"quiet update() {quiet:.1f} µs",
+            f"quiet update() {quiet_now:.1f} µs beside the toggles, {quiet:.1f} before the edits",
         ),
         (f"{n}: instantiations for {2 * toggles} toggles", _graphs_made(e) - made, "toggles", 2 * toggles, "target 0"),
     ]

@@ -12,6 +12,12 @@ from ..kernels._driver import DRIVER_TOO_OLD, check, driver, driver_too_old_mess
 __all__ = ["DeviceContext"]
 
 
+class _CurrentHere(threading.local):
+    """Per thread: the context a ``DeviceContext`` last made current on it (None: not yet)."""
+
+    context: Any = None
+
+
 class DeviceContext(HandleOwner):
     """One CUDA device: ``cuInit``, its **primary context** (shared with CuPy, Numba and PyTorch,
     so their arrays interoperate with ours), and one non-blocking stream for all engine work.
@@ -62,6 +68,7 @@ class DeviceContext(HandleOwner):
         self.resets = 0  # successful ``reset`` calls
         self._closed = False
         self._releases = Releases()  # the streams, then the retain: given back newest first
+        self._here = _CurrentHere()
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
         try:
@@ -74,7 +81,7 @@ class DeviceContext(HandleOwner):
         """Make the retained context current here, make the streams and arm the finalizer (at
         construction and after a ``reset``)."""
         check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-        self._current_thread = threading.get_ident()
+        self._here.context = self._context
         flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
         self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._releases.push(d.cuStreamDestroy, self._stream, what="cuStreamDestroy")
@@ -122,18 +129,21 @@ class DeviceContext(HandleOwner):
     def make_current(self) -> None:
         """Make the primary context current on the calling thread, if it is not already.
 
-        Cheap when nothing changes: only a thread-id comparison, so the frame path can call it (the
-        closed check is made only when the context has to be made current).
+        Cheap when nothing changes: one thread-local comparison, so the frame path can call it (the
+        closed check is made only when the context has to be made current). Each thread remembers
+        what it made current, as the driver does: a build thread's call does not make the frame
+        thread's next frame call ``cuCtxSetCurrent`` again (which, through the bindings, lets go of the
+        GIL, and a build's Python then held the frame for up to the switch interval).
 
         Raises:
             CudapatchError: the device is closed.
             CudaError: cuCtxSetCurrent failed.
         """
-        tid = threading.get_ident()
-        if tid != self._current_thread:
+        here = self._here
+        if here.context is not self._context:
             self._check_open("DeviceContext.make_current")
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            self._current_thread = tid
+            here.context = self._context
 
     def reset(self) -> None:
         """After a sticky fault: reset the primary context (every allocation, module and stream of
@@ -147,6 +157,7 @@ class DeviceContext(HandleOwner):
         d = driver()
         self._disarm()
         d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
+        self._here.context = None
         note_context_reset(self._context)  # finalizers of its owners forget their handles, never free them
         self._releases.forget()  # the streams died with the context; the retain is given back again below
         self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
@@ -187,9 +198,10 @@ class DeviceContext(HandleOwner):
         Raises:
             CudaError: cuStreamDestroy or cuDevicePrimaryCtxRelease failed.
         """
-        if threading.get_ident() != self._current_thread:
+        here = self._here
+        if here.context is not self._context:
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            self._current_thread = threading.get_ident()
+            here.context = self._context
         self._releases.release()
 
     def __enter__(self) -> DeviceContext:

@@ -1166,33 +1166,45 @@ class CompiledGraph(HandleOwner):
                     self._bypass_steps.clear()
                 step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp, copies)
         set_enabled, exec_ = self._set_enabled, self._exec
-        for handle, on, kn in step.switches:
+        switches = step.switches
+        for handle, on, kn in switches:
             (err,) = set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
         direct = step.direct
         if direct is not None and self._exec1 is None and not self._body_fallback:
             # A toggle's usual step: write every pointer (the buffers' pointers now: a Warm growth may
-            # have moved them) and send the one node without comparing (``_BypassStep.direct``).
+            # have moved them) and send the one node without comparing (``_BypassStep.direct``); the
+            # bookkeeping of ``_stepped`` inline, its step back found (a toggle's Python is its cost).
             for slot, buf in direct:
                 slot.value = buf._alloc.ptr
-            touched: list[Any] = [step.one]
-        else:
-            touched = []
-            for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
-                kn.carrier = carrier
-                touched.append(kn)
-            for slot, buf, res, kn, ai in step.pointers:
-                if buf is not None:
-                    ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
-                elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
-                    ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
-                else:
-                    ptr = self._binding_ptr(res)
-                if slot.value != ptr:  # pointer slots are scalars
-                    slot.value = ptr
-                    if kn not in touched:  # each node's storage goes to the driver once
-                        touched.append(kn)
+            kn = step.one
+            (err,) = self._set_params(exec_, kn.handle, kn.params if kn.carrier is None else kn.carrier.params(kn))
+            if err:
+                check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+            back = step.back
+            if back is not None:
+                self._redirect_targets = step.targets
+                self.bypass = bp
+                self._bypass_back = back
+            else:
+                self._stepped(step, bp, old, copies)
+            return len(switches) + 1
+        touched: list[Any] = []
+        for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
+            kn.carrier = carrier
+            touched.append(kn)
+        for slot, buf, res, kn, ai in step.pointers:
+            if buf is not None:
+                ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
+            elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
+                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
+            else:
+                ptr = self._binding_ptr(res)
+            if slot.value != ptr:  # pointer slots are scalars
+                slot.value = ptr
+                if kn not in touched:  # each node's storage goes to the driver once
+                    touched.append(kn)
         if touched:
             kn = step.one
             if kn is not None and len(touched) == 1 and self._exec1 is None and not self._body_fallback:

@@ -893,6 +893,49 @@ def test_a_reset_device_gives_back_its_new_streams_and_forgets_what_died(doubles
     assert not doubles.driver.live  # the new streams and the one retain, not the old streams again
 
 
+def test_each_thread_makes_the_context_current_once(doubles: Doubles, monkeypatch) -> None:
+    # cuCtxSetCurrent is per thread (and lets go of the GIL through the bindings): a build thread's
+    # call must not make the frame thread's next frame call it again; a reset makes every thread call it.
+    dev = _device_context(monkeypatch)
+
+    def sets() -> int:
+        return doubles.driver.calls.count("cuCtxSetCurrent")
+
+    def on_another_thread() -> None:
+        t = threading.Thread(target=lambda: (dev.make_current(), dev.make_current()))
+        t.start()
+        t.join()
+
+    start = sets()  # the constructor's, on this thread
+    dev.make_current()
+    assert sets() == start
+    on_another_thread()
+    assert sets() == start + 1
+    dev.make_current()  # this thread's context is still current: nothing to do
+    assert sets() == start + 1
+    dev.reset()  # a new context, current on this thread
+    after = sets()
+    dev.make_current()
+    assert sets() == after
+    on_another_thread()  # the other thread's is the dead one
+    assert sets() == after + 1
+    dev.close()
+    raised: list[BaseException | None] = []
+    t = threading.Thread(target=lambda: raised.append(_raised(dev.make_current)))  # a thread it was never current on
+    t.start()
+    t.join()
+    assert isinstance(raised[0], CudapatchError)
+    assert "DeviceContext.make_current: DeviceContext is closed" in str(raised[0])
+
+
+def _raised(fn: Any) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+        return exc
+    return None
+
+
 def test_a_closed_graph_says_so_where_the_frame_path_checks_nothing(doubles: Doubles, monkeypatch) -> None:
     graph = _compiled_graph(monkeypatch)
     graph.launch(0)
