@@ -11,6 +11,7 @@ all word it from here, so the version they name cannot drift apart.
 
 from __future__ import annotations
 
+import functools
 import sys
 from types import ModuleType
 from typing import Any
@@ -44,8 +45,11 @@ DRIVER_TOO_OLD = frozenset(
 )
 
 
+@functools.cache
 def bindings_major() -> int:
-    """The CUDA major version of the installed cuda-bindings; 13 (the default wheels) when unknown."""
+    """The CUDA major version of the installed cuda-bindings; 13 (the default wheels) when unknown.
+    Looked up once (a metadata scan of the installed packages: about a millisecond, and the held
+    calls ask again with each graph where the driver did not give them)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
