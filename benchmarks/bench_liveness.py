@@ -7,7 +7,8 @@ of a noisy machine reads as one sample of three. For each edit: the slowest ``up
 edit until it is live (the median of the rounds, each round's and the max in the note), against
 the quiet median (target ≤ max(1 ms, 3× quiet)), and the frames until live in each round (target
 ≤ 3 at 100 and 1,000 blocks, ≤ 500 ms at 10,000), and the builds the edits took (one each: a
-second build after an edit made it live frames later). Peer: a bare ``cuGraphLaunch`` of
+second build after an edit made it live frames later), with each round's build in the note (host ms
+of its plan and realize on the build thread, and when it swapped in). Peer: a bare ``cuGraphLaunch`` of
 the same executable graph, timed in alternating runs with it (target: quiet ``update()`` ≤ 1.5× it),
 after a warm-up, before the edits and again after them. Beside
 the edits, the driver's floor in the same run: a thread builds a graph of the same kernel nodes with
@@ -81,6 +82,18 @@ class LiveRun(NamedTuple):
     frames: int
     seconds: float
     late_ms: float
+    build: str = ""  # the last build's host ms when it returned (``build_note``)
+
+
+def build_note(e: Engine) -> str:
+    """The engine's last build: the host ms of its plan and realize (on the build thread; realize:
+    kernel nodes made, instantiated, uploaded), and the ms from its start to its swap."""
+    b, g = e.last_build, e.graph
+    timing = g.timing if g is not None else {}
+    return (
+        f"{b.compile_ms + b.realize_ms:.1f} (plan {b.compile_ms:.1f}, nodes {timing.get('nodes_ms', 0.0):.1f},"
+        f" instantiate {timing.get('instantiate_ms', 0.0):.1f}; swapped at {b.total_ms:.1f})"
+    )
 
 
 #: Where ``until_live`` also records, when a list: ``(start, end, "late" or "update", ms)`` (perf_counter
@@ -103,7 +116,7 @@ def until_live(e: Engine, live, fps: float = 60.0, limit_s: float = 30.0, settle
             events.append((t / 1e9, t / 1e9 + took / 1e6, "update", took / 1e3))
         frames += 1
         if live() and not (settled and e.building):
-            return LiveRun(worst, frames, time.perf_counter() - t_start, late)
+            return LiveRun(worst, frames, time.perf_counter() - t_start, late, build_note(e))
         if time.perf_counter() - t_start > limit_s:
             return LiveRun(worst, -1, limit_s, late)
         wait = max(0.0, period - (time.perf_counter_ns() - t) / 1e9)
@@ -175,7 +188,11 @@ def bench_size(n: int, elements: int, fuse: bool = False, rounds: int = 3) -> li
                 live = "live in " + "; ".join(str(run.frames) for run in got) + " frames"
             each = ", ".join(f"{w:.0f}" for w in worst)
             late = max(run.late_ms for run in got)
-            note = f"{live}; each round µs: {each} (max {max(worst):.0f}); {peer}; frames up to {late:.1f} ms late"
+            build_ms = "; ".join(run.build for run in got)
+            note = (
+                f"{live}; each round µs: {each} (max {max(worst):.0f}); {peer}; frames up to {late:.1f} ms late;"
+                f" build ms: {build_ms}"
+            )
             rows.append(
                 (f"{n}: {kind}, slowest update() µs (median)", statistics.median(worst), "budget µs", budget, note)
             )
