@@ -283,12 +283,12 @@ def bench_bypass(
     made = _graphs_made(e)
     copies = e.resources.copy_kernels() is not None
     block.enabled = False
-    first, seen, _, _ = until_live(e, lambda: _carried(e, block) or _bypassed(e, block), settled=False)
+    first, seen, *_ = until_live(e, lambda: _carried(e, block) or _bypassed(e, block), settled=False)
     assert seen > 0, "the first bypass never reached the running graph"
     how = "carried" if _carried(e, block) else "turned off"
     worst, frames, after = first, seen, 0.0
     if not (_bypassed(e, block) and not e.building):
-        after, more, _, _ = until_live(e, lambda: _bypassed(e, block))
+        after, more, *_ = until_live(e, lambda: _bypassed(e, block))
         assert more > 0, "the build that pins the first bypass never landed"
         worst, frames = max(first, after), seen + more
     pin_builds = _graphs_made(e) - made
@@ -351,7 +351,7 @@ def bench_growth(e: Engine, blocks: list, elements: int, budget: float) -> list[
             and e.output(last, "Out").count == 2 * elements
         )
 
-    worst, frames, _, _ = until_live(e, grown)
+    worst, frames, *_ = until_live(e, grown)
     note = f"live in {frames} frames, {e.counters.growths - growths} buffers grown"
     # the driver's floor: every node patched, then the launch (on a quiet engine: not after a timeout)
     bare = bare_patch_every_node_us(e) if frames > 0 else float("nan")
