@@ -89,7 +89,9 @@ def build_note(e: Engine) -> str:
     """The engine's last build: the host ms of its plan and realize (on the build thread; realize:
     kernel nodes made, instantiated, uploaded), and the ms from its start to its swap."""
     b, g = e.last_build, e.graph
-    timing = g.timing if g is not None else {}
+    if b.tier != "cold" or g is None:  # (a Warm resize keeps the graph, and its timing, of an older build)
+        return f"{b.compile_ms + b.realize_ms:.1f} ({b.tier or 'none'}: plan {b.compile_ms:.1f}; at {b.total_ms:.1f})"
+    timing = g.timing
     return (
         f"{b.compile_ms + b.realize_ms:.1f} (plan {b.compile_ms:.1f}, nodes {timing.get('nodes_ms', 0.0):.1f},"
         f" instantiate {timing.get('instantiate_ms', 0.0):.1f}; swapped at {b.total_ms:.1f})"
@@ -308,7 +310,8 @@ def bench_bypass(
 
     # In alternating runs with quiet frames (as the bare toggle with bare launches): a machine that
     # drifts meanwhile moves both; ``quiet`` (timed before the edits) is printed beside them
-    toggle, quiet_now = host_us_side_by_side(toggle_and_update, e.update, 2 * toggles, e.synchronize)
+    assert 2 * toggles % 10 == 0, "ten alternating runs of the same whole number of toggles"
+    toggle, quiet_now = host_us_side_by_side(toggle_and_update, e.update, 2 * toggles, e.synchronize, rounds=10)
     e.synchronize()
     assert e.counters.bypass_updates - updates == 2 * toggles and _bypassed(e, block)  # it ends off
     # The driver's part, on the graph the toggles left running (the block off, its reader redirected).

@@ -13,9 +13,18 @@ __all__ = ["DeviceContext"]
 
 
 class _CurrentHere(threading.local):
-    """Per thread: the context a ``DeviceContext`` last made current on it (None: not yet)."""
+    """Per thread: the context a ``DeviceContext`` last made current on it, as ``(handle value, resets
+    in the process then)``; None: none yet. One for all of them, as the driver keeps one current
+    context per thread: an engine on another device that makes its own current there is seen by
+    this one's next call, and two engines on one device (one primary context) share it."""
 
-    context: Any = None
+    context: tuple[int, int] | None = None
+
+
+_HERE = _CurrentHere()
+#: Contexts reset in this process (``DeviceContext.reset``): what any thread remembers from before
+#: one is stale, even where the new context has the old one's handle value.
+_RESETS = [0]
 
 
 class DeviceContext(HandleOwner):
@@ -68,7 +77,7 @@ class DeviceContext(HandleOwner):
         self.resets = 0  # successful ``reset`` calls
         self._closed = False
         self._releases = Releases()  # the streams, then the retain: given back newest first
-        self._here = _CurrentHere()
+        self._here = _HERE
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
         try:
@@ -81,7 +90,8 @@ class DeviceContext(HandleOwner):
         """Make the retained context current here, make the streams and arm the finalizer (at
         construction and after a ``reset``)."""
         check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-        self._here.context = self._context
+        self._current = (int(self._context), _RESETS[0])  # what ``make_current`` compares
+        self._here.context = self._current
         flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
         self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._releases.push(d.cuStreamDestroy, self._stream, what="cuStreamDestroy")
@@ -133,17 +143,19 @@ class DeviceContext(HandleOwner):
         closed check is made only when the context has to be made current). Each thread remembers
         what it made current, as the driver does: a build thread's call does not make the frame
         thread's next frame call ``cuCtxSetCurrent`` again (which, through the bindings, lets go of the
-        GIL, and a build's Python then held the frame for up to the switch interval).
+        GIL, and a build's Python then held the frame for up to the switch interval). What another
+        library makes current on a thread (``torch.cuda.set_device`` to another device) is not seen:
+        such code puts the engine's device back before the engine's next call on that thread.
 
         Raises:
             CudapatchError: the device is closed.
             CudaError: cuCtxSetCurrent failed.
         """
         here = self._here
-        if here.context is not self._context:
+        if here.context != self._current:
             self._check_open("DeviceContext.make_current")
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            here.context = self._context
+            here.context = self._current
 
     def reset(self) -> None:
         """After a sticky fault: reset the primary context (every allocation, module and stream of
@@ -158,6 +170,7 @@ class DeviceContext(HandleOwner):
         self._disarm()
         d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
         self._here.context = None
+        _RESETS[0] += 1  # every thread sets the new context before its next call
         note_context_reset(self._context)  # finalizers of its owners forget their handles, never free them
         self._releases.forget()  # the streams died with the context; the retain is given back again below
         self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
@@ -199,9 +212,9 @@ class DeviceContext(HandleOwner):
             CudaError: cuStreamDestroy or cuDevicePrimaryCtxRelease failed.
         """
         here = self._here
-        if here.context is not self._context:
+        if here.context != self._current:
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
-            here.context = self._context
+            here.context = self._current
         self._releases.release()
 
     def __enter__(self) -> DeviceContext:

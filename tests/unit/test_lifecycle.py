@@ -928,6 +928,27 @@ def test_each_thread_makes_the_context_current_once(doubles: Doubles, monkeypatc
     assert "DeviceContext.make_current: DeviceContext is closed" in str(raised[0])
 
 
+def test_engines_on_two_devices_make_their_own_context_current_again(doubles: Doubles, monkeypatch) -> None:
+    # One current context per thread: an engine that made another device's current on this thread
+    # is seen by the first engine's next call; two engines on one device share its primary context.
+    a = _device_context(monkeypatch)
+    same = _device_context(monkeypatch)  # the same device: the same primary context
+    doubles.driver.ctx = 0xD0  # the second device's primary context
+    b = _device_context(monkeypatch)
+
+    def sets() -> int:
+        return doubles.driver.calls.count("cuCtxSetCurrent")
+
+    start = sets()  # b's constructor made 0xD0 current here
+    a.make_current()
+    same.make_current()  # 0xC0 is current already
+    b.make_current()
+    a.make_current()
+    assert sets() == start + 3
+    for dev in (b, same, a):
+        dev.close()
+
+
 def _raised(fn: Any) -> BaseException | None:
     try:
         fn()
