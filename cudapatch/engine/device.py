@@ -77,7 +77,6 @@ class DeviceContext(HandleOwner):
         self.resets = 0  # successful ``reset`` calls
         self._closed = False
         self._releases = Releases()  # the streams, then the retain: given back newest first
-        self._here = _HERE
         self._context = check(d.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain")
         self._releases.push(d.cuDevicePrimaryCtxRelease, self._device, what="cuDevicePrimaryCtxRelease")
         try:
@@ -91,7 +90,7 @@ class DeviceContext(HandleOwner):
         construction and after a ``reset``)."""
         check(d.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
         self._current = (int(self._context), _RESETS[0])  # what ``make_current`` compares
-        self._here.context = self._current
+        _HERE.context = self._current
         flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING.value
         self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._releases.push(d.cuStreamDestroy, self._stream, what="cuStreamDestroy")
@@ -151,7 +150,7 @@ class DeviceContext(HandleOwner):
             CudapatchError: the device is closed.
             CudaError: cuCtxSetCurrent failed.
         """
-        here = self._here
+        here = _HERE
         if here.context != self._current:
             self._check_open("DeviceContext.make_current")
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
@@ -169,7 +168,6 @@ class DeviceContext(HandleOwner):
         d = driver()
         self._disarm()
         d.cuCtxSetCurrent(0)  # nothing may use the dead context while it is reset (result ignored: it is dead)
-        self._here.context = None
         _RESETS[0] += 1  # every thread sets the new context before its next call
         note_context_reset(self._context)  # finalizers of its owners forget their handles, never free them
         self._releases.forget()  # the streams died with the context; the retain is given back again below
@@ -211,7 +209,7 @@ class DeviceContext(HandleOwner):
         Raises:
             CudaError: cuStreamDestroy or cuDevicePrimaryCtxRelease failed.
         """
-        here = self._here
+        here = _HERE
         if here.context != self._current:
             check(driver().cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
             here.context = self._current

@@ -1174,57 +1174,52 @@ class CompiledGraph(HandleOwner):
         direct = step.direct
         if direct is not None and self._exec1 is None and not self._body_fallback:
             # A toggle's usual step: write every pointer (the buffers' pointers now: a Warm growth may
-            # have moved them) and send the one node without comparing (``_BypassStep.direct``); the
-            # bookkeeping of ``_stepped`` inline, its step back found (a toggle's Python is its cost).
+            # have moved them) and send the one node without comparing or collecting (``_BypassStep.direct``).
             for slot, buf in direct:
                 slot.value = buf._alloc.ptr
             kn = step.one
             (err,) = self._set_params(exec_, kn.handle, kn.params if kn.carrier is None else kn.carrier.params(kn))
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-            back = step.back
-            if back is not None:
-                self._redirect_targets = step.targets
-                self.bypass = bp
-                self._bypass_back = back
-            else:
-                self._stepped(step, bp, old, copies)
-            return len(switches) + 1
-        touched: list[Any] = []
-        for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
-            kn.carrier = carrier
-            touched.append(kn)
-        for slot, buf, res, kn, ai in step.pointers:
-            if buf is not None:
-                ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
-            elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
-                ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
-            else:
-                ptr = self._binding_ptr(res)
-            if slot.value != ptr:  # pointer slots are scalars
-                slot.value = ptr
-                if kn not in touched:  # each node's storage goes to the driver once
-                    touched.append(kn)
-        if touched:
-            kn = step.one
-            if kn is not None and len(touched) == 1 and self._exec1 is None and not self._body_fallback:
-                (err,) = self._set_params(exec_, kn.handle, _params(kn))  # one driver call, as ``_commit``
-                if err:
-                    check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
-            else:
-                self._commit(touched)
-        self._stepped(step, bp, old, copies)
-        return len(step.switches) + len(touched)
-
-    def _stepped(self, step: _BypassStep, bp: BypassPlan, old: BypassPlan, copies: Mapping[str, Any] | None) -> None:
-        # ``set_bypass`` took ``step``: ``bp`` is the graph's bypass now, and a toggle back finds its step.
+            sent = 1
+        else:
+            touched: list[Any] = []
+            for kn, carrier in step.carries:  # (written with the pointers below: one driver call a node)
+                kn.carrier = carrier
+                touched.append(kn)
+            for slot, buf, res, kn, ai in step.pointers:
+                if buf is not None:
+                    ptr = buf._alloc.ptr  # (``GpuBuffer.ptr``, without the property)
+                elif res is None:  # no longer redirected, and its plan argument is no buffer: what the plan says
+                    ptr = arg_value(kn.plan.args[ai], self.buffers, {}, self._counters_ptr)
+                else:
+                    ptr = self._binding_ptr(res)
+                if slot.value != ptr:  # pointer slots are scalars
+                    slot.value = ptr
+                    if kn not in touched:  # each node's storage goes to the driver once
+                        touched.append(kn)
+            if touched:
+                kn = step.one
+                if kn is not None and len(touched) == 1 and self._exec1 is None and not self._body_fallback:
+                    (err,) = self._set_params(exec_, kn.handle, _params(kn))  # one driver call, as ``_commit``
+                    if err:
+                        check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
+                else:
+                    self._commit(touched)
+            sent = len(touched)
+        # ``bp`` is the graph's bypass now, and a toggle back finds its step here.
         self._redirect_targets = step.targets
         self.bypass = bp
-        back = step.back
-        if back is None:
-            back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old, copies)
-            back.back = step  # (a cycle of two small objects: the collector frees it with the graph)
-        self._bypass_back = back
+        self._bypass_back = step.back or self._step_back(step, bp, old, copies)
+        return len(switches) + sent
+
+    def _step_back(
+        self, step: _BypassStep, bp: BypassPlan, old: BypassPlan, copies: Mapping[str, Any] | None
+    ) -> _BypassStep:
+        # The step from ``bp`` back to ``old``, made once (a toggle then finds it on ``step``).
+        back = step.back = self._bypass_steps[(id(bp), id(old))] = _BypassStep(self, bp, old, copies)
+        back.back = step  # (a cycle of two small objects: the collector frees it with the graph)
+        return back
 
     def _binding_ptr(self, key: Any) -> int:
         # The binding's pointer as the graph holds it now: the slot of a node reading it (a Warm
