@@ -238,7 +238,8 @@ def bare_bypass_toggle_us(engine: Any, node: Any, reader: Any, calls: int = 2000
     """Host µs of what the driver alone does for a bypass toggle, on the engine's own executable:
     ``cuGraphNodeSetEnabled`` of ``node`` (the bypassed block's kernel node), on and off in turn, then
     ``cuGraphExecKernelNodeSetParams`` of ``reader`` (the node reading its output, redirected by a
-    bypass) with the parameters it holds, then ``cuGraphLaunch``.
+    bypass) with its pointer to the block's input and to the block's output in turn, as the engine's
+    toggle writes them (the driver does less for parameters that did not change), then ``cuGraphLaunch``.
 
     Returns:
         ``(toggle + launch, launch alone)``: medians of the same run. Afterwards ``node`` is enabled
@@ -253,10 +254,18 @@ def bare_bypass_toggle_us(engine: Any, node: Any, reader: Any, calls: int = 2000
         launch, set_params, set_enabled = d.cuGraphLaunch, d.cuGraphExecKernelNodeSetParams, d.cuGraphNodeSetEnabled
         handle, reader_handle, reader_params = node.handle, reader.handle, reader.params
         state = [engine_state]
+        # The reader's pointers in each state: as they are now, and as the engine's step to the other
+        # state writes them (``_BypassStep.direct``: the buffers it reads when not redirected).
+        back = graph._bypass_back
+        assert back is not None and back.direct is not None and back.one is reader, "a toggle's direct step"
+        pointers = [(slot, {engine_state: slot.value, 1 - engine_state: buf.ptr}) for slot, buf in back.direct]
+        assert any(values[0] != values[1] for _, values in pointers), "the toggle moves the reader's pointer"
 
         def toggle() -> None:
-            state[0] ^= 1
-            set_enabled(exec_, handle, state[0])
+            on = state[0] = state[0] ^ 1
+            set_enabled(exec_, handle, on)
+            for slot, values in pointers:
+                slot.value = values[on]
             set_params(exec_, reader_handle, reader_params)
             launch(exec_, stream)
 
@@ -270,6 +279,8 @@ def bare_bypass_toggle_us(engine: Any, node: Any, reader: Any, calls: int = 2000
             )
         finally:
             check(set_enabled(exec_, handle, engine_state))
+            for slot, values in pointers:
+                slot.value = values[engine_state]
             check(set_params(exec_, reader_handle, reader.params))
             engine.synchronize()
     return medians["toggle"], medians["launch"]

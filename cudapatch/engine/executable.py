@@ -536,7 +536,11 @@ class CompiledGraph(HandleOwner):
         self._bypass_back: _BypassStep | None = None  # the step back from the last one ``set_bypass`` took
         # Bound once: the frame path is one call of each, no attribute lookups on the driver module; and
         # made with the GIL held, so that no other thread takes it from the frame (``held_calls``).
-        self._launch, self._set_params, self._set_enabled = frame_calls()
+        self._launch, self._set_params, self._set_enabled, raw = frame_calls()
+        # The same held calls on plain values (``RawCalls``), and the executable's value for them: what
+        # a toggle and a slider call (None where the calls are not held; made None when the executable goes).
+        self._raw = raw
+        self._exec_i = int(exec_) if raw is not None else 0
         # The safety net of a graph nobody closed: its engine always closes (or abandons) the graphs it
         # makes, so it is quiet (cudapatch._lifecycle); it destroys the executables and the graph only in
         # a context that still lives, never in a reset one.
@@ -644,6 +648,7 @@ class CompiledGraph(HandleOwner):
             return None
         check((err,), "cuGraphExecUpdate")
         exec_, self._exec = self._exec, None
+        self._raw = None  # (the executable is the new graph's now)
         handles = self._parts.handles
         for ni in self.bypass.disabled:
             check(d.cuGraphNodeSetEnabled(exec_, handles[ni], 1), "cuGraphNodeSetEnabled")
@@ -773,7 +778,11 @@ class CompiledGraph(HandleOwner):
                 if scalars and kn.generic is not None:  # a specialised kernel ignores the value: generic again
                     self._generalize(kn)
                 params = kn.params if kn.carrier is None else kn.carrier.params(kn)  # (carried: ``bypass.Carry``)
-                (err,) = self._set_params(self._exec, kn.handle, params)
+                raw = self._raw
+                if raw is not None:  # (the held call on plain values: no wrapper, no conversions)
+                    err = raw.set_params(self._exec_i, kn.hid, params.getPtr())
+                else:
+                    (err,) = self._set_params(self._exec, kn.handle, params)
                 if err:
                     self._check_open("CompiledGraph.update")  # only on failure: a closed graph has no executable
                     check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
@@ -1165,10 +1174,13 @@ class CompiledGraph(HandleOwner):
                 if len(self._bypass_steps) >= 16:
                     self._bypass_steps.clear()
                 step = self._bypass_steps[(id(old), id(bp))] = _BypassStep(self, old, bp, copies)
-        set_enabled, exec_ = self._set_enabled, self._exec
+        exec_, raw = self._exec, self._raw  # (``raw``: the held calls on plain values, else None)
         switches = step.switches
         for handle, on, kn in switches:
-            (err,) = set_enabled(exec_, handle, on)
+            if raw is not None:
+                err = raw.set_enabled(self._exec_i, kn.hid, on)
+            else:
+                (err,) = self._set_enabled(exec_, handle, on)
             if err:
                 check((err,), "cuGraphNodeSetEnabled", kernel=kn.plan.entry_point)
         direct = step.direct
@@ -1178,7 +1190,11 @@ class CompiledGraph(HandleOwner):
             for slot, buf in direct:
                 slot.value = buf._alloc.ptr
             kn = step.one
-            (err,) = self._set_params(exec_, kn.handle, kn.params if kn.carrier is None else kn.carrier.params(kn))
+            params = kn.params if kn.carrier is None else kn.carrier.params(kn)
+            if raw is not None:
+                err = raw.set_params(self._exec_i, kn.hid, params.getPtr())
+            else:
+                (err,) = self._set_params(exec_, kn.handle, params)
             if err:
                 check((err,), "cuGraphExecKernelNodeSetParams", kernel=kn.plan.entry_point)
             sent = 1
@@ -1441,7 +1457,7 @@ class CompiledGraph(HandleOwner):
         self._closed = True
         self._finalizer.detach()
         self._parts.abandon()
-        self._exec = self._exec1 = self._retire_event = None
+        self._exec = self._exec1 = self._retire_event = self._raw = None
 
     # -- teardown -------------------------------------------------------------------------------
     def retire(self, stream: Any) -> None:
@@ -1510,6 +1526,7 @@ class CompiledGraph(HandleOwner):
             check(d.cuGraphExecDestroy(exec1), "cuGraphExecDestroy")
         if self._exec is not None:
             exec_, self._exec = self._exec, None
+            self._raw = None  # (its value is no NULL once destroyed: the calls on handles say it is closed)
             check(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
         self._parts.release()
         if self._retire_event is not None:

@@ -67,6 +67,7 @@ class KernelNode:
         "generic",
         "special",
         "carrier",
+        "hid",
     )
 
     def __init__(self, store: ParamStorage, handle: Any, plan: KernelNodePlan) -> None:
@@ -95,6 +96,9 @@ class KernelNode:
         if name == "slots":  # the storage's slot objects, made at first use (``ParamStorage.slots``)
             self.slots = slots = self.store.slots
             return slots
+        if name == "hid":  # the handle's value, for the held calls on plain values (``RawCalls``), at first use
+            self.hid = hid = int(self.handle)
+            return hid
         raise AttributeError(name)
 
     def set_alt(self, alt: ParamStorage) -> None:

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from ._driver import bindings_major, driver
 
-__all__ = ["FrameCalls", "frame_calls"]
+__all__ = ["FrameCalls", "RawCalls", "frame_calls"]
 
 log = logging.getLogger("cudapatch.kernels")
 
@@ -54,13 +54,26 @@ _PROTOTYPES = {
 }
 
 
+class RawCalls(NamedTuple):
+    """The two held calls on plain values, the entry points themselves: handles as ints (``int()`` of
+    a bindings handle), parameters by address (``getPtr()``); each returns the ``CUresult`` as an int.
+    A caller that keeps those values (a bypass toggle's step, a node's ``hid``) skips the wrapper and
+    its conversions (two ``int()`` and a ``getPtr()`` a call). It must not keep them past the
+    executable's life: a destroyed executable's value is no NULL the driver refuses."""
+
+    set_params: Callable[[int, int, int], int]
+    set_enabled: Callable[[int, int, int], int]
+
+
 class FrameCalls(NamedTuple):
     """The frame path's three driver calls, each shaped as the bindings' function of that name (the
-    launch is always the driver module's own)."""
+    launch is always the driver module's own), and ``raw``: the same two held calls on plain values
+    where both are held (else None: the driver's own functions, a stand-in's or a replacement)."""
 
     launch: Callable[[Any, Any], tuple[Any]]
     set_params: Callable[[Any, Any, Any], tuple[Any]]
     set_enabled: Callable[[Any, Any, int], tuple[Any]]
+    raw: RawCalls | None = None
 
 
 def frame_calls() -> FrameCalls:
@@ -74,7 +87,10 @@ def frame_calls() -> FrameCalls:
         fn = held.get(name)
         return fn if fn is not None and _bindings_own(current, name) else current
 
-    return FrameCalls(d.cuGraphLaunch, pick("cuGraphExecKernelNodeSetParams"), pick("cuGraphNodeSetEnabled"))
+    set_params, set_enabled = pick("cuGraphExecKernelNodeSetParams"), pick("cuGraphNodeSetEnabled")
+    raw_params, raw_enabled = getattr(set_params, "raw", None), getattr(set_enabled, "raw", None)
+    raw = RawCalls(raw_params, raw_enabled) if raw_params is not None and raw_enabled is not None else None
+    return FrameCalls(d.cuGraphLaunch, set_params, set_enabled, raw)
 
 
 def _bindings_own(fn: Any, name: str) -> bool:
@@ -136,4 +152,6 @@ def _wrap(pointers: dict[str, Any]) -> dict[str, Callable[..., tuple[int]]]:
     def held_set_enabled(exec_: Any, node: Any, on: int) -> tuple[int]:
         return (set_enabled(int(exec_ or 0), int(node or 0), on),)
 
+    held_set_params.raw = set_params  # type: ignore[attr-defined]  # (``RawCalls``)
+    held_set_enabled.raw = set_enabled  # type: ignore[attr-defined]
     return {"cuGraphExecKernelNodeSetParams": held_set_params, "cuGraphNodeSetEnabled": held_set_enabled}

@@ -2,12 +2,14 @@
 structs and enums are the real ones; only the ``cu*`` functions are recorded. ``RecordingDriver``
 records plain graphs, ``ChildGraphDriver`` child-graph nodes too, ``RegionDriver`` conditional nodes
 and the graph each node goes into; ``install`` puts one in place, ``realize_recorded`` and
-``realize_regions`` realize a plan on it."""
+``realize_regions`` realize a plan on it; ``plain_value_calls`` gives a realized graph held calls on
+plain values that record as its calls on handles do."""
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+from collections import Counter
 from typing import Any, TypeVar
 
 from cuda.bindings import driver as real
@@ -15,7 +17,9 @@ from cuda.bindings import driver as real
 import cudapatch.kernels._driver as driver_module
 from cudapatch.engine import Context, realize
 from cudapatch.engine.buffers import BufferPool
+from cudapatch.engine.nodes import KernelNode
 from cudapatch.engine.plan import KernelNodePlan
+from cudapatch.kernels.held_calls import RawCalls
 
 OK = real.CUresult.CUDA_SUCCESS
 
@@ -256,3 +260,33 @@ def realize_regions(ctx: Context, plan, pool: BufferPool):
         functions=functions,
         publish_function=3,
     )  # type: ignore[arg-type]
+
+
+def plain_value_calls(g: Any, rec: RecordingDriver) -> Counter:
+    """Give ``g`` held calls on plain values that record as the recording driver's calls on handles do
+    (the value back to its handle; the parameters' grid read at the address given), as where the
+    driver gives the held entry points. Returns the count of those calls by name, as they are made."""
+    exec_value = 0x7E00
+    made: Counter = Counter()  # the calls on plain values, by name
+    by_value: dict[int, str] = {}
+    structs = {}
+    for i, kn in enumerate(g._nodes):
+        if isinstance(kn, KernelNode) and kn.params is not None:
+            kn.hid = 0x100 + i  # (the recording driver's handles are names: no ``int()``)
+            by_value[kn.hid] = kn.handle
+            structs[kn.params.getPtr()] = kn.params
+
+    def set_params(exec_: int, node: int, params: int) -> int:
+        assert exec_ == exec_value and type(node) is int and type(params) is int
+        made["set_params"] += 1
+        rec.calls.append(("set_params", by_value[node], structs[params].gridDimX))
+        return 0
+
+    def set_enabled(exec_: int, node: int, on: int) -> int:
+        assert exec_ == exec_value and type(node) is int
+        made["set_enabled"] += 1
+        rec.calls.append(("set_enabled", g._exec, by_value[node], on))
+        return 0
+
+    g._raw, g._exec_i = RawCalls(set_params, set_enabled), exec_value
+    return made

@@ -2,7 +2,8 @@
 steps are taken again), with Warm growths between them that move the buffers: after every step each
 kernel node is on exactly when the bypass leaves it on, each slot holds the pointer the plan or the
 redirect names, resolved against where the buffers are now, and each node changed goes to the driver
-once, every one of them."""
+once, every one of them; through the held calls on plain values (``RawCalls``) as through the ones on
+handles."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from cudapatch.engine.executable import CompiledGraph
 from cudapatch.engine.nodes import KernelNode, arg_value
 from cudapatch.engine.warm import WarmPatch, decide_warm_patch
 
-from .recording_driver import realize_recorded
+from .recording_driver import plain_value_calls, realize_recorded
 from .unfused import compile_plan
 
 
@@ -50,8 +51,9 @@ def _pointers_now(g: CompiledGraph) -> dict[tuple[int, int], int]:
     }
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["handles", "plain values"])
 @pytest.mark.parametrize("seed", range(8))
-def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) -> None:
+def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int, plain: bool) -> None:
     rng = random.Random(seed)
     n = rng.randint(3, 10)
     ctx = Context()
@@ -62,6 +64,7 @@ def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) 
     ctx.bind_input(blocks[0], "In", ExternalBinding(binding, count, DType.FLOAT32))
     g = realize_recorded(ctx, compile_plan(ctx.snapshot(), reuse=False), BufferPool())
     g.adopt(None)
+    made = plain_value_calls(g, rec) if plain else Counter()
     handles = {kn.handle: ni for ni, kn in enumerate(g._nodes) if isinstance(kn, KernelNode)}
     enabled = dict.fromkeys(handles.values(), 1)
     index = BypassIndex(g.plan)
@@ -90,4 +93,5 @@ def test_cached_bypass_steps_leave_the_graph_as_the_bypass_says(rec, seed: int) 
         assert changed <= set(sent), f"step {step}: nodes {sorted(changed - set(sent))} changed but not sent"
         for (ni, ai), ptr in _expected_pointers(g, bp, binding).items():
             assert g._nodes[ni].slots[ai].value == ptr, f"step {step}: node {ni} argument {ai}"
+    assert not plain or made["set_enabled"] > 0, "the toggles called the held calls on plain values"
     g.close()

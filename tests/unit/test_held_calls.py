@@ -40,6 +40,7 @@ def test_a_stand_in_driver_gets_its_own_functions(monkeypatch: pytest.MonkeyPatc
     assert calls.launch is stand_in.cuGraphLaunch  # (the launch is never held)
     assert calls.set_params is stand_in.cuGraphExecKernelNodeSetParams
     assert calls.set_enabled is stand_in.cuGraphNodeSetEnabled
+    assert calls.raw is None  # (a stand-in's calls take handles)
 
 
 def test_a_replaced_bindings_function_is_used_as_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +84,28 @@ def test_no_held_calls_where_the_entry_points_or_their_struct_are_not_there(
         cuGetProcAddress=lambda *a: pytest.fail("asked for an entry point whose struct is not the bindings'"),
     )
     assert held_calls._resolve(other_struct) is None
+
+
+def test_the_calls_on_plain_values_come_with_both_held_calls_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda.bindings import driver as bindings
+
+    def entry(*args: int) -> int:
+        return 0
+
+    def other(*args: int) -> int:
+        return 0
+
+    monkeypatch.setattr(_driver, "_driver", bindings)
+    monkeypatch.setattr(
+        held_calls, "_held", held_calls._wrap({"cuGraphExecKernelNodeSetParams": entry, "cuGraphNodeSetEnabled": other})
+    )
+    raw = held_calls.frame_calls().raw
+    assert raw is not None and raw.set_params is entry and raw.set_enabled is other  # the entry points themselves
+    monkeypatch.setattr(bindings, "cuGraphExecKernelNodeSetParams", lambda ex, n, p: (0,))  # a test's injected failure
+    calls = held_calls.frame_calls()
+    assert (
+        calls.raw is None and calls.set_enabled is held_calls._held["cuGraphNodeSetEnabled"]
+    )  # both on handles, or none
 
 
 def test_held_calls_pass_handle_values_and_the_parameters_address() -> None:

@@ -1,7 +1,8 @@
 """The Hot/Warm path of an edit frame without a GPU: ``CompiledGraph`` patches one change of one
 top-level node with one slot write and one driver call (a ``BlockParameter``, an ``ExternalBinding``
 or a plain value; a fused member's scalar lands in the fused node's slot), falls back to the general
-path for several changes, and names the kernel when the driver refuses; ``ParamTier`` hands the
+path for several changes, and names the kernel when the driver refuses (through the held calls on
+plain values as through the ones on handles); ``ParamTier`` hands the
 dirty tracker back the dicts it took (an edit frame makes none). The recording driver stands in for
 the ``cu*`` functions; the GPU suite checks the values a device computes."""
 
@@ -19,7 +20,7 @@ from cudapatch.engine.stats import EngineCounters
 from cudapatch.engine.tiers import ParamTier
 from cudapatch.errors import CudaError
 
-from .recording_driver import realize_recorded
+from .recording_driver import plain_value_calls, realize_recorded
 
 
 def _chain(n: int) -> tuple[Context, list]:
@@ -31,11 +32,13 @@ def _chain(n: int) -> tuple[Context, list]:
     return ctx, blocks
 
 
-def test_one_change_of_one_node_is_one_slot_write_and_one_driver_call(rec) -> None:
+@pytest.mark.parametrize("plain", [False, True], ids=["handles", "plain values"])
+def test_one_change_of_one_node_is_one_slot_write_and_one_driver_call(rec, plain: bool) -> None:
     ctx, (s0, s1, s2) = _chain(3)
     plan = compile_plan(ctx.snapshot(), fuse=False)
     g = realize_recorded(ctx, plan, BufferPool())
     g.adopt(None)
+    made = plain_value_calls(g, rec) if plain else None
     node = {c[3]: c[1] for c in rec.calls if c[0] == "add_kernel"}  # function -> node handle
     rec.calls.clear()
     s1.set("Factor", 7.5)  # the parameter object itself, as the dirty tracker hands it over
@@ -46,6 +49,11 @@ def test_one_change_of_one_node_is_one_slot_write_and_one_driver_call(rec) -> No
     assert g.update_bindings({(s0.id, "In"): ExternalBinding(0xB000, 1000, DType.FLOAT32)}) == 1
     assert rec.calls == [("set_params", node[100 + s0.id], 4)]
     assert g.node_arg(plan.block_nodes[s0.id][0], 0) == 0xB000
+    rec.calls.clear()
+    assert g.update_scalars({(s1.id, "Factor"): 8.5}) == 1  # (the key's second update: the one-change path)
+    assert rec.calls == [("set_params", node[100 + s1.id], 4)]
+    assert g.node_arg(plan.block_nodes[s1.id][0], 2) == 8.5
+    assert made is None or made["set_params"] == 1  # the one-change path calls the ones on plain values
     rec.calls.clear()
     assert g.update_scalars({(99, "Factor"): 1.0}) == 0 and rec.calls == []  # not in this graph
     # Two changes of one node: the general path, still one driver call for it.
@@ -71,14 +79,23 @@ def test_a_fused_members_scalar_patches_the_fused_nodes_slot(rec) -> None:
     g.close()
 
 
-def test_a_refused_patch_names_the_kernel(rec, monkeypatch) -> None:
+@pytest.mark.parametrize("plain", [False, True], ids=["handles", "plain values"])
+def test_a_refused_patch_names_the_kernel(rec, monkeypatch, plain: bool) -> None:
     ctx, (s0, _, _) = _chain(3)
     g = realize_recorded(ctx, compile_plan(ctx.snapshot(), fuse=False), BufferPool())
     g.adopt(None)
-    monkeypatch.setattr(g, "_set_params", lambda *a: (real.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    refused = real.CUresult.CUDA_ERROR_INVALID_VALUE
+    monkeypatch.setattr(g, "_set_params", lambda *a: (refused,))
     with pytest.raises(CudaError, match="cuGraphExecKernelNodeSetParams") as info:
-        g.update_scalars({(s0.id, "Factor"): 3.0})
+        g.update_scalars({(s0.id, "Factor"): 3.0})  # (the key's first update: the general path)
     assert info.value.kernel  # the kernel's entry point: the error lands on the right block
+    if plain:  # a plain int back, as the held entry point returns it (the call on handles would pass)
+        plain_value_calls(g, rec)
+        monkeypatch.setattr(g, "_raw", g._raw._replace(set_params=lambda *a: int(refused)))
+        monkeypatch.setattr(g, "_set_params", lambda *a: (0,))
+    with pytest.raises(CudaError, match="cuGraphExecKernelNodeSetParams") as info:
+        g.update_scalars({(s0.id, "Factor"): 4.0})  # (then the one-change path)
+    assert info.value.kernel
     g.close()
 
 
