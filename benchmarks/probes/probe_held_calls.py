@@ -64,7 +64,7 @@ def main() -> None:
         e._worker.wait(10.0)
         e.synchronize()
         g = e.graph
-        held = g._set_params
+        held, raw = g._set_params, g._raw  # (``raw``: the held calls on plain values a one-change patch makes)
         nodes, exec_, stream = kernel_nodes(e), g.handle, e.resources.stream
 
         def hot_frame(i: int) -> None:
@@ -89,14 +89,14 @@ def main() -> None:
             count = args.frames if interval != 5e-3 else max(20, args.frames // 10)  # (frames of ~0.1 s)
             beside = "no other thread" if interval is None else f"a Python thread, interval {interval * 1e3:.1f} ms"
             try:
-                for name, fn in (("held", held), ("bindings", d.cuGraphExecKernelNodeSetParams)):
-                    g._set_params = fn
+                for name, fn, on_values in (("held", held, raw), ("bindings", d.cuGraphExecKernelNodeSetParams, None)):
+                    g._set_params, g._raw = fn, on_values
                     print(f"  update(), {name:8} {beside:32} {_frames(hot_frame, count)}")
                     e.synchronize()
                 print(f"  bare bindings calls    {beside:32} {_frames(bare_frame, count)}")
                 e.synchronize()
             finally:
-                g._set_params = held
+                g._set_params, g._raw = held, raw
                 stop.set()
                 if thread is not None:
                     thread.join()

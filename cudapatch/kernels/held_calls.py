@@ -17,7 +17,10 @@ own entry points (``cuGetProcAddress`` for the bindings' CUDA version, so the pa
 one the bindings fill) called through ``ctypes`` with the Python calling convention (``PYFUNCTYPE``:
 the GIL stays held), and they take and return what the bindings' functions do (handles and parameter
 objects in, a ``(CUresult,)``-like tuple out), so callers do not change. The result's code is a plain
-int: ``_driver.check`` names it as the driver does.
+int: ``_driver.check`` names it as the driver does. ``FrameCalls.raw`` gives the entry points
+themselves, on plain values, to callers that keep those (a bypass toggle and a one-change Hot or Warm
+patch: ``CompiledGraph``): the wrapper's two ``int()`` and ``getPtr()`` were a quarter of a held call
+(H200 host: ``cuGraphNodeSetEnabled`` 1.60 µs through the wrapper, 1.23 on values; the bindings' 0.91).
 
 ``cuGraphLaunch`` is not held: it waits when the GPU is behind and its launch queue is full, and a
 frame loop faster than the GPU would then hold the GIL from every other thread nearly all the time
