@@ -539,6 +539,7 @@ class CompiledGraph(HandleOwner):
         self._launch, self._set_params, self._set_enabled, raw = frame_calls()
         # The same held calls on plain values (``RawCalls``), and the executable's value for them: what
         # a toggle and a slider call (None where the calls are not held; made None when the executable goes).
+        # A test that replaces ``_set_params`` or ``_set_enabled`` on a built graph sets ``_raw`` too.
         self._raw = raw
         self._exec_i = int(exec_) if raw is not None else 0
         # The safety net of a graph nobody closed: its engine always closes (or abandons) the graphs it
@@ -648,7 +649,7 @@ class CompiledGraph(HandleOwner):
             return None
         check((err,), "cuGraphExecUpdate")
         exec_, self._exec = self._exec, None
-        self._raw = None  # (the executable is the new graph's now)
+        self._raw, self._exec_i = None, 0  # (the executable is the new graph's now)
         handles = self._parts.handles
         for ni in self.bypass.disabled:
             check(d.cuGraphNodeSetEnabled(exec_, handles[ni], 1), "cuGraphNodeSetEnabled")
@@ -1458,6 +1459,7 @@ class CompiledGraph(HandleOwner):
         self._finalizer.detach()
         self._parts.abandon()
         self._exec = self._exec1 = self._retire_event = self._raw = None
+        self._exec_i = 0
 
     # -- teardown -------------------------------------------------------------------------------
     def retire(self, stream: Any) -> None:
@@ -1526,7 +1528,7 @@ class CompiledGraph(HandleOwner):
             check(d.cuGraphExecDestroy(exec1), "cuGraphExecDestroy")
         if self._exec is not None:
             exec_, self._exec = self._exec, None
-            self._raw = None  # (its value is no NULL once destroyed: the calls on handles say it is closed)
+            self._raw, self._exec_i = None, 0  # (a destroyed one's value is no NULL: the calls on handles say it)
             check(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
         self._parts.release()
         if self._retire_event is not None:
