@@ -10,8 +10,9 @@ the quiet median (target ≤ max(1 ms, 3× quiet)), and the frames until live in
 second build after an edit made it live frames later), with each round's build in the note (host ms
 of its plan and realize on the build thread, and when it swapped in). Peer: a bare ``cuGraphLaunch`` of
 the same executable graph, timed in alternating runs with it (target: quiet ``update()`` ≤ 1.5× it),
-after a warm-up, before the edits and again after them, once the engine has settled (``settle``: the
-specialiser's Code swaps of a fused chain's new kernels landed; any that land meanwhile are noted). Beside
+after a warm-up, before the edits and again after them, each time once the engine has settled
+(``settle``: the specialiser's Code swaps of a fused chain's kernels landed; any that land meanwhile
+are noted). Beside
 the edits, the driver's floor in the same run: a thread builds a graph of the same kernel nodes with
 raw driver calls (add the nodes, instantiate, upload, 10 times) while the running graph is launched
 bare at 60 fps, no engine code running; its slowest launch shows what the driver's lock alone costs
@@ -152,6 +153,15 @@ def settle(e: Engine, limit_s: float = 20.0) -> str:
     return f"not within {limit_s:.0f} s"
 
 
+def quiet_note(e: Engine, waited: str, swaps: int) -> str:
+    """The quiet row's note: the target, how long ``settle`` took, and any specialised kernel swapped in
+    while the frames were timed (``swaps``: the count before; such a frame is no quiet one)."""
+    note = f"≤ 1.5×; settled {waited}"
+    if e.counters.specializations != swaps:
+        note += f", {e.counters.specializations - swaps} specialised kernels swapped in meanwhile"
+    return note
+
+
 def scale_chain(e: Engine, n: int, x: np.ndarray) -> list[Scale]:
     """A chain of ``n`` ``Scale`` blocks (factor 1) in ``e``, ``x`` bound to the first one's input."""
     blocks = [e.add(Scale(name="s0", Factor=1.0))]
@@ -176,11 +186,13 @@ def bench_size(n: int, elements: int, fuse: bool = False, rounds: int = 3) -> li
         e.wait_ready()
         e.update()
         # Quiet frames on a quiet engine: the build thread may still free what the first builds
-        # replaced, a piece at a time, and would take its share of the interpreter (as for the toggles).
-        e._worker.wait(10.0)
+        # replaced, a piece at a time, and would take its share of the interpreter (as for the toggles),
+        # and the specialiser's builds land as Code swaps (``settle``).
+        waited = settle(e)
+        swaps = e.counters.specializations
         update_and_bare_launch_us(e, 400)  # warm-up, not kept: the first frames of a process run slower
         quiet, bare = update_and_bare_launch_us(e)  # in alternating runs: the machine's drift moves both
-        rows.append((f"{n}: quiet update() µs", quiet, "bare cuGraphLaunch µs", bare, "≤ 1.5×"))
+        rows.append((f"{n}: quiet update() µs", quiet, "bare cuGraphLaunch µs", bare, quiet_note(e, waited, swaps)))
         budget = max(1000.0, 3 * quiet)
         floor, frames, phases = bare_build_beside_launches(e)  # the driver's part of an edit's slowest frame
         build = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
@@ -231,9 +243,7 @@ def bench_size(n: int, elements: int, fuse: bool = False, rounds: int = 3) -> li
         waited = settle(e)
         swaps = e.counters.specializations
         again, bare = update_and_bare_launch_us(e)
-        note = f"≤ 1.5×; settled {waited}"
-        if e.counters.specializations != swaps:  # a Code swap landed among them: not all quiet frames
-            note += f", {e.counters.specializations - swaps} specialised kernels swapped in meanwhile"
+        note = quiet_note(e, waited, swaps)
         rows.append((f"{n}: quiet update() µs, after the edits", again, "bare cuGraphLaunch µs", bare, note))
         if not fuse:  # a fused member has no node of its own to turn off until a build takes it out
             rows += bench_bypass(e, blocks[n // 2], blocks[n // 2 + 1], quiet)
