@@ -512,6 +512,7 @@ class CompiledGraph(HandleOwner):
         self._stores_given = False  # its parameter storages are later graphs' (``give_back_stores``)
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
+        self._specialized_keys: set[tuple[int, int]] = set()  # every kernel ``specialize`` ever took
         for n in self._nodes:
             if isinstance(n, KernelNode):
                 self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
@@ -1292,9 +1293,22 @@ class CompiledGraph(HandleOwner):
         nodes = self._by_kernel.get(key)
         if not nodes:
             return False
-        if self.kernel_source(key) is not generic or not all(map(_holds(constants), nodes)):
+        if not self._specialize(nodes, key, function, constants, generic):
             if self.on_generalize is not None:
                 self.on_generalize()
+            return False
+        return True
+
+    def _specialize(
+        self,
+        nodes: list[KernelNode],
+        key: tuple[int, int],
+        function: Any,
+        constants: Sequence[tuple[int, int]],
+        generic: Any,
+    ) -> bool:
+        # ``specialize`` of ``nodes`` (kernel ``key``'s), without the call that asks for another look.
+        if self.kernel_source(key) is not generic or not all(map(_holds(constants), nodes)):
             return False
         for n in nodes:
             if n.generic is None:  # a copy: the struct's getter returns a view of the field set below
@@ -1303,7 +1317,39 @@ class CompiledGraph(HandleOwner):
             n.params.func = n.alt_params.func = function
             n.special = constants
         self._commit(nodes)
+        self._specialized_keys.add(key)
         return True
+
+    def keep_specialized(self, previous: CompiledGraph) -> int:
+        """Run the specialised kernels ``previous`` runs (``specialize``), in this graph's nodes of the
+        same kernel where they run the same generic code with the same values: an edit elsewhere in a
+        fused patch leaves most groups as they were, and the specialiser would otherwise build each
+        again and swap it in between frames, a Code swap a group in the frames after the edit (about
+        20 at 10,000 blocks). Before this graph's first launch, on the thread that built it; the frame
+        thread may put one of ``previous``'s generic kernels back meanwhile (read here in the order
+        ``_generalize`` writes: such a group is not kept, or kept with its generic function, which
+        computes the same).
+
+        Returns:
+            How many kernels it kept specialised.
+
+        Raises:
+            CudaError: the driver refused a function.
+        """
+        kept = 0
+        for key in tuple(previous._specialized_keys):  # (a copy made in one C call: the frame thread adds)
+            n0 = previous._by_kernel[key][0]
+            generic, special = n0.generic, n0.special
+            nodes = self._by_kernel.get(key)
+            if generic is None or special is None or not nodes:
+                continue
+            source = previous.kernel_source(key)
+            func = n0.params.func
+            function = type(func)(int(func))  # (a copy: the node's field may be written meanwhile)
+            if source is None or int(function) == int(generic):
+                continue
+            kept += self._specialize(nodes, key, function, special, source)
+        return kept
 
     def kernel_source(self, key: tuple[int, int]) -> Any:
         """The ``KernelSource`` of the generic code kernel ``key``'s nodes run now: their plan's, or

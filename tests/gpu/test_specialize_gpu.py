@@ -1,7 +1,8 @@
 """Fused kernels specialised on their resting scalars (``engine/specialize.py``) on a real GPU: the
 specialised kernel gives the generic one's results bit for bit (math functions included), a Hot edit
 puts the generic kernel back in the same frame (the new value is what the next frame computes with),
-and the group is specialised again once the values rest."""
+the group is specialised again once the values rest, and the graph a structure edit elsewhere builds
+runs it specialised from its first frame."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 
 from cudapatch import Engine, Expression, Scale
 from cudapatch.engine.compiler.fusion import FUSED_KERNEL
+
+from .conftest import run_until
 
 pytestmark = pytest.mark.gpu
 
@@ -68,6 +71,34 @@ def test_a_resting_group_runs_specialised_bitwise_and_a_hot_edit_takes_effect_at
             e.update()
             np.testing.assert_array_equal(e.read(sink, "Out"), moved)
         assert e.graph.generalized == 2 and e.counters.rebuilds == rebuilds
+
+
+def test_a_structure_edit_elsewhere_keeps_the_group_specialised_in_the_new_graph(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(100_000).astype(np.float32)
+    with Engine(wait_for_compile=True) as e:
+        fused, sink = _chain(e, x, fuse=True)
+        plain, plain_sink = _chain(e, x, fuse=False)
+        e.update()
+        key = (sink.id, FUSED_KERNEL)
+        _until_specialized(e, 1)
+        g, swaps = e.graph, e.counters.specializations
+        assert g.specialized(key)
+        extra = e.add(Scale(Factor=2.0, fuse=False))  # a structure edit in the other chain: a new graph
+        e.connect(plain_sink, "Out", extra, "In")
+        run_until(e, lambda: e.graph is not g and not e.building)
+        new = e.graph
+        assert new.specialized(key) and new.kernel_source(key) is g.kernel_source(key)  # kept, from its first frame
+        assert new.runs_function(key, g._by_kernel[key][0].params.func)
+        e.output(sink, "Out").fill_bytes(0xFF)  # poison: the frame must write every element
+        e.update()
+        np.testing.assert_array_equal(e.read(sink, "Out"), e.read(plain_sink, "Out"))
+        np.testing.assert_allclose(e.read(extra, "Out"), e.read(plain_sink, "Out").astype(np.float64) * 2, rtol=1e-6)
+        assert e.counters.specializations == swaps  # no Code swap needed for it
+        for blocks in (fused, plain):  # a Hot edit of the new graph: its generic kernel, the new value, at once
+            blocks[2].set("Factor", 3.25)
+        e.update()
+        assert not new.specialized(key)
+        np.testing.assert_array_equal(e.read(sink, "Out"), e.read(plain_sink, "Out"))
 
 
 def test_an_engine_without_fusion_specialises_nothing(rng: np.random.Generator) -> None:
