@@ -395,11 +395,6 @@ class GraphBuilds:
         except (KernelLoadError, CudaError) as exc:
             out.diagnostics = (Diagnostic("error", self._block_id(snap, exc), DiagnosticCode.REALIZE, str(exc)),)
             return
-        if job.previous is not None and self._fuse:  # the groups the edit left alone stay specialised
-            try:
-                out.graph.keep_specialized(job.previous)
-            except CudaError as exc:  # (the specialiser builds them again once their values rest)
-                log.debug("specialised kernels not kept: %s", exc)
         out.realize_ms = (time.perf_counter() - t1) * 1e3
 
     def _warm_candidate(

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._lifecycle import ContextRef, HandleOwner, Releases
 from ..blocks.parameter import BlockParameter
@@ -235,6 +235,37 @@ def _holds(constants: Sequence[tuple[int, int]]) -> Callable[[KernelNode], bool]
         )
     indices, bits = tuple(map(_first, constants)), tuple(map(_second, constants))
     return lambda n: _bits_reader(n.store.descriptor, indices)(n.store.storage) == bits
+
+
+def _store_holds(constants: Sequence[tuple[int, int]]) -> Callable[[Any], bool]:
+    """``_holds`` of a ``ParamStorage`` (a node's storage before the node is made: ``realize``)."""
+    holds = _holds(constants)
+    return lambda store: holds(_StoreOnly(store))
+
+
+class _StoreOnly:
+    """What ``_holds`` reads of a node: its storage."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+
+class KeptSpecialization(NamedTuple):
+    """A specialised kernel of a graph, for the graph that replaces it (``CompiledGraph.specializations``).
+
+    Attributes:
+        function: The specialised function.
+        constants: ``(argument index, 32 bits)`` it was made with (``specialize``).
+        source: The generic ``KernelSource`` it was made from: a node of another source does not keep it.
+        holds: Whether a ``ParamStorage`` holds ``constants`` now.
+    """
+
+    function: Any
+    constants: Sequence[tuple[int, int]]
+    source: Any
+    holds: Callable[[Any], bool]
 
 
 def _new_code(kn: KernelNode, function: Any) -> Any:
@@ -512,10 +543,13 @@ class CompiledGraph(HandleOwner):
         self._stores_given = False  # its parameter storages are later graphs' (``give_back_stores``)
         self._retire_event: Any = None
         self._by_kernel: dict[tuple[int, int], list[KernelNode]] = {}
-        self._specialized_keys: set[tuple[int, int]] = set()  # every kernel ``specialize`` ever took
+        self._specialized_keys: set[tuple[int, int]] = set()  # every kernel that ran specialised here
         for n in self._nodes:
             if isinstance(n, KernelNode):
-                self._by_kernel.setdefault((n.plan.block_id, n.plan.kernel), []).append(n)
+                key = (n.plan.block_id, n.plan.kernel)
+                self._by_kernel.setdefault(key, []).append(n)
+                if n.generic is not None:  # (kept from the graph it replaces: ``specializations``)
+                    self._specialized_keys.add(key)
         self._probe_nodes = {plan.probes[n.probe]: n for n in plan.nodes if isinstance(n, ProbeNodePlan)}
         # The targets of Hot/Warm updates, key -> [(node, slot)], resolved at a key's first update
         # (``_target``) and kept: no plan lookups per frame after that. Made here for every key, they
@@ -1293,22 +1327,9 @@ class CompiledGraph(HandleOwner):
         nodes = self._by_kernel.get(key)
         if not nodes:
             return False
-        if not self._specialize(nodes, key, function, constants, generic):
+        if self.kernel_source(key) is not generic or not all(map(_holds(constants), nodes)):
             if self.on_generalize is not None:
                 self.on_generalize()
-            return False
-        return True
-
-    def _specialize(
-        self,
-        nodes: list[KernelNode],
-        key: tuple[int, int],
-        function: Any,
-        constants: Sequence[tuple[int, int]],
-        generic: Any,
-    ) -> bool:
-        # ``specialize`` of ``nodes`` (kernel ``key``'s), without the call that asks for another look.
-        if self.kernel_source(key) is not generic or not all(map(_holds(constants), nodes)):
             return False
         for n in nodes:
             if n.generic is None:  # a copy: the struct's getter returns a view of the field set below
@@ -1320,35 +1341,31 @@ class CompiledGraph(HandleOwner):
         self._specialized_keys.add(key)
         return True
 
-    def keep_specialized(self, previous: CompiledGraph) -> int:
-        """Run the specialised kernels ``previous`` runs (``specialize``), in this graph's nodes of the
-        same kernel where they run the same generic code with the same values: an edit elsewhere in a
-        fused patch leaves most groups as they were, and the specialiser would otherwise build each
-        again and swap it in between frames, a Code swap a group in the frames after the edit (about
-        20 at 10,000 blocks). Before this graph's first launch, on the thread that built it; the frame
-        thread may put one of ``previous``'s generic kernels back meanwhile (read here in the order
-        ``_generalize`` writes: such a group is not kept, or kept with its generic function, which
-        computes the same).
+    def specializations(self) -> dict[tuple[int, int], KeptSpecialization]:
+        """The specialised kernels this graph runs now (``specialize``), for the graph a structure edit
+        builds to keep (``realize``: its nodes that run the same generic source and hold the same
+        values start with them): an edit elsewhere in a fused patch leaves most groups as they were,
+        and the specialiser would otherwise build each again and swap it in between frames, a Code
+        swap a group in the frames after the edit (about 20 at 10,000 blocks).
 
-        Returns:
-            How many kernels it kept specialised.
-
-        Raises:
-            CudaError: the driver refused a function.
-        """
-        kept = 0
-        for key in tuple(previous._specialized_keys):  # (a copy made in one C call: the frame thread adds)
-            n0 = previous._by_kernel[key][0]
+        Any thread, before the build loads its values (a build on the frame thread borrows this
+        graph's storages: ``StoreLoans``). The frame thread may put a generic kernel back meanwhile,
+        in the order ``_generalize`` writes, read here the other way round: such a group is left out,
+        or handed on with the values it was made with. A new graph keeps it only where its storage
+        holds those; where a Hot edit changed them after the build's snapshot, that edit reaches the
+        new graph at the swap (``ParamTier.end_carry``) and puts its generic kernel back before its
+        first launch."""
+        kept: dict[tuple[int, int], KeptSpecialization] = {}
+        for key in tuple(self._specialized_keys):  # (a copy made in one C call: the frame thread adds)
+            n0 = self._by_kernel[key][0]
             generic, special = n0.generic, n0.special
-            nodes = self._by_kernel.get(key)
-            if generic is None or special is None or not nodes:
+            if generic is None or special is None:
                 continue
-            source = previous.kernel_source(key)
+            source = self.kernel_source(key)
             func = n0.params.func
             function = type(func)(int(func))  # (a copy: the node's field may be written meanwhile)
-            if source is None or int(function) == int(generic):
-                continue
-            kept += self._specialize(nodes, key, function, special, source)
+            if source is not None and int(function) != int(generic):
+                kept[key] = KeptSpecialization(function, special, source, _store_holds(special))
         return kept
 
     def kernel_source(self, key: tuple[int, int]) -> Any:

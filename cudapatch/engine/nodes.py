@@ -160,6 +160,9 @@ class NodeBuild:
         handles: Conditional node index -> its handle's value (the set-condition kernels' argument).
         conditions: Conditional node index -> its ``CUgraphConditionalHandle`` (``make_conditions``).
         bodies: Conditional node index -> its body ``CUgraph`` (owned by the node).
+        specialized: ``(block_id, kernel index)`` -> the specialised kernel the replaced graph runs
+            (``CompiledGraph.specializations``): a node of that kernel starts with it where it runs the
+            same generic source and holds the same values.
     """
 
     graph: Any
@@ -186,6 +189,7 @@ class NodeBuild:
     handles: dict[int, int] = field(default_factory=dict)
     conditions: dict[int, Any] = field(default_factory=dict)
     bodies: dict[int, Any] = field(default_factory=dict)
+    specialized: Mapping[tuple[int, int], Any] = field(default_factory=dict)
     _pointers: list[int] | None = field(default=None, repr=False)
 
     def value(self, a: Arg) -> Any:
@@ -231,12 +235,20 @@ def _add_kernel(b: NodeBuild, node: KernelNodePlan, deps: list[Any]) -> tuple[An
     if fn is None:
         raise KernelLoadError("kernel is not compiled", block=b.names.get(node.block_id), kernel=node.entry_point)
     store = b.stores.storage(node, fn, b.values(node.args))
+    kept = b.specialized.get((node.block_id, node.kernel)) if b.specialized else None
+    if kept is not None and (kept.source is not node.source or not kept.holds(store)):
+        kept = None  # other code or other values: the generic kernel (the specialiser looks again)
+    if kept is not None:
+        store.params.func = kept.function  # (a build that fails restores a borrowed storage's function)
     err, h = driver().cuGraphAddKernelNode(b.graph, deps, len(deps), store.params)
     if err:
         check((err,), "cuGraphAddKernelNode", block=b.names.get(node.block_id), kernel=node.entry_point)
     if b.occupancy is not None and node.kernel >= 0:  # not a region's one-thread set-condition kernel
         b.occupancy[(node.block_id, node.kernel)] = _occupancy(fn, node, b.device)
-    return h, KernelNode(store, h, node)
+    kn = KernelNode(store, h, node)
+    if kept is not None:  # as ``CompiledGraph.specialize`` leaves it: a Hot patch puts ``fn`` back
+        kn.generic, kn.special = type(fn)(int(fn)), kept.constants
+    return h, kn
 
 
 def _add_memset(b: NodeBuild, node: MemsetNodePlan, deps: list[Any]) -> tuple[Any, RuntimeNode]:

@@ -112,6 +112,7 @@ class GraphBuilder:
         self.bindings = bindings
         self.names = block_names or {}
         self.previous = previous if previous is not None and not previous.is_closed else None
+        self.specialized: dict[tuple[int, int], Any] = {}  # the previous graph's, taken at ``build``
         self.occupancy = occupancy
         self.stamp_function = stamp_function
         self.libraries = libraries
@@ -131,6 +132,9 @@ class GraphBuilder:
         self.device.make_current()
         prev = self.previous
         lent = prev.lendable_buffers() if prev is not None else {}
+        # Its specialised kernels, read before its storages are lent and loaded with this plan's values
+        # (a build on the frame thread): the nodes that run the same code with the same values keep them.
+        self.specialized = prev.specializations() if prev is not None else {}
         self._check_memory(lent)  # before anything is allocated or borrowed
         # What the previous graph lends: nothing of it is modified unless this graph is built; a
         # failure restores what was touched.
@@ -327,6 +331,7 @@ class GraphBuilder:
             probe_scratch_ptr=parts.probe_scratch_ptr,
             occupancy=parts.occupancy if self.occupancy else None,
             launches=parts.launches,
+            specialized=self.specialized,
         )
         build.root = parts.graph
         if plan.regions:

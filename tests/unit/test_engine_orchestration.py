@@ -160,9 +160,6 @@ class FakeGraph:
     def try_patch(self, plan: Any, bindings: Any, functions: Any, *, decided: Any = None) -> int | None:
         return None  # always Cold
 
-    def keep_specialized(self, previous: Any) -> int:  # as CompiledGraph: nothing specialised here
-        return 0
-
     def adopt(self, previous: Any) -> None:
         pass
 

@@ -435,46 +435,73 @@ def test_a_growth_keeps_a_node_specialised_and_a_later_value_change_puts_the_gen
         g.close()
 
 
-def test_the_graph_built_after_keeps_the_specialised_kernels_of_the_groups_an_edit_left_alone(rec) -> None:
+def _replaced(ctx, g, plan, functions, how: str, **kw):
+    """The graph built after ``g`` from ``plan``, as a build makes it: ``how`` is ``"own"`` (the build
+    thread's: storages of its own), ``"borrowed"`` (the frame thread's: ``g``'s storages, loaded with
+    ``plan``'s values) or ``"updated"`` (borrowed, and ``g``'s executable updated to run it)."""
+    return realize_recorded(
+        ctx,
+        plan,
+        BufferPool(),
+        functions=functions,
+        previous=g,
+        lend_stores=how != "own",
+        update_previous=how == "updated",
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("how", ["own", "borrowed", "updated"])
+def test_the_graph_built_after_keeps_the_specialised_kernels_of_the_groups_an_edit_left_alone(rec, how) -> None:
     ctx, blocks, node, key, g, armed = _specialised(rec)
     plan = g.plan
     # The next graph runs the group's same generic code (its plan node: an edit elsewhere left it alone).
     rec.calls.clear()
-    g2 = realize_recorded(ctx, plan, BufferPool(), functions={key: 500}, on_generalize=lambda: armed.append(2))
-    assert g2.runs_function(key, 500) and not g2.specialized(key)
-    rec.calls.clear()
-    assert g2.keep_specialized(g) == 1 and g2.specialized(key) and g2.runs_function(key, 600)
-    assert rec.calls == [("set_params", g2._nodes[0].handle, 600)] and armed == []  # one patch, no look asked for
-    assert g.runs_function(key, 600) and g.specialized(key)  # the running graph is left as it is
+    g2 = _replaced(ctx, g, plan, {key: 500}, how, on_generalize=lambda: armed.append(2))
+    assert g2.specialized(key) and g2.runs_function(key, 600) and armed == []
+    # Made with it: no patch of the executable, no look asked for.
+    assert [c[3] for c in rec.calls if c[0] == "add_kernel"] == [600] and "set_params" not in rec.names()
+    assert g2.specializations().keys() == {key}  # and it hands it on in turn
+    if how == "own":
+        assert g.runs_function(key, 600) and g.specialized(key)  # the running graph is left as it is
     g2.update_scalar(blocks[1].id, "Factor", 7.5)  # a Hot patch of the new graph: its generic kernel back
     assert g2.runs_function(key, 500) and not g2.specialized(key) and armed == [2]
-    # Not kept: the new graph's values are not the ones it was made with ...
-    g3 = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
-    g3.update_scalar(blocks[2].id, "Offset", 3.0)
-    assert g3.keep_specialized(g) == 0 and g3.runs_function(key, 500)
-    # ... nor from a graph whose group runs its generic kernel again ...
+    assert rec.calls[-1] == ("set_params", g2._nodes[0].handle, 500)
+    g2.close()
+    g.close()
+
+
+def test_a_new_graph_does_not_keep_a_specialised_kernel_of_other_values_or_other_code(rec) -> None:
+    ctx, blocks, node, key, g, armed = _specialised(rec)
+    plan = g.plan
+    # Other values (a Hot edit made before the build's snapshot): the generic kernel, looked at again.
+    blocks[2].set("Offset", 3.0)
+    plan2 = compile_plan(ctx.snapshot(), fuse=True)
+    assert plan2.kernel_nodes[0].source is node.source  # (the same code: its values are arguments)
+    g2 = _replaced(ctx, g, plan2, {key: 500}, "own")
+    assert g2.runs_function(key, 500) and not g2.specialized(key) and not g2.specializations()
+    g2.close()
+    # A graph whose group runs its generic kernel again hands nothing on.
     g.update_scalar(blocks[3].id, "Factor", 2.0)
-    g4 = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
-    assert g4.keep_specialized(g) == 0 and g4.keep_specialized(g2) == 0 and g4.runs_function(key, 500)
-    for graph in (g, g2, g3, g4):
-        graph.close()
-    # ... nor where the group's generic code changed (a member's code edit: the same key, another source).
+    assert not g.specializations()
+    g3 = _replaced(ctx, g, plan, {key: 500}, "own")
+    assert g3.runs_function(key, 500) and not g3.specialized(key)
+    g3.close()
+    g.close()
+    # Other code under the same key (a member's code edit): the new source's generic kernel.
     ctx, _, e, plan, node = _expression_chain()
     key = (node.block_id, FUSED_KERNEL)
     old = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
     program = node.source.program
     args = [program.scalar_param(i) for i in range(len(program.scalars))]
     assert old.specialize(key, 600, old.argument_bits(key, args), node.source)
-    same = realize_recorded(ctx, plan, BufferPool(), functions={key: 500})
-    assert same.keep_specialized(old) == 1
-    same.close()
     e.set("Code", "a * F - 1.0")
     plan2 = compile_plan(ctx.snapshot(), fuse=True)
     assert (plan2.kernel_nodes[0].block_id, FUSED_KERNEL) == key and plan2.kernel_nodes[0].source is not node.source
-    new = realize_recorded(ctx, plan2, BufferPool(), functions={key: 510})
-    assert new.keep_specialized(old) == 0 and new.runs_function(key, 510) and not new.specialized(key)
-    old.close()
+    new = _replaced(ctx, old, plan2, {key: 510}, "own")
+    assert new.runs_function(key, 510) and not new.specialized(key)
     new.close()
+    old.close()
 
 
 def test_a_specialisation_that_lands_after_the_engine_closed_its_specializer_is_dropped() -> None:
